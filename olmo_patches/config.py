@@ -1,0 +1,286 @@
+"""YAML (omegaconf) -> a typed experiment spec -> OLMo-core configs.
+
+A config file states its intent in short keys (``model.block: hourglass``, ``model.K: 4``); this
+module validates it against the dataclasses below (unknown key, wrong type, impossible shape: one
+line naming the key, value and file) and builds OLMo-core's own ``TransformerConfig`` from it.
+
+A file may extend another (``extends: ../base.yaml``, relative to the file); the variant's keys
+override the base's, and omegaconf interpolation (``${model.d_model}``) works across the chain.
+``key=value`` overrides from the command line are applied last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from olmo_core.nn.feed_forward import FeedForwardConfig
+from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .blocks import HourglassBlockConfig
+from .hourglass import HourglassFeedForwardConfig, NormPlacement
+
+__all__ = [
+    "ConfigError",
+    "ModelSpec",
+    "DataSpec",
+    "TrainSpec",
+    "EvalSpec",
+    "RunSpec",
+    "ExperimentSpec",
+    "load_spec",
+]
+
+BLOCKS = ("baseline", "hourglass")
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the file, the key and the value."""
+
+
+@dataclass
+class ModelSpec:
+    block: str = "baseline"  # baseline (SwiGLU, hidden ffn_ratio * d_model) | hourglass
+    d_model: int = MISSING  # d_model: width of the residual stream
+    n_layers: int = MISSING  # L: number of transformer layers
+    n_heads: int = MISSING  # attention heads (MHA); head_dim = d_model / n_heads
+    ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4)
+    K: int = 1  # hourglass: stacked wide-narrow-wide sub-MLPs per layer
+    d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
+    d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
+    d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
+    norm_placement: str = "pre"  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
+    rope_theta: int = 500_000
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    vocab_size: Optional[int] = None  # default: the tokenizer's vocabulary padded to 128
+    tie_embeddings: bool = False
+    init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
+
+    @property
+    def resolved_d_h(self) -> int:
+        """d_h, from ``d_h`` or from ``d_h_ratio * d_model`` rounded to ``d_h_multiple``."""
+        if self.d_h is not None:
+            return self.d_h
+        if self.d_h_ratio is not None:
+            m = self.d_h_multiple
+            return int(round(self.d_h_ratio * self.d_model / m)) * m
+        return self.ffn_ratio * self.d_model  # K=1 default: the conventional FFN width
+
+    def build(self, vocab_size: int) -> TransformerConfig:
+        """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
+        post = NormPlacement(self.norm_placement) == NormPlacement.post
+        config = TransformerConfig.llama_like(
+            d_model=self.d_model,
+            vocab_size=self.vocab_size or vocab_size,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            qk_norm=self.qk_norm,
+            layer_norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            block_name=TransformerBlockType.reordered_norm if post else TransformerBlockType.default,
+            feed_forward=FeedForwardConfig(hidden_size=self.ffn_ratio * self.d_model, bias=False),
+            tie_word_embeddings=self.tie_embeddings,
+            init_std=self.init_std,
+        )
+        if self.block == "hourglass":
+            block = config.block
+            assert isinstance(block, TransformerBlockConfig) and block.layer_norm is not None
+            config.block = HourglassBlockConfig(
+                sequence_mixer=block.sequence_mixer,
+                layer_norm=block.layer_norm,
+                feed_forward=HourglassFeedForwardConfig(
+                    hidden_size=self.resolved_d_h,
+                    K=self.K,
+                    bias=False,
+                    layer_norm=block.layer_norm,
+                    norm_placement=NormPlacement(self.norm_placement),
+                ),
+            )
+        return config
+
+
+@dataclass
+class DataSpec:
+    source: str = "demo"  # demo: the embedded stdlib corpus | numpy: OLMo-core token files
+    paths: List[str] = field(default_factory=list)  # numpy token files (local paths or URLs)
+    mix: Optional[str] = None  # or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
+    mix_base_dir: str = "http://olmo-data.org"
+    tokenizer: str = "demo"  # demo (trained on the demo corpus) | dolma2
+    tokenizer_file: Optional[str] = None  # a local tokenizer JSON (else the Hugging Face hub)
+    sequence_length: int = 4096
+    order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
+    work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
+    demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
+    demo_cache: str = ".cache/demo-corpus"
+
+
+@dataclass
+class TrainSpec:
+    seed: int = 6198  # init seed and the seed of every RNG
+    global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together
+    micro_batch_size: int = MISSING  # sequences per forward/backward on one rank
+    max_tokens: Optional[int] = None  # training length in tokens ...
+    max_steps: Optional[int] = None  # ... or in steps
+    lr: float = 4e-4  # peak learning rate
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # embeddings are not decayed
+    warmup_steps: Optional[int] = None  # linear warmup in steps ...
+    warmup_tokens: Optional[int] = None  # ... or in tokens
+    schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
+    final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
+    z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
+    max_grad_norm: float = 1.0
+    precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
+    compile: bool = False  # torch.compile each block
+    activation_checkpointing: bool = False  # recompute each block in backward
+    data_parallel: str = "fsdp"  # fsdp | hsdp | ddp (CPU runs always use ddp over gloo)
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+
+
+@dataclass
+class EvalSpec:
+    interval: int = 1000  # in-loop validation every N steps (and at the end)
+    max_batches: Optional[int] = None  # cap the validation batches (None: the whole set)
+
+
+@dataclass
+class RunSpec:
+    name: str = MISSING
+    save_folder: Optional[str] = None  # default runs/<name>
+    save_interval: int = 1000  # permanent checkpoints every N steps
+    ephemeral_save_interval: Optional[int] = 250  # checkpoints kept until the next one
+    log_interval: int = 10  # collect and print metrics every N steps
+    wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
+
+
+@dataclass
+class ExperimentSpec:
+    run: RunSpec = field(default_factory=RunSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+
+    @property
+    def save_folder(self) -> str:
+        return self.run.save_folder or f"runs/{self.run.name}"
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, DictConfig]]:
+    """The files of an ``extends`` chain, base first."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: extends: circular chain {' -> '.join(map(str, seen))}")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as e:  # yaml syntax
+        raise ConfigError(f"{path}: cannot parse YAML: {_one_line(e)}") from e
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: a config file must be a mapping")
+    parent = cfg.pop("extends", None)
+    chain = _read_chain(path.parent / str(parent), seen + (path,)) if parent else []
+    return chain + [(path, cfg)]
+
+
+def _one_line(e: BaseException) -> str:
+    msg = getattr(e, "msg", None) or str(e)
+    return " ".join(str(msg).split())
+
+
+def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> str:
+    """The command line or the last file of the chain that sets ``key``."""
+    if any(o.split("=", 1)[0] == key for o in cli):
+        return "command line"
+    for path, cfg in reversed(chain):
+        if OmegaConf.select(cfg, key, default=None, throw_on_missing=False) is not None:
+            return str(path)
+    return str(chain[-1][0])
+
+
+def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> ExperimentSpec:
+    """Load, merge, validate. Raises :class:`ConfigError` with a one-line message."""
+    overrides = list(overrides or [])
+    chain = _read_chain(Path(path))
+    merged: Any = OmegaConf.structured(ExperimentSpec)
+    for source, cfg in chain:
+        try:
+            merged = OmegaConf.merge(merged, cfg)
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", "") or "?"
+            raise ConfigError(f"{source}: {key}: {_one_line(e)}") from e
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"command line: override '{o}' is not key=value")
+    try:
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(overrides))
+        spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "?"
+        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {_one_line(e)}") from e
+    validate(spec, lambda key: _where(key, chain, overrides))
+    return spec
+
+
+def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
+    """Shape and recipe checks that the schema's types cannot express."""
+
+    def fail(key: str, value: Any, why: str):
+        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
+
+    m, t, d = spec.model, spec.train, spec.data
+    for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
+        if value < 1:
+            fail(key, value, "must be >= 1")
+    if m.d_model % m.n_heads:
+        fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model}")
+    if m.block not in BLOCKS:
+        fail("model.block", m.block, f"unknown block; choose one of {', '.join(BLOCKS)}")
+    if m.norm_placement not in NormPlacement.__members__:
+        fail("model.norm_placement", m.norm_placement, "must be pre or post")
+    if m.ffn_ratio < 1:
+        fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
+    if m.block == "hourglass":
+        if m.K < 1:
+            fail("model.K", m.K, "must be >= 1")
+        if m.d_h is not None and m.d_h_ratio is not None:
+            fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
+        if m.d_h_ratio is not None and m.d_h_ratio <= 0:
+            fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
+        if m.resolved_d_h < 1:
+            fail("model.d_h", m.resolved_d_h, "must be >= 1")
+    if (t.max_tokens is None) == (t.max_steps is None):
+        fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
+    if t.global_batch_size < 1 or t.micro_batch_size < 1:
+        fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
+    if t.global_batch_size % t.micro_batch_size:
+        fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
+    if t.warmup_steps is not None and t.warmup_tokens is not None:
+        fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
+    if t.precision not in ("bf16", "fp32"):
+        fail("train.precision", t.precision, "must be bf16 or fp32")
+    if t.data_parallel not in ("fsdp", "hsdp", "ddp"):
+        fail("train.data_parallel", t.data_parallel, "must be fsdp, hsdp or ddp")
+    if t.device not in ("auto", "cpu", "cuda"):
+        fail("train.device", t.device, "must be auto, cpu or cuda")
+    if d.source not in ("demo", "numpy"):
+        fail("data.source", d.source, "must be demo or numpy")
+    if d.source == "numpy" and not d.paths and not d.mix:
+        fail("data.paths", d.paths, "a numpy data source needs data.paths or data.mix")
+    if d.tokenizer not in ("demo", "dolma2"):
+        fail("data.tokenizer", d.tokenizer, "must be demo or dolma2")
+    if d.sequence_length < 2:
+        fail("data.sequence_length", d.sequence_length, "must be >= 2")
+
+
+def spec_to_yaml(spec: ExperimentSpec) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(spec))

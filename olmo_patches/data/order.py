@@ -1,0 +1,187 @@
+"""The exact OLMo-2 1B Stage 1 data order.
+
+The old OLMo trainer (allenai/OLMo, the one OLMo-2 1B was trained with) cuts every token
+file into fixed windows of ``seq_len`` tokens, file after file in list order, dropping each
+file's remainder; it then shuffles the window indices once:
+
+    indices = arange(N, dtype=uint32)
+    Generator(PCG64(seed + epoch)).shuffle(indices)        # epoch 0, seed 6198
+
+and global batch k is ``indices[k*B:(k+1)*B]``. OLMo-core builds the same permutation but
+counts epochs from 1, so its loader seed 6197 gives the same order.
+
+This module holds the pinned file list, the permutation (written straight into a
+memory-mapped file, so the real mix of ~1e9 instances costs the 4 GB of the permutation and
+nothing more) and the map from a global instance to (file, token offset).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+DATA_ORDER_DIR = Path(__file__).resolve().parents[2] / "data_order"
+PINNED_LIST = DATA_ORDER_DIR / "olmo2-1b-stage1.txt"
+PINNED_MANIFEST = DATA_ORDER_DIR / "olmo2-1b-stage1.sizes.json"
+
+OLD_TRAINER_SEED = 6198  # allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml
+OLMO_CORE_SEED = OLD_TRAINER_SEED - 1  # OLMo-core's first epoch is 1, the old trainer's 0
+SEQ_LEN = 4096
+GLOBAL_BATCH_INSTANCES = 512
+TOKEN_DTYPE = np.uint32  # dolma2 token files: raw uint32 arrays, no header
+TOKEN_BYTES = np.dtype(TOKEN_DTYPE).itemsize
+
+_FILL_BLOCK = 1 << 24  # instances written per step when filling arange into a memmap
+
+
+class DataOrderError(RuntimeError):
+    """A one-line, user-facing error: a changed list, a bad server reply, a stale file."""
+
+
+def sha256_file(path: Path, block: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_paths_file(path: Path) -> list[str]:
+    """Read a list of token files (local paths or URLs), one per line.
+
+    Blank lines and ``#`` comments are skipped. If ``<path>.sha256`` exists beside the list
+    (``sha256sum`` format), the list must match it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataOrderError(f"paths file not found: {path}")
+    checksum_file = path.with_name(path.name + ".sha256")
+    if checksum_file.is_file():
+        expected = checksum_file.read_text().split()[0]
+        actual = sha256_file(path)
+        if actual != expected:
+            raise DataOrderError(
+                f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file list changed"
+            )
+    paths = [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    if not paths:
+        raise DataOrderError(f"paths file {path} lists no files")
+    return paths
+
+
+def load_pinned_list() -> list[str]:
+    """The 1122 OLMo-2 1B Stage 1 files, checked against their pinned sha256."""
+    return read_paths_file(PINNED_LIST)
+
+
+def instance_counts(sizes: Sequence[int], seq_len: int, itemsize: int = TOKEN_BYTES) -> np.ndarray:
+    """Instances per file: ``file_bytes // (itemsize * seq_len)``; a file's remainder is dropped."""
+    return np.asarray(sizes, dtype=np.int64) // (itemsize * seq_len)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each global instance lives: files laid end to end, ``counts[i]`` windows each."""
+
+    paths: tuple[str, ...]
+    counts: np.ndarray  # int64, instances per file
+    seq_len: int
+
+    @classmethod
+    def from_sizes(cls, paths: Sequence[str], sizes: Sequence[int], seq_len: int) -> "Layout":
+        if len(paths) != len(sizes):
+            raise DataOrderError(f"{len(paths)} paths but {len(sizes)} sizes")
+        return cls(tuple(paths), instance_counts(sizes, seq_len), seq_len)
+
+    @property
+    def starts(self) -> np.ndarray:
+        """First global instance of each file, plus the total at the end (len = files + 1)."""
+        return np.concatenate([[0], np.cumsum(self.counts)])
+
+    @property
+    def num_instances(self) -> int:
+        return int(self.counts.sum())
+
+    def locate(self, instances: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global instance ids -> (file index, token offset within that file)."""
+        instances = np.asarray(instances, dtype=np.int64)
+        starts = self.starts
+        if instances.size and (instances.min() < 0 or instances.max() >= starts[-1]):
+            raise DataOrderError(f"instance id out of range [0, {starts[-1]})")
+        # 'right' skips files with zero instances, whose start equals the next file's start.
+        file_idx = np.searchsorted(starts, instances, side="right") - 1
+        return file_idx, (instances - starts[file_idx]) * self.seq_len
+
+
+def shuffled_indices(
+    num_instances: int, seed: int, epoch: int = 0, out: Optional[np.ndarray] = None
+) -> np.ndarray:
+    """``arange(N, uint32)`` shuffled by ``PCG64(seed + epoch)``, as the old trainer does.
+
+    ``out`` (e.g. a memmap of length N) receives the result in place, so no second copy of the
+    permutation is ever held.
+    """
+    if num_instances >= np.iinfo(np.uint32).max:
+        raise DataOrderError(f"{num_instances} instances do not fit the trainers' uint32 indices")
+    if out is None:
+        out = np.empty(num_instances, dtype=np.uint32)
+    if out.shape != (num_instances,) or out.dtype != np.uint32:
+        raise DataOrderError(f"output must be uint32 of shape ({num_instances},)")
+    for start in range(0, num_instances, _FILL_BLOCK):
+        stop = min(start + _FILL_BLOCK, num_instances)
+        out[start:stop] = np.arange(start, stop, dtype=np.uint32)
+    # Shuffle a plain-ndarray view: same buffer, numpy's fast in-place path.
+    np.random.Generator(np.random.PCG64(seed + epoch)).shuffle(out.view(np.ndarray))
+    return out
+
+
+def write_global_indices(
+    out: Path,
+    num_instances: int,
+    seed: int,
+    *,
+    epoch: int = 0,
+    world_size: int = 1,
+    npy_header: bool = False,
+) -> int:
+    """Write the order to ``out`` exactly as the old trainer writes ``global_indices.npy``.
+
+    The old trainer writes a raw uint32 array (``np.memmap``, no .npy header, despite the name)
+    and, with ``drop_last`` (set in the OLMo-2 configs), keeps the first
+    ``(N // world_size) * world_size`` entries. ``npy_header=True`` writes a standard .npy
+    (``np.load``-able) instead. The file appears atomically; returns the entries written.
+    """
+    out = Path(out)
+    total = (num_instances // world_size) * world_size
+    out.parent.mkdir(parents=True, exist_ok=True)
+    raw_tmp = out.with_name(f".{out.name}.{os.getpid()}.raw.tmp")
+    try:
+        raw = np.memmap(raw_tmp, dtype=np.uint32, mode="w+", shape=(num_instances,))
+        shuffled_indices(num_instances, seed, epoch, out=raw)
+        raw.flush()
+        if npy_header:
+            npy_tmp = out.with_name(f".{out.name}.{os.getpid()}.npy.tmp")
+            dst = np.lib.format.open_memmap(npy_tmp, mode="w+", dtype=np.uint32, shape=(total,))
+            for start in range(0, total, _FILL_BLOCK):
+                dst[start : start + _FILL_BLOCK] = raw[start : start + _FILL_BLOCK]
+            dst.flush()
+            del dst, raw
+            raw_tmp.unlink()
+            os.replace(npy_tmp, out)
+        else:
+            del raw
+            os.truncate(raw_tmp, total * 4)
+            os.replace(raw_tmp, out)
+    finally:
+        raw_tmp.unlink(missing_ok=True)
+        out.with_name(f".{out.name}.{os.getpid()}.npy.tmp").unlink(missing_ok=True)
+    return total

@@ -1,0 +1,143 @@
+"""Paper 1: the hourglass FFN (arXiv:2602.06471).
+
+Each layer's narrow-wide-narrow SwiGLU is replaced by K stacked wide-narrow-wide sub-MLPs,
+each with its own norm and its own residual:
+
+    h_0   = u                                  (the attention sublayer's output)
+    h_i+1 = h_i + MLP_i(norm_i(h_i))           norm_placement="pre"  (the paper's equations)
+    h_i+1 = h_i + norm_i(MLP_i(h_i))           norm_placement="post" (OLMo-2's reordered norm)
+    MLP_i(x) = W_u_i (SiLU(W_d1_i x) * (W_d2_i x))
+
+W_d1_i, W_d2_i: d_h x d_model; W_u_i: d_model x d_h; no biases. The module owns its K norms and
+K residual adds, so the block around it has no FFN norm or FFN residual of its own.
+
+The weights of all K sub-MLPs are stored stacked, as ``w1`` (W_d1), ``w3`` (W_d2) and ``w2``
+(W_u), with the names and fan-in that OLMo-core's ``InitMethod.init_feed_forward`` expects. With
+K=1 the stacked tensors have the conventional FFN's element order, so the same seed gives the
+conventional FFN's initial weights.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from olmo_core.config import StrEnum
+from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.nn.feed_forward import FeedForwardConfig
+from olmo_core.nn.layer_norm import LayerNormConfig
+from olmo_core.nn.transformer.init import init_linear
+
+__all__ = ["NormPlacement", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
+
+
+class NormPlacement(StrEnum):
+    pre = "pre"  # x + f(norm(x)): the papers' equations (Llama-style pre-norm)
+    post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
+
+
+class StackedLinear(nn.Module):
+    """K bias-free linear maps of the same shape, stored as one (K, out_features, in_features) weight.
+
+    Duck-types ``nn.Linear`` for OLMo-core's initializers (``weight``, ``bias``, ``in_features``).
+    """
+
+    bias = None
+
+    def __init__(self, K: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = nn.Parameter(torch.empty(K, out_features, in_features, dtype=dtype, device=device))
+
+    def reset_parameters(self) -> None:
+        init_linear(self, std=0.02)  # type: ignore[arg-type]
+
+    def extra_repr(self) -> str:
+        K = self.weight.shape[0]
+        return f"K={K}, in_features={self.in_features}, out_features={self.out_features}, bias=False"
+
+
+class HourglassFeedForward(nn.Module):
+    """K residual wide-narrow-wide SwiGLU sub-MLPs: maps h_0 (*, d_model) to h_K (*, d_model)."""
+
+    def __init__(
+        self,
+        *,
+        d_model: int,
+        d_h: int,
+        K: int,
+        layer_norm: LayerNormConfig,
+        norm_placement: NormPlacement = NormPlacement.pre,
+        dtype: torch.dtype = torch.float32,
+        init_device: str = "cpu",
+    ):
+        super().__init__()
+        self.d_model, self.d_h, self.K = d_model, d_h, K
+        self.norm_placement = NormPlacement(norm_placement)
+        self.w1 = StackedLinear(K, d_model, d_h, dtype=dtype, device=init_device)  # W_d1 (gate)
+        self.w3 = StackedLinear(K, d_model, d_h, dtype=dtype, device=init_device)  # W_d2 (value)
+        self.w2 = StackedLinear(K, d_h, d_model, dtype=dtype, device=init_device)  # W_u
+        self.norms = nn.ModuleList(layer_norm.build(d_model, init_device=init_device) for _ in range(K))
+
+    def sub_mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """MLP_i(x) = W_u_i (SiLU(W_d1_i x) * W_d2_i x), both down projections in one matmul."""
+        w_down = torch.cat((self.w1.weight[i], self.w3.weight[i]))  # (2 d_h, d_model)
+        gate, value = F.linear(x, w_down).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * value, self.w2.weight[i])
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for i, norm in enumerate(self.norms):
+            if self.norm_placement == NormPlacement.pre:
+                h = h + self.sub_mlp(i, norm(h))
+            else:
+                h = h + norm(self.sub_mlp(i, h))
+        return h
+
+    def num_flops_per_token(self, seq_len: int) -> int:
+        del seq_len
+        # 6 FLOPs per matmul weight (2 forward + 4 backward); norms and adds are not counted,
+        # as OLMo-core does not count them for its own blocks.
+        return 6 * 3 * self.K * self.d_model * self.d_h
+
+
+@dataclass
+class HourglassFeedForwardConfig(FeedForwardConfig):
+    """Config of :class:`HourglassFeedForward`. ``hidden_size`` is the bottleneck width d_h."""
+
+    K: int = 1
+    layer_norm: Optional[LayerNormConfig] = None
+    norm_placement: NormPlacement = NormPlacement.pre
+
+    def validate_shape(self) -> None:
+        if self.K < 1:
+            raise OLMoConfigurationError(f"hourglass K must be >= 1, got K={self.K}")
+        if self.hidden_size < 1:
+            raise OLMoConfigurationError(f"hourglass d_h must be >= 1, got d_h={self.hidden_size}")
+        if self.bias:
+            raise OLMoConfigurationError("the hourglass FFN has no biases (bias must be false)")
+        if self.layer_norm is None:
+            raise OLMoConfigurationError("the hourglass FFN needs a layer_norm config for its K norms")
+
+    def num_params(self, d_model: int) -> int:
+        self.validate_shape()
+        assert self.layer_norm is not None
+        return self.K * (3 * d_model * self.hidden_size + self.layer_norm.num_params(d_model))
+
+    def build(  # type: ignore[override]
+        self, d_model: int, *, dtype: Optional[torch.dtype] = None, init_device: str = "cpu"
+    ) -> HourglassFeedForward:
+        self.validate_shape()
+        assert self.layer_norm is not None
+        if self.dtype is not None:
+            dtype = self.dtype.as_pt()
+        return HourglassFeedForward(
+            d_model=d_model,
+            d_h=self.hidden_size,
+            K=self.K,
+            layer_norm=self.layer_norm,
+            norm_placement=NormPlacement(self.norm_placement),
+            dtype=dtype or torch.float32,
+            init_device=init_device,
+        )

@@ -1,0 +1,44 @@
+"""The run's metrics file: every metric the Trainer logs, one JSON line per step.
+
+It is written by rank 0 in the run folder (``metrics.jsonl``) whatever else logs (console,
+wandb), and it is what the demo summary, the tables and the figures read. A resumed run appends:
+for a step logged twice, the later record wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict
+
+from olmo_core.distributed.utils import get_rank
+from olmo_core.train.callbacks import Callback
+
+__all__ = ["METRICS_FILE", "MetricsFileCallback", "read_metrics"]
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass
+class MetricsFileCallback(Callback):
+    def log_metrics(self, step: int, metrics: Dict[str, float]):
+        if get_rank() != 0:
+            return
+        path = Path(self.trainer.save_folder) / METRICS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
+    """{step: {metric: value}} from a run folder; a missing file gives {}."""
+    path = Path(run_dir) / METRICS_FILE
+    out: Dict[int, Dict[str, float]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            out.setdefault(int(record.pop("step")), {}).update(record)
+    return out

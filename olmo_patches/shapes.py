@@ -1,0 +1,82 @@
+"""Parameter and FLOP accounting.
+
+Two independent views of a shape:
+- :func:`breakdown` classifies the parameters of a built model (meta device is fine) by name:
+  exact by construction, it is what ``count_params`` prints;
+- :func:`analytic_non_embedding` is the papers' closed form (norms excluded, no biases, MHA):
+  attention 4 d_model^2 per layer, SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h.
+  Shape solvers use it; tests hold it against :func:`breakdown`.
+
+"Non-embedding" follows the papers: attention + FFN weight matrices, without the embeddings, the
+LM head and the norms (OLMo-core's own ``num_non_embedding_params`` keeps the head and norms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch.nn as nn
+
+__all__ = ["ParamBreakdown", "breakdown", "analytic_non_embedding"]
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    embedding: int  # input embedding plus an untied LM head (both vocab x d_model)
+    attention: int  # Q, K, V, O projections
+    ffn: int  # FFN weight matrices (SwiGLU or hourglass)
+    norm: int  # every norm weight (block, sub-MLP, QK and final norms)
+    flops_per_token: int  # OLMo-core's training FLOPs per token (forward + backward)
+
+    @property
+    def non_embedding(self) -> int:
+        return self.attention + self.ffn
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.attention + self.ffn + self.norm
+
+    @property
+    def attention_share(self) -> float:
+        return self.attention / self.non_embedding
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "non_embedding": self.non_embedding,
+            "total": self.total,
+            "attention_share": self.attention_share,
+        }
+
+
+def _category(name: str) -> str:
+    if "norm" in name:
+        return "norm"
+    if name.startswith("embeddings.") or name.startswith("lm_head."):
+        return "embedding"
+    if ".attention." in name:
+        return "attention"
+    if ".feed_forward." in name:
+        return "ffn"
+    raise ValueError(f"unclassified parameter {name}")
+
+
+def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
+    """Classify every parameter of an OLMo-core transformer (tied weights counted once)."""
+    counts = {"embedding": 0, "attention": 0, "ffn": 0, "norm": 0}
+    for name, p in model.named_parameters():  # named_parameters() skips tied duplicates
+        counts[_category(name)] += p.numel()
+    return ParamBreakdown(**counts, flops_per_token=model.num_flops_per_token(seq_len))  # type: ignore[operator]
+
+
+def analytic_non_embedding(d_model: int, n_layers: int, *, d_ff: int | None = None, K: int = 1, d_h: int | None = None) -> dict:
+    """The papers' closed form: {'attention', 'ffn', 'non_embedding'} for a constant-width model.
+
+    Give ``d_ff`` for a SwiGLU FFN of that hidden size, or ``K`` and ``d_h`` for an hourglass FFN.
+    """
+    attention = 4 * d_model * d_model * n_layers
+    if d_h is not None:
+        ffn = 3 * K * d_model * d_h * n_layers
+    else:
+        ffn = 3 * d_model * (d_ff if d_ff is not None else 4 * d_model) * n_layers
+    return {"attention": attention, "ffn": ffn, "non_embedding": attention + ffn}

@@ -1,0 +1,212 @@
+"""Build the model, data, optimizer and OLMo-core Trainer from an :class:`ExperimentSpec`; run it.
+
+Everything below is OLMo-core's own machinery (its Trainer, train module, numpy datasets, data
+loader, checkpointer and evaluator); this module only translates the spec into its configs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from olmo_core.config import Config, DType
+from olmo_core.data import (
+    NumpyDataLoaderConfig,
+    NumpyFSLDatasetConfig,
+    NumpyPaddedFSLDatasetConfig,
+    TokenizerConfig,
+)
+from olmo_core.distributed.parallel import DataParallelType
+from olmo_core.distributed.utils import barrier, get_rank, get_world_size, is_distributed
+from olmo_core.nn.transformer import TransformerConfig
+from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
+from olmo_core.optim.scheduler import SchedulerUnits
+from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
+from olmo_core.train.callbacks import CheckpointerCallback, ConfigSaverCallback, LMEvaluatorCallbackConfig
+from olmo_core.train.train_module import (
+    TransformerActivationCheckpointingConfig,
+    TransformerDataParallelConfig,
+    TransformerTrainModuleConfig,
+)
+from olmo_core.utils import seed_all
+
+from .config import ExperimentSpec, spec_to_yaml
+from .metrics import MetricsFileCallback
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "device_for"]
+
+
+@dataclass
+class DataSources:
+    """Where the tokens come from, and how to read them."""
+
+    tokenizer: TokenizerConfig
+    train_paths: list[str]  # empty when a named mix is used
+    val_paths: list[str]
+    dtype: Optional[str] = None  # numpy dtype of the token files (None: OLMo-core infers it)
+
+
+def resolve_data(spec: ExperimentSpec) -> DataSources:
+    """The demo corpus is built on first use (rank 0 first, the other ranks then read its cache)."""
+    d = spec.data
+    if d.source == "demo":
+        from .data.demo import prepare_demo_corpus
+
+        if is_distributed() and get_rank() != 0:
+            barrier()
+        corpus = prepare_demo_corpus(d.demo_cache, vocab_size=d.demo_vocab_size)
+        if is_distributed() and get_rank() == 0:
+            barrier()
+        tok = TokenizerConfig(
+            vocab_size=corpus.vocab_size,
+            eos_token_id=corpus.eos_token_id,
+            pad_token_id=corpus.pad_token_id,
+            identifier=corpus.tokenizer_file,
+        )
+        return DataSources(tok, list(corpus.train_paths), list(corpus.val_paths), corpus.dtype)
+    tok = TokenizerConfig.dolma2()
+    return DataSources(tok, list(d.paths), [])
+
+
+def device_for(spec: ExperimentSpec) -> str:
+    if spec.train.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec.train.device
+
+
+@dataclass
+class Experiment(Config):
+    """OLMo-core's configs for one run, as the Trainer consumes them."""
+
+    model: TransformerConfig
+    dataset: NumpyFSLDatasetConfig
+    data_loader: NumpyDataLoaderConfig
+    train_module: TransformerTrainModuleConfig
+    trainer: TrainerConfig
+    init_seed: int
+
+
+def _data_parallel(spec: ExperimentSpec, device: str, world_size: int) -> Optional[TransformerDataParallelConfig]:
+    if world_size == 1:
+        return None
+    if device == "cpu":  # gloo: plain DDP in fp32
+        return TransformerDataParallelConfig(name=DataParallelType.ddp)
+    bf16 = spec.train.precision == "bf16"
+    return TransformerDataParallelConfig(
+        name=DataParallelType(spec.train.data_parallel),
+        param_dtype=DType.bfloat16 if bf16 else None,
+        reduce_dtype=DType.float32,
+    )
+
+
+def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
+    t, d = spec.train, spec.data
+    device = device_for(spec)
+    seq = d.sequence_length
+    model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
+    model.init_seed = t.seed
+
+    dataset_kwargs: dict = dict(sequence_length=seq, tokenizer=data.tokenizer, work_dir=d.work_dir)
+    if data.dtype is not None:
+        dataset_kwargs["dtype"] = data.dtype
+    if d.mix and not data.train_paths:
+        dataset = NumpyFSLDatasetConfig(mix=d.mix, mix_base_dir=d.mix_base_dir, **dataset_kwargs)
+    else:
+        dataset = NumpyFSLDatasetConfig(paths=data.train_paths, **dataset_kwargs)
+    data_loader = NumpyDataLoaderConfig(
+        global_batch_size=t.global_batch_size * seq,  # OLMo-core counts tokens
+        # OLMo-core shuffles with PCG64(seed + epoch) and counts epochs from 1; the old OLMo
+        # trainer counted from 0. seed - 1 therefore reproduces the old trainer's order.
+        seed=d.order_seed - 1,
+        num_workers=0,
+    )
+
+    warmup = t.warmup_tokens if t.warmup_tokens is not None else t.warmup_steps
+    units = SchedulerUnits.tokens if t.warmup_tokens is not None or t.schedule_tokens else SchedulerUnits.steps
+    if units == SchedulerUnits.tokens and t.warmup_steps is not None:
+        warmup = t.warmup_steps * t.global_batch_size * seq
+    train_module = TransformerTrainModuleConfig(
+        rank_microbatch_size=t.micro_batch_size * seq,
+        max_sequence_length=seq,
+        optim=AdamWConfig(
+            lr=t.lr,
+            betas=(t.betas[0], t.betas[1]),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts=dict(weight_decay=0.0))],
+        ),
+        scheduler=CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens),
+        max_grad_norm=t.max_grad_norm,
+        z_loss_multiplier=t.z_loss,
+        compile_model=t.compile,
+        dp_config=_data_parallel(spec, device, world_size),
+        ac_config=TransformerActivationCheckpointingConfig() if t.activation_checkpointing else None,
+        autocast_precision=DType.bfloat16 if (device == "cuda" and t.precision == "bf16" and world_size == 1) else None,
+    )
+
+    duration = Duration.tokens(t.max_tokens) if t.max_tokens is not None else Duration.steps(t.max_steps)  # type: ignore[arg-type]
+    trainer = TrainerConfig(
+        save_folder=spec.save_folder,
+        device=device,
+        max_duration=duration,
+        metrics_collect_interval=spec.run.log_interval,
+        cancel_check_interval=spec.run.log_interval,
+        save_overwrite=True,
+    )
+    trainer = trainer.with_callback(
+        "checkpointer",
+        CheckpointerCallback(save_interval=spec.run.save_interval, ephemeral_save_interval=spec.run.ephemeral_save_interval),
+    )
+    trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
+    trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
+    if data.val_paths:
+        trainer = trainer.with_callback(
+            "lm_evaluator",
+            LMEvaluatorCallbackConfig(
+                eval_dataset=NumpyPaddedFSLDatasetConfig(
+                    paths=data.val_paths,
+                    metadata=[{"label": "val"} for _ in data.val_paths],
+                    **dataset_kwargs,
+                ),
+                eval_interval=spec.eval.interval,
+                eval_on_finish=True,
+                eval_duration=Duration.steps(spec.eval.max_batches) if spec.eval.max_batches else Duration.epochs(1),
+            ),
+        )
+    if spec.run.wandb_project:
+        from olmo_core.train.callbacks import WandBCallback
+
+        trainer = trainer.with_callback(
+            "wandb", WandBCallback(name=spec.run.name, project=spec.run.wandb_project, enabled=True)
+        )
+    return Experiment(model, dataset, data_loader, train_module, trainer, t.seed)
+
+
+def train(spec: ExperimentSpec) -> Path:
+    """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo)."""
+    device = device_for(spec)
+    prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    try:
+        save_folder = Path(spec.save_folder)
+        if get_rank() == 0:
+            save_folder.mkdir(parents=True, exist_ok=True)
+            (save_folder / "config.yaml").write_text(spec_to_yaml(spec))
+        data = resolve_data(spec)
+        exp = build_experiment(spec, data, world_size=get_world_size())
+        seed_all(exp.init_seed)
+        model = exp.model.build(init_device="meta")
+        train_module = exp.train_module.build(model, device=torch.device(device))
+        dataset = exp.dataset.build()
+        data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
+        trainer = exp.trainer.build(train_module, data_loader)
+        trainer.callbacks["config_saver"].config = exp.as_config_dict()  # type: ignore[attr-defined]
+        trainer.fit()
+        return save_folder
+    finally:
+        teardown_training_environment()
+

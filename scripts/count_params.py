@@ -1,0 +1,29 @@
+"""Parameters and FLOPs per token of a config's model, built on the meta device.
+
+    python scripts/count_params.py CONFIG [key=value ...] [--json]
+"""
+
+import argparse
+import json
+
+from rich.console import Console
+
+from olmo_patches.cli import load_or_exit
+from olmo_patches.report import count, param_table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    spec = load_or_exit(args.config, args.overrides)
+    if args.json:
+        print(json.dumps(count(spec).as_dict()))
+    else:
+        Console().print(param_table(spec))
+
+
+if __name__ == "__main__":
+    main()
