@@ -11,7 +11,7 @@ override the base's, and omegaconf interpolation (``${model.d_model}``) works ac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .blocks import HourglassBlockConfig
 from .hourglass import HourglassFeedForwardConfig, NormPlacement
+from .variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
 
 __all__ = [
     "ConfigError",
@@ -34,7 +35,7 @@ __all__ = [
     "load_spec",
 ]
 
-BLOCKS = ("baseline", "hourglass")
+BLOCKS = ("baseline", "hourglass", "variable_width")
 
 
 class ConfigError(ValueError):
@@ -42,8 +43,26 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class WidthSpec:
+    """Variable-width layers (paper 2): the schedule of w_1..w_L, the resizing and the init."""
+
+    schedule: str = "geometric"  # geometric | arithmetic | constant | list
+    shape: str = "x"  # x (wide-narrow-wide) | v | ^ | 3 (narrow-wide-narrow)
+    r_l: float = 0.75  # position of the extreme layer, k = r_l L (paper)
+    r_d: float = 0.3  # narrowest continuous width / d_model (paper)
+    multiple: int = 32  # each w_l rounded to this multiple (paper)
+    values: Optional[List[int]] = None  # schedule=list: the explicit widths
+    resize: str = "carry_forward"  # carry_forward | zero | learned
+    init: str = "olmo"  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
+    m_width: float = 8.0  # mup: logits / m_width (paper)
+    m_emb: float = 12.0  # mup: embeddings x m_emb (paper)
+    m_residual: float = 0.22  # mup: residual branches x m_residual (paper)
+    init_range: float = 0.1  # mup: base init std (paper)
+
+
+@dataclass
 class ModelSpec:
-    block: str = "baseline"  # baseline (SwiGLU, hidden ffn_ratio * d_model) | hourglass
+    block: str = "baseline"  # baseline (SwiGLU, hidden ffn_ratio * d_model) | hourglass | variable_width
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
     n_heads: int = MISSING  # attention heads (MHA); head_dim = d_model / n_heads
@@ -59,6 +78,17 @@ class ModelSpec:
     vocab_size: Optional[int] = None  # default: the tokenizer's vocabulary padded to 128
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
+    ffn: str = "swiglu"  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
+    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h)
+
+    @property
+    def resolved_widths(self) -> List[int]:
+        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule)."""
+        w = self.widths
+        return schedule_widths(
+            w.schedule, self.d_model, self.n_layers, shape=w.shape, r_l=w.r_l, r_d=w.r_d, multiple=w.multiple,
+            widths=w.values,
+        )
 
     @property
     def resolved_d_h(self) -> int:
@@ -86,7 +116,8 @@ class ModelSpec:
             tie_word_embeddings=self.tie_embeddings,
             init_std=self.init_std,
         )
-        if self.block == "hourglass":
+        hourglass = self.block == "hourglass" or (self.block == "variable_width" and self.ffn == "hourglass")
+        if hourglass:
             block = config.block
             assert isinstance(block, TransformerBlockConfig) and block.layer_norm is not None
             config.block = HourglassBlockConfig(
@@ -99,6 +130,17 @@ class ModelSpec:
                     layer_norm=block.layer_norm,
                     norm_placement=NormPlacement(self.norm_placement),
                 ),
+            )
+        if self.block == "variable_width":
+            w = self.widths
+            base = {f.name: getattr(config, f.name) for f in fields(TransformerConfig)}
+            return VariableWidthTransformerConfig(
+                **base,
+                widths=self.resolved_widths,
+                resize=ResizeMode(w.resize),
+                ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.ffn_ratio * self.d_model) / self.d_model,
+                ffn_hidden_multiple=self.d_h_multiple if hourglass else 1,
+                mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
             )
         return config
 
@@ -146,6 +188,10 @@ class TrainSpec:
 class EvalSpec:
     interval: int = 1000  # in-loop validation every N steps (and at the end)
     max_batches: Optional[int] = None  # cap the validation batches (None: the whole set)
+    validation_sets: List[str] = field(default_factory=list)  # v3-small-ppl-validation names (olmo_patches.evals)
+    validation_base_dir: Optional[str] = None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
+    downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
+    downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
 
 
 @dataclass
@@ -155,7 +201,9 @@ class RunSpec:
     save_interval: int = 1000  # permanent checkpoints every N steps
     ephemeral_save_interval: Optional[int] = 250  # checkpoints kept until the next one
     log_interval: int = 10  # collect and print metrics every N steps
+    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
+    trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
 
 
 @dataclass
@@ -258,6 +306,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
         if m.resolved_d_h < 1:
             fail("model.d_h", m.resolved_d_h, "must be >= 1")
+    if m.block == "variable_width":
+        _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
         fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
     if t.global_batch_size < 1 or t.micro_batch_size < 1:
@@ -280,6 +330,37 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("data.tokenizer", d.tokenizer, "must be demo or dolma2")
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
+
+
+def _validate_widths(m: ModelSpec, fail) -> None:
+    w = m.widths
+    if m.ffn not in ("swiglu", "hourglass"):
+        fail("model.ffn", m.ffn, "must be swiglu or hourglass")
+    if w.schedule not in SCHEDULES:
+        fail("model.widths.schedule", w.schedule, f"choose one of {', '.join(SCHEDULES)}")
+    if w.shape not in SHAPES:
+        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
+    if w.resize not in ResizeMode.__members__:
+        fail("model.widths.resize", w.resize, f"choose one of {', '.join(ResizeMode.__members__)}")
+    if w.init not in ("olmo", "mup"):
+        fail("model.widths.init", w.init, "must be olmo or mup")
+    if w.init == "mup" and m.ffn == "hourglass":
+        fail("model.widths.init", w.init, "mup init is not supported with ffn=hourglass")
+    if m.tie_embeddings:
+        fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
+    if w.multiple < 1:
+        fail("model.widths.multiple", w.multiple, "must be >= 1")
+    if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
+        fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
+    try:
+        widths = m.resolved_widths
+    except ValueError as e:
+        fail("model.widths.schedule", w.schedule, _one_line(e))
+    key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
+    for layer, width in enumerate(widths, start=1):
+        if width < 1 or width % m.n_heads:
+            fail(key, w.values if w.schedule == "list" else w.multiple,
+                 f"w_{layer}={width} is not a positive multiple of model.n_heads={m.n_heads}")
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

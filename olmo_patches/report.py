@@ -7,7 +7,7 @@ from rich.table import Table
 from .config import ExperimentSpec
 from .shapes import ParamBreakdown, breakdown
 
-__all__ = ["vocab_size", "count", "param_table"]
+__all__ = ["vocab_size", "count", "param_table", "width_report"]
 
 
 def vocab_size(spec: ExperimentSpec) -> int:
@@ -27,12 +27,36 @@ def count(spec: ExperimentSpec) -> ParamBreakdown:
     return breakdown(model, spec.data.sequence_length)
 
 
+def width_report(spec: ExperimentSpec) -> dict:
+    """A variable-width model's widths and its FLOPs against the constant-width baseline (same h, L, V, seq).
+
+    ``flops_ratio``: OLMo-core's training FLOPs per token of the built models (causal attention, every
+    computed matmul); ``paper_flops_ratio``: the paper's count (:func:`variable_width.paper_flops`).
+    """
+    from dataclasses import replace
+
+    from .variable_width import paper_flops
+
+    m = spec.model
+    widths = m.resolved_widths
+    constant = replace(spec, model=replace(m, widths=replace(m.widths, schedule="constant")))
+    V, seq = vocab_size(spec), spec.data.sequence_length
+    return {
+        "widths": widths,
+        "mean_width_ratio": sum(widths) / len(widths) / m.d_model,
+        "flops_ratio": count(spec).flops_per_token / count(constant).flops_per_token,
+        "paper_flops_ratio": paper_flops(widths, m.d_model, V, seq) / paper_flops([m.d_model] * m.n_layers, m.d_model, V, seq),
+    }
+
+
 def param_table(spec: ExperimentSpec) -> Table:
     b = count(spec)
     m = spec.model
     shape = f"{m.block}: d_model {m.d_model}, L {m.n_layers}, heads {m.n_heads}"
     if m.block == "hourglass":
         shape += f", K {m.K}, d_h {m.resolved_d_h}"
+    if m.block == "variable_width":
+        shape += f", {m.ffn}, widths {m.resolved_widths}"
     table = Table(title=f"{spec.run.name} ({shape})")
     table.add_column("parameters")
     table.add_column("count", justify="right")
@@ -41,6 +65,8 @@ def param_table(spec: ExperimentSpec) -> Table:
         share = f"{value / b.non_embedding:.1%}" if name in ("attention", "FFN") else ""
         table.add_row(name, f"{value:,}", share)
     table.add_row("norms", f"{b.norm:,}", "")
+    if b.resize:
+        table.add_row("learned resize projections", f"{b.resize:,}", "")
     table.add_row("non-embedding (attention + FFN)", f"{b.non_embedding:,}", "")
     table.add_row("total", f"{b.total:,}", "")
     table.add_row(f"FLOPs per token (train, seq {spec.data.sequence_length})", f"{b.flops_per_token:,}", "")

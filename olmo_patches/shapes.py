@@ -27,6 +27,7 @@ class ParamBreakdown:
     ffn: int  # FFN weight matrices (SwiGLU or hourglass)
     norm: int  # every norm weight (block, sub-MLP, QK and final norms)
     flops_per_token: int  # OLMo-core's training FLOPs per token (forward + backward)
+    resize: int = 0  # learned resize projections (variable-width ablation; not in non_embedding)
 
     @property
     def non_embedding(self) -> int:
@@ -34,7 +35,7 @@ class ParamBreakdown:
 
     @property
     def total(self) -> int:
-        return self.embedding + self.attention + self.ffn + self.norm
+        return self.embedding + self.attention + self.ffn + self.norm + self.resize
 
     @property
     def attention_share(self) -> float:
@@ -50,6 +51,8 @@ class ParamBreakdown:
 
 
 def _category(name: str) -> str:
+    if name.startswith("resize.") or ".resize." in name:
+        return "resize"
     if "norm" in name:
         return "norm"
     if name.startswith("embeddings.") or name.startswith("lm_head."):
@@ -63,7 +66,7 @@ def _category(name: str) -> str:
 
 def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
     """Classify every parameter of an OLMo-core transformer (tied weights counted once)."""
-    counts = {"embedding": 0, "attention": 0, "ffn": 0, "norm": 0}
+    counts = {"embedding": 0, "attention": 0, "ffn": 0, "norm": 0, "resize": 0}
     for name, p in model.named_parameters():  # named_parameters() skips tied duplicates
         counts[_category(name)] += p.numel()
     return ParamBreakdown(**counts, flops_per_token=model.num_flops_per_token(seq_len))  # type: ignore[operator]

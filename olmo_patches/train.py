@@ -25,7 +25,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
 from olmo_core.optim.scheduler import SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import CheckpointerCallback, ConfigSaverCallback, LMEvaluatorCallbackConfig
+from olmo_core.train.callbacks import ConfigSaverCallback, LMEvaluatorCallbackConfig
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -33,8 +33,12 @@ from olmo_core.train.train_module import (
 )
 from olmo_core.utils import seed_all
 
+from .batch_trace import BatchTraceCallback
 from .config import ExperimentSpec, spec_to_yaml
+from .evals import downstream_evaluator, lm_evaluator
 from .metrics import MetricsFileCallback
+from .progress import ProgressCallback, wandb_callback
+from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +160,18 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         max_duration=duration,
         metrics_collect_interval=spec.run.log_interval,
         cancel_check_interval=spec.run.log_interval,
-        save_overwrite=True,
+        save_overwrite=False,  # cut-off saves are pruned before a run starts (resume.py)
+        hard_stop=Duration.steps(spec.run.stop_at_step) if spec.run.stop_at_step else None,
     )
     trainer = trainer.with_callback(
         "checkpointer",
-        CheckpointerCallback(save_interval=spec.run.save_interval, ephemeral_save_interval=spec.run.ephemeral_save_interval),
+        ResumeCheckpointerCallback(save_interval=spec.run.save_interval, ephemeral_save_interval=spec.run.ephemeral_save_interval),
     )
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
+    trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
+    if spec.run.trace_batches:
+        trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
     if data.val_paths:
         trainer = trainer.with_callback(
             "lm_evaluator",
@@ -178,17 +186,20 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
                 eval_duration=Duration.steps(spec.eval.max_batches) if spec.eval.max_batches else Duration.epochs(1),
             ),
         )
-    if spec.run.wandb_project:
-        from olmo_core.train.callbacks import WandBCallback
-
-        trainer = trainer.with_callback(
-            "wandb", WandBCallback(name=spec.run.name, project=spec.run.wandb_project, enabled=True)
-        )
+    if not data.val_paths and (lm_eval := lm_evaluator(spec, dataset_kwargs)) is not None:  # v3-small-ppl-validation
+        trainer = trainer.with_callback("lm_evaluator", lm_eval)
+    if (downstream := downstream_evaluator(spec, data.tokenizer)) is not None:
+        trainer = trainer.with_callback("downstream_evaluator", downstream)
+    if (wandb := wandb_callback(spec.run.wandb_project, spec.run.name)) is not None:
+        trainer = trainer.with_callback("wandb", wandb)
     return Experiment(model, dataset, data_loader, train_module, trainer, t.seed)
 
 
-def train(spec: ExperimentSpec) -> Path:
-    """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo)."""
+def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
+    """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
+
+    Resumes from the latest complete checkpoint in the save folder, or from ``resume_from``.
+    """
     device = device_for(spec)
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     try:
@@ -196,6 +207,7 @@ def train(spec: ExperimentSpec) -> Path:
         if get_rank() == 0:
             save_folder.mkdir(parents=True, exist_ok=True)
             (save_folder / "config.yaml").write_text(spec_to_yaml(spec))
+        prune_incomplete(save_folder)
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
         seed_all(exp.init_seed)
@@ -205,7 +217,11 @@ def train(spec: ExperimentSpec) -> Path:
         data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
         trainer = exp.trainer.build(train_module, data_loader)
         trainer.callbacks["config_saver"].config = exp.as_config_dict()  # type: ignore[attr-defined]
+        if resume_from is not None:
+            load_explicit(trainer, resume_from)
         trainer.fit()
+        if trainer.is_canceled:
+            log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
         return save_folder
     finally:
         teardown_training_environment()

@@ -9,7 +9,7 @@ import json
 from rich.console import Console
 
 from olmo_patches.cli import load_or_exit
-from olmo_patches.report import count, param_table
+from olmo_patches.report import count, param_table, width_report
 
 
 def main() -> None:
@@ -20,7 +20,10 @@ def main() -> None:
     args = parser.parse_args()
     spec = load_or_exit(args.config, args.overrides)
     if args.json:
-        print(json.dumps(count(spec).as_dict()))
+        out = count(spec).as_dict()
+        if spec.model.block == "variable_width":
+            out.update(width_report(spec))
+        print(json.dumps(out))
     else:
         Console().print(param_table(spec))
 

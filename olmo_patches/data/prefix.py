@@ -26,13 +26,26 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
-from .order import TOKEN_BYTES, TOKEN_DTYPE, DataOrderError, Layout, sha256_file, shuffled_indices
-from .remote import RangeReader
+from .order import (
+    TOKEN_BYTES,
+    TOKEN_DTYPE,
+    DataOrderError,
+    Layout,
+    sha256_file,
+    shuffled_indices,
+)
+from .remote import RangeReader, progress_bar
 
 INDEX = "index.json"
 ORDER = "order.npy"
@@ -76,7 +89,9 @@ def _read_index(out_dir: Path) -> Optional[dict[str, Any]]:
     try:
         index = json.loads(path.read_text())
     except ValueError:
-        raise DataOrderError(f"{path} is not valid JSON; delete the prefix directory and start again") from None
+        raise DataOrderError(
+            f"{path} is not valid JSON; delete the prefix directory and start again"
+        ) from None
     if index.get("format") != FORMAT:
         raise DataOrderError(f"{path} is not a {FORMAT} index")
     return index
@@ -88,19 +103,16 @@ def _write_index(out_dir: Path, index: dict[str, Any]) -> None:
     os.replace(tmp, out_dir / INDEX)
 
 
-def _prefix_order(out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]) -> np.ndarray:
+def _prefix_order(
+    out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]
+) -> np.ndarray:
     """The first N instance ids: order.npy if it matches its recorded sha256, else built anew."""
     path = out_dir / ORDER
     if sha256 is not None and path.is_file() and sha256_file(path) == sha256:
         return np.load(path)
-    tmp = out_dir / f".{ORDER}.full.tmp"  # the full permutation, on disk rather than in RAM
-    try:
-        full = np.memmap(tmp, dtype=np.uint32, mode="w+", shape=(layout.num_instances,))
-        shuffled_indices(layout.num_instances, spec.seed, out=full)
-        order = np.array(full[: spec.num_instances])
-        del full
-    finally:
-        tmp.unlink(missing_ok=True)
+    order = shuffled_indices(layout.num_instances, spec.seed)[
+        : spec.num_instances
+    ].copy()  # frees the 4 GB
     part = out_dir / f".{ORDER}.tmp.npy"
     np.save(part, order)
     os.replace(part, path)
@@ -124,7 +136,9 @@ def materialize(
     reader = reader or RangeReader()
     layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
     if spec.num_instances > layout.num_instances:
-        raise DataOrderError(f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}")
+        raise DataOrderError(
+            f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}"
+        )
     if spec.num_instances <= 0 or spec.chunk_instances <= 0:
         raise DataOrderError("num_instances and chunk_instances must be positive")
 
@@ -132,11 +146,19 @@ def materialize(
     spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
     index = _read_index(out_dir)
     if index is None:
-        index = {"format": FORMAT, "spec": spec_json, "order_sha256": None, "chunks": {}, "complete": False}
+        index = {
+            "format": FORMAT,
+            "spec": spec_json,
+            "order_sha256": None,
+            "chunks": {},
+            "complete": False,
+        }
         _write_index(out_dir, index)
     elif index["spec"] != spec_json:
         changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
-        raise DataOrderError(f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory")
+        raise DataOrderError(
+            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory"
+        )
 
     order = _prefix_order(out_dir, spec, layout, index.get("order_sha256"))
     index["order_sha256"] = sha256_file(out_dir / ORDER)
@@ -147,7 +169,11 @@ def materialize(
     for k in range(spec.num_chunks):
         name = part_name(k)
         done = index["chunks"].get(name)
-        if done and (out_dir / name).is_file() and sha256_file(out_dir / name) == done["sha256"]:
+        if (
+            done
+            and (out_dir / name).is_file()
+            and sha256_file(out_dir / name) == done["sha256"]
+        ):
             continue
         index["chunks"].pop(name, None)
         todo.append(k)
@@ -169,23 +195,39 @@ def materialize(
                         return
                     fi = int(file_idx[i])
                     data = reader.read(
-                        spec.paths[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi]
+                        spec.paths[fi],
+                        int(token_off[i]) * TOKEN_BYTES,
+                        instance_bytes,
+                        spec.sizes[fi],
                     )
                     f.write(data)
                     bar.advance(task, len(data))
                 f.flush()
                 os.fsync(f.fileno())
             digest = sha256_file(tmp)
-            pass
+            os.replace(tmp, final)
             with lock:
-                index["chunks"][final.name] = {"start": start, "count": stop_at - start, "sha256": digest}
+                index["chunks"][final.name] = {
+                    "start": start,
+                    "count": stop_at - start,
+                    "sha256": digest,
+                }
                 _write_index(out_dir, index)
         finally:
             tmp.unlink(missing_ok=True)
 
-    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo) * instance_bytes
-    with Progress(*columns, disable=not progress) as bar:
+    columns = (
+        "{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    total = (
+        sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo)
+        * instance_bytes
+    )
+    with progress_bar(progress, *columns) as bar:
         task = bar.add_task(f"{len(todo)} parts -> {out_dir}", total=total)
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             futures = [pool.submit(fetch_chunk, k, bar, task) for k in todo]
@@ -204,7 +246,9 @@ def materialize(
     return index
 
 
-def verify_prefix(out_dir: Path, *, reader: Optional[RangeReader] = None, sample: int = 0) -> list[str]:
+def verify_prefix(
+    out_dir: Path, *, reader: Optional[RangeReader] = None, sample: int = 0
+) -> list[str]:
     """Problems with a prefix directory (empty list: all good).
 
     Checks every part's size and sha256 against index.json and, with ``sample`` > 0, compares
@@ -214,8 +258,14 @@ def verify_prefix(out_dir: Path, *, reader: Optional[RangeReader] = None, sample
     index = _read_index(out_dir)
     if index is None:
         return [f"{out_dir / INDEX} not found"]
-    spec = PrefixSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in index["spec"].items()})
-    problems = [] if index["complete"] else ["materialize did not finish; run it again to resume"]
+    spec = PrefixSpec(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in index["spec"].items()}
+    )
+    problems = (
+        []
+        if index["complete"]
+        else ["materialize did not finish; run it again to resume"]
+    )
     for k in range(spec.num_chunks):
         name, (start, stop) = part_name(k), spec.chunk_range(k)
         path = out_dir / name
@@ -223,14 +273,18 @@ def verify_prefix(out_dir: Path, *, reader: Optional[RangeReader] = None, sample
         if entry is None or not path.is_file():
             problems.append(f"{name}: missing")
         elif path.stat().st_size != (stop - start) * spec.seq_len * TOKEN_BYTES:
-            problems.append(f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}")
+            problems.append(
+                f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}"
+            )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from index.json")
     if sample and not problems:
         reader = reader or RangeReader()
         layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
         order = np.load(out_dir / ORDER)
-        picks = np.random.default_rng().choice(spec.num_instances, size=min(sample, spec.num_instances), replace=False)
+        picks = np.random.default_rng().choice(
+            spec.num_instances, size=min(sample, spec.num_instances), replace=False
+        )
         file_idx, token_off = layout.locate(order[picks])
         n = spec.seq_len * TOKEN_BYTES
         for pos, fi, off in zip(picks, file_idx, token_off):
@@ -238,8 +292,12 @@ def verify_prefix(out_dir: Path, *, reader: Optional[RangeReader] = None, sample
             with open(out_dir / part_name(k), "rb") as f:
                 f.seek(within * n)
                 local = f.read(n)
-            if local != reader.read(spec.paths[fi], int(off) * TOKEN_BYTES, n, spec.sizes[fi]):
-                problems.append(f"instance {pos} (part {k}) differs from {spec.paths[fi]}")
+            if local != reader.read(
+                spec.paths[fi], int(off) * TOKEN_BYTES, n, spec.sizes[fi]
+            ):
+                problems.append(
+                    f"instance {pos} (part {k}) differs from {spec.paths[fi]}"
+                )
     return problems
 
 
@@ -247,8 +305,12 @@ def prefix_paths(out_dir: Path) -> list[str]:
     """The part files of a finished prefix, in training order."""
     index = _read_index(Path(out_dir))
     if index is None or not index["complete"]:
-        raise DataOrderError(f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)")
-    num_chunks = math.ceil(index["spec"]["num_instances"] / index["spec"]["chunk_instances"])
+        raise DataOrderError(
+            f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)"
+        )
+    num_chunks = math.ceil(
+        index["spec"]["num_instances"] / index["spec"]["chunk_instances"]
+    )
     return [str(Path(out_dir) / part_name(k)) for k in range(num_chunks)]
 
 
@@ -265,5 +327,8 @@ def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
     paths = prefix_paths(out_dir)
     assert index is not None
     return NumpyFSLDataset(
-        *paths, sequence_length=index["spec"]["seq_len"], dtype=TOKEN_DTYPE, **dataset_kwargs
+        *paths,
+        sequence_length=index["spec"]["seq_len"],
+        dtype=TOKEN_DTYPE,
+        **dataset_kwargs,
     )

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 from urllib.parse import urlsplit
 
-from rich.progress import Progress
+from rich.console import Console
+from rich.progress import Progress, ProgressColumn
 
 from .order import DataOrderError
 
@@ -75,7 +76,9 @@ class RangeReader:
         except FileNotFoundError:
             raise DataOrderError(f"token file not found: {path}") from None
 
-    def read(self, path: str, start: int, length: int, expect_size: Optional[int] = None) -> bytes:
+    def read(
+        self, path: str, start: int, length: int, expect_size: Optional[int] = None
+    ) -> bytes:
         """Bytes ``[start, start + length)`` of ``path``; exactly ``length`` of them or an error.
 
         ``expect_size`` is the file's size from the manifest: a file that has since changed
@@ -86,8 +89,13 @@ class RangeReader:
         if _is_other_url(path):
             from olmo_core.io import get_bytes_range, get_file_size
 
-            if expect_size is not None and (actual := get_file_size(path)) != expect_size:
-                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
+            if (
+                expect_size is not None
+                and (actual := get_file_size(path)) != expect_size
+            ):
+                raise DataOrderError(
+                    f"{path} is {actual} bytes, the manifest says {expect_size}"
+                )
             data = get_bytes_range(path, start, length)
         else:
             local = _local(path)
@@ -99,20 +107,34 @@ class RangeReader:
             except FileNotFoundError:
                 raise DataOrderError(f"token file not found: {path}") from None
             if expect_size is not None and actual != expect_size:
-                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
+                raise DataOrderError(
+                    f"{path} is {actual} bytes, the manifest says {expect_size}"
+                )
         if len(data) != length:
-            raise DataOrderError(f"{path}: got {len(data)} of {length} bytes at offset {start}")
+            raise DataOrderError(
+                f"{path}: got {len(data)} of {length} bytes at offset {start}"
+            )
         return data
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def _http_range(self, url: str, start: int, length: int, expect_size: Optional[int]) -> bytes:
+    def _http_range(
+        self, url: str, start: int, length: int, expect_size: Optional[int]
+    ) -> bytes:
         def check(status: int, headers: dict[str, str], body: bytes) -> None:
-            if status != 206:  # a 200 would be the whole file: the server ignored the range
-                raise DataOrderError(f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206")
+            if (
+                status != 206
+            ):  # a 200 would be the whole file: the server ignored the range
+                raise DataOrderError(
+                    f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206"
+                )
             match = _CONTENT_RANGE.fullmatch(headers.get("content-range", ""))
             total = match.group(3) if match else None
-            if expect_size is not None and total not in (None, "*") and int(total) != expect_size:
+            if (
+                expect_size is not None
+                and total not in (None, "*")
+                and int(total) != expect_size
+            ):
                 raise DataOrderError(
                     f"{url} is {total} bytes, the manifest says {expect_size}: rebuild the manifest"
                 )
@@ -141,8 +163,14 @@ class RangeReader:
                 return status, reply_headers, body
             except (_Retry, *_RETRYABLE) as exc:
                 self._drop_connection(url)
-                last = f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Retry) else str(exc)
-        raise DataOrderError(f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}")
+                last = (
+                    f"{type(exc).__name__}: {exc}"
+                    if not isinstance(exc, _Retry)
+                    else str(exc)
+                )
+        raise DataOrderError(
+            f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}"
+        )
 
     def _send(self, url: str, method: str, headers: dict[str, str]):
         parts = urlsplit(url)
@@ -160,15 +188,28 @@ class RangeReader:
         pool: dict = self._tls.__dict__.setdefault("pool", {})
         key = (scheme, netloc)
         if key not in pool:
-            cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+            cls = (
+                http.client.HTTPSConnection
+                if scheme == "https"
+                else http.client.HTTPConnection
+            )
             pool[key] = cls(netloc, timeout=self.retry.timeout_s)
         return pool[key]
 
     def _drop_connection(self, url: str) -> None:
         parts = urlsplit(url)
-        conn = self._tls.__dict__.get("pool", {}).pop((parts.scheme, parts.netloc), None)
+        conn = self._tls.__dict__.get("pool", {}).pop(
+            (parts.scheme, parts.netloc), None
+        )
         if conn is not None:
             conn.close()
+
+
+def progress_bar(enabled: bool, *columns: str | ProgressColumn) -> Progress:
+    """A rich progress bar; when disabled it prints nothing at all (not even a newline)."""
+    return Progress(
+        *columns, disable=not enabled, console=None if enabled else Console(quiet=True)
+    )
 
 
 # -- the size manifest -------------------------------------------------------------------
@@ -179,7 +220,7 @@ def fetch_sizes(
 ) -> list[int]:
     """Byte size of every file (HEAD for URLs), in parallel; duplicates are asked once."""
     unique = list(dict.fromkeys(paths))
-    with Progress(disable=not progress, transient=True) as bar:
+    with progress_bar(progress) as bar:
         task = bar.add_task("sizes", total=len(unique))
 
         def one(path: str) -> int:
@@ -196,7 +237,10 @@ def save_manifest(path: Path, paths: Sequence[str], sizes: Sequence[int]) -> Non
     """Write ``{"files": [[path, size], ...]}`` atomically."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"files": [[p, int(s)] for p, s in zip(paths, sizes)]}, indent=0) + "\n")
+    tmp.write_text(
+        json.dumps({"files": [[p, int(s)] for p, s in zip(paths, sizes)]}, indent=0)
+        + "\n"
+    )
     os.replace(tmp, path)
 
 
@@ -204,14 +248,21 @@ def load_manifest(path: Path, paths: Sequence[str]) -> list[int]:
     """Sizes from a manifest, which must list exactly ``paths`` in the same order."""
     path = Path(path)
     if not path.is_file():
-        raise DataOrderError(f"manifest not found: {path} (run: scripts/data_order.py manifest)")
+        raise DataOrderError(
+            f"manifest not found: {path} (run: scripts/data_order.py manifest)"
+        )
     try:
         files = json.loads(path.read_text())["files"]
     except (ValueError, KeyError) as exc:
-        raise DataOrderError(f"manifest {path} is not a valid manifest ({exc})") from None
+        raise DataOrderError(
+            f"manifest {path} is not a valid manifest ({exc})"
+        ) from None
     listed = [f[0] for f in files]
     if listed != list(paths):
-        first = next((i for i, (a, b) in enumerate(zip(listed, paths)) if a != b), min(len(listed), len(paths)))
+        first = next(
+            (i for i, (a, b) in enumerate(zip(listed, paths)) if a != b),
+            min(len(listed), len(paths)),
+        )
         raise DataOrderError(
             f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it"
         )

@@ -1,0 +1,97 @@
+"""What a run will do, before it does it: tokens, steps, batches, first data files, GPU-hours.
+
+GPU-hours = FLOPs per token (OLMo-core's count for the built model: 6 per weight plus causal attention)
+x tokens / (peak dense bf16 FLOP/s x MFU) / 3600. The peaks are the vendors' dense (no sparsity) bf16
+tensor figures; MFU is an assumption, stated in the table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from .config import ExperimentSpec
+from .report import count
+
+__all__ = ["PEAK_BF16_FLOPS", "ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files"]
+
+PEAK_BF16_FLOPS = {  # dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, no sparsity)
+    "RTX 6000 Ada": 364.2e12,  # the paper's GPU; 1457 TFLOP/s FP8 sparse / 4
+    "H100 SXM": 989.4e12,
+    "B200": 2250e12,  # the paper's other GPU (HGX B200, per GPU)
+}
+ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for all three (typical of OLMo-core at 0.1-1B, bf16, FSDP)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    tokens: int
+    steps: int
+    warmup_steps: int
+    global_batch_sequences: int
+    micro_batch_sequences: int
+    tokens_per_step: int
+    flops_per_token: int
+    first_files: list[str]
+
+    @property
+    def total_flops(self) -> float:
+        return float(self.flops_per_token) * self.tokens
+
+    def gpu_hours(self, peak: float, mfu: float = ASSUMED_MFU) -> float:
+        return self.total_flops / (peak * mfu) / 3600
+
+
+def first_data_files(spec: ExperimentSpec, n: int = 3) -> list[str]:
+    d = spec.data
+    if d.source == "demo":
+        return [f"demo corpus (built in {d.demo_cache})"]
+    if d.paths:
+        return list(d.paths[:n])
+    if d.mix:
+        from olmo_core.data import DataMix, TokenizerConfig
+
+        paths, _ = DataMix(d.mix).build(d.mix_base_dir, TokenizerConfig.dolma2().identifier or "")
+        return paths[:n]
+    return []
+
+
+def plan(spec: ExperimentSpec) -> RunPlan:
+    t, seq = spec.train, spec.data.sequence_length
+    per_step = t.global_batch_size * seq
+    if t.max_tokens is not None:
+        steps, tokens = math.ceil(t.max_tokens / per_step), t.max_tokens  # OLMo-core stops at ceil
+    else:
+        steps, tokens = int(t.max_steps or 0), int(t.max_steps or 0) * per_step
+    warmup = t.warmup_steps if t.warmup_steps is not None else math.ceil((t.warmup_tokens or 0) / per_step)
+    return RunPlan(
+        tokens=tokens,
+        steps=steps,
+        warmup_steps=warmup,
+        global_batch_sequences=t.global_batch_size,
+        micro_batch_sequences=t.micro_batch_size,
+        tokens_per_step=per_step,
+        flops_per_token=count(spec).flops_per_token,
+        first_files=first_data_files(spec),
+    )
+
+
+def plan_table(spec: ExperimentSpec) -> Table:
+    p = plan(spec)
+    table = Table(title=f"{spec.run.name}: run plan")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row("tokens", f"{p.tokens:,}")
+    table.add_row("steps", f"{p.steps:,}")
+    table.add_row("warmup steps", f"{p.warmup_steps:,}")
+    table.add_row("global batch", f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens")
+    table.add_row("micro-batch (per GPU)", f"{p.micro_batch_sequences} sequences")
+    table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
+    table.add_row("total FLOPs", f"{p.total_flops:.3e}")
+    for gpu, peak in PEAK_BF16_FLOPS.items():
+        table.add_row(f"GPU-hours, {gpu} ({peak / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})", f"{p.gpu_hours(peak):,.1f}")
+    for i, f in enumerate(p.first_files):
+        table.add_row(f"data file {i + 1}", f)
+    return table

@@ -1,0 +1,125 @@
+"""What a run tells its operator: one console line per log interval, and wandb when it is there.
+
+- :class:`ProgressCallback` replaces OLMo-core's multi-line console logger by one line on rank 0:
+  step/total, train loss, validation loss when there is one, tokens/s, MFU (GPUs with a known
+  peak only) and time left, e.g.
+  ``step 120/400 | loss 4.213 | val 4.305 | 8,120 tok/s | MFU 41.2% | 6m left``.
+- :func:`wandb_callback`: OLMo-core's WandBCallback when ``run.wandb_project`` is set and the
+  ``wandb`` package is importable (else None, logged once at info level). ``WANDB_MODE=offline``
+  (or ``disabled``) needs no API key; a resumed run continues the same wandb run (its id is kept
+  in ``SAVE_FOLDER/wandb_id``).
+
+The metrics file (``metrics.py``) is written whatever else logs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+from olmo_core.distributed.utils import get_rank
+from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress"]
+
+LOSS = "train/CE loss"
+VAL_LOSS = "val/CE loss"
+TPS = "throughput/device/TPS (actual avg)"
+MFU = "throughput/device/MFU (actual avg)"
+
+
+def format_progress(
+    step: int,
+    total: Optional[int],
+    metrics: Dict[str, float],
+    *,
+    world_size: int = 1,
+    seconds_left: Optional[float] = None,
+) -> str:
+    """One progress line from a step's metrics (tokens/s summed over ranks)."""
+    parts = [f"step {step}/{total if total is not None else '?'}"]
+    if LOSS in metrics:
+        parts.append(f"loss {metrics[LOSS]:.4f}")
+    if VAL_LOSS in metrics:
+        parts.append(f"val {metrics[VAL_LOSS]:.4f}")
+    if TPS in metrics:
+        parts.append(f"{metrics[TPS] * world_size:,.0f} tok/s")
+    if MFU in metrics:
+        parts.append(f"MFU {metrics[MFU]:.1f}%")
+    if seconds_left is not None:
+        h, rem = divmod(int(seconds_left), 3600)
+        parts.append(f"{h}h{rem // 60:02d}m left" if h else f"{max(rem // 60, 1)}m left")
+    return " | ".join(parts)
+
+
+@dataclass
+class ProgressCallback(ConsoleLoggerCallback):
+    """OLMo-core's console logger (so the Trainer adds no other), one line per logged step."""
+
+    def post_step(self):
+        pass  # everything is printed from log_metrics, once the step's metrics are reduced
+
+    def log_metrics(self, step: int, metrics: Dict[str, float]):
+        if get_rank() != 0 or not self._should_log_metrics(step):
+            return
+        progress = self.trainer.training_progress
+        seconds_left = None
+        if progress.bps and progress.total_steps is not None:
+            seconds_left = max(progress.total_steps - step, 0) / progress.bps
+        from olmo_core.distributed.utils import get_world_size
+
+        line = format_progress(
+            step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left
+        )
+        log.info(line)
+
+
+@dataclass
+class OfflineAwareWandBCallback(WandBCallback):
+    """WandBCallback that works offline (no API key, no API calls) and resumes its own run."""
+
+    def _offline(self) -> bool:
+        return os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+
+    def pre_train(self):
+        if not (self.enabled and get_rank() == 0):
+            return
+        id_file = Path(self.trainer.save_folder) / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else None
+        wandb_dir = Path(self.trainer.save_folder) / "wandb"
+        wandb_dir.mkdir(parents=True, exist_ok=True)
+        self.wandb.init(
+            dir=wandb_dir,
+            project=self.project,
+            entity=self.entity,
+            group=self.group,
+            name=self.name,
+            tags=self.tags,
+            notes=self.notes,
+            config=self.config,
+            id=run_id,
+            resume="allow",
+        )
+        if run_id is None and self.run is not None:
+            id_file.write_text(self.run.id)
+        self._run_path = self.run.path if self.run is not None else None  # type: ignore
+
+    def check_if_canceled(self):
+        if not self._offline() and os.environ.get("WANDB_API_KEY"):
+            super().check_if_canceled()
+
+
+def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]:
+    """A wandb callback when asked for (``run.wandb_project``) and possible (``wandb`` installed)."""
+    if not project:
+        return None
+    if importlib.util.find_spec("wandb") is None:
+        log.info("run.wandb_project is set but wandb is not installed: logging to metrics.jsonl only")
+        return None
+    return OfflineAwareWandBCallback(name=name, project=project, enabled=True)

@@ -1,0 +1,130 @@
+"""Preemption and resume on top of OLMo-core's checkpointer.
+
+What OLMo-core already does (olmo_core/train/trainer.py, checkpoint.py, callbacks/checkpointer.py):
+- ``fit()`` loads the latest checkpoint in the save folder (``LoadStrategy.if_available``), with
+  trainer, data loader and optimizer state; the data loader's state is counted in global tokens,
+  so a different number of processes continues the same global batch order.
+- SIGTERM/SIGINT cancel the run; the loop stops at the next cancel check and ``post_train`` saves
+  a checkpoint for the current step before ``fit()`` returns.
+- A checkpoint is complete only when ``stepN/.metadata.json`` exists: it is written last, by an
+  atomic rename, after the model/optimizer files (DCP ``.metadata``) and the trainer state. A
+  folder cut off mid-write (SIGKILL during a save) therefore never counts as the latest.
+
+What this module adds:
+- :func:`prune_incomplete`: removes the leftovers of a cut-off save (``stepN`` without its
+  metadata, ``stepN-tmp``) before a run starts, so that saving ``stepN`` again neither fails
+  (``save_overwrite=False``) nor needs ``save_overwrite=True`` (which clears a folder before
+  rewriting it, and could destroy the very checkpoint a finished run was resumed from).
+- :class:`ResumeCheckpointerCallback`: knows the step it resumed from, so a run resumed at its
+  last step does not save that step again.
+- :func:`load_explicit`: ``--resume-from PATH`` (a checkpoint, or a folder of them); checkpoints
+  in the save folder newer than PATH are moved aside (never deleted) so that they neither shadow
+  nor collide with the resumed run's own saves.
+- :func:`load_model_state`: a checkpoint's model weights as plain tensors (no process group).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from olmo_core.aliases import PathOrStr
+from olmo_core.distributed.utils import barrier, broadcast_object, get_rank
+from olmo_core.train.callbacks import CheckpointerCallback
+from olmo_core.train.checkpoint import Checkpointer
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "prune_incomplete",
+    "latest_complete",
+    "checkpoint_step",
+    "ResumeCheckpointerCallback",
+    "load_explicit",
+    "load_model_state",
+]
+
+_STEP_DIR = re.compile(r"^step(\d+)(-tmp)?$")
+
+
+def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
+    """Remove cut-off checkpoint folders in a local save folder (rank 0 only: a local save folder
+    is shared by all nodes; call from every rank, it ends with a barrier). Returns what was removed."""
+    removed: List[Path] = []
+    folder = Path(save_folder)
+    if get_rank() == 0 and folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            m = _STEP_DIR.match(path.name)
+            if m is None or not path.is_dir():
+                continue
+            if m.group(2) or not Checkpointer.dir_is_checkpoint(path):
+                log.warning(f"Removing incomplete checkpoint folder '{path}' (a save was cut off)")
+                shutil.rmtree(path)
+                removed.append(path)
+    barrier()
+    return removed
+
+
+def latest_complete(save_folder: PathOrStr) -> Optional[str]:
+    """The latest complete checkpoint in a folder of checkpoints, or None."""
+    try:
+        return Checkpointer.latest_checkpoint(save_folder)
+    except FileNotFoundError:
+        return None
+
+
+def checkpoint_step(checkpoint: PathOrStr) -> int:
+    """The global step a checkpoint was saved at (its trainer state)."""
+    state = torch.load(Path(checkpoint) / "train" / "rank0.pt", weights_only=False)
+    return int(state["global_step"])
+
+
+@dataclass
+class ResumeCheckpointerCallback(CheckpointerCallback):
+    """OLMo-core's checkpointer, which does not re-save the step it resumed from."""
+
+    def post_checkpoint_loaded(self, path: PathOrStr):
+        self._latest_checkpoint_step = self.trainer.global_step
+        self._latest_checkpoint_path = str(path)
+
+
+def load_explicit(trainer, resume_from: PathOrStr) -> str:
+    """Load ``resume_from`` (a checkpoint or a folder of checkpoints) into ``trainer`` before
+    ``fit()``; save-folder checkpoints newer than it move to ``SAVE/superseded-<time>/``."""
+    path: Optional[str] = None
+    if get_rank() == 0:
+        path = str(resume_from) if Checkpointer.dir_is_checkpoint(resume_from) else latest_complete(resume_from)
+    path = broadcast_object(path)
+    if path is None:
+        raise FileNotFoundError(f"--resume-from {resume_from}: no complete checkpoint there")
+    save_folder = Path(trainer.save_folder)
+    if get_rank() == 0 and save_folder.is_dir():
+        step = checkpoint_step(path)
+        aside = save_folder / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        for other_step, other in Checkpointer.find_checkpoints(save_folder):
+            if other_step > step and Path(other).resolve() != Path(path).resolve():
+                aside.mkdir(exist_ok=True)
+                log.warning(f"Moving '{other}' (newer than the resume point, step {step}) to '{aside}'")
+                Path(other).rename(aside / Path(other).name)
+    barrier()
+    trainer.load_checkpoint(path, load_trainer_state=True, load_optim_state=True)
+    return path
+
+
+def load_model_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
+    """The model weights of a trainer checkpoint (``stepN``) or of a bare model checkpoint, as
+    full tensors keyed like OLMo-core's ``Transformer.state_dict()``. Not for use under torchrun."""
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    root = Path(checkpoint)
+    model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
+    metadata = get_checkpoint_metadata(model_dir)
+    keys = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
+    values = load_keys(model_dir, keys)
+    return {k[len("model.") :]: v for k, v in zip(keys, values)}

@@ -1,0 +1,188 @@
+"""Solving hourglass shapes to a parameter budget, and enumerating the paper's search space.
+
+The budget is the paper's non-embedding count (attention + FFN weight matrices; norms, embeddings
+and LM head excluded): ``N = L (4 d_model^2 + 3 K d_model d_h)`` for an hourglass model with MHA.
+
+Matching within the paper's 0.001% is a number-theory problem, not a rounding one: one unit of d_h
+moves N by ``3 K d_model L`` (about 0.09% of 113M at K=4, d_model 1374, L=6), a hundred times the
+tolerance. So :func:`solve` searches d_model near the continuous solution
+``d* = sqrt(N / (L (4 + 3 K r)))`` (r = the target d_h/d_model) and, for each d_model, takes the
+d_h that meets the budget exactly, then rounds it. It walks an alignment ladder, most
+hardware-friendly first (d_model and d_h multiples of 128, 64, ... 8 for d_model, ... 1 for d_h),
+and keeps the first rung that meets the tolerance; :attr:`Shape.rounding` says which rung it was.
+Heads always divide d_model with a head dimension that is a multiple of 8 (flash-attention's
+requirement), nearest 64 below d_model 2048 and 128 from there (GPT-2 small / OLMo-2 1B).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+__all__ = [
+    "TOLERANCE",
+    "Shape",
+    "solve",
+    "solve_at_width_depth",
+    "enumerate_shapes",
+    "choose_heads",
+    "optimal_width_depth",
+    "rank_key",
+]
+
+TOLERANCE = 1e-5  # the paper: every variant within 0.001% of its baseline's non-embedding parameters
+D_MODEL_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)  # d_model rungs; below 8 the head dim cannot be a multiple of 8
+D_H_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)
+# (d_model, d_h) rungs, most hardware-friendly first: by the smaller of the two multiples, then d_model's
+LADDER = sorted(((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN), key=lambda ab: (-min(ab), -ab[0], -ab[1]))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One hourglass shape (constant width, standard MHA)."""
+
+    K: int
+    d_model: int
+    n_layers: int
+    d_h: int
+    n_heads: int
+    rounding: str = ""  # which alignment rung the solver used, e.g. "d_model % 64, d_h % 1"
+
+    @property
+    def attention(self) -> int:
+        return 4 * self.d_model * self.d_model * self.n_layers
+
+    @property
+    def ffn(self) -> int:
+        return 3 * self.K * self.d_model * self.d_h * self.n_layers
+
+    @property
+    def non_embedding(self) -> int:
+        return self.attention + self.ffn
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_h_ratio(self) -> float:
+        return self.d_h / self.d_model
+
+    @property
+    def width_depth(self) -> float:
+        """d_model / L, the paper's width-to-depth ratio."""
+        return self.d_model / self.n_layers
+
+    def mismatch(self, budget: int) -> float:
+        """Relative mismatch to the budget, signed."""
+        return (self.non_embedding - budget) / budget
+
+    def flops_per_token(self, seq_len: int, vocab_size: int) -> int:
+        """OLMo-core's training FLOPs per token (6 per weight, causal attention, LM head), norms excluded."""
+        return 6 * (self.non_embedding + vocab_size * self.d_model) + 6 * self.n_layers * self.d_model * (seq_len + 1)
+
+
+def choose_heads(d_model: int) -> Optional[int]:
+    """Heads for d_model: head dim in [48, 256], a multiple of 8 where d_model allows (flash-attention),
+    nearest 64 (d_model < 2048) or 128 (GPT-2 small / OLMo-2 1B)."""
+    target = 64 if d_model < 2048 else 128
+    step = 8 if d_model % 8 == 0 else 1
+    dims = [h for h in range(48, 257, step) if d_model % h == 0]
+    if not dims:
+        return None
+    return d_model // min(dims, key=lambda h: (abs(h - target), -h))
+
+
+def solve(
+    budget: int,
+    *,
+    K: int,
+    n_layers: int,
+    d_h_ratio: float,
+    tolerance: float = TOLERANCE,
+    windows: tuple[float, ...] = (0.04, 0.08),
+    layer_slack: int = 0,
+    ratio_slack: float = 0.2,
+) -> Optional[Shape]:
+    """The hourglass shape with K given, L = ``n_layers`` (or within ``layer_slack`` of it, nearest
+    first), d_h/d_model within ``ratio_slack`` (relative) of ``d_h_ratio``, and the budget met within
+    ``tolerance``. None when there is none.
+
+    Search order: each d_model window in turn (relative to the continuous solution d*), each L
+    nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
+    """
+    layers = sorted(range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1), key=lambda L: (abs(L - n_layers), L))
+    for window in windows:
+        for L in layers:
+            shape = _solve_rungs(budget, K, L, d_h_ratio, tolerance, window, ratio_slack)
+            if shape is not None:
+                return shape
+    return None
+
+
+def _solve_rungs(budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float) -> Optional[Shape]:
+    d_star = math.sqrt(budget / (L * (4 + 3 * K * r)))
+    lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
+    for a_d, a_h in LADDER:
+        best: Optional[Shape] = None
+        for d_model in range(lo + (-lo) % a_d, hi + 1, a_d):
+            exact = (budget / L - 4 * d_model * d_model) / (3 * K * d_model)
+            d_h = int(round(exact / a_h)) * a_h
+            if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
+                continue
+            shape = Shape(K, d_model, L, d_h, 0)
+            if abs(shape.mismatch(budget)) > tolerance or (n_heads := choose_heads(d_model)) is None:
+                continue
+            if best is None or abs(d_model - d_star) < abs(best.d_model - d_star):
+                best = Shape(K, d_model, L, d_h, n_heads, f"d_model % {a_d}, d_h % {a_h}")
+        if best is not None:
+            return best
+    return None
+
+
+def solve_at_width_depth(budget: int, *, K: int, d_h_ratio: float, width_depth: float, **kw) -> Optional[Shape]:
+    """Solve with L chosen so that d_model / L is nearest ``width_depth`` (N = rho^2 L^3 (4 + 3 K r))."""
+    L = max(1, round((budget / (width_depth**2 * (4 + 3 * K * d_h_ratio))) ** (1 / 3)))
+    return solve(budget, K=K, n_layers=L, d_h_ratio=d_h_ratio, **kw)
+
+
+def optimal_width_depth(K: int) -> float:
+    """The paper's U-curve optimum of d_model/L: about 180 at K=2, 110 at K=4 (linear between, flat outside)."""
+    if K <= 2:
+        return 180.0
+    if K >= 4:
+        return 110.0
+    return 180.0 + (K - 2) * (110.0 - 180.0) / 2
+
+
+def rank_key(shape: Shape) -> tuple:
+    """The paper's findings as a sort key: d_h/d_model >= 0.4 first (below is clearly worse), then the
+    distance of d_model/L from the K's U-curve optimum (log scale), then fewer FLOPs (smaller d_model)."""
+    return (shape.d_h_ratio < 0.4 - 1e-9, abs(math.log(shape.width_depth / optimal_width_depth(shape.K))), shape.d_model)
+
+
+def enumerate_shapes(
+    budget: int,
+    *,
+    Ks: range | list[int] = range(1, 11),
+    d_h_ratios: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
+    width_depth: tuple[float, float] = (50.0, 300.0),
+    tolerance: float = TOLERANCE,
+) -> Iterator[Shape]:
+    """Every solvable shape of the paper's search space: K, d_h/d_model, and each L whose solved
+    d_model/L falls in ``width_depth``. Duplicates (same K, L, d_model, d_h) are yielded once."""
+    seen = set()
+    for K in Ks:
+        for r in d_h_ratios:
+            per_layer = 4 + 3 * K * r  # N = per_layer * d^2 * L, d = rho * L
+            L_min = max(1, math.floor((budget / (per_layer * width_depth[1] ** 2)) ** (1 / 3)))
+            L_max = math.ceil((budget / (per_layer * width_depth[0] ** 2)) ** (1 / 3))
+            for L in range(L_min, L_max + 1):
+                shape = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=tolerance)
+                if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
+                    continue
+                key = (shape.K, shape.n_layers, shape.d_model, shape.d_h)
+                if key not in seen:
+                    seen.add(key)
+                    yield shape

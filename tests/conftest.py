@@ -1,0 +1,58 @@
+"""Shared fixtures: a tiny model on the embedded demo corpus, and helpers to read finished runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A model small enough that a training step takes milliseconds on one CPU core.
+TINY = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "data.sequence_length=32",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "train.warmup_steps=2",
+    "eval.interval=1000",
+    "eval.max_batches=2",
+    "run.log_interval=1",
+]
+
+
+def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list:
+    hourglass = ["model.block=hourglass", "model.K=2", "model.d_h=16"] if block == "hourglass" else []
+    return [*TINY, *hourglass, f"run.save_folder={tmp_path}", f"data.work_dir={tmp_path / 'cache'}", *extra]
+
+
+def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run one of scripts/ in a fresh interpreter (optionally under torchrun), from the repo root."""
+    cmd = [sys.executable, str(REPO / "scripts" / script), *args]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *cmd[1:]]
+    # In-process runs leave torch.distributed's rendezvous variables behind; a child must not inherit them.
+    dist_vars = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def load_weights(step_dir: Path, tmp: Path) -> dict:
+    """The model weights of an OLMo-core checkpoint folder (stepN), unsharded."""
+    from olmo_core.distributed.checkpoint import unshard_checkpoint
+
+    model_path, _ = unshard_checkpoint(step_dir / "model_and_optim", tmp, optim=False, quiet=True)
+    return torch.load(model_path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="session")
+def demo_corpus():
+    """The demo corpus, built once into the repo's cache (as the demo itself does)."""
+    from olmo_patches.data.demo import prepare_demo_corpus
+
+    return prepare_demo_corpus(REPO / ".cache" / "demo-corpus")

@@ -1,0 +1,170 @@
+"""The hourglass FFN and block against plain PyTorch written from the SPEC's equations."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from olmo_core.nn.attention import AttentionConfig
+from olmo_core.nn.feed_forward import FeedForwardConfig
+from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType
+from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType
+from torch.utils.flop_counter import FlopCounterMode
+
+from olmo_patches.blocks import HourglassBlockConfig
+from olmo_patches.config import ModelSpec
+from olmo_patches.hourglass import HourglassFeedForwardConfig, NormPlacement
+from olmo_patches.shapes import analytic_non_embedding, breakdown
+
+EPS = 1e-6
+NORM = LayerNormConfig(name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False)  # float64 stays float64
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * weight
+
+
+class ReferenceHourglass(nn.Module):
+    """h_{i+1} = h_i + MLP_i(norm_i(h_i))  (pre)  or  h_i + norm_i(MLP_i(h_i))  (post),
+    MLP_i(x) = W_u_i (SiLU(W_d1_i x) * (W_d2_i x)); one nn.Linear per matrix."""
+
+    def __init__(self, d_model: int, d_h: int, K: int, placement: str):
+        super().__init__()
+        self.placement = placement
+        self.W_d1 = nn.ModuleList(nn.Linear(d_model, d_h, bias=False) for _ in range(K))
+        self.W_d2 = nn.ModuleList(nn.Linear(d_model, d_h, bias=False) for _ in range(K))
+        self.W_u = nn.ModuleList(nn.Linear(d_h, d_model, bias=False) for _ in range(K))
+        self.g = nn.ParameterList(nn.Parameter(1 + 0.1 * torch.randn(d_model)) for _ in range(K))
+
+    def forward(self, h):
+        for W_d1, W_d2, W_u, g in zip(self.W_d1, self.W_d2, self.W_u, self.g):
+            mlp = lambda x: W_u(F.silu(W_d1(x)) * W_d2(x))  # noqa: E731
+            h = h + (mlp(rms_norm(h, g)) if self.placement == "pre" else rms_norm(mlp(h), g))
+        return h
+
+    def load_into(self, ffn) -> None:
+        with torch.no_grad():
+            for i in range(len(self.W_u)):
+                ffn.w1.weight[i].copy_(self.W_d1[i].weight)
+                ffn.w3.weight[i].copy_(self.W_d2[i].weight)
+                ffn.w2.weight[i].copy_(self.W_u[i].weight)
+                ffn.norms[i].weight.copy_(self.g[i])
+
+
+def _grads(module):
+    return [p.grad.clone() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_ffn_matches_equations(placement):
+    torch.manual_seed(0)
+    d_model, d_h, K = 32, 12, 3
+    ffn = HourglassFeedForwardConfig(hidden_size=d_h, K=K, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)).build(d_model)
+    ref = ReferenceHourglass(d_model, d_h, K, placement)
+    ref.load_into(ffn)
+    ffn, ref = ffn.double(), ref.double()  # float64: differences are then the implementations', not rounding
+    x = torch.randn(2, 7, d_model, dtype=torch.float64)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, expected = ffn(x1), ref(x2)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    (out * torch.arange(out.numel()).reshape(out.shape).sin()).sum().backward()
+    (expected * torch.arange(out.numel()).reshape(out.shape).sin()).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-10, atol=1e-10)
+    for i in range(K):
+        torch.testing.assert_close(ffn.w1.weight.grad[i], ref.W_d1[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ffn.w3.weight.grad[i], ref.W_d2[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ffn.w2.weight.grad[i], ref.W_u[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ffn.norms[i].weight.grad, ref.g[i].grad, rtol=1e-10, atol=1e-10)
+
+
+def _attention(n_heads=4):
+    return AttentionConfig(n_heads=n_heads, bias=False)
+
+
+@pytest.mark.parametrize("placement,block_type", [("pre", TransformerBlockType.default), ("post", TransformerBlockType.reordered_norm)])
+def test_k1_block_is_conventional_block(placement, block_type):
+    """K=1, d_h = 4 d_model: the hourglass block computes OLMo-core's own SwiGLU block exactly."""
+    torch.manual_seed(0)
+    d_model = 32
+    conventional = TransformerBlockConfig(
+        name=block_type, sequence_mixer=_attention(), layer_norm=NORM,
+        feed_forward=FeedForwardConfig(hidden_size=4 * d_model, bias=False),
+    ).build(d_model=d_model, block_idx=0, n_layers=1)
+    hourglass = HourglassBlockConfig(
+        sequence_mixer=_attention(), layer_norm=NORM,
+        feed_forward=HourglassFeedForwardConfig(hidden_size=4 * d_model, K=1, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)),
+    ).build(d_model=d_model, block_idx=0, n_layers=1)
+    with torch.no_grad():
+        for p in conventional.parameters():
+            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if p.ndim == 1 else 0.0))
+        hourglass.attention.load_state_dict(conventional.attention.state_dict())
+        hourglass.attention_norm.weight.copy_(conventional.attention_norm.weight)
+        ffn, ref = hourglass.feed_forward, conventional.feed_forward
+        ffn.w1.weight[0].copy_(ref.w1.weight)
+        ffn.w3.weight[0].copy_(ref.w3.weight)
+        ffn.w2.weight[0].copy_(ref.w2.weight)
+        ffn.norms[0].weight.copy_(conventional.feed_forward_norm.weight)
+    # Same parameter count: the block has no FFN norm of its own, the FFN's one norm replaces it.
+    assert sum(p.numel() for p in hourglass.parameters()) == sum(p.numel() for p in conventional.parameters())
+    x = torch.randn(2, 9, d_model)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = hourglass(x1), conventional(x2)
+    assert torch.equal(a, b)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    # Backward differs only in rounding: W_d1 and W_d2 run as one fused matmul.
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_k1_model_same_seed_same_weights_and_logits():
+    """With the same init seed, a K=1, d_h=4 d_model hourglass model *is* the baseline model."""
+    kw = dict(d_model=32, n_layers=2, n_heads=4, vocab_size=256)
+    base = ModelSpec(block="baseline", **kw).build(256).build()
+    hour = ModelSpec(block="hourglass", K=1, d_h=128, **kw).build(256).build()
+    for m in (base, hour):
+        m.init_weights(device=torch.device("cpu"))
+    assert torch.equal(base.blocks["1"].feed_forward.w2.weight, hour.blocks["1"].feed_forward.w2.weight[0])
+    x = torch.randint(0, 256, (2, 16))
+    assert torch.equal(base(x), hour(x))
+
+
+@pytest.mark.parametrize("block,extra", [("baseline", {}), ("hourglass", dict(K=3, d_h=20)), ("hourglass", dict(K=2, d_h=24, norm_placement="post", qk_norm=True))])
+def test_num_params_against_built_model(block, extra):
+    spec = ModelSpec(block=block, d_model=48, n_layers=3, n_heads=4, **extra)
+    config = spec.build(vocab_size=320)
+    model = config.build()
+    assert config.num_params == model.num_params == sum(p.numel() for p in model.parameters())
+    b = breakdown(model, seq_len=16)
+    assert b.total == model.num_params
+    closed = analytic_non_embedding(48, 3, **({} if block == "baseline" else dict(K=extra["K"], d_h=extra["d_h"])))
+    assert (b.attention, b.ffn) == (closed["attention"], closed["ffn"])
+    # norms: attention norm + (1 FFN norm | K sub-MLP norms) per layer, final norm, QK norms.
+    norms_per_layer = 1 + (extra.get("K", 1)) + (2 if extra.get("qk_norm") else 0)
+    assert b.norm == 48 * (3 * norms_per_layer + 1)
+
+
+def _train_flops(module, x):
+    with FlopCounterMode(display=False) as counter:
+        module(x).float().square().sum().backward()
+    return counter.get_flop_counts()
+
+
+def test_ffn_flops_match_flop_counter():
+    ffn = HourglassFeedForwardConfig(hidden_size=24, K=4, bias=False, layer_norm=NORM).build(64)
+    tokens = 2 * 50
+    counts = _train_flops(ffn, torch.randn(2, 50, 64, requires_grad=True))
+    matmul = sum(v for op, v in counts["Global"].items() if "mm" in str(op))
+    assert abs(matmul / tokens - ffn.num_flops_per_token(50)) / ffn.num_flops_per_token(50) < 0.01
+
+
+@pytest.mark.parametrize("block,extra", [("baseline", {}), ("hourglass", dict(K=4, d_h=32))])
+def test_model_flops_match_flop_counter(block, extra):
+    """Weight-matmul FLOPs of a whole model step (fwd + bwd) against OLMo-core's per-token count."""
+    seq, batch = 32, 2
+    model = ModelSpec(block=block, d_model=64, n_layers=2, n_heads=4, **extra).build(256).build()
+    model.init_weights(device=torch.device("cpu"))
+    counts = _train_flops(model, torch.randint(0, 256, (batch, seq)))["Global"]
+    measured = sum(v for op, v in counts.items() if str(op).startswith(("aten.mm", "aten.addmm")))
+    # OLMo-core adds the attention-score term 12 * n_heads * head_dim * (causal positions / seq).
+    attn_scores = sum(12 * 64 * (seq + 1) / 2 for _ in range(2))
+    predicted = (model.num_flops_per_token(seq) - attn_scores) * batch * seq
+    assert abs(measured - predicted) / predicted < 0.01
