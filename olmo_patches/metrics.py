@@ -42,3 +42,4 @@ def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
             record = json.loads(line)
             out.setdefault(int(record.pop("step")), {}).update(record)
     return out
+

@@ -81,8 +81,8 @@ def plan(spec: ExperimentSpec) -> RunPlan:
 def plan_table(spec: ExperimentSpec) -> Table:
     p = plan(spec)
     table = Table(title=f"{spec.run.name}: run plan")
-    table.add_column("")
-    table.add_column("value", justify="right")
+    table.add_column("", no_wrap=True)
+    table.add_column("value", justify="right", overflow="fold")
     table.add_row("tokens", f"{p.tokens:,}")
     table.add_row("steps", f"{p.steps:,}")
     table.add_row("warmup steps", f"{p.warmup_steps:,}")

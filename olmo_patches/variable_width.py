@@ -253,7 +253,8 @@ class _Resizing:
     resize_mode: ResizeMode
     resize: Optional[nn.Linear]
 
-    def _init_resizing(self, *, width: int, in_width: int, stream_width: int, resize: ResizeMode, init_device: str):
+    def __init__(self, *, width: int, in_width: int, stream_width: int, resize: ResizeMode, init_device: str = "cpu", **kwargs):
+        super().__init__(d_model=width, init_device=init_device, **kwargs)  # type: ignore[call-arg]
         self.width, self.in_width, self.stream_width = width, in_width, stream_width
         self.resize_mode = ResizeMode(resize)
         learned = self.resize_mode == ResizeMode.learned and in_width < width
@@ -280,21 +281,13 @@ class _Resizing:
 class VariableWidthBlock(_Resizing, TransformerBlock):
     """OLMo-core's pre-norm block at width w_l inside the wide stream."""
 
-    def __init__(self, *, width: int, in_width: int, stream_width: int, resize: ResizeMode, init_device: str = "cpu", **kwargs):
-        super().__init__(d_model=width, init_device=init_device, **kwargs)
-        self._init_resizing(width=width, in_width=in_width, stream_width=stream_width, resize=resize, init_device=init_device)
-
 
 class VariableWidthReorderedNormBlock(_Resizing, ReorderedNormTransformerBlock):
     """OLMo-2's post-norm block at width w_l inside the wide stream."""
 
-    __init__ = VariableWidthBlock.__init__  # type: ignore[assignment]
-
 
 class VariableWidthHourglassBlock(_Resizing, HourglassBlock):
     """Attention + hourglass FFN at width w_l inside the wide stream (a shape neither paper tried)."""
-
-    __init__ = VariableWidthBlock.__init__  # type: ignore[assignment]
 
 
 @dataclass

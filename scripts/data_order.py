@@ -29,18 +29,35 @@ from olmo_patches.data.order import (  # noqa: E402
     read_paths_file,
     write_global_indices,
 )
-from olmo_patches.data.prefix import PrefixSpec, instances_for_tokens, materialize, verify_prefix  # noqa: E402
-from olmo_patches.data.remote import RangeReader, RetryPolicy, fetch_sizes, load_manifest, save_manifest  # noqa: E402
+from olmo_patches.data.prefix import (
+    PrefixSpec,
+    instances_for_tokens,
+    materialize,
+    verify_prefix,
+)  # noqa: E402
+from olmo_patches.data.remote import (
+    RangeReader,
+    RetryPolicy,
+    fetch_sizes,
+    load_manifest,
+    save_manifest,
+)  # noqa: E402
 
 
-def _sizes(args: argparse.Namespace, paths: list[str], reader: RangeReader) -> list[int]:
-    """Sizes from --manifest (or the pinned one for the pinned list), else asked for now."""
-    manifest = args.manifest
-    if manifest is None and Path(args.paths_file).resolve() == PINNED_LIST.resolve():
-        manifest = PINNED_MANIFEST
-    if manifest is not None:
-        return load_manifest(Path(manifest), paths)
-    return fetch_sizes(paths, reader, workers=args.workers, progress=not args.quiet)
+def _sizes(
+    args: argparse.Namespace, paths: list[str], reader: RangeReader
+) -> list[int]:
+    """Sizes from --manifest; for the pinned list, from its cached manifest (built on first
+    use); otherwise asked for now."""
+    if args.manifest is not None:
+        return load_manifest(Path(args.manifest), paths)
+    pinned = Path(args.paths_file).resolve() == PINNED_LIST.resolve()
+    if pinned and PINNED_MANIFEST.is_file():
+        return load_manifest(PINNED_MANIFEST, paths)
+    sizes = fetch_sizes(paths, reader, workers=args.workers, progress=not args.quiet)
+    if pinned:
+        save_manifest(PINNED_MANIFEST, paths, sizes)
+    return sizes
 
 
 def cmd_manifest(args: argparse.Namespace, reader: RangeReader) -> None:
@@ -49,16 +66,24 @@ def cmd_manifest(args: argparse.Namespace, reader: RangeReader) -> None:
     sizes = fetch_sizes(paths, reader, workers=args.workers, progress=not args.quiet)
     save_manifest(out, paths, sizes)
     n = Layout.from_sizes(paths, sizes, SEQ_LEN).num_instances
-    print(f"{out}: {len(paths)} files, {sum(sizes) // 4:,} tokens, {n:,} instances of {SEQ_LEN}")
+    print(
+        f"{out}: {len(paths)} files, {sum(sizes) // 4:,} tokens, {n:,} instances of {SEQ_LEN}"
+    )
 
 
 def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
     paths = read_paths_file(Path(args.paths_file))
     layout = Layout.from_sizes(paths, _sizes(args, paths, reader), args.seq_len)
     written = write_global_indices(
-        Path(args.out), layout.num_instances, args.seed, world_size=args.world_size, npy_header=args.npy_header
+        Path(args.out),
+        layout.num_instances,
+        args.seed,
+        world_size=args.world_size,
+        npy_header=args.npy_header,
     )
-    print(f"{args.out}: {written:,} of {layout.num_instances:,} instances, seed {args.seed}")
+    print(
+        f"{args.out}: {written:,} of {layout.num_instances:,} instances, seed {args.seed}"
+    )
 
 
 def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
@@ -68,29 +93,53 @@ def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
         n = args.instances
     else:
         n = instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)
-    spec = PrefixSpec(tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances)
-    materialize(Path(args.out), spec, reader=reader, workers=args.workers, progress=not args.quiet)
-    print(f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts")
+    spec = PrefixSpec(
+        tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances
+    )
+    materialize(
+        Path(args.out),
+        spec,
+        reader=reader,
+        workers=args.workers,
+        progress=not args.quiet,
+    )
+    print(
+        f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts"
+    )
 
 
 def cmd_verify(args: argparse.Namespace, reader: RangeReader) -> None:
     problems = verify_prefix(Path(args.out), reader=reader, sample=args.sample)
     if problems:
-        raise DataOrderError(f"{args.out}: {len(problems)} problem(s), first: {problems[0]}")
+        raise DataOrderError(
+            f"{args.out}: {len(problems)} problem(s), first: {problems[0]}"
+        )
     print(f"{args.out}: ok")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, paths: bool = True) -> None:
         if paths:
-            p.add_argument("--paths-file", default=str(PINNED_LIST), help="token files, one path or URL a line")
-            p.add_argument("--manifest", default=None, help="size manifest (JSON) to use instead of asking")
+            p.add_argument(
+                "--paths-file",
+                default=str(PINNED_LIST),
+                help="token files, one path or URL a line",
+            )
+            p.add_argument(
+                "--manifest",
+                default=None,
+                help="size manifest (JSON) to use instead of asking",
+            )
         p.add_argument("--workers", type=int, default=32, help="parallel connections")
         p.add_argument("--retries", type=int, default=5, help="attempts per request")
-        p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+        p.add_argument(
+            "--timeout", type=float, default=60.0, help="seconds per request"
+        )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("manifest", help="byte size of every file")
@@ -100,25 +149,52 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("indices", help="the global order as the old trainer writes it")
     common(p)
     p.add_argument("--seq-len", type=int, default=SEQ_LEN)
-    p.add_argument("--seed", type=int, default=OLD_TRAINER_SEED, help="old-trainer seed (OLMo-core seed + 1)")
-    p.add_argument("--world-size", type=int, default=1, help="the run's world size (drop_last truncation)")
-    p.add_argument("--npy-header", action="store_true", help="standard .npy instead of the trainer's raw uint32")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=OLD_TRAINER_SEED,
+        help="old-trainer seed (OLMo-core seed + 1)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="the run's world size (drop_last truncation)",
+    )
+    p.add_argument(
+        "--npy-header",
+        action="store_true",
+        help="standard .npy instead of the trainer's raw uint32",
+    )
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("materialize", help="the first instances in training order, to local disk")
+    p = sub.add_parser(
+        "materialize", help="the first instances in training order, to local disk"
+    )
     common(p)
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--tokens", type=float, help="tokens to cover (e.g. 2.5e9); rounded up to whole global batches")
+    size.add_argument(
+        "--tokens",
+        type=float,
+        help="tokens to cover (e.g. 2.5e9); rounded up to whole global batches",
+    )
     size.add_argument("--instances", type=int, help="exact number of instances")
     p.add_argument("--seq-len", type=int, default=SEQ_LEN)
     p.add_argument("--seed", type=int, default=OLD_TRAINER_SEED)
     p.add_argument("--batch-instances", type=int, default=GLOBAL_BATCH_INSTANCES)
-    p.add_argument("--chunk-instances", type=int, default=2048, help="instances per part file")
+    p.add_argument(
+        "--chunk-instances", type=int, default=2048, help="instances per part file"
+    )
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("verify", help="check a materialized prefix")
     common(p, paths=False)
-    p.add_argument("--sample", type=int, default=0, help="also compare this many instances with the remote files")
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="also compare this many instances with the remote files",
+    )
     p.add_argument("--out", required=True)
     return parser
 
@@ -126,7 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     reader = RangeReader(RetryPolicy(attempts=args.retries, timeout_s=args.timeout))
-    command = {"manifest": cmd_manifest, "indices": cmd_indices, "materialize": cmd_materialize, "verify": cmd_verify}
+    command = {
+        "manifest": cmd_manifest,
+        "indices": cmd_indices,
+        "materialize": cmd_materialize,
+        "verify": cmd_verify,
+    }
     try:
         command[args.command](args, reader)
     except (DataOrderError, OSError) as exc:

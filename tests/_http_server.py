@@ -7,13 +7,15 @@ Serves in-memory files on 127.0.0.1 from a thread. Faults are set per file name:
 - ``drop[name] = n``: the next n GETs announce the full length, send half, and hang up.
 - ``short[name] = n``: the next n GETs answer 206 with fewer bytes than asked.
 
-Every request is logged as (method, name, Range header) in ``requests``.
+Every request is logged as (method, name, Range header) in ``requests``. ``latency_s``
+delays every reply, to stand in for a distant server in benchmarks.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
@@ -22,8 +24,11 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d+)")
 
 
 class FileServer:
-    def __init__(self, files: Optional[dict[str, bytes]] = None):
+    def __init__(
+        self, files: Optional[dict[str, bytes]] = None, latency_s: float = 0.0
+    ):
         self.files: dict[str, bytes] = dict(files or {})
+        self.latency_s = latency_s
         self.missing: set[str] = set()
         self.fail: dict[str, int] = defaultdict(int)
         self.drop: dict[str, int] = defaultdict(int)
@@ -75,13 +80,21 @@ class FileServer:
                 name = self.path.lstrip("/")
                 with server._lock:
                     server.requests.append((method, name, self.headers.get("Range")))
+                if server.latency_s:
+                    time.sleep(server.latency_s)
                 data = server.files.get(name)
                 if data is None or name in server.missing:
                     self._reply(404, b"not found")
                     return None
                 return data
 
-            def _reply(self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True) -> None:
+            def _reply(
+                self,
+                status: int,
+                body: bytes,
+                headers: Optional[dict] = None,
+                send_body=True,
+            ) -> None:
                 self.send_response(status)
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)
@@ -107,7 +120,10 @@ class FileServer:
                 if not match:
                     self._reply(200, data)
                     return
-                start, end = int(match.group(1)), min(int(match.group(2)), len(data) - 1)
+                start, end = (
+                    int(match.group(1)),
+                    min(int(match.group(2)), len(data) - 1),
+                )
                 body = data[start : end + 1]
                 if server._take(server.short, name):
                     body = body[: len(body) // 2]

@@ -36,14 +36,26 @@ from olmo_patches.data.prefix import (  # noqa: E402
     prefix_dataset,
     verify_prefix,
 )
-from olmo_patches.data.remote import RangeReader, RetryPolicy, fetch_sizes, load_manifest, save_manifest  # noqa: E402
+from olmo_patches.data.remote import (
+    RangeReader,
+    RetryPolicy,
+    fetch_sizes,
+    load_manifest,
+    save_manifest,
+)  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 64  # tokens per instance in these tests (4096 for real)
 BATCH = 4  # instances per global batch in these tests (512 for real)
 # Tokens per file: remainders, a file too short for one instance, and a repeated entry
 # (the real list repeats five files too).
-FILE_TOKENS = {"a/p0.npy": SEQ * 9 + 5, "a/p1.npy": SEQ * 4, "b/tiny.npy": 40, "b/p2.npy": SEQ * 11 + 63, "c/p3.npy": SEQ * 6}
+FILE_TOKENS = {
+    "a/p0.npy": SEQ * 9 + 5,
+    "a/p1.npy": SEQ * 4,
+    "b/tiny.npy": 40,
+    "b/p2.npy": SEQ * 11 + 63,
+    "c/p3.npy": SEQ * 6,
+}
 LISTED = ["a/p0.npy", "a/p1.npy", "b/tiny.npy", "b/p2.npy", "a/p1.npy", "c/p3.npy"]
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, timeout_s=10)
 
@@ -70,7 +82,10 @@ def ref_instance(token_files: list[np.ndarray], seq: int, g: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def files() -> dict[str, bytes]:
     rng = np.random.default_rng(1234)
-    return {name: rng.integers(0, 100278, size=n, dtype=np.uint32).tobytes() for name, n in FILE_TOKENS.items()}
+    return {
+        name: rng.integers(0, 100278, size=n, dtype=np.uint32).tobytes()
+        for name, n in FILE_TOKENS.items()
+    }
 
 
 @pytest.fixture
@@ -98,7 +113,9 @@ def make_spec(server: FileServer, files, n: int, chunk: int = 5) -> PrefixSpec:
 
 
 def read_prefix(out: Path, spec: PrefixSpec) -> np.ndarray:
-    parts = [np.fromfile(out / part_name(k), dtype=np.uint32) for k in range(spec.num_chunks)]
+    parts = [
+        np.fromfile(out / part_name(k), dtype=np.uint32) for k in range(spec.num_chunks)
+    ]
     return np.concatenate(parts).reshape(-1, SEQ)
 
 
@@ -106,7 +123,9 @@ def assert_no_corrupt_output(out: Path) -> None:
     """Every part file on disk is whole and recorded; no temporary file is left."""
     assert not list(out.glob(".*tmp*"))
     problems = verify_prefix(out)
-    recorded_bad = [p for p in problems if "missing" not in p and "did not finish" not in p]
+    recorded_bad = [
+        p for p in problems if "missing" not in p and "did not finish" not in p
+    ]
     assert recorded_bad == []
     import json
 
@@ -121,14 +140,20 @@ def test_pinned_list_is_olmo_core_mix_and_checksummed(tmp_path):
     from olmo_core.data import DataMix, TokenizerName
 
     pinned = load_pinned_list()
-    shipped, _ = DataMix.OLMoE_mix_0824.build("http://olmo-data.org", TokenizerName.dolma2)
+    shipped, _ = DataMix.OLMoE_mix_0824.build(
+        "http://olmo-data.org", TokenizerName.dolma2
+    )
     assert len(pinned) == 1122 and pinned == shipped
     assert len(set(pinned)) == 1117  # five dclm files are listed twice, back to back
 
     # A changed list is caught, with a one-line error naming the file.
     copy = tmp_path / PINNED_LIST.name
-    copy.write_text(PINNED_LIST.read_text().replace("part-00-00000", "part-99-00000", 1))
-    (tmp_path / (PINNED_LIST.name + ".sha256")).write_text((REPO / "data_order" / (PINNED_LIST.name + ".sha256")).read_text())
+    copy.write_text(
+        PINNED_LIST.read_text().replace("part-00-00000", "part-99-00000", 1)
+    )
+    (tmp_path / (PINNED_LIST.name + ".sha256")).write_text(
+        (REPO / "data_order" / (PINNED_LIST.name + ".sha256")).read_text()
+    )
     with pytest.raises(DataOrderError, match="file list changed") as err:
         read_paths_file(copy)
     assert "\n" not in str(err.value) and copy.name in str(err.value)
@@ -142,20 +167,20 @@ def test_layout_locates_every_instance(files, tokens):
     assert layout.num_instances == 9 + 4 + 0 + 11 + 4 + 6
     file_idx, offset = layout.locate(np.arange(layout.num_instances))
     for g, (fi, off) in enumerate(zip(file_idx, offset)):
-        np.testing.assert_array_equal(tokens[fi][off : off + SEQ], ref_instance(tokens, SEQ, g))
+        np.testing.assert_array_equal(
+            tokens[fi][off : off + SEQ], ref_instance(tokens, SEQ, g)
+        )
     assert not np.any(file_idx == LISTED.index("b/tiny.npy"))
     with pytest.raises(DataOrderError):
         layout.locate(np.array([layout.num_instances]))
 
 
-def test_shuffle_in_memmap_blocks_equals_reference(tmp_path, monkeypatch):
+def test_blockwise_fill_then_shuffle_equals_reference(monkeypatch):
     monkeypatch.setattr(order_mod, "_FILL_BLOCK", 7)  # exercise the block-wise fill
     n = 100_003
-    out = np.memmap(tmp_path / "o.raw", dtype=np.uint32, mode="w+", shape=(n,))
-    shuffled_indices(n, 11, out=out)
     ref = np.arange(n, dtype=np.uint32)
     np.random.Generator(np.random.PCG64(11)).shuffle(ref)
-    np.testing.assert_array_equal(np.asarray(out), ref)
+    np.testing.assert_array_equal(shuffled_indices(n, 11), ref)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -167,7 +192,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_indices_cli_writes_the_old_trainers_global_indices(tmp_path, server, files, tokens):
+def test_indices_cli_writes_the_old_trainers_global_indices(
+    tmp_path, server, files, tokens
+):
     # The same list as local paths and as URLs.
     local = tmp_path / "local.txt"
     for name, data in files.items():
@@ -180,30 +207,75 @@ def test_indices_cli_writes_the_old_trainers_global_indices(tmp_path, server, fi
     ref = ref_order(tokens, SEQ, 6198)
     for paths_file in (local, urls):
         out = tmp_path / f"{paths_file.stem}.npy"
-        proc = run_cli("indices", "--paths-file", str(paths_file), "--seq-len", str(SEQ), "--seed", "6198", "--out", str(out))
+        proc = run_cli(
+            "indices",
+            "--paths-file",
+            str(paths_file),
+            "--seq-len",
+            str(SEQ),
+            "--seed",
+            "6198",
+            "--out",
+            str(out),
+        )
         assert proc.returncode == 0, proc.stderr
         # The old trainer writes np.memmap(uint32, "w+"): raw bytes, no header.
         assert out.read_bytes() == ref.tobytes()
 
     # drop_last with a world size that does not divide N keeps (N // W) * W entries.
     out = tmp_path / "w4.npy"
-    assert run_cli("indices", "--paths-file", str(local), "--seq-len", str(SEQ), "--world-size", "4", "--out", str(out)).returncode == 0
-    assert out.read_bytes() == ref[: (len(ref) // 4) * 4].tobytes() and len(ref) % 4 != 0
+    assert (
+        run_cli(
+            "indices",
+            "--paths-file",
+            str(local),
+            "--seq-len",
+            str(SEQ),
+            "--world-size",
+            "4",
+            "--out",
+            str(out),
+        ).returncode
+        == 0
+    )
+    assert (
+        out.read_bytes() == ref[: (len(ref) // 4) * 4].tobytes() and len(ref) % 4 != 0
+    )
 
     out = tmp_path / "header.npy"
-    assert run_cli("indices", "--paths-file", str(local), "--seq-len", str(SEQ), "--npy-header", "--out", str(out)).returncode == 0
+    assert (
+        run_cli(
+            "indices",
+            "--paths-file",
+            str(local),
+            "--seq-len",
+            str(SEQ),
+            "--npy-header",
+            "--out",
+            str(out),
+        ).returncode
+        == 0
+    )
     np.testing.assert_array_equal(np.load(out), ref)
 
 
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, server):
     out = tmp_path / "o.npy"
-    proc = run_cli("indices", "--paths-file", str(tmp_path / "nope.txt"), "--out", str(out))
-    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and "nope.txt" in proc.stderr
+    proc = run_cli(
+        "indices", "--paths-file", str(tmp_path / "nope.txt"), "--out", str(out)
+    )
+    assert (
+        proc.returncode != 0
+        and proc.stderr.strip().count("\n") == 0
+        and "nope.txt" in proc.stderr
+    )
 
     server.missing.add("a/p1.npy")
     bad = tmp_path / "bad.txt"
     bad.write_text(f"{server.url('a/p0.npy')}\n{server.url('a/p1.npy')}\n")
-    proc = run_cli("indices", "--paths-file", str(bad), "--out", str(out), "--retries", "1")
+    proc = run_cli(
+        "indices", "--paths-file", str(bad), "--out", str(out), "--retries", "1"
+    )
     assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0
     assert "404" in proc.stderr and "a/p1.npy" in proc.stderr
     assert list(tmp_path.iterdir()) == [bad]  # nothing half-written
@@ -229,7 +301,9 @@ def test_manifest_sizes_and_staleness(tmp_path, server, files):
 def test_materialize_equals_direct_reads(tmp_path, server, files, expected):
     order, instances = expected
     spec = make_spec(server, files, n=len(order), chunk=5)  # last part is partial
-    index = materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=3, progress=False)
+    index = materialize(
+        tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=3, progress=False
+    )
     assert index["complete"] and len(index["chunks"]) == 7
     np.testing.assert_array_equal(np.load(tmp_path / "order.npy"), order)
     np.testing.assert_array_equal(read_prefix(tmp_path, spec), instances)
@@ -237,7 +311,9 @@ def test_materialize_equals_direct_reads(tmp_path, server, files, expected):
     assert server.count("GET") == len(order) + 6
 
 
-def olmo_core_batches(dataset, work_dir: Path, seed: int, shuffle: bool) -> list[np.ndarray]:
+def olmo_core_batches(
+    dataset, work_dir: Path, seed: int, shuffle: bool
+) -> list[np.ndarray]:
     from olmo_core.data import DataCollator, NumpyDataLoaderBase
 
     loader = NumpyDataLoaderBase.wrap_numpy_dataset(
@@ -256,13 +332,22 @@ def olmo_core_batches(dataset, work_dir: Path, seed: int, shuffle: bool) -> list
     return [batch["input_ids"].numpy() for batch in loader]
 
 
-def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files, expected):
+def test_olmo_core_loader_matches_order_and_local_prefix(
+    tmp_path, server, files, expected
+):
     from olmo_core.data import NumpyFSLDataset
 
     order, instances = expected
     token_ids = dict(pad_token_id=100277, eos_token_id=100257, vocab_size=100278)
-    remote = NumpyFSLDataset(*[server.url(n) for n in LISTED], sequence_length=SEQ, dtype=np.uint32, **token_ids)
-    remote_batches = olmo_core_batches(remote, tmp_path / "w1", OLMO_CORE_SEED, shuffle=True)
+    remote = NumpyFSLDataset(
+        *[server.url(n) for n in LISTED],
+        sequence_length=SEQ,
+        dtype=np.uint32,
+        **token_ids,
+    )
+    remote_batches = olmo_core_batches(
+        remote, tmp_path / "w1", OLMO_CORE_SEED, shuffle=True
+    )
 
     n_batches = len(order) // BATCH  # OLMo-core drops the last partial batch
     assert len(remote_batches) == n_batches
@@ -270,10 +355,23 @@ def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files
         np.testing.assert_array_equal(batch, instances[k * BATCH : (k + 1) * BATCH])
 
     # The local prefix, read in order with shuffling off, gives the same batches.
-    spec = make_spec(server, files, n=instances_for_tokens(n_batches * BATCH * SEQ, SEQ, BATCH), chunk=6)
-    materialize(tmp_path / "prefix", spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+    spec = make_spec(
+        server,
+        files,
+        n=instances_for_tokens(n_batches * BATCH * SEQ, SEQ, BATCH),
+        chunk=6,
+    )
+    materialize(
+        tmp_path / "prefix",
+        spec,
+        reader=RangeReader(FAST_RETRY),
+        workers=2,
+        progress=False,
+    )
     local = prefix_dataset(tmp_path / "prefix", **token_ids)
-    local_batches = olmo_core_batches(local, tmp_path / "w2", OLMO_CORE_SEED, shuffle=False)
+    local_batches = olmo_core_batches(
+        local, tmp_path / "w2", OLMO_CORE_SEED, shuffle=False
+    )
     assert len(local_batches) == n_batches
     for a, b in zip(local_batches, remote_batches):
         np.testing.assert_array_equal(a, b)
@@ -282,20 +380,28 @@ def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files
 # -- faults ------------------------------------------------------------------------------
 
 
-def test_404_is_a_clear_error_and_leaves_no_corrupt_part(tmp_path, server, files, expected):
+def test_404_is_a_clear_error_and_leaves_no_corrupt_part(
+    tmp_path, server, files, expected
+):
     server.missing.add("b/p2.npy")
     spec = make_spec(server, files, n=len(expected[0]))
     with pytest.raises(DataOrderError, match="404") as err:
-        materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+        materialize(
+            tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
+        )
     assert "b/p2.npy" in str(err.value) and "\n" not in str(err.value)
     assert_no_corrupt_output(tmp_path)
 
 
 @pytest.mark.parametrize("fault", ["fail", "drop", "short"])
 def test_transient_faults_are_retried(tmp_path, server, files, expected, fault):
-    getattr(server, fault)["b/p2.npy"] = 2  # two bad replies, then good ones (3 attempts)
+    getattr(server, fault)["b/p2.npy"] = (
+        2  # two bad replies, then good ones (3 attempts)
+    )
     spec = make_spec(server, files, n=len(expected[0]))
-    materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+    materialize(
+        tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
+    )
     np.testing.assert_array_equal(read_prefix(tmp_path, spec), expected[1])
     assert server.count("GET") == len(expected[0]) + 2
     assert verify_prefix(tmp_path) == []
@@ -304,17 +410,25 @@ def test_transient_faults_are_retried(tmp_path, server, files, expected, fault):
 def test_persistently_truncated_replies_fail_cleanly(tmp_path, server, files, expected):
     server.short["a/p0.npy"] = 10**6  # the server always returns fewer bytes than asked
     spec = make_spec(server, files, n=len(expected[0]))
-    with pytest.raises(DataOrderError, match=r"failed after 3 attempts.*got 128 of 256 bytes") as err:
-        materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+    with pytest.raises(
+        DataOrderError, match=r"failed after 3 attempts.*got 128 of 256 bytes"
+    ) as err:
+        materialize(
+            tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
+        )
     assert "a/p0.npy" in str(err.value)
     assert_no_corrupt_output(tmp_path)
 
 
 def test_size_differing_from_manifest_is_an_error(tmp_path, server, files, expected):
     spec = make_spec(server, files, n=len(expected[0]))
-    server.files["c/p3.npy"] = files["c/p3.npy"] + bytes(4 * SEQ)  # the file grew since the manifest
+    server.files["c/p3.npy"] = files["c/p3.npy"] + bytes(
+        4 * SEQ
+    )  # the file grew since the manifest
     with pytest.raises(DataOrderError, match="manifest says") as err:
-        materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+        materialize(
+            tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
+        )
     assert "c/p3.npy" in str(err.value)
     assert_no_corrupt_output(tmp_path)
 
@@ -333,11 +447,16 @@ class _Interrupting(RangeReader):
         return super().read(*args, **kwargs)
 
 
-def test_interrupted_materialize_resumes_without_refetching(tmp_path, server, files, expected):
+def test_interrupted_materialize_resumes_without_refetching(
+    tmp_path, server, files, expected
+):
     spec = make_spec(server, files, n=len(expected[0]), chunk=5)
     with pytest.raises(KeyboardInterrupt):
         materialize(tmp_path, spec, reader=_Interrupting(12), workers=1, progress=False)
-    assert sorted(p.name for p in tmp_path.glob("part-*.npy")) == [part_name(0), part_name(1)]
+    assert sorted(p.name for p in tmp_path.glob("part-*.npy")) == [
+        part_name(0),
+        part_name(1),
+    ]
     assert_no_corrupt_output(tmp_path)
 
     # A finished part that got damaged on disk is fetched again; the intact one is not.
@@ -346,15 +465,79 @@ def test_interrupted_materialize_resumes_without_refetching(tmp_path, server, fi
     assert any("part-00001" in p for p in verify_prefix(tmp_path))
 
     before = server.count("GET")
-    materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+    materialize(
+        tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
+    )
     assert server.count("GET") - before == len(expected[0]) - 5  # all but part 0
     np.testing.assert_array_equal(read_prefix(tmp_path, spec), expected[1])
     assert verify_prefix(tmp_path) == []
 
     # Resuming with a different order into the same directory is refused.
-    other = PrefixSpec(spec.paths, spec.sizes, SEQ, spec.seed + 1, spec.num_instances, spec.chunk_instances)
+    other = PrefixSpec(
+        spec.paths,
+        spec.sizes,
+        SEQ,
+        spec.seed + 1,
+        spec.num_instances,
+        spec.chunk_instances,
+    )
     with pytest.raises(DataOrderError, match="different seed"):
         materialize(tmp_path, other, reader=RangeReader(FAST_RETRY), progress=False)
+
+
+def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
+    sys.path.insert(0, str(REPO / "scripts"))
+    from data_order import main
+
+    paths_file = tmp_path / "urls.txt"
+    paths_file.write_text("".join(f"{server.url(n)}\n" for n in LISTED))
+    manifest, out = tmp_path / "sizes.json", tmp_path / "prefix"
+    common = [
+        "--paths-file",
+        str(paths_file),
+        "--manifest",
+        str(manifest),
+        "--quiet",
+        "--retries",
+        "2",
+    ]
+    assert (
+        main(
+            [
+                "manifest",
+                "--paths-file",
+                str(paths_file),
+                "--out",
+                str(manifest),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    # 3 batches of tokens -> 12 instances (the test's 'global batch' is 4 instances of 64 tokens).
+    args = [
+        "--tokens",
+        str(3 * BATCH * SEQ - 1),
+        "--seq-len",
+        str(SEQ),
+        "--batch-instances",
+        str(BATCH),
+    ]
+    assert (
+        main(
+            ["materialize", *common, *args, "--chunk-instances", "5", "--out", str(out)]
+        )
+        == 0
+    )
+    spec = PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)
+    np.testing.assert_array_equal(read_prefix(out, spec), expected[1][:12])
+    assert main(["verify", "--out", str(out), "--sample", "3", "--quiet"]) == 0
+
+    (out / part_name(2)).write_bytes(b"junk")
+    capsys.readouterr()
+    assert main(["verify", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "part-00002.npy" in err
 
 
 def test_tokens_round_up_to_whole_batches():

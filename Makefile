@@ -1,0 +1,26 @@
+# The two commands. Each creates .venv and installs what it needs on first use.
+#   make demo   train the demo variants on the embedded corpus and print the comparison
+#   make test   run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first and pinned: a CPU wheel where one is available locally, never an unpinned CUDA build.
+$(VENV)/.installed: $(BIN)/activate setup.cfg pyproject.toml
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,hf,eval]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python scripts/demo.py
+
+test: install
+	$(BIN)/python -m pytest -q

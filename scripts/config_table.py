@@ -1,0 +1,42 @@
+"""Markdown table of every shipped config under configs/ (sizes and their ablations).
+
+    python scripts/config_table.py [ROOT]   # default configs/; skips configs/demo
+"""
+
+import sys
+from pathlib import Path
+
+from olmo_patches.cli import load_or_exit
+from olmo_patches.plan import plan
+from olmo_patches.report import count
+
+
+def baseline_of(path: Path, root: Path) -> Path:
+    """The size folder's baseline.yaml (configs/<size>/...)."""
+    return root / path.relative_to(root).parts[0] / "baseline.yaml"
+
+
+def main() -> None:
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "configs")
+    paths = sorted(p for p in root.rglob("*.yaml") if p.name != "base.yaml" and p.relative_to(root).parts[0] != "demo")
+    budgets: dict[Path, int] = {}
+    print("| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for path in paths:
+        spec = load_or_exit(str(path))
+        b, m = count(spec), spec.model
+        base = baseline_of(path, root)
+        if base not in budgets:
+            budgets[base] = count(load_or_exit(str(base))).non_embedding
+        p = plan(spec)
+        hourglass = m.block == "hourglass"
+        print(
+            f"| {path.relative_to(root)} | {m.d_model} | {m.n_layers} | {m.K if hourglass else '-'} "
+            f"| {m.resolved_d_h if hourglass else f'{m.ffn_ratio * m.d_model} (SwiGLU)'} | {m.n_heads} x {m.d_model // m.n_heads} "
+            f"| {b.attention:,} | {b.ffn:,} | {b.non_embedding:,} | {b.total:,} "
+            f"| {(b.non_embedding - budgets[base]) / budgets[base]:+.2e} | {p.tokens / 1e9:g}B | {p.steps:,} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The embedded default: train the demo variants on the Python standard library and compare them.
+
+    python scripts/demo.py [CONFIG ...] [--out runs/demo] [--set key=value ...]
+
+With no CONFIG it trains every config in configs/demo/ (baseline first). Nothing is downloaded.
+"""
+
+import argparse
+from pathlib import Path
+
+from olmo_patches.cli import load_or_exit
+from olmo_patches.demo import run_demo
+
+DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*", help="demo configs (default: configs/demo/*.yaml)")
+    parser.add_argument("--out", default="runs/demo", help="where summary.json and loss_curves.png go")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
+    args = parser.parse_args()
+    paths = args.configs or sorted(DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem))
+    specs = [load_or_exit(str(p), args.overrides) for p in paths]  # every config checked before any training
+    run_demo(specs, Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Variable-width transformers (paper 2): the schedule solver against the paper's numbers, the model
+against a plain-PyTorch reference that applies the resizing rule layer by layer, counts, training."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.metrics import read_metrics
+from olmo_patches.report import count, width_report
+from olmo_patches.train import train
+from olmo_patches.variable_width import paper_flops, solve_schedule
+
+from .conftest import REPO, load_weights, tiny_overrides
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+VOCAB, SEQ = 100263, 4096  # paper: cl100k, sequence 4096 (SPEC section 2)
+
+# SPEC section 2 table: (h, L, reported FLOPs change %, reported mean width change %).
+PAPER = {
+    "200M": (640, 16, -3.2, -10.0),
+    "500M": (960, 24, -3.7, -11.0),
+    "1B": (1280, 32, -2.6, -10.5),
+    "2B": (1600, 40, -2.5, -10.9),
+}
+
+
+# --- the schedule ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_solver_reproduces_paper_flops_and_mean_width(name):
+    h, L, flops_pct, _ = PAPER[name]
+    w = solve_schedule(h, L, r_l=0.75, r_d=0.3, multiple=32).widths
+    # FLOPs as the paper (the authors' solve_hparams.compute_metrics) defines them: forward, per
+    # sequence, 2 per multiply-add: 32 s w_l^2 weights + 4 s^2 w_l (non-causal scores and values)
+    # per layer, 2 s h V for the head, minus the first layer's QKV and last layer's down-projection
+    # waste. Written here independently of paper_flops().
+    def flops(widths):
+        f = 2 * SEQ * h * VOCAB + sum(32 * SEQ * x * x + 4 * SEQ * SEQ * x for x in widths)
+        f -= 6 * SEQ * widths[0] * max(widths[0] - h, 0) + 8 * SEQ * widths[-1] * max(widths[-1] - h, 0)
+        return f
+
+    change = 100 * (flops(w) / flops([h] * L) - 1)
+    assert change == pytest.approx(flops_pct, abs=0.15)
+    assert 100 * (flops(w) / flops([h] * L) - 1) == pytest.approx(100 * (paper_flops(w, h, VOCAB, SEQ) / paper_flops([h] * L, h, VOCAB, SEQ) - 1))
+    mean_below = 1 - sum(w) / L / h
+    assert 0.0995 <= mean_below <= 0.1105, mean_below  # "10 to 11 percent below h"
+    k = int(0.75 * L)
+    assert all(x % 32 == 0 for x in w) and w[0] == w[-1] > h and min(w) == w[k - 1]
+
+
+@pytest.mark.parametrize("shape", ["x", "v", "^", "3"])
+@pytest.mark.parametrize("kind", ["geometric", "arithmetic"])
+def test_continuous_schedule_is_parameter_matched_with_bottleneck(kind, shape):
+    h, L = 960, 24
+    s = solve_schedule(h, L, kind=kind, shape=shape, r_l=0.75, r_d=0.3, multiple=32)
+    cont = [s.b]
+    for step in s.steps:
+        cont.append(cont[-1] * step if kind == "geometric" else cont[-1] + s.b * step)
+    waste = 3 * (cont[0] - h) * cont[0] * (cont[0] > h) + 4 * cont[-1] * (cont[-1] - h) * (cont[-1] > h)
+    assert sum(16 * x * x for x in cont) - waste == pytest.approx(16 * L * h * h, rel=1e-9)
+    assert min(cont) == pytest.approx(0.3 * h, rel=1e-6)
+    first, last, narrowest = cont[0], cont[-1], cont.index(min(cont))
+    expected_narrowest = {"x": 17, "v": 0, "^": L - 1, "3": 0}[shape]
+    assert narrowest == expected_narrowest or (shape == "3" and narrowest == L - 1)
+    if shape in ("x", "3"):
+        assert first == pytest.approx(last)
+    if kind == "arithmetic":  # constant increments within each phase
+        diffs = [b - a for a, b in zip(cont, cont[1:])]
+        assert diffs[0] == pytest.approx(diffs[1])
+
+
+# --- the model against a plain-PyTorch reference -----------------------------------------------------
+
+H, HEADS, VOCAB_TINY, T = 32, 2, 64, 12
+# w_1 > h (zero-initialised dims), a narrowing, a widening that carries dims [16, 32) from layer 1, a
+# widening past every earlier width (dims [48, 64) never written: zeros), and w_L < h at the output.
+WIDTHS = [48, 16, 32, 64, 24]
+
+
+def _spec(resize="carry_forward", init="olmo", ffn="swiglu", widths=WIDTHS, extra=()):
+    overrides = [
+        f"model.d_model={H}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}",
+        "model.block=variable_width", f"model.ffn={ffn}", "model.widths.schedule=list",
+        f"model.widths.values=[{','.join(map(str, widths))}]", f"model.widths.resize={resize}", f"model.widths.init={init}",
+        "model.K=2", "model.d_h_ratio=2.0", *extra,
+    ]
+    return load_spec(BASELINE, overrides)
+
+
+def _build(spec, seed=0):
+    config = spec.model.build(VOCAB_TINY)
+    config.init_seed = seed
+    model = config.build(init_device="meta")
+    model.init_weights(device=torch.device("cpu"), max_seq_len=T)
+    return config, model
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x, theta):  # x: (B, T, heads, d); rotate-half RoPE over head_dim
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float) / d)
+    ang = torch.outer(torch.arange(x.shape[1], dtype=torch.float), inv)
+    sin, cos = torch.cat((ang, ang), -1).sin()[None, :, None], torch.cat((ang, ang), -1).cos()[None, :, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), -1) * sin
+
+
+def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6, theta=500_000):
+    """Explicit per-layer tensors: states[0] = embedding (h dims), states[l] = y_l (w_l dims)."""
+    m_emb, m_res, m_width = (mup or (1.0, 1.0, 1.0))
+    states = [P["embeddings.weight"][ids] * m_emb]
+
+    def widen(x, width):  # dims [x.shape[-1], width) by the SPEC's rule
+        if resize == "zero":
+            return F.pad(x, (0, width - x.shape[-1]))
+        parts = [x]
+        for dim in range(x.shape[-1], width):  # carry forward: the most recent state that had the dim
+            src = next((s for s in reversed(states) if s.shape[-1] > dim), None)
+            parts.append(src[..., dim : dim + 1] if src is not None else torch.zeros_like(x[..., :1]))
+        return torch.cat(parts, -1)
+
+    for l, w in enumerate(widths):
+        p = f"blocks.{l}."
+        prev = states[-1]
+        if prev.shape[-1] >= w:
+            x = prev[..., :w]
+        elif resize == "learned":
+            x = prev @ P[p + "resize.weight"].T
+        else:
+            x = widen(prev, w)
+        B, d = x.shape[0], w // HEADS
+        a_in = _rms(x, P[p + "attention_norm.weight"], eps)
+        q, k, v = (a_in @ P[p + f"attention.w_{n}.weight"].T for n in "qkv")
+        q, k, v = (t.view(B, T, HEADS, d) for t in (q, k, v))
+        q, k = _rope(q, theta), _rope(k, theta)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / d if mup else d**-0.5)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        att = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(B, T, w)
+        u = x + m_res * (att @ P[p + "attention.w_out.weight"].T)
+        if ffn == "swiglu":
+            f_in = _rms(u, P[p + "feed_forward_norm.weight"], eps)
+            g, val = f_in @ P[p + "feed_forward.w1.weight"].T, f_in @ P[p + "feed_forward.w3.weight"].T
+            y = u + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"].T)
+        else:  # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm
+            y = u
+            for i in range(K):
+                n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
+                g, val = n @ P[p + "feed_forward.w1.weight"][i].T, n @ P[p + "feed_forward.w3.weight"][i].T
+                y = y + (F.silu(g) * val) @ P[p + "feed_forward.w2.weight"][i].T
+        states.append(y)
+    last = states[-1]
+    out = _rms(last, P["lm_head.norm.weight"], eps)
+    if out.shape[-1] >= H:
+        out = out[..., :H]
+    elif resize == "learned":
+        out = out @ P["lm_head.norm.resize.weight"].T
+    elif resize == "zero":
+        out = F.pad(out, (0, H - out.shape[-1]))
+    else:
+        states[-1] = out  # the normalised dims, then dims [w_L, h) carried from earlier states
+        out = widen(out, H)
+    return (out / m_width) @ P["lm_head.w_out.weight"].T
+
+
+@pytest.mark.parametrize(
+    "resize,init,ffn",
+    [("carry_forward", "olmo", "swiglu"), ("zero", "olmo", "swiglu"), ("learned", "olmo", "swiglu"),
+     ("carry_forward", "mup", "swiglu"), ("carry_forward", "olmo", "hourglass")],
+)
+def test_model_matches_per_layer_reference(resize, init, ffn):
+    spec = _spec(resize, init, ffn)
+    _, model = _build(spec)
+    ids = torch.randint(0, VOCAB_TINY, (2, T), generator=torch.Generator().manual_seed(1))
+    logits = model(ids)
+    loss = logits.square().mean()
+    loss.backward()
+
+    P = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    w = spec.model.widths
+    mup = (w.m_emb, w.m_residual, w.m_width) if init == "mup" else None
+    ref = _reference(P, ids, WIDTHS, resize, mup=mup, ffn=ffn)
+    ref.square().mean().backward()
+    torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+    for n, p in model.named_parameters():
+        assert p.grad is not None, n
+        torch.testing.assert_close(p.grad, P[n].grad, rtol=1e-4, atol=1e-6, msg=n)
+    # Layer 1's Q/K/V columns for the never-written dims [h, w_1) get exactly zero gradient.
+    if resize != "learned":
+        assert torch.all(model.blocks["0"].attention.w_q.weight.grad[:, H:] == 0)
+
+
+def test_mup_init_stds():
+    spec = _spec("carry_forward", "mup", widths=[256, 64, 128, 256, 256], extra=["model.d_model=128"])
+    config = spec.model.build(VOCAB_TINY)
+    config.init_seed = 0
+    model = config.build(init_device="meta")
+    model.init_weights(device=torch.device("cpu"), max_seq_len=T)
+    w = spec.model.widths
+    assert model.embeddings.weight.std().item() == pytest.approx(w.init_range, rel=0.05)
+    for l, width in enumerate([256, 64, 128, 256, 256]):
+        expected = w.init_range / math.sqrt(w.m_width) * math.sqrt(128 / width)
+        got = model.blocks[str(l)].feed_forward.w1.weight.std().item()
+        assert got == pytest.approx(expected, rel=0.05), l
+
+
+def test_constant_schedule_is_olmo_core_baseline():
+    common = [f"model.d_model={H}", "model.n_layers=3", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}"]
+    base = load_spec(BASELINE, common)
+    const = load_spec(BASELINE, [*common, "model.block=variable_width", "model.widths.schedule=constant"])
+    _, a = _build(base, seed=7)
+    _, b = _build(const, seed=7)
+    assert type(a).__name__ == "Transformer" and type(b).__name__ == "VariableWidthTransformer"
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    ids = torch.randint(0, VOCAB_TINY, (2, T))
+    assert torch.equal(a(ids), b(ids))
+    assert a.num_flops_per_token(T) == b.num_flops_per_token(T) and a.num_params == b.num_params
+
+
+# --- counts ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("resize", ["carry_forward", "zero", "learned"])
+@pytest.mark.parametrize("ffn", ["swiglu", "hourglass"])
+def test_param_and_flop_counts(resize, ffn):
+    spec = _spec(resize, ffn=ffn)
+    config, model = _build(spec)
+    params = sum(p.numel() for p in model.parameters())
+    assert config.num_params == model.num_params == params == count(spec).total
+    # Matmul FLOPs measured by torch against 6 x (every matrix's size) x tokens (fwd + bwd).
+    matrices = sum(p.numel() for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("embeddings."))
+    ids = torch.randint(0, VOCAB_TINY, (2, T))
+    with FlopCounterMode(display=False) as counter:
+        model(ids).square().mean().backward()
+    per_op = counter.get_flop_counts()["Global"]
+    mm = sum(v for op, v in per_op.items() if "mm" in str(op) and "bmm" not in str(op))
+    assert mm == pytest.approx(6 * matrices * 2 * T, rel=0.01)
+    # num_flops_per_token: 6 x every parameter but the embedding, plus causal attention per layer.
+    norms = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 1 and n.startswith("lm_head"))
+    attn = sum(12 * w * (T * (T + 1) // 2) // T for w in WIDTHS)
+    assert model.num_flops_per_token(T) == 6 * (matrices + norms) + attn
+
+
+def test_count_params_reports_widths_and_flops_ratio():
+    spec = load_spec(REPO / "configs" / "paper2" / "500M" / "x.yaml")
+    report = width_report(spec)
+    assert report["widths"] == solve_schedule(960, 24).widths
+    assert report["mean_width_ratio"] == pytest.approx(sum(report["widths"]) / 24 / 960)
+    assert 0.9 < report["flops_ratio"] < 1.0 and report["paper_flops_ratio"] == pytest.approx(1 - 0.036, abs=0.0015)
+    # Parameter matched up to rounding once the waste (real but idle weights) is taken out.
+    w, h = report["widths"], 960
+    waste = 3 * (w[0] - h) * w[0] + 4 * w[-1] * (w[-1] - h)
+    base = count(load_spec(REPO / "configs" / "paper2" / "500M" / "baseline.yaml"))
+    assert abs(count(spec).non_embedding - waste - base.non_embedding) / base.non_embedding < 0.01
+
+
+# --- config errors -----------------------------------------------------------------------------------
+
+
+def test_width_not_divisible_by_heads_fails_at_load():
+    with pytest.raises(ConfigError, match=r"model\.widths\.values=.*w_2=30 is not a positive multiple of model\.n_heads=4"):
+        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,30,64,128]"])
+    with pytest.raises(ConfigError, match=r"model\.widths\.multiple=6: w_1=.* is not a positive multiple"):
+        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.multiple=6"])
+    with pytest.raises(ConfigError, match=r"model\.widths\.resize=sideways"):
+        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.resize=sideways"])
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+
+def _losses(run_dir):
+    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+
+
+def test_train_save_and_resume(tmp_path, demo_corpus):
+    vw = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,48]", "model.n_layers=3"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(load_spec(BASELINE, tiny_overrides(straight, "train.max_steps=4", *vw)))
+    train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *vw)))
+    assert sorted(_losses(resumed)) == [1, 2]
+    train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=4", *vw)))  # resumes from step2
+    assert _losses(straight) == _losses(resumed) and sorted(_losses(straight)) == [1, 2, 3, 4]
+    a, b = load_weights(straight / "step4", tmp_path / "ua"), load_weights(resumed / "step4", tmp_path / "ub")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a["blocks.1.attention.w_q.weight"].shape == (16, 16) and a["lm_head.norm.weight"].shape == (48,)
