@@ -494,6 +494,15 @@ class VariableWidthTransformer(Transformer):
         self.widths = list(widths)
         self.mup = mup
 
+    def apply_compile(self):
+        # All blocks share one forward code object and each width is its own graph: raise dynamo's
+        # per-code recompile limit (default 8) so that no width falls back to eager.
+        cfg = torch._dynamo.config
+        needed = 2 * len(set(self.widths)) + 8
+        cfg.recompile_limit = max(cfg.recompile_limit, needed)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * needed)
+        super().apply_compile()
+
     @torch.no_grad()
     def init_weights(self, **kwargs) -> torch.Generator:  # type: ignore[override]
         generator = super().init_weights(**kwargs)  # OLMo-core's init of every block at its own width

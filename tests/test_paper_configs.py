@@ -31,8 +31,9 @@ def closed_form(spec) -> int:
 def test_config_loads_builds_and_matches_its_baseline(path):
     spec = load_spec(path)
     b = count(spec)  # builds on the meta device
-    if spec.model.block in ("baseline", "hourglass"):  # other blocks (variable width) have their own tests
-        assert b.non_embedding == closed_form(spec)
+    if spec.model.block not in ("baseline", "hourglass"):
+        return  # other papers' blocks (variable width) match by their own rule, in their own tests
+    assert b.non_embedding == closed_form(spec)
     size = rel(path).split("/")[0]
     if size not in SIZES:
         return

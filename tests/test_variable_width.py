@@ -225,6 +225,29 @@ def test_constant_schedule_is_olmo_core_baseline():
     assert a.num_flops_per_token(T) == b.num_flops_per_token(T) and a.num_params == b.num_params
 
 
+def test_activation_checkpointing_and_compile_keep_the_numbers(monkeypatch):
+    from olmo_core.nn.transformer.config import TransformerActivationCheckpointingMode
+
+    ids = torch.randint(0, VOCAB_TINY, (2, T))
+
+    def run(model):
+        out = model(ids)
+        out.square().mean().backward()
+        return out.detach(), {n.replace("._checkpoint_wrapped_module", ""): p.grad for n, p in model.named_parameters()}
+
+    out, grads = run(_build(_spec())[1])
+    _, ac = _build(_spec())
+    ac.apply_activation_checkpointing(TransformerActivationCheckpointingMode.full)
+    compile_ = torch.nn.Module.compile  # aot_eager: dynamo and autograd tracing without a C++ toolchain
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_(self, backend="aot_eager", **kw))
+    _, compiled = _build(_spec())
+    compiled.apply_compile()
+    for model in (ac, compiled):
+        o, g = run(model)
+        torch.testing.assert_close(o, out)
+        assert g.keys() == grads.keys() and all(torch.allclose(g[n], grads[n], atol=1e-6) for n in g)
+
+
 # --- counts ------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,276 @@
+"""Training throughput, peak memory and MFU of the baseline, hourglass and variable-width models.
+
+One run builds every variant of a scale from its YAML config (``ModelSpec.build(...).build()``, the
+trainer's own model), then times forward + backward (cross-entropy on random tokens, gradients
+dropped after each step; no optimizer) with the variants interleaved: repeat r runs the variants
+in an order rotated by r, each for ``steps`` steps. The reported tokens/s is the median over
+repeats, and each ratio to the baseline is the median of the repeats' paired ratios, so slow
+drifts of a shared machine cancel.
+
+FLOPs are the model's own ``num_flops_per_token(seq_len)`` (what OLMo-core's SpeedMonitorCallback
+uses for MFU; tests/test_performance.py holds it against torch's FlopCounterMode). MFU divides the
+achieved model FLOP/s by a peak: on a GPU the datasheet's dense bf16 peak (OLMo-core's table, plus
+the H200, which OLMo-core's table would count as an A100); on a CPU no datasheet applies, so the
+peak is *measured*: the best FLOP/s of a large fp32 matmul on this machine.
+
+Peak memory: on CUDA ``max_memory_allocated`` during the variant's steps, less what other variants
+hold, plus the variant's own weights; on a CPU (no allocator statistics) the weights, their
+gradients, and the bytes autograd saves for backward in one step (distinct storages, measured
+with saved-tensor hooks): an estimate of the same quantity.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_second
+
+from .config import load_spec
+from .report import vocab_size
+from .shapes import breakdown
+
+__all__ = ["Scale", "SCALES", "BenchResult", "peak_flops_per_second", "run_bench", "format_results"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A set of parameter-matched variants (variant name -> config) and the step shape to time."""
+
+    configs: Dict[str, str]  # the first entry is the baseline
+    seq_len: int
+    batch: int
+
+
+SCALES: Dict[str, Scale] = {
+    # CPU demo: configs/demo, at their own training shape (16 x 128 tokens).
+    "demo": Scale(
+        {"baseline": "configs/demo/baseline.yaml", "hourglass": "configs/demo/hourglass.yaml",
+         "variable_width": "configs/demo/variable-width.yaml"},
+        seq_len=128, batch=16,
+    ),
+    # 113M shapes; short sequences so that a CPU step takes seconds (a GPU run passes --seq 4096).
+    "113M": Scale(
+        {"baseline": "configs/113M/baseline.yaml", "hourglass": "configs/113M/hourglass.yaml",
+         "hourglass_K8": "configs/113M/hourglass-K8-dh384.yaml", "variable_width": "configs/113M/variable-width.yaml"},
+        seq_len=128, batch=1,
+    ),
+    "403M": Scale(
+        {"baseline": "configs/403M/baseline.yaml", "hourglass": "configs/403M/hourglass.yaml",
+         "variable_width": "configs/403M/variable-width.yaml"},
+        seq_len=4096, batch=4,
+    ),
+    "906M": Scale(
+        {"baseline": "configs/906M/baseline.yaml", "hourglass": "configs/906M/hourglass.yaml",
+         "variable_width": "configs/906M/variable-width.yaml"},
+        seq_len=4096, batch=4,
+    ),
+    "1B": Scale(
+        {"baseline": "configs/1B/baseline.yaml", "hourglass": "configs/1B/hourglass.yaml",
+         "variable_width": "configs/1B/variable-width.yaml"},
+        seq_len=4096, batch=4,
+    ),
+}
+
+# Dense bf16 peaks OLMo-core's table lacks (it falls back to the A100's for unknown names).
+_EXTRA_PEAKS = {"H200": 989.5e12}  # H200 SXM: the H100 SXM's 1979 TFLOP/s sparse / 2 (same die)
+
+
+def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, tries: int = 10) -> float:
+    """The best FLOP/s of an n x n x n matmul on this device: the CPU's stand-in for a datasheet peak."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    best = 0.0
+    for _ in range(tries + 2):
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def peak_flops_per_second(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(peak FLOP/s, where it comes from) for MFU on this device."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in _EXTRA_PEAKS.items():
+            if key in name:
+                return peak, f"{name}: datasheet dense bf16"
+        half = dtype in (torch.bfloat16, torch.float16)
+        peak = get_device_peak_flops_per_second(name, using_half_precision=half)
+        if peak is not None:
+            return float(peak), f"{name}: OLMo-core's datasheet table (dense bf16)"
+    return measured_matmul_flops(device, dtype), f"measured: best 2048^3 {str(dtype).split('.')[-1]} matmul on this {device.type}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class BenchResult:
+    scale: str
+    variant: str
+    compile: bool
+    config: str
+    seq_len: int
+    batch: int
+    params_total: int
+    params_non_embedding: int  # the papers' count: attention + FFN matrices
+    flops_per_token: int  # model.num_flops_per_token(seq_len), forward + backward
+    tokens_per_s: float  # median over repeats
+    tokens_per_s_all: List[float]
+    peak_mem_mb: Optional[float]
+    mfu: float  # percent of the peak
+    ratio: float = 1.0  # tokens/s / baseline's: median of per-repeat paired ratios
+    flops_ratio: float = 1.0  # flops_per_token / baseline's
+    per_flop_ratio: float = 1.0  # ratio x flops_ratio: model FLOP/s relative to the baseline's
+    extra: dict = field(default_factory=dict)
+
+
+def build_model(config: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    spec = load_spec(REPO / config if not Path(config).is_absolute() else config)
+    model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
+    model.init_weights(device=torch.device("cpu"))
+    return model.to(device=device, dtype=dtype)
+
+
+def _train_step(model: nn.Module, ids: torch.Tensor) -> None:
+    logits = model(ids[:, :-1])
+    F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def _param_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _cpu_peak_bytes(model: nn.Module, ids: torch.Tensor) -> int:
+    """Weights + gradients + the distinct storages autograd saves in one forward."""
+    saved: Dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if not isinstance(t, nn.Parameter):
+            s = t.untyped_storage()
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _train_step(model, ids)
+    return 2 * _param_bytes(model) + sum(saved.values())
+
+
+def run_bench(
+    scale: str,
+    *,
+    compile_modes: List[bool],
+    variants: Optional[List[str]] = None,
+    seq_len: Optional[int] = None,
+    batch: Optional[int] = None,
+    repeats: int = 5,
+    steps: int = 2,
+    warmup: int = 2,
+    device: Optional[torch.device] = None,
+    dtype: torch.dtype = torch.float32,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[List[BenchResult], dict]:
+    """Time every variant of ``scale`` interleaved; returns (results, machine info)."""
+    sc = SCALES[scale]
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    seq_len, batch = seq_len or sc.seq_len, batch or sc.batch
+    names = [n for n in sc.configs if variants is None or n in variants or n == "baseline"]
+    peak, peak_source = peak_flops_per_second(device, dtype)
+    machine = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x {torch.get_num_threads()} threads",
+        dtype=str(dtype).split(".")[-1], torch=torch.__version__, peak_flops_per_second=peak, peak_source=peak_source,
+    )
+    log(f"peak {peak / 1e12:.3f} TFLOP/s ({peak_source})")
+    gen = torch.Generator().manual_seed(0)
+    results: List[BenchResult] = []
+    for compiled in compile_modes:
+        torch._dynamo.reset()
+        models: Dict[str, nn.Module] = {}
+        info: Dict[str, dict] = {}
+        for name in names:
+            model = build_model(sc.configs[name], device, dtype)
+            b = breakdown(model, seq_len)
+            info[name] = dict(params_total=b.total, params_non_embedding=b.non_embedding, flops_per_token=b.flops_per_token)
+            if compiled:
+                model.apply_compile()  # type: ignore[operator]  # OLMo-core's per-block compile, as the trainer's
+            models[name] = model
+        vocab = min(m.vocab_size for m in models.values())  # type: ignore[misc]
+        ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(device)
+        for name, model in models.items():
+            t = time.perf_counter()
+            for _ in range(warmup):
+                _train_step(model, ids)
+            _sync(device)
+            log(f"{scale} compile={compiled} {name}: warm-up {time.perf_counter() - t:.1f}s")
+        tps: Dict[str, List[float]] = {n: [] for n in names}
+        mem: Dict[str, Optional[float]] = {n: None for n in names}
+        resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        for r in range(repeats):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                _sync(device)
+                t = time.perf_counter()
+                for _ in range(steps):
+                    _train_step(models[name], ids)
+                _sync(device)
+                tps[name].append(steps * batch * seq_len / (time.perf_counter() - t))
+                if device.type == "cuda":
+                    own = torch.cuda.max_memory_allocated(device) - resident + _param_bytes(models[name])
+                    mem[name] = max(mem[name] or 0.0, own / 2**20)
+            log(f"repeat {r + 1}/{repeats}: " + ", ".join(f"{n} {tps[n][-1]:.0f}" for n in names))
+        if device.type != "cuda":
+            for name, model in models.items():
+                mem[name] = _cpu_peak_bytes(model, ids) / 2**20
+        base = names[0]
+        for name in names:
+            med = statistics.median(tps[name])
+            ratio = statistics.median(a / b for a, b in zip(tps[name], tps[base]))
+            flops_ratio = info[name]["flops_per_token"] / info[base]["flops_per_token"]
+            results.append(BenchResult(
+                scale=scale, variant=name, compile=compiled, config=sc.configs[name], seq_len=seq_len, batch=batch,
+                **info[name], tokens_per_s=med, tokens_per_s_all=tps[name], peak_mem_mb=mem[name],
+                mfu=100 * med * info[name]["flops_per_token"] / peak,
+                ratio=ratio, flops_ratio=flops_ratio, per_flop_ratio=ratio * flops_ratio,
+            ))
+        del models
+        gc.collect()
+    return results, machine
+
+
+def format_results(results: List[BenchResult], machine: dict) -> str:
+    lines = [f"machine: {machine['device']}, {machine['dtype']}, torch {machine['torch']}; "
+             f"MFU peak {machine['peak_flops_per_second'] / 1e12:.3f} TFLOP/s ({machine['peak_source']})"]
+    head = (f"{'scale':6} {'variant':15} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} "
+            f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}")
+    lines += [head, "-" * len(head)]
+    for r in results:
+        mem = f"{r.peak_mem_mb:8.0f}" if r.peak_mem_mb is not None else f"{'-':>8}"
+        lines.append(
+            f"{r.scale:6} {r.variant:15} {'on' if r.compile else 'off':7} {r.params_non_embedding / 1e6:8.2f}M "
+            f"{r.flops_per_token / 1e9:9.4f} {r.tokens_per_s:9.0f} {r.ratio:6.3f} {r.flops_ratio:6.3f} "
+            f"{r.per_flop_ratio:8.3f} {r.mfu:6.1f} {mem}"
+        )
+    lines.append("ratio: tokens/s over the baseline's (median of paired repeats); FLOPs: model FLOPs/token over the "
+                 "baseline's; per-FLOP: ratio x FLOPs (1 = same model FLOP/s as the baseline)")
+    return "\n".join(lines)
+
+
+def as_json(results: List[BenchResult], machine: dict) -> dict:
+    return {"machine": machine, "results": [asdict(r) for r in results]}

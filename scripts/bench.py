@@ -1,0 +1,61 @@
+"""Training throughput (forward + backward), peak memory and MFU of parameter-matched variants.
+
+    python scripts/bench.py [--scale demo,113M] [--compile on,off] [--repeats 5] [--steps 2] [--json]
+
+Variants of a scale run interleaved (a rotated order per repeat) and every ratio is to the baseline
+measured in the same run. Defaults: on a CPU the demo scale, fp32; on a GPU the 113M and 1B shapes
+at their configs' sequence length (4096) in bf16. See docs/performance.md and olmo_patches/bench.py.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+from olmo_patches.bench import SCALES, as_json, format_results, run_bench
+
+
+def _list(s: str) -> list:
+    return [x for x in s.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gpu = torch.cuda.is_available()
+    parser.add_argument("--scale", default="113M,1B" if gpu else "demo", help=f"comma list of {', '.join(SCALES)}")
+    parser.add_argument("--variants", default=None, help="comma list (default: all of the scale's; baseline always runs)")
+    parser.add_argument("--compile", default="off,on", help="comma list of off|on (torch.compile per block)")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the scale's; 4096 on a GPU)")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: the scale's)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats (median)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per variant per repeat")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant (compilation happens here)")
+    parser.add_argument("--dtype", default="bf16" if gpu else "fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args()
+    for s in _list(args.scale):
+        if s not in SCALES:
+            sys.exit(f"--scale: unknown scale {s!r}; choose from {', '.join(SCALES)}")
+    modes = _list(args.compile)
+    if not modes or any(m not in ("on", "off") for m in modes):
+        sys.exit(f"--compile: {args.compile!r} must be a comma list of on|off")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (lambda s: print(s, flush=True))
+    results, machine = [], {}
+    for s in _list(args.scale):
+        seq = args.seq or (4096 if gpu and s in ("113M",) else None)
+        res, machine = run_bench(
+            s, compile_modes=[m == "on" for m in modes], variants=_list(args.variants) if args.variants else None,
+            seq_len=seq, batch=args.batch, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
+            dtype=dtype, log=log,
+        )
+        results += res
+    if args.json:
+        print(json.dumps(as_json(results, machine)))
+    else:
+        print(format_results(results, machine))
+
+
+if __name__ == "__main__":
+    main()
