@@ -180,7 +180,7 @@ class TrainSpec:
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
     compile: bool = False  # torch.compile each block
     activation_checkpointing: bool = False  # recompute each block in backward
-    data_parallel: str = "fsdp"  # fsdp | hsdp | ddp (CPU runs always use ddp over gloo)
+    data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda
 
 

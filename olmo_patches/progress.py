@@ -52,9 +52,9 @@ def format_progress(
         parts.append(f"{metrics[TPS] * world_size:,.0f} tok/s")
     if MFU in metrics:
         parts.append(f"MFU {metrics[MFU]:.1f}%")
-    if seconds_left is not None:
+    if seconds_left is not None and seconds_left > 0:
         h, rem = divmod(int(seconds_left), 3600)
-        parts.append(f"{h}h{rem // 60:02d}m left" if h else f"{max(rem // 60, 1)}m left")
+        parts.append(f"{h}h{rem // 60:02d}m left" if h else f"{rem // 60}m{rem % 60:02d}s left")
     return " | ".join(parts)
 
 

@@ -96,16 +96,27 @@ class Experiment(Config):
 
 
 def _data_parallel(spec: ExperimentSpec, device: str, world_size: int) -> Optional[TransformerDataParallelConfig]:
+    """FSDP2 (one unit per block), HSDP or DDP across ranks; none for one process. On CPU (gloo)
+    parameters stay fp32 whatever ``train.precision`` says."""
     if world_size == 1:
         return None
-    if device == "cpu":  # gloo: plain DDP in fp32
-        return TransformerDataParallelConfig(name=DataParallelType.ddp)
-    bf16 = spec.train.precision == "bf16"
+    bf16 = spec.train.precision == "bf16" and device == "cuda"
     return TransformerDataParallelConfig(
         name=DataParallelType(spec.train.data_parallel),
         param_dtype=DType.bfloat16 if bf16 else None,
         reduce_dtype=DType.float32,
     )
+
+
+def _optim_groups(spec: ExperimentSpec) -> list[OptimGroupOverride]:
+    """Embeddings are not decayed (OLMo-2). Under the variable-width paper's muP, the hidden matrices
+    (attention and FFN weights) train at lr / m_width, as lm-engine's muP groups do."""
+    groups = [OptimGroupOverride(params=["embeddings.weight"], opts=dict(weight_decay=0.0))]
+    widths = spec.model.widths
+    if spec.model.block == "variable_width" and widths.init == "mup":
+        hidden = ["blocks.*.attention.w_*.weight", "blocks.*.feed_forward.w*.weight"]
+        groups.append(OptimGroupOverride(params=hidden, opts=dict(lr=spec.train.lr / widths.m_width)))
+    return groups
 
 
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
@@ -142,7 +153,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
             betas=(t.betas[0], t.betas[1]),
             eps=t.eps,
             weight_decay=t.weight_decay,
-            group_overrides=[OptimGroupOverride(params=["embeddings.weight"], opts=dict(weight_decay=0.0))],
+            group_overrides=_optim_groups(spec),
         ),
         scheduler=CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens),
         max_grad_norm=t.max_grad_norm,

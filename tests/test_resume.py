@@ -123,7 +123,7 @@ def test_resume_from_another_checkpoint_and_newer_ones_move_aside(tmp_path, stra
 def test_one_process_resumed_with_two_sees_the_same_instances(tmp_path, straight):
     train(_spec(tmp_path, "run.stop_at_step=3"))
     assert Checkpointer.latest_checkpoint(tmp_path).endswith("step3")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
     cmd += [str(REPO / "scripts" / "train.py"), str(BASELINE), *tiny_overrides(tmp_path, *RUN)]
     r = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -46,14 +46,32 @@ def test_stop_and_resume_is_bit_identical(tmp_path, demo_corpus):
 
 
 def test_two_gloo_processes_match_one(tmp_path, demo_corpus):
+    """Two ranks (FSDP2, one unit per hourglass block, over gloo) train as one process does."""
     one, two = tmp_path / "one", tmp_path / "two"
     common = ["train.max_steps=3", "run.save_interval=1000", "run.ephemeral_save_interval=null"]
-    r1 = run_script("train.py", str(BASELINE), *tiny_overrides(one, *common))
+    r1 = run_script("train.py", str(BASELINE), *tiny_overrides(one, *common, block="hourglass"))
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = run_script("train.py", str(BASELINE), *tiny_overrides(two, *common), torchrun=2)
+    r2 = run_script("train.py", str(BASELINE), *tiny_overrides(two, *common, "train.data_parallel=fsdp", block="hourglass"), torchrun=2)
     assert r2.returncode == 0, r2.stderr[-3000:]
     l1, l2 = _losses(one), _losses(two)
     assert sorted(l1) == sorted(l2) == [1, 2, 3]
     for step in l1:
         assert l1[step] == pytest.approx(l2[step], rel=1e-5), step
     assert json.loads((one / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+
+
+def test_mup_hidden_matrices_get_lr_over_m_width():
+    """Variable-width muP: OLMo-core's optimizer puts every attention/FFN matrix at lr / m_width."""
+    from olmo_core.optim import AdamWConfig
+
+    from olmo_patches.report import vocab_size
+    from olmo_patches.train import _optim_groups
+
+    spec = load_spec(REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"])
+    model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+    optim = AdamWConfig(lr=spec.train.lr, group_overrides=_optim_groups(spec)).build(model)
+    lr_of = {id(p): g["lr"] for g in optim.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        hidden = p.ndim == 2 and (".attention.w_" in name or ".feed_forward.w" in name)
+        expected = spec.train.lr / spec.model.widths.m_width if hidden else spec.train.lr
+        assert lr_of[id(p)] == pytest.approx(expected), name

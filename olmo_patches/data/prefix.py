@@ -110,9 +110,9 @@ def _prefix_order(
     path = out_dir / ORDER
     if sha256 is not None and path.is_file() and sha256_file(path) == sha256:
         return np.load(path)
-    order = shuffled_indices(layout.num_instances, spec.seed)[
-        : spec.num_instances
-    ].copy()  # frees the 4 GB
+    full = shuffled_indices(layout.num_instances, spec.seed)
+    order = full[: spec.num_instances].copy()
+    del full  # keep only the prefix, not the 4 GB permutation
     part = out_dir / f".{ORDER}.tmp.npy"
     np.save(part, order)
     os.replace(part, path)

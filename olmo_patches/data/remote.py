@@ -229,7 +229,14 @@ def fetch_sizes(
             return size
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            sizes = dict(zip(unique, pool.map(one, unique)))
+            futures = [pool.submit(one, p) for p in unique]
+            try:
+                sizes = {p: f.result() for p, f in zip(unique, futures)}
+            except (
+                BaseException
+            ):  # first failure: drop the queued requests, not wait for them
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     return [sizes[p] for p in paths]
 
 
