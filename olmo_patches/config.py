@@ -147,10 +147,15 @@ class ModelSpec:
 
 @dataclass
 class DataSpec:
-    source: str = "demo"  # demo: the embedded stdlib corpus | numpy: OLMo-core token files
-    paths: List[str] = field(default_factory=list)  # numpy token files (local paths or URLs)
-    mix: Optional[str] = None  # or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
-    mix_base_dir: str = "http://olmo-data.org"
+    # demo: the embedded stdlib corpus | olmo2_stage1: OLMo-2 1B's Stage 1 files (data_order/'s
+    # pinned, checksummed list), shuffled as OLMo-2 was | prefix: a local materialized prefix of that
+    # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
+    source: str = "demo"
+    paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
+    mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
+    mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
+    prefix_dir: Optional[str] = None  # prefix: the materialized folder
+    instance_filter: bool = False  # OLMo-2's repetition filter (loss masked on degenerate instances)
     tokenizer: str = "demo"  # demo (trained on the demo corpus) | dolma2
     tokenizer_file: Optional[str] = None  # a local tokenizer JSON (else the Hugging Face hub)
     sequence_length: int = 4096
@@ -322,8 +327,10 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.data_parallel", t.data_parallel, "must be fsdp, hsdp or ddp")
     if t.device not in ("auto", "cpu", "cuda"):
         fail("train.device", t.device, "must be auto, cpu or cuda")
-    if d.source not in ("demo", "numpy"):
-        fail("data.source", d.source, "must be demo or numpy")
+    if d.source not in ("demo", "numpy", "olmo2_stage1", "prefix"):
+        fail("data.source", d.source, "must be demo, olmo2_stage1, prefix or numpy")
+    if d.source == "prefix" and not d.prefix_dir:
+        fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
     if d.source == "numpy" and not d.paths and not d.mix:
         fail("data.paths", d.paths, "a numpy data source needs data.paths or data.mix")
     if d.tokenizer not in ("demo", "dolma2"):

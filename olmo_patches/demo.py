@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from .cli import console as rich_console  # noqa: E402
 from .config import ExperimentSpec  # noqa: E402
 from .metrics import read_metrics  # noqa: E402
 from .report import count  # noqa: E402
@@ -110,7 +111,7 @@ def run_demo(specs: list[ExperimentSpec], out_dir: Path, console: Console | None
     """Train each spec from scratch (its save folder is cleared first), then compare."""
     from .train import train
 
-    console = console or Console(width=None if Console().is_terminal else 132)
+    console = console or rich_console()
     out_dir.mkdir(parents=True, exist_ok=True)
     runs: list[tuple[str, Path]] = []
     for i, spec in enumerate(specs, 1):

@@ -45,9 +45,14 @@ class RunPlan:
 
 
 def first_data_files(spec: ExperimentSpec, n: int = 3) -> list[str]:
+    """The first files of the training data, in list order (a prefix: in training order)."""
     d = spec.data
     if d.source == "demo":
         return [f"demo corpus (built in {d.demo_cache})"]
+    if d.source in ("olmo2_stage1", "prefix"):
+        from .train import resolve_data
+
+        return resolve_data(spec).train_paths[:n]
     if d.paths:
         return list(d.paths[:n])
     if d.mix:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import torch
 from olmo_core.config import Config, DType
 from olmo_core.data import (
+    InstanceFilterConfig,
     NumpyDataLoaderConfig,
     NumpyFSLDatasetConfig,
     NumpyPaddedFSLDatasetConfig,
@@ -34,7 +36,7 @@ from olmo_core.train.train_module import (
 from olmo_core.utils import seed_all
 
 from .batch_trace import BatchTraceCallback
-from .config import ExperimentSpec, spec_to_yaml
+from .config import ConfigError, ExperimentSpec, spec_to_yaml
 from .evals import downstream_evaluator, lm_evaluator
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
@@ -74,6 +76,17 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
         )
         return DataSources(tok, list(corpus.train_paths), list(corpus.val_paths), corpus.dtype)
     tok = TokenizerConfig.dolma2()
+    if d.source == "olmo2_stage1":
+        from .data.order import TOKEN_DTYPE, load_pinned_list
+
+        return DataSources(tok, load_pinned_list(), [], np.dtype(TOKEN_DTYPE).name)
+    if d.source == "prefix":
+        from .data.prefix import prefix_paths, prefix_seq_len
+
+        assert d.prefix_dir is not None
+        if (seq := prefix_seq_len(d.prefix_dir)) != d.sequence_length:
+            raise ConfigError(f"data.prefix_dir={d.prefix_dir}: its instances are {seq} tokens, data.sequence_length={d.sequence_length}")
+        return DataSources(tok, prefix_paths(Path(d.prefix_dir)), [], "uint32")
     return DataSources(tok, list(d.paths), [])
 
 
@@ -84,12 +97,25 @@ def device_for(spec: ExperimentSpec) -> str:
 
 
 @dataclass
+class OrderedDataLoaderConfig(NumpyDataLoaderConfig):
+    """OLMo-core's data loader config plus the switch its config lacks: a materialized prefix is
+    already in training order and must be read without reshuffling."""
+
+    shuffle: bool = True
+
+    def build(self, dataset, **kwargs):  # type: ignore[override]
+        loader = super().build(dataset, **kwargs)
+        loader.shuffle = self.shuffle  # read by the loader when it builds its global indices
+        return loader
+
+
+@dataclass
 class Experiment(Config):
     """OLMo-core's configs for one run, as the Trainer consumes them."""
 
     model: TransformerConfig
     dataset: NumpyFSLDatasetConfig
-    data_loader: NumpyDataLoaderConfig
+    data_loader: OrderedDataLoaderConfig
     train_module: TransformerTrainModuleConfig
     trainer: TrainerConfig
     init_seed: int
@@ -129,16 +155,21 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     dataset_kwargs: dict = dict(sequence_length=seq, tokenizer=data.tokenizer, work_dir=d.work_dir)
     if data.dtype is not None:
         dataset_kwargs["dtype"] = data.dtype
+    # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
+    # (period 1..13) repeated 32 times or more. It masks, so the order is unchanged.
+    instance_filter = InstanceFilterConfig(repetition_max_period=13, repetition_min_period=1, repetition_max_count=32)
+    train_kwargs = dict(dataset_kwargs, instance_filter_config=instance_filter if d.instance_filter else None)
     if d.mix and not data.train_paths:
-        dataset = NumpyFSLDatasetConfig(mix=d.mix, mix_base_dir=d.mix_base_dir, **dataset_kwargs)
+        dataset = NumpyFSLDatasetConfig(mix=d.mix, mix_base_dir=d.mix_base_dir, **train_kwargs)
     else:
-        dataset = NumpyFSLDatasetConfig(paths=data.train_paths, **dataset_kwargs)
-    data_loader = NumpyDataLoaderConfig(
+        dataset = NumpyFSLDatasetConfig(paths=data.train_paths, **train_kwargs)
+    data_loader = OrderedDataLoaderConfig(
         global_batch_size=t.global_batch_size * seq,  # OLMo-core counts tokens
         # OLMo-core shuffles with PCG64(seed + epoch) and counts epochs from 1; the old OLMo
         # trainer counted from 0. seed - 1 therefore reproduces the old trainer's order.
         seed=d.order_seed - 1,
         num_workers=0,
+        shuffle=d.source != "prefix",
     )
 
     warmup = t.warmup_tokens if t.warmup_tokens is not None else t.warmup_steps

@@ -6,9 +6,7 @@
 import argparse
 import json
 
-from rich.console import Console
-
-from olmo_patches.cli import load_or_exit
+from olmo_patches.cli import console, load_or_exit
 from olmo_patches.report import count, param_table, width_report
 
 
@@ -25,7 +23,7 @@ def main() -> None:
             out.update(width_report(spec))
         print(json.dumps(out))
     else:
-        Console().print(param_table(spec))
+        console().print(param_table(spec))
 
 
 if __name__ == "__main__":

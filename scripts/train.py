@@ -9,8 +9,7 @@ from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint
 
 import argparse
 
-from rich.console import Console
-
+from olmo_patches.cli import console as rich_console
 from olmo_patches.cli import load_or_exit
 from olmo_patches.config import spec_to_yaml
 from olmo_patches.plan import plan_table
@@ -27,7 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = load_or_exit(args.config, args.overrides)
     if args.dry_run:
-        console = Console()
+        console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
         console.print(plan_table(spec))

@@ -6,6 +6,7 @@ Serves in-memory files on 127.0.0.1 from a thread. Faults are set per file name:
 - ``fail[name] = n``: the next n GETs answer 500.
 - ``drop[name] = n``: the next n GETs announce the full length, send half, and hang up.
 - ``short[name] = n``: the next n GETs answer 206 with fewer bytes than asked.
+- ``moved``: the name answers 301 (a redirect) to HEAD and GET.
 
 Every request is logged as (method, name, Range header) in ``requests``. ``latency_s``
 delays every reply, to stand in for a distant server in benchmarks.
@@ -30,6 +31,7 @@ class FileServer:
         self.files: dict[str, bytes] = dict(files or {})
         self.latency_s = latency_s
         self.missing: set[str] = set()
+        self.moved: set[str] = set()
         self.fail: dict[str, int] = defaultdict(int)
         self.drop: dict[str, int] = defaultdict(int)
         self.short: dict[str, int] = defaultdict(int)
@@ -87,6 +89,9 @@ class FileServer:
                 data = server.files.get(name)
                 if data is None or name in server.missing:
                     self._reply(404, b"not found")
+                    return None
+                if name in server.moved:
+                    self._reply(301, b"moved", {"Location": f"/{name}.moved"})
                     return None
                 return data
 

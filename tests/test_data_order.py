@@ -8,6 +8,7 @@ scripted faults). References are written here in plain numpy from the SPEC's def
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,13 +38,13 @@ from olmo_patches.data.prefix import (  # noqa: E402
     prefix_dataset,
     verify_prefix,
 )
-from olmo_patches.data.remote import (
+from olmo_patches.data.remote import (  # noqa: E402
     RangeReader,
     RetryPolicy,
     fetch_sizes,
     load_manifest,
     save_manifest,
-)  # noqa: E402
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 64  # tokens per instance in these tests (4096 for real)
@@ -128,8 +129,6 @@ def assert_no_corrupt_output(out: Path) -> None:
         p for p in problems if "missing" not in p and "did not finish" not in p
     ]
     assert recorded_bad == []
-    import json
-
     chunks = json.loads((out / "index.json").read_text())["chunks"]
     assert sorted(p.name for p in out.glob("part-*.npy")) == sorted(chunks)
 
@@ -294,6 +293,12 @@ def test_manifest_sizes_and_staleness(tmp_path, server, files):
     assert load_manifest(tmp_path / "m.json", paths) == sizes
     with pytest.raises(DataOrderError, match="does not match the file list"):
         load_manifest(tmp_path / "m.json", paths[:-1] + [server.url("x.npy")])
+
+
+def test_redirect_is_an_error_not_a_wrong_size(server):
+    server.moved.add("a/p0.npy")  # a redirect's Content-Length is not the file's size
+    with pytest.raises(DataOrderError, match="HTTP 301"):
+        fetch_sizes([server.url("a/p0.npy")], RangeReader(FAST_RETRY), progress=False)
 
 
 # -- the prefix --------------------------------------------------------------------------
@@ -488,11 +493,11 @@ def test_interrupted_materialize_resumes_without_refetching(
 
 def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
     # Loaded by path: the name 'data_order' is also the repo's data directory.
-    loader = importlib.util.spec_from_file_location(
+    module_spec = importlib.util.spec_from_file_location(
         "data_order_cli", REPO / "scripts" / "data_order.py"
     )
-    cli = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(cli)
+    cli = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(cli)
     main = cli.main
 
     paths_file = tmp_path / "urls.txt"
@@ -550,3 +555,37 @@ def test_tokens_round_up_to_whole_batches():
     # The 113M run: 2.5B tokens at 512 x 4096 per batch -> 1193 batches.
     assert instances_for_tokens(2_500_000_000, 4096, 512) == 1193 * 512
     assert instances_for_tokens(BATCH * SEQ, SEQ, BATCH) == BATCH
+
+
+def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path, server, files, expected):
+    """Through the training config (build_experiment): data.source=prefix and the remote files
+    give the same batches, equal to the reference order's instances."""
+    from olmo_patches.config import load_spec
+    from olmo_patches.train import build_experiment, resolve_data
+
+    order, instances = expected
+    n_batches = len(order) // BATCH
+    materialize(
+        tmp_path / "prefix",
+        make_spec(server, files, n=n_batches * BATCH, chunk=7),
+        reader=RangeReader(FAST_RETRY),
+        workers=2,
+        progress=False,
+    )
+
+    def batches(source: str, data: str) -> list[np.ndarray]:
+        spec = load_spec(REPO / "configs" / "113M" / "baseline.yaml", [
+            f"data.source={source}", data, f"data.sequence_length={SEQ}", f"data.work_dir={tmp_path / source}",
+            f"train.global_batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
+        ])
+        exp = build_experiment(spec, resolve_data(spec))
+        loader = exp.data_loader.build(exp.dataset.build())
+        loader.reshuffle(epoch=1)
+        return [b["input_ids"].numpy() for b in loader]
+
+    remote = batches("numpy", f"data.paths=[{','.join(server.url(n) for n in LISTED)}]")
+    local = batches("prefix", f"data.prefix_dir={tmp_path / 'prefix'}")
+    assert len(remote) == len(local) == n_batches
+    for k, (a, b) in enumerate(zip(remote, local)):
+        np.testing.assert_array_equal(a, instances[k * BATCH : (k + 1) * BATCH])
+        np.testing.assert_array_equal(b, a)

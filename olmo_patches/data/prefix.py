@@ -175,7 +175,6 @@ def materialize(
             and sha256_file(out_dir / name) == done["sha256"]
         ):
             continue
-        index["chunks"].pop(name, None)
         todo.append(k)
     index["complete"] = False
     _write_index(out_dir, index)
@@ -301,17 +300,28 @@ def verify_prefix(
     return problems
 
 
-def prefix_paths(out_dir: Path) -> list[str]:
-    """The part files of a finished prefix, in training order."""
+def prefix_index(out_dir: Path) -> dict[str, Any]:
+    """The index of a finished prefix (one-line error if there is none)."""
     index = _read_index(Path(out_dir))
     if index is None or not index["complete"]:
         raise DataOrderError(
             f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)"
         )
+    return index
+
+
+def prefix_paths(out_dir: Path) -> list[str]:
+    """The part files of a finished prefix, in training order."""
+    index = prefix_index(Path(out_dir))
     num_chunks = math.ceil(
         index["spec"]["num_instances"] / index["spec"]["chunk_instances"]
     )
     return [str(Path(out_dir) / part_name(k)) for k in range(num_chunks)]
+
+
+def prefix_seq_len(out_dir: str | Path) -> int:
+    """Tokens per instance of a finished prefix."""
+    return int(prefix_index(Path(out_dir))["spec"]["seq_len"])
 
 
 def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):

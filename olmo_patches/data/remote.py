@@ -63,7 +63,9 @@ class RangeReader:
 
     def size(self, path: str) -> int:
         if is_http(path):
-            _, headers, _ = self._http(path, "HEAD", {})
+            status, headers, _ = self._http(path, "HEAD", {})
+            if status != 200:  # e.g. a redirect: its Content-Length is not the file's
+                raise DataOrderError(f"HEAD {path}: HTTP {status}, expected 200")
             if "content-length" not in headers:
                 raise DataOrderError(f"HEAD {path}: no Content-Length in the reply")
             return int(headers["content-length"])
@@ -122,9 +124,8 @@ class RangeReader:
         self, url: str, start: int, length: int, expect_size: Optional[int]
     ) -> bytes:
         def check(status: int, headers: dict[str, str], body: bytes) -> None:
-            if (
-                status != 206
-            ):  # a 200 would be the whole file: the server ignored the range
+            # A 200 would be the whole file: the server ignored the range.
+            if status != 206:
                 raise DataOrderError(
                     f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206"
                 )
@@ -161,13 +162,12 @@ class RangeReader:
                 if check is not None:
                     check(status, reply_headers, body)
                 return status, reply_headers, body
-            except (_Retry, *_RETRYABLE) as exc:
+            except _Retry as exc:
+                last = str(exc)
                 self._drop_connection(url)
-                last = (
-                    f"{type(exc).__name__}: {exc}"
-                    if not isinstance(exc, _Retry)
-                    else str(exc)
-                )
+            except _RETRYABLE as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                self._drop_connection(url)
         raise DataOrderError(
             f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}"
         )
