@@ -31,8 +31,15 @@ def closed_form(spec) -> int:
 def test_config_loads_builds_and_matches_its_baseline(path):
     spec = load_spec(path)
     b = count(spec)  # builds on the meta device
-    if spec.model.block not in ("baseline", "hourglass"):
-        return  # other papers' blocks (variable width) match by their own rule, in their own tests
+    if spec.model.block == "variable_width":
+        # The variable-width paper's rule, written out here: sum_l 16 w_l^2 - waste = 16 L h^2, with
+        # waste = 3 (w_1 - h) w_1 [w_1 > h] + 4 w_L (w_L - h) [w_L > h]; rounding each w_l to a
+        # multiple of 32 leaves it within 1% (the paper's own rounding).
+        w, h, L = spec.model.resolved_widths, spec.model.d_model, spec.model.n_layers
+        waste = 3 * max(w[0] - h, 0) * w[0] + 4 * w[-1] * max(w[-1] - h, 0)
+        assert abs(sum(16 * x * x for x in w) - waste - 16 * L * h * h) <= 0.01 * 16 * L * h * h
+        assert b.attention == sum(4 * x * x for x in w)
+        return
     assert b.non_embedding == closed_form(spec)
     size = rel(path).split("/")[0]
     if size not in SIZES:
@@ -82,7 +89,9 @@ def test_olmo2_config_is_the_stage1_recipe():
     assert m.norm_placement == "post" and m.qk_norm and not m.tie_embeddings and m.rope_theta == 500_000
     assert (t.lr, t.warmup_steps, t.schedule_tokens, t.final_lr_ratio) == (4e-4, 4000, 5e12, 0.1)
     assert (t.betas, t.eps, t.weight_decay, t.z_loss, t.max_grad_norm) == ([0.9, 0.95], 1e-8, 0.1, 1e-5, 1.0)
-    assert (t.global_batch_size, d.sequence_length, d.order_seed, d.mix) == (512, 4096, 6198, "OLMoE-mix-0824")
+    # The pinned list equals OLMo-core's OLMoE-mix-0824 (tests/test_data_order.py checks that).
+    assert (t.global_batch_size, d.sequence_length, d.order_seed, d.source) == (512, 4096, 6198, "olmo2_stage1")
+    assert d.instance_filter
     assert t.max_tokens == 21e9
 
 
