@@ -81,18 +81,24 @@ class HourglassFeedForward(nn.Module):
         self.w2 = StackedLinear(K, d_h, d_model, dtype=dtype, device=init_device)  # W_u
         self.norms = nn.ModuleList(layer_norm.build(d_model, init_device=init_device) for _ in range(K))
 
-    def sub_mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
         """MLP_i(x) = W_u_i (SiLU(W_d1_i x) * W_d2_i x), both down projections in one matmul."""
-        w_down = torch.cat((self.w1.weight[i], self.w3.weight[i]))  # (2 d_h, d_model)
         gate, value = F.linear(x, w_down).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * value, self.w2.weight[i])
+        return F.linear(F.silu(gate) * value, w_up)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights,
+        # negligible against the matmuls), split with unbind: its backward is one stack, where indexing
+        # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
+        # instead measured no faster (docs/performance.md) and would break OLMo-core's w1/w3 init.
+        w_down = torch.cat((self.w1.weight, self.w3.weight), dim=1).unbind(0)  # K x (2 d_h, d_model)
+        w_up = self.w2.weight.unbind(0)  # K x (d_model, d_h)
         for i, norm in enumerate(self.norms):
             if self.norm_placement == NormPlacement.pre:
-                h = h + self.sub_mlp(i, norm(h))
+                h = h + self.sub_mlp(norm(h), w_down[i], w_up[i])
             else:
-                h = h + norm(self.sub_mlp(i, h))
+                h = h + norm(self.sub_mlp(h, w_down[i], w_up[i]))
         return h
 
     def num_flops_per_token(self, seq_len: int) -> int:

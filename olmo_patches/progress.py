@@ -3,7 +3,8 @@
 - :class:`ProgressCallback` replaces OLMo-core's multi-line console logger by one line on rank 0:
   step/total, train loss, validation loss when there is one, tokens/s, MFU (GPUs with a known
   peak only) and time left, e.g.
-  ``step 120/400 | loss 4.213 | val 4.305 | 8,120 tok/s | MFU 41.2% | 6m left``.
+  ``step 120/400 | loss 4.2130 | val 4.3050 | 8,120 tok/s | MFU 41.2% | 6m05s left``
+  (val: the mean CE loss over the validation sets evaluated at that step).
 - :func:`wandb_callback`: OLMo-core's WandBCallback when ``run.wandb_project`` is set and the
   ``wandb`` package is importable (else None, logged once at info level). ``WANDB_MODE=offline``
   (or ``disabled``) needs no API key; a resumed run continues the same wandb run (its id is kept
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress"]
 
 LOSS = "train/CE loss"
-VAL_LOSS = "val/CE loss"
+VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
 TPS = "throughput/device/TPS (actual avg)"
 MFU = "throughput/device/MFU (actual avg)"
 
@@ -46,13 +48,14 @@ def format_progress(
     parts = [f"step {step}/{total if total is not None else '?'}"]
     if LOSS in metrics:
         parts.append(f"loss {metrics[LOSS]:.4f}")
-    if VAL_LOSS in metrics:
-        parts.append(f"val {metrics[VAL_LOSS]:.4f}")
+    val = [v for k, v in metrics.items() if VAL_LOSS.match(k)]
+    if val:
+        parts.append(f"val {sum(val) / len(val):.4f}")
     if TPS in metrics:
         parts.append(f"{metrics[TPS] * world_size:,.0f} tok/s")
     if MFU in metrics:
         parts.append(f"MFU {metrics[MFU]:.1f}%")
-    if seconds_left is not None and seconds_left > 0:
+    if seconds_left is not None and seconds_left >= 1:
         h, rem = divmod(int(seconds_left), 3600)
         parts.append(f"{h}h{rem // 60:02d}m left" if h else f"{rem // 60}m{rem % 60:02d}s left")
     return " | ".join(parts)

@@ -27,7 +27,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
 from olmo_core.optim.scheduler import SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import ConfigSaverCallback, LMEvaluatorCallbackConfig
+from olmo_core.train.callbacks import ConfigSaverCallback, LMEvaluatorCallbackConfig, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -36,6 +36,7 @@ from olmo_core.train.train_module import (
 from olmo_core.utils import seed_all
 
 from .batch_trace import BatchTraceCallback
+from .bench import missing_bf16_peak
 from .config import ConfigError, ExperimentSpec, spec_to_yaml
 from .evals import downstream_evaluator, lm_evaluator
 from .metrics import MetricsFileCallback
@@ -207,11 +208,20 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     )
     trainer = trainer.with_callback(
         "checkpointer",
-        ResumeCheckpointerCallback(save_interval=spec.run.save_interval, ephemeral_save_interval=spec.run.ephemeral_save_interval),
+        ResumeCheckpointerCallback(
+            save_interval=spec.run.save_interval,
+            ephemeral_save_interval=spec.run.ephemeral_save_interval,
+            # Async saves deadlock 2 gloo processes at the first mid-run save (checked here,
+            # OLMo-core 3.0.0); CPU runs save synchronously, GPU runs keep OLMo-core's default.
+            save_async=False if device == "cpu" else None,
+        ),
     )
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
+    if device == "cuda" and t.precision == "bf16" and (peak := missing_bf16_peak(torch.cuda.get_device_name())):
+        # OLMo-core's peak table lacks this GPU and would divide by an A100's peak (H200: MFU x3.2).
+        trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(peak)))
     if spec.run.trace_batches:
         trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
     if data.val_paths:

@@ -28,10 +28,13 @@ def main() -> None:
     parser.add_argument("--compile", default="off,on", help="comma list of off|on (torch.compile per block)")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the scale's; 4096 on a GPU)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: the scale's)")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats (median)")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per variant per repeat")
+    parser.add_argument("--repeats", type=int, default=10, help="interleaved repeats (median)")
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per variant per repeat")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant (compilation happens here)")
     parser.add_argument("--dtype", default="bf16" if gpu else "fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
+                             "made steps up to 10x slower and the timings meaningless)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     for s in _list(args.scale):
@@ -41,13 +44,17 @@ def main() -> None:
     if not modes or any(m not in ("on", "off") for m in modes):
         sys.exit(f"--compile: {args.compile!r} must be a comma list of on|off")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    if args.threads or not gpu:
+        torch.set_num_threads(args.threads or 1)
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (lambda s: print(s, flush=True))
     results, machine = [], {}
     for s in _list(args.scale):
-        seq = args.seq or (4096 if gpu and s in ("113M",) else None)
+        # On a GPU the 113M shapes run at their training shape (4096 tokens, micro-batch 8).
+        seq = args.seq or (4096 if gpu and s == "113M" else None)
+        batch = args.batch or (8 if gpu and s == "113M" else None)
         res, machine = run_bench(
             s, compile_modes=[m == "on" for m in modes], variants=_list(args.variants) if args.variants else None,
-            seq_len=seq, batch=args.batch, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
+            seq_len=seq, batch=batch, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
             dtype=dtype, log=log,
         )
         results += res

@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny model on the embedded demo corpus, and helpers to read finished runs."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,15 @@ def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -
     dist_vars = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
     env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    # Its own process group, so that a timeout also ends torchrun's workers (no orphans holding cores).
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def load_weights(step_dir: Path, tmp: Path) -> dict:

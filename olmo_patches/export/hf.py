@@ -1,0 +1,113 @@
+"""Export a trainer checkpoint (``RUN/stepN``) to a Hugging Face model folder.
+
+- A baseline with the OLMo-2 shape (post-norm "reordered norm", QK-norm, SwiGLU) becomes
+  transformers' own ``Olmo2ForCausalLM``: weights renamed, nothing else.
+- Every other uniform-width model (pre-norm baselines, hourglass) is written with its own
+  modeling code, ``modeling_hourglass_olmo.py`` (plain PyTorch) beside the weights, and loads with
+  ``trust_remote_code=True``.
+The run's ``config.yaml`` (the folder above the checkpoint, or ``config``) gives the shape.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from ..config import ExperimentSpec, load_spec
+from ..report import vocab_size
+from ..resume import load_model_state
+
+__all__ = ["export_hf", "is_olmo2_shape", "to_olmo2_names"]
+
+MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
+
+
+def is_olmo2_shape(spec: ExperimentSpec) -> bool:
+    m = spec.model
+    return m.block == "baseline" and m.norm_placement == "post" and m.qk_norm
+
+
+def to_olmo2_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """OLMo-core parameter names -> transformers' Olmo2 names."""
+    layer = {
+        "attention.w_q": "self_attn.q_proj", "attention.w_k": "self_attn.k_proj",
+        "attention.w_v": "self_attn.v_proj", "attention.w_out": "self_attn.o_proj",
+        "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
+        "attention_norm": "post_attention_layernorm", "feed_forward_norm": "post_feedforward_layernorm",
+        "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj",
+    }
+    out = {}
+    for key, value in state.items():
+        if key == "embeddings.weight":
+            out["model.embed_tokens.weight"] = value
+        elif key == "lm_head.norm.weight":
+            out["model.norm.weight"] = value
+        elif key == "lm_head.w_out.weight":
+            out["lm_head.weight"] = value
+        else:
+            _, i, rest = key.split(".", 2)
+            module, param = rest.rsplit(".", 1)
+            out[f"model.layers.{i}.{layer[module]}.{param}"] = value
+    return out
+
+
+def _olmo2(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max_len: int):
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    m = spec.model
+    config = Olmo2Config(
+        vocab_size=vocab, hidden_size=m.d_model, intermediate_size=m.ffn_ratio * m.d_model,
+        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.n_heads,
+        rms_norm_eps=m.norm_eps, rope_theta=float(m.rope_theta), max_position_embeddings=max_len,
+        tie_word_embeddings=m.tie_embeddings, attention_bias=False, torch_dtype="float32",
+    )
+    model = Olmo2ForCausalLM(config)
+    model.load_state_dict(to_olmo2_names(state), strict=not m.tie_embeddings)
+    return model
+
+
+def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max_len: int):
+    from .modeling_hourglass_olmo import HourglassOlmoConfig, HourglassOlmoForCausalLM
+
+    m = spec.model
+    config = HourglassOlmoConfig(
+        vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, block=m.block,
+        ffn_hidden=m.ffn_ratio * m.d_model, K=m.K, d_h=m.resolved_d_h, norm_placement=m.norm_placement,
+        qk_norm=m.qk_norm, rope_theta=float(m.rope_theta), norm_eps=m.norm_eps,
+        tie_word_embeddings=m.tie_embeddings, max_position_embeddings=max_len,
+    )
+    config.auto_map = {
+        "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
+        "AutoModelForCausalLM": "modeling_hourglass_olmo.HourglassOlmoForCausalLM",
+    }
+    model = HourglassOlmoForCausalLM(config)
+    model.model.load_state_dict(state, strict=True)
+    return model
+
+
+def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[str | Path] = None,
+              tokenizer_file: Optional[str | Path] = None) -> str:
+    """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom")."""
+    checkpoint, out = Path(checkpoint), Path(out_dir)
+    config_path = Path(config) if config else checkpoint.parent / "config.yaml"
+    spec = load_spec(config_path)
+    if spec.model.block not in ("baseline", "hourglass"):
+        raise ValueError(f"{config_path}: model.block={spec.model.block}: HF export supports baseline and hourglass")
+    state = load_model_state(checkpoint)
+    vocab = state["embeddings.weight"].shape[0]
+    assert vocab == (spec.model.vocab_size or vocab_size(spec)), "checkpoint vocabulary differs from the config's"
+    max_len = spec.data.sequence_length
+    kind = "olmo2" if is_olmo2_shape(spec) else "custom"
+    model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, max_len)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    if kind == "custom":
+        shutil.copy(MODELING, out / MODELING.name)
+    if tokenizer_file is not None:
+        shutil.copy(tokenizer_file, out / "tokenizer.json")
+        (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    return kind

@@ -1,0 +1,215 @@
+"""Hugging Face modeling code for models trained with hourglass-olmo (copied into each export).
+
+Plain PyTorch, no OLMo-core needed: load with ``AutoModelForCausalLM.from_pretrained(DIR,
+trust_remote_code=True)``. Parameter names are OLMo-core's, under ``model.``. Covers the blocks
+this project trains with a uniform width: the conventional SwiGLU FFN and the hourglass FFN (K
+stacked wide-narrow-wide sub-MLPs, each with its own norm and residual), pre-norm (the papers'
+equations) or post-norm (OLMo-2's reordered norm), with or without QK-norm, RoPE, untied or tied
+LM head. No KV cache: generation recomputes the prefix (fine for evaluation-sized models).
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+
+class HourglassOlmoConfig(PretrainedConfig):
+    model_type = "hourglass_olmo"
+
+    def __init__(
+        self,
+        vocab_size: int = 100352,
+        d_model: int = 768,
+        n_layers: int = 12,
+        n_heads: int = 12,
+        block: str = "baseline",  # baseline (SwiGLU, hidden ffn_hidden) | hourglass
+        ffn_hidden: int = 3072,  # baseline: SwiGLU hidden size
+        K: int = 1,  # hourglass: sub-MLPs per layer
+        d_h: int = 384,  # hourglass: bottleneck width
+        norm_placement: str = "pre",  # pre: x + f(norm(x)) | post: x + norm(f(x))
+        qk_norm: bool = False,
+        rope_theta: float = 500000.0,
+        norm_eps: float = 1e-6,
+        tie_word_embeddings: bool = False,
+        **kwargs,
+    ):
+        self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
+        self.block, self.ffn_hidden, self.K, self.d_h = block, ffn_hidden, K, d_h
+        self.norm_placement, self.qk_norm = norm_placement, qk_norm
+        self.rope_theta, self.norm_eps = rope_theta, norm_eps
+        self.hidden_size, self.num_hidden_layers, self.num_attention_heads = d_model, n_layers, n_heads
+        super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x).to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: HourglassOlmoConfig):
+        super().__init__()
+        d = c.d_model
+        self.n_heads, self.head_dim, self.theta = c.n_heads, d // c.n_heads, c.rope_theta
+        self.w_q, self.w_k, self.w_v, self.w_out = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.q_norm = RMSNorm(d, c.norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(d, c.norm_eps) if c.qk_norm else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=x.device, dtype=torch.float) / self.head_dim))
+        freqs = torch.outer(torch.arange(T, device=x.device, dtype=torch.float), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        sin, cos = emb.sin()[None, None], emb.cos()[None, None]
+        qf, kf = q.float(), k.float()
+        q = (qf * cos + _rotate_half(qf) * sin).type_as(v)
+        k = (kf * cos + _rotate_half(kf) * sin).type_as(v)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.w_out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class _Stacked(nn.Module):
+    def __init__(self, K: int, out_features: int, in_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(K, out_features, in_features))
+
+
+class HourglassFFN(nn.Module):
+    """h_{i+1} = h_i + MLP_i(norm_i(h_i)) (pre) or h_i + norm_i(MLP_i(h_i)) (post); returns h_K."""
+
+    def __init__(self, c: HourglassOlmoConfig):
+        super().__init__()
+        self.post = c.norm_placement == "post"
+        self.w1, self.w3 = _Stacked(c.K, c.d_h, c.d_model), _Stacked(c.K, c.d_h, c.d_model)
+        self.w2 = _Stacked(c.K, c.d_model, c.d_h)
+        self.norms = nn.ModuleList(RMSNorm(c.d_model, c.norm_eps) for _ in range(c.K))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for i, norm in enumerate(self.norms):
+            w1, w3, w2 = self.w1.weight[i], self.w3.weight[i], self.w2.weight[i]
+            if self.post:
+                h = h + norm(F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2))
+            else:
+                x = norm(h)
+                h = h + F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+        return h
+
+
+class Block(nn.Module):
+    def __init__(self, c: HourglassOlmoConfig):
+        super().__init__()
+        self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
+        self.attention = Attention(c)
+        self.attention_norm = RMSNorm(c.d_model, c.norm_eps)
+        if self.hourglass:
+            self.feed_forward = HourglassFFN(c)
+        else:
+            self.feed_forward = SwiGLU(c.d_model, c.ffn_hidden)
+            self.feed_forward_norm = RMSNorm(c.d_model, c.norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + (self.attention_norm(self.attention(x)) if self.post else self.attention(self.attention_norm(x)))
+        if self.hourglass:
+            return self.feed_forward(h)
+        if self.post:
+            return h + self.feed_forward_norm(self.feed_forward(h))
+        return h + self.feed_forward(self.feed_forward_norm(h))
+
+
+class LMHead(nn.Module):
+    def __init__(self, c: HourglassOlmoConfig):
+        super().__init__()
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.w_out = nn.Linear(c.d_model, c.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_out(self.norm(x))
+
+
+class Transformer(nn.Module):
+    """OLMo-core's Transformer, parameter names included."""
+
+    def __init__(self, c: HourglassOlmoConfig):
+        super().__init__()
+        self.embeddings = nn.Embedding(c.vocab_size, c.d_model)
+        self.blocks = nn.ModuleDict({str(i): Block(c) for i in range(c.n_layers)})
+        self.lm_head = LMHead(c)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embeddings(input_ids)
+        for block in self.blocks.values():
+            h = block(h)
+        return self.lm_head(h)
+
+
+class HourglassOlmoForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = HourglassOlmoConfig
+    base_model_prefix = "model"
+    _tied_weights_keys = ["model.lm_head.w_out.weight"]
+
+    def __init__(self, config: HourglassOlmoConfig):
+        super().__init__(config)
+        self.model = Transformer(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.embeddings = value
+
+    def get_output_embeddings(self):
+        return self.model.lm_head.w_out
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head.w_out = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        labels: Optional[torch.LongTensor] = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        # Left padding is not supported (no position offsets): pass unpadded or right-padded inputs.
+        logits = self.model(input_ids)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+        return {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -1,0 +1,120 @@
+"""The papers' figures (PNG, matplotlib) from runs loaded by :mod:`olmo_patches.tables`.
+
+- ``u_curve.png``: validation loss against d_model/L, one line per K (hourglass runs).
+- ``ppl_vs_K.png``, ``ppl_vs_dh_ratio.png``: validation PPL against K and against d_h/d_model.
+- ``loss_curves.png``: training loss against tokens, one line per run.
+- ``param_split.png``: attention / FFN non-embedding parameters per run (stacked bars).
+A figure with no points to plot is not written.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .tables import Run  # noqa: E402
+
+__all__ = ["make_figures", "param_split"]
+
+
+def _hourglass(runs: Dict[str, Run]) -> List[Run]:
+    return [r for r in runs.values() if r.model.get("block") == "hourglass" and r.val_loss() is not None]
+
+
+def _d_h(run: Run) -> float:
+    m = run.model
+    return m["d_h"] if m.get("d_h") is not None else m["d_h_ratio"] * m["d_model"]
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def u_curve(runs: Dict[str, Run], out: Path) -> List[Path]:
+    by_k: Dict[int, list] = defaultdict(list)
+    for r in _hourglass(runs):
+        by_k[int(r.model.get("K", 1))].append((r.model["d_model"] / r.model["n_layers"], r.val_loss()))
+    if not by_k:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k, pts in sorted(by_k.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"K={k}")
+    ax.axvspan(100, 250, color="0.9", label="paper: best d_model/L")
+    ax.set(xlabel="d_model / L", ylabel="validation loss", title="Width/depth: validation loss vs d_model/L")
+    ax.legend()
+    return [_save(fig, out / "u_curve.png")]
+
+
+def _scatter(runs: Dict[str, Run], out: Path, x_of, xlabel: str, name: str) -> List[Path]:
+    pts = sorted((x_of(r), r.val_ppl(), r.name) for r in _hourglass(runs))
+    if not pts:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o")
+    ax.set(xlabel=xlabel, ylabel="validation PPL", title=f"Validation PPL vs {xlabel}")
+    return [_save(fig, out / name)]
+
+
+def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    plotted = False
+    for name, r in sorted(runs.items()):
+        steps = sorted(s for s, m in r.metrics.items() if "train/CE loss" in m)
+        if not steps:
+            continue
+        x = [r.metrics[s].get("throughput/total tokens", s) for s in steps]
+        ax.plot(x, [r.metrics[s]["train/CE loss"] for s in steps], label=name)
+        plotted = True
+    if not plotted:
+        plt.close(fig)
+        return []
+    ax.set(xlabel="tokens", ylabel="train CE loss", title="Training loss")
+    ax.legend(fontsize="small")
+    return [_save(fig, out / "loss_curves.png")]
+
+
+def param_split(run: Run):
+    """(attention, FFN) non-embedding parameters of a run's model (built on the meta device)."""
+    from .config import load_spec
+    from .report import count
+
+    b = count(load_spec(run.path / "config.yaml"))
+    return b.attention, b.ffn
+
+
+def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
+    names, attn, ffn = [], [], []
+    for name, r in sorted(runs.items()):
+        a, f = param_split(r)
+        names.append(name), attn.append(a / 1e6), ffn.append(f / 1e6)
+    if not names:
+        return []
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(names)), 4))
+    ax.bar(names, attn, label="attention")
+    ax.bar(names, ffn, bottom=attn, label="FFN")
+    ax.set(ylabel="non-embedding parameters (M)", title="Attention / FFN parameter split")
+    ax.tick_params(axis="x", rotation=45)
+    plt.setp(ax.get_xticklabels(), ha="right")
+    ax.legend()
+    return [_save(fig, out / "param_split.png")]
+
+
+def make_figures(runs: Dict[str, Run], out: Path) -> List[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        *u_curve(runs, out),
+        *_scatter(runs, out, lambda r: int(r.model.get("K", 1)), "K", "ppl_vs_K.png"),
+        *_scatter(runs, out, lambda r: _d_h(r) / r.model["d_model"], "d_h / d_model", "ppl_vs_dh_ratio.png"),
+        *loss_curves(runs, out),
+        *param_split_figure(runs, out),
+    ]

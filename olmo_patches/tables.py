@@ -1,0 +1,295 @@
+"""The papers' tables from finished (or partial) runs, beside the numbers the papers reported.
+
+A run is a folder with ``config.yaml`` (the resolved spec) and ``metrics.jsonl``; it is known by
+its ``run.name``. The reported numbers come from ``paper_results.yaml`` only. Each table is a list
+of rows (dicts) written as markdown and CSV; a row whose run is missing says "not run".
+
+Validation PPL of a run = exp(mean CE loss over the paper's four validation sets) at the run's
+last evaluation; where none of the four were evaluated (e.g. the demo's single "val" set), the
+mean over the sets that were.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+import yaml
+from omegaconf import OmegaConf
+
+from .metrics import read_metrics
+
+__all__ = ["Run", "load_runs", "paper_results", "build_tables", "write_tables", "NOT_RUN"]
+
+PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
+REPO = Path(__file__).resolve().parents[1]
+PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1
+NOT_RUN = "not run"
+_LM = re.compile(r"^eval/lm/(.+)/CE loss$")
+_DOWNSTREAM = re.compile(r"^eval/downstream/(.+) \((.+)\)$")
+
+
+def paper_results() -> dict:
+    return yaml.safe_load(PAPER_RESULTS.read_text())
+
+
+@dataclass
+class Run:
+    path: Path
+    config: Dict[str, Any]
+    metrics: Dict[int, Dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.config["run"]["name"])
+
+    @property
+    def model(self) -> Dict[str, Any]:
+        return self.config["model"]
+
+    def last(self, key: str) -> Optional[float]:
+        for step in sorted(self.metrics, reverse=True):
+            if key in self.metrics[step]:
+                return self.metrics[step][key]
+        return None
+
+    @property
+    def last_step(self) -> int:
+        return max(self.metrics, default=0)
+
+    def val_losses(self) -> Dict[str, float]:
+        """{validation set: CE loss} at each set's last evaluation."""
+        keys = {m.group(1) for step in self.metrics.values() for k in step if (m := _LM.match(k))}
+        return {label.removesuffix("-validation"): self.last(f"eval/lm/{label}/CE loss") for label in sorted(keys)}  # type: ignore[misc]
+
+    def val_loss(self) -> Optional[float]:
+        losses = self.val_losses()
+        chosen = [v for k, v in losses.items() if k in PAPER_VALIDATION_SETS] or list(losses.values())
+        return sum(chosen) / len(chosen) if chosen else None
+
+    def val_ppl(self) -> Optional[float]:
+        loss = self.val_loss()
+        return math.exp(loss) if loss is not None else None
+
+    def downstream(self, task: str, metric: str) -> Optional[float]:
+        """accuracy (length-normalized where reported, else plain) or ppl (exp CE loss)."""
+        found: Dict[str, float] = {}
+        for step in self.metrics.values():
+            for k in step:
+                if (m := _DOWNSTREAM.match(k)) and m.group(1) == task:
+                    found[m.group(2)] = self.last(k)  # type: ignore[assignment]
+        if metric == "ppl":
+            return math.exp(found["CE loss"]) if "CE loss" in found else None
+        for kind in ("length-normalized accuracy", "accuracy"):
+            if kind in found:
+                return found[kind]
+        return None
+
+
+def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
+    """Runs by name; a folder without config.yaml is searched one level down (a runs/ root)."""
+    runs: Dict[str, Run] = {}
+    for p in map(Path, paths):
+        folders = [p] if (p / "config.yaml").exists() else sorted(q.parent for q in p.glob("*/config.yaml"))
+        for folder in folders:
+            config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=False)
+            run = Run(folder, config, read_metrics(folder))  # type: ignore[arg-type]
+            runs[run.name] = run
+    return runs
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+
+def _fmt(x: Optional[float], digits: int = 3) -> str:
+    return NOT_RUN if x is None else f"{x:.{digits}f}"
+
+
+def _diff(ours: Optional[float], paper: Optional[float], digits: int = 3) -> str:
+    if ours is None or paper is None:
+        return ""
+    return f"{ours - paper:+.{digits}f}"
+
+
+def _shape(run: Optional[Run]) -> Dict[str, Any]:
+    if run is None:
+        return {}
+    m = run.model
+    d_model, layers = m.get("d_model"), m.get("n_layers")
+    d_h = m.get("d_h")
+    if d_h is None and m.get("d_h_ratio") is not None and d_model:
+        d_h = round(m["d_h_ratio"] * d_model)
+    hourglass = m.get("block") == "hourglass"
+    if not hourglass:
+        d_h = None
+    out = {"K": m.get("K") if hourglass else "", "L": layers, "d_model": d_model, "d_h": d_h or ""}
+    out["d_h/d_model"] = f"{d_h / d_model:.3f}" if d_h and d_model else ""
+    out["d_model/L"] = f"{d_model / layers:.0f}" if d_model and layers else ""
+    return out
+
+
+def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    rows = []
+    for r in paper["hourglass"]["validation_ppl"]:
+        run = runs.get(r["run"])
+        ours = run.val_ppl() if run else None
+        row = {"size": r["size"], "variant": r["variant"], "run": r["run"], "steps": run.last_step if run else ""}
+        row.update({"val PPL": _fmt(ours), "paper": _fmt(r.get("ppl")) if "ppl" in r else "—", "diff": _diff(ours, r.get("ppl"))})
+        for name in PAPER_VALIDATION_SETS:
+            loss = run.val_losses().get(name) if run else None
+            row[f"PPL {name}"] = _fmt(math.exp(loss)) if loss is not None else ("" if run else NOT_RUN)
+        rows.append(row)
+    return rows
+
+
+def downstream_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    size_runs = {r["size"]: {} for r in paper["hourglass"]["validation_ppl"]}
+    for r in paper["hourglass"]["validation_ppl"]:
+        size_runs[r["size"]][r["variant"]] = r["run"]
+    rows = []
+    for t in paper["hourglass"]["downstream"]:
+        for variant in ("hourglass", "baseline"):
+            name = size_runs[t["size"]][variant]
+            run = runs.get(name)
+            ours = run.downstream(t["task"], t["metric"]) if run else None
+            rows.append({
+                "task": t["label"], "size": t["size"], "metric": t["metric"], "variant": variant, "run": name,
+                "ours": _fmt(ours), "paper": _fmt(t[variant]), "diff": _diff(ours, t[variant]),
+            })
+    return rows
+
+
+def controlled_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    rows = []
+    for r in paper["hourglass"]["controlled_113M"]:
+        run = runs.get(r["run"])
+        ours = run.val_ppl() if run else None
+        rows.append({"run": r["run"], **_shape(run), "val PPL": _fmt(ours), "paper": _fmt(r["ppl"]),
+                     "diff": _diff(ours, r["ppl"]), "note": r["note"]})
+    return rows
+
+
+def _config_names(folders: Any) -> List[str]:
+    """run.name of each config in the given folder(s) of the repo, sorted by file name."""
+    names = []
+    for folder in [folders] if isinstance(folders, str) else folders:
+        for path in sorted((REPO / folder).glob("*.yaml")):
+            cfg = yaml.safe_load(path.read_text())
+            if cfg and "run" in cfg and "name" in cfg["run"]:
+                names.append(cfg["run"]["name"])
+    return names
+
+
+def ablation_table(runs: Dict[str, Run], spec: dict, reported_by_K: Optional[dict] = None) -> List[dict]:
+    """One row per config of the ablation (in file order), then any other run of the same block."""
+    rows = []
+    for name in _config_names(spec["configs"]):
+        run = runs.get(name)
+        ours = run.val_ppl() if run else None
+        shape = _shape(run) or _shape_from_name(name)
+        reported = (reported_by_K or {}).get(shape.get("K")) if reported_by_K else None
+        rows.append({"run": name, **shape, "val PPL": _fmt(ours), "paper": _fmt(reported) if reported else "—",
+                     "diff": _diff(ours, reported)})
+    return rows
+
+
+def _shape_from_name(name: str) -> Dict[str, Any]:
+    """K, L, d_model, d_h from an ablation run's name (…-K4-L11-d979-dh550), for runs not made yet."""
+    m = re.search(r"K(\d+)-L(\d+)-d(\d+)-dh(\d+)$", name)
+    if not m:
+        return {}
+    K, L, d, dh = map(int, m.groups())
+    return {"K": K, "L": L, "d_model": d, "d_h": dh, "d_h/d_model": f"{dh / d:.3f}", "d_model/L": f"{d / L:.0f}"}
+
+
+def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
+    """Every hourglass run given, whatever its name: the points the figures plot."""
+    rows = []
+    for name, run in sorted(runs.items()):
+        if run.model.get("block") == "hourglass":
+            rows.append({"run": name, **_shape(run), "steps": run.last_step, "val loss": _fmt(run.val_loss(), 4),
+                         "val PPL": _fmt(run.val_ppl())})
+    return rows
+
+
+def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    rows = []
+    for r in paper["variable_width"]["sizes"]:
+        for variant, key in (("baseline", "baseline_run"), ("x", "x_run")):
+            run = runs.get(r[key])
+            ours = run.val_loss() if run else None
+            rows.append({"size": r["size"], "variant": variant, "run": r[key], "val loss": _fmt(ours),
+                         "paper": _fmt(r[variant]), "diff": _diff(ours, r[variant])})
+    for r in paper["variable_width"]["ablations_500M"]:
+        run = runs.get(r["run"])
+        ours = run.val_loss() if run else None
+        rows.append({"size": "500M", "variant": r["variant"], "run": r["run"], "val loss": _fmt(ours),
+                     "paper": _fmt(r["loss"]) if "loss" in r else "—", "diff": _diff(ours, r.get("loss"))})
+    # The hourglass paper's sizes trained with the variable-width block, against their baselines.
+    for r in paper["hourglass"]["validation_ppl"]:
+        if r["variant"] == "variable-width":
+            run = runs.get(r["run"])
+            rows.append({"size": r["size"], "variant": "variable-width (hourglass paper's sizes)", "run": r["run"],
+                         "val loss": _fmt(run.val_loss() if run else None), "paper": "—", "diff": ""})
+    return rows
+
+
+def build_tables(runs: Dict[str, Run]) -> Dict[str, List[dict]]:
+    paper = paper_results()
+    abl = paper["hourglass"]["ablations"]
+    return {
+        "validation_ppl": validation_table(runs, paper),
+        "downstream": downstream_table(runs, paper),
+        "controlled_113M": controlled_table(runs, paper),
+        "ablation_K": ablation_table(runs, abl["K"], {int(k): v for k, v in abl["K"]["reported_by_K"].items()}),
+        "ablation_d_h_ratio": ablation_table(runs, abl["d_h_ratio"]),
+        "ablation_width_depth": ablation_table(runs, abl["width_depth"]),
+        "variable_width": variable_width_table(runs, paper),
+        "hourglass_runs": hourglass_runs_table(runs),
+    }
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def to_markdown(rows: List[dict]) -> str:
+    if not rows:
+        return "(no runs)\n"
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: List[dict]) -> str:
+    out = io.StringIO()
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    writer = csv.DictWriter(out, fieldnames=cols)
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def write_tables(tables: Dict[str, List[dict]], out: Path) -> List[Path]:
+    """NAME.md and NAME.csv per table, and tables.md with all of them (with the notes)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paper = paper_results()
+    notes = {
+        "ablation_K": paper["hourglass"]["ablations"]["K"]["note"],
+        "ablation_d_h_ratio": paper["hourglass"]["ablations"]["d_h_ratio"]["note"],
+        "ablation_width_depth": paper["hourglass"]["ablations"]["width_depth"]["note"],
+    }
+    written, sections = [], [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"]
+    for name, rows in tables.items():
+        (out / f"{name}.md").write_text(to_markdown(rows))
+        (out / f"{name}.csv").write_text(to_csv(rows))
+        written += [out / f"{name}.md", out / f"{name}.csv"]
+        note = f"\nPaper: {notes[name]}.\n" if name in notes else ""
+        sections.append(f"## {name}\n{note}\n{to_markdown(rows)}")
+    (out / "tables.md").write_text("\n".join(sections))
+    return written + [out / "tables.md"]

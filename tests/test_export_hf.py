@@ -1,0 +1,58 @@
+"""Hugging Face export: logits equal OLMo-core's forward (float32, < 1e-4); generation runs."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, Olmo2ForCausalLM  # noqa: E402
+
+from olmo_patches.config import load_spec  # noqa: E402
+from olmo_patches.resume import load_model_state  # noqa: E402
+from olmo_patches.train import train  # noqa: E402
+
+from .conftest import REPO, run_script, tiny_overrides  # noqa: E402
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+VARIANTS = {
+    "olmo2": ("baseline", ["model.norm_placement=post", "model.qk_norm=true"], "olmo2"),
+    "baseline-pre": ("baseline", [], "custom"),
+    "hourglass-pre": ("hourglass", [], "custom"),
+    "hourglass-post-qk": ("hourglass", ["model.norm_placement=post", "model.qk_norm=true", "model.K=3"], "custom"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_export_matches_olmo_core(tmp_path, demo_corpus, variant):
+    block, extra, kind = VARIANTS[variant]
+    run = tmp_path / "run"
+    overrides = tiny_overrides(run, "train.max_steps=2", "run.save_interval=1000", "run.ephemeral_save_interval=null", *extra, block=block)
+    spec = load_spec(BASELINE, overrides)
+    train(spec)
+    out = tmp_path / "hf"
+    r = run_script("export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "modeling_hourglass_olmo.py").exists() == (kind == "custom")
+
+    reference = spec.model.build(vocab_size=4096).build(init_device="cpu")
+    reference.load_state_dict(load_model_state(run / "step2"))
+    reference.eval()
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32).eval()
+    assert isinstance(hf, Olmo2ForCausalLM) == (kind == "olmo2")
+    ids = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = reference(ids), hf(ids).logits
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() < 1e-4
+    generated = hf.generate(ids[:1, :8], max_new_tokens=4, do_sample=False)
+    assert generated.shape == (1, 12) and torch.equal(generated[0, :8], ids[0, :8])
+    # Greedy continuation = argmax of the reference model's logits, token by token.
+    seq = ids[:1, :8]
+    for _ in range(4):
+        with torch.no_grad():
+            seq = torch.cat([seq, reference(seq)[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(generated, seq)
+
+
+def test_export_refuses_unknown_checkpoint(tmp_path):
+    r = run_script("export_hf.py", str(tmp_path / "nope" / "step1"), str(tmp_path / "out"))
+    assert r.returncode == 2 and "export_hf:" in r.stderr
