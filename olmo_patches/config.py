@@ -12,6 +12,7 @@ override the base's, and omegaconf interpolation (``${model.d_model}``) works ac
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -21,6 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .blocks import HourglassBlockConfig
+from .hardware import HARDWARE, apply_hardware
 from .hourglass import HourglassFeedForwardConfig, NormPlacement
 from .variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
 
@@ -169,7 +171,7 @@ class DataSpec:
 class TrainSpec:
     seed: int = 6198  # init seed and the seed of every RNG
     global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together
-    micro_batch_size: int = MISSING  # sequences per forward/backward on one rank
+    micro_batch_size: Optional[int] = None  # sequences per forward/backward on one rank (null: train.hardware's)
     max_tokens: Optional[int] = None  # training length in tokens ...
     max_steps: Optional[int] = None  # ... or in steps
     lr: float = 4e-4  # peak learning rate
@@ -183,8 +185,9 @@ class TrainSpec:
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: float = 1.0
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
-    compile: bool = False  # torch.compile each block
-    activation_checkpointing: bool = False  # recompute each block in backward
+    compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
+    activation_checkpointing: Optional[bool] = None  # recompute each block in backward (null: train.hardware's)
+    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | b200 (hardware.py)
     data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda
 
@@ -280,7 +283,9 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
         raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {_one_line(e)}") from e
-    validate(spec, lambda key: _where(key, chain, overrides))
+    where = partial(_where, chain=chain, cli=overrides)
+    validate(spec, where)
+    apply_hardware(spec, where)  # fills the train keys left at null
     return spec
 
 
@@ -315,9 +320,9 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
         fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
-    if t.global_batch_size < 1 or t.micro_batch_size < 1:
+    if t.global_batch_size < 1 or (t.micro_batch_size is not None and t.micro_batch_size < 1):
         fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
-    if t.global_batch_size % t.micro_batch_size:
+    if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
         fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
@@ -325,6 +330,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.precision", t.precision, "must be bf16 or fp32")
     if t.data_parallel not in ("fsdp", "hsdp", "ddp"):
         fail("train.data_parallel", t.data_parallel, "must be fsdp, hsdp or ddp")
+    if t.hardware not in HARDWARE:
+        fail("train.hardware", t.hardware, f"unknown preset; choose one of {', '.join(HARDWARE)}")
     if t.device not in ("auto", "cpu", "cuda"):
         fail("train.device", t.device, "must be auto, cpu or cuda")
     if d.source not in ("demo", "numpy", "olmo2_stage1", "prefix"):

@@ -2,9 +2,9 @@
 
 - A baseline with the OLMo-2 shape (post-norm "reordered norm", QK-norm, SwiGLU) becomes
   transformers' own ``Olmo2ForCausalLM``: weights renamed, nothing else.
-- Every other uniform-width model (pre-norm baselines, hourglass) is written with its own
-  modeling code, ``modeling_hourglass_olmo.py`` (plain PyTorch) beside the weights, and loads with
-  ``trust_remote_code=True``.
+- Every other model (pre-norm baselines, hourglass, variable width with any resizing, FFN and
+  init) is written with its own modeling code, ``modeling_hourglass_olmo.py`` (plain PyTorch)
+  beside the weights, and loads with ``trust_remote_code=True``.
 The run's ``config.yaml`` (the folder above the checkpoint, or ``config``) gives the shape.
 """
 
@@ -20,6 +20,7 @@ import torch
 from ..config import ExperimentSpec, load_spec
 from ..report import vocab_size
 from ..resume import load_model_state
+from ..variable_width import VariableWidthTransformerConfig
 
 __all__ = ["export_hf", "is_olmo2_shape", "to_olmo2_names"]
 
@@ -70,21 +71,41 @@ def _olmo2(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max
     return model
 
 
-def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max_len: int):
-    from .modeling_hourglass_olmo import HourglassOlmoConfig, HourglassOlmoForCausalLM
+def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
+    """The modeling file's config, read off OLMo-core's built config (per-layer widths and FFN sizes
+    of a variable-width model, its resizing and muP multipliers)."""
+    from .modeling_hourglass_olmo import HourglassOlmoConfig
 
     m = spec.model
+    built = m.build(vocab_size=vocab)
+    hourglass = m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass")
+    kwargs: dict = {}
+    if isinstance(built, VariableWidthTransformerConfig):
+        kwargs = dict(
+            widths=list(built.widths),
+            hidden_sizes=[b.feed_forward.hidden_size for b in built.resolved_block_configs],  # type: ignore[union-attr]
+            resize=str(built.resize),
+        )
+        if built.mup is not None:
+            kwargs.update(embed_scale=built.mup.m_emb, residual_scale=built.mup.m_residual,
+                          logit_scale=1.0 / built.mup.m_width, attention_scale_power=1.0)
     config = HourglassOlmoConfig(
-        vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, block=m.block,
-        ffn_hidden=m.ffn_ratio * m.d_model, K=m.K, d_h=m.resolved_d_h, norm_placement=m.norm_placement,
-        qk_norm=m.qk_norm, rope_theta=float(m.rope_theta), norm_eps=m.norm_eps,
-        tie_word_embeddings=m.tie_embeddings, max_position_embeddings=max_len,
+        vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+        block="hourglass" if hourglass else "baseline", ffn_hidden=m.ffn_ratio * m.d_model, K=m.K,
+        d_h=m.resolved_d_h, norm_placement=m.norm_placement, qk_norm=m.qk_norm, rope_theta=float(m.rope_theta),
+        norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings, max_position_embeddings=max_len, **kwargs,
     )
     config.auto_map = {
         "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
         "AutoModelForCausalLM": "modeling_hourglass_olmo.HourglassOlmoForCausalLM",
     }
-    model = HourglassOlmoForCausalLM(config)
+    return config
+
+
+def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max_len: int):
+    from .modeling_hourglass_olmo import HourglassOlmoForCausalLM
+
+    model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
     model.model.load_state_dict(state, strict=True)
     return model
 
@@ -95,8 +116,6 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
     checkpoint, out = Path(checkpoint), Path(out_dir)
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
     spec = load_spec(config_path)
-    if spec.model.block not in ("baseline", "hourglass"):
-        raise ValueError(f"{config_path}: model.block={spec.model.block}: HF export supports baseline and hourglass")
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
     assert vocab == (spec.model.vocab_size or vocab_size(spec)), "checkpoint vocabulary differs from the config's"

@@ -2,13 +2,16 @@
 
 Plain PyTorch, no OLMo-core needed: load with ``AutoModelForCausalLM.from_pretrained(DIR,
 trust_remote_code=True)``. Parameter names are OLMo-core's, under ``model.``. Covers the blocks
-this project trains with a uniform width: the conventional SwiGLU FFN and the hourglass FFN (K
-stacked wide-narrow-wide sub-MLPs, each with its own norm and residual), pre-norm (the papers'
-equations) or post-norm (OLMo-2's reordered norm), with or without QK-norm, RoPE, untied or tied
-LM head. No KV cache: generation recomputes the prefix (fine for evaluation-sized models).
+this project trains: the conventional SwiGLU FFN and the hourglass FFN (K stacked wide-narrow-wide
+sub-MLPs, each with its own norm and residual), pre-norm (the papers' equations) or post-norm
+(OLMo-2's reordered norm), with or without QK-norm, RoPE, untied or tied LM head; and
+variable-width models (paper 2): layer l at its own width w_l inside a stream max(h, max w_l) wide,
+resized by ``carry_forward``, ``zero`` or ``learned`` (see ``Block``), with the paper's muP forward
+multipliers. A uniform model is the special case w_l = d_model. No KV cache: generation recomputes
+the prefix (fine for evaluation-sized models).
 """
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -24,7 +27,7 @@ class HourglassOlmoConfig(PretrainedConfig):
     def __init__(
         self,
         vocab_size: int = 100352,
-        d_model: int = 768,
+        d_model: int = 768,  # h: the embedding and LM head width
         n_layers: int = 12,
         n_heads: int = 12,
         block: str = "baseline",  # baseline (SwiGLU, hidden ffn_hidden) | hourglass
@@ -36,14 +39,38 @@ class HourglassOlmoConfig(PretrainedConfig):
         rope_theta: float = 500000.0,
         norm_eps: float = 1e-6,
         tie_word_embeddings: bool = False,
+        widths: Optional[List[int]] = None,  # variable width: w_1..w_L (None: every layer d_model)
+        hidden_sizes: Optional[List[int]] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
+        resize: str = "carry_forward",  # variable width: carry_forward | zero | learned
+        embed_scale: float = 1.0,  # muP: embeddings x m_emb
+        residual_scale: float = 1.0,  # muP: attention and SwiGLU residual branches x m_residual
+        logit_scale: float = 1.0,  # muP: 1 / m_width, after the output norm
+        attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
     ):
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.block, self.ffn_hidden, self.K, self.d_h = block, ffn_hidden, K, d_h
         self.norm_placement, self.qk_norm = norm_placement, qk_norm
         self.rope_theta, self.norm_eps = rope_theta, norm_eps
+        self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
+        self.embed_scale, self.residual_scale, self.logit_scale = embed_scale, residual_scale, logit_scale
+        self.attention_scale_power = attention_scale_power
         self.hidden_size, self.num_hidden_layers, self.num_attention_heads = d_model, n_layers, n_heads
         super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def layer_widths(self) -> List[int]:
+        return list(self.widths) if self.widths else [self.d_model] * self.n_layers
+
+    @property
+    def layer_hidden_sizes(self) -> List[int]:
+        if self.hidden_sizes:
+            return list(self.hidden_sizes)
+        return [self.d_h if self.block == "hourglass" else self.ffn_hidden] * self.n_layers
+
+    @property
+    def stream_width(self) -> int:
+        return max(self.d_model, *self.layer_widths)
 
 
 class RMSNorm(nn.Module):
@@ -65,10 +92,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, c: HourglassOlmoConfig):
+    def __init__(self, c: HourglassOlmoConfig, d: int):
         super().__init__()
-        d = c.d_model
         self.n_heads, self.head_dim, self.theta = c.n_heads, d // c.n_heads, c.rope_theta
+        self.scale = self.head_dim ** -c.attention_scale_power
         self.w_q, self.w_k, self.w_v, self.w_out = (nn.Linear(d, d, bias=False) for _ in range(4))
         self.q_norm = RMSNorm(d, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(d, c.norm_eps) if c.qk_norm else None
@@ -86,7 +113,7 @@ class Attention(nn.Module):
         qf, kf = q.float(), k.float()
         q = (qf * cos + _rotate_half(qf) * sin).type_as(v)
         k = (kf * cos + _rotate_half(kf) * sin).type_as(v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.w_out(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -110,12 +137,12 @@ class _Stacked(nn.Module):
 class HourglassFFN(nn.Module):
     """h_{i+1} = h_i + MLP_i(norm_i(h_i)) (pre) or h_i + norm_i(MLP_i(h_i)) (post); returns h_K."""
 
-    def __init__(self, c: HourglassOlmoConfig):
+    def __init__(self, c: HourglassOlmoConfig, d: int, d_h: int):
         super().__init__()
         self.post = c.norm_placement == "post"
-        self.w1, self.w3 = _Stacked(c.K, c.d_h, c.d_model), _Stacked(c.K, c.d_h, c.d_model)
-        self.w2 = _Stacked(c.K, c.d_model, c.d_h)
-        self.norms = nn.ModuleList(RMSNorm(c.d_model, c.norm_eps) for _ in range(c.K))
+        self.w1, self.w3 = _Stacked(c.K, d_h, d), _Stacked(c.K, d_h, d)
+        self.w2 = _Stacked(c.K, d, d_h)
+        self.norms = nn.ModuleList(RMSNorm(d, c.norm_eps) for _ in range(c.K))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         for i, norm in enumerate(self.norms):
@@ -129,30 +156,76 @@ class HourglassFFN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c: HourglassOlmoConfig):
-        super().__init__()
-        self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
-        self.attention = Attention(c)
-        self.attention_norm = RMSNorm(c.d_model, c.norm_eps)
-        if self.hourglass:
-            self.feed_forward = HourglassFFN(c)
-        else:
-            self.feed_forward = SwiGLU(c.d_model, c.ffn_hidden)
-            self.feed_forward_norm = RMSNorm(c.d_model, c.norm_eps)
+    """Layer l at width w_l. In a stream S = max(h, max w) wide (carry_forward, zero) it reads
+    s[:w_l] and writes y_l there; the other dims keep their value (carry_forward) or become zero.
+    learned: no stream; it reads y_{l-1} truncated to w_l, or projected by ``resize`` when wider."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + (self.attention_norm(self.attention(x)) if self.post else self.attention(self.attention_norm(x)))
+    def __init__(self, c: HourglassOlmoConfig, layer: int):
+        super().__init__()
+        widths = c.layer_widths
+        d, hidden = widths[layer], c.layer_hidden_sizes[layer]
+        in_width = widths[layer - 1] if layer else c.d_model
+        self.width, self.stream_width, self.mode = d, c.stream_width, c.resize
+        self.alpha = c.residual_scale
+        self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
+        self.attention = Attention(c, d)
+        self.attention_norm = RMSNorm(d, c.norm_eps)
+        if self.hourglass:
+            self.feed_forward = HourglassFFN(c, d, hidden)
+        else:
+            self.feed_forward = SwiGLU(d, hidden)
+            self.feed_forward_norm = RMSNorm(d, c.norm_eps)
+        self.resize = nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
+
+    def layer(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.alpha
+        h = torch.add(x, self.attention_norm(self.attention(x)) if self.post else self.attention(self.attention_norm(x)), alpha=a)
         if self.hourglass:
             return self.feed_forward(h)
         if self.post:
-            return h + self.feed_forward_norm(self.feed_forward(h))
-        return h + self.feed_forward(self.feed_forward_norm(h))
+            return torch.add(h, self.feed_forward_norm(self.feed_forward(h)), alpha=a)
+        return torch.add(h, self.feed_forward(self.feed_forward_norm(h)), alpha=a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "learned":  # x is y_{l-1} (or the embedding)
+            return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width])
+        if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
+            x = F.pad(x, (0, self.stream_width - x.shape[-1]))
+        y = self.layer(x[..., : self.width])
+        if self.width == self.stream_width:
+            return y
+        if self.mode == "zero":
+            return F.pad(y, (0, self.stream_width - self.width))
+        return torch.cat((y, x[..., self.width :]), dim=-1)
+
+
+class OutputNorm(RMSNorm):
+    """RMSNorm over the last layer's w_L dims, then to h dims: truncated when w_L >= h, else extended
+    by the stream's dims [w_L, h) (carry_forward), zeros (zero) or ``resize`` (learned); x logit_scale."""
+
+    def __init__(self, c: HourglassOlmoConfig):
+        last = c.layer_widths[-1]
+        super().__init__(last, c.norm_eps)
+        self.last_width, self.d_model, self.mode, self.logit_scale = last, c.d_model, c.resize, c.logit_scale
+        self.resize = nn.Linear(last, c.d_model, bias=False) if self.mode == "learned" and last < c.d_model else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x[..., : self.last_width])
+        if self.last_width >= self.d_model:
+            y = y[..., : self.d_model]
+        elif self.resize is not None:
+            y = self.resize(y)
+        elif self.mode == "zero":
+            y = F.pad(y, (0, self.d_model - self.last_width))
+        else:
+            y = torch.cat((y, x[..., self.last_width : self.d_model]), dim=-1)
+        return y * self.logit_scale if self.logit_scale != 1.0 else y
 
 
 class LMHead(nn.Module):
     def __init__(self, c: HourglassOlmoConfig):
         super().__init__()
-        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.norm = OutputNorm(c)
         self.w_out = nn.Linear(c.d_model, c.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,12 +237,15 @@ class Transformer(nn.Module):
 
     def __init__(self, c: HourglassOlmoConfig):
         super().__init__()
+        self.embed_scale = c.embed_scale
         self.embeddings = nn.Embedding(c.vocab_size, c.d_model)
-        self.blocks = nn.ModuleDict({str(i): Block(c) for i in range(c.n_layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(c, i) for i in range(c.n_layers)})
         self.lm_head = LMHead(c)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embeddings(input_ids)
+        if self.embed_scale != 1.0:
+            h = h * self.embed_scale
         for block in self.blocks.values():
             h = block(h)
         return self.lm_head(h)

@@ -1,0 +1,163 @@
+"""Hardware presets: ``train.hardware`` -> micro-batch size, activation checkpointing and compile.
+
+``train.hardware`` is ``auto`` (the GPU torch sees: its name and memory), ``none`` (no GPU preset:
+no checkpointing, no compile, the whole per-rank batch in one micro-batch) or a card:
+``rtx6000ada`` (48 GB), ``h100`` (80 GB), ``b200`` (180 GB). A preset only fills the keys the config
+left at null (``train.micro_batch_size``, ``train.activation_checkpointing``, ``train.compile``):
+any value a config file or the command line sets wins, and ``key=null`` hands a key back to the
+preset. The values come from the memory estimate below for the run's own model, so each config
+gets its own micro-batch on each card.
+
+The memory estimate (per GPU, bytes; NOT measured here: a model of what is stored, for choosing)
+----------------------------------------------------------------------------------------------
+- static = 16 P / W + 4 P_block: fp32 weights, fp32 grads and AdamW's two fp32 moments of all P
+  parameters, sharded over W ranks (FSDP: all ranks; HSDP: a node's; DDP: none, W = 1), plus the
+  largest block's bf16 weights gathered twice (current and prefetched).
+- per sequence of s tokens without checkpointing = s (sum_l A_l + 12 V), where a layer of width w
+  stores A = 12 w + sum_k (4 w + 8 H_k) bytes per token: bf16 tensors saved for backward after
+  Korthikanti et al. 2022 (Table 2) with fused attention (no s^2 term): attention 10 w (input, Q, K,
+  V, output) and its norm 2 w; each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h) its norm
+  2 w, input 2 w and 8 H (w1 and w3 outputs, SiLU, product). 12 V: the logits in bf16 and their fp32
+  log-softmax and gradient (V = vocabulary).
+- with checkpointing (each block recomputed in backward) = s (4 w L + max_l A_l + 12 V): each
+  block's fp32 input, one block's activations during its recompute, the logits.
+A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The
+micro-batch is the largest divisor of the per-rank batch that fits without checkpointing; only
+when not one sequence fits is checkpointing turned on. Compile is on for every GPU preset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+if TYPE_CHECKING:
+    from .config import ExperimentSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Card", "CARDS", "HARDWARE", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose", "apply_hardware"]
+
+GIB = 2**30
+USABLE = 0.85  # fraction of a card's memory the estimate may fill
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    memory_gib: float
+
+
+CARDS = {  # nominal memory per card (vendor datasheets)
+    "rtx6000ada": Card("rtx6000ada", 48.0),
+    "h100": Card("h100", 80.0),
+    "b200": Card("b200", 180.0),
+}
+HARDWARE = ("auto", "none", *CARDS)
+_NAMES = (("RTX 6000 Ada", "rtx6000ada"), ("H100", "h100"), ("B200", "b200"))  # substrings of torch's device names
+
+
+def card_for_device(device_name: str, memory_gib: float) -> Card:
+    """The preset of a CUDA device (torch.cuda.get_device_name, total memory); another GPU gets a
+    preset sized by its own memory. Never more memory than the device reports (MIG slices)."""
+    for key, preset in _NAMES:
+        if key in device_name:
+            card = CARDS[preset]
+            return Card(card.name, min(card.memory_gib, memory_gib))
+    return Card(f"gpu ({device_name})", memory_gib)
+
+
+def detect() -> Optional[Card]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return card_for_device(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    static: float  # bytes per GPU, whatever the micro-batch
+    per_sequence: float  # bytes per sequence in a micro-batch, without activation checkpointing
+    per_sequence_ac: float  # ... with every block checkpointed
+
+
+def estimate(spec: "ExperimentSpec", shards: int = 1) -> MemoryEstimate:
+    """The module docstring's estimate for ``spec``'s model, read off OLMo-core's built config."""
+    from .report import vocab_size
+
+    vocab = vocab_size(spec)
+    config = spec.model.build(vocab)
+    blocks = config.resolved_block_configs
+    widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
+    per_token = []
+    for block, w in zip(blocks, widths):
+        ffn = block.feed_forward
+        assert ffn is not None
+        K = getattr(ffn, "K", 1)
+        per_token.append(12 * w + K * (4 * w + 8 * ffn.hidden_size))
+    block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
+    s, logits = spec.data.sequence_length, 12 * vocab
+    return MemoryEstimate(
+        static=16 * config.num_params / shards + 4 * block_params,
+        per_sequence=s * (sum(per_token) + logits),
+        per_sequence_ac=s * (4 * sum(widths) + max(per_token) + logits),
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    micro_batch_size: int
+    activation_checkpointing: bool
+    compile: bool
+
+
+def _fits(est: MemoryEstimate, card: Card, micro: int, ac: bool) -> bool:
+    return est.static + micro * (est.per_sequence_ac if ac else est.per_sequence) <= USABLE * card.memory_gib * GIB
+
+
+def choose(
+    est: MemoryEstimate, card: Card, per_rank_batch: int, micro_batch_size: Optional[int] = None,
+    activation_checkpointing: Optional[bool] = None,
+) -> Settings:
+    """The preset for one card, around the values already given (an explicit micro-batch turns
+    checkpointing on if it needs it; explicit checkpointing sizes the micro-batch with it)."""
+    ac_given = activation_checkpointing
+    if micro_batch_size is not None:
+        ac = ac_given if ac_given is not None else not _fits(est, card, micro_batch_size, False)
+        return Settings(micro_batch_size, ac, True)
+    for ac in (False, True) if ac_given is None else (ac_given,):
+        fitting = [m for m in range(1, per_rank_batch + 1) if per_rank_batch % m == 0 and _fits(est, card, m, ac)]
+        if fitting:
+            return Settings(max(fitting), ac, True)
+    need = est.static + (est.per_sequence if ac_given is False else est.per_sequence_ac)
+    raise ValueError(
+        f"does not fit {card.name} at micro-batch 1: estimate {need / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} "
+        f"usable; use more GPUs or a bigger card"
+    )
+
+
+def apply_hardware(spec: "ExperimentSpec", where: Callable[[str], str], world_size: Optional[int] = None) -> None:
+    """Fill the train keys left at null from ``train.hardware`` (raises ConfigError naming the key)."""
+    from .config import ConfigError
+
+    t = spec.train
+    if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
+        return
+    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    card = None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
+    if card is None:  # none, a CPU run, or auto without a GPU
+        settings = Settings(t.micro_batch_size or max(t.global_batch_size // world_size, 1), False, False)
+    else:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        est = estimate(spec, {"fsdp": world_size, "hsdp": local, "ddp": 1}.get(t.data_parallel, 1))
+        try:
+            settings = choose(est, card, max(t.global_batch_size // world_size, 1), t.micro_batch_size, t.activation_checkpointing)
+        except ValueError as e:
+            raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
+    filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}
+    for key, value in filled.items():
+        setattr(t, key, value)
+    log.info(f"train.hardware={t.hardware} -> {card.name if card else 'none'} ({world_size} ranks): {filled}")

@@ -1,0 +1,118 @@
+"""Hardware presets (train.hardware): values from the documented memory estimate, device-name
+detection, explicit values winning, and a bad preset name failing at load."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.hardware import CARDS, GIB, card_for_device, estimate
+
+from .conftest import REPO, run_script
+
+OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
+PAPER = sorted(
+    p for p in [*REPO.glob("configs/*/*.yaml"), *REPO.glob("configs/paper2/*/*.yaml")] if "demo" not in p.parts
+)
+
+
+@pytest.fixture
+def eight_ranks(monkeypatch):
+    """What torchrun --nproc-per-node 8 sets; and no GPU, whatever the machine has."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
+    """The docstring's formula with OLMo-2 1B's numbers written out (d 2048, L 16, SwiGLU 8192, V 100352,
+    s 4096, QK-norm, untied), and the micro-batch each card gets from it."""
+    d, L, H, V, s = 2048, 16, 8192, 100352, 4096
+    block = 4 * d * d + 3 * d * H + 4 * d  # attention, SwiGLU, q/k norms and the two block norms
+    P = 2 * V * d + L * block + d  # embeddings, LM head, blocks, final norm
+    assert P == 1_484_916_736
+    static = 16 * P / 8 + 4 * block
+    per_seq = s * (L * (12 * d + 4 * d + 8 * H) + 12 * V)
+    est = estimate(load_spec(OLMO2_1B, ["train.hardware=h100"]), shards=8)
+    assert est.static == pytest.approx(static) and est.per_sequence == pytest.approx(per_seq)
+    for card, want in (("rtx6000ada", 2), ("h100", 4), ("b200", 8)):
+        usable = 0.85 * CARDS[card].memory_gib * GIB
+        assert static + want * per_seq <= usable < static + 2 * want * per_seq  # the largest divisor of 64 that fits
+        t = load_spec(OLMO2_1B, [f"train.hardware={card}"]).train
+        assert (t.micro_batch_size, t.activation_checkpointing, t.compile) == (want, False, True)
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_every_paper_config_fits_every_card(eight_ranks, card):
+    for path in PAPER:
+        t = load_spec(path, [f"train.hardware={card}"]).train
+        per_rank = t.global_batch_size // 8
+        assert t.micro_batch_size >= 1 and per_rank % t.micro_batch_size == 0, path
+        assert t.compile is True and t.activation_checkpointing is False, path
+
+
+def test_checkpointing_when_nothing_else_fits(eight_ranks):
+    spec = load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=16384"])
+    est = estimate(spec, shards=8)
+    assert est.static + est.per_sequence > 0.85 * 48 * GIB  # not one sequence without checkpointing
+    assert spec.train.activation_checkpointing is True and spec.train.micro_batch_size >= 1
+    with pytest.raises(ConfigError, match=r"train\.hardware=rtx6000ada: .*does not fit"):
+        load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=1048576"])
+
+
+@pytest.mark.parametrize(
+    "name, gib, preset, memory",
+    [
+        ("NVIDIA RTX 6000 Ada Generation", 47.4, "rtx6000ada", 47.4),
+        ("NVIDIA H100 80GB HBM3", 79.1, "h100", 79.1),
+        ("NVIDIA H100 NVL", 93.1, "h100", 80.0),  # never more than the preset's card
+        ("NVIDIA B200", 178.4, "b200", 178.4),
+        ("Quadro RTX 6000", 23.6, None, 23.6),  # Turing, not the Ada card
+        ("NVIDIA H200", 139.7, None, 139.7),  # not a preset: sized by its own memory
+    ],
+)
+def test_device_names_map_to_presets(name, gib, preset, memory):
+    card = card_for_device(name, gib)
+    assert (card.name if card.name in CARDS else None, card.memory_gib) == (preset, memory)
+
+
+def test_auto_detects_the_gpu(eight_ranks, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(total_memory=80 * GIB))
+    auto, h100 = (load_spec(OLMO2_1B, [f"train.hardware={h}"]).train for h in ("auto", "h100"))
+    assert (auto.micro_batch_size, auto.activation_checkpointing, auto.compile) == (4, False, True)
+    assert (h100.micro_batch_size, h100.compile) == (auto.micro_batch_size, auto.compile)
+    cpu = load_spec(OLMO2_1B, ["train.device=cpu"]).train  # a CPU run takes no GPU preset
+    assert (cpu.micro_batch_size, cpu.activation_checkpointing, cpu.compile) == (64, False, False)
+
+
+def test_no_preset_without_a_gpu(eight_ranks):
+    for hardware in ("auto", "none"):
+        t = load_spec(OLMO2_1B, [f"train.hardware={hardware}"]).train
+        assert (t.micro_batch_size, t.activation_checkpointing, t.compile) == (512 // 8, False, False)
+
+
+def test_explicit_values_win(eight_ranks, tmp_path):
+    t = load_spec(OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]).train
+    assert (t.micro_batch_size, t.compile, t.activation_checkpointing) == (2, False, False)
+    # A file's value wins too; the preset still fills the rest around it: 16 sequences of 4096 do not
+    # fit 48 GB without checkpointing, so it turns checkpointing on.
+    child = tmp_path / "child.yaml"
+    child.write_text(f"extends: {OLMO2_1B}\ntrain:\n  micro_batch_size: 16\n  hardware: rtx6000ada\n")
+    t = load_spec(child).train
+    assert (t.micro_batch_size, t.activation_checkpointing, t.compile) == (16, True, True)
+    # Explicit checkpointing sizes the micro-batch with it; null on the command line hands a key back.
+    t = load_spec(child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]).train
+    assert t.activation_checkpointing is True and t.micro_batch_size > 2
+
+
+def test_bad_preset_fails_at_load_in_one_line():
+    with pytest.raises(ConfigError) as e:
+        load_spec(OLMO2_1B, ["train.hardware=a100"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("command line: train.hardware=a100:") and "h100" in msg
+    r = run_script("train.py", str(OLMO2_1B), "train.hardware=a100", "--dry-run", timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "train.hardware=a100" in lines[0]
