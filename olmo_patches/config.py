@@ -301,6 +301,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail(key, value, "must be >= 1")
     if m.d_model % m.n_heads:
         fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model}")
+    if (m.d_model // m.n_heads) % 2:
+        fail("model.n_heads", m.n_heads, f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even")
     if m.block not in BLOCKS:
         fail("model.block", m.block, f"unknown block; choose one of {', '.join(BLOCKS)}")
     if m.norm_placement not in NormPlacement.__members__:
@@ -372,9 +374,9 @@ def _validate_widths(m: ModelSpec, fail) -> None:
         fail("model.widths.schedule", w.schedule, _one_line(e))
     key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
     for layer, width in enumerate(widths, start=1):
-        if width < 1 or width % m.n_heads:
+        if width < 1 or width % (2 * m.n_heads):
             fail(key, w.values if w.schedule == "list" else w.multiple,
-                 f"w_{layer}={width} is not a positive multiple of model.n_heads={m.n_heads}")
+                 f"w_{layer}={width} is not a positive multiple of 2 model.n_heads={2 * m.n_heads} (even head_dim for RoPE)")
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

@@ -10,8 +10,9 @@ tolerance. So :func:`solve` searches d_model near the continuous solution
 d_h that meets the budget exactly, then rounds it. It walks an alignment ladder, most
 hardware-friendly first (d_model and d_h multiples of 128, 64, ... 8 for d_model, ... 1 for d_h),
 and keeps the first rung that meets the tolerance; :attr:`Shape.rounding` says which rung it was.
-Heads always divide d_model with a head dimension that is a multiple of 8 (flash-attention's
-requirement), nearest 64 below d_model 2048 and 128 from there (GPT-2 small / OLMo-2 1B).
+Heads always divide d_model with an even head dimension (RoPE rotates pairs of dimensions), a
+multiple of 8 where one exists (flash-attention), nearest 64 below d_model 2048 and 128 from there
+(GPT-2 small / OLMo-2 1B); rungs that allow a multiple of 8 come first.
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ __all__ = [
 ]
 
 TOLERANCE = 1e-5  # the paper: every variant within 0.001% of its baseline's non-embedding parameters
-D_MODEL_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)  # d_model rungs; below 8 the head dim cannot be a multiple of 8
+D_MODEL_ALIGN = (128, 64, 32, 16, 8, 4, 2)  # d_model rungs; below 8 the head dim cannot be a multiple of 8
 D_H_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)
-# (d_model, d_h) rungs, most hardware-friendly first: by the smaller of the two multiples, then d_model's
-LADDER = sorted(((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN), key=lambda ab: (-min(ab), -ab[0], -ab[1]))
+# (d_model, d_h) rungs, most hardware-friendly first: d_model a multiple of 8 first (head dims that are
+# multiples of 8, as flash-attention wants), then by the smaller of the two multiples, then d_model's.
+LADDER = sorted(
+    ((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN), key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1])
+)
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,10 @@ class Shape:
 
 
 def choose_heads(d_model: int) -> Optional[int]:
-    """Heads for d_model: head dim in [48, 256], a multiple of 8 where d_model allows (flash-attention),
-    nearest 64 (d_model < 2048) or 128 (GPT-2 small / OLMo-2 1B)."""
+    """Heads for d_model: head dim in [48, 256], even (RoPE rotates pairs), a multiple of 8 where
+    d_model allows (flash-attention), nearest 64 (d_model < 2048) or 128 (GPT-2 small / OLMo-2 1B)."""
     target = 64 if d_model < 2048 else 128
-    step = 8 if d_model % 8 == 0 else 1
+    step = 8 if d_model % 8 == 0 else 2
     dims = [h for h in range(48, 257, step) if d_model % h == 0]
     if not dims:
         return None

@@ -24,6 +24,7 @@ CASES = [
     ("model:\n  block: hourglass\n  K: 0\n  d_h: 8\n", "model.K", "0"),
     ("model:\n  block: hourglass\n  K: 2\n  d_h: 0\n", "model.d_h", "0"),
     ("model:\n  n_heads: 5\n", "model.n_heads", "5"),  # 5 does not divide d_model 128
+    ("model:\n  n_heads: 128\n", "model.n_heads", "128"),  # head_dim 1: RoPE needs it even
     ("model:\n  block: wide_narrow\n", "model.block", "wide_narrow"),
     ("train:\n  micro_batch_size: 3\n", "train.micro_batch_size", "3"),
 ]

@@ -103,3 +103,23 @@ def test_plan_steps_and_gpu_hours():
     # 6 N D rule of thumb (with the LM head and attention it is a little above): within 2x
     approx = 6 * (113_246_208 + 100352 * 768) * 2.5e9
     assert 1.0 < p.total_flops / approx < 2.0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=rel)
+def test_attention_runs_at_every_width(path):
+    """Each distinct layer width's attention (RoPE included) runs a forward: catches shapes that
+    count right but cannot run, e.g. odd head dims."""
+    import torch
+
+    from olmo_patches.report import vocab_size
+
+    spec = load_spec(path)
+    config = spec.model.build(vocab_size(spec))
+    widths = {}
+    for block in config.resolved_block_configs:
+        widths.setdefault(getattr(block, "width", None) or config.d_model, block)
+    with torch.no_grad():
+        for width, block in widths.items():
+            attention = block.sequence_mixer.build(width, layer_idx=0, n_layers=1)
+            x = torch.zeros(1, 4, width)
+            assert attention(x).shape == x.shape

@@ -178,13 +178,13 @@ class Block(nn.Module):
         self.resize = nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
 
     def layer(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.alpha
-        h = torch.add(x, self.attention_norm(self.attention(x)) if self.post else self.attention(self.attention_norm(x)), alpha=a)
+        """The block at its own width; residual branches x alpha (muP's m_residual, else 1)."""
+        attn = self.attention_norm(self.attention(x)) if self.post else self.attention(self.attention_norm(x))
+        h = torch.add(x, attn, alpha=self.alpha)
         if self.hourglass:
             return self.feed_forward(h)
-        if self.post:
-            return torch.add(h, self.feed_forward_norm(self.feed_forward(h)), alpha=a)
-        return torch.add(h, self.feed_forward(self.feed_forward_norm(h)), alpha=a)
+        ffn = self.feed_forward_norm(self.feed_forward(h)) if self.post else self.feed_forward(self.feed_forward_norm(h))
+        return torch.add(h, ffn, alpha=self.alpha)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "learned":  # x is y_{l-1} (or the embedding)

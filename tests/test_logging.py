@@ -1,0 +1,118 @@
+"""Logging of real tiny CPU runs: the console progress line (loss, tokens/s, time left) and wandb
+offline (a run folder with the loss history; the same wandb run id after a stop and a resume).
+
+One run, stopped at step 3 (run.stop_at_step, a checkpoint), then resumed to step 80 by the same
+command, as scripts/train.py runs it. References: the metrics file (metrics.jsonl, written by
+another callback), the log lines' own timestamps, and wandb's offline run files read back with
+wandb's own reader.
+"""
+
+import json
+import re
+from datetime import datetime
+
+import pytest
+
+pytest.importorskip("wandb")
+
+from olmo_patches.metrics import read_metrics  # noqa: E402
+
+from .conftest import REPO, run_script, tiny_overrides  # noqa: E402
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+STEPS, STOP = 80, 3
+PROGRESS = re.compile(
+    r"^(?P<time>\S+ \S+)\s.*\bstep (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>[\d.]+)"
+    r"(?: \| val [\d.]+)? \| (?P<tps>[\d,]+) tok/s(?: \| (?:(?P<h>\d+)h(?P<hm>\d\d)m|(?P<m>\d+)m(?P<s>\d\d)s) left)?$"
+)
+
+
+@pytest.fixture(scope="module")
+def stopped_and_resumed(tmp_path_factory):
+    run = tmp_path_factory.mktemp("logging") / "run"
+    args = [str(BASELINE), *tiny_overrides(run, f"train.max_steps={STEPS}", "run.wandb_project=hourglass-test")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # any network call would fail: there must be none
+        mp.delenv("WANDB_API_KEY", raising=False)
+        first = run_script("train.py", *args, f"run.stop_at_step={STOP}")
+        assert first.returncode == 0, first.stderr[-3000:]
+        second = run_script("train.py", *args)
+        assert second.returncode == 0, second.stderr[-3000:]
+    return run, first, second
+
+
+def _progress(result):
+    lines = (result.stdout + result.stderr).splitlines()
+    return [m.groupdict() for line in lines if (m := PROGRESS.match(line))]
+
+
+def _seconds_left(p) -> float | None:
+    if p["m"] is not None:
+        return int(p["m"]) * 60 + int(p["s"])
+    if p["h"] is not None:
+        return int(p["h"]) * 3600 + int(p["hm"]) * 60
+    return None
+
+
+def _time(p) -> float:
+    return datetime.strptime(p["time"], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+
+
+def test_console_progress_line(stopped_and_resumed):
+    run, _, resumed = stopped_and_resumed
+    metrics = read_metrics(run)
+    lines = _progress(resumed)
+    assert [int(p["step"]) for p in lines] == list(range(STOP + 2, STEPS + 1))  # step STOP+1 has no speed yet
+    for p in lines:
+        assert int(p["total"]) == STEPS
+        assert float(p["loss"]) == pytest.approx(metrics[int(p["step"])]["train/CE loss"], abs=1e-4)
+    # tokens/s against the log's own clock: 4 x 32 tokens a step, steps timed by consecutive lines.
+    wall = (_time(lines[-1]) - _time(lines[0])) / (len(lines) - 1)
+    tps = [int(p["tps"].replace(",", "")) for p in lines[len(lines) // 2 :]]
+    assert 0.25 < (sorted(tps)[len(tps) // 2] * wall) / 128 < 4
+    # Time left: shown while >= 1 s remains, near the time the run really took, counting down.
+    shown = [(p, s) for p in lines if (s := _seconds_left(p)) is not None]
+    assert shown, "no time-left field in any progress line"
+    p0, left = shown[0]
+    actual = _time(lines[-1]) - _time(p0)
+    assert 0.25 < left / actual < 4, (left, actual)
+    assert shown[-1][1] <= left and int(shown[-1][0]["step"]) > int(p0["step"])
+
+
+def _history(run_file):
+    """Every logged step's metrics, read with wandb's own reader of its offline files."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    from wandb.sdk.internal import datastore
+
+    store = datastore.DataStore()
+    store.open_for_scan(str(run_file))
+    history, run_id = {}, None
+    while (data := store.scan_data()) is not None:
+        record = pb.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id = record.run.run_id
+        elif kind == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            history[items.pop("_step")] = items
+    return run_id, history
+
+
+def test_wandb_offline_history_and_resume(stopped_and_resumed):
+    run, _, _ = stopped_and_resumed
+    run_id = (run / "wandb_id").read_text().strip()
+    folders = sorted((run / "wandb" / "wandb").glob("offline-run-*"))
+    assert [f.name.rsplit("-", 1)[1] for f in folders] == [run_id, run_id]  # the resumed run kept its id
+    metrics = read_metrics(run)
+    logged = {}
+    for folder in folders:
+        (run_file,) = folder.glob("run-*.wandb")
+        ids, history = _history(run_file)
+        assert ids == run_id
+        logged.update({s: m["train/CE loss"] for s, m in history.items() if "train/CE loss" in m})
+    # Both parts together: the loss of every step, as the metrics file has it.
+    assert sorted(logged) == list(range(1, STEPS + 1))
+    for step, loss in logged.items():
+        assert loss == pytest.approx(metrics[step]["train/CE loss"], rel=1e-6)
