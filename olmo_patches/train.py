@@ -234,6 +234,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
                     **dataset_kwargs,
                 ),
                 eval_interval=spec.eval.interval,
+                eval_on_startup=True,  # the loss at initialisation: how far training moved it
                 eval_on_finish=True,
                 eval_duration=Duration.steps(spec.eval.max_batches) if spec.eval.max_batches else Duration.epochs(1),
             ),
