@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, List, Optional, Union
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from olmo_core.config import Config, StrEnum
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.buffer_cache import BufferCache
-from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType, RMSNorm
+from olmo_core.nn.layer_norm import LayerNormType, RMSNorm
 from olmo_core.nn.lm_head import LMHead, LMHeadConfig, LMHeadType
 from olmo_core.nn.transformer import Transformer, TransformerBlockConfig, TransformerConfig, TransformerType
 from olmo_core.nn.transformer.block import ReorderedNormTransformerBlock, TransformerBlock

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, Olmo2ForCausalLM  # noqa: E402
 
 from olmo_patches.config import load_spec  # noqa: E402

@@ -13,7 +13,6 @@ from datetime import datetime
 
 import pytest
 
-pytest.importorskip("wandb")
 
 from olmo_patches.metrics import read_metrics  # noqa: E402
 

@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from olmo_patches.config import ModelSpec, load_spec
 from olmo_patches.search import TOLERANCE, Shape, enumerate_shapes, solve
