@@ -289,8 +289,11 @@ def test_count_params_reports_widths_and_flops_ratio():
 
 
 def test_width_not_divisible_by_heads_fails_at_load():
-    with pytest.raises(ConfigError, match=r"model\.widths\.values=.*w_2=30 is not a positive multiple of model\.n_heads=4"):
+    with pytest.raises(ConfigError, match=r"model\.widths\.values=.*w_2=30 is not a positive multiple of 2 model\.n_heads=8"):
         load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,30,64,128]"])
+    # 4 heads of 9 dims: divisible, but RoPE needs an even head dim.
+    with pytest.raises(ConfigError, match=r"w_2=36 is not a positive multiple of 2 model\.n_heads=8 \(even head_dim"):
+        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,36,64,128]"])
     with pytest.raises(ConfigError, match=r"model\.widths\.multiple=6: w_1=.* is not a positive multiple"):
         load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.multiple=6"])
     with pytest.raises(ConfigError, match=r"model\.widths\.resize=sideways"):
