@@ -59,8 +59,8 @@ SCALES: Dict[str, Scale] = {
         seq_len=128, batch=16,
     ),
     # 113M shapes; short sequences so that a CPU step takes seconds (a GPU run passes --seq 4096).
-    # The hourglass is the paper's controlled K=8, d_h=384 at the baseline's d_model and L: the solved
-    # configs/113M/hourglass.yaml has head_dim 111, which OLMo-core's RoPE cannot rotate (odd).
+    # The hourglass is the paper's controlled K=8, d_h=384 at the baseline's d_model and L, so that the
+    # two differ only in the FFN's shape.
     "113M": Scale(
         {"baseline": "configs/113M/baseline.yaml", "hourglass": "configs/113M/hourglass-K8-dh384.yaml",
          "variable_width": "configs/113M/variable-width.yaml"},

@@ -100,13 +100,14 @@ class HourglassBlockConfig(TransformerBlockConfig):
         init_device: str = "cpu",
         cache: Optional[BufferCache] = None,
     ) -> HourglassBlock:
-        assert self.layer_norm is not None
+        ffn = self._check()
+        assert self.layer_norm is not None  # _check() raised otherwise
         return HourglassBlock(
             d_model=d_model,
             block_idx=block_idx,
             n_layers=n_layers,
             sequence_mixer=self.sequence_mixer,
-            feed_forward=self._check(),
+            feed_forward=ffn,
             layer_norm=self.layer_norm,
             init_device=init_device,
             cache=cache,

@@ -309,7 +309,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("model.norm_placement", m.norm_placement, "must be pre or post")
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
-    if m.block == "hourglass":
+    if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass"):
         if m.K < 1:
             fail("model.K", m.K, "must be >= 1")
         if m.d_h is not None and m.d_h_ratio is not None:
@@ -318,6 +318,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
         if m.resolved_d_h < 1:
             fail("model.d_h", m.resolved_d_h, "must be >= 1")
+        if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
+            fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
     if m.block == "variable_width":
         _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
@@ -344,8 +346,29 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("data.paths", d.paths, "a numpy data source needs data.paths or data.mix")
     if d.tokenizer not in ("demo", "dolma2"):
         fail("data.tokenizer", d.tokenizer, "must be demo or dolma2")
+    if (d.source == "demo") != (d.tokenizer == "demo"):
+        fail("data.tokenizer", d.tokenizer, f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}")
+    _validate_evals(spec, fail)
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
+
+
+def _validate_evals(spec: ExperimentSpec, fail) -> None:
+    from .evals import VALIDATION_SETS  # evals imports this module
+
+    e = spec.eval
+    if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:
+        fail("eval.validation_sets", unknown, f"unknown; choose from {', '.join(VALIDATION_SETS)}")
+    if e.downstream_tasks:
+        from olmo_eval import list_tasks
+
+        if unknown := [n for n in e.downstream_tasks if n not in list_tasks()]:
+            fail("eval.downstream_tasks", unknown, "not an ai2-olmo-eval task (olmo_eval.list_tasks())")
+    if spec.data.source == "prefix" and spec.data.prefix_dir and Path(spec.data.prefix_dir).exists():
+        from .data.prefix import prefix_seq_len
+
+        if (seq := prefix_seq_len(spec.data.prefix_dir)) != spec.data.sequence_length:
+            fail("data.sequence_length", spec.data.sequence_length, f"the prefix in {spec.data.prefix_dir} has {seq}-token instances")
 
 
 def _validate_widths(m: ModelSpec, fail) -> None:

@@ -81,8 +81,8 @@ def _table(results: list[VariantResult]) -> Table:
     base = results[0]
     table = Table(
         title="Demo: validation on held-out stdlib files (lower is better)",
-        caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, whose rounding to "
-        "multiples of 16 leaves it off). val loss moved: at initialisation -> at the end.",
+        caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by the rounding "
+        "of w_l to model.widths.multiple). val loss moved: at initialisation -> at the end.",
     )
     for col in ("variant", "non-embedding", "attn / FFN", "mismatch", "val loss", "val PPL", "train tokens/s", "val loss moved"):
         table.add_column(col, justify="left" if col == "variant" else "right")

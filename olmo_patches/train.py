@@ -33,11 +33,10 @@ from olmo_core.train.train_module import (
     TransformerDataParallelConfig,
     TransformerTrainModuleConfig,
 )
-from olmo_core.utils import seed_all
 
 from .batch_trace import BatchTraceCallback
 from .bench import missing_bf16_peak
-from .config import ConfigError, ExperimentSpec, spec_to_yaml
+from .config import ExperimentSpec, spec_to_yaml
 from .evals import downstream_evaluator, lm_evaluator
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
@@ -82,11 +81,9 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
 
         return DataSources(tok, load_pinned_list(), [], np.dtype(TOKEN_DTYPE).name)
     if d.source == "prefix":
-        from .data.prefix import prefix_paths, prefix_seq_len
+        from .data.prefix import prefix_paths
 
-        assert d.prefix_dir is not None
-        if (seq := prefix_seq_len(d.prefix_dir)) != d.sequence_length:
-            raise ConfigError(f"data.prefix_dir={d.prefix_dir}: its instances are {seq} tokens, data.sequence_length={d.sequence_length}")
+        assert d.prefix_dir is not None  # validate() checked its sequence length
         return DataSources(tok, prefix_paths(Path(d.prefix_dir)), [], "uint32")
     return DataSources(tok, list(d.paths), [])
 
@@ -119,7 +116,6 @@ class Experiment(Config):
     data_loader: OrderedDataLoaderConfig
     train_module: TransformerTrainModuleConfig
     trainer: TrainerConfig
-    init_seed: int
 
 
 def _data_parallel(spec: ExperimentSpec, device: str, world_size: int) -> Optional[TransformerDataParallelConfig]:
@@ -127,12 +123,19 @@ def _data_parallel(spec: ExperimentSpec, device: str, world_size: int) -> Option
     parameters stay fp32 whatever ``train.precision`` says."""
     if world_size == 1:
         return None
-    bf16 = spec.train.precision == "bf16" and device == "cuda"
+    # FSDP/HSDP: bf16 compute copies of fp32 parameters. DDP would cast the parameters themselves
+    # (and AdamW's state) to bf16, so DDP keeps fp32 parameters and runs under bf16 autocast instead.
+    fsdp_bf16 = spec.train.precision == "bf16" and device == "cuda" and spec.train.data_parallel != "ddp"
     return TransformerDataParallelConfig(
         name=DataParallelType(spec.train.data_parallel),
-        param_dtype=DType.bfloat16 if bf16 else None,
+        param_dtype=DType.bfloat16 if fsdp_bf16 else None,
         reduce_dtype=DType.float32,
     )
+
+
+def _autocast_bf16(spec: ExperimentSpec, device: str, world_size: int) -> bool:
+    """bf16 autocast where FSDP's mixed precision does not apply: one process, or DDP."""
+    return device == "cuda" and spec.train.precision == "bf16" and (world_size == 1 or spec.train.data_parallel == "ddp")
 
 
 def _optim_groups(spec: ExperimentSpec) -> list[OptimGroupOverride]:
@@ -150,6 +153,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     t, d = spec.train, spec.data
     device = device_for(spec)
     seq = d.sequence_length
+    assert t.micro_batch_size is not None, "load the spec with load_spec (hardware presets fill the micro-batch)"
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
     model.init_seed = t.seed
 
@@ -193,7 +197,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         compile_model=t.compile,
         dp_config=_data_parallel(spec, device, world_size),
         ac_config=TransformerActivationCheckpointingConfig() if t.activation_checkpointing else None,
-        autocast_precision=DType.bfloat16 if (device == "cuda" and t.precision == "bf16" and world_size == 1) else None,
+        autocast_precision=DType.bfloat16 if _autocast_bf16(spec, device, world_size) else None,
     )
 
     duration = Duration.tokens(t.max_tokens) if t.max_tokens is not None else Duration.steps(t.max_steps)  # type: ignore[arg-type]
@@ -202,7 +206,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         device=device,
         max_duration=duration,
         metrics_collect_interval=spec.run.log_interval,
-        cancel_check_interval=spec.run.log_interval,
+        cancel_check_interval=1,  # SIGTERM (preemption) stops the run at the next step
         save_overwrite=False,  # cut-off saves are pruned before a run starts (resume.py)
         hard_stop=Duration.steps(spec.run.stop_at_step) if spec.run.stop_at_step else None,
     )
@@ -245,7 +249,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         trainer = trainer.with_callback("downstream_evaluator", downstream)
     if (wandb := wandb_callback(spec.run.wandb_project, spec.run.name)) is not None:
         trainer = trainer.with_callback("wandb", wandb)
-    return Experiment(model, dataset, data_loader, train_module, trainer, t.seed)
+    return Experiment(model, dataset, data_loader, train_module, trainer)
 
 
 def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
@@ -263,13 +267,14 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
         prune_incomplete(save_folder)
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
-        seed_all(exp.init_seed)
         model = exp.model.build(init_device="meta")
         train_module = exp.train_module.build(model, device=torch.device(device))
         dataset = exp.dataset.build()
         data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
         trainer = exp.trainer.build(train_module, data_loader)
-        trainer.callbacks["config_saver"].config = exp.as_config_dict()  # type: ignore[attr-defined]
+        for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
+            if name in trainer.callbacks:
+                trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
         if resume_from is not None:
             load_explicit(trainer, resume_from)
         trainer.fit()

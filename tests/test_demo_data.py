@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import sysconfig
-import time
 from pathlib import Path
 
 import numpy as np
@@ -207,10 +206,7 @@ def test_olmo_core_reads_the_token_files(tmp_path, fake_stdlib):
 
 
 def test_real_stdlib_build(tmp_path):
-    start = time.perf_counter()
     corpus = prepare_demo_corpus(tmp_path, max_train_tokens=300_000)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 60
     assert corpus.vocab_size == 4096 and corpus.dtype == "uint16"
     assert (corpus.eos_token_id, corpus.pad_token_id) == (0, 1)
     assert corpus.n_train_tokens == 300_000

@@ -12,9 +12,9 @@ worker), written to a temporary name and renamed once complete and hashed, so a 
 is either whole or absent. ``index.json`` is rewritten after every part: an interrupted run,
 restarted with the same arguments, verifies the finished parts and fetches only the rest.
 
-Training reads the parts in file order with shuffling off (see :func:`prefix_dataset`);
-that yields the same batches as OLMo-core's shuffled loader over the remote files with seed
-``OLMO_CORE_SEED``.
+Training reads the parts in file order with shuffling off (``data.source: prefix``, through
+``olmo_patches.train``; :func:`prefix_dataset` for direct use); that yields the same batches as
+OLMo-core's shuffled loader over the remote files with seed ``OLMO_CORE_SEED``.
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
     spec = load_spec(config_path)
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
-    assert vocab == (spec.model.vocab_size or vocab_size(spec)), "checkpoint vocabulary differs from the config's"
+    if vocab != (expected := spec.model.vocab_size or vocab_size(spec)):
+        raise ValueError(f"{checkpoint}: vocabulary {vocab} differs from {config_path}'s {expected}")
     max_len = spec.data.sequence_length
     kind = "olmo2" if is_olmo2_shape(spec) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, max_len)
