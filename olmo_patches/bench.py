@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_second
 
 from .config import load_spec
+from .hardware import known_card
 from .report import vocab_size
 from .shapes import breakdown
 
@@ -73,13 +74,6 @@ SCALES: Dict[str, Scale] = {
     ),
 }
 
-# Dense bf16 peaks OLMo-core's table lacks (it falls back to the A100's for unknown names).
-_EXTRA_PEAKS = {"H200": 989.5e12}  # H200 SXM: the H100 SXM's 1979 TFLOP/s sparse / 2 (same die)
-
-
-def missing_bf16_peak(device_name: str) -> Optional[float]:
-    """The dense bf16 peak of a GPU that OLMo-core's table would count as an A100, else None."""
-    return next((peak for key, peak in _EXTRA_PEAKS.items() if key in device_name), None)
 
 
 def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, tries: int = 10) -> float:
@@ -100,8 +94,8 @@ def peak_flops_per_second(device: torch.device, dtype: torch.dtype) -> tuple[flo
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         half = dtype in (torch.bfloat16, torch.float16)
-        if half and (extra := missing_bf16_peak(name)) is not None:
-            return extra, f"{name}: datasheet dense bf16"
+        if half and (card := known_card(name)) is not None and card.bf16_flops is not None:
+            return card.bf16_flops, f"{name}: datasheet dense bf16 (hardware.CARDS)"
         peak = get_device_peak_flops_per_second(name, using_half_precision=half)
         if peak is not None:
             return float(peak), f"{name}: OLMo-core's datasheet table (dense bf16)"

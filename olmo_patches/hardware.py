@@ -2,7 +2,7 @@
 
 ``train.hardware`` is ``auto`` (the GPU torch sees: its name and memory), ``none`` (no GPU preset:
 no checkpointing, no compile, the whole per-rank batch in one micro-batch) or a card:
-``rtx6000ada`` (48 GB), ``h100`` (80 GB), ``b200`` (180 GB). A preset only fills the keys the config
+``rtx6000ada`` (48 GB), ``h100`` (80 GB), ``h200`` (141 GB), ``b200`` (180 GB). A preset only fills the keys the config
 left at null (``train.micro_batch_size``, ``train.activation_checkpointing``, ``train.compile``):
 any value a config file or the command line sets wins, and ``key=null`` hands a key back to the
 preset. The values come from the memory estimate below for the run's own model, so each config
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Card", "CARDS", "HARDWARE", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose", "apply_hardware"]
+__all__ = ["Card", "CARDS", "HARDWARE", "known_card", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose", "apply_hardware"]
 
 GIB = 2**30
 USABLE = 0.85  # fraction of a card's memory the estimate may fill
@@ -48,25 +48,32 @@ USABLE = 0.85  # fraction of a card's memory the estimate may fill
 class Card:
     name: str
     memory_gib: float
+    device_name: str = ""  # a substring of torch.cuda.get_device_name for this card
+    bf16_flops: Optional[float] = None  # dense bf16 tensor-core FLOP/s (datasheet, no sparsity): MFU, GPU-hours
 
 
-CARDS = {  # nominal memory per card (vendor datasheets)
-    "rtx6000ada": Card("rtx6000ada", 48.0),
-    "h100": Card("h100", 80.0),
-    "b200": Card("b200", 180.0),
+# The one table of the GPUs this project plans for (vendor datasheets): memory for the presets, peak
+# for MFU (the trainer's and the benchmark's) and for the dry run's GPU-hours.
+CARDS = {
+    "rtx6000ada": Card("rtx6000ada", 48.0, "RTX 6000 Ada", 364.2e12),  # the paper's GPU; 1457 TFLOP/s FP8 sparse / 4
+    "h100": Card("h100", 80.0, "H100", 989.4e12),
+    "h200": Card("h200", 141.0, "H200", 989.5e12),  # the H100's die: 1979 TFLOP/s sparse / 2
+    "b200": Card("b200", 180.0, "B200", 2250e12),  # the paper's other GPU (HGX B200, per GPU)
 }
 HARDWARE = ("auto", "none", *CARDS)
-_NAMES = (("RTX 6000 Ada", "rtx6000ada"), ("H100", "h100"), ("B200", "b200"))  # substrings of torch's device names
 
 
 def card_for_device(device_name: str, memory_gib: float) -> Card:
     """The preset of a CUDA device (torch.cuda.get_device_name, total memory); another GPU gets a
     preset sized by its own memory. Never more memory than the device reports (MIG slices)."""
-    for key, preset in _NAMES:
-        if key in device_name:
-            card = CARDS[preset]
-            return Card(card.name, min(card.memory_gib, memory_gib))
-    return Card(f"gpu ({device_name})", memory_gib)
+    if (card := known_card(device_name)) is not None:
+        return replace(card, memory_gib=min(card.memory_gib, memory_gib))
+    return Card(f"gpu ({device_name})", memory_gib, device_name)
+
+
+def known_card(device_name: str) -> Optional[Card]:
+    """The card of :data:`CARDS` whose name torch's device name contains, else None."""
+    return next((card for card in CARDS.values() if card.device_name in device_name), None)
 
 
 def detect() -> Optional[Card]:

@@ -13,16 +13,12 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from .config import ExperimentSpec
+from .hardware import CARDS
 from .report import count
 
-__all__ = ["PEAK_BF16_FLOPS", "ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files"]
+__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files"]
 
-PEAK_BF16_FLOPS = {  # dense bf16 tensor-core FLOP/s per GPU (vendor datasheets, no sparsity)
-    "RTX 6000 Ada": 364.2e12,  # the paper's GPU; 1457 TFLOP/s FP8 sparse / 4
-    "H100 SXM": 989.4e12,
-    "B200": 2250e12,  # the paper's other GPU (HGX B200, per GPU)
-}
-ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for all three (typical of OLMo-core at 0.1-1B, bf16, FSDP)
+ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
 
 
 @dataclass(frozen=True)
@@ -95,8 +91,10 @@ def plan_table(spec: ExperimentSpec) -> Table:
     table.add_row("micro-batch (per GPU)", f"{p.micro_batch_sequences} sequences")
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
-    for gpu, peak in PEAK_BF16_FLOPS.items():
-        table.add_row(f"GPU-hours, {gpu} ({peak / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})", f"{p.gpu_hours(peak):,.1f}")
+    for card in CARDS.values():
+        assert card.bf16_flops is not None
+        label = f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})"
+        table.add_row(label, f"{p.gpu_hours(card.bf16_flops):,.1f}")
     for i, f in enumerate(p.first_files):
         table.add_row(f"data file {i + 1}", f)
     return table

@@ -14,12 +14,12 @@ def vocab_size(spec: ExperimentSpec) -> int:
     """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
     if spec.model.vocab_size:
         return spec.model.vocab_size
-    if spec.data.tokenizer == "dolma2":
-        from olmo_core.data import TokenizerConfig
+    from olmo_core.data import TokenizerConfig
 
+    if spec.data.tokenizer == "dolma2":
         return TokenizerConfig.dolma2().padded_vocab_size()
-    pad = 128
-    return pad * ((spec.data.demo_vocab_size + pad - 1) // pad)
+    # The demo tokenizer's ids (eos 0, pad 1) do not change the padded size.
+    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1).padded_vocab_size()
 
 
 def count(spec: ExperimentSpec) -> ParamBreakdown:

@@ -35,9 +35,10 @@ from olmo_core.train.train_module import (
 )
 
 from .batch_trace import BatchTraceCallback
-from .bench import missing_bf16_peak
+from .data.order import olmo_core_seed
 from .config import ExperimentSpec, spec_to_yaml
 from .evals import downstream_evaluator, lm_evaluator
+from .hardware import known_card
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
@@ -170,9 +171,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         dataset = NumpyFSLDatasetConfig(paths=data.train_paths, **train_kwargs)
     data_loader = OrderedDataLoaderConfig(
         global_batch_size=t.global_batch_size * seq,  # OLMo-core counts tokens
-        # OLMo-core shuffles with PCG64(seed + epoch) and counts epochs from 1; the old OLMo
-        # trainer counted from 0. seed - 1 therefore reproduces the old trainer's order.
-        seed=d.order_seed - 1,
+        seed=olmo_core_seed(d.order_seed),  # data.order_seed counts as the old OLMo trainer did
         num_workers=0,
         shuffle=d.source != "prefix",
     )
@@ -223,9 +222,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
-    if device == "cuda" and t.precision == "bf16" and (peak := missing_bf16_peak(torch.cuda.get_device_name())):
-        # OLMo-core's peak table lacks this GPU and would divide by an A100's peak (H200: MFU x3.2).
-        trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(peak)))
+    if device == "cuda" and t.precision == "bf16" and (card := known_card(torch.cuda.get_device_name())) and card.bf16_flops:
+        # The peak of hardware.CARDS: OLMo-core's own table lacks some (H200: it would use an A100's, MFU x3.2).
+        trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops)))
     if spec.run.trace_batches:
         trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
     if data.val_paths:

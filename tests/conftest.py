@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,12 +50,11 @@ def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def load_weights(step_dir: Path, tmp: Path) -> dict:
-    """The model weights of an OLMo-core checkpoint folder (stepN), unsharded."""
-    from olmo_core.distributed.checkpoint import unshard_checkpoint
+def load_weights(step_dir: Path) -> dict:
+    """The model weights of an OLMo-core checkpoint folder (stepN), as full tensors."""
+    from olmo_patches.resume import load_model_state
 
-    model_path, _ = unshard_checkpoint(step_dir / "model_and_optim", tmp, optim=False, quiet=True)
-    return torch.load(model_path, map_location="cpu", weights_only=True)
+    return load_model_state(step_dir)
 
 
 @pytest.fixture(scope="session")

@@ -204,59 +204,23 @@ def test_indices_cli_writes_the_old_trainers_global_indices(
     urls = tmp_path / "urls.txt"
     urls.write_text("# a comment\n" + "".join(f"{server.url(n)}\n" for n in LISTED))
 
+    def indices(paths_file: Path, name: str, *flags: str) -> bytes:
+        out = tmp_path / name
+        proc = run_cli("indices", "--paths-file", str(paths_file), "--seq-len", str(SEQ), *flags, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        return out.read_bytes()
+
     ref = ref_order(tokens, SEQ, 6198)
     for paths_file in (local, urls):
-        out = tmp_path / f"{paths_file.stem}.npy"
-        proc = run_cli(
-            "indices",
-            "--paths-file",
-            str(paths_file),
-            "--seq-len",
-            str(SEQ),
-            "--seed",
-            "6198",
-            "--out",
-            str(out),
-        )
-        assert proc.returncode == 0, proc.stderr
         # The old trainer writes np.memmap(uint32, "w+"): raw bytes, no header.
-        assert out.read_bytes() == ref.tobytes()
+        assert indices(paths_file, f"{paths_file.stem}.npy", "--seed", "6198") == ref.tobytes()
 
     # drop_last with a world size that does not divide N keeps (N // W) * W entries.
-    out = tmp_path / "w4.npy"
-    assert (
-        run_cli(
-            "indices",
-            "--paths-file",
-            str(local),
-            "--seq-len",
-            str(SEQ),
-            "--world-size",
-            "4",
-            "--out",
-            str(out),
-        ).returncode
-        == 0
-    )
-    assert (
-        out.read_bytes() == ref[: (len(ref) // 4) * 4].tobytes() and len(ref) % 4 != 0
-    )
+    assert len(ref) % 4 != 0
+    assert indices(local, "w4.npy", "--world-size", "4") == ref[: (len(ref) // 4) * 4].tobytes()
 
-    out = tmp_path / "header.npy"
-    assert (
-        run_cli(
-            "indices",
-            "--paths-file",
-            str(local),
-            "--seq-len",
-            str(SEQ),
-            "--npy-header",
-            "--out",
-            str(out),
-        ).returncode
-        == 0
-    )
-    np.testing.assert_array_equal(np.load(out), ref)
+    indices(local, "header.npy", "--npy-header")
+    np.testing.assert_array_equal(np.load(tmp_path / "header.npy"), ref)
 
 
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, server):

@@ -69,7 +69,8 @@ def test_checkpointing_when_nothing_else_fits(eight_ranks):
         ("NVIDIA H100 NVL", 93.1, "h100", 80.0),  # never more than the preset's card
         ("NVIDIA B200", 178.4, "b200", 178.4),
         ("Quadro RTX 6000", 23.6, None, 23.6),  # Turing, not the Ada card
-        ("NVIDIA H200", 139.7, None, 139.7),  # not a preset: sized by its own memory
+        ("NVIDIA H200", 139.7, "h200", 139.7),  # never more than the device reports (141 GB nominal)
+        ("NVIDIA A100-SXM4-80GB", 79.3, None, 79.3),  # not a preset: sized by its own memory
     ],
 )
 def test_device_names_map_to_presets(name, gib, preset, memory):

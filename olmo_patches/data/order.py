@@ -30,9 +30,15 @@ PINNED_LIST = DATA_ORDER_DIR / "olmo2-1b-stage1.txt"
 PINNED_MANIFEST = DATA_ORDER_DIR / "olmo2-1b-stage1.sizes.json"
 
 OLD_TRAINER_SEED = 6198  # allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml
-OLMO_CORE_SEED = (
-    OLD_TRAINER_SEED - 1
-)  # OLMo-core's first epoch is 1, the old trainer's 0
+
+
+def olmo_core_seed(old_trainer_seed: int) -> int:
+    """OLMo-core's loader seed giving the old trainer's order: both shuffle with PCG64(seed + epoch),
+    but OLMo-core's first epoch is 1 and the old trainer's 0."""
+    return old_trainer_seed - 1
+
+
+OLMO_CORE_SEED = olmo_core_seed(OLD_TRAINER_SEED)
 SEQ_LEN = 4096
 GLOBAL_BATCH_INSTANCES = 512
 TOKEN_DTYPE = np.uint32  # dolma2 token files: raw uint32 arrays, no header
