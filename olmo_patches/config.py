@@ -187,7 +187,7 @@ class TrainSpec:
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
     activation_checkpointing: Optional[bool] = None  # recompute each block in backward (null: train.hardware's)
-    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | b200 (hardware.py)
+    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (hardware.py)
     data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda
 
