@@ -1,20 +1,14 @@
-"""Shared command-line plumbing: one-line config errors, quiet imports."""
+"""Shared command-line plumbing for scripts/: one-line config errors, the console."""
 
 from __future__ import annotations
 
 import sys
 from typing import List, Optional
 
-from rich.console import Console
-
 from .config import ConfigError, ExperimentSpec, load_spec
+from .report.console import console
 
 __all__ = ["console", "load_or_exit"]
-
-
-def console() -> Console:
-    """A rich console; wide when writing to a file or pipe, where rich would assume 80 columns."""
-    return Console(width=None if Console().is_terminal else 160)
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None) -> ExperimentSpec:

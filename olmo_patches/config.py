@@ -11,6 +11,8 @@ override the base's, and omegaconf interpolation (``${model.d_model}``) works ac
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
@@ -21,10 +23,12 @@ from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockTyp
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .blocks import HourglassBlockConfig
-from .hardware import HARDWARE, apply_hardware
-from .hourglass import HourglassFeedForwardConfig, NormPlacement
-from .variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
+from .nn.hourglass_block import HourglassBlockConfig
+from .hardware import CARDS, HARDWARE, Settings, choose, detect, estimate
+from .nn.hourglass import HourglassFeedForwardConfig, NormPlacement
+from .nn.variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ConfigError",
@@ -35,6 +39,7 @@ __all__ = [
     "RunSpec",
     "ExperimentSpec",
     "load_spec",
+    "vocab_size",
 ]
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
@@ -227,6 +232,18 @@ class ExperimentSpec:
         return self.run.save_folder or f"runs/{self.run.name}"
 
 
+def vocab_size(spec: ExperimentSpec) -> int:
+    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
+    if spec.model.vocab_size:
+        return spec.model.vocab_size
+    from olmo_core.data import TokenizerConfig
+
+    if spec.data.tokenizer == "dolma2":
+        return TokenizerConfig.dolma2().padded_vocab_size()
+    # The demo tokenizer's ids (eos 0, pad 1) do not change the padded size.
+    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1).padded_vocab_size()
+
+
 # --- loading -------------------------------------------------------------------------------------
 
 
@@ -354,7 +371,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
 
 
 def _validate_evals(spec: ExperimentSpec, fail) -> None:
-    from .evals import VALIDATION_SETS  # evals imports this module
+    from .eval.evaluators import VALIDATION_SETS
 
     e = spec.eval
     if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:
@@ -400,6 +417,29 @@ def _validate_widths(m: ModelSpec, fail) -> None:
         if width < 1 or width % (2 * m.n_heads):
             fail(key, w.values if w.schedule == "list" else w.multiple,
                  f"w_{layer}={width} is not a positive multiple of 2 model.n_heads={2 * m.n_heads} (even head_dim for RoPE)")
+
+
+def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", world_size: Optional[int] = None) -> None:
+    """Fill the train keys left at null from ``train.hardware`` (hardware.py's presets for this model)."""
+    t = spec.train
+    if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
+        return
+    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    card = None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
+    if card is None:  # none, a CPU run, or auto without a GPU
+        settings = Settings(t.micro_batch_size or max(t.global_batch_size // world_size, 1), False, False)
+    else:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        shards = {"fsdp": world_size, "hsdp": local, "ddp": 1}.get(t.data_parallel, 1)
+        est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
+        try:
+            settings = choose(est, card, max(t.global_batch_size // world_size, 1), t.micro_batch_size, t.activation_checkpointing)
+        except ValueError as e:
+            raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
+    filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}
+    for key, value in filled.items():
+        setattr(t, key, value)
+    log.info(f"train.hardware={t.hardware} -> {card.name if card else 'none'} ({world_size} ranks): {filled}")
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

@@ -28,17 +28,12 @@ when not one sequence fits is checkpointing turned on. Compile is on for every G
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from .config import ExperimentSpec
+from olmo_core.nn.transformer import TransformerConfig
 
-log = logging.getLogger(__name__)
-
-__all__ = ["Card", "CARDS", "HARDWARE", "known_card", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose", "apply_hardware"]
+__all__ = ["Card", "CARDS", "HARDWARE", "known_card", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose"]
 
 GIB = 2**30
 USABLE = 0.85  # fraction of a card's memory the estimate may fill
@@ -91,12 +86,10 @@ class MemoryEstimate:
     per_sequence_ac: float  # ... with every block checkpointed
 
 
-def estimate(spec: "ExperimentSpec", shards: int = 1) -> MemoryEstimate:
-    """The module docstring's estimate for ``spec``'s model, read off OLMo-core's built config."""
-    from .report import vocab_size
-
-    vocab = vocab_size(spec)
-    config = spec.model.build(vocab)
+def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
+    """The module docstring's estimate for the model of OLMo-core's ``config`` (this package's
+    blocks included) at ``sequence_length`` tokens per sequence."""
+    vocab = config.vocab_size
     blocks = config.resolved_block_configs
     widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
     per_token = []
@@ -106,7 +99,7 @@ def estimate(spec: "ExperimentSpec", shards: int = 1) -> MemoryEstimate:
         K = getattr(ffn, "K", 1)
         per_token.append(12 * w + K * (4 * w + 8 * ffn.hidden_size))
     block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
-    s, logits = spec.data.sequence_length, 12 * vocab
+    s, logits = sequence_length, 12 * vocab
     return MemoryEstimate(
         static=16 * config.num_params / shards + 4 * block_params,
         per_sequence=s * (sum(per_token) + logits),
@@ -144,27 +137,3 @@ def choose(
         f"does not fit {card.name} at micro-batch 1: estimate {need / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} "
         f"usable; use more GPUs or a bigger card"
     )
-
-
-def apply_hardware(spec: "ExperimentSpec", where: Callable[[str], str], world_size: Optional[int] = None) -> None:
-    """Fill the train keys left at null from ``train.hardware`` (raises ConfigError naming the key)."""
-    from .config import ConfigError
-
-    t = spec.train
-    if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
-        return
-    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))
-    card = None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
-    if card is None:  # none, a CPU run, or auto without a GPU
-        settings = Settings(t.micro_batch_size or max(t.global_batch_size // world_size, 1), False, False)
-    else:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        est = estimate(spec, {"fsdp": world_size, "hsdp": local, "ddp": 1}.get(t.data_parallel, 1))
-        try:
-            settings = choose(est, card, max(t.global_batch_size // world_size, 1), t.micro_batch_size, t.activation_checkpointing)
-        except ValueError as e:
-            raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
-    filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}
-    for key, value in filled.items():
-        setattr(t, key, value)
-    log.info(f"train.hardware={t.hardware} -> {card.name if card else 'none'} ({world_size} ranks): {filled}")

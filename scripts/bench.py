@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from olmo_patches.bench import SCALES, as_json, format_results, run_bench
+from olmo_patches.report.bench import SCALES, as_json, format_results, run_bench
 
 
 def _list(s: str) -> list:

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from olmo_patches.cli import load_or_exit
-from olmo_patches.plan import plan
-from olmo_patches.report import count
+from olmo_patches.report.plan import plan
+from olmo_patches.report.counts import count
 
 
 def baseline_of(path: Path, root: Path) -> Path:

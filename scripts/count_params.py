@@ -7,7 +7,7 @@ import argparse
 import json
 
 from olmo_patches.cli import console, load_or_exit
-from olmo_patches.report import count, param_table, width_report
+from olmo_patches.report.counts import count, param_table, width_report
 
 
 def main() -> None:

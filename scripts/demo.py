@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from olmo_patches.cli import load_or_exit
-from olmo_patches.demo import run_demo
+from olmo_patches.report.demo import run_demo
 
 DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 

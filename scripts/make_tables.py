@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from olmo_patches.figures import make_figures
-from olmo_patches.tables import build_tables, load_runs, write_tables
+from olmo_patches.report.figures import make_figures
+from olmo_patches.report.tables import build_tables, load_runs, write_tables
 
 
 def main() -> None:

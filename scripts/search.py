@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from olmo_patches.cli import load_or_exit
-from olmo_patches.report import count, vocab_size
-from olmo_patches.search import TOLERANCE, Shape, choose_heads, enumerate_shapes, rank_key, solve
+from olmo_patches.config import vocab_size
+from olmo_patches.report.counts import count
+from olmo_patches.nn.search import TOLERANCE, Shape, choose_heads, enumerate_shapes, rank_key, solve
 
 DOLMA2_PADDED_VOCAB = 100352
 
@@ -97,7 +98,7 @@ model:
   block: hourglass
   d_model: {s.d_model}
   n_layers: {s.n_layers}
-  n_heads: {s.n_heads}  # head dim {s.head_dim}: olmo_patches.search.choose_heads
+  n_heads: {s.n_heads}  # head dim {s.head_dim}: olmo_patches.nn.search.choose_heads
   K: {s.K}
   d_h: {s.d_h}
 """
@@ -118,7 +119,7 @@ def main() -> None:
     parser.add_argument("--d-h", type=int, help="fix d_h (with --d-model)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative budget tolerance (paper: 1e-5)")
     parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
-                        help="rank: olmo_patches.search.rank_key (the paper's findings); flops; attention share")
+                        help="rank: olmo_patches.nn.search.rank_key (the paper's findings); flops; attention share")
     parser.add_argument("--top", type=int, default=40, help="rows to print")
     parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
     args = parser.parse_args()

@@ -9,11 +9,11 @@ from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint
 
 import argparse
 
-from olmo_patches.cli import console as rich_console
+from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
 from olmo_patches.config import spec_to_yaml
-from olmo_patches.plan import plan_table
-from olmo_patches.report import param_table
+from olmo_patches.report.plan import plan_table
+from olmo_patches.report.counts import param_table
 from olmo_patches.train import train
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from olmo_core.train.callbacks import Callback
 
-import olmo_patches.train as training
+import olmo_patches.train.experiment as training
 from olmo_patches.cli import load_or_exit
 
 

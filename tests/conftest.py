@@ -7,8 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One intra-op thread here and in every child process (run_script sets OMP_NUM_THREADS=1): float
+# reductions then sum in the same order in-process and in a subprocess, so their runs are bit-equal.
+torch.set_num_threads(1)
 
 # A model small enough that a training step takes milliseconds on one CPU core.
 TINY = [
@@ -52,7 +57,7 @@ def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -
 
 def load_weights(step_dir: Path) -> dict:
     """The model weights of an OLMo-core checkpoint folder (stepN), as full tensors."""
-    from olmo_patches.resume import load_model_state
+    from olmo_patches.train.resume import load_model_state
 
     return load_model_state(step_dir)
 

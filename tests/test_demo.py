@@ -5,7 +5,7 @@ import json
 import pytest
 
 from olmo_patches.config import load_spec
-from olmo_patches.demo import run_demo
+from olmo_patches.report.demo import run_demo
 
 from .conftest import REPO, tiny_overrides
 

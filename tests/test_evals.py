@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from olmo_patches.config import load_spec
-from olmo_patches.evals import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS, validation_files
+from olmo_patches.eval.evaluators import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS, validation_files
 from olmo_patches.train import build_experiment, resolve_data
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.config import ConfigError, load_spec, vocab_size
 from olmo_patches.hardware import CARDS, GIB, card_for_device, estimate
 
 from .conftest import REPO, run_script
@@ -34,7 +34,8 @@ def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
     assert P == 1_484_916_736
     static = 16 * P / 8 + 4 * block
     per_seq = s * (L * (12 * d + 4 * d + 8 * H) + 12 * V)
-    est = estimate(load_spec(OLMO2_1B, ["train.hardware=h100"]), shards=8)
+    spec = load_spec(OLMO2_1B, ["train.hardware=h100"])
+    est = estimate(spec.model.build(vocab_size(spec)), s, shards=8)
     assert est.static == pytest.approx(static) and est.per_sequence == pytest.approx(per_seq)
     for card, want in (("rtx6000ada", 2), ("h100", 4), ("b200", 8)):
         usable = 0.85 * CARDS[card].memory_gib * GIB
@@ -54,7 +55,7 @@ def test_every_paper_config_fits_every_card(eight_ranks, card):
 
 def test_checkpointing_when_nothing_else_fits(eight_ranks):
     spec = load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=16384"])
-    est = estimate(spec, shards=8)
+    est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards=8)
     assert est.static + est.per_sequence > 0.85 * 48 * GIB  # not one sequence without checkpointing
     assert spec.train.activation_checkpointing is True and spec.train.micro_batch_size >= 1
     with pytest.raises(ConfigError, match=r"train\.hardware=rtx6000ada: .*does not fit"):

@@ -10,10 +10,10 @@ from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.blocks import HourglassBlockConfig
+from olmo_patches.nn.hourglass_block import HourglassBlockConfig
 from olmo_patches.config import ModelSpec
-from olmo_patches.hourglass import HourglassFeedForwardConfig, NormPlacement
-from olmo_patches.shapes import analytic_non_embedding, breakdown
+from olmo_patches.nn.hourglass import HourglassFeedForwardConfig, NormPlacement
+from olmo_patches.nn.accounting import analytic_non_embedding, breakdown
 
 EPS = 1e-6
 NORM = LayerNormConfig(name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False)  # float64 stays float64

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from olmo_patches.config import load_spec
-from olmo_patches.plan import plan
-from olmo_patches.report import count
+from olmo_patches.report.plan import plan
+from olmo_patches.report.counts import count
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name != "base.yaml")
@@ -111,7 +111,7 @@ def test_attention_runs_at_every_width(path):
     count right but cannot run, e.g. odd head dims."""
     import torch
 
-    from olmo_patches.report import vocab_size
+    from olmo_patches.config import vocab_size
 
     spec = load_spec(path)
     config = spec.model.build(vocab_size(spec))

@@ -13,7 +13,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from olmo_patches.config import ModelSpec, WidthSpec, load_spec
-from olmo_patches.report import vocab_size
+from olmo_patches.config import vocab_size
 from olmo_patches.train import train
 
 from .conftest import REPO, tiny_overrides

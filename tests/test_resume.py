@@ -16,10 +16,10 @@ import pytest
 import torch
 from olmo_core.train.checkpoint import Checkpointer
 
-from olmo_patches.batch_trace import read_batch_trace
+from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.config import load_spec
-from olmo_patches.metrics import METRICS_FILE, read_metrics
-from olmo_patches.resume import load_model_state, prune_incomplete
+from olmo_patches.train.metrics import METRICS_FILE, read_metrics
+from olmo_patches.train.resume import load_model_state, prune_incomplete
 from olmo_patches.train import train
 
 from . import _signal_at_step
@@ -75,7 +75,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(tmp_path, straig
     try:
         train(_spec(tmp_path))  # returns normally: OLMo-core's handler cancels the run
     finally:
-        import olmo_patches.train as training
+        import olmo_patches.train.experiment as training
 
         training.build_experiment = original
     saved = sorted(step for step, _ in Checkpointer.find_checkpoints(tmp_path))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 
 from olmo_patches.config import ModelSpec, load_spec
-from olmo_patches.search import TOLERANCE, Shape, enumerate_shapes, solve
-from olmo_patches.shapes import breakdown
+from olmo_patches.nn.search import TOLERANCE, Shape, enumerate_shapes, solve
+from olmo_patches.nn.accounting import breakdown
 
 ROOT = Path(__file__).resolve().parents[1]
 B113 = 12 * 16 * 768 * 768  # the paper's 113.2M baseline: 16 d_model^2 per layer, L = 12

@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 
 from olmo_patches.config import load_spec
-from olmo_patches.metrics import read_metrics
-from olmo_patches.tables import NOT_RUN, build_tables, load_runs, paper_results, write_tables
+from olmo_patches.train.metrics import read_metrics
+from olmo_patches.report.tables import NOT_RUN, build_tables, load_runs, paper_results, write_tables
 from olmo_patches.train import train
 
 from .conftest import REPO, run_script, tiny_overrides

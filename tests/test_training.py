@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from olmo_patches.config import load_spec
-from olmo_patches.metrics import read_metrics
+from olmo_patches.train.metrics import read_metrics
 from olmo_patches.train import train
 
 from .conftest import REPO, load_weights, run_script, tiny_overrides
@@ -64,8 +64,8 @@ def test_mup_hidden_matrices_get_lr_over_m_width():
     """Variable-width muP: OLMo-core's optimizer puts every attention/FFN matrix at lr / m_width."""
     from olmo_core.optim import AdamWConfig
 
-    from olmo_patches.report import vocab_size
-    from olmo_patches.train import _optim_groups
+    from olmo_patches.config import vocab_size
+    from olmo_patches.train.experiment import _optim_groups
 
     spec = load_spec(REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"])
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")

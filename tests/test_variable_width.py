@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from olmo_patches.config import ConfigError, load_spec
-from olmo_patches.metrics import read_metrics
-from olmo_patches.report import count, width_report
+from olmo_patches.train.metrics import read_metrics
+from olmo_patches.report.counts import count, width_report
 from olmo_patches.train import train
-from olmo_patches.variable_width import paper_flops, solve_schedule
+from olmo_patches.nn.variable_width import paper_flops, solve_schedule
 
 from .conftest import REPO, load_weights, tiny_overrides
 

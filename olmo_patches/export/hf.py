@@ -17,10 +17,9 @@ from typing import Dict, Optional
 
 import torch
 
-from ..config import ExperimentSpec, load_spec
-from ..report import vocab_size
-from ..resume import load_model_state
-from ..variable_width import VariableWidthTransformerConfig
+from ..config import ExperimentSpec, load_spec, vocab_size
+from ..train.resume import load_model_state
+from ..nn.variable_width import VariableWidthTransformerConfig
 
 __all__ = ["export_hf", "is_olmo2_shape", "to_olmo2_names"]
 

@@ -73,7 +73,7 @@ from olmo_core.nn.transformer.block import ReorderedNormTransformerBlock, Transf
 from olmo_core.nn.transformer.config import TransformerBlockType
 from olmo_core.nn.transformer.init import _apply_init
 
-from .blocks import HourglassBlock
+from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
 
 __all__ = [

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from .config import ExperimentSpec
-from .shapes import ParamBreakdown, breakdown
+from ..config import ExperimentSpec, vocab_size
+from ..nn.accounting import ParamBreakdown, breakdown
 
-__all__ = ["vocab_size", "count", "param_table", "width_report"]
-
-
-def vocab_size(spec: ExperimentSpec) -> int:
-    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
-    if spec.model.vocab_size:
-        return spec.model.vocab_size
-    from olmo_core.data import TokenizerConfig
-
-    if spec.data.tokenizer == "dolma2":
-        return TokenizerConfig.dolma2().padded_vocab_size()
-    # The demo tokenizer's ids (eos 0, pad 1) do not change the padded size.
-    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1).padded_vocab_size()
+__all__ = ["count", "param_table", "width_report"]
 
 
 def count(spec: ExperimentSpec) -> ParamBreakdown:
@@ -35,7 +23,7 @@ def width_report(spec: ExperimentSpec) -> dict:
     """
     from dataclasses import replace
 
-    from .variable_width import paper_flops
+    from ..nn.variable_width import paper_flops
 
     m = spec.model
     widths = m.resolved_widths

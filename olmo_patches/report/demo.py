@@ -20,10 +20,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from .cli import console as rich_console  # noqa: E402
-from .config import ExperimentSpec  # noqa: E402
-from .metrics import read_metrics  # noqa: E402
-from .report import count  # noqa: E402
+from .console import console as rich_console  # noqa: E402
+from ..config import ExperimentSpec  # noqa: E402
+from ..train.metrics import read_metrics  # noqa: E402
+from .counts import count  # noqa: E402
 
 __all__ = ["VariantResult", "run_demo", "summarize"]
 
@@ -58,7 +58,7 @@ def summarize(spec: ExperimentSpec, run_dir: Path) -> VariantResult:
     b = count(spec)
     matched = b.non_embedding
     if spec.model.block == "variable_width":
-        from .variable_width import paper_params
+        from ..nn.variable_width import paper_params
 
         matched = round(paper_params(spec.model.resolved_widths, spec.model.d_model))
     seq, batch = spec.data.sequence_length, spec.train.global_batch_size
@@ -120,7 +120,7 @@ def _plot(runs: list[tuple[str, Path]], path: Path) -> None:
 
 def run_demo(specs: list[ExperimentSpec], out_dir: Path, console: Console | None = None) -> list[VariantResult]:
     """Train each spec from scratch (its save folder is cleared first), then compare."""
-    from .train import train
+    from ..train import train
 
     console = console or rich_console()
     out_dir.mkdir(parents=True, exist_ok=True)

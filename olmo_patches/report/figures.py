@@ -85,8 +85,8 @@ def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
 
 def param_split(run: Run):
     """(attention, FFN) non-embedding parameters of a run's model (built on the meta device)."""
-    from .config import load_spec
-    from .report import count
+    from ..config import load_spec
+    from .counts import count
 
     b = count(load_spec(run.path / "config.yaml"))
     return b.attention, b.ffn

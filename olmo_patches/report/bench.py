@@ -33,14 +33,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_second
 
-from .config import load_spec
-from .hardware import known_card
-from .report import vocab_size
-from .shapes import breakdown
+from ..config import load_spec, vocab_size
+from ..hardware import known_card
+from ..nn.accounting import breakdown
 
 __all__ = ["Scale", "SCALES", "BenchResult", "peak_flops_per_second", "run_bench", "format_results"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from typing import Any, Dict, Iterable, List, Optional
 import yaml
 from omegaconf import OmegaConf
 
-from .metrics import read_metrics
+from ..train.metrics import read_metrics
 
 __all__ = ["Run", "load_runs", "paper_results", "build_tables", "write_tables", "NOT_RUN"]
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1
 NOT_RUN = "not run"
 _LM = re.compile(r"^eval/lm/(.+)/CE loss$")

@@ -7,7 +7,7 @@ loader, checkpointer and evaluator); this module only translates the spec into i
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -18,7 +18,6 @@ from olmo_core.data import (
     InstanceFilterConfig,
     NumpyDataLoaderConfig,
     NumpyFSLDatasetConfig,
-    NumpyPaddedFSLDatasetConfig,
     TokenizerConfig,
 )
 from olmo_core.distributed.parallel import DataParallelType
@@ -27,7 +26,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
 from olmo_core.optim.scheduler import SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import ConfigSaverCallback, LMEvaluatorCallbackConfig, SpeedMonitorCallback
+from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -35,10 +34,10 @@ from olmo_core.train.train_module import (
 )
 
 from .batch_trace import BatchTraceCallback
-from .data.order import olmo_core_seed
-from .config import ExperimentSpec, spec_to_yaml
-from .evals import downstream_evaluator, lm_evaluator
-from .hardware import known_card
+from ..data.order import olmo_core_seed
+from ..config import ExperimentSpec, spec_to_yaml
+from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
+from ..hardware import known_card
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
@@ -62,7 +61,7 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
     """The demo corpus is built on first use (rank 0 first, the other ranks then read its cache)."""
     d = spec.data
     if d.source == "demo":
-        from .data.demo import prepare_demo_corpus
+        from ..data.demo import prepare_demo_corpus
 
         if is_distributed() and get_rank() != 0:
             barrier()
@@ -78,11 +77,11 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
         return DataSources(tok, list(corpus.train_paths), list(corpus.val_paths), corpus.dtype)
     tok = TokenizerConfig.dolma2()
     if d.source == "olmo2_stage1":
-        from .data.order import TOKEN_DTYPE, load_pinned_list
+        from ..data.order import TOKEN_DTYPE, load_pinned_list
 
         return DataSources(tok, load_pinned_list(), [], np.dtype(TOKEN_DTYPE).name)
     if d.source == "prefix":
-        from .data.prefix import prefix_paths
+        from ..data.prefix import prefix_paths
 
         assert d.prefix_dir is not None  # validate() checked its sequence length
         return DataSources(tok, prefix_paths(Path(d.prefix_dir)), [], "uint32")
@@ -227,24 +226,17 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops)))
     if spec.run.trace_batches:
         trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
-    if data.val_paths:
-        trainer = trainer.with_callback(
-            "lm_evaluator",
-            LMEvaluatorCallbackConfig(
-                eval_dataset=NumpyPaddedFSLDatasetConfig(
-                    paths=data.val_paths,
-                    metadata=[{"label": "val"} for _ in data.val_paths],
-                    **dataset_kwargs,
-                ),
-                eval_interval=spec.eval.interval,
-                eval_on_startup=True,  # the loss at initialisation: how far training moved it
-                eval_on_finish=True,
-                eval_duration=Duration.steps(spec.eval.max_batches) if spec.eval.max_batches else Duration.epochs(1),
-            ),
-        )
-    if not data.val_paths and (lm_eval := lm_evaluator(spec, dataset_kwargs)) is not None:  # v3-small-ppl-validation
+    e = spec.eval
+    if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
+        lm_eval = lm_evaluator(data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, dataset_kwargs, True)
+    else:  # v3-small-ppl-validation
+        paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
+        lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, dataset_kwargs)
+    if lm_eval is not None:
         trainer = trainer.with_callback("lm_evaluator", lm_eval)
-    if (downstream := downstream_evaluator(spec, data.tokenizer)) is not None:
+    # The run's tokenizer, identified by the local file when data.tokenizer_file is set.
+    tokenizer = replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
+    if (downstream := downstream_evaluator(list(e.downstream_tasks), tokenizer, e.downstream_interval or e.interval)) is not None:
         trainer = trainer.with_callback("downstream_evaluator", downstream)
     if (wandb := wandb_callback(spec.run.wandb_project, spec.run.name)) is not None:
         trainer = trainer.with_callback("wandb", wandb)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from .config import ExperimentSpec
-from .hardware import CARDS
-from .report import count
+from ..config import ExperimentSpec
+from ..hardware import CARDS
+from .counts import count
 
 __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files"]
 
@@ -46,7 +46,7 @@ def first_data_files(spec: ExperimentSpec, n: int = 3) -> list[str]:
     if d.source == "demo":
         return [f"demo corpus (built in {d.demo_cache})"]
     if d.source in ("olmo2_stage1", "prefix"):
-        from .train import resolve_data
+        from ..train import resolve_data
 
         return resolve_data(spec).train_paths[:n]
     if d.paths:
