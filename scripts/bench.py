@@ -4,7 +4,7 @@
 
 Variants of a scale run interleaved (a rotated order per repeat) and every ratio is to the baseline
 measured in the same run. Defaults: on a CPU the demo scale, fp32; on a GPU the 113M and 1B shapes
-at their configs' sequence length (4096) in bf16. See docs/performance.md and olmo_patches/bench.py.
+at their configs' sequence length (4096) in bf16. See docs/performance.md and olmo_patches/report/bench.py.
 """
 
 import argparse

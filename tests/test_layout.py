@@ -1,0 +1,173 @@
+"""The package's layout: every import points down the layers, and what 0.1 saved still loads.
+
+The layers are written here, not read from the package: a module that starts importing upward (or a
+new folder that is not placed) fails this test.
+"""
+
+import ast
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from olmo_core.nn.transformer import TransformerConfig
+
+from .conftest import REPO
+
+PACKAGE = REPO / "olmo_patches"
+
+# What each part of the package may import from the package (besides itself).
+ALLOWED = {
+    "nn": set(),
+    "data": set(),
+    "eval": set(),
+    "hardware": set(),
+    "config": {"nn", "data", "eval", "hardware"},
+    "train": {"config", "nn", "data", "eval", "hardware"},
+    "report": {"train", "config", "nn", "data", "eval", "hardware"},
+    "export": {"train", "config", "nn"},
+    "cli": {"report", "config"},
+    "__init__": set(),
+}
+# Third-party imports the patch layer may use: it is a plug-in for OLMo-core, nothing more.
+NN_THIRD_PARTY = {"torch", "olmo_core"}
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        yield name, path
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def _imports(name: str, path: Path):
+    """(absolute module, is_from_package) of every import in the file, relative ones resolved."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                # `from . import x` / `from .. import x`: each x may be a module
+                yield from (f"{target}.{a.name}" for a in node.names) if node.module is None else (target,)
+            else:
+                yield node.module or ""
+
+
+def test_every_import_points_down():
+    wrong = []
+    for name, path in _modules():
+        part = _part(name)
+        assert part in ALLOWED, f"{path}: a new part of the package; place it in the layers (README, ALLOWED here)"
+        for target in _imports(name, path):
+            if target.split(".")[0] != "olmo_patches" or target == "olmo_patches":
+                continue
+            other = _part(target)
+            if other != part and other not in ALLOWED[part]:
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle_between_modules():
+    names = dict(_modules())
+    graph = {}
+    for name, path in names.items():
+        deps = set()
+        for target in _imports(name, path):
+            while target and target not in names:  # `from .x import Class` -> module x
+                target = target.rpartition(".")[0]
+            if target and target != name and target in names:
+                deps.add(target)
+        graph[name] = deps
+    cycles, done = [], set()
+
+    def visit(n, path):
+        for m in graph[n]:
+            if m in path:
+                cycles.append(path[path.index(m):] + [m])
+            elif m not in done:
+                visit(m, path + [m])
+        done.add(n)
+
+    for n in graph:
+        if n not in done:
+            visit(n, [n])
+    assert not cycles, cycles
+
+
+def test_the_patch_layer_imports_only_torch_and_olmo_core():
+    third_party = set()
+    for name, path in _modules():
+        if _part(name) != "nn":
+            continue
+        for target in _imports(name, path):
+            top = target.split(".")[0]
+            if top and top not in sys.stdlib_module_names and top != "olmo_patches":
+                third_party.add(top)
+    assert third_party <= NN_THIRD_PARTY, third_party
+
+
+def test_scripts_only_call_the_library():
+    """A script parses arguments and calls olmo_patches; model, data and training code lives there."""
+    for script in sorted((REPO / "scripts").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        tops = {
+            (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
+            for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+        }
+        assert "olmo_core" not in tops, f"{script.name} imports OLMo-core directly: put that in the library"
+        assert len(script.read_text().splitlines()) < 250, f"{script.name}: a thin layer is short"
+
+
+# --- what 0.1 (one flat folder) saved still loads ----------------------------------------------
+
+OLD = REPO / "tests" / "data" / "v0.1"  # written by `scripts/train.py` at commit 4417152, before the move
+
+
+@pytest.mark.parametrize("run", ["hourglass-run", "variable-width-run"])
+def test_configs_saved_under_the_old_module_paths_load(run):
+    saved = json.loads((OLD / run / "step1" / "config.json").read_text())
+    old_paths = {c for c in json.dumps(saved).split('"') if c.startswith("olmo_patches.")}
+    assert {"olmo_patches.resume.ResumeCheckpointerCallback", "olmo_patches.train.Experiment"} <= old_paths
+    model = TransformerConfig.from_dict(saved["model"])
+    kinds = {type(model).__module__} | {type(model.block).__module__, type(model.block.feed_forward).__module__}
+    assert kinds & {"olmo_patches.nn.hourglass_block", "olmo_patches.nn.variable_width"}, kinds
+    from olmo_patches.train import Experiment
+
+    assert Experiment.from_dict(saved).trainer.callbacks["checkpointer"].save_interval == 100000
+
+
+def test_a_checkpoint_saved_before_the_move_resumes(tmp_path, demo_corpus):
+    """The 0.1 hourglass checkpoint: its saved model config builds the same model as the config file
+    does now, its weights load into it strictly, and OLMo-core's Trainer resumes from it."""
+    from olmo_patches.config import load_spec, vocab_size
+    from olmo_patches.train import train
+    from olmo_patches.train.resume import load_model_state
+
+    old = OLD / "hourglass-run"
+    state = load_model_state(old / "step1")
+    from_json = TransformerConfig.from_dict(json.loads((old / "step1" / "config.json").read_text())["model"]).build()
+    spec = load_spec(old / "config.yaml", [f"run.save_folder={tmp_path / 'run'}", "train.max_steps=2"])
+    from_yaml = spec.model.build(vocab_size(spec)).build()
+    from_json.load_state_dict(state)
+    from_yaml.load_state_dict(state)
+    ids = torch.randint(0, 4096, (2, 16))
+    torch.testing.assert_close(from_json(ids), from_yaml(ids), rtol=0, atol=0)
+
+    shutil.copytree(old / "step1", tmp_path / "old-step1")
+    train(spec, resume_from=str(tmp_path / "old-step1"))
+    resumed = load_model_state(tmp_path / "run" / "step2")
+    assert resumed.keys() == state.keys()
+    assert any(not torch.equal(resumed[k], state[k]) for k in state)  # it trained one more step
