@@ -35,6 +35,7 @@ __all__ = [
     "ModelSpec",
     "DataSpec",
     "TrainSpec",
+    "PowerSpec",
     "EvalSpec",
     "RunSpec",
     "ExperimentSpec",
@@ -173,6 +174,15 @@ class DataSpec:
 
 
 @dataclass
+class PowerSpec:
+    """train.schedule=power: lm-engine's lr = lr min(1, (a / lr) (n c)^b) after a linear warmup (optim/power.py)."""
+
+    a: Optional[float] = None  # the authors: 4 x sequences per step
+    b: float = -0.566  # the authors' exponent
+    c: Optional[float] = None  # tokens per step: sequences per step x sequence length
+
+
+@dataclass
 class TrainSpec:
     seed: int = 6198  # init seed and the seed of every RNG
     global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together
@@ -187,6 +197,8 @@ class TrainSpec:
     warmup_tokens: Optional[int] = None  # ... or in tokens
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
+    schedule: str = "cosine"  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: float = 1.0
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
@@ -347,6 +359,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
+    _validate_schedule(t, fail)
     if t.precision not in ("bf16", "fp32"):
         fail("train.precision", t.precision, "must be bf16 or fp32")
     if t.data_parallel not in ("fsdp", "hsdp", "ddp"):
@@ -368,6 +381,19 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     _validate_evals(spec, fail)
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
+
+
+def _validate_schedule(t: TrainSpec, fail) -> None:
+    if t.schedule not in ("cosine", "power"):
+        fail("train.schedule", t.schedule, "must be cosine or power")
+    if t.schedule != "power":
+        return
+    for key in ("a", "c"):
+        if (value := getattr(t.power, key)) is None or value <= 0:
+            fail(f"train.power.{key}", value, "schedule=power needs a value > 0")
+    if t.warmup_tokens is not None or t.schedule_tokens is not None:
+        key = "train.warmup_tokens" if t.warmup_tokens is not None else "train.schedule_tokens"
+        fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
 
 
 def _validate_evals(spec: ExperimentSpec, fail) -> None:
