@@ -41,6 +41,7 @@ __all__ = [
     "ExperimentSpec",
     "load_spec",
     "vocab_size",
+    "tokenizer_config",
 ]
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
@@ -244,16 +245,19 @@ class ExperimentSpec:
         return self.run.save_folder or f"runs/{self.run.name}"
 
 
-def vocab_size(spec: ExperimentSpec) -> int:
-    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
-    if spec.model.vocab_size:
-        return spec.model.vocab_size
+def tokenizer_config(spec: ExperimentSpec):
+    """The tokenizer's size and special ids without building data: dolma2's, or the demo's (its two
+    special tokens are trained first: eos 0, pad 1)."""
     from olmo_core.data import TokenizerConfig
 
     if spec.data.tokenizer == "dolma2":
-        return TokenizerConfig.dolma2().padded_vocab_size()
-    # The demo tokenizer's ids (eos 0, pad 1) do not change the padded size.
-    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1).padded_vocab_size()
+        return TokenizerConfig.dolma2()
+    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1)
+
+
+def vocab_size(spec: ExperimentSpec) -> int:
+    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
+    return spec.model.vocab_size or tokenizer_config(spec).padded_vocab_size()
 
 
 # --- loading -------------------------------------------------------------------------------------
