@@ -161,6 +161,7 @@ class DataSpec:
     # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
     source: str = "demo"
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
+    base: Optional[str] = None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
@@ -374,6 +375,10 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.device", t.device, "must be auto, cpu or cuda")
     if d.source not in ("demo", "numpy", "olmo2_stage1", "prefix"):
         fail("data.source", d.source, "must be demo, olmo2_stage1, prefix or numpy")
+    if d.base is not None and d.source != "olmo2_stage1":
+        fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
+    if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
+        fail("data.base", d.base, "no such folder")
     if d.source == "prefix" and not d.prefix_dir:
         fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
     if d.source == "numpy" and not d.paths and not d.mix:

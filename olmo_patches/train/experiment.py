@@ -80,7 +80,7 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
     if d.source == "olmo2_stage1":
         from ..data.order import TOKEN_DTYPE, load_pinned_list
 
-        return DataSources(tok, load_pinned_list(), [], np.dtype(TOKEN_DTYPE).name)
+        return DataSources(tok, load_pinned_list(d.base), [], np.dtype(TOKEN_DTYPE).name)
     if d.source == "prefix":
         from ..data.prefix import prefix_paths
 
