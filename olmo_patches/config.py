@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
@@ -27,6 +27,9 @@ from .nn.hourglass_block import HourglassBlockConfig
 from .hardware import CARDS, HARDWARE, Settings, choose, detect, estimate
 from .nn.hourglass import HourglassFeedForwardConfig, NormPlacement
 from .nn.variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
+
+if TYPE_CHECKING:
+    from olmo_core.data import TokenizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +249,7 @@ class ExperimentSpec:
         return self.run.save_folder or f"runs/{self.run.name}"
 
 
-def tokenizer_config(spec: ExperimentSpec):
+def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":
     """The tokenizer's size and special ids without building data: dolma2's, or the demo's (its two
     special tokens are trained first: eos 0, pad 1)."""
     from olmo_core.data import TokenizerConfig
