@@ -1,7 +1,8 @@
 """hourglass-olmo: hourglass FFNs and variable-width transformers for OLMo-core.
 
 Layers, each importing only those above it in this list (never below):
-  nn/, data/, eval/, hardware.py   the papers' blocks; token data; evaluators; GPU cards and memory model
+  nn/, optim/, data/, eval/, hardware.py
+                                   the papers' blocks; LR schedules; token data; evaluators; GPU cards
   config.py                        YAML -> typed spec -> OLMo-core configs, validated at load
   train/                           an experiment on OLMo-core's Trainer: wiring, resume, progress, metrics
   report/, export/                 counts, plans, tables, figures, benchmarks, the demo; Hugging Face export

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
@@ -28,6 +28,9 @@ from .hardware import CARDS, HARDWARE, Settings, choose, detect, estimate
 from .nn.hourglass import HourglassFeedForwardConfig, NormPlacement
 from .nn.variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
 
+if TYPE_CHECKING:
+    from olmo_core.data import TokenizerConfig
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -35,11 +38,13 @@ __all__ = [
     "ModelSpec",
     "DataSpec",
     "TrainSpec",
+    "PowerSpec",
     "EvalSpec",
     "RunSpec",
     "ExperimentSpec",
     "load_spec",
     "vocab_size",
+    "tokenizer_config",
 ]
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
@@ -159,6 +164,7 @@ class DataSpec:
     # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
     source: str = "demo"
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
+    base: Optional[str] = None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
@@ -170,6 +176,15 @@ class DataSpec:
     work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
     demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
     demo_cache: str = ".cache/demo-corpus"
+
+
+@dataclass
+class PowerSpec:
+    """train.schedule=power: lm-engine's lr = lr min(1, (a / lr) (n c)^b) after a linear warmup (optim/power.py)."""
+
+    a: Optional[float] = None  # the authors: 4 x sequences per step
+    b: float = -0.566  # the authors' exponent
+    c: Optional[float] = None  # tokens per step: sequences per step x sequence length
 
 
 @dataclass
@@ -187,6 +202,8 @@ class TrainSpec:
     warmup_tokens: Optional[int] = None  # ... or in tokens
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
+    schedule: str = "cosine"  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: float = 1.0
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
@@ -232,16 +249,19 @@ class ExperimentSpec:
         return self.run.save_folder or f"runs/{self.run.name}"
 
 
-def vocab_size(spec: ExperimentSpec) -> int:
-    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
-    if spec.model.vocab_size:
-        return spec.model.vocab_size
+def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":
+    """The tokenizer's size and special ids without building data: dolma2's, or the demo's (its two
+    special tokens are trained first: eos 0, pad 1)."""
     from olmo_core.data import TokenizerConfig
 
     if spec.data.tokenizer == "dolma2":
-        return TokenizerConfig.dolma2().padded_vocab_size()
-    # The demo tokenizer's ids (eos 0, pad 1) do not change the padded size.
-    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1).padded_vocab_size()
+        return TokenizerConfig.dolma2()
+    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1)
+
+
+def vocab_size(spec: ExperimentSpec) -> int:
+    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
+    return spec.model.vocab_size or tokenizer_config(spec).padded_vocab_size()
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -347,6 +367,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
+    _validate_schedule(t, fail)
     if t.precision not in ("bf16", "fp32"):
         fail("train.precision", t.precision, "must be bf16 or fp32")
     if t.data_parallel not in ("fsdp", "hsdp", "ddp"):
@@ -357,6 +378,10 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.device", t.device, "must be auto, cpu or cuda")
     if d.source not in ("demo", "numpy", "olmo2_stage1", "prefix"):
         fail("data.source", d.source, "must be demo, olmo2_stage1, prefix or numpy")
+    if d.base is not None and d.source != "olmo2_stage1":
+        fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
+    if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
+        fail("data.base", d.base, "no such folder")
     if d.source == "prefix" and not d.prefix_dir:
         fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
     if d.source == "numpy" and not d.paths and not d.mix:
@@ -368,6 +393,19 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     _validate_evals(spec, fail)
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
+
+
+def _validate_schedule(t: TrainSpec, fail) -> None:
+    if t.schedule not in ("cosine", "power"):
+        fail("train.schedule", t.schedule, "must be cosine or power")
+    if t.schedule != "power":
+        return
+    for key in ("a", "c"):
+        if (value := getattr(t.power, key)) is None or value <= 0:
+            fail(f"train.power.{key}", value, "schedule=power needs a value > 0")
+    if t.warmup_tokens is not None or t.schedule_tokens is not None:
+        key = "train.warmup_tokens" if t.warmup_tokens is not None else "train.schedule_tokens"
+        fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
 
 
 def _validate_evals(spec: ExperimentSpec, fail) -> None:

@@ -7,7 +7,8 @@
   verify       re-hash a materialized prefix; optionally compare samples with the remote files
 
 Without --paths-file the pinned list data_order/olmo2-1b-stage1.txt is used (and its
-sha256 checked). Errors are one line on stderr and a non-zero exit.
+sha256 checked). --base reads the files from a mirror: the same relative paths under a local
+folder or URL instead of http://olmo-data.org; manifests and prefixes stay mirror-independent. Errors are one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from olmo_patches.data.order import (  # noqa: E402
     OLD_TRAINER_SEED,
     PINNED_LIST,
     PINNED_MANIFEST,
+    PINNED_ORIGIN,
     SEQ_LEN,
     DataOrderError,
     Layout,
     read_paths_file,
+    rebase,
     write_global_indices,
 )
 from olmo_patches.data.prefix import (
@@ -48,13 +51,14 @@ def _sizes(
     args: argparse.Namespace, paths: list[str], reader: RangeReader
 ) -> list[int]:
     """Sizes from --manifest; for the pinned list, from its cached manifest (built on first
-    use); otherwise asked for now."""
+    use); otherwise asked for now (from the mirror under --base if given). A manifest lists
+    the paths as the list names them, so it serves every mirror."""
     if args.manifest is not None:
         return load_manifest(Path(args.manifest), paths)
     pinned = Path(args.paths_file).resolve() == PINNED_LIST.resolve()
     if pinned and PINNED_MANIFEST.is_file():
         return load_manifest(PINNED_MANIFEST, paths)
-    sizes = fetch_sizes(paths, reader, workers=args.workers, progress=not args.quiet)
+    sizes = fetch_sizes(rebase(paths, args.base), reader, workers=args.workers, progress=not args.quiet)
     if pinned:
         save_manifest(PINNED_MANIFEST, paths, sizes)
     return sizes
@@ -63,7 +67,7 @@ def _sizes(
 def cmd_manifest(args: argparse.Namespace, reader: RangeReader) -> None:
     paths = read_paths_file(Path(args.paths_file))
     out = Path(args.out) if args.out else PINNED_MANIFEST
-    sizes = fetch_sizes(paths, reader, workers=args.workers, progress=not args.quiet)
+    sizes = fetch_sizes(rebase(paths, args.base), reader, workers=args.workers, progress=not args.quiet)
     save_manifest(out, paths, sizes)
     n = Layout.from_sizes(paths, sizes, SEQ_LEN).num_instances
     print(
@@ -102,6 +106,7 @@ def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
         reader=reader,
         workers=args.workers,
         progress=not args.quiet,
+        base=args.base,
     )
     print(
         f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts"
@@ -109,7 +114,7 @@ def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
 
 
 def cmd_verify(args: argparse.Namespace, reader: RangeReader) -> None:
-    problems = verify_prefix(Path(args.out), reader=reader, sample=args.sample)
+    problems = verify_prefix(Path(args.out), reader=reader, sample=args.sample, base=args.base)
     if problems:
         raise DataOrderError(
             f"{args.out}: {len(problems)} problem(s), first: {problems[0]}"
@@ -135,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help="size manifest (JSON) to use instead of asking",
             )
+        p.add_argument(
+            "--base",
+            default=None,
+            help=f"a mirror (local folder or URL) replacing {PINNED_ORIGIN} in the listed paths",
+        )
         p.add_argument("--workers", type=int, default=32, help="parallel connections")
         p.add_argument("--retries", type=int, default=5, help="attempts per request")
         p.add_argument(

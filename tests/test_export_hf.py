@@ -87,3 +87,50 @@ def test_variable_width_export_matches_olmo_core(tmp_path, demo_corpus, variant)
 def test_export_refuses_unknown_checkpoint(tmp_path):
     r = run_script("export_hf.py", str(tmp_path / "nope" / "step1"), str(tmp_path / "out"))
     assert r.returncode == 2 and "export_hf:" in r.stderr
+
+
+def test_export_sets_token_ids_and_generate_stops_at_eos(tmp_path, demo_corpus):
+    import json
+
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer
+
+    from olmo_patches.export import export_hf
+
+    run = tmp_path / "run"
+    train(load_spec(BASELINE, tiny_overrides(run, "train.max_steps=1", "run.ephemeral_save_interval=null")))
+    # The demo tokenizer's own ids: "<|endoftext|>" and "<|pad|>" are its first two tokens.
+    ids = dict(bos_token_id=0, eos_token_id=0, pad_token_id=1)
+
+    # Refused with one line, nothing written: a JSON that is not a tokenizer, a vocabulary too big.
+    (bad := tmp_path / "bad.json").write_text(json.dumps({"vocab": {"a": 0}}))
+    big = Tokenizer(models.WordLevel({f"t{i}": i for i in range(5000)}, unk_token="t0"))
+    big.save(str(tmp_path / "big.json"))
+    with pytest.raises(ValueError, match=r"--tokenizer .*big\.json: vocabulary 5000 does not fit the model's 4096 embeddings"):
+        export_hf(run / "step1", tmp_path / "hf-big", tokenizer_file=tmp_path / "big.json")
+    r = run_script("export_hf.py", str(run / "step1"), str(tmp_path / "hf-bad"), "--tokenizer", str(bad))
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert r.stderr.startswith("export_hf: --tokenizer") and "not a tokenizer JSON" in r.stderr
+    assert not (tmp_path / "hf-bad").exists() and not (tmp_path / "hf-big").exists()
+
+    out = tmp_path / "hf"
+    export_hf(run / "step1", out, tokenizer_file=demo_corpus.tokenizer_file)
+    config, gen = (json.loads((out / f).read_text()) for f in ("config.json", "generation_config.json"))
+    assert all(config[k] == v and gen[k] == v for k, v in ids.items())
+    tok = AutoTokenizer.from_pretrained(out)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 0, 1)
+    assert (tok.eos_token, tok.pad_token) == ("<|endoftext|>", "<|pad|>")
+
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32).eval()
+    prompt = torch.tensor([tok.encode("def main():")])
+    with torch.no_grad():
+        hf.get_output_embeddings().weight.zero_()  # every logit 0: greedy picks id 0, the eos
+        generated = hf.generate(prompt, max_new_tokens=5, do_sample=False)
+    assert generated[0, -1].item() == 0 and generated.shape[1] == prompt.shape[1] + 1  # stopped at eos
+
+
+def test_dolma2_token_ids():
+    from olmo_patches.export.hf import token_ids
+
+    # OLMo-2's Hugging Face config: bos = eos = 100257 ("<|endoftext|>"), pad 100277 ("<|pad|>").
+    assert token_ids(load_spec(REPO / "configs" / "1B" / "baseline.yaml")) == dict(bos_token_id=100257, eos_token_id=100257, pad_token_id=100277)

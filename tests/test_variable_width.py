@@ -118,8 +118,8 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
     m_emb, m_res, m_width = (mup or (1.0, 1.0, 1.0))
     states = [P["embeddings.weight"][ids] * m_emb]
 
-    def widen(x, width):  # dims [x.shape[-1], width) by the SPEC's rule
-        if resize == "zero":
+    def widen(x, width, mode=resize):  # dims [x.shape[-1], width) by the SPEC's rule
+        if mode == "zero":
             return F.pad(x, (0, width - x.shape[-1]))
         parts = [x]
         for dim in range(x.shape[-1], width):  # carry forward: the most recent state that had the dim
@@ -162,11 +162,9 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
         out = out[..., :H]
     elif resize == "learned":
         out = out @ P["lm_head.norm.resize.weight"].T
-    elif resize == "zero":
-        out = F.pad(out, (0, H - out.shape[-1]))
-    else:
+    else:  # zero mode too: the authors' output resize carries forward (width_varying_model.py:735)
         states[-1] = out  # the normalised dims, then dims [w_L, h) carried from earlier states
-        out = widen(out, H)
+        out = widen(out, H, "carry_forward")
     return (out / m_width) @ P["lm_head.w_out.weight"].T
 
 

@@ -21,13 +21,14 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 DATA_ORDER_DIR = Path(__file__).resolve().parents[2] / "data_order"
 PINNED_LIST = DATA_ORDER_DIR / "olmo2-1b-stage1.txt"
 PINNED_MANIFEST = DATA_ORDER_DIR / "olmo2-1b-stage1.sizes.json"
+PINNED_ORIGIN = "http://olmo-data.org"  # every pinned path starts here; a mirror keeps what follows
 
 OLD_TRAINER_SEED = 6198  # allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml
 
@@ -86,9 +87,25 @@ def read_paths_file(path: Path) -> list[str]:
     return paths
 
 
-def load_pinned_list() -> list[str]:
-    """The 1122 OLMo-2 1B Stage 1 files, checked against their pinned sha256."""
-    return read_paths_file(PINNED_LIST)
+def rebase(paths: Sequence[str], base: Optional[str], origin: str = PINNED_ORIGIN) -> list[str]:
+    """The same relative paths under a mirror ``base`` (a local folder, or a URL of any scheme
+    OLMo-core's IO reads: http(s), s3, gs, ...) instead of ``origin``; unchanged when base is None."""
+    if base is None:
+        return list(paths)
+    if "://" not in base:
+        base = str(Path(base).resolve())
+    base, origin = base.rstrip("/"), origin.rstrip("/") + "/"
+    out = []
+    for p in paths:
+        if not p.startswith(origin):
+            raise DataOrderError(f"{p} is not under {origin}: cannot rebase it onto {base}")
+        out.append(f"{base}/{p[len(origin):]}")
+    return out
+
+
+def load_pinned_list(base: Optional[str] = None) -> list[str]:
+    """The 1122 OLMo-2 1B Stage 1 files, checked against their pinned sha256; under ``base`` if given."""
+    return rebase(read_paths_file(PINNED_LIST), base)
 
 
 def instance_counts(

@@ -42,6 +42,7 @@ from .order import (
     TOKEN_DTYPE,
     DataOrderError,
     Layout,
+    rebase,
     sha256_file,
     shuffled_indices,
 )
@@ -126,14 +127,17 @@ def materialize(
     reader: Optional[RangeReader] = None,
     workers: int = 16,
     progress: bool = True,
+    base: Optional[str] = None,
 ) -> dict[str, Any]:
     """Write the first ``spec.num_instances`` instances, in training order, under ``out_dir``.
 
     Returns the final index. Resumes a previous run with the same spec; a directory made
-    with a different spec is an error (nothing there is touched).
+    with a different spec is an error (nothing there is touched). ``base``: read the listed
+    files from this mirror (:func:`~.order.rebase`); the prefix records the listed paths.
     """
     out_dir = Path(out_dir)
     reader = reader or RangeReader()
+    sources = rebase(spec.paths, base)
     layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
     if spec.num_instances > layout.num_instances:
         raise DataOrderError(
@@ -194,7 +198,7 @@ def materialize(
                         return
                     fi = int(file_idx[i])
                     data = reader.read(
-                        spec.paths[fi],
+                        sources[fi],
                         int(token_off[i]) * TOKEN_BYTES,
                         instance_bytes,
                         spec.sizes[fi],
@@ -246,12 +250,12 @@ def materialize(
 
 
 def verify_prefix(
-    out_dir: Path, *, reader: Optional[RangeReader] = None, sample: int = 0
+    out_dir: Path, *, reader: Optional[RangeReader] = None, sample: int = 0, base: Optional[str] = None
 ) -> list[str]:
     """Problems with a prefix directory (empty list: all good).
 
     Checks every part's size and sha256 against index.json and, with ``sample`` > 0, compares
-    that many randomly chosen instances with the remote files.
+    that many randomly chosen instances with the remote files (under the mirror ``base`` if given).
     """
     out_dir = Path(out_dir)
     index = _read_index(out_dir)
@@ -279,6 +283,7 @@ def verify_prefix(
             problems.append(f"{name}: sha256 differs from index.json")
     if sample and not problems:
         reader = reader or RangeReader()
+        sources = rebase(spec.paths, base)
         layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
         order = np.load(out_dir / ORDER)
         picks = np.random.default_rng().choice(
@@ -292,10 +297,10 @@ def verify_prefix(
                 f.seek(within * n)
                 local = f.read(n)
             if local != reader.read(
-                spec.paths[fi], int(off) * TOKEN_BYTES, n, spec.sizes[fi]
+                sources[fi], int(off) * TOKEN_BYTES, n, spec.sizes[fi]
             ):
                 problems.append(
-                    f"instance {pos} (part {k}) differs from {spec.paths[fi]}"
+                    f"instance {pos} (part {k}) differs from {sources[fi]}"
                 )
     return problems
 

@@ -17,7 +17,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..config import ExperimentSpec, load_spec, vocab_size
+from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
 from ..train.resume import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
 
@@ -109,6 +109,33 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     return model
 
 
+# The special tokens of both tokenizers (dolma2 and the demo's) by name, as tokenizer_config.json names them.
+SPECIAL_TOKENS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>"}
+
+
+def token_ids(spec: ExperimentSpec) -> Dict[str, int]:
+    """bos, eos and pad ids of the run's tokenizer; no BOS token of its own: bos = eos (OLMo-2's HF config)."""
+    tok = tokenizer_config(spec)
+    bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return dict(bos_token_id=bos, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def _check_tokenizer(path: Path, ids: Dict[str, int], vocab: int) -> Dict[str, str]:
+    """The special tokens' strings of a tokenizer JSON that fits the model; ValueError (one line) if not."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # not JSON, or JSON that is not a tokenizer
+        raise ValueError(f"--tokenizer {path}: not a tokenizer JSON ({' '.join(str(e).split())[:200]})") from None
+    if (n := tok.get_vocab_size()) > vocab:
+        raise ValueError(f"--tokenizer {path}: vocabulary {n} does not fit the model's {vocab} embeddings")
+    for name, text in SPECIAL_TOKENS.items():
+        if (got := tok.token_to_id(text)) != ids[name + "_id"]:
+            raise ValueError(f"--tokenizer {path}: {text} is id {got}, the model was trained with {name}_id {ids[name + '_id']}")
+    return {"bos_token": tok.id_to_token(ids["bos_token_id"]), **SPECIAL_TOKENS}
+
+
 def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[str | Path] = None,
               tokenizer_file: Optional[str | Path] = None) -> str:
     """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom")."""
@@ -120,13 +147,20 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
     if vocab != (expected := spec.model.vocab_size or vocab_size(spec)):
         raise ValueError(f"{checkpoint}: vocabulary {vocab} differs from {config_path}'s {expected}")
     max_len = spec.data.sequence_length
+    ids = token_ids(spec)
+    specials = _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
     kind = "olmo2" if is_olmo2_shape(spec) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, max_len)
+    model.config.update(ids)
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(**ids)  # generate() stops at eos and pads with pad
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     if kind == "custom":
         shutil.copy(MODELING, out / MODELING.name)
     if tokenizer_file is not None:
         shutil.copy(tokenizer_file, out / "tokenizer.json")
-        (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+        tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **(specials or {})}
+        (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))
     return kind

@@ -157,7 +157,7 @@ class HourglassFFN(nn.Module):
 
 class Block(nn.Module):
     """Layer l at width w_l. In a stream S = max(h, max w) wide (carry_forward, zero) it reads
-    s[:w_l] and writes y_l there; the other dims keep their value (carry_forward) or become zero.
+    s[:w_l] (zero: dims past w_{l-1} read as zeros) and writes y_l there; the other dims keep their value.
     learned: no stream; it reads y_{l-1} truncated to w_l, or projected by ``resize`` when wider."""
 
     def __init__(self, c: HourglassOlmoConfig, layer: int):
@@ -165,7 +165,7 @@ class Block(nn.Module):
         widths = c.layer_widths
         d, hidden = widths[layer], c.layer_hidden_sizes[layer]
         in_width = widths[layer - 1] if layer else c.d_model
-        self.width, self.stream_width, self.mode = d, c.stream_width, c.resize
+        self.width, self.in_width, self.stream_width, self.mode = d, in_width, c.stream_width, c.resize
         self.alpha = c.residual_scale
         self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
         self.attention = Attention(c, d)
@@ -191,17 +191,18 @@ class Block(nn.Module):
             return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width])
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
-        y = self.layer(x[..., : self.width])
+        inp = x[..., : self.width]
+        if self.mode == "zero" and self.in_width < self.width:  # new dims read zeros
+            inp = F.pad(inp[..., : self.in_width], (0, self.width - self.in_width))
+        y = self.layer(inp)
         if self.width == self.stream_width:
             return y
-        if self.mode == "zero":
-            return F.pad(y, (0, self.stream_width - self.width))
-        return torch.cat((y, x[..., self.width :]), dim=-1)
+        return torch.cat((y, x[..., self.width :]), dim=-1)  # the stream carries forward in both modes
 
 
 class OutputNorm(RMSNorm):
     """RMSNorm over the last layer's w_L dims, then to h dims: truncated when w_L >= h, else extended
-    by the stream's dims [w_L, h) (carry_forward), zeros (zero) or ``resize`` (learned); x logit_scale."""
+    by the stream's dims [w_L, h) (carry_forward and zero) or ``resize`` (learned); x logit_scale."""
 
     def __init__(self, c: HourglassOlmoConfig):
         last = c.layer_widths[-1]
@@ -215,9 +216,7 @@ class OutputNorm(RMSNorm):
             y = y[..., : self.d_model]
         elif self.resize is not None:
             y = self.resize(y)
-        elif self.mode == "zero":
-            y = F.pad(y, (0, self.d_model - self.last_width))
-        else:
+        else:  # carry_forward and zero alike (the authors' output resize)
             y = torch.cat((y, x[..., self.last_width : self.d_model]), dim=-1)
         return y * self.logit_scale if self.logit_scale != 1.0 else y
 

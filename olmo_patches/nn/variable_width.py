@@ -28,14 +28,16 @@ x_l = s_l-1[:w_l] (a slice, no copy), computes y_l = Block_l(x_l) (its own resid
   does not have keep the value of the most recent layer that wrote them (or the embedding, for dims
   < h), and dims that no layer ever had are zero. So a widening layer l (w_l > w_l-1) reads dims
   [w_l-1, w_l) from the most recent layer that was that wide.
-- ``zero``: s_l = [y_l, 0]: a widening layer reads zeros in [w_l-1, w_l).
+- ``zero``: a widening layer reads zeros in [w_l-1, w_l): x_l = [y_l-1, 0] (x_l = y_l-1[:w_l] when
+  narrowing). The stream still carries forward (s_l = [y_l, s_l-1[w_l:]]) for the output below.
 - ``learned``: no stream; x_l = y_l-1[:w_l] when shrinking and x_l = P_l y_l-1 (a bias-free learned
   w_l x w_l-1 projection, ``resize``) when widening (y_0 = the embedding, h wide). Dims a narrower layer
   dropped are lost.
 
 Output: RMSNorm over the first w_L dims of the last layer's output, then to h dims: truncate when
-w_L >= h; when w_L < h, carry_forward appends s_L[w_L:h] (un-normalised, as the authors do), zero
-appends zeros, learned projects with a w_L -> h matrix. Then the untied h x V LM head.
+w_L >= h; when w_L < h, carry_forward and zero both append s_L[w_L:h] (un-normalised; the authors'
+output resize turns zero into move_up, width_varying_model.py:735), learned projects with a w_L -> h
+matrix. Then the untied h x V LM head.
 
 Interaction with the zero-initialised dims: with carry_forward or zero and w_1 > h, layer 1's input
 has zeros in [h, w_1). RMSNorm over w_1 counts them (rms over w_1 dims, so the embedding is scaled by
@@ -49,7 +51,8 @@ either SwiGLU (hidden ``ffn_hidden_ratio`` w_l) or the hourglass FFN (d_h scaled
 
 Initialisation: OLMo-core's (``init_method``, ``init_std``), or the paper's muP-style one
 (:class:`MuPConfig`): embedding std = init_range, block weights std = init_range / sqrt(m_width) *
-sqrt(h / w_l), LM head std = init_range (plain normal, as lm-engine); forward multipliers: embedding x
+sqrt(h / w_l), the attention and FFN output projections (w_out, w2) a further / sqrt(2 L) with L the
+model's depth (lm-engine's c_proj), LM head std = init_range (plain normal, as lm-engine); forward multipliers: embedding x
 m_emb, every residual branch x m_residual, logits / m_width, attention scores 1 / head_dim. Learned
 resize projections use PyTorch's nn.Linear default U(+-1/sqrt(fan_in)) (the authors' nn.Linear).
 """
@@ -266,12 +269,13 @@ class _Resizing:
             return super().forward(inp, **kwargs)  # type: ignore[misc]
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
-        y = super().forward(x[..., : self.width], **kwargs)  # type: ignore[misc]
+        inp = x[..., : self.width]
+        if self.resize_mode == ResizeMode.zero and self.in_width < self.width:  # new dims read zeros
+            inp = F.pad(inp[..., : self.in_width], (0, self.width - self.in_width))
+        y = super().forward(inp, **kwargs)  # type: ignore[misc]
         if self.width == self.stream_width:
             return y
-        if self.resize_mode == ResizeMode.zero:
-            return F.pad(y, (0, self.stream_width - self.width))
-        return torch.cat((y, x[..., self.width :]), dim=-1)  # carry forward
+        return torch.cat((y, x[..., self.width :]), dim=-1)  # the stream carries forward in both modes
 
     def num_flops_per_token(self, seq_len: int) -> int:
         extra = 6 * self.resize.weight.numel() if self.resize is not None else 0
@@ -353,9 +357,7 @@ class OutputNorm(RMSNorm):
             y = y[..., : self.d_model]
         elif self.resize is not None:
             y = self.resize(y)
-        elif self.resize_mode == ResizeMode.zero:
-            y = F.pad(y, (0, self.d_model - self.last_width))
-        else:  # carry forward: dims [w_L, h) of the stream
+        else:  # carry forward, also in zero mode (the authors' output resize, WVM:735): dims [w_L, h) of the stream
             y = torch.cat((y, x[..., self.last_width : self.d_model]), dim=-1)
         return y * self.logit_scale if self.logit_scale != 1.0 else y
 
@@ -522,9 +524,10 @@ class VariableWidthTransformer(Transformer):
             _apply_init(nn.init.normal_, weight, mean=0.0, std=std, generator=generator)
 
         normal(self.embeddings.weight, m.init_range)
+        out_proj = ("attention.w_out.weight", "feed_forward.w2.weight")  # lm-engine's c_proj: / sqrt(2 L)
         for block, w in zip(self.blocks.values(), self.widths):
             std = m.init_range / math.sqrt(m.m_width) * math.sqrt(self.d_model / w)
             for name, p in block.named_parameters():
                 if p.dim() >= 2 and "resize" not in name:
-                    normal(p, std)
+                    normal(p, std / math.sqrt(2 * self.n_layers) if name.endswith(out_proj) else std)
         normal(self.lm_head.w_out.weight, m.init_range)

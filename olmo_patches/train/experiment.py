@@ -24,7 +24,7 @@ from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.distributed.utils import barrier, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
-from olmo_core.optim.scheduler import SchedulerUnits
+from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
@@ -36,6 +36,7 @@ from olmo_core.train.train_module import (
 from .batch_trace import BatchTraceCallback
 from ..data.order import olmo_core_seed
 from ..config import ExperimentSpec, spec_to_yaml
+from ..optim.power import PowerScheduler
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from .metrics import MetricsFileCallback
@@ -79,7 +80,7 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
     if d.source == "olmo2_stage1":
         from ..data.order import TOKEN_DTYPE, load_pinned_list
 
-        return DataSources(tok, load_pinned_list(), [], np.dtype(TOKEN_DTYPE).name)
+        return DataSources(tok, load_pinned_list(d.base), [], np.dtype(TOKEN_DTYPE).name)
     if d.source == "prefix":
         from ..data.prefix import prefix_paths
 
@@ -149,6 +150,20 @@ def _optim_groups(spec: ExperimentSpec) -> list[OptimGroupOverride]:
     return groups
 
 
+def _scheduler(spec: ExperimentSpec) -> Scheduler:
+    """Cosine with linear warmup (OLMo-2), or lm-engine's power schedule (the variable-width paper)."""
+    t = spec.train
+    if t.schedule == "power":
+        p = t.power
+        assert p.a is not None and p.c is not None  # validate()
+        return PowerScheduler(a=p.a, b=p.b, c=p.c, lr0=t.lr, warmup=t.warmup_steps or 0)
+    warmup = t.warmup_tokens if t.warmup_tokens is not None else t.warmup_steps
+    units = SchedulerUnits.tokens if t.warmup_tokens is not None or t.schedule_tokens else SchedulerUnits.steps
+    if units == SchedulerUnits.tokens and t.warmup_steps is not None:
+        warmup = t.warmup_steps * t.global_batch_size * spec.data.sequence_length
+    return CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens)
+
+
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, d = spec.train, spec.data
     device = device_for(spec)
@@ -175,10 +190,6 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         shuffle=d.source != "prefix",
     )
 
-    warmup = t.warmup_tokens if t.warmup_tokens is not None else t.warmup_steps
-    units = SchedulerUnits.tokens if t.warmup_tokens is not None or t.schedule_tokens else SchedulerUnits.steps
-    if units == SchedulerUnits.tokens and t.warmup_steps is not None:
-        warmup = t.warmup_steps * t.global_batch_size * seq
     train_module = TransformerTrainModuleConfig(
         rank_microbatch_size=t.micro_batch_size * seq,
         max_sequence_length=seq,
@@ -189,7 +200,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
             weight_decay=t.weight_decay,
             group_overrides=_optim_groups(spec),
         ),
-        scheduler=CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens),
+        scheduler=_scheduler(spec),
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
         compile_model=t.compile,
