@@ -84,7 +84,7 @@ def _resize(x, out_dim, mode, hist, P=None):  # WVM resize_if_needed (301-461)
 def _authors_forward(W, ids, widths, mode, pad_output=False):
     """W: the authors' tensors by role (see _weights). Returns logits (B, T, V). ``pad_output``: zero
     padding at the output instead of the authors' fill (what the project did before)."""
-    L, h = len(widths), W["wte"].shape[1]
+    h = W["wte"].shape[1]
     e = W["wte"][ids] * M_EMB  # LME base.py:249-260
     hist, x = [e], e
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
