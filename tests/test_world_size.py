@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from olmo_patches.cli import load_or_exit
 from olmo_patches.config import ConfigError, Layout, load_spec
 from olmo_patches.train import train
 from olmo_patches.train.metrics import read_metrics
@@ -97,14 +98,22 @@ def test_dry_run_refuses_an_impossible_launch(capsys):
     assert code == 2 and "--dry-run" in err
 
 
-def test_torchrun_failure_is_one_line_from_rank_0_and_writes_nothing(tmp_path):
-    save = tmp_path / "run"
-    r = run_script("train.py", str(DEMO / "baseline.yaml"), "train.global_batch_size=15", "train.micro_batch_size=5",
-                   f"run.save_folder={save}", f"data.work_dir={tmp_path / 'cache'}", torchrun=2)
-    assert r.returncode != 0  # torchrun's own status for failed workers (each exits 2)
-    lines = [line for line in (r.stdout + r.stderr).splitlines() if "config error" in line]
-    assert lines == ["config error: command line: train.global_batch_size=15: is not divisible by the 2 ranks (1 node x 2): each rank takes a whole number of sequences"]
-    assert not save.exists() and not (tmp_path / "cache").exists()
+def test_only_rank_0_prints_the_error(monkeypatch, capsys, tmp_path):
+    """Every rank checks the same config and exits 2; one line in all, from rank 0."""
+    bad = ["train.global_batch_size=15", "train.micro_batch_size=5", f"run.save_folder={tmp_path / 'run'}"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as e:
+            load_or_exit(str(DEMO / "baseline.yaml"), bad)
+        assert e.value.code == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert lines == ([] if rank == "1" else [
+            "config error: command line: train.global_batch_size=15: is not divisible by the 2 ranks (1 node x 2): "
+            "each rank takes a whole number of sequences"
+        ])
+    assert not (tmp_path / "run").exists()
 
 
 # The demo's shape and batches unchanged (global 16 = micro 16); shorter sequences, 3 steps, 2 eval batches.
@@ -118,12 +127,14 @@ def _losses(run_dir):
 
 @pytest.mark.parametrize("name", ["baseline", "hourglass", "variable-width"])
 def test_demo_config_under_torchrun_matches_one_process(tmp_path, demo_corpus, name):
+    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2 and in
+    one process: the same losses (the global batch is the same)."""
     one, two = tmp_path / "one", tmp_path / "two"
     common = [*SHRINK, f"data.work_dir={tmp_path / 'cache'}"]
-    train(load_spec(DEMO / f"{name}.yaml", [*common, f"run.save_folder={one}"], layout=Layout.plan(1)))
     r = run_script("train.py", str(DEMO / f"{name}.yaml"), *common, f"run.save_folder={two}", torchrun=2)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "train.micro_batch_size=16 > the per-rank batch 8" in r.stderr  # the one info line
+    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == 1  # rank 0's info line
+    train(load_spec(DEMO / f"{name}.yaml", [*common, f"run.save_folder={one}"], layout=Layout.plan(1)))
     l1, l2 = _losses(one), _losses(two)
     assert sorted(l1) == sorted(l2) and {s for s, _ in l1} == {0, 1, 2, 3}
     print(f"{name}: " + ", ".join(f"{k[1]}@{k[0]} {l1[k]:.6f}/{l2[k]:.6f}" for k in sorted(l1)))
