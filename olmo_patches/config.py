@@ -348,8 +348,6 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
     if t.global_batch_size < 1 or (t.micro_batch_size is not None and t.micro_batch_size < 1):
         fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
-    if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
-        fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
     if t.precision not in ("bf16", "fp32"):
@@ -445,8 +443,11 @@ class Layout:
         return cls(world, local, int(os.environ.get("NUM_NODES", 0)) or max(world // local, 1))
 
     def __str__(self) -> str:
-        s = lambda n, word: f"{n} {word}{'s' if n > 1 else ''}"  # noqa: E731
-        return f"{s(self.world_size, 'rank')} ({s(self.nodes, 'node')} x {self.local})"
+        return f"{_count(self.world_size, 'rank')} ({_count(self.nodes, 'node')} x {self.local})"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "config") -> None:

@@ -206,7 +206,8 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
         from torch.distributed.run import get_args_parser
 
         t = get_args_parser().parse_args(words[1:])
-        _plan([t.training_script, *t.training_script_args], int(t.nproc_per_node), int(t.nnodes), cwd)
+        nodes = int(str(t.nnodes).split(":")[-1])  # torchrun's MIN:MAX form (default 1:1)
+        _plan([t.training_script, *t.training_script_args], int(t.nproc_per_node), nodes, cwd)
     elif words[0] == "sbatch":
         from ._fake_slurm import fake_slurm
 
