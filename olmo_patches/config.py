@@ -471,9 +471,11 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
         log.info(f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / {layout}): using {per_rank}")
         t.micro_batch_size = per_rank
     elif m is not None and per_rank % m:
-        fail("train.micro_batch_size", m, f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})")
+        fail("train.micro_batch_size", m,
+             f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})")
     if t.data_parallel == "hsdp" and n > 1 and layout.nodes * layout.local != n:
-        fail("train.data_parallel", t.data_parallel, f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes")
+        fail("train.data_parallel", t.data_parallel,
+             f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes")
 
 
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
