@@ -78,10 +78,10 @@ class DocCommand:
         return f"{self.doc}:{self.line}: {self.text}"
 
 
-def doc_commands() -> list[DocCommand]:
+def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
     """The shell commands of fenced (shell or plain) and indented code blocks, in doc order."""
     found = []
-    for path in DOCS:
+    for path in docs:
         lines, fence, prev_blank = path.read_text().splitlines(), None, True
         i = 0
         while i < len(lines):
@@ -99,7 +99,8 @@ def doc_commands() -> list[DocCommand]:
             i += 1
             if code and text.split(" ", 1)[0] in COMMAND_START:
                 words = shlex.split(text, comments=True)
-                found.append(DocCommand(str(path.relative_to(REPO)), start, " ".join(shlex.quote(w) for w in words)))
+                name = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+                found.append(DocCommand(name, start, " ".join(shlex.quote(w) for w in words)))
     return found
 
 
@@ -126,6 +127,25 @@ def test_docs_have_commands_and_each_has_a_row():
     assert len(COLLECTED) >= 20  # README, data_order, paper_runs, performance, running, variable_width
     for cmd in COLLECTED:
         row_for(cmd)
+
+
+def test_collector_reads_fenced_and_indented_blocks(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text(
+        "Text with python inline.\n\n```bash\npython scripts/a.py --x 1   # comment\n```\n\n"
+        "```yaml\npython: not a command\n```\n\n    torchrun --nproc-per-node 2 \\\n        scripts/train.py c.yaml\n"
+        "    sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'\n\n  python indented two: prose\n"
+    )
+    assert [(c.line, c.text) for c in doc_commands([doc])] == [
+        (4, "python scripts/a.py --x 1"),
+        (11, "torchrun --nproc-per-node 2 scripts/train.py c.yaml"),
+        (13, "sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'"),
+    ]
+
+
+def test_a_command_without_a_row_names_the_fix():
+    with pytest.raises(AssertionError, match="add a Row to COMMANDS in tests/test_doc_commands.py"):
+        row_for(DocCommand("NEW.md", 3, "python scripts/new_tool.py --go"))
 
 
 @pytest.fixture(scope="module")
