@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import List, Optional
 
-from .config import ConfigError, ExperimentSpec, load_spec
+from .config import ConfigError, ExperimentSpec, Layout, load_spec
 from .report.console import console
 
 __all__ = ["console", "load_or_exit"]
 
 
-def load_or_exit(path: str, overrides: Optional[List[str]] = None) -> ExperimentSpec:
-    """Load a config; on a bad one print one line naming file, key and value and exit 2."""
+def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
+    """Load a config for ``layout``'s ranks (default: torchrun's); on a bad one print one line
+    naming file, key and value (rank 0 only: every rank checks the same config) and exit 2."""
+    rank0 = os.environ.get("RANK", "0") == "0"
+    _config_log(rank0)
     try:
-        return load_spec(path, overrides)
+        return load_spec(path, overrides, layout)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        if rank0:
+            print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _config_log(rank0: bool) -> None:
+    """config.py's info lines (presets, a lowered micro-batch) on rank 0's stderr: the trainer's
+    logging is set up only after the config has loaded."""
+    logger = logging.getLogger("olmo_patches.config")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.INFO if rank0 else logging.WARNING)

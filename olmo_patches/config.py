@@ -45,6 +45,8 @@ __all__ = [
     "load_spec",
     "vocab_size",
     "tokenizer_config",
+    "Layout",
+    "fit_world_size",
 ]
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
@@ -300,8 +302,9 @@ def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> st
     return str(chain[-1][0])
 
 
-def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> ExperimentSpec:
-    """Load, merge, validate. Raises :class:`ConfigError` with a one-line message."""
+def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
+    """Load, merge, validate for the ranks of ``layout`` (default: torchrun's environment).
+    Raises :class:`ConfigError` with a one-line message."""
     overrides = list(overrides or [])
     chain = _read_chain(Path(path))
     merged: Any = OmegaConf.structured(ExperimentSpec)
@@ -322,7 +325,9 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
         raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {_one_line(e)}") from e
     where = partial(_where, chain=chain, cli=overrides)
     validate(spec, where)
-    apply_hardware(spec, where)  # fills the train keys left at null
+    layout = layout or Layout.from_env()
+    fit_world_size(spec, layout, where)
+    apply_hardware(spec, where, layout)  # fills the train keys left at null
     return spec
 
 
@@ -363,8 +368,6 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
     if t.global_batch_size < 1 or (t.micro_batch_size is not None and t.micro_batch_size < 1):
         fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
-    if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
-        fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
     _validate_schedule(t, fail)
@@ -457,27 +460,85 @@ def _validate_widths(m: ModelSpec, fail) -> None:
                  f"w_{layer}={width} is not a positive multiple of 2 model.n_heads={2 * m.n_heads} (even head_dim for RoPE)")
 
 
-def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", world_size: Optional[int] = None) -> None:
-    """Fill the train keys left at null from ``train.hardware`` (hardware.py's presets for this model)."""
+@dataclass(frozen=True)
+class Layout:
+    """The ranks a run has: ``world_size`` processes, ``local`` per node, on ``nodes`` nodes (as
+    OLMo-core counts them for HSDP: NUM_NODES, else world / local)."""
+
+    world_size: int = 1
+    local: int = 1
+    nodes: int = 1
+
+    @classmethod
+    def plan(cls, nproc_per_node: int, nodes: int = 1) -> "Layout":
+        return cls(nproc_per_node * nodes, nproc_per_node, nodes)
+
+    @classmethod
+    def from_env(cls) -> "Layout":
+        """torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE; one process without them."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        return cls(world, local, int(os.environ.get("NUM_NODES", 0)) or max(world // local, 1))
+
+    def __str__(self) -> str:
+        return f"{_count(self.world_size, 'rank')} ({_count(self.nodes, 'node')} x {self.local})"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "config") -> None:
+    """The per-rank arithmetic for ``layout``, before anything is built or written.
+
+    An explicit micro-batch larger than the per-rank batch is lowered to it (one info line): the
+    micro-batch only trades memory for speed, the global batch (hence the result) is unchanged, and a
+    config sized for one process then runs on any number. One that does not divide the per-rank
+    batch is refused: no value is clearly right (the nearest divisor may halve the throughput)."""
+    t = spec.train
+    g, n = t.global_batch_size, layout.world_size
+
+    def fail(key: str, value: Any, why: str):
+        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
+
+    if g % n:
+        fail("train.global_batch_size", g, f"is not divisible by the {layout}: each rank takes a whole number of sequences")
+    per_rank = g // n
+    m = t.micro_batch_size
+    if m is not None and m > per_rank:
+        log.info(f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / {layout}): using {per_rank}")
+        t.micro_batch_size = per_rank
+    elif m is not None and per_rank % m:
+        fail("train.micro_batch_size", m,
+             f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})")
+    if t.data_parallel == "hsdp" and n > 1 and layout.nodes * layout.local != n:
+        fail("train.data_parallel", t.data_parallel,
+             f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes")
+
+
+def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
+    """Fill the train keys left at null from ``train.hardware`` (hardware.py's presets for this
+    model), per rank of ``layout`` (after :func:`fit_world_size`)."""
     t = spec.train
     if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
         return
-    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    layout = layout or Layout.from_env()
+    per_rank = t.global_batch_size // layout.world_size
     card = None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
     if card is None:  # none, a CPU run, or auto without a GPU
-        settings = Settings(t.micro_batch_size or max(t.global_batch_size // world_size, 1), False, False)
+        settings = Settings(t.micro_batch_size or per_rank, False, False)
     else:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        shards = {"fsdp": world_size, "hsdp": local, "ddp": 1}.get(t.data_parallel, 1)
+        shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(t.data_parallel, 1)
         est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
         try:
-            settings = choose(est, card, max(t.global_batch_size // world_size, 1), t.micro_batch_size, t.activation_checkpointing)
+            settings = choose(est, card, per_rank, t.micro_batch_size, t.activation_checkpointing)
         except ValueError as e:
             raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
     filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}
     for key, value in filled.items():
         setattr(t, key, value)
-    log.info(f"train.hardware={t.hardware} -> {card.name if card else 'none'} ({world_size} ranks): {filled}")
+    if card is not None:  # without a card nothing is chosen: no preset line
+        log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): {filled}")
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

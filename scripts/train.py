@@ -1,7 +1,10 @@
 """Train a config through OLMo-core's Trainer.
 
-    python scripts/train.py CONFIG [key=value ...] [--dry-run]
+    python scripts/train.py CONFIG [key=value ...] [--dry-run [--nproc-per-node N [--nodes M]]]
     torchrun --nproc-per-node N scripts/train.py CONFIG [key=value ...]
+
+The config is checked for the ranks the run has (torchrun's environment) before anything is
+written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M nodes of N GPUs.
 
 A run resumes from the latest complete checkpoint in its save folder; --resume-from PATH resumes
 from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint and exits 0.
@@ -11,7 +14,7 @@ import argparse
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
-from olmo_patches.config import spec_to_yaml
+from olmo_patches.config import Layout, spec_to_yaml
 from olmo_patches.report.plan import plan_table
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import train
@@ -23,13 +26,21 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-3")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameters, then exit")
     parser.add_argument("--resume-from", metavar="PATH", help="checkpoint (or folder of checkpoints) to resume from")
-    args = parser.parse_args()
-    spec = load_or_exit(args.config, args.overrides)
+    parser.add_argument("--nproc-per-node", type=int, metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)")
+    parser.add_argument("--nodes", type=int, metavar="M", help="--dry-run: plan for M nodes (default 1)")
+    args = parser.parse_intermixed_args()  # overrides before or after the flags
+    planned = args.nproc_per_node is not None or args.nodes is not None
+    if planned and not args.dry_run:
+        parser.error("--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun")
+    if planned and min(args.nproc_per_node or 1, args.nodes or 1) < 1:
+        parser.error("--nproc-per-node and --nodes must be >= 1")
+    layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
+    spec = load_or_exit(args.config, args.overrides, layout)
     if args.dry_run:
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
-        console.print(plan_table(spec))
+        console.print(plan_table(spec, layout or Layout.from_env()))
         return
     train(spec, resume_from=args.resume_from)
 

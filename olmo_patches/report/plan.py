@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from ..config import ExperimentSpec
+from ..config import ExperimentSpec, Layout
 from ..hardware import CARDS
 from .counts import count
 
@@ -79,7 +79,7 @@ def plan(spec: ExperimentSpec) -> RunPlan:
     )
 
 
-def plan_table(spec: ExperimentSpec) -> Table:
+def plan_table(spec: ExperimentSpec, layout: Layout = Layout()) -> Table:
     p = plan(spec)
     table = Table(title=f"{spec.run.name}: run plan")
     table.add_column("", no_wrap=True)
@@ -88,6 +88,9 @@ def plan_table(spec: ExperimentSpec) -> Table:
     table.add_row("steps", f"{p.steps:,}")
     table.add_row("warmup steps", f"{p.warmup_steps:,}")
     table.add_row("global batch", f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens")
+    per_rank = p.global_batch_sequences // layout.world_size
+    table.add_row("ranks", f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}")
+    table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
     table.add_row("micro-batch (per GPU)", f"{p.micro_batch_sequences} sequences")
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")

@@ -1,0 +1,263 @@
+"""Every shell command in README.md and docs/*.md (fenced ``bash``/plain blocks and indented blocks)
+is run as written, or, where it needs a GPU, a cluster, the network or hours, parsed: a command
+whose text drifts from the code fails here.
+
+Each command must match one row of COMMANDS (first match wins). The row says how it is checked:
+
+- ``run``: as written, plus the row's ``shrink`` arguments appended (e.g. ``train.max_steps=1``:
+  later overrides win), in a scratch folder with the repo's configs/, scripts/ and caches linked in.
+- ``parse``: needs the network, a finished run or hours; ``--help`` of the script (and of its
+  subcommand) must list every ``--flag`` the doc writes.
+- ``gpu``: a GPU launch. torchrun's own parser reads the torchrun flags, then scripts/train.py
+  plans the launch (``--dry-run --nproc-per-node N --nodes M``) for the doc's config and overrides;
+  sbatch lines run scripts/launch_slurm.sbatch against a fake SLURM and then its pre-flight dry run.
+
+A new documented command without a row fails with a message naming the doc and the line: add a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
+COMMAND_START = ("python", "torchrun", "sbatch", "make", "pytest")
+
+# Shrinks: a few steps of the demo's own model, short sequences, two validation batches.
+TINY_TRAIN = ("train.max_steps=1", "data.sequence_length=32", "eval.max_batches=1")
+TINY_BENCH = ("--repeats", "1", "--warmup", "0", "--compile", "off", "--seq", "16", "--batch", "1")
+
+
+@dataclass(frozen=True)
+class Row:
+    match: str  # regex, re.match against the command (comments stripped, continuations joined)
+    how: str  # run | parse | gpu
+    shrink: tuple[str, ...] = ()  # run: arguments appended to the command
+    why: str = ""  # parse: why it is not run
+
+
+COMMANDS = [
+    Row(r"make (demo|test)$", "parse", why="the demo (minutes) and the suite itself: `make -n` and the script's flags"),
+    Row(r"python scripts/train\.py configs/demo/\S+\.yaml", "run", TINY_TRAIN),
+    Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
+    Row(r"python scripts/count_params\.py ", "run"),
+    Row(r"python scripts/search\.py ", "run", ("--top", "3")),
+    Row(r"python scripts/config_table\.py", "run"),
+    Row(r"python scripts/make_tables\.py ", "run", ("--no-figures",)),
+    Row(r"python scripts/bench\.py( --json)?$", "run", TINY_BENCH),
+    Row(r"python scripts/bench\.py --scale 113M --repeats", "parse", why="113M on CPU: minutes"),
+    Row(r"python scripts/bench\.py --scale 113M,1B", "gpu"),
+    Row(r"python scripts/data_order\.py (materialize|manifest|verify|indices)", "parse", why="olmo-data.org, or its materialized prefix"),
+    Row(r"python scripts/export_hf\.py runs/", "parse", why="needs a finished run's checkpoint (tests/test_export_hf.py exports one)"),
+    Row(r"torchrun ", "gpu"),
+    Row(r"sbatch ", "gpu"),
+    Row(r"pytest tests/\S+\.py$", "parse", why="a file of this suite"),
+]
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    doc: str
+    line: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.doc}:{self.line}: {self.text}"
+
+
+def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
+    """The shell commands of fenced (shell or plain) and indented code blocks, in doc order."""
+    found = []
+    for path in docs:
+        lines, fence, prev_blank = path.read_text().splitlines(), None, True
+        i = 0
+        while i < len(lines):
+            raw = lines[i]
+            if raw.lstrip().startswith("```"):
+                fence = None if fence is not None else raw.strip()[3:].strip()
+                i += 1
+                continue
+            code = fence in SHELL_FENCES if fence is not None else (raw.startswith("    ") and (prev_blank or _indented(lines, i)))
+            prev_blank = not raw.strip()
+            start, text = i + 1, raw.strip()
+            while code and text.endswith("\\") and i + 1 < len(lines):  # continuation lines
+                i += 1
+                text = text[:-1].rstrip() + " " + lines[i].strip()
+            i += 1
+            if code and text.split(" ", 1)[0] in COMMAND_START:
+                words = shlex.split(text, comments=True)
+                name = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+                found.append(DocCommand(name, start, " ".join(shlex.quote(w) for w in words)))
+    return found
+
+
+def _indented(lines: list[str], i: int) -> bool:
+    """Line i continues an indented block (the line before it is indented code too)."""
+    return i > 0 and lines[i - 1].startswith("    ")
+
+
+def row_for(cmd: DocCommand) -> Row:
+    for row in COMMANDS:
+        if re.match(row.match, cmd.text):
+            return row
+    raise AssertionError(
+        f"{cmd}\n  is documented but not covered: add a Row to COMMANDS in tests/test_doc_commands.py "
+        f"saying how to run it on CPU (run + shrink) or why it is only parsed (parse / gpu)"
+    )
+
+
+COLLECTED = doc_commands()
+UNIQUE = list({c.text: c for c in COLLECTED}.values())  # a command documented twice runs once
+
+
+def test_docs_have_commands_and_each_has_a_row():
+    assert len(COLLECTED) >= 20  # README, data_order, paper_runs, performance, running, variable_width
+    for cmd in COLLECTED:
+        row_for(cmd)
+
+
+def test_collector_reads_fenced_and_indented_blocks(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text(
+        "Text with python inline.\n\n```bash\npython scripts/a.py --x 1   # comment\n```\n\n"
+        "```yaml\npython: not a command\n```\n\n    torchrun --nproc-per-node 2 \\\n        scripts/train.py c.yaml\n"
+        "    sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'\n\n  python indented two: prose\n"
+    )
+    assert [(c.line, c.text) for c in doc_commands([doc])] == [
+        (4, "python scripts/a.py --x 1"),
+        (11, "torchrun --nproc-per-node 2 scripts/train.py c.yaml"),
+        (13, "sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'"),
+    ]
+
+
+def test_a_command_without_a_row_names_the_fix():
+    with pytest.raises(AssertionError, match="add a Row to COMMANDS in tests/test_doc_commands.py"):
+        row_for(DocCommand("NEW.md", 3, "python scripts/new_tool.py --go"))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, demo_corpus):
+    """A scratch folder that looks like the repo root to a command: its configs, scripts and data
+    list linked in, and the demo corpus cache shared; what a command writes stays here."""
+    root = tmp_path_factory.mktemp("docs")
+    for name in ("configs", "scripts", "data_order", "olmo_patches", "benchmarks"):
+        (root / name).symlink_to(REPO / name)
+    (root / ".cache").mkdir()
+    (root / ".cache" / "demo-corpus").symlink_to(REPO / ".cache" / "demo-corpus")
+    (root / "runs").mkdir()
+    return root
+
+
+def _script(argv: list[str], cwd: Path, stdout: Path | None = None) -> tuple[int, str]:
+    """``python scripts/X.py ARGS`` in this process, from ``cwd``: (exit code, stdout + stderr)."""
+    script = REPO / argv[0]
+    out = io.StringIO()
+    old_argv, old_cwd = sys.argv, Path.cwd()
+    sys.argv = [str(script), *argv[1:]]
+    code = 0
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    if stdout is not None:
+        stdout.write_text(out.getvalue())
+    return code, out.getvalue()
+
+
+def _flags(words: list[str]) -> list[str]:
+    """The --flags of a command; a synopsis's [--flag] counts too."""
+    return [w.strip("[]").split("=")[0] for w in words if w.strip("[]").startswith("--")]
+
+
+def _check_parse(words: list[str], cwd: Path) -> None:
+    if words[0] == "make":
+        r = subprocess.run(["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        recipe = [shlex.split(line) for line in r.stdout.splitlines() if "scripts/" in line or "pytest" in line]
+        assert recipe, r.stdout  # the target runs a script of this repo or the suite
+        for line in recipe:
+            script = next((w for w in line if w.startswith("scripts/")), None)
+            if script:
+                code, help_text = _script([script, "--help"], cwd)
+                assert code == 0, help_text
+        return
+    if words[0] == "pytest":
+        assert (REPO / words[1]).is_file(), words[1]
+        return
+    args = words[1:]
+    code, help_text = _script([args[0], "--help"], cwd)
+    assert code == 0, help_text
+    if len(args) > 1 and not args[1].startswith("-"):  # a subcommand: its own flags
+        code, sub_help = _script([args[0], args[1], "--help"], cwd)
+        if code == 0:
+            help_text += sub_help
+    missing = [f for f in _flags(args) if f not in help_text]
+    assert not missing, f"flags not in {args[0]} --help: {missing}"
+
+
+def _plan(train_argv: list[str], nproc: int, nodes: int, cwd: Path) -> None:
+    """scripts/train.py's part of a launch, planned for its ranks: the config loads and fits them."""
+    assert train_argv[0] == "scripts/train.py", train_argv
+    code, out = _script([*train_argv, "--dry-run", "--nproc-per-node", str(nproc), "--nodes", str(nodes)], cwd)
+    assert code == 0, out[-3000:]
+    assert f"{nproc * nodes} rank" in out
+
+
+def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
+    if words[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        t = get_args_parser().parse_args(words[1:])
+        nodes = int(str(t.nnodes).split(":")[-1])  # torchrun's MIN:MAX form (default 1:1)
+        _plan([t.training_script, *t.training_script_args], int(t.nproc_per_node), nodes, cwd)
+    elif words[0] == "sbatch":
+        from ._fake_slurm import fake_slurm
+
+        i = words.index("scripts/launch_slurm.sbatch")
+        opts = dict(zip(words[1:i:2], words[2:i:2]))
+        assert set(opts) <= {"--nodes"}, f"sbatch options the test does not model: {opts}"
+        slurm = fake_slurm(tmp_path)
+        nodes = int(opts.get("--nodes", 1))
+        r = slurm.run(*words[i + 1:], nodes=nodes, gpus="8")
+        assert r.returncode == 0, r.stderr
+        assert slurm.args("srun")[1] == "torchrun"
+        preflight = slurm.args("python")
+        _plan(preflight[: preflight.index("--dry-run")], 8, nodes, cwd)
+    else:  # a GPU default of a CPU script: its flags parse
+        _check_parse(words, cwd)
+
+
+@pytest.mark.parametrize("cmd", UNIQUE, ids=[f"{c.doc}:{c.line}" for c in UNIQUE])
+def test_documented_command(cmd, workdir, tmp_path):
+    row = row_for(cmd)
+    words = shlex.split(cmd.text)
+    if row.how == "parse":
+        _check_parse(words, workdir)
+    elif row.how == "gpu":
+        _check_gpu(words, workdir, tmp_path)
+    else:
+        assert words[0] == "python", cmd
+        stdout = None
+        if ">" in words:  # python X > FILE: FILE in the scratch folder
+            stdout = workdir / words[words.index(">") + 1]
+            words = words[: words.index(">")]
+        code, out = _script([*words[1:], *row.shrink], workdir, stdout)
+        assert code == 0, f"{cmd}\n{out[-3000:]}"
