@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from ..config import ExperimentSpec
+from ..config import ExperimentSpec, attention_backend, data_workers
 from ..hardware import CARDS
+from ..train import device_for
 from .counts import count
 
 __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files"]
@@ -89,6 +90,9 @@ def plan_table(spec: ExperimentSpec) -> Table:
     table.add_row("warmup steps", f"{p.warmup_steps:,}")
     table.add_row("global batch", f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens")
     table.add_row("micro-batch (per GPU)", f"{p.micro_batch_sequences} sequences")
+    device = device_for(spec)
+    table.add_row(f"attention backend ({device} here)", str(attention_backend(spec, device)))
+    table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
     for card in CARDS.values():

@@ -35,9 +35,10 @@ from olmo_core.train.train_module import (
 
 from .batch_trace import BatchTraceCallback
 from ..data.order import olmo_core_seed
-from ..config import ExperimentSpec, spec_to_yaml
+from ..config import ExperimentSpec, attention_backend, data_workers, spec_to_yaml
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
+from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
@@ -156,6 +157,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     assert t.micro_batch_size is not None, "load the spec with load_spec (hardware presets fill the micro-batch)"
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
     model.init_seed = t.seed
+    backend = attention_backend(spec, device)
+    set_attention_backend(model, backend.name)
+    log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
 
     dataset_kwargs: dict = dict(sequence_length=seq, tokenizer=data.tokenizer, work_dir=d.work_dir)
     if data.dtype is not None:
@@ -171,7 +175,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     data_loader = OrderedDataLoaderConfig(
         global_batch_size=t.global_batch_size * seq,  # OLMo-core counts tokens
         seed=olmo_core_seed(d.order_seed),  # data.order_seed counts as the old OLMo trainer did
-        num_workers=0,
+        # Workers read whole batches round-robin (OLMo-core), so the order is the same for any count.
+        num_workers=(workers := data_workers(spec, device)),
+        prefetch_factor=d.prefetch_factor if workers else None,
         shuffle=d.source != "prefix",
     )
 
