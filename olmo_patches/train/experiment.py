@@ -26,7 +26,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
 from olmo_core.optim.scheduler import SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
+from olmo_core.train.callbacks import Callback, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -249,10 +249,11 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     return Experiment(model, dataset, data_loader, train_module, trainer)
 
 
-def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
+def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
     Resumes from the latest complete checkpoint in the save folder, or from ``resume_from``.
+    ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
     device = device_for(spec)
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
@@ -264,6 +265,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
         prune_incomplete(save_folder)
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
+        exp.trainer.callbacks.update(callbacks or {})
         model = exp.model.build(init_device="meta")
         train_module = exp.train_module.build(model, device=torch.device(device))
         dataset = exp.dataset.build()
