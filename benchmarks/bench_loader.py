@@ -12,7 +12,7 @@ with the MFU the dry run assumes (report/plan.py ASSUMED_MFU, 40%), the H100's d
 (hardware.CARDS) and the config's FLOPs per token (OLMo-core's count); one rank's loader must
 deliver 1/8 of it.
 
-    python benchmarks/bench_loader.py [--batches 12] [--batch 16] [--latency-ms 20] [--workers 0,1,4,8]
+    python benchmarks/bench_loader.py [--batches 16] [--batch 16] [--latency-ms 20] [--workers 0,1,4,8]
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def serve(folder: str, latency_s: float) -> None:
 
 
 def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path) -> tuple[float, float]:
-    """(seconds to the first batch, instances/s over the following ones) for one loader."""
+    """(seconds to the first batch, steady instances/s) for one loader. The steady rate is timed over
+    ``batches`` batches after the 2 x workers that the workers read ahead during start-up
+    (torch's default prefetch of 2 batches each), so it is the workers' reading rate."""
     from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
 
     from olmo_patches.train import OrderedDataLoaderConfig
@@ -68,11 +70,14 @@ def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path
     it = iter(loader)
     next(it)
     first = time.perf_counter()
-    for _ in range(batches - 1):
+    for _ in range(2 * workers):
+        next(it)
+    steady = time.perf_counter()
+    for _ in range(batches):
         next(it)
     end = time.perf_counter()
     loader.reset()
-    return first - start, (batches - 1) * batch / (end - first)
+    return first - start, batches * batch / (end - steady)
 
 
 def need() -> dict[str, float]:
@@ -95,7 +100,7 @@ def need() -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--batches", type=int, default=12, help="batches read per measurement (the first is start-up)")
+    parser.add_argument("--batches", type=int, default=16, help="batches timed per measurement, after start-up and read-ahead")
     parser.add_argument("--batch", type=int, default=16, help="instances per batch (one rank's share)")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added round trip per HTTP request")
     parser.add_argument("--workers", default="0,1,4,8", help="data.num_workers values")
@@ -108,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "files"
         folder.mkdir()
-        files = write_files(folder, args.batches * args.batch)
+        files = write_files(folder, (args.batches + 2 * max(counts) + 1) * args.batch)
         child = subprocess.Popen([sys.executable, __file__, "--serve", str(folder), str(args.latency_ms / 1000)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:

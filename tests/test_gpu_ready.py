@@ -117,3 +117,30 @@ def test_worker_keys_are_checked(tmp_path):
     for bad, key in (("data.num_workers=-1", "data.num_workers=-1"), ("data.prefetch_factor=2", "data.prefetch_factor=2")):
         with pytest.raises(ConfigError, match=f"command line: {key}"):
             _spec(tmp_path, bad, "data.num_workers=0" if "prefetch" in bad else "data.prefetch_factor=null")
+
+
+# --- scripts/gpu_check.py, CPU path -----------------------------------------------------------------
+
+
+def test_gpu_check_cpu_tiny(tmp_path):
+    r = run_script("gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    checks = {c["name"]: c for c in result["checks"]}
+    blocks = ["baseline pre", "baseline post", "hourglass pre", "hourglass post",
+              "variable width carry_forward", "variable width zero", "variable width learned"]
+    for block in blocks:
+        logits = checks[f"{block}: logits"]
+        # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
+        assert 2.0**-16 < logits["error"] <= 16 * 2.0**-8 and logits["passed"], logits
+        assert checks[f"{block}: gradients (worst tensor)"]["passed"]
+    resume = next(c for c in result["checks"] if c["section"] == "resume")
+    assert resume["error"] == 0.0 and resume["detail"] == "bit-identical"  # one CPU process is deterministic
+    assert all(c["error"] is None for c in result["checks"] if c["section"] == "kernels")  # no CUDA: skipped
+    runs = {(t["scale"], t["variant"]): t for t in result["train"]}
+    assert set(runs) == {("tiny", "baseline"), ("tiny", "hourglass")}
+    base, hourglass = runs["tiny", "baseline"], runs["tiny", "hourglass"]
+    assert base["tokens_per_s"] > 0 and base["ratio"] == 1.0
+    assert hourglass["ratio"] == pytest.approx(hourglass["tokens_per_s"] / base["tokens_per_s"])
+    assert base["mfu"] is None and base["peak_mem_gib"] is None and base["estimate_gib"] > 0
+    assert "| tiny | hourglass |" in (tmp_path / "gpu_check.md").read_text()

@@ -47,9 +47,10 @@ def test_wheelhouse_for_python_312_is_complete_and_small():
     assert {n: v for n, (v, _, _) in wheels.items()} == pins
     for name, (version, requires, url) in wheels.items():
         _, _, _, tags = parse_wheel_filename(url.rsplit("/", 1)[-1])
-        # CPython 3.12 on glibc x86_64: a pure wheel, a cp312 wheel or a stable-ABI (abi3) one.
+        # CPython 3.12 on glibc x86_64: a pure wheel, or a manylinux x86_64 one built for cp312, for the
+        # stable ABI (abi3) or for no Python ABI (a py3-none binary such as wandb's).
         assert any(t.platform == "any" or (t.platform.startswith("manylinux") and t.platform.endswith("x86_64")
-                   and (t.interpreter == "cp312" or t.abi == "abi3")) for t in tags), url
+                   and (t.interpreter == "cp312" or t.abi in ("abi3", "none"))) for t in tags), url
         for line in requires:
             if _needed(line):
                 dep = canonicalize_name(Requirement(line).name)
