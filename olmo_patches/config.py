@@ -384,6 +384,13 @@ def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
         fail("model.attention_backend", m.attention_backend, f"choose one of {', '.join(ATTENTION_BACKENDS)}")
     if m.attention_backend in FLASH and spec.train.precision == "fp32":
         fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
+    if m.attention_backend in FLASH:  # on this machine's CUDA device, if any (a login node's dry run passes)
+        import torch
+
+        try:
+            _resolve_backend(spec, "cuda" if spec.train.device != "cpu" and torch.cuda.is_available() else "cpu")
+        except ValueError as e:
+            fail("model.attention_backend", m.attention_backend, str(e))
     if d.num_workers is not None and d.num_workers < 0:
         fail("data.num_workers", d.num_workers, "must be >= 0")
     if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
@@ -464,17 +471,20 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", world_size:
 
 def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
     """The attention backend this spec runs with on ``device`` (cpu | cuda); raises ConfigError
-    for an explicit flash backend that cannot run on this CUDA machine."""
-    config = spec.model.build(vocab_size(spec))
-    cuda = device == "cuda"
+    for an explicit flash backend that cannot run on this CUDA machine (load_spec checks it first)."""
     try:
-        return resolve_attention_backend(spec.model.attention_backend, head_dims(config), cuda=cuda, bf16=spec.train.precision == "bf16")
+        return _resolve_backend(spec, device)
     except ValueError as e:
         raise ConfigError(f"config: model.attention_backend={spec.model.attention_backend}: {e}") from None
 
 
+def _resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
+    dims = head_dims(spec.model.build(vocab_size(spec)))
+    return resolve_attention_backend(spec.model.attention_backend, dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16")
+
+
 def data_workers(spec: ExperimentSpec, device: str) -> int:
-    """data.num_workers, or its default: 0 on CPU (one process, no fork), CUDA_WORKERS on CUDA."""
+    """data.num_workers, or its default: 0 on CPU (no worker start-up: tests and demos), CUDA_WORKERS on CUDA."""
     if spec.data.num_workers is not None:
         return spec.data.num_workers
     return CUDA_WORKERS if device == "cuda" else 0

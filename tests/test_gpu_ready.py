@@ -57,12 +57,16 @@ def test_auto_backend_per_config(name, flash):
     assert attention_backend(fp32, "cuda").name == "torch"  # flash kernels take bf16/fp16 only
 
 
-def test_explicit_backends(flash, tmp_path):
+def test_explicit_backends(flash, monkeypatch):
     flash()
     spec = _load("113M/baseline", "model.attention_backend=flash_2")
     assert attention_backend(spec, "cpu").name == "torch"  # OLMo-core's own CPU fallback
     with pytest.raises(ConfigError, match="model.attention_backend=flash_2.*does not import"):
         attention_backend(spec, "cuda")
+    with monkeypatch.context() as m:  # the same config loaded on a CUDA machine without flash-attn
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.raises(ConfigError, match="command line: model.attention_backend=flash_2: flash_2 does not import"):
+            _load("113M/baseline", "model.attention_backend=flash_2")
     flash(2)
     assert attention_backend(spec, "cuda").name == "flash_2"
     assert attention_backend(_load("113M/baseline", "model.attention_backend=torch"), "cuda").name == "torch"
