@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
-CUDA_WORKERS = 4  # data.num_workers=null on CUDA: keeps 8 GPUs fed at 113M from the prefix (benchmarks/bench_loader.py)
+CUDA_WORKERS = 4  # data.num_workers=null on CUDA: 15x an 8-GPU 113M rank's need from the local prefix (docs/performance.md)
 
 
 class ConfigError(ValueError):
