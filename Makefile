@@ -1,11 +1,13 @@
-# The two commands. Each creates .venv and installs what it needs on first use.
+# The commands. Each creates .venv and installs what it needs on first use.
 #   make demo   train the demo variants on the embedded corpus and print the comparison
 #   make test   run the test suite
+#   make wheelhouse [WHEEL_PYTHON=3.12]   wheels of every dependency but torch, for an offline GPU node (docs/running.md)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install
+.PHONY: demo test install wheelhouse
+WHEEL_PYTHON ?= 3.12
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -24,3 +26,6 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+wheelhouse: install
+	$(BIN)/python scripts/wheelhouse.py wheelhouse --python-version $(WHEEL_PYTHON)

@@ -23,6 +23,7 @@ from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockTyp
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .nn.attention import ATTENTION_BACKENDS, FLASH, BackendChoice, head_dims, resolve_attention_backend
 from .nn.hourglass_block import HourglassBlockConfig
 from .hardware import CARDS, HARDWARE, Settings, choose, detect, estimate
 from .nn.hourglass import HourglassFeedForwardConfig, NormPlacement
@@ -47,9 +48,12 @@ __all__ = [
     "tokenizer_config",
     "Layout",
     "fit_world_size",
+    "attention_backend",
+    "data_workers",
 ]
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
+CUDA_WORKERS = 4  # data.num_workers=null on CUDA: 15x an 8-GPU 113M rank's need from the local prefix (docs/performance.md)
 
 
 class ConfigError(ValueError):
@@ -94,6 +98,7 @@ class ModelSpec:
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
     ffn: str = "swiglu"  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
     widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h)
+    attention_backend: str = "auto"  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
 
     @property
     def resolved_widths(self) -> List[int]:
@@ -178,6 +183,8 @@ class DataSpec:
     work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
     demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
     demo_cache: str = ".cache/demo-corpus"
+    num_workers: Optional[int] = None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
+    prefetch_factor: Optional[int] = None  # batches each worker reads ahead (null: torch's 2)
 
 
 @dataclass
@@ -396,6 +403,26 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     _validate_evals(spec, fail)
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
+    _validate_device_keys(spec, fail)
+
+
+def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
+    m, d = spec.model, spec.data
+    if m.attention_backend not in ATTENTION_BACKENDS:
+        fail("model.attention_backend", m.attention_backend, f"choose one of {', '.join(ATTENTION_BACKENDS)}")
+    if m.attention_backend in FLASH and spec.train.precision == "fp32":
+        fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
+    if m.attention_backend in FLASH:  # on this machine's CUDA device, if any (a login node's dry run passes)
+        import torch
+
+        try:
+            _resolve_backend(spec, "cuda" if spec.train.device != "cpu" and torch.cuda.is_available() else "cpu")
+        except ValueError as e:
+            fail("model.attention_backend", m.attention_backend, str(e))
+    if d.num_workers is not None and d.num_workers < 0:
+        fail("data.num_workers", d.num_workers, "must be >= 0")
+    if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
+        fail("data.prefetch_factor", d.prefetch_factor, "must be >= 1, and needs data.num_workers > 0")
 
 
 def _validate_schedule(t: TrainSpec, fail) -> None:
@@ -539,6 +566,27 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
         setattr(t, key, value)
     if card is not None:  # without a card nothing is chosen: no preset line
         log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): {filled}")
+
+
+def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
+    """The attention backend this spec runs with on ``device`` (cpu | cuda); raises ConfigError
+    for an explicit flash backend that cannot run on this CUDA machine (load_spec checks it first)."""
+    try:
+        return _resolve_backend(spec, device)
+    except ValueError as e:
+        raise ConfigError(f"config: model.attention_backend={spec.model.attention_backend}: {e}") from None
+
+
+def _resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
+    dims = head_dims(spec.model.build(vocab_size(spec)))
+    return resolve_attention_backend(spec.model.attention_backend, dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16")
+
+
+def data_workers(spec: ExperimentSpec, device: str) -> int:
+    """data.num_workers, or its default: 0 on CPU (no worker start-up: tests and demos), CUDA_WORKERS on CUDA."""
+    if spec.data.num_workers is not None:
+        return spec.data.num_workers
+    return CUDA_WORKERS if device == "cuda" else 0
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

@@ -25,6 +25,7 @@ ALLOWED = {
     "data": set(),
     "eval": set(),
     "hardware": set(),
+    "wheelhouse": set(),
     "config": {"nn", "data", "eval", "hardware"},
     "train": {"config", "nn", "optim", "data", "eval", "hardware"},
     "report": {"train", "config", "nn", "optim", "data", "eval", "hardware"},

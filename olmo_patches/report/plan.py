@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from ..config import ExperimentSpec, Layout
+from ..config import ExperimentSpec, Layout, attention_backend, data_workers
 from ..hardware import CARDS
+from ..train import device_for
 from .counts import count
 
 __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files"]
@@ -92,6 +93,9 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout()) -> Table:
     table.add_row("ranks", f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}")
     table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
     table.add_row("micro-batch (per GPU)", f"{p.micro_batch_sequences} sequences")
+    device = device_for(spec)
+    table.add_row(f"attention backend ({device} here)", str(attention_backend(spec, device)))
+    table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
     for card in CARDS.values():

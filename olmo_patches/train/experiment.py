@@ -26,7 +26,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
+from olmo_core.train.callbacks import Callback, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -35,10 +35,11 @@ from olmo_core.train.train_module import (
 
 from .batch_trace import BatchTraceCallback
 from ..data.order import olmo_core_seed
-from ..config import ExperimentSpec, spec_to_yaml
+from ..config import ExperimentSpec, attention_backend, data_workers, spec_to_yaml
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
+from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
@@ -171,6 +172,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     assert t.micro_batch_size is not None, "load the spec with load_spec (hardware presets fill the micro-batch)"
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
     model.init_seed = t.seed
+    backend = attention_backend(spec, device)
+    set_attention_backend(model, backend.name)
+    log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
 
     dataset_kwargs: dict = dict(sequence_length=seq, tokenizer=data.tokenizer, work_dir=d.work_dir)
     if data.dtype is not None:
@@ -186,7 +190,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     data_loader = OrderedDataLoaderConfig(
         global_batch_size=t.global_batch_size * seq,  # OLMo-core counts tokens
         seed=olmo_core_seed(d.order_seed),  # data.order_seed counts as the old OLMo trainer did
-        num_workers=0,
+        # Workers read whole batches round-robin (OLMo-core), so the order is the same for any count.
+        num_workers=(workers := data_workers(spec, device)),
+        prefetch_factor=d.prefetch_factor if workers else None,
         shuffle=d.source != "prefix",
     )
 
@@ -254,10 +260,11 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     return Experiment(model, dataset, data_loader, train_module, trainer)
 
 
-def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
+def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
     Resumes from the latest complete checkpoint in the save folder, or from ``resume_from``.
+    ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
     device = device_for(spec)
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
@@ -269,6 +276,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
         prune_incomplete(save_folder)
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
+        exp.trainer.callbacks.update(callbacks or {})
         model = exp.model.build(init_device="meta")
         train_module = exp.train_module.build(model, device=torch.device(device))
         dataset = exp.dataset.build()

@@ -1,0 +1,33 @@
+"""Download every dependency except torch's CUDA stack as wheels, for an offline node (olmo_patches/wheelhouse.py).
+
+    python scripts/wheelhouse.py FOLDER [--python-version 3.12] [--platform TAG ...] [--extras wandb,hf]
+    # then, on the node (its Python has a CUDA torch >= 2.10, < 2.14):
+    pip install --no-index --find-links FOLDER 'hourglass-olmo[wandb,hf]'
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from olmo_patches.wheelhouse import PLATFORMS, build
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path, help="where the wheels go")
+    parser.add_argument("--python-version", default="3.12", help="the node's Python, e.g. 3.11 or 3.12")
+    parser.add_argument("--platform", action="append", help=f"pip platform tags (default: {' '.join(PLATFORMS)})")
+    parser.add_argument("--extras", default="wandb,hf", help="comma-separated extras of setup.cfg to include")
+    args = parser.parse_args()
+    extras = [e for e in args.extras.split(",") if e]
+    missing = build(args.folder, extras, args.python_version, args.platform)
+    wheels = list(args.folder.glob("*.whl"))
+    print(f"{args.folder}: {len(wheels)} wheels, {sum(w.stat().st_size for w in wheels) / 2**20:.0f} MiB for Python {args.python_version}")
+    if missing:
+        print("missing: " + "; ".join(missing), file=sys.stderr)
+        sys.exit(1)
+    print(f"install on the node: pip install --no-index --find-links {args.folder} 'hourglass-olmo[{','.join(extras)}]'")
+
+
+if __name__ == "__main__":
+    main()
