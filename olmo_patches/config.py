@@ -422,8 +422,8 @@ def _validate_attention(m: ModelSpec, fail) -> None:
         if r.factor < 1:
             fail("model.rope_scaling.factor", r.factor, "must be >= 1")
         if not 1 <= r.low_freq_factor < r.high_freq_factor:
-            fail("model.rope_scaling.high_freq_factor", r.high_freq_factor,
-                 f"needs 1 <= model.rope_scaling.low_freq_factor={r.low_freq_factor} < high_freq_factor")
+            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor,
+                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
 
 
 def _validate_evals(spec: ExperimentSpec, fail) -> None:
