@@ -86,7 +86,7 @@ class RoPEScalingSpec:
 
 @dataclass
 class ModelSpec:
-    block: str = "baseline"  # baseline (SwiGLU, hidden ffn_ratio * d_model) | hourglass | variable_width
+    block: str = "baseline"  # baseline (SwiGLU, hidden d_ff or ffn_ratio * d_model) | hourglass | variable_width
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
     n_heads: int = MISSING  # attention (query) heads
@@ -470,10 +470,10 @@ def _validate_widths(m: ModelSpec, fail) -> None:
         fail("model.widths.schedule", w.schedule, _one_line(e))
     key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
     step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
+    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
     for layer, width in enumerate(widths, start=1):
         if width < 1 or width % step:
-            fail(key, w.values if w.schedule == "list" else w.multiple,
-                 f"w_{layer}={width} is not a positive multiple of {step} (2 model.n_heads: an even head_dim = w_l / n_heads for RoPE)")
+            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
 
 
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", world_size: Optional[int] = None) -> None:

@@ -82,7 +82,7 @@ def test_bad_budget_is_one_line_error():
 def test_attention_width_and_gqa_solve_against_olmo_core_model():
     """Attention width 0.6 d_model in heads of 96, 4 query heads per key/value head: OLMo-core's built
     model has the solver's attention and FFN counts, and they meet the budget."""
-    s = solve(B113, K=4, n_layers=8, d_h_ratio=0.6, attn_fraction=0.6, head_dim=96, kv_group=4)
+    s = solve(B113, K=4, n_layers=6, d_h_ratio=0.5, attn_fraction=0.6, head_dim=96, kv_group=4)
     assert s is not None and s.fixed_head_dim == 96 and s.n_heads % 4 == 0 and s.n_kv_heads == s.n_heads // 4
     assert abs(s.n_heads * 96 / s.d_model - 0.6) < 4 * 96 / s.d_model  # within one GQA group of heads
     model = built(s)
@@ -95,7 +95,7 @@ def test_attention_width_and_gqa_solve_against_olmo_core_model():
 def test_cli_writes_attention_width_configs(tmp_path):
     out = tmp_path / "sweep"
     r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/search.py"), str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "8",
+        [sys.executable, str(ROOT / "scripts/search.py"), str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "6",
          "--d-h-ratio", "0.55", "--attn-fraction", "0.5", "--head-dim", "64", "--kv-group", "2", "--write", str(out)],
         capture_output=True, text=True, cwd=ROOT,
     )
