@@ -64,7 +64,8 @@ def param_table(spec: ExperimentSpec) -> Table:
     table.add_column("parameters")
     table.add_column("count", justify="right")
     table.add_column("share of non-embedding", justify="right")
-    for name, value in (("embedding (input + untied head)", b.embedding), ("attention", b.attention), ("FFN", b.ffn)):
+    embedding = "embedding (tied with the head)" if m.tie_embeddings else "embedding (input + untied head)"
+    for name, value in ((embedding, b.embedding), ("attention", b.attention), ("FFN", b.ffn)):
         share = f"{value / b.non_embedding:.1%}" if name in ("attention", "FFN") else ""
         table.add_row(name, f"{value:,}", share)
     table.add_row("norms", f"{b.norm:,}", "")
