@@ -225,6 +225,7 @@ class TrainSpec:
     warmup_tokens: Optional[int] = None  # ... or in tokens
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
+    schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: float = 1.0
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
@@ -380,6 +381,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
     if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
         fail("train.micro_batch_size", t.micro_batch_size, f"does not divide train.global_batch_size={t.global_batch_size}")
+    if t.schedule_lag < 0:
+        fail("train.schedule_lag", t.schedule_lag, "must be >= 0")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
     if t.precision not in ("bf16", "fp32"):

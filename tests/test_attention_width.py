@@ -222,7 +222,31 @@ def test_revised_config_is_their_run_with_their_parameter_count(name):
         1024, 4096, c["iters"], c["lr"], c["warmup"])
     assert t.lr * t.final_lr_ratio == pytest.approx(6e-5)  # their absolute min_lr
     assert (t.weight_decay, t.decay_embeddings, t.decay_norms, t.z_loss, t.seed) == (0.033, True, False, None, 6198)
-    assert not spec.data.instance_filter and t.betas == [0.9, 0.95] and t.max_grad_norm == 1.0
+    assert not spec.data.instance_filter and t.betas == [0.9, 0.95] and t.max_grad_norm == 1.0 and t.schedule_lag == 1
+
+
+@pytest.mark.parametrize("units", ["steps", "tokens"])
+def test_revised_schedule_is_megatrons(units):
+    """Megatron-LM's OptimizerParamScheduler, written out: update n (1..N) runs at f(n - 1), f(k) = lr k / W
+    up to W, then min_lr + (lr - min_lr) (1 + cos(pi (k - W) / (N - W))) / 2 (min_lr 6e-5 absolute)."""
+    from olmo_core.optim import CosWithWarmup
+    from olmo_core.optim.scheduler import SchedulerUnits
+
+    from olmo_patches.train.experiment import _lagged
+
+    W, N = 3, 10
+    spec = load_spec(REPO / "configs" / "906M" / "hourglass-revised.yaml", [f"train.max_steps={N}", f"train.warmup_steps={W}"])
+    lr, step_tokens = spec.train.lr, 1024 * 4096
+    scale = step_tokens if units == "tokens" else 1
+    inner = CosWithWarmup(units=SchedulerUnits(units), warmup=W * scale, alpha_f=spec.train.final_lr_ratio)
+    scheduler = _lagged(inner, spec)
+
+    def f(k):
+        return lr * k / W if k <= W else 6e-5 + (lr - 6e-5) * (1 + math.cos(math.pi * (k - W) / (N - W))) / 2
+
+    got = [scheduler.get_lr(lr, n * scale, N * scale) for n in range(1, N + 1)]
+    assert got == pytest.approx([f(n - 1) for n in range(1, N + 1)], rel=1e-9, abs=1e-15)
+    assert got[0] == 0 and scheduler.units == SchedulerUnits(units)
 
 
 def test_revised_weight_decay_groups():

@@ -25,7 +25,7 @@ VARIANTS = {
     "hourglass-revised": ("hourglass", ["model.qk_norm=true", "model.n_heads=4", "model.n_kv_heads=1", "model.head_dim=12",
                                         "model.tie_embeddings=true", "model.norm_eps=1e-5",
                                         "model.rope_scaling.original_max_position_embeddings=16",
-                                        "train.decay_norms=false", "train.decay_embeddings=true"], "custom"),
+                                        "train.decay_norms=false", "train.decay_embeddings=true", "train.schedule_lag=1"], "custom"),
 }
 # Variable width (h = 32): w_1 > h (the embedding is zero-padded), a narrowing, a widening (reads
 # dims [16, 32) kept from layer 1, zeros, or a learned projection) and w_L < h (the output norm's

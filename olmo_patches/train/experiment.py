@@ -24,7 +24,7 @@ from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.distributed.utils import barrier, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
-from olmo_core.optim.scheduler import SchedulerUnits
+from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
@@ -34,6 +34,7 @@ from olmo_core.train.train_module import (
 )
 
 from .batch_trace import BatchTraceCallback
+from .lagged_scheduler import LaggedScheduler
 from ..data.order import olmo_core_seed
 from ..config import ExperimentSpec, spec_to_yaml
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
@@ -154,6 +155,15 @@ def _optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimG
     return groups
 
 
+def _lagged(scheduler: Scheduler, spec: ExperimentSpec) -> Scheduler:
+    """train.schedule_lag steps behind (Megatron's convention), in the schedule's units."""
+    t = spec.train
+    if not t.schedule_lag:
+        return scheduler
+    per_step = t.global_batch_size * spec.data.sequence_length if scheduler.units == SchedulerUnits.tokens else 1
+    return LaggedScheduler(units=scheduler.units, inner=scheduler, lag=t.schedule_lag * per_step)
+
+
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, d = spec.train, spec.data
     device = device_for(spec)
@@ -194,7 +204,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
             weight_decay=t.weight_decay,
             group_overrides=_optim_groups(spec, model),
         ),
-        scheduler=CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens),
+        scheduler=_lagged(CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens), spec),
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
         compile_model=t.compile,
