@@ -166,6 +166,7 @@ def test_flops_match_flop_counter(block, attention):
     ("model.head_dim=7", "model.head_dim=7: must be even"),
     ("model.d_ff=0", "model.d_ff=0: must be >= 1"),
     ("model.rope_scaling.low_freq_factor=4", "model.rope_scaling.low_freq_factor=4.0: must be >= 1 and <"),
+    ("train.schedule_lag=-1", "train.schedule_lag=-1: must be >= 0"),
 ])
 def test_bad_attention_shapes_fail_at_load_with_one_line(override, message):
     with pytest.raises(ConfigError) as e:
