@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from olmo_core.nn.feed_forward import FeedForwardConfig
+from olmo_core.nn.rope import StepwiseRoPEScalingConfig
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -79,12 +80,31 @@ class WidthSpec:
 
 
 @dataclass
+class RoPEScalingSpec:
+    """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's StepwiseRoPEScalingConfig."""
+
+    factor: float = 32.0  # low frequencies divided by this
+    low_freq_factor: float = 1.0  # wavelengths above original / low_freq_factor: fully scaled
+    high_freq_factor: float = 4.0  # wavelengths below original / high_freq_factor: unchanged
+    original_max_position_embeddings: int = 8192
+
+    def build(self) -> StepwiseRoPEScalingConfig:
+        return StepwiseRoPEScalingConfig(
+            factor=self.factor, low_freq_proportion=1 - 1 / self.low_freq_factor,
+            high_freq_proportion=1 / self.high_freq_factor, old_context_len=self.original_max_position_embeddings,
+        )
+
+
+@dataclass
 class ModelSpec:
-    block: str = "baseline"  # baseline (SwiGLU, hidden ffn_ratio * d_model) | hourglass | variable_width
+    block: str = "baseline"  # baseline (SwiGLU, hidden d_ff or ffn_ratio * d_model) | hourglass | variable_width
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
-    n_heads: int = MISSING  # attention heads (MHA); head_dim = d_model / n_heads
-    ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4)
+    n_heads: int = MISSING  # attention (query) heads
+    head_dim: Optional[int] = None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
+    n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
+    ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
+    d_ff: Optional[int] = None  # ... or this explicit hidden size
     K: int = 1  # hourglass: stacked wide-narrow-wide sub-MLPs per layer
     d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
@@ -94,6 +114,7 @@ class ModelSpec:
     rope_theta: int = 500_000
     norm_eps: float = 1e-6  # RMSNorm epsilon
     vocab_size: Optional[int] = None  # default: the tokenizer's vocabulary padded to 128
+    rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
     ffn: str = "swiglu"  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
@@ -117,7 +138,19 @@ class ModelSpec:
         if self.d_h_ratio is not None:
             m = self.d_h_multiple
             return int(round(self.d_h_ratio * self.d_model / m)) * m
-        return self.ffn_ratio * self.d_model  # K=1 default: the conventional FFN width
+        return self.resolved_d_ff  # K=1 default: the conventional FFN width
+
+    @property
+    def resolved_d_ff(self) -> int:
+        return self.d_ff if self.d_ff is not None else self.ffn_ratio * self.d_model
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def resolved_n_kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
     def build(self, vocab_size: int) -> TransformerConfig:
         """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
@@ -127,11 +160,14 @@ class ModelSpec:
             vocab_size=self.vocab_size or vocab_size,
             n_layers=self.n_layers,
             n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            rope_scaling=self.rope_scaling.build() if self.rope_scaling is not None else None,
             qk_norm=self.qk_norm,
             layer_norm_eps=self.norm_eps,
             rope_theta=self.rope_theta,
             block_name=TransformerBlockType.reordered_norm if post else TransformerBlockType.default,
-            feed_forward=FeedForwardConfig(hidden_size=self.ffn_ratio * self.d_model, bias=False),
+            feed_forward=FeedForwardConfig(hidden_size=self.resolved_d_ff, bias=False),
             tie_word_embeddings=self.tie_embeddings,
             init_std=self.init_std,
         )
@@ -157,7 +193,7 @@ class ModelSpec:
                 **base,
                 widths=self.resolved_widths,
                 resize=ResizeMode(w.resize),
-                ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.ffn_ratio * self.d_model) / self.d_model,
+                ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.resolved_d_ff) / self.d_model,
                 ffn_hidden_multiple=self.d_h_multiple if hourglass else 1,
                 mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
             )
@@ -206,13 +242,16 @@ class TrainSpec:
     lr: float = 4e-4  # peak learning rate
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
-    weight_decay: float = 0.1  # embeddings are not decayed
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay ...
+    decay_embeddings: bool = False  # ... on the embedding (tied: also the LM head) (OLMo-2: off)
+    decay_norms: bool = True  # ... on 1-D tensors: every norm gain, QK norms included (OLMo-2: on)
     warmup_steps: Optional[int] = None  # linear warmup in steps ...
     warmup_tokens: Optional[int] = None  # ... or in tokens
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
     schedule: str = "cosine"  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
     power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
+    schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: float = 1.0
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
@@ -348,10 +387,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
         if value < 1:
             fail(key, value, "must be >= 1")
-    if m.d_model % m.n_heads:
-        fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model}")
-    if (m.d_model // m.n_heads) % 2:
-        fail("model.n_heads", m.n_heads, f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even")
+    _validate_attention(m, fail)
     if m.block not in BLOCKS:
         fail("model.block", m.block, f"unknown block; choose one of {', '.join(BLOCKS)}")
     if m.norm_placement not in NormPlacement.__members__:
@@ -375,6 +411,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
     if t.global_batch_size < 1 or (t.micro_batch_size is not None and t.micro_batch_size < 1):
         fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
+    if t.schedule_lag < 0:
+        fail("train.schedule_lag", t.schedule_lag, "must be >= 0")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
     _validate_schedule(t, fail)
@@ -438,6 +476,27 @@ def _validate_schedule(t: TrainSpec, fail) -> None:
         fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
 
 
+def _validate_attention(m: ModelSpec, fail) -> None:
+    """Head size, GQA groups, FFN size and RoPE scaling."""
+    if m.head_dim is None:
+        if m.d_model % m.n_heads:
+            fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model} (or set model.head_dim)")
+        if (m.d_model // m.n_heads) % 2:
+            fail("model.n_heads", m.n_heads, f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even")
+    elif m.head_dim < 2 or m.head_dim % 2:
+        fail("model.head_dim", m.head_dim, "must be even and >= 2 (RoPE rotates pairs of dimensions)")
+    if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
+        fail("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads} (GQA groups)")
+    if m.d_ff is not None and m.d_ff < 1:
+        fail("model.d_ff", m.d_ff, "must be >= 1")
+    if (r := m.rope_scaling) is not None:
+        if r.factor < 1:
+            fail("model.rope_scaling.factor", r.factor, "must be >= 1")
+        if not 1 <= r.low_freq_factor < r.high_freq_factor:
+            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor,
+                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
+
+
 def _validate_evals(spec: ExperimentSpec, fail) -> None:
     from .eval.evaluators import VALIDATION_SETS
 
@@ -481,10 +540,11 @@ def _validate_widths(m: ModelSpec, fail) -> None:
     except ValueError as e:
         fail("model.widths.schedule", w.schedule, _one_line(e))
     key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
+    step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
+    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
     for layer, width in enumerate(widths, start=1):
-        if width < 1 or width % (2 * m.n_heads):
-            fail(key, w.values if w.schedule == "list" else w.multiple,
-                 f"w_{layer}={width} is not a positive multiple of 2 model.n_heads={2 * m.n_heads} (even head_dim for RoPE)")
+        if width < 1 or width % step:
+            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
 
 
 @dataclass(frozen=True)

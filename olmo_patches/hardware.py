@@ -16,7 +16,8 @@ The memory estimate (per GPU, bytes; NOT measured here: a model of what is store
 - per sequence of s tokens without checkpointing = s (sum_l A_l + 12 V), where a layer of width w
   stores A = 12 w + sum_k (4 w + 8 H_k) bytes per token: bf16 tensors saved for backward after
   Korthikanti et al. 2022 (Table 2) with fused attention (no s^2 term): attention 10 w (input, Q, K,
-  V, output) and its norm 2 w; each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h) its norm
+  V, output; 2 w + 4 a + 4 a_kv for attention width a = n_heads head_dim and a_kv = n_kv_heads head_dim)
+  and its norm 2 w; each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h) its norm
   2 w, input 2 w and 8 H (w1 and w3 outputs, SiLU, product). 12 V: the logits in bf16 and their fp32
   log-softmax and gradient (V = vocabulary).
 - with checkpointing (each block recomputed in backward) = s (4 w L + max_l A_l + 12 V): each
@@ -97,7 +98,10 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
         ffn = block.feed_forward
         assert ffn is not None
         K = getattr(ffn, "K", 1)
-        per_token.append(12 * w + K * (4 * w + 8 * ffn.hidden_size))
+        mixer = block.sequence_mixer
+        head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
+        a, a_kv = (n * head_dim for n in (mixer.n_heads, getattr(mixer, "n_kv_heads", None) or mixer.n_heads))
+        per_token.append(4 * w + 4 * a + 4 * a_kv + K * (4 * w + 8 * ffn.hidden_size))
     block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
     s, logits = sequence_length, 12 * vocab
     return MemoryEstimate(

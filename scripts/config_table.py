@@ -12,13 +12,14 @@ from olmo_patches.report.counts import count
 
 
 def baseline_of(path: Path, root: Path) -> Path:
-    """The size folder's baseline.yaml (configs/<size>/...)."""
-    return root / path.relative_to(root).parts[0] / "baseline.yaml"
+    """The size folder's baseline.yaml (configs/<size>/...); baseline-revised.yaml for the authors' revised runs."""
+    name = "baseline-revised.yaml" if path.name.endswith("-revised.yaml") else "baseline.yaml"
+    return root / path.relative_to(root).parts[0] / name
 
 
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "configs")
-    paths = sorted(p for p in root.rglob("*.yaml") if p.name != "base.yaml" and p.relative_to(root).parts[0] != "demo")
+    paths = sorted(p for p in root.rglob("*.yaml") if not p.name.startswith("base") and p.relative_to(root).parts[0] != "demo")
     budgets: dict[Path, int] = {}
     print("| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -34,7 +35,8 @@ def main() -> None:
         hourglass = m.block == "hourglass"
         print(
             f"| {path.relative_to(root)} | {m.d_model} | {m.n_layers} | {m.K if hourglass else '-'} "
-            f"| {m.resolved_d_h if hourglass else f'{m.ffn_ratio * m.d_model} (SwiGLU)'} | {m.n_heads} x {m.d_model // m.n_heads} "
+            f"| {m.resolved_d_h if hourglass else f'{m.resolved_d_ff} (SwiGLU)'} | {m.n_heads} x {m.resolved_head_dim}"
+            f"{f' (kv {m.n_kv_heads})' if m.resolved_n_kv_heads != m.n_heads else ''} "
             f"| {b.attention:,} | {b.ffn:,} | {b.non_embedding:,} | {b.total:,} "
             f"| {(b.non_embedding - budgets[base]) / budgets[base]:+.2e} | {p.tokens / 1e9:g}B | {p.steps:,} |"
         )

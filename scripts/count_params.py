@@ -7,7 +7,7 @@ import argparse
 import json
 
 from olmo_patches.cli import console, load_or_exit
-from olmo_patches.report.counts import count, param_table, width_report
+from olmo_patches.report.counts import attention_report, count, param_table, width_report
 
 
 def main() -> None:
@@ -18,7 +18,7 @@ def main() -> None:
     args = parser.parse_args()
     spec = load_or_exit(args.config, args.overrides)
     if args.json:
-        out = count(spec).as_dict()
+        out = {**count(spec).as_dict(), **attention_report(spec)}
         if spec.model.block == "variable_width":
             out.update(width_report(spec))
         print(json.dumps(out))

@@ -1,12 +1,15 @@
 """Hourglass shapes matched to a parameter budget: solve, rank, print, optionally write configs.
 
     python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30] [--write DIR]
+                                    [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4]
 
 BUDGET is a baseline config (its non-embedding parameters, paper definition) or a count
 (113246208, 113.2M). Without --layers every L whose solved d_model/L lies in 50..300 is tried.
 --d-model/--d-h fix those dimensions instead of solving (the paper's K ablation, whose parameters
 grow with K). --write DIR writes one YAML per shape, extending the baseline config (BUDGET must
-then be a config), each saying that it was generated and by which command.
+then be a config), each saying that it was generated and by which command. --attn-fraction frees the
+attention width (n_heads x --head-dim near that fraction of d_model, the authors' revised shapes);
+--kv-group G makes every G query heads share a key/value head (GQA).
 """
 
 import argparse
@@ -21,7 +24,7 @@ from rich.table import Table
 from olmo_patches.cli import load_or_exit
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
-from olmo_patches.nn.search import TOLERANCE, Shape, choose_heads, enumerate_shapes, rank_key, solve
+from olmo_patches.nn.search import TOLERANCE, Shape, attention_heads, enumerate_shapes, rank_key, solve
 
 DOLMA2_PADDED_VOCAB = 100352
 
@@ -41,34 +44,39 @@ def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
 def shapes(args, budget: int) -> list[Shape]:
     Ks = args.K or list(range(1, 11))
     ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
+    fractions = tuple(args.attn_fraction or (None,))
+    attention = dict(head_dim=args.head_dim, kv_group=args.kv_group)
     if args.d_model:  # fixed dimensions: no solving
         if not (args.layers and args.d_h):
             raise SystemExit("search: --d-model needs --layers and --d-h")
-        heads = choose_heads(args.d_model)
-        if heads is None:
+        heads = [h for f in fractions if (h := attention_heads(args.d_model, f, **attention)) is not None]
+        if not heads:
             raise SystemExit(f"search: --d-model={args.d_model}: no valid head count")
-        return [Shape(K, args.d_model, L, args.d_h, heads, "fixed") for K in Ks for L in args.layers]
+        return [Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h) for K in Ks for L in args.layers for h in heads]
     if not args.layers:
-        return list(enumerate_shapes(budget, Ks=Ks, d_h_ratios=ratios, tolerance=args.tolerance))
+        return list(enumerate_shapes(budget, Ks=Ks, d_h_ratios=ratios, tolerance=args.tolerance, attn_fractions=fractions, **attention))
     found: dict[tuple, Shape] = {}
     for K in Ks:
         for r in ratios:
-            for L in args.layers:
-                s = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=args.tolerance, layer_slack=args.layer_slack)
-                if s is None:
-                    print(f"search: no shape for K={K}, L={L}, d_h/d_model={r} within {args.tolerance:g}", file=sys.stderr)
-                else:
-                    found.setdefault((s.K, s.n_layers, s.d_model, s.d_h), s)
+            for f in fractions:
+                for L in args.layers:
+                    s = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=args.tolerance, layer_slack=args.layer_slack,
+                              attn_fraction=f, **attention)
+                    if s is None:
+                        print(f"search: no shape for K={K}, L={L}, d_h/d_model={r} within {args.tolerance:g}", file=sys.stderr)
+                    else:
+                        found.setdefault((s.K, s.n_layers, s.d_model, s.d_h, s.n_heads, s.head_dim), s)
     return list(found.values())
 
 
 def table(rows: list[Shape], budget: int, vocab: int, seq: int) -> Table:
     t = Table(title=f"hourglass shapes for a budget of {budget:,} non-embedding parameters")
-    for col in ("K", "L", "d_model", "d_h", "heads x dim", "d_h/d_model", "d_model/L", "attention", "FFN", "attn share", "mismatch", "GFLOPs/token", "rounding"):
+    for col in ("K", "L", "d_model", "d_h", "heads x dim", "kv heads", "attn width", "d_h/d_model", "d_model/L", "attention", "FFN", "attn share", "mismatch", "GFLOPs/token", "rounding"):
         t.add_column(col, justify="right")
     for s in rows:
         t.add_row(
-            str(s.K), str(s.n_layers), str(s.d_model), str(s.d_h), f"{s.n_heads} x {s.head_dim}",
+            str(s.K), str(s.n_layers), str(s.d_model), str(s.d_h), f"{s.n_heads} x {s.head_dim}", str(s.n_kv_heads or s.n_heads),
+            f"{s.attention_width} ({s.attention_width / s.d_model:.2f})",
             f"{s.d_h_ratio:.3f}", f"{s.width_depth:.0f}", f"{s.attention / 1e6:.2f}M", f"{s.ffn / 1e6:.2f}M",
             f"{s.attention / s.non_embedding:.1%}", f"{s.mismatch(budget):+.2e}",
             f"{s.flops_per_token(seq, vocab) / 1e9:.3f}", s.rounding,
@@ -77,7 +85,8 @@ def table(rows: list[Shape], budget: int, vocab: int, seq: int) -> Table:
 
 
 def config_name(s: Shape) -> str:
-    return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}"
+    attention = f"-a{s.attention_width}" if s.fixed_head_dim else ""
+    return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}{attention}" + (f"-kv{s.n_kv_heads}" if s.n_kv_heads else "")
 
 
 def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: str) -> Path:
@@ -98,10 +107,14 @@ model:
   block: hourglass
   d_model: {s.d_model}
   n_layers: {s.n_layers}
-  n_heads: {s.n_heads}  # head dim {s.head_dim}: olmo_patches.nn.search.choose_heads
+  n_heads: {s.n_heads}  # head dim {s.head_dim}: olmo_patches.nn.search.attention_heads
   K: {s.K}
   d_h: {s.d_h}
 """
+    if s.fixed_head_dim:
+        text += f"  head_dim: {s.head_dim}  # attention width {s.attention_width} ({s.attention_width / s.d_model:.2f} d_model)\n"
+    if s.n_kv_heads:
+        text += f"  n_kv_heads: {s.n_kv_heads}  # GQA: {s.n_heads // s.n_kv_heads} query heads per key/value head\n"
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(text)
     tmp.replace(path)
@@ -117,12 +130,18 @@ def main() -> None:
     parser.add_argument("--layer-slack", type=int, default=0, help="allow L this far from --layers when unsolvable")
     parser.add_argument("--d-model", type=int, help="fix d_model (with --layers and --d-h): no solving")
     parser.add_argument("--d-h", type=int, help="fix d_h (with --d-model)")
+    parser.add_argument("--attn-fraction", type=float, nargs="+",
+                        help="attention width n_heads x --head-dim near these fractions of d_model (default: MHA at d_model)")
+    parser.add_argument("--head-dim", type=int, default=64, help="head size with --attn-fraction (even)")
+    parser.add_argument("--kv-group", type=int, default=1, help="query heads per key/value head (GQA; 1: MHA)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="relative budget tolerance (paper: 1e-5)")
     parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
                         help="rank: olmo_patches.nn.search.rank_key (the paper's findings); flops; attention share")
     parser.add_argument("--top", type=int, default=40, help="rows to print")
     parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
     args = parser.parse_args()
+    if args.head_dim < 2 or args.head_dim % 2 or args.kv_group < 1:
+        raise SystemExit(f"search: --head-dim={args.head_dim} --kv-group={args.kv_group}: head_dim must be even, kv-group >= 1")
     budget, baseline, vocab, seq = parse_budget(args.budget)
     rows = shapes(args, budget)
     key = {"rank": rank_key, "flops": lambda s: s.flops_per_token(seq, vocab), "attention": lambda s: s.attention}[args.sort]

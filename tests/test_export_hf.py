@@ -18,6 +18,14 @@ VARIANTS = {
     "baseline-pre": ("baseline", [], "custom"),
     "hourglass-pre": ("hourglass", [], "custom"),
     "hourglass-post-qk": ("hourglass", ["model.norm_placement=post", "model.qk_norm=true", "model.K=3"], "custom"),
+    # Attention width apart from d_model (2 x 24 = 48 on d_model 32), GQA, Llama-3.1 RoPE scaling (the
+    # authors' revised recipe; old context 16 so that the 24-token test sequence spans all three bands).
+    "olmo2-gqa-head_dim": ("baseline", ["model.norm_placement=post", "model.qk_norm=true", "model.n_heads=4",
+                                        "model.n_kv_heads=2", "model.head_dim=6", "model.d_ff=72"], "olmo2"),
+    "hourglass-revised": ("hourglass", ["model.qk_norm=true", "model.n_heads=4", "model.n_kv_heads=1", "model.head_dim=12",
+                                        "model.tie_embeddings=true", "model.norm_eps=1e-5",
+                                        "model.rope_scaling.original_max_position_embeddings=16",
+                                        "train.decay_norms=false", "train.decay_embeddings=true", "train.schedule_lag=1"], "custom"),
 }
 # Variable width (h = 32): w_1 > h (the embedding is zero-padded), a narrowing, a widening (reads
 # dims [16, 32) kept from layer 1, zeros, or a learned projection) and w_L < h (the output norm's
@@ -28,6 +36,7 @@ VW_VARIANTS = {
     "zero": [*WIDTHS, "model.widths.resize=zero"],
     "learned": [*WIDTHS, "model.widths.resize=learned"],
     "mup-x": ["model.n_layers=4", "model.widths.multiple=4", "model.widths.init=mup"],  # widths [44, 20, 8, 44]
+    "head_dim-gqa": [*WIDTHS, "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=10", "model.qk_norm=true"],
     "hourglass-post-qk-learned": [
         *WIDTHS, "model.widths.resize=learned", "model.ffn=hourglass", "model.K=2", "model.d_h=16",
         "model.norm_placement=post", "model.qk_norm=true",

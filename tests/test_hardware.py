@@ -50,7 +50,8 @@ def test_every_paper_config_fits_every_card(eight_ranks, card):
         t = load_spec(path, [f"train.hardware={card}"]).train
         per_rank = t.global_batch_size // 8
         assert t.micro_batch_size >= 1 and per_rank % t.micro_batch_size == 0, path
-        assert t.compile is True and t.activation_checkpointing is False, path
+        revised_8b = path.name.endswith("-revised.yaml") and path.parent.name == "8B"  # beyond the paper's sizes
+        assert t.compile is True and t.activation_checkpointing is (revised_8b and card == "rtx6000ada"), path
 
 
 def test_checkpointing_when_nothing_else_fits(eight_ranks):

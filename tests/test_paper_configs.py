@@ -10,7 +10,7 @@ from olmo_patches.report.plan import plan
 from olmo_patches.report.counts import count
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name != "base.yaml")
+CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml"))
 SIZES = {"113M": 113.2e6, "403M": 402.7e6, "906M": 906.0e6, "1B": 1073.7e6}  # SPEC, to the rounding shown
 TOKENS = {"113M": 2.5e9, "403M": 7e9, "906M": 18e9, "1B": 21e9}  # SPEC / paper
 UNMATCHED = "k-sweep-unmatched"  # the paper's K ablation: parameters grow with K by design
@@ -23,8 +23,10 @@ def rel(p: Path) -> str:
 def closed_form(spec) -> int:
     """Independent of the code under test: the SPEC's counting, L (4 d^2 + FFN)."""
     m = spec.model
-    ffn = 3 * m.K * m.d_model * m.resolved_d_h if m.block == "hourglass" else 3 * m.d_model * m.ffn_ratio * m.d_model
-    return m.n_layers * (4 * m.d_model**2 + ffn)
+    ffn = 3 * m.K * m.d_model * m.resolved_d_h if m.block == "hourglass" else 3 * m.d_model * m.resolved_d_ff
+    head_dim = m.head_dim or m.d_model // m.n_heads  # Q, O: n_heads head_dim wide; K, V: n_kv_heads head_dim
+    attention = 2 * m.d_model * head_dim * (m.n_heads + (m.n_kv_heads or m.n_heads))
+    return m.n_layers * (attention + ffn)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=rel)
@@ -42,7 +44,7 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         return
     assert b.non_embedding == closed_form(spec)
     size = rel(path).split("/")[0]
-    if size not in SIZES:
+    if size not in SIZES or path.name.endswith("-revised.yaml"):  # the authors' later runs: test_attention_width.py
         return
     budget = closed_form(load_spec(ROOT / "configs" / size / "baseline.yaml"))
     if UNMATCHED in path.parts:

@@ -14,7 +14,8 @@ B113 = 12 * 16 * 768 * 768  # the paper's 113.2M baseline: 16 d_model^2 per laye
 
 
 def built(shape: Shape, vocab: int = 1024):
-    spec = ModelSpec(block="hourglass", d_model=shape.d_model, n_layers=shape.n_layers, n_heads=shape.n_heads, K=shape.K, d_h=shape.d_h)
+    spec = ModelSpec(block="hourglass", d_model=shape.d_model, n_layers=shape.n_layers, n_heads=shape.n_heads, K=shape.K, d_h=shape.d_h,
+                     head_dim=shape.fixed_head_dim, n_kv_heads=shape.n_kv_heads)
     return spec.build(vocab).build(init_device="meta")
 
 
@@ -76,3 +77,31 @@ def test_cli_writes_loadable_configs(tmp_path):
 def test_bad_budget_is_one_line_error():
     r = subprocess.run([sys.executable, str(ROOT / "scripts/search.py"), "lots"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode != 0 and "BUDGET=lots" in r.stderr
+
+
+def test_attention_width_and_gqa_solve_against_olmo_core_model():
+    """Attention width 0.6 d_model in heads of 96, 4 query heads per key/value head: OLMo-core's built
+    model has the solver's attention and FFN counts, and they meet the budget."""
+    s = solve(B113, K=4, n_layers=6, d_h_ratio=0.5, attn_fraction=0.6, head_dim=96, kv_group=4)
+    assert s is not None and s.fixed_head_dim == 96 and s.n_heads % 4 == 0 and s.n_kv_heads == s.n_heads // 4
+    assert abs(s.n_heads * 96 / s.d_model - 0.6) < 4 * 96 / s.d_model  # within one GQA group of heads
+    model = built(s)
+    b = breakdown(model, 4096)
+    assert model.blocks["0"].attention.w_k.out_features == s.n_kv_heads * 96
+    assert (b.attention, b.ffn) == (s.attention, s.ffn) and abs(b.non_embedding - B113) <= TOLERANCE * B113
+    assert abs(s.flops_per_token(4096, 1024) - b.flops_per_token) / b.flops_per_token < 1e-3
+
+
+def test_cli_writes_attention_width_configs(tmp_path):
+    out = tmp_path / "sweep"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/search.py"), str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "6",
+         "--d-h-ratio", "0.55", "--attn-fraction", "0.5", "--head-dim", "64", "--kv-group", "2", "--write", str(out)],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stderr
+    (path,) = out.glob("*.yaml")
+    m = load_spec(path).model
+    assert m.head_dim == 64 and m.n_kv_heads * 2 == m.n_heads
+    attention = 2 * m.d_model * (m.n_heads + m.n_kv_heads) * 64
+    assert abs(m.n_layers * (attention + 3 * m.K * m.d_model * m.d_h) - B113) <= TOLERANCE * B113

@@ -1,6 +1,7 @@
 """Export a trainer checkpoint (``RUN/stepN``) to a Hugging Face model folder.
 
-- A baseline with the OLMo-2 shape (post-norm "reordered norm", QK-norm, SwiGLU) becomes
+- A baseline with the OLMo-2 shape (post-norm "reordered norm", QK-norm, SwiGLU; any head size and
+  GQA; no RoPE scaling, which transformers' Olmo2 lacks) becomes
   transformers' own ``Olmo2ForCausalLM``: weights renamed, nothing else.
 - Every other model (pre-norm baselines, hourglass, variable width with any resizing, FFN and
   init) is written with its own modeling code, ``modeling_hourglass_olmo.py`` (plain PyTorch)
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -28,7 +30,8 @@ MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 
 def is_olmo2_shape(spec: ExperimentSpec) -> bool:
     m = spec.model
-    return m.block == "baseline" and m.norm_placement == "post" and m.qk_norm
+    # transformers' Olmo2 has no Llama-3.1 RoPE scaling
+    return m.block == "baseline" and m.norm_placement == "post" and m.qk_norm and m.rope_scaling is None
 
 
 def to_olmo2_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -60,8 +63,9 @@ def _olmo2(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max
 
     m = spec.model
     config = Olmo2Config(
-        vocab_size=vocab, hidden_size=m.d_model, intermediate_size=m.ffn_ratio * m.d_model,
-        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.n_heads,
+        vocab_size=vocab, hidden_size=m.d_model, intermediate_size=m.resolved_d_ff,
+        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.resolved_n_kv_heads,
+        head_dim=m.resolved_head_dim,
         rms_norm_eps=m.norm_eps, rope_theta=float(m.rope_theta), max_position_embeddings=max_len,
         tie_word_embeddings=m.tie_embeddings, attention_bias=False, torch_dtype="float32",
     )
@@ -90,7 +94,9 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
                           logit_scale=1.0 / built.mup.m_width, attention_scale_power=1.0)
     config = HourglassOlmoConfig(
         vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-        block="hourglass" if hourglass else "baseline", ffn_hidden=m.ffn_ratio * m.d_model, K=m.K,
+        block="hourglass" if hourglass else "baseline", ffn_hidden=m.resolved_d_ff, K=m.K,
+        head_dim=m.head_dim, n_kv_heads=m.resolved_n_kv_heads,
+        rope_scaling=asdict(m.rope_scaling) if m.rope_scaling is not None else None,
         d_h=m.resolved_d_h, norm_placement=m.norm_placement, qk_norm=m.qk_norm, rope_theta=float(m.rope_theta),
         norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings, max_position_embeddings=max_len, **kwargs,
     )

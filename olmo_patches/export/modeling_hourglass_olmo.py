@@ -4,7 +4,8 @@ Plain PyTorch, no OLMo-core needed: load with ``AutoModelForCausalLM.from_pretra
 trust_remote_code=True)``. Parameter names are OLMo-core's, under ``model.``. Covers the blocks
 this project trains: the conventional SwiGLU FFN and the hourglass FFN (K stacked wide-narrow-wide
 sub-MLPs, each with its own norm and residual), pre-norm (the papers' equations) or post-norm
-(OLMo-2's reordered norm), with or without QK-norm, RoPE, untied or tied LM head; and
+(OLMo-2's reordered norm), with or without QK-norm, RoPE (optionally Llama-3.1 scaled), grouped-query
+attention, a head size apart from d_model / n_heads, untied or tied LM head; and
 variable-width models (paper 2): layer l at its own width w_l inside a stream max(h, max w_l) wide,
 resized by ``carry_forward``, ``zero`` or ``learned`` (see ``Block``), with the paper's muP forward
 multipliers. A uniform model is the special case w_l = d_model. No KV cache: generation recomputes
@@ -12,6 +13,8 @@ the prefix (fine for evaluation-sized models).
 """
 
 from typing import List, Optional
+
+import math
 
 import torch
 import torch.nn as nn
@@ -30,6 +33,8 @@ class HourglassOlmoConfig(PretrainedConfig):
         d_model: int = 768,  # h: the embedding and LM head width
         n_layers: int = 12,
         n_heads: int = 12,
+        head_dim: Optional[int] = None,  # per-head size (None: layer width / n_heads)
+        n_kv_heads: Optional[int] = None,  # key/value heads, GQA (None: n_heads)
         block: str = "baseline",  # baseline (SwiGLU, hidden ffn_hidden) | hourglass
         ffn_hidden: int = 3072,  # baseline: SwiGLU hidden size
         K: int = 1,  # hourglass: sub-MLPs per layer
@@ -37,6 +42,7 @@ class HourglassOlmoConfig(PretrainedConfig):
         norm_placement: str = "pre",  # pre: x + f(norm(x)) | post: x + norm(f(x))
         qk_norm: bool = False,
         rope_theta: float = 500000.0,
+        rope_scaling: Optional[dict] = None,  # Llama-3.1: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
         norm_eps: float = 1e-6,
         tie_word_embeddings: bool = False,
         widths: Optional[List[int]] = None,  # variable width: w_1..w_L (None: every layer d_model)
@@ -51,7 +57,8 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.block, self.ffn_hidden, self.K, self.d_h = block, ffn_hidden, K, d_h
         self.norm_placement, self.qk_norm = norm_placement, qk_norm
-        self.rope_theta, self.norm_eps = rope_theta, norm_eps
+        self.rope_theta, self.norm_eps, self.rope_scaling = rope_theta, norm_eps, rope_scaling
+        self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
         self.embed_scale, self.residual_scale, self.logit_scale = embed_scale, residual_scale, logit_scale
         self.attention_scale_power = attention_scale_power
@@ -91,22 +98,44 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def _inv_freq(theta: float, head_dim: int, scaling: Optional[dict], device) -> torch.Tensor:
+    """RoPE frequencies; Llama-3.1 scaling divides the low ones by ``factor``, blending in between."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim))
+    if not scaling:
+        return inv_freq
+    factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    return torch.where((wavelen <= old / low) & (wavelen >= old / high), blended, scaled)
+
+
 class Attention(nn.Module):
+    """n_heads query heads and n_kv_heads key/value heads (each shared by n_heads / n_kv_heads queries)
+    of head_dim each: d -> n_heads head_dim -> d, whatever d."""
+
     def __init__(self, c: HourglassOlmoConfig, d: int):
         super().__init__()
-        self.n_heads, self.head_dim, self.theta = c.n_heads, d // c.n_heads, c.rope_theta
+        self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads or c.n_heads
+        self.head_dim, self.theta, self.rope_scaling = c.head_dim or d // c.n_heads, c.rope_theta, c.rope_scaling
         self.scale = self.head_dim ** -c.attention_scale_power
-        self.w_q, self.w_k, self.w_v, self.w_out = (nn.Linear(d, d, bias=False) for _ in range(4))
-        self.q_norm = RMSNorm(d, c.norm_eps) if c.qk_norm else None
-        self.k_norm = RMSNorm(d, c.norm_eps) if c.qk_norm else None
+        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.w_q, self.w_out = nn.Linear(d, q_width, bias=False), nn.Linear(q_width, d, bias=False)
+        self.w_k, self.w_v = nn.Linear(d, kv_width, bias=False), nn.Linear(d, kv_width, bias=False)
+        self.q_norm = RMSNorm(q_width, c.norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(kv_width, c.norm_eps) if c.qk_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=x.device, dtype=torch.float) / self.head_dim))
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
+        k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1) for t in (k, v))
+        inv_freq = _inv_freq(self.theta, self.head_dim, self.rope_scaling, x.device)
         freqs = torch.outer(torch.arange(T, device=x.device, dtype=torch.float), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         sin, cos = emb.sin()[None, None], emb.cos()[None, None]

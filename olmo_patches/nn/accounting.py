@@ -3,8 +3,8 @@
 Two independent views of a shape:
 - :func:`breakdown` classifies the parameters of a built model (meta device is fine) by name:
   exact by construction, it is what ``count_params`` prints;
-- :func:`analytic_non_embedding` is the papers' closed form (norms excluded, no biases, MHA):
-  attention 4 d_model^2 per layer, SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h.
+- :func:`analytic_non_embedding` is the papers' closed form (norms excluded, no biases):
+  attention 4 d_model^2 per layer for MHA at head_dim d_model / n_heads (2 d_model (a + a_kv) in general), SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h.
   Shape solvers use it; tests hold it against :func:`breakdown`.
 
 "Non-embedding" follows the papers: attention + FFN weight matrices, without the embeddings, the
@@ -72,12 +72,18 @@ def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
     return ParamBreakdown(**counts, flops_per_token=model.num_flops_per_token(seq_len))  # type: ignore[operator]
 
 
-def analytic_non_embedding(d_model: int, n_layers: int, *, d_ff: int | None = None, K: int = 1, d_h: int | None = None) -> dict:
+def analytic_non_embedding(
+    d_model: int, n_layers: int, *, d_ff: int | None = None, K: int = 1, d_h: int | None = None,
+    attention_width: int | None = None, kv_width: int | None = None,
+) -> dict:
     """The papers' closed form: {'attention', 'ffn', 'non_embedding'} for a constant-width model.
 
     Give ``d_ff`` for a SwiGLU FFN of that hidden size, or ``K`` and ``d_h`` for an hourglass FFN.
+    Attention: Q and O are d_model x ``attention_width`` (n_heads head_dim), K and V d_model x ``kv_width``
+    (n_kv_heads head_dim); both default to d_model (MHA, head_dim = d_model / n_heads): 4 d_model^2.
     """
-    attention = 4 * d_model * d_model * n_layers
+    a = attention_width if attention_width is not None else d_model
+    attention = 2 * d_model * (a + (kv_width if kv_width is not None else a)) * n_layers
     if d_h is not None:
         ffn = 3 * K * d_model * d_h * n_layers
     else:

@@ -3,6 +3,12 @@
 The budget is the paper's non-embedding count (attention + FFN weight matrices; norms, embeddings
 and LM head excluded): ``N = L (4 d_model^2 + 3 K d_model d_h)`` for an hourglass model with MHA.
 
+The authors' revised runs free the attention width a = n_heads x head_dim from d_model (their 906M
+hourglass: 16 x 96 = 1536 on d_model 2496) and Megatron's query groups allow GQA. With
+``attn_fraction`` f the solver fixes ``head_dim`` and takes n_heads = round(f d_model / head_dim)
+(a multiple of ``kv_group``); with ``kv_group`` g, n_kv_heads = n_heads / g. Then
+``N = L (2 d_model a (1 + 1/g) + 3 K d_model d_h)``, and d_h is solved exactly as before.
+
 Matching within the paper's 0.001% is a number-theory problem, not a rounding one: one unit of d_h
 moves N by ``3 K d_model L`` (about 0.09% of 113M at K=4, d_model 1374, L=6), a hundred times the
 tolerance. So :func:`solve` searches d_model near the continuous solution
@@ -28,6 +34,7 @@ __all__ = [
     "solve_at_width_depth",
     "enumerate_shapes",
     "choose_heads",
+    "attention_heads",
     "optimal_width_depth",
     "rank_key",
 ]
@@ -44,7 +51,7 @@ LADDER = sorted(
 
 @dataclass(frozen=True)
 class Shape:
-    """One hourglass shape (constant width, standard MHA)."""
+    """One hourglass shape (constant width; MHA at head_dim d_model / n_heads unless fixed_head_dim, n_kv_heads)."""
 
     K: int
     d_model: int
@@ -52,10 +59,20 @@ class Shape:
     d_h: int
     n_heads: int
     rounding: str = ""  # which alignment rung the solver used, e.g. "d_model % 64, d_h % 1"
+    fixed_head_dim: Optional[int] = None  # head size apart from d_model (None: d_model / n_heads)
+    n_kv_heads: Optional[int] = None  # GQA key/value heads (None: n_heads)
+
+    @property
+    def attention_width(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return (self.n_kv_heads or self.n_heads) * self.head_dim
 
     @property
     def attention(self) -> int:
-        return 4 * self.d_model * self.d_model * self.n_layers
+        return 2 * self.d_model * (self.attention_width + self.kv_width) * self.n_layers
 
     @property
     def ffn(self) -> int:
@@ -67,7 +84,7 @@ class Shape:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.fixed_head_dim or self.d_model // self.n_heads
 
     @property
     def d_h_ratio(self) -> float:
@@ -84,7 +101,7 @@ class Shape:
 
     def flops_per_token(self, seq_len: int, vocab_size: int) -> int:
         """OLMo-core's training FLOPs per token (6 per weight, causal attention, LM head), norms excluded."""
-        return 6 * (self.non_embedding + vocab_size * self.d_model) + 6 * self.n_layers * self.d_model * (seq_len + 1)
+        return 6 * (self.non_embedding + vocab_size * self.d_model) + 6 * self.n_layers * self.attention_width * (seq_len + 1)
 
 
 def choose_heads(d_model: int) -> Optional[int]:
@@ -108,10 +125,15 @@ def solve(
     windows: tuple[float, ...] = (0.04, 0.08),
     layer_slack: int = 0,
     ratio_slack: float = 0.2,
+    attn_fraction: Optional[float] = None,
+    head_dim: int = 64,
+    kv_group: int = 1,
 ) -> Optional[Shape]:
     """The hourglass shape with K given, L = ``n_layers`` (or within ``layer_slack`` of it, nearest
     first), d_h/d_model within ``ratio_slack`` (relative) of ``d_h_ratio``, and the budget met within
-    ``tolerance``. None when there is none.
+    ``tolerance``. None when there is none. ``attn_fraction``: attention width near that fraction of
+    d_model in heads of ``head_dim`` (None: MHA at d_model / n_heads); ``kv_group``: query heads per
+    key/value head (GQA; 1: MHA).
 
     Search order: each d_model window in turn (relative to the continuous solution d*), each L
     nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
@@ -119,35 +141,54 @@ def solve(
     layers = sorted(range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1), key=lambda L: (abs(L - n_layers), L))
     for window in windows:
         for L in layers:
-            shape = _solve_rungs(budget, K, L, d_h_ratio, tolerance, window, ratio_slack)
+            shape = _solve_rungs(budget, K, L, d_h_ratio, tolerance, window, ratio_slack, attn_fraction, head_dim, kv_group)
             if shape is not None:
                 return shape
     return None
 
 
-def _solve_rungs(budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float) -> Optional[Shape]:
-    d_star = math.sqrt(budget / (L * (4 + 3 * K * r)))
+def attention_heads(d_model: int, attn_fraction: Optional[float] = None, head_dim: int = 64, kv_group: int = 1) -> Optional[dict]:
+    """Shape keywords of the attention for d_model (None: no valid head count)."""
+    if attn_fraction is None:
+        n_heads = choose_heads(d_model)
+        if n_heads is None or n_heads % kv_group:
+            return None
+        return dict(n_heads=n_heads, n_kv_heads=n_heads // kv_group if kv_group > 1 else None)
+    n_heads = max(1, round(attn_fraction * d_model / (head_dim * kv_group))) * kv_group
+    return dict(n_heads=n_heads, fixed_head_dim=head_dim, n_kv_heads=n_heads // kv_group if kv_group > 1 else None)
+
+
+def _solve_rungs(
+    budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float,
+    attn_fraction: Optional[float] = None, head_dim: int = 64, kv_group: int = 1,
+) -> Optional[Shape]:
+    f = 1.0 if attn_fraction is None else attn_fraction
+    d_star = math.sqrt(budget / (L * (2 * f * (1 + 1 / kv_group) + 3 * K * r)))
     lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
     for a_d, a_h in LADDER:
         best: Optional[Shape] = None
         for d_model in range(lo + (-lo) % a_d, hi + 1, a_d):
-            exact = (budget / L - 4 * d_model * d_model) / (3 * K * d_model)
+            if (attention := attention_heads(d_model, attn_fraction, head_dim, kv_group)) is None:
+                continue
+            attn_only = Shape(K, d_model, L, 0, **attention)
+            exact = (budget - attn_only.attention) / (3 * K * d_model * L)
             d_h = int(round(exact / a_h)) * a_h
             if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
                 continue
-            shape = Shape(K, d_model, L, d_h, 0)
-            if abs(shape.mismatch(budget)) > tolerance or (n_heads := choose_heads(d_model)) is None:
+            shape = Shape(K, d_model, L, d_h, rounding=f"d_model % {a_d}, d_h % {a_h}", **attention)
+            if abs(shape.mismatch(budget)) > tolerance:
                 continue
             if best is None or abs(d_model - d_star) < abs(best.d_model - d_star):
-                best = Shape(K, d_model, L, d_h, n_heads, f"d_model % {a_d}, d_h % {a_h}")
+                best = shape
         if best is not None:
             return best
     return None
 
 
 def solve_at_width_depth(budget: int, *, K: int, d_h_ratio: float, width_depth: float, **kw) -> Optional[Shape]:
-    """Solve with L chosen so that d_model / L is nearest ``width_depth`` (N = rho^2 L^3 (4 + 3 K r))."""
-    L = max(1, round((budget / (width_depth**2 * (4 + 3 * K * d_h_ratio))) ** (1 / 3)))
+    """Solve with L chosen so that d_model / L is nearest ``width_depth`` (N = rho^2 L^3 (4 + 3 K r) for MHA)."""
+    f = kw.get("attn_fraction") or 1.0
+    L = max(1, round((budget / (width_depth**2 * (2 * f * (1 + 1 / kw.get("kv_group", 1)) + 3 * K * d_h_ratio))) ** (1 / 3)))
     return solve(budget, K=K, n_layers=L, d_h_ratio=d_h_ratio, **kw)
 
 
@@ -173,20 +214,26 @@ def enumerate_shapes(
     d_h_ratios: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
     width_depth: tuple[float, float] = (50.0, 300.0),
     tolerance: float = TOLERANCE,
+    attn_fractions: tuple[Optional[float], ...] = (None,),
+    head_dim: int = 64,
+    kv_group: int = 1,
 ) -> Iterator[Shape]:
-    """Every solvable shape of the paper's search space: K, d_h/d_model, and each L whose solved
-    d_model/L falls in ``width_depth``. Duplicates (same K, L, d_model, d_h) are yielded once."""
+    """Every solvable shape of the paper's search space: K, d_h/d_model, each attention width
+    fraction (None: MHA at d_model), and each L whose solved d_model/L falls in ``width_depth``.
+    Duplicates (same K, L, d_model, d_h, heads) are yielded once."""
     seen = set()
     for K in Ks:
         for r in d_h_ratios:
-            per_layer = 4 + 3 * K * r  # N = per_layer * d^2 * L, d = rho * L
-            L_min = max(1, math.floor((budget / (per_layer * width_depth[1] ** 2)) ** (1 / 3)))
-            L_max = math.ceil((budget / (per_layer * width_depth[0] ** 2)) ** (1 / 3))
-            for L in range(L_min, L_max + 1):
-                shape = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=tolerance)
-                if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
-                    continue
-                key = (shape.K, shape.n_layers, shape.d_model, shape.d_h)
-                if key not in seen:
-                    seen.add(key)
-                    yield shape
+            for f in attn_fractions:
+                per_layer = 2 * (1.0 if f is None else f) * (1 + 1 / kv_group) + 3 * K * r  # N = per_layer d^2 L, d = rho L
+                L_min = max(1, math.floor((budget / (per_layer * width_depth[1] ** 2)) ** (1 / 3)))
+                L_max = math.ceil((budget / (per_layer * width_depth[0] ** 2)) ** (1 / 3))
+                for L in range(L_min, L_max + 1):
+                    shape = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=tolerance, attn_fraction=f,
+                                  head_dim=head_dim, kv_group=kv_group)
+                    if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
+                        continue
+                    key = (shape.K, shape.n_layers, shape.d_model, shape.d_h, shape.n_heads, shape.head_dim)
+                    if key not in seen:
+                        seen.add(key)
+                        yield shape

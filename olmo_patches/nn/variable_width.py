@@ -45,7 +45,8 @@ sqrt(w_1 / h) relative to a width-h norm), and layer 1's Q/K/V columns for those
 gradient (the "input waste" the solver subtracts). In learned mode, the projection of the zero padding
 does not arise: P_1 maps the h-dim embedding to w_1 dims, and every dim of x_1 is a learned mix.
 
-Each layer at its own width: n_heads fixed (head_dim = w_l / n_heads), RMSNorm over w_l, RoPE over
+Each layer at its own width: n_heads fixed (head_dim = w_l / n_heads, or a fixed ``head_dim``: every
+layer's attention is then n_heads x head_dim wide whatever w_l), RMSNorm over w_l, RoPE over
 head_dim (each block has its own RoPE buffer cache: OLMo-core's cache key omits the head size), and
 either SwiGLU (hidden ``ffn_hidden_ratio`` w_l) or the hourglass FFN (d_h scaled with w_l).
 
@@ -415,7 +416,8 @@ class VariableWidthTransformerConfig(TransformerConfig):
         if len(self.widths) != self.n_layers:
             raise OLMoConfigurationError(f"widths has {len(self.widths)} entries for n_layers={self.n_layers}")
         assert isinstance(self.block, TransformerBlockConfig)
-        n_heads = getattr(self.block.sequence_mixer, "n_heads", 1)
+        mixer = self.block.sequence_mixer
+        n_heads = 1 if getattr(mixer, "head_dim", None) else getattr(mixer, "n_heads", 1)  # head_dim: any w_l
         for l, w in enumerate(self.widths, start=1):
             if w < 1 or w % n_heads:
                 raise OLMoConfigurationError(f"w_{l}={w} is not a positive multiple of n_heads={n_heads}")
@@ -435,6 +437,11 @@ class VariableWidthTransformerConfig(TransformerConfig):
     @property
     def stream_width(self) -> int:
         return max(self.d_model, *self.widths)
+
+    def _head_dim(self, w: int) -> int:
+        """Layer width w's head size: the attention's explicit head_dim, else w / n_heads."""
+        mixer = self.block.sequence_mixer  # type: ignore[union-attr]
+        return getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads")
 
     def _hidden(self, w: int) -> int:
         m = self.ffn_hidden_multiple
@@ -461,7 +468,7 @@ class VariableWidthTransformerConfig(TransformerConfig):
                     in_width=prev,
                     stream_width=self.stream_width,
                     resize=ResizeMode(self.resize),
-                    softmax_scale=(getattr(template.sequence_mixer, "n_heads") / w) if self.mup is not None else None,
+                    softmax_scale=1 / self._head_dim(w) if self.mup is not None else None,
                 )
             )
             prev = w

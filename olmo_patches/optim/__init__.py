@@ -1,2 +1,2 @@
-"""Optimizer pieces as OLMo-core configs (the power LR schedule). Imports torch and olmo_core only,
-nothing else of this package: it sits at the nn layer."""
+"""Learning-rate schedules as OLMo-core schedulers: lm-engine's power schedule, Megatron's step lag.
+Imports torch and olmo_core only, nothing else of this package: it sits at the nn layer."""

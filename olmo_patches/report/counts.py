@@ -7,12 +7,24 @@ from rich.table import Table
 from ..config import ExperimentSpec, vocab_size
 from ..nn.accounting import ParamBreakdown, breakdown
 
-__all__ = ["count", "param_table", "width_report"]
+__all__ = ["count", "param_table", "width_report", "attention_report"]
 
 
 def count(spec: ExperimentSpec) -> ParamBreakdown:
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")
     return breakdown(model, spec.data.sequence_length)
+
+
+def attention_report(spec: ExperimentSpec) -> dict:
+    """Heads, head size, key/value heads and the attention width (n_heads x head_dim; per layer for a
+    variable-width model whose head size follows w_l)."""
+    m = spec.model
+    report = {"n_heads": m.n_heads, "head_dim": m.resolved_head_dim, "n_kv_heads": m.resolved_n_kv_heads}
+    if m.block == "variable_width" and m.head_dim is None:
+        widths = m.resolved_widths
+        return {**report, "head_dim": [w // m.n_heads for w in widths], "attention_width": widths,
+                "kv_width": [w // m.n_heads * m.resolved_n_kv_heads for w in widths]}
+    return {**report, "attention_width": m.n_heads * m.resolved_head_dim, "kv_width": m.resolved_n_kv_heads * m.resolved_head_dim}
 
 
 def width_report(spec: ExperimentSpec) -> dict:
@@ -40,7 +52,10 @@ def width_report(spec: ExperimentSpec) -> dict:
 def param_table(spec: ExperimentSpec) -> Table:
     b = count(spec)
     m = spec.model
+    a = attention_report(spec)
     shape = f"{m.block}: d_model {m.d_model}, L {m.n_layers}, heads {m.n_heads}"
+    if m.head_dim is not None or m.n_kv_heads is not None:
+        shape += f" x {a['head_dim']} (attention width {a['attention_width']}), kv heads {a['n_kv_heads']}"
     if m.block == "hourglass":
         shape += f", K {m.K}, d_h {m.resolved_d_h}"
     if m.block == "variable_width":
@@ -49,7 +64,8 @@ def param_table(spec: ExperimentSpec) -> Table:
     table.add_column("parameters")
     table.add_column("count", justify="right")
     table.add_column("share of non-embedding", justify="right")
-    for name, value in (("embedding (input + untied head)", b.embedding), ("attention", b.attention), ("FFN", b.ffn)):
+    embedding = "embedding (tied with the head)" if m.tie_embeddings else "embedding (input + untied head)"
+    for name, value in ((embedding, b.embedding), ("attention", b.attention), ("FFN", b.ffn)):
         share = f"{value / b.non_embedding:.1%}" if name in ("attention", "FFN") else ""
         table.add_row(name, f"{value:,}", share)
     table.add_row("norms", f"{b.norm:,}", "")

@@ -34,6 +34,7 @@ from olmo_core.train.train_module import (
 )
 
 from .batch_trace import BatchTraceCallback
+from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
 from ..config import ExperimentSpec, attention_backend, data_workers, spec_to_yaml
 from ..optim.power import PowerScheduler
@@ -140,10 +141,15 @@ def _autocast_bf16(spec: ExperimentSpec, device: str, world_size: int) -> bool:
     return device == "cuda" and spec.train.precision == "bf16" and (world_size == 1 or spec.train.data_parallel == "ddp")
 
 
-def _optim_groups(spec: ExperimentSpec) -> list[OptimGroupOverride]:
-    """Embeddings are not decayed (OLMo-2). Under the variable-width paper's muP, the hidden matrices
-    (attention and FFN weights) train at lr / m_width, as lm-engine's muP groups do."""
-    groups = [OptimGroupOverride(params=["embeddings.weight"], opts=dict(weight_decay=0.0))]
+def _optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGroupOverride]:
+    """No weight decay on the embedding unless train.decay_embeddings (OLMo-2), nor on the 1-D tensors
+    (norm gains, read off the model's parameters) unless train.decay_norms. Under the variable-width
+    paper's muP, the hidden matrices (attention and FFN weights) train at lr / m_width, as lm-engine's
+    muP groups do."""
+    no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
+    if not spec.train.decay_norms:
+        no_decay += [n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1]
+    groups = [OptimGroupOverride(params=no_decay, opts=dict(weight_decay=0.0))] if no_decay else []
     widths = spec.model.widths
     if spec.model.block == "variable_width" and widths.init == "mup":
         hidden = ["blocks.*.attention.w_*.weight", "blocks.*.feed_forward.w*.weight"]
@@ -163,6 +169,15 @@ def _scheduler(spec: ExperimentSpec) -> Scheduler:
     if units == SchedulerUnits.tokens and t.warmup_steps is not None:
         warmup = t.warmup_steps * t.global_batch_size * spec.data.sequence_length
     return CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens)
+
+
+def _lagged(scheduler: Scheduler, spec: ExperimentSpec) -> Scheduler:
+    """train.schedule_lag steps behind (Megatron's convention), in the schedule's units."""
+    t = spec.train
+    if not t.schedule_lag:
+        return scheduler
+    per_step = t.global_batch_size * spec.data.sequence_length if scheduler.units == SchedulerUnits.tokens else 1
+    return LaggedScheduler(units=scheduler.units, inner=scheduler, lag=t.schedule_lag * per_step)
 
 
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
@@ -204,9 +219,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
             betas=(t.betas[0], t.betas[1]),
             eps=t.eps,
             weight_decay=t.weight_decay,
-            group_overrides=_optim_groups(spec),
+            group_overrides=_optim_groups(spec, model),
         ),
-        scheduler=_scheduler(spec),
+        scheduler=_lagged(_scheduler(spec), spec),
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
         compile_model=t.compile,
