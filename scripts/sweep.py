@@ -49,8 +49,12 @@ def main() -> None:
     if args.command == "launch" and args.local:
         raise SystemExit(1 if launch_local(members, args.overrides) else 0)
     if args.command == "launch":
-        launch_slurm(members, args.overrides, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                     log_dir=args.slurm_logs, sbatch_args=args.sbatch_arg)
+        try:
+            launch_slurm(members, args.overrides, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                         log_dir=args.slurm_logs, sbatch_args=args.sbatch_arg)
+        except RuntimeError as e:
+            print(f"sweep: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
     elif args.command == "status":
         rows = status_rows(sweep_status(members, args.slurm_logs))
         table = Table(title=f"sweep: {len(rows)} run(s)")

@@ -40,7 +40,6 @@ from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..train.metrics import METRICS_FILE, read_metrics
-from ..train.resume import latest_complete
 from .figures import make_figures
 from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, write_tables
 
@@ -271,10 +270,10 @@ def last_error_line(log: Path) -> str:
 
 
 def _checkpoint_step(folder: Path) -> int:
-    latest = latest_complete(folder) if folder.is_dir() else None
-    if latest is None:
+    """The step of the latest complete checkpoint (-1: none)."""
+    if not folder.is_dir():
         return -1
-    return max(step for step, path in Checkpointer.find_checkpoints(folder) if Checkpointer.dir_is_checkpoint(path))
+    return max((step for step, path in Checkpointer.find_checkpoints(folder) if Checkpointer.dir_is_checkpoint(path)), default=-1)
 
 
 def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) -> RunStatus:
@@ -422,7 +421,10 @@ def launch_slurm(
             "sbatch", "--parsable", f"--array=0-{len(todo) - 1}", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
             f"--output={log_dir}/%x-%A_%a.out", *sbatch_args, str(SLURM_LAUNCHER), "--array", str(manifest),
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise RuntimeError("sbatch: command not found (launch --slurm runs where SLURM is)") from None
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
         array = out.stdout.strip().split(";")[0]
