@@ -175,9 +175,19 @@ def controlled_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     return rows
 
 
+def _folders(folders: Any) -> List[str]:
+    return [folders] if isinstance(folders, str) else list(folders or [])
+
+
+def _in_folders(config: Path, folders: List[str]) -> bool:
+    """Whether a config lies in one of the repo's folders (matched by trailing path: copies match too)."""
+    parts = config.resolve().parent.parts
+    return any(parts[-len(Path(f).parts):] == Path(f).parts for f in folders)
+
+
 def _config_paths(folders: Any) -> List[Path]:
     """The configs in the given folder(s) of the repo, sorted by file name."""
-    return [path for folder in ([folders] if isinstance(folders, str) else folders or []) for path in sorted((REPO / folder).glob("*.yaml"))]
+    return [path for folder in _folders(folders) for path in sorted((REPO / folder).glob("*.yaml"))]
 
 
 def _config_name(path: Path) -> Optional[str]:
@@ -205,7 +215,8 @@ def paper_finding(kind: str, spec: dict, shape: Dict[str, Any]) -> str:
 
 def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optional[List[Path]] = None) -> List[dict]:
     """One row per config of the ablation (``configs``, default the folders of ``spec["configs"]``,
-    in file order), with the paper's number or finding beside the run's."""
+    in file order), with the paper's number or finding beside the run's; the difference only for
+    the paper's own configs (a demo-scale run is compared by trend, not value)."""
     rows = []
     for path in _config_paths(spec["configs"]) if configs is None else configs:
         if (name := _config_name(path)) is None:
@@ -213,18 +224,19 @@ def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optiona
         run = runs.get(name)
         ours = run.val_ppl() if run else None
         shape = _shape(run) or _shape_from_name(name)
-        reported = spec.get("reported_by_K", {}).get(shape.get("K"))
-        rows.append({"run": name, **shape, "val PPL": _fmt(ours), "paper": paper_finding(kind, spec, shape),
-                     "diff": _diff(ours, reported)})
+        reported = spec.get("reported_by_K", {}).get(shape.get("K")) if _in_folders(path, _folders(spec["configs"])) else None
+        rows.append({"run": name, **shape, "steps": run.last_step if run else "", "val PPL": _fmt(ours),
+                     "paper": paper_finding(kind, spec, shape), "diff": _diff(ours, reported)})
     return rows
 
 
 def ablation_configs(sweep_configs: List[Path]) -> Dict[str, List[Path]]:
-    """The sweep's configs by ablation: those in one of its folders (``configs`` or ``demo_configs``)."""
+    """The sweep's configs by ablation: those whose folder is one of its folders (``configs`` or
+    ``demo_configs``, matched by their trailing path, so a copy of the repo matches too)."""
     groups: Dict[str, List[Path]] = {}
     for kind, spec in paper_results()["hourglass"]["ablations"].items():
-        folders = {p.resolve().parent for key in ("configs", "demo_configs") for p in _config_paths(spec.get(key))}
-        groups[kind] = [c for c in sweep_configs if c.resolve().parent in folders]
+        folders = _folders(spec["configs"]) + _folders(spec.get("demo_configs"))
+        groups[kind] = [c for c in sweep_configs if _in_folders(c, folders)]
     return {k: v for k, v in groups.items() if v}
 
 
