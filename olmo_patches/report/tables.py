@@ -24,12 +24,13 @@ from omegaconf import OmegaConf
 
 from ..train.metrics import read_metrics
 
-__all__ = ["Run", "load_runs", "paper_results", "build_tables", "write_tables", "NOT_RUN"]
+__all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "paper_finding", "write_tables", "NOT_RUN", "NO_NUMBER"]
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = Path(__file__).resolve().parents[2]
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1
 NOT_RUN = "not run"
+NO_NUMBER = "no number reported"
 _LM = re.compile(r"^eval/lm/(.+)/CE loss$")
 _DOWNSTREAM = re.compile(r"^eval/downstream/(.+) \((.+)\)$")
 
@@ -139,7 +140,7 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         run = runs.get(r["run"])
         ours = run.val_ppl() if run else None
         row = {"size": r["size"], "variant": r["variant"], "run": r["run"], "steps": run.last_step if run else ""}
-        row.update({"val PPL": _fmt(ours), "paper": _fmt(r.get("ppl")) if "ppl" in r else "—", "diff": _diff(ours, r.get("ppl"))})
+        row.update({"val PPL": _fmt(ours), "paper": _fmt(r.get("ppl")) if "ppl" in r else NO_NUMBER, "diff": _diff(ours, r.get("ppl"))})
         for name in PAPER_VALIDATION_SETS:
             loss = run.val_losses().get(name) if run else None
             row[f"PPL {name}"] = _fmt(math.exp(loss)) if loss is not None else ("" if run else NOT_RUN)
@@ -174,28 +175,69 @@ def controlled_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     return rows
 
 
-def _config_names(folders: Any) -> List[str]:
-    """run.name of each config in the given folder(s) of the repo, sorted by file name."""
-    names = []
-    for folder in [folders] if isinstance(folders, str) else folders:
-        for path in sorted((REPO / folder).glob("*.yaml")):
-            cfg = yaml.safe_load(path.read_text())
-            if cfg and "run" in cfg and "name" in cfg["run"]:
-                names.append(cfg["run"]["name"])
-    return names
+def _folders(folders: Any) -> List[str]:
+    return [folders] if isinstance(folders, str) else list(folders or [])
 
 
-def ablation_table(runs: Dict[str, Run], spec: dict, reported_by_K: Optional[dict] = None) -> List[dict]:
-    """One row per config of the ablation (in file order), then any other run of the same block."""
+def _in_folders(config: Path, folders: List[str]) -> bool:
+    """Whether a config lies in one of the repo's folders (matched by trailing path: copies match too)."""
+    parts = config.resolve().parent.parts
+    return any(parts[-len(Path(f).parts):] == Path(f).parts for f in folders)
+
+
+def _config_paths(folders: Any) -> List[Path]:
+    """The configs in the given folder(s) of the repo, sorted by file name."""
+    return [path for folder in _folders(folders) for path in sorted((REPO / folder).glob("*.yaml"))]
+
+
+def _config_name(path: Path) -> Optional[str]:
+    cfg = yaml.safe_load(path.read_text())
+    return cfg["run"]["name"] if cfg and "run" in cfg and "name" in cfg["run"] else None
+
+
+def paper_finding(kind: str, spec: dict, shape: Dict[str, Any]) -> str:
+    """What the paper reports for an ablation row of this shape: its number, the finding of the
+    range the shape falls in, or NO_NUMBER."""
+    if kind == "K" and (ppl := spec["reported_by_K"].get(shape.get("K"))) is not None:
+        return _fmt(ppl)
+    if kind == "d_h_ratio" and shape.get("d_h/d_model"):
+        ratio = float(shape["d_h/d_model"])
+        for r in spec["ranges"]:
+            if r["from"] <= ratio < r["to"] or ratio == r["to"] == spec["ranges"][-1]["to"]:
+                return f"{r['from']}-{r['to']}: {r['finding']}"
+    if kind == "width_depth" and shape.get("d_model/L"):
+        lo, hi = spec["best_range"]
+        best = spec["best_d_model_per_L"].get(shape.get("K"))
+        where = "inside" if lo <= float(shape["d_model/L"]) <= hi else "outside"
+        return f"{where} the best range {lo}-{hi}" + (f" (K={shape['K']}: best near {best})" if best else "")
+    return NO_NUMBER
+
+
+def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optional[List[Path]] = None) -> List[dict]:
+    """One row per config of the ablation (``configs``, default the folders of ``spec["configs"]``,
+    in file order), with the paper's number or finding beside the run's; the difference only for
+    the paper's own configs (a demo-scale run is compared by trend, not value)."""
     rows = []
-    for name in _config_names(spec["configs"]):
+    for path in _config_paths(spec["configs"]) if configs is None else configs:
+        if (name := _config_name(path)) is None:
+            continue
         run = runs.get(name)
         ours = run.val_ppl() if run else None
         shape = _shape(run) or _shape_from_name(name)
-        reported = (reported_by_K or {}).get(shape.get("K")) if reported_by_K else None
-        rows.append({"run": name, **shape, "val PPL": _fmt(ours), "paper": _fmt(reported) if reported else "—",
-                     "diff": _diff(ours, reported)})
+        reported = spec.get("reported_by_K", {}).get(shape.get("K")) if _in_folders(path, _folders(spec["configs"])) else None
+        rows.append({"run": name, **shape, "steps": run.last_step if run else "", "val PPL": _fmt(ours),
+                     "paper": paper_finding(kind, spec, shape), "diff": _diff(ours, reported)})
     return rows
+
+
+def ablation_configs(sweep_configs: List[Path]) -> Dict[str, List[Path]]:
+    """The sweep's configs by ablation: those whose folder is one of its folders (``configs`` or
+    ``demo_configs``, matched by their trailing path, so a copy of the repo matches too)."""
+    groups: Dict[str, List[Path]] = {}
+    for kind, spec in paper_results()["hourglass"]["ablations"].items():
+        folders = _folders(spec["configs"]) + _folders(spec.get("demo_configs"))
+        groups[kind] = [c for c in sweep_configs if _in_folders(c, folders)]
+    return {k: v for k, v in groups.items() if v}
 
 
 def _shape_from_name(name: str) -> Dict[str, Any]:
@@ -229,29 +271,34 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         run = runs.get(r["run"])
         ours = run.val_loss() if run else None
         rows.append({"size": "500M", "variant": r["variant"], "run": r["run"], "val loss": _fmt(ours),
-                     "paper": _fmt(r["loss"]) if "loss" in r else "—", "diff": _diff(ours, r.get("loss"))})
+                     "paper": _fmt(r["loss"]) if "loss" in r else NO_NUMBER, "diff": _diff(ours, r.get("loss"))})
     # The hourglass paper's sizes trained with the variable-width block, against their baselines.
     for r in paper["hourglass"]["validation_ppl"]:
         if r["variant"] == "variable-width":
             run = runs.get(r["run"])
             rows.append({"size": r["size"], "variant": "variable-width (hourglass paper's sizes)", "run": r["run"],
-                         "val loss": _fmt(run.val_loss() if run else None), "paper": "—", "diff": ""})
+                         "val loss": _fmt(run.val_loss() if run else None), "paper": NO_NUMBER, "diff": ""})
     return rows
 
 
-def build_tables(runs: Dict[str, Run]) -> Dict[str, List[dict]]:
+def build_tables(runs: Dict[str, Run], sweep_configs: Optional[List[Path]] = None) -> Dict[str, List[dict]]:
+    """Every table; with ``sweep_configs`` the ablation tables list the sweep's configs of each
+    ablation (e.g. the demo-scale sweeps) instead of the 113M folders."""
     paper = paper_results()
     abl = paper["hourglass"]["ablations"]
-    return {
+    abl["K"]["reported_by_K"] = {int(k): v for k, v in abl["K"]["reported_by_K"].items()}
+    abl["width_depth"]["best_d_model_per_L"] = {int(k): v for k, v in abl["width_depth"]["best_d_model_per_L"].items()}
+    groups = ablation_configs(sweep_configs) if sweep_configs is not None else {}
+    tables = {
         "validation_ppl": validation_table(runs, paper),
         "downstream": downstream_table(runs, paper),
         "controlled_113M": controlled_table(runs, paper),
-        "ablation_K": ablation_table(runs, abl["K"], {int(k): v for k, v in abl["K"]["reported_by_K"].items()}),
-        "ablation_d_h_ratio": ablation_table(runs, abl["d_h_ratio"]),
-        "ablation_width_depth": ablation_table(runs, abl["width_depth"]),
-        "variable_width": variable_width_table(runs, paper),
-        "hourglass_runs": hourglass_runs_table(runs),
     }
+    for kind in ("K", "d_h_ratio", "width_depth"):
+        tables[f"ablation_{kind}"] = ablation_table(runs, kind, abl[kind], groups.get(kind, [] if sweep_configs is not None else None))
+    tables["variable_width"] = variable_width_table(runs, paper)
+    tables["hourglass_runs"] = hourglass_runs_table(runs)
+    return tables
 
 
 # --- output --------------------------------------------------------------------------------------
