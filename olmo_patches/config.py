@@ -188,7 +188,8 @@ class TrainSpec:
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
-    max_grad_norm: float = 1.0
+    max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
+    optimizer: str = "adamw"  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
     activation_checkpointing: Optional[bool] = None  # recompute each block in backward (null: train.hardware's)
@@ -212,7 +213,8 @@ class RunSpec:
     name: str = MISSING
     save_folder: Optional[str] = None  # default runs/<name>
     save_interval: int = 1000  # permanent checkpoints every N steps
-    ephemeral_save_interval: Optional[int] = 250  # checkpoints kept until the next one
+    ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
+    ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
     stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed

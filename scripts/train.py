@@ -3,11 +3,14 @@
     python scripts/train.py CONFIG [key=value ...] [--dry-run]
     torchrun --nproc-per-node N scripts/train.py CONFIG [key=value ...]
 
-A run resumes from the latest complete checkpoint in its save folder; --resume-from PATH resumes
+A run resumes from the newest good checkpoint in its save folder; --resume-from PATH resumes
 from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint and exits 0.
+A folder holding another run's config or another process: one line, exit 2. A non-finite loss,
+gradient norm or weight: one line naming the step and the last good checkpoint, exit 3.
 """
 
 import argparse
+import sys
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
@@ -15,6 +18,8 @@ from olmo_patches.config import spec_to_yaml
 from olmo_patches.report.plan import plan_table
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import train
+from olmo_patches.train.run_folder import RunFolderError
+from olmo_patches.train.safety import NonFiniteError
 
 
 def main() -> None:
@@ -31,7 +36,14 @@ def main() -> None:
         console.print(param_table(spec))
         console.print(plan_table(spec))
         return
-    train(spec, resume_from=args.resume_from)
+    try:
+        train(spec, resume_from=args.resume_from)
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except NonFiniteError as e:
+        print(f"diverged: {e}", file=sys.stderr)
+        raise SystemExit(3) from None
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from olmo_core.data import (
     TokenizerConfig,
 )
 from olmo_core.distributed.parallel import DataParallelType
-from olmo_core.distributed.utils import barrier, get_rank, get_world_size, is_distributed
+from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
-from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
+from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
 from olmo_core.optim.scheduler import SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
@@ -35,12 +35,14 @@ from olmo_core.train.train_module import (
 
 from .batch_trace import BatchTraceCallback
 from ..data.order import olmo_core_seed
-from ..config import ExperimentSpec, spec_to_yaml
+from ..config import ExperimentSpec
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
+from .run_folder import Lock, RunFolderError, check_config, record_config
+from .safety import NonFiniteGuardCallback, select_resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +184,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     train_module = TransformerTrainModuleConfig(
         rank_microbatch_size=t.micro_batch_size * seq,
         max_sequence_length=seq,
-        optim=AdamWConfig(
+        optim=(SkipStepAdamWConfig if t.optimizer == "skip_step_adamw" else AdamWConfig)(
             lr=t.lr,
             betas=(t.betas[0], t.betas[1]),
             eps=t.eps,
@@ -216,8 +218,10 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
             # Async saves deadlock 2 gloo processes at the first mid-run save (checked here,
             # OLMo-core 3.0.0); CPU runs save synchronously, GPU runs keep OLMo-core's default.
             save_async=False if device == "cpu" else None,
+            ephemeral_keep=spec.run.ephemeral_keep,
         ),
     )
+    trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
@@ -246,16 +250,30 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
 def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
-    Resumes from the latest complete checkpoint in the save folder, or from ``resume_from``.
+    Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
+    Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
+    process, and :class:`NonFiniteError` when the run diverges (its last good checkpoint kept).
     """
     device = device_for(spec)
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    save_folder = Path(spec.save_folder)
+    lock = Lock(save_folder)
     try:
-        save_folder = Path(spec.save_folder)
+        claimed: Optional[BaseException] = None
         if get_rank() == 0:
-            save_folder.mkdir(parents=True, exist_ok=True)
-            (save_folder / "config.yaml").write_text(spec_to_yaml(spec))
-        prune_incomplete(save_folder)
+            try:
+                changes = check_config(spec, deliberate=resume_from is not None)
+                lock.acquire()
+                record_config(spec, changes)
+                prune_incomplete(save_folder)
+                if resume_from is None:
+                    select_resume_checkpoint(save_folder)
+            except RunFolderError as e:
+                claimed = e
+        claimed = broadcast_object(claimed)
+        if claimed is not None:
+            raise claimed
+        barrier()
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
         model = exp.model.build(init_device="meta")
@@ -273,5 +291,6 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
             log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
         return save_folder
     finally:
+        if get_rank() == 0:
+            lock.release()
         teardown_training_environment()
-
