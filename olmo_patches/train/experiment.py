@@ -7,6 +7,7 @@ loader, checkpointer and evaluator); this module only translates the spec into i
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -255,24 +256,24 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
     process, and :class:`NonFiniteError` when the run diverges (its last good checkpoint kept).
     """
     device = device_for(spec)
-    prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
+    refused: Optional[RunFolderError] = None
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:  # before the process group: the legacy-checkpoint check reads weights without one
+        try:
+            changes = check_config(spec, deliberate=resume_from is not None)
+            lock.acquire()
+            record_config(spec, changes)
+            prune_incomplete(save_folder)
+            if resume_from is None:
+                select_resume_checkpoint(save_folder)
+        except RunFolderError as e:
+            refused = e
+    prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     try:
-        claimed: Optional[BaseException] = None
-        if get_rank() == 0:
-            try:
-                changes = check_config(spec, deliberate=resume_from is not None)
-                lock.acquire()
-                record_config(spec, changes)
-                prune_incomplete(save_folder)
-                if resume_from is None:
-                    select_resume_checkpoint(save_folder)
-            except RunFolderError as e:
-                claimed = e
-        claimed = broadcast_object(claimed)
-        if claimed is not None:
-            raise claimed
+        if (refused := broadcast_object(refused)) is not None:
+            raise refused
         barrier()
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
@@ -291,6 +292,6 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
             log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
         return save_folder
     finally:
-        if get_rank() == 0:
+        if rank0:
             lock.release()
         teardown_training_environment()
