@@ -236,7 +236,7 @@ def test_damaged_checkpoints_fall_back_to_the_newest_good_one(tmp_path, straight
         train(_spec(tmp_path))
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Resuming" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("Resuming from step 0")
-    assert cut.name in warnings[0] and "step2/train/rank0.pt missing" in warnings[0]
+    assert cut.name in warnings[0] and "step2/train/rank0.pt missing" in warnings[0], warnings[0]
     assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == ["step2", "step4"]  # kept aside
     assert _losses(tmp_path) == _losses(straight)
     _assert_same_weights(straight / "step6", tmp_path / "step6")
@@ -275,7 +275,7 @@ def test_a_changed_config_is_refused_and_an_allowed_change_accepted(tmp_path, st
     r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN, "model.d_model=64", "train.lr=1e-3"), timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert "(changed: model.d_model: 32 -> 64; train.lr: 0.0004 -> 0.001)" in line and "run.name" in line
+    assert "(changed: model.d_model: 32 -> 64; train.lr: 0.003 -> 0.001)" in line and "run.name" in line, line
     assert (tmp_path / "config.yaml").read_bytes() == recorded and sorted(p.name for p in tmp_path.iterdir()) == before
     train(_spec(tmp_path, "train.max_steps=8", "run.stop_at_step=7", "run.log_interval=2", "train.micro_batch_size=1"))
     assert _steps(tmp_path)[-1] == 7 and (tmp_path / "config.yaml").read_bytes() == recorded
