@@ -15,7 +15,7 @@ import sys
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
 from olmo_patches.config import spec_to_yaml
-from olmo_patches.report.plan import plan_table
+from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import train
 from olmo_patches.train.run_folder import RunFolderError
@@ -34,7 +34,7 @@ def main() -> None:
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
-        console.print(plan_table(spec))
+        console.print(plan_table(spec, preset_rows(args.config, args.overrides)))
         return
     try:
         train(spec, resume_from=args.resume_from)

@@ -40,7 +40,7 @@ from ..config import ExperimentSpec
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from .metrics import MetricsFileCallback
-from .progress import ProgressCallback, wandb_callback
+from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
 from .run_folder import Lock, RunFolderError, check_config, record_config
 from .safety import NonFiniteGuardCallback, select_resume_checkpoint
@@ -275,23 +275,29 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
         if (refused := broadcast_object(refused)) is not None:
             raise refused
         barrier()
-        data = resolve_data(spec)
-        exp = build_experiment(spec, data, world_size=get_world_size())
-        model = exp.model.build(init_device="meta")
-        train_module = exp.train_module.build(model, device=torch.device(device))
-        dataset = exp.dataset.build()
-        data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-        trainer = exp.trainer.build(train_module, data_loader)
-        for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
-            if name in trainer.callbacks:
-                trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
-        if resume_from is not None:
-            load_explicit(trainer, resume_from)
-        trainer.fit()
-        if trainer.is_canceled:
-            log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
-        return save_folder
+        with quiet_console(save_folder):
+            return _fit(spec, resume_from, device)
     finally:
         if rank0:
             lock.release()
         teardown_training_environment()
+
+
+def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str) -> Path:
+    """Build everything through OLMo-core and run its Trainer."""
+    data = resolve_data(spec)
+    exp = build_experiment(spec, data, world_size=get_world_size())
+    model = exp.model.build(init_device="meta")
+    train_module = exp.train_module.build(model, device=torch.device(device))
+    dataset = exp.dataset.build()
+    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
+    trainer = exp.trainer.build(train_module, data_loader)
+    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
+        if name in trainer.callbacks:
+            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    if resume_from is not None:
+        load_explicit(trainer, resume_from)
+    trainer.fit()
+    if trainer.is_canceled:
+        log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
+    return Path(spec.save_folder)
