@@ -277,8 +277,9 @@ def test_a_changed_config_is_refused_and_an_allowed_change_accepted(tmp_path, st
     line = r.stderr.strip().splitlines()[-1]
     assert "(changed: model.d_model: 32 -> 64; train.lr: 0.003 -> 0.001)" in line and "run.name" in line, line
     assert (tmp_path / "config.yaml").read_bytes() == recorded and sorted(p.name for p in tmp_path.iterdir()) == before
-    train(_spec(tmp_path, "train.max_steps=8", "run.stop_at_step=7", "run.log_interval=2", "train.micro_batch_size=1"))
-    assert _steps(tmp_path)[-1] == 7 and (tmp_path / "config.yaml").read_bytes() == recorded
+    shutil.rmtree(tmp_path / "step6")  # resume at step 4 with changes that do not change what is trained
+    train(_spec(tmp_path, "run.log_interval=2", "train.micro_batch_size=1", "run.save_interval=3", "eval.max_batches=1"))
+    assert _steps(tmp_path) == [0, 2, 4, 6] and (tmp_path / "config.yaml").read_bytes() == recorded
 
 
 def test_resume_from_records_a_deliberate_change(tmp_path, straight):

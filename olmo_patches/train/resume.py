@@ -68,7 +68,9 @@ def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
             m = _STEP_DIR.match(path.name)
             if m is None or not path.is_dir():
                 continue
-            if m.group(2) or not Checkpointer.dir_is_checkpoint(path):
+            # cut off: a temporary folder, or no completion marker (written last). A folder with its
+            # marker but a file gone is a damaged checkpoint: safety.select_resume_checkpoint moves it aside.
+            if m.group(2) or not (path / Checkpointer.METADATA_FNAME).is_file():
                 log.warning(f"Removing incomplete checkpoint folder '{path}' (a save was cut off)")
                 shutil.rmtree(path)
                 removed.append(path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Dict, Optional
@@ -41,6 +42,7 @@ __all__ = [
     "select_resume_checkpoint",
 ]
 
+_STEP = re.compile(r"^step\d+$")
 MANIFEST = "manifest.json"  # in each stepN/: {"files": {relative path: bytes}, "finite": true}
 LOSS = "train/CE loss"
 GRAD_NORM = "optim/total grad norm"
@@ -140,6 +142,9 @@ def verify(checkpoint: PathOrStr) -> Optional[str]:
             if f.stat().st_size != size:
                 return f"{f} has {f.stat().st_size} bytes, {size} when saved"
         return None
+    for name in ("train/rank0.pt", "model_and_optim/.metadata"):  # what OLMo-core requires
+        if not (path / name).is_file():
+            return f"{path / name} missing"
     try:
         return None if _weights_finite(path) else f"{path} has non-finite weights"
     except Exception as e:  # a cut or missing model file
@@ -147,13 +152,14 @@ def verify(checkpoint: PathOrStr) -> Optional[str]:
 
 
 def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
-    """Move aside (to ``SAVE/rejected/``) every checkpoint newer than the newest good one; return that
-    one (None: start from scratch). Local folders, rank 0 only."""
+    """Move aside (to ``SAVE/rejected/``) every checkpoint (a ``stepN`` with its completion marker)
+    newer than the newest good one; return that one (None: start from scratch). Local folders, rank 0 only."""
     folder = Path(save_folder)
     if not folder.is_dir():
         return None
     rejected = []
-    for step, path in sorted(Checkpointer.find_checkpoints(folder), reverse=True):
+    marked = [(int(p.name[4:]), str(p)) for p in folder.glob("step*") if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()]
+    for step, path in sorted(marked, reverse=True):
         why = verify(path)
         if why is None:
             if rejected:
