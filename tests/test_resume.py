@@ -23,6 +23,7 @@ from olmo_core.train.checkpoint import Checkpointer
 
 from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.config import load_spec
+from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.train.metrics import METRICS_FILE, read_metrics
 from olmo_patches.train.resume import load_model_state, prune_incomplete
 from olmo_patches.train.run_folder import Lock
@@ -243,9 +244,14 @@ def test_damaged_checkpoints_fall_back_to_the_newest_good_one(tmp_path, straight
 
 
 def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, demo_corpus):
-    train(_spec(tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2"))
+    spec = _spec(tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")
+    train(spec)
     # permanent every 2 (OLMo-core alone would keep the last 3), ephemeral every step: the newest 2 kept
     assert _steps(tmp_path) == [0, 2, 4, 5, 6, 7, 8]
+    # the dry run's estimate of their disk, against the bytes OLMo-core wrote
+    n, estimate = checkpoint_disk(spec, plan(spec))
+    written = sum(f.stat().st_size for f in tmp_path.glob("step*/**/*") if f.is_file())
+    assert n == 7 and abs(estimate - written) < 0.05 * written
     manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
     assert manifest["files"]["train/rank0.pt"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml
 
@@ -74,7 +75,12 @@ def _may_change(key: str) -> bool:
 
 def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
     """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
-    old = _flat(OmegaConf.to_container(OmegaConf.create(recorded_yaml)))
+    recorded = OmegaConf.create(recorded_yaml)
+    try:  # a key added since the record was written counts at its default
+        recorded = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), recorded)
+    except OmegaConfBaseException:  # a key removed since: compare as recorded
+        pass
+    old = _flat(OmegaConf.to_container(recorded))
     new = _flat(OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec))))
     return [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k) and not _may_change(k)]
 
