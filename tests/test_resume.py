@@ -293,3 +293,13 @@ def test_resume_from_records_a_deliberate_change(tmp_path, straight):
     train(_spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"), resume_from=str(tmp_path / "step6"))
     assert "lr: 0.0001" in (tmp_path / "config.1.yaml").read_text() and _steps(tmp_path)[-1] == 7
     train(_spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"))  # reruns compare with the newest record
+
+
+def test_skip_step_adamw_is_olmo_cores(tmp_path, demo_corpus):
+    from olmo_core.optim import SkipStepAdamWConfig
+
+    from olmo_patches.train import build_experiment, resolve_data
+
+    spec = _spec(tmp_path, "train.optimizer=skip_step_adamw")
+    optim = build_experiment(spec, resolve_data(spec)).train_module.optim
+    assert type(optim) is SkipStepAdamWConfig and (optim.rolling_interval_length, optim.sigma_factor) == (128, 6)

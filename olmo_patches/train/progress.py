@@ -161,4 +161,6 @@ def quiet_console(save_folder: Path):
 
 class _ProgressOrWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        if "NonFiniteError" in str(record.msg):  # the trainer's two-line report; scripts/train.py prints one
+            return False
         return record.levelno >= logging.WARNING or record.name == __name__
