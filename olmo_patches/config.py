@@ -427,7 +427,6 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
         fail("run.ephemeral_save_interval", r.ephemeral_save_interval, f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)")
     if not r.name or "/" in r.name:
         fail("run.name", r.name, "must be a non-empty name without '/'")
-    check("data.demo_vocab_size", spec.data.demo_vocab_size, spec.data.demo_vocab_size >= 256, "must be >= 256 (the byte alphabet)")
 
 
 def _validate_shapes(spec: ExperimentSpec, fail) -> None:

@@ -88,7 +88,6 @@ CASES = [
     ("yaml:run:\n  name: ${model.nope}\n", "run.name"),
     # data
     (["data.sequence_length=1"], "data.sequence_length"),
-    (["data.demo_vocab_size=10"], "data.demo_vocab_size"),
     (["data.source=web"], "data.source"),
     (["data.source=numpy", *DOLMA2, "data.paths=[/nonexistent/part-0.npy]"], "data.paths"),
     (["data.source=numpy", *DOLMA2], "data.source"),
