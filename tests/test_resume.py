@@ -251,7 +251,8 @@ def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, de
     # the dry run's estimate of their disk, against the bytes OLMo-core wrote
     n, estimate = checkpoint_disk(spec, plan(spec))
     written = sum(f.stat().st_size for f in tmp_path.glob("step*/**/*") if f.is_file())
-    assert n == 7 and abs(estimate - written) < 0.05 * written
+    # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and metadata)
+    assert n == 7 and 0 <= written - estimate < n * 2**20
     manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
     assert manifest["files"]["train/rank0.pt"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
 
