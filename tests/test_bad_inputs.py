@@ -5,7 +5,6 @@ the source (the file or "command line"), the key and the value; no traceback; no
 import json
 import runpy
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -26,7 +26,7 @@ from typing import ClassVar, Dict, Optional
 import torch
 import torch.distributed as dist
 from olmo_core.aliases import PathOrStr
-from olmo_core.distributed.utils import get_local_tensor, get_rank, is_distributed
+from olmo_core.distributed.utils import get_local_tensor, is_distributed
 from olmo_core.train.callbacks import Callback
 from olmo_core.train.checkpoint import Checkpointer
 
