@@ -12,6 +12,7 @@ override the base's, and omegaconf interpolation (``${model.d_model}``) works ac
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -253,7 +254,8 @@ class TrainSpec:
     power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
     schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
-    max_grad_norm: float = 1.0
+    max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
+    optimizer: str = "adamw"  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
     activation_checkpointing: Optional[bool] = None  # recompute each block in backward (null: train.hardware's)
@@ -277,7 +279,8 @@ class RunSpec:
     name: str = MISSING
     save_folder: Optional[str] = None  # default runs/<name>
     save_interval: int = 1000  # permanent checkpoints every N steps
-    ephemeral_save_interval: Optional[int] = 250  # checkpoints kept until the next one
+    ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
+    ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
     stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
@@ -340,10 +343,13 @@ def _one_line(e: BaseException) -> str:
 
 def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> str:
     """The command line or the last file of the chain that sets ``key``."""
-    if any(o.split("=", 1)[0] == key for o in cli):
+    if any(key == k or key.startswith(k + ".") for k in (o.split("=", 1)[0] for o in cli)):
         return "command line"
     for path, cfg in reversed(chain):
-        if OmegaConf.select(cfg, key, default=None, throw_on_missing=False) is not None:
+        node: Any = OmegaConf.to_container(cfg, resolve=False)  # a file sets a key, resolvable or not
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
             return str(path)
     return str(chain[-1][0])
 
@@ -408,9 +414,12 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if m.block == "variable_width":
         _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
-        fail("train.max_steps", t.max_steps, "give exactly one of train.max_tokens and train.max_steps")
-    if t.global_batch_size < 1 or (t.micro_batch_size is not None and t.micro_batch_size < 1):
-        fail("train.micro_batch_size", t.micro_batch_size, "batch sizes must be >= 1")
+        key = "train.max_tokens" if t.max_tokens is not None and where("train.max_tokens") == "command line" else "train.max_steps"
+        fail(key, getattr(t, key.split(".")[1]), "give exactly one of train.max_tokens and train.max_steps")
+    if t.global_batch_size < 1:
+        fail("train.global_batch_size", t.global_batch_size, "must be >= 1")
+    if t.micro_batch_size is not None and t.micro_batch_size < 1:
+        fail("train.micro_batch_size", t.micro_batch_size, "must be >= 1")
     if t.schedule_lag < 0:
         fail("train.schedule_lag", t.schedule_lag, "must be >= 0")
     if t.warmup_steps is not None and t.warmup_tokens is not None:
@@ -433,11 +442,14 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if d.source == "prefix" and not d.prefix_dir:
         fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
     if d.source == "numpy" and not d.paths and not d.mix:
-        fail("data.paths", d.paths, "a numpy data source needs data.paths or data.mix")
+        fail("data.source", d.source, "a numpy data source needs data.paths or data.mix")
     if d.tokenizer not in ("demo", "dolma2"):
         fail("data.tokenizer", d.tokenizer, "must be demo or dolma2")
     if (d.source == "demo") != (d.tokenizer == "demo"):
         fail("data.tokenizer", d.tokenizer, f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}")
+    _validate_numbers(spec, fail)
+    _validate_shapes(spec, fail)
+    _validate_sources(spec, fail)
     _validate_evals(spec, fail)
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
@@ -497,6 +509,111 @@ def _validate_attention(m: ModelSpec, fail) -> None:
                  f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
 
 
+# --- domains: every number in range, every local path there (issue 11) ---------------------------
+
+_MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
+
+
+def _validate_numbers(spec: ExperimentSpec, fail) -> None:
+    """Numbers finite and in range; list lengths."""
+    m, t, e, r = spec.model, spec.train, spec.eval, spec.run
+
+    def check(key: str, value: Any, ok: bool, why: str) -> None:
+        if value is not None and (not ok or (isinstance(value, float) and not math.isfinite(value))):
+            fail(key, value, why)
+
+    check("train.lr", t.lr, t.lr > 0, "must be finite and > 0")
+    if len(t.betas) != 2:
+        fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
+    if not all(0 <= beta < 1 for beta in t.betas):
+        fail("train.betas", list(t.betas), "each beta must be in [0, 1)")
+    check("train.eps", t.eps, t.eps > 0, "must be finite and > 0")
+    check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be finite and >= 0")
+    check("train.final_lr_ratio", t.final_lr_ratio, 0 <= t.final_lr_ratio <= 1, "must be in [0, 1]")
+    check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm is None or t.max_grad_norm > 0, "must be > 0 (null: no clipping)")
+    check("train.z_loss", t.z_loss, t.z_loss is None or t.z_loss >= 0, "must be finite and >= 0 (null: off)")
+    if t.optimizer not in ("adamw", "skip_step_adamw"):
+        fail("train.optimizer", t.optimizer, "must be adamw or skip_step_adamw")
+    for key in ("max_steps", "max_tokens", "schedule_tokens"):
+        value = getattr(t, key)
+        check(f"train.{key}", value, value is None or value >= 1, "must be >= 1")
+    for key in ("warmup_steps", "warmup_tokens"):
+        value = getattr(t, key)
+        check(f"train.{key}", value, value is None or value >= 0, "must be >= 0")
+    check("model.init_std", m.init_std, m.init_std > 0, "must be finite and > 0")
+    check("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be finite and > 0")
+    check("model.rope_theta", m.rope_theta, m.rope_theta > 0, "must be > 0")
+    check("eval.interval", e.interval, e.interval >= 1, "must be >= 1")
+    check("eval.max_batches", e.max_batches, e.max_batches is None or e.max_batches >= 1, "must be >= 1 (null: the whole set)")
+    check("eval.downstream_interval", e.downstream_interval, e.downstream_interval is None or e.downstream_interval >= 1, "must be >= 1")
+    check("run.log_interval", r.log_interval, r.log_interval >= 1, "must be >= 1")
+    check("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1")
+    check("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1")
+    check("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1")
+    if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
+        fail("run.ephemeral_save_interval", r.ephemeral_save_interval, f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)")
+    if not r.name or "/" in r.name:
+        fail("run.name", r.name, "must be a non-empty name without '/'")
+
+
+def _validate_shapes(spec: ExperimentSpec, fail) -> None:
+    """Shape arithmetic in Python integers: no matrix too large to build, a vocabulary that holds the tokenizer's."""
+    m = spec.model
+    vocab = vocab_size(spec)
+    tokenizer_vocab = spec.data.demo_vocab_size if spec.data.tokenizer == "demo" else _dolma2_vocab()
+    if m.vocab_size is not None and m.vocab_size < tokenizer_vocab:
+        fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_vocab} tokens")
+    hourglass = m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass")
+    hidden_key, hidden = ("model.d_h", m.resolved_d_h) if hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
+    for key, rows, cols in (("model.d_model", m.d_model, m.d_model), (hidden_key, m.d_model, hidden), ("model.vocab_size", vocab, m.d_model)):
+        if rows * cols > _MAX_MATRIX:
+            fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
+
+
+def _dolma2_vocab() -> int:
+    from olmo_core.data import TokenizerConfig
+
+    return TokenizerConfig.dolma2().vocab_size
+
+
+def _validate_sources(spec: ExperimentSpec, fail) -> None:
+    """Local data paths and prefix folders exist; a prefix matches the run; cuda is there."""
+    d, t = spec.data, spec.train
+    if t.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("train.device", t.device, "CUDA is not available on this machine")
+    if d.source == "numpy":
+        for path in d.paths:
+            if "://" not in path and not Path(path).is_file():
+                fail("data.paths", path, "no such file")
+    if d.source == "prefix" and d.prefix_dir:
+        _validate_prefix(spec, fail)
+
+
+def _validate_prefix(spec: ExperimentSpec, fail) -> None:
+    from .data.order import DataOrderError
+    from .data.prefix import prefix_index
+
+    d, t = spec.data, spec.train
+    if not Path(d.prefix_dir).is_dir():
+        fail("data.prefix_dir", d.prefix_dir, "no such folder (run: scripts/data_order.py materialize)")
+    try:
+        prefix = prefix_index(Path(d.prefix_dir))["spec"]
+    except DataOrderError as e:
+        fail("data.prefix_dir", d.prefix_dir, _one_line(e))
+    if prefix["seq_len"] != d.sequence_length:
+        fail("data.sequence_length", d.sequence_length, f"the prefix in {d.prefix_dir} has {prefix['seq_len']}-token instances")
+    if prefix["seed"] != d.order_seed:
+        fail("data.order_seed", d.order_seed, f"the prefix in {d.prefix_dir} was made with order seed {prefix['seed']}")
+    tokens = t.max_tokens if t.max_tokens is not None else (t.max_steps or 0) * t.global_batch_size * d.sequence_length
+    held = prefix["num_instances"] * prefix["seq_len"]
+    if tokens > held:
+        key = "train.max_tokens" if t.max_tokens is not None else "train.max_steps"
+        fail(key, getattr(t, key.split(".")[1]), f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}")
+
+
 def _validate_evals(spec: ExperimentSpec, fail) -> None:
     from .eval.evaluators import VALIDATION_SETS
 
@@ -508,11 +625,6 @@ def _validate_evals(spec: ExperimentSpec, fail) -> None:
 
         if unknown := [n for n in e.downstream_tasks if n not in list_tasks()]:
             fail("eval.downstream_tasks", unknown, "not an ai2-olmo-eval task (olmo_eval.list_tasks())")
-    if spec.data.source == "prefix" and spec.data.prefix_dir and Path(spec.data.prefix_dir).exists():
-        from .data.prefix import prefix_seq_len
-
-        if (seq := prefix_seq_len(spec.data.prefix_dir)) != spec.data.sequence_length:
-            fail("data.sequence_length", spec.data.sequence_length, f"the prefix in {spec.data.prefix_dir} has {seq}-token instances")
 
 
 def _validate_widths(m: ModelSpec, fail) -> None:

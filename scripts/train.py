@@ -6,18 +6,23 @@
 The config is checked for the ranks the run has (torchrun's environment) before anything is
 written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M nodes of N GPUs.
 
-A run resumes from the latest complete checkpoint in its save folder; --resume-from PATH resumes
+A run resumes from the newest good checkpoint in its save folder; --resume-from PATH resumes
 from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint and exits 0.
+A folder holding another run's config or another process: one line, exit 2. A non-finite loss,
+gradient norm or weight: one line naming the step and the last good checkpoint, exit 3.
 """
 
 import argparse
+import sys
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
 from olmo_patches.config import Layout, spec_to_yaml
-from olmo_patches.report.plan import plan_table
+from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import train
+from olmo_patches.train.run_folder import RunFolderError
+from olmo_patches.train.safety import NonFiniteError
 
 
 def main() -> None:
@@ -40,9 +45,16 @@ def main() -> None:
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
-        console.print(plan_table(spec, layout or Layout.from_env()))
+        console.print(plan_table(spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)))
         return
-    train(spec, resume_from=args.resume_from)
+    try:
+        train(spec, resume_from=args.resume_from)
+    except RunFolderError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except NonFiniteError as e:
+        print(f"diverged: {e}", file=sys.stderr)
+        raise SystemExit(3) from None
 
 
 if __name__ == "__main__":

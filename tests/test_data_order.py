@@ -541,6 +541,7 @@ def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path,
         spec = load_spec(REPO / "configs" / "113M" / "baseline.yaml", [
             f"data.source={source}", data, f"data.sequence_length={SEQ}", f"data.work_dir={tmp_path / source}",
             f"train.global_batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
+            f"train.max_tokens={n_batches * BATCH * SEQ}",  # what the prefix holds (checked at load)
         ])
         exp = build_experiment(spec, resolve_data(spec))
         loader = exp.data_loader.build(exp.dataset.build())

@@ -1,4 +1,5 @@
-"""Preemption and resume: SIGTERM, SIGKILL (also mid-save), --resume-from, a new world size.
+"""Preemption and resume: SIGTERM, SIGKILL (also mid-save), --resume-from, a new world size; and
+faults: a diverged run, a damaged checkpoint, a second process, a changed config, retention.
 
 Every interrupted run is compared with one uninterrupted run of the same config: the same loss at
 every step and bit-identical final weights (one process), or the same training instances at
@@ -9,21 +10,28 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
+from olmo_core.train.callbacks import Callback
 from olmo_core.train.checkpoint import Checkpointer
 
 from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.config import load_spec
+from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.train.metrics import METRICS_FILE, read_metrics
 from olmo_patches.train.resume import load_model_state, prune_incomplete
+from olmo_patches.train.run_folder import Lock
+from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
-from .conftest import REPO, tiny_overrides
+from .conftest import REPO, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
@@ -144,3 +152,155 @@ def test_prune_incomplete_keeps_complete_checkpoints(tmp_path, straight):
     removed = prune_incomplete(tmp_path)
     assert sorted(p.name for p in removed) == ["step4", "step8-tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step2"]
+
+
+# --- faults: divergence, a damaged checkpoint, a second process, a changed config -------------------
+
+
+def _train_with(folder, callback, *extra, **kw):
+    original = _signal_at_step.with_callback(callback)
+    try:
+        return train(_spec(folder, *extra), **kw)
+    finally:
+        import olmo_patches.train.experiment as training
+
+        training.build_experiment = original
+
+
+def _finite(step_dir):
+    return all(bool(torch.isfinite(v).all()) for v in load_model_state(step_dir).values())
+
+
+def _steps(folder):
+    return sorted(step for step, _ in Checkpointer.find_checkpoints(folder))
+
+
+def test_nonfinite_loss_stops_the_run_keeps_the_last_finite_checkpoint_and_resumes(tmp_path, straight):
+    with pytest.raises(NonFiniteError, match=rf"step 5: non-finite CE loss=nan.*last good checkpoint: {tmp_path}/step4"):
+        _train_with(tmp_path, _signal_at_step.SignalAtStep("NAN", 5))
+    assert _steps(tmp_path) == [0, 2, 4]  # step 5 was never saved, nothing was deleted
+    assert all(_finite(tmp_path / f"step{s}") for s in (0, 2, 4))
+    _assert_same_weights(straight / "step4", tmp_path / "step4")
+    train(_spec(tmp_path))  # the restart resumes from step 4 and finishes as the straight run
+    assert _losses(tmp_path) == _losses(straight)
+    _assert_same_weights(straight / "step6", tmp_path / "step6")
+
+
+@dataclass
+class _PoisonAfterStep(Callback):
+    """Makes a weight NaN after step ``at`` and before its save (an older version then saved it)."""
+
+    priority: ClassVar[int] = 5
+    at: int = 4
+
+    def post_train_batch(self):
+        if self.step == self.at:
+            with torch.no_grad():
+                next(self.trainer.train_module.model.parameters()).view(-1)[0] = float("nan")
+
+
+def test_a_nonfinite_checkpoint_is_never_written(tmp_path):
+    with pytest.raises(NonFiniteError, match=rf"step 4: non-finite weights.*last good checkpoint: {tmp_path}/step2"):
+        _train_with(tmp_path, _PoisonAfterStep(at=4))
+    assert _steps(tmp_path) == [0, 2]
+
+
+def test_restart_after_an_older_version_saved_nonfinite_weights(tmp_path, straight, monkeypatch, caplog):
+    import olmo_patches.train.resume as resume
+
+    with monkeypatch.context() as m:  # an older version: no check before a save, no manifest
+        m.setattr(resume, "assert_finite_params", lambda trainer: None)
+        m.setattr(resume, "write_manifest", lambda path: None)
+        _train_with(tmp_path, _PoisonAfterStep(at=4), "run.stop_at_step=4")
+    assert _steps(tmp_path) == [0, 2, 4] and not _finite(tmp_path / "step4")
+    with caplog.at_level("WARNING"):
+        train(_spec(tmp_path))
+    assert any("Resuming from step 2" in r.getMessage() and "non-finite" in r.getMessage() for r in caplog.records)
+    assert not _finite(tmp_path / "rejected" / "step4")  # moved aside, not deleted
+    assert _losses(tmp_path) == _losses(straight)
+    _assert_same_weights(straight / "step6", tmp_path / "step6")
+
+
+def _copy_run(straight, folder, steps):
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(straight / "config.yaml", folder / "config.yaml")
+    for s in steps:
+        shutil.copytree(straight / f"step{s}", folder / f"step{s}")
+
+
+def test_damaged_checkpoints_fall_back_to_the_newest_good_one(tmp_path, straight, caplog):
+    _copy_run(straight, tmp_path, [0, 2, 4])
+    cut = sorted((tmp_path / "step4" / "model_and_optim").glob("*.distcp"))[0]
+    cut.write_bytes(cut.read_bytes()[:100])  # the newest: a truncated file
+    (tmp_path / "step2" / "train" / "rank0.pt").unlink()  # the one before: a deleted file
+    with caplog.at_level("WARNING"):
+        train(_spec(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Resuming" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("Resuming from step 0")
+    assert cut.name in warnings[0] and "step2/train/rank0.pt missing" in warnings[0], warnings[0]
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == ["step2", "step4"]  # kept aside
+    assert _losses(tmp_path) == _losses(straight)
+    _assert_same_weights(straight / "step6", tmp_path / "step6")
+
+
+def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, demo_corpus):
+    spec = _spec(tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")
+    train(spec)
+    # permanent every 2 (OLMo-core alone would keep the last 3), ephemeral every step: the newest 2 kept
+    assert _steps(tmp_path) == [0, 2, 4, 5, 6, 7, 8]
+    # the dry run's estimate of their disk, against the bytes OLMo-core wrote
+    n, estimate = checkpoint_disk(spec, plan(spec))
+    written = sum(f.stat().st_size for f in tmp_path.glob("step*/**/*") if f.is_file())
+    # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and metadata)
+    assert n == 7 and 0 <= written - estimate < n * 2**20
+    manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
+    assert manifest["files"]["train/rank0.pt"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
+
+
+def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp_path, straight):
+    _copy_run(straight, tmp_path, [0, 2, 4, 6])  # a finished run: a rerun loads step 6 and stops
+    holder = Lock(tmp_path)
+    holder.acquire()  # this (live) process holds the folder
+    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path} is in use by pid {os.getpid()} on {socket.gethostname()} since {holder.me['since']}; "
+        f"wait for it, or remove {tmp_path / '.lock'} if that process is gone"
+    )
+    holder.release()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "since": "then"}))
+    train(_spec(tmp_path))  # the dead process's lock is taken over
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_a_changed_config_is_refused_and_an_allowed_change_accepted(tmp_path, straight):
+    _copy_run(straight, tmp_path, [0, 2, 4, 6])
+    recorded = (tmp_path / "config.yaml").read_bytes()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN, "model.d_model=64", "train.lr=1e-3"), timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert "(changed: model.d_model: 32 -> 64; train.lr: 0.003 -> 0.001)" in line and "run.name" in line, line
+    assert (tmp_path / "config.yaml").read_bytes() == recorded and sorted(p.name for p in tmp_path.iterdir()) == before
+    shutil.rmtree(tmp_path / "step6")  # resume at step 4 with changes that do not change what is trained
+    train(_spec(tmp_path, "run.log_interval=2", "train.micro_batch_size=1", "run.save_interval=3", "eval.max_batches=1"))
+    assert _steps(tmp_path) == [0, 2, 4, 6] and (tmp_path / "config.yaml").read_bytes() == recorded
+
+
+def test_resume_from_records_a_deliberate_change(tmp_path, straight):
+    _copy_run(straight, tmp_path, [0, 2, 4, 6])
+    train(_spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"), resume_from=str(tmp_path / "step6"))
+    assert "lr: 0.0001" in (tmp_path / "config.1.yaml").read_text() and _steps(tmp_path)[-1] == 7
+    train(_spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"))  # reruns compare with the newest record
+
+
+def test_skip_step_adamw_is_olmo_cores(tmp_path, demo_corpus):
+    from olmo_core.optim import SkipStepAdamWConfig
+
+    from olmo_patches.train import build_experiment, resolve_data
+
+    spec = _spec(tmp_path, "train.optimizer=skip_step_adamw")
+    optim = build_experiment(spec, resolve_data(spec)).train_module.optim
+    assert type(optim) is SkipStepAdamWConfig and (optim.rolling_interval_length, optim.sigma_factor) == (128, 6)

@@ -84,7 +84,7 @@ WIDTHS = [48, 16, 32, 64, 24]
 
 def _spec(resize="carry_forward", init="olmo", ffn="swiglu", widths=WIDTHS, extra=()):
     overrides = [
-        f"model.d_model={H}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}",
+        f"model.d_model={H}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}", f"data.demo_vocab_size={VOCAB_TINY}",
         "model.block=variable_width", f"model.ffn={ffn}", "model.widths.schedule=list",
         f"model.widths.values=[{','.join(map(str, widths))}]", f"model.widths.resize={resize}", f"model.widths.init={init}",
         "model.K=2", "model.d_h_ratio=2.0", *extra,
@@ -210,7 +210,7 @@ def test_mup_init_stds():
 
 
 def test_constant_schedule_is_olmo_core_baseline():
-    common = [f"model.d_model={H}", "model.n_layers=3", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}"]
+    common = [f"model.d_model={H}", "model.n_layers=3", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}", f"data.demo_vocab_size={VOCAB_TINY}"]
     base = load_spec(BASELINE, common)
     const = load_spec(BASELINE, [*common, "model.block=variable_width", "model.widths.schedule=constant"])
     _, a = _build(base, seed=7)

@@ -7,6 +7,7 @@ loader, checkpointer and evaluator); this module only translates the spec into i
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -21,9 +22,9 @@ from olmo_core.data import (
     TokenizerConfig,
 )
 from olmo_core.distributed.parallel import DataParallelType
-from olmo_core.distributed.utils import barrier, get_rank, get_world_size, is_distributed
+from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
-from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
+from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import Callback, ConfigSaverCallback, SpeedMonitorCallback
@@ -36,14 +37,16 @@ from olmo_core.train.train_module import (
 from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
-from ..config import ExperimentSpec, attention_backend, data_workers, spec_to_yaml
+from ..config import ExperimentSpec, attention_backend, data_workers
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
-from .progress import ProgressCallback, wandb_callback
+from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
+from .run_folder import Lock, RunFolderError, check_config, record_config
+from .safety import NonFiniteGuardCallback, select_resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +217,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     train_module = TransformerTrainModuleConfig(
         rank_microbatch_size=t.micro_batch_size * seq,
         max_sequence_length=seq,
-        optim=AdamWConfig(
+        optim=(SkipStepAdamWConfig if t.optimizer == "skip_step_adamw" else AdamWConfig)(
             lr=t.lr,
             betas=(t.betas[0], t.betas[1]),
             eps=t.eps,
@@ -248,8 +251,10 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
             # Async saves deadlock 2 gloo processes at the first mid-run save (checked here,
             # OLMo-core 3.0.0); CPU runs save synchronously, GPU runs keep OLMo-core's default.
             save_async=False if device == "cpu" else None,
+            ephemeral_keep=spec.run.ephemeral_keep,
         ),
     )
+    trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
@@ -278,34 +283,55 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
 def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
-    Resumes from the latest complete checkpoint in the save folder, or from ``resume_from``.
+    Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
+    Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
+    process, and :class:`NonFiniteError` when the run diverges (its last good checkpoint kept).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
     device = device_for(spec)
+    save_folder = Path(spec.save_folder)
+    lock = Lock(save_folder)
+    refused: Optional[RunFolderError] = None
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:  # before the process group: the legacy-checkpoint check reads weights without one
+        try:
+            changes = check_config(spec, deliberate=resume_from is not None)
+            lock.acquire()
+            record_config(spec, changes)
+            prune_incomplete(save_folder)
+            if resume_from is None:
+                select_resume_checkpoint(save_folder)
+        except RunFolderError as e:
+            refused = e
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     try:
-        save_folder = Path(spec.save_folder)
-        if get_rank() == 0:
-            save_folder.mkdir(parents=True, exist_ok=True)
-            (save_folder / "config.yaml").write_text(spec_to_yaml(spec))
-        prune_incomplete(save_folder)
-        data = resolve_data(spec)
-        exp = build_experiment(spec, data, world_size=get_world_size())
-        exp.trainer.callbacks.update(callbacks or {})
-        model = exp.model.build(init_device="meta")
-        train_module = exp.train_module.build(model, device=torch.device(device))
-        dataset = exp.dataset.build()
-        data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-        trainer = exp.trainer.build(train_module, data_loader)
-        for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
-            if name in trainer.callbacks:
-                trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
-        if resume_from is not None:
-            load_explicit(trainer, resume_from)
-        trainer.fit()
-        if trainer.is_canceled:
-            log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
-        return save_folder
+        if (refused := broadcast_object(refused)) is not None:
+            raise refused
+        barrier()
+        with quiet_console(save_folder):
+            return _fit(spec, resume_from, device, callbacks)
     finally:
+        if rank0:
+            lock.release()
         teardown_training_environment()
 
+
+def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
+    """Build everything through OLMo-core and run its Trainer."""
+    data = resolve_data(spec)
+    exp = build_experiment(spec, data, world_size=get_world_size())
+    exp.trainer.callbacks.update(callbacks or {})
+    model = exp.model.build(init_device="meta")
+    train_module = exp.train_module.build(model, device=torch.device(device))
+    dataset = exp.dataset.build()
+    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
+    trainer = exp.trainer.build(train_module, data_loader)
+    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
+        if name in trainer.callbacks:
+            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    if resume_from is not None:
+        load_explicit(trainer, resume_from)
+    trainer.fit()
+    if trainer.is_canceled:
+        log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
+    return Path(spec.save_folder)

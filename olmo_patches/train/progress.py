@@ -10,6 +10,9 @@
   (or ``disabled``) needs no API key; a resumed run continues the same wandb run (its id is kept
   in ``SAVE_FOLDER/wandb_id``).
 
+- :func:`quiet_console`: the terminal keeps the progress lines and warnings; the rest of the log
+  goes to ``SAVE/train.log``.
+
 The metrics file (``metrics.py``) is written whatever else logs.
 """
 
@@ -19,6 +22,7 @@ import importlib.util
 import logging
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
@@ -28,7 +32,7 @@ from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress"]
+__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress", "quiet_console", "LOG_FILE"]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -126,3 +130,37 @@ def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]
         log.info("run.wandb_project is set but wandb is not installed: logging to metrics.jsonl only")
         return None
     return OfflineAwareWandBCallback(name=name, project=project, enabled=True)
+
+
+LOG_FILE = "train.log"
+
+
+@contextmanager
+def quiet_console(save_folder: Path):
+    """The terminal shows the progress lines and warnings; everything OLMo-core logs (the model
+    printout, its per-step metrics, the data and checkpoint steps) goes to ``SAVE/train.log``."""
+    root = logging.getLogger()
+    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    keep = _ProgressOrWarning()
+    file = None
+    if get_rank() == 0:
+        file = logging.FileHandler(save_folder / LOG_FILE)
+        file.setFormatter(consoles[0].formatter if consoles else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root.addHandler(file)
+    for h in consoles:
+        h.addFilter(keep)
+    try:
+        yield
+    finally:
+        for h in consoles:
+            h.removeFilter(keep)
+        if file is not None:
+            root.removeHandler(file)
+            file.close()
+
+
+class _ProgressOrWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "NonFiniteError" in str(record.msg):  # the trainer's two-line report; scripts/train.py prints one
+            return False
+        return record.levelno >= logging.WARNING or record.name == __name__

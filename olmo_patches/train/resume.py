@@ -16,7 +16,9 @@ What this module adds:
   (``save_overwrite=False``) nor needs ``save_overwrite=True`` (which clears a folder before
   rewriting it, and could destroy the very checkpoint a finished run was resumed from).
 - :class:`ResumeCheckpointerCallback`: knows the step it resumed from, so a run resumed at its
-  last step does not save that step again.
+  last step does not save that step again; checks the weights are finite before every save and
+  records each checkpoint's files (safety.py); keeps every permanent checkpoint (OLMo-core keeps
+  the last 3 by default) and the last ``ephemeral_keep`` ephemeral ones (OLMo-core: 1).
 - :func:`load_explicit`: ``--resume-from PATH`` (a checkpoint, or a folder of them); checkpoints
   in the save folder newer than PATH are moved aside (never deleted) so that they neither shadow
   nor collide with the resumed run's own saves.
@@ -29,7 +31,7 @@ import logging
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -37,7 +39,10 @@ import torch
 from olmo_core.aliases import PathOrStr
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank
 from olmo_core.train.callbacks import CheckpointerCallback
+from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
+
+from .safety import assert_finite_params, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +59,21 @@ _STEP_DIR = re.compile(r"^step(\d+)(-tmp)?$")
 
 
 def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
-    """Remove cut-off checkpoint folders in a local save folder (rank 0 only: a local save folder
-    is shared by all nodes; call from every rank, it ends with a barrier). Returns what was removed."""
+    """Remove cut-off checkpoint folders in a local save folder (call on rank 0 only: a local save
+    folder is shared by all nodes). Returns what was removed."""
     removed: List[Path] = []
     folder = Path(save_folder)
-    if get_rank() == 0 and folder.is_dir():
+    if folder.is_dir():
         for path in sorted(folder.iterdir()):
             m = _STEP_DIR.match(path.name)
             if m is None or not path.is_dir():
                 continue
-            if m.group(2) or not Checkpointer.dir_is_checkpoint(path):
+            # cut off: a temporary folder, or no completion marker (written last). A folder with its
+            # marker but a file gone is a damaged checkpoint: safety.select_resume_checkpoint moves it aside.
+            if m.group(2) or not (path / Checkpointer.METADATA_FNAME).is_file():
                 log.warning(f"Removing incomplete checkpoint folder '{path}' (a save was cut off)")
                 shutil.rmtree(path)
                 removed.append(path)
-    barrier()
     return removed
 
 
@@ -87,11 +93,35 @@ def checkpoint_step(checkpoint: PathOrStr) -> int:
 
 @dataclass
 class ResumeCheckpointerCallback(CheckpointerCallback):
-    """OLMo-core's checkpointer, which does not re-save the step it resumed from."""
+    """OLMo-core's checkpointer, which does not re-save the step it resumed from, never saves
+    non-finite weights, records what each checkpoint holds and never deletes a permanent one."""
+
+    max_checkpoints: Optional[int] = None  # permanent checkpoints (save_interval) are all kept
+    ephemeral_keep: int = 1  # ephemeral checkpoints kept (OLMo-core keeps the newest one)
+    _held: List[str] = field(default_factory=list)  # ephemeral ones OLMo-core let go, kept a while
 
     def post_checkpoint_loaded(self, path: PathOrStr):
         self._latest_checkpoint_step = self.trainer.global_step
         self._latest_checkpoint_path = str(path)
+
+    def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
+        assert_finite_params(self.trainer)
+        return super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+
+    def post_checkpoint_saved(self, path: PathOrStr):
+        if get_rank() == 0 and not is_url(path):
+            write_manifest(path)
+
+    def post_train(self):
+        super().post_train()
+        self._remove_old_checkpoints()  # the last ephemeral one let go (OLMo-core leaves it behind)
+
+    def _schedule_for_removal(self, path: str):
+        # OLMo-core removes an ephemeral checkpoint when the next one is saved; hold the newest
+        # ephemeral_keep - 1 of those back.
+        self._held.append(path)
+        while len(self._held) > self.ephemeral_keep - 1:
+            super()._schedule_for_removal(self._held.pop(0))
 
 
 def load_explicit(trainer, resume_from: PathOrStr) -> str:

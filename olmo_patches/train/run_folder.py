@@ -1,0 +1,173 @@
+"""One folder, one run: the save folder records its config once and is held by one process.
+
+- The first start writes ``SAVE/config.yaml``; it is never overwritten. A rerun whose model, data or
+  recipe differs is refused (:class:`RunFolderError`, one line listing the changed keys); keys in
+  :data:`MAY_CHANGE` (when to stop, hardware, micro-batch, logging, evaluation, checkpoint cadence,
+  local caches) may. ``--resume-from`` makes a change deliberate: the new config is recorded beside
+  the first as ``config.N.yaml``, and later reruns compare with the newest.
+- ``SAVE/.lock`` names the process holding the folder (host, pid, SLURM job). A second process is
+  refused; a lock whose process is dead on this host, or left by this same SLURM job (a requeue), is
+  taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..config import ConfigError, ExperimentSpec, spec_to_yaml
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunFolderError", "MAY_CHANGE", "changed_keys", "check_config", "record_config", "Lock"]
+
+LOCK = ".lock"
+
+# Keys (or key prefixes ending in ".") that a rerun may change: they do not change what is trained.
+MAY_CHANGE = (
+    "run.name",
+    "run.save_folder",
+    "run.stop_at_step",
+    "run.save_interval",
+    "run.ephemeral_save_interval",
+    "run.ephemeral_keep",
+    "run.log_interval",
+    "run.wandb_project",
+    "run.trace_batches",
+    "train.micro_batch_size",
+    "train.compile",
+    "train.activation_checkpointing",
+    "train.hardware",
+    "train.device",
+    "train.data_parallel",
+    "eval.",
+    "data.work_dir",
+    "data.demo_cache",
+    "data.mix_base_dir",
+    "data.tokenizer_file",
+)
+
+
+class RunFolderError(ConfigError):
+    """A run folder refused this start: one line saying why and what to do."""
+
+
+def _flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(tree, dict):
+        out: Dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _may_change(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in MAY_CHANGE)
+
+
+def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
+    """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
+    recorded = OmegaConf.create(recorded_yaml)
+    try:  # a key added since the record was written counts at its default
+        recorded = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), recorded)
+    except OmegaConfBaseException:  # a key removed since: compare as recorded
+        pass
+    old = _flat(OmegaConf.to_container(recorded))
+    new = _flat(OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec))))
+    return [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k) and not _may_change(k)]
+
+
+def _recorded(folder: Path) -> List[Path]:
+    """config.yaml, config.1.yaml, ... oldest first."""
+    extra = sorted(folder.glob("config.*.yaml"), key=lambda p: int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else -1)
+    return ([folder / "config.yaml"] if (folder / "config.yaml").is_file() else []) + [p for p in extra if p.name.split(".")[1].isdigit()]
+
+
+def check_config(spec: ExperimentSpec, deliberate: bool = False) -> List[str]:
+    """Refuse a start whose config changes the recorded run (unless ``deliberate``); returns the changes."""
+    folder = Path(spec.save_folder)
+    recorded = _recorded(folder)
+    if not recorded:
+        return []
+    changes = changed_keys(recorded[-1].read_text(), spec)
+    if changes and not deliberate:
+        raise RunFolderError(
+            f"{folder} holds a run with another config (changed: {'; '.join(changes)}); start a new run with "
+            f"another run.name or run.save_folder, or pass --resume-from CHECKPOINT to change this one deliberately"
+        )
+    return changes
+
+
+def record_config(spec: ExperimentSpec, changes: List[str]) -> None:
+    """Write config.yaml at a run's first start, config.N.yaml after a deliberate change."""
+    folder = Path(spec.save_folder)
+    recorded = _recorded(folder)
+    if recorded and not changes:
+        return
+    path = folder / (f"config.{len(recorded)}.yaml" if recorded else "config.yaml")
+    path.write_text(spec_to_yaml(spec))
+    if recorded:
+        log.warning(f"Config changed on purpose ({'; '.join(changes)}): recorded in {path}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lock:
+    """``SAVE/.lock``, created atomically; see the module docstring."""
+
+    def __init__(self, folder: str | Path):
+        self.path = Path(folder) / LOCK
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    def _holder(self) -> Optional[Dict[str, Any]]:
+        try:
+            return json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _stale(self, holder: Dict[str, Any]) -> bool:
+        if holder.get("slurm_job") and holder.get("slurm_job") == self.me["slurm_job"]:
+            return True  # this job, requeued (possibly on another node)
+        return holder.get("host") == self.me["host"] and not _alive(int(holder.get("pid", 0)))
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None:  # being written by its holder: it is alive
+                    holder = {"host": "?", "pid": "?", "since": "now"}
+                elif self._stale(holder):
+                    log.warning(f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise RunFolderError(
+                    f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
+                    f"wait for it, or remove {self.path} if that process is gone"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.me, f)
+            return
+        raise RunFolderError(f"{self.path}: could not take the lock")
+
+    def release(self) -> None:
+        if (self._holder() or {}).get("pid") == self.me["pid"]:
+            self.path.unlink(missing_ok=True)

@@ -1,0 +1,178 @@
+"""Good work is never lost: no non-finite checkpoint, a record of what each checkpoint holds, and a
+resume that falls back past a checkpoint that fails either check.
+
+- :class:`NonFiniteGuardCallback` stops the run at the first step whose loss or gradient norm is
+  not finite (:class:`NonFiniteError`, one line: step, what, the last good checkpoint).
+- :func:`assert_finite_params` runs before every save (``ResumeCheckpointerCallback``): a model with a
+  non-finite weight is never written, whichever save it is (permanent, ephemeral, final, SIGTERM).
+- :func:`write_manifest` records the files and sizes of a saved checkpoint (``manifest.json``) and
+  that its weights were checked finite; :func:`verify` checks a checkpoint against it.
+  Sizes, not checksums: ``benchmarks/checkpoint_checksum.py`` measures the cost of each.
+- :func:`select_resume_checkpoint` moves a checkpoint that fails (a missing or cut file, non-finite
+  weights written by an older version) to ``SAVE/rejected/`` (never deleted) with one warning line, so
+  that OLMo-core's own "latest complete checkpoint" is the newest good one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Dict, Optional
+
+import torch
+import torch.distributed as dist
+from olmo_core.aliases import PathOrStr
+from olmo_core.distributed.utils import get_local_tensor, is_distributed
+from olmo_core.train.callbacks import Callback
+from olmo_core.train.checkpoint import Checkpointer
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MANIFEST",
+    "NonFiniteError",
+    "NonFiniteGuardCallback",
+    "assert_finite_params",
+    "write_manifest",
+    "verify",
+    "select_resume_checkpoint",
+]
+
+_STEP = re.compile(r"^step\d+$")
+MANIFEST = "manifest.json"  # in each stepN/: {"files": {relative path: bytes}, "finite": true}
+LOSS = "train/CE loss"
+GRAD_NORM = "optim/total grad norm"
+
+
+class NonFiniteError(RuntimeError):
+    """The run diverged: one line naming the step, what was not finite and the last good checkpoint."""
+
+
+def _all_ranks_true(flag: bool, device: torch.device) -> bool:
+    if not is_distributed():
+        return flag
+    t = torch.tensor(1 if flag else 0, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+def _last_good(trainer) -> str:
+    from .resume import latest_complete
+
+    return latest_complete(trainer.save_folder) or "none (rerun starts from scratch)"
+
+
+def assert_finite_params(trainer) -> None:
+    """Raise :class:`NonFiniteError` (on every rank) when a model weight is not finite."""
+    model = trainer.train_module.model
+    bad = next((n for n, p in model.named_parameters() if not torch.isfinite(get_local_tensor(p.detach())).all()), None)
+    device = next(model.parameters()).device
+    if not _all_ranks_true(bad is None, device):
+        raise NonFiniteError(
+            f"step {trainer.global_step}: non-finite weights{f' ({bad})' if bad else ' (another rank)'}; "
+            f"not saved; last good checkpoint: {_last_good(trainer)}"
+        )
+
+
+@dataclass
+class NonFiniteGuardCallback(Callback):
+    """Stops at the first step with a non-finite loss or gradient norm (one sync per step: the flag).
+
+    Runs before the checkpointer (higher priority), so the step that diverged is never saved."""
+
+    priority: ClassVar[int] = 2
+
+    def post_train_batch(self):
+        metrics = self.trainer._metrics.get(self.step, {})
+        values = {k: metrics[k] for k in (LOSS, GRAD_NORM) if k in metrics}
+        if not values:
+            return
+        stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
+        finite = bool(torch.isfinite(stacked).all().item())
+        if _all_ranks_true(finite, stacked.device):
+            return
+        what = ", ".join(f"{k.split('/')[-1]}={v.item()}" for k, v in values.items() if not math.isfinite(v.item()))
+        raise NonFiniteError(
+            f"step {self.step}: non-finite {what or 'loss on another rank'}; "
+            f"last good checkpoint: {_last_good(self.trainer)}"
+        )
+
+
+def _files(checkpoint: Path) -> Dict[str, int]:
+    return {
+        str(p.relative_to(checkpoint)): p.stat().st_size
+        for p in sorted(checkpoint.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def write_manifest(checkpoint: PathOrStr) -> None:
+    """Record the files and sizes of a local checkpoint just saved (its weights were checked finite)."""
+    path = Path(checkpoint)
+    tmp = path / f"{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"files": _files(path), "finite": True}, indent=1))
+    tmp.replace(path / MANIFEST)
+
+
+def _weights_finite(checkpoint: Path) -> bool:
+    from .resume import load_model_state
+
+    return all(bool(torch.isfinite(v).all()) for v in load_model_state(checkpoint).values())
+
+
+def verify(checkpoint: PathOrStr) -> Optional[str]:
+    """Why a complete checkpoint cannot be resumed, or None. With a manifest: every file there at its
+    size. Without one (an older version, or a kill between the save and the manifest): its weights
+    load and are finite."""
+    path = Path(checkpoint)
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        try:
+            recorded: Dict[str, int] = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError) as e:
+            return f"{manifest} unreadable ({e})"
+        for name, size in recorded.items():
+            f = path / name
+            if not f.is_file():
+                return f"{f} missing"
+            if f.stat().st_size != size:
+                return f"{f} has {f.stat().st_size} bytes, {size} when saved"
+        return None
+    for name in ("train/rank0.pt", "model_and_optim/.metadata"):  # what OLMo-core requires
+        if not (path / name).is_file():
+            return f"{path / name} missing"
+    try:
+        return None if _weights_finite(path) else f"{path} has non-finite weights"
+    except Exception as e:  # a cut or missing model file
+        return f"{path} unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+
+
+def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
+    """Move aside (to ``SAVE/rejected/``) every checkpoint (a ``stepN`` with its completion marker)
+    newer than the newest good one; return that one (None: start from scratch). Local folders, rank 0 only."""
+    folder = Path(save_folder)
+    if not folder.is_dir():
+        return None
+    rejected = []
+    marked = [(int(p.name[4:]), str(p)) for p in folder.glob("step*") if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()]
+    for step, path in sorted(marked, reverse=True):
+        why = verify(path)
+        if why is None:
+            if rejected:
+                log.warning(f"Resuming from step {step} ({path}): {'; '.join(rejected)} (moved to {folder / 'rejected'})")
+            return path
+        aside = folder / "rejected"
+        aside.mkdir(exist_ok=True)
+        target = aside / Path(path).name
+        n = 1
+        while target.exists():
+            target, n = aside / f"{Path(path).name}.{n}", n + 1
+        Path(path).rename(target)
+        rejected.append(why)
+    if rejected:
+        log.warning(f"No good checkpoint: {'; '.join(rejected)} (moved to {folder / 'rejected'}); starting from scratch")
+    return None

@@ -1,0 +1,151 @@
+"""Every key's domain is checked at load: a table of bad inputs, as config files and as command-line
+overrides. Each goes through scripts/train.py's entry point and must exit 2 with one line naming
+the source (the file or "command line"), the key and the value; no traceback; nothing written."""
+
+import json
+import runpy
+import sys
+
+import pytest
+import torch
+
+from .conftest import REPO
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+DOLMA2 = ["data.tokenizer=dolma2", "model.vocab_size=null"]  # a non-demo source needs dolma2
+
+# (overrides, or YAML body when it starts with "yaml:", the key the line must name)
+CASES = [
+    # learning rate and optimizer
+    (["train.lr=-1"], "train.lr"),
+    (["train.lr=0"], "train.lr"),
+    (["train.lr=nan"], "train.lr"),
+    (["train.lr=inf"], "train.lr"),
+    (["train.lr=fast"], "train.lr"),
+    ("yaml:train:\n  lr: -0.001\n", "train.lr"),
+    (["train.betas=[0.9]"], "train.betas"),
+    (["train.betas=[0.9,0.95,0.99]"], "train.betas"),
+    (["train.betas=[0.9,1.0]"], "train.betas"),
+    (["train.betas=[-0.1,0.95]"], "train.betas"),
+    ("yaml:train:\n  betas: [1.5, 0.95]\n", "train.betas"),
+    (["train.eps=0"], "train.eps"),
+    (["train.eps=-1e-8"], "train.eps"),
+    (["train.weight_decay=-0.1"], "train.weight_decay"),
+    ("yaml:train:\n  weight_decay: .nan\n", "train.weight_decay"),
+    (["train.max_grad_norm=-1"], "train.max_grad_norm"),
+    (["train.max_grad_norm=0"], "train.max_grad_norm"),
+    (["train.z_loss=-1"], "train.z_loss"),
+    (["train.optimizer=sgd"], "train.optimizer"),
+    # schedule
+    (["train.warmup_steps=-1"], "train.warmup_steps"),
+    (["train.warmup_steps=null", "train.warmup_tokens=-5"], "train.warmup_tokens"),
+    (["train.final_lr_ratio=1.5"], "train.final_lr_ratio"),
+    (["train.final_lr_ratio=-0.1"], "train.final_lr_ratio"),
+    (["train.schedule_tokens=0"], "train.schedule_tokens"),
+    # lengths
+    (["train.max_steps=0"], "train.max_steps"),
+    (["train.max_steps=-3"], "train.max_steps"),
+    (["train.max_steps=null"], "train.max_steps"),
+    (["train.max_steps=null", "train.max_tokens=0"], "train.max_tokens"),
+    (["train.max_tokens=1000"], "train.max_steps"),  # both lengths given
+    ("yaml:train:\n  max_steps: 0\n", "train.max_steps"),
+    # batches
+    (["train.global_batch_size=0"], "train.global_batch_size"),
+    (["train.micro_batch_size=0"], "train.micro_batch_size"),
+    (["train.micro_batch_size=5"], "train.micro_batch_size"),
+    # intervals
+    (["eval.interval=0"], "eval.interval"),
+    (["eval.max_batches=-1"], "eval.max_batches"),
+    (["eval.max_batches=0"], "eval.max_batches"),
+    (["eval.downstream_interval=0"], "eval.downstream_interval"),
+    (["run.log_interval=0"], "run.log_interval"),
+    (["run.save_interval=0"], "run.save_interval"),
+    (["run.ephemeral_save_interval=0"], "run.ephemeral_save_interval"),
+    (["run.save_interval=10", "run.ephemeral_save_interval=10"], "run.ephemeral_save_interval"),
+    (["run.ephemeral_keep=0"], "run.ephemeral_keep"),
+    (["run.stop_at_step=0"], "run.stop_at_step"),
+    ("yaml:run:\n  log_interval: -1\n", "run.log_interval"),
+    (["run.name=a/b"], "run.name"),
+    # model
+    (["model.init_std=-0.02"], "model.init_std"),
+    (["model.init_std=0"], "model.init_std"),
+    (["model.norm_eps=0"], "model.norm_eps"),
+    (["model.rope_theta=0"], "model.rope_theta"),
+    (["model.d_model=0"], "model.d_model"),
+    (["model.n_layers=-1"], "model.n_layers"),
+    (["model.n_heads=3"], "model.n_heads"),
+    (["model.d_model=1e3"], "model.d_model"),
+    (["model.ffn_ratio=0"], "model.ffn_ratio"),
+    (["model.block=hourglass", "model.K=2", "model.d_h=100000000000"], "model.d_h"),
+    (["model.block=hourglass", "model.K=2", "model.d_h=-4"], "model.d_h"),
+    (["model.block=hourglass", "model.K=0", "model.d_h=8"], "model.K"),
+    (["model.ffn_ratio=100000000000"], "model.ffn_ratio"),
+    (["model.vocab_size=100"], "model.vocab_size"),
+    ("yaml:model:\n  vocab_size: 1000\n", "model.vocab_size"),
+    (["model.nope=1"], "model.nope"),
+    (["model.d_h=${model.nope}"], "model.d_h"),
+    ("yaml:run:\n  name: ${model.nope}\n", "run.name"),
+    # data
+    (["data.sequence_length=1"], "data.sequence_length"),
+    (["data.source=web"], "data.source"),
+    (["data.source=numpy", *DOLMA2, "data.paths=[/nonexistent/part-0.npy]"], "data.paths"),
+    (["data.source=numpy", *DOLMA2], "data.source"),
+    (["data.source=prefix", *DOLMA2, "data.prefix_dir=/nonexistent/prefix"], "data.prefix_dir"),
+    (["data.source=prefix", *DOLMA2, "data.prefix_dir={empty}"], "data.prefix_dir"),
+    (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=7"], "data.order_seed"),
+    (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "data.sequence_length=64"], "data.sequence_length"),
+    (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "train.max_steps=1000"], "train.max_steps"),
+    (["data.tokenizer=gpt2"], "data.tokenizer"),
+    # hardware
+    (["train.precision=fp16"], "train.precision"),
+    (["train.data_parallel=zero3"], "train.data_parallel"),
+    (["train.hardware=tpu"], "train.hardware"),
+    (["train.device=gpu"], "train.device"),
+    # syntax
+    (["train.lr"], "train.lr"),
+]
+if not torch.cuda.is_available():
+    CASES.append((["train.device=cuda"], "train.device"))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A finished prefix of 10 x 128-token instances made with order seed 6198 (its index only:
+    load reads nothing else), and an empty folder."""
+    root = tmp_path_factory.mktemp("data")
+    prefix = root / "prefix"
+    prefix.mkdir()
+    spec = {"paths": [], "sizes": [], "seq_len": 128, "seed": 6198, "num_instances": 10, "chunk_instances": 10}
+    index = {"format": "hourglass-olmo-prefix-v1", "spec": spec, "complete": True, "parts": {}}
+    (prefix / "index.json").write_text(json.dumps(index))
+    (root / "empty").mkdir()
+    return {"prefix": str(prefix), "empty": str(root / "empty")}
+
+
+def test_the_table_covers_every_key_family():
+    assert len(CASES) >= 60
+    families = {key.split(".")[0] for _, key in CASES}
+    assert families == {"train", "eval", "run", "model", "data"}
+
+
+@pytest.mark.parametrize("bad,key", CASES, ids=[" ".join(b) if isinstance(b, list) else b[5:].replace("\n", " ") for b, _ in CASES])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, folders, bad, key):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # relative defaults (runs/NAME, .cache/...) would land here
+    base = [f"run.save_folder={work / 'run'}", f"data.work_dir={work / 'cache'}"]
+    if isinstance(bad, str):
+        config = tmp_path / "bad.yaml"
+        config.write_text(f"extends: {BASELINE}\n{bad[5:]}")
+        argv, source = [str(config), *base], str(config)
+    else:
+        argv, source = [str(BASELINE), *base, *(b.replace("{prefix}", folders["prefix"]).replace("{empty}", folders["empty"]) for b in bad)], "command line"
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    with pytest.raises(SystemExit) as e:  # anything else escaping would be a traceback
+        runpy.run_path(str(REPO / "scripts" / "train.py"), run_name="__main__")
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert lines[0].startswith(f"config error: {source}: ") and key in lines[0], lines[0]
+    assert list(work.iterdir()) == []
