@@ -57,7 +57,7 @@ def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -
 
 def load_weights(step_dir: Path) -> dict:
     """The model weights of an OLMo-core checkpoint folder (stepN), as full tensors."""
-    from olmo_patches.train.resume import load_model_state
+    from olmo_patches.train.checkpoints import load_model_state
 
     return load_model_state(step_dir)
 

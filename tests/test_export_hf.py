@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, Olmo2ForCausalLM  # noqa: E402
 
 from olmo_patches.config import load_spec  # noqa: E402
-from olmo_patches.train.resume import load_model_state  # noqa: E402
+from olmo_patches.train.checkpoints import load_model_state  # noqa: E402
 from olmo_patches.train import train  # noqa: E402
 
 from .conftest import REPO, run_script, tiny_overrides  # noqa: E402

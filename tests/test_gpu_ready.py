@@ -11,7 +11,7 @@ from olmo_patches.config import ConfigError, attention_backend, load_spec
 from olmo_patches.train import train
 from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.train.metrics import read_metrics
-from olmo_patches.train.resume import load_model_state
+from olmo_patches.train.checkpoints import load_model_state
 
 from .conftest import REPO, run_script, tiny_overrides
 

@@ -156,7 +156,7 @@ def test_a_checkpoint_saved_before_the_move_resumes(tmp_path, demo_corpus):
     does now, its weights load into it strictly, and OLMo-core's Trainer resumes from it."""
     from olmo_patches.config import load_spec, vocab_size
     from olmo_patches.train import train
-    from olmo_patches.train.resume import load_model_state
+    from olmo_patches.train.checkpoints import load_model_state
 
     old = OLD / "hourglass-run"
     state = load_model_state(old / "step1")

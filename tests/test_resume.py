@@ -25,7 +25,8 @@ from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.config import load_spec
 from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.train.metrics import METRICS_FILE, read_metrics
-from olmo_patches.train.resume import load_model_state, prune_incomplete
+from olmo_patches.train.checkpoints import load_model_state
+from olmo_patches.train.resume import prune_incomplete
 from olmo_patches.train.run_folder import Lock
 from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train

@@ -20,7 +20,7 @@ from typing import Dict, Optional
 import torch
 
 from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
-from ..train.resume import load_model_state
+from ..train.checkpoints import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
 
 __all__ = ["export_hf", "is_olmo2_shape", "to_olmo2_names"]

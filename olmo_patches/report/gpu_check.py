@@ -40,7 +40,8 @@ from ..config import ExperimentSpec, attention_backend, load_spec, vocab_size
 from ..hardware import GIB, estimate, known_card
 from ..nn.attention import set_attention_backend
 from ..train import train
-from ..train.resume import ResumeCheckpointerCallback, load_model_state
+from ..train.checkpoints import load_model_state
+from ..train.resume import ResumeCheckpointerCallback
 
 __all__ = ["BF16_TOL", "CheckResult", "TrainResult", "GpuCheck", "run_gpu_check", "to_markdown", "to_json"]
 

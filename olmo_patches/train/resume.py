@@ -22,7 +22,6 @@ What this module adds:
 - :func:`load_explicit`: ``--resume-from PATH`` (a checkpoint, or a folder of them); checkpoints
   in the save folder newer than PATH are moved aside (never deleted) so that they neither shadow
   nor collide with the resumed run's own saves.
-- :func:`load_model_state`: a checkpoint's model weights as plain tensors (no process group).
 """
 
 from __future__ import annotations
@@ -33,26 +32,23 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-import torch
 from olmo_core.aliases import PathOrStr
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank
 from olmo_core.train.callbacks import CheckpointerCallback
 from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
+from .checkpoints import checkpoint_step, latest_complete
 from .safety import assert_finite_params, write_manifest
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "prune_incomplete",
-    "latest_complete",
-    "checkpoint_step",
     "ResumeCheckpointerCallback",
     "load_explicit",
-    "load_model_state",
 ]
 
 _STEP_DIR = re.compile(r"^step(\d+)(-tmp)?$")
@@ -75,20 +71,6 @@ def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
                 shutil.rmtree(path)
                 removed.append(path)
     return removed
-
-
-def latest_complete(save_folder: PathOrStr) -> Optional[str]:
-    """The latest complete checkpoint in a folder of checkpoints, or None."""
-    try:
-        return Checkpointer.latest_checkpoint(save_folder)
-    except FileNotFoundError:
-        return None
-
-
-def checkpoint_step(checkpoint: PathOrStr) -> int:
-    """The global step a checkpoint was saved at (its trainer state)."""
-    state = torch.load(Path(checkpoint) / "train" / "rank0.pt", weights_only=False)
-    return int(state["global_step"])
 
 
 @dataclass
@@ -145,16 +127,3 @@ def load_explicit(trainer, resume_from: PathOrStr) -> str:
     barrier()
     trainer.load_checkpoint(path, load_trainer_state=True, load_optim_state=True)
     return path
-
-
-def load_model_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
-    """The model weights of a trainer checkpoint (``stepN``) or of a bare model checkpoint, as
-    full tensors keyed like OLMo-core's ``Transformer.state_dict()``. Not for use under torchrun."""
-    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
-
-    root = Path(checkpoint)
-    model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
-    metadata = get_checkpoint_metadata(model_dir)
-    keys = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
-    values = load_keys(model_dir, keys)
-    return {k[len("model.") :]: v for k, v in zip(keys, values)}

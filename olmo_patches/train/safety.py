@@ -30,6 +30,8 @@ from olmo_core.distributed.utils import get_local_tensor, is_distributed
 from olmo_core.train.callbacks import Callback
 from olmo_core.train.checkpoint import Checkpointer
 
+from .checkpoints import latest_complete, load_model_state
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -61,8 +63,6 @@ def _all_ranks_true(flag: bool, device: torch.device) -> bool:
 
 
 def _last_good(trainer) -> str:
-    from .resume import latest_complete
-
     return latest_complete(trainer.save_folder) or "none (rerun starts from scratch)"
 
 
@@ -119,8 +119,6 @@ def write_manifest(checkpoint: PathOrStr) -> None:
 
 
 def _weights_finite(checkpoint: Path) -> bool:
-    from .resume import load_model_state
-
     return all(bool(torch.isfinite(v).all()) for v in load_model_state(checkpoint).values())
 
 

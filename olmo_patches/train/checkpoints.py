@@ -1,0 +1,40 @@
+"""Reading what a save folder holds: its latest complete checkpoint, a checkpoint's step, its model
+weights as plain tensors. Used by resume and safety; imports OLMo-core only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+from olmo_core.aliases import PathOrStr
+from olmo_core.train.checkpoint import Checkpointer
+
+__all__ = ["latest_complete", "checkpoint_step", "load_model_state"]
+
+
+def latest_complete(save_folder: PathOrStr) -> Optional[str]:
+    """The latest complete checkpoint in a folder of checkpoints, or None."""
+    try:
+        return Checkpointer.latest_checkpoint(save_folder)
+    except FileNotFoundError:
+        return None
+
+
+def checkpoint_step(checkpoint: PathOrStr) -> int:
+    """The global step a checkpoint was saved at (its trainer state)."""
+    state = torch.load(Path(checkpoint) / "train" / "rank0.pt", weights_only=False)
+    return int(state["global_step"])
+
+
+def load_model_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
+    """The model weights of a trainer checkpoint (``stepN``) or of a bare model checkpoint, as
+    full tensors keyed like OLMo-core's ``Transformer.state_dict()``. Not for use under torchrun."""
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    root = Path(checkpoint)
+    model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
+    metadata = get_checkpoint_metadata(model_dir)
+    keys = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
+    values = load_keys(model_dir, keys)
+    return {k[len("model.") :]: v for k, v in zip(keys, values)}
