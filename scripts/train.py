@@ -8,6 +8,9 @@ from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint
 """
 
 import argparse
+import sys
+
+from olmo_core.exceptions import OLMoConfigurationError
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
@@ -31,7 +34,11 @@ def main() -> None:
         console.print(param_table(spec))
         console.print(plan_table(spec))
         return
-    train(spec, resume_from=args.resume_from)
+    try:
+        train(spec, resume_from=args.resume_from)
+    except OLMoConfigurationError as e:  # found while building the run (e.g. a downstream task that cannot fit)
+        print(f"config error: {args.config}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

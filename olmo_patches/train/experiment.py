@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride
 from olmo_core.optim.scheduler import SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import ConfigSaverCallback, SpeedMonitorCallback
+from olmo_core.train.callbacks import CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -44,7 +44,7 @@ from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "device_for"]
+__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "device_for", "downstream_length", "eval_callbacks"]
 
 
 @dataclass
@@ -92,6 +92,11 @@ def device_for(spec: ExperimentSpec) -> str:
     if spec.train.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return spec.train.device
+
+
+def downstream_length(spec: ExperimentSpec) -> int:
+    """The downstream tasks' context length: their own key, else the training length."""
+    return spec.eval.downstream_sequence_length or spec.data.sequence_length
 
 
 @dataclass
@@ -149,6 +154,32 @@ def _optim_groups(spec: ExperimentSpec) -> list[OptimGroupOverride]:
     return groups
 
 
+def _dataset_kwargs(spec: ExperimentSpec, data: DataSources) -> dict:
+    """OLMo-core numpy dataset arguments shared by training and validation."""
+    kwargs: dict = dict(sequence_length=spec.data.sequence_length, tokenizer=data.tokenizer, work_dir=spec.data.work_dir)
+    if data.dtype is not None:
+        kwargs["dtype"] = data.dtype
+    return kwargs
+
+
+def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, CallbackConfig]:
+    """The run's evaluators as OLMo-core callback configs: validation loss, downstream tasks."""
+    e, out = spec.eval, {}
+    if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
+        lm_eval = lm_evaluator(data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, _dataset_kwargs(spec, data), True)
+    else:  # v3-small-ppl-validation
+        paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
+        lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, _dataset_kwargs(spec, data))
+    if lm_eval is not None:
+        out["lm_evaluator"] = lm_eval
+    # The run's tokenizer, identified by the local file when data.tokenizer_file is set.
+    tokenizer = replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
+    downstream = downstream_evaluator(list(e.downstream_tasks), tokenizer, e.downstream_interval or e.interval, downstream_length(spec))
+    if downstream is not None:
+        out["downstream_evaluator"] = downstream
+    return out
+
+
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, d = spec.train, spec.data
     device = device_for(spec)
@@ -157,9 +188,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
     model.init_seed = t.seed
 
-    dataset_kwargs: dict = dict(sequence_length=seq, tokenizer=data.tokenizer, work_dir=d.work_dir)
-    if data.dtype is not None:
-        dataset_kwargs["dtype"] = data.dtype
+    dataset_kwargs = _dataset_kwargs(spec, data)
     # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
     # (period 1..13) repeated 32 times or more. It masks, so the order is unchanged.
     instance_filter = InstanceFilterConfig(repetition_max_period=13, repetition_min_period=1, repetition_max_count=32)
@@ -226,18 +255,8 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops)))
     if spec.run.trace_batches:
         trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
-    e = spec.eval
-    if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
-        lm_eval = lm_evaluator(data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, dataset_kwargs, True)
-    else:  # v3-small-ppl-validation
-        paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
-        lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, dataset_kwargs)
-    if lm_eval is not None:
-        trainer = trainer.with_callback("lm_evaluator", lm_eval)
-    # The run's tokenizer, identified by the local file when data.tokenizer_file is set.
-    tokenizer = replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
-    if (downstream := downstream_evaluator(list(e.downstream_tasks), tokenizer, e.downstream_interval or e.interval)) is not None:
-        trainer = trainer.with_callback("downstream_evaluator", downstream)
+    for name, callback in eval_callbacks(spec, data).items():
+        trainer = trainer.with_callback(name, callback)
     if (wandb := wandb_callback(spec.run.wandb_project, spec.run.name)) is not None:
         trainer = trainer.with_callback("wandb", wandb)
     return Experiment(model, dataset, data_loader, train_module, trainer)
@@ -252,9 +271,6 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     try:
         save_folder = Path(spec.save_folder)
-        if get_rank() == 0:
-            save_folder.mkdir(parents=True, exist_ok=True)
-            (save_folder / "config.yaml").write_text(spec_to_yaml(spec))
         prune_incomplete(save_folder)
         data = resolve_data(spec)
         exp = build_experiment(spec, data, world_size=get_world_size())
@@ -262,7 +278,9 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None) -> Path:
         train_module = exp.train_module.build(model, device=torch.device(device))
         dataset = exp.dataset.build()
         data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-        trainer = exp.trainer.build(train_module, data_loader)
+        trainer = exp.trainer.build(train_module, data_loader)  # builds the evaluators: a task that cannot fit fails here
+        if get_rank() == 0:
+            (save_folder / "config.yaml").write_text(spec_to_yaml(spec))
         for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
             if name in trainer.callbacks:
                 trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
