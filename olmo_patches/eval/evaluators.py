@@ -42,7 +42,6 @@ __all__ = [
     "DownstreamTaskEvaluator",
     "DownstreamEvaluatorConfig",
     "downstream_evaluators",
-    "olmo_eval_tokenizer",
 ]
 
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1, 4
@@ -89,7 +88,7 @@ def lm_evaluator(
     )
 
 
-def olmo_eval_tokenizer(tokenizer: TokenizerConfig):
+def _olmo_eval_tokenizer(tokenizer: TokenizerConfig):
     """ai2-olmo-eval's tokenizer for a run's ``TokenizerConfig`` (as OLMo-core's callback builds it)."""
     from olmo_eval import HFTokenizer
 
@@ -130,8 +129,7 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
             raise OLMoConfigurationError(
                 f"eval.downstream_sequence_length={L}: no '{self.label}' document fits (the shortest needs {shortest} tokens)"
             )
-        task.samples = kept
-        task._max_sequence_length = None  # recomputed over the kept samples
+        task.samples = kept  # before anything reads task.max_sequence_length, which is computed once
         self.skipped = len(too_long)
         self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
         if self.skipped or self.truncated:
@@ -159,7 +157,7 @@ def downstream_evaluators(
     device: Optional[torch.device] = None, dp_process_group=None, limit: Optional[int] = None,
 ) -> List[DownstreamTaskEvaluator]:
     """One evaluator per task (sorted, as OLMo-core's callback does), tokenized with the run's tokenizer."""
-    hf = olmo_eval_tokenizer(tokenizer)
+    hf = _olmo_eval_tokenizer(tokenizer)
     return [
         DownstreamTaskEvaluator(name="downstream", task=task, tokenizer=hf, device=device, dp_process_group=dp_process_group,
                                 sequence_length=sequence_length, rank_batch_tokens=rank_batch_tokens, limit=limit)
@@ -171,7 +169,7 @@ def downstream_evaluators(
 class DownstreamEvaluatorConfig(DownstreamEvaluatorCallbackConfig):
     """OLMo-core's downstream callback config with the tasks' own context length."""
 
-    sequence_length: int = 2048
+    sequence_length: int = 2048  # the tasks' context in tokens (eval.downstream_sequence_length)
 
     def build(self, trainer) -> Optional[EvaluatorCallback]:
         if not self.enabled:
