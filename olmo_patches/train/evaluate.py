@@ -191,7 +191,7 @@ def from_hf(model_dir: str | Path, choice: EvalChoice, *, config: Optional[str |
         _fail("--hf", model_dir, "not a Hugging Face model folder (no config.json)")
     remote = "auto_map" in json.loads((model_dir / "config.json").read_text())  # our exports' modeling file
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=remote, local_files_only=True, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=remote, local_files_only=True, dtype=torch.float32)
     model.to(device).eval()
     if config is not None:  # the run's tokenizer and validation data, as its checkpoint is evaluated
         spec = load_spec(config)
