@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,10 +18,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _http_server import FileServer  # noqa: E402
+
+from .conftest import REPO, run_script  # noqa: E402
 from olmo_patches.data import order as order_mod  # noqa: E402
 from olmo_patches.data.order import (  # noqa: E402
-    OLD_TRAINER_SEED,
-    OLMO_CORE_SEED,
     PINNED_LIST,
     DataOrderError,
     Layout,
@@ -46,7 +45,11 @@ from olmo_patches.data.remote import (  # noqa: E402
     save_manifest,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+# The recipe's seed (SPEC section 4, allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml), and
+# OLMo-core's loader seed for the same order: it shuffles with PCG64(seed + epoch) from epoch 1, the
+# old trainer from epoch 0 (olmo_core/data/data_loader.py: get_rng(seed + epoch), reshuffle() starts at epoch 1).
+OLD_TRAINER_SEED = 6198
+OLMO_CORE_SEED = 6197
 SEQ = 64  # tokens per instance in these tests (4096 for real)
 BATCH = 4  # instances per global batch in these tests (512 for real)
 # Tokens per file: remainders, a file too short for one instance, and a repeated entry
@@ -183,13 +186,8 @@ def test_blockwise_fill_then_shuffle_equals_reference(monkeypatch):
     np.testing.assert_array_equal(shuffled_indices(n, 11), ref)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "data_order.py"), *args, "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def run_cli(*args: str):
+    return run_script("data_order.py", *args, "--quiet", timeout=120)
 
 
 def test_indices_cli_writes_the_old_trainers_global_indices(
