@@ -1,11 +1,11 @@
 #!/bin/bash
 # Mutation testing of one core module with mutmut (dev extra); not in CI (minutes to hours on 2 cores).
-#   bash tests/mutation.sh MODULE [SECONDS]     MODULE: hourglass | variable_width | order | resume
+#   bash tests/mutation.sh MODULE [SECONDS [MUTANT ...]]   MODULE: hourglass | variable_width | order | resume
 # Copies this checkout's files (committed and new, not ignored) to mutants-MODULE/ (or $MUTATION_DIR),
 # mutates MODULE only and runs only its fast test files, each mutant against the tests that reached
 # the mutated function. Stops after SECONDS (default: no limit); what finished is kept. Prints
 # killed/survived/... counts and writes the per-mutant verdicts to results.txt there; inspect one
-# with `cd mutants-MODULE && mutmut show NAME`.
+# with `cd mutants-MODULE && mutmut show NAME`. MUTANT names (globs) restrict the run to those mutants.
 set -euo pipefail
 case "${1:-}" in
   hourglass) src=olmo_patches/nn/hourglass.py; tests=(tests/test_hourglass.py) ;;
@@ -34,6 +34,6 @@ process_isolation = "forkserver"
 TOML
 unset PYTHONPATH  # mutmut puts its mutated copy first; children get it through tests/conftest.py child_env()
 status=0
-timeout "${2:-0}" nice mutmut run --max-children "${MUTATION_CHILDREN:-2}" > run.log 2>&1 || status=$?
+timeout "${2:-0}" nice mutmut run --max-children "${MUTATION_CHILDREN:-2}" "${@:3}" > run.log 2>&1 || status=$?
 mutmut results --all true > results.txt
 echo "$1: $(grep -c ': ' results.txt) mutants; $(sed 's/.*: //' results.txt | sort | uniq -c | tr '\n' ' ')(mutmut exit $status)"
