@@ -27,6 +27,7 @@ from olmo_patches.data.order import (  # noqa: E402
     Layout,
     load_pinned_list,
     read_paths_file,
+    write_global_indices,
     shuffled_indices,
 )
 from olmo_patches.data.prefix import (  # noqa: E402
@@ -551,3 +552,36 @@ def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path,
     for k, (a, b) in enumerate(zip(remote, local)):
         np.testing.assert_array_equal(a, instances[k * BATCH : (k + 1) * BATCH])
         np.testing.assert_array_equal(b, a)
+
+
+def test_paths_file_skips_blanks_and_comments_and_names_its_errors(tmp_path):
+    listed = tmp_path / "list.txt"
+    listed.write_text("a.npy\n\n   # an indented comment\nb.npy  \n#c.npy\n")
+    assert read_paths_file(listed) == ["a.npy", "b.npy"]
+    with pytest.raises(DataOrderError, match="paths file not found: .*missing.txt"):
+        read_paths_file(tmp_path / "missing.txt")
+    listed.write_text("# nothing\n\n")
+    with pytest.raises(DataOrderError, match=f"paths file {listed} lists no files"):
+        read_paths_file(listed)
+
+
+def test_layout_keeps_its_paths_and_names_a_size_mismatch():
+    layout = Layout.from_sizes(LISTED, [SEQ * 4 * 2] * len(LISTED), SEQ)
+    assert layout.paths == tuple(LISTED)
+    with pytest.raises(DataOrderError, match="6 paths but 2 sizes"):
+        Layout.from_sizes(LISTED, [1, 2], SEQ)
+
+
+@pytest.mark.parametrize("epoch,world_size,npy_header", [(0, 1, False), (1, 3, False), (0, 2, True)])
+def test_global_indices_file_as_the_old_trainer_writes_it(tmp_path, epoch, world_size, npy_header):
+    """Raw uint32 (or a .npy), arange(N) shuffled by PCG64(seed + epoch), cut to whole multiples of the world size."""
+    n = 1001
+    ref = np.arange(n, dtype=np.uint32)
+    np.random.Generator(np.random.PCG64(OLD_TRAINER_SEED + epoch)).shuffle(ref)
+    ref = ref[: n // world_size * world_size]
+    out = tmp_path / "sub" / "global_indices.npy"
+    assert write_global_indices(out, n, OLD_TRAINER_SEED, epoch=epoch, world_size=world_size, npy_header=npy_header) == len(ref)
+    got = np.load(out) if npy_header else np.fromfile(out, dtype=np.uint32)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, ref)
+    assert [p.name for p in out.parent.iterdir()] == ["global_indices.npy"]  # no temporary left
