@@ -196,16 +196,18 @@ def test_stacked_weights_reset_to_olmo_cores_std():
         assert w.weight.abs().max() <= 3 * 0.02 + 1e-6 and 0.018 < w.weight.std().item() < 0.0205
 
 
-@pytest.mark.parametrize("K,d_h,bias,norm,match", [
-    (0, 8, False, NORM, "K must be >= 1, got K=0"),
-    (2, 0, False, NORM, "d_h must be >= 1, got d_h=0"),
-    (2, 8, True, NORM, "no biases"),
-    (2, 8, False, None, "needs a layer_norm config"),
+@pytest.mark.parametrize("K,d_h,bias,norm,message", [
+    (0, 8, False, NORM, "hourglass K must be >= 1, got K=0"),
+    (2, 0, False, NORM, "hourglass d_h must be >= 1, got d_h=0"),
+    (2, 8, True, NORM, "the hourglass FFN has no biases (bias must be false)"),
+    (2, 8, False, None, "the hourglass FFN needs a layer_norm config for its K norms"),
 ])
-def test_bad_ffn_shapes_are_named(K, d_h, bias, norm, match):
+def test_bad_ffn_shapes_are_named(K, d_h, bias, norm, message):
+    import re
+
     from olmo_core.exceptions import OLMoConfigurationError
 
-    with pytest.raises(OLMoConfigurationError, match=match):
+    with pytest.raises(OLMoConfigurationError, match=f"^{re.escape(message)}$"):
         HourglassFeedForwardConfig(hidden_size=d_h, K=K, bias=bias, layer_norm=norm).build(16)
 
 
