@@ -10,7 +10,7 @@ set -euo pipefail
 case "${1:-}" in
   hourglass) src=olmo_patches/nn/hourglass.py; tests=(tests/test_hourglass.py) ;;
   variable_width) src=olmo_patches/nn/variable_width.py; tests=(tests/test_variable_width.py) ;;
-  order) src=olmo_patches/data/order.py; tests=(tests/test_data_order.py tests/test_olmo2_source.py) ;;
+  order) src=olmo_patches/data/order.py; tests=(tests/test_data_order.py) ;;
   resume) src=olmo_patches/train/resume.py; tests=(tests/test_resume.py tests/test_rerun.py) ;;
   *) echo "usage: bash tests/mutation.sh hourglass|variable_width|order|resume [SECONDS]" >&2; exit 2 ;;
 esac
