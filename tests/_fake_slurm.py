@@ -12,11 +12,10 @@ argument per field) in the log folder.
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .conftest import REPO
+from .conftest import REPO, finish, start
 
 SBATCH = REPO / "scripts" / "launch_slurm.sbatch"
 
@@ -57,10 +56,9 @@ class FakeSlurm:
         path = self.log / "srun.signals"
         return path.read_text().split() if path.exists() else []
 
-    def start(self, *args: str, nodes: int = 1, gpus: str = "8", hold: bool = False, python_exit: int = 0) -> subprocess.Popen:
+    def start(self, *args: str, nodes: int = 1, gpus: str = "8", hold: bool = False, python_exit: int = 0):
         """``sbatch --nodes NODES scripts/launch_slurm.sbatch ARGS`` as SLURM runs the batch step."""
         env = dict(
-            os.environ,
             PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
             FAKE_SLURM_LOG=str(self.log),
             FAKE_NODES=str(nodes),
@@ -73,12 +71,10 @@ class FakeSlurm:
         )
         if hold:
             env["FAKE_SRUN_HOLD"] = "1"
-        return subprocess.Popen(["bash", str(SBATCH), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return start(["bash", SBATCH, *args], **env)
 
-    def run(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
-        proc = self.start(*args, **kwargs)
-        out, err = proc.communicate(timeout=60)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    def run(self, *args: str, **kwargs):
+        return finish(self.start(*args, **kwargs), timeout=60)
 
 
 def fake_slurm(root: Path) -> FakeSlurm:

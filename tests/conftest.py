@@ -35,24 +35,52 @@ def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list
     return [*TINY, *hourglass, f"run.save_folder={tmp_path}", f"data.work_dir={tmp_path / 'cache'}", *extra]
 
 
-def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run one of scripts/ in a fresh interpreter (optionally under torchrun), from the repo root."""
-    cmd = [sys.executable, str(REPO / "scripts" / script), *args]
-    if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *cmd[1:]]
-    # In-process runs leave torch.distributed's rendezvous variables behind; a child must not inherit them.
-    dist_vars = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
-    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    # Its own process group, so that a timeout also ends torchrun's workers (no orphans holding cores).
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+# torch.distributed's rendezvous variables, which in-process runs leave behind: a child must not inherit them.
+DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def child_env(**extra: str) -> dict:
+    """The environment of every process a test starts: this checkout first on PYTHONPATH (so a child
+    imports this tree's olmo_patches, not another editable install's), no torch.distributed
+    variables, one intra-op thread, unbuffered output."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def start(cmd: list, capture: bool = True, **extra_env: str) -> subprocess.Popen:
+    """Start a command from the repo root with child_env(), in its own process group."""
+    pipe = subprocess.PIPE if capture else None
+    return subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=child_env(**extra_env), stdout=pipe, stderr=pipe, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Wait for a started command; on a timeout its whole process group is killed (torchrun's
+    workers included: no orphans holding cores)."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run(cmd: list, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command from the repo root with child_env() and wait for it."""
+    return finish(start(cmd, **extra_env), timeout)
+
+
+def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run one of scripts/ (or tests/ helpers, given as "tests/NAME.py") in a fresh interpreter,
+    optionally under torchrun with that many processes."""
+    path = REPO / script if "/" in script else REPO / "scripts" / script
+    cmd = [sys.executable, str(path), *args]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *cmd[1:]]
+    return run(cmd, timeout=timeout)
 
 
 def load_weights(step_dir: Path) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,15 +18,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _http_server import FileServer  # noqa: E402
+
+from .conftest import REPO, run_script  # noqa: E402
 from olmo_patches.data import order as order_mod  # noqa: E402
 from olmo_patches.data.order import (  # noqa: E402
-    OLD_TRAINER_SEED,
-    OLMO_CORE_SEED,
     PINNED_LIST,
     DataOrderError,
     Layout,
     load_pinned_list,
     read_paths_file,
+    write_global_indices,
     shuffled_indices,
 )
 from olmo_patches.data.prefix import (  # noqa: E402
@@ -46,7 +46,11 @@ from olmo_patches.data.remote import (  # noqa: E402
     save_manifest,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+# The recipe's seed (SPEC section 4, allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml), and
+# OLMo-core's loader seed for the same order: it shuffles with PCG64(seed + epoch) from epoch 1, the
+# old trainer from epoch 0 (olmo_core/data/data_loader.py: get_rng(seed + epoch), reshuffle() starts at epoch 1).
+OLD_TRAINER_SEED = 6198
+OLMO_CORE_SEED = 6197
 SEQ = 64  # tokens per instance in these tests (4096 for real)
 BATCH = 4  # instances per global batch in these tests (512 for real)
 # Tokens per file: remainders, a file too short for one instance, and a repeated entry
@@ -183,13 +187,8 @@ def test_blockwise_fill_then_shuffle_equals_reference(monkeypatch):
     np.testing.assert_array_equal(shuffled_indices(n, 11), ref)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "data_order.py"), *args, "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def run_cli(*args: str):
+    return run_script("data_order.py", *args, "--quiet", timeout=120)
 
 
 def test_indices_cli_writes_the_old_trainers_global_indices(
@@ -617,3 +616,36 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     pinned.write_text(pinned.read_text() + f"{origin}/c/p3.npy\n")  # the list changed: refused, mirror or not
     with pytest.raises(DataOrderError, match="the file list changed"):
         order_mod.load_pinned_list(str(local))
+
+
+def test_paths_file_skips_blanks_and_comments_and_names_its_errors(tmp_path):
+    listed = tmp_path / "list.txt"
+    listed.write_text("a.npy\n\n   # an indented comment\nb.npy  \n#c.npy\n")
+    assert read_paths_file(listed) == ["a.npy", "b.npy"]
+    with pytest.raises(DataOrderError, match="paths file not found: .*missing.txt"):
+        read_paths_file(tmp_path / "missing.txt")
+    listed.write_text("# nothing\n\n")
+    with pytest.raises(DataOrderError, match=f"paths file {listed} lists no files"):
+        read_paths_file(listed)
+
+
+def test_layout_keeps_its_paths_and_names_a_size_mismatch():
+    layout = Layout.from_sizes(LISTED, [SEQ * 4 * 2] * len(LISTED), SEQ)
+    assert layout.paths == tuple(LISTED)
+    with pytest.raises(DataOrderError, match="6 paths but 2 sizes"):
+        Layout.from_sizes(LISTED, [1, 2], SEQ)
+
+
+@pytest.mark.parametrize("epoch,world_size,npy_header", [(0, 1, False), (1, 3, False), (0, 2, True)])
+def test_global_indices_file_as_the_old_trainer_writes_it(tmp_path, epoch, world_size, npy_header):
+    """Raw uint32 (or a .npy), arange(N) shuffled by PCG64(seed + epoch), cut to whole multiples of the world size."""
+    n = 1001
+    ref = np.arange(n, dtype=np.uint32)
+    np.random.Generator(np.random.PCG64(OLD_TRAINER_SEED + epoch)).shuffle(ref)
+    ref = ref[: n // world_size * world_size]
+    out = tmp_path / "sub" / "global_indices.npy"
+    assert write_global_indices(out, n, OLD_TRAINER_SEED, epoch=epoch, world_size=world_size, npy_header=npy_header) == len(ref)
+    got = np.load(out) if npy_header else np.fromfile(out, dtype=np.uint32)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, ref)
+    assert [p.name for p in out.parent.iterdir()] == ["global_indices.npy"]  # no temporary left

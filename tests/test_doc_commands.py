@@ -23,14 +23,13 @@ import os
 import re
 import runpy
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, run
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
@@ -189,7 +188,7 @@ def _flags(words: list[str]) -> list[str]:
 
 def _check_parse(words: list[str], cwd: Path) -> None:
     if words[0] == "make":
-        r = subprocess.run(["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True)
+        r = run(["make", "-n", *words[1:]])
         assert r.returncode == 0, r.stderr
         recipe = [shlex.split(line) for line in r.stdout.splitlines() if "scripts/" in line or "pytest" in line]
         assert recipe, r.stdout  # the target runs a script of this repo or the suite

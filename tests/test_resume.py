@@ -7,11 +7,10 @@ every step (one process resumed with two).
 """
 
 import json
-import os
 import shutil
 import signal
+import os
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import ClassVar
@@ -32,7 +31,7 @@ from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
-from .conftest import REPO, run_script, tiny_overrides
+from .conftest import REPO, run, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
@@ -63,13 +62,6 @@ def _assert_same_weights(a_dir, b_dir):
         assert torch.equal(a[key], b[key]), key
 
 
-def _env():
-    dist_vars = {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
-    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return env
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, demo_corpus):
     """The uninterrupted reference run (one process, 6 steps, checkpoints every 2)."""
@@ -96,8 +88,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(tmp_path, straig
 
 
 def test_sigkill_mid_save_never_resumes_from_the_cut_checkpoint(tmp_path, straight):
-    cmd = [sys.executable, str(REPO / "tests" / "_signal_at_step.py"), "SIGKILL", "5", str(BASELINE)]
-    r = subprocess.run([*cmd, *tiny_overrides(tmp_path, *RUN)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    r = run_script("tests/_signal_at_step.py", "SIGKILL", "5", str(BASELINE), *tiny_overrides(tmp_path, *RUN))
     assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
     # Make step4 look cut off mid-write, as a SIGKILL during its save leaves it: the model's files
     # and the final metadata are missing; a stale temporary folder is left beside it.
@@ -132,9 +123,7 @@ def test_resume_from_another_checkpoint_and_newer_ones_move_aside(tmp_path, stra
 def test_one_process_resumed_with_two_sees_the_same_instances(tmp_path, straight):
     train(_spec(tmp_path, "run.stop_at_step=3"))
     assert Checkpointer.latest_checkpoint(tmp_path).endswith("step3")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
-    cmd += [str(REPO / "scripts" / "train.py"), str(BASELINE), *tiny_overrides(tmp_path, *RUN)]
-    r = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), torchrun=2)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted((tmp_path / "batches").glob("rank*.jsonl")) == [tmp_path / "batches" / f"rank{i}.jsonl" for i in (0, 1)]
     got, want = read_batch_trace(tmp_path), read_batch_trace(straight)
@@ -269,9 +258,8 @@ def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp
         f"wait for it, or remove {tmp_path / '.lock'} if that process is gone"
     )
     holder.release()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "since": "then"}))
+    dead_pid = int(run([sys.executable, "-c", "import os; print(os.getpid())"]).stdout)  # exited by now
+    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid, "since": "then"}))
     train(_spec(tmp_path))  # the dead process's lock is taken over
     assert not (tmp_path / ".lock").exists()
 

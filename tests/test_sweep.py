@@ -6,14 +6,13 @@ import math
 import os
 import shlex
 import socket
-import subprocess
 import sys
 
 import pytest
 
 from olmo_patches.report.sweep import SlurmInfo, launch_local, launch_slurm, load_sweep, report, sweep_status, take_claim
 
-from .conftest import REPO, TINY, run_script
+from .conftest import REPO, TINY, run, run_script, start
 
 NAMES = ("tiny-sweep-a", "tiny-sweep-b")
 
@@ -118,7 +117,7 @@ def test_a_live_claim_is_never_taken_twice(tmp_path):
     cfg = _write_configs(tmp_path)
     folder = tmp_path / "runs" / "tiny-sweep-a"
     folder.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = start([sys.executable, "-c", "import time; time.sleep(60)"], capture=False)
     try:
         (folder / "sweep-claim.json").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
         assert not take_claim(folder, SlurmInfo({}, {}))
@@ -183,10 +182,9 @@ def test_array_element_runs_its_manifest_line(tmp_path):
     _fake(bin_dir, "scontrol", "echo node7")
     manifest = tmp_path / "manifest.txt"
     manifest.write_text("configs/a.yaml train.lr=1e-3\nconfigs/b.yaml 'train.lr=2e-3'\n")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1", SLURM_JOB_ID="77",
-               SLURM_JOB_NUM_NODES="1", SLURM_GPUS_PER_NODE="2", SLURM_JOB_NODELIST="node7", SLURM_SUBMIT_DIR=str(REPO))
-    r = subprocess.run(["bash", str(REPO / "scripts" / "launch_slurm.sbatch"), "--array", str(manifest)], env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = run(["bash", REPO / "scripts" / "launch_slurm.sbatch", "--array", manifest], timeout=60,
+            PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1", SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1",
+            SLURM_GPUS_PER_NODE="2", SLURM_JOB_NODELIST="node7", SLURM_SUBMIT_DIR=str(REPO))
     assert r.returncode == 0, r.stderr
     command = " ".join((tmp_path / "srun.args").read_text().split())
     assert "scripts/train.py configs/b.yaml train.lr=2e-3" in command and "a.yaml" not in command

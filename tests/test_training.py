@@ -1,6 +1,8 @@
 """Training through OLMo-core's own Trainer on CPU: steps, exact resume (two gloo processes: test_world_size.py)."""
 
 
+import json
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from olmo_patches.config import load_spec
 from olmo_patches.train.metrics import read_metrics
 from olmo_patches.train import train
 
-from .conftest import REPO, load_weights, tiny_overrides
+from .conftest import REPO, load_weights, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 
@@ -42,6 +44,31 @@ def test_stop_and_resume_is_bit_identical(tmp_path, demo_corpus):
     assert _losses(straight) == _losses(resumed)
     a, b = load_weights(straight / "step6"), load_weights(resumed / "step6")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+GLOO = ["train.max_steps=3", "run.save_interval=1000", "run.ephemeral_save_interval=null"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, demo_corpus):
+    """The hourglass reference run in one process (bit-equal to a child: one thread each, see conftest)."""
+    folder = tmp_path_factory.mktemp("one")
+    train(load_spec(BASELINE, tiny_overrides(folder, *GLOO, block="hourglass")))
+    return folder
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "hsdp", "ddp"])
+def test_two_gloo_processes_match_one(tmp_path, one_process, parallel):
+    """Two ranks over gloo (FSDP2 with one unit per hourglass block; HSDP, here one replica of 2
+    shards; DDP) train as one process does: the same loss at every step."""
+    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *GLOO, f"train.data_parallel={parallel}", block="hourglass"),
+                   torchrun=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    l1, l2 = _losses(one_process), _losses(tmp_path)
+    assert sorted(l1) == sorted(l2) == [1, 2, 3]
+    for step in l1:
+        assert l1[step] == pytest.approx(l2[step], rel=1e-5), step
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
 
 
 def test_mup_hidden_matrices_get_lr_over_m_width():

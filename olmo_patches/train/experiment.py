@@ -354,6 +354,11 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
             trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
     if resume_from is not None:
         load_explicit(trainer, resume_from)
+    else:  # what fit() would load, loaded first to see whether the run is already finished
+        trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
+    if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
+        log.warning(f"Already finished (step {trainer.global_step}): nothing to do")  # no evaluation, nothing written
+        return Path(spec.save_folder)
     trainer.fit()
     if trainer.is_canceled:
         log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
