@@ -55,6 +55,7 @@ COMMANDS = [
     Row(r"python scripts/count_params\.py ", "run"),
     Row(r"python scripts/search\.py ", "run", ("--top", "3")),
     Row(r"python scripts/config_table\.py", "run"),
+    Row(r"python scripts/make_tables\.py runs-reference/", "parse", why="the reference model's evaluated folder (docs/paper_runs.md)"),
     Row(r"python scripts/make_tables\.py ", "run", ("--no-figures",)),
     Row(r"python scripts/bench\.py( --json)?$", "run", TINY_BENCH),
     Row(r"python scripts/bench\.py --scale 113M --repeats", "parse", why="113M on CPU: minutes"),
@@ -64,6 +65,13 @@ COMMANDS = [
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
     Row(r"pytest tests/\S+\.py$", "parse", why="a file of this suite"),
+    Row(r"make wheelhouse", "parse", why="downloads 122 MiB of wheels (tests/test_wheelhouse.py resolves the set)"),
+    Row(r"python scripts/gpu_check\.py", "parse", why="a CUDA GPU (its --device cpu --tiny path: tests/test_gpu_ready.py)"),
+    Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
+    Row(r"python scripts/sweep\.py (status|report) configs/demo/ablations/", "run"),
+    Row(r"python scripts/sweep\.py ", "parse", why="trains a table's worth of runs, or needs SLURM (tests/test_sweep.py)"),
+    Row(r"python scripts/evaluate\.py ", "parse", why="needs a finished run or an HF folder (tests/test_evaluate.py)"),
+    Row(r"python scripts/train\.py \S+ .*data\.base=", "parse", why="a mirror of OLMo-2's files (tests/test_data_order.py)"),
 ]
 
 
