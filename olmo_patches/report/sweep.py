@@ -40,6 +40,7 @@ from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..train.metrics import METRICS_FILE, read_metrics
+from ..train.run_folder import pid_alive
 from .figures import make_figures
 from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, write_tables
 
@@ -178,16 +179,6 @@ def read_claim(folder: Path) -> Optional[dict]:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def claim_alive(claim: Optional[dict], slurm: SlurmInfo) -> bool:
     """A claim is live while its SLURM job is queued or running, or its local process is alive.
     A job that squeue cannot be asked about, or a process on another host, counts as live."""
@@ -198,7 +189,7 @@ def claim_alive(claim: Optional[dict], slurm: SlurmInfo) -> bool:
         return True if live is None else live
     if claim.get("host") != socket.gethostname():
         return True
-    return _pid_alive(int(claim["pid"]))
+    return pid_alive(int(claim["pid"]))
 
 
 @contextmanager

@@ -118,7 +118,8 @@ def record_config(spec: ExperimentSpec, changes: List[str]) -> None:
         log.warning(f"Config changed on purpose ({'; '.join(changes)}): recorded in {path}")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with that pid exists (not ours to signal still counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -144,7 +145,7 @@ class Lock:
     def _stale(self, holder: Dict[str, Any]) -> bool:
         if holder.get("slurm_job") and holder.get("slurm_job") == self.me["slurm_job"]:
             return True  # this job, requeued (possibly on another node)
-        return holder.get("host") == self.me["host"] and not _alive(int(holder.get("pid", 0)))
+        return holder.get("host") == self.me["host"] and not pid_alive(int(holder.get("pid", 0)))
 
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
