@@ -19,14 +19,14 @@ CASES = [
     ([*HOURGLASS, "model.d_h_ratio=-0.5"], "model.d_h_ratio", "-0.5", "> 0"),
     (["model.norm_placement=middle"], "model.norm_placement", "middle", "pre or post"),
     (["model.ffn_ratio=0"], "model.ffn_ratio", "0", ">= 1"),
-    (["train.max_tokens=1000"], "train.max_steps", "200", "exactly one"),
+    (["train.max_tokens=1000"], "train.max_tokens", "1000", "exactly one"),  # the command line's key is blamed
     (["train.warmup_tokens=64"], "train.warmup_tokens", "64", "not both"),
     (["train.precision=fp16"], "train.precision", "fp16", "bf16 or fp32"),
     (["train.data_parallel=zero3"], "train.data_parallel", "zero3", "fsdp, hsdp or ddp"),
     (["train.device=tpu"], "train.device", "tpu", "auto, cpu or cuda"),
     (["data.source=web"], "data.source", "web", "must be"),
     (["data.source=prefix", "data.tokenizer=dolma2"], "data.prefix_dir", "None", "materialized folder"),
-    (["data.source=numpy", "data.tokenizer=dolma2"], "data.paths", "[]", "data.paths or data.mix"),
+    (["data.source=numpy", "data.tokenizer=dolma2"], "data.source", "numpy", "data.paths or data.mix"),
     (["data.tokenizer=gpt2"], "data.tokenizer", "gpt2", "demo or dolma2"),
     (["data.tokenizer=dolma2"], "data.tokenizer", "dolma2", "tokenized with demo"),  # source/tokenizer mismatch
     (["data.sequence_length=1"], "data.sequence_length", "1", ">= 2"),
