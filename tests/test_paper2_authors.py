@@ -28,6 +28,7 @@ def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
         f"model.d_model={h}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={V}",
         "model.widths.schedule=list", f"model.widths.values=[{','.join(map(str, widths))}]",
         f"model.widths.resize={MODES[mode]}", "train.device=cpu", *extra,
+        "data.source=demo", "data.tokenizer=demo", f"data.demo_vocab_size={V}",  # a tokenizer the tiny vocabulary holds
     ])
     config = spec.model.build(V)
     config.init_seed = seed
