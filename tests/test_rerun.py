@@ -15,11 +15,12 @@ RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=
 
 
 def _snapshot(folder):
-    """Every file of a run folder but config.yaml (rewritten by each start), with its bytes' size and mtime."""
+    """Every file of a run folder, with its bytes' size and mtime, but train.log (each start appends
+    its log there): checkpoints, metrics, the recorded config.yaml (written once)."""
     return {
         str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != "config.yaml"
+        if p.is_file() and p.name != "train.log"
     }
 
 
