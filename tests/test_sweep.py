@@ -180,6 +180,7 @@ def test_array_element_runs_its_manifest_line(tmp_path):
     bin_dir.mkdir()
     _fake(bin_dir, "srun", f'printf "%s\\n" "$@" > {tmp_path}/srun.args')
     _fake(bin_dir, "scontrol", "echo node7")
+    _fake(bin_dir, "python", "exit 0")  # the script's pre-flight dry run (tests/test_launch_slurm.py checks it)
     manifest = tmp_path / "manifest.txt"
     manifest.write_text("configs/a.yaml train.lr=1e-3\nconfigs/b.yaml 'train.lr=2e-3'\n")
     r = run(["bash", REPO / "scripts" / "launch_slurm.sbatch", "--array", manifest], timeout=60,
