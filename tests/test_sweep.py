@@ -74,7 +74,7 @@ def test_local_sweep_stops_resumes_and_is_idempotent(local_sweep):
         folder = root / "runs" / name
         assert f"{name}: resuming from step 2" in second.stdout
         # OLMo-core loaded the stopped run's checkpoint, and steps 1-2 were not trained again.
-        assert f"Loading checkpoint from '{folder / 'step2'}'" in local_sweep["logs"][name]
+        assert f"Loading checkpoint from '{folder / 'step2'}'" in (folder / "train.log").read_text()  # OLMo-core's log
         assert _complete(folder, 4)
         assert _steps(folder) == {1: 1, 2: 1, 3: 1, 4: 1}
     # Relaunch: nothing trains again, no run's log grows.
