@@ -49,11 +49,11 @@ def main() -> None:
         return
     try:
         train(spec, resume_from=args.resume_from)
-    except ConfigError as e:  # found while building the run (a downstream task that cannot fit)
-        print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     except RunFolderError as e:
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ConfigError as e:  # found while building the run (a downstream task that cannot fit)
+        print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except NonFiniteError as e:
         print(f"diverged: {e}", file=sys.stderr)
