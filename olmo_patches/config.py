@@ -451,7 +451,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     _validate_numbers(spec, fail)
     _validate_shapes(spec, fail)
     _validate_sources(spec, fail)
-    _validate_evals(spec, fail)
+    validate_evals(spec, fail)
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
     _validate_device_keys(spec, fail)
@@ -615,7 +615,7 @@ def _validate_prefix(spec: ExperimentSpec, fail) -> None:
         fail(key, getattr(t, key.split(".")[1]), f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}")
 
 
-def _validate_evals(spec: ExperimentSpec, fail) -> None:
+def validate_evals(spec: ExperimentSpec, fail) -> None:
     from .eval.evaluators import VALIDATION_SETS
 
     e = spec.eval

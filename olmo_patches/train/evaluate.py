@@ -37,7 +37,7 @@ from omegaconf import OmegaConf
 
 from olmo_core.train.checkpoint import Checkpointer
 
-from ..config import ConfigError, ExperimentSpec, _validate_evals, load_spec, spec_to_yaml
+from ..config import ConfigError, ExperimentSpec, validate_evals, load_spec, spec_to_yaml
 from ..eval.evaluators import downstream_evaluators
 from .experiment import DataSources, eval_callbacks, resolve_data
 from .metrics import METRICS_FILE
@@ -134,7 +134,7 @@ _FLAGS = {"eval.downstream_tasks": "--tasks", "eval.validation_sets": "--validat
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
     """config.py's eval checks, reported against the command line's flags."""
-    _validate_evals(spec, lambda key, value, why: _fail(_FLAGS.get(key, key), value, why))
+    validate_evals(spec, lambda key, value, why: _fail(_FLAGS.get(key, key), value, why))
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):
         if value is not None and value < 1:
             _fail(key, value, "must be >= 1")
