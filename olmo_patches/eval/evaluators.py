@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from olmo_core.data import DataMix, NumpyPaddedFSLDatasetConfig, TokenizerConfig
@@ -42,6 +42,7 @@ __all__ = [
     "DownstreamTaskEvaluator",
     "DownstreamEvaluatorConfig",
     "downstream_evaluators",
+    "check_downstream_fit",
 ]
 
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1, 4
@@ -121,21 +122,13 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
 
         L = self.sequence_length
         task = build_task(self.label, self.tokenizer, model_ctx_len=L)
-        samples = [s for s in task.samples if self.limit is None or s["doc_id"] < self.limit]
-        too_long = {s["doc_id"] for s in samples if len(s["continuation"]) > L}
-        kept = [s for s in samples if s["doc_id"] not in too_long]
-        if not kept:
-            shortest = min(max(len(s["continuation"]) for s in samples if s["doc_id"] == d) for d in too_long)
-            raise OLMoConfigurationError(
-                f"eval.downstream_sequence_length={L}: no '{self.label}' document fits (the shortest needs {shortest} tokens)"
-            )
+        kept, self.skipped = _fitting(task, self.label, L, self.limit)
         task.samples = kept  # before anything reads task.max_sequence_length, which is computed once
-        self.skipped = len(too_long)
         self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
         if self.skipped or self.truncated:
             log.warning(
                 f"'{self.label}' at sequence length {L}: {self.truncated} of {len(kept)} instances cut from the left, "
-                f"{self.skipped} of {len({s['doc_id'] for s in samples})} documents skipped (a continuation longer than {L} tokens)"
+                f"{self.skipped} of {len({s['doc_id'] for s in kept}) + self.skipped} documents skipped (a continuation longer than {L} tokens)"
             )
         self.metric = ICLMetric(metric_type=task.metric_type).to(self.device or get_default_device())
         sampler = None
@@ -150,6 +143,30 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         out[f"{self.label} (truncated instances)"] = torch.tensor(float(self.truncated))
         out[f"{self.label} (skipped documents)"] = torch.tensor(float(self.skipped))
         return out
+
+
+def _fitting(task, label: str, L: int, limit: Optional[int] = None) -> Tuple[list, int]:
+    """The samples of ``task``'s first ``limit`` documents that can be scored at L tokens (documents whose
+    continuation is longer are skipped whole), and the number skipped; none left: OLMoConfigurationError."""
+    samples = [s for s in task.samples if limit is None or s["doc_id"] < limit]
+    too_long = {s["doc_id"] for s in samples if len(s["continuation"]) > L}
+    kept = [s for s in samples if s["doc_id"] not in too_long]
+    if not kept:
+        shortest = min(max(len(s["continuation"]) for s in samples if s["doc_id"] == d) for d in too_long)
+        raise OLMoConfigurationError(
+            f"eval.downstream_sequence_length={L}: no '{label}' document fits (the shortest needs {shortest} tokens)"
+        )
+    return kept, len(too_long)
+
+
+def check_downstream_fit(tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int) -> None:
+    """OLMoConfigurationError for a task none of whose documents fits ``sequence_length`` tokens: checked
+    before a run writes anything (the evaluators, built later inside the Trainer, would find it then)."""
+    from olmo_eval import build_task
+
+    hf = _olmo_eval_tokenizer(tokenizer)
+    for label in sorted(tasks):
+        _fitting(build_task(label, hf, model_ctx_len=sequence_length), label, sequence_length)
 
 
 def downstream_evaluators(

@@ -40,13 +40,13 @@ from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
 from ..config import ConfigError, ExperimentSpec, attention_backend, data_workers
 from ..optim.power import PowerScheduler
-from ..eval.evaluators import downstream_evaluator, lm_evaluator, validation_files
+from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
-from .run_folder import Lock, RunFolderError, check_config, record_config
+from .run_folder import Lock, check_config, record_config
 from .safety import NonFiniteGuardCallback, select_resume_checkpoint
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,20 @@ def _dataset_kwargs(spec: ExperimentSpec, data: DataSources) -> dict:
     return kwargs
 
 
+def _eval_tokenizer(spec: ExperimentSpec, data: DataSources) -> TokenizerConfig:
+    """The run's tokenizer, identified by the local file when data.tokenizer_file is set."""
+    return replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
+
+
+def _check_downstream_fit(spec: ExperimentSpec) -> None:
+    """ConfigError for a downstream task that cannot fit eval.downstream_sequence_length, before a run writes anything."""
+    if spec.eval.downstream_tasks:
+        try:
+            check_downstream_fit(list(spec.eval.downstream_tasks), _eval_tokenizer(spec, resolve_data(spec)), downstream_length(spec))
+        except OLMoConfigurationError as e:
+            raise ConfigError(" ".join(str(e).split())) from None
+
+
 def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, CallbackConfig]:
     """The run's evaluators as OLMo-core callback configs: validation loss, downstream tasks."""
     e, out = spec.eval, {}
@@ -207,9 +221,8 @@ def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, Callbac
         lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, _dataset_kwargs(spec, data))
     if lm_eval is not None:
         out["lm_evaluator"] = lm_eval
-    # The run's tokenizer, identified by the local file when data.tokenizer_file is set.
-    tokenizer = replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
-    downstream = downstream_evaluator(list(e.downstream_tasks), tokenizer, e.downstream_interval or e.interval, downstream_length(spec))
+    downstream = downstream_evaluator(list(e.downstream_tasks), _eval_tokenizer(spec, data), e.downstream_interval or e.interval,
+                                      downstream_length(spec))
     if downstream is not None:
         out["downstream_evaluator"] = downstream
     return out
@@ -305,23 +318,25 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
 
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
     Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
-    process, and :class:`NonFiniteError` when the run diverges (its last good checkpoint kept).
+    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its sequence
+    length, and :class:`NonFiniteError` when the run diverges (its last good checkpoint kept).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
-    refused: Optional[RunFolderError] = None
+    refused: Optional[ConfigError] = None
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:  # before the process group: the legacy-checkpoint check reads weights without one
         try:
+            _check_downstream_fit(spec)
             changes = check_config(spec, deliberate=resume_from is not None)
             lock.acquire()
             record_config(spec, changes)
             prune_incomplete(save_folder)
             if resume_from is None:
                 select_resume_checkpoint(save_folder)
-        except RunFolderError as e:
+        except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     try:
@@ -345,7 +360,7 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     train_module = exp.train_module.build(model, device=torch.device(device))
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-    try:  # builds the evaluators: a downstream task that cannot fit its sequence length fails here
+    try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
         trainer = exp.trainer.build(train_module, data_loader)
     except OLMoConfigurationError as e:
         raise ConfigError(" ".join(str(e).split())) from None
