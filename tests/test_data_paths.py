@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import pytest
@@ -56,9 +56,9 @@ class Probe(Callback):
     """Records, inside the Trainer, each step's batch as the data loader yields it and the logged metrics;
     ``reference(model, batch)``, if given, is computed before the step (the weights the loss is taken at)."""
 
-    reference: Any = None
+    reference: Optional[Callable[[torch.nn.Module, Dict[str, Any]], torch.Tensor]] = None
     batches: Dict[int, Dict[str, Any]] = field(default_factory=dict)
-    refs: Dict[int, Any] = field(default_factory=dict)
+    refs: Dict[int, torch.Tensor] = field(default_factory=dict)
     metrics: Dict[int, Dict[str, float]] = field(default_factory=dict)
 
     def pre_step(self, batch: Dict[str, Any]):
@@ -115,7 +115,7 @@ def test_olmo2_stage1_from_an_http_mirror_through_the_trainer(tmp_path, mirror):
     are the reference order's instances, read over HTTP."""
     server, files = mirror
     listed = [line.removeprefix(ORIGIN) for line in PINNED.read_text().split()]
-    assert len(listed) == 1122
+    assert len(listed) == 1122 and len(set(listed)) == 1117
     order, instances, file_of = _ordered(files, listed)
     probe = Probe()
     spec = load_spec(BASELINE, tiny_overrides(tmp_path, "data.source=olmo2_stage1", f"data.base={server.base_url}/", *DOLMA2,
