@@ -337,7 +337,7 @@ def test_moe_counts_equal_the_built_model():
     assert config.num_params == b.total == sum(p.numel() for p in model.parameters())
     # Active: each layer's experts are 4 x 3 x w_l x I_l with I_l = round(w_l 16 / 32); a token uses 2 of 4.
     experts = sum(3 * 4 * w * int(round(w * 16 / 32)) for w in [64, 32, 16, 48])
-    assert b.active == b.total - experts // 2
+    assert b.active == b.total - experts // 2 == config.num_active_params
     report = width_report(spec)
     assert report["expert_hidden"] == [32, 16, 8, 24] and report["baseline_total"] - report["baseline_active"] == 4 * 3 * 4 * 32 * 16 // 2
     assert 0 < report["paper_flops_ratio"] < report["paper_total_flops_ratio"]  # active experts: x saves more

@@ -396,6 +396,11 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
             params += self.in_width * w
         return params
 
+    def num_active_params(self, d_model: int) -> int:
+        moe = self.feed_forward_moe
+        inactive = 0 if moe is None else moe.num_params(self.width) - moe.num_active_params(self.width)
+        return self.num_params(d_model) - inactive
+
 
 class OutputNorm(RMSNorm):
     """RMSNorm over the last layer's first w_L dims, then to h dims; the LM head's ``norm``."""
