@@ -64,7 +64,7 @@ class LayerMoEConfig(MoEConfig):
             name=MoEType.dropless,
             num_experts=num_experts,
             hidden_size=hidden_size,
-            router=MoERouterConfig(top_k=top_k, normalize_expert_weights=1.0 if top_k > 1 else None),
+            router=MoERouterConfig(top_k=top_k, normalize_expert_weights=1.0),  # k = 1: weight 1, as lm-engine's
             lb_loss_weight=lb_loss_weight or None,
             z_loss_weight=z_loss_weight or None,
             scale_loss_by_num_layers=False,
