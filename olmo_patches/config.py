@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
@@ -29,7 +29,8 @@ from .nn.attention import ATTENTION_BACKENDS, FLASH, BackendChoice, head_dims, r
 from .nn.hourglass_block import HourglassBlockConfig
 from .hardware import CARDS, HARDWARE, Settings, choose, detect, estimate
 from .nn.hourglass import HourglassFeedForwardConfig, NormPlacement
-from .nn.variable_width import SCHEDULES, SHAPES, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
+from .nn.moe import Experts, LayerMoEConfig, expert_hidden_size
+from .nn.variable_width import SCHEDULES, SHAPES, MoEShape, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
 
 if TYPE_CHECKING:
     from olmo_core.data import TokenizerConfig
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ConfigError",
     "ModelSpec",
+    "MoESpec",
     "DataSpec",
     "TrainSpec",
     "PowerSpec",
@@ -81,6 +83,19 @@ class WidthSpec:
 
 
 @dataclass
+class MoESpec:
+    """A mixture of experts in place of every layer's FFN (variable_width, paper 2's 3B MoE): OLMo-core's
+    dropless MoE at each layer's width w_l (olmo_patches/nn/moe.py)."""
+
+    num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
+    top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
+    expert_hidden: int = MISSING  # one expert's SwiGLU hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    lb_loss_weight: float = 0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
+    z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
+    experts: str = "swiglu"  # swiglu: OLMo-core's dropless SwiGLU experts
+
+
+@dataclass
 class RoPEScalingSpec:
     """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's StepwiseRoPEScalingConfig."""
 
@@ -120,15 +135,23 @@ class ModelSpec:
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
     ffn: str = "swiglu"  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
     widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h)
+    moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
     attention_backend: str = "auto"  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
 
     @property
+    def moe_shape(self) -> Optional[MoEShape]:
+        """The MoE as the width solver counts it (None: dense FFN)."""
+        e = self.moe
+        return None if e is None else MoEShape(e.num_experts, e.top_k, e.expert_hidden / self.d_model)
+
+    @property
     def resolved_widths(self) -> List[int]:
-        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule)."""
+        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule); with an MoE,
+        matched to the baseline's total parameters (every expert), as the authors' solver does."""
         w = self.widths
         return schedule_widths(
             w.schedule, self.d_model, self.n_layers, shape=w.shape, r_l=w.r_l, r_d=w.r_d, multiple=w.multiple,
-            widths=w.values,
+            widths=w.values, moe=self.moe_shape,
         )
 
     @property
@@ -187,6 +210,13 @@ class ModelSpec:
                     norm_placement=NormPlacement(self.norm_placement),
                 ),
             )
+        if self.moe is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
+            e = self.moe
+            moe = LayerMoEConfig.authors(
+                num_experts=e.num_experts, top_k=e.top_k, hidden_size=e.expert_hidden, lb_loss_weight=e.lb_loss_weight,
+                z_loss_weight=e.z_loss_weight, experts=Experts(e.experts),
+            )
+            config.block = replace(config.block, feed_forward=None, feed_forward_moe=moe)
         if self.block == "variable_width":
             w = self.widths
             base = {f.name: getattr(config, f.name) for f in fields(TransformerConfig)}
@@ -412,6 +442,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail("model.d_h", m.resolved_d_h, "must be >= 1")
         if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
             fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
+    if m.moe is not None:
+        _validate_moe(m, t, fail)
     if m.block == "variable_width":
         _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
@@ -660,6 +692,32 @@ def _validate_widths(m: ModelSpec, fail) -> None:
     for layer, width in enumerate(widths, start=1):
         if width < 1 or width % step:
             fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
+    if m.moe is not None and expert_hidden_size(min(widths), m.moe.expert_hidden, m.d_model) < 1:
+        fail("model.moe.expert_hidden", m.moe.expert_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
+
+
+def _validate_moe(m: ModelSpec, t: TrainSpec, fail) -> None:
+    e = m.moe
+    assert e is not None
+    if m.block != "variable_width":
+        fail("model.moe", "{...}", f"a mixture of experts needs model.block=variable_width (a constant schedule is the baseline), not {m.block}")
+    if m.ffn != "swiglu":
+        fail("model.ffn", m.ffn, "the MoE replaces the FFN; give the experts' kind as model.moe.experts")
+    if m.norm_placement != "pre":
+        fail("model.norm_placement", m.norm_placement, "the variable-width MoE block is pre-norm (the authors' lm-engine block)")
+    if e.experts not in Experts.__members__:
+        fail("model.moe.experts", e.experts, f"choose one of {', '.join(Experts.__members__)}")
+    if e.num_experts < 1:
+        fail("model.moe.num_experts", e.num_experts, "must be >= 1")
+    if not 1 <= e.top_k <= e.num_experts:
+        fail("model.moe.top_k", e.top_k, f"must be in [1, model.moe.num_experts={e.num_experts}]")
+    if e.expert_hidden < 1:
+        fail("model.moe.expert_hidden", e.expert_hidden, "must be >= 1")
+    for key in ("lb_loss_weight", "z_loss_weight"):
+        if not (math.isfinite(value := getattr(e, key)) and value >= 0):
+            fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")
+    if t.activation_checkpointing:
+        fail("train.activation_checkpointing", t.activation_checkpointing, "OLMo-core cannot checkpoint MoE blocks; use false or null")
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,11 @@ from olmo_core.nn.transformer.block import ReorderedNormTransformerBlock, Transf
 from olmo_core.nn.transformer.config import TransformerBlockType
 from olmo_core.nn.transformer.init import _apply_init
 
+from olmo_core.nn.transformer.model import MoETransformer
+
 from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
+from .moe import LayerMoEConfig, ScaledMoETransformerBlock, expert_hidden_size
 
 __all__ = [
     "ResizeMode",
@@ -87,11 +90,13 @@ __all__ = [
     "schedule_widths",
     "paper_flops",
     "paper_params",
+    "MoEShape",
     "MuPConfig",
     "VariableWidthBlockConfig",
     "VariableWidthLMHeadConfig",
     "VariableWidthTransformerConfig",
     "VariableWidthTransformer",
+    "VariableWidthMoETransformer",
     "OutputNorm",
 ]
 
@@ -149,25 +154,49 @@ def _continuous(kind: str, b: float, steps: List[float]) -> List[float]:
     return w
 
 
-def paper_params(widths: List[float], h: int) -> float:
-    """Non-embedding parameters as the solver counts them: sum 16 w_l^2 - waste (SPEC section 2)."""
+@dataclass(frozen=True)
+class MoEShape:
+    """A mixture of experts in every layer, as the authors' solver counts it (``solve_hparams.py``)."""
+
+    num_experts: int  # E
+    top_k: int  # k
+    ratio: float  # one expert's hidden size / w_l (expert_hidden / h)
+
+
+def _layer_terms(moe: Optional[MoEShape], active: bool = True) -> tuple:
+    """The authors' per-layer counts (``solve_hparams.py:284-291, 197-246``), in units of w^2 and w:
+    (params w^2, params w, output waste params, FLOPs s w^2, FLOPs s w, output waste FLOPs). Dense:
+    4 attention + 3 x 4 SwiGLU. MoE: 4 + 3 E r (every expert), the E w router, k active experts in the
+    FLOPs (every expert if not ``active``)."""
+    if moe is None:
+        return 16, 0, 4, 32, 0, 8
+    E, r = moe.num_experts, moe.ratio
+    k = moe.top_k if active else E
+    return 4 + 3 * E * r, E, E * r, 8 + 6 * k * r, 2 * E, 2 * k * r
+
+
+def paper_params(widths: List[float], h: int, moe: Optional[MoEShape] = None) -> float:
+    """Non-embedding parameters as the solver counts them: sum (K w_l^2 + G w_l) - waste (SPEC section 2):
+    dense K = 16, G = 0; MoE K = 4 + 3 E r, G = E (the router)."""
+    K, G, out, *_ = _layer_terms(moe)
     waste = 0.0
     if widths[0] > h:
         waste += 3 * (widths[0] - h) * widths[0]
     if widths[-1] > h:
-        waste += 4 * widths[-1] * (widths[-1] - h)
-    return sum(16 * w * w for w in widths) - waste
+        waste += out * widths[-1] * (widths[-1] - h)
+    return sum(K * w * w + G * w for w in widths) - waste
 
 
-def _solve_b(kind: str, steps: List[float], h: int, L: int) -> float:
-    """b such that paper_params(widths(b)) = 16 L h^2: a quadratic per case of the piecewise waste."""
+def _solve_b(kind: str, steps: List[float], h: int, L: int, moe: Optional[MoEShape] = None) -> float:
+    """b such that paper_params(widths(b)) = L (K h^2 + G h): a quadratic per case of the piecewise waste."""
+    K, G, out, *_ = _layer_terms(moe)
     m = _continuous(kind, 1.0, steps)  # widths are linear in b
-    S2, cL = sum(x * x for x in m), m[-1]
+    S1, S2, cL = sum(m), sum(x * x for x in m), m[-1]
     for in_waste in (False, True):
         for out_waste in (False, True):
-            a = 16 * S2 - (3 if in_waste else 0) - (4 * cL * cL if out_waste else 0)
-            lin = (3 * h if in_waste else 0) + (4 * h * cL if out_waste else 0)
-            c = -16 * L * h * h
+            a = K * S2 - (3 if in_waste else 0) - (out * cL * cL if out_waste else 0)
+            lin = G * S1 + (3 * h if in_waste else 0) + (out * h * cL if out_waste else 0)
+            c = -L * (K * h * h + G * h)
             b = (-lin + math.sqrt(lin * lin - 4 * a * c)) / (2 * a)
             if (b > h) == in_waste and (b * cL > h) == out_waste:
                 return b
@@ -175,9 +204,11 @@ def _solve_b(kind: str, steps: List[float], h: int, L: int) -> float:
 
 
 def solve_schedule(
-    h: int, L: int, *, kind: str = "geometric", shape: str = "x", r_l: float = 0.75, r_d: float = 0.3, multiple: int = 32
+    h: int, L: int, *, kind: str = "geometric", shape: str = "x", r_l: float = 0.75, r_d: float = 0.3, multiple: int = 32,
+    moe: Optional[MoEShape] = None,
 ) -> Schedule:
-    """Solve the extreme ratio q and b together (min continuous width = r_d h, parameters matched), round."""
+    """Solve the extreme ratio q and b together (min continuous width = r_d h, parameters matched, the
+    MoE's total parameters for ``moe``), round."""
     if kind not in ("geometric", "arithmetic"):
         raise ValueError(f"schedule must be geometric or arithmetic, got {kind}")
     if shape not in SHAPES:
@@ -190,14 +221,14 @@ def solve_schedule(
 
     def min_width(q: float) -> float:
         steps = _steps(kind, shape, L, k, q)
-        return min(_continuous(kind, _solve_b(kind, steps, h, L), steps))
+        return min(_continuous(kind, _solve_b(kind, steps, h, L, moe), steps))
 
     lo, hi = 1e-6, 1.0  # min_width increases with q; q = 1 is the constant schedule (min = h)
     for _ in range(200):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if min_width(mid) > r_d * h else (mid, hi)
     steps = _steps(kind, shape, L, k, (lo + hi) / 2)
-    b = _solve_b(kind, steps, h, L)
+    b = _solve_b(kind, steps, h, L, moe)
     # The authors' rounding: integer b, regenerate, round each width to the multiple (Python round).
     widths = [int(round(w / multiple)) * multiple for w in _continuous(kind, float(round(b)), steps)]
     return Schedule(widths=widths, b=b, steps=steps, kind=kind)
@@ -205,7 +236,7 @@ def solve_schedule(
 
 def schedule_widths(
     schedule: str, h: int, L: int, *, shape: str = "x", r_l: float = 0.75, r_d: float = 0.3, multiple: int = 32,
-    widths: Optional[List[int]] = None,
+    widths: Optional[List[int]] = None, moe: Optional[MoEShape] = None,
 ) -> List[int]:
     """w_1..w_L for a schedule name: geometric | arithmetic | constant | list (explicit ``widths``)."""
     if schedule == "constant":
@@ -215,23 +246,28 @@ def schedule_widths(
             raise ValueError(f"an explicit width list needs {L} widths, got {widths}")
         return list(widths)
     if schedule in ("geometric", "arithmetic"):
-        return solve_schedule(h, L, kind=schedule, shape=shape, r_l=r_l, r_d=r_d, multiple=multiple).widths
+        return solve_schedule(h, L, kind=schedule, shape=shape, r_l=r_l, r_d=r_d, multiple=multiple, moe=moe).widths
     raise ValueError(f"unknown schedule {schedule}; choose one of {', '.join(SCHEDULES)}")
 
 
-def paper_flops(widths: List[int], h: int, vocab_size: int, seq_len: int) -> float:
+def paper_flops(
+    widths: List[int], h: int, vocab_size: int, seq_len: int, moe: Optional[MoEShape] = None, active: bool = True
+) -> float:
     """Forward FLOPs per sequence as the paper (authors' ``compute_metrics``) counts them.
 
-    2 FLOPs per multiply-add; 32 s w^2 per layer (4 w^2 attention + 12 w^2 SwiGLU weights), 4 s^2 w per
-    layer for the scores and the weighted sum with full (non-causal) s x s attention, 2 s h V for the
-    head; minus the input and output waste (6 s w_1 (w_1 - h), 8 s w_L (w_L - h)).
+    2 FLOPs per multiply-add; per layer 32 s w^2 (dense: 4 w^2 attention + 12 w^2 SwiGLU weights) or
+    (8 + 6 k r) s w^2 + 2 E s w (MoE: k active experts of hidden r w, the router), 4 s^2 w for the
+    scores and the weighted sum with full (non-causal) s x s attention, 2 s h V for the head; minus the
+    input and output waste (6 s w_1 (w_1 - h), 8 s w_L (w_L - h) dense or 2 k r s w_L (w_L - h) MoE).
+    ``active=False``: every expert computed (k = E), the FLOPs of the total parameters.
     """
+    _, _, _, F2, F1, out = _layer_terms(moe, active)
     s = seq_len
-    flops = 2 * s * h * vocab_size + sum(32 * s * w * w + 4 * s * s * w for w in widths)
+    flops = 2 * s * h * vocab_size + sum(F2 * s * w * w + F1 * s * w + 4 * s * s * w for w in widths)
     if widths[0] > h:
         flops -= 6 * s * widths[0] * (widths[0] - h)
     if widths[-1] > h:
-        flops -= 8 * s * widths[-1] * (widths[-1] - h)
+        flops -= out * s * widths[-1] * (widths[-1] - h)
     return float(flops)
 
 
@@ -295,6 +331,10 @@ class VariableWidthHourglassBlock(_Resizing, HourglassBlock):
     """Attention + hourglass FFN at width w_l inside the wide stream (a shape neither paper tried)."""
 
 
+class VariableWidthMoEBlock(_Resizing, ScaledMoETransformerBlock):
+    """Attention + OLMo-core's MoE at width w_l inside the wide stream (paper 2's 3B MoE)."""
+
+
 @dataclass
 class VariableWidthBlockConfig(TransformerBlockConfig):
     """One layer: the template block's modules at ``width``; reads ``in_width`` dims in learned mode."""
@@ -313,11 +353,16 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
     ):
         del d_model, cache  # own width; own RoPE cache (OLMo-core's cache key ignores the head size)
-        assert self.layer_norm is not None and self.feed_forward is not None
-        kwargs: dict = dict(sequence_mixer=self.sequence_mixer, feed_forward=self.feed_forward, layer_norm=self.layer_norm)
-        if self.is_hourglass:
-            cls: type = VariableWidthHourglassBlock
+        assert self.layer_norm is not None
+        kwargs: dict = dict(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm)
+        if self.feed_forward_moe is not None:  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
+            cls: type = VariableWidthMoEBlock
+            kwargs.update(feed_forward_moe=self.feed_forward_moe, dropout=self.dropout or 0.0,
+                          residual_alpha=self.attention_residual_alpha or 1.0)
+        elif self.is_hourglass:
+            cls, kwargs["feed_forward"] = VariableWidthHourglassBlock, self.feed_forward
         else:
+            kwargs["feed_forward"] = self.feed_forward
             cls = VariableWidthReorderedNormBlock if self.name == TransformerBlockType.reordered_norm else VariableWidthBlock
             for key in ("dropout", "attention_residual_alpha", "feed_forward_residual_alpha"):
                 if getattr(self, key) is not None:
@@ -332,9 +377,11 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
 
     def num_params(self, d_model: int) -> int:
         del d_model
-        assert self.layer_norm is not None and self.feed_forward is not None
+        assert self.layer_norm is not None
         w = self.width
-        params = self.sequence_mixer.num_params(w) + self.layer_norm.num_params(w) + self.feed_forward.num_params(w)
+        ffn = self.feed_forward_moe if self.feed_forward_moe is not None else self.feed_forward
+        assert ffn is not None
+        params = self.sequence_mixer.num_params(w) + self.layer_norm.num_params(w) + ffn.num_params(w)
         if not self.is_hourglass:
             params += self.layer_norm.num_params(w)  # the FFN's norm (the hourglass FFN owns its K norms)
         if self.resize == ResizeMode.learned and self.in_width < w:
@@ -450,7 +497,8 @@ class VariableWidthTransformerConfig(TransformerConfig):
     @property
     def resolved_block_configs(self) -> list[TransformerBlockConfig]:
         template = self.block
-        assert isinstance(template, TransformerBlockConfig) and template.feed_forward is not None
+        assert isinstance(template, TransformerBlockConfig)
+        ffn, moe = template.feed_forward, template.feed_forward_moe
         configs: list[TransformerBlockConfig] = []
         prev = self.d_model
         for w in self.widths:
@@ -460,7 +508,8 @@ class VariableWidthTransformerConfig(TransformerConfig):
                     name=template.name,
                     sequence_mixer=template.sequence_mixer,
                     layer_norm=template.layer_norm,
-                    feed_forward=replace(template.feed_forward, hidden_size=self._hidden(w)),
+                    feed_forward=replace(ffn, hidden_size=self._hidden(w)) if ffn is not None else None,
+                    feed_forward_moe=replace(moe, hidden_size=expert_hidden_size(w, moe.hidden_size, self.d_model)) if moe is not None else None,
                     dropout=template.dropout,
                     attention_residual_alpha=alpha or template.attention_residual_alpha,
                     feed_forward_residual_alpha=alpha or template.feed_forward_residual_alpha,
@@ -474,8 +523,13 @@ class VariableWidthTransformerConfig(TransformerConfig):
             prev = w
         return configs
 
+    @property
+    def is_moe(self) -> bool:
+        return isinstance(self.block, TransformerBlockConfig) and self.block.feed_forward_moe is not None
+
     def build(self, *, init_device: str = "cpu") -> "VariableWidthTransformer":  # type: ignore[override]
-        return VariableWidthTransformer(
+        cls = VariableWidthMoETransformer if self.is_moe else VariableWidthTransformer
+        return cls(
             widths=self.widths,
             mup=self.mup,
             d_model=self.d_model,
@@ -531,10 +585,16 @@ class VariableWidthTransformer(Transformer):
             _apply_init(nn.init.normal_, weight, mean=0.0, std=std, generator=generator)
 
         normal(self.embeddings.weight, m.init_range)
-        out_proj = ("attention.w_out.weight", "feed_forward.w2.weight")  # lm-engine's c_proj: / sqrt(2 L)
+        # lm-engine's c_proj (attention, MLP, experts): / sqrt(2 L) (LME attention.py:128-131, mlp.py:44-46, moe.py:212-220)
+        out_proj = ("attention.w_out.weight", "feed_forward.w2.weight", "experts.mlp.w2")
         for block, w in zip(self.blocks.values(), self.widths):
             std = m.init_range / math.sqrt(m.m_width) * math.sqrt(self.d_model / w)
-            for name, p in block.named_parameters():
-                if p.dim() >= 2 and "resize" not in name:
+            for name, p in block.named_parameters():  # the MoE router's weight is stored flat (1-D)
+                if (p.dim() >= 2 or name.endswith("router.weight")) and "resize" not in name:
                     normal(p, std / math.sqrt(2 * self.n_layers) if name.endswith(out_proj) else std)
         normal(self.lm_head.w_out.weight, m.init_range)
+
+
+class VariableWidthMoETransformer(VariableWidthTransformer, MoETransformer):
+    """A variable-width model whose layers are MoE blocks: OLMo-core's ``MoETransformer`` (router
+    metrics, post-batch hooks) with the per-layer widths."""
