@@ -12,7 +12,8 @@ from olmo_core.nn.moe.mlp import DroplessMoEMLP
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig, TransformerType
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.nn.hourglass_moe import HourglassMoEBlockConfig, HourglassMoEConfig, TorchDroplessMLP
+from olmo_patches.nn.hourglass_moe import HourglassMoEBlockConfig, HourglassMoEConfig
+from olmo_patches.nn.moe import PortableDroplessMLP
 
 EPS = 1e-6
 NORM = LayerNormConfig(name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False)  # float64 stays float64
@@ -51,20 +52,21 @@ def reference(u, p, *, top_k, renormalize, alpha):
     return out, lb, z_loss
 
 
-def _moe_config(*, K=K, top_k=TOP_K, renormalize=False, alpha=None, lb=0.01, z=0.001):
+def _moe_config(*, K=K, top_k=TOP_K, renormalize=False, lb=0.01, z=0.001):
     return HourglassMoEConfig(
         name=MoEType.dropless, num_experts=E, hidden_size=D_H, K=K,
         router=MoERouterConfig(top_k=top_k, normalize_expert_weights=1.0 if renormalize else None),
-        layer_norm=NORM, residual_alpha=alpha, lb_loss_weight=lb, z_loss_weight=z,
+        layer_norm=NORM, lb_loss_weight=lb, z_loss_weight=z,
         scale_loss_by_num_layers=False,
     )
 
 
-@pytest.mark.parametrize("renormalize,alpha", [(False, None), (True, 0.22)])
+@pytest.mark.parametrize("renormalize,alpha", [(False, 1.0), (True, 0.22)])
 def test_moe_matches_equations_in_float64(renormalize, alpha):
     """Outputs, every gradient (the aux losses' included) and both aux losses, against the reference."""
     torch.manual_seed(0)
-    moe = _moe_config(renormalize=renormalize, alpha=alpha).build(D).double()
+    moe = _moe_config(renormalize=renormalize).build(D).double()
+    moe.experts.mlp.residual_alpha = alpha  # as the block sets it (muP's m_residual)
     router_norm = NORM.build(D).double()
     with torch.no_grad():
         for prm in (moe.experts.mlp.w1, moe.experts.mlp.w2, moe.experts.mlp.w3):
@@ -86,7 +88,7 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
     moe.train()
     out = moe(u1, router_input=router_norm(u1))
     (out * weights).sum().backward()  # the aux losses reach the router through OLMo-core's attached loss
-    expected, lb, z_loss = reference(u2, p, top_k=TOP_K, renormalize=renormalize, alpha=alpha or 1.0)
+    expected, lb, z_loss = reference(u2, p, top_k=TOP_K, renormalize=renormalize, alpha=alpha)
     ((expected * weights).sum() + 0.01 * lb + 0.001 * z_loss).backward()
 
     # OLMo-core's router computes its logits, gates and aux losses in float32: that is the error floor.
@@ -136,14 +138,14 @@ def _blocks(K=1):
 
 def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
     """K=1, same init seed: the same initial weights (every norm gain 1), the same logits and gradients as
-    OLMo-core's MoE transformer with SwiGLU experts of hidden d_h (its dispatch run by TorchDroplessMLP)."""
+    OLMo-core's MoE transformer with SwiGLU experts of hidden d_h (its dispatch run by PortableDroplessMLP)."""
     olmo_block, hourglass_block = _blocks(K=1)
     olmo, ours = _transformer(olmo_block).build(), _transformer(hourglass_block).build()
     for model in (olmo, ours):
         model.init_weights(device=torch.device("cpu"))
     for block in olmo.blocks.values():  # OLMo-core's Triton permutation does not run on CPU: same experts, torch dispatch
         moe = block.feed_forward_moe
-        moe.experts = TorchDroplessMLP(mlp=moe.experts.mlp, top_k=moe.top_k)
+        moe.experts = PortableDroplessMLP(mlp=moe.experts.mlp, top_k=moe.top_k)
     theirs_params = dict(olmo.named_parameters())
     for name, prm in ours.named_parameters():
         if name.endswith("norm_weight"):

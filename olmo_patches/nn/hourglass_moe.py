@@ -6,7 +6,7 @@ Here each of the E routed experts is its own hourglass stack at the layer's widt
 variable-width model), with its own K norms and K residuals, inside OLMo-core's dropless MoE (its
 router, load-balancing and z losses, token dispatch, expert/FSDP sharding):
 
-    u      = x + Attn(norm(x))                            (the block's attention sublayer)
+    u      = x + a Attn(norm(x))                          (the block's attention sublayer)
     g, S   = top-k of softmax(W_r norm_r(u))              (OLMo-core's router; norm_r = the block's FFN norm)
     z_e,0  = u
     z_e,k  = z_e,k-1 + a W2_e,k (SiLU(W1_e,k norm_e,k(z_e,k-1)) * W3_e,k norm_e,k(z_e,k-1))   k = 1..K
@@ -14,8 +14,8 @@ router, load-balancing and z losses, token dispatch, expert/FSDP sharding):
     z'     = u + sum_{e in S} g_e E_e(u)
 
 W1_e,k, W3_e,k: d_h x d_model (the two down projections W_d1, W_d2), W2_e,k: d_model x d_h (the up
-projection W_u), no biases; norm_e,k: the model's norm with its own gain; a = ``residual_alpha``
-(1, or muP's m_residual). The experts read the un-normalised stream u, as paper 1's stack does (its
+projection W_u), no biases; norm_e,k: the model's norm with its own gain; a: the block's residual
+multiplier (1, or muP's m_residual on every residual branch, here each sub-MLP's). The experts read the un-normalised stream u, as paper 1's stack does (its
 block has no pre-FFN norm); the block keeps its FFN norm as the router's input norm, so the module
 names, the init and OLMo-core's parameter count of the block are OLMo-core's MoE block's. With K=1 and
 every norm_e,1 equal to norm_r this is exactly OLMo-core's MoE block with SwiGLU experts of hidden d_h.
@@ -44,20 +44,19 @@ from olmo_core.distributed.utils import get_local_tensor
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.layer_norm import LayerNormConfig
-from olmo_core.nn.moe import MoEConfig, MoEType
+from olmo_core.nn.moe import MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP, MoEMLPBase, gmm
 from olmo_core.nn.moe.moe import DroplessMoE
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
-from olmo_core.nn.transformer.block import MoETransformerBlock
-from olmo_core.ops import moe as moe_ops
 from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerBlockType
 from olmo_core.ops import attach_auxiliary_loss
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from .moe import Experts, LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
+
 __all__ = [
     "hourglass_moe_counts",
-    "TorchDroplessMLP",
     "HourglassExperts",
     "HourglassMoE",
     "HourglassMoEConfig",
@@ -93,13 +92,13 @@ class HourglassExperts(MoEMLPBase):
         num_experts: int,
         K: int,
         layer_norm: LayerNormConfig,
-        residual_alpha: Optional[float] = None,
+        residual_alpha: float = 1.0,
         dtype: torch.dtype = torch.float32,
         init_device: str = "cpu",
     ):
         super().__init__(d_model=d_model, hidden_size=hidden_size, num_experts=num_experts)
         self.K = K
-        self.residual_alpha = residual_alpha
+        self.residual_alpha = residual_alpha  # a: each sub-MLP's residual branch x a (set by the block)
         rows = num_experts * K * hidden_size
         self.w1 = nn.Parameter(torch.empty(rows, d_model, device=init_device, dtype=dtype))  # W_d1 (gate)
         self.w2 = nn.Parameter(torch.empty(rows, d_model, device=init_device, dtype=dtype))  # W_u (transposed)
@@ -138,43 +137,12 @@ class HourglassExperts(MoEMLPBase):
                 y, w3[:, k], batch_size_per_expert, trans_b=True
             )
             f = self.gmm(hidden, w2[:, k], batch_size_per_expert)
-            if self.residual_alpha is not None:
+            if self.residual_alpha != 1.0:
                 f = f * self.residual_alpha
             z = z + f
             out = f if out is None else out + f  # z_K - u, summed without the cancellation
         assert out is not None
         return out
-
-
-class TorchDroplessMLP(ParallelDroplessMLP):
-    """OLMo-core's dropless dispatch; its token permutation in plain PyTorch where its Triton kernels
-    (``olmo_core.kernels.moe``) do not run, e.g. on CPU. The same rows and weights as the kernels:
-    sorted row i is token indices[i] // top_k, and its output is added back with weight
-    expert_weights[indices[i]]."""
-
-    def permute_and_compute(
-        self,
-        x: torch.Tensor,
-        *,
-        batch_size_per_expert: torch.Tensor,
-        indices: torch.Tensor,
-        bin_ids: torch.Tensor,
-        expert_weights: Optional[torch.Tensor],
-        bins: torch.Tensor,
-        top_k: int,
-    ) -> torch.Tensor:
-        if x.is_cuda and moe_ops.kernels is not None:
-            return super().permute_and_compute(
-                x, batch_size_per_expert=batch_size_per_expert, indices=indices, bin_ids=bin_ids,
-                expert_weights=expert_weights, bins=bins, top_k=top_k,
-            )
-        x = x.view(-1, x.shape[-1])
-        rows = indices.long()
-        token = rows // top_k
-        y = self.mlp(x[token], batch_size_per_expert)
-        if expert_weights is not None:
-            y = y * expert_weights[rows].unsqueeze(-1).type_as(y)
-        return y.new_zeros(rows.shape[0] // top_k, y.shape[-1]).index_add(0, token, y)
 
 
 class HourglassMoE(DroplessMoE):
@@ -188,16 +156,15 @@ class HourglassMoE(DroplessMoE):
         hidden_size: int,
         K: int,
         layer_norm: LayerNormConfig,
-        residual_alpha: Optional[float] = None,
         dtype: torch.dtype = torch.float32,
         init_device: str = "cpu",
         cache: Optional[BufferCache] = None,
     ) -> ParallelDroplessMLP:
         experts = HourglassExperts(
             d_model=d_model, hidden_size=hidden_size, num_experts=num_experts, K=K, layer_norm=layer_norm,
-            residual_alpha=residual_alpha, dtype=dtype, init_device=init_device,
+            dtype=dtype, init_device=init_device,
         )
-        return TorchDroplessMLP(mlp=experts, top_k=self.router.top_k, cache=cache)  # type: ignore[arg-type]
+        return PortableDroplessMLP(mlp=experts, top_k=self.router.top_k, cache=cache)  # type: ignore[arg-type]
 
     def forward(
         self,
@@ -221,12 +188,12 @@ class HourglassMoE(DroplessMoE):
 
 
 @dataclass
-class HourglassMoEConfig(MoEConfig):
-    """OLMo-core's ``MoEConfig`` (dropless) whose experts are K-deep hourglass stacks; ``hidden_size`` is d_h."""
+class HourglassMoEConfig(LayerMoEConfig):
+    """A layer's MoE (:class:`LayerMoEConfig`) with hourglass experts; ``hidden_size`` is d_h."""
 
+    experts: Experts = Experts.hourglass
     K: int = 1  # hourglass sub-MLPs per expert
     layer_norm: Optional[LayerNormConfig] = None  # the model's norm; each sub-MLP has its own gain
-    residual_alpha: Optional[float] = None  # each sub-MLP residual x alpha (muP's m_residual); None: 1
 
     def validate_shape(self) -> None:
         if self.name != MoEType.dropless:
@@ -257,26 +224,31 @@ class HourglassMoEConfig(MoEConfig):
     ) -> HourglassMoE:
         self.validate_shape()
         kwargs = self.as_dict(exclude_none=True, recurse=False)
-        for key in ("name", "capacity_factor"):
+        for key in ("name", "experts", "capacity_factor"):
             kwargs.pop(key, None)
         kwargs.update(d_model=d_model, n_layers=n_layers, init_device=init_device, dtype=kwargs.pop("dtype").as_pt(), cache=cache)
         return HourglassMoE(**kwargs)
 
 
-class HourglassMoEBlock(MoETransformerBlock):
-    """u = x + Attn(norm(x)); z' = u + HourglassMoE(u), its router reading feed_forward_norm(u)."""
+class HourglassMoEBlock(ScaledMoETransformerBlock):
+    """u = x + a Attn(norm(x)); z' = u + HourglassMoE(u), its router reading feed_forward_norm(u). The
+    residual multiplier a scales each sub-MLP residual inside the experts (every residual branch x a)."""
+
+    def __init__(self, *, residual_alpha: float = 1.0, **kwargs):
+        super().__init__(residual_alpha=residual_alpha, **kwargs)
+        self.feed_forward_moe.experts.mlp.residual_alpha = residual_alpha
 
     def forward(
         self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs
     ) -> torch.Tensor:
-        u = x + self.dropout(self.attention(self.attention_norm(x), **kwargs))
+        u = x + self.residual_alpha * self.dropout(self.attention(self.attention_norm(x), **kwargs))
         moe = self.feed_forward_moe(u, router_input=self.feed_forward_norm(u), loss_div_factor=loss_div_factor)
         return u + self.dropout(moe)
 
 
 @dataclass
 class HourglassMoEBlockConfig(TransformerBlockConfig):
-    """OLMo-core's MoE block config (``name: moe``) built as :class:`HourglassMoEBlock`."""
+    """OLMo-core's MoE block config (``name: moe``) built as :class:`HourglassMoEBlock` (a constant-width model)."""
 
     def build(  # type: ignore[override]
         self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
@@ -287,5 +259,5 @@ class HourglassMoEBlockConfig(TransformerBlockConfig):
         return HourglassMoEBlock(
             d_model=d_model, block_idx=block_idx, n_layers=n_layers, sequence_mixer=self.sequence_mixer,
             feed_forward_moe=self.feed_forward_moe, layer_norm=self.layer_norm, dropout=self.dropout or 0.0,
-            init_device=init_device, cache=cache,
+            residual_alpha=self.attention_residual_alpha or 1.0, init_device=init_device, cache=cache,
         )
