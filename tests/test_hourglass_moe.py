@@ -218,3 +218,36 @@ def test_bad_shapes_are_named(change, message):
 
     with pytest.raises(OLMoConfigurationError, match=f"^{re.escape(message)}$"):
         dataclasses.replace(_moe_config(), **change).build(D)
+
+
+# A tiny variable-width model (w = 48, 32 around h = 32) whose layers are MoEs of hourglass experts.
+HOURGLASS_EXPERTS = [
+    "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.experts=hourglass", "model.K=2", "model.d_h=16",
+    "model.widths.schedule=list", "model.widths.values=[48,32]",
+]
+
+
+def _spec(folder, cache):
+    from olmo_patches.config import load_spec
+
+    from .conftest import REPO, tiny_overrides
+
+    run = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null", f"data.work_dir={cache}"]
+    return load_spec(REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run))
+
+
+def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(tmp_path, demo_corpus):
+    from olmo_patches.train import train
+    from olmo_patches.train.checkpoints import load_model_state
+    from olmo_patches.train.metrics import read_metrics
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(_spec(straight, tmp_path / "cache"))
+    train(_spec(resumed, tmp_path / "cache"), resume_from=str(straight / "step2"))  # trains steps 3 and 4
+    a, b = load_model_state(straight / "step4"), load_model_state(resumed / "step4")
+    assert "blocks.0.feed_forward_moe.experts.mlp.norm_weight" in a and a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    metrics = read_metrics(straight)
+    assert metrics[4]["train/block 01/load balancing loss"] > 0  # OLMo-core's router losses, logged per block
+    assert [metrics[s]["train/CE loss"] for s in (3, 4)] == [read_metrics(resumed)[s]["train/CE loss"] for s in (3, 4)]

@@ -81,6 +81,7 @@ from olmo_core.nn.transformer.model import MoETransformer
 
 from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
+from .hourglass_moe import HourglassMoEBlock, HourglassMoEConfig
 from .moe import LayerMoEConfig, ScaledMoETransformerBlock, expert_hidden_size
 
 __all__ = [
@@ -335,6 +336,10 @@ class VariableWidthMoEBlock(_Resizing, ScaledMoETransformerBlock):
     """Attention + OLMo-core's MoE at width w_l inside the wide stream (paper 2's 3B MoE)."""
 
 
+class VariableWidthHourglassMoEBlock(_Resizing, HourglassMoEBlock):
+    """Attention + an MoE of hourglass experts at width w_l inside the wide stream (new here)."""
+
+
 @dataclass
 class VariableWidthBlockConfig(TransformerBlockConfig):
     """One layer: the template block's modules at ``width``; reads ``in_width`` dims in learned mode."""
@@ -356,7 +361,8 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         assert self.layer_norm is not None
         kwargs: dict = dict(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm)
         if self.feed_forward_moe is not None:  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
-            cls: type = VariableWidthMoEBlock
+            hourglass_experts = isinstance(self.feed_forward_moe, HourglassMoEConfig)
+            cls: type = VariableWidthHourglassMoEBlock if hourglass_experts else VariableWidthMoEBlock
             kwargs.update(feed_forward_moe=self.feed_forward_moe, dropout=self.dropout or 0.0,
                           residual_alpha=self.attention_residual_alpha or 1.0)
         elif self.is_hourglass:
