@@ -812,7 +812,8 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
         shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(t.data_parallel, 1)
         est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
         try:
-            settings = choose(est, card, per_rank, t.micro_batch_size, t.activation_checkpointing)
+            ac = False if spec.model.moe is not None else t.activation_checkpointing  # OLMo-core cannot checkpoint MoE blocks
+            settings = choose(est, card, per_rank, t.micro_batch_size, ac)
         except ValueError as e:
             raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
     filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}

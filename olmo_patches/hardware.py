@@ -17,7 +17,7 @@ The memory estimate (per GPU, bytes; NOT measured here: a model of what is store
   stores A = 12 w + sum_k (4 w + 8 H_k) bytes per token: bf16 tensors saved for backward after
   Korthikanti et al. 2022 (Table 2) with fused attention (no s^2 term): attention 10 w (input, Q, K,
   V, output; 2 w + 4 a + 4 a_kv for attention width a = n_heads head_dim and a_kv = n_kv_heads head_dim)
-  and its norm 2 w; each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h) its norm
+  and its norm 2 w; each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h; MoE: top-k experts of hidden I_l) its norm
   2 w, input 2 w and 8 H (w1 and w3 outputs, SiLU, product). 12 V: the logits in bf16 and their fp32
   log-softmax and gradient (V = vocabulary).
 - with checkpointing (each block recomputed in backward) = s (4 w L + max_l A_l + 12 V): each
@@ -95,13 +95,16 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
     per_token = []
     for block, w in zip(blocks, widths):
-        ffn = block.feed_forward
-        assert ffn is not None
-        K = getattr(ffn, "K", 1)
+        ffn, moe = block.feed_forward, block.feed_forward_moe
+        if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l)
+            K, hidden = moe.router.top_k, moe.hidden_size
+        else:
+            assert ffn is not None
+            K, hidden = getattr(ffn, "K", 1), ffn.hidden_size
         mixer = block.sequence_mixer
         head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
         a, a_kv = (n * head_dim for n in (mixer.n_heads, getattr(mixer, "n_kv_heads", None) or mixer.n_heads))
-        per_token.append(4 * w + 4 * a + 4 * a_kv + K * (4 * w + 8 * ffn.hidden_size))
+        per_token.append(4 * w + 4 * a + 4 * a_kv + K * (4 * w + 8 * hidden))
     block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
     s, logits = sequence_length, 12 * vocab
     return MemoryEstimate(

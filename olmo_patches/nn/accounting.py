@@ -9,6 +9,8 @@ Two independent views of a shape:
 
 "Non-embedding" follows the papers: attention + FFN weight matrices, without the embeddings, the
 LM head and the norms (OLMo-core's own ``num_non_embedding_params`` keeps the head and norms).
+An MoE's router and experts count as FFN; "active" leaves out the experts a token does not use
+((E - k) / E of each layer's expert weights), as OLMo-core's ``num_active_params`` does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch.nn as nn
+from olmo_core.nn.moe import MoEBase
 
 __all__ = ["ParamBreakdown", "breakdown", "analytic_non_embedding"]
 
@@ -28,10 +31,15 @@ class ParamBreakdown:
     norm: int  # every norm weight (block, sub-MLP, QK and final norms)
     flops_per_token: int  # OLMo-core's training FLOPs per token (forward + backward)
     resize: int = 0  # learned resize projections (variable-width ablation; not in non_embedding)
+    inactive: int = 0  # MoE: the expert weights a token does not use, (E - k) / E of each layer's
 
     @property
     def non_embedding(self) -> int:
         return self.attention + self.ffn
+
+    @property
+    def active(self) -> int:
+        return self.total - self.inactive
 
     @property
     def total(self) -> int:
@@ -46,6 +54,7 @@ class ParamBreakdown:
             **asdict(self),
             "non_embedding": self.non_embedding,
             "total": self.total,
+            "active": self.active,
             "attention_share": self.attention_share,
         }
 
@@ -59,7 +68,7 @@ def _category(name: str) -> str:
         return "embedding"
     if ".attention." in name:
         return "attention"
-    if ".feed_forward." in name:
+    if ".feed_forward." in name or ".feed_forward_moe." in name:
         return "ffn"
     raise ValueError(f"unclassified parameter {name}")
 
@@ -69,7 +78,12 @@ def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
     counts = {"embedding": 0, "attention": 0, "ffn": 0, "norm": 0, "resize": 0}
     for name, p in model.named_parameters():  # named_parameters() skips tied duplicates
         counts[_category(name)] += p.numel()
-    return ParamBreakdown(**counts, flops_per_token=model.num_flops_per_token(seq_len))  # type: ignore[operator]
+    inactive = 0
+    for m in model.modules():
+        if isinstance(m, MoEBase):
+            experts = sum(p.numel() for p in m.experts.parameters())
+            inactive += experts * (m.num_experts - m.top_k) // m.num_experts
+    return ParamBreakdown(**counts, inactive=inactive, flops_per_token=model.num_flops_per_token(seq_len))  # type: ignore[operator]
 
 
 def analytic_non_embedding(

@@ -91,6 +91,7 @@ __all__ = [
     "schedule_widths",
     "paper_flops",
     "paper_params",
+    "paper_active_params",
     "MoEShape",
     "MuPConfig",
     "VariableWidthBlockConfig",
@@ -186,6 +187,13 @@ def paper_params(widths: List[float], h: int, moe: Optional[MoEShape] = None) ->
     if widths[-1] > h:
         waste += out * widths[-1] * (widths[-1] - h)
     return sum(K * w * w + G * w for w in widths) - waste
+
+
+def paper_active_params(widths: List[float], h: int, moe: MoEShape) -> float:
+    """The authors' active count (``compute_active_params``, solve_hparams.py:369-397): the total minus
+    (1 - k / E) of every layer's expert weights 3 E r w_l^2."""
+    E, k, r = moe.num_experts, moe.top_k, moe.ratio
+    return paper_params(widths, h, moe) - (1 - k / E) * sum(3 * E * r * w * w for w in widths)
 
 
 def _solve_b(kind: str, steps: List[float], h: int, L: int, moe: Optional[MoEShape] = None) -> float:

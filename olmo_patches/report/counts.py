@@ -6,6 +6,7 @@ from rich.table import Table
 
 from ..config import ExperimentSpec, vocab_size
 from ..nn.accounting import ParamBreakdown, breakdown
+from ..nn.moe import expert_hidden_size
 
 __all__ = ["count", "param_table", "width_report", "attention_report"]
 
@@ -31,22 +32,44 @@ def width_report(spec: ExperimentSpec) -> dict:
     """A variable-width model's widths and its FLOPs against the constant-width baseline (same h, L, V, seq).
 
     ``flops_ratio``: OLMo-core's training FLOPs per token of the built models (causal attention, every
-    computed matmul); ``paper_flops_ratio``: the paper's count (:func:`variable_width.paper_flops`).
+    computed matmul; an MoE's k active experts); ``paper_flops_ratio``: the paper's count
+    (:func:`variable_width.paper_flops`; an MoE's k active experts). With an MoE also
+    ``paper_total_flops_ratio`` (every expert computed: the FLOPs of the total parameters), the
+    baseline's built ``baseline_total`` / ``baseline_active`` parameters, and the authors' solver counts
+    (embeddings 2 V h included) ``paper_params`` / ``paper_active_params`` and the baseline's.
     """
     from dataclasses import replace
 
-    from ..nn.variable_width import paper_flops
+    from ..nn.variable_width import paper_active_params, paper_flops, paper_params
 
     m = spec.model
-    widths = m.resolved_widths
+    widths, h, L, moe = m.resolved_widths, m.d_model, m.n_layers, m.moe_shape
     constant = replace(spec, model=replace(m, widths=replace(m.widths, schedule="constant")))
     V, seq = vocab_size(spec), spec.data.sequence_length
-    return {
+    this, base = count(spec), count(constant)
+
+    def paper_ratio(active: bool) -> float:
+        return paper_flops(widths, h, V, seq, moe, active) / paper_flops([h] * L, h, V, seq, moe, active)
+
+    report = {
         "widths": widths,
-        "mean_width_ratio": sum(widths) / len(widths) / m.d_model,
-        "flops_ratio": count(spec).flops_per_token / count(constant).flops_per_token,
-        "paper_flops_ratio": paper_flops(widths, m.d_model, V, seq) / paper_flops([m.d_model] * m.n_layers, m.d_model, V, seq),
+        "mean_width_ratio": sum(widths) / len(widths) / h,
+        "flops_ratio": this.flops_per_token / base.flops_per_token,
+        "paper_flops_ratio": paper_ratio(True),
     }
+    if moe is not None:
+        emb = 2 * V * h
+        report.update(
+            expert_hidden=[expert_hidden_size(w, m.moe.expert_hidden, h) for w in widths],  # type: ignore[union-attr]
+            paper_total_flops_ratio=paper_ratio(False),
+            baseline_total=base.total,
+            baseline_active=base.active,
+            paper_params=emb + paper_params(widths, h, moe),
+            paper_active_params=emb + paper_active_params(widths, h, moe),
+            baseline_paper_params=emb + paper_params([h] * L, h, moe),
+            baseline_paper_active_params=emb + paper_active_params([h] * L, h, moe),
+        )
+    return report
 
 
 def param_table(spec: ExperimentSpec) -> Table:
@@ -59,7 +82,8 @@ def param_table(spec: ExperimentSpec) -> Table:
     if m.block == "hourglass":
         shape += f", K {m.K}, d_h {m.resolved_d_h}"
     if m.block == "variable_width":
-        shape += f", {m.ffn}, widths {m.resolved_widths}"
+        ffn = f"MoE {m.moe.num_experts} {m.moe.experts} experts top-{m.moe.top_k}" if m.moe is not None else m.ffn
+        shape += f", {ffn}, widths {m.resolved_widths}"
     table = Table(title=f"{spec.run.name} ({shape})")
     table.add_column("parameters")
     table.add_column("count", justify="right")
@@ -73,5 +97,7 @@ def param_table(spec: ExperimentSpec) -> Table:
         table.add_row("learned resize projections", f"{b.resize:,}", "")
     table.add_row("non-embedding (attention + FFN)", f"{b.non_embedding:,}", "")
     table.add_row("total", f"{b.total:,}", "")
+    if b.inactive:
+        table.add_row(f"active (top-{m.moe.top_k} of {m.moe.num_experts} experts)", f"{b.active:,}", "")  # type: ignore[union-attr]
     table.add_row(f"FLOPs per token (train, seq {spec.data.sequence_length})", f"{b.flops_per_token:,}", "")
     return table

@@ -152,16 +152,17 @@ def _autocast_bf16(spec: ExperimentSpec, device: str, world_size: int) -> bool:
 
 def _optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGroupOverride]:
     """No weight decay on the embedding unless train.decay_embeddings (OLMo-2), nor on the 1-D tensors
-    (norm gains, read off the model's parameters) unless train.decay_norms. Under the variable-width
-    paper's muP, the hidden matrices (attention and FFN weights) train at lr / m_width, as lm-engine's
-    muP groups do."""
+    (norm gains, read off the model's parameters; an MoE router's flat weight is a matrix) unless
+    train.decay_norms. Under the variable-width paper's muP, the hidden matrices (attention and FFN
+    weights; an MoE's router and experts) train at lr / m_width, as lm-engine's muP groups do."""
     no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
     if not spec.train.decay_norms:
-        no_decay += [n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1]
+        no_decay += [n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1 and not n.endswith("router.weight")]
     groups = [OptimGroupOverride(params=no_decay, opts=dict(weight_decay=0.0))] if no_decay else []
     widths = spec.model.widths
     if spec.model.block == "variable_width" and widths.init == "mup":
-        hidden = ["blocks.*.attention.w_*.weight", "blocks.*.feed_forward.w*.weight"]
+        ffn = ["blocks.*.feed_forward_moe.router.weight", "blocks.*.feed_forward_moe.experts.mlp.w*"] if spec.model.moe else ["blocks.*.feed_forward.w*.weight"]
+        hidden = ["blocks.*.attention.w_*.weight", *ffn]
         groups.append(OptimGroupOverride(params=hidden, opts=dict(lr=spec.train.lr / widths.m_width)))
     return groups
 
