@@ -227,13 +227,13 @@ HOURGLASS_EXPERTS = [
 ]
 
 
-def _spec(folder, cache):
+def _spec(folder, cache, *extra):
     from olmo_patches.config import load_spec
 
     from .conftest import REPO, tiny_overrides
 
     run = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null", f"data.work_dir={cache}"]
-    return load_spec(REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run))
+    return load_spec(REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra))
 
 
 def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(tmp_path, demo_corpus):
@@ -251,3 +251,36 @@ def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identicall
     metrics = read_metrics(straight)
     assert metrics[4]["train/block 01/load balancing loss"] > 0  # OLMo-core's router losses, logged per block
     assert [metrics[s]["train/CE loss"] for s in (3, 4)] == [read_metrics(resumed)[s]["train/CE loss"] for s in (3, 4)]
+
+
+def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
+    """configs/paper2/3B-MoE/x-hourglass-experts.yaml: x.yaml's widths; per layer, 22 experts of K=2
+    sub-MLPs of d_h_l = round(w_l 256 / 1600) (+ their 2 norm gains) instead of one SwiGLU of
+    I_l = round(w_l 512 / 1600); the counts differ by exactly that (OLMo-core's config counts, no build)."""
+    from olmo_patches.config import load_spec, vocab_size
+
+    from .conftest import REPO
+
+    folder = REPO / "configs" / "paper2" / "3B-MoE"
+    x, hg = (load_spec(folder / name) for name in ("x.yaml", "x-hourglass-experts.yaml"))
+    widths = x.model.resolved_widths
+    assert hg.model.resolved_widths == widths and len(widths) == 40
+    cx, ch = (s.model.build(vocab_size(s)) for s in (x, hg))
+    swiglu = [3 * w * round(w * 512 / 1600) for w in widths]
+    hourglass = [2 * (3 * w * round(w * 256 / 1600) + w) for w in widths]
+    assert ch.num_params - cx.num_params == sum(22 * (h - s) for h, s in zip(hourglass, swiglu))
+    assert ch.num_active_params - cx.num_active_params == sum(3 * (h - s) for h, s in zip(hourglass, swiglu))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["model.d_h=null"], "command line: model.d_h=None: hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h"),
+    (["model.moe.expert_hidden=64"], "command line: model.moe.expert_hidden=64: hourglass experts take their shape from model.K and model.d_h; remove it"),
+    (["model.K=0"], "command line: model.K=0: must be >= 1"),
+    (["model.moe.experts=swiglu"], "model.moe.expert_hidden=None: must be >= 1 for swiglu experts"),
+])
+def test_bad_hourglass_expert_configs_are_named_in_one_line(tmp_path, extra, message):
+    from olmo_patches.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _spec(tmp_path, tmp_path / "cache", *extra)
+    assert str(e.value).endswith(message) and "\n" not in str(e.value)

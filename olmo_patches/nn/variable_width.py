@@ -402,6 +402,12 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
             params += self.in_width * w
         return params
 
+    def num_active_params(self, d_model: int) -> int:
+        """num_params less the experts a token does not use, counted at this layer's width (not at h)."""
+        moe, w = self.feed_forward_moe, self.width
+        inactive = 0 if moe is None else moe.num_params(w) - moe.num_active_params(w)
+        return self.num_params(d_model) - inactive
+
 
 class OutputNorm(RMSNorm):
     """RMSNorm over the last layer's first w_L dims, then to h dims; the LM head's ``norm``."""
