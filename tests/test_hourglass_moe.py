@@ -284,3 +284,20 @@ def test_bad_hourglass_expert_configs_are_named_in_one_line(tmp_path, extra, mes
     with pytest.raises(ConfigError) as e:
         _spec(tmp_path, tmp_path / "cache", *extra)
     assert str(e.value).endswith(message) and "\n" not in str(e.value)
+
+
+def test_mup_init_and_multiplier_reach_the_hourglass_experts(tmp_path):
+    """Under muP every sub-MLP residual is x m_residual, and the experts' weights get the paper's std:
+    init_range / sqrt(m_width) sqrt(h / w_l), with w2 (the output projection) a further / sqrt(2 L)."""
+    from olmo_patches.config import vocab_size
+
+    spec = _spec(tmp_path, tmp_path / "cache", "model.widths.init=mup")
+    model = spec.model.build(vocab_size(spec)).build()
+    model.init_weights(device=torch.device("cpu"))
+    for block, w in zip(model.blocks.values(), (48, 32)):
+        mlp = block.feed_forward_moe.experts.mlp
+        assert mlp.residual_alpha == 0.22
+        std = 0.1 / 8**0.5 * (32 / w) ** 0.5
+        for name, want in (("w1", std), ("w3", std), ("w2", std / (2 * 2) ** 0.5)):
+            assert abs(getattr(mlp, name).std().item() / want - 1) < 0.05, name
+        assert torch.equal(mlp.norm_weight, torch.ones_like(mlp.norm_weight))
