@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from olmo_core.optim import AdamWConfig
 
 from olmo_patches.config import load_spec
+from olmo_patches.train.experiment import _optim_groups
 
 from .conftest import REPO
 
@@ -21,16 +23,24 @@ WIDTHS = [48, 16, 32, 64, 24]
 # The authors' numbers (moe_1b3b.yml / dense_*.yml; lm-engine defaults), written here, not read from our code.
 M_EMB, M_RES, M_WIDTH, INIT_RANGE, EPS, THETA = 12.0, 0.22, 8.0, 0.1, 1e-5, 10000
 MODES = {"move_up": "carry_forward", "zero": "zero", "linear": "learned"}
+# The MoE (moe_1b3b.yml's kind, tiny): E experts, top-k, expert hidden at h (I_l = round(w_l 16 / 32));
+# an x schedule: w_1 > h, narrowing, widening refilled by carry-forward, w_L > h.
+N_EXPERTS, TOP_K, EXPERT_HIDDEN, AUX_COEF = 4, 2, 16, 0.01
+MOE_WIDTHS = [64, 32, 16, 32, 48]
+MOE = (f"model.moe.num_experts={N_EXPERTS}", f"model.moe.top_k={TOP_K}", f"model.moe.expert_hidden={EXPERT_HIDDEN}")
 
 
-def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
-    spec = load_spec(X, [
+def _spec(mode, widths=WIDTHS, h=H, extra=()):
+    return load_spec(X, [
         f"model.d_model={h}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={V}",
         "model.widths.schedule=list", f"model.widths.values=[{','.join(map(str, widths))}]",
         f"model.widths.resize={MODES[mode]}", "train.device=cpu", *extra,
         "data.source=demo", "data.tokenizer=demo", f"data.demo_vocab_size={V}",  # a tokenizer the tiny vocabulary holds
     ])
-    config = spec.model.build(V)
+
+
+def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
+    config = _spec(mode, widths, h, extra).model.build(V)
     config.init_seed = seed
     model = config.build(init_device="meta")
     model.init_weights(device=torch.device("cpu"), max_seq_len=T)
@@ -82,9 +92,28 @@ def _resize(x, out_dim, mode, hist, P=None):  # WVM resize_if_needed (301-461)
     return torch.cat([x, *_fill(list(reversed(hist)), x.shape[-1], out_dim)], -1)
 
 
-def _authors_forward(W, ids, widths, mode, pad_output=False):
+def _authors_moe(a, p):
+    """LME mlp_blocks/moe.py (normalized_topk, no shared expert, no sonicmoe): (output, aux_l)."""
+    u = a.reshape(-1, a.shape[-1])
+    logits = u @ p["gate"].T  # moe.py:298, bias-free Linear(w_l -> E)
+    top, idx = logits.topk(TOP_K, dim=-1)  # moe.py:302, 385-391: top-k on the raw logits
+    g = top.softmax(-1)  # moe.py:303-304: softmax over the k selected only
+    y = 0
+    for j in range(TOP_K):
+        e = idx[:, j]
+        up, gate = torch.einsum("niw,nw->ni", p["c_fc"][e], u).chunk(2, dim=-1)  # glu.py: x[0] * silu(x[1])
+        y = y + g[:, j : j + 1] * torch.einsum("nwi,ni->nw", p["c_proj"][e], up * F.silu(gate))
+    probs = logits.softmax(-1)  # moe.py:393-416: over all E
+    freq = torch.bincount(idx.flatten(), minlength=N_EXPERTS).to(probs.dtype)  # no gradient
+    switch = N_EXPERTS * (F.normalize(probs.sum(0), p=1, dim=0) * F.normalize(freq, p=1, dim=0)).sum()
+    z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    return y.view(a.shape), switch + 0.1 * z
+
+
+def _authors_forward(W, ids, widths, mode, pad_output=False, aux=None):
     """W: the authors' tensors by role (see _weights). Returns logits (B, T, V). ``pad_output``: zero
-    padding at the output instead of the authors' fill (what the project did before)."""
+    padding at the output instead of the authors' fill (what the project did before). MoE layers
+    append their aux_l to ``aux``."""
     h = W["wte"].shape[1]
     e = W["wte"][ids] * M_EMB  # LME base.py:249-260
     hist, x = [e], e
@@ -98,9 +127,14 @@ def _authors_forward(W, ids, widths, mode, pad_output=False):
         s = (q @ k.transpose(-1, -2)) / d  # attention_multiplier = 1 / head_dim (WVC:429-430)
         o = (s.masked_fill(mask, float("-inf")).softmax(-1) @ v).transpose(1, 2).reshape(B, T, w)
         x = x + M_RES * (o @ p["attn_proj"].T)  # LME layer.py:45-72
-        a = _rmsnorm(x, p["ln_2"])
-        u, g = (a @ p["c_fc"].T).chunk(2, dim=-1)  # LME glu.py: first half up, second half gate
-        x = x + M_RES * ((u * F.silu(g)) @ p["mlp_proj"].T)
+        a = _rmsnorm(x, p["ln_2"])  # the router and the experts read ln_2's output at width w_l
+        if "gate" in p:
+            y, aux_l = _authors_moe(a, p)
+            x = x + M_RES * y
+            aux.append(aux_l)
+        else:
+            u, g = (a @ p["c_fc"].T).chunk(2, dim=-1)  # LME glu.py: first half up, second half gate
+            x = x + M_RES * ((u * F.silu(g)) @ p["mlp_proj"].T)
         hist.append(x)
     y = _rmsnorm(x, W["ln_f"])
     # WVM:732-742: the output resize turns zero into move_up
@@ -117,9 +151,17 @@ def _weights(model, widths):
         blk = dict(
             q=P[b + "attention.w_q.weight"], k=P[b + "attention.w_k.weight"], v=P[b + "attention.w_v.weight"],
             attn_proj=P[b + "attention.w_out.weight"], ln_1=P[b + "attention_norm.weight"],
-            ln_2=P[b + "feed_forward_norm.weight"], mlp_proj=P[b + "feed_forward.w2.weight"],
+            ln_2=P[b + "feed_forward_norm.weight"],
         )
-        blk["c_fc"] = torch.cat((P[b + "feed_forward.w3.weight"], P[b + "feed_forward.w1.weight"]))  # [up; gate]
+        if b + "feed_forward_moe.router.weight" in P:  # OLMo-core stores (E I, w) flat; lm-engine (E, 2I, w) and (E, w, I)
+            m, w = b + "feed_forward_moe.", widths[l]
+            blk["gate"] = P[m + "router.weight"].view(N_EXPERTS, w)
+            w1, w2, w3 = (P[m + f"experts.mlp.{n}"].view(N_EXPERTS, -1, w) for n in ("w1", "w2", "w3"))
+            blk["c_fc"] = torch.cat((w3, w1), dim=1)  # [up; gate] per expert
+            blk["c_proj"] = w2.transpose(1, 2)
+        else:
+            blk["mlp_proj"] = P[b + "feed_forward.w2.weight"]
+            blk["c_fc"] = torch.cat((P[b + "feed_forward.w3.weight"], P[b + "feed_forward.w1.weight"]))  # [up; gate]
         if b + "resize.weight" in P:
             blk["linear"] = P[b + "resize.weight"]
         blocks.append(blk)
@@ -188,3 +230,63 @@ def test_paper2_configs_use_the_authors_rope_theta():
         assert load_spec(path).model.rope_theta == THETA, path
     model = _model("move_up")
     assert model.blocks["0"].attention.rope.theta == THETA
+
+
+# --- the 3B MoE (moe_1b3b.yml; LME mlp_blocks/moe.py) ---------------------------------------------------
+
+
+def _aux(model):
+    """Our aux loss of the last forward: OLMo-core's per-router losses times their weights, summed."""
+    routers = [b.feed_forward_moe.router for b in model.blocks.values()]
+    return sum(r.lb_loss_weight * r.load_balancing_loss + r.z_loss_weight * r.z_loss for r in routers)
+
+
+def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
+    """OLMo-core's router, losses and experts at each w_l against lm-engine's MoE in float64. The router
+    computes its logits in float32 (OLMo-core's MoELinearRouter), so the agreement is float32's."""
+    model = _model("move_up", widths=MOE_WIDTHS, extra=MOE).double()
+    ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
+    logits = model(ids)  # training mode: the aux losses ride on the experts' input (attach_auxiliary_loss)
+    F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
+
+    P, W = _weights(model, MOE_WIDTHS)
+    aux = []
+    ref = _authors_forward(W, ids, MOE_WIDTHS, "move_up", aux=aux)
+    ref_ce = F.cross_entropy(ref[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
+    (ref_ce + AUX_COEF * sum(aux)).backward()  # LME pretraining.py: loss = CE + coef sum_l aux_l
+    assert len(aux) == len(MOE_WIDTHS)
+    assert (logits - ref).abs().max().item() <= 1e-8 * ref.abs().max().item()
+    assert _aux(model).item() == pytest.approx(AUX_COEF * sum(aux).item(), rel=1e-6)
+    assert len(P) == len(dict(model.named_parameters()))
+    for n, p in model.named_parameters():
+        gscale = P[n].grad.abs().max().item() + 1e-30
+        assert (p.grad - P[n].grad).abs().max().item() <= 1e-5 * gscale, n
+    # The aux loss is live: without it the routers' gradients would be off by far more than the tolerance.
+    P2, W2 = _weights(model, MOE_WIDTHS)
+    F.cross_entropy(_authors_forward(W2, ids, MOE_WIDTHS, "move_up", aux=[])[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
+    router = "blocks.2.feed_forward_moe.router.weight"
+    assert (P2[router].grad - P[router].grad).abs().max() > 1e-3 * P[router].grad.abs().max()
+    # I_l = round(w_l 16 / 32) experts of the authors' size (WVC:432).
+    assert [b.feed_forward_moe.experts.mlp.hidden_size for b in model.blocks.values()] == [32, 16, 8, 16, 24]
+
+
+def test_moe_mup_init_and_lr_groups_match_lm_engine():
+    """LME moe.py:176-220: router and c_fc std s_l, c_proj s_l / sqrt(2 L); all three in the muP group (lr / 8)."""
+    h, widths = 64, [128, 32, 64, 128]
+    spec = _spec("move_up", widths=widths, h=h, extra=(*MOE, "model.moe.num_experts=32", "model.moe.expert_hidden=64"))
+    model = spec.model.build(V).build(init_device="meta")
+    model.init_weights(device=torch.device("cpu"), max_seq_len=T)
+    L = len(widths)
+    for l, w in enumerate(widths):
+        moe = model.blocks[str(l)].feed_forward_moe
+        s_l = 0.1 * math.sqrt(h / w) / math.sqrt(8)
+        for t, std in ((moe.router.weight, s_l), (moe.experts.mlp.w1, s_l), (moe.experts.mlp.w3, s_l),
+                       (moe.experts.mlp.w2, s_l / math.sqrt(2 * L))):
+            assert t.std().item() == pytest.approx(std, rel=0.05), l
+    opt = AdamWConfig(lr=0.01, group_overrides=_optim_groups(spec, spec.model.build(V))).build(model)
+    lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    for name in ("blocks.0.feed_forward_moe.router.weight", "blocks.1.feed_forward_moe.experts.mlp.w2", "blocks.3.attention.w_q.weight"):
+        assert lr[id(named[name])] == pytest.approx(0.01 / M_WIDTH), name
+    for name in ("embeddings.weight", "lm_head.w_out.weight", "blocks.0.feed_forward_norm.weight"):
+        assert lr[id(named[name])] == pytest.approx(0.01), name

@@ -1,7 +1,9 @@
 """Variable-width transformers (paper 2): the schedule solver against the paper's numbers, the model
 against a plain-PyTorch reference that applies the resizing rule layer by layer, counts, training."""
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from olmo_patches.config import ConfigError, load_spec
 from olmo_patches.train.metrics import read_metrics
 from olmo_patches.report.counts import count, width_report
 from olmo_patches.train import train
-from olmo_patches.nn.variable_width import paper_flops, solve_schedule
+from olmo_patches.nn.variable_width import MoEShape, paper_active_params, paper_flops, paper_params, solve_schedule
 
 from .conftest import REPO, load_weights, tiny_overrides
 
@@ -51,6 +53,47 @@ def test_solver_reproduces_paper_flops_and_mean_width(name):
     assert 0.0995 <= mean_below <= 0.1105, mean_below  # "10 to 11 percent below h"
     k = int(0.75 * L)
     assert all(x % 32 == 0 for x in w) and w[0] == w[-1] > h and min(w) == w[k - 1]
+
+
+# The authors' solver (scripts/solve_hparams.py) on their dense_2b.yml and moe_1b3b.yml (22 experts,
+# top-3, expert hidden 512 at h 1600): the widths, and for the MoE its total / active parameters
+# (embeddings at cl100k included), FLOPs and mean width, as computed in the issue-12 brief section 5.
+DENSE_2B = [3040, 2848, 2656, 2496, 2336, 2208, 2080, 1952, 1824, 1696, 1600, 1504, 1408, 1312, 1248, 1184, 1088, 1024, 960, 896,
+            864, 800, 736, 704, 672, 608, 576, 544, 512, 480, 576, 704, 832, 992, 1216, 1440, 1728, 2080, 2528, 3040]
+MOE_3B = [3040, 2848, 2656, 2496, 2336, 2208, 2080, 1952, 1824, 1696, 1600, 1504, 1408, 1312, 1248, 1152, 1088, 1024, 960, 896,
+          864, 800, 736, 704, 672, 608, 576, 544, 512, 480, 576, 704, 832, 992, 1216, 1440, 1728, 2080, 2528, 3040]
+MOE_3B_I = [973, 911, 850, 799, 748, 707, 666, 625, 584, 543, 512, 481, 451, 420, 399, 369, 348, 328, 307, 287,
+            276, 256, 236, 225, 215, 195, 184, 174, 164, 154, 184, 225, 266, 317, 389, 461, 553, 666, 809, 973]
+
+
+def test_moe_solver_matches_the_authors_widths_and_counts():
+    h, L, E, k, I = 1600, 40, 22, 3, 512
+    assert solve_schedule(h, L).widths == DENSE_2B  # the dense solve is unchanged
+    w = solve_schedule(h, L, moe=MoEShape(E, k, I / h)).widths
+    assert w == MOE_3B
+    assert [int(round(x * I / h)) for x in w] == MOE_3B_I
+    # The authors' counts, written here: per layer (4 + 3 E r) w^2 + E w, waste 3 w_1 (w_1 - h) and
+    # E r w_L (w_L - h); active: minus (1 - k / E) of 3 E r w^2; FLOPs (8 + 6 k r) s w^2 + 2 E s w + 4 s^2 w.
+    r = I / h
+
+    def params(ws, active=False):
+        p = 2 * VOCAB * h + sum((4 + 3 * E * r) * x * x + E * x for x in ws)
+        p -= 3 * ws[0] * max(ws[0] - h, 0) + E * r * ws[-1] * max(ws[-1] - h, 0)
+        return p - (1 - k / E) * sum(3 * E * r * x * x for x in ws) if active else p
+
+    def flops(ws):
+        f = 2 * SEQ * h * VOCAB + sum((8 + 6 * k * r) * SEQ * x * x + 2 * E * SEQ * x + 4 * SEQ * SEQ * x for x in ws)
+        return f - 6 * SEQ * ws[0] * max(ws[0] - h, 0) - 2 * k * r * SEQ * ws[-1] * max(ws[-1] - h, 0)
+
+    assert round(params(w) / 1e6, 1) == 2891.7 and round(params([h] * L) / 1e6, 1) == 2894.5
+    assert round(params(w, True) / 1e6, 1) == 994.0 and round(params([h] * L, True) / 1e6, 1) == 1026.8
+    moe = MoEShape(E, k, r)
+    assert paper_params(w, h, moe) + 2 * VOCAB * h == pytest.approx(params(w), rel=1e-12)
+    assert paper_active_params(w, h, moe) + 2 * VOCAB * h == pytest.approx(params(w, True), rel=1e-12)
+    change = flops(w) / flops([h] * L) - 1
+    assert paper_flops(w, h, VOCAB, SEQ, moe) / paper_flops([h] * L, h, VOCAB, SEQ, moe) - 1 == pytest.approx(change, rel=1e-12)
+    assert round(100 * change, 2) == -4.59 and round(100 * change, 1) == -4.6  # the paper: -4.6%
+    assert round(100 * (sum(w) / L / h - 1), 2) == -11.00  # the paper: -10.9%
 
 
 @pytest.mark.parametrize("shape", ["x", "v", "^", "3"])
@@ -223,6 +266,105 @@ def test_constant_schedule_is_olmo_core_baseline():
     assert a.num_flops_per_token(T) == b.num_flops_per_token(T) and a.num_params == b.num_params
 
 
+MOE = ["model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=16"]
+
+
+def _megablocks_kernels():
+    """megablocks' gather / scatter / scatter_wgrad (olmo_core/kernels/moe.py: Triton, CUDA only) in
+    plain PyTorch, so that OLMo-core's own dispatch (ops.moe's autograd functions) runs on a CPU. Rows
+    are the k T (token, expert) pairs in expert order; ``indices`` their positions in the (T, k) table."""
+
+    def gather(x, indices, bin_ids, weights, bins, top_k):
+        out = x[indices.long() // top_k]
+        return out if weights is None else out * weights[indices.long()].unsqueeze(-1)
+
+    def scatter(x, indices, bin_ids, weights, bins, top_k):
+        rows = x if weights is None else x * weights[indices.long()].unsqueeze(-1)
+        table = x.new_zeros(indices.shape[0], x.shape[1])
+        table[indices.long()] = rows
+        return table.view(-1, top_k, x.shape[1]).sum(1)
+
+    def scatter_wgrad(x, grad, indices, bin_ids, bins, top_k):
+        out = x.new_zeros(indices.shape[0])
+        out[indices.long()] = (x * grad[indices.long() // top_k]).sum(-1)
+        return out
+
+    return SimpleNamespace(gather=gather, scatter=scatter, scatter_wgrad=scatter_wgrad)
+
+
+def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
+    """A constant schedule with model.moe (OLMo-core's init) is OLMo-core's MoETransformer built from its own
+    TransformerConfig (MoE blocks, the same MoEConfig): same weights give the same logits, loss, aux losses and gradients."""
+    import olmo_core.ops.moe as moe_ops
+    from olmo_core.nn.lm_head import LMHeadConfig
+    from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoEType
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig, TransformerType
+
+    spec = _spec(widths=[H, H, H], extra=MOE)
+    config, ours = _build(spec, seed=5)
+    moe = MoEConfig(  # the authors' routing in OLMo-core's terms: renormalised top-2, losses summed over layers
+        name=MoEType.dropless, num_experts=4, hidden_size=16, router=MoERouterConfig(top_k=2, normalize_expert_weights=1.0),
+        lb_loss_weight=0.01, z_loss_weight=0.001, scale_loss_by_num_layers=False,
+    )
+    fields_ = {f.name: getattr(config, f.name) for f in dataclasses.fields(TransformerConfig)}
+    fields_.update(
+        name=TransformerType.moe, lm_head=LMHeadConfig(layer_norm=config.lm_head.layer_norm, bias=False),
+        block=dataclasses.replace(config.block, name=TransformerBlockType.moe, feed_forward=None, feed_forward_moe=moe),
+    )
+    olmo = TransformerConfig(**fields_).build(init_device="cpu")
+    assert type(olmo).__name__ == "MoETransformer"
+    olmo.load_state_dict(ours.state_dict())  # strict: the same names and shapes
+    monkeypatch.setattr(moe_ops, "kernels", _megablocks_kernels())
+    ids = torch.randint(0, VOCAB_TINY, (2, T), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for model in (ours, olmo):
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        metrics = {k: v[0].item() for k, v in model.compute_auxiliary_metrics().items()}
+        outs.append((out.logits.detach(), out.loss.item(), metrics, {n: p.grad for n, p in model.named_parameters()}))
+    (la, lossa, ma, ga), (lb, lossb, mb, gb) = outs
+    torch.testing.assert_close(la, lb, rtol=1e-6, atol=1e-7)
+    assert lossa == pytest.approx(lossb, rel=1e-6) and ma.keys() == mb.keys() and "load balancing loss" in ma
+    assert all(ma[k] == pytest.approx(mb[k], rel=1e-5) for k in ma)
+    assert ga.keys() == gb.keys() and all(torch.allclose(ga[n], gb[n], rtol=1e-4, atol=1e-7) for n in ga)
+
+
+def test_moe_counts_equal_the_built_model():
+    """count_params of a tiny MoE: total = every parameter of the built model; active from the shapes."""
+    spec = _spec(widths=[64, 32, 16, 48], extra=MOE)
+    config, model = _build(spec)
+    b = count(spec)
+    assert config.num_params == b.total == sum(p.numel() for p in model.parameters())
+    # Active: each layer's experts are 4 x 3 x w_l x I_l with I_l = round(w_l 16 / 32); a token uses 2 of 4.
+    experts = sum(3 * 4 * w * int(round(w * 16 / 32)) for w in [64, 32, 16, 48])
+    assert b.active == b.total - experts // 2 == config.num_active_params
+    report = width_report(spec)
+    assert report["expert_hidden"] == [32, 16, 8, 24] and report["baseline_total"] - report["baseline_active"] == 4 * 3 * 4 * 32 * 16 // 2
+    assert 0 < report["paper_flops_ratio"] < report["paper_total_flops_ratio"]  # active experts: x saves more
+
+
+@pytest.mark.parametrize("override, match", [
+    ("model.moe.top_k=5", r"model\.moe\.top_k=5: must be in \[1, model\.moe\.num_experts=4\]"),
+    ("model.moe.experts=mixtral", r"model\.moe\.experts=mixtral: choose one of swiglu"),
+    ("model.moe.lb_loss_weight=-1", r"model\.moe\.lb_loss_weight=-1\.0: must be finite and >= 0"),
+    ("model.norm_placement=post", r"model\.norm_placement=post: the variable-width MoE block is pre-norm"),
+    ("train.activation_checkpointing=true", r"train\.activation_checkpointing=True: OLMo-core cannot checkpoint MoE blocks"),
+    ("model.moe.expert_hidden=1", r"model\.moe\.expert_hidden=1: the narrowest layer \(w=16\) would get experts of hidden size 0"),
+])
+def test_moe_config_errors(override, match):
+    with pytest.raises(ConfigError, match=match):
+        _spec(widths=[64, 32, 16, 48], extra=[*MOE, override])
+
+
+def test_moe_needs_a_variable_width_model_and_has_no_hf_export(tmp_path):
+    from olmo_patches.export.hf import export_hf
+
+    with pytest.raises(ConfigError, match=r"model\.moe=.*needs model\.block=variable_width"):
+        load_spec(BASELINE, MOE)
+    with pytest.raises(ValueError, match=r"x\.yaml: model\.moe: the Hugging Face export has no mixture-of-experts model"):
+        export_hf(tmp_path / "step1", tmp_path / "hf", config=REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml")
+
+
 def test_activation_checkpointing_and_compile_keep_the_numbers(monkeypatch):
     from olmo_core.nn.transformer.config import TransformerActivationCheckpointingMode
 
@@ -305,8 +447,9 @@ def _losses(run_dir):
     return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
 
 
-def test_train_save_and_resume(tmp_path, demo_corpus):
-    vw = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,48]", "model.n_layers=3"]
+@pytest.mark.parametrize("moe", [[], MOE], ids=["dense", "moe"])
+def test_train_save_and_resume(tmp_path, demo_corpus, moe):
+    vw = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,48]", "model.n_layers=3", *moe]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(load_spec(BASELINE, tiny_overrides(straight, "train.max_steps=4", *vw)))
     train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *vw)))
@@ -316,3 +459,7 @@ def test_train_save_and_resume(tmp_path, demo_corpus):
     a, b = load_weights(straight / "step4"), load_weights(resumed / "step4")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert a["blocks.1.attention.w_q.weight"].shape == (16, 16) and a["lm_head.norm.weight"].shape == (48,)
+    if moe:  # OLMo-core's trainer records the routers' losses; layer 2's experts at w = 16, I = 8
+        steps = {step: m for step, m in read_metrics(straight).items() if step >= 1}
+        assert sorted(steps) == [1, 2, 3, 4] and all("train/load balancing loss" in m and "train/router Z loss" in m for m in steps.values())
+        assert a["blocks.1.feed_forward_moe.experts.mlp.w1"].shape == (4 * 8, 16)

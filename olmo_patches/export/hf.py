@@ -148,6 +148,8 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
     checkpoint, out = Path(checkpoint), Path(out_dir)
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
     spec = load_spec(config_path)
+    if spec.model.moe is not None:
+        raise ValueError(f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model")
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
     if vocab != (expected := spec.model.vocab_size or vocab_size(spec)):

@@ -403,9 +403,8 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         return params
 
     def num_active_params(self, d_model: int) -> int:
-        """num_params less the experts a token does not use, counted at this layer's width (not at h)."""
-        moe, w = self.feed_forward_moe, self.width
-        inactive = 0 if moe is None else moe.num_params(w) - moe.num_active_params(w)
+        moe = self.feed_forward_moe
+        inactive = 0 if moe is None else moe.num_params(self.width) - moe.num_active_params(self.width)
         return self.num_params(d_model) - inactive
 
 
