@@ -301,3 +301,20 @@ def test_mup_init_and_multiplier_reach_the_hourglass_experts(tmp_path):
         for name, want in (("w1", std), ("w3", std), ("w2", std / (2 * 2) ** 0.5)):
             assert abs(getattr(mlp, name).std().item() / want - 1) < 0.05, name
         assert torch.equal(mlp.norm_weight, torch.ones_like(mlp.norm_weight))
+
+
+def test_count_params_reports_the_hourglass_experts(tmp_path):
+    """count_params' numbers (report/counts.py) for the tiny config, against counts written from the shapes:
+    w = 48, 32; d_h,l = round(w 16 / 32) = 24, 16; E = 4, top-2, K = 2."""
+    from olmo_patches.config import vocab_size
+    from olmo_patches.report.counts import count, width_report
+
+    spec = _spec(tmp_path, tmp_path / "cache")
+    b, report = count(spec), width_report(spec)
+    assert report["expert_K"] == 2 and report["expert_hidden"] == [24, 16]
+    # FFN: router w E + E K 3 w d_h per layer (the sub-MLP norm gains count as norms).
+    assert b.ffn == (48 * 4 + 4 * 2 * 3 * 48 * 24) + (32 * 4 + 4 * 2 * 3 * 32 * 16)
+    # Inactive: 2 of 4 experts per layer, their K (3 w d_h + w) each.
+    assert b.inactive == 2 * 2 * (3 * 48 * 24 + 48) + 2 * 2 * (3 * 32 * 16 + 32)
+    config = spec.model.build(vocab_size(spec))
+    assert (b.total, b.active) == (config.num_params, config.num_active_params)
