@@ -56,21 +56,24 @@ def _memory_model(path):
     per_token, widths = [], []  # A_l = 12 w + sum_k (4 w + 8 H_k), bytes per token of layer l
     for block in model.blocks.values():
         w = block.attention.w_q.in_features
-        w1 = block.feed_forward.w1.weight
-        K, H = (w1.shape[0], w1.shape[1]) if w1.ndim == 3 else (1, w1.shape[0])  # hourglass: (K, d_h, w)
+        if hasattr(block, "feed_forward_moe"):  # MoE: each token through its top-k experts of hidden I_l
+            K, H = block.feed_forward_moe.top_k, block.feed_forward_moe.experts.mlp.hidden_size
+        else:
+            w1 = block.feed_forward.w1.weight
+            K, H = (w1.shape[0], w1.shape[1]) if w1.ndim == 3 else (1, w1.shape[0])  # hourglass: (K, d_h, w)
         per_token.append(12 * w + K * (4 * w + 8 * H))
         widths.append(w)
     V, s = model.embeddings.weight.shape[0], spec.data.sequence_length
     static = 16 * P / 8 + 4 * max(sum(p.numel() for p in b.parameters()) for b in model.blocks.values())
     per_seq = {False: s * (sum(per_token) + 12 * V), True: s * (4 * sum(widths) + max(per_token) + 12 * V)}
-    return static, per_seq, spec.train.global_batch_size // 8
+    return static, per_seq, spec.train.global_batch_size // 8, spec.model.moe is not None
 
 
 def _expected_preset(path, memory_gib: float):
     """(micro-batch, checkpointing): the largest divisor of the per-rank batch that fits 85% of the card,
-    checkpointing only when not one sequence fits without."""
-    static, per_seq, per_rank = _memory_model(path)
-    for ac in (False, True):
+    checkpointing only when not one sequence fits without (never for MoE blocks: OLMo-core cannot)."""
+    static, per_seq, per_rank, moe = _memory_model(path)
+    for ac in (False,) if moe else (False, True):
         fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and static + m * per_seq[ac] <= 0.85 * memory_gib * 2**30]
         if fits:
             return max(fits), ac
