@@ -183,8 +183,10 @@ class HourglassMoE(DroplessMoE):
     def num_flops_per_token(self, seq_len: int) -> int:
         del seq_len
         mlp = self.experts.mlp
-        matmul = 3 * mlp.d_model * mlp.hidden_size * mlp.K  # type: ignore[operator]
-        return 6 * (sum(p.numel() for p in self.router.parameters()) + self.top_k * matmul)
+        counts = hourglass_moe_counts(
+            mlp.d_model, num_experts=self.num_experts, top_k=self.top_k, K=mlp.K, d_h=mlp.hidden_size  # type: ignore[arg-type]
+        )
+        return counts["flops_per_token"]
 
 
 @dataclass
