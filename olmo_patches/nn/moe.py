@@ -19,7 +19,8 @@ mean_t logsumexp^2: so ``lb_loss_weight`` 0.01 and ``z_loss_weight`` 0.001 with
 differences OLMo-core cannot express: the authors all-reduce the counts f over the data-parallel ranks
 (OLMo-core's counts are the rank's micro-batch; equal on one rank), and OLMo-core divides by the
 rank's batch tokens (``loss_div_factor``) where the authors divide by grad-accumulation steps: equal for
-equal micro-batches.
+equal micro-batches. OLMo-core's router also computes its logits in float32 (lm-engine's ``gate`` runs in
+the training dtype).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
+import olmo_core.ops.moe as moe_ops
 import torch
 from olmo_core.config import StrEnum
 from olmo_core.nn.buffer_cache import BufferCache
-import olmo_core.ops.moe as moe_ops
 from olmo_core.nn.moe import DroplessMoE, MoEBase, MoEConfig, MoERouterConfig, MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
@@ -45,7 +46,7 @@ class Experts(StrEnum):
 
 
 def expert_hidden_size(width: int, expert_hidden: int, d_model: int) -> int:
-    """I_l = round(w_l expert_hidden / h): the authors' per-layer expert size (WVC:432, Python round)."""
+    """I_l = round(w_l expert_hidden / h): the authors' per-layer expert size (width_varying_config.py:437-439, Python round)."""
     return int(round(width * expert_hidden / d_model))
 
 
@@ -65,7 +66,7 @@ class LayerMoEConfig(MoEConfig):
             name=MoEType.dropless,
             num_experts=num_experts,
             hidden_size=hidden_size,
-            router=MoERouterConfig(top_k=top_k, normalize_expert_weights=1.0 if top_k > 1 else None),
+            router=MoERouterConfig(top_k=top_k, normalize_expert_weights=1.0),  # k = 1: weight 1, as lm-engine's
             lb_loss_weight=lb_loss_weight or None,
             z_loss_weight=z_loss_weight or None,
             scale_loss_by_num_layers=False,
