@@ -105,6 +105,13 @@ def test_export_refuses_unknown_checkpoint(tmp_path):
     assert r.returncode == 2 and "export_hf:" in r.stderr
 
 
+def test_export_refuses_an_moe_model(tmp_path):
+    from olmo_patches.export.hf import export_hf
+
+    with pytest.raises(ValueError, match=r"x\.yaml: model\.moe: the Hugging Face export has no mixture-of-experts model"):
+        export_hf(tmp_path / "step1", tmp_path / "hf", config=REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml")
+
+
 def test_export_sets_token_ids_and_generate_stops_at_eos(tmp_path, demo_corpus):
     import json
 
