@@ -344,6 +344,8 @@ def test_moe_counts_equal_the_built_model():
 
 
 @pytest.mark.parametrize("override, match", [
+    ("model.moe.num_experts=0", r"model\.moe\.num_experts=0: must be >= 1"),
+    ("model.ffn=hourglass", r"model\.ffn=hourglass: the MoE replaces the FFN"),
     ("model.moe.top_k=5", r"model\.moe\.top_k=5: must be in \[1, model\.moe\.num_experts=4\]"),
     ("model.moe.experts=mixtral", r"model\.moe\.experts=mixtral: choose one of swiglu"),
     ("model.moe.lb_loss_weight=-1", r"model\.moe\.lb_loss_weight=-1\.0: must be finite and >= 0"),

@@ -48,7 +48,12 @@ does not arise: P_1 maps the h-dim embedding to w_1 dims, and every dim of x_1 i
 Each layer at its own width: n_heads fixed (head_dim = w_l / n_heads, or a fixed ``head_dim``: every
 layer's attention is then n_heads x head_dim wide whatever w_l), RMSNorm over w_l, RoPE over
 head_dim (each block has its own RoPE buffer cache: OLMo-core's cache key omits the head size), and
-either SwiGLU (hidden ``ffn_hidden_ratio`` w_l) or the hourglass FFN (d_h scaled with w_l).
+either SwiGLU (hidden ``ffn_hidden_ratio`` w_l), the hourglass FFN (d_h scaled with w_l) or a mixture
+of experts (OLMo-core's MoE at w_l with experts of hidden round(w_l expert_hidden / h); ``moe.py``).
+With an MoE the solver matches the baseline's total parameters, per layer (4 + 3 E r) w_l^2 + E w_l
+(every expert, the router; r = expert_hidden / h) with output waste E r w_L (w_L - h), as the authors'
+solver does for their 3B MoE. Hourglass experts (``hourglass_moe.py``, new here: K sub-MLPs of
+round(w_l d_h / h)) count as r = K d_h / h.
 
 Initialisation: OLMo-core's (``init_method``, ``init_std``), or the paper's muP-style one
 (:class:`MuPConfig`): embedding std = init_range, block weights std = init_range / sqrt(m_width) *
@@ -76,13 +81,12 @@ from olmo_core.nn.transformer import Transformer, TransformerBlockConfig, Transf
 from olmo_core.nn.transformer.block import ReorderedNormTransformerBlock, TransformerBlock
 from olmo_core.nn.transformer.config import TransformerBlockType
 from olmo_core.nn.transformer.init import _apply_init
-
 from olmo_core.nn.transformer.model import MoETransformer
 
 from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
 from .hourglass_moe import HourglassMoEBlock, HourglassMoEConfig
-from .moe import LayerMoEConfig, ScaledMoETransformerBlock, expert_hidden_size
+from .moe import ScaledMoETransformerBlock, expert_hidden_size
 
 __all__ = [
     "ResizeMode",
