@@ -29,6 +29,7 @@ from .nn.attention import ATTENTION_BACKENDS, FLASH, BackendChoice, head_dims, r
 from .nn.hourglass_block import HourglassBlockConfig
 from .hardware import CARDS, HARDWARE, Settings, choose, detect, estimate
 from .nn.hourglass import HourglassFeedForwardConfig, NormPlacement
+from .nn.hourglass_moe import HourglassMoEConfig
 from .nn.moe import Experts, LayerMoEConfig, expert_hidden_size
 from .nn.variable_width import SCHEDULES, SHAPES, MoEShape, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
 
@@ -89,10 +90,10 @@ class MoESpec:
 
     num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
     top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
-    expert_hidden: int = MISSING  # one expert's SwiGLU hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    expert_hidden: Optional[int] = None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
     lb_loss_weight: float = 0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
-    experts: str = "swiglu"  # swiglu: OLMo-core's dropless SwiGLU experts
+    experts: str = "swiglu"  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
 
 
 @dataclass
@@ -139,10 +140,20 @@ class ModelSpec:
     attention_backend: str = "auto"  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
 
     @property
+    def moe_hidden(self) -> int:
+        """One expert's hidden size at width h: expert_hidden (swiglu), d_h of each of its K sub-MLPs (hourglass)."""
+        assert self.moe is not None
+        return self.resolved_d_h if self.moe.experts == "hourglass" else self.moe.expert_hidden  # type: ignore[return-value]
+
+    @property
     def moe_shape(self) -> Optional[MoEShape]:
-        """The MoE as the width solver counts it (None: dense FFN)."""
+        """The MoE as the width solver counts it (None: dense FFN); an hourglass expert's 3 K d_h w weights
+        count as a SwiGLU expert of hidden K d_h."""
         e = self.moe
-        return None if e is None else MoEShape(e.num_experts, e.top_k, e.expert_hidden / self.d_model)
+        if e is None:
+            return None
+        K = self.K if e.experts == "hourglass" else 1
+        return MoEShape(e.num_experts, e.top_k, K * self.moe_hidden / self.d_model)
 
     @property
     def resolved_widths(self) -> List[int]:
@@ -212,10 +223,13 @@ class ModelSpec:
             )
         if self.moe is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
             e = self.moe
-            moe = LayerMoEConfig.authors(
-                num_experts=e.num_experts, top_k=e.top_k, hidden_size=e.expert_hidden, lb_loss_weight=e.lb_loss_weight,
+            hourglass_experts = e.experts == "hourglass"
+            moe = (HourglassMoEConfig if hourglass_experts else LayerMoEConfig).authors(
+                num_experts=e.num_experts, top_k=e.top_k, hidden_size=self.moe_hidden, lb_loss_weight=e.lb_loss_weight,
                 z_loss_weight=e.z_loss_weight, experts=Experts(e.experts),
             )
+            if hourglass_experts:  # K sub-MLPs per expert, each with the model's norm
+                moe = replace(moe, K=self.K, layer_norm=config.block.layer_norm)  # type: ignore[union-attr]
             config.block = replace(config.block, feed_forward=None, feed_forward_moe=moe)
         if self.block == "variable_width":
             w = self.widths
@@ -431,7 +445,10 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("model.norm_placement", m.norm_placement, "must be pre or post")
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
-    if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass"):
+    hourglass_experts = m.moe is not None and m.moe.experts == "hourglass"
+    if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass") or hourglass_experts:
+        if hourglass_experts and m.d_h is None and m.d_h_ratio is None:
+            fail("model.d_h", None, "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h")
         if m.K < 1:
             fail("model.K", m.K, "must be >= 1")
         if m.d_h is not None and m.d_h_ratio is not None:
@@ -692,8 +709,9 @@ def _validate_widths(m: ModelSpec, fail) -> None:
     for layer, width in enumerate(widths, start=1):
         if width < 1 or width % step:
             fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
-    if m.moe is not None and expert_hidden_size(min(widths), m.moe.expert_hidden, m.d_model) < 1:
-        fail("model.moe.expert_hidden", m.moe.expert_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
+    if m.moe is not None and expert_hidden_size(min(widths), m.moe_hidden, m.d_model) < 1:
+        key = "model.d_h" if m.moe.experts == "hourglass" else "model.moe.expert_hidden"
+        fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
 
 
 def _validate_moe(m: ModelSpec, t: TrainSpec, fail) -> None:
@@ -711,8 +729,11 @@ def _validate_moe(m: ModelSpec, t: TrainSpec, fail) -> None:
         fail("model.moe.num_experts", e.num_experts, "must be >= 1")
     if not 1 <= e.top_k <= e.num_experts:
         fail("model.moe.top_k", e.top_k, f"must be in [1, model.moe.num_experts={e.num_experts}]")
-    if e.expert_hidden < 1:
-        fail("model.moe.expert_hidden", e.expert_hidden, "must be >= 1")
+    if e.experts == "hourglass":  # the experts' shape is model.K and model.d_h (checked in validate)
+        if e.expert_hidden is not None:
+            fail("model.moe.expert_hidden", e.expert_hidden, "hourglass experts take their shape from model.K and model.d_h; remove it")
+    elif e.expert_hidden is None or e.expert_hidden < 1:
+        fail("model.moe.expert_hidden", e.expert_hidden, "must be >= 1 for swiglu experts")
     for key in ("lb_loss_weight", "z_loss_weight"):
         if not (math.isfinite(value := getattr(e, key)) and value >= 0):
             fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")

@@ -96,8 +96,8 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     per_token = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
-        if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l)
-            K, hidden = moe.router.top_k, moe.hidden_size
+        if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
+            K, hidden = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size
         else:
             assert ffn is not None
             K, hidden = getattr(ffn, "K", 1), ffn.hidden_size

@@ -57,7 +57,8 @@ def _memory_model(path):
     for block in model.blocks.values():
         w = block.attention.w_q.in_features
         if hasattr(block, "feed_forward_moe"):  # MoE: each token through its top-k experts of hidden I_l
-            K, H = block.feed_forward_moe.top_k, block.feed_forward_moe.experts.mlp.hidden_size
+            mlp = block.feed_forward_moe.experts.mlp  # hourglass experts: K sub-MLPs of d_h each
+            K, H = block.feed_forward_moe.top_k * getattr(mlp, "K", 1), mlp.hidden_size
         else:
             w1 = block.feed_forward.w1.weight
             K, H = (w1.shape[0], w1.shape[1]) if w1.ndim == 3 else (1, w1.shape[0])  # hourglass: (K, d_h, w)

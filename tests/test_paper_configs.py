@@ -37,9 +37,12 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         # The variable-width paper's rule, written out here: sum_l 16 w_l^2 - waste = 16 L h^2, with
         # waste = 3 (w_1 - h) w_1 [w_1 > h] + 4 w_L (w_L - h) [w_L > h]; rounding each w_l to a
         # multiple of 32 leaves it within 1% (the paper's own rounding). An MoE (the authors' solver):
-        # per layer (4 + 3 E r) w^2 + E w (every expert of hidden r w, the router), output waste E r.
-        w, h, L, e = spec.model.resolved_widths, spec.model.d_model, spec.model.n_layers, spec.model.moe
-        K, G, out = (16, 0, 4) if e is None else (4 + 3 * e.num_experts * e.expert_hidden / h, e.num_experts, e.num_experts * e.expert_hidden / h)
+        # per layer (4 + 3 E r) w^2 + E w (every expert of hidden r w, the router), output waste E r;
+        # hourglass experts (K sub-MLPs of d_h): the 3 K d_h w weights of a hidden r w = K d_h.
+        m = spec.model
+        w, h, L, e = m.resolved_widths, m.d_model, m.n_layers, m.moe
+        hidden = (m.K * m.d_h if e.experts == "hourglass" else e.expert_hidden) if e is not None else 0
+        K, G, out = (16, 0, 4) if e is None else (4 + 3 * e.num_experts * hidden / h, e.num_experts, e.num_experts * hidden / h)
         waste = 3 * max(w[0] - h, 0) * w[0] + out * w[-1] * max(w[-1] - h, 0)
         target = L * (K * h * h + G * h)
         assert abs(sum(K * x * x + G * x for x in w) - waste - target) <= 0.01 * target

@@ -42,6 +42,7 @@ __all__ = ["Experts", "LayerMoEConfig", "ScaledMoETransformerBlock", "PortableDr
 
 class Experts(StrEnum):
     swiglu = "swiglu"  # OLMo-core's dropless SwiGLU experts
+    hourglass = "hourglass"  # K-deep hourglass sub-MLP stacks (nn/hourglass_moe.py, HourglassMoEConfig)
 
 
 def expert_hidden_size(width: int, expert_hidden: int, d_model: int) -> int:

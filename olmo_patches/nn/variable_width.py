@@ -52,7 +52,8 @@ either SwiGLU (hidden ``ffn_hidden_ratio`` w_l), the hourglass FFN (d_h scaled w
 of experts (OLMo-core's MoE at w_l with experts of hidden round(w_l expert_hidden / h); ``moe.py``).
 With an MoE the solver matches the baseline's total parameters, per layer (4 + 3 E r) w_l^2 + E w_l
 (every expert, the router; r = expert_hidden / h) with output waste E r w_L (w_L - h), as the authors'
-solver does for their 3B MoE.
+solver does for their 3B MoE. Hourglass experts (``hourglass_moe.py``, new here: K sub-MLPs of
+round(w_l d_h / h)) count as r = K d_h / h.
 
 Initialisation: OLMo-core's (``init_method``, ``init_std``), or the paper's muP-style one
 (:class:`MuPConfig`): embedding std = init_range, block weights std = init_range / sqrt(m_width) *
@@ -84,6 +85,7 @@ from olmo_core.nn.transformer.model import MoETransformer
 
 from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
+from .hourglass_moe import HourglassMoEBlock, HourglassMoEConfig
 from .moe import ScaledMoETransformerBlock, expert_hidden_size
 
 __all__ = [
@@ -346,6 +348,10 @@ class VariableWidthMoEBlock(_Resizing, ScaledMoETransformerBlock):
     """Attention + OLMo-core's MoE at width w_l inside the wide stream (paper 2's 3B MoE)."""
 
 
+class VariableWidthHourglassMoEBlock(_Resizing, HourglassMoEBlock):
+    """Attention + an MoE of hourglass experts at width w_l inside the wide stream (new here)."""
+
+
 @dataclass
 class VariableWidthBlockConfig(TransformerBlockConfig):
     """One layer: the template block's modules at ``width``; reads ``in_width`` dims in learned mode."""
@@ -367,7 +373,8 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         assert self.layer_norm is not None
         kwargs: dict = dict(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm)
         if self.feed_forward_moe is not None:  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
-            cls: type = VariableWidthMoEBlock
+            hourglass_experts = isinstance(self.feed_forward_moe, HourglassMoEConfig)
+            cls: type = VariableWidthHourglassMoEBlock if hourglass_experts else VariableWidthMoEBlock
             kwargs.update(feed_forward_moe=self.feed_forward_moe, dropout=self.dropout or 0.0,
                           residual_alpha=self.attention_residual_alpha or 1.0)
         elif self.is_hourglass:

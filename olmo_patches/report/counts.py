@@ -59,8 +59,10 @@ def width_report(spec: ExperimentSpec) -> dict:
     }
     if moe is not None:
         emb = 2 * V * h
+        if m.moe.experts == "hourglass":  # type: ignore[union-attr]
+            report["expert_K"] = m.K  # sub-MLPs per expert
         report.update(
-            expert_hidden=[expert_hidden_size(w, m.moe.expert_hidden, h) for w in widths],  # type: ignore[union-attr]
+            expert_hidden=[expert_hidden_size(w, m.moe_hidden, h) for w in widths],  # hourglass experts: d_h of each sub-MLP
             paper_total_flops_ratio=paper_ratio(False),
             baseline_total=base.total,
             baseline_active=base.active,
@@ -83,6 +85,8 @@ def param_table(spec: ExperimentSpec) -> Table:
         shape += f", K {m.K}, d_h {m.resolved_d_h}"
     if m.block == "variable_width":
         ffn = f"MoE {m.moe.num_experts} {m.moe.experts} experts top-{m.moe.top_k}" if m.moe is not None else m.ffn
+        if m.moe is not None and m.moe.experts == "hourglass":
+            ffn += f" (K {m.K}, d_h {m.resolved_d_h} at h)"
         shape += f", {ffn}, widths {m.resolved_widths}"
     table = Table(title=f"{spec.run.name} ({shape})")
     table.add_column("parameters")
