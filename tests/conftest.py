@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny model on the embedded demo corpus, and helpers to read finished runs."""
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -92,7 +93,20 @@ def load_weights(step_dir: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    """The demo corpus, built once into the repo's cache (as the demo itself does)."""
+    """The demo corpus, built once into the repo's cache (as the demo itself does). Under
+    pytest-xdist the first worker builds it and the others wait on the lock, then read the cache."""
     from olmo_patches.data.demo import prepare_demo_corpus
 
-    return prepare_demo_corpus(REPO / ".cache" / "demo-corpus")
+    cache = REPO / ".cache" / "demo-corpus"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".build-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return prepare_demo_corpus(cache)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rendezvous_port():
+    """An in-process run picks a free MASTER_PORT and leaves it in os.environ; dropped after each
+    test, the next run picks a port free at that moment (pytest-xdist workers train side by side)."""
+    yield
+    os.environ.pop("MASTER_PORT", None)
