@@ -1,16 +1,24 @@
 """Shared fixtures: a tiny model on the embedded demo corpus, and helpers to read finished runs."""
 
+import contextlib
 import fcntl
+import io
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+# transformers copies an exported model's modeling code into a cache named after its folder ("hf"):
+# one per test process, so that pytest-xdist workers never write the same file at once.
+os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
 
 # One intra-op thread here and in every child process (run_script sets OMP_NUM_THREADS=1): float
 # reductions then sum in the same order in-process and in a subprocess, so their runs are bit-equal.
@@ -74,14 +82,41 @@ def run(cmd: list, timeout: int = 300, **extra_env: str) -> subprocess.Completed
     return finish(start(cmd, **extra_env), timeout)
 
 
+def script_path(script: str) -> Path:
+    """scripts/NAME, or a path from the repo root ("tests/NAME.py", "benchmarks/NAME.py")."""
+    return REPO / script if "/" in script else REPO / "scripts" / script
+
+
 def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run one of scripts/ (or tests/ helpers, given as "tests/NAME.py") in a fresh interpreter,
     optionally under torchrun with that many processes."""
-    path = REPO / script if "/" in script else REPO / "scripts" / script
-    cmd = [sys.executable, str(path), *args]
+    cmd = [sys.executable, str(script_path(script)), *args]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *cmd[1:]]
     return run(cmd, timeout=timeout)
+
+
+def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """A script's ``__main__`` run in this process as ``python SCRIPT ARGS`` would run it (sys.argv,
+    working folder, stdout, stderr, exit code), without a fresh interpreter's 5-10 s of imports: for
+    tests of what a script does. Tests of the process itself (its one-line errors and exit codes, the
+    checkout it imports, torchrun) use run_script."""
+    path = script_path(script)
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_cwd, code = sys.argv, Path.cwd(), 0
+    sys.argv = [str(path), *map(str, args)]
+    try:
+        os.chdir(cwd or old_cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:  # as the interpreter exits: None is 0, a message goes to stderr with 1
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    return subprocess.CompletedProcess([sys.executable, str(path), *args], code, out.getvalue(), err.getvalue())
 
 
 def load_weights(step_dir: Path) -> dict:

@@ -17,19 +17,14 @@ A new documented command without a row fails with a message naming the doc and t
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import re
-import runpy
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run
+from .conftest import REPO, run, run_in_process
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
@@ -170,23 +165,10 @@ def workdir(tmp_path_factory, demo_corpus):
 
 def _script(argv: list[str], cwd: Path, stdout: Path | None = None) -> tuple[int, str]:
     """``python scripts/X.py ARGS`` in this process, from ``cwd``: (exit code, stdout + stderr)."""
-    script = REPO / argv[0]
-    out = io.StringIO()
-    old_argv, old_cwd = sys.argv, Path.cwd()
-    sys.argv = [str(script), *argv[1:]]
-    code = 0
-    try:
-        os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old_argv
-        os.chdir(old_cwd)
+    r = run_in_process(argv[0], *argv[1:], cwd=cwd)
     if stdout is not None:
-        stdout.write_text(out.getvalue())
-    return code, out.getvalue()
+        stdout.write_text(r.stdout)
+    return r.returncode, r.stdout + r.stderr
 
 
 def _flags(words: list[str]) -> list[str]:
