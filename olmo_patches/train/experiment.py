@@ -6,6 +6,7 @@ loader, checkpointer and evaluator); this module only translates the spec into i
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -334,9 +335,13 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         if (refused := broadcast_object(refused)) is not None:
             raise refused
         barrier()
+        # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over
+        # the ~400k objects of the imported modules. Frozen, those are skipped for the run.
+        gc.freeze()
         with quiet_console(save_folder):
             return _fit(spec, resume_from, device, callbacks)
     finally:
+        gc.unfreeze()
         if rank0:
             lock.release()
         teardown_training_environment()
