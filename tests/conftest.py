@@ -96,16 +96,25 @@ def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -
     return run(cmd, timeout=timeout)
 
 
+def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """scripts/train.py once per argument list, one run after another in the ranks of one torchrun
+    launch (tests/_train_each.py): the launch and the ranks' imports paid once."""
+    args = [a for i, argv in enumerate(runs) for a in ([] if i == 0 else ["---"]) + list(argv)]
+    return run_script("tests/_train_each.py", *args, torchrun=torchrun, timeout=timeout)
+
+
 def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """A script's ``__main__`` run in this process as ``python SCRIPT ARGS`` would run it (sys.argv,
-    working folder, stdout, stderr, exit code), without a fresh interpreter's 5-10 s of imports: for
-    tests of what a script does. Tests of the process itself (its one-line errors and exit codes, the
-    checkout it imports, torchrun) use run_script."""
+    working folder, child_env()'s environment for the processes it starts, stdout, stderr, exit code),
+    without a fresh interpreter's 5-10 s of imports: for tests of what a script does. Tests of the
+    process itself (its one-line errors and exit codes, the checkout it imports, torchrun) use run_script."""
     path = script_path(script)
     out, err = io.StringIO(), io.StringIO()
-    old_argv, old_cwd, code = sys.argv, Path.cwd(), 0
+    old_argv, old_cwd, old_env, code = sys.argv, Path.cwd(), dict(os.environ), 0
     sys.argv = [str(path), *map(str, args)]
     try:
+        os.environ.clear()
+        os.environ.update(child_env())
         os.chdir(cwd or old_cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_path(str(path), run_name="__main__")
@@ -116,6 +125,8 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subproce
     finally:
         sys.argv = old_argv
         os.chdir(old_cwd)
+        os.environ.clear()
+        os.environ.update(old_env)
     return subprocess.CompletedProcess([sys.executable, str(path), *args], code, out.getvalue(), err.getvalue())
 
 

@@ -11,7 +11,7 @@ from olmo_patches.config import ConfigError, Layout, load_spec
 from olmo_patches.train import train
 from olmo_patches.train.metrics import read_metrics
 
-from .conftest import REPO, run_in_process, run_script
+from .conftest import REPO, run_in_process, train_each
 
 DEMO = REPO / "configs" / "demo"
 OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
@@ -114,16 +114,27 @@ def _losses(run_dir):
     return {(step, k): m[k] for step, m in read_metrics(run_dir).items() for k in keys if k in m}
 
 
-@pytest.mark.parametrize("name", ["baseline", "hourglass", "variable-width"])
-def test_demo_config_under_torchrun_matches_one_process(tmp_path, demo_corpus, name):
-    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2 and in
-    one process: the same losses (the global batch is the same)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    common = [*SHRINK, f"data.work_dir={tmp_path / 'cache'}"]
-    r = run_script("train.py", str(DEMO / f"{name}.yaml"), *common, f"run.save_folder={two}", torchrun=2)
+NAMES = ["baseline", "hourglass", "variable-width"]
+
+
+@pytest.fixture(scope="module")
+def under_torchrun(tmp_path_factory, demo_corpus):
+    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2, for
+    each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
+    root = tmp_path_factory.mktemp("torchrun")
+    return root, train_each([[str(DEMO / f"{n}.yaml"), *SHRINK, f"data.work_dir={root / n / 'cache'}", f"run.save_folder={root / n}"]
+                             for n in NAMES])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_demo_config_under_torchrun_matches_one_process(tmp_path, under_torchrun, name):
+    """configs/demo/NAME.yaml under torchrun with 2 ranks and in one process: the same losses (the
+    global batch is the same)."""
+    root, r = under_torchrun
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == 1  # rank 0's info line
-    train(load_spec(DEMO / f"{name}.yaml", [*common, f"run.save_folder={one}"], layout=Layout.plan(1)))
+    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == len(NAMES)  # rank 0's info line, once a run
+    one, two = tmp_path / "one", root / name
+    train(load_spec(DEMO / f"{name}.yaml", [*SHRINK, f"data.work_dir={tmp_path / 'cache'}", f"run.save_folder={one}"], layout=Layout.plan(1)))
     l1, l2 = _losses(one), _losses(two)
     assert sorted(l1) == sorted(l2) and {s for s, _ in l1} == {0, 1, 2, 3}
     print(f"{name}: " + ", ".join(f"{k[1]}@{k[0]} {l1[k]:.6f}/{l2[k]:.6f}" for k in sorted(l1)))
