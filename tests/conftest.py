@@ -1,10 +1,12 @@
 """Shared fixtures: a tiny model on the embedded demo corpus, and helpers to read finished runs."""
 
+import atexit
 import contextlib
 import fcntl
 import io
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 # transformers copies an exported model's modeling code into a cache named after its folder ("hf"):
 # one per test process, so that pytest-xdist workers never write the same file at once.
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
+atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
 # One intra-op thread here and in every child process (run_script sets OMP_NUM_THREADS=1): float
 # reductions then sum in the same order in-process and in a subprocess, so their runs are bit-equal.
