@@ -5,8 +5,9 @@ torchrun launch, and one set of imports, for several runs.
 
 ARGS are scripts/train.py's (CONFIG key=value ...); a run that fails ends the launch with its exit
 code. Each run rendezvouses on a store of its own: rank 0 hosts a new TCPStore on a free port and
-publishes the port on torchrun's store. (A process group created again on torchrun's store would
-read the keys of the one before: torch names the default group "0" every time.)
+publishes the port on torchrun's store (a process group created again on torchrun's store would
+read the keys of the one before: torch names the default group "0" every time); OLMo-core's world
+mesh, one per process, is dropped after each run.
 """
 
 import os
@@ -16,6 +17,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import olmo_core.distributed.parallel as parallel
 from torch.distributed import TCPStore
 
 TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
@@ -42,6 +44,7 @@ def main() -> None:
         os.environ.update(MASTER_PORT=torchrun.get(key).decode(), TORCHELASTIC_USE_AGENT_STORE="False")
         sys.argv = [str(TRAIN), *argv]
         runpy.run_path(str(TRAIN), run_name="__main__")
+        parallel._WORLD_MESH = None  # OLMo-core builds its world mesh once a process: this run's is gone
 
 
 if __name__ == "__main__":
