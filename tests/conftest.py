@@ -42,6 +42,27 @@ TINY = [
 ]
 
 
+# make test runs the suite on every core (pytest-xdist, --dist loadfile: a file's tests, and so its
+# module fixtures, stay on one worker). Files go to the workers in this order, the slowest first (the
+# file totals of --durations, docs/testing.md), so that no worker is left alone with a long file at
+# the end; the rest follow in collection order.
+SLOW_FIRST = (
+    "test_doc_commands.py", "test_resume.py", "test_logging.py", "test_sweep.py", "test_export_hf.py",
+    "test_scripts.py", "test_performance.py", "test_variable_width.py", "test_world_size.py", "test_training.py",
+    "test_hardware.py", "test_evaluate.py", "test_gpu_ready.py", "test_tables.py", "test_bad_configs.py",
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep this order (not by number of tests)
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: each file keeps its order
+
+
 def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list:
     hourglass = ["model.block=hourglass", "model.K=2", "model.d_h=16"] if block == "hourglass" else []
     return [*TINY, *hourglass, f"run.save_folder={tmp_path}", f"data.work_dir={tmp_path / 'cache'}", *extra]
