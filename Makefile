@@ -25,7 +25,7 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 wheelhouse: install
 	$(BIN)/python scripts/wheelhouse.py wheelhouse --python-version $(WHEEL_PYTHON)

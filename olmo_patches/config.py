@@ -11,11 +11,12 @@ override the base's, and omegaconf interpolation (``${model.d_model}``) works ac
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
@@ -399,15 +400,21 @@ def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> st
     return str(chain[-1][0])
 
 
+@cache
+def _schema() -> DictConfig:
+    """ExperimentSpec as an OmegaConf schema: built once (half of a config's load), copied per load."""
+    return OmegaConf.structured(ExperimentSpec)
+
+
 def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
     """Load, merge, validate for the ranks of ``layout`` (default: torchrun's environment).
     Raises :class:`ConfigError` with a one-line message."""
     overrides = list(overrides or [])
     chain = _read_chain(Path(path))
-    merged: Any = OmegaConf.structured(ExperimentSpec)
+    merged: Any = copy.deepcopy(_schema())
     for source, cfg in chain:
         try:
-            merged = OmegaConf.merge(merged, cfg)
+            merged.merge_with(cfg)  # in place: OmegaConf.merge would deep-copy the whole config per file
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", "") or "?"
             raise ConfigError(f"{source}: {key}: {_one_line(e)}") from e
@@ -415,7 +422,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
     try:
-        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(overrides))
+        merged.merge_with(OmegaConf.from_dotlist(overrides))
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"

@@ -1,15 +1,27 @@
 """Shared fixtures: a tiny model on the embedded demo corpus, and helpers to read finished runs."""
 
+import atexit
+import contextlib
+import fcntl
+import io
 import os
+import runpy
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+# transformers copies an exported model's modeling code into a cache named after its folder ("hf"):
+# one per test process, so that pytest-xdist workers never write the same file at once.
+os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
+atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
 # One intra-op thread here and in every child process (run_script sets OMP_NUM_THREADS=1): float
 # reductions then sum in the same order in-process and in a subprocess, so their runs are bit-equal.
@@ -28,6 +40,27 @@ TINY = [
     "eval.max_batches=2",
     "run.log_interval=1",
 ]
+
+
+# make test runs the suite on every core (pytest-xdist, --dist loadfile: a file's tests, and so its
+# module fixtures, stay on one worker). Files go to the workers in this order, the slowest first (the
+# file totals of --durations, docs/testing.md), so that no worker is left alone with a long file at
+# the end; the rest follow in collection order.
+SLOW_FIRST = (
+    "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",
+    "test_doc_commands.py", "test_gpu_ready.py", "test_training.py", "test_performance.py", "test_variable_width.py",
+    "test_bad_configs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep this order (not by number of tests)
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: each file keeps its order
 
 
 def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list:
@@ -73,14 +106,52 @@ def run(cmd: list, timeout: int = 300, **extra_env: str) -> subprocess.Completed
     return finish(start(cmd, **extra_env), timeout)
 
 
+def script_path(script: str) -> Path:
+    """scripts/NAME, or a path from the repo root ("tests/NAME.py", "benchmarks/NAME.py")."""
+    return REPO / script if "/" in script else REPO / "scripts" / script
+
+
 def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run one of scripts/ (or tests/ helpers, given as "tests/NAME.py") in a fresh interpreter,
     optionally under torchrun with that many processes."""
-    path = REPO / script if "/" in script else REPO / "scripts" / script
-    cmd = [sys.executable, str(path), *args]
+    cmd = [sys.executable, str(script_path(script)), *args]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *cmd[1:]]
     return run(cmd, timeout=timeout)
+
+
+def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """scripts/train.py once per argument list, one run after another in the ranks of one torchrun
+    launch (tests/_train_each.py): the launch and the ranks' imports paid once."""
+    args = [a for i, argv in enumerate(runs) for a in ([] if i == 0 else ["---"]) + list(argv)]
+    return run_script("tests/_train_each.py", *args, torchrun=torchrun, timeout=timeout)
+
+
+def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """A script's ``__main__`` run in this process as ``python SCRIPT ARGS`` would run it (sys.argv,
+    working folder, child_env()'s environment for the processes it starts, stdout, stderr, exit code),
+    without a fresh interpreter's 5-10 s of imports: for tests of what a script does. Tests of the
+    process itself (its one-line errors and exit codes, the checkout it imports, torchrun) use run_script."""
+    path = script_path(script)
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_cwd, old_env, code = sys.argv, Path.cwd(), dict(os.environ), 0
+    sys.argv = [str(path), *map(str, args)]
+    try:
+        os.environ.clear()
+        os.environ.update(child_env())
+        os.chdir(cwd or old_cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:  # as the interpreter exits: None is 0, a message goes to stderr with 1
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+        os.environ.clear()
+        os.environ.update(old_env)
+    return subprocess.CompletedProcess([sys.executable, str(path), *args], code, out.getvalue(), err.getvalue())
 
 
 def load_weights(step_dir: Path) -> dict:
@@ -92,7 +163,20 @@ def load_weights(step_dir: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    """The demo corpus, built once into the repo's cache (as the demo itself does)."""
+    """The demo corpus, built once into the repo's cache (as the demo itself does). Under
+    pytest-xdist the first worker builds it and the others wait on the lock, then read the cache."""
     from olmo_patches.data.demo import prepare_demo_corpus
 
-    return prepare_demo_corpus(REPO / ".cache" / "demo-corpus")
+    cache = REPO / ".cache" / "demo-corpus"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".build-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return prepare_demo_corpus(cache)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rendezvous_port():
+    """An in-process run picks a free MASTER_PORT and leaves it in os.environ; dropped after each
+    test, the next run picks a port free at that moment (pytest-xdist workers train side by side)."""
+    yield
+    os.environ.pop("MASTER_PORT", None)

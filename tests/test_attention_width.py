@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from olmo_patches.config import ConfigError, ModelSpec, RoPEScalingSpec, load_spec, vocab_size
 from olmo_patches.report.counts import count
 
-from .conftest import REPO, run_script
+from .conftest import REPO, run_in_process
 
 V = 256
 SCALING = RoPEScalingSpec(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
@@ -275,7 +275,7 @@ def test_revised_weight_decay_groups():
 
 
 def test_count_params_json_reports_attention_width_and_kv_heads():
-    r = run_script("count_params.py", str(REPO / "configs" / "3B" / "hourglass-revised.yaml"), "--json")
+    r = run_in_process("count_params.py", str(REPO / "configs" / "3B" / "hourglass-revised.yaml"), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert (out["n_heads"], out["head_dim"], out["n_kv_heads"], out["attention_width"], out["kv_width"]) == (24, 128, 24, 3072, 3072)

@@ -17,19 +17,15 @@ A new documented command without a row fails with a message naming the doc and t
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import re
-import runpy
 import shlex
-import sys
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run
+from .conftest import REPO, run, run_in_process
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
@@ -37,6 +33,7 @@ COMMAND_START = ("python", "torchrun", "sbatch", "make", "pytest")
 
 # Shrinks: a few steps of the demo's own model, short sequences, two validation batches.
 TINY_TRAIN = ("train.max_steps=1", "data.sequence_length=32", "eval.max_batches=1")
+TINY_SEARCH = ("--top", "3", "--K", "4", "--d-h-ratio", "0.5")  # one K and one d_h/d_model: the doc's other flags as written
 TINY_BENCH = ("--repeats", "1", "--warmup", "0", "--compile", "off", "--seq", "16", "--batch", "1")
 
 
@@ -53,7 +50,7 @@ COMMANDS = [
     Row(r"python scripts/train\.py configs/demo/\S+\.yaml", "run", TINY_TRAIN),
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
     Row(r"python scripts/count_params\.py ", "run"),
-    Row(r"python scripts/search\.py ", "run", ("--top", "3")),
+    Row(r"python scripts/search\.py ", "run", TINY_SEARCH),
     Row(r"python scripts/config_table\.py", "run"),
     Row(r"python scripts/make_tables\.py runs-reference/", "parse", why="the reference model's evaluated folder (docs/paper_runs.md)"),
     Row(r"python scripts/make_tables\.py ", "run", ("--no-figures",)),
@@ -157,10 +154,12 @@ def test_a_command_without_a_row_names_the_fix():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, demo_corpus):
-    """A scratch folder that looks like the repo root to a command: its configs, scripts and data
-    list linked in, and the demo corpus cache shared; what a command writes stays here."""
+    """A scratch folder that looks like the repo root to a command: its scripts and data list linked
+    in, its configs copied (search.py --write regenerates some), the demo corpus cache shared; what a
+    command writes stays here."""
     root = tmp_path_factory.mktemp("docs")
-    for name in ("configs", "scripts", "data_order", "olmo_patches", "benchmarks"):
+    shutil.copytree(REPO / "configs", root / "configs")
+    for name in ("scripts", "data_order", "olmo_patches", "benchmarks"):
         (root / name).symlink_to(REPO / name)
     (root / ".cache").mkdir()
     (root / ".cache" / "demo-corpus").symlink_to(REPO / ".cache" / "demo-corpus")
@@ -170,23 +169,10 @@ def workdir(tmp_path_factory, demo_corpus):
 
 def _script(argv: list[str], cwd: Path, stdout: Path | None = None) -> tuple[int, str]:
     """``python scripts/X.py ARGS`` in this process, from ``cwd``: (exit code, stdout + stderr)."""
-    script = REPO / argv[0]
-    out = io.StringIO()
-    old_argv, old_cwd = sys.argv, Path.cwd()
-    sys.argv = [str(script), *argv[1:]]
-    code = 0
-    try:
-        os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old_argv
-        os.chdir(old_cwd)
+    r = run_in_process(argv[0], *argv[1:], cwd=cwd)
     if stdout is not None:
-        stdout.write_text(out.getvalue())
-    return code, out.getvalue()
+        stdout.write_text(r.stdout)
+    return r.returncode, r.stdout + r.stderr
 
 
 def _flags(words: list[str]) -> list[str]:

@@ -11,7 +11,8 @@ import torch
 
 from olmo_patches.config import ConfigError, load_spec
 from olmo_patches.train.metrics import read_metrics
-from tests.conftest import REPO, run_script, tiny_overrides
+from olmo_patches.train import train
+from tests.conftest import REPO, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 L = 16  # shorter than many COPA queries (truncated) and than some continuations (skipped)
@@ -33,15 +34,14 @@ def tiny_run(tmp_path_factory, demo_corpus):
     """Two steps of a tiny hourglass model with COPA evaluated in the loop at L tokens."""
     run = tmp_path_factory.mktemp("evaluate") / "run"
     extra = ["train.max_steps=2", "eval.downstream_tasks=[copa]", f"eval.downstream_sequence_length={L}"]
-    r = run_script("train.py", str(BASELINE), *tiny_overrides(run, *extra, block="hourglass"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    train(load_spec(BASELINE, tiny_overrides(run, *extra, block="hourglass")))
     return run
 
 
 @pytest.fixture(scope="module")
 def posthoc(tiny_run):
     out = tiny_run.parent / "posthoc"
-    r = run_script("evaluate.py", str(tiny_run / "step2"), "--out", str(out))
+    r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -67,7 +67,7 @@ def test_posthoc_equals_in_loop_and_lands_in_tables(tiny_run, posthoc, demo_corp
 def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path):
     from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
 
-    r = run_script("export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file))
+    r = run_in_process("export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file))
     assert r.returncode == 0, r.stderr[-3000:]
     hf = evaluate(from_hf(tmp_path / "hf", EvalChoice(), config=tiny_run / "config.yaml"))
     ours = read_metrics(posthoc)[2]

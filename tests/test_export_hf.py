@@ -9,7 +9,7 @@ from olmo_patches.config import load_spec  # noqa: E402
 from olmo_patches.train.checkpoints import load_model_state  # noqa: E402
 from olmo_patches.train import train  # noqa: E402
 
-from .conftest import REPO, run_script, tiny_overrides  # noqa: E402
+from .conftest import REPO, run_in_process, run_script, tiny_overrides  # noqa: E402
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 VARIABLE_WIDTH = REPO / "configs" / "demo" / "variable-width.yaml"
@@ -45,13 +45,13 @@ VW_VARIANTS = {
 
 
 def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
-    """Train 2 steps, export with the script, then: logits = OLMo-core's forward (float32, < 1e-4),
+    """Train 2 steps, export with the script (in this process), then: logits = OLMo-core's forward (float32, < 1e-4),
     and greedy generate() = the argmax continuation of OLMo-core's model."""
     run = tmp_path / "run"
     spec = load_spec(config, [*overrides, "train.max_steps=2", "run.save_interval=1000", "run.ephemeral_save_interval=null"])
     train(spec)
     out = tmp_path / "hf"
-    r = run_script("export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))
+    r = run_in_process("export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "modeling_hourglass_olmo.py").exists() == (kind == "custom")
     # The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own file.

@@ -13,7 +13,7 @@ from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.train.metrics import read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 
-from .conftest import REPO, run_script, tiny_overrides
+from .conftest import REPO, run_in_process, tiny_overrides
 
 CONFIGS = ["113M/baseline", "113M/hourglass", "113M/variable-width", "1B/baseline", "1B/hourglass", "1B/olmo2", "demo/baseline"]
 
@@ -87,7 +87,7 @@ def test_backend_reaches_the_built_model_and_the_dry_run(tmp_path, demo_corpus):
     assert exp.model.block.sequence_mixer.backend == "torch"
     model = exp.model.build()
     assert all(isinstance(b.attention.backend, TorchAttentionBackend) for b in model.blocks.values())
-    r = run_script("train.py", str(REPO / "configs" / "113M" / "hourglass.yaml"), "train.hardware=none", "--dry-run")
+    r = run_in_process("train.py", str(REPO / "configs" / "113M" / "hourglass.yaml"), "train.hardware=none", "--dry-run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "attention backend" in r.stdout and "torch (auto: no CUDA device)" in r.stdout
 
@@ -127,7 +127,7 @@ def test_worker_keys_are_checked(tmp_path):
 
 
 def test_gpu_check_cpu_tiny(tmp_path):
-    r = run_script("gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path), timeout=900)
+    r = run_in_process("gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     checks = {c["name"]: c for c in result["checks"]}

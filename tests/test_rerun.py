@@ -8,7 +8,7 @@ from olmo_patches.config import load_spec
 from olmo_patches.train import train
 from olmo_patches.train.metrics import METRICS_FILE, read_metrics
 
-from .conftest import REPO, load_weights, run_script, tiny_overrides
+from .conftest import REPO, load_weights, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null"]
@@ -57,7 +57,7 @@ def test_rerunning_a_run_stopped_at_a_saved_step_saves_nothing(tmp_path, demo_co
 
 
 def test_resume_from_on_the_command_line(tmp_path, finished):
-    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), "--resume-from", str(finished / "step2"))
+    r = run_in_process("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), "--resume-from", str(finished / "step2"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert _losses(tmp_path) == {step: loss for step, loss in _losses(finished).items() if step > 2}
     a, b = load_weights(finished / "step4"), load_weights(tmp_path / "step4")

@@ -1,9 +1,11 @@
-"""Each script's success path, run as a user runs it (a fresh interpreter on this checkout), on tiny
-sizes; counts checked against the papers' formulas written here."""
+"""Each script's success path on tiny sizes, run as a user runs it (a fresh interpreter on this
+checkout), or in this process for count_params.py and train.py (their processes are tested in
+test_attention_width.py, test_bad_configs.py and test_resume.py); counts checked against the papers'
+formulas written here."""
 
 import json
 
-from .conftest import REPO, run_script, tiny_overrides
+from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
 DEMO = REPO / "configs" / "demo"
 # tiny_overrides' hourglass: d_model 32, 2 layers, K=2, d_h=16. Per layer attention 4 d^2, hourglass FFN 3 K d d_h.
@@ -11,14 +13,14 @@ D, L, K, D_H = 32, 2, 2, 16
 
 
 def test_count_params_json(tmp_path):
-    r = run_script("count_params.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path, block="hourglass"), "--json")
+    r = run_in_process("count_params.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path, block="hourglass"), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["attention"] == L * 4 * D * D and out["ffn"] == L * 3 * K * D * D_H
 
 
 def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
-    r = run_script("train.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path / "run", block="hourglass"), "--dry-run")
+    r = run_in_process("train.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path / "run", block="hourglass"), "--dry-run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "d_model: 32" in r.stdout and "d_h: 16" in r.stdout and f"{L * 3 * K * D * D_H:,}" in r.stdout
     assert not (tmp_path / "run").exists()

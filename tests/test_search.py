@@ -7,7 +7,7 @@ from olmo_patches.config import ModelSpec, load_spec
 from olmo_patches.nn.search import TOLERANCE, Shape, enumerate_shapes, solve
 from olmo_patches.nn.accounting import breakdown
 
-from .conftest import run_script
+from .conftest import run_in_process, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 B113 = 12 * 16 * 768 * 768  # the paper's 113.2M baseline: 16 d_model^2 per layer, L = 12
@@ -61,7 +61,7 @@ def test_unsolvable_returns_none():
 
 def test_cli_writes_loadable_configs(tmp_path):
     out = tmp_path / "sweep"
-    r = run_script("search.py", str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "8", "--d-h-ratio", "0.55",
+    r = run_in_process("search.py", str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "8", "--d-h-ratio", "0.55",
                    "--write", str(out))
     assert r.returncode == 0, r.stderr
     files = list(out.glob("*.yaml"))
@@ -91,7 +91,7 @@ def test_attention_width_and_gqa_solve_against_olmo_core_model():
 
 def test_cli_writes_attention_width_configs(tmp_path):
     out = tmp_path / "sweep"
-    r = run_script("search.py", str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "6",
+    r = run_in_process("search.py", str(ROOT / "configs/113M/baseline.yaml"), "--K", "4", "--layers", "6",
                    "--d-h-ratio", "0.55", "--attn-fraction", "0.5", "--head-dim", "64", "--kv-group", "2", "--write", str(out))
     assert r.returncode == 0, r.stderr
     (path,) = out.glob("*.yaml")

@@ -12,7 +12,7 @@ import pytest
 
 from olmo_patches.report.sweep import SlurmInfo, launch_local, launch_slurm, load_sweep, report, sweep_status, take_claim
 
-from .conftest import REPO, TINY, run, run_script, start
+from .conftest import REPO, TINY, run, run_in_process, run_script, start
 
 NAMES = ("tiny-sweep-a", "tiny-sweep-b")
 
@@ -54,7 +54,7 @@ def local_sweep(tmp_path_factory, demo_corpus):
     """The sweep launched three times: stopped at step 2, resumed to the end, relaunched."""
     root = tmp_path_factory.mktemp("sweep")
     cfg, sets = _write_configs(root), _sets(root)
-    first = run_script("sweep.py", "launch", "--local", str(cfg), *sets, "--set", "run.stop_at_step=2", timeout=900)
+    first = run_in_process("sweep.py", "launch", "--local", str(cfg), *sets, "--set", "run.stop_at_step=2")  # its runs: processes
     after_first = {n: sorted(p.name for p in (root / "runs" / n).glob("step*")) for n in NAMES}
     second = run_script("sweep.py", "launch", "--local", str(cfg / "*.yaml"), *sets, timeout=900)
     logs = {n: (root / "runs" / n / "sweep.log").read_text() for n in NAMES}
@@ -98,7 +98,7 @@ def test_status_and_report_have_both_runs(local_sweep, tmp_path):
         assert f"| done | 4/4 | 512 | {math.exp(last_val):.2f} |" in row
     assert "tiny-sweep-b" in (out / "hourglass_runs.md").read_text()
     assert (out / "loss_curves.png").stat().st_size > 1000
-    status = run_script("sweep.py", "status", str(cfg), *sets)
+    status = run_in_process("sweep.py", "status", str(cfg), *sets)
     assert status.returncode == 0, status.stderr[-3000:]
     assert status.stdout.count("done") == 2 and "4/4" in status.stdout
 

@@ -11,7 +11,7 @@ from olmo_patches.train.metrics import read_metrics
 from olmo_patches.report.tables import NOT_RUN, build_tables, load_runs, paper_results, write_tables
 from olmo_patches.train import train
 
-from .conftest import REPO, run_script, tiny_overrides
+from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 # Tiny stand-ins named like paper runs, so that they land in the paper's rows.
@@ -72,7 +72,7 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
 
 def test_make_tables_script_writes_markdown_csv_and_figures(runs_root, tmp_path):
     out = tmp_path / "tables"
-    r = run_script("make_tables.py", str(runs_root), "--out", str(out))
+    r = run_in_process("make_tables.py", str(runs_root), "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     md = (out / "validation_ppl.md").read_text()
     assert md.startswith("| size | variant | run |") and "| 113M | baseline | 113M-baseline | 4 |" in md
@@ -83,7 +83,7 @@ def test_make_tables_script_writes_markdown_csv_and_figures(runs_root, tmp_path)
     for name in ("u_curve", "ppl_vs_K", "ppl_vs_dh_ratio", "loss_curves", "param_split"):
         with Image.open(out / f"{name}.png") as im:
             assert im.size[0] > 300 and im.size[1] > 200
-    bad = run_script("make_tables.py", str(tmp_path / "nope"), "--out", str(out))
+    bad = run_script("make_tables.py", str(tmp_path / "nope"), "--out", str(out))  # the process: exit 2, one line
     assert bad.returncode == 2 and "no such folder" in bad.stderr
 
 

@@ -10,7 +10,7 @@ from olmo_patches.config import load_spec
 from olmo_patches.train.metrics import read_metrics
 from olmo_patches.train import train
 
-from .conftest import REPO, load_weights, run_script, tiny_overrides
+from .conftest import REPO, load_weights, tiny_overrides, train_each
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 
@@ -57,18 +57,29 @@ def one_process(tmp_path_factory, demo_corpus):
     return folder
 
 
-@pytest.mark.parametrize("parallel", ["fsdp", "hsdp", "ddp"])
-def test_two_gloo_processes_match_one(tmp_path, one_process, parallel):
+PARALLEL = ["fsdp", "hsdp", "ddp"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, demo_corpus):
+    """The run under torchrun with 2 ranks over gloo, once per data-parallel mode: one launch
+    (tests/_train_each.py), each mode its own run and folder."""
+    root = tmp_path_factory.mktemp("two")
+    runs = [[str(BASELINE), *tiny_overrides(root / p, *GLOO, f"train.data_parallel={p}", block="hourglass")] for p in PARALLEL]
+    return root, train_each(runs)
+
+
+@pytest.mark.parametrize("parallel", PARALLEL)
+def test_two_gloo_processes_match_one(two_ranks, one_process, parallel):
     """Two ranks over gloo (FSDP2 with one unit per hourglass block; HSDP, here one replica of 2
     shards; DDP) train as one process does: the same loss at every step."""
-    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *GLOO, f"train.data_parallel={parallel}", block="hourglass"),
-                   torchrun=2)
+    root, r = two_ranks
     assert r.returncode == 0, r.stderr[-3000:]
-    l1, l2 = _losses(one_process), _losses(tmp_path)
+    l1, l2 = _losses(one_process), _losses(root / parallel)
     assert sorted(l1) == sorted(l2) == [1, 2, 3]
     for step in l1:
         assert l1[step] == pytest.approx(l2[step], rel=1e-5), step
-    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
+    assert json.loads((root / parallel / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
 
 
 def test_mup_hidden_matrices_get_lr_over_m_width():

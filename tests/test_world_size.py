@@ -3,8 +3,6 @@ the micro-batch (lowered to it, or refused), HSDP's node layout, the presets per
 configs unchanged under torchrun on CPU, with one process's losses."""
 
 import logging
-import runpy
-import sys
 
 import pytest
 
@@ -13,25 +11,16 @@ from olmo_patches.config import ConfigError, Layout, load_spec
 from olmo_patches.train import train
 from olmo_patches.train.metrics import read_metrics
 
-from .conftest import REPO, run_script
+from .conftest import REPO, run_in_process, train_each
 
 DEMO = REPO / "configs" / "demo"
 OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
 
 
-def _train_py(capsys, *argv: str) -> tuple[int, str, str]:
+def _train_py(*argv: str) -> tuple[int, str, str]:
     """scripts/train.py in this process: (exit code, stdout, stderr)."""
-    old = sys.argv
-    sys.argv = [str(REPO / "scripts" / "train.py"), *argv]
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
+    r = run_in_process("train.py", *argv)
+    return r.returncode, r.stdout, r.stderr
 
 
 class _Records(logging.Handler):
@@ -81,20 +70,20 @@ def test_layout_from_torchrun_environment(monkeypatch):
     assert load_spec(DEMO / "baseline.yaml", ["train.data_parallel=hsdp"]).train.data_parallel == "hsdp"
 
 
-def test_dry_run_plans_the_preset_per_rank(capsys):
+def test_dry_run_plans_the_preset_per_rank():
     """OLMo-2 1B on B200s: 512 sequences over 8 ranks gives 64 per rank (docs/running.md's table:
     micro-batch 8); over 16 nodes x 8 = 128 ranks, 4 per rank, so the micro-batch is at most 4."""
-    code, out, _ = _train_py(capsys, str(OLMO2_1B), "train.hardware=b200", "--dry-run", "--nproc-per-node", "8")
+    code, out, _ = _train_py(str(OLMO2_1B), "train.hardware=b200", "--dry-run", "--nproc-per-node", "8")
     assert code == 0 and "micro_batch_size: 8\n" in out
-    code, out, _ = _train_py(capsys, str(OLMO2_1B), "--dry-run", "--nproc-per-node", "8", "--nodes", "16", "train.hardware=b200")
+    code, out, _ = _train_py(str(OLMO2_1B), "--dry-run", "--nproc-per-node", "8", "--nodes", "16", "train.hardware=b200")
     assert code == 0 and "micro_batch_size: 4\n" in out and "128 ranks (16 nodes x 8)" in out
 
 
-def test_dry_run_refuses_an_impossible_launch(capsys):
-    code, out, err = _train_py(capsys, str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3")
+def test_dry_run_refuses_an_impossible_launch():
+    code, out, err = _train_py(str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3")
     assert code == 2 and out == ""
     assert err.splitlines() == [f"config error: {DEMO / 'baseline.yaml'}: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"]
-    code, _, err = _train_py(capsys, str(DEMO / "hourglass.yaml"), "--nproc-per-node", "2")  # a plan needs --dry-run
+    code, _, err = _train_py(str(DEMO / "hourglass.yaml"), "--nproc-per-node", "2")  # a plan needs --dry-run
     assert code == 2 and "--dry-run" in err
 
 
@@ -125,16 +114,27 @@ def _losses(run_dir):
     return {(step, k): m[k] for step, m in read_metrics(run_dir).items() for k in keys if k in m}
 
 
-@pytest.mark.parametrize("name", ["baseline", "hourglass", "variable-width"])
-def test_demo_config_under_torchrun_matches_one_process(tmp_path, demo_corpus, name):
-    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2 and in
-    one process: the same losses (the global batch is the same)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    common = [*SHRINK, f"data.work_dir={tmp_path / 'cache'}"]
-    r = run_script("train.py", str(DEMO / f"{name}.yaml"), *common, f"run.save_folder={two}", torchrun=2)
+NAMES = ["baseline", "hourglass", "variable-width"]
+
+
+@pytest.fixture(scope="module")
+def under_torchrun(tmp_path_factory, demo_corpus):
+    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2, for
+    each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
+    root = tmp_path_factory.mktemp("torchrun")
+    return root, train_each([[str(DEMO / f"{n}.yaml"), *SHRINK, f"data.work_dir={root / n / 'cache'}", f"run.save_folder={root / n}"]
+                             for n in NAMES])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_demo_config_under_torchrun_matches_one_process(tmp_path, under_torchrun, name):
+    """configs/demo/NAME.yaml under torchrun with 2 ranks and in one process: the same losses (the
+    global batch is the same)."""
+    root, r = under_torchrun
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == 1  # rank 0's info line
-    train(load_spec(DEMO / f"{name}.yaml", [*common, f"run.save_folder={one}"], layout=Layout.plan(1)))
+    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == len(NAMES)  # rank 0's info line, once a run
+    one, two = tmp_path / "one", root / name
+    train(load_spec(DEMO / f"{name}.yaml", [*SHRINK, f"data.work_dir={tmp_path / 'cache'}", f"run.save_folder={one}"], layout=Layout.plan(1)))
     l1, l2 = _losses(one), _losses(two)
     assert sorted(l1) == sorted(l2) and {s for s, _ in l1} == {0, 1, 2, 3}
     print(f"{name}: " + ", ".join(f"{k[1]}@{k[0]} {l1[k]:.6f}/{l2[k]:.6f}" for k in sorted(l1)))

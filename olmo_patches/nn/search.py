@@ -23,6 +23,7 @@ multiple of 8 where one exists (flash-attention), nearest 64 below d_model 2048 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -104,6 +105,7 @@ class Shape:
         return 6 * (self.non_embedding + vocab_size * self.d_model) + 6 * self.n_layers * self.attention_width * (seq_len + 1)
 
 
+@functools.lru_cache(maxsize=None)  # the solver asks about the same d_model values ~10^6 times
 def choose_heads(d_model: int) -> Optional[int]:
     """Heads for d_model: head dim in [48, 256], even (RoPE rotates pairs), a multiple of 8 where
     d_model allows (flash-attention), nearest 64 (d_model < 2048) or 128 (GPT-2 small / OLMo-2 1B)."""
