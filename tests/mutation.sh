@@ -7,6 +7,8 @@
 # (MUTATION_CHILDREN, default 1). Stops after SECONDS (default: no limit); what finished is kept. Prints
 # killed/survived/... counts and writes the per-mutant verdicts to results.txt there; inspect one
 # with `cd mutants-MODULE && mutmut show NAME`. MUTANT names (globs) restrict the run to those mutants.
+# MUTATION_PYTEST_ARGS adds pytest selection arguments (e.g. "--deselect NODE" for a faster pass).
+# MUTATION_SAMPLE=F adds a uniform random sample (fraction F, seed 18) of the module's other mutants.
 set -euo pipefail
 order_fast=(test_layout_locates_every_instance test_blockwise_fill_then_shuffle_equals_reference
   test_paths_file_skips_blanks_and_comments_and_names_its_errors test_layout_keeps_its_paths_and_names_a_size_mismatch
@@ -27,6 +29,8 @@ case "${1:-}" in
   *) echo "usage: bash tests/mutation.sh hourglass|variable_width|order|resume [SECONDS [MUTANT ...]]" >&2; exit 2 ;;
 esac
 [[ ${MUTATION_FULL:-0} == 1 ]] && tests=("${full[@]}")
+read -ra extra <<< "${MUTATION_PYTEST_ARGS:-}"  # more selection arguments, e.g. --deselect NODE
+tests+=("${extra[@]}")
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${MUTATION_DIR:-$repo/mutants-$1}
 rm -rf "$work" && mkdir -p "$work"
@@ -47,8 +51,23 @@ pytest_add_cli_args_test_selection = [$(IFS=,; echo "${present[*]}")]
 pytest_add_cli_args = ["-x", "-q", "-p", "no:cacheprovider"]
 process_isolation = "forkserver"
 TOML
+names=("${@:3}")
+if [[ -n ${MUTATION_SAMPLE:-} ]]; then  # the module's mutant names as mutmut generates them (its own API)
+  cat > sample.py <<'PY'
+import fnmatch, random, sys
+from mutmut.mutation.file_mutation import mutate_file_contents
+src, fraction, globs = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+module = src[:-3].replace("/", ".")
+names = [f"{module}.{n}" for n in mutate_file_contents(src, open(src).read()).mutant_names]
+rest = [n for n in names if not any(fnmatch.fnmatchcase(n, g) for g in globs)]
+print(*sorted(random.Random(18).sample(rest, round(fraction * len(rest)))), sep="\n")
+PY
+  mapfile -t sample < <(python sample.py "$src" "$MUTATION_SAMPLE" "${names[@]}")
+  names+=("${sample[@]}")
+  printf '%s\n' "${names[@]}" > requested.txt
+fi
 unset PYTHONPATH  # mutmut puts its mutated copy first; children get it through tests/conftest.py child_env()
 status=0
-timeout "${2:-0}" nice mutmut run --max-children "${MUTATION_CHILDREN:-1}" "${@:3}" > run.log 2>&1 || status=$?
+timeout "${2:-0}" nice mutmut run --max-children "${MUTATION_CHILDREN:-1}" "${names[@]}" > run.log 2>&1 || status=$?
 mutmut results --all true > results.txt
 echo "$1: $(grep -c ': ' results.txt) mutants; $(sed 's/.*: //' results.txt | sort | uniq -c | tr '\n' ' ')(mutmut exit $status)"

@@ -117,7 +117,7 @@ def test_solve_schedule_rounds_the_continuous_widths(shape):
     h, L = 640, 16
     s = solve_schedule(h, L, kind="arithmetic", shape=shape, r_l=0.5, r_d=0.4, multiple=1)
     cont = _continuous(float(round(s.b)), s.steps, "arithmetic")
-    assert s.kind == "arithmetic" and s.widths == [int(round(w)) for w in cont]
+    assert s.kind == "arithmetic" and s.widths == [int(round(w)) for w in cont] and len(s.widths) == L
     exact = _continuous(s.b, s.steps, "arithmetic")
     assert min(exact) == pytest.approx(0.4 * h, rel=1e-6)
     waste = 3 * (exact[0] - h) * exact[0] * (exact[0] > h) + 4 * exact[-1] * (exact[-1] - h) * (exact[-1] > h)
@@ -127,6 +127,14 @@ def test_solve_schedule_rounds_the_continuous_widths(shape):
         assert exact.index(max(exact)) == extreme and exact[0] == pytest.approx(exact[-1])
     else:
         assert exact.index(min(exact)) == extreme
+
+
+def test_solve_schedule_smallest_depths():
+    """v and ^ need only L = 2; x needs its narrowest layer k inside 1 < k < L, so k = 2 is allowed."""
+    for shape in ("v", "^"):
+        assert len(solve_schedule(640, 2, shape=shape, multiple=1).widths) == 2
+    w = solve_schedule(640, 4, r_l=0.4, multiple=1).widths  # k = round(1.6) = 2
+    assert w.index(min(w)) == 1 and len(w) == 4
 
 
 def test_schedule_widths_by_name():
@@ -259,9 +267,9 @@ def test_output_norm_from_the_rule(last, resize):
     else:
         assert norm.resize is None
         ref = torch.cat((y, x[..., last:H]), -1)
-    torch.testing.assert_close(norm(x), 0.5 * ref)
-    norm.logit_scale = 1.0
-    torch.testing.assert_close(norm(x), ref)
+    for scale in (0.5, 1.0, 2.0):
+        norm.logit_scale = scale
+        torch.testing.assert_close(norm(x), scale * ref)
     assert OutputNorm(last_width=48, d_model=H, resize="learned", logit_scale=1.0, init_device="cpu").resize is None
 
 
@@ -299,6 +307,7 @@ def test_apply_compile_raises_the_recompile_limits(monkeypatch):
     monkeypatch.setattr(cfg, "accumulated_recompile_limit", 10)
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
+    assert next(_config([32]).build().parameters()).device.type == "cpu"  # init_device defaults to the CPU
     model = _config([48, 16, 48, 64]).build(init_device="meta")
     model.apply_compile()
     assert compiled == ["VariableWidthBlock"] * 4 + ["LMHead"]  # OLMo-core compiles each block and the head
@@ -358,24 +367,25 @@ def test_forward_widens_by_the_rule():
     separately: carry_forward keeps dims a layer does not have, zero feeds zeros to new dims,
     learned projects y_l-1; the stream carries dims [w_l, S) in both stream modes."""
     torch.manual_seed(0)
-    x = torch.randn(2, 5, 48)  # the stream, S = 48
-    emb = torch.randn(2, 5, H)  # the embedding, h dims (the first layer pads it to S)
+    T = 50  # longer than the stream is wide: the padding must go by the last dim, not by the sequence
+    x = torch.randn(2, T, 48)  # the stream, S = 48
+    emb = torch.randn(2, T, H)  # the embedding, h dims (the first layer pads it to S)
     for mode in ("carry_forward", "zero"):
         cfg = _config([16, 40, 48], resize=mode)
         model = cfg.build(init_device="meta")
-        model.init_weights(device=torch.device("cpu"), max_seq_len=16)
+        model.init_weights(device=torch.device("cpu"), max_seq_len=T)
         first, widen, full = (model.blocks[str(i)] for i in range(3))
         plain = TransformerBlock.forward  # OLMo-core's block at its own width
-        torch.testing.assert_close(first(emb), torch.cat((plain(first, emb[..., :16]), emb[..., 16:], torch.zeros(2, 5, 16)), -1))
+        torch.testing.assert_close(first(emb), torch.cat((plain(first, emb[..., :16]), emb[..., 16:], torch.zeros(2, T, 16)), -1))
         inp = x[..., :40].clone()
         if mode == "zero":
             inp[..., 16:] = 0  # layer 2 widens 16 -> 40: dims [16, 40) read zeros
         torch.testing.assert_close(widen(x), torch.cat((plain(widen, inp), x[..., 40:]), -1))
-        torch.testing.assert_close(full(x), plain(full, x if mode == "carry_forward" else torch.cat((x[..., :40], torch.zeros(2, 5, 8)), -1)))
+        torch.testing.assert_close(full(x), plain(full, x if mode == "carry_forward" else torch.cat((x[..., :40], torch.zeros(2, T, 8)), -1)))
     model = _config([16, 40], resize="learned").build(init_device="meta")
-    model.init_weights(device=torch.device("cpu"), max_seq_len=16)
+    model.init_weights(device=torch.device("cpu"), max_seq_len=T)
     narrow, widen = model.blocks["0"], model.blocks["1"]
-    y = torch.randn(2, 5, 16)
+    y = torch.randn(2, T, 16)
     torch.testing.assert_close(narrow(emb), TransformerBlock.forward(narrow, emb[..., :16]))
     torch.testing.assert_close(widen(y), TransformerBlock.forward(widen, y @ widen.resize.weight.T))
     assert widen.num_flops_per_token(8) == TransformerBlock.num_flops_per_token(widen, 8) + 6 * 16 * 40
