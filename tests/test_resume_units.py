@@ -1,0 +1,177 @@
+"""Fast, in-process unit tests of train/resume.py, one function at a time (the mutation-testing set of
+that module: `bash tests/mutation.sh resume`). The checkpoint layout is OLMo-core 3.0.0's, written here
+from its definition (Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the trainer state,
+holding global_step), model_and_optim/.metadata (DCP) and .metadata.json (written last). The end-to-end
+behaviour (real saves, resumes, signals) is tested in test_resume.py and test_rerun.py."""
+
+import json
+import logging
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from olmo_patches.config import load_spec
+from olmo_patches.train import train
+from olmo_patches.train.resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
+
+from .conftest import REPO, tiny_overrides
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+
+
+def _checkpoint(folder, step, *, complete=True):
+    """A checkpoint folder as OLMo-core lays it out; without .metadata.json when not complete."""
+    d = folder / f"step{step}"
+    (d / "train").mkdir(parents=True)
+    (d / "model_and_optim").mkdir()
+    torch.save({"global_step": step}, d / "train" / "rank0.pt")
+    (d / "model_and_optim" / ".metadata").write_bytes(b"")
+    if complete:
+        (d / ".metadata.json").write_text("{}")
+    return d
+
+
+# --- prune_incomplete -----------------------------------------------------------------------------
+
+
+def test_prune_incomplete_removes_only_cut_off_saves(tmp_path, caplog):
+    (tmp_path / "a-notes").mkdir()  # sorts first: the scan goes on past a folder it skips
+    _checkpoint(tmp_path, 2)
+    _checkpoint(tmp_path, 4, complete=False)
+    tmp = _checkpoint(tmp_path, 6)  # a temporary folder, even with its marker, is cut off
+    tmp.rename(tmp_path / "step6-tmp")
+    (tmp_path / "step8").write_text("a file, not a checkpoint folder")
+    (tmp_path / "step").mkdir()  # no step number
+    (tmp_path / "STEP10").mkdir()  # not OLMo-core's name
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
+        removed = prune_incomplete(tmp_path)
+    assert removed == [tmp_path / "step4", tmp_path / "step6-tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["STEP10", "a-notes", "step", "step2", "step8"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [f"Removing incomplete checkpoint folder '{p}' (a save was cut off)" for p in removed]
+
+
+def test_prune_incomplete_of_a_missing_or_clean_folder_removes_nothing(tmp_path):
+    assert prune_incomplete(tmp_path / "missing") == []
+    _checkpoint(tmp_path, 0)
+    assert prune_incomplete(str(tmp_path)) == [] and (tmp_path / "step0" / ".metadata.json").is_file()
+
+
+# --- load_explicit --------------------------------------------------------------------------------
+
+
+class _Trainer:
+    """The two things load_explicit uses of OLMo-core's Trainer: its save folder and load_checkpoint
+    (recorded here; the real load is exercised by test_resume.py's --resume-from tests)."""
+
+    def __init__(self, save_folder):
+        self.save_folder = str(save_folder)
+        self.loaded = []
+
+    def load_checkpoint(self, path, **kwargs):
+        self.loaded.append((path, kwargs))
+
+
+FULL_STATE = {"load_trainer_state": True, "load_optim_state": True}
+
+
+def test_load_explicit_moves_newer_checkpoints_aside(tmp_path, caplog):
+    save = tmp_path / "run"
+    for step in (2, 4, 6, 8):
+        _checkpoint(save, step)
+    trainer = _Trainer(save)
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
+        path = load_explicit(trainer, save / "step4")
+    assert path == str(save / "step4") and trainer.loaded == [(str(save / "step4"), FULL_STATE)]
+    (aside,) = save.glob("superseded-*")
+    assert re.fullmatch(r"superseded-\d{8}-\d{6}", aside.name), aside.name
+    assert sorted(p.name for p in aside.iterdir()) == ["step6", "step8"]  # kept, whole
+    assert (aside / "step8" / ".metadata.json").is_file()
+    assert sorted(p.name for p in save.iterdir()) == sorted([aside.name, "step2", "step4"])
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        f"Moving '{save / f'step{s}'}' (newer than the resume point, step 4) to '{aside}'" for s in (6, 8)
+    ]
+
+
+def test_load_explicit_from_another_run_keeps_the_same_step(tmp_path):
+    """Resuming from another run's step 4: the save folder's own step 4 is not newer and stays."""
+    other, save = tmp_path / "other", tmp_path / "run"
+    _checkpoint(other, 4)
+    _checkpoint(save, 4)
+    _checkpoint(save, 5)
+    trainer = _Trainer(save)
+    assert load_explicit(trainer, str(other / "step4")) == str(other / "step4")
+    assert trainer.loaded == [(str(other / "step4"), FULL_STATE)]
+    (aside,) = save.glob("superseded-*")
+    assert [p.name for p in aside.iterdir()] == ["step5"]
+    assert (save / "step4" / ".metadata.json").is_file()
+
+
+def test_load_explicit_from_a_folder_takes_its_newest_complete_checkpoint(tmp_path):
+    other = tmp_path / "other"
+    _checkpoint(other, 3)
+    _checkpoint(other, 7)
+    _checkpoint(other, 9, complete=False)
+    trainer = _Trainer(tmp_path / "new-run")  # a save folder that does not exist yet: nothing to move
+    assert load_explicit(trainer, other) == str(other / "step7")
+    assert trainer.loaded == [(str(other / "step7"), FULL_STATE)]
+    assert not (tmp_path / "new-run").exists()
+
+
+def test_load_explicit_without_a_checkpoint_fails_and_loads_nothing(tmp_path):
+    _checkpoint(tmp_path / "other", 2, complete=False)
+    trainer = _Trainer(tmp_path / "run")
+    for missing in (tmp_path / "other", tmp_path / "other" / "step2", tmp_path / "nowhere"):
+        with pytest.raises(FileNotFoundError) as e:
+            load_explicit(trainer, missing)
+        assert str(e.value) == f"--resume-from {missing}: no complete checkpoint there"
+    assert trainer.loaded == []
+
+
+# --- ResumeCheckpointerCallback: its methods called directly ----------------------------------------
+
+
+def test_post_checkpoint_loaded_records_the_step_and_path():
+    cb = ResumeCheckpointerCallback(save_interval=2)
+    cb.trainer = SimpleNamespace(global_step=7)
+    cb.post_checkpoint_loaded("/runs/a/step7")
+    assert (cb._latest_checkpoint_step, cb._latest_checkpoint_path) == (7, "/runs/a/step7")
+
+
+def test_post_checkpoint_saved_writes_a_manifest_for_a_local_checkpoint_only(tmp_path):
+    d = _checkpoint(tmp_path, 3)
+    cb = ResumeCheckpointerCallback(save_interval=2)
+    cb.post_checkpoint_saved(str(d))
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest == {"files": {".metadata.json": 2, "model_and_optim/.metadata": 0,
+                                  "train/rank0.pt": (d / "train" / "rank0.pt").stat().st_size}, "finite": True}
+    cb.post_checkpoint_saved("gs://bucket/run/step3")  # remote: no manifest (writing one locally would fail)
+
+
+@pytest.mark.parametrize("keep,removed", [(1, ["a", "b", "c"]), (2, ["a", "b"]), (3, ["a"])])
+def test_ephemeral_checkpoints_are_held_back(keep, removed):
+    """OLMo-core hands over an ephemeral checkpoint for removal when the next is saved; the newest
+    keep - 1 of those are held back (OLMo-core's own removal list: _checkpoints_to_remove)."""
+    cb = ResumeCheckpointerCallback(save_interval=10, ephemeral_save_interval=1, ephemeral_keep=keep)
+    for path in ("a", "b", "c"):
+        cb._schedule_for_removal(path)
+    assert cb._checkpoints_to_remove == removed
+
+
+# --- the callback inside one tiny in-process run ---------------------------------------------------
+
+
+def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
+    """5 steps, permanent every 2, ephemeral every step, the newest 2 ephemeral ones kept: OLMo-core
+    saves step 0 at the start; 1 and 3 are ephemeral, handed over for removal when 3 and 5 are saved."""
+    train(load_spec(BASELINE, tiny_overrides(
+        tmp_path, "train.max_steps=5", "run.save_interval=2", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")))
+    steps = sorted(int(p.name[4:]) for p in tmp_path.glob("step*") if (p / ".metadata.json").is_file())
+    assert steps == [0, 2, 3, 4, 5]
+    for step in steps:  # OLMo-core's metadata records which saves are ephemeral; each has its manifest
+        meta = json.loads((tmp_path / f"step{step}" / ".metadata.json").read_text())
+        assert meta["ephemeral"] is (step in (3, 5)), (step, meta)
+        files = json.loads((tmp_path / f"step{step}" / "manifest.json").read_text())["files"]
+        assert files["train/rank0.pt"] == (tmp_path / f"step{step}" / "train" / "rank0.pt").stat().st_size
