@@ -31,8 +31,21 @@ def _config_log(rank0: bool) -> None:
     logging is set up only after the config has loaded."""
     logger = logging.getLogger("olmo_patches.config")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(logging.INFO if rank0 else logging.WARNING)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler on whatever sys.stderr is when a record is emitted (not the one at creation:
+    a redirected or replaced stderr, e.g. a script run in process, gets the lines)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _):
+        pass

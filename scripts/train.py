@@ -13,6 +13,7 @@ gradient norm or weight: one line naming the step and the last good checkpoint, 
 """
 
 import argparse
+import os
 import sys
 
 from olmo_patches.report.console import console as rich_console
@@ -50,10 +51,12 @@ def main() -> None:
     try:
         train(spec, resume_from=args.resume_from)
     except RunFolderError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank refuses; one line
+            print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except ConfigError as e:  # found while building the run (a downstream task that cannot fit)
-        print(f"config error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # every rank refuses; one line
+            print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except NonFiniteError as e:
         print(f"diverged: {e}", file=sys.stderr)

@@ -127,7 +127,11 @@ def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.
     return run_script("tests/_train_each.py", *args, torchrun=torchrun, timeout=timeout)
 
 
-def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+class ScriptTimeout(BaseException):
+    """A script run in process ran over its time (a BaseException: no script's handler swallows it)."""
+
+
+def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """A script's ``__main__`` run in this process as ``python SCRIPT ARGS`` would run it (sys.argv,
     working folder, child_env()'s environment for the processes it starts, stdout, stderr, exit code),
     without a fresh interpreter's 5-10 s of imports: for tests of what a script does. Tests of the
@@ -136,6 +140,12 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subproce
     out, err = io.StringIO(), io.StringIO()
     old_argv, old_cwd, old_env, code = sys.argv, Path.cwd(), dict(os.environ), 0
     sys.argv = [str(path), *map(str, args)]
+
+    def expired(signum, frame):
+        raise ScriptTimeout(f"{script} {' '.join(map(str, args))}: over {timeout} s")
+
+    old_alarm = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(timeout)  # as run()'s timeout: a hang fails the test instead of blocking its worker
     try:
         os.environ.clear()
         os.environ.update(child_env())
@@ -147,6 +157,8 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None) -> subproce
         if not isinstance(e.code, (int, type(None))):
             err.write(f"{e.code}\n")
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_alarm)
         sys.argv = old_argv
         os.chdir(old_cwd)
         os.environ.clear()
@@ -178,5 +190,6 @@ def demo_corpus():
 def _fresh_rendezvous_port():
     """An in-process run picks a free MASTER_PORT and leaves it in os.environ; dropped after each
     test, the next run picks a port free at that moment (pytest-xdist workers train side by side)."""
+    os.environ.pop("MASTER_PORT", None)
     yield
     os.environ.pop("MASTER_PORT", None)

@@ -1,6 +1,6 @@
 """Each script's success path on tiny sizes, run as a user runs it (a fresh interpreter on this
 checkout), or in this process for count_params.py and train.py (their processes are tested in
-test_attention_width.py, test_bad_configs.py and test_resume.py); counts checked against the papers'
+test_bad_configs.py and test_resume.py); counts checked against the papers'
 formulas written here."""
 
 import json
@@ -62,3 +62,11 @@ def test_bench_data_order_on_tiny_sizes():
     r = run_script("benchmarks/bench_data_order.py", "--instances", "32", "--latency-instances", "8", "--order-sizes", "1000")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "MB/s" in r.stdout
+
+
+def test_a_script_run_in_process_logs_to_its_own_stderr():
+    """config.py's info lines reach the stderr of each in-process run, not the first run's captured one."""
+    for _ in range(2):
+        r = run_in_process("train.py", "configs/demo/baseline.yaml", "--dry-run", "--nproc-per-node", "2")
+        assert r.returncode == 0
+        assert "train.micro_batch_size=16 > the per-rank batch 8" in r.stderr

@@ -1,7 +1,9 @@
 """Training through OLMo-core's own Trainer on CPU: steps, exact resume (two gloo processes: test_world_size.py)."""
 
 
+import gc
 import json
+import multiprocessing
 
 import pytest
 import torch
@@ -23,6 +25,10 @@ def _losses(run_dir):
 def test_two_steps_through_trainer(tmp_path, demo_corpus, block):
     spec = load_spec(BASELINE, tiny_overrides(tmp_path, "train.max_steps=2", block=block))
     train(spec)
+    # train() forks its data-preparation pools on CPU and freezes the garbage collector for the run:
+    # both are put back (OLMo-core's "spawn"; nothing frozen) for whatever the process does next.
+    assert multiprocessing.get_start_method() == "spawn"
+    assert gc.get_freeze_count() == 0
     losses = _losses(tmp_path)
     assert sorted(losses) == [1, 2]
     assert all(0 < loss < 20 for loss in losses.values())

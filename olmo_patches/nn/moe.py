@@ -37,7 +37,7 @@ from olmo_core.nn.moe.mlp import DroplessMoEMLP
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
 from olmo_core.nn.transformer.block import MoETransformerBlock
 
-__all__ = ["Experts", "LayerMoEConfig", "ScaledMoETransformerBlock", "PortableDroplessMoE", "expert_hidden_size"]
+__all__ = ["Experts", "LayerMoEConfig", "ScaledMoETransformerBlock", "PortableDroplessMLP", "PortableDroplessMoE", "expert_hidden_size"]
 
 
 class Experts(StrEnum):

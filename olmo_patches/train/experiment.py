@@ -342,22 +342,29 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
         # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
         # dataset preparation's pools, which would each start a fresh interpreter (5-10 s of
         # imports a pool on a CPU run): the platform's default (fork on Linux) starts them at once.
         multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+    # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over the
+    # ~400k objects of the imported modules. Collected once and frozen, those are skipped for the run
+    # (unless the caller froze objects itself: then its freeze is left as it is).
+    froze = gc.get_freeze_count() == 0
     try:
         if (refused := broadcast_object(refused)) is not None:
             raise refused
         barrier()
-        # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over
-        # the ~400k objects of the imported modules. Frozen, those are skipped for the run.
-        gc.freeze()
+        if froze:
+            gc.collect()
+            gc.freeze()
         with quiet_console(save_folder):
             return _fit(spec, resume_from, device, callbacks)
     finally:
-        gc.unfreeze()
+        if froze:
+            gc.unfreeze()
+        multiprocessing.set_start_method(start_method, force=True)
         if rank0:
             lock.release()
         teardown_training_environment()
