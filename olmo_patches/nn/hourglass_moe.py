@@ -225,11 +225,7 @@ class HourglassMoEConfig(LayerMoEConfig):
         self, d_model: int, *, n_layers: int = 1, init_device: str = "cpu", cache: Optional[BufferCache] = None
     ) -> HourglassMoE:
         self.validate_shape()
-        kwargs = self.as_dict(exclude_none=True, recurse=False)
-        for key in ("name", "experts", "capacity_factor"):
-            kwargs.pop(key, None)
-        kwargs.update(d_model=d_model, n_layers=n_layers, init_device=init_device, dtype=kwargs.pop("dtype").as_pt(), cache=cache)
-        return HourglassMoE(**kwargs)
+        return HourglassMoE(**self._module_kwargs(d_model, n_layers, init_device, cache, drop=("name", "experts", "capacity_factor")))
 
 
 class HourglassMoEBlock(ScaledMoETransformerBlock):

@@ -78,13 +78,19 @@ class LayerMoEConfig(MoEConfig):
     ) -> MoEBase:
         """THE place a layer's MoE is built: width ``d_model`` = w_l, expert hidden ``hidden_size`` = I_l
         (OLMo-core's ``MoEConfig.build`` with the experts' kind chosen here)."""
-        kwargs = self.as_dict(exclude_none=True, recurse=False)
-        for key in ("name", "experts"):
-            kwargs.pop(key)
-        kwargs.update(d_model=d_model, n_layers=n_layers, init_device=init_device, dtype=kwargs.pop("dtype").as_pt(), cache=cache)
         if self.experts == Experts.swiglu:
-            return PortableDroplessMoE(**kwargs)
+            return PortableDroplessMoE(**self._module_kwargs(d_model, n_layers, init_device, cache))
         raise NotImplementedError(self.experts)  # pragma: no cover (validated in config.py)
+
+    def _module_kwargs(
+        self, d_model: int, n_layers: int, init_device: str, cache: Optional[BufferCache], drop: tuple = ("name", "experts")
+    ) -> dict:
+        """OLMo-core's MoE constructor arguments for a layer of width ``d_model`` (this config's fields less ``drop``)."""
+        kwargs = self.as_dict(exclude_none=True, recurse=False)
+        for key in drop:
+            kwargs.pop(key, None)
+        kwargs.update(d_model=d_model, n_layers=n_layers, init_device=init_device, dtype=kwargs.pop("dtype").as_pt(), cache=cache)
+        return kwargs
 
 
 class PortableDroplessMLP(ParallelDroplessMLP):

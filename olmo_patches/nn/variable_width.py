@@ -182,15 +182,15 @@ def _layer_terms(moe: Optional[MoEShape], active: bool = True) -> tuple:
 
 
 def paper_params(widths: List[float], h: int, moe: Optional[MoEShape] = None) -> float:
-    """Non-embedding parameters as the solver counts them: sum (K w_l^2 + G w_l) - waste (SPEC section 2):
-    dense K = 16, G = 0; MoE K = 4 + 3 E r, G = E (the router)."""
-    K, G, out, *_ = _layer_terms(moe)
+    """Non-embedding parameters as the solver counts them: sum (c2 w_l^2 + c1 w_l) - waste (SPEC section 2):
+    dense c2 = 16, c1 = 0; MoE c2 = 4 + 3 E r, c1 = E (the router)."""
+    c2, c1, out, *_ = _layer_terms(moe)
     waste = 0.0
     if widths[0] > h:
         waste += 3 * (widths[0] - h) * widths[0]
     if widths[-1] > h:
         waste += out * widths[-1] * (widths[-1] - h)
-    return sum(K * w * w + G * w for w in widths) - waste
+    return sum(c2 * w * w + c1 * w for w in widths) - waste
 
 
 def paper_active_params(widths: List[float], h: int, moe: MoEShape) -> float:
@@ -201,15 +201,15 @@ def paper_active_params(widths: List[float], h: int, moe: MoEShape) -> float:
 
 
 def _solve_b(kind: str, steps: List[float], h: int, L: int, moe: Optional[MoEShape] = None) -> float:
-    """b such that paper_params(widths(b)) = L (K h^2 + G h): a quadratic per case of the piecewise waste."""
-    K, G, out, *_ = _layer_terms(moe)
+    """b such that paper_params(widths(b)) = L (c2 h^2 + c1 h): a quadratic per case of the piecewise waste."""
+    c2, c1, out, *_ = _layer_terms(moe)
     m = _continuous(kind, 1.0, steps)  # widths are linear in b
     S1, S2, cL = sum(m), sum(x * x for x in m), m[-1]
     for in_waste in (False, True):
         for out_waste in (False, True):
-            a = K * S2 - (3 if in_waste else 0) - (out * cL * cL if out_waste else 0)
-            lin = G * S1 + (3 * h if in_waste else 0) + (out * h * cL if out_waste else 0)
-            c = -L * (K * h * h + G * h)
+            a = c2 * S2 - (3 if in_waste else 0) - (out * cL * cL if out_waste else 0)
+            lin = c1 * S1 + (3 * h if in_waste else 0) + (out * h * cL if out_waste else 0)
+            c = -L * (c2 * h * h + c1 * h)
             b = (-lin + math.sqrt(lin * lin - 4 * a * c)) / (2 * a)
             if (b > h) == in_waste and (b * cL > h) == out_waste:
                 return b
