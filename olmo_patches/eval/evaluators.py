@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -91,12 +93,31 @@ def lm_evaluator(
 
 def _olmo_eval_tokenizer(tokenizer: TokenizerConfig):
     """ai2-olmo-eval's tokenizer for a run's ``TokenizerConfig`` (as OLMo-core's callback builds it)."""
-    from olmo_eval import HFTokenizer
-
     if tokenizer.identifier is None:
         raise OLMoConfigurationError("downstream tasks need a tokenizer identifier (a file or a hub id)")
-    return HFTokenizer(tokenizer.identifier, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                       bos_token_id=tokenizer.bos_token_id)
+    return _hf_tokenizer(tokenizer.identifier, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+
+
+@functools.lru_cache(maxsize=4)
+def _hf_tokenizer(identifier: str, pad_token_id: int, eos_token_id: int, bos_token_id: Optional[int]):
+    """One tokenizer object per identity and special ids in a process, so that _built_task's cache hits."""
+    from olmo_eval import HFTokenizer
+
+    return HFTokenizer(identifier, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
+
+
+@functools.lru_cache(maxsize=16)
+def _built_task(label: str, tokenizer, L: int):
+    """ai2-olmo-eval's task, tokenized once a process: the fit check before a run and the evaluator
+    inside it read the same one (building a task tokenizes every document: ~18 s for hellaswag)."""
+    from olmo_eval import build_task
+
+    return build_task(label, tokenizer, model_ctx_len=L)
+
+
+def _task(label: str, tokenizer, L: int):
+    """A shallow copy of the built task: the evaluator replaces its ``samples`` list, the cache keeps the whole."""
+    return copy.copy(_built_task(label, tokenizer, L))
 
 
 def _round_up(n: int) -> int:
@@ -116,12 +137,12 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         super().__init__(batch_spec=batch_spec, **kwargs)
 
     def _build_data_loader(self) -> DataLoader:
-        from olmo_eval import ICLMetric, build_task
+        from olmo_eval import ICLMetric
         from olmo_core.distributed.utils import get_rank, get_world_size, is_distributed
         from olmo_core.utils import get_default_device
 
         L = self.sequence_length
-        task = build_task(self.label, self.tokenizer, model_ctx_len=L)
+        task = _task(self.label, self.tokenizer, L)
         kept, self.skipped = _fitting(task, self.label, L, self.limit)
         task.samples = kept  # before anything reads task.max_sequence_length, which is computed once
         self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
@@ -162,11 +183,9 @@ def _fitting(task, label: str, L: int, limit: Optional[int] = None) -> Tuple[lis
 def check_downstream_fit(tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int) -> None:
     """OLMoConfigurationError for a task none of whose documents fits ``sequence_length`` tokens: checked
     before a run writes anything (the evaluators, built later inside the Trainer, would find it then)."""
-    from olmo_eval import build_task
-
     hf = _olmo_eval_tokenizer(tokenizer)
     for label in sorted(tasks):
-        _fitting(build_task(label, hf, model_ctx_len=sequence_length), label, sequence_length)
+        _fitting(_task(label, hf, sequence_length), label, sequence_length)
 
 
 def downstream_evaluators(
