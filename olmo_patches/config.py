@@ -227,7 +227,7 @@ class ModelSpec:
             hourglass_experts = e.experts == "hourglass"
             moe = (HourglassMoEConfig if hourglass_experts else LayerMoEConfig).authors(
                 num_experts=e.num_experts, top_k=e.top_k, hidden_size=self.moe_hidden, lb_loss_weight=e.lb_loss_weight,
-                z_loss_weight=e.z_loss_weight, experts=Experts(e.experts),
+                z_loss_weight=e.z_loss_weight,
             )
             if hourglass_experts:  # K sub-MLPs per expert, each with the model's norm
                 moe = replace(moe, K=self.K, layer_norm=config.block.layer_norm)  # type: ignore[union-attr]

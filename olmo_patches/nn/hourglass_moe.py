@@ -53,7 +53,7 @@ from olmo_core.ops import attach_auxiliary_loss
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from .moe import Experts, LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
+from .moe import LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
 
 __all__ = [
     "hourglass_moe_counts",
@@ -193,7 +193,6 @@ class HourglassMoE(DroplessMoE):
 class HourglassMoEConfig(LayerMoEConfig):
     """A layer's MoE (:class:`LayerMoEConfig`) with hourglass experts; ``hidden_size`` is d_h."""
 
-    experts: Experts = Experts.hourglass
     K: int = 1  # hourglass sub-MLPs per expert
     layer_norm: Optional[LayerNormConfig] = None  # the model's norm; each sub-MLP has its own gain
 
@@ -225,7 +224,7 @@ class HourglassMoEConfig(LayerMoEConfig):
         self, d_model: int, *, n_layers: int = 1, init_device: str = "cpu", cache: Optional[BufferCache] = None
     ) -> HourglassMoE:
         self.validate_shape()
-        return HourglassMoE(**self._module_kwargs(d_model, n_layers, init_device, cache, drop=("name", "experts", "capacity_factor")))
+        return HourglassMoE(**self._module_kwargs(d_model, n_layers, init_device, cache, drop=("name", "capacity_factor")))
 
 
 class HourglassMoEBlock(ScaledMoETransformerBlock):

@@ -52,14 +52,12 @@ def expert_hidden_size(width: int, expert_hidden: int, d_model: int) -> int:
 
 @dataclass
 class LayerMoEConfig(MoEConfig):
-    """OLMo-core's ``MoEConfig`` for one layer (``hidden_size`` = I_l) and the kind of its experts."""
-
-    experts: Experts = Experts.swiglu
+    """OLMo-core's ``MoEConfig`` for one layer (``hidden_size`` = I_l) with SwiGLU experts (a subclass
+    per other kind of expert: hourglass_moe.HourglassMoEConfig)."""
 
     @classmethod
     def authors(
         cls, *, num_experts: int, top_k: int, hidden_size: int, lb_loss_weight: float, z_loss_weight: float,
-        experts: Experts = Experts.swiglu,
     ) -> "LayerMoEConfig":
         """The authors' routing: top-k weights renormalised, losses summed over layers, dropless."""
         return cls(
@@ -70,20 +68,17 @@ class LayerMoEConfig(MoEConfig):
             lb_loss_weight=lb_loss_weight or None,
             z_loss_weight=z_loss_weight or None,
             scale_loss_by_num_layers=False,
-            experts=Experts(experts),
         )
 
     def build(  # type: ignore[override]
         self, d_model: int, *, n_layers: int = 1, init_device: str = "cpu", cache: Optional[BufferCache] = None
     ) -> MoEBase:
         """THE place a layer's MoE is built: width ``d_model`` = w_l, expert hidden ``hidden_size`` = I_l
-        (OLMo-core's ``MoEConfig.build`` with the experts' kind chosen here)."""
-        if self.experts == Experts.swiglu:
-            return PortableDroplessMoE(**self._module_kwargs(d_model, n_layers, init_device, cache))
-        raise NotImplementedError(self.experts)  # pragma: no cover (validated in config.py)
+        (OLMo-core's ``MoEConfig.build``; a subclass builds its own kind of experts)."""
+        return PortableDroplessMoE(**self._module_kwargs(d_model, n_layers, init_device, cache))
 
     def _module_kwargs(
-        self, d_model: int, n_layers: int, init_device: str, cache: Optional[BufferCache], drop: tuple = ("name", "experts")
+        self, d_model: int, n_layers: int, init_device: str, cache: Optional[BufferCache], drop: tuple = ("name",)
     ) -> dict:
         """OLMo-core's MoE constructor arguments for a layer of width ``d_model`` (this config's fields less ``drop``)."""
         kwargs = self.as_dict(exclude_none=True, recurse=False)
