@@ -5,25 +5,33 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 from .config import ConfigError, ExperimentSpec, Layout, load_spec
 from .report.console import console
 
-__all__ = ["console", "load_or_exit"]
+__all__ = ["console", "load_or_exit", "refuse"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
     """Load a config for ``layout``'s ranks (default: torchrun's); on a bad one print one line
     naming file, key and value (rank 0 only: every rank checks the same config) and exit 2."""
-    rank0 = os.environ.get("RANK", "0") == "0"
-    _config_log(rank0)
+    _config_log(_rank0())
     try:
         return load_spec(path, overrides, layout)
     except ConfigError as e:
-        if rank0:
-            print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(f"config error: {e}")
+
+
+def refuse(line: str, code: int = 2) -> NoReturn:
+    """Exit with ``code`` after one line on stderr: rank 0's only (every rank refuses the same thing)."""
+    if _rank0():
+        print(line, file=sys.stderr)
+    raise SystemExit(code) from None
+
+
+def _rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _config_log(rank0: bool) -> None:

@@ -13,11 +13,10 @@ gradient norm or weight: one line naming the step and the last good checkpoint, 
 """
 
 import argparse
-import os
 import sys
 
 from olmo_patches.report.console import console as rich_console
-from olmo_patches.cli import load_or_exit
+from olmo_patches.cli import load_or_exit, refuse
 from olmo_patches.config import ConfigError, Layout, spec_to_yaml
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
@@ -51,13 +50,9 @@ def main() -> None:
     try:
         train(spec, resume_from=args.resume_from)
     except RunFolderError as e:
-        if os.environ.get("RANK", "0") == "0":  # every rank refuses; one line
-            print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(f"error: {e}")
     except ConfigError as e:  # found while building the run (a downstream task that cannot fit)
-        if os.environ.get("RANK", "0") == "0":  # every rank refuses; one line
-            print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(f"config error: {e}")
     except NonFiniteError as e:
         print(f"diverged: {e}", file=sys.stderr)
         raise SystemExit(3) from None
