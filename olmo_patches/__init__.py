@@ -3,7 +3,7 @@
 Layers, each importing only those above it in this list (never below):
   nn/, optim/, data/, eval/, hardware.py
                                    the papers' blocks; LR schedules; token data; evaluators; GPU cards
-  config.py                        YAML -> typed spec -> OLMo-core configs, validated at load
+  config/                          YAML -> typed spec -> OLMo-core configs, validated at load
   train/                           an experiment on OLMo-core's Trainer: wiring, resume, progress, metrics
   report/, export/                 counts, plans, tables, figures, benchmarks, the demo; Hugging Face export
   cli.py                           command-line plumbing for scripts/

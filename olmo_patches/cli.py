@@ -35,7 +35,7 @@ def _rank0() -> bool:
 
 
 def _config_log(rank0: bool) -> None:
-    """config.py's info lines (presets, a lowered micro-batch) on rank 0's stderr: the trainer's
+    """config/'s info lines (presets, a lowered micro-batch) on rank 0's stderr: the trainer's
     logging is set up only after the config has loaded."""
     logger = logging.getLogger("olmo_patches.config")
     if not logger.handlers:

@@ -65,7 +65,7 @@ def test_bench_data_order_on_tiny_sizes():
 
 
 def test_a_script_run_in_process_logs_to_its_own_stderr():
-    """config.py's info lines reach the stderr of each in-process run, not the first run's captured one."""
+    """config/'s info lines reach the stderr of each in-process run, not the first run's captured one."""
     for _ in range(2):
         r = run_in_process("train.py", "configs/demo/baseline.yaml", "--dry-run", "--nproc-per-node", "2")
         assert r.returncode == 0

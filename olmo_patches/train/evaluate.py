@@ -133,7 +133,7 @@ _FLAGS = {"eval.downstream_tasks": "--tasks", "eval.validation_sets": "--validat
 
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
-    """config.py's eval checks, reported against the command line's flags."""
+    """config/validate.py's eval checks, reported against the command line's flags."""
     validate_evals(spec, lambda key, value, why: _fail(_FLAGS.get(key, key), value, why))
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):
         if value is not None and value < 1:

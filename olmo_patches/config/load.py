@@ -1,0 +1,90 @@
+"""Loading: YAML files (omegaconf, an ``extends:`` chain) and ``key=value`` overrides -> a validated spec.
+
+A file may extend another (``extends: ../base.yaml``, relative to the file); the variant's keys
+override the base's, and omegaconf interpolation (``${model.d_model}``) works across the chain.
+``key=value`` overrides from the command line are applied last.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import cache, partial
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .layout import Layout, apply_hardware, fit_world_size
+from .spec import ConfigError, ExperimentSpec, one_line
+from .validate import validate
+
+def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, DictConfig]]:
+    """The files of an ``extends`` chain, base first."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: extends: circular chain {' -> '.join(map(str, seen))}")
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as e:  # yaml syntax
+        raise ConfigError(f"{path}: cannot parse YAML: {one_line(e)}") from e
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: a config file must be a mapping")
+    parent = cfg.pop("extends", None)
+    chain = _read_chain(path.parent / str(parent), seen + (path,)) if parent else []
+    return chain + [(path, cfg)]
+
+
+def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> str:
+    """The command line or the last file of the chain that sets ``key``."""
+    if any(key == k or key.startswith(k + ".") for k in (o.split("=", 1)[0] for o in cli)):
+        return "command line"
+    for path, cfg in reversed(chain):
+        node: Any = OmegaConf.to_container(cfg, resolve=False)  # a file sets a key, resolvable or not
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return str(path)
+    return str(chain[-1][0])
+
+
+@cache
+def _schema() -> DictConfig:
+    """ExperimentSpec as an OmegaConf schema: built once (half of a config's load), copied per load."""
+    return OmegaConf.structured(ExperimentSpec)
+
+
+def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
+    """Load, merge, validate for the ranks of ``layout`` (default: torchrun's environment).
+    Raises :class:`ConfigError` with a one-line message."""
+    overrides = list(overrides or [])
+    chain = _read_chain(Path(path))
+    merged: Any = copy.deepcopy(_schema())
+    for source, cfg in chain:
+        try:
+            merged.merge_with(cfg)  # in place: OmegaConf.merge would deep-copy the whole config per file
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", "") or "?"
+            raise ConfigError(f"{source}: {key}: {one_line(e)}") from e
+    for o in overrides:
+        if "=" not in o:
+            raise ConfigError(f"command line: override '{o}' is not key=value")
+    try:
+        merged.merge_with(OmegaConf.from_dotlist(overrides))
+        spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or "?"
+        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {one_line(e)}") from e
+    where = partial(_where, chain=chain, cli=overrides)
+    validate(spec, where)
+    layout = layout or Layout.from_env()
+    fit_world_size(spec, layout, where)
+    apply_hardware(spec, where, layout)  # fills the train keys left at null
+    return spec
+
+
+
+def spec_to_yaml(spec: ExperimentSpec) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(spec))

@@ -1,0 +1,333 @@
+"""The experiment spec: typed dataclasses for every key a config file may set, and how a spec's model
+becomes OLMo-core's own ``TransformerConfig``.
+
+A config file states its intent in short keys (``model.block: hourglass``, ``model.K: 4``); each
+field's comment is its documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, List, Optional
+
+from olmo_core.nn.feed_forward import FeedForwardConfig
+from olmo_core.nn.rope import StepwiseRoPEScalingConfig
+from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
+from omegaconf import MISSING
+
+from ..nn.hourglass import HourglassFeedForwardConfig, NormPlacement
+from ..nn.hourglass_block import HourglassBlockConfig
+from ..nn.hourglass_moe import HourglassMoEConfig
+from ..nn.moe import LayerMoEConfig
+from ..nn.variable_width import MoEShape, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
+
+if TYPE_CHECKING:
+    from olmo_core.data import TokenizerConfig
+
+BLOCKS = ("baseline", "hourglass", "variable_width")
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the file, the key and the value."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (a ConfigError's reason from a library's error)."""
+    msg = getattr(e, "msg", None) or str(e)
+    return " ".join(str(msg).split())
+
+
+@dataclass
+class WidthSpec:
+    """Variable-width layers (paper 2): the schedule of w_1..w_L, the resizing and the init."""
+
+    schedule: str = "geometric"  # geometric | arithmetic | constant | list
+    shape: str = "x"  # x (wide-narrow-wide) | v | ^ | 3 (narrow-wide-narrow)
+    r_l: float = 0.75  # position of the extreme layer, k = r_l L (paper)
+    r_d: float = 0.3  # narrowest continuous width / d_model (paper)
+    multiple: int = 32  # each w_l rounded to this multiple (paper)
+    values: Optional[List[int]] = None  # schedule=list: the explicit widths
+    resize: str = "carry_forward"  # carry_forward | zero | learned
+    init: str = "olmo"  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
+    m_width: float = 8.0  # mup: logits / m_width (paper)
+    m_emb: float = 12.0  # mup: embeddings x m_emb (paper)
+    m_residual: float = 0.22  # mup: residual branches x m_residual (paper)
+    init_range: float = 0.1  # mup: base init std (paper)
+
+
+@dataclass
+class MoESpec:
+    """A mixture of experts in place of every layer's FFN (variable_width, paper 2's 3B MoE): OLMo-core's
+    dropless MoE at each layer's width w_l (olmo_patches/nn/moe.py)."""
+
+    num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
+    top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
+    expert_hidden: Optional[int] = None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    lb_loss_weight: float = 0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
+    z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
+    experts: str = "swiglu"  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
+
+
+@dataclass
+class RoPEScalingSpec:
+    """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's StepwiseRoPEScalingConfig."""
+
+    factor: float = 32.0  # low frequencies divided by this
+    low_freq_factor: float = 1.0  # wavelengths above original / low_freq_factor: fully scaled
+    high_freq_factor: float = 4.0  # wavelengths below original / high_freq_factor: unchanged
+    original_max_position_embeddings: int = 8192
+
+    def build(self) -> StepwiseRoPEScalingConfig:
+        return StepwiseRoPEScalingConfig(
+            factor=self.factor, low_freq_proportion=1 - 1 / self.low_freq_factor,
+            high_freq_proportion=1 / self.high_freq_factor, old_context_len=self.original_max_position_embeddings,
+        )
+
+
+@dataclass
+class ModelSpec:
+    block: str = "baseline"  # baseline (SwiGLU, hidden d_ff or ffn_ratio * d_model) | hourglass | variable_width
+    d_model: int = MISSING  # d_model: width of the residual stream
+    n_layers: int = MISSING  # L: number of transformer layers
+    n_heads: int = MISSING  # attention (query) heads
+    head_dim: Optional[int] = None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
+    n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
+    ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
+    d_ff: Optional[int] = None  # ... or this explicit hidden size
+    K: int = 1  # hourglass: stacked wide-narrow-wide sub-MLPs per layer
+    d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
+    d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
+    d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
+    norm_placement: str = "pre"  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
+    rope_theta: int = 500_000
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    vocab_size: Optional[int] = None  # default: the tokenizer's vocabulary padded to 128
+    rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
+    tie_embeddings: bool = False
+    init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
+    ffn: str = "swiglu"  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
+    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h)
+    moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
+    attention_backend: str = "auto"  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
+
+    @property
+    def moe_hidden(self) -> int:
+        """One expert's hidden size at width h: expert_hidden (swiglu), d_h of each of its K sub-MLPs (hourglass)."""
+        assert self.moe is not None
+        return self.resolved_d_h if self.moe.experts == "hourglass" else self.moe.expert_hidden  # type: ignore[return-value]
+
+    @property
+    def moe_shape(self) -> Optional[MoEShape]:
+        """The MoE as the width solver counts it (None: dense FFN); an hourglass expert's 3 K d_h w weights
+        count as a SwiGLU expert of hidden K d_h."""
+        e = self.moe
+        if e is None:
+            return None
+        K = self.K if e.experts == "hourglass" else 1
+        return MoEShape(e.num_experts, e.top_k, K * self.moe_hidden / self.d_model)
+
+    @property
+    def resolved_widths(self) -> List[int]:
+        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule); with an MoE,
+        matched to the baseline's total parameters (every expert), as the authors' solver does."""
+        w = self.widths
+        return schedule_widths(
+            w.schedule, self.d_model, self.n_layers, shape=w.shape, r_l=w.r_l, r_d=w.r_d, multiple=w.multiple,
+            widths=w.values, moe=self.moe_shape,
+        )
+
+    @property
+    def resolved_d_h(self) -> int:
+        """d_h, from ``d_h`` or from ``d_h_ratio * d_model`` rounded to ``d_h_multiple``."""
+        if self.d_h is not None:
+            return self.d_h
+        if self.d_h_ratio is not None:
+            m = self.d_h_multiple
+            return int(round(self.d_h_ratio * self.d_model / m)) * m
+        return self.resolved_d_ff  # K=1 default: the conventional FFN width
+
+    @property
+    def resolved_d_ff(self) -> int:
+        return self.d_ff if self.d_ff is not None else self.ffn_ratio * self.d_model
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def resolved_n_kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    def build(self, vocab_size: int) -> TransformerConfig:
+        """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
+        post = NormPlacement(self.norm_placement) == NormPlacement.post
+        config = TransformerConfig.llama_like(
+            d_model=self.d_model,
+            vocab_size=self.vocab_size or vocab_size,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            rope_scaling=self.rope_scaling.build() if self.rope_scaling is not None else None,
+            qk_norm=self.qk_norm,
+            layer_norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            block_name=TransformerBlockType.reordered_norm if post else TransformerBlockType.default,
+            feed_forward=FeedForwardConfig(hidden_size=self.resolved_d_ff, bias=False),
+            tie_word_embeddings=self.tie_embeddings,
+            init_std=self.init_std,
+        )
+        hourglass = self.block == "hourglass" or (self.block == "variable_width" and self.ffn == "hourglass")
+        if hourglass:
+            block = config.block
+            assert isinstance(block, TransformerBlockConfig) and block.layer_norm is not None
+            config.block = HourglassBlockConfig(
+                sequence_mixer=block.sequence_mixer,
+                layer_norm=block.layer_norm,
+                feed_forward=HourglassFeedForwardConfig(
+                    hidden_size=self.resolved_d_h,
+                    K=self.K,
+                    bias=False,
+                    layer_norm=block.layer_norm,
+                    norm_placement=NormPlacement(self.norm_placement),
+                ),
+            )
+        if self.moe is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
+            e = self.moe
+            hourglass_experts = e.experts == "hourglass"
+            moe = (HourglassMoEConfig if hourglass_experts else LayerMoEConfig).authors(
+                num_experts=e.num_experts, top_k=e.top_k, hidden_size=self.moe_hidden, lb_loss_weight=e.lb_loss_weight,
+                z_loss_weight=e.z_loss_weight,
+            )
+            if hourglass_experts:  # K sub-MLPs per expert, each with the model's norm
+                moe = replace(moe, K=self.K, layer_norm=config.block.layer_norm)  # type: ignore[union-attr]
+            config.block = replace(config.block, feed_forward=None, feed_forward_moe=moe)
+        if self.block == "variable_width":
+            w = self.widths
+            base = {f.name: getattr(config, f.name) for f in fields(TransformerConfig)}
+            return VariableWidthTransformerConfig(
+                **base,
+                widths=self.resolved_widths,
+                resize=ResizeMode(w.resize),
+                ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.resolved_d_ff) / self.d_model,
+                ffn_hidden_multiple=self.d_h_multiple if hourglass else 1,
+                mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
+            )
+        return config
+
+
+@dataclass
+class DataSpec:
+    # demo: the embedded stdlib corpus | olmo2_stage1: OLMo-2 1B's Stage 1 files (data_order/'s
+    # pinned, checksummed list), shuffled as OLMo-2 was | prefix: a local materialized prefix of that
+    # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
+    source: str = "demo"
+    paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
+    base: Optional[str] = None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
+    mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
+    mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
+    prefix_dir: Optional[str] = None  # prefix: the materialized folder
+    instance_filter: bool = False  # OLMo-2's repetition filter (loss masked on degenerate instances)
+    tokenizer: str = "demo"  # demo (trained on the demo corpus) | dolma2
+    tokenizer_file: Optional[str] = None  # a local tokenizer JSON (else the Hugging Face hub)
+    sequence_length: int = 4096
+    order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
+    work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
+    demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
+    demo_cache: str = ".cache/demo-corpus"
+    num_workers: Optional[int] = None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
+    prefetch_factor: Optional[int] = None  # batches each worker reads ahead (null: torch's 2)
+
+
+@dataclass
+class PowerSpec:
+    """train.schedule=power: lm-engine's lr = lr min(1, (a / lr) (n c)^b) after a linear warmup (optim/power.py)."""
+
+    a: Optional[float] = None  # the authors: 4 x sequences per step
+    b: float = -0.566  # the authors' exponent
+    c: Optional[float] = None  # tokens per step: sequences per step x sequence length
+
+
+@dataclass
+class TrainSpec:
+    seed: int = 6198  # init seed and the seed of every RNG
+    global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together
+    micro_batch_size: Optional[int] = None  # sequences per forward/backward on one rank (null: train.hardware's)
+    max_tokens: Optional[int] = None  # training length in tokens ...
+    max_steps: Optional[int] = None  # ... or in steps
+    lr: float = 4e-4  # peak learning rate
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay ...
+    decay_embeddings: bool = False  # ... on the embedding (tied: also the LM head) (OLMo-2: off)
+    decay_norms: bool = True  # ... on 1-D tensors: every norm gain, QK norms included (OLMo-2: on)
+    warmup_steps: Optional[int] = None  # linear warmup in steps ...
+    warmup_tokens: Optional[int] = None  # ... or in tokens
+    schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
+    final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
+    schedule: str = "cosine"  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
+    schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
+    z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
+    max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
+    optimizer: str = "adamw"  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
+    precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
+    compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
+    activation_checkpointing: Optional[bool] = None  # recompute each block in backward (null: train.hardware's)
+    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (hardware.py)
+    data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+
+
+@dataclass
+class EvalSpec:
+    interval: int = 1000  # in-loop validation every N steps (and at the end)
+    max_batches: Optional[int] = None  # cap the validation batches (None: the whole set)
+    validation_sets: List[str] = field(default_factory=list)  # v3-small-ppl-validation names (olmo_patches.evals)
+    validation_base_dir: Optional[str] = None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
+    downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
+    downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
+    downstream_sequence_length: Optional[int] = None  # tasks' context in tokens, longer queries cut from the left (null: data.sequence_length)
+
+
+@dataclass
+class RunSpec:
+    name: str = MISSING
+    save_folder: Optional[str] = None  # default runs/<name>
+    save_interval: int = 1000  # permanent checkpoints every N steps
+    ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
+    ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
+    log_interval: int = 10  # collect and print metrics every N steps
+    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes
+    wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
+    trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
+
+
+@dataclass
+class ExperimentSpec:
+    run: RunSpec = field(default_factory=RunSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    data: DataSpec = field(default_factory=DataSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+
+    @property
+    def save_folder(self) -> str:
+        return self.run.save_folder or f"runs/{self.run.name}"
+
+
+def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":
+    """The tokenizer's size and special ids without building data: dolma2's, or the demo's (its two
+    special tokens are trained first: eos 0, pad 1)."""
+    from olmo_core.data import TokenizerConfig
+
+    if spec.data.tokenizer == "dolma2":
+        return TokenizerConfig.dolma2()
+    return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1)
+
+
+def vocab_size(spec: ExperimentSpec) -> int:
+    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
+    return spec.model.vocab_size or tokenizer_config(spec).padded_vocab_size()
+

@@ -1,0 +1,330 @@
+"""Validation: the shape and recipe checks that the schema's types cannot express, and every number's
+domain. A failure is one line naming the file (or "command line"), the key and the value."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..hardware import HARDWARE
+from ..nn.attention import ATTENTION_BACKENDS, FLASH
+from ..nn.moe import Experts, expert_hidden_size
+from ..nn.hourglass import NormPlacement
+from ..nn.variable_width import SCHEDULES, SHAPES, ResizeMode
+from .layout import resolve_backend
+from .spec import BLOCKS, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, one_line, vocab_size
+
+def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
+    """Shape and recipe checks that the schema's types cannot express."""
+
+    def fail(key: str, value: Any, why: str):
+        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
+
+    m, t, d = spec.model, spec.train, spec.data
+    for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
+        if value < 1:
+            fail(key, value, "must be >= 1")
+    _validate_attention(m, fail)
+    if m.block not in BLOCKS:
+        fail("model.block", m.block, f"unknown block; choose one of {', '.join(BLOCKS)}")
+    if m.norm_placement not in NormPlacement.__members__:
+        fail("model.norm_placement", m.norm_placement, "must be pre or post")
+    if m.ffn_ratio < 1:
+        fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
+    hourglass_experts = m.moe is not None and m.moe.experts == "hourglass"
+    if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass") or hourglass_experts:
+        if hourglass_experts and m.d_h is None and m.d_h_ratio is None:
+            fail("model.d_h", None, "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h")
+        if m.K < 1:
+            fail("model.K", m.K, "must be >= 1")
+        if m.d_h is not None and m.d_h_ratio is not None:
+            fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
+        if m.d_h_ratio is not None and m.d_h_ratio <= 0:
+            fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
+        if m.resolved_d_h < 1:
+            fail("model.d_h", m.resolved_d_h, "must be >= 1")
+        if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
+            fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
+    if m.moe is not None:
+        _validate_moe(m, t, fail)
+    if m.block == "variable_width":
+        _validate_widths(m, fail)
+    if (t.max_tokens is None) == (t.max_steps is None):
+        key = "train.max_tokens" if t.max_tokens is not None and where("train.max_tokens") == "command line" else "train.max_steps"
+        fail(key, getattr(t, key.split(".")[1]), "give exactly one of train.max_tokens and train.max_steps")
+    if t.global_batch_size < 1:
+        fail("train.global_batch_size", t.global_batch_size, "must be >= 1")
+    if t.micro_batch_size is not None and t.micro_batch_size < 1:
+        fail("train.micro_batch_size", t.micro_batch_size, "must be >= 1")
+    if t.schedule_lag < 0:
+        fail("train.schedule_lag", t.schedule_lag, "must be >= 0")
+    if t.warmup_steps is not None and t.warmup_tokens is not None:
+        fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
+    _validate_schedule(t, fail)
+    if t.precision not in ("bf16", "fp32"):
+        fail("train.precision", t.precision, "must be bf16 or fp32")
+    if t.data_parallel not in ("fsdp", "hsdp", "ddp"):
+        fail("train.data_parallel", t.data_parallel, "must be fsdp, hsdp or ddp")
+    if t.hardware not in HARDWARE:
+        fail("train.hardware", t.hardware, f"unknown preset; choose one of {', '.join(HARDWARE)}")
+    if t.device not in ("auto", "cpu", "cuda"):
+        fail("train.device", t.device, "must be auto, cpu or cuda")
+    if d.source not in ("demo", "numpy", "olmo2_stage1", "prefix"):
+        fail("data.source", d.source, "must be demo, olmo2_stage1, prefix or numpy")
+    if d.base is not None and d.source != "olmo2_stage1":
+        fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
+    if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
+        fail("data.base", d.base, "no such folder")
+    if d.source == "prefix" and not d.prefix_dir:
+        fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
+    if d.source == "numpy" and not d.paths and not d.mix:
+        fail("data.source", d.source, "a numpy data source needs data.paths or data.mix")
+    if d.tokenizer not in ("demo", "dolma2"):
+        fail("data.tokenizer", d.tokenizer, "must be demo or dolma2")
+    if (d.source == "demo") != (d.tokenizer == "demo"):
+        fail("data.tokenizer", d.tokenizer, f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}")
+    _validate_numbers(spec, fail)
+    _validate_shapes(spec, fail)
+    _validate_sources(spec, fail)
+    validate_evals(spec, fail)
+    if d.sequence_length < 2:
+        fail("data.sequence_length", d.sequence_length, "must be >= 2")
+    _validate_device_keys(spec, fail)
+
+
+def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
+    m, d = spec.model, spec.data
+    if m.attention_backend not in ATTENTION_BACKENDS:
+        fail("model.attention_backend", m.attention_backend, f"choose one of {', '.join(ATTENTION_BACKENDS)}")
+    if m.attention_backend in FLASH and spec.train.precision == "fp32":
+        fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
+    if m.attention_backend in FLASH:  # on this machine's CUDA device, if any (a login node's dry run passes)
+        import torch
+
+        try:
+            resolve_backend(spec, "cuda" if spec.train.device != "cpu" and torch.cuda.is_available() else "cpu")
+        except ValueError as e:
+            fail("model.attention_backend", m.attention_backend, str(e))
+    if d.num_workers is not None and d.num_workers < 0:
+        fail("data.num_workers", d.num_workers, "must be >= 0")
+    if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
+        fail("data.prefetch_factor", d.prefetch_factor, "must be >= 1, and needs data.num_workers > 0")
+
+
+def _validate_schedule(t: TrainSpec, fail) -> None:
+    if t.schedule not in ("cosine", "power"):
+        fail("train.schedule", t.schedule, "must be cosine or power")
+    if t.schedule != "power":
+        return
+    for key in ("a", "c"):
+        if (value := getattr(t.power, key)) is None or value <= 0:
+            fail(f"train.power.{key}", value, "schedule=power needs a value > 0")
+    if t.warmup_tokens is not None or t.schedule_tokens is not None:
+        key = "train.warmup_tokens" if t.warmup_tokens is not None else "train.schedule_tokens"
+        fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
+
+
+def _validate_attention(m: ModelSpec, fail) -> None:
+    """Head size, GQA groups, FFN size and RoPE scaling."""
+    if m.head_dim is None:
+        if m.d_model % m.n_heads:
+            fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model} (or set model.head_dim)")
+        if (m.d_model // m.n_heads) % 2:
+            fail("model.n_heads", m.n_heads, f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even")
+    elif m.head_dim < 2 or m.head_dim % 2:
+        fail("model.head_dim", m.head_dim, "must be even and >= 2 (RoPE rotates pairs of dimensions)")
+    if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
+        fail("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads} (GQA groups)")
+    if m.d_ff is not None and m.d_ff < 1:
+        fail("model.d_ff", m.d_ff, "must be >= 1")
+    if (r := m.rope_scaling) is not None:
+        if r.factor < 1:
+            fail("model.rope_scaling.factor", r.factor, "must be >= 1")
+        if not 1 <= r.low_freq_factor < r.high_freq_factor:
+            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor,
+                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
+
+
+# --- domains: every number in range, every local path there (issue 11) ---------------------------
+
+_MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
+
+
+def _validate_numbers(spec: ExperimentSpec, fail) -> None:
+    """Numbers finite and in range; list lengths."""
+    m, t, e, r = spec.model, spec.train, spec.eval, spec.run
+
+    def check(key: str, value: Any, ok: bool, why: str) -> None:
+        if value is not None and (not ok or (isinstance(value, float) and not math.isfinite(value))):
+            fail(key, value, why)
+
+    check("train.lr", t.lr, t.lr > 0, "must be finite and > 0")
+    if len(t.betas) != 2:
+        fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
+    if not all(0 <= beta < 1 for beta in t.betas):
+        fail("train.betas", list(t.betas), "each beta must be in [0, 1)")
+    check("train.eps", t.eps, t.eps > 0, "must be finite and > 0")
+    check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be finite and >= 0")
+    check("train.final_lr_ratio", t.final_lr_ratio, 0 <= t.final_lr_ratio <= 1, "must be in [0, 1]")
+    check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm is None or t.max_grad_norm > 0, "must be > 0 (null: no clipping)")
+    check("train.z_loss", t.z_loss, t.z_loss is None or t.z_loss >= 0, "must be finite and >= 0 (null: off)")
+    if t.optimizer not in ("adamw", "skip_step_adamw"):
+        fail("train.optimizer", t.optimizer, "must be adamw or skip_step_adamw")
+    for key in ("max_steps", "max_tokens", "schedule_tokens"):
+        value = getattr(t, key)
+        check(f"train.{key}", value, value is None or value >= 1, "must be >= 1")
+    for key in ("warmup_steps", "warmup_tokens"):
+        value = getattr(t, key)
+        check(f"train.{key}", value, value is None or value >= 0, "must be >= 0")
+    check("model.init_std", m.init_std, m.init_std > 0, "must be finite and > 0")
+    check("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be finite and > 0")
+    check("model.rope_theta", m.rope_theta, m.rope_theta > 0, "must be > 0")
+    check("eval.interval", e.interval, e.interval >= 1, "must be >= 1")
+    check("eval.max_batches", e.max_batches, e.max_batches is None or e.max_batches >= 1, "must be >= 1 (null: the whole set)")
+    check("eval.downstream_interval", e.downstream_interval, e.downstream_interval is None or e.downstream_interval >= 1, "must be >= 1")
+    check("run.log_interval", r.log_interval, r.log_interval >= 1, "must be >= 1")
+    check("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1")
+    check("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1")
+    check("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1")
+    if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
+        fail("run.ephemeral_save_interval", r.ephemeral_save_interval, f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)")
+    if not r.name or "/" in r.name:
+        fail("run.name", r.name, "must be a non-empty name without '/'")
+
+
+def _validate_shapes(spec: ExperimentSpec, fail) -> None:
+    """Shape arithmetic in Python integers: no matrix too large to build, a vocabulary that holds the tokenizer's."""
+    m = spec.model
+    vocab = vocab_size(spec)
+    tokenizer_vocab = spec.data.demo_vocab_size if spec.data.tokenizer == "demo" else _dolma2_vocab()
+    if m.vocab_size is not None and m.vocab_size < tokenizer_vocab:
+        fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_vocab} tokens")
+    hourglass = m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass")
+    hidden_key, hidden = ("model.d_h", m.resolved_d_h) if hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
+    for key, rows, cols in (("model.d_model", m.d_model, m.d_model), (hidden_key, m.d_model, hidden), ("model.vocab_size", vocab, m.d_model)):
+        if rows * cols > _MAX_MATRIX:
+            fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
+
+
+def _dolma2_vocab() -> int:
+    from olmo_core.data import TokenizerConfig
+
+    return TokenizerConfig.dolma2().vocab_size
+
+
+def _validate_sources(spec: ExperimentSpec, fail) -> None:
+    """Local data paths and prefix folders exist; a prefix matches the run; cuda is there."""
+    d, t = spec.data, spec.train
+    if t.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("train.device", t.device, "CUDA is not available on this machine")
+    if d.source == "numpy":
+        for path in d.paths:
+            if "://" not in path and not Path(path).is_file():
+                fail("data.paths", path, "no such file")
+    if d.source == "prefix" and d.prefix_dir:
+        _validate_prefix(spec, fail)
+
+
+def _validate_prefix(spec: ExperimentSpec, fail) -> None:
+    from ..data.order import DataOrderError
+    from ..data.prefix import prefix_index
+
+    d, t = spec.data, spec.train
+    if not Path(d.prefix_dir).is_dir():
+        fail("data.prefix_dir", d.prefix_dir, "no such folder (run: scripts/data_order.py materialize)")
+    try:
+        prefix = prefix_index(Path(d.prefix_dir))["spec"]
+    except DataOrderError as e:
+        fail("data.prefix_dir", d.prefix_dir, one_line(e))
+    if prefix["seq_len"] != d.sequence_length:
+        fail("data.sequence_length", d.sequence_length, f"the prefix in {d.prefix_dir} has {prefix['seq_len']}-token instances")
+    if prefix["seed"] != d.order_seed:
+        fail("data.order_seed", d.order_seed, f"the prefix in {d.prefix_dir} was made with order seed {prefix['seed']}")
+    tokens = t.max_tokens if t.max_tokens is not None else (t.max_steps or 0) * t.global_batch_size * d.sequence_length
+    held = prefix["num_instances"] * prefix["seq_len"]
+    if tokens > held:
+        key = "train.max_tokens" if t.max_tokens is not None else "train.max_steps"
+        fail(key, getattr(t, key.split(".")[1]), f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}")
+
+
+def validate_evals(spec: ExperimentSpec, fail) -> None:
+    from ..eval.evaluators import VALIDATION_SETS
+
+    e = spec.eval
+    if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:
+        fail("eval.validation_sets", unknown, f"unknown; choose from {', '.join(VALIDATION_SETS)}")
+    if e.downstream_tasks:
+        from olmo_eval import list_tasks
+
+        if unknown := [n for n in e.downstream_tasks if n not in list_tasks()]:
+            fail("eval.downstream_tasks", unknown, "not an ai2-olmo-eval task (olmo_eval.list_tasks())")
+    if e.downstream_sequence_length is not None and e.downstream_sequence_length < 2:
+        fail("eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)")
+
+
+def _validate_widths(m: ModelSpec, fail) -> None:
+    w = m.widths
+    if m.ffn not in ("swiglu", "hourglass"):
+        fail("model.ffn", m.ffn, "must be swiglu or hourglass")
+    if w.schedule not in SCHEDULES:
+        fail("model.widths.schedule", w.schedule, f"choose one of {', '.join(SCHEDULES)}")
+    if w.shape not in SHAPES:
+        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
+    if w.resize not in ResizeMode.__members__:
+        fail("model.widths.resize", w.resize, f"choose one of {', '.join(ResizeMode.__members__)}")
+    if w.init not in ("olmo", "mup"):
+        fail("model.widths.init", w.init, "must be olmo or mup")
+    if w.init == "mup" and m.ffn == "hourglass":
+        fail("model.widths.init", w.init, "mup init is not supported with ffn=hourglass")
+    if m.tie_embeddings:
+        fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
+    if w.multiple < 1:
+        fail("model.widths.multiple", w.multiple, "must be >= 1")
+    if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
+        fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
+    try:
+        widths = m.resolved_widths
+    except ValueError as e:
+        fail("model.widths.schedule", w.schedule, one_line(e))
+    key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
+    step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
+    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
+    for layer, width in enumerate(widths, start=1):
+        if width < 1 or width % step:
+            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
+    if m.moe is not None and expert_hidden_size(min(widths), m.moe_hidden, m.d_model) < 1:
+        key = "model.d_h" if m.moe.experts == "hourglass" else "model.moe.expert_hidden"
+        fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
+
+
+def _validate_moe(m: ModelSpec, t: TrainSpec, fail) -> None:
+    e = m.moe
+    assert e is not None
+    if m.block != "variable_width":
+        fail("model.moe", "{...}", f"a mixture of experts needs model.block=variable_width (a constant schedule is the baseline), not {m.block}")
+    if m.ffn != "swiglu":
+        fail("model.ffn", m.ffn, "the MoE replaces the FFN; give the experts' kind as model.moe.experts")
+    if m.norm_placement != "pre":
+        fail("model.norm_placement", m.norm_placement, "the variable-width MoE block is pre-norm (the authors' lm-engine block)")
+    if e.experts not in Experts.__members__:
+        fail("model.moe.experts", e.experts, f"choose one of {', '.join(Experts.__members__)}")
+    if e.num_experts < 1:
+        fail("model.moe.num_experts", e.num_experts, "must be >= 1")
+    if not 1 <= e.top_k <= e.num_experts:
+        fail("model.moe.top_k", e.top_k, f"must be in [1, model.moe.num_experts={e.num_experts}]")
+    if e.experts == "hourglass":  # the experts' shape is model.K and model.d_h (checked in validate)
+        if e.expert_hidden is not None:
+            fail("model.moe.expert_hidden", e.expert_hidden, "hourglass experts take their shape from model.K and model.d_h; remove it")
+    elif e.expert_hidden is None or e.expert_hidden < 1:
+        fail("model.moe.expert_hidden", e.expert_hidden, "must be >= 1 for swiglu experts")
+    for key in ("lb_loss_weight", "z_loss_weight"):
+        if not (math.isfinite(value := getattr(e, key)) and value >= 0):
+            fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")
+    if t.activation_checkpointing:
+        fail("train.activation_checkpointing", t.activation_checkpointing, "OLMo-core cannot checkpoint MoE blocks; use false or null")
+
+
