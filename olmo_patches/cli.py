@@ -9,13 +9,14 @@ from typing import List, NoReturn, Optional
 
 from .config import ConfigError, ExperimentSpec, Layout, load_spec
 from .report.console import console
+from .peers import announce
 
 __all__ = ["console", "load_or_exit", "refuse"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
     """Load a config for ``layout``'s ranks (default: torchrun's); on a bad one print one line
-    naming file, key and value (rank 0 only: every rank checks the same config) and exit 2."""
+    naming file, key and value (:func:`refuse`) and exit 2."""
     _config_log(_rank0())
     try:
         return load_spec(path, overrides, layout)
@@ -24,8 +25,11 @@ def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optio
 
 
 def refuse(line: str, code: int = 2) -> NoReturn:
-    """Exit with ``code`` after one line on stderr: rank 0's only (every rank refuses the same thing)."""
-    if _rank0():
+    """Exit with ``code`` after one line on stderr, once a node however many ranks refuse; the other
+    ranks of the launch exit with the same code (peers.py: where another rank failed first, its
+    line and code)."""
+    line, code, prints = announce(line, code)
+    if prints:
         print(line, file=sys.stderr)
     raise SystemExit(code) from None
 

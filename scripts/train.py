@@ -8,21 +8,21 @@ written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M n
 
 A run resumes from the newest good checkpoint in its save folder; --resume-from PATH resumes
 from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint and exits 0.
-A folder holding another run's config or another process: one line, exit 2. A non-finite loss,
-gradient norm or weight: one line naming the step and the last good checkpoint, exit 3.
+A folder holding another run's config or another process, or one that not every node sees: one
+line, exit 2. A non-finite loss, gradient norm or weight: one line naming the step and the last good
+checkpoint, exit 3. A refusal or an error on any rank ends every rank within a second or so, its
+line printed once on each node.
 """
 
 import argparse
-import sys
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit, refuse
-from olmo_patches.config import ConfigError, Layout, spec_to_yaml
+from olmo_patches.config import Layout, spec_to_yaml
+from olmo_patches.peers import announce
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
-from olmo_patches.train import train
-from olmo_patches.train.run_folder import RunFolderError
-from olmo_patches.train.safety import NonFiniteError
+from olmo_patches.train import exit_line, train
 
 
 def main() -> None:
@@ -49,14 +49,11 @@ def main() -> None:
         return
     try:
         train(spec, resume_from=args.resume_from)
-    except RunFolderError as e:
-        refuse(f"error: {e}")
-    except ConfigError as e:  # found while building the run (a downstream task that cannot fit)
-        refuse(f"config error: {e}")
-    except NonFiniteError as e:
-        print(f"diverged: {e}", file=sys.stderr)
-        raise SystemExit(3) from None
-
+    except Exception as e:  # train() announced it (peers.py); refuse() prints the launch's first failure
+        line, code = exit_line(e)
+        if code == 1 and announce(line, code)[:2] == (line, code):
+            raise  # this rank's own error, not the consequence of another's: its traceback
+        refuse(line, code)
 
 if __name__ == "__main__":
     main()

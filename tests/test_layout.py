@@ -26,11 +26,12 @@ ALLOWED = {
     "eval": set(),
     "hardware": set(),
     "wheelhouse": set(),
+    "peers": set(),
     "config": {"nn", "data", "eval", "hardware"},
-    "train": {"config", "nn", "optim", "data", "eval", "hardware"},
+    "train": {"config", "nn", "optim", "data", "eval", "hardware", "peers"},
     "report": {"train", "config", "nn", "optim", "data", "eval", "hardware"},
     "export": {"train", "config", "nn"},
-    "cli": {"report", "config"},
+    "cli": {"report", "config", "peers"},
     "__init__": set(),
 }
 # Third-party imports the patch layer may use: it is a plug-in for OLMo-core, nothing more.

@@ -29,12 +29,14 @@ def checkpoint_step(checkpoint: PathOrStr) -> int:
 
 def load_model_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
     """The model weights of a trainer checkpoint (``stepN``) or of a bare model checkpoint, as
-    full tensors keyed like OLMo-core's ``Transformer.state_dict()``. Not for use under torchrun."""
-    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+    full tensors keyed like OLMo-core's ``Transformer.state_dict()``. Reads in this process alone,
+    with or without a process group (rank 0 checks a save folder's checkpoints under torchrun)."""
+    # OLMo-core's load_keys without its guard against a process group: its read is local (no_dist).
+    from olmo_core.distributed.checkpoint import _get_key, _load_unsharded_keys, get_checkpoint_metadata
 
     root = Path(checkpoint)
     model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
     metadata = get_checkpoint_metadata(model_dir)
     keys = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
-    values = load_keys(model_dir, keys)
-    return {k[len("model.") :]: v for k, v in zip(keys, values)}
+    state = _load_unsharded_keys(model_dir, keys)
+    return {k[len("model.") :]: _get_key(state, k, pop=True) for k in keys}

@@ -25,6 +25,7 @@ from olmo_core.data import (
 )
 from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.io import is_url
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
@@ -41,19 +42,22 @@ from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
 from ..config import ConfigError, ExperimentSpec, attention_backend, data_workers
+from ..config.spec import one_line
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
+from .. import peers
 from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
-from .run_folder import Lock, check_config, record_config
-from .safety import NonFiniteGuardCallback, select_resume_checkpoint
+from .run_folder import Lock, RunFolderError, check_config, record_config
+from .safety import NonFiniteError, NonFiniteGuardCallback, select_resume_checkpoint
+from .shared_fs import require_shared
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "device_for", "downstream_length", "eval_callbacks"]
+__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "exit_line", "device_for", "downstream_length", "eval_callbacks"]
 
 
 @dataclass
@@ -322,26 +326,25 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
     Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
     process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its sequence
-    length, and :class:`NonFiniteError` when the run diverges (its last good checkpoint kept).
+    length or a local folder not every node sees, and :class:`NonFiniteError` when the run diverges
+    (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
     refused: Optional[ConfigError] = None
+    changes: list[str] = []
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    if rank0:  # before the process group: the legacy-checkpoint check reads weights without one
+    if rank0:  # before the process group: the demo corpus is built by rank 0 alone
         try:
             _check_downstream_fit(spec)
             changes = check_config(spec, deliberate=resume_from is not None)
-            lock.acquire()
-            record_config(spec, changes)
-            prune_incomplete(save_folder)
-            if resume_from is None:
-                select_resume_checkpoint(save_folder)
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
+    peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
     prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    peers.watch()  # or the process group's
     start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
         # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
@@ -353,6 +356,17 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     # (unless the caller froze objects itself: then its freeze is left as it is).
     froze = gc.get_freeze_count() == 0
     try:
+        if not is_url(spec.save_folder):  # before the folder is written: every node must see it
+            require_shared({"run.save_folder": save_folder, "data.work_dir": Path(spec.data.work_dir)})
+        if rank0 and refused is None:
+            try:
+                lock.acquire()
+                record_config(spec, changes)
+                prune_incomplete(save_folder)
+                if resume_from is None:
+                    select_resume_checkpoint(save_folder)
+            except ConfigError as e:
+                refused = e
         if (refused := broadcast_object(refused)) is not None:
             raise refused
         barrier()
@@ -361,13 +375,28 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
             gc.freeze()
         with quiet_console(save_folder):
             return _fit(spec, resume_from, device, callbacks)
+    except Exception as e:  # before the process group goes: peers waiting in a collective hear why
+        peers.announce(*exit_line(e))
+        raise
     finally:
+        peers.stop_watching()
         if froze:
             gc.unfreeze()
         multiprocessing.set_start_method(start_method, force=True)
         if rank0:
             lock.release()
         teardown_training_environment()
+
+
+def exit_line(e: Exception) -> tuple[str, int]:
+    """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
+    if isinstance(e, RunFolderError):
+        return f"error: {e}", 2
+    if isinstance(e, ConfigError):  # found while building the run (a downstream task that cannot fit)
+        return f"config error: {e}", 2
+    if isinstance(e, NonFiniteError):
+        return f"diverged: {e}", 3
+    return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
 
 
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:

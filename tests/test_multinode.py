@@ -1,0 +1,145 @@
+"""Two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1), as docs/running.md launches
+them, with no extra environment: HSDP trains as a 2x2 mesh with one process's losses, and resumes on
+FSDP x2 and then in one process; a folder not every node sees, a config refused on one node and an
+error on one rank after start-up end every process promptly, the line printed on every node."""
+
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from olmo_patches.config import load_spec
+from olmo_patches.train import train
+from olmo_patches.train.batch_trace import read_batch_trace
+from olmo_patches.train.metrics import read_metrics
+
+from .conftest import REPO, child_env, finish, run_script, start, tiny_overrides
+
+HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
+# 6 steps of 4 sequences; a checkpoint at each stop; every rank records its instances.
+RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
+# The collectives' timeout (OLMo-core's process group): what a rank left waiting for a peer waited.
+COLLECTIVE_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(per_node: int, args0: list, args1: list, timeout: int = 600):
+    """Two torchruns side by side, one a node, on one rendezvous: each one's result and the seconds
+    from the first one's exit to the last one's."""
+    port = _free_port()
+    procs = [start([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", per_node,
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", *args]) for args in (args0, args1)]
+    results, ended = [None, None], [0.0, 0.0]
+
+    def wait(i):
+        results[i] = finish(procs[i], timeout)
+        ended[i] = time.monotonic()
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, max(ended) - min(ended)
+
+
+def _losses(run_dir):
+    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+
+
+def _train_args(folder, *extra):
+    return ["scripts/train.py", str(HOURGLASS), *tiny_overrides(folder, *RUN, *extra, block="hourglass")]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, demo_corpus):
+    """The reference: 6 steps in one process, uninterrupted."""
+    folder = tmp_path_factory.mktemp("one")
+    train(load_spec(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass")))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, demo_corpus):
+    """One run, three launches: steps 1-2 as HSDP on two torchrun nodes x 2 ranks, 3-4 as FSDP on
+    one torchrun x 2, 5-6 in one process."""
+    folder = tmp_path_factory.mktemp("resumed")
+    node = _train_args(folder, "train.data_parallel=hsdp", "run.stop_at_step=2")
+    (hsdp0, hsdp1), _ = _two_nodes(2, node, node)
+    log = (folder / "train.log").read_text() if (folder / "train.log").is_file() else ""
+    fsdp = run_script("train.py", *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:], torchrun=2)
+    one = load_spec(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass"))
+    train(one)
+    return folder, hsdp0, hsdp1, log, fsdp
+
+
+def test_no_extra_environment():
+    env = child_env()
+    assert "OLMO_SHARED_FS" not in env and "FS_LOCAL_RANK" not in env
+
+
+def test_two_nodes_train_hsdp_as_a_2x2_mesh_with_one_process_losses(resumed, one_process):
+    folder, hsdp0, hsdp1, log, _ = resumed
+    assert hsdp0.returncode == 0, hsdp0.stderr[-3000:]
+    assert hsdp1.returncode == 0, hsdp1.stderr[-3000:]
+    assert "Built 2D device mesh with shape (dp_replicate=2, dp_shard=2)" in log
+    want, got = _losses(one_process), _losses(folder)
+    assert sorted(want) == [1, 2, 3, 4, 5, 6]
+    for step in (1, 2):
+        assert got[step] == pytest.approx(want[step], abs=1e-5), step
+
+
+def test_hsdp_resumes_on_fsdp_x2_and_then_in_one_process(resumed, one_process):
+    """4 ranks -> 2 (HSDP 2x2 -> FSDP 2) -> 1: the same instances every step, the same losses."""
+    folder, *_, fsdp = resumed
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    assert read_batch_trace(folder) == read_batch_trace(one_process)  # every step's 4 instances and their tokens
+    want, got = _losses(one_process), _losses(folder)
+    assert sorted(got) == sorted(want)
+    for step in want:
+        assert got[step] == pytest.approx(want[step], abs=1e-5), step
+
+
+def _one_line_on_every_node(results, line: str):
+    for r in results:
+        assert r.returncode != 0
+        assert r.stderr.splitlines().count(line) == 1, r.stderr[-3000:]
+
+
+def test_a_folder_not_every_node_sees_is_refused_on_every_node(tmp_path):
+    """Each node given its own folder: what rank 0 writes there, node 1 does not see."""
+    folder0, folder1 = tmp_path / "node0" / "run", tmp_path / "node1" / "run"
+    results, gap = _two_nodes(1, _train_args(folder0), _train_args(folder1))
+    _one_line_on_every_node(results, f"config error: run.save_folder={folder0}: not shared by every node: node 1 "
+                                     f"({socket.gethostname()}) does not see what rank 0 writes there; use a folder on a "
+                                     f"filesystem every node mounts")
+    assert gap < COLLECTIVE_TIMEOUT_S / 10
+    assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()  # nothing written
+
+
+def test_a_config_refused_on_one_node_ends_the_other(tmp_path):
+    """A data file missing on node 1 only: its rank refuses the config before the process group;
+    rank 0, waiting for it to rendezvous, exits too."""
+    data = ["data.source=numpy", "data.tokenizer=dolma2", "model.vocab_size=100352"]
+    results, gap = _two_nodes(1, _train_args(tmp_path, *data, f"data.paths=[{HOURGLASS}]"),
+                              _train_args(tmp_path, *data, f"data.paths=[{tmp_path / 'part-0.npy'}]"))
+    _one_line_on_every_node(results, f"config error: command line: data.paths={tmp_path / 'part-0.npy'}: no such file")
+    assert gap < COLLECTIVE_TIMEOUT_S / 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_error_on_rank_1_after_start_up_ends_rank_0(tmp_path):
+    """Rank 1 raises once the run is built; rank 0 is then in a collective waiting for it."""
+    node = ["tests/_fail_on_rank.py", "1", "raise", *_train_args(tmp_path)[1:]]
+    results, gap = _two_nodes(1, node, node)
+    line = "rank 1 failed: FileNotFoundError: raise on rank 1 (test)"
+    assert results[0].returncode != 0 and results[0].stderr.splitlines().count(line) == 1, results[0].stderr[-3000:]
+    assert "FileNotFoundError: raise on rank 1 (test)" in results[1].stdout + results[1].stderr  # its own traceback
+    assert gap < COLLECTIVE_TIMEOUT_S / 10
