@@ -112,3 +112,24 @@ def test_compile_runs_on_cpu_with_eager_losses(runs):
     assert sorted(compiled) == [1, 2, 3]
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], abs=COMPILE_TOLERANCE), step
+
+
+@pytest.mark.parametrize("overrides, world_size, want", [
+    (["train.precision=bf16"], 1, {"precision": "bf16 compute (torch.autocast), no gradient reduction", "compile": "off (eager)"}),
+    (["train.precision=fp32", "train.compile=true"], 1, {"precision": "fp32 compute", "compile": "torch.compile per block (inductor)"}),
+    (["train.precision=bf16", "train.data_parallel=fsdp", "train.compile=true"], 2,
+     {"precision": "bf16 compute (FSDP mixed precision), fp32 gradient reduction", "compile": "inductor), before FSDP"}),
+    (["train.precision=bf16", "train.data_parallel=ddp"], 2, {"precision": "bf16 compute (torch.autocast), fp32 gradient reduction"}),
+    (["train.hardware=h100"], 1, {"ignored": "train.hardware=h100 (train.device=cpu"}),
+])
+def test_dry_run_says_what_the_cpu_run_does(tmp_path, overrides, world_size, want):
+    """The dry run's rows for this CPU: the dtypes and compile the runs above measured (bf16 Linear
+    outputs under autocast, compiled blocks), where it used to print train.compile=true for an eager run."""
+    from olmo_patches.config import Layout
+    from olmo_patches.report.plan import device_rows
+
+    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "train.device=cpu", *overrides), Layout.plan(world_size))
+    rows = {label.split(" (")[0]: value for label, value in device_rows(spec, world_size)}
+    assert rows["attention backend"].startswith("torch")
+    for key, text in want.items():
+        assert text in rows[key], (key, rows[key])

@@ -120,8 +120,8 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     and the settings that device ignores, with why."""
     t, device = spec.train, device_for(spec)
     ignored = []
-    if device == "cpu" and t.hardware not in ("auto", "none"):
-        ignored.append(f"train.hardware={t.hardware} (a GPU preset; on CPU the null keys take train.hardware=none's values)")
+    if t.device == "cpu" and t.hardware not in ("auto", "none"):  # train.device=auto applies it (config/layout.py)
+        ignored.append(f"train.hardware={t.hardware} (train.device=cpu: the keys left null take train.hardware=none's values)")
     if device == "cpu" or t.precision != "bf16":
         ignored.append("MFU (OLMo-core's speed monitor has a peak FLOP/s for a known GPU in bf16 only)")
     return [
