@@ -16,9 +16,10 @@ from rich.table import Table
 from ..config import ExperimentSpec, Layout, attention_backend, data_workers
 from ..hardware import CARDS
 from ..train import device_for
+from ..train.precision import describe_compile, precision_of
 from .counts import count
 
-__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows"]
+__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows"]
 
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
 
@@ -114,6 +115,24 @@ def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = No
     return rows
 
 
+def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
+    """What the trainer will do on the device this run gets (the code the trainer runs decides it),
+    and the settings that device ignores, with why."""
+    t, device = spec.train, device_for(spec)
+    ignored = []
+    if t.device == "cpu" and t.hardware not in ("auto", "none"):  # train.device=auto applies it (config/layout.py)
+        ignored.append(f"train.hardware={t.hardware} (train.device=cpu: the keys left null take train.hardware=none's values)")
+    if device == "cpu" or t.precision != "bf16":
+        ignored.append("MFU (OLMo-core's speed monitor has a peak FLOP/s for a known GPU in bf16 only)")
+    return [
+        (f"precision ({device} here, {world_size} rank{'s' if world_size > 1 else ''})", f"train.precision={t.precision}: {precision_of(spec, world_size)}"),
+        (f"compile ({device} here)", describe_compile(spec, world_size)),
+        (f"activation checkpointing ({device} here)", "full (every block)" if t.activation_checkpointing else "off"),
+        (f"attention backend ({device} here)", str(attention_backend(spec, device))),
+        (f"ignored ({device} here)", "; ".join(ignored) or "nothing"),
+    ]
+
+
 def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tuple[str, str]] = ()) -> Table:
     p = plan(spec)
     table = Table(title=f"{spec.run.name}: run plan")
@@ -130,7 +149,8 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
     for label, value in presets:
         table.add_row(label, value)
-    table.add_row(f"attention backend ({device} here)", str(attention_backend(spec, device)))
+    for label, value in device_rows(spec, layout.world_size):
+        table.add_row(label, value)
     table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")

@@ -16,14 +16,13 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
-from olmo_core.config import Config, DType
+from olmo_core.config import Config
 from olmo_core.data import (
     InstanceFilterConfig,
     NumpyDataLoaderConfig,
     NumpyFSLDatasetConfig,
     TokenizerConfig,
 )
-from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.io import is_url
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
@@ -34,7 +33,6 @@ from olmo_core.train import Duration, TrainerConfig, prepare_training_environmen
 from olmo_core.train.callbacks import Callback, CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
     TransformerActivationCheckpointingConfig,
-    TransformerDataParallelConfig,
     TransformerTrainModuleConfig,
 )
 
@@ -49,6 +47,7 @@ from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .. import peers
+from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, olmo_core_compiles, precision_of
 from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
 from .run_folder import Lock, RunFolderError, check_config, record_config
@@ -134,26 +133,6 @@ class Experiment(Config):
     data_loader: OrderedDataLoaderConfig
     train_module: TransformerTrainModuleConfig
     trainer: TrainerConfig
-
-
-def _data_parallel(spec: ExperimentSpec, device: str, world_size: int) -> Optional[TransformerDataParallelConfig]:
-    """FSDP2 (one unit per block), HSDP or DDP across ranks; none for one process. On CPU (gloo)
-    parameters stay fp32 whatever ``train.precision`` says."""
-    if world_size == 1:
-        return None
-    # FSDP/HSDP: bf16 compute copies of fp32 parameters. DDP would cast the parameters themselves
-    # (and AdamW's state) to bf16, so DDP keeps fp32 parameters and runs under bf16 autocast instead.
-    fsdp_bf16 = spec.train.precision == "bf16" and device == "cuda" and spec.train.data_parallel != "ddp"
-    return TransformerDataParallelConfig(
-        name=DataParallelType(spec.train.data_parallel),
-        param_dtype=DType.bfloat16 if fsdp_bf16 else None,
-        reduce_dtype=DType.float32,
-    )
-
-
-def _autocast_bf16(spec: ExperimentSpec, device: str, world_size: int) -> bool:
-    """bf16 autocast where FSDP's mixed precision does not apply: one process, or DDP."""
-    return device == "cuda" and spec.train.precision == "bf16" and (world_size == 1 or spec.train.data_parallel == "ddp")
 
 
 def _optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGroupOverride]:
@@ -245,6 +224,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     backend = attention_backend(spec, device)
     set_attention_backend(model, backend.name)
     log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
+    log.info(f"train.precision={t.precision} -> {precision_of(spec, world_size)}; train.compile={t.compile} -> {describe_compile(spec, world_size)}")
 
     dataset_kwargs = _dataset_kwargs(spec, data)
     # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
@@ -277,10 +257,10 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         scheduler=_lagged(_scheduler(spec), spec),
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
-        compile_model=t.compile,
-        dp_config=_data_parallel(spec, device, world_size),
+        compile_model=olmo_core_compiles(spec, device),
+        dp_config=data_parallel(spec, world_size),
         ac_config=TransformerActivationCheckpointingConfig() if t.activation_checkpointing else None,
-        autocast_precision=DType.bfloat16 if _autocast_bf16(spec, device, world_size) else None,
+        autocast_precision=autocast(spec, world_size),
     )
 
     duration = Duration.tokens(t.max_tokens) if t.max_tokens is not None else Duration.steps(t.max_steps)  # type: ignore[arg-type]
@@ -405,6 +385,8 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     exp = build_experiment(spec, data, world_size=get_world_size())
     exp.trainer.callbacks.update(callbacks or {})
     model = exp.model.build(init_device="meta")
+    if spec.train.compile and device == "cpu":
+        compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)

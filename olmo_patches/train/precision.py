@@ -1,0 +1,105 @@
+"""Mixed precision and compile as the trainer applies them, the same on CPU as on GPU.
+
+bf16 (``train.precision``): FSDP2 and HSDP keep fp32 parameters (the master weights AdamW updates and
+checkpoints hold), all-gather bf16 compute copies of them and reduce-scatter the gradients in fp32.
+One process and DDP run under bf16 autocast instead: DDP would cast the parameters themselves (and
+AdamW's state) to bf16. gloo all-gathers, reduce-scatters and all-reduces bf16 (torch 2.13), so CPU
+runs take the GPU's path.
+
+compile (``train.compile``): OLMo-core's per-block ``apply_compile`` (inductor), which its
+``parallelize_model`` applies after float8 and activation checkpointing and before FSDP/DDP, but only
+where CUDA is available ("Skipping model compilation"). On CPU :func:`compile_on_cpu` applies it at
+that same point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from olmo_core.config import DType
+from olmo_core.distributed.parallel import DataParallelType
+from olmo_core.nn.transformer import Transformer
+from olmo_core.train.train_module import TransformerDataParallelConfig
+
+from ..config import ExperimentSpec
+
+__all__ = ["Precision", "precision_of", "data_parallel", "autocast", "olmo_core_compiles", "compile_on_cpu", "describe_compile"]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The dtypes of one run: parameters (and master weights), compute, gradient reduction."""
+
+    param: str
+    compute: str
+    reduce: Optional[str]  # None: one process, nothing reduced
+    how: str  # which mechanism gives the compute dtype
+
+    def __str__(self) -> str:
+        reduce = f"{self.reduce} gradient reduction" if self.reduce else "no gradient reduction (1 process)"
+        return f"{self.param} parameters and master weights, {self.compute} compute ({self.how}), {reduce}"
+
+
+def _fsdp(spec: ExperimentSpec, world_size: int) -> bool:
+    return world_size > 1 and spec.train.data_parallel != "ddp"
+
+
+def data_parallel(spec: ExperimentSpec, world_size: int) -> Optional[TransformerDataParallelConfig]:
+    """FSDP2 (one unit per block), HSDP or DDP across ranks; none for one process."""
+    if world_size == 1:
+        return None
+    bf16 = spec.train.precision == "bf16" and _fsdp(spec, world_size)
+    return TransformerDataParallelConfig(
+        name=DataParallelType(spec.train.data_parallel),
+        param_dtype=DType.bfloat16 if bf16 else None,
+        reduce_dtype=DType.float32,
+    )
+
+
+def autocast(spec: ExperimentSpec, world_size: int) -> Optional[DType]:
+    """bf16 autocast where FSDP's mixed precision does not apply: one process, or DDP."""
+    return DType.bfloat16 if spec.train.precision == "bf16" and not _fsdp(spec, world_size) else None
+
+
+def precision_of(spec: ExperimentSpec, world_size: int) -> Precision:
+    """What :func:`data_parallel` and :func:`autocast` give this run, for its log and the dry run."""
+    reduce = "fp32" if world_size > 1 else None
+    if spec.train.precision == "fp32":
+        return Precision("fp32", "fp32", reduce, "no autocast")
+    how = f"{spec.train.data_parallel.upper()} mixed precision" if _fsdp(spec, world_size) else "torch.autocast"
+    return Precision("fp32", "bf16", reduce, how)
+
+
+def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
+    """OLMo-core's compile_model flag: on CPU :func:`compile_on_cpu` compiles instead."""
+    return bool(spec.train.compile) and device != "cpu"
+
+
+def describe_compile(spec: ExperimentSpec, world_size: int) -> str:
+    if not spec.train.compile:
+        return "off (eager)"
+    return "torch.compile per block (inductor)" + (f", before {spec.train.data_parallel.upper()}" if world_size > 1 else "")
+
+
+# parallelize_model calls one of these right after where it compiles on CUDA (init_weights always).
+_AFTER_COMPILE = ("apply_fsdp", "apply_ddp", "init_weights")
+
+
+def compile_on_cpu(model: Transformer) -> None:
+    """Make the next of ``model``'s apply_fsdp / apply_ddp / init_weights compile it first: the point
+    where OLMo-core's parallelize_model would have called ``model.apply_compile()`` with CUDA."""
+
+    def compiling_first(name: str):
+        method = getattr(model, name)
+
+        def call(*args, **kwargs):
+            for other in _AFTER_COMPILE:
+                del model.__dict__[other]  # back to the class's methods
+            model.apply_compile()
+            return method(*args, **kwargs)
+
+        return call
+
+    for name in _AFTER_COMPILE:
+        setattr(model, name, compiling_first(name))

@@ -1,0 +1,135 @@
+"""bf16 and compile on CPU as on the cluster (issue 22), for each block type, through OLMo-core's Trainer.
+
+bf16: one process trains under bf16 autocast (its Linear layers return bf16), with losses that differ
+from fp32 by less than 2% (the issue's tolerance), fp32 weights in its checkpoints and a bit-exact
+resume. compile: OLMo-core's per-block inductor compile runs on CPU (no "Skipping model compilation"),
+with eager's losses within 1e-4. Two gloo ranks under FSDP2's bf16 policy: tests/test_training.py.
+"""
+
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from olmo_core.train.callbacks import Callback
+
+from olmo_patches.config import load_spec
+from olmo_patches.train import train
+from olmo_patches.train.metrics import read_metrics
+
+from .conftest import REPO, load_weights, tiny_overrides
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+VARIABLE_WIDTH = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,48]"]
+BLOCKS = {
+    "baseline": [],
+    "hourglass": ["model.block=hourglass", "model.K=2", "model.d_h=16"],
+    "variable_width": VARIABLE_WIDTH,
+    "moe": [*VARIABLE_WIDTH, "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=16"],
+}
+RUN = ["train.max_steps=3", "run.save_interval=2", "run.ephemeral_save_interval=null"]
+BF16_TOLERANCE = 0.02  # relative, the issue's
+COMPILE_TOLERANCE = 1e-4  # absolute, the issue's
+
+
+@dataclass
+class Probe(Callback):
+    """Inside the Trainer: the dtypes the model's Linear layers return (eager runs only: a hook's side
+    effect has no place in a compiled graph), and whether every block was compiled."""
+
+    hook_dtypes: bool = True
+    linear_out: set = field(default_factory=set)
+    compiled: bool = False
+
+    def pre_train(self):
+        model = self.trainer.train_module.model
+        self.compiled = all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks.values())
+        if self.hook_dtypes:
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.register_forward_hook(lambda mod, args, out: self.linear_out.add(out.dtype))
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[dict, Probe, list[str]]:
+    """(CE loss per step, the probe, OLMo-core's log lines) of one run; no in-loop evaluation (under
+    compile it would compile every block again, for no_grad)."""
+    probe, records = Probe(hook_dtypes=hook_dtypes), _Records()
+    olmo_core_log = logging.getLogger("olmo_core")
+    olmo_core_log.addHandler(records)
+    try:
+        train(load_spec(BASELINE, tiny_overrides(folder, *RUN, *BLOCKS[block], *extra)), resume_from=resume_from,
+              callbacks={"probe": probe, "lm_evaluator": Callback()})
+    finally:
+        olmo_core_log.removeHandler(records)
+    losses = {s: m["train/CE loss"] for s, m in read_metrics(folder).items() if "train/CE loss" in m}
+    return losses, probe, records.messages
+
+
+@pytest.fixture(scope="module", params=list(BLOCKS))
+def runs(request, tmp_path_factory, demo_corpus):
+    """Per block type: fp32, bf16, bf16 resumed from the bf16 run's step 2, and bf16 compiled."""
+    block, root = request.param, tmp_path_factory.mktemp(request.param)
+    out = {"block": block, "root": root}
+    out["fp32"] = _train(root / "fp32", block, "train.precision=fp32")
+    out["bf16"] = _train(root / "bf16", block, "train.precision=bf16")
+    out["resumed"] = _train(root / "resumed", block, "train.precision=bf16", resume_from=str(root / "bf16" / "step2"))
+    out["compiled"] = _train(root / "compiled", block, "train.precision=bf16", "train.compile=true", hook_dtypes=False)
+    return out
+
+
+def test_bf16_computes_in_bf16_within_2_percent_of_fp32(runs):
+    (fp32, p32, _), (bf16, p16, _) = runs["fp32"], runs["bf16"]
+    assert p32.linear_out == {torch.float32} and p16.linear_out == {torch.bfloat16}, runs["block"]
+    assert sorted(fp32) == sorted(bf16) == [1, 2, 3]
+    assert fp32 != bf16  # bf16 really ran
+    for step in fp32:
+        assert bf16[step] == pytest.approx(fp32[step], rel=BF16_TOLERANCE), step
+
+
+def test_bf16_checkpoints_hold_fp32_weights_and_resume_exactly(runs):
+    root = runs["root"]
+    straight, resumed = load_weights(root / "bf16" / "step3"), load_weights(root / "resumed" / "step3")
+    assert straight.keys() == resumed.keys()
+    assert {w.dtype for w in straight.values()} == {torch.float32}
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
+    assert runs["resumed"][0][3] == runs["bf16"][0][3]  # the resumed run trains step 3 only
+
+
+def test_compile_runs_on_cpu_with_eager_losses(runs):
+    (eager, _, _), (compiled, probe, log) = runs["bf16"], runs["compiled"]
+    assert probe.compiled, runs["block"]
+    assert not any("Skipping model compilation" in line for line in log)
+    assert sorted(compiled) == [1, 2, 3]
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], abs=COMPILE_TOLERANCE), step
+
+
+@pytest.mark.parametrize("overrides, world_size, want", [
+    (["train.precision=bf16"], 1, {"precision": "bf16 compute (torch.autocast), no gradient reduction", "compile": "off (eager)"}),
+    (["train.precision=fp32", "train.compile=true"], 1, {"precision": "fp32 compute", "compile": "torch.compile per block (inductor)"}),
+    (["train.precision=bf16", "train.data_parallel=fsdp", "train.compile=true"], 2,
+     {"precision": "bf16 compute (FSDP mixed precision), fp32 gradient reduction", "compile": "inductor), before FSDP"}),
+    (["train.precision=bf16", "train.data_parallel=ddp"], 2, {"precision": "bf16 compute (torch.autocast), fp32 gradient reduction"}),
+    (["train.hardware=h100"], 1, {"ignored": "train.hardware=h100 (train.device=cpu"}),
+])
+def test_dry_run_says_what_the_cpu_run_does(tmp_path, overrides, world_size, want):
+    """The dry run's rows for this CPU: the dtypes and compile the runs above measured (bf16 Linear
+    outputs under autocast, compiled blocks), where it used to print train.compile=true for an eager run."""
+    from olmo_patches.config import Layout
+    from olmo_patches.report.plan import device_rows
+
+    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "train.device=cpu", *overrides), Layout.plan(world_size))
+    rows = {label.split(" (")[0]: value for label, value in device_rows(spec, world_size)}
+    assert rows["attention backend"].startswith("torch")
+    for key, text in want.items():
+        assert text in rows[key], (key, rows[key])
