@@ -32,7 +32,6 @@ from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import Callback, CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
-    TransformerActivationCheckpointingConfig,
     TransformerDataParallelConfig,
     TransformerTrainModuleConfig,
 )
@@ -275,7 +274,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         z_loss_multiplier=t.z_loss,
         compile_model=t.compile,
         dp_config=_data_parallel(spec, device, world_size),
-        ac_config=TransformerActivationCheckpointingConfig() if t.activation_checkpointing else None,
+        ac_config=t.activation_checkpointing.build() if t.activation_checkpointing is not None else None,
         autocast_precision=DType.bfloat16 if _autocast_bf16(spec, device, world_size) else None,
     )
 
