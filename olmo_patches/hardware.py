@@ -8,33 +8,59 @@ any value a config file or the command line sets wins, and ``key=null`` hands a 
 preset. The values come from the memory estimate below for the run's own model, so each config
 gets its own micro-batch on each card.
 
-The memory estimate (per GPU, bytes; NOT measured here: a model of what is stored, for choosing)
-----------------------------------------------------------------------------------------------
-- static = 16 P / W + 4 P_block: fp32 weights, fp32 grads and AdamW's two fp32 moments of all P
-  parameters, sharded over W ranks (FSDP: all ranks; HSDP: a node's; DDP: none, W = 1), plus the
-  largest block's bf16 weights gathered twice (current and prefetched).
-- per sequence of s tokens without checkpointing = s (sum_l A_l + 12 V), where a layer of width w
-  stores A = 12 w + sum_k (4 w + 8 H_k) bytes per token: bf16 tensors saved for backward after
-  Korthikanti et al. 2022 (Table 2) with fused attention (no s^2 term): attention 10 w (input, Q, K,
-  V, output; 2 w + 4 a + 4 a_kv for attention width a = n_heads head_dim and a_kv = n_kv_heads head_dim)
-  and its norm 2 w; each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h; MoE: top-k experts of hidden I_l) its norm
-  2 w, input 2 w and 8 H (w1 and w3 outputs, SiLU, product). 12 V: the logits in bf16 and their fp32
-  log-softmax and gradient (V = vocabulary).
-- with checkpointing (each block recomputed in backward) = s (4 w L + max_l A_l + 12 V): each
-  block's fp32 input, one block's activations during its recompute, the logits.
-A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The
-micro-batch is the largest divisor of the per-rank batch that fits without checkpointing; only
-when not one sequence fits is checkpointing turned on. Compile is on for every GPU preset.
+The memory estimate (per GPU, bytes; a model of what is stored, for choosing; the CPU-measurable parts,
+the tensors each block saves for backward and the loss's, are checked against torch in tests/test_memory.py)
+--------------------------------------------------------------------------------------------------
+Static, whatever the micro-batch:
+- states = 16 P / W: fp32 weights, fp32 grads and AdamW's two fp32 moments of all P parameters,
+  sharded over W ranks (FSDP: all ranks; HSDP: a node's; DDP and one process: W = 1).
+- buffers: under FSDP2 (W > 1) FSDP_BYTES per parameter of the largest FSDP unit (a block, the LM
+  head or the embedding: V d_model each, the largest at every paper size): its bf16 parameters and
+  the prefetched unit's (2 x 2), their all-gather buffers (2 x 2), its bf16 gradients (2), their fp32
+  copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2). Without
+  FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to backward: 2 P.
+- weight copies (hourglass only, :func:`hourglass_weight_copy`): each hourglass block's forward
+  concatenates [W_d1; W_d2] (2 K d_h w bf16 weights) and autograd keeps the copy until that block's
+  backward; a checkpointed block keeps none (one at a time while it is recomputed).
+Per sequence of s tokens (a micro-batch of m sequences costs m times this):
+- each layer of width w saves A = 2 N + 2 w + 8 a + 4 n_heads + sum_k (N_k + 2 w + 8 H_k) bytes
+  per token (measured: tests/test_memory.py): OLMo-core's RMSNorm computes in fp32 and saves its fp32
+  input and output, N = 8 w + 4; the bf16 input of Q/K/V (2 w); Q, K, V and the attention output
+  (8 a for a = n_heads head_dim: OLMo-core's torch backend repeats GQA's K and V to n_heads; flash
+  keeps n_kv_heads, so there this is an upper bound), fp32 log-sum-exp per head
+  and with QK-norm (OLMo-2) the norms of Q and K, N(a) + N(a_kv);
+  each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h, each with its own norm N_k; MoE:
+  top-k experts of hidden I_l, no norm of their own) its bf16 input 2 w and w1, w3, SiLU, product 8 H.
+  The attention norm counts once (2 N: the block's two norms; an hourglass block's K FFN norms are N_k).
+- the head: the final norm N and the head's input 2 w, and LOGIT_BYTES per logit (V per token):
+  OLMo-core's fp32 cross-entropy with z-loss saves the fp32 logits and their log-softmax (8, measured),
+  and its backward holds two fp32 logit gradients (CE and z-loss, 8) and their bf16 cast (2).
+Activation checkpointing (train.activation_checkpointing, OLMo-core's modes):
+- a checkpointed block keeps only its input (2 w bf16 under FSDP, 4 w fp32 under autocast) and one
+  block's A at a time while it is recomputed; ``full``: every block; ``selected_blocks:n``: blocks 0,
+  n, 2n, ...; ``selected_modules``: a glob matching ``blocks.i.attention`` or ``blocks.i.feed_forward``
+  (or a whole block) keeps that module's input (2 w) instead of its part of A (finer globs are counted
+  as not checkpointed: an upper bound); ``budget:b``: the compiler's min-cut keeps b of the difference
+  between none and full (inductor's activation_memory_budget, counted as linear).
+A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The preset
+takes the first mode of :func:`preset_modes` (least recompute first: off, every 4th block, every 2nd
+block, every block; an MoE model: off, its attention only) in which one sequence fits, then the
+largest divisor of the per-rank batch that fits in that mode. Compile is on for every GPU preset.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from fnmatch import fnmatch
+from typing import TYPE_CHECKING, List, Optional
 
-from olmo_core.nn.transformer import TransformerConfig
+from olmo_core.nn.transformer import TransformerBlockConfig, TransformerConfig
 
-__all__ = ["Card", "CARDS", "HARDWARE", "known_card", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose"]
+if TYPE_CHECKING:
+    from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
+
+__all__ = ["Card", "CARDS", "HARDWARE", "AC_MODES", "ActivationCheckpointing", "known_card", "Settings", "MemoryEstimate", "Layer",
+           "card_for_device", "detect", "estimate", "hourglass_weight_copy", "preset_modes", "choose"]
 
 GIB = 2**30
 USABLE = 0.85  # fraction of a card's memory the estimate may fill
@@ -80,67 +106,201 @@ def detect() -> Optional[Card]:
     return card_for_device(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB)
 
 
+AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
+FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (module docstring)
+LOGIT_BYTES = 18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
+
+
+@dataclass
+class ActivationCheckpointing:
+    """OLMo-core's activation checkpointing (TransformerActivationCheckpointingConfig), in its names."""
+
+    mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
+    block_interval: Optional[int] = None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
+    modules: Optional[List[str]] = None  # selected_modules: module-name globs, e.g. blocks.*.feed_forward
+    budget: Optional[float] = None  # budget: activation memory kept, 0 (recompute all) .. 1 (none); needs train.compile
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def __str__(self) -> str:
+        arg = {"selected_blocks": self.block_interval, "budget": self.budget,
+               "selected_modules": ",".join(self.modules or [])}.get(self.mode)
+        return self.mode if arg is None else f"{self.mode}:{arg}"
+
+    def build(self) -> Optional["TransformerActivationCheckpointingConfig"]:
+        """OLMo-core's config (None: off)."""
+        from olmo_core.nn.transformer.config import TransformerActivationCheckpointingMode
+        from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
+
+        if not self.enabled:
+            return None
+        return TransformerActivationCheckpointingConfig(
+            mode=TransformerActivationCheckpointingMode(self.mode), block_interval=self.block_interval,
+            modules=self.modules, activation_memory_budget=self.budget,
+        )
+
+
+OFF = ActivationCheckpointing("off")
+
+
+def hourglass_weight_copy(block: TransformerBlockConfig, w: int) -> int:
+    """Bytes of the [W_d1; W_d2] concatenation an hourglass block's autograd keeps until backward
+    (nn/hourglass.py's forward, bf16): 0 for other blocks. The one place this term lives: drop it
+    when the hourglass stores each sub-MLP as its own nn.Linear."""
+    ffn = block.feed_forward
+    if block.feed_forward_moe is not None or ffn is None or not hasattr(ffn, "K"):
+        return 0
+    return 2 * 2 * ffn.K * ffn.hidden_size * w
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One block's bytes: per token, by the module that saves them, and per micro-batch."""
+
+    attention: float  # the attention module (Q/K/V input, Q, K, V, output, log-sum-exp)
+    feed_forward: float  # the FFN module (hourglass: its K norms too; MoE: the top-k experts)
+    norms: float  # the block's own norms (outside those modules)
+    width: int
+    weight_copy: float  # per micro-batch (hourglass_weight_copy)
+
+    @property
+    def saved(self) -> float:
+        return self.attention + self.feed_forward + self.norms
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
-    static: float  # bytes per GPU, whatever the micro-batch
-    per_sequence: float  # bytes per sequence in a micro-batch, without activation checkpointing
-    per_sequence_ac: float  # ... with every block checkpointed
+    states: float  # 16 P / W
+    buffers: float  # FSDP2's backward buffers (W > 1) or autocast's bf16 weight copies (W = 1)
+    layers: tuple[Layer, ...]  # each block, in order
+    head: float  # bytes per token: final norm, head input, logits
+    sequence_length: int
+    residual_bytes: int  # a checkpointed block's input: 2 (bf16 under FSDP) or 4 (fp32 under autocast)
+    moe: bool = False
+
+    @property
+    def static(self) -> float:
+        return self.states + self.buffers
+
+    def _kept(self, ac: ActivationCheckpointing) -> tuple[list[float], list[float], list[float]]:
+        """Per layer: bytes per token kept until backward, bytes per token while recomputed, weight copies kept."""
+        kept, recomputed, copies = [], [], []
+        for i, layer in enumerate(self.layers):
+            block = ac.mode == "full" or (ac.mode == "selected_blocks" and i % (ac.block_interval or 1) == 0)
+            parts = {"attention": layer.attention, "feed_forward": layer.feed_forward}
+            if ac.mode == "selected_modules":
+                globs = ac.modules or []
+                block = any(fnmatch(f"blocks.{i}", g) for g in globs)
+                parts = {k: v for k, v in parts.items() if any(fnmatch(f"blocks.{i}.{k}", g) for g in globs)}
+            if block:
+                kept.append(self.residual_bytes * layer.width)
+                recomputed.append(layer.saved)
+                copies.append(0.0)
+            elif ac.mode == "selected_modules" and parts:
+                kept.append(layer.saved - sum(parts.values()) + 2 * layer.width * len(parts))
+                recomputed.append(max(parts.values()))
+                copies.append(0.0 if "feed_forward" in parts else layer.weight_copy)
+            else:
+                kept.append(layer.saved)
+                recomputed.append(0.0)
+                copies.append(layer.weight_copy)
+        return kept, recomputed, copies
+
+    def terms(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> dict[str, float]:
+        """The estimate's terms in bytes for a micro-batch in mode ``ac`` (their sum: :meth:`total`)."""
+        if ac.mode == "budget":  # inductor's budget: this fraction of the saving between full and none
+            none, full = self.terms(micro_batch), self.terms(micro_batch, ActivationCheckpointing("full"))
+            b = 1.0 if ac.budget is None else ac.budget
+            return {k: full[k] + b * (none[k] - full[k]) for k in none}
+        kept, recomputed, copies = self._kept(ac)
+        tokens = micro_batch * self.sequence_length
+        recomputing = max(layer.weight_copy for layer in self.layers) if max(recomputed) else 0.0  # one block's, during its recompute
+        return {"states (16 P / W)": self.states, "FSDP / autocast buffers": self.buffers,
+                "hourglass weight copies": sum(copies) + recomputing,
+                "block activations": tokens * (sum(kept) + max(recomputed)), "logits and head": tokens * self.head}
+
+    def total(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> float:
+        return sum(self.terms(micro_batch, ac).values())
+
+
+def _norm(w: int) -> int:
+    return 8 * w + 4  # OLMo-core's RMSNorm: fp32 input and output per token, and the rsqrt
 
 
 def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
     """The module docstring's estimate for the model of OLMo-core's ``config`` (this package's
-    blocks included) at ``sequence_length`` tokens per sequence."""
+    blocks included) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1: none)."""
     vocab = config.vocab_size
     blocks = config.resolved_block_configs
     widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
-    per_token = []
+    layers = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
         if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
-            K, hidden = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size
+            K, hidden, mlp_norm = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size, 0
         else:
             assert ffn is not None
             K, hidden = getattr(ffn, "K", 1), ffn.hidden_size
+            mlp_norm = _norm(w) if hasattr(ffn, "K") else 0  # the hourglass's K norms live in its FFN
         mixer = block.sequence_mixer
         head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
-        a, a_kv = (n * head_dim for n in (mixer.n_heads, getattr(mixer, "n_kv_heads", None) or mixer.n_heads))
-        per_token.append(4 * w + 4 * a + 4 * a_kv + K * (4 * w + 8 * hidden))
-    block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
-    s, logits = sequence_length, 12 * vocab
+        n_kv = getattr(mixer, "n_kv_heads", None) or mixer.n_heads
+        qk_norm = _norm(head_dim * mixer.n_heads) + _norm(head_dim * n_kv) if getattr(mixer, "qk_norm", None) else 0
+        layers.append(Layer(
+            attention=2 * w + 8 * head_dim * mixer.n_heads + 4 * mixer.n_heads + qk_norm,  # K, V repeated to n_heads
+            feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
+            norms=_norm(w) * (1 if mlp_norm else 2),
+            width=w,
+            weight_copy=hourglass_weight_copy(block, w),
+        ))
+    units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]
+    fsdp = shards > 1
     return MemoryEstimate(
-        static=16 * config.num_params / shards + 4 * block_params,
-        per_sequence=s * (sum(per_token) + logits),
-        per_sequence_ac=s * (4 * sum(widths) + max(per_token) + logits),
+        states=16 * config.num_params / shards,
+        buffers=FSDP_BYTES * max(units) if fsdp else 2 * config.num_params,
+        layers=tuple(layers),
+        head=_norm(config.d_model) + 2 * config.d_model + LOGIT_BYTES * vocab,
+        sequence_length=sequence_length,
+        residual_bytes=2 if fsdp else 4,
+        moe=any(block.feed_forward_moe is not None for block in blocks),
     )
+
+
+def preset_modes(est: MemoryEstimate) -> list[ActivationCheckpointing]:
+    """The modes a preset tries, least recompute first (OLMo-core cannot checkpoint whole MoE blocks)."""
+    if est.moe:
+        return [OFF, ActivationCheckpointing("selected_modules", modules=["blocks.*.attention"])]
+    return [OFF, *(ActivationCheckpointing("selected_blocks", block_interval=n) for n in (4, 2)), ActivationCheckpointing("full")]
 
 
 @dataclass(frozen=True)
 class Settings:
     micro_batch_size: int
-    activation_checkpointing: bool
+    activation_checkpointing: ActivationCheckpointing
     compile: bool
 
 
-def _fits(est: MemoryEstimate, card: Card, micro: int, ac: bool) -> bool:
-    return est.static + micro * (est.per_sequence_ac if ac else est.per_sequence) <= USABLE * card.memory_gib * GIB
+def _fits(est: MemoryEstimate, card: Card, micro: int, ac: ActivationCheckpointing) -> bool:
+    return est.total(micro, ac) <= USABLE * card.memory_gib * GIB
 
 
 def choose(
     est: MemoryEstimate, card: Card, per_rank_batch: int, micro_batch_size: Optional[int] = None,
-    activation_checkpointing: Optional[bool] = None,
+    activation_checkpointing: Optional[ActivationCheckpointing] = None,
 ) -> Settings:
-    """The preset for one card, around the values already given (an explicit micro-batch turns
-    checkpointing on if it needs it; explicit checkpointing sizes the micro-batch with it)."""
-    ac_given = activation_checkpointing
+    """The preset for one card, around the values already given (an explicit micro-batch gets the
+    first mode it fits in; an explicit mode sizes the micro-batch with it)."""
+    modes = preset_modes(est) if activation_checkpointing is None else [activation_checkpointing]
     if micro_batch_size is not None:
-        ac = ac_given if ac_given is not None else not _fits(est, card, micro_batch_size, False)
+        ac = next((m for m in modes if _fits(est, card, micro_batch_size, m)), modes[-1])
         return Settings(micro_batch_size, ac, True)
-    for ac in (False, True) if ac_given is None else (ac_given,):
+    for ac in modes:
         fitting = [m for m in range(1, per_rank_batch + 1) if per_rank_batch % m == 0 and _fits(est, card, m, ac)]
         if fitting:
             return Settings(max(fitting), ac, True)
-    need = est.static + (est.per_sequence if ac_given is False else est.per_sequence_ac)
     raise ValueError(
-        f"does not fit {card.name} at micro-batch 1: estimate {need / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} "
-        f"usable; use more GPUs or a bigger card"
+        f"does not fit {card.name} at micro-batch 1 with activation checkpointing {modes[-1]}: estimate "
+        f"{est.total(1, modes[-1]) / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} usable; use more GPUs or a bigger card"
     )

@@ -5,7 +5,8 @@ recursively, theirs, at the versions installed in the environment that runs this
 tests pass in), with the markers evaluated for the target Python. torch's CUDA stack (torch, triton,
 nvidia-*) is left out: the node brings its own torch, and ``install_requires`` accepts any version
 OLMo-core does. flash-attn (the ``gpu`` extra) publishes no wheels on PyPI; it is installed on the
-node from a wheel built for its torch and CUDA. Every wheel is fetched with ``pip download --no-deps
+node from a wheel built for its torch and CUDA (``--add WHEEL`` puts it in the folder, where
+``scripts/gpu_check.py --wheelhouse`` installs it; gpu_check fails on CUDA without it). Every wheel is fetched with ``pip download --no-deps
 --only-binary=:all:`` for the target's Python version and platform tags, and :func:`missing` re-reads
 the requirements from the downloaded wheels' own metadata to confirm that nothing is missing.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import configparser
 import importlib.metadata as md
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,10 +33,14 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-__all__ = ["PLATFORMS", "brought_by_node", "project_requirements", "pinned_set", "download", "resolve", "wheels_in", "missing", "build"]
+__all__ = ["PLATFORMS", "GPU_CHECK_NEEDS", "brought_by_node", "project_requirements", "pinned_set", "download", "resolve", "wheels_in",
+           "missing", "gpu_check_missing", "build"]
 
 REPO = Path(__file__).resolve().parents[1]
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")  # glibc >= 2.28 nodes (RHEL 8, Ubuntu 20.04 and newer)
+
+
+GPU_CHECK_NEEDS = ("flash-attn",)  # what scripts/gpu_check.py checks beyond the install: a wheel built on the node (no PyPI wheel)
 
 
 def brought_by_node(name: str) -> bool:
@@ -144,9 +150,19 @@ def missing(wheels: dict[str, tuple[str, list[str], str]], extras: Iterable[str]
     return sorted(out)
 
 
-def build(folder: Path, extras: Iterable[str], python_version: str, platforms: Optional[Iterable[str]] = None) -> list[str]:
-    """The wheelhouse: pins, downloads, this project's own wheel; returns what is :func:`missing`."""
+def gpu_check_missing(folder: Path) -> list[str]:
+    """The names of :data:`GPU_CHECK_NEEDS` that no wheel in ``folder`` provides."""
+    have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in folder.glob("*.whl")}
+    return [name for name in GPU_CHECK_NEEDS if canonicalize_name(name) not in have]
+
+
+def build(folder: Path, extras: Iterable[str], python_version: str, platforms: Optional[Iterable[str]] = None,
+          add: Iterable[Path] = ()) -> list[str]:
+    """The wheelhouse: pins, downloads, this project's own wheel, and the wheels of ``add`` (a
+    flash-attn built for the node's torch and CUDA); returns what is :func:`missing`."""
     folder.mkdir(parents=True, exist_ok=True)
+    for wheel in add:
+        shutil.copy2(wheel, folder / wheel.name)
     extras = tuple(extras)
     download(folder, pinned_set(extras, python_version), python_version, platforms or PLATFORMS)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder), str(REPO)], check=True)

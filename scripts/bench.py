@@ -1,6 +1,6 @@
 """Training throughput (forward + backward), peak memory and MFU of parameter-matched variants.
 
-    python scripts/bench.py [--scale demo,113M] [--compile on,off] [--repeats 5] [--steps 2] [--json]
+    python scripts/bench.py [--scale demo,113M] [--compile on,off] [--repeats 5] [--steps 2] [--optimizer] [--json]
 
 Variants of a scale run interleaved (a rotated order per repeat) and every ratio is to the baseline
 measured in the same run. Defaults: on a CPU the demo scale, fp32; on a GPU the 113M and 1B shapes
@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
                              "made steps up to 10x slower and the timings meaningless)")
+    parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every timed step (as the trainer's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     for s in _list(args.scale):
@@ -55,7 +56,7 @@ def main() -> None:
         res, machine = run_bench(
             s, compile_modes=[m == "on" for m in modes], variants=_list(args.variants) if args.variants else None,
             seq_len=seq, batch=batch, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-            dtype=dtype, log=log,
+            dtype=dtype, optimizer=args.optimizer, log=log,
         )
         results += res
     if args.json:

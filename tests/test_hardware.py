@@ -26,58 +26,88 @@ def eight_ranks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
+def _norm(w):
+    return 8 * w + 4  # RMSNorm in fp32: its fp32 input and output per token, and the rsqrt
+
+
 def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
-    """The docstring's formula with OLMo-2 1B's numbers written out (d 2048, L 16, SwiGLU 8192, V 100352,
-    s 4096, QK-norm, untied), and the micro-batch each card gets from it."""
-    d, L, H, V, s = 2048, 16, 8192, 100352, 4096
+    """The docstring's formula with OLMo-2 1B's numbers written out (d 2048, L 16, 16 heads, SwiGLU 8192,
+    V 100352, s 4096, QK-norm, untied), and the micro-batch each card gets from it."""
+    d, L, n_h, H, V, s = 2048, 16, 16, 8192, 100352, 4096
     block = 4 * d * d + 3 * d * H + 4 * d  # attention, SwiGLU, q/k norms and the two block norms
     P = 2 * V * d + L * block + d  # embeddings, LM head, blocks, final norm
     assert P == 1_484_916_736
-    static = 16 * P / 8 + 4 * block
-    per_seq = s * (L * (12 * d + 4 * d + 8 * H) + 12 * V)
+    static = 16 * P / 8 + 16 * V * d  # the LM head (V d) is the largest FSDP unit
+    A = 2 * _norm(d) + 2 * d + 8 * d + 4 * n_h + 2 * _norm(d) + 2 * d + 8 * H  # norms, attention, QK-norm, SwiGLU
+    per_seq = s * (L * A + _norm(d) + 2 * d + 18 * V)
     spec = load_spec(OLMO2_1B, ["train.hardware=h100"])
     est = estimate(spec.model.build(vocab_size(spec)), s, shards=8)
-    assert est.static == pytest.approx(static) and est.per_sequence == pytest.approx(per_seq)
-    for card, want in (("rtx6000ada", 2), ("h100", 4), ("b200", 8)):
+    assert est.static == pytest.approx(static) and est.total(1) - est.static == pytest.approx(per_seq)
+    for card, want in (("rtx6000ada", 2), ("h100", 2), ("b200", 8)):
         usable = 0.85 * CARDS[card].memory_gib * GIB
         assert static + want * per_seq <= usable < static + 2 * want * per_seq  # the largest divisor of 64 that fits
         t = load_spec(OLMO2_1B, [f"train.hardware={card}"]).train
-        assert (t.micro_batch_size, t.activation_checkpointing, t.compile) == (want, False, True)
+        assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (want, "off", True)
 
 
 @functools.cache
 def _memory_model(path):
-    """(static bytes, {checkpointing: bytes per sequence}, per-rank batch) of the docstring's memory model
-    for 8 ranks, computed here from the built model's own modules (parameter counts and weight
-    shapes), not through hardware.estimate()."""
+    """(static bytes, per-layer (A_l bytes per token, attention's part, w_l, weight copy), head bytes per
+    token, sequence length, per-rank batch, MoE) of the docstring's memory model for 8 ranks, computed
+    here from the built model's own modules (parameter counts and weight shapes), not through
+    hardware.estimate()."""
     spec = load_spec(path)
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")
     P = sum(p.numel() for p in model.parameters())
-    per_token, widths = [], []  # A_l = 12 w + sum_k (4 w + 8 H_k), bytes per token of layer l
+    layers = []
     for block in model.blocks.values():
-        w = block.attention.w_q.in_features
-        if hasattr(block, "feed_forward_moe"):  # MoE: each token through its top-k experts of hidden I_l
+        att = block.attention
+        w, a = att.w_q.in_features, att.w_q.out_features
+        attention = 2 * w + 8 * a + 4 * att.n_heads + (_norm(a) + _norm(att.w_k.out_features) if att.q_norm is not None else 0)
+        copy = 0
+        if hasattr(block, "feed_forward_moe"):  # MoE: each token through its top-k experts of hidden I_l, no norms of their own
             mlp = block.feed_forward_moe.experts.mlp  # hourglass experts: K sub-MLPs of d_h each
             K, H = block.feed_forward_moe.top_k * getattr(mlp, "K", 1), mlp.hidden_size
+            ffn, norms = K * (2 * w + 8 * H), 2 * _norm(w)
         else:
             w1 = block.feed_forward.w1.weight
-            K, H = (w1.shape[0], w1.shape[1]) if w1.ndim == 3 else (1, w1.shape[0])  # hourglass: (K, d_h, w)
-        per_token.append(12 * w + K * (4 * w + 8 * H))
-        widths.append(w)
-    V, s = model.embeddings.weight.shape[0], spec.data.sequence_length
-    static = 16 * P / 8 + 4 * max(sum(p.numel() for p in b.parameters()) for b in model.blocks.values())
-    per_seq = {False: s * (sum(per_token) + 12 * V), True: s * (4 * sum(widths) + max(per_token) + 12 * V)}
-    return static, per_seq, spec.train.global_batch_size // 8, spec.model.moe is not None
+            if w1.ndim == 3:  # hourglass (K, d_h, w): a norm per sub-MLP, and the [W_d1; W_d2] copy in bf16
+                K, H = w1.shape[0], w1.shape[1]
+                ffn, norms, copy = K * (_norm(w) + 2 * w + 8 * H), _norm(w), 2 * 2 * K * H * w
+            else:
+                ffn, norms = 2 * w + 8 * w1.shape[0], 2 * _norm(w)
+        layers.append((norms + attention + ffn, attention, w, copy))
+    V, d = model.embeddings.weight.shape
+    units = max([sum(p.numel() for p in b.parameters()) for b in model.blocks.values()] + [V * d])
+    static = 16 * P / 8 + 16 * units
+    head = _norm(d) + 2 * d + 18 * V
+    return static, tuple(layers), head, spec.data.sequence_length, spec.train.global_batch_size // 8, spec.model.moe is not None
+
+
+def _total(path, micro, mode, n=None):
+    """The model's bytes at a micro-batch in mode off | blocks (every n-th block, n=1: full) | attention."""
+    static, layers, head, s, _, _ = _memory_model(path)
+    if mode == "off":
+        return static + sum(c for *_, c in layers) + micro * s * (sum(A for A, *_ in layers) + head)
+    if mode == "attention":  # selected_modules blocks.*.attention: its input (2 w) kept instead
+        kept = sum(A - att + 2 * w for A, att, w, _ in layers) + max(att for _, att, _, _ in layers)
+        return static + sum(c for *_, c in layers) + micro * s * (kept + head)
+    ckpt = [i % n == 0 for i in range(len(layers))]
+    kept = sum(2 * w if c else A for (A, _, w, _), c in zip(layers, ckpt)) + max(A for (A, *_), c in zip(layers, ckpt) if c)
+    copies = sum(copy for (*_, copy), c in zip(layers, ckpt) if not c) + max(copy for *_, copy in layers)
+    return static + copies + micro * s * (kept + head)
 
 
 def _expected_preset(path, memory_gib: float):
-    """(micro-batch, checkpointing): the largest divisor of the per-rank batch that fits 85% of the card,
-    checkpointing only when not one sequence fits without (never for MoE blocks: OLMo-core cannot)."""
-    static, per_seq, per_rank, moe = _memory_model(path)
-    for ac in (False,) if moe else (False, True):
-        fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and static + m * per_seq[ac] <= 0.85 * memory_gib * 2**30]
+    """(micro-batch, mode): the first mode (off, every 4th block, every 2nd, every block; MoE: off, attention)
+    in which one sequence fits 85% of the card, and the largest divisor of the per-rank batch that fits in it."""
+    *_, per_rank, moe = _memory_model(path)
+    modes = [("off", None, "off"), ("attention", None, "selected_modules:blocks.*.attention")] if moe else \
+        [("off", None, "off"), ("blocks", 4, "selected_blocks:4"), ("blocks", 2, "selected_blocks:2"), ("blocks", 1, "full")]
+    for mode, n, name in modes:
+        fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and _total(path, m, mode, n) <= 0.85 * memory_gib * 2**30]
         if fits:
-            return max(fits), ac
+            return max(fits), name
     return None
 
 
@@ -91,15 +121,15 @@ def test_every_paper_config_gets_the_memory_models_preset(eight_ranks, card):
     for path in PAPER:
         spec = load_spec(path, [f"train.hardware={card}"])
         t = spec.train
-        assert (t.micro_batch_size, t.activation_checkpointing) == _expected_preset(path, CARD_GIB[card]), path
+        assert (t.micro_batch_size, str(t.activation_checkpointing)) == _expected_preset(path, CARD_GIB[card]), path
         assert t.compile is True and t.global_batch_size // 8 % t.micro_batch_size == 0, path
 
 
 def test_checkpointing_when_nothing_else_fits(eight_ranks):
     spec = load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=16384"])
     est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards=8)
-    assert est.static + est.per_sequence > 0.85 * 48 * GIB  # not one sequence without checkpointing
-    assert spec.train.activation_checkpointing is True and spec.train.micro_batch_size >= 1
+    assert est.total(1) > 0.85 * 48 * GIB  # not one sequence without checkpointing
+    assert spec.train.activation_checkpointing.enabled and spec.train.micro_batch_size >= 1
     with pytest.raises(ConfigError, match=r"train\.hardware=rtx6000ada: .*does not fit"):
         load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=1048576"])
 
@@ -126,30 +156,30 @@ def test_auto_detects_the_gpu(eight_ranks, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(total_memory=80 * GIB))
     auto, h100 = (load_spec(OLMO2_1B, [f"train.hardware={h}"]).train for h in ("auto", "h100"))
-    assert (auto.micro_batch_size, auto.activation_checkpointing, auto.compile) == (4, False, True)
+    assert (auto.micro_batch_size, str(auto.activation_checkpointing), auto.compile) == (2, "off", True)
     assert (h100.micro_batch_size, h100.compile) == (auto.micro_batch_size, auto.compile)
     cpu = load_spec(OLMO2_1B, ["train.device=cpu"]).train  # a CPU run takes no GPU preset
-    assert (cpu.micro_batch_size, cpu.activation_checkpointing, cpu.compile) == (64, False, False)
+    assert (cpu.micro_batch_size, str(cpu.activation_checkpointing), cpu.compile) == (64, "off", False)
 
 
 def test_no_preset_without_a_gpu(eight_ranks):
     for hardware in ("auto", "none"):
         t = load_spec(OLMO2_1B, [f"train.hardware={hardware}"]).train
-        assert (t.micro_batch_size, t.activation_checkpointing, t.compile) == (512 // 8, False, False)
+        assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (512 // 8, "off", False)
 
 
 def test_explicit_values_win(eight_ranks, tmp_path):
     t = load_spec(OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]).train
-    assert (t.micro_batch_size, t.compile, t.activation_checkpointing) == (2, False, False)
+    assert (t.micro_batch_size, t.compile, str(t.activation_checkpointing)) == (2, False, "off")
     # A file's value wins too; the preset still fills the rest around it: 16 sequences of 4096 do not
-    # fit 48 GB without checkpointing, so it turns checkpointing on.
+    # fit 48 GB without checkpointing, so it turns checkpointing on (every block: nothing less fits 16).
     child = tmp_path / "child.yaml"
     child.write_text(f"extends: {OLMO2_1B}\ntrain:\n  micro_batch_size: 16\n  hardware: rtx6000ada\n")
     t = load_spec(child).train
-    assert (t.micro_batch_size, t.activation_checkpointing, t.compile) == (16, True, True)
+    assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (16, "full", True)
     # Explicit checkpointing sizes the micro-batch with it; null on the command line hands a key back.
     t = load_spec(child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]).train
-    assert t.activation_checkpointing is True and t.micro_batch_size > 2
+    assert str(t.activation_checkpointing) == "full" and t.micro_batch_size > 2
 
 
 def test_bad_preset_fails_at_load_in_one_line():

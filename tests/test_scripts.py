@@ -41,12 +41,14 @@ def test_config_table_rows(tmp_path):
 
 def test_bench_json_on_tiny_sizes():
     r = run_script("bench.py", "--scale", "demo", "--compile", "off", "--repeats", "1", "--steps", "1", "--warmup", "0",
-                   "--seq", "32", "--batch", "2", "--json", timeout=600)
+                   "--seq", "32", "--batch", "2", "--optimizer", "--json", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     results = json.loads(r.stdout)["results"]
     by_variant = {x["variant"]: x for x in results}
     assert "baseline" in by_variant and len(by_variant) >= 2 and by_variant["baseline"]["ratio"] == 1.0
     assert all(x["tokens_per_s"] > 0 and x["seq_len"] == 32 and x["batch"] == 2 for x in results)
+    # The trainer's attention backend on a CPU (OLMo-core's torch SDPA), and AdamW in every step.
+    assert all(x["extra"] == {"attention": "torch", "optimizer": "adamw"} for x in results)
 
 
 def test_demo_script_with_a_tiny_override_set(tmp_path, demo_corpus):

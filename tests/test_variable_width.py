@@ -349,7 +349,7 @@ def test_moe_counts_equal_the_built_model():
     ("model.moe.experts=mixtral", r"model\.moe\.experts=mixtral: choose one of swiglu"),
     ("model.moe.lb_loss_weight=-1", r"model\.moe\.lb_loss_weight=-1\.0: must be finite and >= 0"),
     ("model.norm_placement=post", r"model\.norm_placement=post: the variable-width MoE block is pre-norm"),
-    ("train.activation_checkpointing=true", r"train\.activation_checkpointing=True: OLMo-core cannot checkpoint MoE blocks"),
+    ("train.activation_checkpointing=true", r"train\.activation_checkpointing=full: OLMo-core cannot checkpoint MoE blocks"),
     ("model.moe.expert_hidden=1", r"model\.moe\.expert_hidden=1: the narrowest layer \(w=16\) would get experts of hidden size 0"),
 ])
 def test_moe_config_errors(override, match):

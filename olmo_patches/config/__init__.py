@@ -8,8 +8,8 @@
   hardware preset, attention backend, loader workers)
 """
 
-from .layout import CUDA_WORKERS, Layout, apply_hardware, attention_backend, data_workers, fit_world_size
-from .load import load_spec, spec_to_yaml
+from .layout import CUDA_WORKERS, Layout, apply_hardware, attention_backend, data_workers, fit_world_size, memory_estimate
+from .load import coerce_shorthands, load_spec, spec_to_yaml
 from .spec import (
     BLOCKS,
     ConfigError,
@@ -45,9 +45,11 @@ __all__ = [
     "WidthSpec",
     "apply_hardware",
     "attention_backend",
+    "coerce_shorthands",
     "data_workers",
     "fit_world_size",
     "load_spec",
+    "memory_estimate",
     "spec_to_yaml",
     "tokenizer_config",
     "validate",

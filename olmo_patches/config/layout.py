@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..hardware import CARDS, Settings, choose, detect, estimate
+from ..hardware import CARDS, ActivationCheckpointing, MemoryEstimate, Settings, choose, detect, estimate
 from ..nn.attention import BackendChoice, head_dims, resolve_attention_backend
 from .spec import ConfigError, ExperimentSpec, vocab_size
 
@@ -82,20 +82,27 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
     per_rank = t.global_batch_size // layout.world_size
     card = None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
     if card is None:  # none, a CPU run, or auto without a GPU
-        settings = Settings(t.micro_batch_size or per_rank, False, False)
+        settings = Settings(t.micro_batch_size or per_rank, ActivationCheckpointing("off"), False)
     else:
-        shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(t.data_parallel, 1)
-        est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
+        est = memory_estimate(spec, layout)
         try:
-            ac = False if spec.model.moe is not None else t.activation_checkpointing  # OLMo-core cannot checkpoint MoE blocks
-            settings = choose(est, card, per_rank, t.micro_batch_size, ac)
+            settings = choose(est, card, per_rank, t.micro_batch_size, t.activation_checkpointing)
         except ValueError as e:
             raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
     filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}
     for key, value in filled.items():
         setattr(t, key, value)
     if card is not None:  # without a card nothing is chosen: no preset line
-        log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): {filled}")
+        log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): " + ", ".join(f"{k}={v}" for k, v in filled.items()))
+    ac = t.activation_checkpointing
+    if ac is not None and ac.mode == "budget" and not t.compile:  # OLMo-core refuses it at build
+        raise ConfigError(f"{where('train.activation_checkpointing')}: train.activation_checkpointing={ac}: the compiler's budget needs train.compile=true")
+
+
+def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
+    """hardware.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
+    shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
+    return estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
 
 
 def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .layout import Layout, apply_hardware, fit_world_size
-from .spec import ConfigError, ExperimentSpec, one_line
+from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
 from .validate import validate
 
 def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, DictConfig]]:
@@ -50,6 +50,16 @@ def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> st
     return str(chain[-1][0])
 
 
+def coerce_shorthands(cfg: DictConfig) -> DictConfig:
+    """``cfg`` (a file, the command line, a recorded config) with the schema's shorthands written out
+    in place: ``train.activation_checkpointing: true`` and the like (spec.coerce_activation_checkpointing)."""
+    train = cfg.get("train")
+    if isinstance(train, DictConfig) and "activation_checkpointing" in train:
+        value = OmegaConf.to_container(train, resolve=False)["activation_checkpointing"]  # type: ignore[index]
+        train.activation_checkpointing = coerce_activation_checkpointing(value)
+    return cfg
+
+
 @cache
 def _schema() -> DictConfig:
     """ExperimentSpec as an OmegaConf schema: built once (half of a config's load), copied per load."""
@@ -64,7 +74,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
     merged: Any = copy.deepcopy(_schema())
     for source, cfg in chain:
         try:
-            merged.merge_with(cfg)  # in place: OmegaConf.merge would deep-copy the whole config per file
+            merged.merge_with(coerce_shorthands(cfg))  # in place: OmegaConf.merge would deep-copy the whole config per file
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", "") or "?"
             raise ConfigError(f"{source}: {key}: {one_line(e)}") from e
@@ -72,7 +82,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
     try:
-        merged.merge_with(OmegaConf.from_dotlist(overrides))
+        merged.merge_with(coerce_shorthands(OmegaConf.from_dotlist(overrides)))
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"

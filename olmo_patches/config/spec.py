@@ -7,14 +7,15 @@ field's comment is its documentation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, List, Optional
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.rope import StepwiseRoPEScalingConfig
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
 from omegaconf import MISSING
 
+from ..hardware import ActivationCheckpointing
 from ..nn.hourglass import HourglassFeedForwardConfig, NormPlacement
 from ..nn.hourglass_block import HourglassBlockConfig
 from ..nn.hourglass_moe import HourglassMoEConfig
@@ -249,6 +250,22 @@ class PowerSpec:
     c: Optional[float] = None  # tokens per step: sequences per step x sequence length
 
 
+def coerce_activation_checkpointing(value: Any) -> Any:
+    """A shorthand of ``train.activation_checkpointing`` as its full mapping (every key, so a later
+    file or the command line replaces an earlier mode whole); a mapping or null as it is."""
+    if isinstance(value, bool):
+        return asdict(ActivationCheckpointing("full" if value else "off"))
+    if isinstance(value, str):  # MODE or MODE:ARG; the schema converts ARG or names it, validate names a bad MODE
+        mode, _, arg = value.partition(":")
+        key = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}.get(mode)
+        if arg and key is None:
+            mode = value
+        return {**asdict(ActivationCheckpointing(mode)), **({key: arg.split(",") if key == "modules" else arg} if arg and key else {})}
+    if isinstance(value, dict) and value.get("mode") is False:  # YAML reads `off` as false
+        return {**value, "mode": "off"}
+    return value
+
+
 @dataclass
 class TrainSpec:
     seed: int = 6198  # init seed and the seed of every RNG
@@ -274,7 +291,7 @@ class TrainSpec:
     optimizer: str = "adamw"  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    activation_checkpointing: Optional[bool] = None  # recompute each block in backward (null: train.hardware's)
+    activation_checkpointing: Optional[ActivationCheckpointing] = None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
     hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (hardware.py)
     data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda

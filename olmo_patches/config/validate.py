@@ -4,10 +4,11 @@ domain. A failure is one line naming the file (or "command line"), the key and t
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from ..hardware import HARDWARE
+from ..hardware import AC_MODES, HARDWARE
 from ..nn.attention import ATTENTION_BACKENDS, FLASH
 from ..nn.moe import Experts, expert_hidden_size
 from ..nn.hourglass import NormPlacement
@@ -91,6 +92,43 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if d.sequence_length < 2:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
     _validate_device_keys(spec, fail)
+    if t.activation_checkpointing is not None:
+        _validate_checkpointing(spec, fail)
+
+
+def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
+    """OLMo-core's own checks on its TransformerActivationCheckpointingConfig, at load, in one line."""
+    ac = spec.train.activation_checkpointing
+    assert ac is not None
+    key = "train.activation_checkpointing"
+    if ac.mode not in AC_MODES:
+        fail(key, ac, f"choose one of {', '.join(AC_MODES)} (or true, false)")
+    needs = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}
+    for mode, arg in needs.items():
+        if getattr(ac, arg) is not None and ac.mode != mode:
+            fail(f"{key}.{arg}", getattr(ac, arg), f"applies to mode {mode} only, not {ac.mode}")
+    if ac.mode in needs and getattr(ac, needs[ac.mode]) in (None, []):
+        fail(f"{key}.{needs[ac.mode]}", getattr(ac, needs[ac.mode]), f"mode {ac.mode} needs it (e.g. {ac.mode}:{AC_EXAMPLE[ac.mode]})")
+    if ac.mode == "selected_blocks" and ac.block_interval < 1:  # type: ignore[operator]
+        fail(f"{key}.block_interval", ac.block_interval, "must be >= 1 (blocks 0, n, 2n, ... are checkpointed)")
+    if ac.mode == "budget" and not 0 <= ac.budget <= 1:  # type: ignore[operator]
+        fail(f"{key}.budget", ac.budget, "must be in [0, 1] (0: recompute everything, 1: nothing)")
+    moe = spec.model.moe is not None
+    if moe and ac.mode in ("full", "selected_blocks"):
+        fail(key, ac, "OLMo-core cannot checkpoint MoE blocks whole; use selected_modules:blocks.*.attention, false or null")
+    if ac.mode == "selected_modules":
+        from olmo_core.nn.moe import MoEBase
+
+        names = dict(spec.model.build(vocab_size(spec)).build(init_device="meta").named_modules())
+        for glob in ac.modules:  # type: ignore[union-attr]
+            matched = [n for n in names if fnmatch(n, glob)]
+            if not matched:
+                fail(f"{key}.modules", glob, "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)")
+            if any(isinstance(names[n], MoEBase) for n in matched):
+                fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
+
+
+AC_EXAMPLE = {"selected_blocks": "2", "selected_modules": "blocks.*.feed_forward", "budget": "0.5"}
 
 
 def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
@@ -324,7 +362,5 @@ def _validate_moe(m: ModelSpec, t: TrainSpec, fail) -> None:
     for key in ("lb_loss_weight", "z_loss_weight"):
         if not (math.isfinite(value := getattr(e, key)) and value >= 0):
             fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")
-    if t.activation_checkpointing:
-        fail("train.activation_checkpointing", t.activation_checkpointing, "OLMo-core cannot checkpoint MoE blocks; use false or null")
 
 

@@ -1,8 +1,9 @@
 """Training throughput, peak memory and MFU of the baseline, hourglass and variable-width models.
 
 One run builds every variant of a scale from its YAML config (``ModelSpec.build(...).build()``, the
-trainer's own model), then times forward + backward (cross-entropy on random tokens, gradients
-dropped after each step; no optimizer) with the variants interleaved: repeat r runs the variants
+trainer's own model, with the attention backend the trainer picks on this device), then times forward +
+backward (cross-entropy on random tokens, gradients dropped after each step; ``--optimizer``: and an
+AdamW step) with the variants interleaved: repeat r runs the variants
 in an order rotated by r, each for ``steps`` steps. The reported tokens/s is the median over
 repeats, and each ratio to the baseline is the median of the repeats' paired ratios, so slow
 drifts of a shared machine cancel.
@@ -35,6 +36,7 @@ from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_se
 
 from ..config import load_spec, vocab_size
 from ..hardware import known_card
+from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
 from ..nn.accounting import breakdown
 
 __all__ = ["Scale", "SCALES", "BenchResult", "peak_flops_per_second", "run_bench", "format_results"]
@@ -128,16 +130,23 @@ class BenchResult:
     extra: dict = field(default_factory=dict)
 
 
-def build_model(config: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
+    """The trainer's model of ``config`` and the attention backend the trainer would pick for it here."""
     spec = load_spec(REPO / config if not Path(config).is_absolute() else config)
-    model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
+    model_config = spec.model.build(vocab_size(spec))
+    backend = resolve_attention_backend(spec.model.attention_backend, head_dims(model_config), cuda=device.type == "cuda",
+                                        bf16=dtype == torch.bfloat16)
+    set_attention_backend(model_config, backend.name)
+    model = model_config.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
-    return model.to(device=device, dtype=dtype)
+    return model.to(device=device, dtype=dtype), backend.name
 
 
-def _train_step(model: nn.Module, ids: torch.Tensor) -> None:
+def _train_step(model: nn.Module, ids: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     logits = model(ids[:, :-1])
     F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+    if optimizer is not None:
+        optimizer.step()
     for p in model.parameters():
         p.grad = None
 
@@ -173,9 +182,11 @@ def run_bench(
     warmup: int = 2,
     device: Optional[torch.device] = None,
     dtype: torch.dtype = torch.float32,
+    optimizer: bool = False,
     log: Callable[[str], None] = lambda s: None,
 ) -> tuple[List[BenchResult], dict]:
-    """Time every variant of ``scale`` interleaved; returns (results, machine info)."""
+    """Time every variant of ``scale`` interleaved (with ``optimizer``: an AdamW step in each step);
+    returns (results, machine info)."""
     sc = SCALES[scale]
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seq_len, batch = seq_len or sc.seq_len, batch or sc.batch
@@ -191,11 +202,14 @@ def run_bench(
     for compiled in compile_modes:
         torch._dynamo.reset()
         models: Dict[str, nn.Module] = {}
+        optimizers: Dict[str, Optional[torch.optim.Optimizer]] = {}
         info: Dict[str, dict] = {}
         for name in names:
-            model = build_model(sc.configs[name], device, dtype)
+            model, backend = build_model(sc.configs[name], device, dtype)
             b = breakdown(model, seq_len)
-            info[name] = dict(params_total=b.total, params_non_embedding=b.non_embedding, flops_per_token=b.flops_per_token)
+            info[name] = dict(params_total=b.total, params_non_embedding=b.non_embedding, flops_per_token=b.flops_per_token,
+                              extra=dict(attention=backend, optimizer="adamw" if optimizer else "none"))
+            optimizers[name] = torch.optim.AdamW(model.parameters(), lr=1e-4) if optimizer else None
             if compiled:
                 model.apply_compile()  # type: ignore[operator]  # OLMo-core's per-block compile, as the trainer's
             models[name] = model
@@ -204,7 +218,7 @@ def run_bench(
         for name, model in models.items():
             t = time.perf_counter()
             for _ in range(warmup):
-                _train_step(model, ids)
+                _train_step(model, ids, optimizers[name])
             _sync(device)
             log(f"{scale} compile={compiled} {name}: warm-up {time.perf_counter() - t:.1f}s")
         tps: Dict[str, List[float]] = {n: [] for n in names}
@@ -218,7 +232,7 @@ def run_bench(
                 _sync(device)
                 t = time.perf_counter()
                 for _ in range(steps):
-                    _train_step(models[name], ids)
+                    _train_step(models[name], ids, optimizers[name])
                 _sync(device)
                 tps[name].append(steps * batch * seq_len / (time.perf_counter() - t))
                 if device.type == "cuda":
@@ -249,6 +263,8 @@ def run_bench(
 def format_results(results: List[BenchResult], machine: dict) -> str:
     lines = [f"machine: {machine['device']}, {machine['dtype']}, torch {machine['torch']}; "
              f"MFU peak {machine['peak_flops_per_second'] / 1e12:.3f} TFLOP/s ({machine['peak_source']})"]
+    if results:  # the trainer's attention backend here, and whether the step includes AdamW's
+        lines.append(f"attention {results[0].extra.get('attention')}, optimizer {results[0].extra.get('optimizer')}")
     head = (f"{'scale':6} {'variant':15} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
             f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}")
     lines += [head, "-" * len(head)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from ..config import ExperimentSpec, Layout, attention_backend, data_workers
-from ..hardware import CARDS
+from ..hardware import CARDS, GIB
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from .counts import count
@@ -102,13 +102,17 @@ def checkpoint_disk(spec: ExperimentSpec, p: RunPlan) -> tuple[int, int]:
 def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = None) -> list[tuple[str, str]]:
     """What train.hardware would choose on each GPU preset (micro-batch, activation checkpointing,
     compile), as rows for the plan; a preset the model does not fit says so."""
-    from ..config import ConfigError, load_spec
+    from ..config import ConfigError, load_spec, memory_estimate
 
     rows = []
     for name in CARDS:
         try:
-            t = load_spec(config, [*overrides, f"train.hardware={name}", "train.device=auto"], layout).train
-            value = f"{t.micro_batch_size} sequences, activation checkpointing {'on' if t.activation_checkpointing else 'off'}, compile {'on' if t.compile else 'off'}"
+            spec = load_spec(config, [*overrides, f"train.hardware={name}", "train.device=auto"], layout)
+            t = spec.train
+            assert t.micro_batch_size is not None and t.activation_checkpointing is not None
+            gib = memory_estimate(spec, layout or Layout.from_env()).total(t.micro_batch_size, t.activation_checkpointing) / GIB
+            value = (f"{t.micro_batch_size} sequences, activation checkpointing {t.activation_checkpointing}, "
+                     f"compile {'on' if t.compile else 'off'}, estimate {gib:.1f} GiB")
         except ConfigError as e:
             value = str(e).split(": ", 2)[-1]
         rows.append((f"micro-batch per GPU, train.hardware={name}", value))
@@ -147,6 +151,7 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
     device = device_for(spec)
     table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
+    table.add_row(f"activation checkpointing ({device} here)", str(spec.train.activation_checkpointing or "off"))
     for label, value in presets:
         table.add_row(label, value)
     for label, value in device_rows(spec, layout.world_size):

@@ -10,7 +10,7 @@ import torch
 from olmo_core.aliases import PathOrStr
 from olmo_core.train.checkpoint import Checkpointer
 
-__all__ = ["latest_complete", "checkpoint_step", "load_model_state"]
+__all__ = ["latest_complete", "checkpoint_step", "load_model_state", "load_optim_state"]
 
 
 def latest_complete(save_folder: PathOrStr) -> Optional[str]:
@@ -31,12 +31,23 @@ def load_model_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
     """The model weights of a trainer checkpoint (``stepN``) or of a bare model checkpoint, as
     full tensors keyed like OLMo-core's ``Transformer.state_dict()``. Reads in this process alone,
     with or without a process group (rank 0 checks a save folder's checkpoints under torchrun)."""
+    return _load_tensors(checkpoint, "model.")
+
+
+def load_optim_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
+    """The optimizer's state tensors of a trainer checkpoint (AdamW: each parameter's ``exp_avg``,
+    ``exp_avg_sq`` and ``step``), as full tensors keyed ``PARAM.NAME``; read as :func:`load_model_state` reads."""
+    return _load_tensors(checkpoint, "optim.state.")
+
+
+def _load_tensors(checkpoint: PathOrStr, prefix: str) -> Dict[str, torch.Tensor]:
     # OLMo-core's load_keys without its guard against a process group: its read is local (no_dist).
     from olmo_core.distributed.checkpoint import _get_key, _load_unsharded_keys, get_checkpoint_metadata
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     root = Path(checkpoint)
     model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
     metadata = get_checkpoint_metadata(model_dir)
-    keys = [k for k in metadata.state_dict_metadata if k.startswith("model.")]
+    keys = [k for k, m in metadata.state_dict_metadata.items() if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)]
     state = _load_unsharded_keys(model_dir, keys)
-    return {k[len("model.") :]: _get_key(state, k, pop=True) for k in keys}
+    return {k[len(prefix) :]: _get_key(state, k, pop=True) for k in keys}

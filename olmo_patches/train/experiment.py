@@ -32,7 +32,6 @@ from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import Callback, CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
 from olmo_core.train.train_module import (
-    TransformerActivationCheckpointingConfig,
     TransformerTrainModuleConfig,
 )
 
@@ -259,7 +258,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         z_loss_multiplier=t.z_loss,
         compile_model=olmo_core_compiles(spec, device),
         dp_config=data_parallel(spec, world_size),
-        ac_config=TransformerActivationCheckpointingConfig() if t.activation_checkpointing else None,
+        ac_config=t.activation_checkpointing.build() if t.activation_checkpointing is not None else None,
         autocast_precision=autocast(spec, world_size),
     )
 

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import ConfigError, ExperimentSpec, spec_to_yaml
+from ..config import ConfigError, ExperimentSpec, coerce_shorthands, spec_to_yaml
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +70,12 @@ def _flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def _may_change(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in MAY_CHANGE)
+    return any(key == k or key.startswith(k if k.endswith(".") else k + ".") for k in MAY_CHANGE)
 
 
 def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
     """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
-    recorded = OmegaConf.create(recorded_yaml)
+    recorded = coerce_shorthands(OmegaConf.create(recorded_yaml))  # e.g. activation_checkpointing: false
     try:  # a key added since the record was written counts at its default
         recorded = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), recorded)
     except OmegaConfBaseException:  # a key removed since: compare as recorded
