@@ -15,11 +15,14 @@ line printed once on each node.
 """
 
 import argparse
+import os
+import sys
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import load_or_exit, refuse
 from olmo_patches.config import Layout, spec_to_yaml
 from olmo_patches.peers import announce
+from olmo_patches.report.advice import advice
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import exit_line, train
@@ -41,6 +44,9 @@ def main() -> None:
         parser.error("--nproc-per-node and --nodes must be >= 1")
     layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
     spec = load_or_exit(args.config, args.overrides, layout)
+    if os.environ.get("RANK", "0") == "0":
+        for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
+            print(line, file=sys.stderr)
     if args.dry_run:
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)

@@ -2,9 +2,11 @@
 python written as small shell scripts on PATH, each recording its argv (one NUL-terminated
 argument per field) in the log folder.
 
-- ``srun``: records its argv, then waits (``hold=True``) until SIGTERM, which it records and
-  exits 0, as a run saving its checkpoint would.
-- ``scontrol show hostnames``: the job's nodes, node001..nodeN; ``scontrol requeue ID``: recorded.
+- ``srun``: records its argv, then waits (``hold=True``) until SIGTERM, which it records; then it
+  "saves" as a run would (``save_s`` seconds, then ``LOG/checkpoint``) and exits 0.
+- ``scontrol show hostnames``: the job's nodes, node001..nodeN; ``scontrol requeue ID``: recorded
+  (with whether the checkpoint was there), then it ends the job as SLURM does: SIGTERM to every
+  process of the job (the batch script's process group), SIGKILL ``kill_wait`` seconds later.
 - ``squeue``: the job as RUNNING (the script does not need it; present as on a cluster).
 - ``python``: records the pre-flight ``scripts/train.py ... --dry-run`` and exits ``python_exit``.
 """
@@ -23,14 +25,20 @@ _RECORD = 'printf "%s\\0" "$@" > "$FAKE_SLURM_LOG/$(basename "$0").args"\n'
 _FAKES = {
     "srun": _RECORD + (
         'if [ -n "${FAKE_SRUN_HOLD:-}" ]; then\n'
-        '  trap \'echo TERM >> "$FAKE_SLURM_LOG/srun.signals"; exit 0\' TERM\n'
-        '  while :; do sleep 0.1; done\n'
+        '  trap \'echo TERM >> "$FAKE_SLURM_LOG/srun.signals"; SAVE=1\' TERM\n'
+        '  while [ -z "${SAVE:-}" ]; do sleep 0.05; done\n'
+        '  (trap "" TERM; sleep "$FAKE_SAVE_S")  # a save takes its time; another SIGTERM does not hurry it\n'
+        '  touch "$FAKE_SLURM_LOG/checkpoint"\n'
         'fi\n'
     ),
     "scontrol": (
         'case "$1" in\n'
         '  show) for i in $(seq 1 "$FAKE_NODES"); do printf "node%03d\\n" "$i"; done ;;\n'
-        '  requeue) printf "%s\\0" "$@" >> "$FAKE_SLURM_LOG/scontrol.requeue" ;;\n'
+        '  requeue) printf "%s\\0" "$@" >> "$FAKE_SLURM_LOG/scontrol.requeue"\n'
+        '    [ -e "$FAKE_SLURM_LOG/checkpoint" ] && echo saved > "$FAKE_SLURM_LOG/requeue.checkpoint"\n'
+        '    read -r _ _ _ _ JOB _ < /proc/$$/stat  # the job: the batch script\'s process group\n'
+        '    setsid bash -c "kill -TERM -- -$JOB; sleep $FAKE_KILL_WAIT; kill -KILL -- -$JOB" 2>/dev/null &\n'
+        '    ;;\n'
         'esac\n'
     ),
     "squeue": _RECORD + 'echo "$SLURM_JOB_ID RUNNING"\n',
@@ -56,13 +64,25 @@ class FakeSlurm:
         path = self.log / "srun.signals"
         return path.read_text().split() if path.exists() else []
 
-    def start(self, *args: str, nodes: int = 1, gpus: str = "8", hold: bool = False, python_exit: int = 0):
-        """``sbatch --nodes NODES scripts/launch_slurm.sbatch ARGS`` as SLURM runs the batch step."""
+    def saved(self) -> bool:
+        """Whether the run's checkpoint was written."""
+        return (self.log / "checkpoint").exists()
+
+    def saved_before_requeue(self) -> bool:
+        """Whether the checkpoint was there when ``scontrol requeue`` ran."""
+        return (self.log / "requeue.checkpoint").exists()
+
+    def start(self, *args: str, nodes: int = 1, gpus: str = "8", hold: bool = False, python_exit: int = 0,
+              save_s: float = 0.0, kill_wait: float = 30.0):
+        """``sbatch --nodes NODES scripts/launch_slurm.sbatch ARGS`` as SLURM runs the batch step; a held
+        srun takes ``save_s`` to save; a requeue kills the job ``kill_wait`` after its SIGTERM."""
         env = dict(
             PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}",
             FAKE_SLURM_LOG=str(self.log),
             FAKE_NODES=str(nodes),
             FAKE_PYTHON_EXIT=str(python_exit),
+            FAKE_SAVE_S=str(save_s),
+            FAKE_KILL_WAIT=str(kill_wait),
             SLURM_JOB_ID="4242",
             SLURM_JOB_NUM_NODES=str(nodes),
             SLURM_JOB_NODELIST=f"node[001-{nodes:03d}]",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from olmo_patches.config import ConfigError, load_spec, vocab_size
-from olmo_patches.hardware import CARDS, GIB, card_for_device, estimate
+from olmo_patches.hardware import CARDS, GIB, card_for_device, estimate, known_card
 
 from .conftest import REPO, run_script
 
@@ -139,7 +139,8 @@ def test_checkpointing_when_nothing_else_fits(eight_ranks):
     [
         ("NVIDIA RTX 6000 Ada Generation", 47.4, "rtx6000ada", 47.4),
         ("NVIDIA H100 80GB HBM3", 79.1, "h100", 79.1),
-        ("NVIDIA H100 NVL", 93.1, "h100", 80.0),  # never more than the preset's card
+        ("NVIDIA H100 NVL", 93.1, "h100", 93.1),  # the H100 preset's chip with its own 94 GB
+        ("NVIDIA H100 PCIe", 79.2, "h100", 79.2),
         ("NVIDIA B200", 178.4, "b200", 178.4),
         ("Quadro RTX 6000", 23.6, None, 23.6),  # Turing, not the Ada card
         ("NVIDIA H200", 139.7, "h200", 139.7),  # never more than the device reports (141 GB nominal)
@@ -149,6 +150,17 @@ def test_checkpointing_when_nothing_else_fits(eight_ranks):
 def test_device_names_map_to_presets(name, gib, preset, memory):
     card = card_for_device(name, gib)
     assert (card.name if card.name in CARDS else None, card.memory_gib) == (preset, memory)
+
+
+# Dense bf16 peaks (NVIDIA datasheets, the sparse figure / 2), written here: each model at its own.
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989.4e12), ("NVIDIA H100 PCIe", 756.0e12), ("NVIDIA H100 NVL", 835.5e12),
+    ("NVIDIA H200", 989.5e12), ("NVIDIA H200 NVL", 835.5e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362.05e12),
+    ("NVIDIA H100 SXM5 64GB", None), ("Quadro RTX 6000", None),  # not listed: no peak borrowed from a relative
+])
+def test_peaks_by_exact_model(name, peak):
+    card = known_card(name)
+    assert (card.bf16_flops if card else None) == peak
 
 
 def test_auto_detects_the_gpu(eight_ranks, monkeypatch):

@@ -1,14 +1,21 @@
 """scripts/launch_slurm.sbatch against a fake SLURM (tests/_fake_slurm.py): the pre-flight check and
 the torchrun line it builds for 1 and 2 nodes, HSDP across nodes, overrides passed through as given,
-and the requeue at the time limit (USR1)."""
+and at the time limit (USR1) the save before the requeue, which ends the job after a KillWait."""
 
+import os
+import re
 import signal
 import time
 
 import pytest
 from torch.distributed.run import get_args_parser
 
-from ._fake_slurm import fake_slurm
+from olmo_patches.config import Layout, load_spec
+from olmo_patches.report.counts import count
+from olmo_patches.report.plan import signal_lead
+
+from ._fake_slurm import SBATCH, fake_slurm
+from .conftest import REPO, finish
 
 CONFIG = "configs/1B/hourglass.yaml"
 # Values a shell would split, glob or re-parse if the script re-quoted them.
@@ -34,6 +41,9 @@ def test_torchrun_line(slurm, nodes, gpus, procs):
     t = _torchrun(slurm)
     assert (t.nnodes, t.nproc_per_node) == (str(nodes), str(procs))
     assert (t.rdzv_backend, t.rdzv_endpoint, t.rdzv_id) == ("c10d", "node001:29500", "4242")
+    # torchrun waits for its workers' save as long as the time-limit signal's lead (torchrun's default: 30 s).
+    lead = int(re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", SBATCH.read_text(), re.M).group(1))
+    assert t.shutdown_timeout == lead
     hsdp = ["train.data_parallel=hsdp"] if nodes > 1 else []  # HSDP exactly when multi-node
     assert [t.training_script, *t.training_script_args] == ["scripts/train.py", CONFIG, *hsdp, "train.lr=1e-3"]
     # The pre-flight: the same arguments, checked and planned for these ranks before srun.
@@ -62,14 +72,41 @@ def _catches(pid: int, sig: int) -> bool:
     return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
 
 
-def test_requeue_on_usr1(slurm):
-    proc = slurm.start(CONFIG, "train.lr=1e-3", nodes=2, hold=True)
+def _signal_when_running(slurm, sig: int, **kwargs):
+    """Start the batch script with a run that takes 1 s to save, send ``sig`` once srun runs, wait."""
+    proc = slurm.start(CONFIG, "train.lr=1e-3", nodes=2, hold=True, save_s=1.0, **kwargs)
     deadline = time.monotonic() + 60
-    while slurm.args("srun") is None or not _catches(proc.pid, signal.SIGUSR1):  # srun running, trap set
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+    while slurm.args("srun") is None or not _catches(proc.pid, sig):  # srun running, trap set
+        if time.monotonic() > deadline or proc.poll() is not None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the held srun with it
+            pytest.fail(f"no srun, or no trap for signal {sig}: {proc.communicate()}")
         time.sleep(0.05)
-    proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err  # the run saved and exited 0; so does the batch script
+    proc.send_signal(sig)
+    return finish(proc, timeout=30)
+
+
+def test_time_limit_saves_then_requeues(slurm):
+    # A requeue ends the job: SIGTERM to all of it, SIGKILL after KillWait (here 0.3 s, shorter than the save).
+    _signal_when_running(slurm, signal.SIGUSR1, kill_wait=0.3)
+    assert slurm.signals() == ["TERM"]  # passed on once
+    assert slurm.saved() and slurm.saved_before_requeue()  # the checkpoint, then the requeue
     assert slurm.requeues() == ["requeue", "4242"]
-    assert slurm.signals() == ["TERM"]
+
+
+def test_preemption_sigterm_saves_without_requeue(slurm):
+    # Preemption: SLURM signals the batch script too; it passes SIGTERM on and waits for the save.
+    _signal_when_running(slurm, signal.SIGTERM)
+    assert slurm.signals() == ["TERM"] and slurm.saved()
+    assert slurm.requeues() == []  # SLURM's preemption requeues (or cancels) the job itself
+
+
+def test_signal_lead_covers_a_step_and_a_save():
+    spec = load_spec(REPO / "configs/8B/hourglass-revised.yaml")
+    n = count(spec)
+    # A lower bound on one step on 8 RTX 6000 Ada (364.2 TFLOP/s dense bf16) at 40% MFU: 6 FLOPs per
+    # non-embedding weight per token; one save: fp32 weights and AdamW's two moments at 1 GiB/s.
+    step = 6 * n.non_embedding * spec.train.global_batch_size * spec.data.sequence_length / (8 * 364.2e12 * 0.4)
+    save = 12 * n.total / 2**30
+    lead, how = signal_lead(spec, Layout(world_size=8, local=8, nodes=1))
+    assert step + save + 60 <= lead < step + save + 60 + 60 and lead % 30 == 0
+    assert lead > 300 and how.startswith(f"--signal=B:USR1@{lead}:")  # more than the script's default

@@ -199,7 +199,7 @@ def test_restart_after_an_older_version_saved_nonfinite_weights(tmp_path, straig
     import olmo_patches.train.resume as resume
 
     with monkeypatch.context() as m:  # an older version: no check before a save, no manifest
-        m.setattr(resume, "assert_finite_params", lambda trainer: None)
+        m.setattr(resume, "check_before_save", lambda trainer: None)
         m.setattr(resume, "write_manifest", lambda path: None)
         _train_with(tmp_path, _PoisonAfterStep(at=4), "run.stop_at_step=4")
     assert _steps(tmp_path) == [0, 2, 4] and not _finite(tmp_path / "step4")

@@ -175,3 +175,57 @@ def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
         assert meta["ephemeral"] is (step in (3, 5)), (step, meta)
         files = json.loads((tmp_path / f"step{step}" / "manifest.json").read_text())["files"]
         assert files["train/rank0.pt"] == (tmp_path / f"step{step}" / "train" / "rank0.pt").stat().st_size
+
+
+# --- NonFiniteGuardCallback: no host sync per step -------------------------------------------------
+
+# OLMo-core 3.0.0's _fit_epoch reduces metrics (a host sync) after the first step, every
+# metrics_collect_interval steps and at the end: with 5 and 12 steps, after steps 1, 5, 10 and 12.
+COLLECTED = {1, 5, 10, 12}
+
+
+def _guarded(tmp_path, monkeypatch, values):
+    """Run the guard over 12 steps of (loss, grad norm) ``values(step)``; the steps it read the host on."""
+    from olmo_patches.train.safety import NonFiniteGuardCallback
+
+    loader = SimpleNamespace(total_batches=100, batches_processed=0)
+    trainer = SimpleNamespace(_metrics={}, global_step=0, metrics_collect_interval=5, max_steps=12, hard_stop=None,
+                              is_canceled=False, data_loader=loader, save_folder=str(tmp_path))
+    guard = NonFiniteGuardCallback()
+    guard.trainer = trainer
+    trainer.callbacks = {"nonfinite_guard": guard}
+    reads = []
+    for name in ("cpu", "item", "tolist", "__bool__"):  # every way a value reaches the host
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, **k: (reads.append(trainer.global_step), _o(t, *a, **k))[1])
+    for step in range(1, 13):
+        trainer.global_step = loader.batches_processed = step
+        loss, norm = values(step)
+        trainer._metrics[step] = {"train/CE loss": torch.tensor(loss), "optim/total grad norm": torch.tensor(norm)}
+        guard.post_train_batch()
+        yield step, guard, set(reads)
+
+
+def test_the_guard_reads_the_host_only_where_the_trainer_collects(tmp_path, monkeypatch):
+    *_, (_, _, reads) = _guarded(tmp_path, monkeypatch, lambda step: (2.0, 1.0))
+    assert reads == COLLECTED
+
+
+def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_collection(tmp_path, monkeypatch):
+    from olmo_patches.train.safety import NonFiniteError, check_before_save
+
+    def values(step):
+        return (float("nan") if step == 7 else 2.0, float("inf") if step >= 8 else 1.0)
+
+    seen = []
+    with pytest.raises(NonFiniteError, match=r"^step 7: non-finite CE loss=nan; last good checkpoint: none"):
+        for step, guard, _ in _guarded(tmp_path, monkeypatch, values):
+            seen.append(step)
+            if step == 8:  # a save after step 8: the guard's unread steps first
+                guard.trainer.train_module = SimpleNamespace(model=torch.nn.Linear(1, 1))
+                check_before_save(guard.trainer)
+    assert seen[-1] == 8
+    steps = _guarded(tmp_path, monkeypatch, values)
+    with pytest.raises(NonFiniteError, match=r"^step 7: non-finite CE loss=nan"):  # no save: at step 10
+        for step, _, _ in steps:
+            assert step < 10

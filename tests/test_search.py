@@ -99,3 +99,15 @@ def test_cli_writes_attention_width_configs(tmp_path):
     assert m.head_dim == 64 and m.n_kv_heads * 2 == m.n_heads
     attention = 2 * m.d_model * (m.n_heads + m.n_kv_heads) * 64
     assert abs(m.n_layers * (attention + 3 * m.K * m.d_model * m.d_h) - B113) <= TOLERANCE * B113
+
+
+def test_aligned_rungs_trade_the_budget_for_multiples_of_64():
+    """The 113M headline hourglass (K=2, L=9): exact, d_h is odd (621); aligned, d_h % 64 and head dims
+    % 8 within the authors' 0.3%, and the shape OLMo-core builds has those widths."""
+    exact = solve(B113, K=2, n_layers=9, d_h_ratio=0.475)
+    assert exact is not None and exact.d_h % 2 == 1
+    s = solve(B113, K=2, n_layers=9, d_h_ratio=0.475, tolerance=3e-3, aligned=True)
+    assert s is not None and s.d_model % 8 == 0 and s.d_h % 64 == 0 and s.head_dim % 8 == 0
+    assert 1e-5 < abs(s.non_embedding - B113) / B113 <= 3e-3
+    b = breakdown(built(s), 4096)
+    assert b.attention + b.ffn == s.non_embedding

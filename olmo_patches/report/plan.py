@@ -19,11 +19,13 @@ from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from .counts import count
 
-__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows"]
+__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead"]
 
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
 
 ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
+SAVE_BYTES_PER_S = 2**30  # checkpoint write rate assumed for the shared save folder, all ranks together
+SIGNAL_MARGIN_S = 60  # on top of a step and a save: stopping the processes, the requeue
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,22 @@ def checkpoint_disk(spec: ExperimentSpec, p: RunPlan) -> tuple[int, int]:
     return n, n * p.params * CHECKPOINT_BYTES_PER_PARAM
 
 
+def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
+    """(seconds, how) for SLURM's time-limit signal (``--signal=B:USR1@N``): the run stops at the next
+    step and saves, so N >= one step (on the slowest preset card at ASSUMED_MFU) + one save (the
+    checkpoint at SAVE_BYTES_PER_S) + SIGNAL_MARGIN_S, rounded up to 30 s."""
+    p = plan(spec)
+    card = min(CARDS.values(), key=lambda c: c.bf16_flops or 0)
+    assert card.bf16_flops is not None
+    step = p.flops_per_token * p.tokens_per_step / (layout.world_size * card.bf16_flops * ASSUMED_MFU)
+    size = p.params * CHECKPOINT_BYTES_PER_PARAM
+    save = size / SAVE_BYTES_PER_S
+    lead = 30 * math.ceil((step + save + SIGNAL_MARGIN_S) / 30)
+    how = (f"--signal=B:USR1@{lead}: a step {step:,.0f} s ({layout.world_size} x {card.name}, MFU {ASSUMED_MFU:.0%}) "
+           f"+ a save {save:,.0f} s ({size / 2**30:,.1f} GiB at {SAVE_BYTES_PER_S / 2**30:g} GiB/s) + {SIGNAL_MARGIN_S} s")
+    return lead, how
+
+
 def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = None) -> list[tuple[str, str]]:
     """What train.hardware would choose on each GPU preset (micro-batch, activation checkpointing,
     compile), as rows for the plan; a preset the model does not fit says so."""
@@ -165,6 +183,7 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
         table.add_row(label, f"{p.gpu_hours(card.bf16_flops):,.1f}")
     n, size = checkpoint_disk(spec, p)
     table.add_row("checkpoint disk at the end", f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x {CHECKPOINT_BYTES_PER_PARAM} bytes)")
+    table.add_row("SLURM signal lead (scripts/launch_slurm.sbatch)", signal_lead(spec, layout)[1])
     for i, f in enumerate(p.first_files):
         table.add_row(f"data file {i + 1}", f)
     return table

@@ -41,7 +41,7 @@ from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
 from .checkpoints import checkpoint_step, latest_complete
-from .safety import assert_finite_params, write_manifest
+from .safety import check_before_save, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
         self._latest_checkpoint_path = str(path)
 
     def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
-        assert_finite_params(self.trainer)
+        check_before_save(self.trainer)
         return super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
 
     def post_checkpoint_saved(self, path: PathOrStr):

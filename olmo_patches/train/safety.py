@@ -2,9 +2,11 @@
 resume that falls back past a checkpoint that fails either check.
 
 - :class:`NonFiniteGuardCallback` stops the run at the first step whose loss or gradient norm is
-  not finite (:class:`NonFiniteError`, one line: step, what, the last good checkpoint).
-- :func:`assert_finite_params` runs before every save (``ResumeCheckpointerCallback``): a model with a
-  non-finite weight is never written, whichever save it is (permanent, ephemeral, final, SIGTERM).
+  not finite (:class:`NonFiniteError`, one line: step, what, the last good checkpoint), reading the
+  device only where the trainer syncs anyway and before a save (no host sync per step).
+- :func:`check_before_save` runs before every save (``ResumeCheckpointerCallback``): the guard's unread
+  steps, then :func:`assert_finite_params`, so a model with a non-finite weight is never written,
+  whichever save it is (permanent, ephemeral, final, SIGTERM).
 - :func:`write_manifest` records the files and sizes of a saved checkpoint (``manifest.json``) and
   that its weights were checked finite; :func:`verify` checks a checkpoint against it.
   Sizes, not checksums: ``benchmarks/checkpoint_checksum.py`` measures the cost of each.
@@ -19,9 +21,9 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Dict, Optional
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -39,6 +41,7 @@ __all__ = [
     "NonFiniteError",
     "NonFiniteGuardCallback",
     "assert_finite_params",
+    "check_before_save",
     "write_manifest",
     "verify",
     "select_resume_checkpoint",
@@ -48,6 +51,7 @@ _STEP = re.compile(r"^step\d+$")
 MANIFEST = "manifest.json"  # in each stepN/: {"files": {relative path: bytes}, "finite": true}
 LOSS = "train/CE loss"
 GRAD_NORM = "optim/total grad norm"
+_GUARDED = (LOSS, GRAD_NORM)
 
 
 class NonFiniteError(RuntimeError):
@@ -80,26 +84,62 @@ def assert_finite_params(trainer) -> None:
 
 @dataclass
 class NonFiniteGuardCallback(Callback):
-    """Stops at the first step with a non-finite loss or gradient norm (one sync per step: the flag).
+    """Stops at the first step with a non-finite loss or gradient norm, without a host sync per step:
+    each step's values stay on the device until :meth:`check` reads all pending steps at once (one
+    all-reduce, one copy to the host). It runs on the steps the trainer collects metrics (it syncs
+    there anyway, and OLMo-core's own non-finite check comes after it), at the end of training or an
+    epoch, on a cancel, and before every save (:func:`check_before_save`).
 
     Runs before the checkpointer (higher priority), so the step that diverged is never saved."""
 
     priority: ClassVar[int] = 2
+    _pending: List[Tuple[int, torch.Tensor]] = field(default_factory=list)  # (step, [loss, grad norm]) unread
+    _started: bool = False  # the first step is checked (OLMo-core collects metrics there too)
 
     def post_train_batch(self):
         metrics = self.trainer._metrics.get(self.step, {})
-        values = {k: metrics[k] for k in (LOSS, GRAD_NORM) if k in metrics}
-        if not values:
+        if any(k in metrics for k in _GUARDED):
+            values = [metrics[k].detach().float().reshape(()) if k in metrics else None for k in _GUARDED]
+            zero = next(v for v in values if v is not None).new_zeros(())
+            self._pending.append((self.step, torch.stack([zero if v is None else v for v in values])))
+        if self._collects_now():
+            self.check()
+        self._started = True
+
+    def _collects_now(self) -> bool:
+        """Whether the trainer reduces metrics after this step (OLMo-core's _fit_epoch)."""
+        t, dl = self.trainer, self.trainer.data_loader
+        last = min(s for s in (t.max_steps, t.hard_stop and t.convert_duration_to_steps(t.hard_stop)) if s)
+        epoch_end = dl.total_batches is not None and dl.batches_processed >= dl.total_batches
+        return not self._started or self.step % t.metrics_collect_interval == 0 or self.step >= last or epoch_end or t.is_canceled
+
+    def check(self) -> None:
+        """Raise :class:`NonFiniteError` (on every rank) at the first pending step whose values are not
+        finite on some rank."""
+        if not self._pending:
             return
-        stacked = torch.stack([v.detach().float().reshape(()) for v in values.values()])
-        finite = bool(torch.isfinite(stacked).all().item())
-        if _all_ranks_true(finite, stacked.device):
+        steps = [s for s, _ in self._pending]
+        values = torch.stack([v for _, v in self._pending])
+        self._pending.clear()
+        finite = torch.isfinite(values).all(dim=1).to(torch.int32)
+        if is_distributed():
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        host = torch.cat([finite[:, None].to(values.dtype), values], dim=1).cpu().tolist()  # the one sync
+        bad = next((i for i, row in enumerate(host) if not row[0]), None)
+        if bad is None:
             return
-        what = ", ".join(f"{k.split('/')[-1]}={v.item()}" for k, v in values.items() if not math.isfinite(v.item()))
+        what = ", ".join(f"{k.split('/')[-1]}={v}" for k, v in zip(_GUARDED, host[bad][1:]) if not math.isfinite(v))
         raise NonFiniteError(
-            f"step {self.step}: non-finite {what or 'loss on another rank'}; "
-            f"last good checkpoint: {_last_good(self.trainer)}"
+            f"step {steps[bad]}: non-finite {what or 'loss on another rank'}; last good checkpoint: {_last_good(self.trainer)}"
         )
+
+
+def check_before_save(trainer) -> None:
+    """Before any save: the guard's pending steps, then the weights (:func:`assert_finite_params`)."""
+    for callback in trainer.callbacks.values():
+        if isinstance(callback, NonFiniteGuardCallback):
+            callback.check()
+    assert_finite_params(trainer)
 
 
 def _files(checkpoint: Path) -> Dict[str, int]:

@@ -1,0 +1,69 @@
+"""What a valid config will cost on GPUs, as one-line warnings (the dry run and a run's start print them):
+
+- a matmul dimension (a weight's rows or columns, the head dim) that is not a multiple of 8: tensor
+  cores pad it or fall back (the exact 0.001% shapes; ``scripts/search.py --aligned`` gives shapes
+  within 0.3% that avoid it, configs/*/*-aligned.yaml);
+- the remote (HTTP) data slower than one rank consumes: ``benchmarks/bench_loader.py`` measured
+  :data:`HTTP_INSTANCES_PER_S` per rank (docs/performance.md), the need is ASSUMED_MFU x the card's
+  peak / (FLOPs per token x sequence length).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from ..config import ExperimentSpec, vocab_size
+from ..hardware import CARDS
+from .counts import count
+from .plan import ASSUMED_MFU
+
+__all__ = ["HTTP_INSTANCES_PER_S", "MATMUL_ALIGN", "advice", "unaligned_dims", "http_need"]
+
+MATMUL_ALIGN = 8  # bf16 tensor-core tiles (and flash-attention head dims) want multiples of 8
+# benchmarks/bench_loader.py, HTTP +20 ms per request, 4 workers per rank (docs/performance.md: 73 at
+# 4 and 8 workers, 84 without workers): the most one rank's loader was measured to read remotely.
+HTTP_INSTANCES_PER_S = 73.0
+
+
+def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
+    """Matmul dimensions not a multiple of MATMUL_ALIGN -> where the first one is (a weight or head_dim)."""
+    model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+    found: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        for d in p.shape[-2:] if p.ndim >= 2 else ():
+            if d % MATMUL_ALIGN:
+                found.setdefault(d, name)
+    head_dim = spec.model.resolved_head_dim
+    if head_dim % MATMUL_ALIGN:
+        found.setdefault(head_dim, "head_dim")
+    return found
+
+
+def _over_http(spec: ExperimentSpec) -> bool:
+    d, remote = spec.data, ("http://", "https://")
+    if d.source == "olmo2_stage1":
+        return d.base is None or d.base.startswith(remote)
+    return d.source == "numpy" and (any(p.startswith(remote) for p in d.paths) or bool(d.mix and d.mix_base_dir.startswith(remote)))
+
+
+def http_need(spec: ExperimentSpec) -> tuple[float, str]:
+    """(instances/s one rank consumes, on which card): train.hardware's card, else the H100."""
+    card = CARDS.get(spec.train.hardware, CARDS["h100"])
+    assert card.bf16_flops is not None
+    seq = spec.data.sequence_length
+    return ASSUMED_MFU * card.bf16_flops / (count(spec).flops_per_token * seq), card.name
+
+
+def advice(spec: ExperimentSpec) -> List[str]:
+    lines = []
+    if dims := unaligned_dims(spec):
+        where = ", ".join(f"{d} ({name})" for d, name in sorted(dims.items()))
+        lines.append(f"warning: matmul dimensions not a multiple of {MATMUL_ALIGN} (GPU tensor cores pad them): {where}; "
+                     "aligned shapes within 0.3%: scripts/search.py --aligned")
+    if _over_http(spec):
+        need, card = http_need(spec)
+        if need > HTTP_INSTANCES_PER_S:
+            lines.append(f"warning: data.source={spec.data.source} over HTTP: one rank needs {need:.0f} instances/s "
+                         f"({card}, MFU {ASSUMED_MFU:.0%}), {HTTP_INSTANCES_PER_S:.0f} measured (benchmarks/bench_loader.py); "
+                         "materialize a prefix (docs/data_order.md) or set data.base to a local mirror")
+    return lines
