@@ -48,7 +48,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
             fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
     if m.moe is not None:
-        _validate_moe(m, t, fail)
+        _validate_moe(m, fail)
     if m.block == "variable_width":
         _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
@@ -96,6 +96,9 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         _validate_checkpointing(spec, fail)
 
 
+AC_EXAMPLE = {"selected_blocks": "2", "selected_modules": "blocks.*.feed_forward", "budget": "0.5"}  # in the error line
+
+
 def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
     """OLMo-core's own checks on its TransformerActivationCheckpointingConfig, at load, in one line."""
     ac = spec.train.activation_checkpointing
@@ -127,8 +130,6 @@ def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
             if any(isinstance(names[n], MoEBase) for n in matched):
                 fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
 
-
-AC_EXAMPLE = {"selected_blocks": "2", "selected_modules": "blocks.*.feed_forward", "budget": "0.5"}
 
 
 def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
@@ -339,7 +340,7 @@ def _validate_widths(m: ModelSpec, fail) -> None:
         fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
 
 
-def _validate_moe(m: ModelSpec, t: TrainSpec, fail) -> None:
+def _validate_moe(m: ModelSpec, fail) -> None:
     e = m.moe
     assert e is not None
     if m.block != "variable_width":
