@@ -14,7 +14,8 @@ K residual adds, so the block around it has no FFN norm or FFN residual of its o
 The weights of all K sub-MLPs are stored stacked, as ``w1`` (W_d1), ``w3`` (W_d2) and ``w2``
 (W_u), with the names and fan-in that OLMo-core's ``InitMethod.init_feed_forward`` expects. With
 K=1 the stacked tensors have the conventional FFN's element order, so the same seed gives the
-conventional FFN's initial weights.
+conventional FFN's initial weights. FSDP2 shards the stacked weights along ``out``, not along K
+(:func:`shard_stacked`), so every rank holds an even share whatever K and the world size are.
 """
 
 from dataclasses import dataclass
@@ -28,13 +29,20 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.init import init_linear
+from torch.distributed.tensor import Shard
 
-__all__ = ["NormPlacement", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
+__all__ = ["NormPlacement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
 
 
 class NormPlacement(StrEnum):
     pre = "pre"  # x + f(norm(x)): the papers' equations (Llama-style pre-norm)
     post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
+
+
+def shard_stacked(param: nn.Parameter) -> Optional[Shard]:
+    """FSDP2's ``shard_placement_fn``: a K-stacked (K, out, in) weight shards on ``out`` (dim 1), as
+    K rows per rank would leave most ranks padding when K < world size; other parameters: the default."""
+    return Shard(1) if param.ndim == 3 else None
 
 
 class StackedLinear(nn.Module):
