@@ -25,6 +25,7 @@ from olmo_core.data import (
 )
 from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.float8 import AOFloat8LinearConfig, AOFloat8LinearRecipe
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
@@ -45,6 +46,7 @@ from ..optim.power import PowerScheduler
 from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
 from ..nn.attention import set_attention_backend
+from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
@@ -145,6 +147,21 @@ def _data_parallel(spec: ExperimentSpec, device: str, world_size: int) -> Option
         param_dtype=DType.bfloat16 if fsdp_bf16 else None,
         reduce_dtype=DType.float32,
     )
+
+
+def _float8(spec: ExperimentSpec, device: str, world_size: int) -> Optional[ShapeFloat8Config]:
+    """OLMo-core's Float8Config for train.float8 (nn/float8.py), emulated where there are no float8
+    matmuls; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's recommended)."""
+    f8 = spec.train.float8
+    if f8 == "off":
+        return None
+    emulate = not has_float8_matmuls(torch.device(device))
+    if emulate:
+        log.info(f"train.float8={f8}: no float8 matmuls on {device}, using torchao's emulation")
+    if f8 == "tensorwise":
+        all_gather = world_size > 1 and spec.train.data_parallel != "ddp"
+        return ShapeFloat8Config(ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=all_gather), emulate=emulate)
+    return ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(f8), emulate=emulate)
 
 
 def _autocast_bf16(spec: ExperimentSpec, device: str, world_size: int) -> bool:
@@ -274,6 +291,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
         compile_model=t.compile,
+        float8_config=_float8(spec, device, world_size),
         dp_config=_data_parallel(spec, device, world_size),
         ac_config=TransformerActivationCheckpointingConfig() if t.activation_checkpointing else None,
         autocast_precision=DType.bfloat16 if _autocast_bf16(spec, device, world_size) else None,
