@@ -12,6 +12,12 @@
    choices: tokens/s over the steps after warm-up, MFU against hardware.CARDS' dense bf16 peak (model
    FLOPs per token: OLMo-core's count), peak memory (max_memory_allocated) next to hardware.estimate
    for the same setting, and the hourglass/baseline ratio of tokens/s.
+5. float8 (train.float8=tensorwise against bf16, same data and steps): trainer tokens/s ratio for the
+   1B baseline and a 1B hourglass whose matmuls are float8-aligned (K=4, d_h=2048: the baseline's FFN
+   parameters; the solved 1B hourglass has d_model 3192, not a multiple of 16, so nothing of it would
+   convert), target FLOAT8_SPEEDUP (OLMo-core's 1B: 55k -> 65k tokens/s per H100); loss parity over
+   the first steps within FLOAT8_LOSS_TOL. Without float8 matmuls (CPU, pre-SM89) the speed row is
+   reported, not judged (torchao emulates).
 4. resume: a run stopped (checkpointed) at step 2 and resumed to step 4 against the uninterrupted
    run: losses and weights (bit-identity is reported; GPU backward kernels are not deterministic, so
    the pass mark is BF16_TOL).
@@ -43,7 +49,7 @@ from ..train import train
 from ..train.checkpoints import load_model_state
 from ..train.resume import ResumeCheckpointerCallback
 
-__all__ = ["BF16_TOL", "CheckResult", "TrainResult", "GpuCheck", "run_gpu_check", "to_markdown", "to_json"]
+__all__ = ["BF16_TOL", "FLOAT8_SPEEDUP", "check_float8", "CheckResult", "TrainResult", "GpuCheck", "run_gpu_check", "to_markdown", "to_json"]
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -259,6 +265,45 @@ def check_resume(device: torch.device, work: Path, tiny: bool) -> list[CheckResu
                         "bit-identical" if exact else "not bit-identical")]
 
 
+FLOAT8_SPEEDUP = 1.20  # float8 / bf16 tokens/s the anchors publish (OLMo-core 1B: 65k / 55k; torchtitan 8B: 1.28)
+FLOAT8_LOSS_TOL = 0.05  # float8 vs bf16 loss, relative, at each of the first steps
+# (label, config, overrides): float8-aligned 1B shapes (every matmul dim a multiple of 16)
+FLOAT8_CONFIGS = (("1B baseline", "configs/1B/baseline.yaml", []),
+                  ("1B hourglass K4 d_h 2048", "configs/1B/baseline.yaml", ["model.block=hourglass", "model.K=4", "model.d_h=2048"]))
+
+
+def check_float8(device: torch.device, work: Path, tiny: bool, steps: int, batch: int, seq: int, warmup: int) -> list[CheckResult]:
+    """train.float8=tensorwise against bf16 (off): tokens/s ratio and the first steps' losses."""
+    from ..nn.float8 import has_float8_matmuls
+    from ..train.metrics import read_metrics
+
+    extra = ["model.vocab_size=null", "train.hardware=none", "model.d_model=32", "model.n_heads=2", "model.n_layers=2",
+             "model.d_h=16", "train.micro_batch_size=null"] if tiny else ["train.precision=bf16"]
+    tokens_file = _synthetic_tokens(work, 100_000, (steps + 1) * batch * (seq + 1))
+    judged = has_float8_matmuls(device)
+    results = []
+    for label, config, overrides in FLOAT8_CONFIGS:
+        tps, losses = {}, {}
+        for f8 in ("off", "tensorwise"):
+            folder = work / f"float8-{label.replace(' ', '_')}-{f8}"
+            spec = load_spec(REPO / config, [*overrides, *_train_overrides(folder, tokens_file, seq, batch, steps, device.type, extra),
+                                             f"train.float8={f8}"])
+            timer = _StepTimer(device)
+            train(spec, callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)})
+            times = timer.times[warmup - 1:]
+            tps[f8] = (len(times) - 1) * batch * seq / (times[-1] - times[0])
+            losses[f8] = [m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m]
+        ratio = tps["tensorwise"] / tps["off"]
+        detail = f"{tps['tensorwise']:,.0f} / {tps['off']:,.0f} tokens/s = {ratio:.3f}x (target >= {FLOAT8_SPEEDUP}x)"
+        results.append(CheckResult("float8", f"{label}: tokens/s float8 / bf16", FLOAT8_SPEEDUP / ratio if judged else None, 1.0,
+                                   detail if judged else detail + ", torchao emulation: not judged"))
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses["tensorwise"], losses["off"]))
+        results.append(CheckResult("float8", f"{label}: loss float8 vs bf16, first {len(losses['off'])} steps (worst)", worst,
+                                   FLOAT8_LOSS_TOL, " ".join(f"{a:.4f}/{b:.4f}" for a, b in zip(losses["tensorwise"], losses["off"]))))
+        log.info(f"gpu_check: float8 {label}: {detail}")
+    return results
+
+
 def run_gpu_check(device: str = "cuda", *, tiny: bool = False, work: Optional[Path] = None, steps: int = 8, warmup: int = 3,
                   batch: int = 32, seq: int = 4096, scales: Optional[list[str]] = None,
                   progress: Callable[[str], None] = print) -> GpuCheck:
@@ -274,6 +319,8 @@ def run_gpu_check(device: str = "cuda", *, tiny: bool = False, work: Optional[Pa
                           ("resume", lambda: check_resume(dev, Path(tmp), tiny))):
             progress(f"{label} ...")
             result.checks += fn()
+        progress("float8 ...")
+        result.checks += check_float8(dev, Path(tmp), tiny, steps, batch, seq, warmup)
         progress("trainer steps ...")
         result.train = check_training(dev, Path(tmp), tiny, steps, batch, seq, warmup, scales or list(TRAIN_CONFIGS))
     result.seconds = time.perf_counter() - start
