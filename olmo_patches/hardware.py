@@ -22,6 +22,11 @@ The memory estimate (per GPU, bytes; NOT measured here: a model of what is store
   log-softmax and gradient (V = vocabulary).
 - with checkpointing (each block recomputed in backward) = s (4 w L + max_l A_l + 12 V): each
   block's fp32 input, one block's activations during its recompute, the logits.
+- float8 (train.float8, :func:`with_float8`): the master weights, gradients, moments and saved
+  activations stay as above (torchao saves its matmuls' high-precision inputs and recasts in
+  backward); added are the transient float8 copies of the running block's matmul weights, 1 byte
+  each for the forward cast and 1 for the transposed one backward needs (2 P_block), and of the
+  widest matmul input, 1 byte per element (s max_l max(w_l, H_l) per sequence).
 A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The
 micro-batch is the largest divisor of the per-rank batch that fits without checkpointing; only
 when not one sequence fits is checkpointing turned on. Compile is on for every GPU preset.
@@ -34,7 +39,7 @@ from typing import Optional
 
 from olmo_core.nn.transformer import TransformerConfig
 
-__all__ = ["Card", "CARDS", "HARDWARE", "known_card", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "choose"]
+__all__ = ["Card", "CARDS", "HARDWARE", "known_card", "Settings", "MemoryEstimate", "card_for_device", "detect", "estimate", "with_float8", "choose"]
 
 GIB = 2**30
 USABLE = 0.85  # fraction of a card's memory the estimate may fill
@@ -112,6 +117,17 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
         per_sequence=s * (sum(per_token) + logits),
         per_sequence_ac=s * (4 * sum(widths) + max(per_token) + logits),
     )
+
+
+def with_float8(est: MemoryEstimate, config: TransformerConfig, sequence_length: int) -> MemoryEstimate:
+    """``est`` (:func:`estimate`) plus float8's extra state (the module docstring's float8 term)."""
+    blocks = config.resolved_block_configs
+    widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
+    block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
+    hidden = [(b.feed_forward_moe or b.feed_forward).hidden_size for b in blocks]  # type: ignore[union-attr]
+    widest = max(max(w, h) for w, h in zip(widths, hidden))
+    return replace(est, static=est.static + 2 * block_params, per_sequence=est.per_sequence + sequence_length * widest,
+                   per_sequence_ac=est.per_sequence_ac + sequence_length * widest)
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,18 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
     assert f["float8_params"] == b.attention and f["float8_skipped_params"] == b.ffn
     assert f["float8_skipped"] == [f"blocks.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w3", "w2")]
     assert math.isclose(f["float8_skipped_params"], 2 * 3 * 2 * 32 * 24)
+
+
+def test_memory_model_counts_float8s_weight_and_input_casts():
+    """hardware.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1 byte
+    for each of the forward and transposed float8 copies of one block's weights, + 1 byte per element
+    of the widest matmul input per token."""
+    from olmo_patches.hardware import estimate, with_float8
+
+    spec = load_spec(REPO / "configs" / "demo" / "hourglass.yaml")
+    model = spec.model.build(vocab_size(spec))
+    d, K, d_h, s = 128, 8, 64, 128
+    block = 4 * d * d + d + K * (3 * d * d_h + d)  # attention, its norm, K sub-MLPs with their norms
+    base, f8 = estimate(model, s), with_float8(estimate(model, s), model, s)
+    assert f8.static - base.static == 2 * block
+    assert f8.per_sequence - base.per_sequence == f8.per_sequence_ac - base.per_sequence_ac == s * d

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..hardware import CARDS, Settings, choose, detect, estimate
+from ..hardware import CARDS, Settings, choose, detect, estimate, with_float8
 from ..nn.attention import BackendChoice, head_dims, resolve_attention_backend
 from .spec import ConfigError, ExperimentSpec, vocab_size
 
@@ -85,7 +85,10 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
         settings = Settings(t.micro_batch_size or per_rank, False, False)
     else:
         shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(t.data_parallel, 1)
-        est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
+        model = spec.model.build(vocab_size(spec))
+        est = estimate(model, spec.data.sequence_length, shards)
+        if t.float8 != "off":
+            est = with_float8(est, model, spec.data.sequence_length)
         try:
             ac = False if spec.model.moe is not None else t.activation_checkpointing  # OLMo-core cannot checkpoint MoE blocks
             settings = choose(est, card, per_rank, t.micro_batch_size, ac)
