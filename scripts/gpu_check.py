@@ -1,5 +1,6 @@
 """One GPU acceptance run: bf16 vs fp32 per block type, flash vs SDPA, compile on/off, trainer
-tokens/s, MFU and peak memory vs the estimate for 113M and 1B, save/resume (olmo_patches/report/gpu_check.py).
+tokens/s, MFU and peak memory vs the estimate for 113M and 1B, float8 / bf16 tokens/s and loss parity,
+save/resume (olmo_patches/report/gpu_check.py).
 
     python scripts/gpu_check.py [--out gpu_check/] [--wheelhouse FOLDER] [--scales 113M,1B]
     python scripts/gpu_check.py --device cpu --tiny      # the same code at tiny shapes (tests)
