@@ -16,7 +16,7 @@ $(BIN)/activate:
 # torch first and pinned: a CPU wheel where one is available locally, never an unpinned CUDA build.
 $(VENV)/.installed: $(BIN)/activate setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,hf,eval,wandb]'
+	$(BIN)/pip install --quiet -e '.[dev,hf,eval,wandb,float8]'
 	touch $@
 
 install: $(VENV)/.installed

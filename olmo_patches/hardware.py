@@ -42,6 +42,12 @@ Activation checkpointing (train.activation_checkpointing, OLMo-core's modes):
   (or a whole block) keeps that module's input (2 w) instead of its part of A (finer globs are counted
   as not checkpointed: an upper bound); ``budget:b``: the compiler's min-cut keeps b of the difference
   between none and full (inductor's activation_memory_budget, counted as linear).
+Float8 (train.float8, :func:`with_float8`): the master weights, gradients, moments and saved
+activations stay as above (torchao saves its matmuls' high-precision inputs and recasts in backward);
+added are the transient float8 copies of the running block's matmul weights, 1 byte each for the
+forward cast and 1 for the transposed one backward needs (2 P_block), and of the widest matmul input,
+1 byte per element per token (max_l max(w_l, H_l)); the hourglass's float8 path casts each sub-MLP's
+weights on their own, so it keeps no [W_d1; W_d2] copy.
 A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The preset
 takes the first mode of :func:`preset_modes` (least recompute first: off, every 4th block, every 2nd
 block, every block; an MoE model: off, its attention only) in which one sequence fits, then the
@@ -60,7 +66,7 @@ if TYPE_CHECKING:
     from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
 
 __all__ = ["Card", "CARDS", "HARDWARE", "AC_MODES", "ActivationCheckpointing", "known_card", "MODELS", "Settings", "MemoryEstimate", "Layer",
-           "card_for_device", "detect", "estimate", "hourglass_weight_copy", "preset_modes", "choose"]
+           "card_for_device", "detect", "estimate", "with_float8", "hourglass_weight_copy", "preset_modes", "choose"]
 
 GIB = 2**30
 USABLE = 0.85  # fraction of a card's memory the estimate may fill
@@ -194,6 +200,8 @@ class MemoryEstimate:
     sequence_length: int
     residual_bytes: int  # a checkpointed block's input: 2 (bf16 under FSDP) or 4 (fp32 under autocast)
     moe: bool = False
+    float8_weights: float = 0.0  # float8: the running block's float8 weight copies (with_float8)
+    float8_inputs: float = 0.0  # float8: bytes per token of the widest matmul input's float8 cast
 
     @property
     def static(self) -> float:
@@ -234,7 +242,8 @@ class MemoryEstimate:
         recomputing = max(layer.weight_copy for layer in self.layers) if max(recomputed) else 0.0  # one block's, during its recompute
         return {"states (16 P / W)": self.states, "FSDP / autocast buffers": self.buffers,
                 "hourglass weight copies": sum(copies) + recomputing,
-                "block activations": tokens * (sum(kept) + max(recomputed)), "logits and head": tokens * self.head}
+                "block activations": tokens * (sum(kept) + max(recomputed)), "logits and head": tokens * self.head,
+                "float8 copies": self.float8_weights + tokens * self.float8_inputs}
 
     def total(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> float:
         return sum(self.terms(micro_batch, ac).values())
@@ -288,6 +297,17 @@ def preset_modes(est: MemoryEstimate) -> list[ActivationCheckpointing]:
     if est.moe:
         return [OFF, ActivationCheckpointing("selected_modules", modules=["blocks.*.attention"])]
     return [OFF, *(ActivationCheckpointing("selected_blocks", block_interval=n) for n in (4, 2)), ActivationCheckpointing("full")]
+
+
+def with_float8(est: MemoryEstimate, config: TransformerConfig) -> MemoryEstimate:
+    """``est`` (:func:`estimate`) with float8's extra state (the module docstring's float8 term)."""
+    blocks = config.resolved_block_configs
+    widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
+    block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
+    hidden = [(b.feed_forward_moe or b.feed_forward).hidden_size for b in blocks]  # type: ignore[union-attr]
+    widest = max(max(w, h) for w, h in zip(widths, hidden))
+    return replace(est, float8_weights=2 * block_params, float8_inputs=widest,
+                   layers=tuple(replace(layer, weight_copy=0.0) for layer in est.layers))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ def main() -> None:
                         help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
                              "made steps up to 10x slower and the timings meaningless)")
     parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every timed step (as the trainer's)")
+    parser.add_argument("--float8", nargs="?", const="tensorwise", default=None,
+                        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     for s in _list(args.scale):
@@ -56,7 +58,7 @@ def main() -> None:
         res, machine = run_bench(
             s, compile_modes=[m == "on" for m in modes], variants=_list(args.variants) if args.variants else None,
             seq_len=seq, batch=batch, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-            dtype=dtype, optimizer=args.optimizer, log=log,
+            dtype=dtype, optimizer=args.optimizer, float8=args.float8, log=log,
         )
         results += res
     if args.json:

@@ -7,7 +7,7 @@ import argparse
 import json
 
 from olmo_patches.cli import console, load_or_exit
-from olmo_patches.report.counts import attention_report, count, param_table, width_report
+from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
 
 
 def main() -> None:
@@ -21,6 +21,8 @@ def main() -> None:
         out = {**count(spec).as_dict(), **attention_report(spec)}
         if spec.model.block == "variable_width":
             out.update(width_report(spec))
+        if spec.train.float8 != "off":
+            out.update(float8_report(spec))
         print(json.dumps(out))
     else:
         console().print(param_table(spec))

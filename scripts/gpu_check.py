@@ -1,6 +1,6 @@
 """One GPU acceptance run: bf16 vs fp32 per block type, the attention kernel vs SDPA at every shipped
 head dim, compile per block type, save/resume, trainer tokens/s, MFU and peak memory vs the estimate
-for 113M and 1B (olmo_patches/report/gpu_check.py).
+for 113M and 1B, float8 / bf16 tokens/s and loss parity (olmo_patches/report/gpu_check.py).
 
     python scripts/gpu_check.py [--out gpu_check/] [--wheelhouse FOLDER] [--scales 113M,1B] [--no-flash]
     python scripts/gpu_check.py --nproc-per-node 8      # the trainer steps under torchrun: FSDP2, bf16, per rank
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="global batch in sequences (the preset picks the micro-batch)")
     parser.add_argument("--no-flash", action="store_true", help="no flash-attn on purpose: its rows are skipped, not failed")
     parser.add_argument("--nproc-per-node", type=int, default=0, help="run the trainer steps under torchrun on this many ranks")
-    parser.add_argument("--only", default=None, help="comma list of sections (bf16 vs fp32, attention kernels, compile, resume, trainer)")
+    parser.add_argument("--only", default=None, help="comma list of sections (bf16 vs fp32, attention kernels, compile, resume, float8, trainer)")
     parser.add_argument("--variant", default="baseline,hourglass", help="trainer variants to time")
     args = parser.parse_args()
     if args.wheelhouse:
@@ -48,7 +48,7 @@ def main() -> None:
     rank = os.environ.get("RANK")  # a torchrun worker of --nproc-per-node
     only = args.only.split(",") if args.only else None
     if args.nproc_per_node and rank is None:
-        only = [c.section for c in CHECKS if only is None or c.section in only]  # the trainer steps go to torchrun
+        only = [s for s in (*(c.section for c in CHECKS), "float8") if only is None or s in only]  # the trainer steps go to torchrun
     args.out.mkdir(parents=True, exist_ok=True)
     result = run_gpu_check(args.device, tiny=args.tiny, steps=args.steps, warmup=args.warmup, batch=args.batch,
                            scales=[s for s in args.scales.split(",") if s], flash=not args.no_flash, only=only, work=args.out,

@@ -159,6 +159,11 @@ def test_gpu_check_cpu_tiny(tmp_path):
     assert hourglass["ratio"] == pytest.approx(hourglass["tokens_per_s"] / base["tokens_per_s"])
     assert base["mfu"] is None and base["peak_mem_gib"] is None and base["estimate_gib"] > 0
     assert "| tiny | hourglass | 0 of 1 |" in (tmp_path / "gpu_check.md").read_text()
+    float8 = [c for c in result["checks"] if c["section"] == "float8"]
+    assert [c["name"].split(":")[0] for c in float8] == ["1B baseline"] * 2 + ["1B hourglass K4 d_h 2048"] * 2
+    for speed, loss in zip(float8[::2], float8[1::2]):
+        assert speed["error"] is None and "emulation: not judged" in speed["detail"]  # no float8 matmuls on CPU
+        assert 0 < loss["error"] <= 0.05 and loss["passed"], loss  # float8 really ran, close to bf16
 
 
 def test_gpu_check_fails_without_flash_on_cuda(flash, tmp_path):

@@ -77,8 +77,8 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
     mlp = moe.experts.mlp
     p = {
         "Wr": moe.router.weight.detach().view(E, D), "gr": router_norm.weight.detach(),
-        "W1": mlp.w1.detach().view(E, K, D_H, D), "W3": mlp.w3.detach().view(E, K, D_H, D),
-        "W2": mlp.w2.detach().view(E, K, D_H, D), "G": mlp.norm_weight.detach().view(E, K, D),
+        "W1": mlp.w1.detach().view(K, E, D_H, D).transpose(0, 1), "W3": mlp.w3.detach().view(K, E, D_H, D).transpose(0, 1),
+        "W2": mlp.w2.detach().view(K, E, D_H, D).transpose(0, 1), "G": mlp.norm_weight.detach().view(E, K, D),
     }
     p = {k: v.clone().requires_grad_() for k, v in p.items()}
     u = torch.randn(2, 6, D, dtype=torch.float64)
@@ -100,7 +100,7 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
     torch.testing.assert_close(moe.router.weight.grad.view(E, D), p["Wr"].grad, **tol)
     torch.testing.assert_close(router_norm.weight.grad, p["gr"].grad, **tol)
     for name, key in (("w1", "W1"), ("w3", "W3"), ("w2", "W2")):
-        torch.testing.assert_close(getattr(mlp, name).grad.view(E, K, D_H, D), p[key].grad, **tol)
+        torch.testing.assert_close(getattr(mlp, name).grad.view(K, E, D_H, D).transpose(0, 1), p[key].grad, **tol)
     torch.testing.assert_close(mlp.norm_weight.grad.view(E, K, D), p["G"].grad, **tol)
 
 
@@ -150,8 +150,9 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
     for name, prm in ours.named_parameters():
         if name.endswith("norm_weight"):
             assert torch.equal(prm, torch.ones_like(prm))
-        else:
-            assert torch.equal(prm, theirs_params[name]), name
+        else:  # the experts' (K=1, E d_h, d_model): OLMo-core's (E d_h, d_model) with a leading 1
+            theirs = theirs_params[name]
+            assert prm.shape in (theirs.shape, (1, *theirs.shape)) and torch.equal(prm.view(theirs.shape), theirs), name
     x = torch.randint(0, 128, (2, 12))
     a, b = ours(x), olmo(x)
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
@@ -165,7 +166,7 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
             experts = dict(ours.named_parameters())[name.replace("feed_forward_norm.weight", "feed_forward_moe.experts.mlp.norm_weight")]
             torch.testing.assert_close(prm.grad + experts.grad.view(E, D).sum(0), want.grad, rtol=1e-4, atol=1e-8, msg=name)
         elif want is not None:
-            torch.testing.assert_close(prm.grad, want.grad, rtol=1e-4, atol=1e-8, msg=name)
+            torch.testing.assert_close(prm.grad.view(want.shape), want.grad, rtol=1e-4, atol=1e-8, msg=name)
 
 
 def test_counts_against_the_built_module_and_the_shapes():

@@ -35,7 +35,7 @@ ALLOWED = {
     "__init__": set(),
 }
 # Third-party imports the patch layer may use: it is a plug-in for OLMo-core, nothing more.
-NN_THIRD_PARTY = {"torch", "olmo_core"}
+NN_THIRD_PARTY = {"torch", "olmo_core", "torchao"}  # torchao: OLMo-core's float8 backend (olmo_core.float8), imported lazily
 
 
 def _modules():

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..hardware import CARDS, ActivationCheckpointing, MemoryEstimate, Settings, choose, detect, estimate
+from ..hardware import CARDS, ActivationCheckpointing, MemoryEstimate, Settings, choose, detect, estimate, with_float8
 from ..nn.attention import BackendChoice, head_dims, resolve_attention_backend
 from .spec import ConfigError, ExperimentSpec, vocab_size
 
@@ -102,7 +102,9 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """hardware.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
-    return estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards)
+    model = spec.model.build(vocab_size(spec))
+    est = estimate(model, spec.data.sequence_length, shards)
+    return with_float8(est, model) if spec.train.float8 != "off" else est
 
 
 def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:

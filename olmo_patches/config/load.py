@@ -87,6 +87,8 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
         raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {one_line(e)}") from e
+    if spec.train.float8 == "False":  # YAML 1.1 reads a bare `off` as false
+        spec.train.float8 = "off"
     where = partial(_where, chain=chain, cli=overrides)
     validate(spec, where)
     layout = layout or Layout.from_env()

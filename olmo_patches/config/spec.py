@@ -291,6 +291,7 @@ class TrainSpec:
     optimizer: str = "adamw"  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
     precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
+    float8: str = "off"  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
     activation_checkpointing: Optional[ActivationCheckpointing] = None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
     hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (hardware.py)
     data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..hardware import AC_MODES, HARDWARE
 from ..nn.attention import ATTENTION_BACKENDS, FLASH
+from ..nn.float8 import RECIPES
 from ..nn.moe import Experts, expert_hidden_size
 from ..nn.hourglass import NormPlacement
 from ..nn.variable_width import SCHEDULES, SHAPES, ResizeMode
@@ -65,6 +66,7 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     _validate_schedule(t, fail)
     if t.precision not in ("bf16", "fp32"):
         fail("train.precision", t.precision, "must be bf16 or fp32")
+    _validate_float8(spec, fail)
     if t.data_parallel not in ("fsdp", "hsdp", "ddp"):
         fail("train.data_parallel", t.data_parallel, "must be fsdp, hsdp or ddp")
     if t.hardware not in HARDWARE:
@@ -130,6 +132,20 @@ def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
             if any(isinstance(names[n], MoEBase) for n in matched):
                 fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
 
+
+
+def _validate_float8(spec: ExperimentSpec, fail) -> None:
+    f8 = spec.train.float8
+    if f8 == "off":
+        return
+    if f8 not in RECIPES:
+        fail("train.float8", f8, f"choose off or one of {', '.join(RECIPES)}")
+    if spec.model.moe is not None:  # torchao's float8 converts nn.Linear; OLMo-core's experts are grouped weights
+        fail("train.float8", f8, "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)")
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        fail("train.float8", f8, "needs torchao: pip install -e '.[float8]'")
 
 
 def _validate_device_keys(spec: ExperimentSpec, fail) -> None:

@@ -14,7 +14,8 @@ K residual adds, so the block around it has no FFN norm or FFN residual of its o
 The weights of all K sub-MLPs are stored stacked, as ``w1`` (W_d1), ``w3`` (W_d2) and ``w2``
 (W_u), with the names and fan-in that OLMo-core's ``InitMethod.init_feed_forward`` expects. With
 K=1 the stacked tensors have the conventional FFN's element order, so the same seed gives the
-conventional FFN's initial weights.
+conventional FFN's initial weights. FSDP2 shards the stacked weights along ``out``, not along K
+(:func:`shard_stacked`), so every rank holds an even share whatever K and the world size are.
 """
 
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.init import init_linear
+from torch.distributed.tensor import Shard
 
-__all__ = ["NormPlacement", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
+__all__ = ["NormPlacement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
 
 
 class NormPlacement(StrEnum):
@@ -37,13 +39,21 @@ class NormPlacement(StrEnum):
     post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
 
 
+def shard_stacked(param: nn.Parameter) -> Optional[Shard]:
+    """FSDP2's ``shard_placement_fn``: a K-stacked (K, out, in) weight shards on ``out`` (dim 1), as
+    K rows per rank would leave most ranks padding when K < world size; other parameters: the default."""
+    return Shard(1) if param.ndim == 3 else None
+
+
 class StackedLinear(nn.Module):
     """K bias-free linear maps of the same shape, stored as one (K, out_features, in_features) weight.
 
     Duck-types ``nn.Linear`` for OLMo-core's initializers (``weight``, ``bias``, ``in_features``).
+    After :meth:`to_float8` (nn/float8.py) each sub-MLP's matmul :meth:`linear` runs in float8.
     """
 
     bias = None
+    float8 = None  # (torchao Float8LinearConfig, LinearMMConfig) once converted
 
     def __init__(self, K: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str):
         super().__init__()
@@ -54,9 +64,28 @@ class StackedLinear(nn.Module):
     def reset_parameters(self) -> None:
         init_linear(self, std=0.02)  # type: ignore[arg-type]
 
+    def to_float8(self, config) -> None:
+        """Run :meth:`linear` through torchao's float8 matmul with ``config`` (a Float8LinearConfig)."""
+        from torchao.float8.float8_linear import Float8Linear
+
+        # Float8Linear builds its GEMM configs (emulation, fast accumulation, padding) from the config.
+        self.float8 = (config, Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x w^T for one sub-MLP's weight ``w`` (a slice of :attr:`weight`), in float8 once converted."""
+        if self.float8 is None:
+            return F.linear(x, w)
+        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+
+        if torch.is_autocast_enabled():  # as Float8Linear.forward does
+            x = x.to(torch.get_autocast_gpu_dtype())
+        config, mm_config = self.float8
+        return matmul_with_hp_or_float8_args.apply(x, w.t(), mm_config, config)
+
     def extra_repr(self) -> str:
         K = self.weight.shape[0]
-        return f"K={K}, in_features={self.in_features}, out_features={self.out_features}, bias=False"
+        f8 = ", float8" if self.float8 is not None else ""
+        return f"K={K}, in_features={self.in_features}, out_features={self.out_features}, bias=False{f8}"
 
 
 class HourglassFeedForward(nn.Module):
@@ -88,6 +117,8 @@ class HourglassFeedForward(nn.Module):
         return F.linear(F.silu(gate) * value, w_up)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.w1.float8 is not None or self.w3.float8 is not None or self.w2.float8 is not None:
+            return self._forward_float8(h)
         # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights,
         # negligible against the matmuls), split with unbind: its backward is one stack, where indexing
         # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
@@ -99,6 +130,16 @@ class HourglassFeedForward(nn.Module):
                 h = h + self.sub_mlp(norm(h), w_down[i], w_up[i])
             else:
                 h = h + norm(self.sub_mlp(h, w_down[i], w_up[i]))
+        return h
+
+    def _forward_float8(self, h: torch.Tensor) -> torch.Tensor:
+        # Three matmuls per sub-MLP, each weight cast to float8 with its own scales (no [W_d1; W_d2]
+        # concatenation); unbind gives views, its backward one stack per weight.
+        w1, w3, w2 = self.w1.weight.unbind(0), self.w3.weight.unbind(0), self.w2.weight.unbind(0)
+        for i, norm in enumerate(self.norms):
+            x = norm(h) if self.norm_placement == NormPlacement.pre else h
+            f = self.w2.linear(F.silu(self.w1.linear(x, w1[i])) * self.w3.linear(x, w3[i]), w2[i])
+            h = h + (f if self.norm_placement == NormPlacement.pre else norm(f))
         return h
 
     def num_flops_per_token(self, seq_len: int) -> int:

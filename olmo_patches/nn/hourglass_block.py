@@ -15,9 +15,10 @@ from olmo_core.nn.attention.base import SequenceMixerConfig
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.block import TransformerBlock, TransformerBlockBase
-from olmo_core.nn.transformer.config import TransformerBlockConfig
+from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerDataParallelWrappingStrategy
+from torch.distributed import DeviceMesh
 
-from .hourglass import HourglassFeedForwardConfig, NormPlacement
+from .hourglass import HourglassFeedForwardConfig, NormPlacement, shard_stacked
 
 __all__ = ["HourglassBlock", "HourglassBlockConfig"]
 
@@ -69,9 +70,20 @@ class HourglassBlock(TransformerBlockBase):
             "would need K all-reduces per layer); use FSDP/HSDP data parallelism"
         )
 
-    # Same per-block FSDP wrapping and context parallelism as OLMo-core's own block: they only
-    # touch `attention` and `feed_forward`, so the whole FFN (all K sub-MLPs) is one FSDP unit.
-    apply_fsdp = TransformerBlock.apply_fsdp
+    def apply_fsdp(
+        self,
+        dp_mesh: Optional[DeviceMesh] = None,
+        prefetch_factor: int = 0,
+        wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
+        **fsdp_kwargs,
+    ):
+        # OLMo-core's per-block wrapping (the whole FFN, all K sub-MLPs, is one FSDP unit), with the
+        # stacked weights sharded along `out` so that every rank holds an even share.
+        TransformerBlock.apply_fsdp(
+            self, dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked, **fsdp_kwargs
+        )
+
+    # Context parallelism as OLMo-core's own block: it only touches `attention`.
     apply_cp = TransformerBlock.apply_cp
 
     def num_flops_per_token(self, seq_len: int) -> int:

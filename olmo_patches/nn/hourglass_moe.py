@@ -24,11 +24,13 @@ Parameters of the MoE: router d_model E + E K (3 d_model d_h + d_model); active 
 + top_k K (3 d_model d_h + d_model). Training FLOPs per token: 6 (d_model E + top_k K 3 d_model d_h)
 (norms not counted, as OLMo-core counts its blocks).
 
-Weights are stored as OLMo-core's experts store them: ``w1``, ``w3`` (E K d_h, d_model), ``w2``
-(E K d_h, d_model) used untransposed, expert-major, so OLMo-core's MoE init (``w1``/``w2``/``w3``,
-fan-in d_model and d_h) and expert sharding along dim 0 apply unchanged; K=1 has OLMo-core's element
-order, so the same seed gives OLMo-core's initial expert weights. The E K gains are one flat
-``norm_weight`` (E K d_model), expert-major, sharded with the experts.
+Weights are stored sub-MLP-major: ``w1``, ``w3`` (K, E d_h, d_model), ``w2`` (K, E d_h, d_model)
+used untransposed, so sub-MLP k's E expert matrices ``w1[k]`` are one contiguous (E, d_h, d_model)
+block, as grouped_gemm needs. OLMo-core's MoE init (``w1``/``w2``/``w3``, fan-in d_model and d_h)
+applies unchanged; K=1 has OLMo-core's element order, so the same seed gives OLMo-core's initial
+expert weights. Expert parallelism and FSDP2 shard dim 1 (experts, then each expert's rows), never K,
+so every rank holds an even share. The E K gains are one flat ``norm_weight`` (E K d_model),
+expert-major, sharded with the experts.
 """
 
 from __future__ import annotations
@@ -48,11 +50,16 @@ from olmo_core.nn.moe import MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP, MoEMLPBase, gmm
 from olmo_core.nn.moe.moe import DroplessMoE
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
-from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerBlockType
+from olmo_core.nn.transformer.config import (
+    TransformerBlockConfig,
+    TransformerBlockType,
+    TransformerDataParallelWrappingStrategy,
+)
 from olmo_core.ops import attach_auxiliary_loss
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from .hourglass import shard_stacked
 from .moe import LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
 
 __all__ = [
@@ -99,10 +106,10 @@ class HourglassExperts(MoEMLPBase):
         super().__init__(d_model=d_model, hidden_size=hidden_size, num_experts=num_experts)
         self.K = K
         self.residual_alpha = residual_alpha  # a: each sub-MLP's residual branch x a (set by the block)
-        rows = num_experts * K * hidden_size
-        self.w1 = nn.Parameter(torch.empty(rows, d_model, device=init_device, dtype=dtype))  # W_d1 (gate)
-        self.w2 = nn.Parameter(torch.empty(rows, d_model, device=init_device, dtype=dtype))  # W_u (transposed)
-        self.w3 = nn.Parameter(torch.empty(rows, d_model, device=init_device, dtype=dtype))  # W_d2 (value)
+        shape = (K, num_experts * hidden_size, d_model)
+        self.w1 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d1 (gate)
+        self.w2 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_u (transposed)
+        self.w3 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d2 (value)
         self.norm_weight = nn.Parameter(torch.empty(num_experts * K * d_model, device=init_device, dtype=dtype))
         # The model's norm without its gain: the gains are per expert and sub-MLP (norm_weight).
         self.normalize = replace(layer_norm, elementwise_affine=False, bias=False).build(d_model, init_device=init_device)
@@ -118,13 +125,19 @@ class HourglassExperts(MoEMLPBase):
         return f"num_experts={self.num_experts}, K={self.K}, d_model={self.d_model}, d_h={self.hidden_size}"
 
     def _shard_experts(self, mesh: DeviceMesh):
-        super()._shard_experts(mesh)  # w1, w2, w3 along the expert dimension
-        self.register_parameter("norm_weight", nn.Parameter(distribute_tensor(self.norm_weight, mesh, [Shard(0)])))
+        if self.num_experts % mesh.size() != 0:
+            raise OLMoConfigurationError(
+                f"'num_experts' ({self.num_experts}) must be divisible by the expert parallel shard degree ({mesh.size()})."
+            )
+        self.ep_mesh, self.ep_pg = mesh, mesh.get_group()
+        self.num_local_experts = self.num_experts // mesh.size()
+        for name, dim in (("w1", 1), ("w2", 1), ("w3", 1), ("norm_weight", 0)):  # along the experts
+            self.register_parameter(name, nn.Parameter(distribute_tensor(getattr(self, name), mesh, [Shard(dim)])))
 
     def forward(self, x: torch.Tensor, batch_size_per_expert: torch.Tensor) -> torch.Tensor:
         """:param x: (N, d_model), rows grouped by expert; ``batch_size_per_expert``: rows of each local expert."""
         K, d_h, d = self.K, self.hidden_size, self.d_model
-        w1, w2, w3 = (get_local_tensor(w).view(-1, K, d_h, d) for w in (self.w1, self.w2, self.w3))
+        w1, w2, w3 = (get_local_tensor(w).view(K, -1, d_h, d) for w in (self.w1, self.w2, self.w3))
         gains = get_local_tensor(self.norm_weight).view(-1, K, d)
         # Each row's expert, to pick its norm gains.
         expert = torch.repeat_interleave(
@@ -133,10 +146,10 @@ class HourglassExperts(MoEMLPBase):
         z, out = x, None
         for k in range(K):
             y = self.normalize(z) * gains[expert, k].type_as(z)
-            hidden = F.silu(self.gmm(y, w1[:, k], batch_size_per_expert, trans_b=True)) * self.gmm(
-                y, w3[:, k], batch_size_per_expert, trans_b=True
+            hidden = F.silu(self.gmm(y, w1[k], batch_size_per_expert, trans_b=True)) * self.gmm(
+                y, w3[k], batch_size_per_expert, trans_b=True
             )
-            f = self.gmm(hidden, w2[:, k], batch_size_per_expert)
+            f = self.gmm(hidden, w2[k], batch_size_per_expert)
             if self.residual_alpha != 1.0:
                 f = f * self.residual_alpha
             z = z + f
@@ -234,6 +247,16 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
     def __init__(self, *, residual_alpha: float = 1.0, **kwargs):
         super().__init__(residual_alpha=residual_alpha, **kwargs)
         self.feed_forward_moe.experts.mlp.residual_alpha = residual_alpha
+
+    def apply_fsdp(
+        self,
+        dp_mesh: Optional[DeviceMesh] = None,
+        prefetch_factor: int = 0,
+        wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
+        **fsdp_kwargs,
+    ):
+        # OLMo-core's MoE block wrapping, the K-stacked expert weights sharded on dim 1, not K.
+        super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked, **fsdp_kwargs)
 
     def forward(
         self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs

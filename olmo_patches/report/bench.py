@@ -144,6 +144,20 @@ def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[
     return model.to(device=device, dtype=dtype), backend.name
 
 
+FLOAT8 = " float8"  # the suffix of a variant's float8 twin (--float8)
+
+
+def to_float8(model: nn.Module, recipe: str, device: torch.device) -> nn.Module:
+    """``model`` with train.float8=``recipe`` applied as the trainer does (before compile), emulated
+    where ``device`` has no float8 matmuls."""
+    from olmo_core.float8 import AOFloat8LinearRecipe
+
+    from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
+
+    model.apply_fp8(ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(recipe), emulate=not has_float8_matmuls(device)))  # type: ignore[operator]
+    return model
+
+
 def _train_step(model: nn.Module, ids: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
     logits = model(ids[:, :-1])
     F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
@@ -185,14 +199,17 @@ def run_bench(
     device: Optional[torch.device] = None,
     dtype: torch.dtype = torch.float32,
     optimizer: bool = False,
+    float8: Optional[str] = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> tuple[List[BenchResult], dict]:
-    """Time every variant of ``scale`` interleaved (with ``optimizer``: an AdamW step in each step);
-    returns (results, machine info)."""
+    """Time every variant of ``scale`` interleaved (with ``optimizer``: an AdamW step in each step; with
+    ``float8``, a recipe: each also as its float8 twin, ``extra['float8_ratio']`` its tokens/s over the
+    variant's); returns (results, machine info)."""
     sc = SCALES[scale]
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seq_len, batch = seq_len or sc.seq_len, batch or sc.batch
     names = [n for n in sc.configs if variants is None or n in variants or n == "baseline"]
+    names += [n + FLOAT8 for n in names] if float8 else []
     peak, peak_source = peak_flops_per_second(device, dtype)
     machine = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x {torch.get_num_threads()} threads",
@@ -207,7 +224,9 @@ def run_bench(
         optimizers: Dict[str, Optional[torch.optim.Optimizer]] = {}
         info: Dict[str, dict] = {}
         for name in names:
-            model, backend = build_model(sc.configs[name], device, dtype)
+            model, backend = build_model(sc.configs[name.removesuffix(FLOAT8)], device, dtype)
+            if name.endswith(FLOAT8):
+                to_float8(model, float8, device)  # type: ignore[arg-type]
             b = breakdown(model, seq_len)
             info[name] = dict(params_total=b.total, params_non_embedding=b.non_embedding, flops_per_token=b.flops_per_token,
                               extra=dict(attention=backend, optimizer="adamw" if optimizer else "none"))
@@ -251,8 +270,12 @@ def run_bench(
             ratio = statistics.median(paired)
             q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (ratio, ratio, ratio)
             flops_ratio = info[name]["flops_per_token"] / info[base]["flops_per_token"]
+            extra = {}
+            if name.endswith(FLOAT8):
+                twin = tps[name.removesuffix(FLOAT8)]
+                extra["float8_ratio"] = statistics.median(a / b for a, b in zip(tps[name], twin))
             results.append(BenchResult(
-                scale=scale, variant=name, compile=compiled, config=sc.configs[name], seq_len=seq_len, batch=batch,
+                scale=scale, variant=name, compile=compiled, config=sc.configs[name.removesuffix(FLOAT8)], seq_len=seq_len, batch=batch, extra=extra,
                 **info[name], tokens_per_s=med, tokens_per_s_all=tps[name], peak_mem_mb=mem[name],
                 mfu=100 * med * info[name]["flops_per_token"] / peak,
                 ratio=ratio, ratio_quartiles=(q1, q3), flops_ratio=flops_ratio, per_flop_ratio=ratio * flops_ratio,
@@ -267,16 +290,17 @@ def format_results(results: List[BenchResult], machine: dict) -> str:
              f"MFU peak {machine['peak_flops_per_second'] / 1e12:.3f} TFLOP/s ({machine['peak_source']})"]
     if results:  # the trainer's attention backend here, and whether the step includes AdamW's
         lines.append(f"attention {results[0].extra.get('attention')}, optimizer {results[0].extra.get('optimizer')}")
-    head = (f"{'scale':6} {'variant':15} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
+    head = (f"{'scale':6} {'variant':22} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
             f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}")
     lines += [head, "-" * len(head)]
     for r in results:
         mem = f"{r.peak_mem_mb:8.0f}" if r.peak_mem_mb is not None else f"{'-':>8}"
         lines.append(
-            f"{r.scale:6} {r.variant:15} {'on' if r.compile else 'off':7} {r.params_non_embedding / 1e6:8.2f}M "
+            f"{r.scale:6} {r.variant:22} {'on' if r.compile else 'off':7} {r.params_non_embedding / 1e6:8.2f}M "
             f"{r.flops_per_token / 1e9:9.4f} {r.tokens_per_s:9.0f} {r.ratio:6.3f} "
             f"({r.ratio_quartiles[0]:.3f}-{r.ratio_quartiles[1]:.3f}) {r.flops_ratio:6.3f} "
             f"{r.per_flop_ratio:8.3f} {r.mfu:6.1f} {mem}"
+            + (f"  float8/high precision {r.extra['float8_ratio']:.3f}" if "float8_ratio" in r.extra else "")
         )
     lines.append("ratio: tokens/s over the baseline's (median of paired repeats, IQR: their quartiles); FLOPs: model "
                  "FLOPs/token over the baseline's; per-FLOP: ratio x FLOPs (1 = same model FLOP/s as the baseline); "

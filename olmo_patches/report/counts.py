@@ -6,14 +6,30 @@ from rich.table import Table
 
 from ..config import ExperimentSpec, vocab_size
 from ..nn.accounting import ParamBreakdown, breakdown
+from ..nn.float8 import float8_matmuls
 from ..nn.moe import expert_hidden_size
 
-__all__ = ["count", "param_table", "width_report", "attention_report"]
+__all__ = ["count", "float8_report", "float8_row", "param_table", "width_report", "attention_report"]
 
 
 def count(spec: ExperimentSpec) -> ParamBreakdown:
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")
     return breakdown(model, spec.data.sequence_length)
+
+
+def float8_report(spec: ExperimentSpec) -> dict:
+    """train.float8's matmuls (nn/float8.py): ``float8_params``, the weights of the matmuls that run in
+    float8; the modules converted and those left in high precision (a dim not a multiple of 16)."""
+    model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+    modules = dict(model.named_modules())
+    m = float8_matmuls(model)
+    return {
+        "float8": spec.train.float8,
+        "float8_params": sum(modules[n].weight.numel() for n in m["float8"]),
+        "float8_modules": len(m["float8"]),
+        "float8_skipped": m["skipped"],
+        "float8_skipped_params": sum(modules[n].weight.numel() for n in m["skipped"]),
+    }
 
 
 def attention_report(spec: ExperimentSpec) -> dict:
@@ -104,4 +120,13 @@ def param_table(spec: ExperimentSpec) -> Table:
     if b.inactive:
         table.add_row(f"active (top-{m.moe.top_k} of {m.moe.num_experts} experts)", f"{b.active:,}", "")  # type: ignore[union-attr]
     table.add_row(f"FLOPs per token (train, seq {spec.data.sequence_length})", f"{b.flops_per_token:,}", "")
+    if spec.train.float8 != "off":
+        table.add_row(*float8_row(spec), "")
     return table
+
+
+def float8_row(spec: ExperimentSpec) -> tuple[str, str]:
+    """The parameters whose matmuls run in float8, for the count and the dry run."""
+    f = float8_report(spec)
+    skipped = f" ({len(f['float8_skipped'])} matmuls, {f['float8_skipped_params']:,} params kept high precision: a dim not a multiple of 16)" if f["float8_skipped"] else ""
+    return f"float8 ({f['float8']}) matmul parameters", f"{f['float8_params']:,} in {f['float8_modules']} modules{skipped}"

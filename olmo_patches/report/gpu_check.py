@@ -27,6 +27,12 @@ is skipped with the reason (only where the device cannot run it: no row is skipp
    for the same setting, and the hourglass/baseline ratio of tokens/s. Under torchrun
    (``--nproc-per-node N``) the same steps run under FSDP2 with bf16 parameters, each rank's peak
    against the estimate for N ranks.
+6. float8 (train.float8=tensorwise against bf16, same data and steps): trainer tokens/s ratio for the
+   1B baseline and a 1B hourglass whose matmuls are float8-aligned (K=4, d_h=2048: the baseline's FFN
+   parameters; the solved 1B hourglass has d_model 3192, not a multiple of 16, so nothing of it would
+   convert), target FLOAT8_SPEEDUP (OLMo-core's 1B: 55k -> 65k tokens/s per H100); loss parity over
+   the first steps within FLOAT8_LOSS_TOL. Without float8 matmuls (CPU, pre-SM89) the speed row is
+   reported, not judged (torchao emulates).
 
 ``--device cpu --tiny`` runs the same code at tiny shapes (the demo model, sequence 32), fp32 trainer
 steps, no memory statistics: the CPU test that keeps this path working.
@@ -60,7 +66,7 @@ from ..train.metrics import read_metrics
 from ..train.resume import ResumeCheckpointerCallback
 
 __all__ = ["BF16_TOL", "CHECKS", "Check", "CheckResult", "Context", "TrainResult", "GpuCheck", "shipped_head_dims",
-           "flash_backend", "set_ratios", "run_gpu_check", "to_markdown", "to_json", "from_json"]
+           "flash_backend", "FLOAT8_SPEEDUP", "check_float8", "set_ratios", "run_gpu_check", "to_markdown", "to_json", "from_json"]
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -407,6 +413,45 @@ CHECKS: list[Check] = [
 ]
 
 
+FLOAT8_SPEEDUP = 1.20  # float8 / bf16 tokens/s the anchors publish (OLMo-core 1B: 65k / 55k; torchtitan 8B: 1.28)
+FLOAT8_LOSS_TOL = 0.05  # float8 vs bf16 loss, relative, at each of the first steps
+# (label, config, overrides): float8-aligned 1B shapes (every matmul dim a multiple of 16)
+FLOAT8_CONFIGS = (("1B baseline", "configs/1B/baseline.yaml", []),
+                  ("1B hourglass K4 d_h 2048", "configs/1B/baseline.yaml", ["model.block=hourglass", "model.K=4", "model.d_h=2048"]))
+
+
+def check_float8(device: torch.device, work: Path, tiny: bool, steps: int, batch: int, seq: int, warmup: int) -> list[CheckResult]:
+    """train.float8=tensorwise against bf16 (off): tokens/s ratio and the first steps' losses."""
+    from ..nn.float8 import has_float8_matmuls
+    from ..train.metrics import read_metrics
+
+    extra = ["model.vocab_size=null", "train.hardware=none", "model.d_model=32", "model.n_heads=2", "model.n_layers=2",
+             "model.d_h=16", "train.micro_batch_size=null"] if tiny else ["train.precision=bf16"]
+    tokens_file = _synthetic_tokens(work, 100_000, (steps + 1) * batch * (seq + 1))
+    judged = has_float8_matmuls(device)
+    results = []
+    for label, config, overrides in FLOAT8_CONFIGS:
+        tps, losses = {}, {}
+        for f8 in ("off", "tensorwise"):
+            folder = work / f"float8-{label.replace(' ', '_')}-{f8}"
+            spec = load_spec(REPO / config, [*overrides, *_train_overrides(folder, tokens_file, seq, batch, steps, device.type, extra),
+                                             f"train.float8={f8}"])
+            timer = _StepTimer(device)
+            train(spec, callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)})
+            times = timer.times[warmup - 1:]
+            tps[f8] = (len(times) - 1) * batch * seq / (times[-1] - times[0])
+            losses[f8] = [m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m]
+        ratio = tps["tensorwise"] / tps["off"]
+        detail = f"{tps['tensorwise']:,.0f} / {tps['off']:,.0f} tokens/s = {ratio:.3f}x (target >= {FLOAT8_SPEEDUP}x)"
+        results.append(CheckResult("float8", f"{label}: tokens/s float8 / bf16", FLOAT8_SPEEDUP / ratio if judged else None, 1.0,
+                                   detail if judged else detail + ", torchao emulation: not judged"))
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses["tensorwise"], losses["off"]))
+        results.append(CheckResult("float8", f"{label}: loss float8 vs bf16, first {len(losses['off'])} steps (worst)", worst,
+                                   FLOAT8_LOSS_TOL, " ".join(f"{a:.4f}/{b:.4f}" for a, b in zip(losses["tensorwise"], losses["off"]))))
+        log.info(f"gpu_check: float8 {label}: {detail}")
+    return results
+
+
 def run_gpu_check(device: str = "cuda", *, tiny: bool = False, work: Optional[Path] = None, steps: int = 8, warmup: int = 3,
                   batch: int = 32, seq: int = 4096, scales: Optional[list[str]] = None, flash: bool = True,
                   only: Optional[list[str]] = None, variants: tuple[str, ...] = ("baseline", "hourglass"),
@@ -424,6 +469,9 @@ def run_gpu_check(device: str = "cuda", *, tiny: bool = False, work: Optional[Pa
             if only is None or check.section in only:
                 progress(f"{check.section} ...")
                 result.checks += check.run(ctx)
+        if only is None or "float8" in only:
+            progress("float8 ...")
+            result.checks += check_float8(dev, Path(tmp), tiny, steps, batch, seq, warmup)
         if only is None or "trainer" in only:
             progress("trainer steps ...")
             result.train = check_training(dev, Path(tmp), tiny, steps, batch, seq, warmup, scales or list(TRAIN_CONFIGS), variants)

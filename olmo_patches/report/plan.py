@@ -17,7 +17,7 @@ from ..config import ExperimentSpec, Layout, attention_backend, data_workers
 from ..hardware import CARDS, GIB
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
-from .counts import count
+from .counts import count, float8_row
 
 __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead"]
 
@@ -176,6 +176,8 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
         table.add_row(label, value)
     table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
+    if spec.train.float8 != "off":
+        table.add_row(*float8_row(spec))
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
     for card in CARDS.values():
         assert card.bf16_flops is not None

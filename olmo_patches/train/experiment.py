@@ -46,7 +46,7 @@ from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .. import peers
-from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, olmo_core_compiles, precision_of
+from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, float8_config, olmo_core_compiles, precision_of
 from .progress import ProgressCallback, quiet_console, wandb_callback
 from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
 from .run_folder import Lock, RunFolderError, check_config, record_config
@@ -257,6 +257,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
         compile_model=olmo_core_compiles(spec, device),
+        float8_config=float8_config(spec, device, world_size),
         dp_config=data_parallel(spec, world_size),
         ac_config=t.activation_checkpointing.build() if t.activation_checkpointing is not None else None,
         autocast_precision=autocast(spec, world_size),

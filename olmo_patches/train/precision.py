@@ -6,6 +6,10 @@ One process and DDP run under bf16 autocast instead: DDP would cast the paramete
 AdamW's state) to bf16. gloo all-gathers, reduce-scatters and all-reduces bf16 (torch 2.13), so CPU
 runs take the GPU's path.
 
+float8 (``train.float8``): torchao's float8 matmuls through OLMo-core's Float8Config, which its
+``parallelize_model`` applies before compile, activation checkpointing and FSDP; emulated where the
+device has no float8 matmuls (CPU, pre-SM89), with one info line.
+
 compile (``train.compile``): OLMo-core's per-block ``apply_compile`` (inductor), which its
 ``parallelize_model`` applies after float8 and activation checkpointing and before FSDP/DDP, but only
 where CUDA is available ("Skipping model compilation"). On CPU :func:`compile_on_cpu` applies it at
@@ -14,17 +18,22 @@ that same point.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 from olmo_core.config import DType
 from olmo_core.distributed.parallel import DataParallelType
 from olmo_core.nn.transformer import Transformer
 from olmo_core.train.train_module import TransformerDataParallelConfig
 
 from ..config import ExperimentSpec
+from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 
-__all__ = ["Precision", "precision_of", "data_parallel", "autocast", "olmo_core_compiles", "compile_on_cpu", "describe_compile"]
+__all__ = ["Precision", "precision_of", "data_parallel", "autocast", "float8_config", "olmo_core_compiles", "compile_on_cpu", "describe_compile"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,22 @@ def precision_of(spec: ExperimentSpec, world_size: int) -> Precision:
         return Precision("fp32", "fp32", reduce, "no autocast")
     how = f"{spec.train.data_parallel.upper()} mixed precision" if _fsdp(spec, world_size) else "torch.autocast"
     return Precision("fp32", "bf16", reduce, how)
+
+
+def float8_config(spec: ExperimentSpec, device: str, world_size: int) -> Optional[ShapeFloat8Config]:
+    """OLMo-core's Float8Config for train.float8 (nn/float8.py), emulated where there are no float8
+    matmuls; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's recommended)."""
+    from olmo_core.float8 import AOFloat8LinearConfig, AOFloat8LinearRecipe
+
+    f8 = spec.train.float8
+    if f8 == "off":
+        return None
+    emulate = not has_float8_matmuls(torch.device(device))
+    if emulate:
+        log.info(f"train.float8={f8}: no float8 matmuls on {device}, using torchao's emulation")
+    if f8 == "tensorwise":
+        return ShapeFloat8Config(ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=_fsdp(spec, world_size)), emulate=emulate)
+    return ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(f8), emulate=emulate)
 
 
 def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
