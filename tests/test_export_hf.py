@@ -37,9 +37,9 @@ VW_VARIANTS = {
     "learned": [*WIDTHS, "model.widths.resize=learned"],
     "mup-x": ["model.n_layers=4", "model.widths.multiple=4", "model.widths.init=mup"],  # widths [44, 20, 8, 44]
     "head_dim-gqa": [*WIDTHS, "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=10", "model.qk_norm=true"],
-    "hourglass-post-qk-learned": [
+    "hourglass-post-qk-learned-mup": [
         *WIDTHS, "model.widths.resize=learned", "model.ffn=hourglass", "model.K=2", "model.d_h=16",
-        "model.norm_placement=post", "model.qk_norm=true",
+        "model.norm_placement=post", "model.qk_norm=true", "model.widths.init=mup",  # m_residual on each sub-MLP
     ],
 }
 

@@ -279,6 +279,22 @@ def test_mup_hourglass_ffn_init_and_lr_groups():
         assert lr[id(p)] == pytest.approx(lr0 / 8 if hidden else lr0), name
 
 
+def test_kv_cache_per_token_of_the_2b_shapes():
+    """count_params --json: K and V elements cached per token = sum over layers of 2 n_kv_heads head_dim,
+    head_dim = w_l / 16 (16 heads at every width), from the authors' 2B widths written above."""
+    import json
+
+    from .conftest import run_in_process
+
+    r = run_in_process("count_params.py", str(REPO / "configs" / "paper2" / "2B" / "x.yaml"), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["kv_cache_per_token"] == sum(2 * 16 * (w // 16) for w in DENSE_2B) == 113984
+    assert count(load_spec(REPO / "configs" / "paper2" / "2B" / "baseline.yaml")).kv_cache_per_token == 2 * 1600 * 40
+    # GQA: 4 key/value heads of w_l / 16 each.
+    gqa = load_spec(REPO / "configs" / "paper2" / "2B" / "x.yaml", ["model.n_kv_heads=4"])
+    assert count(gqa).kv_cache_per_token == sum(2 * 4 * (w // 16) for w in DENSE_2B)
+
+
 def test_constant_schedule_is_olmo_core_baseline():
     common = [f"model.d_model={H}", "model.n_layers=3", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}", f"data.demo_vocab_size={VOCAB_TINY}"]
     base = load_spec(BASELINE, common)

@@ -49,7 +49,7 @@ class HourglassOlmoConfig(PretrainedConfig):
         hidden_sizes: Optional[List[int]] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
         resize: str = "carry_forward",  # variable width: carry_forward | zero | learned
         embed_scale: float = 1.0,  # muP: embeddings x m_emb
-        residual_scale: float = 1.0,  # muP: attention and SwiGLU residual branches x m_residual
+        residual_scale: float = 1.0,  # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
         logit_scale: float = 1.0,  # muP: 1 / m_width, after the output norm
         attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
@@ -164,11 +164,11 @@ class _Stacked(nn.Module):
 
 
 class HourglassFFN(nn.Module):
-    """h_{i+1} = h_i + MLP_i(norm_i(h_i)) (pre) or h_i + norm_i(MLP_i(h_i)) (post); returns h_K."""
+    """h_{i+1} = h_i + a MLP_i(norm_i(h_i)) (pre) or h_i + a norm_i(MLP_i(h_i)) (post); returns h_K."""
 
     def __init__(self, c: HourglassOlmoConfig, d: int, d_h: int):
         super().__init__()
-        self.post = c.norm_placement == "post"
+        self.post, self.alpha = c.norm_placement == "post", c.residual_scale
         self.w1, self.w3 = _Stacked(c.K, d_h, d), _Stacked(c.K, d_h, d)
         self.w2 = _Stacked(c.K, d, d_h)
         self.norms = nn.ModuleList(RMSNorm(d, c.norm_eps) for _ in range(c.K))
@@ -177,10 +177,11 @@ class HourglassFFN(nn.Module):
         for i, norm in enumerate(self.norms):
             w1, w3, w2 = self.w1.weight[i], self.w3.weight[i], self.w2.weight[i]
             if self.post:
-                h = h + norm(F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2))
+                f = norm(F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2))
             else:
                 x = norm(h)
-                h = h + F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+                f = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+            h = torch.add(h, f, alpha=self.alpha)
         return h
 
 
