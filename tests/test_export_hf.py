@@ -80,6 +80,11 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
         with torch.no_grad():
             seq = torch.cat([seq, reference(seq)[:, -1:].argmax(-1)], dim=1)
     assert torch.equal(generated, seq)
+    # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of one forward.
+    with torch.no_grad():
+        out = hf(ids[:, :16], use_cache=True)
+        steps = [out.logits] + [hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits for t in range(16, 24)]
+    assert out.past_key_values.get_seq_length() == 24 and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
     return hf
 
 
