@@ -290,9 +290,9 @@ def test_kv_cache_per_token_of_the_2b_shapes():
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["kv_cache_per_token"] == sum(2 * 16 * (w // 16) for w in DENSE_2B) == 113984
     assert count(load_spec(REPO / "configs" / "paper2" / "2B" / "baseline.yaml")).kv_cache_per_token == 2 * 1600 * 40
-    # GQA: 4 key/value heads of w_l / 16 each.
-    gqa = load_spec(REPO / "configs" / "paper2" / "2B" / "x.yaml", ["model.n_kv_heads=4"])
-    assert count(gqa).kv_cache_per_token == sum(2 * 4 * (w // 16) for w in DENSE_2B)
+    # GQA: 2 key/value heads of w_l / 4 each (4 query heads).
+    gqa = _spec(widths=[64, 32, 48, 96], extra=["model.n_heads=4", "model.n_kv_heads=2"])
+    assert count(gqa).kv_cache_per_token == 2 * 2 * (64 + 32 + 48 + 96) // 4 == 240
 
 
 def test_constant_schedule_is_olmo_core_baseline():
