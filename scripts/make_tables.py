@@ -1,17 +1,27 @@
 """The papers' tables (markdown + CSV) and figures (PNG) from runs, beside the reported numbers.
 
-    python scripts/make_tables.py RUN_DIR... --out DIR
+    python scripts/make_tables.py RUN_DIR... --out DIR [--target-loss L]
 
 RUN_DIR is a run folder (config.yaml + metrics.jsonl) or a folder of them (e.g. runs/). Missing
 runs appear as "not run"; partial runs use their last evaluation.
+
+Scaling fit (scaling_fit.md, matched_loss.md, scaling.png; olmo_patches/report/scaling.py): the runs
+fall into families (baseline, x and the other variable-width shapes, hourglass; MoE apart). A family
+with runs at 2 or more compute budgets gets L = a C^b, C = training FLOPs (OLMo-core's FLOPs per token
+x tokens trained, in 1e20 FLOPs), L = final validation loss, by least squares in log space, with the
+standard errors of a and b (3+ runs). matched_loss gives the FLOPs each family's fit needs to reach
+--target-loss (default: the loss of the baseline run with the most compute) and their ratio to the
+baseline's: the paper's x reaches its 2B baseline's loss with 77.8% of the FLOPs, on the baseline
+fit L = 3.16 C^-0.0498, which scaling.png draws beside the fitted curves.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from olmo_patches.report.figures import make_figures
-from olmo_patches.report.tables import build_tables, load_runs, write_tables
+from olmo_patches.report.figures import make_figures, scaling_figure
+from olmo_patches.report.scaling import scaling_tables
+from olmo_patches.report.tables import build_tables, load_runs, paper_results, write_tables
 
 
 def main() -> None:
@@ -19,6 +29,7 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-figures", action="store_true")
+    parser.add_argument("--target-loss", type=float, help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
     missing = [p for p in args.runs if not Path(p).is_dir()]
     if missing:
@@ -26,9 +37,9 @@ def main() -> None:
         raise SystemExit(2)
     runs = load_runs(args.runs)
     out = Path(args.out)
-    written = write_tables(build_tables(runs), out)
+    written = write_tables({**build_tables(runs), **scaling_tables(runs, paper_results(), args.target_loss)}, out)
     if not args.no_figures:
-        written += make_figures(runs, out)
+        written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())
     print(f"{len(runs)} run(s): {', '.join(sorted(runs)) or '-'}")
     for path in written:
         print(path)

@@ -39,6 +39,7 @@ def main() -> None:
     commands["launch"].add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00")
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")
+    commands["report"].add_argument("--target-loss", type=float, help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
     try:
         members = load_sweep(args.configs, args.overrides)
@@ -64,7 +65,7 @@ def main() -> None:
             table.add_row(*row.values())
         console().print(table)
     else:
-        for path in report(members, args.out, args.slurm_logs, figures=not args.no_figures):
+        for path in report(members, args.out, args.slurm_logs, figures=not args.no_figures, target_loss=args.target_loss):
             print(path)
 
 

@@ -37,9 +37,9 @@ VW_VARIANTS = {
     "learned": [*WIDTHS, "model.widths.resize=learned"],
     "mup-x": ["model.n_layers=4", "model.widths.multiple=4", "model.widths.init=mup"],  # widths [44, 20, 8, 44]
     "head_dim-gqa": [*WIDTHS, "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=10", "model.qk_norm=true"],
-    "hourglass-post-qk-learned": [
+    "hourglass-post-qk-learned-mup": [
         *WIDTHS, "model.widths.resize=learned", "model.ffn=hourglass", "model.K=2", "model.d_h=16",
-        "model.norm_placement=post", "model.qk_norm=true",
+        "model.norm_placement=post", "model.qk_norm=true", "model.widths.init=mup",  # m_residual on each sub-MLP
     ],
 }
 
@@ -80,6 +80,11 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
         with torch.no_grad():
             seq = torch.cat([seq, reference(seq)[:, -1:].argmax(-1)], dim=1)
     assert torch.equal(generated, seq)
+    # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of one forward.
+    with torch.no_grad():
+        out = hf(ids[:, :16], use_cache=True)
+        steps = [out.logits] + [hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits for t in range(16, 24)]
+    assert out.past_key_values.get_seq_length() == 24 and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
     return hf
 
 

@@ -225,11 +225,36 @@ def test_mup_init_stds_match_lm_engine():
     assert w1.abs().max() > 3.5 * w1.std()
 
 
+PAPER2_CONFIGS = sorted(p for p in (REPO / "configs" / "paper2").rglob("*.yaml") if p.name != "base.yaml")
+
+
 def test_paper2_configs_use_the_authors_rope_theta():
-    for path in sorted((REPO / "configs" / "paper2").rglob("*.yaml")):
+    for path in PAPER2_CONFIGS:
         assert load_spec(path).model.rope_theta == THETA, path
     model = _model("move_up")
     assert model.blocks["0"].attention.rope.theta == THETA
+
+
+def test_paper2_configs_decay_as_lm_engine():
+    """LME normalization.py:91-92 marks every norm gain no-decay, nothing else (embedding.py, main.py:33-36):
+    the embedding, the untied LM head, the muP matrices, the router and the experts decay at 0.1."""
+    assert len(PAPER2_CONFIGS) == 16
+    for path in PAPER2_CONFIGS:
+        t = load_spec(path).train
+        assert (t.decay_embeddings, t.decay_norms, t.weight_decay) == (True, False, 0.1), path
+    spec = load_spec(REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml",
+                     ["model.d_model=64", "model.n_layers=4", "model.n_heads=2", "model.moe.num_experts=4", "model.moe.top_k=2",
+                      "model.d_h=16", "model.vocab_size=64", "data.source=demo", "data.tokenizer=demo", "data.demo_vocab_size=64"])
+    config = spec.model.build(64)
+    model = config.build(init_device="meta")
+    opt = AdamWConfig(lr=0.01, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)).build(model)
+    decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    norms = 0
+    for name, p in model.named_parameters():
+        is_norm = name.endswith("norm.weight") or name.endswith("norm_weight")  # block, final and experts' gains
+        norms += is_norm
+        assert decay[id(p)] == (0.0 if is_norm else 0.1), name
+    assert norms == 4 * 3 + 1  # attention_norm, feed_forward_norm, the experts' gains per block; lm_head.norm
 
 
 # --- the 3B MoE (moe_1b3b.yml; LME mlp_blocks/moe.py) ---------------------------------------------------

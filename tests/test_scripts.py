@@ -23,6 +23,8 @@ def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
     r = run_in_process("train.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path / "run", block="hourglass"), "--dry-run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "d_model: 32" in r.stdout and "d_h: 16" in r.stdout and f"{L * 3 * K * D * D_H:,}" in r.stdout
+    # K and V per token: 2 d_model per layer (MHA at head_dim d_model / n_heads); bf16 = 2 bytes, 32 tokens.
+    assert "KV cache per sequence (bf16, 32 tokens)" in r.stdout and f"({L * 2 * D} K and V elements per token)" in r.stdout
     assert not (tmp_path / "run").exists()
 
 

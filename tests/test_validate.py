@@ -35,8 +35,6 @@ CASES = [
     ([*VW, "model.widths.values=[32]"], "model.widths.values", "[32]", "n_layers=2"),
     ([*VW, "model.widths.values=[32,32]", "model.widths.init=xavier"], "model.widths.init", "xavier", "olmo or mup"),
     ([*VW, "model.widths.values=[32,32]", "model.ffn=moe"], "model.ffn", "moe", "swiglu or hourglass"),
-    ([*VW, "model.widths.values=[32,32]", "model.ffn=hourglass", "model.K=2", "model.d_h=8", "model.widths.init=mup"],
-     "model.widths.init", "mup", "not supported with ffn=hourglass"),
     ([*VW, "model.widths.values=[32,32]", "model.tie_embeddings=true"], "model.tie_embeddings", "True", "untied"),
 ]
 

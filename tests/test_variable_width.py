@@ -192,12 +192,12 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
             f_in = _rms(u, P[p + "feed_forward_norm.weight"], eps)
             g, val = f_in @ P[p + "feed_forward.w1.weight"].T, f_in @ P[p + "feed_forward.w3.weight"].T
             y = u + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"].T)
-        else:  # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm
+        else:  # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm (muP: each branch x m_res)
             y = u
             for i in range(K):
                 n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
                 g, val = n @ P[p + "feed_forward.w1.weight"][i].T, n @ P[p + "feed_forward.w3.weight"][i].T
-                y = y + (F.silu(g) * val) @ P[p + "feed_forward.w2.weight"][i].T
+                y = y + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"][i].T)
         states.append(y)
     last = states[-1]
     out = _rms(last, P["lm_head.norm.weight"], eps)
@@ -214,7 +214,7 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
 @pytest.mark.parametrize(
     "resize,init,ffn",
     [("carry_forward", "olmo", "swiglu"), ("zero", "olmo", "swiglu"), ("learned", "olmo", "swiglu"),
-     ("carry_forward", "mup", "swiglu"), ("carry_forward", "olmo", "hourglass")],
+     ("carry_forward", "mup", "swiglu"), ("carry_forward", "olmo", "hourglass"), ("carry_forward", "mup", "hourglass")],
 )
 def test_model_matches_per_layer_reference(resize, init, ffn):
     spec = _spec(resize, init, ffn)
@@ -250,6 +250,49 @@ def test_mup_init_stds():
         expected = w.init_range / math.sqrt(w.m_width) * math.sqrt(128 / width)
         got = model.blocks[str(l)].feed_forward.w1.weight.std().item()
         assert got == pytest.approx(expected, rel=0.05), l
+
+
+def test_mup_hourglass_ffn_init_and_lr_groups():
+    """muP's hidden-matrix rules reach every hidden matrix, the K sub-MLPs' too: std 0.1 sqrt(h / w_l) / sqrt(8)
+    (W_u: a further / sqrt(2 L), lm-engine's c_proj rule), lr / 8; the K norm gains stay 1 at lr."""
+    from olmo_core.optim import AdamWConfig
+
+    from olmo_patches.train.experiment import _optim_groups
+
+    widths = [256, 64, 128, 256]
+    spec = _spec("carry_forward", "mup", "hourglass", widths=widths, extra=["model.d_model=128"])
+    config, model = _build(spec)
+    for l, width in enumerate(widths):
+        ffn = model.blocks[str(l)].feed_forward
+        std = 0.1 * math.sqrt(128 / width) / math.sqrt(8)
+        assert ffn.w1.weight.shape == (2, 2 * width, width)  # K = 2, d_h = 2 w_l
+        assert ffn.w1.weight.std().item() == pytest.approx(std, rel=0.05), l
+        assert ffn.w3.weight.std().item() == pytest.approx(std, rel=0.05), l
+        assert ffn.w2.weight.std().item() == pytest.approx(std / math.sqrt(2 * len(widths)), rel=0.05), l
+        assert all(torch.equal(n.weight, torch.ones(width)) for n in ffn.norms)
+        assert ffn.residual_alpha == model.blocks[str(l)].residual_alpha == 0.22
+    lr0 = spec.train.lr
+    optim = AdamWConfig(lr=lr0, group_overrides=_optim_groups(spec, config)).build(model)
+    lr = {id(p): g["lr"] for g in optim.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        hidden = ".feed_forward.w" in name or ".attention.w_" in name
+        assert lr[id(p)] == pytest.approx(lr0 / 8 if hidden else lr0), name
+
+
+def test_kv_cache_per_token_of_the_2b_shapes():
+    """count_params --json: K and V elements cached per token = sum over layers of 2 n_kv_heads head_dim,
+    head_dim = w_l / 16 (16 heads at every width), from the authors' 2B widths written above."""
+    import json
+
+    from .conftest import run_in_process
+
+    r = run_in_process("count_params.py", str(REPO / "configs" / "paper2" / "2B" / "x.yaml"), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["kv_cache_per_token"] == sum(2 * 16 * (w // 16) for w in DENSE_2B) == 113984
+    assert count(load_spec(REPO / "configs" / "paper2" / "2B" / "baseline.yaml")).kv_cache_per_token == 2 * 1600 * 40
+    # GQA: 2 key/value heads of w_l / 4 each (4 query heads).
+    gqa = _spec(widths=[64, 32, 48, 96], extra=["model.n_heads=4", "model.n_kv_heads=2"])
+    assert count(gqa).kv_cache_per_token == 2 * 2 * (64 + 32 + 48 + 96) // 4 == 240
 
 
 def test_constant_schedule_is_olmo_core_baseline():

@@ -333,8 +333,6 @@ def _validate_widths(m: ModelSpec, fail) -> None:
         fail("model.widths.resize", w.resize, f"choose one of {', '.join(ResizeMode.__members__)}")
     if w.init not in ("olmo", "mup"):
         fail("model.widths.init", w.init, "must be olmo or mup")
-    if w.init == "mup" and m.ffn == "hourglass":
-        fail("model.widths.init", w.init, "mup init is not supported with ffn=hourglass")
     if m.tie_embeddings:
         fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
     if w.multiple < 1:

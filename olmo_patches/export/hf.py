@@ -23,7 +23,7 @@ from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
 from ..train.checkpoints import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
 
-__all__ = ["export_hf", "is_olmo2_shape", "to_olmo2_names"]
+__all__ = ["custom_model", "export_hf", "is_olmo2_shape", "to_olmo2_names"]
 
 MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 
@@ -113,6 +113,11 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
     model.model.load_state_dict(state, strict=True)
     return model
+
+
+def custom_model(spec: ExperimentSpec, state: Dict[str, torch.Tensor]):
+    """The custom-code export of any shape (uniform ones too), in memory, with OLMo-core's ``state``."""
+    return _custom(spec, state, state["embeddings.weight"].shape[0], spec.data.sequence_length)
 
 
 # The special tokens of both tokenizers (dolma2 and the demo's) by name, as tokenizer_config.json names them.

@@ -8,8 +8,9 @@ sub-MLPs, each with its own norm and residual), pre-norm (the papers' equations)
 attention, a head size apart from d_model / n_heads, untied or tied LM head; and
 variable-width models (paper 2): layer l at its own width w_l inside a stream max(h, max w_l) wide,
 resized by ``carry_forward``, ``zero`` or ``learned`` (see ``Block``), with the paper's muP forward
-multipliers. A uniform model is the special case w_l = d_model. No KV cache: generation recomputes
-the prefix (fine for evaluation-sized models).
+multipliers. A uniform model is the special case w_l = d_model. Generation keeps a KV cache
+(transformers' ``DynamicCache``): each layer caches its n_kv_heads x head_dim keys and values per
+token at its own width, after RoPE (``use_cache=False`` recomputes the prefix instead).
 """
 
 from typing import List, Optional
@@ -20,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -49,7 +51,7 @@ class HourglassOlmoConfig(PretrainedConfig):
         hidden_sizes: Optional[List[int]] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
         resize: str = "carry_forward",  # variable width: carry_forward | zero | learned
         embed_scale: float = 1.0,  # muP: embeddings x m_emb
-        residual_scale: float = 1.0,  # muP: attention and SwiGLU residual branches x m_residual
+        residual_scale: float = 1.0,  # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
         logit_scale: float = 1.0,  # muP: 1 / m_width, after the output norm
         attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
@@ -127,22 +129,27 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(q_width, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(kv_width, c.norm_eps) if c.qk_norm else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[Cache] = None, layer: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
+        past = cache.get_seq_length(layer) if cache is not None else 0
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
-        k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1) for t in (k, v))
         inv_freq = _inv_freq(self.theta, self.head_dim, self.rope_scaling, x.device)
-        freqs = torch.outer(torch.arange(T, device=x.device, dtype=torch.float), inv_freq)
+        freqs = torch.outer(torch.arange(past, past + T, device=x.device, dtype=torch.float), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         sin, cos = emb.sin()[None, None], emb.cos()[None, None]
         qf, kf = q.float(), k.float()
         q = (qf * cos + _rotate_half(qf) * sin).type_as(v)
         k = (kf * cos + _rotate_half(kf) * sin).type_as(v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        if cache is not None:  # the n_kv_heads heads, before they are shared: GQA caches each once
+            k, v = cache.update(k, v, layer)
+        k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1) for t in (k, v))
+        # Query i (position past + i) sees keys 0..past + i; a single new query sees every key.
+        mask = None if T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return self.w_out(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -164,11 +171,11 @@ class _Stacked(nn.Module):
 
 
 class HourglassFFN(nn.Module):
-    """h_{i+1} = h_i + MLP_i(norm_i(h_i)) (pre) or h_i + norm_i(MLP_i(h_i)) (post); returns h_K."""
+    """h_{i+1} = h_i + a MLP_i(norm_i(h_i)) (pre) or h_i + a norm_i(MLP_i(h_i)) (post); returns h_K."""
 
     def __init__(self, c: HourglassOlmoConfig, d: int, d_h: int):
         super().__init__()
-        self.post = c.norm_placement == "post"
+        self.post, self.alpha = c.norm_placement == "post", c.residual_scale
         self.w1, self.w3 = _Stacked(c.K, d_h, d), _Stacked(c.K, d_h, d)
         self.w2 = _Stacked(c.K, d, d_h)
         self.norms = nn.ModuleList(RMSNorm(d, c.norm_eps) for _ in range(c.K))
@@ -177,10 +184,11 @@ class HourglassFFN(nn.Module):
         for i, norm in enumerate(self.norms):
             w1, w3, w2 = self.w1.weight[i], self.w3.weight[i], self.w2.weight[i]
             if self.post:
-                h = h + norm(F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2))
+                f = norm(F.linear(F.silu(F.linear(h, w1)) * F.linear(h, w3), w2))
             else:
                 x = norm(h)
-                h = h + F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+                f = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+            h = torch.add(h, f, alpha=self.alpha)
         return h
 
 
@@ -194,7 +202,7 @@ class Block(nn.Module):
         widths = c.layer_widths
         d, hidden = widths[layer], c.layer_hidden_sizes[layer]
         in_width = widths[layer - 1] if layer else c.d_model
-        self.width, self.in_width, self.stream_width, self.mode = d, in_width, c.stream_width, c.resize
+        self.width, self.in_width, self.stream_width, self.mode, self.index = d, in_width, c.stream_width, c.resize, layer
         self.alpha = c.residual_scale
         self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
         self.attention = Attention(c, d)
@@ -206,24 +214,27 @@ class Block(nn.Module):
             self.feed_forward_norm = RMSNorm(d, c.norm_eps)
         self.resize = nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
 
-    def layer(self, x: torch.Tensor) -> torch.Tensor:
+    def layer(self, x: torch.Tensor, cache: Optional[Cache] = None) -> torch.Tensor:
         """The block at its own width; residual branches x alpha (muP's m_residual, else 1)."""
-        attn = self.attention_norm(self.attention(x)) if self.post else self.attention(self.attention_norm(x))
+        if self.post:
+            attn = self.attention_norm(self.attention(x, cache, self.index))
+        else:
+            attn = self.attention(self.attention_norm(x), cache, self.index)
         h = torch.add(x, attn, alpha=self.alpha)
         if self.hourglass:
             return self.feed_forward(h)
         ffn = self.feed_forward_norm(self.feed_forward(h)) if self.post else self.feed_forward(self.feed_forward_norm(h))
         return torch.add(h, ffn, alpha=self.alpha)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[Cache] = None) -> torch.Tensor:
         if self.mode == "learned":  # x is y_{l-1} (or the embedding)
-            return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width])
+            return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width], cache)
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
         inp = x[..., : self.width]
         if self.mode == "zero" and self.in_width < self.width:  # new dims read zeros
             inp = F.pad(inp[..., : self.in_width], (0, self.width - self.in_width))
-        y = self.layer(inp)
+        y = self.layer(inp, cache)
         if self.width == self.stream_width:
             return y
         return torch.cat((y, x[..., self.width :]), dim=-1)  # the stream carries forward in both modes
@@ -270,12 +281,12 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(c, i) for i in range(c.n_layers)})
         self.lm_head = LMHead(c)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Optional[Cache] = None) -> torch.Tensor:
         h = self.embeddings(input_ids)
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
         for block in self.blocks.values():
-            h = block(h)
+            h = block(h, cache)
         return self.lm_head(h)
 
 
@@ -306,14 +317,20 @@ class HourglassOlmoForCausalLM(PreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor,
         attention_mask: Optional[torch.Tensor] = None,
         labels: Optional[torch.LongTensor] = None,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         # Left padding is not supported (no position offsets): pass unpadded or right-padded inputs.
-        logits = self.model(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache()
+        logits = self.model(input_ids, past_key_values)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None, **kwargs):
+        if past_key_values is not None:  # only the tokens the cache has not seen
+            input_ids = input_ids[:, past_key_values.get_seq_length():]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": past_key_values, "use_cache": use_cache}

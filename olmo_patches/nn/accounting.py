@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch.nn as nn
 from olmo_core.nn.moe import MoEBase
 
-__all__ = ["ParamBreakdown", "breakdown", "analytic_non_embedding"]
+__all__ = ["ParamBreakdown", "breakdown", "kv_cache_per_token", "analytic_non_embedding"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class ParamBreakdown:
     flops_per_token: int  # OLMo-core's training FLOPs per token (forward + backward)
     resize: int = 0  # learned resize projections (variable-width ablation; not in non_embedding)
     inactive: int = 0  # MoE: the expert weights a token does not use, (E - k) / E of each layer's
+    kv_cache_per_token: int = 0  # K and V elements a token leaves in the inference cache, summed over layers
 
     @property
     def non_embedding(self) -> int:
@@ -83,7 +84,13 @@ def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
         if isinstance(m, MoEBase):
             experts = sum(p.numel() for p in m.experts.parameters())
             inactive += experts * (m.num_experts - m.top_k) // m.num_experts
-    return ParamBreakdown(**counts, inactive=inactive, flops_per_token=model.num_flops_per_token(seq_len))  # type: ignore[operator]
+    return ParamBreakdown(**counts, inactive=inactive, flops_per_token=model.num_flops_per_token(seq_len),  # type: ignore[operator]
+                          kv_cache_per_token=kv_cache_per_token(model))
+
+
+def kv_cache_per_token(model: nn.Module) -> int:
+    """sum over layers of 2 n_kv_heads head_dim (K and V; each layer's own head_dim, GQA's shared heads once)."""
+    return sum(2 * b.attention.n_kv_heads * b.attention.head_dim for b in model.blocks.values())  # type: ignore[union-attr, operator]
 
 
 def analytic_non_embedding(

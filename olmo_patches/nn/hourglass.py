@@ -6,6 +6,8 @@ each with its own norm and its own residual:
     h_0   = u                                  (the attention sublayer's output)
     h_i+1 = h_i + MLP_i(norm_i(h_i))           norm_placement="pre"  (the paper's equations)
     h_i+1 = h_i + norm_i(MLP_i(h_i))           norm_placement="post" (OLMo-2's reordered norm)
+
+(under paper 2's muP, each sub-MLP's branch is scaled by m_residual, as every residual branch is).
     MLP_i(x) = W_u_i (SiLU(W_d1_i x) * (W_d2_i x))
 
 W_d1_i, W_d2_i: d_h x d_model; W_u_i: d_model x d_h; no biases. The module owns its K norms and
@@ -109,6 +111,7 @@ class HourglassFeedForward(nn.Module):
         self.w3 = StackedLinear(K, d_model, d_h, dtype=dtype, device=init_device)  # W_d2 (value)
         self.w2 = StackedLinear(K, d_h, d_model, dtype=dtype, device=init_device)  # W_u
         self.norms = nn.ModuleList(layer_norm.build(d_model, init_device=init_device) for _ in range(K))
+        self.residual_alpha = 1.0  # a: each sub-MLP's residual branch x a (muP's m_residual; set by the block)
 
     @staticmethod
     def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -127,9 +130,10 @@ class HourglassFeedForward(nn.Module):
         w_up = self.w2.weight.unbind(0)  # K x (d_model, d_h)
         for i, norm in enumerate(self.norms):
             if self.norm_placement == NormPlacement.pre:
-                h = h + self.sub_mlp(norm(h), w_down[i], w_up[i])
+                f = self.sub_mlp(norm(h), w_down[i], w_up[i])
             else:
-                h = h + norm(self.sub_mlp(h, w_down[i], w_up[i]))
+                f = norm(self.sub_mlp(h, w_down[i], w_up[i]))
+            h = h + (f if self.residual_alpha == 1.0 else self.residual_alpha * f)
         return h
 
     def _forward_float8(self, h: torch.Tensor) -> torch.Tensor:

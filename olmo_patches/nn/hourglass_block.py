@@ -24,7 +24,8 @@ __all__ = ["HourglassBlock", "HourglassBlockConfig"]
 
 
 class HourglassBlock(TransformerBlockBase):
-    """u = z + Attn(norm(z)) (or z + norm(Attn(z)) with post norms); z' = HourglassFFN(u)."""
+    """u = z + a Attn(norm(z)) (or z + a norm(Attn(z)) with post norms); z' = HourglassFFN(u), each of
+    its K sub-MLP branches also x a (a = 1, or muP's m_residual)."""
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class HourglassBlock(TransformerBlockBase):
         layer_norm: LayerNormConfig,
         init_device: str = "cpu",
         cache: Optional[BufferCache] = None,
+        residual_alpha: float = 1.0,
     ):
         super().__init__(n_layers=n_layers)
         self.d_model = d_model
@@ -47,6 +49,8 @@ class HourglassBlock(TransformerBlockBase):
         )
         self.attention_norm = layer_norm.build(d_model, init_device=init_device)
         self.feed_forward = feed_forward.build(d_model, init_device=init_device)
+        self.feed_forward.residual_alpha = residual_alpha
+        self.residual_alpha = residual_alpha
         self.norm_placement = self.feed_forward.norm_placement
 
     def forward(
@@ -58,10 +62,10 @@ class HourglassBlock(TransformerBlockBase):
     ) -> torch.Tensor:
         del loss_div_factor
         if self.norm_placement == NormPlacement.pre:
-            u = x + self.attention(self.attention_norm(x), **kwargs)
+            a = self.attention(self.attention_norm(x), **kwargs)
         else:
-            u = x + self.attention_norm(self.attention(x, **kwargs))
-        return self.feed_forward(u)
+            a = self.attention_norm(self.attention(x, **kwargs))
+        return self.feed_forward(x + (a if self.residual_alpha == 1.0 else self.residual_alpha * a))
 
     def apply_tp(self, tp_mesh, *, input_layout, float8_enabled: bool = False):
         del tp_mesh, input_layout, float8_enabled

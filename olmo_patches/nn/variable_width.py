@@ -379,6 +379,7 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
                           residual_alpha=self.attention_residual_alpha or 1.0)
         elif self.is_hourglass:
             cls, kwargs["feed_forward"] = VariableWidthHourglassBlock, self.feed_forward
+            kwargs["residual_alpha"] = self.attention_residual_alpha or 1.0
         else:
             kwargs["feed_forward"] = self.feed_forward
             cls = VariableWidthReorderedNormBlock if self.name == TransformerBlockType.reordered_norm else VariableWidthBlock
@@ -494,8 +495,6 @@ class VariableWidthTransformerConfig(TransformerConfig):
         if self.tie_word_embeddings:
             raise OLMoConfigurationError("a variable-width model needs untied embeddings")
         if self.mup is not None:
-            if isinstance(self.block.feed_forward, HourglassFeedForwardConfig):
-                raise OLMoConfigurationError("muP init with the hourglass FFN is not supported (its residuals have no m_residual)")
             self.embed_scale = self.mup.m_emb
         head = self.lm_head
         self.lm_head = VariableWidthLMHeadConfig(

@@ -4,6 +4,8 @@
 - ``ppl_vs_K.png``, ``ppl_vs_dh_ratio.png``: validation PPL against K and against d_h/d_model.
 - ``loss_curves.png``: training loss against tokens, one line per run.
 - ``param_split.png``: attention / FFN non-embedding parameters per run (stacked bars).
+- ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family, the
+  fitted L = a C^b of each, and the paper's baseline fit.
 A figure with no points to plot is not written.
 """
 
@@ -20,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .tables import Run  # noqa: E402
 
-__all__ = ["make_figures", "param_split"]
+__all__ = ["make_figures", "param_split", "scaling_figure"]
 
 
 def _hourglass(runs: Dict[str, Run]) -> List[Run]:
@@ -107,6 +109,30 @@ def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
     plt.setp(ax.get_xticklabels(), ha="right")
     ax.legend()
     return [_save(fig, out / "param_split.png")]
+
+
+def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
+    from .scaling import fits, scaling_points
+
+    points = scaling_points(runs)
+    fitted = fits(points)
+    if not fitted:
+        return []
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lo, hi = min(p[0] for pts in points.values() for p in pts), max(p[0] for pts in points.values() for p in pts)
+    grid = np.geomspace(lo / 2, hi * 2, 50)
+    for f, pts in points.items():
+        (dots,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label=f"{f} runs")
+        if f in fitted:
+            law = fitted[f]
+            ax.plot(grid, law.loss(grid), "-", color=dots.get_color(), label=f"{f}: L = {law.a:.3g} C^{law.b:.4f}")
+    ref = paper["variable_width"]["scaling"]
+    ax.plot(grid, ref["baseline_a"] * grid ** ref["baseline_b"], "k--", label=f"paper baseline: L = {ref['baseline_a']} C^{ref['baseline_b']}")
+    ax.set(xscale="log", yscale="log", xlabel="training FLOPs C (1e20)", ylabel="validation loss", title="Scaling: L = a C^b per family")
+    ax.legend(fontsize="small")
+    return [_save(fig, out / "scaling.png")]
 
 
 def make_figures(runs: Dict[str, Run], out: Path) -> List[Path]:

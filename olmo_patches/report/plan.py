@@ -39,6 +39,7 @@ class RunPlan:
     flops_per_token: int
     params: int
     first_files: list[str]
+    kv_cache_per_token: int = 0  # K and V elements cached per token at inference (nn/accounting.py)
 
     @property
     def total_flops(self) -> float:
@@ -85,6 +86,7 @@ def plan(spec: ExperimentSpec) -> RunPlan:
         flops_per_token=count(spec).flops_per_token,
         params=count(spec).total,
         first_files=first_data_files(spec),
+        kv_cache_per_token=count(spec).kv_cache_per_token,
     )
 
 
@@ -179,6 +181,7 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     if spec.train.float8 != "off":
         table.add_row(*float8_row(spec))
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
+    table.add_row(f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)", f"{p.kv_cache_per_token * 2 * spec.data.sequence_length / 2**20:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)")
     for card in CARDS.values():
         assert card.bf16_flops is not None
         label = f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})"

@@ -41,8 +41,9 @@ from olmo_core.train.checkpoint import Checkpointer
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..train.metrics import METRICS_FILE, read_metrics
 from ..train.run_folder import pid_alive
-from .figures import make_figures
-from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, write_tables
+from .figures import make_figures, scaling_figure
+from .scaling import scaling_tables
+from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, paper_results, write_tables
 
 __all__ = [
     "STATES", "Member", "RunStatus", "SlurmInfo", "expand_configs", "load_sweep", "run_status", "sweep_status",
@@ -432,17 +433,20 @@ def launch_slurm(
 # --- report ---------------------------------------------------------------------------------------
 
 
-def report(members: Sequence[Member], out: Path, slurm_log_dir: Path = Path("logs"), figures: bool = True) -> List[Path]:
+def report(members: Sequence[Member], out: Path, slurm_log_dir: Path = Path("logs"), figures: bool = True,
+           target_loss: Optional[float] = None) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
-    sweep's configs, paper beside run) and the figures, for all runs and per ablation."""
+    sweep's configs, paper beside run), the scaling fits where a family has runs at 2+ budgets
+    (report/scaling.py), and the figures, for all runs and per ablation."""
     runs = load_runs([m.folder for m in members if (m.folder / "config.yaml").exists()])
     configs = [m.config for m in members]
     tables = build_tables(runs, sweep_configs=configs)
     tables = {k: rows for k, rows in tables.items() if any(r.get("run") in runs for r in rows)}
+    tables.update({k: rows for k, rows in scaling_tables(runs, paper_results(), target_loss).items() if rows})
     tables = {"sweep": status_rows(sweep_status(members, slurm_log_dir)), **tables}
     written = write_tables(tables, out)
     if figures:
-        written += make_figures(runs, out)
+        written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())
         by_config = {m.config: m.name for m in members}
         for group, paths in ablation_configs(configs).items():
             subset = {by_config[p]: runs[by_config[p]] for p in paths if by_config[p] in runs}

@@ -266,7 +266,8 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
             run = runs.get(r[key])
             ours = run.val_loss() if run else None
             rows.append({"size": r["size"], "variant": variant, "run": r[key], "val loss": _fmt(ours),
-                         "paper": _fmt(r[variant]), "diff": _diff(ours, r[variant])})
+                         "paper": _fmt(r[variant]), "diff": _diff(ours, r[variant]),
+                         "paper FLOPs": r["flops"] if variant == "x" else "", "paper mean width": r["mean_width"] if variant == "x" else ""})
     for r in paper["variable_width"]["ablations_500M"]:
         run = runs.get(r["run"])
         ours = run.val_loss() if run else None

@@ -137,7 +137,8 @@ class Experiment(Config):
 def _optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGroupOverride]:
     """No weight decay on the embedding unless train.decay_embeddings (OLMo-2), nor on the 1-D tensors
     (norm gains, read off the model's parameters; an MoE router's flat weight is a matrix) unless
-    train.decay_norms. Under the variable-width paper's muP, the hidden matrices (attention and FFN
+    train.decay_norms. An untied LM head's matrix is always decayed (OLMo-2 and lm-engine alike; tied, it is
+    the embedding). Under the variable-width paper's muP, the hidden matrices (attention and FFN
     weights; an MoE's router and experts) train at lr / m_width, as lm-engine's muP groups do."""
     no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
     if not spec.train.decay_norms:

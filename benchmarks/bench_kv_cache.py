@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""KV-cache memory and cached generation speed of the exported Hugging Face models, side by side in
+one run: the variable-width x shape and the hourglass against the constant-width baseline, at demo
+scale on CPU (paper 2's abstract: "15% less KV-cache memory and I/O").
+
+Each config's OLMo-core model (seeded init; neither measure depends on the weights) goes through the
+custom-code export (olmo_patches/export/hf.py ``custom_model``, the same modeling file for every shape)
+and generates greedily with transformers' KV cache (``DynamicCache``) from a random prompt. Measured:
+the bytes of the cache's key and value tensors at the end, against batch x cached tokens x K and V
+elements per token x bytes per element from OLMo-core's count (``count_params.py --json``'s kv_cache_per_token), and
+new tokens per second, median over --repeats rounds that visit the shapes in turn.
+
+    python benchmarks/bench_kv_cache.py [--batch 4] [--prompt 64] [--new 64] [--repeats 3] [--dtype fp32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONFIGS = {"baseline": "configs/demo/baseline.yaml", "x": "configs/demo/variable-width.yaml", "hourglass": "configs/demo/hourglass.yaml"}
+PAPER_KV_REDUCTION = 0.15  # paper 2's abstract: x's KV-cache memory vs the baseline's
+
+
+def exported(config: str, dtype: torch.dtype):
+    from olmo_patches.config import load_spec, vocab_size
+    from olmo_patches.export.hf import custom_model
+    from olmo_patches.report.counts import count
+
+    spec = load_spec(REPO / config)
+    built = spec.model.build(vocab_size(spec))
+    built.init_seed = 0
+    model = built.build(init_device="meta")
+    model.init_weights(device=torch.device("cpu"), max_seq_len=spec.data.sequence_length)
+    hf = custom_model(spec, model.state_dict()).to(dtype).eval()
+    return hf, count(spec).kv_cache_per_token
+
+
+def cache_bytes(cache) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def generate(hf, prompt: torch.Tensor, new: int):
+    """(seconds, the cache) for ``new`` greedy tokens with the cache on (no early stop at eos)."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True,
+                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+    return time.perf_counter() - start, out.past_key_values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
+    parser.add_argument("--new", type=int, default=64, help="generated tokens (prompt + new within the demo's 128-token context)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="fp32", help="fp32: CPU bf16 matmuls are slow; the bytes halve at bf16")
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    torch.manual_seed(0)
+    models = {name: exported(path, dtype) for name, path in CONFIGS.items()}
+    prompt = torch.randint(1, models["baseline"][0].config.vocab_size, (args.batch, args.prompt))
+    for hf, _ in models.values():  # warm-up
+        generate(hf, prompt[:, :8], 2)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    caches: dict[str, int] = {}
+    for _ in range(args.repeats):
+        for name, (hf, _) in models.items():
+            seconds, cache = generate(hf, prompt, args.new)
+            times[name].append(seconds)
+            caches[name] = cache_bytes(cache)
+    tokens = args.prompt + args.new - 1  # the last generated token is never fed back, so never cached
+    base_bytes, base_rate = caches["baseline"], args.batch * args.new / statistics.median(times["baseline"])
+    print(f"KV cache and cached generation, demo scale, CPU ({torch.get_num_threads()} threads), {args.dtype}, "
+          f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, median of {args.repeats}")
+    print(f"{'shape':10} {'K+V per token (count)':>22} {'cache MiB':>10} {'= count':>8} {'vs baseline':>12} {'new tokens/s':>13} {'vs baseline':>12}")
+    for name, (hf, per_token) in models.items():
+        counted = args.batch * tokens * per_token * (2 if dtype == torch.bfloat16 else 4)
+        rate = args.batch * args.new / statistics.median(times[name])
+        print(f"{name:10} {per_token:>22,} {caches[name] / 2**20:>10.2f} {str(caches[name] == counted):>8} "
+              f"{caches[name] / base_bytes - 1:>+12.1%} {rate:>13.1f} {rate / base_rate:>11.2f}x")
+    print(f"paper 2 (abstract): x's KV cache {-PAPER_KV_REDUCTION:+.0%} vs the baseline at its sizes")
+
+
+if __name__ == "__main__":
+    main()

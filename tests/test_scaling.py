@@ -1,0 +1,105 @@
+"""Scaling fits (report/scaling.py): L = a C^b recovered from run folders whose losses follow a known
+law, the matched-loss FLOPs ratio against the one the true laws give, and the paper's own table."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from olmo_patches.config import load_spec, spec_to_yaml
+from olmo_patches.nn.variable_width import paper_flops
+from olmo_patches.report.counts import count
+from olmo_patches.report.figures import scaling_figure
+from olmo_patches.report.scaling import fit_power_law, scaling_tables
+from olmo_patches.report.tables import load_runs, paper_results
+
+from .conftest import REPO, run_in_process
+
+DEMO = REPO / "configs" / "demo"
+# The true laws, C in 1e20 FLOPs: a baseline and an x family that needs fewer FLOPs for a loss.
+LAWS = {"baseline": (3.16, -0.0498), "x": (3.10, -0.0500)}
+SIZES = [(64, 4, 100), (96, 4, 200), (128, 5, 400), (192, 6, 800)]  # d_model, n_layers, steps
+BATCH, SEQ, NOISE = 4, 64, 0.0005  # NOISE: the sd of ln L
+
+
+def _config(family, d, L):
+    base = ["model.block=variable_width", "model.widths.schedule=constant"] if family == "baseline" else []
+    path = DEMO / ("baseline.yaml" if family == "baseline" else "variable-width.yaml")
+    return load_spec(path, [*base, f"model.d_model={d}", f"model.n_layers={L}", "model.n_heads=4",
+                            f"train.global_batch_size={BATCH}", f"data.sequence_length={SEQ}", f"run.name={family}-d{d}"])
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """Run folders (config.yaml, metrics.jsonl) of both families, losses on the laws with lognormal noise."""
+    root, rng, truth = tmp_path_factory.mktemp("scaling"), np.random.default_rng(0), {}
+    for family, (a, b) in LAWS.items():
+        for d, L, steps in SIZES:
+            spec = _config(family, d, L)
+            C = count(spec).flops_per_token * steps * BATCH * SEQ / 1e20  # training FLOPs, written from the docs
+            loss = a * C**b * math.exp(rng.normal(0, NOISE))
+            folder = root / spec.run.name
+            folder.mkdir()
+            (folder / "config.yaml").write_text(spec_to_yaml(spec))
+            lines = [{"step": steps // 2, "eval/lm/val/CE loss": loss + 1.0}, {"step": steps, "eval/lm/val/CE loss": loss}]
+            (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+            truth[spec.run.name] = (C, loss)
+    return root, truth
+
+
+def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
+    root, truth = synthetic
+    tables = scaling_tables(load_runs([root]), paper_results())
+    fit = {r["family"]: r for r in tables["scaling_fit"]}
+    assert sorted(fit) == ["baseline", "x"]
+    for family, (a, b) in LAWS.items():
+        r = fit[family]
+        a_hat, b_hat, a_err, b_err = (float(r[k]) for k in ("a", "b", "a std err", "b std err"))
+        assert abs(b_hat - b) < 0.003 and abs(a_hat / a - 1) < 0.05, (family, a_hat, b_hat)
+        assert 0 < b_err < 0.01 and abs(b_hat - b) < 4 * b_err and abs(a_hat - a) < 4 * a_err, family
+    assert fit["baseline"]["paper"] == "a 3.16, b -0.0498"
+    # Matched loss at the largest baseline run's loss, against the true laws: C = (L / a)^(1/b).
+    target = truth["baseline-d192"][1]
+    (cb, bb), (cx, bx) = LAWS["baseline"], LAWS["x"]
+    want = (target / cx) ** (1 / bx) / (target / cb) ** (1 / bb)
+    rows = {r["family"]: r for r in tables["matched_loss"]}
+    assert rows["baseline"]["C / baseline's"] == "100.0%" and rows["x"]["target loss"] == f"{target:.4f}"
+    got = float(rows["x"]["C / baseline's"].rstrip("%")) / 100
+    # ln C(L) = (ln L - ln a) / b magnifies ln a's error by 1 / |b| ~ 20: within 4 of the fits' errors.
+    err = math.hypot(*(float(rows[f]["ln C std err"]) for f in ("baseline", "x")))
+    assert abs(math.log(got / want)) < 4 * err and err < 0.1 and got == pytest.approx(want, rel=0.1)
+    assert want < 0.8 and rows["x"]["paper"].startswith("77.8%")
+
+
+def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
+    law = fit_power_law([1.0, 10.0], [3.0, 3.0 * 10**-0.05])
+    assert law.b == pytest.approx(-0.05) and law.a == pytest.approx(3.0) and math.isnan(law.b_err)
+    with pytest.raises(ValueError, match="2 or more"):
+        fit_power_law([1.0, 1.0], [3.0, 2.9])
+
+
+def test_the_papers_own_table_gives_its_fit_and_77_8_percent():
+    """The paper's four dense rows (SPEC section 2, written here), C = 3 x its forward FLOPs per sequence
+    (the authors' count) x sequences, x at the reported FLOPs change: b -0.0498, a 3.16 at C in 1e20."""
+    rows = [(640, 16, 128, 19080, 3.452, 3.430, -3.2), (960, 24, 256, 23844, 3.138, 3.099, -3.7),
+            (1280, 32, 512, 23842, 2.926, 2.890, -2.6), (1600, 40, 1024, 25000, 2.751, 2.726, -2.5)]
+    C = [3 * paper_flops([h] * L, h, 100263, 4096) * B * S / 1e20 for h, L, B, S, *_ in rows]
+    base = fit_power_law(C, [r[4] for r in rows])
+    x = fit_power_law([c * (1 + r[6] / 100) for c, r in zip(C, rows)], [r[5] for r in rows])
+    assert base.b == pytest.approx(-0.0498, abs=2e-4) and base.a == pytest.approx(3.16, rel=0.01)
+    assert x.compute_at(2.751) / base.compute_at(2.751) == pytest.approx(0.778, abs=0.005)
+
+
+def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
+    root, _ = synthetic
+    r = run_in_process("make_tables.py", str(root), "--out", str(tmp_path), "--target-loss", "6.0", "--no-figures")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| x |" in (tmp_path / "scaling_fit.md").read_text()
+    (png,) = scaling_figure(load_runs([root]), tmp_path, paper_results())
+    with Image.open(png) as im:
+        assert png.name == "scaling.png" and im.size[0] > 300 and im.size[1] > 200
+    assert "| 6.0000 |" in (tmp_path / "matched_loss.md").read_text()
+    help_text = run_in_process("make_tables.py", "--help").stdout
+    assert "L = a C^b" in help_text and "--target-loss" in help_text
