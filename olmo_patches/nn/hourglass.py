@@ -122,8 +122,8 @@ class HourglassFeedForward(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.w1.float8 is not None or self.w3.float8 is not None or self.w2.float8 is not None:
             return self._forward_float8(h)
-        # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights,
-        # negligible against the matmuls), split with unbind: its backward is one stack, where indexing
+        # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights that
+        # autograd keeps until backward: hardware.hourglass_weight_copy counts it), split with unbind: its backward is one stack, where indexing
         # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
         # instead measured no faster (docs/performance.md) and would break OLMo-core's w1/w3 init.
         w_down = torch.cat((self.w1.weight, self.w3.weight), dim=1).unbind(0)  # K x (2 d_h, d_model)
@@ -133,7 +133,7 @@ class HourglassFeedForward(nn.Module):
                 f = self.sub_mlp(norm(h), w_down[i], w_up[i])
             else:
                 f = norm(self.sub_mlp(h, w_down[i], w_up[i]))
-            h = h + (f if self.residual_alpha == 1.0 else self.residual_alpha * f)
+            h = self._residual(h, f)
         return h
 
     def _forward_float8(self, h: torch.Tensor) -> torch.Tensor:
@@ -143,8 +143,11 @@ class HourglassFeedForward(nn.Module):
         for i, norm in enumerate(self.norms):
             x = norm(h) if self.norm_placement == NormPlacement.pre else h
             f = self.w2.linear(F.silu(self.w1.linear(x, w1[i])) * self.w3.linear(x, w3[i]), w2[i])
-            h = h + (f if self.norm_placement == NormPlacement.pre else norm(f))
+            h = self._residual(h, f if self.norm_placement == NormPlacement.pre else norm(f))
         return h
+
+    def _residual(self, h: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        return h + (f if self.residual_alpha == 1.0 else self.residual_alpha * f)
 
     def num_flops_per_token(self, seq_len: int) -> int:
         del seq_len
