@@ -76,13 +76,15 @@ def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[d
 
 @pytest.fixture(scope="module", params=list(BLOCKS))
 def runs(request, tmp_path_factory, demo_corpus):
-    """Per block type: fp32, bf16, bf16 resumed from the bf16 run's step 2, and bf16 compiled."""
+    """Per block type: fp32, bf16, bf16 resumed from the bf16 run's step 2, and fp32 compiled (in fp32
+    inductor's fusions leave eager's losses within about 1e-6; in bf16, where a fused kernel skips
+    eager's roundings to bf16 between ops, within 7.1e-5 here: too near the tolerance for a test)."""
     block, root = request.param, tmp_path_factory.mktemp(request.param)
     out = {"block": block, "root": root}
     out["fp32"] = _train(root / "fp32", block, "train.precision=fp32")
     out["bf16"] = _train(root / "bf16", block, "train.precision=bf16")
     out["resumed"] = _train(root / "resumed", block, "train.precision=bf16", resume_from=str(root / "bf16" / "step2"))
-    out["compiled"] = _train(root / "compiled", block, "train.precision=bf16", "train.compile=true", hook_dtypes=False)
+    out["compiled"] = _train(root / "compiled", block, "train.precision=fp32", "train.compile=true", hook_dtypes=False)
     return out
 
 
@@ -106,7 +108,7 @@ def test_bf16_checkpoints_hold_fp32_weights_and_resume_exactly(runs):
 
 
 def test_compile_runs_on_cpu_with_eager_losses(runs):
-    (eager, _, _), (compiled, probe, log) = runs["bf16"], runs["compiled"]
+    (eager, _, _), (compiled, probe, log) = runs["fp32"], runs["compiled"]
     assert probe.compiled, runs["block"]
     assert not any("Skipping model compilation" in line for line in log)
     assert sorted(compiled) == [1, 2, 3]

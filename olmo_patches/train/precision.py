@@ -51,6 +51,7 @@ class Precision:
 
 
 def _fsdp(spec: ExperimentSpec, world_size: int) -> bool:
+    """FSDP2 or HSDP (not DDP, not one process)."""
     return world_size > 1 and spec.train.data_parallel != "ddp"
 
 
@@ -102,6 +103,7 @@ def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
 
 
 def describe_compile(spec: ExperimentSpec, world_size: int) -> str:
+    """What train.compile does, on any device, for the run's log and the dry run."""
     if not spec.train.compile:
         return "off (eager)"
     return "torch.compile per block (inductor)" + (f", before {spec.train.data_parallel.upper()}" if world_size > 1 else "")
