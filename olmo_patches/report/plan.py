@@ -151,7 +151,7 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     return [
         (f"precision ({device} here, {world_size} rank{'s' if world_size > 1 else ''})", f"train.precision={t.precision}: {precision_of(spec, world_size)}"),
         (f"compile ({device} here)", describe_compile(spec, world_size)),
-        (f"activation checkpointing ({device} here)", "full (every block)" if t.activation_checkpointing else "off"),
+        (f"activation checkpointing ({device} here)", str(t.activation_checkpointing or "off")),
         (f"attention backend ({device} here)", str(attention_backend(spec, device))),
         (f"ignored ({device} here)", "; ".join(ignored) or "nothing"),
     ]
@@ -171,7 +171,6 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
     device = device_for(spec)
     table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
-    table.add_row(f"activation checkpointing ({device} here)", str(spec.train.activation_checkpointing or "off"))
     for label, value in presets:
         table.add_row(label, value)
     for label, value in device_rows(spec, layout.world_size):

@@ -98,8 +98,11 @@ def float8_config(spec: ExperimentSpec, device: str, world_size: int) -> Optiona
 
 
 def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
-    """OLMo-core's compile_model flag: on CPU :func:`compile_on_cpu` compiles instead."""
-    return bool(spec.train.compile) and device != "cpu"
+    """OLMo-core's compile_model flag. On CPU :func:`compile_on_cpu` compiles instead, and the flag is
+    set only for activation checkpointing's ``budget`` mode, which OLMo-core's train module refuses
+    without it (its parallelize_model then skips compiling on CPU, and compile_on_cpu compiles)."""
+    ac = spec.train.activation_checkpointing
+    return bool(spec.train.compile) and (device != "cpu" or (ac is not None and ac.mode == "budget"))
 
 
 def describe_compile(spec: ExperimentSpec, world_size: int) -> str:
@@ -130,3 +133,9 @@ def compile_on_cpu(model: Transformer) -> None:
 
     for name in _AFTER_COMPILE:
         setattr(model, name, compiling_first(name))
+    logging.getLogger("olmo_core.train.train_module.transformer.common").addFilter(_compiled_here)
+
+
+def _compiled_here(record: logging.LogRecord) -> bool:
+    """Drops OLMo-core's "Skipping model compilation" warning where compile_on_cpu compiles instead."""
+    return not record.getMessage().startswith("Skipping model compilation")
