@@ -31,7 +31,7 @@ from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
-from .conftest import REPO, run, run_script, tiny_overrides
+from .conftest import REPO, run, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
@@ -200,7 +200,7 @@ def test_restart_after_an_older_version_saved_nonfinite_weights(tmp_path, straig
 
     with monkeypatch.context() as m:  # an older version: no check before a save, no manifest
         m.setattr(resume, "assert_finite_params", lambda trainer: None)
-        m.setattr(resume, "write_manifest", lambda path: None)
+        m.setattr(resume.ManifestWriter, "start", lambda path: None)
         _train_with(tmp_path, _PoisonAfterStep(at=4), "run.stop_at_step=4")
     assert _steps(tmp_path) == [0, 2, 4] and not _finite(tmp_path / "step4")
     with caplog.at_level("WARNING"):
@@ -231,6 +231,27 @@ def test_damaged_checkpoints_fall_back_to_the_newest_good_one(tmp_path, straight
     assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == ["step2", "step4"]  # kept aside
     assert _losses(tmp_path) == _losses(straight)
     _assert_same_weights(straight / "step6", tmp_path / "step6")
+
+
+def test_a_corrupted_checkpoint_of_the_right_size_is_rejected(tmp_path, straight, caplog):
+    _copy_run(straight, tmp_path, [0, 2, 4])
+    shard = max((tmp_path / "step4" / "model_and_optim").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 1024] = os.urandom(1024)  # random bytes inside, size kept
+    shard.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        train(_spec(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Resuming" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("Resuming from step 2") and "corrupted" in warnings[0], warnings
+    assert [p.name for p in (tmp_path / "rejected").iterdir()] == ["step4"]
+    assert _losses(tmp_path) == {s: v for s, v in _losses(straight).items() if s > 2}  # steps 3-6 redone
+    _assert_same_weights(straight / "step6", tmp_path / "step6")
+    manifest = json.loads((tmp_path / "step6" / "manifest.json").read_text())["files"]
+    assert all(len(e["crc32"]) == 8 for e in manifest.values()) and "train/rank0.pt" in manifest
+    checked = run_in_process("verify_checkpoints.py", tmp_path)  # on demand: all good now
+    assert checked.returncode == 0 and checked.stdout.splitlines() == [f"{tmp_path}/step{s}: ok" for s in (6, 4, 2, 0)]
+    checked = run_in_process("verify_checkpoints.py", tmp_path / "rejected" / "step4")
+    assert checked.returncode == 1 and checked.stdout.strip().endswith("when saved)") and shard.name in checked.stdout
 
 
 def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, demo_corpus):
