@@ -10,13 +10,13 @@ Exit 0 when all are good, 1 when one is not (a resume would move it to RUN/rejec
 import argparse
 from pathlib import Path
 
-from olmo_patches.cli import refuse
+from olmo_patches.cli import ArgumentParser, refuse
 from olmo_patches.train.safety import checkpoints_in, verify
 from olmo_core.train.checkpoint import Checkpointer
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_folder", metavar="RUN_FOLDER", help="a run's save folder, or one checkpoint (RUN/stepN)")
     args = parser.parse_args()
     folder = Path(args.run_folder)

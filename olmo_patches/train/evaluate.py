@@ -142,6 +142,8 @@ def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
 
 def _step_dir(checkpoint: Path, step: Optional[int]) -> Path:
     """A step folder, or a run folder with ``step`` (default: its latest complete checkpoint)."""
+    if not checkpoint.is_dir():
+        _fail("CHECKPOINT", checkpoint, "a file, not a checkpoint or run folder" if checkpoint.exists() else "no such folder")
     if Checkpointer.dir_is_checkpoint(checkpoint):
         return checkpoint
     if step is not None:
@@ -239,16 +241,22 @@ def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False) -> 
 
 
 def write_metrics(out: str | Path, target: EvalTarget, metrics: Dict[str, float]) -> Path:
-    """Append one record (the target's step) to a metrics file; a folder without config.yaml gets the
-    target's, so that ``make_tables.py`` reads the folder as a run."""
+    """One record (the target's step) to ``out``: a ``.json`` file (written: the name, the step and the
+    metrics), a ``.jsonl`` file or a folder (its ``metrics.jsonl``), appended; the folder of a metrics
+    file gets the target's ``config.yaml`` when it has none, so that ``make_tables.py`` reads it as a run."""
     out = Path(out)
+    record = {"step": target.step, **metrics}
+    if out.suffix == ".json":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"name": target.name, **record}, indent=1) + "\n")
+        return out
     if out.suffix != ".jsonl":
         out = out / METRICS_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     if not (out.parent / "config.yaml").exists():
         (out.parent / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(target.config)))
     with out.open("a") as f:
-        f.write(json.dumps({"step": target.step, **metrics}) + "\n")
+        f.write(json.dumps(record) + "\n")
     return out
 
 

@@ -47,7 +47,7 @@ from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .progress import ProgressCallback, quiet_console, wandb_callback
-from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
+from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
 from .run_folder import Lock, check_config, record_config
 from .safety import NonFiniteGuardCallback, select_resume_checkpoint
 
@@ -332,6 +332,8 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:  # before the process group: the legacy-checkpoint check reads weights without one
         try:
+            if resume_from is not None:
+                check_resume_from(resume_from)
             _check_downstream_fit(spec)
             changes = check_config(spec, deliberate=resume_from is not None)
             lock.acquire()

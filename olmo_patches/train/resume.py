@@ -41,6 +41,7 @@ from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
 from .checkpoints import checkpoint_step, latest_complete
+from .run_folder import RunFolderError
 from .safety import ManifestWriter, assert_finite_params
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "prune_incomplete",
     "ResumeCheckpointerCallback",
+    "check_resume_from",
     "load_explicit",
 ]
 
@@ -120,6 +122,18 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
         self._held.append(path)
         while len(self._held) > self.ephemeral_keep - 1:
             super()._schedule_for_removal(self._held.pop(0))
+
+
+def check_resume_from(resume_from: PathOrStr) -> None:
+    """:class:`RunFolderError` (one line) unless ``--resume-from`` names a checkpoint or a folder with a
+    complete one; local paths only (a URL is checked when it is loaded). Before anything is written."""
+    if is_url(resume_from):
+        return
+    path = Path(resume_from)
+    if not path.is_dir():
+        raise RunFolderError(f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}")
+    if not Checkpointer.dir_is_checkpoint(path) and latest_complete(path) is None:
+        raise RunFolderError(f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})")
 
 
 def load_explicit(trainer, resume_from: PathOrStr) -> str:
