@@ -46,7 +46,7 @@ from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_eva
 from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
-from .progress import ProgressCallback, quiet_console, wandb_callback
+from .progress import ProgressCallback, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
 from .run_folder import Lock, check_config, record_config
 from .safety import NonFiniteGuardCallback, select_resume_checkpoint
@@ -343,7 +343,9 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
                 select_resume_checkpoint(save_folder)
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
-    prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    start_lines: list[logging.LogRecord] = []  # OLMo-core's env vars and process group: for train.log only
+    with quiet_start(start_lines):
+        prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
         # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
@@ -361,7 +363,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         if froze:
             gc.collect()
             gc.freeze()
-        with quiet_console(save_folder):
+        with quiet_console(save_folder, start_lines):
             return _fit(spec, resume_from, device, callbacks)
     finally:
         if froze:
