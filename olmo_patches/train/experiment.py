@@ -46,7 +46,8 @@ from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_eva
 from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
-from .progress import ProgressCallback, quiet_console, quiet_start, wandb_callback
+from .checkpoints import latest_complete
+from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
 from .run_folder import Lock, check_config, record_config
 from .safety import NonFiniteGuardCallback, select_resume_checkpoint
@@ -374,6 +375,22 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         teardown_training_environment()
 
 
+def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
+    """Steps, tokens, and how many times the run reads its data (more than once: said)."""
+    t, seq = spec.train, spec.data.sequence_length
+    steps = trainer.max_steps
+    tokens = steps * t.global_batch_size * seq if steps is not None else None
+    line = f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})" if tokens else "until train.max_tokens"
+    data_tokens = len(dataset) * seq
+    if tokens and tokens > data_tokens:
+        line += f", {tokens / data_tokens:.1f} passes over the data's {_count(data_tokens)} tokens"
+    return line
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
@@ -391,9 +408,12 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
         if name in trainer.callbacks:
             trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
     if resume_from is not None:
-        load_explicit(trainer, resume_from)
+        loaded: Optional[str] = load_explicit(trainer, resume_from)
     else:  # what fit() would load, loaded first to see whether the run is already finished
         trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
+        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
+    announce(f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}" if loaded
+             else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}")
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         log.warning(f"Already finished (step {trainer.global_step}): nothing to do")  # no evaluation, nothing written
         return Path(spec.save_folder)

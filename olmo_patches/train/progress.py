@@ -32,7 +32,7 @@ from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress", "quiet_start", "quiet_console", "LOG_FILE"]
+__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress", "announce", "quiet_start", "quiet_console", "LOG_FILE"]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -85,6 +85,11 @@ class ProgressCallback(ConsoleLoggerCallback):
             step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left
         )
         log.info(line)
+
+
+def announce(line: str) -> None:
+    """A line for the operator's terminal (rank 0), beside the progress lines: where a run starts from."""
+    log.info(line)
 
 
 @dataclass
@@ -202,5 +207,7 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
 class _ProgressOrWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if "NonFiniteError" in str(record.msg):  # the trainer's two-line report; scripts/train.py prints one
+            return False
+        if str(record.msg).startswith("No checkpoint found in save folder"):  # announce() said "new run"
             return False
         return record.levelno >= logging.WARNING or record.name == __name__
