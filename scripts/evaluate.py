@@ -14,6 +14,9 @@ tokenizes with its tokenizer.json, or with the run's tokenizer and validation da
 import argparse
 import time
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
 from olmo_patches.cli import ArgumentParser, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.report.console import console
@@ -53,7 +56,10 @@ def main() -> None:
             target.config["run"]["name"] = target.name
     except ConfigError as e:
         refuse(f"evaluate: {e}")
-    metrics = evaluate(target, device=args.device, bf16=args.bf16)
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), "batches",
+               TextColumn("{task.fields[instances]:,} instances"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        metrics = evaluate(target, device=args.device, bf16=args.bf16, progress=progress)
     out = write_metrics(args.out or default_out(args.checkpoint, args.step), target, metrics)
     for name, value in metrics.items():
         console().print(f"{name} = {value:.4f}", highlight=False)

@@ -31,9 +31,10 @@ from olmo_core.data.utils import get_labels
 from olmo_core.eval import Evaluator
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.eval.lm_evaluator import LMEvaluator
-from olmo_core.train import Duration
+from olmo_core.train import Duration, DurationUnit
 from olmo_core.utils import move_to_device
 from omegaconf import OmegaConf
+from rich.progress import Progress
 
 from olmo_core.train.checkpoint import Checkpointer
 
@@ -217,17 +218,26 @@ def from_hf(model_dir: str | Path, choice: EvalChoice, *, config: Optional[str |
     return EvalTarget(spec.run.name, step, _hf_forward(model), evaluators, duration, record)
 
 
-def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False) -> Dict[str, float]:
-    """Every evaluator of ``target`` once: {metric name: value}, named as in training."""
+def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False, progress: Optional[Progress] = None) -> Dict[str, float]:
+    """Every evaluator of ``target`` once: {metric name: value}, named as in training. ``progress``
+    (a rich Progress) gets one bar per evaluator: batches done of its total, instances, time left."""
     metrics: Dict[str, float] = {}
     autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
     for evaluator in target.evaluators:
         start = time.monotonic()
         evaluator.reset_metrics()
-        steps = tokens = 0
+        steps = tokens = instances = 0
+        total = evaluator.total_batches
+        if isinstance(evaluator, LMEvaluator) and target.lm_duration.unit == DurationUnit.steps:
+            total = min(total or target.lm_duration.value, target.lm_duration.value)
+        name = getattr(evaluator, "display_name", evaluator.name)
+        task = progress.add_task(name, total=total, instances=0) if progress is not None else None
         for batch in evaluator:
             steps += 1
             tokens += batch["input_ids"].numel()
+            instances += batch["input_ids"].shape[0]
+            if progress is not None and task is not None:
+                progress.update(task, advance=1, instances=instances)
             batch = move_to_device(batch, torch.device(device))
             with torch.no_grad(), autocast:
                 logits, ce_loss = target.forward(batch["input_ids"], get_labels(batch))
@@ -236,7 +246,7 @@ def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False) -> 
                 break
         for name, value in evaluator.compute_metrics().items():
             metrics[f"eval/{evaluator.name}/{name}"] = float(value)
-        log.info(f"{getattr(evaluator, 'display_name', evaluator.name)}: {steps} batches in {time.monotonic() - start:.1f} s")
+        log.info(f"{name}: {steps} batches in {time.monotonic() - start:.1f} s")
     return metrics
 
 
