@@ -146,12 +146,13 @@ _START_LOGGERS = ("olmo_core.utils", "olmo_core.distributed.utils", "olmo_core.t
 
 @contextmanager
 def quiet_start(kept: List[logging.LogRecord]):
-    """OLMo-core's start-up lines (``Setting env var ...``, the process group) into ``kept`` instead of
-    the terminal (:func:`quiet_console` writes them to ``train.log``); warnings still pass. Before its
-    logging is set up OLMo-core prints them unless a root handler takes INFO: this one does."""
+    """OLMo-core's start-up lines (``Setting env var ...``, ``Will skip setting env var ...``, the process
+    group) into ``kept`` instead of the terminal (:func:`quiet_console` writes them to ``train.log``);
+    errors still pass. Before its logging is set up OLMo-core prints them unless a root handler
+    takes INFO: this one does."""
 
     def divert(record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
+        if record.levelno >= logging.ERROR:
             return True
         kept.append(record)
         return False
