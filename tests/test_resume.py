@@ -26,7 +26,7 @@ from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.train.metrics import METRICS_FILE, read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 from olmo_patches.train.resume import prune_incomplete
-from olmo_patches.train.run_folder import Lock
+from olmo_patches.train.run_folder import Lock, RunFolderError
 from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train
 
@@ -116,8 +116,9 @@ def test_resume_from_another_checkpoint_and_newer_ones_move_aside(tmp_path, stra
     aside = list(tmp_path.glob("superseded-*/step6"))
     assert len(aside) == 1 and Checkpointer.dir_is_checkpoint(aside[0])
     _assert_same_weights(straight / "step6", tmp_path / "step6")
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(RunFolderError, match="--resume-from .*missing: no such folder"):
         train(_spec(tmp_path / "other"), resume_from=str(tmp_path / "missing"))
+    assert not (tmp_path / "other").exists()  # refused before anything was written
 
 
 def test_one_process_resumed_with_two_sees_the_same_instances(tmp_path, straight):
@@ -265,7 +266,7 @@ def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, de
     # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and metadata)
     assert n == 7 and 0 <= written - estimate < n * 2**20
     manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
-    assert manifest["files"]["train/rank0.pt"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
+    assert manifest["files"]["train/rank0.pt"]["bytes"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
 
 
 def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp_path, straight):
