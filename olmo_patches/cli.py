@@ -1,17 +1,19 @@
-"""Shared command-line plumbing for scripts/: one-line config errors, the console."""
+"""Shared command-line plumbing for scripts/: one-line config and argument errors, the console."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
-from typing import List, NoReturn, Optional
+from pathlib import Path
+from typing import Any, Callable, List, NoReturn, Optional
 
 from .config import ConfigError, ExperimentSpec, Layout, load_spec
 from .report.console import console
 from .peers import announce
 
-__all__ = ["console", "load_or_exit", "refuse"]
+__all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "folder_arg"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
@@ -61,3 +63,34 @@ class _StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, _):
         pass
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (``PROG: error: ...``, exit 2) instead of
+    the usage block and the error; ``--help`` still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        refuse(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)")
+
+
+def at_least(low: float, kind: type = int) -> Callable[[str], Any]:
+    """An argparse ``type``: a number of ``kind`` that is ``>= low``, e.g. ``type=at_least(1)``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not value >= low:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        return value
+
+    return parse
+
+
+def folder_arg(name: str, path: str) -> Path:
+    """``path`` as an existing folder, else one line naming the argument (exit 2)."""
+    p = Path(path)
+    if not p.is_dir():
+        refuse(f"{name} {path}: {'a file, not a folder' if p.exists() else 'no such folder'}")
+    return p

@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from olmo_patches.cli import ArgumentParser, at_least, refuse
 from olmo_patches.report.bench import SCALES, as_json, format_results, run_bench
 
 
@@ -21,18 +22,18 @@ def _list(s: str) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     gpu = torch.cuda.is_available()
     parser.add_argument("--scale", default="113M,1B" if gpu else "demo", help=f"comma list of {', '.join(SCALES)}")
     parser.add_argument("--variants", default=None, help="comma list (default: all of the scale's; baseline always runs)")
     parser.add_argument("--compile", default="off,on", help="comma list of off|on (torch.compile per block)")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the scale's; 4096 on a GPU)")
-    parser.add_argument("--batch", type=int, default=None, help="sequences per step (default: the scale's)")
-    parser.add_argument("--repeats", type=int, default=10, help="interleaved repeats (median)")
-    parser.add_argument("--steps", type=int, default=1, help="timed steps per variant per repeat")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant (compilation happens here)")
+    parser.add_argument("--seq", type=at_least(2), default=None, help="sequence length (default: the scale's; 4096 on a GPU)")
+    parser.add_argument("--batch", type=at_least(1), default=None, help="sequences per step (default: the scale's)")
+    parser.add_argument("--repeats", type=at_least(1), default=10, help="interleaved repeats (median)")
+    parser.add_argument("--steps", type=at_least(1), default=1, help="timed steps per variant per repeat")
+    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps per variant (compilation happens here)")
     parser.add_argument("--dtype", default="bf16" if gpu else "fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=at_least(1), default=None,
                         help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
                              "made steps up to 10x slower and the timings meaningless)")
     parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every timed step (as the trainer's)")
@@ -42,10 +43,10 @@ def main() -> None:
     args = parser.parse_args()
     for s in _list(args.scale):
         if s not in SCALES:
-            sys.exit(f"--scale: unknown scale {s!r}; choose from {', '.join(SCALES)}")
+            refuse(f"bench: --scale: unknown scale {s!r}; choose from {', '.join(SCALES)}")
     modes = _list(args.compile)
     if not modes or any(m not in ("on", "off") for m in modes):
-        sys.exit(f"--compile: {args.compile!r} must be a comma list of on|off")
+        refuse(f"bench: --compile: {args.compile!r} must be a comma list of on|off")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     if args.threads or not gpu:
         torch.set_num_threads(args.threads or 1)

@@ -6,7 +6,7 @@
 import sys
 from pathlib import Path
 
-from olmo_patches.cli import load_or_exit
+from olmo_patches.cli import folder_arg, load_or_exit
 from olmo_patches.report.plan import plan
 from olmo_patches.report.counts import count
 
@@ -18,7 +18,7 @@ def baseline_of(path: Path, root: Path) -> Path:
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "configs")
+    root = folder_arg("ROOT", sys.argv[1]) if len(sys.argv) > 1 else Path("configs")
     paths = sorted(p for p in root.rglob("*.yaml") if p.stem not in ("base", "base-revised") and p.relative_to(root).parts[0] != "demo")
     budgets: dict[Path, int] = {}
     print("| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |")

@@ -6,12 +6,12 @@
 import argparse
 import json
 
-from olmo_patches.cli import console, load_or_exit
+from olmo_patches.cli import ArgumentParser, console, load_or_exit
 from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from olmo_patches.cli import ArgumentParser, at_least  # noqa: E402
 from olmo_patches.data.order import (  # noqa: E402
     GLOBAL_BATCH_INSTANCES,
     OLD_TRAINER_SEED,
@@ -123,7 +124,7 @@ def cmd_verify(args: argparse.Namespace, reader: RangeReader) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,10 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help=f"a mirror (local folder or URL) replacing {PINNED_ORIGIN} in the listed paths",
         )
-        p.add_argument("--workers", type=int, default=32, help="parallel connections")
-        p.add_argument("--retries", type=int, default=5, help="attempts per request")
+        p.add_argument("--workers", type=at_least(1), default=32, help="parallel connections")
+        p.add_argument("--retries", type=at_least(1), default=5, help="attempts per request")
         p.add_argument(
-            "--timeout", type=float, default=60.0, help="seconds per request"
+            "--timeout", type=at_least(0.001, float), default=60.0, help="seconds per request"
         )
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -158,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("indices", help="the global order as the old trainer writes it")
     common(p)
-    p.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument(
         "--seed",
         type=int,
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--world-size",
-        type=int,
+        type=at_least(1),
         default=1,
         help="the run's world size (drop_last truncation)",
     )
@@ -185,15 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument(
         "--tokens",
-        type=float,
+        type=at_least(1, float),
         help="tokens to cover (e.g. 2.5e9); rounded up to whole global batches",
     )
-    size.add_argument("--instances", type=int, help="exact number of instances")
-    p.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    size.add_argument("--instances", type=at_least(1), help="exact number of instances")
+    p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument("--seed", type=int, default=OLD_TRAINER_SEED)
-    p.add_argument("--batch-instances", type=int, default=GLOBAL_BATCH_INSTANCES)
+    p.add_argument("--batch-instances", type=at_least(1), default=GLOBAL_BATCH_INSTANCES)
     p.add_argument(
-        "--chunk-instances", type=int, default=2048, help="instances per part file"
+        "--chunk-instances", type=at_least(1), default=2048, help="instances per part file"
     )
     p.add_argument("--out", required=True)
 
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(p, paths=False)
     p.add_argument(
         "--sample",
-        type=int,
+        type=at_least(0),
         default=0,
         help="also compare this many instances with the remote files",
     )

@@ -8,14 +8,14 @@ With no CONFIG it trains every config in configs/demo/ (baseline first). Nothing
 import argparse
 from pathlib import Path
 
-from olmo_patches.cli import load_or_exit
+from olmo_patches.cli import ArgumentParser, load_or_exit
 from olmo_patches.report.demo import run_demo
 
 DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="*", help="demo configs (default: configs/demo/*.yaml)")
     parser.add_argument("--out", default="runs/demo", help="where summary.json and loss_curves.png go")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")

@@ -1,26 +1,30 @@
 """Evaluate one checkpoint after the fact with the in-loop evaluators (OLMo-core's), on CPU or one GPU.
 
-    python scripts/evaluate.py RUN/stepN [--tasks arc_easy piqa] [--validation-sets ...] [--out FILE]
+    python scripts/evaluate.py RUN/stepN [--tasks arc_easy piqa] [--validation-sets ...] [--out FILE.json|FILE.jsonl|FOLDER]
     python scripts/evaluate.py RUN --step N ...                  # a run folder and a step (default: latest)
     python scripts/evaluate.py --hf DIR [--config RUN/config.yaml] --tasks arc_easy --out runs/NAME/metrics.jsonl
 
 Defaults are the run's own evaluators (config.yaml's eval section). The metrics are appended, at the
 checkpoint's step, to --out (default: the run's metrics.jsonl), where scripts/make_tables.py reads
-them; a new folder also gets a config.yaml. --hf loads a Hugging Face model folder offline and
+them: a path ending in .jsonl is that file, one ending in .json is written as one JSON record (name,
+step, metrics), anything else is a folder (its metrics.jsonl); a new folder also gets a config.yaml. --hf loads a Hugging Face model folder offline and
 tokenizes with its tokenizer.json, or with the run's tokenizer and validation data given --config.
 """
 
 import argparse
-import sys
 import time
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from olmo_patches.cli import ArgumentParser, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.report.console import console
 from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?", help="a checkpoint (RUN/stepN) or a run folder")
     parser.add_argument("--step", type=int, help="with a run folder: the step to evaluate (default: the latest)")
     parser.add_argument("--hf", metavar="DIR", help="a Hugging Face model folder instead of a checkpoint")
@@ -34,7 +38,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)")
     parser.add_argument("--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)")
-    parser.add_argument("--out", help="metrics file or folder to append to (default: the run's metrics.jsonl)")
+    parser.add_argument("--out", metavar="FILE.json|FILE.jsonl|FOLDER", help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)")
     args = parser.parse_args()
     if (args.checkpoint is None) == (args.hf is None):
         parser.error("give a CHECKPOINT or --hf DIR")
@@ -51,9 +55,11 @@ def main() -> None:
             target.name = args.name or target.name
             target.config["run"]["name"] = target.name
     except ConfigError as e:
-        print(f"evaluate: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    metrics = evaluate(target, device=args.device, bf16=args.bf16)
+        refuse(f"evaluate: {e}")
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), "batches",
+               TextColumn("{task.fields[instances]:,} instances"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        metrics = evaluate(target, device=args.device, bf16=args.bf16, progress=progress)
     out = write_metrics(args.out or default_out(args.checkpoint, args.step), target, metrics)
     for name, value in metrics.items():
         console().print(f"{name} = {value:.4f}", highlight=False)

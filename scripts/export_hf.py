@@ -7,14 +7,14 @@ modeling code (load with trust_remote_code=True).
 """
 
 import argparse
-import sys
 
+from olmo_patches.cli import ArgumentParser, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.export import export_hf
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a trainer checkpoint folder, e.g. runs/NAME/step1000")
     parser.add_argument("out_dir")
     parser.add_argument("--config", help="the run's config.yaml (default: CHECKPOINT/../config.yaml)")
@@ -23,8 +23,7 @@ def main() -> None:
     try:
         kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        print(f"export_hf: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        refuse(f"export_hf: {e}")
     print(f"wrote {args.out_dir} ({'Olmo2ForCausalLM' if kind == 'olmo2' else 'custom modeling code, trust_remote_code=True'})")
 
 

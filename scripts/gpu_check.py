@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda (default) or cpu")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes, a few steps (the CPU test)")
     parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--wheelhouse", type=Path, help="install the dependencies from this folder first (no network)")

@@ -19,13 +19,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from olmo_patches.cli import ArgumentParser
 from olmo_patches.report.figures import make_figures, scaling_figure
 from olmo_patches.report.scaling import scaling_tables
 from olmo_patches.report.tables import build_tables, load_runs, paper_results, write_tables
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-figures", action="store_true")

@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from olmo_patches.cli import load_or_exit
+from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
 from olmo_patches.nn.search import ALIGNED_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes, rank_key, solve
@@ -37,9 +37,12 @@ def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
         return count(spec).non_embedding, Path(text), vocab_size(spec), spec.data.sequence_length
     scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1)
     try:
-        return int(round(float(text.rstrip("KkMmBb")) * scale)), None, DOLMA2_PADDED_VOCAB, 4096
-    except ValueError:
-        raise SystemExit(f"search: BUDGET={text}: not a config file or a parameter count") from None
+        budget = int(round(float(text.rstrip("KkMmBb")) * scale))
+    except (ValueError, OverflowError):
+        refuse(f"search: BUDGET={text}: not a config file or a parameter count")
+    if budget < 1:
+        refuse(f"search: BUDGET={text}: must be a positive parameter count")
+    return budget, None, DOLMA2_PADDED_VOCAB, 4096
 
 
 def shapes(args, budget: int) -> list[Shape]:
@@ -50,10 +53,10 @@ def shapes(args, budget: int) -> list[Shape]:
     solving = dict(tolerance=args.tolerance, aligned=args.aligned)
     if args.d_model:  # fixed dimensions: no solving
         if not (args.layers and args.d_h):
-            raise SystemExit("search: --d-model needs --layers and --d-h")
+            refuse("search: --d-model needs --layers and --d-h")
         heads = [h for f in fractions if (h := attention_heads(args.d_model, f, **attention)) is not None]
         if not heads:
-            raise SystemExit(f"search: --d-model={args.d_model}: no valid head count")
+            refuse(f"search: --d-model={args.d_model}: no valid head count")
         return [Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h) for K in Ks for L in args.layers for h in heads]
     if not args.layers:
         return list(enumerate_shapes(budget, Ks=Ks, d_h_ratios=ratios, attn_fractions=fractions, **solving, **attention))
@@ -124,27 +127,27 @@ model:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("budget", help="a baseline config or a non-embedding parameter count (113246208, 113.2M)")
-    parser.add_argument("--K", type=int, nargs="+", help="K values (default 1..10)")
-    parser.add_argument("--d-h-ratio", type=float, nargs="+", help="target d_h/d_model values (default 0.1..0.8)")
-    parser.add_argument("--layers", type=int, nargs="+", help="L values (default: every L with d_model/L in 50..300)")
-    parser.add_argument("--layer-slack", type=int, default=0, help="allow L this far from --layers when unsolvable")
-    parser.add_argument("--d-model", type=int, help="fix d_model (with --layers and --d-h): no solving")
-    parser.add_argument("--d-h", type=int, help="fix d_h (with --d-model)")
-    parser.add_argument("--attn-fraction", type=float, nargs="+",
+    parser.add_argument("--K", type=at_least(1), nargs="+", help="K values (default 1..10)")
+    parser.add_argument("--d-h-ratio", type=at_least(0, float), nargs="+", help="target d_h/d_model values (default 0.1..0.8)")
+    parser.add_argument("--layers", type=at_least(1), nargs="+", help="L values (default: every L with d_model/L in 50..300)")
+    parser.add_argument("--layer-slack", type=at_least(0), default=0, help="allow L this far from --layers when unsolvable")
+    parser.add_argument("--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving")
+    parser.add_argument("--d-h", type=at_least(1), help="fix d_h (with --d-model)")
+    parser.add_argument("--attn-fraction", type=at_least(0, float), nargs="+",
                         help="attention width n_heads x --head-dim near these fractions of d_model (default: MHA at d_model)")
-    parser.add_argument("--head-dim", type=int, default=64, help="head size with --attn-fraction (even)")
-    parser.add_argument("--kv-group", type=int, default=1, help="query heads per key/value head (GQA; 1: MHA)")
+    parser.add_argument("--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)")
+    parser.add_argument("--kv-group", type=at_least(1), default=1, help="query heads per key/value head (GQA; 1: MHA)")
     parser.add_argument("--aligned", action="store_true", help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3")
-    parser.add_argument("--tolerance", type=float, help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned)")
+    parser.add_argument("--tolerance", type=at_least(0, float), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned)")
     parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
                         help="rank: olmo_patches.nn.search.rank_key (the paper's findings); flops; attention share")
-    parser.add_argument("--top", type=int, default=40, help="rows to print")
+    parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
     parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
     args = parser.parse_args()
-    if args.head_dim < 2 or args.head_dim % 2 or args.kv_group < 1:
-        raise SystemExit(f"search: --head-dim={args.head_dim} --kv-group={args.kv_group}: head_dim must be even, kv-group >= 1")
+    if args.head_dim % 2:
+        refuse(f"search: --head-dim={args.head_dim}: must be even")
     if args.tolerance is None:
         args.tolerance = ALIGNED_TOLERANCE if args.aligned else TOLERANCE
     budget, baseline, vocab, seq = parse_budget(args.budget)
@@ -154,7 +157,7 @@ def main() -> None:
     Console(width=220).print(table(rows[: args.top], budget, vocab, seq))
     if args.write:
         if baseline is None:
-            raise SystemExit("search: --write needs BUDGET to be a baseline config")
+            refuse("search: --write needs BUDGET to be a baseline config")
         command = "python scripts/search.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         for s in rows:
             print(write_config(s, args.write, baseline, budget, command))

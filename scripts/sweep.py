@@ -18,13 +18,13 @@ from pathlib import Path
 
 from rich.table import Table
 
-from olmo_patches.cli import console
+from olmo_patches.cli import ArgumentParser, at_least, console
 from olmo_patches.config import ConfigError
 from olmo_patches.report.sweep import launch_local, launch_slurm, load_sweep, report, status_rows, sweep_status
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {name: sub.add_parser(name) for name in ("launch", "status", "report")}
     for p in commands.values():
@@ -34,8 +34,8 @@ def main() -> None:
     where = commands["launch"].add_mutually_exclusive_group(required=True)
     where.add_argument("--local", action="store_true", help="train here, one run after another")
     where.add_argument("--slurm", action="store_true", help="submit one SLURM job array, one element per run")
-    commands["launch"].add_argument("--nodes", type=int, default=1, help="nodes per run (--slurm)")
-    commands["launch"].add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (--slurm)")
+    commands["launch"].add_argument("--nodes", type=at_least(1), default=1, help="nodes per run (--slurm)")
+    commands["launch"].add_argument("--gpus-per-node", type=at_least(1), default=8, help="GPUs per node (--slurm)")
     commands["launch"].add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00")
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")

@@ -19,7 +19,7 @@ import os
 import sys
 
 from olmo_patches.report.console import console as rich_console
-from olmo_patches.cli import load_or_exit, refuse
+from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
 from olmo_patches.config import Layout, spec_to_yaml
 from olmo_patches.peers import announce
 from olmo_patches.report.advice import advice
@@ -29,19 +29,17 @@ from olmo_patches.train import exit_line, train
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="YAML config")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-3")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameters, then exit")
     parser.add_argument("--resume-from", metavar="PATH", help="checkpoint (or folder of checkpoints) to resume from")
-    parser.add_argument("--nproc-per-node", type=int, metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)")
-    parser.add_argument("--nodes", type=int, metavar="M", help="--dry-run: plan for M nodes (default 1)")
+    parser.add_argument("--nproc-per-node", type=at_least(1), metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)")
+    parser.add_argument("--nodes", type=at_least(1), metavar="M", help="--dry-run: plan for M nodes (default 1)")
     args = parser.parse_intermixed_args()  # overrides before or after the flags
     planned = args.nproc_per_node is not None or args.nodes is not None
     if planned and not args.dry_run:
         parser.error("--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun")
-    if planned and min(args.nproc_per_node or 1, args.nodes or 1) < 1:
-        parser.error("--nproc-per-node and --nodes must be >= 1")
     layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
     spec = load_or_exit(args.config, args.overrides, layout)
     if os.environ.get("RANK", "0") == "0":

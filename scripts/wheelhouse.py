@@ -9,11 +9,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from olmo_patches.cli import ArgumentParser
 from olmo_patches.wheelhouse import PLATFORMS, build, gpu_check_missing
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="where the wheels go")
     parser.add_argument("--python-version", default="3.12", help="the node's Python, e.g. 3.11 or 3.12")
     parser.add_argument("--platform", action="append", help=f"pip platform tags (default: {' '.join(PLATFORMS)})")

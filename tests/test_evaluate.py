@@ -4,6 +4,7 @@ References: OLMo-core's own in-loop numbers for the same checkpoint, and COPA sc
 definition (sum of the continuation's log-probabilities after the query is cut to its last L tokens;
 documents with a continuation longer than L cannot be scored)."""
 
+import json
 import shutil
 
 import pytest
@@ -62,6 +63,16 @@ def test_posthoc_equals_in_loop_and_lands_in_tables(tiny_run, posthoc, demo_corp
     assert post["eval/downstream/copa (truncated instances)"] == sum(len(ctx) + len(c) - 1 > L for ctx, conts, _ in kept for c in conts) > 0
     run = load_runs([posthoc])["demo-baseline"]
     assert run.last_step == 2 and run.downstream("copa", "accuracy") == post["eval/downstream/copa (accuracy)"]
+
+
+def test_out_json_is_one_record_and_progress_is_shown(tiny_run, posthoc, tmp_path):
+    out = tmp_path / "results.json"
+    r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--validation-sets", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads(out.read_text())  # a file, not a folder named results.json
+    assert record["step"] == 2 and record["eval/downstream/copa (accuracy)"] == read_metrics(posthoc)[2]["eval/downstream/copa (accuracy)"]
+    assert list(tmp_path.iterdir()) == [out]
+    assert "copa" in r.stderr and "batches" in r.stderr and "instances" in r.stderr  # the progress bar
 
 
 def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path):

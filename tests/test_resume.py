@@ -26,12 +26,12 @@ from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.train.metrics import METRICS_FILE, read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 from olmo_patches.train.resume import prune_incomplete
-from olmo_patches.train.run_folder import Lock
+from olmo_patches.train.run_folder import Lock, RunFolderError
 from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
-from .conftest import REPO, run, run_script, tiny_overrides
+from .conftest import REPO, run, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
@@ -100,10 +100,10 @@ def test_sigkill_mid_save_never_resumes_from_the_cut_checkpoint(tmp_path, straig
     train(_spec(tmp_path))  # prunes step4 and step6-tmp, resumes from step2, saves step4 again
     assert Checkpointer.dir_is_checkpoint(tmp_path / "step4") and not (tmp_path / "step6-tmp").exists()
     assert _losses(tmp_path) == _losses(straight)
-    # Steps logged before the kill and again after the resume agree exactly.
+    # The steps logged after step 2 before the kill were dropped at the resume and redone: one record each.
     reference = _losses(straight)
     records = _all_loss_records(tmp_path)
-    assert len(records) > 6 and all(loss == reference[step] for step, loss in records)
+    assert [step for step, _ in records] == [1, 2, 3, 4, 5, 6] and all(loss == reference[step] for step, loss in records)
     _assert_same_weights(straight / "step6", tmp_path / "step6")
 
 
@@ -116,8 +116,9 @@ def test_resume_from_another_checkpoint_and_newer_ones_move_aside(tmp_path, stra
     aside = list(tmp_path.glob("superseded-*/step6"))
     assert len(aside) == 1 and Checkpointer.dir_is_checkpoint(aside[0])
     _assert_same_weights(straight / "step6", tmp_path / "step6")
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(RunFolderError, match="--resume-from .*missing: no such folder"):
         train(_spec(tmp_path / "other"), resume_from=str(tmp_path / "missing"))
+    assert not (tmp_path / "other").exists()  # refused before anything was written
 
 
 def test_one_process_resumed_with_two_sees_the_same_instances(tmp_path, straight):
@@ -200,7 +201,7 @@ def test_restart_after_an_older_version_saved_nonfinite_weights(tmp_path, straig
 
     with monkeypatch.context() as m:  # an older version: no check before a save, no manifest
         m.setattr(resume, "check_before_save", lambda trainer: None)
-        m.setattr(resume, "write_manifest", lambda path: None)
+        m.setattr(resume.ManifestWriter, "start", lambda path: None)
         _train_with(tmp_path, _PoisonAfterStep(at=4), "run.stop_at_step=4")
     assert _steps(tmp_path) == [0, 2, 4] and not _finite(tmp_path / "step4")
     with caplog.at_level("WARNING"):
@@ -233,6 +234,27 @@ def test_damaged_checkpoints_fall_back_to_the_newest_good_one(tmp_path, straight
     _assert_same_weights(straight / "step6", tmp_path / "step6")
 
 
+def test_a_corrupted_checkpoint_of_the_right_size_is_rejected(tmp_path, straight, caplog):
+    _copy_run(straight, tmp_path, [0, 2, 4])
+    shard = max((tmp_path / "step4" / "model_and_optim").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 1024] = os.urandom(1024)  # random bytes inside, size kept
+    shard.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        train(_spec(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Resuming" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("Resuming from step 2") and "corrupted" in warnings[0], warnings
+    assert [p.name for p in (tmp_path / "rejected").iterdir()] == ["step4"]
+    assert _losses(tmp_path) == {s: v for s, v in _losses(straight).items() if s > 2}  # steps 3-6 redone
+    _assert_same_weights(straight / "step6", tmp_path / "step6")
+    manifest = json.loads((tmp_path / "step6" / "manifest.json").read_text())["files"]
+    assert all(len(e["crc32"]) == 8 for e in manifest.values()) and "train/rank0.pt" in manifest
+    checked = run_in_process("verify_checkpoints.py", tmp_path)  # on demand: all good now
+    assert checked.returncode == 0 and checked.stdout.splitlines() == [f"{tmp_path}/step{s}: ok" for s in (6, 4, 2, 0)]
+    checked = run_in_process("verify_checkpoints.py", tmp_path / "rejected" / "step4")
+    assert checked.returncode == 1 and checked.stdout.strip().endswith("when saved)") and shard.name in checked.stdout
+
+
 def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, demo_corpus):
     spec = _spec(tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")
     train(spec)
@@ -244,7 +266,7 @@ def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, de
     # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and metadata)
     assert n == 7 and 0 <= written - estimate < n * 2**20
     manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
-    assert manifest["files"]["train/rank0.pt"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
+    assert manifest["files"]["train/rank0.pt"]["bytes"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
 
 
 def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp_path, straight):

@@ -7,6 +7,7 @@ behaviour (real saves, resumes, signals) is tested in test_resume.py and test_re
 import json
 import logging
 import re
+import zlib
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from olmo_patches.config import load_spec
 from olmo_patches.train import train
 from olmo_patches.train.resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
+from olmo_patches.train.safety import ManifestWriter
 
 from .conftest import REPO, tiny_overrides
 
@@ -144,10 +146,14 @@ def test_post_checkpoint_saved_writes_a_manifest_for_a_local_checkpoint_only(tmp
     d = _checkpoint(tmp_path, 3)
     cb = ResumeCheckpointerCallback(save_interval=2)
     cb.post_checkpoint_saved(str(d))
+    cb._record_saved()  # once every callback has written into the checkpoint: in a background thread
+    ManifestWriter.wait_all()
     manifest = json.loads((d / "manifest.json").read_text())
-    assert manifest == {"files": {".metadata.json": 2, "model_and_optim/.metadata": 0,
-                                  "train/rank0.pt": (d / "train" / "rank0.pt").stat().st_size}, "finite": True}
+    entry = {name: {"bytes": (d / name).stat().st_size, "crc32": f"{zlib.crc32((d / name).read_bytes()):08x}"}
+             for name in (".metadata.json", "model_and_optim/.metadata", "train/rank0.pt")}
+    assert manifest == {"files": entry, "finite": True}
     cb.post_checkpoint_saved("gs://bucket/run/step3")  # remote: no manifest (writing one locally would fail)
+    assert cb._saved == []
 
 
 @pytest.mark.parametrize("keep,removed", [(1, ["a", "b", "c"]), (2, ["a", "b"]), (3, ["a"])])
@@ -174,7 +180,7 @@ def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
         meta = json.loads((tmp_path / f"step{step}" / ".metadata.json").read_text())
         assert meta["ephemeral"] is (step in (3, 5)), (step, meta)
         files = json.loads((tmp_path / f"step{step}" / "manifest.json").read_text())["files"]
-        assert files["train/rank0.pt"] == (tmp_path / f"step{step}" / "train" / "rank0.pt").stat().st_size
+        assert files["train/rank0.pt"]["bytes"] == (tmp_path / f"step{step}" / "train" / "rank0.pt").stat().st_size
 
 
 # --- NonFiniteGuardCallback: no host sync per step -------------------------------------------------

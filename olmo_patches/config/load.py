@@ -8,28 +8,52 @@ override the base's, and omegaconf interpolation (``${model.d_model}``) works ac
 from __future__ import annotations
 
 import copy
+import re
 from functools import cache, partial
 from pathlib import Path
 from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from .layout import Layout, apply_hardware, fit_world_size
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
-from .validate import validate
+from .validate import validate, warn_long_warmup
+
+_NOT_A = re.compile(r"^Value '(.*)' of type '\w+' could not be converted to (\w+)$")
+_NOT_VALID = re.compile(r"^Value '(.*)' is not a valid (\w+)(?: \(type \w+\))?$")
+_KINDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "bool": "true or false"}
+
+
+def _why(e: OmegaConfBaseException) -> str:
+    """omegaconf's reason in the project's words, without its internals (full_key, reference_type, ...)."""
+    if isinstance(e, MissingMandatoryValue):
+        return "required, not set"
+    if isinstance(e, ConfigKeyError) and "not in" in str(e):
+        return "no such key"
+    why = one_line(e).split(" full_key: ")[0]
+    if m := _NOT_A.match(why):
+        return f"'{m.group(1)}' is not {_KINDS.get(m.group(2), m.group(2).lower())}"
+    if m := _NOT_VALID.match(why):
+        return f"'{m.group(1)}' is not {_KINDS.get(m.group(2), m.group(2))}"
+    return why
+
 
 def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, DictConfig]]:
     """The files of an ``extends`` chain, base first."""
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"{path}: extends: circular chain {' -> '.join(map(str, seen))}")
+    if path.is_dir():
+        raise ConfigError(f"{path}: a folder, not a config file")
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
         cfg = OmegaConf.load(path)
     except Exception as e:  # yaml syntax
         raise ConfigError(f"{path}: cannot parse YAML: {one_line(e)}") from e
+    if not path.read_text().strip() or (isinstance(cfg, DictConfig) and not cfg):
+        raise ConfigError(f"{path}: empty config file (a config sets at least run.name)")
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"{path}: a config file must be a mapping")
     parent = cfg.pop("extends", None)
@@ -77,7 +101,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
             merged.merge_with(coerce_shorthands(cfg))  # in place: OmegaConf.merge would deep-copy the whole config per file
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", "") or "?"
-            raise ConfigError(f"{source}: {key}: {one_line(e)}") from e
+            raise ConfigError(f"{source}: {key}: {_why(e)}") from e
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
@@ -86,7 +110,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
-        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {one_line(e)}") from e
+        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {_why(e)}") from e
     if spec.train.float8 == "False":  # YAML 1.1 reads a bare `off` as false
         spec.train.float8 = "off"
     where = partial(_where, chain=chain, cli=overrides)
@@ -94,6 +118,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
     layout = layout or Layout.from_env()
     fit_world_size(spec, layout, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
+    warn_long_warmup(spec, where)
     return spec
 
 

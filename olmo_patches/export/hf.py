@@ -151,6 +151,12 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
               tokenizer_file: Optional[str | Path] = None) -> str:
     """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom")."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
+    if not checkpoint.is_dir():
+        raise ValueError(f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}")
+    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
+        raise ValueError(f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT_DIR {out}: a file, not a folder")
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
     spec = load_spec(config_path)
     if spec.model.moe is not None:

@@ -8,6 +8,7 @@ the comparison reads each run's metrics file. Output: a table on the console,
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import statistics
 from dataclasses import asdict, dataclass
@@ -131,7 +132,13 @@ def run_demo(specs: list[ExperimentSpec], out_dir: Path, console: Console | None
         console.rule(f"[bold]{i}/{len(specs)}: {spec.run.name}")
         train(spec)
         runs.append((spec.run.name, run_dir))
-    results = [summarize(spec, run_dir) for spec, (_, run_dir) in zip(specs, runs)]
+    olmo_core_log = logging.getLogger("olmo_core")
+    level = olmo_core_log.level
+    olmo_core_log.setLevel(logging.WARNING)  # count() builds each model: no printout on the terminal
+    try:
+        results = [summarize(spec, run_dir) for spec, (_, run_dir) in zip(specs, runs)]
+    finally:
+        olmo_core_log.setLevel(level)
     (out_dir / "summary.json").write_text(json.dumps({r.name: asdict(r) for r in results}, indent=2) + "\n")
     _plot(runs, out_dir / "loss_curves.png")
     console.print(_table(results))

@@ -31,9 +31,10 @@ from olmo_core.data.utils import get_labels
 from olmo_core.eval import Evaluator
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.eval.lm_evaluator import LMEvaluator
-from olmo_core.train import Duration
+from olmo_core.train import Duration, DurationUnit
 from olmo_core.utils import move_to_device
 from omegaconf import OmegaConf
+from rich.progress import Progress
 
 from olmo_core.train.checkpoint import Checkpointer
 
@@ -142,6 +143,8 @@ def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
 
 def _step_dir(checkpoint: Path, step: Optional[int]) -> Path:
     """A step folder, or a run folder with ``step`` (default: its latest complete checkpoint)."""
+    if not checkpoint.is_dir():
+        _fail("CHECKPOINT", checkpoint, "a file, not a checkpoint or run folder" if checkpoint.exists() else "no such folder")
     if Checkpointer.dir_is_checkpoint(checkpoint):
         return checkpoint
     if step is not None:
@@ -215,17 +218,26 @@ def from_hf(model_dir: str | Path, choice: EvalChoice, *, config: Optional[str |
     return EvalTarget(spec.run.name, step, _hf_forward(model), evaluators, duration, record)
 
 
-def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False) -> Dict[str, float]:
-    """Every evaluator of ``target`` once: {metric name: value}, named as in training."""
+def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False, progress: Optional[Progress] = None) -> Dict[str, float]:
+    """Every evaluator of ``target`` once: {metric name: value}, named as in training. ``progress``
+    (a rich Progress) gets one bar per evaluator: batches done of its total, instances, time left."""
     metrics: Dict[str, float] = {}
     autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
     for evaluator in target.evaluators:
         start = time.monotonic()
         evaluator.reset_metrics()
-        steps = tokens = 0
+        steps = tokens = instances = 0
+        total = evaluator.total_batches
+        if isinstance(evaluator, LMEvaluator) and target.lm_duration.unit == DurationUnit.steps:
+            total = min(total or target.lm_duration.value, target.lm_duration.value)
+        name = getattr(evaluator, "display_name", evaluator.name)
+        task = progress.add_task(name, total=total, instances=0) if progress is not None else None
         for batch in evaluator:
             steps += 1
             tokens += batch["input_ids"].numel()
+            instances += batch["input_ids"].shape[0]
+            if progress is not None and task is not None:
+                progress.update(task, advance=1, instances=instances)
             batch = move_to_device(batch, torch.device(device))
             with torch.no_grad(), autocast:
                 logits, ce_loss = target.forward(batch["input_ids"], get_labels(batch))
@@ -234,21 +246,27 @@ def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False) -> 
                 break
         for name, value in evaluator.compute_metrics().items():
             metrics[f"eval/{evaluator.name}/{name}"] = float(value)
-        log.info(f"{getattr(evaluator, 'display_name', evaluator.name)}: {steps} batches in {time.monotonic() - start:.1f} s")
+        log.info(f"{name}: {steps} batches in {time.monotonic() - start:.1f} s")
     return metrics
 
 
 def write_metrics(out: str | Path, target: EvalTarget, metrics: Dict[str, float]) -> Path:
-    """Append one record (the target's step) to a metrics file; a folder without config.yaml gets the
-    target's, so that ``make_tables.py`` reads the folder as a run."""
+    """One record (the target's step) to ``out``: a ``.json`` file (written: the name, the step and the
+    metrics), a ``.jsonl`` file or a folder (its ``metrics.jsonl``), appended; the folder of a metrics
+    file gets the target's ``config.yaml`` when it has none, so that ``make_tables.py`` reads it as a run."""
     out = Path(out)
+    record = {"step": target.step, **metrics}
+    if out.suffix == ".json":
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"name": target.name, **record}, indent=1) + "\n")
+        return out
     if out.suffix != ".jsonl":
         out = out / METRICS_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     if not (out.parent / "config.yaml").exists():
         (out.parent / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(target.config)))
     with out.open("a") as f:
-        f.write(json.dumps({"step": target.step, **metrics}) + "\n")
+        f.write(json.dumps(record) + "\n")
     return out
 
 

@@ -46,9 +46,10 @@ from ..hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .. import peers
+from .checkpoints import latest_complete
 from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, float8_config, olmo_core_compiles, precision_of
-from .progress import ProgressCallback, quiet_console, wandb_callback
-from .resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
+from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
+from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
 from .run_folder import Lock, RunFolderError, check_config, record_config
 from .safety import NonFiniteError, NonFiniteGuardCallback, select_resume_checkpoint
 from .shared_fs import require_shared
@@ -319,12 +320,16 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:  # before the process group: the demo corpus is built by rank 0 alone
         try:
+            if resume_from is not None:
+                check_resume_from(resume_from)
             _check_downstream_fit(spec)
             changes = check_config(spec, deliberate=resume_from is not None)
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
     peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
-    prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    start_lines: list[logging.LogRecord] = []  # OLMo-core's env vars and process group: for train.log only
+    with quiet_start(start_lines):
+        prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
     peers.watch()  # or the process group's
     start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
@@ -354,7 +359,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         if froze:
             gc.collect()
             gc.freeze()
-        with quiet_console(save_folder):
+        with quiet_console(save_folder, start_lines):
             return _fit(spec, resume_from, device, callbacks)
     except Exception as e:  # before the process group goes: peers waiting in a collective hear why
         peers.announce(*exit_line(e))
@@ -380,6 +385,22 @@ def exit_line(e: Exception) -> tuple[str, int]:
     return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
 
 
+def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
+    """Steps, tokens, and how many times the run reads its data (more than once: said)."""
+    t, seq = spec.train, spec.data.sequence_length
+    steps = trainer.max_steps
+    tokens = steps * t.global_batch_size * seq if steps is not None else None
+    line = f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})" if tokens else "until train.max_tokens"
+    data_tokens = len(dataset) * seq
+    if tokens and tokens > data_tokens:
+        line += f", {tokens / data_tokens:.1f} passes over the data's {_count(data_tokens)} tokens"
+    return line
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
@@ -399,9 +420,12 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
         if name in trainer.callbacks:
             trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
     if resume_from is not None:
-        load_explicit(trainer, resume_from)
+        loaded: Optional[str] = load_explicit(trainer, resume_from)
     else:  # what fit() would load, loaded first to see whether the run is already finished
         trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
+        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
+    announce(f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}" if loaded
+             else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}")
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         log.warning(f"Already finished (step {trainer.global_step}): nothing to do")  # no evaluation, nothing written
         return Path(spec.save_folder)

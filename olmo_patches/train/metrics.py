@@ -1,8 +1,9 @@
 """The run's metrics file: every metric the Trainer logs, one JSON line per step.
 
 It is written by rank 0 in the run folder (``metrics.jsonl``) whatever else logs (console,
-wandb), and it is what the demo summary, the tables and the figures read. A resumed run appends:
-for a step logged twice, the later record wins.
+wandb), and it is what the demo summary, the tables and the figures read. A resumed run first drops
+the records past its checkpoint's step (steps a killed run logged but did not save, which the resumed
+run redoes), then appends: one record per step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,18 @@ METRICS_FILE = "metrics.jsonl"
 
 @dataclass
 class MetricsFileCallback(Callback):
+    def pre_train(self):
+        path = Path(self.trainer.save_folder) / METRICS_FILE
+        if get_rank() != 0 or not path.is_file():
+            return
+        step = self.trainer.global_step  # the checkpoint resumed from (0: a new run, nothing kept)
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if step and line.strip() and json.loads(line)["step"] <= step]
+        if len(kept) != len(lines):
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(path)
+
     def log_metrics(self, step: int, metrics: Dict[str, float]):
         if get_rank() != 0:
             return

@@ -25,14 +25,14 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 from olmo_core.distributed.utils import get_rank
 from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress", "quiet_console", "LOG_FILE"]
+__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress", "announce", "quiet_start", "quiet_console", "LOG_FILE"]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -87,6 +87,11 @@ class ProgressCallback(ConsoleLoggerCallback):
         log.info(line)
 
 
+def announce(line: str) -> None:
+    """A line for the operator's terminal (rank 0), beside the progress lines: where a run starts from."""
+    log.info(line)
+
+
 @dataclass
 class OfflineAwareWandBCallback(WandBCallback):
     """WandBCallback that works offline (no API key, no API calls) and resumes its own run."""
@@ -135,10 +140,49 @@ def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]
 LOG_FILE = "train.log"
 
 
+# The loggers of OLMo-core's prepare_training_environment (env vars, the process group, the backend).
+_START_LOGGERS = ("olmo_core.utils", "olmo_core.distributed.utils", "olmo_core.train")
+
+
 @contextmanager
-def quiet_console(save_folder: Path):
+def quiet_start(kept: List[logging.LogRecord]):
+    """OLMo-core's start-up lines (``Setting env var ...``, ``Will skip setting env var ...``, the process
+    group) into ``kept`` instead of the terminal (:func:`quiet_console` writes them to ``train.log``);
+    errors still pass. Before its logging is set up OLMo-core prints them unless a root handler
+    takes INFO: this one does."""
+
+    def divert(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        kept.append(record)
+        return False
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            divert(record)
+
+    root, handler = logging.getLogger(), _Keep(logging.INFO)
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO) or logging.INFO)
+    loggers = [logging.getLogger(name) for name in _START_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(divert)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(divert)
+        root.removeHandler(handler)
+        if not root.handlers:  # OLMo-core's logging was not set up here: as it was
+            root.setLevel(level)
+
+
+@contextmanager
+def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
     """The terminal shows the progress lines and warnings; everything OLMo-core logs (the model
-    printout, its per-step metrics, the data and checkpoint steps) goes to ``SAVE/train.log``."""
+    printout, its per-step metrics, the data and checkpoint steps) goes to ``SAVE/train.log``, after
+    the start-up lines ``kept`` by :func:`quiet_start`."""
     root = logging.getLogger()
     consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
     keep = _ProgressOrWarning()
@@ -146,6 +190,8 @@ def quiet_console(save_folder: Path):
     if get_rank() == 0:
         file = logging.FileHandler(save_folder / LOG_FILE)
         file.setFormatter(consoles[0].formatter if consoles else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        early = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")  # made before OLMo-core's fields
+        file.stream.writelines(early.format(record) + "\n" for record in kept)
         root.addHandler(file)
     for h in consoles:
         h.addFilter(keep)
@@ -162,5 +208,7 @@ def quiet_console(save_folder: Path):
 class _ProgressOrWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if "NonFiniteError" in str(record.msg):  # the trainer's two-line report; scripts/train.py prints one
+            return False
+        if str(record.msg).startswith("No checkpoint found in save folder"):  # announce() said "new run"
             return False
         return record.levelno >= logging.WARNING or record.name == __name__

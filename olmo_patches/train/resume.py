@@ -17,7 +17,7 @@ What this module adds:
   rewriting it, and could destroy the very checkpoint a finished run was resumed from).
 - :class:`ResumeCheckpointerCallback`: knows the step it resumed from, so a run resumed at its
   last step does not save that step again; checks the weights are finite before every save and
-  records each checkpoint's files (safety.py); keeps every permanent checkpoint (OLMo-core keeps
+  records each checkpoint's files and CRCs (safety.py, in a background thread); keeps every permanent checkpoint (OLMo-core keeps
   the last 3 by default) and the last ``ephemeral_keep`` ephemeral ones (OLMo-core: 1).
 - :func:`load_explicit`: ``--resume-from PATH`` (a checkpoint, or a folder of them); checkpoints
   in the save folder newer than PATH are moved aside (never deleted) so that they neither shadow
@@ -41,13 +41,15 @@ from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
 from .checkpoints import checkpoint_step, latest_complete
-from .safety import check_before_save, write_manifest
+from .run_folder import RunFolderError
+from .safety import ManifestWriter, check_before_save
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "prune_incomplete",
     "ResumeCheckpointerCallback",
+    "check_resume_from",
     "load_explicit",
 ]
 
@@ -81,6 +83,7 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
     max_checkpoints: Optional[int] = None  # permanent checkpoints (save_interval) are all kept
     ephemeral_keep: int = 1  # ephemeral checkpoints kept (OLMo-core keeps the newest one)
     _held: List[str] = field(default_factory=list)  # ephemeral ones OLMo-core let go, kept a while
+    _saved: List[str] = field(default_factory=list)  # saved, their manifest not yet started
 
     def post_checkpoint_loaded(self, path: PathOrStr):
         self._latest_checkpoint_step = self.trainer.global_step
@@ -88,14 +91,29 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
 
     def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
         check_before_save(self.trainer)
-        return super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+        ManifestWriter.wait_all()  # the previous checkpoint's, before OLMo-core may remove it
+        path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+        self._record_saved()
+        return path
 
     def post_checkpoint_saved(self, path: PathOrStr):
         if get_rank() == 0 and not is_url(path):
-            write_manifest(path)
+            self._saved.append(str(path))
+
+    def _record_saved(self):
+        # Once every callback's post_checkpoint_saved has run (OLMo-core's config saver writes into
+        # the checkpoint there): sizes and CRCs, off the training thread.
+        while self._saved:
+            ManifestWriter.start(self._saved.pop(0))
+
+    def post_train_batch(self):
+        super().post_train_batch()
+        self._record_saved()  # an async save finalized during the step
 
     def post_train(self):
         super().post_train()
+        self._record_saved()
+        ManifestWriter.wait_all()
         self._remove_old_checkpoints()  # the last ephemeral one let go (OLMo-core leaves it behind)
 
     def _schedule_for_removal(self, path: str):
@@ -104,6 +122,18 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
         self._held.append(path)
         while len(self._held) > self.ephemeral_keep - 1:
             super()._schedule_for_removal(self._held.pop(0))
+
+
+def check_resume_from(resume_from: PathOrStr) -> None:
+    """:class:`RunFolderError` (one line) unless ``--resume-from`` names a checkpoint or a folder with a
+    complete one; local paths only (a URL is checked when it is loaded). Before anything is written."""
+    if is_url(resume_from):
+        return
+    path = Path(resume_from)
+    if not path.is_dir():
+        raise RunFolderError(f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}")
+    if not Checkpointer.dir_is_checkpoint(path) and latest_complete(path) is None:
+        raise RunFolderError(f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})")
 
 
 def load_explicit(trainer, resume_from: PathOrStr) -> str:

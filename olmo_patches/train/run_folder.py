@@ -148,10 +148,15 @@ class Lock:
         return holder.get("host") == self.me["host"] and not pid_alive(int(holder.get("pid", 0)))
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunFolderError(f"run.save_folder {self.path.parent}: cannot create it ({e.strerror})") from None
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except PermissionError as e:
+                raise RunFolderError(f"run.save_folder {self.path.parent}: cannot write there ({e.strerror})") from None
             except FileExistsError:
                 holder = self._holder()
                 if holder is None:  # being written by its holder: it is alive

@@ -7,12 +7,13 @@ resume that falls back past a checkpoint that fails either check.
 - :func:`check_before_save` runs before every save (``ResumeCheckpointerCallback``): the guard's unread
   steps, then :func:`assert_finite_params`, so a model with a non-finite weight is never written,
   whichever save it is (permanent, ephemeral, final, SIGTERM).
-- :func:`write_manifest` records the files and sizes of a saved checkpoint (``manifest.json``) and
-  that its weights were checked finite; :func:`verify` checks a checkpoint against it.
-  Sizes, not checksums: ``benchmarks/checkpoint_checksum.py`` measures the cost of each.
-- :func:`select_resume_checkpoint` moves a checkpoint that fails (a missing or cut file, non-finite
-  weights written by an older version) to ``SAVE/rejected/`` (never deleted) with one warning line, so
-  that OLMo-core's own "latest complete checkpoint" is the newest good one.
+- :func:`write_manifest` records the files, sizes and CRC-32s of a saved checkpoint (``manifest.json``)
+  and that its weights were checked finite; :func:`verify` checks a checkpoint against it. The CRCs are
+  computed off the training thread (:class:`ManifestWriter`: zlib releases the GIL), at about disk
+  speed; ``benchmarks/bench_checkpoint_manifest.py`` measures their cost against the save itself.
+- :func:`select_resume_checkpoint` moves a checkpoint that fails (a missing, cut or corrupted file,
+  non-finite weights written by an older version) to ``SAVE/rejected/`` (never deleted) with one
+  warning line, so that OLMo-core's own "latest complete checkpoint" is the newest good one.
 """
 
 from __future__ import annotations
@@ -21,18 +22,20 @@ import json
 import logging
 import math
 import re
+import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from olmo_core.aliases import PathOrStr
-from olmo_core.distributed.utils import get_local_tensor, is_distributed
+from olmo_core.distributed.utils import broadcast_object, get_local_tensor, get_rank, is_distributed
 from olmo_core.train.callbacks import Callback
 from olmo_core.train.checkpoint import Checkpointer
 
-from .checkpoints import latest_complete, load_model_state
+from .checkpoints import load_model_state
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +46,15 @@ __all__ = [
     "assert_finite_params",
     "check_before_save",
     "write_manifest",
+    "ManifestWriter",
     "verify",
+    "checkpoints_in",
     "select_resume_checkpoint",
 ]
 
 _STEP = re.compile(r"^step\d+$")
-MANIFEST = "manifest.json"  # in each stepN/: {"files": {relative path: bytes}, "finite": true}
+MANIFEST = "manifest.json"  # in each stepN/: {"files": {relative path: {"bytes": n, "crc32": hex}}, "finite": true}
+CHUNK = 16 * 2**20  # bytes read at a time for the CRC
 LOSS = "train/CE loss"
 GRAD_NORM = "optim/total grad norm"
 _GUARDED = (LOSS, GRAD_NORM)
@@ -67,7 +73,14 @@ def _all_ranks_true(flag: bool, device: torch.device) -> bool:
 
 
 def _last_good(trainer) -> str:
-    return latest_complete(trainer.save_folder) or "none (rerun starts from scratch)"
+    """The newest checkpoint of the save folder that verifies (its files, without loading weights)."""
+    good: Optional[str] = None
+    if get_rank() == 0:
+        ManifestWriter.wait_all()
+        good = next((p for _, p in checkpoints_in(trainer.save_folder) if verify(p, load_weights=False) is None), None)
+    if is_distributed():
+        good = broadcast_object(good)
+    return good or "none (rerun starts from scratch)"
 
 
 def assert_finite_params(trainer) -> None:
@@ -142,51 +155,103 @@ def check_before_save(trainer) -> None:
     assert_finite_params(trainer)
 
 
-def _files(checkpoint: Path) -> Dict[str, int]:
+def crc32(path: Path) -> str:
+    """The CRC-32 of a file (zlib's, 8 hex digits)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _files(checkpoint: Path) -> Dict[str, Dict[str, Union[int, str]]]:
     return {
-        str(p.relative_to(checkpoint)): p.stat().st_size
+        str(p.relative_to(checkpoint)): {"bytes": p.stat().st_size, "crc32": crc32(p)}
         for p in sorted(checkpoint.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and not p.name.startswith(MANIFEST)
     }
 
 
 def write_manifest(checkpoint: PathOrStr) -> None:
-    """Record the files and sizes of a local checkpoint just saved (its weights were checked finite)."""
+    """Record the files, sizes and CRCs of a local checkpoint just saved (its weights were checked finite)."""
     path = Path(checkpoint)
     tmp = path / f"{MANIFEST}.tmp"
     tmp.write_text(json.dumps({"files": _files(path), "finite": True}, indent=1))
     tmp.replace(path / MANIFEST)
 
 
+class ManifestWriter:
+    """:func:`write_manifest` in a background thread (rank 0): the training thread goes on while the
+    files are read back. A kill before it ends leaves no manifest: the checkpoint is then checked by
+    loading its weights (:func:`verify`)."""
+
+    _threads: ClassVar[List[threading.Thread]] = []
+
+    @classmethod
+    def start(cls, checkpoint: PathOrStr) -> None:
+        thread = threading.Thread(target=write_manifest, args=(checkpoint,), name=f"manifest {checkpoint}")
+        thread.start()
+        cls._threads.append(thread)
+
+    @classmethod
+    def wait_all(cls) -> None:
+        while cls._threads:
+            cls._threads.pop(0).join()
+
+
 def _weights_finite(checkpoint: Path) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in load_model_state(checkpoint).values())
 
 
-def verify(checkpoint: PathOrStr) -> Optional[str]:
+def _check_files(path: Path, recorded: Dict[str, Union[int, Dict[str, Union[int, str]]]]) -> Optional[str]:
+    for name, entry in recorded.items():
+        size, crc = (entry, None) if isinstance(entry, int) else (entry["bytes"], entry.get("crc32"))
+        f = path / name
+        if not f.is_file():
+            return f"{f} missing"
+        if f.stat().st_size != size:
+            return f"{f} has {f.stat().st_size} bytes, {size} when saved"
+        if crc is not None and (now := crc32(f)) != crc:
+            return f"{f} is corrupted (CRC-32 {now}, {crc} when saved)"
+    return None
+
+
+def verify(checkpoint: PathOrStr, load_weights: bool = True) -> Optional[str]:
     """Why a complete checkpoint cannot be resumed, or None. With a manifest: every file there at its
-    size. Without one (an older version, or a kill between the save and the manifest): its weights
-    load and are finite."""
+    size and CRC-32 (a manifest of sizes only, from 0.2: also the weights' check below). Without
+    one (an older version, or a kill before the manifest was written): its files load and its
+    weights are finite (``load_weights=False``: only OLMo-core's required files are there)."""
     path = Path(checkpoint)
     manifest = path / MANIFEST
+    checksummed = False
     if manifest.is_file():
         try:
-            recorded: Dict[str, int] = json.loads(manifest.read_text())["files"]
+            recorded = json.loads(manifest.read_text())["files"]
         except (ValueError, KeyError) as e:
             return f"{manifest} unreadable ({e})"
-        for name, size in recorded.items():
-            f = path / name
-            if not f.is_file():
-                return f"{f} missing"
-            if f.stat().st_size != size:
-                return f"{f} has {f.stat().st_size} bytes, {size} when saved"
+        if (why := _check_files(path, recorded)) is not None:
+            return why
+        checksummed = all(isinstance(e, dict) and "crc32" in e for e in recorded.values())
+    if checksummed:
         return None
     for name in ("train/rank0.pt", "model_and_optim/.metadata"):  # what OLMo-core requires
         if not (path / name).is_file():
             return f"{path / name} missing"
+    if not load_weights:
+        return None
     try:
         return None if _weights_finite(path) else f"{path} has non-finite weights"
     except Exception as e:  # a cut or missing model file
         return f"{path} unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+
+
+def checkpoints_in(save_folder: PathOrStr) -> List[tuple[int, str]]:
+    """(step, path) of every complete checkpoint (a ``stepN`` with its completion marker), newest first."""
+    folder = Path(save_folder)
+    if not folder.is_dir():
+        return []
+    marked = [(int(p.name[4:]), str(p)) for p in folder.glob("step*") if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()]
+    return sorted(marked, reverse=True)
 
 
 def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
@@ -196,8 +261,7 @@ def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
     if not folder.is_dir():
         return None
     rejected = []
-    marked = [(int(p.name[4:]), str(p)) for p in folder.glob("step*") if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()]
-    for step, path in sorted(marked, reverse=True):
+    for step, path in checkpoints_in(folder):
         why = verify(path)
         if why is None:
             if rejected:

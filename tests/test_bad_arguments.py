@@ -1,0 +1,100 @@
+"""Every script's bad arguments: one line on stderr naming the argument and the value, exit 2, no
+traceback, nothing written (as tests/test_bad_inputs.py checks for config keys). Each runs in
+process (run_in_process: argv, stdout, stderr and the exit code as the interpreter would give them)."""
+
+import pytest
+
+from .conftest import REPO, run_in_process
+
+BASELINE = str(REPO / "configs" / "demo" / "baseline.yaml")
+
+# (script, arguments with {work}/{file}/{empty}/{folder} filled in, what the line must name)
+CASES = [
+    ("train.py", [BASELINE, "run.save_folder={work}/run", "--resume-from", "{work}/missing/step5"], "--resume-from"),
+    ("train.py", [BASELINE, "run.save_folder={work}/run", "--resume-from", "{file}"], "--resume-from"),
+    ("train.py", [BASELINE, "run.save_folder={work}/run", "--resume-from", "{folder}"], "no complete checkpoint"),
+    ("train.py", [BASELINE, "run.save_folder=/proc/forbidden/x"], "run.save_folder"),
+    ("train.py", ["{empty}"], "empty config file"),
+    ("train.py", ["{folder}"], "a folder, not a config file"),
+    ("train.py", [BASELINE, "--dry-run", "--nproc-per-node", "0"], "--nproc-per-node"),
+    ("train.py", [BASELINE, "--dry-run", "--nodes", "x"], "--nodes"),
+    ("train.py", [BASELINE, "--nodes", "2"], "--dry-run"),
+    ("train.py", [BASELINE, "--bogus"], "--bogus"),
+    ("count_params.py", ["{empty}"], "empty config file"),
+    ("count_params.py", ["{folder}"], "a folder"),
+    ("count_params.py", [BASELINE, "train.lr=fast"], "'fast' is not a number"),
+    ("count_params.py", [BASELINE, "train.compile=maybe"], "'maybe' is not true or false"),
+    ("count_params.py", [BASELINE, "model.nope=1"], "model.nope: no such key"),
+    ("evaluate.py", ["{file}"], "CHECKPOINT"),
+    ("evaluate.py", ["{work}/missing/step5"], "CHECKPOINT"),
+    ("evaluate.py", ["{folder}"], "CHECKPOINT"),
+    ("evaluate.py", ["{folder}", "--step", "-1"], "--step"),
+    ("evaluate.py", ["--hf", "{file}", "--out", "{work}/o.json"], "--hf"),
+    ("evaluate.py", ["--hf", "{folder}"], "--out"),
+    ("evaluate.py", [], "CHECKPOINT"),
+    ("export_hf.py", ["{file}", "{work}/out"], "CHECKPOINT {file}"),
+    ("export_hf.py", ["{work}/missing/step5", "{work}/out"], "CHECKPOINT"),
+    ("export_hf.py", ["{folder}", "{work}/out"], "not a checkpoint"),
+    ("export_hf.py", ["{folder}"], "out_dir"),
+    ("search.py", [BASELINE, "--head-dim", "0"], "--head-dim"),
+    ("search.py", [BASELINE, "--head-dim", "63"], "--head-dim"),
+    ("search.py", [BASELINE, "--kv-group", "0"], "--kv-group"),
+    ("search.py", [BASELINE, "--K", "0"], "--K"),
+    ("search.py", [BASELINE, "--top", "-1"], "--top"),
+    ("search.py", [BASELINE, "--d-model", "512"], "--d-model"),
+    ("search.py", ["0"], "BUDGET=0"),
+    ("search.py", ["lots"], "BUDGET=lots"),
+    ("search.py", ["{empty}"], "empty config file"),
+    ("data_order.py", ["indices", "--world-size", "0", "--out", "{work}/i.npy"], "--world-size"),
+    ("data_order.py", ["indices", "--seq-len", "0", "--out", "{work}/i.npy"], "--seq-len"),
+    ("data_order.py", ["materialize", "--instances", "0", "--out", "{work}/p"], "--instances"),
+    ("data_order.py", ["materialize", "--tokens", "nan", "--out", "{work}/p"], "--tokens"),
+    ("data_order.py", ["manifest", "--workers", "0"], "--workers"),
+    ("data_order.py", ["verify", "--sample", "-1", "--out", "{work}/p"], "--sample"),
+    ("data_order.py", ["shuffle"], "shuffle"),
+    ("sweep.py", ["status", "{work}/missing"], "missing"),
+    ("sweep.py", ["launch", "--slurm", BASELINE, "--nodes", "0"], "--nodes"),
+    ("sweep.py", ["launch", BASELINE], "--local"),
+    ("sweep.py", ["report", BASELINE], "--out"),
+    ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),
+    ("make_tables.py", ["{folder}"], "--out"),
+    ("demo.py", ["{empty}"], "empty config file"),
+    ("demo.py", [BASELINE, "--set", "train.lr=-1"], "train.lr"),
+    ("config_table.py", ["{file}"], "ROOT"),
+    ("bench.py", ["--scale", "nope"], "--scale"),
+    ("bench.py", ["--compile", "maybe"], "--compile"),
+    ("bench.py", ["--repeats", "0"], "--repeats"),
+    ("bench.py", ["--dtype", "fp8"], "--dtype"),
+    ("verify_checkpoints.py", ["{file}"], "RUN_FOLDER"),
+    ("verify_checkpoints.py", ["{folder}"], "no complete checkpoint"),
+    ("wheelhouse.py", [], "folder"),
+]
+
+
+@pytest.fixture
+def places(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "plain.txt").write_text("x\n")
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "folder").mkdir()
+    return {"work": str(work), "file": str(tmp_path / "plain.txt"), "empty": str(tmp_path / "empty.yaml"), "folder": str(tmp_path / "folder")}
+
+
+def test_every_script_is_covered():
+    scripts = {p.name for p in (REPO / "scripts").glob("*.py")} - {"gpu_check.py"}  # gpu_check runs before the project is installed
+    assert scripts <= {script for script, _, _ in CASES}
+
+
+@pytest.mark.parametrize("script,args,named", CASES, ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a, _ in CASES])
+def test_bad_argument_exits_2_with_one_line_and_writes_nothing(places, script, args, named):
+    argv = [a.format(**places) for a in args]
+    r = run_in_process(script, *argv, cwd=places["work"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert named.format(**places) in lines[0], lines[0]
+    assert "full_key" not in lines[0] and "reference_type" not in lines[0]
+    from pathlib import Path
+
+    assert list(Path(places["work"]).iterdir()) == []
