@@ -203,4 +203,5 @@ class Lock:
             log.warning(f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
 
     def release(self) -> None:
-        drop_record(self.path, self.guard, lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"])
+        if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
+            drop_record(self.path, self.guard, lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"])
