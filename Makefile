@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 WHEEL_PYTHON ?= 3.12
 # the tested set: exact versions of every package (constraints); setup.cfg holds the ranges
 LOCK := requirements/lock.txt
-EXTRAS := dev,hf,eval,wandb,float8,lm_eval
+EXTRAS := dev,hf,eval,wandb,float8,lm-eval
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
