@@ -91,7 +91,22 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_export_matches_olmo_core(tmp_path, demo_corpus, variant):
     block, extra, kind = VARIANTS[variant]
-    _export_and_check(tmp_path, demo_corpus, BASELINE, tiny_overrides(tmp_path / "run", *extra, block=block), kind)
+    overrides = tiny_overrides(tmp_path / "run", *extra, block=block)
+    _export_and_check(tmp_path, demo_corpus, BASELINE, overrides, kind)
+    if kind == "olmo2":  # and back into OLMo-core through its own converter (olmo_core.nn.hf): the same weights, logits
+        from olmo_core.nn.hf.checkpoint import load_hf_model
+
+        model = load_spec(BASELINE, overrides).model.build(vocab_size=4096).build(init_device="cpu").eval()
+        state = model.state_dict()
+        load_hf_model(str(tmp_path / "hf"), state)
+        model.load_state_dict(state)
+        want = load_model_state(tmp_path / "run" / "step2")
+        assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
+        reference = load_spec(BASELINE, overrides).model.build(vocab_size=4096).build(init_device="cpu").eval()
+        reference.load_state_dict(want)
+        ids = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            assert torch.equal(model(ids), reference(ids))
 
 
 @pytest.mark.parametrize("variant", sorted(VW_VARIANTS))

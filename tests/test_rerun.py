@@ -16,11 +16,12 @@ RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=
 
 def _snapshot(folder):
     """Every file of a run folder, with its bytes' size and mtime, but train.log (each start appends
-    its log there): checkpoints, metrics, the recorded config.yaml (written once)."""
+    its log there) and the lock's empty guard file (each start locks it): checkpoints, metrics, the
+    recorded config.yaml (written once)."""
     return {
         str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != "train.log"
+        if p.is_file() and p.name not in ("train.log", ".lock.guard")
     }
 
 

@@ -130,6 +130,40 @@ def test_a_live_claim_is_never_taken_twice(tmp_path):
     assert json.loads((folder / "sweep-claim.json").read_text())["pid"] == os.getpid()
 
 
+def _race(args):
+    """One of several forked launches: wait for the others, then try to claim."""
+    folder, barrier = args
+    barrier.wait()
+    return take_claim(folder, SlurmInfo({}, {}))
+
+
+def test_racing_launches_take_a_claim_once(tmp_path):
+    """Four processes claim one run at the same instant: exactly one gets it (filelock's guard), and the
+    record names that process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Manager().Barrier(4)
+    with ctx.Pool(4) as pool:
+        taken = pool.map(_race, [(tmp_path, barrier)] * 4)
+    assert sorted(taken) == [False, False, False, True]
+    assert json.loads((tmp_path / "sweep-claim.json").read_text())["host"] == socket.gethostname()
+
+
+def test_a_requeued_jobs_lock_is_taken_over_another_jobs_refused(tmp_path, monkeypatch):
+    """A run folder's .lock left by this SLURM job on another node (a requeue) is taken over; one held
+    by another job on another node is not (its pid cannot be checked from here)."""
+    from olmo_patches.train.run_folder import Lock, RunFolderError
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    (tmp_path / ".lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "4242", "since": "then"}))
+    Lock(tmp_path).acquire()
+    assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+    (tmp_path / ".lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "77", "since": "then"}))
+    with pytest.raises(RunFolderError, match="is in use by pid 1 on node-elsewhere since then"):
+        Lock(tmp_path).acquire()
+
+
 def _fake(bin_dir, name, body):
     path = bin_dir / name
     path.write_text(f"#!/bin/bash\n{body}\n")

@@ -96,7 +96,7 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
         vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
         block="hourglass" if hourglass else "baseline", ffn_hidden=m.resolved_d_ff, K=m.K,
         head_dim=m.head_dim, n_kv_heads=m.resolved_n_kv_heads,
-        rope_scaling=asdict(m.rope_scaling) if m.rope_scaling is not None else None,
+        llama3_rope=asdict(m.rope_scaling) if m.rope_scaling is not None else None,
         d_h=m.resolved_d_h, norm_placement=m.norm_placement, qk_norm=m.qk_norm, rope_theta=float(m.rope_theta),
         norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings, max_position_embeddings=max_len, **kwargs,
     )

@@ -44,7 +44,9 @@ class HourglassOlmoConfig(PretrainedConfig):
         norm_placement: str = "pre",  # pre: x + f(norm(x)) | post: x + norm(f(x))
         qk_norm: bool = False,
         rope_theta: float = 500000.0,
-        rope_scaling: Optional[dict] = None,  # Llama-3.1: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+        # Llama-3.1 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
+        # (not "rope_scaling", which transformers 5 rewrites into its own rope_parameters)
+        llama3_rope: Optional[dict] = None,
         norm_eps: float = 1e-6,
         tie_word_embeddings: bool = False,
         widths: Optional[List[int]] = None,  # variable width: w_1..w_L (None: every layer d_model)
@@ -59,7 +61,7 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.block, self.ffn_hidden, self.K, self.d_h = block, ffn_hidden, K, d_h
         self.norm_placement, self.qk_norm = norm_placement, qk_norm
-        self.rope_theta, self.norm_eps, self.rope_scaling = rope_theta, norm_eps, rope_scaling
+        self.rope_theta, self.norm_eps, self.llama3_rope = rope_theta, norm_eps, llama3_rope
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
         self.embed_scale, self.residual_scale, self.logit_scale = embed_scale, residual_scale, logit_scale
@@ -121,7 +123,7 @@ class Attention(nn.Module):
     def __init__(self, c: HourglassOlmoConfig, d: int):
         super().__init__()
         self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads or c.n_heads
-        self.head_dim, self.theta, self.rope_scaling = c.head_dim or d // c.n_heads, c.rope_theta, c.rope_scaling
+        self.head_dim, self.theta, self.llama3_rope = c.head_dim or d // c.n_heads, c.rope_theta, c.llama3_rope
         self.scale = self.head_dim ** -c.attention_scale_power
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.w_q, self.w_out = nn.Linear(d, q_width, bias=False), nn.Linear(q_width, d, bias=False)
@@ -137,7 +139,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
-        inv_freq = _inv_freq(self.theta, self.head_dim, self.rope_scaling, x.device)
+        inv_freq = _inv_freq(self.theta, self.head_dim, self.llama3_rope, x.device)
         freqs = torch.outer(torch.arange(past, past + T, device=x.device, dtype=torch.float), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         sin, cos = emb.sin()[None, None], emb.cos()[None, None]
@@ -293,7 +295,8 @@ class Transformer(nn.Module):
 class HourglassOlmoForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = HourglassOlmoConfig
     base_model_prefix = "model"
-    _tied_weights_keys = ["model.lm_head.w_out.weight"]
+    # {tied: source}: transformers 5 ties by it (when tie_word_embeddings), 4.x reads its keys
+    _tied_weights_keys = {"model.lm_head.w_out.weight": "model.embeddings.weight"}
 
     def __init__(self, config: HourglassOlmoConfig):
         super().__init__(config)

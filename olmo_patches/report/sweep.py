@@ -5,9 +5,10 @@ each; its runs are the configs' save folders. The sweep keeps no state of its ow
 the run folders, beside what training writes there (``config.yaml``, ``metrics.jsonl``, ``stepN/``):
 
 - ``sweep-claim.json``: who runs it now, ``{"host", "pid"}`` (a local launch) or
-  ``{"slurm_job": "A_i"}`` (element i of array job A). A launch takes it, under an exclusive
-  ``flock`` of ``.sweep-claim.lock``, only when no live claim is there, so two launches never start
-  the same run; a claim whose process (this host) or job (``squeue``) is gone is stale and retaken.
+  ``{"slurm_job": "A_i"}`` (element i of array job A). A launch takes it only when no live claim is
+  there, so two launches never start the same run; a claim whose process (this host) or job
+  (``squeue``) is gone is stale and retaken. Taken as a run folder's ``.lock`` is (the guard file
+  ``.sweep-claim.lock``, :func:`~olmo_patches.train.run_folder.take_record`).
 - ``sweep.log`` and ``sweep-last.json``: a local launch's output (appended) and its last exit code
   and error line.
 
@@ -18,7 +19,6 @@ A run's state: **done** (a complete checkpoint at the last step), **running** (a
 
 from __future__ import annotations
 
-import fcntl
 import getpass
 import glob
 import json
@@ -31,16 +31,15 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..train.metrics import METRICS_FILE, read_metrics
-from ..train.run_folder import pid_alive
+from ..train.run_folder import drop_record, guarded, pid_alive, read_record, take_record, write_record
 from .figures import make_figures, scaling_figure
 from .scaling import scaling_tables
 from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, paper_results, write_tables
@@ -174,10 +173,7 @@ def _parse_states(text: Optional[str], sep: str) -> Optional[Dict[str, str]]:
 
 
 def read_claim(folder: Path) -> Optional[dict]:
-    try:
-        return json.loads((folder / CLAIM).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    return read_record(folder / CLAIM)
 
 
 def claim_alive(claim: Optional[dict], slurm: SlurmInfo) -> bool:
@@ -193,43 +189,20 @@ def claim_alive(claim: Optional[dict], slurm: SlurmInfo) -> bool:
     return pid_alive(int(claim["pid"]))
 
 
-@contextmanager
-def _claim_lock(folder: Path) -> Iterator[None]:
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / CLAIM_LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    tmp.replace(path)
-
-
 def take_claim(folder: Path, slurm: SlurmInfo) -> bool:
     """Claim the run for this process unless a live claim holds it; True when taken."""
-    with _claim_lock(folder):
-        if claim_alive(read_claim(folder), slurm):
-            return False
-        _write_json(folder / CLAIM, {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
-        return True
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    return take_record(folder / CLAIM, folder / CLAIM_LOCK, me, lambda claim: not claim_alive(claim, slurm))[0]
 
 
 def hand_claim(folder: Path, **owner: str) -> None:
     """Pass this process's claim on (to a SLURM job)."""
-    with _claim_lock(folder):
-        _write_json(folder / CLAIM, {**owner, "since": time.time()})
+    with guarded(folder / CLAIM_LOCK):
+        write_record(folder / CLAIM, {**owner, "since": time.time()})
 
 
 def release_claim(folder: Path) -> None:
-    with _claim_lock(folder):
-        claim = read_claim(folder)
-        if claim is not None and claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname():
-            (folder / CLAIM).unlink()
+    drop_record(folder / CLAIM, folder / CLAIM_LOCK, lambda claim: claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname())
 
 
 # --- state ----------------------------------------------------------------------------------------
@@ -367,7 +340,7 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=print)
                     rc = child[0].wait()
                     child.clear()
                 error = last_error_line(m.folder / LOG) if rc != 0 else ""
-                _write_json(m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)})
+                write_record(m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)})
             finally:
                 release_claim(m.folder)
             state = run_status(m, _slurm_for(m.folder)).state

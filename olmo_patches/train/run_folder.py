@@ -8,6 +8,13 @@
 - ``SAVE/.lock`` names the process holding the folder (host, pid, SLURM job). A second process is
   refused; a lock whose process is dead on this host, or left by this same SLURM job (a requeue), is
   taken over.
+
+Holder records (this ``.lock``, a sweep's ``sweep-claim.json``) are read, checked and written by
+:func:`take_record` while a ``filelock.FileLock`` of a guard file beside them is held: ``flock(2)``,
+which Linux's NFS client turns into an NFS lock seen by every node; on a file system without
+``flock`` (Lustre mounted without ``-o flock``) filelock falls back to its ``SoftFileLock`` (an
+``O_EXCL`` file, broken when its holder's pid is gone on this host). Lustre's ``-o localflock``
+locks per node only: two nodes could then both take a record.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ import logging
 import os
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from filelock import FileLock
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -27,9 +36,10 @@ from ..config import ConfigError, ExperimentSpec, coerce_shorthands, spec_to_yam
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunFolderError", "MAY_CHANGE", "changed_keys", "check_config", "record_config", "Lock"]
+__all__ = ["RunFolderError", "MAY_CHANGE", "changed_keys", "check_config", "record_config", "Lock",
+           "read_record", "write_record", "guarded", "take_record", "drop_record"]
 
-LOCK = ".lock"
+LOCK, GUARD = ".lock", ".lock.guard"
 
 # Keys (or key prefixes ending in ".") that a rerun may change: they do not change what is trained.
 MAY_CHANGE = (
@@ -129,18 +139,53 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def read_record(path: Path) -> Optional[Dict[str, Any]]:
+    """A holder record (JSON); None when absent or unreadable (a torn write is taken over)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_record(path: Path, data: Dict[str, Any]) -> None:
+    """Replaced whole (a temporary file renamed over it): a reader never sees half a record."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    tmp.replace(path)
+
+
+@contextmanager
+def guarded(guard: Path) -> Iterator[None]:
+    """One process at a time, on every host that sees ``guard`` (see the module docstring)."""
+    guard.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(guard):
+        yield
+
+
+def take_record(path: Path, guard: Path, me: Dict[str, Any], stale: Callable[[Dict[str, Any]], bool]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+    """Write ``me`` to ``path`` unless a live holder's record is there: (taken, the previous holder)."""
+    with guarded(guard):
+        holder = read_record(path)
+        if holder is not None and not stale(holder):
+            return False, holder
+        write_record(path, me)
+        return True, holder
+
+
+def drop_record(path: Path, guard: Path, mine: Callable[[Dict[str, Any]], bool]) -> None:
+    """Remove ``path`` if it is still this process's record."""
+    with guarded(guard):
+        holder = read_record(path)
+        if holder is not None and mine(holder):
+            path.unlink()
+
+
 class Lock:
-    """``SAVE/.lock``, created atomically; see the module docstring."""
+    """``SAVE/.lock``, taken with :func:`take_record`; see the module docstring."""
 
     def __init__(self, folder: str | Path):
-        self.path = Path(folder) / LOCK
+        self.path, self.guard = Path(folder) / LOCK, Path(folder) / GUARD
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-    def _holder(self) -> Optional[Dict[str, Any]]:
-        try:
-            return json.loads(self.path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
 
     def _stale(self, holder: Dict[str, Any]) -> bool:
         if holder.get("slurm_job") and holder.get("slurm_job") == self.me["slurm_job"]:
@@ -152,28 +197,18 @@ class Lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunFolderError(f"run.save_folder {self.path.parent}: cannot create it ({e.strerror})") from None
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except PermissionError as e:
-                raise RunFolderError(f"run.save_folder {self.path.parent}: cannot write there ({e.strerror})") from None
-            except FileExistsError:
-                holder = self._holder()
-                if holder is None:  # being written by its holder: it is alive
-                    holder = {"host": "?", "pid": "?", "since": "now"}
-                elif self._stale(holder):
-                    log.warning(f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
-                    self.path.unlink(missing_ok=True)
-                    continue
-                raise RunFolderError(
-                    f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
-                    f"wait for it, or remove {self.path} if that process is gone"
-                ) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.me, f)
-            return
-        raise RunFolderError(f"{self.path}: could not take the lock")
+        try:
+            taken, holder = take_record(self.path, self.guard, self.me, self._stale)
+        except PermissionError as e:
+            raise RunFolderError(f"run.save_folder {self.path.parent}: cannot write there ({e.strerror})") from None
+        if not taken:
+            raise RunFolderError(
+                f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "  # type: ignore[union-attr]
+                f"wait for it, or remove {self.path} if that process is gone"
+            )
+        if holder is not None:
+            log.warning(f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
 
     def release(self) -> None:
-        if (self._holder() or {}).get("pid") == self.me["pid"]:
-            self.path.unlink(missing_ok=True)
+        if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
+            drop_record(self.path, self.guard, lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"])
