@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch.distributed as dist
 
-__all__ = ["announce", "watch", "stop_watching", "POLL_S"]
+__all__ = ["announce", "watch", "stop_watching", "forget", "POLL_S"]
 
 POLL_S = 0.5  # how often the watch thread looks for a failure
 _FAILURE = "failure"  # the first failure: "CODE LINE"
@@ -74,13 +74,19 @@ def announce(line: str, code: int) -> Tuple[str, int, bool]:
 def watch() -> None:
     """Start this rank's watch thread for a run (again once its process group is up: outside
     torchrun its store is the one); a new run forgets the last one's failure."""
-    global _store, _stop, _announced
-    if _stop is None:
-        _store, _announced = None, None
+    global _store, _stop
+    forget()
     if _stop is not None or os.environ.get("WORLD_SIZE", "1") == "1" or (store := _connect()) is None:
         return
     _store, _stop = store, threading.Event()
     threading.Thread(target=_watch, args=(store, _stop), name="olmo_patches.peers", daemon=True).start()
+
+
+def forget() -> None:
+    """A new command in this process (tests run many): no earlier run's failure or store."""
+    global _store, _announced
+    if _stop is None:
+        _store, _announced = None, None
 
 
 def stop_watching() -> None:

@@ -11,8 +11,7 @@ import argparse
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, refuse
-from olmo_patches.train.safety import checkpoints_in, verify
-from olmo_core.train.checkpoint import Checkpointer
+from olmo_patches.train.safety import checkpoints_at, verify
 
 
 def main() -> None:
@@ -22,7 +21,7 @@ def main() -> None:
     folder = Path(args.run_folder)
     if not folder.is_dir():
         refuse(f"verify_checkpoints: RUN_FOLDER {folder}: {'not a folder' if folder.exists() else 'no such folder'}")
-    found = [(0, str(folder))] if (folder / Checkpointer.METADATA_FNAME).is_file() else checkpoints_in(folder)
+    found = checkpoints_at(folder)
     if not found:
         refuse(f"verify_checkpoints: RUN_FOLDER {folder}: no complete checkpoint there")
     bad = 0

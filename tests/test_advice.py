@@ -34,3 +34,14 @@ def test_the_dry_run_prints_each_warning_once():
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2 and "621 (" in warnings[0] and "over HTTP" in warnings[1], warnings
+
+
+def test_a_warmup_longer_than_the_run_is_one_warning():
+    # 20 warmup steps of 3 (steps), then 5 steps of 1,000 warmup tokens at 2 x 32 tokens a step (15.6 steps).
+    lines = advice(load_spec(CONFIGS / "demo/baseline.yaml", ["train.max_steps=3", "train.warmup_steps=20"]))
+    assert lines == ["warning: train.warmup_steps=20 ends after the run's 3 steps: the learning rate never reaches train.lr"]
+    tokens = ["train.max_steps=5", "train.warmup_steps=null", "train.warmup_tokens=1000", "train.global_batch_size=2",
+              "train.micro_batch_size=1", "data.sequence_length=32"]
+    assert advice(load_spec(CONFIGS / "demo/baseline.yaml", tokens)) == [
+        "warning: train.warmup_tokens=1000 ends after the run's 5 steps: the learning rate never reaches train.lr"]
+    assert advice(load_spec(CONFIGS / "demo/baseline.yaml", ["train.max_steps=20", "train.warmup_steps=20"])) == []

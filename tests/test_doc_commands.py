@@ -59,6 +59,7 @@ COMMANDS = [
     Row(r"python scripts/bench\.py --scale 113M,1B", "gpu"),
     Row(r"python scripts/data_order\.py (materialize|manifest|verify|indices)", "parse", why="olmo-data.org, or its materialized prefix"),
     Row(r"python scripts/export_hf\.py runs/", "parse", why="needs a finished run's checkpoint (tests/test_export_hf.py exports one)"),
+    Row(r"python scripts/verify_checkpoints\.py runs/", "parse", why="needs a finished run (tests/test_resume.py verifies a damaged one)"),
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
     Row(r"pytest tests/\S+\.py$", "parse", why="a file of this suite"),

@@ -131,7 +131,10 @@ def test_gpu_check_cpu_tiny(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     checks = {f"{c['section']}: {c['name']}": c for c in result["checks"]}
-    assert all(c["passed"] for c in checks.values()), [n for n, c in checks.items() if not c["passed"]]
+    # Every row passed, but float8's tokens/s: under torchao's emulation (no float8 matmuls) it is reported, not judged.
+    not_judged = {n for n, c in checks.items() if c["passed"] is None}
+    assert not_judged == {f"float8: {m}: tokens/s float8 / bf16" for m in ("1B baseline", "1B hourglass K4 d_h 2048")}, not_judged
+    assert all(c["passed"] for n, c in checks.items() if n not in not_judged), [n for n, c in checks.items() if c["passed"] is False]
     blocks = ["baseline pre", "baseline post", "hourglass pre", "hourglass post",
               "variable width carry_forward", "variable width zero", "variable width learned"]
     for block in blocks:

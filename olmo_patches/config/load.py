@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 
 from .layout import Layout, apply_hardware, fit_world_size
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
-from .validate import validate, warn_long_warmup
+from .validate import validate
 
 _NOT_A = re.compile(r"^Value '(.*)' of type '\w+' could not be converted to (\w+)$")
 _NOT_VALID = re.compile(r"^Value '(.*)' is not a valid (\w+)(?: \(type \w+\))?$")
@@ -118,7 +118,6 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
     layout = layout or Layout.from_env()
     fit_world_size(spec, layout, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
-    warn_long_warmup(spec, where)
     return spec
 
 

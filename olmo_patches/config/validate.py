@@ -20,18 +20,6 @@ from .spec import BLOCKS, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, one
 
 log = logging.getLogger(__name__)
 
-def warn_long_warmup(spec: ExperimentSpec, where) -> None:
-    """A warmup that ends after the last step (the LR never reaches train.lr): one warning line (call
-    after every check has passed, so that a refused config prints only its error)."""
-    t = spec.train
-    per_step = t.global_batch_size * spec.data.sequence_length
-    steps = t.max_steps if t.max_steps is not None else (t.max_tokens or 0) // per_step
-    key, warmup = ("train.warmup_steps", t.warmup_steps) if t.warmup_steps is not None else ("train.warmup_tokens", t.warmup_tokens)
-    warmup_steps = (warmup or 0) if key == "train.warmup_steps" else (warmup or 0) / per_step
-    if steps and warmup_steps > steps:
-        log.warning(f"warning: {where(key)}: {key}={warmup} ends after the run's {steps} steps: the learning rate never reaches train.lr")
-
-
 def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """Shape and recipe checks that the schema's types cannot express."""
 

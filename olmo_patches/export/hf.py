@@ -147,10 +147,19 @@ def _check_tokenizer(path: Path, ids: Dict[str, int], vocab: int) -> Dict[str, s
     return {"bos_token": tok.id_to_token(ids["bos_token_id"]), **SPECIAL_TOKENS}
 
 
+def _exportable(config_path: Path) -> ExperimentSpec:
+    spec = load_spec(config_path)
+    if spec.model.moe is not None:
+        raise ValueError(f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model")
+    return spec
+
+
 def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[str | Path] = None,
               tokenizer_file: Optional[str | Path] = None) -> str:
     """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom")."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
+    if config is not None:  # an explicit config is checked before the checkpoint
+        _exportable(Path(config))
     if not checkpoint.is_dir():
         raise ValueError(f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}")
     if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
@@ -158,9 +167,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out}: a file, not a folder")
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
-    spec = load_spec(config_path)
-    if spec.model.moe is not None:
-        raise ValueError(f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model")
+    spec = _exportable(config_path)
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
     if vocab != (expected := spec.model.vocab_size or vocab_size(spec)):

@@ -5,19 +5,20 @@
   within 0.3% that avoid it, configs/*/*-aligned.yaml);
 - the remote (HTTP) data slower than one rank consumes: ``benchmarks/bench_loader.py`` measured
   :data:`HTTP_INSTANCES_PER_S` per rank (docs/performance.md), the need is ASSUMED_MFU x the card's
-  peak / (FLOPs per token x sequence length).
+  peak / (FLOPs per token x sequence length);
+- a warmup that ends after the run's last step (the learning rate never reaches train.lr).
 """
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from ..config import ExperimentSpec, vocab_size
 from ..hardware import CARDS
 from .counts import count
 from .plan import ASSUMED_MFU
 
-__all__ = ["HTTP_INSTANCES_PER_S", "MATMUL_ALIGN", "advice", "unaligned_dims", "http_need"]
+__all__ = ["HTTP_INSTANCES_PER_S", "MATMUL_ALIGN", "advice", "unaligned_dims", "http_need", "long_warmup"]
 
 MATMUL_ALIGN = 8  # bf16 tensor-core tiles (and flash-attention head dims) want multiples of 8
 # benchmarks/bench_loader.py, HTTP +20 ms per request, 4 workers per rank (docs/performance.md: 73 at
@@ -54,8 +55,20 @@ def http_need(spec: ExperimentSpec) -> tuple[float, str]:
     return ASSUMED_MFU * card.bf16_flops / (count(spec).flops_per_token * seq), card.name
 
 
+def long_warmup(spec: ExperimentSpec) -> Optional[str]:
+    """The warning for a warmup longer than the run, else None."""
+    t = spec.train
+    per_step = t.global_batch_size * spec.data.sequence_length
+    steps = t.max_steps if t.max_steps is not None else (t.max_tokens or 0) // per_step
+    key, warmup = ("train.warmup_steps", t.warmup_steps) if t.warmup_steps is not None else ("train.warmup_tokens", t.warmup_tokens)
+    warmup_steps = (warmup or 0) if key == "train.warmup_steps" else (warmup or 0) / per_step
+    if steps and warmup_steps > steps:
+        return f"warning: {key}={warmup} ends after the run's {steps} steps: the learning rate never reaches train.lr"
+    return None
+
+
 def advice(spec: ExperimentSpec) -> List[str]:
-    lines = []
+    lines = [warmup] if (warmup := long_warmup(spec)) else []
     if dims := unaligned_dims(spec):
         where = ", ".join(f"{d} ({name})" for d, name in sorted(dims.items()))
         lines.append(f"warning: matmul dimensions not a multiple of {MATMUL_ALIGN} (GPU tensor cores pad them): {where}; "

@@ -270,13 +270,13 @@ def run_bench(
             ratio = statistics.median(paired)
             q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (ratio, ratio, ratio)
             flops_ratio = info[name]["flops_per_token"] / info[base]["flops_per_token"]
-            extra = {}
+            extra = dict(info[name]["extra"])
             if name.endswith(FLOAT8):
                 twin = tps[name.removesuffix(FLOAT8)]
                 extra["float8_ratio"] = statistics.median(a / b for a, b in zip(tps[name], twin))
             results.append(BenchResult(
                 scale=scale, variant=name, compile=compiled, config=sc.configs[name.removesuffix(FLOAT8)], seq_len=seq_len, batch=batch, extra=extra,
-                **info[name], tokens_per_s=med, tokens_per_s_all=tps[name], peak_mem_mb=mem[name],
+                **{k: v for k, v in info[name].items() if k != "extra"}, tokens_per_s=med, tokens_per_s_all=tps[name], peak_mem_mb=mem[name],
                 mfu=100 * med * info[name]["flops_per_token"] / peak,
                 ratio=ratio, ratio_quartiles=(q1, q3), flops_ratio=flops_ratio, per_flop_ratio=ratio * flops_ratio,
             ))

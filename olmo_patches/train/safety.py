@@ -49,6 +49,7 @@ __all__ = [
     "ManifestWriter",
     "verify",
     "checkpoints_in",
+    "checkpoints_at",
     "select_resume_checkpoint",
 ]
 
@@ -252,6 +253,11 @@ def checkpoints_in(save_folder: PathOrStr) -> List[tuple[int, str]]:
         return []
     marked = [(int(p.name[4:]), str(p)) for p in folder.glob("step*") if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()]
     return sorted(marked, reverse=True)
+
+
+def checkpoints_at(path: Path) -> List[Tuple[int, str]]:
+    """The checkpoint at ``path`` itself, or every complete checkpoint of a run folder (:func:`checkpoints_in`)."""
+    return [(0, str(path))] if (path / Checkpointer.METADATA_FNAME).is_file() else checkpoints_in(path)
 
 
 def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
