@@ -45,3 +45,19 @@ def test_a_warmup_longer_than_the_run_is_one_warning():
     assert advice(load_spec(CONFIGS / "demo/baseline.yaml", tokens)) == [
         "warning: train.warmup_tokens=1000 ends after the run's 5 steps: the learning rate never reaches train.lr"]
     assert advice(load_spec(CONFIGS / "demo/baseline.yaml", ["train.max_steps=20", "train.warmup_steps=20"])) == []
+
+
+def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
+    """report/plan.data_passes: tokens trained over the corpus's training tokens (its manifest's count);
+    before the corpus is built, that it is not known yet, and the look writes nothing."""
+    from olmo_patches.report.plan import data_passes
+
+    held = demo_corpus.n_train_tokens
+    steps = 2 * held // (16 * 128) + 7  # just over two passes at 16 x 128 tokens a step
+    spec = load_spec(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={demo_corpus.root.parent}", f"train.max_steps={steps}"])
+    tokens = steps * 16 * 128
+    assert data_passes(spec, tokens) == f"{tokens / held:.2f} ({tokens:,} of {held:,} tokens): the run reads its data {tokens / held:.1f} times"
+    assert data_passes(spec, held // 2).startswith("0.50 (")  # half a pass: no warning
+    unbuilt = load_spec(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={tmp_path / 'none'}"])
+    assert data_passes(unbuilt, tokens).startswith("not known here (the demo corpus is built at the run's start")
+    assert not (tmp_path / "none").exists()

@@ -33,7 +33,7 @@ from rich.progress import (
 )
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-__all__ = ["DemoCorpus", "prepare_demo_corpus", "load_tokenizer"]
+__all__ = ["DemoCorpus", "prepare_demo_corpus", "cached_demo_corpus", "load_tokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +77,8 @@ def prepare_demo_corpus(
     ``source_dir`` defaults to the running interpreter's stdlib (tests pass a small folder).
     ``max_train_tokens`` caps the training split (``None``: no cap).
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    if max_train_tokens is not None and max_train_tokens < 1:
-        raise ValueError(f"max_train_tokens must be positive or None, got {max_train_tokens}")
-    source = Path(source_dir or sysconfig.get_paths()["stdlib"]).resolve()
+    source, files, settings, key, root = _build_key(cache_dir, vocab_size, val_fraction, max_train_tokens, source_dir)
     cache_dir = Path(cache_dir)
-    files = _read_sources(source)
-    settings = {
-        "format_version": FORMAT_VERSION,
-        "python": sys.version,
-        "vocab_size": vocab_size,
-        "val_fraction": val_fraction,
-        "max_train_tokens": max_train_tokens,
-        "tokenizer_sample_chars": TOKENIZER_SAMPLE_CHARS,
-        "shard_tokens": SHARD_TOKENS,
-    }
-    key = _cache_key(settings, files)
-    root = cache_dir / key[:16]
     if (corpus := _load(root, key)) is not None:
         log.info(f"Using the cached demo corpus in {root}")
         return corpus
@@ -123,6 +107,39 @@ def prepare_demo_corpus(
         f"vocab {corpus.vocab_size}"
     )
     return corpus
+
+
+def cached_demo_corpus(cache_dir: str | Path = ".cache/demo-corpus", *, vocab_size: int = 4096) -> DemoCorpus | None:
+    """The demo corpus :func:`prepare_demo_corpus` would return, if it is built already (nothing is written)."""
+    _, _, _, key, root = _build_key(cache_dir, vocab_size)
+    return _load(root, key)
+
+
+def _build_key(
+    cache_dir: str | Path,
+    vocab_size: int,
+    val_fraction: float = 0.05,
+    max_train_tokens: int | None = 16_000_000,
+    source_dir: str | Path | None = None,
+) -> tuple[Path, dict[str, bytes], dict, str, Path]:
+    """(source folder, its files, the build settings, the cache key, the build's folder)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if max_train_tokens is not None and max_train_tokens < 1:
+        raise ValueError(f"max_train_tokens must be positive or None, got {max_train_tokens}")
+    source = Path(source_dir or sysconfig.get_paths()["stdlib"]).resolve()
+    files = _read_sources(source)
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "python": sys.version,
+        "vocab_size": vocab_size,
+        "val_fraction": val_fraction,
+        "max_train_tokens": max_train_tokens,
+        "tokenizer_sample_chars": TOKENIZER_SAMPLE_CHARS,
+        "shard_tokens": SHARD_TOKENS,
+    }
+    key = _cache_key(settings, files)
+    return source, files, settings, key, Path(cache_dir) / key[:16]
 
 
 def _read_sources(source: Path) -> dict[str, bytes]:

@@ -8,6 +8,7 @@ tensor figures; MFU is an assumption, stated in the table.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Optional
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from .counts import count, float8_row
 
-__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead"]
+__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead", "data_tokens", "data_passes"]
 
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
 
@@ -66,6 +67,32 @@ def first_data_files(spec: ExperimentSpec, n: int = 3) -> list[str]:
         paths, _ = DataMix(d.mix).build(d.mix_base_dir, TokenizerConfig.dolma2().identifier or "")
         return paths[:n]
     return []
+
+
+def data_tokens(spec: ExperimentSpec) -> Optional[int]:
+    """Training tokens the run's data holds, where known without reading it: a materialized prefix
+    (its index), the demo corpus once built (its manifest); None otherwise."""
+    d = spec.data
+    if d.source == "prefix" and d.prefix_dir:
+        from ..data.prefix import prefix_index
+
+        return int(prefix_index(Path(d.prefix_dir))["spec"]["num_instances"]) * d.sequence_length
+    if d.source == "demo":
+        from ..data.demo import cached_demo_corpus
+
+        corpus = cached_demo_corpus(d.demo_cache, vocab_size=d.demo_vocab_size)
+        return corpus.n_train_tokens if corpus is not None else None
+    return None
+
+
+def data_passes(spec: ExperimentSpec, tokens: int) -> str:
+    """How many times a run of ``tokens`` reads its data, for the dry run."""
+    held = data_tokens(spec)
+    if held is None:
+        why = "the demo corpus is built at the run's start" if spec.data.source == "demo" else "its size is read at the run's start"
+        return f"not known here ({why}; the start line says)"
+    passes = tokens / held
+    return f"{passes:.2f} ({tokens:,} of {held:,} tokens)" + (f": the run reads its data {passes:.1f} times" if passes > 1 else "")
 
 
 def plan(spec: ExperimentSpec) -> RunPlan:
@@ -163,6 +190,7 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_column("", no_wrap=True)
     table.add_column("value", justify="right", overflow="fold")
     table.add_row("tokens", f"{p.tokens:,}")
+    table.add_row("passes over the data", data_passes(spec, p.tokens))
     table.add_row("steps", f"{p.steps:,}")
     table.add_row("warmup steps", f"{p.warmup_steps:,}")
     table.add_row("global batch", f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens")
