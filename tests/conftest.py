@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import fcntl
 import io
+import logging
 import os
 import runpy
 import shutil
@@ -67,6 +68,17 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: each file keeps its order
+
+
+class Records(logging.Handler):
+    """The messages of every log record a logger passes on (attach with logger.addHandler)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
 
 
 def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list:

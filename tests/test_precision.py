@@ -17,7 +17,7 @@ from olmo_patches.config import load_spec
 from olmo_patches.train import train
 from olmo_patches.train.metrics import read_metrics
 
-from .conftest import REPO, load_weights, tiny_overrides
+from .conftest import REPO, Records, load_weights, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 VARIABLE_WIDTH = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,48]"]
@@ -53,19 +53,10 @@ class Probe(Callback):
                     m.register_forward_hook(lambda mod, args, out: self.linear_out.add(out.dtype))
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[dict, Probe, list[str]]:
     """(CE loss per step, the probe, OLMo-core's log lines) of one run; no in-loop evaluation (under
     compile it would compile every block again, for no_grad)."""
-    probe, records = Probe(hook_dtypes=hook_dtypes), _Records()
+    probe, records = Probe(hook_dtypes=hook_dtypes), Records()
     olmo_core_log = logging.getLogger("olmo_core")
     olmo_core_log.addHandler(records)
     try:

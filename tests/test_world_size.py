@@ -11,7 +11,7 @@ from olmo_patches.config import ConfigError, Layout, load_spec
 from olmo_patches.train import train
 from olmo_patches.train.metrics import read_metrics
 
-from .conftest import REPO, run_in_process, train_each
+from .conftest import REPO, Records, run_in_process, train_each
 
 DEMO = REPO / "configs" / "demo"
 OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
@@ -23,19 +23,10 @@ def _train_py(*argv: str) -> tuple[int, str, str]:
     return r.returncode, r.stdout, r.stderr
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def test_micro_batch_above_the_per_rank_batch_is_lowered():
     # The demo: global 16 = micro 16, right for one process; two ranks take 16 / 2 = 8 each.
     assert load_spec(DEMO / "baseline.yaml", layout=Layout.plan(1)).train.micro_batch_size == 16
-    logger, records = logging.getLogger("olmo_patches.config"), _Records()
+    logger, records = logging.getLogger("olmo_patches.config"), Records()
     logger.addHandler(records)
     level, logger.level = logger.level, logging.INFO
     try:
