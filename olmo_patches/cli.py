@@ -11,7 +11,7 @@ from typing import Any, Callable, List, NoReturn, Optional
 
 from .config import ConfigError, ExperimentSpec, Layout, load_spec
 from .report.console import console
-from .peers import announce, forget
+from .peers import announce, forget, stop_watching
 
 __all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "folder_arg"]
 
@@ -19,6 +19,7 @@ __all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "f
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
     """Load a config for ``layout``'s ranks (default: torchrun's); on a bad one print one line
     naming file, key and value (:func:`refuse`) and exit 2."""
+    stop_watching()  # a new command: no earlier run's watch, failure or store (tests run many in one process)
     forget()
     _config_log(_rank0())
     try:

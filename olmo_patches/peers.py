@@ -45,7 +45,7 @@ def _connect() -> Optional[dist.Store]:
         except (RuntimeError, KeyError, ValueError):  # torchrun's agent is gone
             return None
         return dist.PrefixStore(f"olmo_patches/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", agent)
-    if dist.is_initialized():
+    if dist.is_initialized() and dist.get_world_size() == int(os.environ.get("WORLD_SIZE", "1")):  # this launch's group
         return dist.PrefixStore("olmo_patches/", dist.distributed_c10d._get_default_store())
     return None
 

@@ -328,8 +328,12 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
             refused = e
     peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
     start_lines: list[logging.LogRecord] = []  # OLMo-core's env vars and process group: for train.log only
-    with quiet_start(start_lines):
-        prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    try:
+        with quiet_start(start_lines):
+            prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    except BaseException:
+        peers.stop_watching()  # no watch thread outlives a run that did not start
+        raise
     peers.watch()  # or the process group's
     start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
