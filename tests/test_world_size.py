@@ -85,6 +85,7 @@ def test_only_rank_0_prints_the_error(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     for rank in ("0", "1"):
         monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)  # as torchrun sets it (an in-process run before may leave LOCAL_RANK=0)
         with pytest.raises(SystemExit) as e:
             load_or_exit(str(DEMO / "baseline.yaml"), bad)
         assert e.value.code == 2
