@@ -82,8 +82,8 @@ def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path
 
 def need() -> dict[str, float]:
     """Instances/s an 8-GPU run of the 113M and 1B baselines consumes (module docstring)."""
-    from olmo_patches.config import load_spec
-    from olmo_patches.hardware import CARDS
+    from olmo_patches.launch.layout import load_and_resolve as load_spec
+    from olmo_patches.launch.hardware import CARDS
     from olmo_patches.report.counts import count
     from olmo_patches.report.plan import ASSUMED_MFU
 

@@ -9,21 +9,22 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, List, NoReturn, Optional
 
-from .config import ConfigError, ExperimentSpec, Layout, load_spec
+from .config import ConfigError, ExperimentSpec
+from .launch.layout import Layout, load_and_resolve
 from .report.console import console
-from .peers import announce, forget, stop_watching
+from .launch.peers import announce, forget, stop_watching
 
 __all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "folder_arg"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
-    """Load a config for ``layout``'s ranks (default: torchrun's); on a bad one print one line
-    naming file, key and value (:func:`refuse`) and exit 2."""
+    """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on a
+    bad one print one line naming file, key and value (:func:`refuse`) and exit 2."""
     stop_watching()  # a new command: no earlier run's watch, failure or store (tests run many in one process)
     forget()
     _config_log(_rank0())
     try:
-        return load_spec(path, overrides, layout)
+        return load_and_resolve(path, overrides, layout)
     except ConfigError as e:
         refuse(f"config error: {e}")
 
@@ -45,7 +46,7 @@ def _rank0() -> bool:
 def _config_log(rank0: bool) -> None:
     """config/'s info lines (presets, a lowered micro-batch) on rank 0's stderr: the trainer's
     logging is set up only after the config has loaded."""
-    logger = logging.getLogger("olmo_patches.config")
+    logger = logging.getLogger("olmo_patches.launch")
     if not logger.handlers:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))

@@ -25,7 +25,7 @@ from rich.table import Table
 from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
-from olmo_patches.nn.search import ALIGNED_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes, rank_key, solve
+from olmo_patches.shapes.search import ALIGNED_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes, rank_key, solve
 
 DOLMA2_PADDED_VOCAB = 100352
 
@@ -112,7 +112,7 @@ model:
   block: hourglass
   d_model: {s.d_model}
   n_layers: {s.n_layers}
-  n_heads: {s.n_heads}  # head dim {s.head_dim}: olmo_patches.nn.search.attention_heads
+  n_heads: {s.n_heads}  # head dim {s.head_dim}: olmo_patches.shapes.search.attention_heads
   K: {s.K}
   d_h: {s.d_h}
 """
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--aligned", action="store_true", help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3")
     parser.add_argument("--tolerance", type=at_least(0, float), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned)")
     parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
-                        help="rank: olmo_patches.nn.search.rank_key (the paper's findings); flops; attention share")
+                        help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention share")
     parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
     parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
     args = parser.parse_args()

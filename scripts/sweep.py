@@ -1,4 +1,4 @@
-"""Launch, track and report a sweep of configs (olmo_patches/report/sweep.py).
+"""Launch, track and report a sweep of configs (olmo_patches/launch/sweep.py, olmo_patches/report/sweep.py).
 
     python scripts/sweep.py launch --local CONFIGS... [--set key=value ...]
     python scripts/sweep.py launch --slurm CONFIGS... [--nodes 2] [--gpus-per-node 8] [--sbatch-arg=--time=24:00:00]
@@ -20,7 +20,8 @@ from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, console
 from olmo_patches.config import ConfigError
-from olmo_patches.report.sweep import launch_local, launch_slurm, load_sweep, report, status_rows, sweep_status
+from olmo_patches.launch.sweep import launch_local, launch_slurm, load_sweep, sweep_status
+from olmo_patches.report.sweep import report, status_rows
 
 
 def main() -> None:

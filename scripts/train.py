@@ -20,8 +20,9 @@ import sys
 
 from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
-from olmo_patches.config import Layout, spec_to_yaml
-from olmo_patches.peers import announce
+from olmo_patches.config import spec_to_yaml
+from olmo_patches.launch.layout import Layout
+from olmo_patches.launch.peers import announce
 from olmo_patches.report.advice import advice
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table

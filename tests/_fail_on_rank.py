@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import olmo_patches.train.experiment as training
-from olmo_patches.train.run_folder import RunFolderError
+from olmo_patches.launch.run_folder import RunFolderError
 
 
 def refuse_on(rank: int) -> None:

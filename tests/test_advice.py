@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.advice import advice
 
 from .conftest import run_in_process
@@ -11,22 +11,22 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_unaligned_matmul_dims_are_named_once():
-    lines = advice(load_spec(CONFIGS / "113M/hourglass-K4-L6.yaml"))
+    lines = advice(load_and_resolve(CONFIGS / "113M/hourglass-K4-L6.yaml"))
     # d_model 1314 and d_h 759 are not multiples of 8, nor is the head dim 146 (1314 / 9).
     assert len(lines) == 1 and all(f"{d} (" in lines[0] for d in (759, 1314, 146)), lines
-    assert advice(load_spec(CONFIGS / "113M/hourglass-K4-L6-aligned.yaml")) == []
+    assert advice(load_and_resolve(CONFIGS / "113M/hourglass-K4-L6-aligned.yaml")) == []
 
 
 def test_http_data_slower_than_a_rank_needs(tmp_path):
     # 113M baseline on a B200: 40% x 2250 TFLOP/s / (OLMo-core's ~1.37 GFLOP/token x 4096) ~ 160 instances/s
     # per rank, twice the 73 measured over HTTP; the 1B on an H100 needs ~11.
-    b200 = advice(load_spec(CONFIGS / "113M/baseline.yaml", ["train.hardware=b200"]))
+    b200 = advice(load_and_resolve(CONFIGS / "113M/baseline.yaml", ["train.hardware=b200"]))
     assert len(b200) == 1 and "over HTTP" in b200[0] and "73 measured" in b200[0]
     need = float(b200[0].split("needs ")[1].split()[0])
     assert 140 < need < 180
-    assert advice(load_spec(CONFIGS / "1B/baseline.yaml", ["train.hardware=h100"])) == []
+    assert advice(load_and_resolve(CONFIGS / "1B/baseline.yaml", ["train.hardware=h100"])) == []
     local = ["train.hardware=b200", f"data.base={tmp_path}"]  # a local mirror: not HTTP
-    assert advice(load_spec(CONFIGS / "113M/baseline.yaml", local)) == []
+    assert advice(load_and_resolve(CONFIGS / "113M/baseline.yaml", local)) == []
 
 
 def test_the_dry_run_prints_each_warning_once():
@@ -38,13 +38,13 @@ def test_the_dry_run_prints_each_warning_once():
 
 def test_a_warmup_longer_than_the_run_is_one_warning():
     # 20 warmup steps of 3 (steps), then 5 steps of 1,000 warmup tokens at 2 x 32 tokens a step (15.6 steps).
-    lines = advice(load_spec(CONFIGS / "demo/baseline.yaml", ["train.max_steps=3", "train.warmup_steps=20"]))
+    lines = advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", ["train.max_steps=3", "train.warmup_steps=20"]))
     assert lines == ["warning: train.warmup_steps=20 ends after the run's 3 steps: the learning rate never reaches train.lr"]
     tokens = ["train.max_steps=5", "train.warmup_steps=null", "train.warmup_tokens=1000", "train.global_batch_size=2",
               "train.micro_batch_size=1", "data.sequence_length=32"]
-    assert advice(load_spec(CONFIGS / "demo/baseline.yaml", tokens)) == [
+    assert advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", tokens)) == [
         "warning: train.warmup_tokens=1000 ends after the run's 5 steps: the learning rate never reaches train.lr"]
-    assert advice(load_spec(CONFIGS / "demo/baseline.yaml", ["train.max_steps=20", "train.warmup_steps=20"])) == []
+    assert advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", ["train.max_steps=20", "train.warmup_steps=20"])) == []
 
 
 def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
@@ -54,10 +54,10 @@ def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
 
     held = demo_corpus.n_train_tokens
     steps = 2 * held // (16 * 128) + 7  # just over two passes at 16 x 128 tokens a step
-    spec = load_spec(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={demo_corpus.root.parent}", f"train.max_steps={steps}"])
+    spec = load_and_resolve(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={demo_corpus.root.parent}", f"train.max_steps={steps}"])
     tokens = steps * 16 * 128
     assert data_passes(spec, tokens) == f"{tokens / held:.2f} ({tokens:,} of {held:,} tokens): the run reads its data {tokens / held:.1f} times"
     assert data_passes(spec, held // 2).startswith("0.50 (")  # half a pass: no warning
-    unbuilt = load_spec(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={tmp_path / 'none'}"])
+    unbuilt = load_and_resolve(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={tmp_path / 'none'}"])
     assert data_passes(unbuilt, tokens).startswith("not known here (the demo corpus is built at the run's start")
     assert not (tmp_path / "none").exists()

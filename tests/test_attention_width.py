@@ -11,7 +11,8 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.config import ConfigError, ModelSpec, RoPEScalingSpec, load_spec, vocab_size
+from olmo_patches.config import ConfigError, ModelSpec, RoPEScalingSpec, vocab_size
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.counts import count
 
 from .conftest import REPO, run_in_process
@@ -170,14 +171,14 @@ def test_flops_match_flop_counter(block, attention):
 ])
 def test_bad_attention_shapes_fail_at_load_with_one_line(override, message):
     with pytest.raises(ConfigError) as e:
-        load_spec(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=2", override])
+        load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=2", override])
     assert str(e.value).startswith(f"command line: {message}")
     assert "\n" not in str(e.value)
 
 
 def test_head_dim_frees_the_head_count_from_d_model():
     """With head_dim set, n_heads need not divide d_model (the authors' 3B hourglass: 24 heads on 3696)."""
-    spec = load_spec(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=3", "model.head_dim=8"])
+    spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=3", "model.head_dim=8"])
     assert spec.model.d_model % 3 and spec.model.build(vocab_size(spec)).build(init_device="meta").blocks["0"].attention.w_q.out_features == 24
 
 
@@ -210,7 +211,7 @@ def megatron_params(L, d, H, G, kv, K, dh, vocab=100352, **_):
 @pytest.mark.parametrize("name", THEIRS)
 def test_revised_config_is_their_run_with_their_parameter_count(name):
     size, kind = name.split("/")
-    spec = load_spec(REPO / "configs" / size / f"{kind}-revised.yaml")
+    spec = load_and_resolve(REPO / "configs" / size / f"{kind}-revised.yaml")
     m, t, c = spec.model, spec.train, THEIRS[name]
     shape = (m.n_layers, m.d_model, m.n_heads, m.resolved_n_kv_heads, m.resolved_head_dim)
     assert shape == (c["L"], c["d"], c["H"], c["G"], c["kv"])
@@ -236,7 +237,7 @@ def test_revised_schedule_is_megatrons(units):
     from olmo_patches.train.experiment import _lagged
 
     W, N = 3, 10
-    spec = load_spec(REPO / "configs" / "906M" / "hourglass-revised.yaml", [f"train.max_steps={N}", f"train.warmup_steps={W}"])
+    spec = load_and_resolve(REPO / "configs" / "906M" / "hourglass-revised.yaml", [f"train.max_steps={N}", f"train.warmup_steps={W}"])
     lr, step_tokens = spec.train.lr, 1024 * 4096
     scale = step_tokens if units == "tokens" else 1
     inner = CosWithWarmup(units=SchedulerUnits(units), warmup=W * scale, alpha_f=spec.train.final_lr_ratio)
@@ -254,7 +255,7 @@ def test_revised_weight_decay_groups():
     """Decay 0.033 on every matrix and the tied embedding; none on any norm gain (QK norms included)."""
     from olmo_patches.train.experiment import _optim_groups
 
-    spec = load_spec(REPO / "configs" / "906M" / "hourglass-revised.yaml", ["model.n_layers=2"])
+    spec = load_and_resolve(REPO / "configs" / "906M" / "hourglass-revised.yaml", ["model.n_layers=2"])
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
     optim = AdamWConfig(lr=spec.train.lr, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)).build(model)
@@ -265,7 +266,7 @@ def test_revised_weight_decay_groups():
     for name, p in model.named_parameters():
         assert wd[id(p)] == (0.0 if "norm" in name else 0.033), name
     # The default recipe (OLMo-2): embedding not decayed, norms decayed.
-    base = load_spec(REPO / "configs" / "demo" / "hourglass.yaml", ["model.qk_norm=true"])
+    base = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.qk_norm=true"])
     config = base.model.build(vocab_size(base))
     model = config.build(init_device="meta")
     optim = AdamWConfig(lr=1e-3, weight_decay=0.1, group_overrides=_optim_groups(base, config)).build(model)

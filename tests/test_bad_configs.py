@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import load_and_resolve
 
 from .conftest import REPO, run_script
 
@@ -34,7 +35,7 @@ CASES = [
 def test_bad_config_names_file_key_and_value(tmp_path, body, key, value):
     path = _variant(tmp_path, body)
     with pytest.raises(ConfigError) as e:
-        load_spec(path)
+        load_and_resolve(path)
     message = str(e.value)
     assert "\n" not in message
     assert str(path) in message and key in message and value in message
@@ -42,14 +43,14 @@ def test_bad_config_names_file_key_and_value(tmp_path, body, key, value):
 
 def test_bad_override_names_the_command_line(tmp_path):
     with pytest.raises(ConfigError, match=r"command line: model\.K=-1"):
-        load_spec(BASELINE, ["model.block=hourglass", "model.K=-1", "model.d_h=8"])
+        load_and_resolve(BASELINE, ["model.block=hourglass", "model.K=-1", "model.d_h=8"])
 
 
 def test_missing_base_file_is_named(tmp_path):
     path = tmp_path / "orphan.yaml"
     path.write_text("extends: nowhere.yaml\n")
     with pytest.raises(ConfigError, match="nowhere.yaml: no such config file"):
-        load_spec(path)
+        load_and_resolve(path)
 
 
 @pytest.mark.parametrize("script", ["train.py", "count_params.py"])
@@ -64,6 +65,6 @@ def test_scripts_exit_2_and_write_nothing(tmp_path, script):
 
 
 def test_interpolation_and_extends(tmp_path):
-    spec = load_spec(REPO / "configs" / "demo" / "hourglass.yaml")
+    spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
     assert spec.run.save_folder == "runs/demo/demo-hourglass"  # ${run.name} resolved after the merge
     assert (spec.model.block, spec.model.K, spec.model.d_model) == ("hourglass", 8, 128)

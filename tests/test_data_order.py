@@ -523,7 +523,7 @@ def test_tokens_round_up_to_whole_batches():
 def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path, server, files, expected):
     """Through the training config (build_experiment): data.source=prefix and the remote files
     give the same batches, equal to the reference order's instances."""
-    from olmo_patches.config import load_spec
+    from olmo_patches.launch.layout import load_and_resolve
     from olmo_patches.train import build_experiment, resolve_data
 
     order, instances = expected
@@ -537,7 +537,7 @@ def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path,
     )
 
     def batches(source: str, data: str) -> list[np.ndarray]:
-        spec = load_spec(REPO / "configs" / "113M" / "baseline.yaml", [
+        spec = load_and_resolve(REPO / "configs" / "113M" / "baseline.yaml", [
             f"data.source={source}", data, f"data.sequence_length={SEQ}", f"data.work_dir={tmp_path / source}",
             f"train.global_batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
             f"train.max_tokens={n_batches * BATCH * SEQ}",  # what the prefix holds (checked at load)
@@ -564,7 +564,8 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     through data_order.py; the list's checksum is still checked."""
     import hashlib
 
-    from olmo_patches.config import ConfigError, load_spec
+    from olmo_patches.config import ConfigError
+    from olmo_patches.launch.layout import load_and_resolve
     from olmo_patches.train import build_experiment, resolve_data
 
     origin = "http://olmo-data.org"  # never contacted: every read goes to the mirror
@@ -583,7 +584,7 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     module_spec.loader.exec_module(cli)
 
     for k, base in enumerate((str(local), server.base_url)):
-        spec = load_spec(REPO / "configs" / "113M" / "baseline.yaml", [
+        spec = load_and_resolve(REPO / "configs" / "113M" / "baseline.yaml", [
             "data.source=olmo2_stage1", f"data.base={base}", f"data.sequence_length={SEQ}",
             f"data.work_dir={tmp_path / f'cache{k}'}", f"train.global_batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
         ])
@@ -610,9 +611,9 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     with pytest.raises(DataOrderError, match="is not under https://elsewhere.org/"):
         order_mod.rebase([f"{origin}/a/p0.npy"], str(local), origin="https://elsewhere.org")
     with pytest.raises(ConfigError, match=r"data\.base=.*nowhere: no such folder"):
-        load_spec(REPO / "configs" / "113M" / "baseline.yaml", [f"data.base={tmp_path / 'nowhere'}"])
+        load_and_resolve(REPO / "configs" / "113M" / "baseline.yaml", [f"data.base={tmp_path / 'nowhere'}"])
     with pytest.raises(ConfigError, match=r"data\.base=.*applies to data\.source=olmo2_stage1, not demo"):
-        load_spec(REPO / "configs" / "demo" / "baseline.yaml", [f"data.base={local}"])
+        load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", [f"data.base={local}"])
     pinned.write_text(pinned.read_text() + f"{origin}/c/p3.npy\n")  # the list changed: refused, mirror or not
     with pytest.raises(DataOrderError, match="the file list changed"):
         order_mod.load_pinned_list(str(local))

@@ -3,7 +3,8 @@ anything (it used to surface inside the Trainer's build, after config.yaml was r
 
 import pytest
 
-from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 
 from .conftest import REPO, tiny_overrides
@@ -14,7 +15,7 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 def test_a_task_that_cannot_fit_is_refused_in_one_line_with_nothing_written(tmp_path, demo_corpus):
     folder = tmp_path / "run"
     # every COPA answer is a sentence: longer than 3 tokens of the demo tokenizer, so no document can be scored
-    spec = load_spec(BASELINE, tiny_overrides(folder, "train.max_steps=2", "eval.downstream_tasks=[copa]",
+    spec = load_and_resolve(BASELINE, tiny_overrides(folder, "train.max_steps=2", "eval.downstream_tasks=[copa]",
                                               "eval.downstream_sequence_length=3"))
     with pytest.raises(ConfigError) as e:
         train(spec)

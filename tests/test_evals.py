@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.eval.evaluators import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS, validation_files
 from olmo_patches.train import build_experiment, resolve_data
 
@@ -28,7 +28,7 @@ def test_unknown_validation_set_is_one_line_error():
 
 
 def test_paper_config_wires_both_evaluators_with_local_tokenizer():
-    spec = load_spec(ROOT / "configs/113M/baseline.yaml", [f"data.tokenizer_file={TOKENIZER_FILE}", "train.device=cpu"])
+    spec = load_and_resolve(ROOT / "configs/113M/baseline.yaml", [f"data.tokenizer_file={TOKENIZER_FILE}", "train.device=cpu"])
     exp = build_experiment(spec, resolve_data(spec))
     cbs = exp.trainer.callbacks
     downstream = cbs["downstream_evaluator"]
@@ -46,11 +46,11 @@ def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corp
     import math
 
     from olmo_patches.train import train
-    from olmo_patches.train.metrics import read_metrics
+    from olmo_patches.launch.run_folder import read_metrics
 
     from .conftest import tiny_overrides
 
-    spec = load_spec(ROOT / "configs/demo/baseline.yaml", tiny_overrides(
+    spec = load_and_resolve(ROOT / "configs/demo/baseline.yaml", tiny_overrides(
         tmp_path, "train.max_steps=3", "eval.interval=2", "eval.downstream_tasks=[copa]", "eval.downstream_interval=3"))
     train(spec)
     metrics = read_metrics(tmp_path)

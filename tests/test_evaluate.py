@@ -10,8 +10,9 @@ import shutil
 import pytest
 import torch
 
-from olmo_patches.config import ConfigError, load_spec
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train import train
 from tests.conftest import REPO, run_in_process, run_script, tiny_overrides
 
@@ -35,7 +36,7 @@ def tiny_run(tmp_path_factory, demo_corpus):
     """Two steps of a tiny hourglass model with COPA evaluated in the loop at L tokens."""
     run = tmp_path_factory.mktemp("evaluate") / "run"
     extra = ["train.max_steps=2", "eval.downstream_tasks=[copa]", f"eval.downstream_sequence_length={L}"]
-    train(load_spec(BASELINE, tiny_overrides(run, *extra, block="hourglass")))
+    train(load_and_resolve(BASELINE, tiny_overrides(run, *extra, block="hourglass")))
     return run
 
 
@@ -120,7 +121,7 @@ def test_tiny_olmo2_scored_from_the_definition(tmp_path, demo_corpus):
 
 def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
     with pytest.raises(ConfigError, match=r"command line: eval.downstream_sequence_length=1: must be >= 2"):
-        load_spec(BASELINE, ["eval.downstream_sequence_length=1"])
+        load_and_resolve(BASELINE, ["eval.downstream_sequence_length=1"])
     # every COPA continuation is longer than 3 tokens: nothing to score
     r = run_script("evaluate.py", str(tiny_run / "step2"), "--sequence-length", "3", "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -11,10 +11,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from olmo_patches.config import ConfigError, load_spec, vocab_size
+from olmo_patches.config import ConfigError, vocab_size
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.checkpoints import load_model_state
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
@@ -36,7 +37,7 @@ SHAPES = {
 
 
 def _spec(tmp_path, shape, *extra):
-    return load_spec(BASELINE, tiny_overrides(tmp_path, *SHAPES[shape][0], *extra))
+    return load_and_resolve(BASELINE, tiny_overrides(tmp_path, *SHAPES[shape][0], *extra))
 
 
 def _emulated(recipe="tensorwise"):
@@ -189,7 +190,7 @@ def test_hf_export_of_a_float8_run_is_its_high_precision_weights(tmp_path, demo_
 ])
 def test_bad_float8_choices_are_one_line(config, value, message):
     with pytest.raises(ConfigError) as e:
-        load_spec(config, [f"train.float8={value}"])
+        load_and_resolve(config, [f"train.float8={value}"])
     assert str(e.value) == f"command line: train.float8={value}: {message}"
 
 
@@ -198,16 +199,16 @@ def test_float8_without_torchao_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails as if torchao were missing
     with pytest.raises(ConfigError) as e:
-        load_spec(BASELINE, tiny_overrides(tmp_path, "train.float8=tensorwise"))
+        load_and_resolve(BASELINE, tiny_overrides(tmp_path, "train.float8=tensorwise"))
     assert str(e.value) == "command line: train.float8=tensorwise: needs torchao: pip install -e '.[float8]'"
-    assert load_spec(BASELINE, tiny_overrides(tmp_path)).train.float8 == "off"
+    assert load_and_resolve(BASELINE, tiny_overrides(tmp_path)).train.float8 == "off"
 
 
 def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
     """d_h = 24 (not a multiple of 16): the stacked FFN weights stay in high precision, named and counted."""
     from olmo_patches.report.counts import count, float8_report
 
-    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "model.block=hourglass", "model.K=2", "model.d_h=24", "train.float8=tensorwise"))
+    spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, "model.block=hourglass", "model.K=2", "model.d_h=24", "train.float8=tensorwise"))
     f, b = float8_report(spec), count(spec)
     assert f["float8_params"] == b.attention and f["float8_skipped_params"] == b.ffn
     assert f["float8_skipped"] == [f"blocks.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w3", "w2")]
@@ -218,9 +219,9 @@ def test_memory_model_counts_float8s_weight_and_input_casts():
     """hardware.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1 byte
     for each of the forward and transposed float8 copies of one block's weights, + 1 byte per element
     of the widest matmul input per token; the float8 path keeps no [W_d1; W_d2] copy."""
-    from olmo_patches.hardware import estimate, with_float8
+    from olmo_patches.launch.hardware import estimate, with_float8
 
-    spec = load_spec(REPO / "configs" / "demo" / "hourglass.yaml")
+    spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
     model = spec.model.build(vocab_size(spec))
     d, K, d_h, s, L = 128, 8, 64, 128, 4
     block = 4 * d * d + d + K * (3 * d * d_h + d)  # attention, its norm, K sub-MLPs with their norms

@@ -15,9 +15,10 @@ WORLD = 4
 
 
 def _models():
-    from olmo_patches.config import load_spec, vocab_size
+    from olmo_patches.config import vocab_size
+    from olmo_patches.launch.layout import load_and_resolve
 
-    spec = load_spec(REPO / "configs" / "demo" / "hourglass.yaml", ["model.K=2", "model.n_layers=2"])
+    spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.K=2", "model.n_layers=2"])
     dense = spec.model.build(vocab_size(spec))
     return {"hourglass": (dense, dense.vocab_size), "hourglass-experts": (_transformer(_blocks(K=2)[1]), 128)}
 

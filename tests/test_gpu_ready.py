@@ -7,10 +7,11 @@ import pytest
 import torch
 from olmo_core.nn.attention import flash_attn_api
 
-from olmo_patches.config import ConfigError, attention_backend, load_spec
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import attention_backend, load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.batch_trace import read_batch_trace
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
@@ -19,7 +20,7 @@ CONFIGS = ["113M/baseline", "113M/hourglass", "113M/variable-width", "1B/baselin
 
 
 def _load(name, *extra):
-    return load_spec(REPO / "configs" / f"{name}.yaml", ["train.hardware=none", *extra])
+    return load_and_resolve(REPO / "configs" / f"{name}.yaml", ["train.hardware=none", *extra])
 
 
 def _head_dims(spec):
@@ -82,7 +83,7 @@ def test_backend_reaches_the_built_model_and_the_dry_run(tmp_path, demo_corpus):
 
     from olmo_patches.train import build_experiment, resolve_data
 
-    spec = load_spec(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1", "train.precision=bf16", "model.attention_backend=flash_2"))
+    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1", "train.precision=bf16", "model.attention_backend=flash_2"))
     exp = build_experiment(spec, resolve_data(spec))
     assert exp.model.block.sequence_mixer.backend == "torch"
     model = exp.model.build()
@@ -98,7 +99,7 @@ RUN = ["train.max_steps=6", "run.save_interval=3", "run.ephemeral_save_interval=
 
 
 def _spec(folder, *extra):
-    return load_spec(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(folder, *RUN, *extra))
+    return load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(folder, *RUN, *extra))
 
 
 def test_workers_keep_the_batches_and_resume_bit_identical(tmp_path_factory, demo_corpus):

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from olmo_patches.config import ConfigError, load_spec, vocab_size
-from olmo_patches.hardware import CARDS, GIB, card_for_device, estimate, known_card
+from olmo_patches.config import ConfigError, vocab_size
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.hardware import CARDS, GIB, card_for_device, estimate, known_card
 
 from .conftest import REPO, run_script
 
@@ -40,13 +41,13 @@ def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
     static = 16 * P / 8 + 16 * V * d  # the LM head (V d) is the largest FSDP unit
     A = 2 * _norm(d) + 2 * d + 8 * d + 4 * n_h + 2 * _norm(d) + 2 * d + 8 * H  # norms, attention, QK-norm, SwiGLU
     per_seq = s * (L * A + _norm(d) + 2 * d + 18 * V)
-    spec = load_spec(OLMO2_1B, ["train.hardware=h100"])
+    spec = load_and_resolve(OLMO2_1B, ["train.hardware=h100"])
     est = estimate(spec.model.build(vocab_size(spec)), s, shards=8)
     assert est.static == pytest.approx(static) and est.total(1) - est.static == pytest.approx(per_seq)
     for card, want in (("rtx6000ada", 2), ("h100", 2), ("b200", 8)):
         usable = 0.85 * CARDS[card].memory_gib * GIB
         assert static + want * per_seq <= usable < static + 2 * want * per_seq  # the largest divisor of 64 that fits
-        t = load_spec(OLMO2_1B, [f"train.hardware={card}"]).train
+        t = load_and_resolve(OLMO2_1B, [f"train.hardware={card}"]).train
         assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (want, "off", True)
 
 
@@ -56,7 +57,7 @@ def _memory_model(path):
     token, sequence length, per-rank batch, MoE) of the docstring's memory model for 8 ranks, computed
     here from the built model's own modules (parameter counts and weight shapes), not through
     hardware.estimate()."""
-    spec = load_spec(path)
+    spec = load_and_resolve(path)
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")
     P = sum(p.numel() for p in model.parameters())
     layers = []
@@ -119,19 +120,19 @@ CARD_GIB = {"rtx6000ada": 48.0, "h100": 80.0, "h200": 141.0, "b200": 180.0}
 def test_every_paper_config_gets_the_memory_models_preset(eight_ranks, card):
     assert CARDS[card].memory_gib == CARD_GIB[card]
     for path in PAPER:
-        spec = load_spec(path, [f"train.hardware={card}"])
+        spec = load_and_resolve(path, [f"train.hardware={card}"])
         t = spec.train
         assert (t.micro_batch_size, str(t.activation_checkpointing)) == _expected_preset(path, CARD_GIB[card]), path
         assert t.compile is True and t.global_batch_size // 8 % t.micro_batch_size == 0, path
 
 
 def test_checkpointing_when_nothing_else_fits(eight_ranks):
-    spec = load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=16384"])
+    spec = load_and_resolve(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=16384"])
     est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards=8)
     assert est.total(1) > 0.85 * 48 * GIB  # not one sequence without checkpointing
     assert spec.train.activation_checkpointing.enabled and spec.train.micro_batch_size >= 1
     with pytest.raises(ConfigError, match=r"train\.hardware=rtx6000ada: .*does not fit"):
-        load_spec(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=1048576"])
+        load_and_resolve(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=1048576"])
 
 
 @pytest.mark.parametrize(
@@ -167,36 +168,36 @@ def test_auto_detects_the_gpu(eight_ranks, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(total_memory=80 * GIB))
-    auto, h100 = (load_spec(OLMO2_1B, [f"train.hardware={h}"]).train for h in ("auto", "h100"))
+    auto, h100 = (load_and_resolve(OLMO2_1B, [f"train.hardware={h}"]).train for h in ("auto", "h100"))
     assert (auto.micro_batch_size, str(auto.activation_checkpointing), auto.compile) == (2, "off", True)
     assert (h100.micro_batch_size, h100.compile) == (auto.micro_batch_size, auto.compile)
-    cpu = load_spec(OLMO2_1B, ["train.device=cpu"]).train  # a CPU run takes no GPU preset
+    cpu = load_and_resolve(OLMO2_1B, ["train.device=cpu"]).train  # a CPU run takes no GPU preset
     assert (cpu.micro_batch_size, str(cpu.activation_checkpointing), cpu.compile) == (64, "off", False)
 
 
 def test_no_preset_without_a_gpu(eight_ranks):
     for hardware in ("auto", "none"):
-        t = load_spec(OLMO2_1B, [f"train.hardware={hardware}"]).train
+        t = load_and_resolve(OLMO2_1B, [f"train.hardware={hardware}"]).train
         assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (512 // 8, "off", False)
 
 
 def test_explicit_values_win(eight_ranks, tmp_path):
-    t = load_spec(OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]).train
+    t = load_and_resolve(OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]).train
     assert (t.micro_batch_size, t.compile, str(t.activation_checkpointing)) == (2, False, "off")
     # A file's value wins too; the preset still fills the rest around it: 16 sequences of 4096 do not
     # fit 48 GB without checkpointing, so it turns checkpointing on (every block: nothing less fits 16).
     child = tmp_path / "child.yaml"
     child.write_text(f"extends: {OLMO2_1B}\ntrain:\n  micro_batch_size: 16\n  hardware: rtx6000ada\n")
-    t = load_spec(child).train
+    t = load_and_resolve(child).train
     assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (16, "full", True)
     # Explicit checkpointing sizes the micro-batch with it; null on the command line hands a key back.
-    t = load_spec(child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]).train
+    t = load_and_resolve(child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]).train
     assert str(t.activation_checkpointing) == "full" and t.micro_batch_size > 2
 
 
 def test_bad_preset_fails_at_load_in_one_line():
     with pytest.raises(ConfigError) as e:
-        load_spec(OLMO2_1B, ["train.hardware=a100"])
+        load_and_resolve(OLMO2_1B, ["train.hardware=a100"])
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("command line: train.hardware=a100:") and "h100" in msg
     r = run_script("train.py", str(OLMO2_1B), "train.hardware=a100", "--dry-run", timeout=120)

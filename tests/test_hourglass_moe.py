@@ -229,18 +229,18 @@ HOURGLASS_EXPERTS = [
 
 
 def _spec(folder, cache, *extra):
-    from olmo_patches.config import load_spec
+    from olmo_patches.launch.layout import load_and_resolve
 
     from .conftest import REPO, tiny_overrides
 
     run = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null", f"data.work_dir={cache}"]
-    return load_spec(REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra))
+    return load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra))
 
 
 def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(tmp_path, demo_corpus):
     from olmo_patches.train import train
     from olmo_patches.train.checkpoints import load_model_state
-    from olmo_patches.train.metrics import read_metrics
+    from olmo_patches.launch.run_folder import read_metrics
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(_spec(straight, tmp_path / "cache"))
@@ -258,12 +258,13 @@ def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
     """configs/paper2/3B-MoE/x-hourglass-experts.yaml: x.yaml's widths; per layer, 22 experts of K=2
     sub-MLPs of d_h_l = round(w_l 256 / 1600) (+ their 2 norm gains) instead of one SwiGLU of
     I_l = round(w_l 512 / 1600); the counts differ by exactly that (OLMo-core's config counts, no build)."""
-    from olmo_patches.config import load_spec, vocab_size
+    from olmo_patches.config import vocab_size
+    from olmo_patches.launch.layout import load_and_resolve
 
     from .conftest import REPO
 
     folder = REPO / "configs" / "paper2" / "3B-MoE"
-    x, hg = (load_spec(folder / name) for name in ("x.yaml", "x-hourglass-experts.yaml"))
+    x, hg = (load_and_resolve(folder / name) for name in ("x.yaml", "x-hourglass-experts.yaml"))
     widths = x.model.resolved_widths
     assert hg.model.resolved_widths == widths and len(widths) == 40
     cx, ch = (s.model.build(vocab_size(s)) for s in (x, hg))

@@ -10,7 +10,7 @@ import time
 import pytest
 from torch.distributed.run import get_args_parser
 
-from olmo_patches.config import Layout, load_spec
+from olmo_patches.launch.layout import Layout, load_and_resolve
 from olmo_patches.report.counts import count
 from olmo_patches.report.plan import signal_lead
 
@@ -101,7 +101,7 @@ def test_preemption_sigterm_saves_without_requeue(slurm):
 
 
 def test_signal_lead_covers_a_step_and_a_save():
-    spec = load_spec(REPO / "configs/8B/hourglass-revised.yaml")
+    spec = load_and_resolve(REPO / "configs/8B/hourglass-revised.yaml")
     n = count(spec)
     # A lower bound on one step on 8 RTX 6000 Ada (364.2 TFLOP/s dense bf16) at 40% MFU: 6 FLOPs per
     # non-embedding weight per token; one save: fp32 weights and AdamW's two moments at 1 GiB/s.

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 
 from .conftest import REPO, tiny_overrides
@@ -59,7 +59,7 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
 
     config, extra, block = VARIANTS[variant]
     run, out = tmp_path / "run", tmp_path / "hf"
-    train(load_spec(CONFIGS / config, tiny_overrides(run, *extra, "train.max_steps=1", "run.ephemeral_save_interval=null", block=block)))
+    train(load_and_resolve(CONFIGS / config, tiny_overrides(run, *extra, "train.max_steps=1", "run.ephemeral_save_interval=null", block=block)))
     export_hf(run / "step1", out, tokenizer_file=demo_corpus.tokenizer_file)
     # The project's scorer on the exported model, with the run's tokenizer (no BOS, as in the loop).
     ours = evaluate(from_hf(out, EvalChoice(tasks=["copa"], validation_sets=[], sequence_length=L), config=run / "config.yaml"))

@@ -13,7 +13,7 @@ import re
 import pytest
 
 
-from olmo_patches.train.metrics import read_metrics  # noqa: E402
+from olmo_patches.launch.run_folder import read_metrics  # noqa: E402
 
 from .conftest import REPO, run_script, tiny_overrides  # noqa: E402
 

@@ -9,9 +9,11 @@ import torch
 from olmo_core.nn.functional import cross_entropy_loss
 from olmo_core.train.train_module.transformer.common import parallelize_model
 
-from olmo_patches.config import ConfigError, load_spec, memory_estimate, vocab_size
-from olmo_patches.config.layout import Layout
-from olmo_patches.hardware import ActivationCheckpointing, estimate
+from olmo_patches.config import ConfigError, vocab_size
+from olmo_patches.launch.layout import load_and_resolve, memory_estimate
+from olmo_patches.launch.layout import Layout
+from olmo_patches.launch.hardware import estimate
+from olmo_patches.config.spec import ActivationCheckpointing
 
 from .conftest import REPO
 
@@ -33,7 +35,7 @@ SEQ = 16
 
 
 def _model(overrides, seed=0):
-    spec = load_spec(DEMO, [*SMALL, *overrides])
+    spec = load_and_resolve(DEMO, [*SMALL, *overrides])
     config = spec.model.build(vocab_size(spec))
     config.init_seed = seed
     model = config.build(init_device="meta")
@@ -49,7 +51,7 @@ def _grads(model, ids):
 
 def _checkpointed(model, mode: str):
     """The model as OLMo-core's train module prepares it: its own parallelize_model with the spec's ac_config."""
-    spec = load_spec(DEMO, [*SMALL, f"train.activation_checkpointing={mode}"])
+    spec = load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={mode}"])
     ac = spec.train.activation_checkpointing
     return parallelize_model(model, world_mesh=None, device=torch.device("cpu"), ac_config=ac.build())
 
@@ -84,7 +86,7 @@ def test_moe_checkpoints_what_olmo_core_allows():
                         ("selected_blocks:2", r"=selected_blocks:2: OLMo-core cannot checkpoint MoE blocks whole"),
                         ("selected_modules:blocks.*.feed_forward_moe", r"\.modules=blocks\.\*\.feed_forward_moe: matches an MoE module")):
         with pytest.raises(ConfigError, match=rf"command line: train\.activation_checkpointing{match}"):
-            load_spec(DEMO, [*SMALL, *MOE, f"train.activation_checkpointing={mode}"])
+            load_and_resolve(DEMO, [*SMALL, *MOE, f"train.activation_checkpointing={mode}"])
 
 
 @pytest.mark.parametrize("value, want", [
@@ -92,23 +94,23 @@ def test_moe_checkpoints_what_olmo_core_allows():
     ("selected_modules:blocks.*.feed_forward", "selected_modules:blocks.*.feed_forward"),
 ])
 def test_mode_shorthands(value, want):
-    ac = load_spec(DEMO, [*SMALL, f"train.activation_checkpointing={value}"]).train.activation_checkpointing
+    ac = load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={value}"]).train.activation_checkpointing
     assert str(ac) == want
 
 
 def test_mode_mappings_in_files_and_overrides(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text(f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: selected_blocks, block_interval: 2}}\n")
-    assert str(load_spec(base, SMALL).train.activation_checkpointing) == "selected_blocks:2"
+    assert str(load_and_resolve(base, SMALL).train.activation_checkpointing) == "selected_blocks:2"
     child = tmp_path / "child.yaml"  # a later shorthand replaces the whole mode (no block_interval left over)
     child.write_text(f"extends: {base}\ntrain:\n  activation_checkpointing: true\n")
-    ac = load_spec(child, SMALL).train.activation_checkpointing
+    ac = load_and_resolve(child, SMALL).train.activation_checkpointing
     assert (ac.mode, ac.block_interval) == ("full", None)
-    ac = load_spec(base, [*SMALL, "train.activation_checkpointing.block_interval=4"]).train.activation_checkpointing
+    ac = load_and_resolve(base, [*SMALL, "train.activation_checkpointing.block_interval=4"]).train.activation_checkpointing
     assert str(ac) == "selected_blocks:4"
     off = tmp_path / "off.yaml"  # YAML reads off as false
     off.write_text(f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: off}}\n")
-    assert str(load_spec(off, SMALL).train.activation_checkpointing) == "off"
+    assert str(load_and_resolve(off, SMALL).train.activation_checkpointing) == "off"
 
 
 @pytest.mark.parametrize("value, match", [
@@ -123,7 +125,7 @@ def test_mode_mappings_in_files_and_overrides(tmp_path):
 ])
 def test_bad_modes_fail_in_one_line(value, match):
     with pytest.raises(ConfigError) as e:
-        load_spec(DEMO, [*SMALL, f"train.activation_checkpointing={value}"])
+        load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={value}"])
     assert "\n" not in str(e.value) and str(e.value).startswith("command line: ")
     assert e.match(match)
 
@@ -193,7 +195,7 @@ def test_loss_saves_what_the_estimate_counts():
 def test_checkpointing_modes_order_the_estimate():
     """On the 1B hourglass (8 ranks): full < every 2nd block < every 4th < off, selected modules in
     between, budget between full and off in proportion; and the largest FSDP unit is the LM head."""
-    spec = load_spec(REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none"])
+    spec = load_and_resolve(REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none"])
     est = memory_estimate(spec, Layout.plan(8))
     V, d = vocab_size(spec), spec.model.d_model
     assert est.buffers == 16 * V * d
@@ -212,11 +214,11 @@ def test_preset_checkpoints_where_the_estimate_says_it_must(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     path = REPO / "configs" / "1B" / "hourglass.yaml"
-    est = memory_estimate(load_spec(path, ["train.hardware=none"]), Layout.plan(8))
+    est = memory_estimate(load_and_resolve(path, ["train.hardware=none"]), Layout.plan(8))
     order = [ActivationCheckpointing("off"), ActivationCheckpointing("selected_blocks", block_interval=4),
              ActivationCheckpointing("selected_blocks", block_interval=2), ActivationCheckpointing("full")]
     for card, gib in (("rtx6000ada", 48.0), ("h100", 80.0)):
-        t = load_spec(path, [f"train.hardware={card}", "train.device=auto"]).train
+        t = load_and_resolve(path, [f"train.hardware={card}", "train.device=auto"]).train
         want = next(m for m in order if est.total(1, m) <= 0.85 * gib * 2**30)
         assert str(t.activation_checkpointing) == str(want), card
         assert est.total(t.micro_batch_size, t.activation_checkpointing) <= 0.85 * gib * 2**30
@@ -226,11 +228,11 @@ def test_a_run_recorded_with_a_boolean_resumes_with_any_mode():
     """A run folder's config.yaml from before the modes (``activation_checkpointing: false``) against
     a restart in another mode: the mode may change between restarts, nothing else counts as changed."""
     from olmo_patches.config import spec_to_yaml
-    from olmo_patches.train.run_folder import changed_keys
+    from olmo_patches.launch.run_folder import changed_keys
 
-    spec = load_spec(DEMO, [*SMALL, "train.activation_checkpointing=false"])
+    spec = load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=false"])
     recorded = spec_to_yaml(spec).replace("  activation_checkpointing:\n    mode: 'off'\n    block_interval: null\n    modules: null\n    budget: null\n",
                                           "  activation_checkpointing: false\n")
     assert "activation_checkpointing: false" in recorded
-    assert changed_keys(recorded, load_spec(DEMO, [*SMALL, "train.activation_checkpointing=selected_blocks:2"])) == []
-    assert changed_keys(recorded, load_spec(DEMO, [*SMALL, "train.lr=0.1"])) == [f"train.lr: {spec.train.lr} -> 0.1"]
+    assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=selected_blocks:2"])) == []
+    assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.lr=0.1"])) == [f"train.lr: {spec.train.lr} -> 0.1"]

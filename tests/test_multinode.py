@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.batch_trace import read_batch_trace
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, child_env, finish, run_script, start, tiny_overrides
 
@@ -62,7 +62,7 @@ def _train_args(folder, *extra):
 def one_process(tmp_path_factory, demo_corpus):
     """The reference: 6 steps in one process, uninterrupted."""
     folder = tmp_path_factory.mktemp("one")
-    train(load_spec(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass")))
+    train(load_and_resolve(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass")))
     return folder
 
 
@@ -75,7 +75,7 @@ def resumed(tmp_path_factory, demo_corpus):
     (hsdp0, hsdp1), _ = _two_nodes(2, node, node)
     log = (folder / "train.log").read_text() if (folder / "train.log").is_file() else ""
     fsdp = run_script("train.py", *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:], torchrun=2)
-    one = load_spec(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass"))
+    one = load_and_resolve(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass"))
     train(one)
     return folder, hsdp0, hsdp1, log, fsdp
 

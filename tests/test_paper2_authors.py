@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from olmo_core.optim import AdamWConfig
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train.experiment import _optim_groups
 
 from .conftest import REPO
@@ -31,7 +31,7 @@ MOE = (f"model.moe.num_experts={N_EXPERTS}", f"model.moe.top_k={TOP_K}", f"model
 
 
 def _spec(mode, widths=WIDTHS, h=H, extra=()):
-    return load_spec(X, [
+    return load_and_resolve(X, [
         f"model.d_model={h}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={V}",
         "model.widths.schedule=list", f"model.widths.values=[{','.join(map(str, widths))}]",
         f"model.widths.resize={MODES[mode]}", "train.device=cpu", *extra,
@@ -230,7 +230,7 @@ PAPER2_CONFIGS = sorted((REPO / "configs" / "paper2").rglob("*.yaml"))
 
 def test_paper2_configs_use_the_authors_rope_theta():
     for path in PAPER2_CONFIGS:
-        assert load_spec(path).model.rope_theta == THETA, path
+        assert load_and_resolve(path).model.rope_theta == THETA, path
     model = _model("move_up")
     assert model.blocks["0"].attention.rope.theta == THETA
 
@@ -240,9 +240,9 @@ def test_paper2_configs_decay_as_lm_engine():
     the embedding, the untied LM head, the muP matrices, the router and the experts decay at 0.1."""
     assert len(PAPER2_CONFIGS) == 16
     for path in PAPER2_CONFIGS:
-        t = load_spec(path).train
+        t = load_and_resolve(path).train
         assert (t.decay_embeddings, t.decay_norms, t.weight_decay) == (True, False, 0.1), path
-    spec = load_spec(REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml",
+    spec = load_and_resolve(REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml",
                      ["model.d_model=64", "model.n_layers=4", "model.n_heads=2", "model.moe.num_experts=4", "model.moe.top_k=2",
                       "model.d_h=16", "model.vocab_size=64", "data.source=demo", "data.tokenizer=demo", "data.demo_vocab_size=64"])
     config = spec.model.build(64)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.plan import plan
 from olmo_patches.report.counts import count
 
@@ -32,7 +32,7 @@ def closed_form(spec) -> int:
 
 @pytest.mark.parametrize("path", CONFIGS, ids=rel)
 def test_config_loads_builds_and_matches_its_baseline(path):
-    spec = load_spec(path)
+    spec = load_and_resolve(path)
     b = count(spec)  # builds on the meta device
     if spec.model.block == "variable_width":
         # The variable-width paper's rule, written out here: sum_l 16 w_l^2 - waste = 16 L h^2, with
@@ -53,7 +53,7 @@ def test_config_loads_builds_and_matches_its_baseline(path):
     size = rel(path).split("/")[0]
     if size not in SIZES or path.name.endswith("-revised.yaml"):  # the authors' later runs: test_attention_width.py
         return
-    budget = closed_form(load_spec(ROOT / "configs" / size / "baseline.yaml"))
+    budget = closed_form(load_and_resolve(ROOT / "configs" / size / "baseline.yaml"))
     if UNMATCHED in path.parts:
         assert b.non_embedding <= budget
         return
@@ -66,36 +66,36 @@ def test_config_loads_builds_and_matches_its_baseline(path):
 def test_each_hourglass_has_an_aligned_sibling(exact):
     """Beside each exact shape, one GPU matmuls like: d_model, d_h and head_dim multiples of 8, d_h of 64,
     the same K and L, within the authors' 0.3% of the baseline's non-embedding parameters."""
-    e = load_spec(ROOT / "configs" / exact).model
-    aligned = load_spec(ROOT / "configs" / exact.replace(".yaml", "-aligned.yaml"))
+    e = load_and_resolve(ROOT / "configs" / exact).model
+    aligned = load_and_resolve(ROOT / "configs" / exact.replace(".yaml", "-aligned.yaml"))
     m = aligned.model
     assert (m.K, m.n_layers) == (e.K, e.n_layers)
     assert m.d_model % 8 == 0 and m.resolved_d_h % 64 == 0 and m.resolved_head_dim % 8 == 0
-    budget = closed_form(load_spec(ROOT / "configs" / exact.split("/")[0] / "baseline.yaml"))
+    budget = closed_form(load_and_resolve(ROOT / "configs" / exact.split("/")[0] / "baseline.yaml"))
     assert abs(closed_form(aligned) - budget) <= ALIGNED_TOLERANCE * budget
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_baselines_give_the_spec_counts(size):
-    spec = load_spec(ROOT / "configs" / size / "baseline.yaml")
+    spec = load_and_resolve(ROOT / "configs" / size / "baseline.yaml")
     assert round(count(spec).non_embedding / 1e5) == round(SIZES[size] / 1e5)
     assert spec.model.block == "baseline" and spec.model.d_model % spec.model.n_heads == 0
 
 
 def test_controlled_113M_ffn_equals_baseline_exactly():
-    base, hg = (count(load_spec(ROOT / "configs/113M" / f)) for f in ("baseline.yaml", "hourglass-K8-dh384.yaml"))
+    base, hg = (count(load_and_resolve(ROOT / "configs/113M" / f)) for f in ("baseline.yaml", "hourglass-K8-dh384.yaml"))
     assert hg.ffn == base.ffn == 12 * 768 * 768 * 12 and hg.attention == base.attention
 
 
 def test_k_sweep_as_the_paper_parameters_grow_with_K():
-    specs = sorted((load_spec(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")), key=lambda s: s.model.K)
+    specs = sorted((load_and_resolve(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")), key=lambda s: s.model.K)
     assert [s.model.K for s in specs] == list(range(1, 9))
     ffn = [count(s).ffn for s in specs]
     assert ffn == [3 * k * 768 * 384 * 12 for k in range(1, 9)]
 
 
 def test_reallocation_split():
-    b = count(load_spec(ROOT / "configs/113M/hourglass-K4-L6.yaml"))
+    b = count(load_and_resolve(ROOT / "configs/113M/hourglass-K4-L6.yaml"))
     assert abs(b.attention - 45e6) / 45e6 < 0.1 and abs(b.ffn - 68e6) / 68e6 < 0.1
 
 
@@ -106,7 +106,7 @@ def test_generated_configs_say_how():
 
 
 def test_olmo2_config_is_the_stage1_recipe():
-    s = load_spec(ROOT / "configs/1B/olmo2.yaml")
+    s = load_and_resolve(ROOT / "configs/1B/olmo2.yaml")
     m, t, d = s.model, s.train, s.data
     assert (m.d_model, m.n_layers, m.n_heads, m.ffn_ratio * m.d_model) == (2048, 16, 16, 8192)
     assert m.norm_placement == "post" and m.qk_norm and not m.tie_embeddings and m.rope_theta == 500_000
@@ -119,7 +119,7 @@ def test_olmo2_config_is_the_stage1_recipe():
 
 
 def test_plan_steps_and_gpu_hours():
-    spec = load_spec(ROOT / "configs/113M/baseline.yaml")
+    spec = load_and_resolve(ROOT / "configs/113M/baseline.yaml")
     p = plan(spec)
     assert p.steps == math.ceil(2.5e9 / (512 * 4096)) == 1193
     assert p.first_files[0].startswith("http://olmo-data.org/preprocessed/")
@@ -136,7 +136,7 @@ def test_attention_runs_at_every_width(path):
 
     from olmo_patches.config import vocab_size
 
-    spec = load_spec(path)
+    spec = load_and_resolve(path)
     config = spec.model.build(vocab_size(spec))
     widths = {}
     for block in config.resolved_block_configs:

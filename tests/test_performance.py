@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.config import ModelSpec, WidthSpec, load_spec
+from olmo_patches.config import ModelSpec, WidthSpec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 
 from .conftest import REPO, tiny_overrides
@@ -110,7 +111,7 @@ def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
     checked against a count written here (885,312 and 1,149,696 per token)."""
     extra = ["model.block=hourglass", "model.K=2", "model.d_h=16"] if block == "hourglass" else [
         "model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,32]", "model.n_layers=3"]
-    spec = load_spec(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=2", *extra))
+    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=2", *extra))
     train(spec)
     last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "throughput/total tokens" in line][-1]
     trainer_flops_per_token = last["throughput/total petaflops"] * 1e15 / last["throughput/total tokens"]

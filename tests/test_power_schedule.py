@@ -8,10 +8,11 @@ import pytest
 import torch
 from olmo_core.data import TokenizerConfig
 
-from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.experiment import DataSources, build_experiment
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, tiny_overrides
 
@@ -53,7 +54,7 @@ def _scheduler(spec):
 
 
 def test_500m_schedule_matches_lm_engine_at_every_step():
-    spec = load_spec(P500)
+    spec = load_and_resolve(P500)
     sched = _scheduler(spec)
     assert type(sched).__name__ == "PowerScheduler"
     groups = [{"lr": LR}, {"lr": LR / 8}]  # lm-engine's "normal" group 0 and the muP group at lr / m_width
@@ -77,27 +78,27 @@ def test_500m_schedule_matches_lm_engine_at_every_step():
 def test_paper2_configs_use_power_and_others_cosine():
     for size, batch in (("200M", 128), ("500M", 256), ("1B", 512), ("2B", 1024)):
         for name in ("baseline", "x"):
-            t = load_spec(REPO / "configs" / "paper2" / size / f"{name}.yaml").train
+            t = load_and_resolve(REPO / "configs" / "paper2" / size / f"{name}.yaml").train
             assert t.schedule == "power" and t.global_batch_size == batch
             assert (t.power.a, t.power.b, t.power.c) == (4 * batch, -0.566, batch * 4096)
     for path in (BASELINE, REPO / "configs" / "1B" / "baseline.yaml", REPO / "configs" / "113M" / "variable-width.yaml"):
-        spec = load_spec(path)
+        spec = load_and_resolve(path)
         assert spec.train.schedule == "cosine" and type(_scheduler(spec)).__name__ == "CosWithWarmup"
 
 
 def test_power_without_a_fails_at_load():
     with pytest.raises(ConfigError, match=r"baseline.yaml: train\.power\.a=None: schedule=power needs a value > 0"):
-        load_spec(BASELINE, ["train.schedule=power", "train.power.c=128"])
+        load_and_resolve(BASELINE, ["train.schedule=power", "train.power.c=128"])
     with pytest.raises(ConfigError, match=r"train\.schedule=linear: must be cosine or power"):
-        load_spec(BASELINE, ["train.schedule=linear"])
+        load_and_resolve(BASELINE, ["train.schedule=linear"])
 
 
 def test_train_stop_and_resume_with_power(tmp_path, demo_corpus):
     """The schedule is a function of the step: a run stopped at step 2 resumes on the same lr curve."""
     power = ["train.schedule=power", "train.lr=0.01", "train.power.a=0.1", "train.power.c=128", "train.max_steps=4"]
-    train(load_spec(BASELINE, tiny_overrides(tmp_path, *power, "run.stop_at_step=2")))
+    train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *power, "run.stop_at_step=2")))
     assert 2 in read_metrics(tmp_path) and 3 not in read_metrics(tmp_path)
-    train(load_spec(BASELINE, tiny_overrides(tmp_path, *power)))  # resumes from step2
+    train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *power)))  # resumes from step2
     m = read_metrics(tmp_path)
     key = next(k for k in m[1] if k.startswith("optim/LR"))
     # tiny_overrides: warmup 2 steps, 4 x 32 tokens per step (c = 128), lr0 = 0.01, a = 0.1, b = -0.566;

@@ -13,9 +13,9 @@ import pytest
 import torch
 from olmo_core.train.callbacks import Callback
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, Records, load_weights, tiny_overrides
 
@@ -60,7 +60,7 @@ def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[d
     olmo_core_log = logging.getLogger("olmo_core")
     olmo_core_log.addHandler(records)
     try:
-        train(load_spec(BASELINE, tiny_overrides(folder, *RUN, *BLOCKS[block], *extra)), resume_from=resume_from,
+        train(load_and_resolve(BASELINE, tiny_overrides(folder, *RUN, *BLOCKS[block], *extra)), resume_from=resume_from,
               callbacks={"probe": probe, "lm_evaluator": Callback()})
     finally:
         olmo_core_log.removeHandler(records)
@@ -124,10 +124,10 @@ def test_compile_runs_on_cpu_with_eager_losses(runs):
 def test_dry_run_says_what_the_cpu_run_does(tmp_path, overrides, world_size, want):
     """The dry run's rows for this CPU: the dtypes and compile the runs above measured (bf16 Linear
     outputs under autocast, compiled blocks), where it used to print train.compile=true for an eager run."""
-    from olmo_patches.config import Layout
+    from olmo_patches.launch.layout import Layout
     from olmo_patches.report.plan import device_rows
 
-    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "train.device=cpu", *overrides), Layout.plan(world_size))
+    spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, "train.device=cpu", *overrides), Layout.plan(world_size))
     rows = {label.split(" (")[0]: value for label, value in device_rows(spec, world_size)}
     assert rows["attention backend"].startswith("torch")
     for key, text in want.items():

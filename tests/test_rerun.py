@@ -4,9 +4,9 @@
 import pytest
 import torch
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
-from olmo_patches.train.metrics import METRICS_FILE, read_metrics
+from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
 
 from .conftest import REPO, load_weights, run_in_process, run_script, tiny_overrides
 
@@ -32,14 +32,14 @@ def _losses(folder):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, demo_corpus):
     folder = tmp_path_factory.mktemp("finished")
-    train(load_spec(BASELINE, tiny_overrides(folder, *RUN)))
+    train(load_and_resolve(BASELINE, tiny_overrides(folder, *RUN)))
     assert sorted(_losses(folder)) == [1, 2, 3, 4] and (folder / "step4").is_dir()
     return folder
 
 
 def test_rerunning_a_finished_run_is_a_noop(finished):
     before, metrics = _snapshot(finished), (finished / METRICS_FILE).read_text()
-    train(load_spec(BASELINE, tiny_overrides(finished, *RUN)))  # in process: no FileExistsError saving step4 again
+    train(load_and_resolve(BASELINE, tiny_overrides(finished, *RUN)))  # in process: no FileExistsError saving step4 again
     assert _snapshot(finished) == before
     r = run_script("train.py", str(BASELINE), *tiny_overrides(finished, *RUN))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -50,10 +50,10 @@ def test_rerunning_a_run_stopped_at_a_saved_step_saves_nothing(tmp_path, demo_co
     """A run resumed at the step it stops at (run.stop_at_step) does not save that step again:
     ResumeCheckpointerCallback knows the step it loaded (OLMo-core's would raise FileExistsError)."""
     overrides = tiny_overrides(tmp_path, *RUN, "run.stop_at_step=2")
-    train(load_spec(BASELINE, overrides))
+    train(load_and_resolve(BASELINE, overrides))
     assert (tmp_path / "step2").is_dir() and not (tmp_path / "step4").exists()
     before = _snapshot(tmp_path / "step2")
-    train(load_spec(BASELINE, overrides))
+    train(load_and_resolve(BASELINE, overrides))
     assert _snapshot(tmp_path / "step2") == before and sorted(_losses(tmp_path)) == [1, 2]
 
 

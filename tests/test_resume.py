@@ -21,12 +21,12 @@ from olmo_core.train.callbacks import Callback
 from olmo_core.train.checkpoint import Checkpointer
 
 from olmo_patches.train.batch_trace import read_batch_trace
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.plan import checkpoint_disk, plan
-from olmo_patches.train.metrics import METRICS_FILE, read_metrics
+from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 from olmo_patches.train.resume import prune_incomplete
-from olmo_patches.train.run_folder import Lock, RunFolderError
+from olmo_patches.launch.run_folder import Lock, RunFolderError
 from olmo_patches.train.safety import NonFiniteError
 from olmo_patches.train import train
 
@@ -38,7 +38,7 @@ RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=
 
 
 def _spec(folder, *extra):
-    return load_spec(BASELINE, tiny_overrides(folder, *RUN, *extra))
+    return load_and_resolve(BASELINE, tiny_overrides(folder, *RUN, *extra))
 
 
 def _losses(run_dir):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
 from olmo_patches.train.safety import ManifestWriter
@@ -172,7 +172,7 @@ def test_ephemeral_checkpoints_are_held_back(keep, removed):
 def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
     """5 steps, permanent every 2, ephemeral every step, the newest 2 ephemeral ones kept: OLMo-core
     saves step 0 at the start; 1 and 3 are ephemeral, handed over for removal when 3 and 5 are saved."""
-    train(load_spec(BASELINE, tiny_overrides(
+    train(load_and_resolve(BASELINE, tiny_overrides(
         tmp_path, "train.max_steps=5", "run.save_interval=2", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")))
     steps = sorted(int(p.name[4:]) for p in tmp_path.glob("step*") if (p / ".metadata.json").is_file())
     assert steps == [0, 2, 3, 4, 5]

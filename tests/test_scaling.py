@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from olmo_patches.config import load_spec, spec_to_yaml
-from olmo_patches.nn.variable_width import paper_flops
+from olmo_patches.config import spec_to_yaml
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.shapes.widths import paper_flops
 from olmo_patches.report.counts import count
 from olmo_patches.report.figures import scaling_figure
 from olmo_patches.report.scaling import fit_power_law, scaling_tables
@@ -27,7 +28,7 @@ BATCH, SEQ, NOISE = 4, 64, 0.0005  # NOISE: the sd of ln L
 def _config(family, d, L):
     base = ["model.block=variable_width", "model.widths.schedule=constant"] if family == "baseline" else []
     path = DEMO / ("baseline.yaml" if family == "baseline" else "variable-width.yaml")
-    return load_spec(path, [*base, f"model.d_model={d}", f"model.n_layers={L}", "model.n_heads=4",
+    return load_and_resolve(path, [*base, f"model.d_model={d}", f"model.n_layers={L}", "model.n_heads=4",
                             f"train.global_batch_size={BATCH}", f"data.sequence_length={SEQ}", f"run.name={family}-d{d}"])
 
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from olmo_patches.report.sweep import SlurmInfo, launch_local, launch_slurm, load_sweep, report, sweep_status, take_claim
+from olmo_patches.launch.sweep import SlurmInfo, launch_local, launch_slurm, load_sweep, sweep_status, take_claim
+from olmo_patches.report.sweep import report
 
 from .conftest import REPO, TINY, run, run_in_process, run_script, start
 
@@ -153,7 +154,7 @@ def test_racing_launches_take_a_claim_once(tmp_path):
 def test_a_requeued_jobs_lock_is_taken_over_another_jobs_refused(tmp_path, monkeypatch):
     """A run folder's .lock left by this SLURM job on another node (a requeue) is taken over; one held
     by another job on another node is not (its pid cannot be checked from here)."""
-    from olmo_patches.train.run_folder import Lock, RunFolderError
+    from olmo_patches.launch.run_folder import Lock, RunFolderError
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     (tmp_path / ".lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "4242", "since": "then"}))
@@ -230,17 +231,17 @@ def test_demo_ablations_are_the_papers_two_sweeps():
     """K sweep: d_model, L and d_h fixed, parameters growing with K; width/depth: K=4 at the demo
     baseline's budget (SPEC counting: 16 L d^2 = 16 x 4 x 128^2), d_model/L on both sides of the
     paper's best range 100-250."""
-    from olmo_patches.config import load_spec
+    from olmo_patches.launch.layout import load_and_resolve
 
     def non_embedding(m):
         return m.n_layers * (4 * m.d_model**2 + 3 * m.K * m.d_model * m.d_h)
 
-    k = sorted((load_spec(p).model for p in (REPO / "configs/demo/ablations/k-sweep").glob("*.yaml")), key=lambda m: m.K)
+    k = sorted((load_and_resolve(p).model for p in (REPO / "configs/demo/ablations/k-sweep").glob("*.yaml")), key=lambda m: m.K)
     assert [m.K for m in k] == [1, 2, 4, 8]
     assert {(m.d_model, m.n_layers, m.d_h) for m in k} == {(128, 4, 64)}
     counts = [non_embedding(m) for m in k]
     assert counts == sorted(set(counts))
-    wd = [load_spec(p).model for p in (REPO / "configs/demo/ablations/width-depth-K4").glob("*.yaml")]
+    wd = [load_and_resolve(p).model for p in (REPO / "configs/demo/ablations/width-depth-K4").glob("*.yaml")]
     assert len(wd) >= 5 and all(m.K == 4 and m.block == "hourglass" for m in wd)
     assert all(abs(non_embedding(m) - 16 * 4 * 128**2) <= 1e-3 * 16 * 4 * 128**2 for m in wd)
     ratios = [m.d_model / m.n_layers for m in wd]

@@ -6,8 +6,8 @@ import math
 import pytest
 from PIL import Image
 
-from olmo_patches.config import load_spec
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.report.tables import NOT_RUN, build_tables, load_runs, paper_results, write_tables
 from olmo_patches.train import train
 
@@ -27,7 +27,7 @@ def runs_root(tmp_path_factory, demo_corpus):
     root = tmp_path_factory.mktemp("runs")
     for name, how in RUNS.items():
         extra = ["train.max_steps=4", "run.save_interval=1000", "run.ephemeral_save_interval=null", f"run.name={name}"]
-        train(load_spec(BASELINE, tiny_overrides(root / name, *extra, *how.get("extra", []), block=how["block"])))
+        train(load_and_resolve(BASELINE, tiny_overrides(root / name, *extra, *how.get("extra", []), block=how["block"])))
     return root
 
 

@@ -8,8 +8,8 @@ import multiprocessing
 import pytest
 import torch
 
-from olmo_patches.config import load_spec
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train import train
 
 from .conftest import REPO, load_weights, tiny_overrides, train_each
@@ -23,7 +23,7 @@ def _losses(run_dir):
 
 @pytest.mark.parametrize("block", ["baseline", "hourglass"])
 def test_two_steps_through_trainer(tmp_path, demo_corpus, block):
-    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "train.max_steps=2", block=block))
+    spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, "train.max_steps=2", block=block))
     train(spec)
     # train() forks its data-preparation pools on CPU and freezes the garbage collector for the run:
     # both are put back (OLMo-core's "spawn"; nothing frozen) for whatever the process does next.
@@ -43,10 +43,10 @@ def test_two_steps_through_trainer(tmp_path, demo_corpus, block):
 
 def test_stop_and_resume_is_bit_identical(tmp_path, demo_corpus):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(load_spec(BASELINE, tiny_overrides(straight, "train.max_steps=6")))
-    train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=6", "run.stop_at_step=3")))
+    train(load_and_resolve(BASELINE, tiny_overrides(straight, "train.max_steps=6")))
+    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=6", "run.stop_at_step=3")))
     assert sorted(_losses(resumed)) == [1, 2, 3] and not (resumed / "step6").exists()
-    train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=6")))  # resumes from step3
+    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=6")))  # resumes from step3
     assert _losses(straight) == _losses(resumed)
     a, b = load_weights(straight / "step6"), load_weights(resumed / "step6")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -59,7 +59,7 @@ GLOO = ["train.max_steps=3", "run.save_interval=1000", "run.ephemeral_save_inter
 def one_process(tmp_path_factory, demo_corpus):
     """The hourglass reference run in one process (bit-equal to a child: one thread each, see conftest)."""
     folder = tmp_path_factory.mktemp("one")
-    train(load_spec(BASELINE, tiny_overrides(folder, *GLOO, block="hourglass")))
+    train(load_and_resolve(BASELINE, tiny_overrides(folder, *GLOO, block="hourglass")))
     return folder
 
 
@@ -94,7 +94,7 @@ def test_two_gloo_processes_match_one(two_ranks, one_process, parallel):
 @pytest.fixture(scope="module")
 def one_process_bf16(tmp_path_factory, demo_corpus):
     folder = tmp_path_factory.mktemp("one-bf16")
-    train(load_spec(BASELINE, tiny_overrides(folder, *GLOO, "train.precision=bf16", block="hourglass")))
+    train(load_and_resolve(BASELINE, tiny_overrides(folder, *GLOO, "train.precision=bf16", block="hourglass")))
     return folder
 
 
@@ -120,7 +120,7 @@ def test_mup_hidden_matrices_get_lr_over_m_width():
     from olmo_patches.config import vocab_size
     from olmo_patches.train.experiment import _optim_groups
 
-    spec = load_spec(REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"])
+    spec = load_and_resolve(REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"])
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
     optim = AdamWConfig(lr=spec.train.lr, group_overrides=_optim_groups(spec, config)).build(model)

@@ -4,7 +4,8 @@ value the file left in place), the key and the value."""
 
 import pytest
 
-from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import load_and_resolve
 
 from .conftest import REPO
 
@@ -42,7 +43,7 @@ CASES = [
 @pytest.mark.parametrize("overrides,key,value,why", CASES, ids=[c[1] + ":" + c[3] for c in CASES])
 def test_bad_value_fails_at_load_in_one_line(overrides, key, value, why):
     with pytest.raises(ConfigError) as err:
-        load_spec(BASELINE, overrides)
+        load_and_resolve(BASELINE, overrides)
     message = str(err.value)
     source, _, rest = message.partition(": ")
     assert source in ("command line", str(BASELINE)) and rest.startswith(f"{key}={value}: "), message

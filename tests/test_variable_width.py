@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.config import ConfigError, load_spec
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.report.counts import count, width_report
 from olmo_patches.train import train
-from olmo_patches.nn.variable_width import MoEShape, paper_active_params, paper_flops, paper_params, solve_schedule
+from olmo_patches.shapes.widths import MoEShape, paper_active_params, paper_flops, paper_params, solve_schedule
 
 from .conftest import REPO, load_weights, tiny_overrides
 
@@ -132,7 +133,7 @@ def _spec(resize="carry_forward", init="olmo", ffn="swiglu", widths=WIDTHS, extr
         f"model.widths.values=[{','.join(map(str, widths))}]", f"model.widths.resize={resize}", f"model.widths.init={init}",
         "model.K=2", "model.d_h_ratio=2.0", *extra,
     ]
-    return load_spec(BASELINE, overrides)
+    return load_and_resolve(BASELINE, overrides)
 
 
 def _build(spec, seed=0):
@@ -289,7 +290,7 @@ def test_kv_cache_per_token_of_the_2b_shapes():
     r = run_in_process("count_params.py", str(REPO / "configs" / "paper2" / "2B" / "x.yaml"), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["kv_cache_per_token"] == sum(2 * 16 * (w // 16) for w in DENSE_2B) == 113984
-    assert count(load_spec(REPO / "configs" / "paper2" / "2B" / "baseline.yaml")).kv_cache_per_token == 2 * 1600 * 40
+    assert count(load_and_resolve(REPO / "configs" / "paper2" / "2B" / "baseline.yaml")).kv_cache_per_token == 2 * 1600 * 40
     # GQA: 2 key/value heads of w_l / 4 each (4 query heads).
     gqa = _spec(widths=[64, 32, 48, 96], extra=["model.n_heads=4", "model.n_kv_heads=2"])
     assert count(gqa).kv_cache_per_token == 2 * 2 * (64 + 32 + 48 + 96) // 4 == 240
@@ -297,8 +298,8 @@ def test_kv_cache_per_token_of_the_2b_shapes():
 
 def test_constant_schedule_is_olmo_core_baseline():
     common = [f"model.d_model={H}", "model.n_layers=3", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}", f"data.demo_vocab_size={VOCAB_TINY}"]
-    base = load_spec(BASELINE, common)
-    const = load_spec(BASELINE, [*common, "model.block=variable_width", "model.widths.schedule=constant"])
+    base = load_and_resolve(BASELINE, common)
+    const = load_and_resolve(BASELINE, [*common, "model.block=variable_width", "model.widths.schedule=constant"])
     _, a = _build(base, seed=7)
     _, b = _build(const, seed=7)
     assert type(a).__name__ == "Transformer" and type(b).__name__ == "VariableWidthTransformer"
@@ -402,7 +403,7 @@ def test_moe_config_errors(override, match):
 
 def test_moe_needs_a_variable_width_model():
     with pytest.raises(ConfigError, match=r"model\.moe=.*needs model\.block=variable_width"):
-        load_spec(BASELINE, MOE)
+        load_and_resolve(BASELINE, MOE)
 
 
 def test_activation_checkpointing_and_compile_keep_the_numbers(monkeypatch):
@@ -453,7 +454,7 @@ def test_param_and_flop_counts(resize, ffn):
 
 
 def test_count_params_reports_widths_and_flops_ratio():
-    spec = load_spec(REPO / "configs" / "paper2" / "500M" / "x.yaml")
+    spec = load_and_resolve(REPO / "configs" / "paper2" / "500M" / "x.yaml")
     report = width_report(spec)
     assert len(report["widths"]) == 24 and all(w % 32 == 0 for w in report["widths"])
     assert report["mean_width_ratio"] == pytest.approx(1 - 0.110, abs=0.003)  # the paper's -11.0% at 500M
@@ -461,7 +462,7 @@ def test_count_params_reports_widths_and_flops_ratio():
     # Parameter matched up to rounding once the waste (real but idle weights) is taken out.
     w, h = report["widths"], 960
     waste = 3 * (w[0] - h) * w[0] + 4 * w[-1] * (w[-1] - h)
-    base = count(load_spec(REPO / "configs" / "paper2" / "500M" / "baseline.yaml"))
+    base = count(load_and_resolve(REPO / "configs" / "paper2" / "500M" / "baseline.yaml"))
     assert abs(count(spec).non_embedding - waste - base.non_embedding) / base.non_embedding < 0.01
 
 
@@ -470,14 +471,14 @@ def test_count_params_reports_widths_and_flops_ratio():
 
 def test_width_not_divisible_by_heads_fails_at_load():
     with pytest.raises(ConfigError, match=r"model\.widths\.values=.*w_2=30 is not a positive multiple of 2 model\.n_heads=8"):
-        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,30,64,128]"])
+        load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,30,64,128]"])
     # 4 heads of 9 dims: divisible, but RoPE needs an even head dim.
     with pytest.raises(ConfigError, match=r"w_2=36 is not a positive multiple of 2 model\.n_heads=8 \(even head_dim"):
-        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,36,64,128]"])
+        load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,36,64,128]"])
     with pytest.raises(ConfigError, match=r"model\.widths\.multiple=6: w_1=.* is not a positive multiple"):
-        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.multiple=6"])
+        load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.multiple=6"])
     with pytest.raises(ConfigError, match=r"model\.widths\.resize=sideways"):
-        load_spec(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.resize=sideways"])
+        load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.resize=sideways"])
 
 
 # --- training ----------------------------------------------------------------------------------------
@@ -491,10 +492,10 @@ def _losses(run_dir):
 def test_train_save_and_resume(tmp_path, demo_corpus, moe):
     vw = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,48]", "model.n_layers=3", *moe]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(load_spec(BASELINE, tiny_overrides(straight, "train.max_steps=4", *vw)))
-    train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *vw)))
+    train(load_and_resolve(BASELINE, tiny_overrides(straight, "train.max_steps=4", *vw)))
+    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *vw)))
     assert sorted(_losses(resumed)) == [1, 2]
-    train(load_spec(BASELINE, tiny_overrides(resumed, "train.max_steps=4", *vw)))  # resumes from step2
+    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", *vw)))  # resumes from step2
     assert _losses(straight) == _losses(resumed) and sorted(_losses(straight)) == [1, 2, 3, 4]
     a, b = load_weights(straight / "step4"), load_weights(resumed / "step4")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

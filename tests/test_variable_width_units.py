@@ -21,11 +21,8 @@ from olmo_patches.nn.variable_width import (
     ResizeMode,
     VariableWidthLMHeadConfig,
     VariableWidthTransformerConfig,
-    paper_flops,
-    paper_params,
-    schedule_widths,
-    solve_schedule,
 )
+from olmo_patches.shapes.widths import paper_flops, paper_params, schedule_widths, solve_schedule
 
 H, HEADS, VOCAB = 32, 2, 64
 

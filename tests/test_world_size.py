@@ -7,9 +7,10 @@ import logging
 import pytest
 
 from olmo_patches.cli import load_or_exit
-from olmo_patches.config import ConfigError, Layout, load_spec
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.layout import Layout, load_and_resolve
 from olmo_patches.train import train
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, Records, run_in_process, train_each
 
@@ -25,12 +26,12 @@ def _train_py(*argv: str) -> tuple[int, str, str]:
 
 def test_micro_batch_above_the_per_rank_batch_is_lowered():
     # The demo: global 16 = micro 16, right for one process; two ranks take 16 / 2 = 8 each.
-    assert load_spec(DEMO / "baseline.yaml", layout=Layout.plan(1)).train.micro_batch_size == 16
-    logger, records = logging.getLogger("olmo_patches.config"), Records()
+    assert load_and_resolve(DEMO / "baseline.yaml", layout=Layout.plan(1)).train.micro_batch_size == 16
+    logger, records = logging.getLogger("olmo_patches.launch"), Records()
     logger.addHandler(records)
     level, logger.level = logger.level, logging.INFO
     try:
-        t = load_spec(DEMO / "baseline.yaml", layout=Layout.plan(2)).train
+        t = load_and_resolve(DEMO / "baseline.yaml", layout=Layout.plan(2)).train
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
@@ -48,7 +49,7 @@ def test_micro_batch_above_the_per_rank_batch_is_lowered():
 ])
 def test_impossible_layouts_fail_with_one_line(overrides, layout, key):
     with pytest.raises(ConfigError) as e:
-        load_spec(DEMO / "baseline.yaml", overrides, layout=layout)
+        load_and_resolve(DEMO / "baseline.yaml", overrides, layout=layout)
     assert "command line: " + key in str(e.value) and "\n" not in str(e.value)
 
 
@@ -57,8 +58,8 @@ def test_layout_from_torchrun_environment(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.delenv("NUM_NODES", raising=False)
     assert Layout.from_env() == Layout(16, 8, 2)
-    assert load_spec(DEMO / "baseline.yaml").train.micro_batch_size == 1  # 16 sequences / 16 ranks
-    assert load_spec(DEMO / "baseline.yaml", ["train.data_parallel=hsdp"]).train.data_parallel == "hsdp"
+    assert load_and_resolve(DEMO / "baseline.yaml").train.micro_batch_size == 1  # 16 sequences / 16 ranks
+    assert load_and_resolve(DEMO / "baseline.yaml", ["train.data_parallel=hsdp"]).train.data_parallel == "hsdp"
 
 
 def test_dry_run_plans_the_preset_per_rank():
@@ -126,7 +127,7 @@ def test_demo_config_under_torchrun_matches_one_process(tmp_path, under_torchrun
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == len(NAMES)  # rank 0's info line, once a run
     one, two = tmp_path / "one", root / name
-    train(load_spec(DEMO / f"{name}.yaml", [*SHRINK, f"data.work_dir={tmp_path / 'cache'}", f"run.save_folder={one}"], layout=Layout.plan(1)))
+    train(load_and_resolve(DEMO / f"{name}.yaml", [*SHRINK, f"data.work_dir={tmp_path / 'cache'}", f"run.save_folder={one}"], layout=Layout.plan(1)))
     l1, l2 = _losses(one), _losses(two)
     assert sorted(l1) == sorted(l2) and {s for s, _ in l1} == {0, 1, 2, 3}
     print(f"{name}: " + ", ".join(f"{k[1]}@{k[0]} {l1[k]:.6f}/{l2[k]:.6f}" for k in sorted(l1)))

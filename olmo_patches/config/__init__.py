@@ -4,12 +4,9 @@
   ``ModelSpec.build()`` -> OLMo-core's ``TransformerConfig``
 - ``load``: the ``extends`` chain and the overrides merged into a spec
 - ``validate``: shape, recipe and domain checks (one line naming the file, key and value)
-- ``layout``: the ranks a run has, and what follows from them and the device (per-rank batch,
-  hardware preset, attention backend, loader workers)
 """
 
-from .layout import CUDA_WORKERS, Layout, apply_hardware, attention_backend, data_workers, fit_world_size, memory_estimate
-from .load import coerce_shorthands, load_spec, spec_to_yaml
+from .load import coerce_shorthands, load_spec, spec_to_yaml, where_set
 from .spec import (
     BLOCKS,
     ConfigError,
@@ -30,12 +27,10 @@ from .validate import validate, validate_evals
 
 __all__ = [
     "BLOCKS",
-    "CUDA_WORKERS",
     "ConfigError",
     "DataSpec",
     "EvalSpec",
     "ExperimentSpec",
-    "Layout",
     "ModelSpec",
     "MoESpec",
     "PowerSpec",
@@ -43,16 +38,12 @@ __all__ = [
     "RunSpec",
     "TrainSpec",
     "WidthSpec",
-    "apply_hardware",
-    "attention_backend",
     "coerce_shorthands",
-    "data_workers",
-    "fit_world_size",
     "load_spec",
-    "memory_estimate",
     "spec_to_yaml",
     "tokenizer_config",
     "validate",
     "validate_evals",
     "vocab_size",
+    "where_set",
 ]

@@ -16,7 +16,6 @@ from typing import Any, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
-from .layout import Layout, apply_hardware, fit_world_size
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
 from .validate import validate
 
@@ -90,9 +89,10 @@ def _schema() -> DictConfig:
     return OmegaConf.structured(ExperimentSpec)
 
 
-def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
-    """Load, merge, validate for the ranks of ``layout`` (default: torchrun's environment).
-    Raises :class:`ConfigError` with a one-line message."""
+def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> ExperimentSpec:
+    """Load, merge and validate: the same spec on every machine (what depends on the machine and the
+    ranks is :func:`olmo_patches.launch.layout.resolve`'s). Raises :class:`ConfigError` with a
+    one-line message."""
     overrides = list(overrides or [])
     chain = _read_chain(Path(path))
     merged: Any = copy.deepcopy(_schema())
@@ -115,11 +115,13 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
         spec.train.float8 = "off"
     where = partial(_where, chain=chain, cli=overrides)
     validate(spec, where)
-    layout = layout or Layout.from_env()
-    fit_world_size(spec, layout, where)
-    apply_hardware(spec, where, layout)  # fills the train keys left at null
+    spec.where = where  # type: ignore[attr-defined]  # for launch.resolve's errors: not a key
     return spec
 
+
+def where_set(spec: ExperimentSpec):
+    """``key -> the file or "command line" that set it`` for a loaded spec ("config" otherwise)."""
+    return getattr(spec, "where", lambda key: "config")
 
 
 def spec_to_yaml(spec: ExperimentSpec) -> str:

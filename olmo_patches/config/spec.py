@@ -15,17 +15,20 @@ from olmo_core.nn.rope import StepwiseRoPEScalingConfig
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
 from omegaconf import MISSING
 
-from ..hardware import ActivationCheckpointing
 from ..nn.hourglass import HourglassFeedForwardConfig, NormPlacement
 from ..nn.hourglass_block import HourglassBlockConfig
 from ..nn.hourglass_moe import HourglassMoEConfig
 from ..nn.moe import LayerMoEConfig
-from ..nn.variable_width import MoEShape, MuPConfig, ResizeMode, VariableWidthTransformerConfig, schedule_widths
+from ..nn.variable_width import MuPConfig, ResizeMode, VariableWidthTransformerConfig
+from ..shapes.widths import MoEShape, schedule_widths
 
 if TYPE_CHECKING:
     from olmo_core.data import TokenizerConfig
+    from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
 
 BLOCKS = ("baseline", "hourglass", "variable_width")
+# train.hardware: auto (the GPU torch sees), none (no preset) or a card of launch/hardware.py's table
+HARDWARE = ("auto", "none", "rtx6000ada", "h100", "h200", "b200")
 
 
 class ConfigError(ValueError):
@@ -250,6 +253,38 @@ class PowerSpec:
     c: Optional[float] = None  # tokens per step: sequences per step x sequence length
 
 
+AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
+@dataclass
+class ActivationCheckpointing:
+    """OLMo-core's activation checkpointing (TransformerActivationCheckpointingConfig), in its names."""
+
+    mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
+    block_interval: Optional[int] = None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
+    modules: Optional[List[str]] = None  # selected_modules: module-name globs, e.g. blocks.*.feed_forward
+    budget: Optional[float] = None  # budget: activation memory kept, 0 (recompute all) .. 1 (none); needs train.compile
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def __str__(self) -> str:
+        arg = {"selected_blocks": self.block_interval, "budget": self.budget,
+               "selected_modules": ",".join(self.modules or [])}.get(self.mode)
+        return self.mode if arg is None else f"{self.mode}:{arg}"
+
+    def build(self) -> Optional["TransformerActivationCheckpointingConfig"]:
+        """OLMo-core's config (None: off)."""
+        from olmo_core.nn.transformer.config import TransformerActivationCheckpointingMode
+        from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
+
+        if not self.enabled:
+            return None
+        return TransformerActivationCheckpointingConfig(
+            mode=TransformerActivationCheckpointingMode(self.mode), block_interval=self.block_interval,
+            modules=self.modules, activation_memory_budget=self.budget,
+        )
+
+
 def coerce_activation_checkpointing(value: Any) -> Any:
     """A shorthand of ``train.activation_checkpointing`` as its full mapping (every key, so a later
     file or the command line replaces an earlier mode whole); a mapping or null as it is."""
@@ -293,7 +328,7 @@ class TrainSpec:
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
     float8: str = "off"  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
     activation_checkpointing: Optional[ActivationCheckpointing] = None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (hardware.py)
+    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/hardware.py)
     data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ..config import ExperimentSpec, vocab_size
-from ..hardware import CARDS
+from ..launch.hardware import CARDS
 from .counts import count
 from .plan import ASSUMED_MFU
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_second
 
 from ..config import load_spec, vocab_size
-from ..hardware import known_card
+from ..launch.hardware import known_card
 from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
 from ..nn.accounting import breakdown
 

@@ -56,7 +56,7 @@ def width_report(spec: ExperimentSpec) -> dict:
     """
     from dataclasses import replace
 
-    from ..nn.variable_width import paper_active_params, paper_flops, paper_params
+    from ..shapes.widths import paper_active_params, paper_flops, paper_params
 
     m = spec.model
     widths, h, L, moe = m.resolved_widths, m.d_model, m.n_layers, m.moe_shape

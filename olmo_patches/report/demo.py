@@ -23,7 +23,7 @@ from rich.table import Table  # noqa: E402
 
 from .console import console as rich_console  # noqa: E402
 from ..config import ExperimentSpec  # noqa: E402
-from ..train.metrics import read_metrics  # noqa: E402
+from ..launch.run_folder import read_metrics  # noqa: E402
 from .counts import count  # noqa: E402
 
 __all__ = ["VariantResult", "run_demo", "summarize"]
@@ -59,7 +59,7 @@ def summarize(spec: ExperimentSpec, run_dir: Path) -> VariantResult:
     b = count(spec)
     matched = b.non_embedding
     if spec.model.block == "variable_width":
-        from ..nn.variable_width import paper_params
+        from ..shapes.widths import paper_params
 
         matched = round(paper_params(spec.model.resolved_widths, spec.model.d_model))
     seq, batch = spec.data.sequence_length, spec.train.global_batch_size

@@ -57,12 +57,14 @@ import torch
 import torch.nn.functional as F
 from olmo_core.train.callbacks import Callback
 
-from ..config import ExperimentSpec, Layout, attention_backend, load_spec, memory_estimate, vocab_size
-from ..hardware import GIB, known_card
+from ..config import ExperimentSpec, vocab_size
+from ..launch.layout import Layout, attention_backend, memory_estimate
+from ..launch.layout import load_and_resolve as load_spec
+from ..launch.hardware import GIB, known_card
 from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
 from ..train import train
 from ..train.checkpoints import load_optim_state
-from ..train.metrics import read_metrics
+from ..launch.run_folder import read_metrics
 from ..train.resume import ResumeCheckpointerCallback
 
 __all__ = ["BF16_TOL", "CHECKS", "Check", "CheckResult", "Context", "TrainResult", "GpuCheck", "shipped_head_dims",
@@ -423,7 +425,7 @@ FLOAT8_CONFIGS = (("1B baseline", "configs/1B/baseline.yaml", []),
 def check_float8(device: torch.device, work: Path, tiny: bool, steps: int, batch: int, seq: int, warmup: int) -> list[CheckResult]:
     """train.float8=tensorwise against bf16 (off): tokens/s ratio and the first steps' losses."""
     from ..nn.float8 import has_float8_matmuls
-    from ..train.metrics import read_metrics
+    from ..launch.run_folder import read_metrics
 
     extra = ["model.vocab_size=null", "train.hardware=none", "model.d_model=32", "model.n_heads=2", "model.n_layers=2",
              "model.d_h=16", "train.micro_batch_size=null"] if tiny else ["train.precision=bf16"]

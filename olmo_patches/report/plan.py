@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from ..config import ExperimentSpec, Layout, attention_backend, data_workers
-from ..hardware import CARDS, GIB
+from ..config import ExperimentSpec
+from ..launch.layout import Layout, attention_backend, data_workers
+from ..launch.hardware import CARDS, GIB
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from .counts import count, float8_row
@@ -149,12 +150,13 @@ def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
 def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = None) -> list[tuple[str, str]]:
     """What train.hardware would choose on each GPU preset (micro-batch, activation checkpointing,
     compile), as rows for the plan; a preset the model does not fit says so."""
-    from ..config import ConfigError, load_spec, memory_estimate
+    from ..config import ConfigError
+    from ..launch.layout import load_and_resolve, memory_estimate
 
     rows = []
     for name in CARDS:
         try:
-            spec = load_spec(config, [*overrides, f"train.hardware={name}", "train.device=auto"], layout)
+            spec = load_and_resolve(config, [*overrides, f"train.hardware={name}", "train.device=auto"], layout)
             t = spec.train
             assert t.micro_batch_size is not None and t.activation_checkpointing is not None
             gib = memory_estimate(spec, layout or Layout.from_env()).total(t.micro_batch_size, t.activation_checkpointing) / GIB

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import yaml
 from omegaconf import OmegaConf
 
-from ..train.metrics import read_metrics
+from ..launch.run_folder import read_metrics
 
 __all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "paper_finding", "write_tables", "NOT_RUN", "NO_NUMBER"]
 

@@ -38,7 +38,8 @@ from rich.progress import Progress
 
 from olmo_core.train.checkpoint import Checkpointer
 
-from ..config import ConfigError, ExperimentSpec, validate_evals, load_spec, spec_to_yaml
+from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals
+from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
 from .experiment import DataSources, eval_callbacks, resolve_data
 from .metrics import METRICS_FILE
@@ -135,7 +136,9 @@ _FLAGS = {"eval.downstream_tasks": "--tasks", "eval.validation_sets": "--validat
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
     """config/validate.py's eval checks, reported against the command line's flags."""
-    validate_evals(spec, lambda key, value, why: _fail(_FLAGS.get(key, key), value, why))
+    fail = lambda key, value, why: _fail(_FLAGS.get(key, key), value, why)  # noqa: E731
+    validate_evals(spec, fail)
+    check_downstream_tasks(spec, fail)
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):
         if value is not None and value < 1:
             _fail(key, value, "must be >= 1")
@@ -165,7 +168,7 @@ def from_checkpoint(checkpoint: str | Path, choice: EvalChoice, *, step: Optiona
     config_path = Path(config) if config else path.parent / "config.yaml"
     if not config_path.is_file():
         _fail("--config", config_path, "no such file (the run's config.yaml)")
-    spec = load_spec(config_path)
+    spec = load_and_resolve(config_path)
     spec.train.device = device
     data = resolve_data(spec)
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size()).build(init_device="cpu")
@@ -201,7 +204,7 @@ def from_hf(model_dir: str | Path, choice: EvalChoice, *, config: Optional[str |
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=remote, local_files_only=True, dtype=torch.float32)
     model.to(device).eval()
     if config is not None:  # the run's tokenizer and validation data, as its checkpoint is evaluated
-        spec = load_spec(config)
+        spec = load_and_resolve(config)
         data = resolve_data(spec)
     else:
         spec = ExperimentSpec()

@@ -38,21 +38,22 @@ from olmo_core.train.train_module import (
 from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
-from ..config import ConfigError, ExperimentSpec, attention_backend, data_workers
+from ..config import ConfigError, ExperimentSpec
+from ..launch.layout import attention_backend, data_workers, resolve
 from ..config.spec import one_line
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
-from ..hardware import known_card
+from ..launch.hardware import known_card
 from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
-from .. import peers
+from ..launch import peers
 from .checkpoints import latest_complete
 from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, float8_config, olmo_core_compiles, precision_of
 from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
-from .run_folder import Lock, RunFolderError, check_config, record_config
+from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
 from .safety import NonFiniteError, NonFiniteGuardCallback, select_resume_checkpoint
-from .shared_fs import require_shared
+from ..launch.shared_fs import require_shared
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     t, d = spec.train, spec.data
     device = device_for(spec)
     seq = d.sequence_length
-    assert t.micro_batch_size is not None, "load the spec with load_spec (hardware presets fill the micro-batch)"
+    assert t.micro_batch_size is not None, "resolve the spec first (launch.layout.resolve fills the micro-batch)"
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
     model.init_seed = t.seed
     backend = attention_backend(spec, device)
@@ -312,6 +313,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
+    resolve(spec)  # a spec resolved at launch stays as it is (idempotent)
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)

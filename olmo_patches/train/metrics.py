@@ -16,10 +16,9 @@ from typing import Dict
 from olmo_core.distributed.utils import get_rank
 from olmo_core.train.callbacks import Callback
 
-__all__ = ["METRICS_FILE", "MetricsFileCallback", "read_metrics"]
+from ..launch.run_folder import METRICS_FILE
 
-METRICS_FILE = "metrics.jsonl"
-
+__all__ = ["MetricsFileCallback"]
 
 @dataclass
 class MetricsFileCallback(Callback):
@@ -42,17 +41,3 @@ class MetricsFileCallback(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
-
-
-def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
-    """{step: {metric: value}} from a run folder; a missing file gives {}."""
-    path = Path(run_dir) / METRICS_FILE
-    out: Dict[int, Dict[str, float]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            out.setdefault(int(record.pop("step")), {}).update(record)
-    return out
-

@@ -41,7 +41,7 @@ from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
 from .checkpoints import checkpoint_step, latest_complete
-from .run_folder import RunFolderError
+from ..launch.run_folder import RunFolderError
 from .safety import ManifestWriter, check_before_save
 
 log = logging.getLogger(__name__)

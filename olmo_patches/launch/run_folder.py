@@ -212,3 +212,20 @@ class Lock:
     def release(self) -> None:
         if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
             drop_record(self.path, self.guard, lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"])
+
+
+METRICS_FILE = "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
+
+
+def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
+    """{step: {metric: value}} from a run folder; a missing file gives {}."""
+    path = Path(run_dir) / METRICS_FILE
+    out: Dict[int, Dict[str, float]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            out.setdefault(int(record.pop("step")), {}).update(record)
+    return out
+

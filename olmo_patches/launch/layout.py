@@ -1,16 +1,20 @@
-"""The ranks a run has, and what follows from them and the device: the per-rank batch arithmetic,
-the hardware preset's choices, the attention backend and the loader's workers."""
+"""What a loaded spec becomes on this machine, for these ranks (:func:`resolve`, called at launch and
+by the dry run): the checks that read the machine (CUDA, flash attention, torchao, local files, the
+installed eval tasks), the per-rank batch arithmetic, the hardware preset's choices, the attention
+backend and the loader's workers. Loading a config (``config.load_spec``) is pure; this is not."""
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Optional
 
-from ..hardware import CARDS, ActivationCheckpointing, MemoryEstimate, Settings, choose, detect, estimate, with_float8
-from ..nn.attention import BackendChoice, head_dims, resolve_attention_backend
-from .spec import ConfigError, ExperimentSpec, vocab_size
+from ..config.load import load_spec, where_set
+from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, one_line, vocab_size
+from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
+from .hardware import CARDS, MemoryEstimate, Settings, choose, detect, estimate, with_float8
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,96 @@ class Layout:
 
     def __str__(self) -> str:
         return f"{_count(self.world_size, 'rank')} ({_count(self.nodes, 'node')} x {self.local})"
+
+
+def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> ExperimentSpec:
+    """``spec`` (as loaded) for the ranks of ``layout`` (default: torchrun's environment) on this
+    machine, in place: the machine checks, the per-rank batch, then the hardware preset's keys left
+    at null. Idempotent. What it changed is kept in ``spec.resolved`` (key -> value; the dry run prints
+    it). Raises :class:`ConfigError` with one line naming the file or the command line."""
+    where = where_set(spec)
+    layout = layout or Layout.from_env()
+    before = asdict(spec.train)
+    check_machine(spec, where)
+    fit_world_size(spec, layout, where)
+    apply_hardware(spec, where, layout)  # fills the train keys left at null
+    after = asdict(spec.train)
+    changed = {f"train.{k}": getattr(spec.train, k) for k in after if after[k] != before[k]}
+    spec.resolved = {**getattr(spec, "resolved", {}), **changed}  # type: ignore[attr-defined]  # not a key
+    return spec
+
+
+def load_and_resolve(path, overrides: Optional[list] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
+    """``config.load_spec`` then :func:`resolve`: a config as it runs here, on ``layout``'s ranks."""
+    return resolve(load_spec(path, overrides), layout)
+
+
+def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
+    """What a spec needs of this machine: CUDA for train.device=cuda, an explicit flash backend that
+    runs here (a login node without CUDA passes), torchao for float8, local data files and folders,
+    a prefix that matches the run, and downstream tasks the installed ai2-olmo-eval knows."""
+    d, t, m = spec.data, spec.train, spec.model
+
+    def fail(key: str, value: Any, why: str):
+        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
+
+    cuda = False
+    if t.device != "cpu" or m.attention_backend in FLASH:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if t.device == "cuda" and not cuda:
+        fail("train.device", t.device, "CUDA is not available on this machine")
+    if m.attention_backend in FLASH:
+        try:
+            resolve_backend(spec, "cuda" if t.device != "cpu" and cuda else "cpu")
+        except ValueError as err:
+            fail("model.attention_backend", m.attention_backend, str(err))
+    if t.float8 != "off":
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
+    if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
+        fail("data.base", d.base, "no such folder")
+    if d.source == "numpy":
+        for path in d.paths:
+            if "://" not in path and not Path(path).is_file():
+                fail("data.paths", path, "no such file")
+    if d.source == "prefix" and d.prefix_dir:
+        _check_prefix(spec, fail)
+    check_downstream_tasks(spec, fail)
+
+
+def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:
+    """eval.downstream_tasks: tasks the installed ai2-olmo-eval knows."""
+    if spec.eval.downstream_tasks:
+        from olmo_eval import list_tasks
+
+        if unknown := [n for n in spec.eval.downstream_tasks if n not in list_tasks()]:
+            fail("eval.downstream_tasks", unknown, "not an ai2-olmo-eval task (olmo_eval.list_tasks())")
+
+
+def _check_prefix(spec: ExperimentSpec, fail) -> None:
+    from ..data.order import DataOrderError
+    from ..data.prefix import prefix_index
+
+    d, t = spec.data, spec.train
+    if not Path(d.prefix_dir).is_dir():
+        fail("data.prefix_dir", d.prefix_dir, "no such folder (run: scripts/data_order.py materialize)")
+    try:
+        prefix = prefix_index(Path(d.prefix_dir))["spec"]
+    except DataOrderError as e:
+        fail("data.prefix_dir", d.prefix_dir, one_line(e))
+    if prefix["seq_len"] != d.sequence_length:
+        fail("data.sequence_length", d.sequence_length, f"the prefix in {d.prefix_dir} has {prefix['seq_len']}-token instances")
+    if prefix["seed"] != d.order_seed:
+        fail("data.order_seed", d.order_seed, f"the prefix in {d.prefix_dir} was made with order seed {prefix['seed']}")
+    tokens = t.max_tokens if t.max_tokens is not None else (t.max_steps or 0) * t.global_batch_size * d.sequence_length
+    held = prefix["num_instances"] * prefix["seq_len"]
+    if tokens > held:
+        key = "train.max_tokens" if t.max_tokens is not None else "train.max_steps"
+        fail(key, getattr(t, key.split(".")[1]), f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}")
 
 
 def _count(n: int, word: str) -> str:

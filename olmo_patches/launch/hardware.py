@@ -58,14 +58,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, List, Optional
+from typing import Optional
 
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerConfig
 
-if TYPE_CHECKING:
-    from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
+from ..config.spec import ActivationCheckpointing
 
-__all__ = ["Card", "CARDS", "HARDWARE", "AC_MODES", "ActivationCheckpointing", "known_card", "MODELS", "Settings", "MemoryEstimate", "Layer",
+__all__ = ["Card", "CARDS", "known_card", "MODELS", "Settings", "MemoryEstimate", "Layer",
            "card_for_device", "detect", "estimate", "with_float8", "hourglass_weight_copy", "preset_modes", "choose"]
 
 GIB = 2**30
@@ -88,7 +87,6 @@ CARDS = {
     "h200": Card("h200", 141.0, "NVIDIA H200", 989.5e12),  # SXM, the H100's die
     "b200": Card("b200", 180.0, "NVIDIA B200", 2250e12),  # the paper's other GPU (HGX B200, per GPU)
 }
-HARDWARE = ("auto", "none", *CARDS)
 # Every model known by its exact device name, each at its own datasheet memory and peak: the presets, the
 # lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at their own peak),
 # and other cards (a preset sized by their memory; MFU at their peak).
@@ -127,40 +125,8 @@ def detect() -> Optional[Card]:
     return card_for_device(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB)
 
 
-AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
 FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (module docstring)
 LOGIT_BYTES = 18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
-
-
-@dataclass
-class ActivationCheckpointing:
-    """OLMo-core's activation checkpointing (TransformerActivationCheckpointingConfig), in its names."""
-
-    mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
-    block_interval: Optional[int] = None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
-    modules: Optional[List[str]] = None  # selected_modules: module-name globs, e.g. blocks.*.feed_forward
-    budget: Optional[float] = None  # budget: activation memory kept, 0 (recompute all) .. 1 (none); needs train.compile
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "off"
-
-    def __str__(self) -> str:
-        arg = {"selected_blocks": self.block_interval, "budget": self.budget,
-               "selected_modules": ",".join(self.modules or [])}.get(self.mode)
-        return self.mode if arg is None else f"{self.mode}:{arg}"
-
-    def build(self) -> Optional["TransformerActivationCheckpointingConfig"]:
-        """OLMo-core's config (None: off)."""
-        from olmo_core.nn.transformer.config import TransformerActivationCheckpointingMode
-        from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
-
-        if not self.enabled:
-            return None
-        return TransformerActivationCheckpointingConfig(
-            mode=TransformerActivationCheckpointingMode(self.mode), block_interval=self.block_interval,
-            modules=self.modules, activation_memory_budget=self.budget,
-        )
 
 
 OFF = ActivationCheckpointing("off")

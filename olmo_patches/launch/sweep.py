@@ -1,0 +1,381 @@
+"""Sweeps: many configs launched, tracked and reported as one (``scripts/sweep.py``).
+
+A sweep is a list of configs (files, folders searched recursively, globs) and overrides applied to
+each; its runs are the configs' save folders. The sweep keeps no state of its own: everything is in
+the run folders, beside what training writes there (``config.yaml``, ``metrics.jsonl``, ``stepN/``):
+
+- ``sweep-claim.json``: who runs it now, ``{"host", "pid"}`` (a local launch) or
+  ``{"slurm_job": "A_i"}`` (element i of array job A). A launch takes it only when no live claim is
+  there, so two launches never start the same run; a claim whose process (this host) or job
+  (``squeue``) is gone is stale and retaken. Taken as a run folder's ``.lock`` is (the guard file
+  ``.sweep-claim.lock``, :func:`~olmo_patches.launch.run_folder.take_record`).
+- ``sweep.log`` and ``sweep-last.json``: a local launch's output (appended) and its last exit code
+  and error line.
+
+A run's state: **done** (a complete checkpoint at the last step), **running** (a live claim),
+**failed** (the last attempt exited non-zero, or SLURM says FAILED/TIMEOUT/OUT_OF_MEMORY/...),
+**stopped** (anything else begun: a checkpoint, metrics or a config) or **not started**.
+"""
+
+from __future__ import annotations
+
+import getpass
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from olmo_core.train.checkpoint import Checkpointer
+
+from ..config import ConfigError, ExperimentSpec, load_spec
+from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
+
+__all__ = [
+    "STATES", "Member", "RunStatus", "SlurmInfo", "expand_configs", "load_sweep", "run_status", "sweep_status",
+    "launch_local", "launch_slurm",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = REPO / "scripts" / "train.py"
+SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
+CLAIM, CLAIM_LOCK, LOG, LAST = "sweep-claim.json", ".sweep-claim.lock", "sweep.log", "sweep-last.json"
+STATES = ("not started", "running", "stopped", "failed", "done")
+# sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
+# PREEMPTED, REQUEUED) leave an unfinished run "stopped".
+SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+SLURM_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+@dataclass
+class Member:
+    """One config of the sweep and its run."""
+
+    config: Path
+    spec: ExperimentSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.run.name
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.spec.save_folder)
+
+    @property
+    def total_steps(self) -> int:
+        t = self.spec.train
+        if t.max_steps is not None:
+            return t.max_steps
+        return math.ceil(t.max_tokens / (t.global_batch_size * self.spec.data.sequence_length))  # type: ignore[operator]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.spec.train.global_batch_size * self.spec.data.sequence_length
+
+
+def _in_run_folder(path: Path) -> bool:
+    """A file training or a sweep wrote into a run folder (its config.yaml), not a config of the sweep."""
+    return any((path.parent / marker).exists() for marker in (METRICS_FILE, LOG, CLAIM_LOCK))
+
+
+def expand_configs(patterns: Sequence[str]) -> List[Path]:
+    """Config files from files, folders (every *.yaml below, sorted, run folders left out) and
+    globs; each once, in order."""
+    found: List[Path] = []
+    for p in patterns:
+        path = Path(p)
+        if path.is_dir():
+            matches = sorted(m for m in path.rglob("*.yaml") if not _in_run_folder(m))
+        elif path.is_file():
+            matches = [path]
+        else:
+            matches = sorted(Path(m) for m in glob.glob(p, recursive=True) if m.endswith((".yaml", ".yml")))
+        if not matches:
+            raise ConfigError(f"command line: {p}: no config file, folder of configs or glob matching one")
+        found += [m for m in matches if m not in found]
+    return found
+
+
+def load_sweep(patterns: Sequence[str], overrides: Sequence[str] = ()) -> List[Member]:
+    """Every config loaded and checked (ConfigError on the first bad one); two configs may not share a run folder."""
+    members = [Member(path, load_spec(path, list(overrides))) for path in expand_configs(patterns)]
+    seen: Dict[Path, Path] = {}
+    for m in members:
+        folder = m.folder.resolve()
+        if folder in seen:
+            raise ConfigError(f"{m.config}: run.save_folder: {m.folder} is also the run folder of {seen[folder]}")
+        seen[folder] = m.config
+    return members
+
+
+# --- SLURM queries --------------------------------------------------------------------------------
+
+
+@dataclass
+class SlurmInfo:
+    """Job states from squeue (live jobs) and sacct (ended ones); None where the command is absent."""
+
+    queue: Optional[Dict[str, str]]
+    accounting: Optional[Dict[str, str]]
+
+    @classmethod
+    def query(cls, jobs: Sequence[str]) -> "SlurmInfo":
+        if not jobs:
+            return cls({}, {})
+        queue = _parse_states(_call(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"]), " ")
+        arrays = sorted({j.split("_")[0] for j in jobs})
+        accounting = _parse_states(_call(["sacct", "-n", "-P", "-X", "-j", ",".join(arrays), "-o", "JobID,State"]), "|")
+        return cls(queue, accounting)
+
+    def live(self, job: str) -> Optional[bool]:
+        """Whether the job is queued or running; None when squeue is unavailable."""
+        return None if self.queue is None else self.queue.get(job) in SLURM_LIVE
+
+    def ended_state(self, job: str) -> Optional[str]:
+        return (self.accounting or {}).get(job)
+
+
+def _call(cmd: List[str]) -> Optional[str]:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _parse_states(text: Optional[str], sep: str) -> Optional[Dict[str, str]]:
+    """{job id: state} from ``id<sep>STATE`` lines ("CANCELLED by 123" -> CANCELLED)."""
+    if text is None:
+        return None
+    states = {}
+    for line in text.splitlines():
+        parts = line.strip().split(sep, 1)
+        if len(parts) == 2 and parts[1].strip():
+            states[parts[0].strip()] = parts[1].split()[0].rstrip("+")
+    return states
+
+
+# --- claims ---------------------------------------------------------------------------------------
+
+
+def read_claim(folder: Path) -> Optional[dict]:
+    return read_record(folder / CLAIM)
+
+
+def claim_alive(claim: Optional[dict], slurm: SlurmInfo) -> bool:
+    """A claim is live while its SLURM job is queued or running, or its local process is alive.
+    A job that squeue cannot be asked about, or a process on another host, counts as live."""
+    if claim is None:
+        return False
+    if claim.get("slurm_job"):
+        live = slurm.live(claim["slurm_job"])
+        return True if live is None else live
+    if claim.get("host") != socket.gethostname():
+        return True
+    return pid_alive(int(claim["pid"]))
+
+
+def take_claim(folder: Path, slurm: SlurmInfo) -> bool:
+    """Claim the run for this process unless a live claim holds it; True when taken."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    return take_record(folder / CLAIM, folder / CLAIM_LOCK, me, lambda claim: not claim_alive(claim, slurm))[0]
+
+
+def hand_claim(folder: Path, **owner: str) -> None:
+    """Pass this process's claim on (to a SLURM job)."""
+    with guarded(folder / CLAIM_LOCK):
+        write_record(folder / CLAIM, {**owner, "since": time.time()})
+
+
+def release_claim(folder: Path) -> None:
+    drop_record(folder / CLAIM, folder / CLAIM_LOCK, lambda claim: claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname())
+
+
+# --- state ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunStatus:
+    member: Member
+    state: str
+    step: int
+    slurm_job: str = ""
+    error: str = ""
+
+    @property
+    def tokens(self) -> int:
+        return self.step * self.member.tokens_per_step
+
+
+def last_error_line(log: Path) -> str:
+    """The last line naming an error (a traceback's last line), else the last line, of a log."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return ""
+    for line in reversed(lines):
+        if re.search(r"(Error|Exception|error:|Killed|Traceback)", line):
+            return line
+    return lines[-1] if lines else ""
+
+
+def _checkpoint_step(folder: Path) -> int:
+    """The step of the latest complete checkpoint (-1: none)."""
+    if not folder.is_dir():
+        return -1
+    return max((step for step, path in Checkpointer.find_checkpoints(folder) if Checkpointer.dir_is_checkpoint(path)), default=-1)
+
+
+def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) -> RunStatus:
+    folder = m.folder
+    metrics = read_metrics(folder)
+    ckpt = _checkpoint_step(folder)
+    step = max(ckpt, max(metrics, default=0), 0)
+    claim = read_claim(folder) or {}
+    job = claim.get("slurm_job", "")
+    status = RunStatus(m, "not started", step, job)
+    if ckpt >= m.total_steps:
+        status.state = "done"
+    elif claim_alive(read_claim(folder), slurm):
+        status.state = "running"
+    elif job and (s := slurm.ended_state(job)) in SLURM_FAILED:
+        status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
+    elif not job and (last := _read_last(folder)) is not None and last["exit"] != 0:
+        status.state, status.error = "failed", last.get("error", "")
+    elif ckpt >= 0 or metrics or (folder / "config.yaml").exists():
+        status.state = "stopped"
+    return status
+
+
+def _read_last(folder: Path) -> Optional[dict]:
+    try:
+        return json.loads((folder / LAST).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _slurm_error(job: str, log_dir: Path) -> str:
+    logs = sorted(log_dir.glob(f"*-{job}.out"))
+    return last_error_line(logs[-1]) if logs else f"no log {log_dir}/*-{job}.out"
+
+
+def _slurm_for(folder: Path) -> SlurmInfo:
+    """SLURM's view of the job that claimed a run, if one did."""
+    claim = read_claim(folder) or {}
+    return SlurmInfo.query([claim["slurm_job"]] if claim.get("slurm_job") else [])
+
+
+def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) -> List[RunStatus]:
+    jobs = [c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")]
+    slurm = SlurmInfo.query(jobs)
+    return [run_status(m, slurm, slurm_log_dir) for m in members]
+
+
+# --- launching ------------------------------------------------------------------------------------
+
+
+def launch_local(members: Sequence[Member], overrides: Sequence[str], say=print) -> int:
+    """Train each unfinished run in turn (a stopped or failed one resumes from its latest checkpoint),
+    each in its own process, output appended to its ``sweep.log``. SIGINT/SIGTERM are passed to the
+    running training (it saves a checkpoint) and end the sweep. Returns the number of failed runs."""
+    failed = 0
+    stop: List[int] = []
+    child: List[subprocess.Popen] = []
+
+    def forward(signum, _frame):
+        stop.append(signum)
+        if child:
+            child[0].send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for m in members:
+            if stop:
+                break
+            slurm = _slurm_for(m.folder)
+            s = run_status(m, slurm)
+            if s.state in ("done", "running"):
+                say(f"{m.name}: {s.state}, skipped")
+                continue
+            if not take_claim(m.folder, slurm):
+                say(f"{m.name}: claimed by another launch, skipped")
+                continue
+            try:
+                say(f"{m.name}: {'resuming from step ' + str(s.step) if s.step else 'starting'} ({m.folder / LOG})")
+                start = time.time()
+                with open(m.folder / LOG, "a") as log:
+                    child[:] = [subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides], stdout=log, stderr=subprocess.STDOUT)]
+                    rc = child[0].wait()
+                    child.clear()
+                error = last_error_line(m.folder / LOG) if rc != 0 else ""
+                write_record(m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)})
+            finally:
+                release_claim(m.folder)
+            state = run_status(m, _slurm_for(m.folder)).state
+            failed += state == "failed"
+            say(f"{m.name}: {state} after {time.time() - start:.0f} s" + (f": {error}" if error else ""))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return failed
+
+
+def launch_slurm(
+    members: Sequence[Member],
+    overrides: Sequence[str],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    log_dir: Path = Path("logs"),
+    sbatch_args: Sequence[str] = (),
+    say=print,
+) -> Optional[str]:
+    """Submit the unfinished, unclaimed runs as one job array, element i running
+    scripts/launch_slurm.sbatch on the i-th line of a manifest (``CONFIG key=value ...``). Returns
+    the array's job id (None when nothing was left to run)."""
+    statuses = sweep_status(members, log_dir)
+    jobs = [s.slurm_job for s in statuses if s.slurm_job]
+    slurm = SlurmInfo.query(jobs)
+    todo = []
+    for s in statuses:
+        if s.state in ("done", "running"):
+            say(f"{s.member.name}: {s.state}, skipped")
+        elif take_claim(s.member.folder, slurm):
+            todo.append(s.member)
+        else:
+            say(f"{s.member.name}: claimed by another launch, skipped")
+    if not todo:
+        return None
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        manifest = log_dir / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+        manifest.write_text("".join(shlex.join([str(m.config), *overrides]) + "\n" for m in todo))
+        cmd = [
+            "sbatch", "--parsable", f"--array=0-{len(todo) - 1}", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
+            f"--output={log_dir}/%x-%A_%a.out", *sbatch_args, str(SLURM_LAUNCHER), "--array", str(manifest),
+        ]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise RuntimeError("sbatch: command not found (launch --slurm runs where SLURM is)") from None
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
+        array = out.stdout.strip().split(";")[0]
+    except BaseException:
+        for m in todo:
+            release_claim(m.folder)
+        raise
+    for i, m in enumerate(todo):
+        hand_claim(m.folder, slurm_job=f"{array}_{i}", manifest=str(manifest))
+        say(f"{m.name}: submitted as {array}_{i}")
+    return array

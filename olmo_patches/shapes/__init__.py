@@ -1,0 +1,2 @@
+"""Pure shape arithmetic, no torch: the hourglass search at a parameter budget (``search``) and paper 2's
+width schedules and counting rules (``widths``)."""

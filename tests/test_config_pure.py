@@ -1,0 +1,64 @@
+"""Loading a config is pure: the same spec on a login node and on a GPU node, with no model built
+and no machine read. What depends on the machine is `launch.layout.resolve`'s (tests/test_world_size.py,
+tests/test_hardware.py)."""
+
+import ast
+import sys
+
+import pytest
+import torch
+
+from olmo_patches.config import load_spec, spec_to_yaml
+from olmo_patches.config.spec import ModelSpec
+from olmo_patches.launch.layout import Layout, resolve
+
+from .conftest import REPO
+
+BASES = ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
+SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.name not in BASES)
+
+
+def _load_all(monkeypatch, cuda: bool) -> dict:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8 if cuda else 0)
+    return {p: spec_to_yaml(load_spec(p)) for p in SHIPPED}
+
+
+def test_every_shipped_config_loads_the_same_with_and_without_cuda(monkeypatch):
+    def no_build(self, vocab_size):
+        raise AssertionError("loading a config built the model config")
+
+    monkeypatch.setattr(ModelSpec, "build", no_build)
+    assert len(SHIPPED) > 50
+    without, with_cuda = _load_all(monkeypatch, False), _load_all(monkeypatch, True)
+    assert without == with_cuda
+    # nothing was resolved: the keys a preset fills are still null where the config left them
+    assert "micro_batch_size: null" in without[REPO / "configs" / "1B" / "hourglass.yaml"]
+
+
+def test_resolve_fills_what_the_machine_decides_and_says_so():
+    spec = load_spec(REPO / "configs" / "demo" / "baseline.yaml", ["train.global_batch_size=8", "train.micro_batch_size=null"])
+    assert spec.train.micro_batch_size is None
+    resolve(spec, Layout.plan(2))
+    assert spec.train.micro_batch_size == 4  # no card on CPU: the whole per-rank batch (8 / 2 ranks)
+    assert spec.resolved["train.micro_batch_size"] == 4
+    assert resolve(spec, Layout.plan(2)).train.micro_batch_size == 4  # idempotent
+
+
+def test_shapes_is_pure_arithmetic():
+    """shapes/ imports the standard library only: a shape search runs without torch."""
+    for path in (REPO / "olmo_patches" / "shapes").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                assert name.split(".")[0] in sys.stdlib_module_names, f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("config", ["demo/hourglass.yaml"])
+def test_a_resolved_spec_keeps_where_each_key_was_set(config, tmp_path):
+    """resolve's refusals name the file or the command line that set the key, as load_spec's do."""
+    from olmo_patches.config import ConfigError
+
+    spec = load_spec(REPO / "configs" / config, ["train.global_batch_size=9"])
+    with pytest.raises(ConfigError, match=r"^command line: train.global_batch_size=9: is not divisible by the 2 ranks"):
+        resolve(spec, Layout.plan(2))
