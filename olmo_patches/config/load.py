@@ -21,7 +21,15 @@ from .validate import validate
 
 _NOT_A = re.compile(r"^Value '(.*)' of type '\w+' could not be converted to (\w+)$")
 _NOT_VALID = re.compile(r"^Value '(.*)' is not a valid (\w+)(?: \(type \w+\))?$")
+_NOT_ONE_OF = re.compile(r"^Invalid value '(.*)', expected one of \[(.*)\]$")
 _KINDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "bool": "true or false"}
+
+
+def _line(source: str, key: str, e: OmegaConfBaseException) -> str:
+    """The one-line refusal: ``SOURCE: KEY=VALUE: choose one of ...`` for a fixed choice, else ``SOURCE: KEY: why``."""
+    if m := _NOT_ONE_OF.match(one_line(e).split(" full_key: ")[0]):
+        return f"{source}: {key}={m.group(1)}: choose one of {m.group(2)}"
+    return f"{source}: {key}: {_why(e)}"
 
 
 def _why(e: OmegaConfBaseException) -> str:
@@ -77,6 +85,8 @@ def coerce_shorthands(cfg: DictConfig) -> DictConfig:
     """``cfg`` (a file, the command line, a recorded config) with the schema's shorthands written out
     in place: ``train.activation_checkpointing: true`` and the like (spec.coerce_activation_checkpointing)."""
     train = cfg.get("train")
+    if isinstance(train, DictConfig) and train.get("float8") is False:  # YAML 1.1 reads a bare `off` as false
+        train.float8 = "off"
     if isinstance(train, DictConfig) and "activation_checkpointing" in train:
         value = OmegaConf.to_container(train, resolve=False)["activation_checkpointing"]  # type: ignore[index]
         train.activation_checkpointing = coerce_activation_checkpointing(value)
@@ -101,7 +111,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
             merged.merge_with(coerce_shorthands(cfg))  # in place: OmegaConf.merge would deep-copy the whole config per file
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", "") or "?"
-            raise ConfigError(f"{source}: {key}: {_why(e)}") from e
+            raise ConfigError(_line(str(source), key, e)) from e
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
@@ -110,9 +120,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or "?"
-        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {_why(e)}") from e
-    if spec.train.float8 == "False":  # YAML 1.1 reads a bare `off` as false
-        spec.train.float8 = "off"
+        raise ConfigError(_line(_where(key, chain, overrides), key, e)) from e
     where = partial(_where, chain=chain, cli=overrides)
     validate(spec, where)
     spec.where = where  # type: ignore[attr-defined]  # for launch.resolve's errors: not a key

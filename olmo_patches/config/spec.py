@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any, List, Optional
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.rope import StepwiseRoPEScalingConfig
 from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
+from olmo_core.config import StrEnum
 from omegaconf import MISSING
 
 from ..nn.hourglass import HourglassFeedForwardConfig, NormPlacement
 from ..nn.hourglass_block import HourglassBlockConfig
 from ..nn.hourglass_moe import HourglassMoEConfig
-from ..nn.moe import LayerMoEConfig
+from ..nn.moe import Experts, LayerMoEConfig
 from ..nn.variable_width import MuPConfig, ResizeMode, VariableWidthTransformerConfig
 from ..shapes.widths import MoEShape, schedule_widths
 
@@ -26,9 +27,98 @@ if TYPE_CHECKING:
     from olmo_core.data import TokenizerConfig
     from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
 
-BLOCKS = ("baseline", "hourglass", "variable_width")
-# train.hardware: auto (the GPU torch sees), none (no preset) or a card of launch/hardware.py's table
-HARDWARE = ("auto", "none", "rtx6000ada", "h100", "h200", "b200")
+# The fixed choices: omegaconf refuses any other value at load, naming the key.
+
+
+class Block(StrEnum):
+    baseline = "baseline"  # SwiGLU, hidden d_ff or ffn_ratio * d_model
+    hourglass = "hourglass"  # K stacked wide-narrow-wide sub-MLPs (paper 1)
+    variable_width = "variable_width"  # each layer at its own width w_l (paper 2)
+
+
+class Ffn(StrEnum):
+    swiglu = "swiglu"
+    hourglass = "hourglass"
+
+
+class WidthSchedule(StrEnum):
+    geometric = "geometric"
+    arithmetic = "arithmetic"
+    constant = "constant"
+    list = "list"
+
+
+class Init(StrEnum):
+    olmo = "olmo"  # OLMo-core's init
+    mup = "mup"  # the paper's multipliers and init
+
+
+class AttentionBackend(StrEnum):
+    auto = "auto"  # flash attention where it runs, else torch
+    torch = "torch"
+    flash_2 = "flash_2"
+    flash_3 = "flash_3"
+    flash_4 = "flash_4"
+    te = "te"
+
+
+class DataSource(StrEnum):
+    demo = "demo"
+    olmo2_stage1 = "olmo2_stage1"
+    prefix = "prefix"
+    numpy = "numpy"
+
+
+class Tokenizer(StrEnum):
+    demo = "demo"
+    dolma2 = "dolma2"
+
+
+class LRSchedule(StrEnum):
+    cosine = "cosine"
+    power = "power"
+
+
+class Optimizer(StrEnum):
+    adamw = "adamw"
+    skip_step_adamw = "skip_step_adamw"
+
+
+class Precision(StrEnum):
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class Float8(StrEnum):
+    off = "off"
+    tensorwise = "tensorwise"
+    rowwise = "rowwise"
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"
+
+
+class Hardware(StrEnum):
+    auto = "auto"  # the GPU torch sees
+    none = "none"  # no preset
+    rtx6000ada = "rtx6000ada"  # launch/hardware.py's cards
+    h100 = "h100"
+    h200 = "h200"
+    b200 = "b200"
+
+
+class DataParallel(StrEnum):
+    fsdp = "fsdp"
+    hsdp = "hsdp"
+    ddp = "ddp"
+
+
+class Device(StrEnum):
+    auto = "auto"  # cuda when available
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+BLOCKS = tuple(Block)
+HARDWARE = tuple(Hardware)
 
 
 class ConfigError(ValueError):
@@ -45,14 +135,14 @@ def one_line(e: BaseException) -> str:
 class WidthSpec:
     """Variable-width layers (paper 2): the schedule of w_1..w_L, the resizing and the init."""
 
-    schedule: str = "geometric"  # geometric | arithmetic | constant | list
+    schedule: WidthSchedule = WidthSchedule.geometric  # geometric | arithmetic | constant | list
     shape: str = "x"  # x (wide-narrow-wide) | v | ^ | 3 (narrow-wide-narrow)
     r_l: float = 0.75  # position of the extreme layer, k = r_l L (paper)
     r_d: float = 0.3  # narrowest continuous width / d_model (paper)
     multiple: int = 32  # each w_l rounded to this multiple (paper)
     values: Optional[List[int]] = None  # schedule=list: the explicit widths
-    resize: str = "carry_forward"  # carry_forward | zero | learned
-    init: str = "olmo"  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
+    resize: ResizeMode = ResizeMode.carry_forward  # carry_forward | zero | learned
+    init: Init = Init.olmo  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
     m_width: float = 8.0  # mup: logits / m_width (paper)
     m_emb: float = 12.0  # mup: embeddings x m_emb (paper)
     m_residual: float = 0.22  # mup: residual branches x m_residual (paper)
@@ -69,7 +159,7 @@ class MoESpec:
     expert_hidden: Optional[int] = None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
     lb_loss_weight: float = 0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
-    experts: str = "swiglu"  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
+    experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
 
 
 @dataclass
@@ -90,7 +180,7 @@ class RoPEScalingSpec:
 
 @dataclass
 class ModelSpec:
-    block: str = "baseline"  # baseline (SwiGLU, hidden d_ff or ffn_ratio * d_model) | hourglass | variable_width
+    block: Block = Block.baseline  # baseline (SwiGLU, hidden d_ff or ffn_ratio * d_model) | hourglass | variable_width
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
     n_heads: int = MISSING  # attention (query) heads
@@ -102,7 +192,7 @@ class ModelSpec:
     d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
     d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
-    norm_placement: str = "pre"  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    norm_placement: NormPlacement = NormPlacement.pre  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
     qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
     rope_theta: int = 500_000
     norm_eps: float = 1e-6  # RMSNorm epsilon
@@ -110,10 +200,15 @@ class ModelSpec:
     rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
-    ffn: str = "swiglu"  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
+    ffn: Ffn = Ffn.swiglu  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
     widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h)
     moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
-    attention_backend: str = "auto"  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
+    attention_backend: AttentionBackend = AttentionBackend.auto  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
+
+    @property
+    def is_hourglass(self) -> bool:
+        """Hourglass FFNs: the hourglass block, or variable width with hourglass FFNs."""
+        return self.block == Block.hourglass or (self.block == Block.variable_width and self.ffn == Ffn.hourglass)
 
     @property
     def moe_hidden(self) -> int:
@@ -165,7 +260,7 @@ class ModelSpec:
 
     def build(self, vocab_size: int) -> TransformerConfig:
         """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
-        post = NormPlacement(self.norm_placement) == NormPlacement.post
+        post = self.norm_placement == NormPlacement.post
         config = TransformerConfig.llama_like(
             d_model=self.d_model,
             vocab_size=self.vocab_size or vocab_size,
@@ -182,7 +277,7 @@ class ModelSpec:
             tie_word_embeddings=self.tie_embeddings,
             init_std=self.init_std,
         )
-        hourglass = self.block == "hourglass" or (self.block == "variable_width" and self.ffn == "hourglass")
+        hourglass = self.is_hourglass
         if hourglass:
             block = config.block
             assert isinstance(block, TransformerBlockConfig) and block.layer_norm is not None
@@ -194,7 +289,7 @@ class ModelSpec:
                     K=self.K,
                     bias=False,
                     layer_norm=block.layer_norm,
-                    norm_placement=NormPlacement(self.norm_placement),
+                    norm_placement=self.norm_placement,
                 ),
             )
         if self.moe is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
@@ -213,7 +308,7 @@ class ModelSpec:
             return VariableWidthTransformerConfig(
                 **base,
                 widths=self.resolved_widths,
-                resize=ResizeMode(w.resize),
+                resize=w.resize,
                 ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.resolved_d_ff) / self.d_model,
                 ffn_hidden_multiple=self.d_h_multiple if hourglass else 1,
                 mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
@@ -226,14 +321,14 @@ class DataSpec:
     # demo: the embedded stdlib corpus | olmo2_stage1: OLMo-2 1B's Stage 1 files (data_order/'s
     # pinned, checksummed list), shuffled as OLMo-2 was | prefix: a local materialized prefix of that
     # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
-    source: str = "demo"
+    source: DataSource = DataSource.demo
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
     base: Optional[str] = None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
     instance_filter: bool = False  # OLMo-2's repetition filter (loss masked on degenerate instances)
-    tokenizer: str = "demo"  # demo (trained on the demo corpus) | dolma2
+    tokenizer: Tokenizer = Tokenizer.demo  # demo (trained on the demo corpus) | dolma2
     tokenizer_file: Optional[str] = None  # a local tokenizer JSON (else the Hugging Face hub)
     sequence_length: int = 4096
     order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
@@ -318,19 +413,19 @@ class TrainSpec:
     warmup_tokens: Optional[int] = None  # ... or in tokens
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
-    schedule: str = "cosine"  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    schedule: LRSchedule = LRSchedule.cosine  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
     power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
     schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
-    optimizer: str = "adamw"  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
-    precision: str = "bf16"  # bf16 (params bf16, reductions fp32) | fp32
+    optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
+    precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: str = "off"  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
+    float8: Float8 = Float8.off  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
     activation_checkpointing: Optional[ActivationCheckpointing] = None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    hardware: str = "auto"  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/hardware.py)
-    data_parallel: str = "fsdp"  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
-    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+    hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/hardware.py)
+    data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
+    device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
 
 
 @dataclass
@@ -368,6 +463,10 @@ class ExperimentSpec:
     @property
     def save_folder(self) -> str:
         return self.run.save_folder or f"runs/{self.run.name}"
+
+    def model_config(self) -> TransformerConfig:
+        """OLMo-core's ``TransformerConfig`` of this run's model, at its vocabulary."""
+        return self.model.build(vocab_size(self))
 
 
 def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":

@@ -81,7 +81,7 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
 
     m = spec.model
     built = m.build(vocab_size=vocab)
-    hourglass = m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass")
+    hourglass = m.is_hourglass
     kwargs: dict = {}
     if isinstance(built, VariableWidthTransformerConfig):
         kwargs = dict(

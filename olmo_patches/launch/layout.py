@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, one_line, vocab_size
+from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, one_line
 from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
 from .hardware import CARDS, MemoryEstimate, Settings, choose, detect, estimate, with_float8
 
@@ -196,7 +196,7 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """hardware.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
-    model = spec.model.build(vocab_size(spec))
+    model = spec.model_config()
     est = estimate(model, spec.data.sequence_length, shards)
     return with_float8(est, model) if spec.train.float8 != "off" else est
 
@@ -211,7 +211,7 @@ def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
 
 
 def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
-    dims = head_dims(spec.model.build(vocab_size(spec)))
+    dims = head_dims(spec.model_config())
     return resolve_attention_backend(spec.model.attention_backend, dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from ..config import ExperimentSpec, vocab_size
+from ..config import ExperimentSpec
 from ..launch.hardware import CARDS
 from .counts import count
 from .plan import ASSUMED_MFU
@@ -28,7 +28,7 @@ HTTP_INSTANCES_PER_S = 73.0
 
 def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
     """Matmul dimensions not a multiple of MATMUL_ALIGN -> where the first one is (a weight or head_dim)."""
-    model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+    model = spec.model_config().build(init_device="meta")
     found: dict[int, str] = {}
     for name, p in model.named_parameters():
         for d in p.shape[-2:] if p.ndim >= 2 else ():

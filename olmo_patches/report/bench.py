@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_second
 
-from ..config import load_spec, vocab_size
+from ..config import load_spec
 from ..launch.hardware import known_card
 from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
 from ..nn.accounting import breakdown
@@ -135,7 +135,7 @@ class BenchResult:
 def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
     """The trainer's model of ``config`` and the attention backend the trainer would pick for it here."""
     spec = load_spec(REPO / config if not Path(config).is_absolute() else config)
-    model_config = spec.model.build(vocab_size(spec))
+    model_config = spec.model_config()
     backend = resolve_attention_backend(spec.model.attention_backend, head_dims(model_config), cuda=device.type == "cuda",
                                         bf16=dtype == torch.bfloat16)
     set_attention_backend(model_config, backend.name)

@@ -13,14 +13,14 @@ __all__ = ["count", "float8_report", "float8_row", "param_table", "width_report"
 
 
 def count(spec: ExperimentSpec) -> ParamBreakdown:
-    model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+    model = spec.model_config().build(init_device="meta")
     return breakdown(model, spec.data.sequence_length)
 
 
 def float8_report(spec: ExperimentSpec) -> dict:
     """train.float8's matmuls (nn/float8.py): ``float8_params``, the weights of the matmuls that run in
     float8; the modules converted and those left in high precision (a dim not a multiple of 16)."""
-    model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+    model = spec.model_config().build(init_device="meta")
     modules = dict(model.named_modules())
     m = float8_matmuls(model)
     return {

@@ -161,7 +161,7 @@ def _spec(overrides: list[str], tiny: bool, device: str) -> ExperimentSpec:
 
 
 def _build(spec: ExperimentSpec, device: torch.device, backend: str = "torch", seed: int = 0) -> torch.nn.Module:
-    config = spec.model.build(vocab_size(spec))
+    config = spec.model_config()
     set_attention_backend(config, backend)
     torch.manual_seed(seed)
     model = config.build(init_device="cpu")
@@ -206,7 +206,7 @@ def shipped_head_dims() -> tuple[int, ...]:
     dims: set[int] = set()
     for path in sorted((REPO / "configs").rglob("*/*.yaml")):  # configs/base*.yaml are bases, not runs
         spec = load_spec(path, ["train.hardware=none", "train.device=cpu"])
-        dims.update(head_dims(spec.model.build(vocab_size(spec))))
+        dims.update(head_dims(spec.model_config()))
     return tuple(sorted(dims))
 
 
@@ -347,7 +347,7 @@ def check_training(device: torch.device, work: Path, tiny: bool, steps: int, bat
             t = spec.train
             times = timer.times[warmup - 1:]
             tps = (len(times) - 1) * batch * seq / (times[-1] - times[0])
-            model = spec.model.build(vocab_size(spec))
+            model = spec.model_config()
             fpt = model.build(init_device="meta").num_flops_per_token(seq)
             layout = Layout.from_env()
             assert t.micro_batch_size is not None and t.activation_checkpointing is not None
