@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
 atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
-# torch.compile (inductor) on CPU: one kernel cache for the session's compiled runs, and kernels built
+# torch.compile (inductor) on CPU: one kernel cache for the test run's compiled runs, and kernels built
 # in the compiling process (no pool of workers, each importing torch, on a 2-core machine).
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
 os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
@@ -51,7 +51,7 @@ TINY = [
 
 # make test runs the suite on every core (pytest-xdist, --dist loadfile: a file's tests, and so its
 # module fixtures, stay on one worker). Files go to the workers in this order, the slowest first (the
-# file totals of --durations, docs/testing.md), so that no worker is left alone with a long file at
+# file totals of --durations, docs/performance.md), so that no worker is left alone with a long file at
 # the end; the rest follow in collection order.
 SLOW_FIRST = (
     "test_multinode.py", "test_precision.py", "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",

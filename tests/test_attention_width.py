@@ -194,7 +194,7 @@ THEIRS = {
     "8B/baseline": dict(L=32, d=4096, H=32, G=32, kv=128, K=1, dh=14336, iters=23842, lr=1.2e-4, warmup=100),
     "8B/hourglass": dict(L=22, d=4992, H=32, G=32, kv=128, K=4, dh=4544, iters=23842, lr=1.2e-4, warmup=100),
 }
-# Megatron's totals (tied embedding padded to 100352 rows), as computed from their configs in issue 13's study.
+# Megatron's totals (tied embedding padded to 100352 rows), as computed from their configs.
 MEGATRON_TOTAL = {
     "906M/baseline": 1_060_259_328, "906M/hourglass": 1_159_291_584, "3B/baseline": 3_479_522_304,
     "3B/hourglass": 3_539_145_168, "8B/baseline": 8_196_198_400, "8B/hourglass": 8_289_531_008,
@@ -217,7 +217,7 @@ def test_revised_config_is_their_run_with_their_parameter_count(name):
     assert shape == (c["L"], c["d"], c["H"], c["G"], c["kv"])
     assert (m.K, m.resolved_d_h if kind == "hourglass" else m.resolved_d_ff) == (c["K"], c["dh"])
     assert megatron_params(**c) == MEGATRON_TOTAL[name] == count(spec).total
-    # Their recipe (Megatron-Bridge's applied values, issue 13): tied, eps 1e-5, Llama-3.1 RoPE x32.
+    # Their recipe (Megatron-Bridge's applied values): tied, eps 1e-5, Llama-3.1 RoPE x32.
     assert m.tie_embeddings and m.qk_norm and m.norm_eps == 1e-5 and m.norm_placement == "pre"
     assert m.rope_scaling == RoPEScalingSpec(32.0, 1.0, 4.0, 8192) and m.rope_theta == 500_000
     assert (t.global_batch_size, spec.data.sequence_length, t.max_steps, t.lr, t.warmup_steps) == (

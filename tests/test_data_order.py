@@ -1,7 +1,7 @@
 """The exact OLMo-2 1B data order and the ordered prefix, checked offline.
 
 A synthetic mix of raw uint32 token files is served by a local HTTP server (Range support,
-scripted faults). References are written here in plain numpy from the SPEC's definition
+scripted faults). References are written here in plain numpy from the documented definition (docs/data_order.md)
 (section 4), independent of the code under test.
 """
 
@@ -46,7 +46,7 @@ from olmo_patches.data.remote import (  # noqa: E402
     save_manifest,
 )
 
-# The recipe's seed (SPEC section 4, allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml), and
+# The recipe's seed (the OLMo-2 recipe, docs/papers.md, allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml), and
 # OLMo-core's loader seed for the same order: it shuffles with PCG64(seed + epoch) from epoch 1, the
 # old trainer from epoch 0 (olmo_core/data/data_loader.py: get_rng(seed + epoch), reshuffle() starts at epoch 1).
 OLD_TRAINER_SEED = 6198
@@ -66,7 +66,7 @@ LISTED = ["a/p0.npy", "a/p1.npy", "b/tiny.npy", "b/p2.npy", "a/p1.npy", "c/p3.np
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, timeout_s=10)
 
 
-# -- independent reference (SPEC section 4, plain numpy) ---------------------------------
+# -- independent reference (the OLMo-2 recipe, docs/papers.md, plain numpy) ---------------------------------
 
 
 def ref_order(token_files: list[np.ndarray], seq: int, seed: int) -> np.ndarray:

@@ -3,7 +3,7 @@ loopback HTTP mirror of the pinned list, a named OLMo-core data.mix, and OLMo-2'
 
 Each test trains a few steps with train() and records, from inside the Trainer (an OLMo-core callback),
 the batches its data loader yields and the metrics it logs. The references are written here in numpy
-and plain PyTorch from the documented rules (the order: SPEC section 4 and docs/data_order.md; the
+and plain PyTorch from the documented rules (the order: the OLMo-2 recipe, docs/papers.md and docs/data_order.md; the
 filter: OLMo-2's repetition rule; the loss: OLMo-core's masking), not taken from olmo_patches.
 """
 
@@ -33,7 +33,7 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 PINNED = REPO / "data_order" / "olmo2-1b-stage1.txt"  # read as data: its relative paths lay out the mirror
 ORIGIN = "http://olmo-data.org/"
 # The old trainer shuffles arange(N, uint32) with PCG64(6198 + epoch 0); OLMo-core's loader, given seed
-# 6197, with PCG64(6197 + epoch 1): the same generator (SPEC section 4).
+# 6197, with PCG64(6197 + epoch 1): the same generator (the OLMo-2 recipe, docs/papers.md).
 ORDER_PCG64_SEED = 6198
 SEQ = 32  # TINY's data.sequence_length
 BATCH = 4  # TINY's train.global_batch_size

@@ -16,7 +16,7 @@ TOKENIZER_FILE = ROOT.parent / "shared" / "data" / "allenai_dolma2.json"  # ../s
 def test_validation_sets_paper_four_first_and_match_olmo_core_mix():
     paths, labels = validation_files(list(VALIDATION_SETS), "http://olmo-data.org")
     assert [l.removesuffix("-validation") for l in labels[:4]] == ["dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103"]
-    # the same eleven files OLMo-core's own mix lists (SPEC section 4), tokenized with dolma2
+    # the same eleven files OLMo-core's own mix lists (the OLMo-2 recipe, docs/papers.md), tokenized with dolma2
     mix = (Path(__import__("olmo_core").__file__).parent / "data/mixes/v3-small-ppl-validation.txt").read_text().split()
     expected = {"http://olmo-data.org/" + line.split(",")[1].replace("{TOKENIZER}", "dolma2-tokenizer") for line in mix}
     assert set(paths) == expected and len(paths) == 11

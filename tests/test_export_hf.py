@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+pytest.importorskip("transformers", reason="the hf extra (pip install -e '.[hf]')")
 from transformers import AutoModelForCausalLM, Olmo2ForCausalLM  # noqa: E402
 
 from olmo_patches.config import load_spec  # noqa: E402

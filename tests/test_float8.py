@@ -19,8 +19,9 @@ from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
-from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # the float8 extra (make install)
-from torchao.float8.float8_linear import Float8Linear
+pytest.importorskip("torchao.float8", reason="the float8 extra (pip install -e '.[float8]')")
+from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
+from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 # Per block type, the tiny model (d_model 32, 2 layers) and the matmul modules it has, counted here:

@@ -1,4 +1,4 @@
-"""The hourglass FFN and block against plain PyTorch written from the SPEC's equations."""
+"""The hourglass FFN and block against plain PyTorch written from the paper's equations."""
 
 import pytest
 import torch

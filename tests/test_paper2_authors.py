@@ -50,7 +50,7 @@ def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
     return model
 
 
-# --- the reference (the brief's section 7, from WVM:615-746 and lm-engine's modules) ----------------
+# --- the reference (from the authors' width_varying_model.py:615-746 and lm-engine's modules) ----------------
 
 
 def _rmsnorm(x, g):  # LME normalization.py: nn.RMSNorm(eps=1e-5)

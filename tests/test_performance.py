@@ -1,4 +1,4 @@
-"""Honest MFU and compile-friendliness (issue 7); speed itself is measured by scripts/bench.py, not here.
+"""Honest MFU and compile-friendliness; speed itself is measured by scripts/bench.py, not here.
 
 - every block's ``num_flops_per_token`` equals the weight-matmul FLOPs torch's FlopCounterMode counts
   in its forward + backward, plus the attention-score term written here from its definition;

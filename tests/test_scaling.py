@@ -82,7 +82,7 @@ def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
 
 
 def test_the_papers_own_table_gives_its_fit_and_77_8_percent():
-    """The paper's four dense rows (SPEC section 2, written here), C = 3 x its forward FLOPs per sequence
+    """The paper's four dense rows (paper 2, docs/papers.md, written here), C = 3 x its forward FLOPs per sequence
     (the authors' count) x sequences, x at the reported FLOPs change: b -0.0498, a 3.16 at C in 1e20."""
     rows = [(640, 16, 128, 19080, 3.452, 3.430, -3.2), (960, 24, 256, 23844, 3.138, 3.099, -3.7),
             (1280, 32, 512, 23842, 2.926, 2.890, -2.6), (1600, 40, 1024, 25000, 2.751, 2.726, -2.5)]

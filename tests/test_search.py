@@ -21,7 +21,7 @@ def built(shape: Shape, vocab: int = 1024):
 
 
 def test_reallocation_113M_K4_L6_near_reported_split():
-    """SPEC: (K=4, L=6) with attention about 45M and FFN about 68M; d_model about 1370, d_h about 690."""
+    """Paper 1: (K=4, L=6) with attention about 45M and FFN about 68M; d_model about 1370, d_h about 690."""
     s = solve(B113, K=4, n_layers=6, d_h_ratio=0.5)
     assert s is not None and (s.K, s.n_layers) == (4, 6)
     assert abs(s.non_embedding - B113) <= TOLERANCE * B113

@@ -229,7 +229,7 @@ def test_array_element_runs_its_manifest_line(tmp_path):
 
 def test_demo_ablations_are_the_papers_two_sweeps():
     """K sweep: d_model, L and d_h fixed, parameters growing with K; width/depth: K=4 at the demo
-    baseline's budget (SPEC counting: 16 L d^2 = 16 x 4 x 128^2), d_model/L on both sides of the
+    baseline's budget (the paper's counting: 16 L d^2 = 16 x 4 x 128^2), d_model/L on both sides of the
     paper's best range 100-250."""
     from olmo_patches.launch.layout import load_and_resolve
 

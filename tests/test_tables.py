@@ -68,7 +68,7 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     assert row["ours"] == NOT_RUN and row["paper"] == "0.453"
     assert {r["run"] for r in tables["hourglass_runs"]} == {"113M-hourglass-K8-dh384", "113M-hourglass-K1-L12-d768-dh384"}
     assert _row(tables["variable_width"], run="paper2-500M-zero")["paper"] == "3.124"
-    # The 3B MoE row (SPEC section 2): 2.726 -> 2.710, -4.6% FLOPs, -10.9% mean width.
+    # The 3B MoE row (paper 2, docs/papers.md): 2.726 -> 2.710, -4.6% FLOPs, -10.9% mean width.
     assert _row(tables["variable_width"], run="paper2-3B-MoE-baseline")["paper"] == "2.726"
     moe_x = _row(tables["variable_width"], run="paper2-3B-MoE-x")
     assert (moe_x["size"], moe_x["paper"], moe_x["paper FLOPs"], moe_x["paper mean width"]) == ("3B-MoE", "2.710", "-4.6%", "-10.9%")

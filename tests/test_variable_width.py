@@ -20,9 +20,9 @@ from olmo_patches.shapes.widths import MoEShape, paper_active_params, paper_flop
 from .conftest import REPO, load_weights, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
-VOCAB, SEQ = 100263, 4096  # paper: cl100k, sequence 4096 (SPEC section 2)
+VOCAB, SEQ = 100263, 4096  # paper: cl100k, sequence 4096 (paper 2, docs/papers.md)
 
-# SPEC section 2 table: (h, L, reported FLOPs change %, reported mean width change %).
+# Paper 2's table (docs/papers.md): (h, L, reported FLOPs change %, reported mean width change %).
 PAPER = {
     "200M": (640, 16, -3.2, -10.0),
     "500M": (960, 24, -3.7, -11.0),
@@ -58,7 +58,7 @@ def test_solver_reproduces_paper_flops_and_mean_width(name):
 
 # The authors' solver (scripts/solve_hparams.py) on their dense_2b.yml and moe_1b3b.yml (22 experts,
 # top-3, expert hidden 512 at h 1600): the widths, and for the MoE its total / active parameters
-# (embeddings at cl100k included), FLOPs and mean width, as computed in the issue-12 brief section 5.
+# (embeddings at cl100k included), FLOPs and mean width, computed from the paper's formulas.
 DENSE_2B = [3040, 2848, 2656, 2496, 2336, 2208, 2080, 1952, 1824, 1696, 1600, 1504, 1408, 1312, 1248, 1184, 1088, 1024, 960, 896,
             864, 800, 736, 704, 672, 608, 576, 544, 512, 480, 576, 704, 832, 992, 1216, 1440, 1728, 2080, 2528, 3040]
 MOE_3B = [3040, 2848, 2656, 2496, 2336, 2208, 2080, 1952, 1824, 1696, 1600, 1504, 1408, 1312, 1248, 1152, 1088, 1024, 960, 896,
@@ -162,7 +162,7 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
     m_emb, m_res, m_width = (mup or (1.0, 1.0, 1.0))
     states = [P["embeddings.weight"][ids] * m_emb]
 
-    def widen(x, width, mode=resize):  # dims [x.shape[-1], width) by the SPEC's rule
+    def widen(x, width, mode=resize):  # dims [x.shape[-1], width) by the paper's rule
         if mode == "zero":
             return F.pad(x, (0, width - x.shape[-1]))
         parts = [x]

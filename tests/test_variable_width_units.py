@@ -1,7 +1,7 @@
 """Fast unit tests of nn/variable_width.py, one function at a time (with the in-process tests of
 test_variable_width.py, the mutation-testing set of that module: `bash tests/mutation.sh variable_width`).
 Configs are built straight from OLMo-core's TransformerConfig.llama_like (no YAML); every expected
-number is written here from SPEC section 2's equations."""
+number is written here from paper 2's equations (docs/papers.md)."""
 
 import dataclasses
 import math
@@ -93,7 +93,7 @@ def test_solve_schedule_rejects_bad_arguments(kwargs, message):
 
 
 def test_solve_schedule_defaults_are_the_papers_x():
-    """Defaults: geometric, shape x, r_l = 0.75, r_d = 0.3, widths multiples of 32 (SPEC section 2)."""
+    """Defaults: geometric, shape x, r_l = 0.75, r_d = 0.3, widths multiples of 32 (paper 2, docs/papers.md)."""
     h, L = 960, 24
     s = solve_schedule(h, L)
     assert s.kind == "geometric" and len(s.steps) == L - 1
@@ -322,7 +322,7 @@ def _normal_std_ok(t, std):
 
 
 def test_init_weights_mup_and_learned_resize():
-    """muP (SPEC section 2): embedding and LM head N(0, init_range); block matrices N(0, init_range /
+    """muP (paper 2, docs/papers.md): embedding and LM head N(0, init_range); block matrices N(0, init_range /
     sqrt(m_width) sqrt(h / w_l)), w_out and w2 further / sqrt(2 L); norms ones; the learned projections
     nn.Linear's U(+-1/sqrt(fan_in)), untouched by muP."""
     h, widths = 64, [128, 32, 64, 128]
@@ -359,7 +359,7 @@ def test_init_weights_mup_and_learned_resize():
 
 
 def test_forward_widens_by_the_rule():
-    """One block at a time, against the SPEC's rule with the block's own output y_l computed
+    """One block at a time, against the paper's rule with the block's own output y_l computed
     separately: carry_forward keeps dims a layer does not have, zero feeds zeros to new dims,
     learned projects y_l-1; the stream carries dims [w_l, S) in both stream modes."""
     torch.manual_seed(0)

@@ -163,7 +163,7 @@ def _validate_attention(m: ModelSpec, fail) -> None:
                  f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
 
 
-# --- domains: every number in range, every local path there (issue 11) ---------------------------
+# --- domains: every number in range ---------------------------
 
 _MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
 

@@ -324,11 +324,6 @@ def prefix_paths(out_dir: Path) -> list[str]:
     return [str(Path(out_dir) / part_name(k)) for k in range(num_chunks)]
 
 
-def prefix_seq_len(out_dir: str | Path) -> int:
-    """Tokens per instance of a finished prefix."""
-    return int(prefix_index(Path(out_dir))["spec"]["seq_len"])
-
-
 def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
     """An OLMo-core ``NumpyFSLDataset`` over a finished prefix, instances in training order.
 

@@ -47,7 +47,7 @@ __all__ = [
     "check_downstream_fit",
 ]
 
-PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1, 4
+PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # paper 1 (docs/papers.md)
 _OTHERS = ("c4_en", "dolma_books", "dolma_pes2o", "dolma_reddit", "dolma_wiki", "ice", "pile")
 VALIDATION_SETS = PAPER_VALIDATION_SETS + _OTHERS
 # The paper's seven tasks as ai2-olmo-eval labels them (OLMo-2's in-loop names; NQ/TriviaQA as CE loss -> PPL)

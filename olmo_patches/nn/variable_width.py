@@ -96,7 +96,7 @@ class ResizeMode(StrEnum):
 
 @dataclass
 class MuPConfig(Config):
-    """The paper's muP-style multipliers and init (SPEC section 2, the authors' configs)."""
+    """The paper's muP-style multipliers and init (paper 2, docs/papers.md, the authors' configs)."""
 
     m_width: float = 8.0  # logits / m_width; block init std / sqrt(m_width)
     m_emb: float = 12.0  # embedding output x m_emb

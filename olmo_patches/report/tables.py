@@ -28,7 +28,7 @@ __all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_config
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = Path(__file__).resolve().parents[2]
-PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # SPEC 1
+PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # paper 1 (docs/papers.md)
 NOT_RUN = "not run"
 NO_NUMBER = "no number reported"
 _LM = re.compile(r"^eval/lm/(.+)/CE loss$")

@@ -39,7 +39,6 @@ __all__ = [
     "ALIGNED_LADDER",
     "Shape",
     "solve",
-    "solve_at_width_depth",
     "enumerate_shapes",
     "choose_heads",
     "attention_heads",
@@ -197,13 +196,6 @@ def _solve_rungs(
         if best is not None:
             return best
     return None
-
-
-def solve_at_width_depth(budget: int, *, K: int, d_h_ratio: float, width_depth: float, **kw) -> Optional[Shape]:
-    """Solve with L chosen so that d_model / L is nearest ``width_depth`` (N = rho^2 L^3 (4 + 3 K r) for MHA)."""
-    f = kw.get("attn_fraction") or 1.0
-    L = max(1, round((budget / (width_depth**2 * (2 * f * (1 + 1 / kw.get("kv_group", 1)) + 3 * K * d_h_ratio))) ** (1 / 3)))
-    return solve(budget, K=K, n_layers=L, d_h_ratio=d_h_ratio, **kw)
 
 
 def optimal_width_depth(K: int) -> float:

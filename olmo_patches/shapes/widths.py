@@ -1,7 +1,7 @@
 """Paper 2's width schedules and its counting rules (Wu et al., arXiv:2606.18246, section 3; the
 authors' ``solve_hparams.py``): pure arithmetic, no torch.
 
-The width schedule (SPEC section 2, as the authors' ``solve_hparams.py`` does it)
+The width schedule (paper 2, docs/papers.md, as the authors' ``solve_hparams.py`` does it)
 --------------------------------------------------------------------------------------------
 Geometric, shape x: the narrowest layer is k = r_l L. w_1 = b; w_l = w_l-1 e for 1 < l <= k (e < 1);
 w_l = w_l-1 r for l > k (r > 1); symmetric: e^(k-1) r^(L-k) = 1. e and b are solved together so
@@ -94,7 +94,7 @@ def _layer_terms(moe: Optional[MoEShape], active: bool = True) -> tuple:
 
 
 def paper_params(widths: List[float], h: int, moe: Optional[MoEShape] = None) -> float:
-    """Non-embedding parameters as the solver counts them: sum (c2 w_l^2 + c1 w_l) - waste (SPEC section 2):
+    """Non-embedding parameters as the solver counts them: sum (c2 w_l^2 + c1 w_l) - waste (paper 2, docs/papers.md):
     dense c2 = 16, c1 = 0; MoE c2 = 4 + 3 E r, c1 = E (the router)."""
     c2, c1, out, *_ = _layer_terms(moe)
     waste = 0.0
