@@ -201,6 +201,8 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
     device = device_for(spec)
     table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
+    resolved = getattr(spec, "resolved", {})  # launch.layout.resolve: what the machine and the ranks decided
+    table.add_row(f"resolved at launch ({device}, {layout.world_size} ranks)", ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)")
     for label, value in presets:
         table.add_row(label, value)
     for label, value in device_rows(spec, layout.world_size):
