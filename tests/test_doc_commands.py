@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ COMMANDS = [
     Row(r"python scripts/verify_checkpoints\.py runs/", "parse", why="needs a finished run (tests/test_resume.py verifies a damaged one)"),
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
-    Row(r"pytest tests/\S+\.py$", "parse", why="a file of this suite"),
+    Row(r"pytest ", "parse", why="this suite, or a part of it"),
     Row(r"make wheelhouse", "parse", why="downloads 122 MiB of wheels (tests/test_wheelhouse.py resolves the set)"),
     Row(r"python scripts/gpu_check\.py", "parse", why="a CUDA GPU (its --device cpu --tiny path: tests/test_gpu_ready.py)"),
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
@@ -194,8 +195,11 @@ def _check_parse(words: list[str], cwd: Path) -> None:
                 code, help_text = _script([script, "--help"], cwd)
                 assert code == 0, help_text
         return
-    if words[0] == "pytest":
-        assert (REPO / words[1]).is_file(), words[1]
+    if words[0] == "pytest":  # its paths exist, and pytest knows its flags and markers
+        paths = [w for w in words[1:] if w.startswith("tests/")]
+        assert all((REPO / w.split("::")[0]).exists() for w in paths), paths
+        r = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *[w for w in words[1:] if w not in ("-n", "auto")]])
+        assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]  # 5: nothing selected (-m gpu on CPU collects none to run)
         return
     args = words[1:]
     code, help_text = _script([args[0], "--help"], cwd)
