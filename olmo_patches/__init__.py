@@ -1,12 +1,14 @@
 """hourglass-olmo: hourglass FFNs and variable-width transformers for OLMo-core.
 
 Layers, each importing only those above it in this list (never below):
+  resources.py                     where configs/, data_order/, scripts/ are (checkout or installed wheel)
   nn/, optim/, data/, eval/, hardware.py
                                    the papers' blocks; LR schedules; token data; evaluators; GPU cards
   config/                          YAML -> typed spec -> OLMo-core configs, validated at load
   train/                           an experiment on OLMo-core's Trainer: wiring, resume, progress, metrics
   report/, export/                 counts, plans, tables, figures, benchmarks, the demo; Hugging Face export
   cli.py                           command-line plumbing for scripts/
+  commands.py, __main__.py         hourglass-* console commands, python -m olmo_patches COMMAND
 """
 
 __version__ = "0.2.0"

@@ -22,16 +22,19 @@ PACKAGE = REPO / "olmo_patches"
 ALLOWED = {
     "nn": set(),
     "optim": set(),
-    "data": set(),
+    "data": {"resources"},
     "eval": set(),
     "hardware": set(),
     "wheelhouse": set(),
     "peers": set(),
+    "resources": set(),
     "config": {"nn", "data", "eval", "hardware"},
     "train": {"config", "nn", "optim", "data", "eval", "hardware", "peers"},
-    "report": {"train", "config", "nn", "optim", "data", "eval", "hardware"},
+    "report": {"train", "config", "nn", "optim", "data", "eval", "hardware", "resources"},
     "export": {"train", "config", "nn"},
-    "cli": {"report", "config", "peers"},
+    "cli": {"report", "config", "peers", "resources"},
+    "commands": {"resources"},
+    "__main__": {"commands"},
     "__init__": set(),
 }
 # Third-party imports the patch layer may use: it is a plug-in for OLMo-core, nothing more.
