@@ -208,7 +208,8 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
         load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
                 "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
                 "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
-                "tokenizer = AutoTokenizer.from_pretrained(FOLDER)")
+                "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
+                "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)")
         serve = "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend"
     return "\n".join([
         f"# {spec.run.name}", "",
