@@ -150,10 +150,11 @@ def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
 
 
 def causal_mask(implementation: str, T: int, past: int, dtype: torch.dtype, device) -> Optional[torch.Tensor]:
-    """The mask the attention function gets: None where it applies causality itself (flash attention,
-    aligned to the last key; sdpa without a cached prefix, ``is_causal``), else an additive (1, 1, T,
-    past + T) mask where query i (position past + i) sees keys 0..past + i."""
-    if "flash" in implementation or (implementation == "sdpa" and past == 0) or T == 1:
+    """The mask the attention function gets: None where the function applies causality itself (flash
+    attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
+    ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt), else an
+    additive (1, 1, T, past + T) mask where query i (position past + i) sees keys 0..past + i."""
+    if T == 1 or "flash" in implementation or (implementation != "eager" and past == 0):
         return None
     allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(past)
     return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
