@@ -1,6 +1,7 @@
 """hourglass-olmo: hourglass FFNs and variable-width transformers for OLMo-core.
 
 Layers, each importing only those above it in this list (never below):
+  resources.py                     where configs/, data_order/, scripts/ are (checkout or installed wheel)
   shapes/                          pure shape arithmetic: the hourglass search, paper 2's width schedules
   nn/, optim/, data/, eval/        the papers' blocks; LR schedules; token data; evaluators
   config/                          YAML -> a typed, validated spec -> OLMo-core configs (pure: the same spec everywhere)
@@ -8,6 +9,7 @@ Layers, each importing only those above it in this list (never below):
   train/                           an experiment on OLMo-core's Trainer: wiring, resume, progress, metrics
   report/, export/                 counts, plans, tables, figures, benchmarks, the demo; Hugging Face export
   cli.py                           command-line plumbing for scripts/
+  commands.py, __main__.py         hourglass-* console commands, python -m olmo_patches COMMAND
 """
 
 __version__ = "0.3.0"

@@ -13,18 +13,21 @@ from .config import ConfigError, ExperimentSpec
 from .launch.layout import Layout, load_and_resolve
 from .report.console import console
 from .launch.peers import announce, forget, stop_watching
+from .resources import find_config
 
 __all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "folder_arg"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
     """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on a
-    bad one print one line naming file, key and value (:func:`refuse`) and exit 2."""
+    bad one print one line naming file, key and value (:func:`refuse`) and exit 2. A relative path
+    missing from the working folder is looked up among the package's configs (``configs/demo/baseline.yaml``
+    from anywhere)."""
     stop_watching()  # a new command: no earlier run's watch, failure or store (tests run many in one process)
     forget()
     _config_log(_rank0())
     try:
-        return load_and_resolve(path, overrides, layout)
+        return load_and_resolve(find_config(path), overrides, layout)
     except ConfigError as e:
         refuse(f"config error: {e}")
 

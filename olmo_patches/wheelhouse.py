@@ -1,6 +1,6 @@
 """A folder of wheels to install this project on an offline node whose Python already has a CUDA torch.
 
-The set is the tested one: this project's requirements (setup.cfg, with the chosen extras) and,
+The set is the tested one: this project's requirements (pyproject.toml, with the chosen extras) and,
 recursively, theirs, at the versions installed in the environment that runs this (the CPU venv the
 tests pass in), with the markers evaluated for the target Python. torch's CUDA stack (torch, triton,
 nvidia-*) is left out: the node brings its own torch, and ``install_requires`` accepts any version
@@ -17,7 +17,6 @@ the requirements from the downloaded wheels' own metadata to confirm that nothin
 
 from __future__ import annotations
 
-import configparser
 import importlib.metadata as md
 import json
 import shutil
@@ -63,12 +62,13 @@ def _applies(req: Requirement, python_version: str, extras: Iterable[str]) -> bo
 
 
 def project_requirements(extras: Iterable[str]) -> list[Requirement]:
-    """setup.cfg's install_requires plus the chosen extras (this checkout's, not an installed copy's)."""
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    lines = cfg["options"]["install_requires"].split("\n")
+    """pyproject.toml's dependencies plus the chosen extras (this checkout's, not an installed copy's)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lines = list(project["dependencies"])
     for extra in extras:
-        lines += cfg["options.extras_require"][extra].split("\n")
+        lines += project["optional-dependencies"][extra]
     return [Requirement(line) for line in lines if line.strip()]
 
 

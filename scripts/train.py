@@ -23,6 +23,7 @@ from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
 from olmo_patches.config import spec_to_yaml
 from olmo_patches.launch.layout import Layout
 from olmo_patches.launch.peers import announce
+from olmo_patches.resources import find_config
 from olmo_patches.report.advice import advice
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
@@ -42,6 +43,7 @@ def main() -> None:
     if planned and not args.dry_run:
         parser.error("--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun")
     layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
+    args.config = str(find_config(args.config))  # configs/... from any folder once installed
     spec = load_or_exit(args.config, args.overrides, layout)
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run

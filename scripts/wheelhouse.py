@@ -18,7 +18,7 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="where the wheels go")
     parser.add_argument("--python-version", default="3.12", help="the node's Python, e.g. 3.11 or 3.12")
     parser.add_argument("--platform", action="append", help=f"pip platform tags (default: {' '.join(PLATFORMS)})")
-    parser.add_argument("--extras", default="wandb,hf", help="comma-separated extras of setup.cfg to include")
+    parser.add_argument("--extras", default="wandb,hf", help="comma-separated extras of pyproject.toml to include")
     parser.add_argument("--add", type=Path, action="append", default=[],
                         help="a wheel to put in the folder as it is: flash-attn built for the node (pip wheel flash-attn==2.8.3 --no-build-isolation)")
     args = parser.parse_args()

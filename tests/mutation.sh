@@ -40,7 +40,7 @@ cd "$work"
 if [[ -d $repo/.cache/demo-corpus ]]; then mkdir -p .cache && cp -a "$repo/.cache/demo-corpus" .cache/; fi
 present=()
 for t in "${tests[@]}"; do [[ -f ${t%%::*} || $t == --* ]] && present+=("\"$t\""); done
-# mutmut reads [tool.mutmut] from pyproject.toml before setup.cfg.
+# mutmut reads [tool.mutmut] from pyproject.toml.
 cat >> pyproject.toml <<TOML
 
 [tool.mutmut]

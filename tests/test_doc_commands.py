@@ -226,7 +226,12 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
 
         t = get_args_parser().parse_args(words[1:])
         nodes = int(str(t.nnodes).split(":")[-1])  # torchrun's MIN:MAX form (default 1:1)
-        _plan([t.training_script, *t.training_script_args], int(t.nproc_per_node), nodes, cwd)
+        argv = [t.training_script, *t.training_script_args]
+        if t.no_python and argv[0] == "hourglass-train":  # the console command (pyproject.toml [project.scripts])
+            argv[0] = "scripts/train.py"
+        if t.module and argv[:2] == ["olmo_patches", "train"]:  # python -m olmo_patches train
+            argv = ["scripts/train.py", *argv[2:]]
+        _plan(argv, int(t.nproc_per_node), nodes, cwd)
     elif words[0] == "sbatch":
         from ._fake_slurm import fake_slurm
 

@@ -81,12 +81,86 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
         with torch.no_grad():
             seq = torch.cat([seq, reference(seq)[:, -1:].argmax(-1)], dim=1)
     assert torch.equal(generated, seq)
+    _check_model_card(out, spec, kind, reference)
+    if kind == "custom":
+        _check_attention_implementations(out, ids, want)
     # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of one forward.
     with torch.no_grad():
         out = hf(ids[:, :16], use_cache=True)
         steps = [out.logits] + [hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits for t in range(16, 24)]
     assert out.past_key_values.get_seq_length() == 24 and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
     return hf
+
+
+def _check_model_card(out, spec, kind, reference):
+    """README.md: the architecture, the parameter count (OLMo-core's model's), the steps, the config, how to load."""
+    card = (out / "README.md").read_text()
+    total = sum(p.numel() for p in reference.parameters())  # tied weights counted once, as parameters() does
+    assert f"total {total:,}" in card and "2 steps of 4 x 32 tokens (256 tokens)" in card
+    assert f"d_model {spec.model.d_model}, {spec.model.n_layers} layers" in card and "## The run's config" in card
+    assert ("trust_remote_code=True" in card) == (kind == "custom") and "vllm serve" in card
+
+
+def _check_attention_implementations(out, ids, want):
+    """transformers' attention interface: eager and sdpa give OLMo-core's logits (and each other's), also
+    from a cached prefix (an explicit mask); AutoModel (what vLLM's Transformers backend builds) from the
+    config alone. References: OLMo-core's forward; transformers' AutoModel.from_config documentation."""
+    from transformers import AutoConfig, AutoModel
+
+    logits = {}
+    for implementation in ("eager", "sdpa"):
+        hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32,
+                                                  attn_implementation=implementation).eval()
+        assert hf.config._attn_implementation == implementation
+        with torch.no_grad():
+            logits[implementation] = hf(ids).logits
+            prefix = hf(ids[:, :16], use_cache=True)
+            cache = prefix.past_key_values
+            rest = hf(ids[:, 16:], past_key_values=cache, use_cache=True).logits  # 8 queries after 16 cached keys
+        assert (logits[implementation] - want).abs().max().item() < 1e-4
+        assert (rest - want[:, 16:]).abs().max().item() < 1e-4
+    assert (logits["eager"] - logits["sdpa"]).abs().max().item() < 1e-5
+    config = AutoConfig.from_pretrained(out, trust_remote_code=True)
+    base = AutoModel.from_config(config, trust_remote_code=True)
+    assert type(base).__name__ == "HourglassOlmoModel" and not hasattr(base, "lm_head")
+    assert [s["width"] for s in config.layer_shapes] == (config.widths or [config.d_model] * config.n_layers)
+
+
+def test_a_registered_attention_function_is_called(tmp_path):
+    """AttentionInterface.register (transformers' documented way in for a serving engine's attention):
+    the export calls it once per layer and forward, and its logits are sdpa's."""
+    import shutil
+
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from olmo_patches.export.hf import MODELING, custom_model
+
+    calls = []
+
+    def counting(module, query, key, value, attention_mask, **kwargs):
+        calls.append(module.layer_idx)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("counting_sdpa", counting)
+    spec = load_spec(BASELINE, tiny_overrides(tmp_path, block="hourglass"))
+    torch.manual_seed(0)
+    reference = spec.model.build(vocab_size=4096).build(init_device="cpu").eval()
+    state = {k: torch.ones_like(v) if "norm" in k else 0.05 * torch.randn_like(v) for k, v in reference.state_dict().items()}
+    reference.load_state_dict(state)
+    custom_model(spec, state).save_pretrained(tmp_path / "hf")
+    shutil.copy(MODELING, tmp_path / "hf" / MODELING.name)
+    ids = torch.randint(0, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
+    got = {}
+    for implementation in ("counting_sdpa", "sdpa"):
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True, torch_dtype=torch.float32,
+                                                  attn_implementation=implementation).eval()
+        with torch.no_grad():
+            got[implementation] = hf(ids).logits
+    assert calls == [0, 1]  # the tiny model's two layers, once each
+    assert torch.equal(got["counting_sdpa"], got["sdpa"])
+    with torch.no_grad():
+        assert (got["sdpa"] - reference(ids)).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

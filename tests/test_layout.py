@@ -14,20 +14,23 @@ from .conftest import REPO
 PACKAGE = REPO / "olmo_patches"
 
 # What each part of the package may import from the package (besides itself).
-BASE = {"shapes", "nn", "optim", "data", "eval"}
+BASE = {"resources", "shapes", "nn", "optim", "data", "eval"}
 ALLOWED = {
     "shapes": set(),
     "nn": {"shapes"},
     "optim": set(),
-    "data": set(),
+    "data": {"resources"},
     "eval": set(),
     "wheelhouse": set(),
+    "resources": set(),
     "config": BASE,
     "launch": BASE | {"config"},
     "train": BASE | {"config", "launch"},
     "report": BASE | {"config", "launch", "train"},
     "export": BASE | {"config", "launch", "train"},
-    "cli": {"report", "config", "launch"},
+    "cli": {"report", "config", "launch", "resources"},
+    "commands": {"resources"},
+    "__main__": {"commands"},
     "__init__": set(),
 }
 # Third-party imports the patch layer may use: it is a plug-in for OLMo-core, nothing more.

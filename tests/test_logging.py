@@ -70,15 +70,42 @@ def test_console_progress_line(stopped_and_resumed):
     assert shown[-1][1] <= left and int(shown[-1][0]["step"]) > int(p0["step"])
 
 
-def _history(run_file):
-    """Every logged step's metrics, read with wandb's own reader of its offline files."""
-    from wandb.proto import wandb_internal_pb2 as pb
-    from wandb.sdk.internal import datastore
+def _records(run_file):
+    """The records of a wandb run file, read by the format it is written in, not by wandb's code (its
+    Python reader, wandb.sdk.internal.datastore, is in 0.22.3 and gone in 0.31.0; the file is the same): a
+    7-byte header (":W&B", magic, version), then LevelDB's log format
+    (github.com/google/leveldb/blob/main/doc/log_format.md): 32 KiB blocks of chunks, each a
+    little-endian crc32, length and type (1 full, 2 first, 3 middle, 4 last) and its data; a block's
+    last 6 bytes or fewer are zero padding. The crc32 is zlib's, seeded with the type byte's, as wandb writes it."""
+    import struct
+    import zlib
 
-    store = datastore.DataStore()
-    store.open_for_scan(str(run_file))
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B" and struct.unpack("<H", data[4:6])[0] == 0xBEE1
+    i, parts = 7, b""
+    while i < len(data):
+        if 32768 - i % 32768 < 7:  # the block's trailer
+            i += 32768 - i % 32768
+            continue
+        checksum, length, kind = struct.unpack("<IHB", data[i : i + 7])
+        chunk = data[i + 7 : i + 7 + length]
+        if length == 0 and kind == 0:  # zeros to the end of a block being written
+            i += 32768 - i % 32768
+            continue
+        assert checksum == zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF
+        i += 7 + length
+        parts += chunk
+        if kind in (1, 4):
+            yield parts
+            parts = b""
+
+
+def _history(run_file):
+    """Every logged step's metrics, decoded with wandb's own protobuf messages."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
     history, run_id = {}, None
-    while (data := store.scan_data()) is not None:
+    for data in _records(run_file):
         record = pb.Record()
         record.ParseFromString(data)
         kind = record.WhichOneof("record_type")

@@ -7,7 +7,7 @@ names, independently of the venv the pins come from, that the set is complete, i
 target and small (sizes from HEAD requests). Needs network to PyPI, as the wheelhouse itself does.
 """
 
-import configparser
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from urllib.request import Request, urlopen
 
@@ -57,9 +57,8 @@ def test_wheelhouse_for_python_312_is_complete_and_small():
                 assert dep in wheels or _node_has(dep), f"{name} {version} needs {line}: not in the wheelhouse"
                 if dep in wheels:
                     assert Requirement(line).specifier.contains(wheels[dep][0], prereleases=True), (name, line)
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    lines = cfg["options"]["install_requires"].split("\n") + [l for e in EXTRAS for l in cfg["options.extras_require"][e].split("\n")]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    lines = project["dependencies"] + [l for e in EXTRAS for l in project["optional-dependencies"][e]]
     for line in filter(str.strip, lines):  # the project's own requirements
         req = Requirement(line)
         assert _node_has(req.name) or req.specifier.contains(wheels[canonicalize_name(req.name)][0]), line

@@ -25,7 +25,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-DATA_ORDER_DIR = Path(__file__).resolve().parents[2] / "data_order"
+from ..resources import data_path
+
+DATA_ORDER_DIR = data_path("data_order")  # the checkout's or the installed wheel's
 PINNED_LIST = DATA_ORDER_DIR / "olmo2-1b-stage1.txt"
 PINNED_MANIFEST = DATA_ORDER_DIR / "olmo2-1b-stage1.sizes.json"
 PINNED_ORIGIN = "http://olmo-data.org"  # every pinned path starts here; a mirror keeps what follows

@@ -23,7 +23,7 @@ from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
 from ..train.checkpoints import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
 
-__all__ = ["custom_model", "export_hf", "is_olmo2_shape", "to_olmo2_names"]
+__all__ = ["custom_model", "export_hf", "is_olmo2_shape", "to_olmo2_names", "to_custom_names"]
 
 MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 
@@ -102,16 +102,36 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
     )
     config.auto_map = {
         "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
+        "AutoModel": "modeling_hourglass_olmo.HourglassOlmoModel",  # what vLLM's Transformers backend builds
         "AutoModelForCausalLM": "modeling_hourglass_olmo.HourglassOlmoForCausalLM",
     }
     return config
+
+
+def to_custom_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """OLMo-core parameter names -> the modeling file's: ``model.`` before each, but the output norm
+    (``lm_head.norm`` -> ``model.norm``) and the output projection (``lm_head.w_out`` -> ``lm_head``)."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith("lm_head.norm."):
+            out["model.norm." + key.removeprefix("lm_head.norm.")] = value
+        elif key == "lm_head.w_out.weight":
+            out["lm_head.weight"] = value
+        else:
+            out["model." + key] = value
+    return out
 
 
 def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max_len: int):
     from .modeling_hourglass_olmo import HourglassOlmoForCausalLM
 
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
-    model.model.load_state_dict(state, strict=True)
+    missing, unexpected = model.load_state_dict(to_custom_names(state), strict=False)
+    tied = ["lm_head.weight"] if spec.model.tie_embeddings else []
+    if unexpected or not set(missing) <= set(tied):
+        raise ValueError(f"the checkpoint does not fit the exported model: missing {missing}, unexpected {unexpected}")
+    if tied:
+        model.tie_weights()
     return model
 
 
@@ -145,6 +165,65 @@ def _check_tokenizer(path: Path, ids: Dict[str, int], vocab: int) -> Dict[str, s
         if (got := tok.token_to_id(text)) != ids[name + "_id"]:
             raise ValueError(f"--tokenizer {path}: {text} is id {got}, the model was trained with {name}_id {ids[name + '_id']}")
     return {"bos_token": tok.id_to_token(ids["bos_token_id"]), **SPECIAL_TOKENS}
+
+
+DATA = {
+    "demo": "the demo corpus (the Python standard library's own source, BPE 4096)",
+    "olmo2_stage1": "OLMo-2 1B's Stage 1 data, in the order OLMo-2 read it (data_order/)",
+    "prefix": "a materialized prefix of OLMo-2 1B's Stage 1 data order",
+}
+
+
+def _step(checkpoint: Path) -> Optional[int]:
+    name = checkpoint.name
+    return int(name[4:]) if name.startswith("step") and name[4:].isdigit() else None
+
+
+def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) -> str:
+    """The export's README.md: architecture, parameters, training data and steps, the config, how to load."""
+    from ..config import spec_to_yaml
+    from ..nn.accounting import breakdown
+
+    m, d = spec.model, spec.data
+    counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
+    widths = m.resolved_widths if m.block == "variable_width" else None
+    shape = [f"- block: {m.block}" + (f" (FFN {m.ffn})" if m.block == "variable_width" else ""),
+             f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
+             f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}"]
+    if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass"):
+        shape.append(f"- hourglass FFN: K = {m.K} sub-MLPs per layer, bottleneck d_h = {m.resolved_d_h}")
+    if widths:
+        shape.append(f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
+                     "each layer's heads and head size: config.json `layer_shapes`")
+    step = _step(checkpoint)
+    tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
+    source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
+    steps = f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens ({tokens:,} tokens)" if step is not None else "unknown steps"
+    if kind == "olmo2":
+        load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+                "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' Olmo2ForCausalLM\n"
+                "tokenizer = AutoTokenizer.from_pretrained(FOLDER)")
+        serve = "vllm serve FOLDER  # vLLM's own Olmo2ForCausalLM"
+    else:
+        load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+                "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
+                "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
+                "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
+                "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)")
+        serve = "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend"
+    return "\n".join([
+        f"# {spec.run.name}", "",
+        f"A {'transformers Olmo2ForCausalLM' if kind == 'olmo2' else 'custom-code (modeling_hourglass_olmo.py)'} export of an "
+        "hourglass-olmo checkpoint (OLMo-core), written by `hourglass-export` (scripts/export_hf.py).", "",
+        "## Architecture", "", *shape, "",
+        "## Parameters", "",
+        f"- total {counts.total:,}; non-embedding (attention and FFN weight matrices, as the papers count) {counts.non_embedding:,}", "",
+        "## Training", "",
+        f"- data: {source}; sequence length {d.sequence_length}",
+        f"- {steps}, checkpoint `{checkpoint.name}`", "",
+        "## How to load", "", "```python", load, "```", "", "```bash", serve, "```", "",
+        "## The run's config", "", "```yaml", spec_to_yaml(spec).rstrip(), "```", "",
+    ])
 
 
 def _exportable(config_path: Path) -> ExperimentSpec:
@@ -185,6 +264,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[s
     model.save_pretrained(out)
     if kind == "custom":
         shutil.copy(MODELING, out / MODELING.name)
+    (out / "README.md").write_text(model_card(spec, kind, checkpoint, vocab))
     if tokenizer_file is not None:
         shutil.copy(tokenizer_file, out / "tokenizer.json")
         tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **(specials or {})}

@@ -1,7 +1,12 @@
 """Hugging Face modeling code for models trained with hourglass-olmo (copied into each export).
 
 Plain PyTorch, no OLMo-core needed: load with ``AutoModelForCausalLM.from_pretrained(DIR,
-trust_remote_code=True)``. Parameter names are OLMo-core's, under ``model.``. Covers the blocks
+trust_remote_code=True)`` (``AutoModel``: the model without its output projection, whose hidden states
+are the output norm's). Parameter names are OLMo-core's under ``model.``, but for the output norm
+(``model.norm``) and the output projection (``lm_head``). Attention goes through transformers'
+attention interface: ``attn_implementation`` = ``eager`` (here), ``sdpa``, ``flash_attention_2`` or any
+function registered with ``AttentionInterface.register`` (a serving engine's, e.g. vLLM's
+Transformers backend). Covers the blocks
 this project trains: the conventional SwiGLU FFN and the hourglass FFN (K stacked wide-narrow-wide
 sub-MLPs, each with its own norm and residual), pre-norm (the papers' equations) or post-norm
 (OLMo-2's reordered norm), with or without QK-norm, RoPE (optionally Llama-3.1 scaled), grouped-query
@@ -23,7 +28,11 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+# The KV cache's argument and output field: "cache" from transformers 5.24 on, "past_key_values" before.
+CACHE = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
 
 
 class HourglassOlmoConfig(PretrainedConfig):
@@ -67,6 +76,16 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.embed_scale, self.residual_scale, self.logit_scale = embed_scale, residual_scale, logit_scale
         self.attention_scale_power = attention_scale_power
         self.hidden_size, self.num_hidden_layers, self.num_attention_heads = d_model, n_layers, n_heads
+        self.num_key_value_heads = n_kv_heads or n_heads
+        kwargs.pop("layer_shapes", None)  # derived below (a saved config.json holds it too)
+        # Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x head_dim),
+        # for a serving engine that sizes caches per layer; every layer is full causal attention.
+        self.layer_shapes = [
+            {"width": w, "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads or n_heads,
+             "head_dim": head_dim or w // n_heads, "ffn_hidden": f}
+            for w, f in zip(self.layer_widths, self.layer_hidden_sizes)
+        ]
+        kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
         super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     @property
@@ -116,13 +135,43 @@ def _inv_freq(theta: float, head_dim: int, scaling: Optional[dict], device) -> t
     return torch.where((wavelen <= old / low) & (wavelen >= old / high), blended, scaled)
 
 
+def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: Optional[torch.Tensor], scaling: float, dropout: float = 0.0, **kwargs):
+    """softmax(q k^T scaling + mask) v, the key/value heads shared by ``num_key_value_groups`` queries each;
+    returns (B, T, heads, head_dim) and the weights, as transformers' attention functions do."""
+    key = key.repeat_interleave(module.num_key_value_groups, dim=1)
+    value = value.repeat_interleave(module.num_key_value_groups, dim=1)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def causal_mask(implementation: str, T: int, past: int, dtype: torch.dtype, device) -> Optional[torch.Tensor]:
+    """The mask the attention function gets: None where the function applies causality itself (flash
+    attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
+    ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt), else an
+    additive (1, 1, T, past + T) mask where query i (position past + i) sees keys 0..past + i."""
+    if T == 1 or "flash" in implementation or (implementation != "eager" and past == 0):
+        return None
+    allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(past)
+    return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 class Attention(nn.Module):
     """n_heads query heads and n_kv_heads key/value heads (each shared by n_heads / n_kv_heads queries)
-    of head_dim each: d -> n_heads head_dim -> d, whatever d."""
+    of head_dim each: d -> n_heads head_dim -> d, whatever d. The attention itself is the function
+    ``config._attn_implementation`` names."""
 
-    def __init__(self, c: HourglassOlmoConfig, d: int):
+    is_causal = True
+
+    def __init__(self, c: HourglassOlmoConfig, d: int, layer: int):
         super().__init__()
+        self.config, self.layer_idx = c, layer
         self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads or c.n_heads
+        self.num_key_value_groups = self.n_heads // self.n_kv_heads
         self.head_dim, self.theta, self.llama3_rope = c.head_dim or d // c.n_heads, c.rope_theta, c.llama3_rope
         self.scale = self.head_dim ** -c.attention_scale_power
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -131,28 +180,29 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(q_width, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(kv_width, c.norm_eps) if c.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cache: Optional[Cache] = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs) -> torch.Tensor:
         B, T, _ = x.shape
-        past = cache.get_seq_length(layer) if cache is not None else 0
+        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
         inv_freq = _inv_freq(self.theta, self.head_dim, self.llama3_rope, x.device)
-        freqs = torch.outer(torch.arange(past, past + T, device=x.device, dtype=torch.float), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        sin, cos = emb.sin()[None, None], emb.cos()[None, None]
+        freqs = position_ids.to(x.device, torch.float)[..., None] * inv_freq  # (B or 1, T, head_dim / 2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        sin, cos = emb.sin(), emb.cos()
         qf, kf = q.float(), k.float()
         q = (qf * cos + _rotate_half(qf) * sin).type_as(v)
         k = (kf * cos + _rotate_half(kf) * sin).type_as(v)
         if cache is not None:  # the n_kv_heads heads, before they are shared: GQA caches each once
-            k, v = cache.update(k, v, layer)
-        k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1) for t in (k, v))
-        # Query i (position past + i) sees keys 0..past + i; a single new query sees every key.
-        mask = None if T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        return self.w_out(y.transpose(1, 2).reshape(B, T, -1))
+            k, v = cache.update(k, v, self.layer_idx)
+        implementation = self.config._attn_implementation or "eager"
+        attend = eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+        kwargs.pop("attention_mask", None)
+        mask = causal_mask(implementation, T, past, q.dtype, x.device)
+        y, _ = attend(self, q, k, v, mask, dropout=0.0, scaling=self.scale, **kwargs)
+        return self.w_out(y.reshape(B, T, -1))
 
 
 class SwiGLU(nn.Module):
@@ -207,7 +257,7 @@ class Block(nn.Module):
         self.width, self.in_width, self.stream_width, self.mode, self.index = d, in_width, c.stream_width, c.resize, layer
         self.alpha = c.residual_scale
         self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
-        self.attention = Attention(c, d)
+        self.attention = Attention(c, d, layer)
         self.attention_norm = RMSNorm(d, c.norm_eps)
         if self.hourglass:
             self.feed_forward = HourglassFFN(c, d, hidden)
@@ -216,27 +266,27 @@ class Block(nn.Module):
             self.feed_forward_norm = RMSNorm(d, c.norm_eps)
         self.resize = nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
 
-    def layer(self, x: torch.Tensor, cache: Optional[Cache] = None) -> torch.Tensor:
+    def layer(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs) -> torch.Tensor:
         """The block at its own width; residual branches x alpha (muP's m_residual, else 1)."""
         if self.post:
-            attn = self.attention_norm(self.attention(x, cache, self.index))
+            attn = self.attention_norm(self.attention(x, position_ids, cache, **kwargs))
         else:
-            attn = self.attention(self.attention_norm(x), cache, self.index)
+            attn = self.attention(self.attention_norm(x), position_ids, cache, **kwargs)
         h = torch.add(x, attn, alpha=self.alpha)
         if self.hourglass:
             return self.feed_forward(h)
         ffn = self.feed_forward_norm(self.feed_forward(h)) if self.post else self.feed_forward(self.feed_forward_norm(h))
         return torch.add(h, ffn, alpha=self.alpha)
 
-    def forward(self, x: torch.Tensor, cache: Optional[Cache] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs) -> torch.Tensor:
         if self.mode == "learned":  # x is y_{l-1} (or the embedding)
-            return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width], cache)
+            return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width], position_ids, cache, **kwargs)
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
         inp = x[..., : self.width]
         if self.mode == "zero" and self.in_width < self.width:  # new dims read zeros
             inp = F.pad(inp[..., : self.in_width], (0, self.width - self.in_width))
-        y = self.layer(inp, cache)
+        y = self.layer(inp, position_ids, cache, **kwargs)
         if self.width == self.stream_width:
             return y
         return torch.cat((y, x[..., self.width :]), dim=-1)  # the stream carries forward in both modes
@@ -263,44 +313,76 @@ class OutputNorm(RMSNorm):
         return y * self.logit_scale if self.logit_scale != 1.0 else y
 
 
-class LMHead(nn.Module):
-    def __init__(self, c: HourglassOlmoConfig):
-        super().__init__()
-        self.norm = OutputNorm(c)
-        self.w_out = nn.Linear(c.d_model, c.vocab_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_out(self.norm(x))
-
-
-class Transformer(nn.Module):
-    """OLMo-core's Transformer, parameter names included."""
-
-    def __init__(self, c: HourglassOlmoConfig):
-        super().__init__()
-        self.embed_scale = c.embed_scale
-        self.embeddings = nn.Embedding(c.vocab_size, c.d_model)
-        self.blocks = nn.ModuleDict({str(i): Block(c, i) for i in range(c.n_layers)})
-        self.lm_head = LMHead(c)
-
-    def forward(self, input_ids: torch.Tensor, cache: Optional[Cache] = None) -> torch.Tensor:
-        h = self.embeddings(input_ids)
-        if self.embed_scale != 1.0:
-            h = h * self.embed_scale
-        for block in self.blocks.values():
-            h = block(h, cache)
-        return self.lm_head(h)
-
-
-class HourglassOlmoForCausalLM(PreTrainedModel, GenerationMixin):
+class HourglassOlmoPreTrainedModel(PreTrainedModel):
     config_class = HourglassOlmoConfig
     base_model_prefix = "model"
-    # {tied: source}: transformers 5 ties by it (when tie_word_embeddings), 4.x reads its keys
-    _tied_weights_keys = {"model.lm_head.w_out.weight": "model.embeddings.weight"}
+    _no_split_modules = ["Block"]
+    # attention through ALL_ATTENTION_FUNCTIONS: transformers' sdpa and flash kernels, and any registered function
+    _supports_attention_backend = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flash_attn_2 = True  # transformers 4.x's name
+
+    def _init_weights(self, module):
+        """A fresh model (``from_config``): normal(0, 0.02) matrices, unit norms; a loaded one keeps its weights."""
+        if isinstance(module, (nn.Linear, nn.Embedding, _Stacked)):
+            nn.init.normal_(module.weight, std=0.02)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+
+# What transformers may pass a model's forward besides the tensors; the rest of **kwargs goes to attention.
+_NOT_ATTENTION = ("output_attentions", "output_hidden_states", "return_dict", "use_cache", "cache_position",
+                  "token_type_ids", "logits_to_keep", "num_items_in_batch")
+
+
+class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
+    """OLMo-core's Transformer without its output projection (``AutoModel``): the embeddings, the blocks
+    and the output norm (x logit_scale); its hidden states are what the LM head projects."""
 
     def __init__(self, config: HourglassOlmoConfig):
         super().__init__(config)
-        self.model = Transformer(config)
+        self.embed_scale = config.embed_scale
+        self.embeddings = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleDict({str(i): Block(config, i) for i in range(config.n_layers)})
+        self.norm = OutputNorm(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.LongTensor] = None, inputs_embeds: Optional[torch.Tensor] = None,
+                use_cache: Optional[bool] = None, **kwargs) -> BaseModelOutputWithPast:
+        # Left padding is not supported (positions count from the cache): pass unpadded or right-padded inputs.
+        cache = kwargs.pop("cache", None)
+        cache = kwargs.pop("past_key_values", None) if cache is None else cache
+        if use_cache and cache is None:
+            cache = DynamicCache()
+        for name in _NOT_ATTENTION:
+            kwargs.pop(name, None)
+        h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + h.shape[1], device=h.device)[None]
+        if self.embed_scale != 1.0:
+            h = h * self.embed_scale
+        for block in self.blocks.values():
+            h = block(h, position_ids, cache, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE: cache})
+
+
+class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
+    # {tied: source}: transformers 5 ties by it (when tie_word_embeddings), 4.x reads its keys
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}
+
+    def __init__(self, config: HourglassOlmoConfig):
+        super().__init__(config)
+        self.model = HourglassOlmoModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -310,30 +392,28 @@ class HourglassOlmoForCausalLM(PreTrainedModel, GenerationMixin):
         self.model.embeddings = value
 
     def get_output_embeddings(self):
-        return self.model.lm_head.w_out
+        return self.lm_head
 
     def set_output_embeddings(self, value):
-        self.model.lm_head.w_out = value
+        self.lm_head = value
 
     def forward(
         self,
-        input_ids: torch.LongTensor,
+        input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         labels: Optional[torch.LongTensor] = None,
-        past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        # Left padding is not supported (no position offsets): pass unpadded or right-padded inputs.
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache()
-        logits = self.model(input_ids, past_key_values)
+        out = self.model(input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
+        logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)})
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None, **kwargs):
-        if past_key_values is not None:  # only the tokens the cache has not seen
-            input_ids = input_ids[:, past_key_values.get_seq_length():]
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": past_key_values, "use_cache": use_cache}
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None:  # only the tokens the cache has not seen
+            input_ids = input_ids[:, cache.get_seq_length():]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, CACHE: cache, "use_cache": use_cache}

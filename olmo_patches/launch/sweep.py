@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Sequence
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, load_spec
+from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "launch_local", "launch_slurm",
 ]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
 CLAIM, CLAIM_LOCK, LOG, LAST = "sweep-claim.json", ".sweep-claim.lock", "sweep.log", "sweep-last.json"

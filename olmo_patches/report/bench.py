@@ -38,10 +38,11 @@ from ..config import load_spec
 from ..launch.hardware import known_card
 from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
 from ..nn.accounting import breakdown
+from ..resources import data_root
 
 __all__ = ["Scale", "SCALES", "BenchResult", "peak_flops_per_second", "run_bench", "format_results"]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = data_root()  # configs/ of the checkout or the installed wheel
 
 
 @dataclass(frozen=True)

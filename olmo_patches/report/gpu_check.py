@@ -62,6 +62,7 @@ from ..launch.layout import Layout, attention_backend, memory_estimate
 from ..launch.layout import load_and_resolve as load_spec
 from ..launch.hardware import GIB, known_card
 from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
+from ..resources import data_root
 from ..train import train
 from ..train.checkpoints import load_optim_state
 from ..launch.run_folder import read_metrics
@@ -71,7 +72,7 @@ __all__ = ["BF16_TOL", "CHECKS", "Check", "CheckResult", "Context", "TrainResult
            "flash_backend", "FLOAT8_SPEEDUP", "check_float8", "set_ratios", "run_gpu_check", "to_markdown", "to_json", "from_json"]
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[2]
+REPO = data_root()  # configs/ of the checkout or the installed wheel
 BF16_TOL = 16 * 2.0**-8  # 16 unit roundoffs of bf16 (module docstring)
 
 # (name, ModelSpec overrides on top of the demo model): every block type of nn/

@@ -23,11 +23,12 @@ import yaml
 from omegaconf import OmegaConf
 
 from ..launch.run_folder import read_metrics
+from ..resources import data_root
 
 __all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "paper_finding", "write_tables", "NOT_RUN", "NO_NUMBER"]
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
-REPO = Path(__file__).resolve().parents[2]
+REPO = data_root()  # configs/ of the checkout or the installed wheel
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # paper 1 (docs/papers.md)
 NOT_RUN = "not run"
 NO_NUMBER = "no number reported"

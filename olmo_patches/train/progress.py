@@ -19,6 +19,7 @@ The metrics file (``metrics.py``) is written whatever else logs.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -125,6 +126,19 @@ class OfflineAwareWandBCallback(WandBCallback):
     def check_if_canceled(self):
         if not self._offline() and os.environ.get("WANDB_API_KEY"):
             super().check_if_canceled()
+
+    def finalize(self, exit_code: int = 0):
+        """OLMo-core's finalize without ``finish(quiet=True)`` where wandb no longer takes ``quiet``
+        (removed in wandb 0.29; OLMo-core 3.0.0 passes it)."""
+        if self.finalized:
+            return
+        if "quiet" in inspect.signature(self.wandb.finish).parameters:
+            super().finalize(exit_code)
+            return
+        log.log(logging.WARNING if exit_code > 0 else logging.INFO,
+                "Finalizing %s W&B run...", "failed" if exit_code > 0 else "successful")
+        self.wandb.finish(exit_code=exit_code)
+        self._finalized = True
 
 
 def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]:
