@@ -51,6 +51,7 @@ from .precision import autocast, compile_on_cpu, data_parallel, describe_compile
 from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
 from .run_folder import Lock, RunFolderError, check_config, record_config
+from .stop import StopOnSignalCallback
 from .safety import NonFiniteError, NonFiniteGuardCallback, select_resume_checkpoint
 from .shared_fs import require_shared
 
@@ -287,6 +288,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         ),
     )
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
+    trainer = trainer.with_callback("stop_on_signal", StopOnSignalCallback())  # SIGTERM/SIGUSR1: save and stop (stop.py)
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
