@@ -11,8 +11,12 @@ SIGUSR1 ends it at once (the default action). Here, as torchrun otherwise:
   it exits 0. Under SLURM every process of the step gets the signal from slurmstepd as well, so
   each worker may see it twice. torchrun keeps its own handling of SIGINT, SIGHUP and SIGQUIT
   (its ``--signals-to-handle``, unless given).
-- A worker that failed ends the launch with one line naming the first failed rank, its node and how
-  it ended (an exit code or a signal) and torchrun's exit code, instead of torchrun's error table.
+- A worker killed outright (SIGKILL, an out-of-memory kill) cannot say so itself: the moment
+  torchrun's monitor sees it (``LocalElasticAgent._monitor_workers``), before it stops the other
+  workers, its line (the rank, its node, the signal) goes to the launch's store
+  (olmo_patches/peers.py), so every rank of every node stops within a second or so, each node
+  printing that one line. Once a worker failed, torchrun's error table and logs give way to it (this
+  node's own line if no rank printed one); a rendezvous whose store went with another node: one line.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 __all__ = ["main", "children", "PASSED_ON", "failure_line"]
 
@@ -54,6 +59,65 @@ def _pass_on(signum, frame) -> None:
           "they save at their next step, then exit", file=sys.stderr, flush=True)
 
 
+def _environ(pid: int) -> Dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").split("=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+_announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
+_envs: Dict[int, Dict[str, str]] = {}  # each worker's environment, read while it lives
+
+
+def _watch_workers(stop: threading.Event, poll_s: float = 0.5) -> None:
+    """Read each worker's environment while it lives (a zombie's is empty): its store and rank."""
+    while not stop.wait(poll_s):
+        for pid in children():
+            if pid not in _envs and (env := _environ(pid)).get("RANK") is not None:
+                _envs[pid] = env
+
+
+def _announce_killed(result) -> None:
+    """torchrun's view of a failed worker group: announce the first worker killed by a signal."""
+    for rank, failure in sorted((getattr(result, "failures", None) or {}).items()):
+        if failure.exitcode >= 0 or _announced.is_set():
+            continue
+        env = _envs.get(failure.pid) or _environ(failure.pid)
+        name = signal.Signals(-failure.exitcode).name
+        line = (f"rank {rank} (node {env.get('GROUP_RANK', os.environ.get('GROUP_RANK', '?'))}, {socket.gethostname()}, "
+                f"pid {failure.pid}) was killed by {name}; every rank stops")
+        from olmo_patches.peers import announce_for
+
+        first, prints = announce_for(env, line, 128 - failure.exitcode) if "MASTER_PORT" in env else (line, True)
+        if prints:
+            print(first, file=sys.stderr, flush=True)
+        _announced.set()
+
+
+def _hook_monitor() -> None:
+    """Announce a killed worker the moment torchrun sees it (LocalElasticAgent._monitor_workers), before
+    it stops the others and while its store is up; a torch without that method: torchrun's own end."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    original = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if original is None or getattr(original, "_olmo_patches", False):
+        return
+
+    def monitor(self, worker_group):
+        result = original(self, worker_group)
+        try:
+            if result.is_failed():
+                _announce_killed(result)
+        except Exception:  # never in torchrun's way
+            pass
+        return result
+
+    monitor._olmo_patches = True  # type: ignore[attr-defined]
+    LocalElasticAgent._monitor_workers = monitor
+
+
 def failure_line(error) -> tuple[str, int]:
     """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
     rank, failure = error.get_first_failure()
@@ -78,16 +142,34 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args = ["--signals-to-handle", _HANDLED_BY_TORCHRUN, *args]
     for s in PASSED_ON:
         signal.signal(s, _pass_on)
+    # torch's C++ warnings (a store whose host has gone: a page of C++ frames a rank) from ERROR up,
+    # here and in the workers, unless set; read when torch loads.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    logging.getLogger("torch.distributed.elastic.multiprocessing.errors").setLevel(logging.CRITICAL)
+    if "LOGLEVEL" not in os.environ:  # a failed worker's line says it; torchrun's table and logs go
+        for name in list(logging.Logger.manager.loggerDict):
+            if name.startswith("torch.distributed.elastic"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    _hook_monitor()
+    stop = threading.Event()
+    threading.Thread(target=_watch_workers, args=(stop,), name="olmo_patches.torchrun", daemon=True).start()
     try:
         torchrun(args)
     except ChildFailedError as e:
         line, code = failure_line(e)
-        print(line, file=sys.stderr, flush=True)
+        if not _announced.is_set() and e.get_first_failure()[1].exitcode < 0:  # a worker that said nothing itself
+            print(line, file=sys.stderr, flush=True)
         sys.exit(code)
+    except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone
+        print(f"torchrun on {socket.gethostname()}: the rendezvous ended ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+              "the torchrun that held its store is gone; this node stops", file=sys.stderr, flush=True)
+        sys.exit(1)
+    finally:
+        stop.set()
 
 
 if __name__ == "__main__":
