@@ -32,6 +32,7 @@ ALLOWED = {
     "report": {"train", "config", "nn", "optim", "data", "eval", "hardware"},
     "export": {"train", "config", "nn"},
     "cli": {"report", "config", "peers"},
+    "torchrun": {"peers"},
     "__init__": set(),
 }
 # Third-party imports the patch layer may use: it is a plug-in for OLMo-core, nothing more.
