@@ -68,6 +68,7 @@ def _environ(pid: int) -> Dict[str, str]:
 
 
 _announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
+_failed = threading.Event()  # torchrun saw a worker of this node fail (its line is printed: by it, or announced)
 _envs: Dict[int, Dict[str, str]] = {}  # each worker's environment, read while it lives
 
 
@@ -88,12 +89,18 @@ def _announce_killed(result) -> None:
         name = signal.Signals(-failure.exitcode).name
         line = (f"rank {rank} (node {env.get('GROUP_RANK', os.environ.get('GROUP_RANK', '?'))}, {socket.gethostname()}, "
                 f"pid {failure.pid}) was killed by {name}; every rank stops")
-        from olmo_patches.peers import announce_for
-
-        first, prints = announce_for(env, line, 128 - failure.exitcode) if "MASTER_PORT" in env else (line, True)
-        if prints:
-            print(first, file=sys.stderr, flush=True)
         _announced.set()
+        # From another thread: where this torchrun holds the store, its server must not wait on the
+        # monitor that is announcing (the agent goes on to stop its other workers meanwhile).
+        threading.Thread(target=_announce, args=(env, line, 128 - failure.exitcode), name="olmo_patches.announce").start()
+
+
+def _announce(env: Dict[str, str], line: str, code: int) -> None:
+    from olmo_patches.peers import announce_for
+
+    first, prints = announce_for(env, line, code) if "MASTER_PORT" in env else (line, True)
+    if prints:
+        print(first, file=sys.stderr, flush=True)
 
 
 def _hook_monitor() -> None:
@@ -109,6 +116,7 @@ def _hook_monitor() -> None:
         result = original(self, worker_group)
         try:
             if result.is_failed():
+                _failed.set()
                 _announce_killed(result)
         except Exception:  # never in torchrun's way
             pass
@@ -142,11 +150,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args = ["--signals-to-handle", _HANDLED_BY_TORCHRUN, *args]
     for s in PASSED_ON:
         signal.signal(s, _pass_on)
-    # torch's C++ warnings (a store whose host has gone: a page of C++ frames a rank) from ERROR up,
-    # here and in the workers, unless set; read when torch loads.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # torch's C++ log (a store whose host has gone: a page of C++ frames a process): here only its
+    # fatal errors, in the workers from ERROR up, unless set; read when torch loads.
+    level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = level or "FATAL"
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
+
+    os.environ["TORCH_CPP_LOG_LEVEL"] = level or "ERROR"
 
     if "LOGLEVEL" not in os.environ:  # a failed worker's line says it; torchrun's table and logs go
         for name in list(logging.Logger.manager.loggerDict):
@@ -165,6 +176,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             print(line, file=sys.stderr, flush=True)
         sys.exit(code)
     except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone
+        if _failed.is_set():  # this node's workers failed first and said why
+            sys.exit(1)
         print(f"torchrun on {socket.gethostname()}: the rendezvous ended ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
               "the torchrun that held its store is gone; this node stops", file=sys.stderr, flush=True)
         sys.exit(1)
