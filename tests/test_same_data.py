@@ -3,7 +3,6 @@ data given under another spelling on one node (OLMo-core names its index caches 
 paths) stops every rank with one line naming the file and the rank (olmo_patches/train/shared_fs.py);
 a file that goes after the start is named in the run's last line (exit 2)."""
 
-import os
 import socket
 
 import pytest
