@@ -89,10 +89,10 @@ def _wait(ready, proc, what: str, timeout: float = 60):
         time.sleep(0.05)
 
 
-def _stand_in(slurm, **kwargs):
-    """The batch script on 2 nodes whose ranks are stand-ins that take 1 s to save; returned once
-    both ranks run and the script's trap is set."""
-    proc = slurm.start(CONFIG, nodes=2, stand_in=True, save_s=1.0, **kwargs)
+def _stand_in(slurm, save_s: float = 1.0, **kwargs):
+    """The batch script on 2 nodes whose ranks are stand-ins that take ``save_s`` to save; returned
+    once both ranks run and the script's trap is set."""
+    proc = slurm.start(CONFIG, nodes=2, stand_in=True, save_s=save_s, **kwargs)
     _wait(lambda: len(slurm._lines("rank.started")) == 2 and _catches(proc.pid, signal.SIGUSR1), proc, "no ranks, or no trap")
     return proc
 
@@ -118,11 +118,11 @@ def test_preemption_sigterm_reaches_the_ranks_not_srun(slurm):
 
 def test_srun_turns_its_sigterm_into_sigkill_of_the_ranks(slurm):
     # What a SIGTERM to srun does (the batch step's processes: scancel --full): no rank saves.
-    proc = _stand_in(slurm, kill_wait=5)
+    proc = _stand_in(slurm, save_s=5.0, kill_wait=10)
     slurm.scancel("--full", "--signal=TERM")
     r = finish(proc, timeout=30)
     assert slurm.signals() == ["SIGTERM"] and "srun: forcing job termination" in r.stderr
-    assert not slurm.saved()  # the ranks' own SIGTERM came too, but SIGKILL cut their 1 s save
+    assert not slurm.saved()  # the ranks' own SIGTERM came too, but SIGKILL cut their 5 s save
     assert r.returncode == 128 + signal.SIGKILL  # srun: 128 + the signal that ended a task
 
 
