@@ -7,7 +7,9 @@ The config is checked for the ranks the run has (torchrun's environment) before 
 written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M nodes of N GPUs.
 
 A run resumes from the newest good checkpoint in its save folder; --resume-from PATH resumes
-from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint and exits 0.
+from PATH instead (a checkpoint or a folder of them). SIGTERM or SIGUSR1 (the time limit under
+scripts/launch_slurm.sbatch) saves a checkpoint at the next step and exits 0; another one does not
+cut the save short.
 A folder holding another run's config or another process, or one that not every node sees: one
 line, exit 2. A non-finite loss, gradient norm or weight: one line naming the step and the last good
 checkpoint, exit 3. A refusal or an error on any rank ends every rank within a second or so, its
@@ -28,6 +30,7 @@ from olmo_patches.report.advice import advice
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
 from olmo_patches.train import exit_line, train
+from olmo_patches.train import stop
 
 
 def main() -> None:
@@ -54,8 +57,10 @@ def main() -> None:
         console.print(param_table(spec))
         console.print(plan_table(spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)))
         return
+    stop.install()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:
         train(spec, resume_from=args.resume_from)
+        stop.ignore()  # saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL)
     except Exception as e:  # train() announced it (peers.py); refuse() prints the launch's first failure
         line, code = exit_line(e)
         if code == 1 and announce(line, code)[:2] == (line, code):

@@ -242,7 +242,7 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
         nodes = int(opts.get("--nodes", 1))
         r = slurm.run(*words[i + 1:], nodes=nodes, gpus="8")
         assert r.returncode == 0, r.stderr
-        assert slurm.args("srun")[1] == "torchrun"
+        assert slurm.args("srun")[1:4] == ["python", "-m", "olmo_patches.launch.torchrun"]
         preflight = slurm.args("python")
         _plan(preflight[: preflight.index("--dry-run")], 8, nodes, cwd)
     else:  # a GPU default of a CPU script: its flags parse

@@ -1,12 +1,15 @@
 """Two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1), as docs/running.md launches
 them, with no extra environment: HSDP trains as a 2x2 mesh with one process's losses, and resumes on
 FSDP x2 and then in one process; a folder not every node sees, and a refusal on one rank alone after
-start-up, end every process promptly, the line printed on every node."""
+start-up, end every process promptly, the line printed on every node; so does a node lost mid-run
+(its torchrun killed outright, under python -m olmo_patches.launch.torchrun)."""
 
+import os
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +133,66 @@ def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
     results, gap = _two_nodes(1, node, node)
     _one_line_on_every_node(results, "error: refused on rank 1 (test)")
     assert gap < COLLECTIVE_TIMEOUT_S / 10
+
+
+def _children(pid: int) -> list:
+    """A process's children (Linux: /proc/PID/task/*/children)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _environ(pid: int) -> dict:
+    raw = open(f"/proc/{pid}/environ", "rb").read()
+    return dict(e.decode().split("=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, demo_corpus):
+    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
+    end, each node printing one line that names the lost node and rank."""
+    port = _free_port()
+    args = [sys.executable, "-m", "olmo_patches.launch.torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000")]
+    host = start(args)  # the first holds the rendezvous store; the one lost is the other
+    deadline = time.monotonic() + 120
+    while not _listening(port):
+        assert time.monotonic() < deadline and host.poll() is None
+        time.sleep(0.2)
+    lost = start(args)
+    log = tmp_path / "train.log"
+    while not (log.is_file() and "step 2/" in log.read_text()):
+        if time.monotonic() > deadline + 300 or host.poll() is not None or lost.poll() is not None:
+            for p in (host, lost):
+                os.killpg(p.pid, 9)
+            pytest.fail(f"no run: {finish(host).stderr[-2000:]} {finish(lost).stderr[-2000:]}")
+        time.sleep(0.2)
+    (orphan,) = _children(lost.pid)
+    (survivor,) = _children(host.pid)
+    env = _environ(orphan)
+    os.kill(lost.pid, 9)
+    killed = time.monotonic()
+    results = [finish(p, timeout=120) for p in (host, lost)]
+    while (_alive(orphan) or _alive(survivor)) and time.monotonic() < killed + 60:
+        time.sleep(0.2)
+    assert time.monotonic() - killed < 60 and not _alive(orphan) and not _alive(survivor)
+    line = f"node {env['GROUP_RANK']} ({socket.gethostname()}) lost: its torchrun (pid {lost.pid}) ended; its rank {env['RANK']} stop"
+    for r in results:
+        assert [l for l in r.stderr.splitlines() if l.strip()] == [line], r.stderr[-3000:]
+    assert results[0].returncode == 1  # node 0's torchrun: its rank exited 1

@@ -9,24 +9,38 @@ prints it once.
 
 The store is torchrun's (``TORCHELASTIC_USE_AGENT_STORE``): it outlives the workers and is there
 before the process group, so a rank refusing its config still stops peers waiting to rendezvous.
-Other launchers: the process group's store, from its start on. A rank killed outright (SIGKILL, an
-out-of-memory kill) announces nothing; torchrun and the collectives' own errors end those.
+Other launchers: the process group's store, from its start on.
+
+A rank killed outright (SIGKILL, an out-of-memory kill) announces nothing itself: its node's
+``python -m olmo_patches.launch.torchrun`` announces it (:func:`announce_for`: the rank, its node, the
+signal), and a peer whose collective failed because of it (a closed connection) waits a few seconds
+for that cause before announcing its own error, so every node prints the lost rank's line, not a
+traceback. A node whose torchrun died (a SIGKILL, a lost machine) leaves its workers orphans: their
+watch sees the parent gone, announces the node lost and exits; where the lost torchrun held the
+store, the other nodes' watch sees the store gone and ends them, with one line a node.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Optional, Tuple
 
 import torch.distributed as dist
 
-__all__ = ["announce", "watch", "stop_watching", "forget", "POLL_S"]
+__all__ = ["announce", "announce_for", "watch", "stop_watching", "forget", "POLL_S", "LOST_PEER_WAIT_S"]
 
 POLL_S = 0.5  # how often the watch thread looks for a failure
+LOST_PEER_WAIT_S = 5.0  # how long a rank whose collective lost a peer waits for that peer's cause
 _FAILURE = "failure"  # the first failure: "CODE LINE"
+# A collective cut off by a peer that went away: the consequence of another rank's end, not a cause.
+_LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|DistBackendError|"
+                        r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:Watchdog|timeout)", re.IGNORECASE)
 
 _store: Optional[dist.Store] = None
 _stop: Optional[threading.Event] = None
@@ -37,14 +51,19 @@ def _node() -> str:
     return os.environ.get("GROUP_RANK", "0")
 
 
+def _agent_store(env, timeout_s: float = 30) -> Optional[dist.Store]:
+    """The store of the torchrun launch whose worker has the environment ``env`` (None: gone)."""
+    try:
+        agent = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, KeyError, ValueError):  # torchrun's agent is gone
+        return None
+    return dist.PrefixStore(f"olmo_patches/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", agent)
+
+
 def _connect() -> Optional[dist.Store]:
     """torchrun's store, else the process group's (None before it, or outside torchrun)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        try:
-            agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=30))
-        except (RuntimeError, KeyError, ValueError):  # torchrun's agent is gone
-            return None
-        return dist.PrefixStore(f"olmo_patches/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", agent)
+        return _agent_store(os.environ)
     if dist.is_initialized() and dist.get_world_size() == int(os.environ.get("WORLD_SIZE", "1")):  # this launch's group
         return dist.PrefixStore("olmo_patches/", dist.distributed_c10d._get_default_store())
     return None
@@ -64,10 +83,15 @@ def announce(line: str, code: int) -> Tuple[str, int, bool]:
     if (_store := _store or _connect()) is None:
         return line, code, os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0"
     try:
+        if code == 1 and _LOST_PEER.search(line):  # a peer went away: wait a little for its own line
+            deadline = time.monotonic() + LOST_PEER_WAIT_S
+            while not _store.check([_FAILURE]) and time.monotonic() < deadline:
+                time.sleep(0.1)
         first_code, first = _store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)
+        _announced = first, int(first_code), True  # printed here if the store goes before the count
         _announced = first, int(first_code), _store.add(f"printed/{_node()}", 1) == 1
-    except RuntimeError:  # the store went with its host: print here
-        _announced = line, code, True
+    except RuntimeError:  # the store went with its host: print here (the first failure, if it was read)
+        _announced = _announced or (line, code, True)
     return _announced
 
 
@@ -79,7 +103,8 @@ def watch() -> None:
     if _stop is not None or os.environ.get("WORLD_SIZE", "1") == "1" or (store := _connect()) is None:
         return
     _store, _stop = store, threading.Event()
-    threading.Thread(target=_watch, args=(store, _stop), name="olmo_patches.peers", daemon=True).start()
+    parent = os.getppid() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None  # the local torchrun
+    threading.Thread(target=_watch, args=(store, _stop, parent), name="olmo_patches.peers", daemon=True).start()
 
 
 def forget() -> None:
@@ -97,15 +122,57 @@ def stop_watching() -> None:
         _stop = None
 
 
-def _watch(store: dist.Store, stop: threading.Event) -> None:
+def _ranks() -> str:
+    """This node's ranks, "ranks 2-3" (torchrun's environment)."""
+    local, rank = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    first = rank - int(os.environ.get("LOCAL_RANK", "0"))
+    return f"ranks {first}-{first + local - 1}" if local > 1 else f"rank {first}"
+
+
+def _end(store: Optional[dist.Store], line: str, code: int) -> None:
+    """Record ``line`` as the launch's failure unless one came first; print the first failure once
+    on this node (without a store: local rank 0 prints) and exit with its code."""
+    prints = os.environ.get("LOCAL_RANK", "0") == "0"
+    try:
+        if store is not None:
+            first_code, line = store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)
+            code, prints = int(first_code), store.add(f"printed/{_node()}", 1) == 1
+    except RuntimeError:  # the store went with its host
+        pass
+    if prints:
+        print(line, file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def _watch(store: dist.Store, stop: threading.Event, parent: Optional[int]) -> None:
+    host = socket.gethostname()
     while not stop.wait(POLL_S):
+        if parent is not None and os.getppid() != parent and not stop.is_set():  # the local torchrun is gone
+            _end(store, f"node {_node()} ({host}) lost: its torchrun (pid {parent}) ended; its {_ranks()} stop", 1)
         try:
             if _announced is not None or not store.check([_FAILURE]):
                 continue
             code, line = store.get(_FAILURE).decode().split(" ", 1)
             if store.add(f"printed/{_node()}", 1) == 1:
                 print(line, file=sys.stderr, flush=True)
-        except RuntimeError:  # the store is gone with the launch: nothing left to watch
-            return
+        except RuntimeError:  # the store is gone with the launch
+            if parent is None or stop.is_set() or _announced is not None:
+                return  # nothing left to watch
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            _end(None, f"the launch's store ({where}) is gone: the torchrun that held it ended; "
+                       f"node {_node()} ({host}) stops its {_ranks()}", 1)
         if _announced is None:  # this rank's own exit path runs once it has announced
             os._exit(int(code))
+
+
+def announce_for(env: dict, line: str, code: int) -> Tuple[str, bool]:
+    """For a worker that cannot (killed outright): record its failure in its launch's store, as
+    :func:`announce` would (``env``: the worker's environment). Returns the launch's first failure
+    and whether the caller prints it on this node (no store: ``line``, True)."""
+    if (store := _agent_store(env, timeout_s=5)) is None:
+        return line, True
+    try:
+        first = store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)[1]
+        return first, store.add(f"printed/{env.get('GROUP_RANK', '0')}", 1) == 1
+    except RuntimeError:
+        return line, True

@@ -26,7 +26,10 @@ __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
 
 ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
-SAVE_BYTES_PER_S = 2**30  # checkpoint write rate assumed for the shared save folder, all ranks together
+# Checkpoint write rate for the signal lead when the run has not measured its own (SAVE/save_rate.json):
+# 97 MiB/s, the write+fsync measured by benchmarks/bench_checkpoint_manifest.py (docs/running.md), a
+# conservative figure for a shared folder written by all ranks together.
+SAVE_BYTES_PER_S = 97 * 2**20
 SIGNAL_MARGIN_S = 60  # on top of a step and a save: stopping the processes, the requeue
 
 
@@ -134,16 +137,24 @@ def checkpoint_disk(spec: ExperimentSpec, p: RunPlan) -> tuple[int, int]:
 def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
     """(seconds, how) for SLURM's time-limit signal (``--signal=B:USR1@N``): the run stops at the next
     step and saves, so N >= one step (on the slowest preset card at ASSUMED_MFU) + one save (the
-    checkpoint at SAVE_BYTES_PER_S) + SIGNAL_MARGIN_S, rounded up to 30 s."""
+    checkpoint at the rate the run measured at its last save, SAVE/save_rate.json, else at
+    SAVE_BYTES_PER_S) + SIGNAL_MARGIN_S, rounded up to 30 s."""
+    from ..train.resume import SAVE_RATE, measured_save_rate
+
     p = plan(spec)
     card = min(CARDS.values(), key=lambda c: c.bf16_flops or 0)
     assert card.bf16_flops is not None
     step = p.flops_per_token * p.tokens_per_step / (layout.world_size * card.bf16_flops * ASSUMED_MFU)
     size = p.params * CHECKPOINT_BYTES_PER_PARAM
-    save = size / SAVE_BYTES_PER_S
+    if (measured := measured_save_rate(spec.save_folder)) is not None:
+        rate = measured["bytes"] / measured["seconds"]
+        source = f"measured at step {measured['step']}: {SAVE_RATE}"
+    else:
+        rate, source = SAVE_BYTES_PER_S, "stated, conservative: docs/running.md"
+    save = size / rate
     lead = 30 * math.ceil((step + save + SIGNAL_MARGIN_S) / 30)
     how = (f"--signal=B:USR1@{lead}: a step {step:,.0f} s ({layout.world_size} x {card.name}, MFU {ASSUMED_MFU:.0%}) "
-           f"+ a save {save:,.0f} s ({size / 2**30:,.1f} GiB at {SAVE_BYTES_PER_S / 2**30:g} GiB/s) + {SIGNAL_MARGIN_S} s")
+           f"+ a save {save:,.0f} s ({size / 2**30:,.1f} GiB at {rate / 2**20:,.0f} MiB/s, {source}) + {SIGNAL_MARGIN_S} s")
     return lead, how
 
 
@@ -173,7 +184,7 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     and the settings that device ignores, with why."""
     t, device = spec.train, device_for(spec)
     ignored = []
-    if t.device == "cpu" and t.hardware not in ("auto", "none"):  # train.device=auto applies it (config/layout.py)
+    if t.device == "cpu" and t.hardware not in ("auto", "none"):  # train.device=auto applies it (launch/layout.py)
         ignored.append(f"train.hardware={t.hardware} (train.device=cpu: the keys left null take train.hardware=none's values)")
     if device == "cpu" or t.precision != "bf16":
         ignored.append("MFU (OLMo-core's speed monitor has a peak FLOP/s for a known GPU in bf16 only)")

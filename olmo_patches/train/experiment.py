@@ -52,8 +52,9 @@ from .precision import autocast, compile_on_cpu, data_parallel, describe_compile
 from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
 from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
+from .stop import StopOnSignalCallback
 from .safety import NonFiniteError, NonFiniteGuardCallback, select_resume_checkpoint
-from ..launch.shared_fs import require_shared
+from ..launch.shared_fs import require_data, require_shared
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         ),
     )
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
+    trainer = trainer.with_callback("stop_on_signal", StopOnSignalCallback())  # SIGTERM/SIGUSR1: save and stop (stop.py)
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
@@ -380,6 +382,18 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         teardown_training_environment()
 
 
+def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
+    """"FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
+    thread raises OLMoThreadError from the reader's error), else None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.filename:
+            return f"{e.filename} ({type(e).__name__}: {e.strerror or e})"
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def exit_line(e: Exception) -> tuple[str, int]:
     """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
     if isinstance(e, RunFolderError):
@@ -388,6 +402,8 @@ def exit_line(e: Exception) -> tuple[str, int]:
         return f"config error: {e}", 2
     if isinstance(e, NonFiniteError):
         return f"diverged: {e}", 3
+    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
+        return f"rank {os.environ.get('RANK', '0')} cannot read {unread}", 2
     return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
 
 
@@ -410,6 +426,7 @@ def _count(n: int) -> str:
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
+    require_data([*data.train_paths, *data.val_paths])  # every rank reads the same token files
     exp = build_experiment(spec, data, world_size=get_world_size())
     exp.trainer.callbacks.update(callbacks or {})
     model = exp.model.build(init_device="meta")

@@ -19,6 +19,9 @@ What this module adds:
   last step does not save that step again; checks the weights are finite before every save and
   records each checkpoint's files and CRCs (safety.py, in a background thread); keeps every permanent checkpoint (OLMo-core keeps
   the last 3 by default) and the last ``ephemeral_keep`` ephemeral ones (OLMo-core: 1).
+- :func:`record_save_rate` / :func:`measured_save_rate`: the last save's bytes and seconds, in
+  ``SAVE/save_rate.json`` (rank 0; the seconds from the save's start to OLMo-core's "saved", an
+  async save's finalization included), from which the dry run sizes SLURM's signal lead.
 - :func:`load_explicit`: ``--resume-from PATH`` (a checkpoint, or a folder of them); checkpoints
   in the save folder newer than PATH are moved aside (never deleted) so that they neither shadow
   nor collide with the resumed run's own saves.
@@ -26,6 +29,7 @@ What this module adds:
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -75,6 +79,28 @@ def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
     return removed
 
 
+SAVE_RATE = "save_rate.json"  # {"step", "bytes", "seconds"} of the run's last save
+
+
+def record_save_rate(save_folder: PathOrStr, checkpoint: PathOrStr, step: int, seconds: float) -> None:
+    """Record a save just done: its checkpoint's bytes (a local folder) and the seconds it took."""
+    size = sum(p.stat().st_size for p in Path(checkpoint).rglob("*") if p.is_file())
+    tmp = Path(save_folder) / f"{SAVE_RATE}.tmp"
+    tmp.write_text(json.dumps({"step": step, "bytes": size, "seconds": round(seconds, 3)}))
+    tmp.replace(Path(save_folder) / SAVE_RATE)
+
+
+def measured_save_rate(save_folder: PathOrStr) -> Optional[dict]:
+    """The record of the run's last save (:func:`record_save_rate`), or None (none yet, a URL, unreadable)."""
+    if is_url(save_folder):
+        return None
+    try:
+        record = json.loads((Path(save_folder) / SAVE_RATE).read_text())
+        return record if record["bytes"] > 0 and record["seconds"] > 0 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @dataclass
 class ResumeCheckpointerCallback(CheckpointerCallback):
     """OLMo-core's checkpointer, which does not re-save the step it resumed from, never saves
@@ -84,6 +110,7 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
     ephemeral_keep: int = 1  # ephemeral checkpoints kept (OLMo-core keeps the newest one)
     _held: List[str] = field(default_factory=list)  # ephemeral ones OLMo-core let go, kept a while
     _saved: List[str] = field(default_factory=list)  # saved, their manifest not yet started
+    _save_started: List[float] = field(default_factory=list)  # each save's start (time.monotonic), oldest first
 
     def post_checkpoint_loaded(self, path: PathOrStr):
         self._latest_checkpoint_step = self.trainer.global_step
@@ -92,13 +119,20 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
     def _save_checkpoint(self, save_async: Optional[bool] = None, ephemeral: bool = False) -> str:
         check_before_save(self.trainer)
         ManifestWriter.wait_all()  # the previous checkpoint's, before OLMo-core may remove it
+        self._save_started.append(time.monotonic())
         path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
         self._record_saved()
         return path
 
     def post_checkpoint_saved(self, path: PathOrStr):
+        started = self._save_started.pop(0) if self._save_started else None
         if get_rank() == 0 and not is_url(path):
             self._saved.append(str(path))
+            if started is not None and not is_url(self.trainer.save_folder):
+                try:
+                    record_save_rate(self.trainer.save_folder, path, self.trainer.global_step, time.monotonic() - started)
+                except OSError as e:  # a record, never a reason to stop the run
+                    log.warning(f"save rate not recorded: {e}")
 
     def _record_saved(self):
         # Once every callback's post_checkpoint_saved has run (OLMo-core's config saver writes into
