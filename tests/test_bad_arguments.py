@@ -67,7 +67,6 @@ CASES = [
     ("bench.py", ["--dtype", "fp8"], "--dtype"),
     ("verify_checkpoints.py", ["{file}"], "RUN_FOLDER"),
     ("verify_checkpoints.py", ["{folder}"], "no complete checkpoint"),
-    ("wheelhouse.py", [], "folder"),
 ]
 
 

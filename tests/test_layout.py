@@ -25,7 +25,6 @@ ALLOWED = {
     "data": set(),
     "eval": set(),
     "hardware": set(),
-    "wheelhouse": set(),
     "peers": set(),
     "config": {"nn", "data", "eval", "hardware"},
     "train": {"config", "nn", "optim", "data", "eval", "hardware", "peers"},
