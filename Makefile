@@ -32,9 +32,9 @@ test: install
 
 # The offline install of scripts/gpu_check.py --wheelhouse (docs/testing.md): every wheel that
 # 'hourglass-olmo[float8,hf]', pytest and a flash-attn wheel (einops) need, at the lock's versions, for
-# CPython WHEEL_PYTHON on glibc x86_64, and the project's own wheel. pip resolves the set from the index's
-# metadata (--dry-run --report, nothing downloaded); torch's stack is left out (the node keeps its CUDA
-# torch, which install_requires' range accepts); pip downloads the rest.
+# CPython WHEEL_PYTHON on glibc x86_64, and the project's own wheel. pip resolves the set for this Python
+# (the lock's; --dry-run --report: metadata only, torch the local CPU build); torch's stack is left out (the
+# node keeps its CUDA torch, which install_requires' range accepts); pip downloads the rest for the target.
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
 WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp --abi cp$(subst .,,$(WHEEL_PYTHON)) \
@@ -42,14 +42,14 @@ WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementa
 NODE_HAS = torch triton pytorch-triton hourglass-olmo
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
-	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --target $(WHEELHOUSE)/.target $(WHEEL_TARGET) \
-		--report $(WHEELHOUSE)/resolved.json -c $(LOCK) '.[float8,hf]' einops pytest
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --report $(WHEELHOUSE)/resolved.json \
+		-c $(LOCK) '.[float8,hf]' einops pytest
 	$(BIN)/python -c "import json, sys; print(*(f\"{m['name']}=={m['version']}\" for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
 		if m['name'] not in sys.argv[2:] and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" $(WHEELHOUSE)/resolved.json $(NODE_HAS) \
 		> $(WHEELHOUSE)/requirements.txt
 	$(BIN)/python -m pip download --quiet --no-deps $(WHEEL_TARGET) --dest $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) .
-	rm -rf $(WHEELHOUSE)/.target $(WHEELHOUSE)/resolved.json
+	rm $(WHEELHOUSE)/resolved.json
 	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs printf '$(WHEELHOUSE): %s wheels, '; du -sh $(WHEELHOUSE) | cut -f1
 
 # The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh venv;

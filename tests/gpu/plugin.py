@@ -78,10 +78,10 @@ class GpuCheck:
     install) come first, already timed."""
 
     def __init__(self, out: Path, *, rehearse: bool, no_flash: bool = False, device: str = "", torch_version: str = "",
-                 sections: Optional[dict[str, tuple[str, float]]] = None, extra: tuple[Section, ...] = ()):
-        self.out, self.rehearse, self.no_flash = out, rehearse, no_flash
+                 sections: Optional[dict[str, tuple[str, float]]] = None, extra: tuple[Section, ...] = (), budget_scale: float = 1.0):
+        self.out, self.rehearse, self.no_flash, self.budget_scale = out, rehearse, no_flash, budget_scale
         self.device, self.torch_version = device, torch_version
-        self.sections = {f: Section(f, t, b) for f, (t, b) in (sections or SECTIONS).items()}
+        self.sections = {f: Section(f, t, b * budget_scale) for f, (t, b) in (sections or SECTIONS).items()}
         self.extra = list(extra)
         self.started = time.time()
         self.outcomes: dict[str, list] = {}
@@ -93,7 +93,8 @@ class GpuCheck:
 
     def pytest_report_header(self, config):
         mode = "rehearsal on CPU at toy sizes" if self.rehearse else "on the GPU"
-        lines = [f"gpu_check {mode}: budgets (s), enforced per section"]
+        scale = f" (x {self.budget_scale:g}: --budget-scale)" if self.budget_scale != 1 else ""
+        lines = [f"gpu_check {mode}: budgets (s){scale}, enforced per section"]
         lines += [f"  {s.title:<20} {s.budget_s:>5.0f}" + (f"  (took {s.seconds:.0f})" if s.started else "")
                   for s in (*self.extra, *self.sections.values())]
         lines.append(f"  {'total':<20} {sum(s.budget_s for s in (*self.extra, *self.sections.values())):>5.0f}")
@@ -166,6 +167,15 @@ class GpuCheck:
         finally:
             self._disarm()
 
+    def pytest_collectreport(self, report):
+        """A test file that does not import (a missing package): a FAIL row of its section."""
+        section = self.sections.get(Path(str(report.nodeid).split("::")[0]).name)
+        if report.failed and section is not None:
+            lines = [line for line in report.longreprtext.splitlines() if line.startswith("E ")] or report.longreprtext.splitlines()[-1:]
+            section.started = section.started or time.perf_counter()
+            section.rows.append(Row(section.title, "", "collection", result="FAIL", detail=lines[-1].removeprefix("E").strip()[:300] if lines else ""))
+            self.write()
+
     def pytest_runtest_logreport(self, report):
         if report.nodeid in self.outcomes and (report.failed or report.skipped):
             self.outcomes[report.nodeid].append(report)
@@ -181,8 +191,11 @@ class GpuCheck:
                 spent = reason.startswith("not run: the section's")
                 rows.append(Row(section.title, test, test, result="FAIL" if spent else "skipped", detail=reason))
             elif "RowsFailed" not in report.longreprtext:
-                last = [line for line in report.longreprtext.splitlines() if line.startswith("E ")]
-                why = (last[-1][1:].strip() if last else report.longreprtext.strip().splitlines()[-1])[:300]
+                text = report.longreprtext
+                last = [line for line in text.splitlines() if line.startswith("E ")]
+                why = (last[-1][1:].strip() if last else text.strip().splitlines()[-1])[:300]
+                if "OverBudget" in text:  # raised inside a library (dynamo wraps it): say what stopped the test
+                    why = f"over the section's budget of {section.budget_s:.0f} s"
                 rows.append(Row(section.title, test, f"{test} ({report.when})", result="FAIL", detail=why))
         section.rows += rows
 
@@ -203,6 +216,7 @@ class GpuCheck:
 
     def to_json(self) -> dict:
         return {"device": self.device, "torch": self.torch_version, "mode": "rehearsal" if self.rehearse else "gpu",
+                "budget_scale": self.budget_scale,
                 "date": time.strftime("%Y-%m-%d", time.gmtime(self.started)),
                 "budget_s": sum(s.budget_s for s in self.all_sections()),
                 "seconds": round(time.time() - self.started, 1),
@@ -213,6 +227,7 @@ class GpuCheck:
     def to_markdown(self) -> str:
         data = self.to_json()
         mode = " (rehearsal: CPU, toy sizes; speed and memory rows not judged)" if self.rehearse else ""
+        mode += f" (budgets x {self.budget_scale:g})" if self.budget_scale != 1 else ""
         lines = [f"gpu_check on {data['device']}, torch {data['torch']}, {data['date']}{mode}: {data['seconds']:.0f} s of a "
                  f"{data['budget_s']:.0f} s budget", "",
                  "| section | budget s | time s | result |", "|---|---|---|---|"]
