@@ -63,7 +63,7 @@ def main() -> None:
 
     if args.wheelhouse is not None:
         budget = INSTALL_BUDGET_S * args.budget_scale
-        install_section = Section("", "offline install", budget, seconds, started=0.0, over=seconds > budget)
+        install_section = Section("", "offline install", budget, seconds, started=0.0, over=seconds > budget, finished=True)
         install_section.rows.append(Row("offline install", "", f"pip install --no-index --find-links {args.wheelhouse}",
                                         f"{seconds:.1f} s", f"<= {budget:.0f} s", "pass" if ok and seconds <= budget else "FAIL", detail))
         extra.append(install_section)

@@ -125,7 +125,8 @@ def run_overrides(folder: Path, tokens_file: str, seq: int, batch: int, steps: i
             f"data.paths=[{tokens_file}]", f"data.sequence_length={seq}", f"train.global_batch_size={batch}",
             f"train.max_steps={steps}", "train.max_tokens=null", "train.warmup_steps=1", "train.warmup_tokens=null",
             f"train.device={device.type}", "eval.validation_sets=[]", "eval.downstream_tasks=[]", "run.log_interval=1",
-            "run.ephemeral_save_interval=null", "run.wandb_project=null"]
+            "run.ephemeral_save_interval=null", "run.wandb_project=null",
+            "data.num_workers=0"]  # no loader processes to start per run: a local file read in process keeps up (docs/performance.md)
 
 
 @dataclass
