@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run
+from .conftest import run
 
 pytestmark = pytest.mark.slow
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

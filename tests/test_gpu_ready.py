@@ -13,7 +13,7 @@ from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.train.metrics import read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 
-from .conftest import REPO, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, run_in_process, tiny_overrides
 
 CONFIGS = ["113M/baseline", "113M/hourglass", "113M/variable-width", "1B/baseline", "1B/hourglass", "1B/olmo2", "demo/baseline"]
 
