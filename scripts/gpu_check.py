@@ -14,8 +14,10 @@ that does not import fails its row (--no-flash: skipped on purpose). Exit 1 if a
 """
 
 import argparse
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,6 +79,9 @@ def main() -> None:
     plugin = GpuCheck(args.out, rehearse=args.rehearse, no_flash=args.no_flash, device=device, torch_version=torch.__version__,
                       sections=sections, extra=tuple(extra), budget_scale=args.budget_scale)
     plugin.write()
+    if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor"))
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
     files = [str(REPO / "tests" / "gpu" / f) for f in sections]
     code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin])
     plugin.write()

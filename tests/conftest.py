@@ -25,10 +25,12 @@ os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
 atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
 # torch.compile (inductor) on CPU: one kernel cache for the session's compiled runs, and kernels built
-# in the compiling process (no pool of workers, each importing torch, on a 2-core machine).
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
-os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+# in the compiling process (no pool of workers, each importing torch, on a 2-core machine). A GPU run of
+# scripts/gpu_check.py sets both first: a cache kept for a second try, and a pool of compile workers.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # One intra-op thread here and in every child process (run_script sets OMP_NUM_THREADS=1): float
 # reductions then sum in the same order in-process and in a subprocess, so their runs are bit-equal.
