@@ -84,7 +84,7 @@ class GpuCheck:
                  sections: Optional[dict[str, tuple[str, float]]] = None, extra: tuple[Section, ...] = (), budget_scale: float = 1.0):
         self.out, self.rehearse, self.no_flash, self.budget_scale = out, rehearse, no_flash, budget_scale
         self.device, self.torch_version = device, torch_version
-        self.sections = {f: Section(f, t, b * budget_scale) for f, (t, b) in (sections or SECTIONS).items()}
+        self.sections = {f: Section(f, t, b * budget_scale) for f, (t, b) in (SECTIONS if sections is None else sections).items()}
         self.extra = list(extra)
         self.started = time.time()
         self.outcomes: dict[str, list] = {}
@@ -240,7 +240,8 @@ class GpuCheck:
         for s in data["sections"]:
             for r in s["rows"]:
                 result = r["result"] + (" (rehearsal)" if self.rehearse else "")
-                lines.append(f"| {r['section']} | {r['name']} | {r['value']} | {r['threshold']} | {result} | {r['detail']} |")
+                cells = [r["section"], r["name"], r["value"], r["threshold"], result, r["detail"]]
+                lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines) + "\n"
 
     def write(self) -> None:
