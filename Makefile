@@ -1,15 +1,14 @@
 # The commands. Each creates .venv and installs what it needs on first use.
 #   make demo   train the demo variants on the embedded corpus and print the comparison
 #   make test   run the test suite
-#   make wheelhouse [WHEEL_PYTHON=3.12]   wheels of every dependency but torch, for an offline GPU node (docs/running.md)
+#   make wheelhouse [WHEEL_PYTHON=3.12]   the lock's wheels but torch's, for an offline GPU node (docs/testing.md)
 #   make lock   refresh requirements/lock.txt (the exact versions make installs) from pyproject.toml's ranges
 #   make install-check   the wheel beside a current Hugging Face stack: nothing moves down; commands from another folder (minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install wheelhouse lock install-check
-WHEEL_PYTHON ?= 3.12
+.PHONY: demo test test-slow install wheelhouse lock install-check
 # the tested set: exact versions of every package (constraints); pyproject.toml holds the ranges
 LOCK := requirements/lock.txt
 EXTRAS := dev,hf,eval,wandb,float8,lm-eval
@@ -29,22 +28,47 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/python scripts/demo.py
 
+# the suite on every core; `make test-slow`: the tests marked slow (minutes of pip: the offline install's rehearsal)
 test: install
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
 
 install-check:
 	bash .ci/install_check
 
+# The offline install of scripts/gpu_check.py --wheelhouse (docs/testing.md): every wheel that
+# 'hourglass-olmo[float8,hf]', pytest and a flash-attn wheel (einops) need, at the lock's versions, for
+# CPython WHEEL_PYTHON on glibc x86_64, and the project's own wheel. pip resolves the set for this Python
+# (the lock's; --dry-run --report: metadata only, torch the local CPU build); torch's stack is left out (the
+# node keeps its CUDA torch, which install_requires' range accepts); pip downloads the rest for the target.
+WHEELHOUSE ?= wheelhouse
+WHEEL_PYTHON ?= 3.12
+WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp --abi cp$(subst .,,$(WHEEL_PYTHON)) \
+	--abi abi3 --abi none $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(p)_x86_64)
+NODE_HAS = torch triton pytorch-triton hourglass-olmo
 wheelhouse: install
-	$(BIN)/python scripts/wheelhouse.py wheelhouse --python-version $(WHEEL_PYTHON)
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --report $(WHEELHOUSE)/resolved.json \
+		-c $(LOCK) '.[float8,hf]' einops pytest
+	$(BIN)/python -c "import json, sys; print(*(f\"{m['name']}=={m['version']}\" for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
+		if m['name'] not in sys.argv[2:] and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" $(WHEELHOUSE)/resolved.json $(NODE_HAS) \
+		> $(WHEELHOUSE)/requirements.txt
+	$(BIN)/python -m pip download --quiet --no-deps $(WHEEL_TARGET) --dest $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) .
+	rm $(WHEELHOUSE)/resolved.json
+	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs printf '$(WHEELHOUSE): %s wheels, '; du -sh $(WHEELHOUSE) | cut -f1
 
-# The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh venv.
+# The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh venv;
+# and einops, flash-attn's one dependency besides torch (the gpu extra is built on the node: its
+# dependencies come from the wheelhouse, at the lock's versions).
 lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet torch==2.13.0
-	.lock-venv/bin/pip install --quiet -c requirements/lock.in -e '.[$(EXTRAS)]'
+	.lock-venv/bin/pip install --quiet -c requirements/lock.in -e '.[$(EXTRAS)]' einops
 	(echo '# make lock: every package make installs, exactly (torch first, from the Makefile). Edit pyproject.toml, not this.'; \
 	 .lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//') > $(LOCK)
 	rm -rf .lock-venv

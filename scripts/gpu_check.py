@@ -1,78 +1,93 @@
-"""One GPU acceptance run: bf16 vs fp32 per block type, the attention kernel vs SDPA at every shipped
-head dim, compile per block type, save/resume, trainer tokens/s, MFU and peak memory vs the estimate
-for 113M and 1B, float8 / bf16 tokens/s and loss parity (olmo_patches/report/gpu_check.py).
+"""The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section printed
+up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it comes
+(tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every shipped head
+dim, compile per block family, resume exactness, trainer tokens/s, MFU and peak reserved memory against
+the estimate for 113M and 1B, float8 / bf16 tokens/s (docs/testing.md: the command and what each judges).
 
-    python scripts/gpu_check.py [--out gpu_check/] [--wheelhouse FOLDER] [--scales 113M,1B] [--no-flash]
-    python scripts/gpu_check.py --nproc-per-node 8      # the trainer steps under torchrun: FSDP2, bf16, per rank
-    python scripts/gpu_check.py --device cpu --tiny      # the same code at tiny shapes (tests)
+    python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/   # a node with a CUDA torch and nothing else
+    python scripts/gpu_check.py --out gpu_check/                             # the project installed already
+    python scripts/gpu_check.py --rehearse --out /tmp/gc                     # every section on CPU at toy sizes
 
-On a node whose Python has a CUDA torch and nothing else of this project: --wheelhouse FOLDER
-(scripts/wheelhouse.py, with --add for the node's flash-attn wheel) first installs every other
-dependency from it, offline. On CUDA a flash-attn that does not import fails the check (--no-flash:
-skipped on purpose). Writes OUT/gpu_check.json and OUT/gpu_check.md; exits 1 if a check fails.
+--wheelhouse FOLDER (make wheelhouse) first installs the project and its dependencies from FOLDER with
+pip --no-index, keeping the node's torch (a section of its own, with its budget). On CUDA a flash-attn
+that does not import fails its row (--no-flash: skipped on purpose). Exit 1 if a row fails.
 """
 
 import argparse
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SECTION_NAMES = ("bf16", "attention", "compile", "resume", "trainer", "float8")  # tests/gpu/test_NAME.py (tests/gpu/plugin.py: SECTIONS)
+
+
+def install(wheelhouse: Path) -> tuple[bool, str]:
+    """pip install --no-index from the wheelhouse: the project with its float8 and hf extras, pytest, and the
+    flash-attn wheel where the folder has one; the node's torch stays (it meets the project's range)."""
+    names = ["hourglass-olmo[float8,hf]", "pytest", *(["flash-attn"] if any(wheelhouse.glob("flash_attn-*.whl")) else [])]
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheelhouse), *names]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1] if r.returncode else " ".join(names)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda (default) or cpu")
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes, a few steps (the CPU test)")
     parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for gpu_check.json and gpu_check.md")
-    parser.add_argument("--wheelhouse", type=Path, help="install the dependencies from this folder first (no network)")
-    parser.add_argument("--scales", default="113M,1B", help="trainer configs to time: 113M, 1B")
-    parser.add_argument("--steps", type=int, default=8, help="trainer steps per config (the first --warmup untimed)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed trainer steps (compilation happens here)")
-    parser.add_argument("--batch", type=int, default=32, help="global batch in sequences (the preset picks the micro-batch)")
-    parser.add_argument("--no-flash", action="store_true", help="no flash-attn on purpose: its rows are skipped, not failed")
-    parser.add_argument("--nproc-per-node", type=int, default=0, help="run the trainer steps under torchrun on this many ranks")
-    parser.add_argument("--only", default=None, help="comma list of sections (bf16 vs fp32, attention kernels, compile, resume, float8, trainer)")
-    parser.add_argument("--variant", default="baseline,hourglass", help="trainer variants to time")
+    parser.add_argument("--rehearse", action="store_true", help="every section on CPU at toy sizes (rows marked rehearsal)")
+    parser.add_argument("--wheelhouse", type=Path, help="install the project and its dependencies from this folder first (no network)")
+    parser.add_argument("--no-flash", action="store_true", help="no flash-attn on purpose: its row is skipped, not failed")
+    parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply every budget (a slower or busier machine than one H200)")
+    parser.add_argument("--only", default="", help="comma list of sections to run (bf16, attention, compile, resume, trainer, float8)")
     args = parser.parse_args()
-    if args.wheelhouse:
-        from_folder = ["hourglass-olmo", *(["flash-attn"] if any(args.wheelhouse.glob("flash_attn-*.whl")) else [])]
-        if len(from_folder) == 1 and args.device == "cuda" and not args.no_flash:
-            print(f"--wheelhouse {args.wheelhouse}: no flash-attn wheel in it (scripts/wheelhouse.py --add WHEEL), or pass --no-flash", file=sys.stderr)
-            sys.exit(2)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(args.wheelhouse), *from_folder], check=True)
-    sys.path.insert(0, str(REPO))  # this checkout, whatever the wheelhouse installed
-    from olmo_patches.report.gpu_check import CHECKS, from_json, run_gpu_check, set_ratios, to_json, to_markdown
+    if args.budget_scale <= 0:
+        print(f"command line: --budget-scale {args.budget_scale}: must be > 0", file=sys.stderr)
+        sys.exit(2)
+    if args.wheelhouse is not None and not args.wheelhouse.is_dir():
+        print(f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes one)", file=sys.stderr)
+        sys.exit(2)
+    only = [s for s in args.only.split(",") if s]
+    if set(only) - set(SECTION_NAMES):
+        print(f"command line: --only {args.only}: the sections are {','.join(SECTION_NAMES)}", file=sys.stderr)
+        sys.exit(2)
 
-    rank = os.environ.get("RANK")  # a torchrun worker of --nproc-per-node
-    only = args.only.split(",") if args.only else None
-    if args.nproc_per_node and rank is None:
-        only = [s for s in (*(c.section for c in CHECKS), "float8") if only is None or s in only]  # the trainer steps go to torchrun
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = run_gpu_check(args.device, tiny=args.tiny, steps=args.steps, warmup=args.warmup, batch=args.batch,
-                           scales=[s for s in args.scales.split(",") if s], flash=not args.no_flash, only=only, work=args.out,
-                           variants=tuple(args.variant.split(",")))
-    if rank is not None:  # the launching process merges every rank's rows
-        (args.out / f"gpu_check.rank{rank}.json").write_text(to_json(result))
-        return
-    if args.nproc_per_node and (only is None or "trainer" in (args.only or "trainer")):
-        for variant in args.variant.split(","):  # one launch per run: a process group is made once per process
-            ranks = args.out / "torchrun" / variant
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc_per_node}", __file__,
-                   "--only", "trainer", "--variant", variant, "--out", str(ranks), "--device", args.device, "--scales", args.scales,
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch), *(["--tiny"] if args.tiny else [])]
-            if subprocess.run(cmd).returncode != 0:
-                print(f"gpu_check: the trainer steps under torchrun failed: {' '.join(cmd)}", file=sys.stderr)
-                sys.exit(1)
-            for r in range(args.nproc_per_node):
-                result.train += from_json((ranks / f"gpu_check.rank{r}.json").read_text()).train
-        set_ratios(result.train)
-    (args.out / "gpu_check.json").write_text(to_json(result))
-    (args.out / "gpu_check.md").write_text(table := to_markdown(result))
-    print(table)
-    if result.failed:
-        print("FAILED: " + "; ".join(f"{c.section}: {c.name}" for c in result.failed), file=sys.stderr)
+    extra = []
+    if args.wheelhouse is not None:
+        start = time.perf_counter()
+        ok, detail = install(args.wheelhouse)
+        seconds = time.perf_counter() - start
+    sys.path.insert(0, str(REPO))  # this checkout's tests/ and olmo_patches/
+    import pytest
+    from tests.gpu.plugin import INSTALL_BUDGET_S, SECTIONS, GpuCheck, Row, Section
+
+    if args.wheelhouse is not None:
+        budget = INSTALL_BUDGET_S * args.budget_scale
+        install_section = Section("", "offline install", budget, seconds, started=0.0, over=seconds > budget, finished=True)
+        install_section.rows.append(Row("offline install", "", f"pip install --no-index --find-links {args.wheelhouse}",
+                                        f"{seconds:.1f} s", f"<= {budget:.0f} s", "pass" if ok and seconds <= budget else "FAIL", detail))
+        extra.append(install_section)
+    sections = {f: s for f, s in SECTIONS.items() if not args.only or f[len("test_"):-len(".py")] in only}
+    import torch  # after the install: torch looks for numpy once, when it is imported
+
+    if not args.rehearse and not torch.cuda.is_available():
+        print("command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes", file=sys.stderr)
+        sys.exit(2)
+    device = "cpu (rehearsal)" if args.rehearse else (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
+    plugin = GpuCheck(args.out, rehearse=args.rehearse, no_flash=args.no_flash, device=device, torch_version=torch.__version__,
+                      sections=sections, extra=tuple(extra), budget_scale=args.budget_scale)
+    plugin.write()
+    if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor"))
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
+    files = [str(REPO / "tests" / "gpu" / f) for f in sections]
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin])
+    plugin.write()
+    print((args.out / "gpu_check.md").read_text())
+    if plugin.failed or code not in (0, 5):
+        print("gpu_check: FAIL rows above", file=sys.stderr)
         sys.exit(1)
 
 

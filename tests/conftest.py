@@ -25,10 +25,12 @@ os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
 atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
 # torch.compile (inductor) on CPU: one kernel cache for the test run's compiled runs, and kernels built
-# in the compiling process (no pool of workers, each importing torch, on a 2-core machine).
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
-os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+# in the compiling process (no pool of workers, each importing torch, on a 2-core machine). A GPU run of
+# scripts/gpu_check.py sets both first: a cache kept for a second try, and a pool of compile workers.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # One intra-op thread here and in every child process (run_script sets OMP_NUM_THREADS=1): float
 # reductions then sum in the same order in-process and in a subprocess, so their runs are bit-equal.
@@ -54,7 +56,7 @@ TINY = [
 # file totals of --durations, docs/performance.md), so that no worker is left alone with a long file at
 # the end; the rest follow in collection order.
 SLOW_FIRST = (
-    "test_multinode.py", "test_precision.py", "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",
+    "test_gpu_install.py", "test_multinode.py", "test_precision.py", "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",
     "test_doc_commands.py", "test_gpu_ready.py", "test_training.py", "test_performance.py", "test_variable_width.py",
     "test_bad_configs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
 )

@@ -14,7 +14,7 @@ from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 
-from .conftest import REPO, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, run_in_process, tiny_overrides
 
 CONFIGS = ["113M/baseline", "113M/hourglass", "113M/variable-width", "1B/baseline", "1B/hourglass", "1B/olmo2", "demo/baseline"]
 
@@ -124,82 +124,116 @@ def test_worker_keys_are_checked(tmp_path):
             _spec(tmp_path, bad, "data.num_workers=0" if "prefetch" in bad else "data.prefetch_factor=null")
 
 
-# --- scripts/gpu_check.py, CPU path -----------------------------------------------------------------
+# --- scripts/gpu_check.py: the GPU checks (tests/gpu/) and their table -------------------------------
 
 
-def test_gpu_check_cpu_tiny(tmp_path):
-    r = run_in_process("gpu_check.py", "--device", "cpu", "--tiny", "--out", str(tmp_path))
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_gpu_check_rehearsal(tmp_path):
+    """Every section of tests/gpu/ on CPU at toy sizes through the same code: each row marked rehearsal,
+    each section inside its budget, the numerical rows judged, speed and memory shown."""
+    r = run_in_process("gpu_check.py", "--rehearse", "--budget-scale", "3", "--out", str(tmp_path))  # x3: a shared 2-core machine
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    checks = {f"{c['section']}: {c['name']}": c for c in result["checks"]}
-    # Every row passed, but float8's tokens/s: under torchao's emulation (no float8 matmuls) it is reported, not judged.
-    not_judged = {n for n, c in checks.items() if c["passed"] is None}
-    assert not_judged == {f"float8: {m}: tokens/s float8 / bf16" for m in ("1B baseline", "1B hourglass K4 d_h 2048")}, not_judged
-    assert all(c["passed"] for n, c in checks.items() if n not in not_judged), [n for n, c in checks.items() if c["passed"] is False]
-    blocks = ["baseline pre", "baseline post", "hourglass pre", "hourglass post",
-              "variable width carry_forward", "variable width zero", "variable width learned"]
-    for block in blocks:
-        logits = checks[f"bf16 vs fp32: {block}: logits"]
+    assert result["mode"] == "rehearsal" and result["device"] == "cpu (rehearsal)" and result["budget_scale"] == 3
+    sections = {s["title"]: s for s in result["sections"]}
+    # the budgets on one H200: 410 s of sections, under 8 minutes with the offline install's 60 s
+    assert list(sections) == ["bf16 vs fp32", "attention kernels", "compile", "resume", "trainer", "float8"]
+    assert sum(s["budget_s"] for s in sections.values()) / 3 + 60 <= 8 * 60
+    assert all(s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()), sections
+    rows = {f"{s['title']}: {r['name']}": r for s in result["sections"] for r in s["rows"]}
+    assert all(r["rehearsal"] for r in rows.values()) and "pass (rehearsal)" in (tmp_path / "gpu_check.md").read_text()
+    for block in ["baseline pre", "baseline post", "hourglass pre", "hourglass post",
+                  "variable width carry_forward", "variable width zero", "variable width learned"]:
+        logits = rows[f"bf16 vs fp32: {block}: logits"]
         # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
-        assert 2.0**-16 < logits["error"] <= 16 * 2.0**-8, logits
-        assert f"bf16 vs fp32: {block}: gradients (worst tensor)" in checks
-    # The attention rows at --tiny's three head dims of the shipped configs: the 113M hourglass K4-L6's
-    # 146 (d_model 1314 / 9 heads) is not a multiple of 8; the 403M's 218 is the largest; logits and gradients each.
-    kernels = [c for c in result["checks"] if c["section"] == "attention kernels"]
-    dims = sorted({int(c["name"].split("head_dim ")[1].split(":")[0]) for c in kernels})
-    assert len(kernels) == 2 * len(dims) == 6 and any(d % 8 for d in dims) and max(dims) >= 218, dims
-    assert all(2.0**-16 < c["error"] and "stands in" in c["detail"] for c in kernels)
-    for block in ("baseline pre", "hourglass pre", "variable width learned"):  # compiled, and trained 3 AdamW steps
+        assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", logits
+    # The attention rows at the rehearsal's three head dims of the shipped configs (77 of them, 8 to 232):
+    # the smallest, the largest and the first that is not a multiple of 8.
+    kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
+    dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
+    assert len(kernels) == 2 * len(dims) == 6 and any(d % 8 for d in dims) and dims[0] == 8 and dims[-1] == 232, dims
+    assert all(2.0**-16 < float(r["value"]) and "stands in" in r["detail"] for r in kernels)
+    for block in ("baseline pre", "hourglass pre", "variable width learned"):
         for row in ("compiled vs eager: logits", "compiled vs eager: gradients (worst tensor)", "loss after 3 AdamW steps, compiled vs eager"):
-            assert checks[f"compile: {block}: {row}"]["error"] == 0.0  # aot_eager runs the eager kernels
-        assert int(checks[f"compile: {block}: compiled vs eager: logits"]["detail"].split(", ")[1].split()[0]) >= 1
-    resume = [c for c in result["checks"] if c["section"] == "resume"]
-    assert [c["name"].split(":")[0] for c in resume] == ["stopped at step 2, resumed to 4", "AdamW state at step 4 vs uninterrupted (117 tensors"]
-    assert all(c["error"] == 0.0 and c["detail"] == "bit-identical" for c in resume)  # one CPU process is deterministic
-    runs = {(t["scale"], t["variant"]): t for t in result["train"]}
-    assert set(runs) == {("tiny", "baseline"), ("tiny", "hourglass")}
-    base, hourglass = runs["tiny", "baseline"], runs["tiny", "hourglass"]
-    assert base["tokens_per_s"] > 0 and base["ratio"] == 1.0
-    assert hourglass["ratio"] == pytest.approx(hourglass["tokens_per_s"] / base["tokens_per_s"])
-    assert base["mfu"] is None and base["peak_mem_gib"] is None and base["estimate_gib"] > 0
-    assert "| tiny | hourglass | 0 of 1 |" in (tmp_path / "gpu_check.md").read_text()
-    float8 = [c for c in result["checks"] if c["section"] == "float8"]
-    assert [c["name"].split(":")[0] for c in float8] == ["1B baseline"] * 2 + ["1B hourglass K4 d_h 2048"] * 2
-    for speed, loss in zip(float8[::2], float8[1::2]):
-        assert speed["error"] is None and "emulation: not judged" in speed["detail"]  # no float8 matmuls on CPU
-        assert 0 < loss["error"] <= 0.05 and loss["passed"], loss  # float8 really ran, close to bf16
+            assert float(rows[f"compile: {block}: {row}"]["value"]) == 0.0  # aot_eager runs the eager kernels
+        assert rows[f"compile: {block}: graph breaks (first 2 steps)"]["value"] == "0"
+        assert int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2  # each block: 2 graphs
+        assert rows[f"compile: {block}: graphs compiled in 3 more training steps"]["value"] == "0"
+    resume = sections["resume"]["rows"]
+    assert [r["detail"] for r in resume] == ["bit-identical"] * 2 and "117 tensors" in resume[1]["name"]  # one CPU process: deterministic
+    for scale in ("113M", "1B"):
+        for variant in ("baseline", "hourglass"):
+            assert float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", "")) > 0
+            assert rows[f"trainer: {scale} {variant} (toy): peak reserved <= estimate"]["result"] == "shown"
+        assert rows[f"trainer: {scale}: MFU hourglass / baseline"]["result"] == "shown"
+    speed, loss = sections["float8"]["rows"]
+    assert speed["result"] == "shown" and "torchao emulates" in speed["detail"]
+    assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", loss  # float8 really ran, close to bf16
 
 
-def test_gpu_check_fails_without_flash_on_cuda(flash, tmp_path):
-    """On a CUDA device without flash-attn the kernel rows fail (the run exits 1); --no-flash skips
-    them, saying so; with flash-attn present the kernel is the trainer's own choice."""
-    from olmo_patches.report.gpu_check import Context, flash_backend, to_markdown, GpuCheck
+def test_gpu_tests_skip_on_cpu_saying_why():
+    """Without a CUDA device and without --rehearse the gpu tests are skipped with the reason."""
+    r = run_in_process("gpu_check.py", "--out", "unused")
+    assert r.returncode == 2 and r.stderr.strip() == "command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes"
 
-    cuda = Context(torch.device("cuda"), tmp_path)
-    flash()
-    name, row = flash_backend(cuda, [128])
-    assert name is None and row.passed is False and "--no-flash" in row.detail
-    assert "FAIL" in to_markdown(GpuCheck("cuda", torch.__version__, [row])) and GpuCheck("cuda", "", [row]).failed == [row]
-    name, row = flash_backend(Context(torch.device("cuda"), tmp_path, flash=False), [128])
-    assert name is None and row.passed is None and row.detail.startswith("--no-flash")
-    flash(2)
-    assert flash_backend(cuda, [128]) == ("flash_2", None) and flash_backend(cuda, [146]) == ("flash_2", None)
-    flash(2, 3)
-    assert flash_backend(cuda, [128]) == ("flash_3", None) and flash_backend(cuda, [146]) == ("flash_2", None)
-    assert flash_backend(Context(torch.device("cpu"), tmp_path), [128]) == ("torch", None)  # the CPU stand-in
+    class Reports:
+        def __init__(self):
+            self.reports = []
+
+        def pytest_runtest_logreport(self, report):
+            self.reports.append(report)
+
+    seen = Reports()
+    assert pytest.main(["-q", "-p", "no:cacheprovider", str(REPO / "tests" / "gpu" / "test_bf16.py")], plugins=[seen]) == 0
+    skipped = [r for r in seen.reports if r.skipped]
+    assert len(skipped) == 7 and not any(r.failed or r.passed and r.when == "call" for r in seen.reports)
+    assert all("needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)" in r.longrepr[2] for r in skipped)
 
 
-def test_gpu_check_trainer_under_torchrun(tmp_path):
-    """--nproc-per-node 2: the trainer steps under torchrun (FSDP2 over gloo here), merged by the
-    launching process into one result, a row per rank with its memory estimate for 2 ranks."""
-    from olmo_patches.report.gpu_check import from_json, to_json
+BUDGETED = """
+import time
 
-    r = run_script("gpu_check.py", "--device", "cpu", "--tiny", "--only", "trainer", "--variant", "baseline", "--nproc-per-node", "2",
-                   "--out", str(tmp_path), timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    text = (tmp_path / "gpu_check.json").read_text()
-    result = from_json(text)
-    assert to_json(result) == text and result.checks == []
-    assert [(t.variant, t.rank, t.world_size) for t in result.train] == [("baseline", 0, 2), ("baseline", 1, 2)]
-    assert all(t.micro_batch == 2 and t.estimate_gib > 0 and t.tokens_per_s > 0 and t.ratio == 1.0 for t in result.train)
-    assert "| tiny | baseline | 1 of 2 |" in (tmp_path / "gpu_check.md").read_text()
+from tests.gpu.conftest import env, rows  # the fixtures
+
+
+def test_first(rows):
+    rows.show("first", "1")
+    time.sleep(5)
+
+
+def test_second(rows):
+    rows.show("second", "2")
+
+
+def test_raises(rows):
+    rows.judge("a figure", "3", True, "<= 4")
+    raise RuntimeError("kernel exploded")
+"""
+
+
+def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
+    """A section past its budget: the test running is stopped, the rest of that section is not run (FAIL
+    rows), and the next section still runs; an exception is its test's row. Rows written as they come."""
+    import runpy
+
+    from .gpu.plugin import SECTIONS, GpuCheck
+
+    # scripts/gpu_check.py's --only names are the sections' files
+    assert runpy.run_path(str(REPO / "scripts" / "gpu_check.py"))["SECTION_NAMES"] == tuple(f[5:-3] for f in SECTIONS)
+    folder, out = tmp_path / "sections", tmp_path / "out"
+    folder.mkdir()
+    (folder / "test_zz_slow.py").write_text(BUDGETED)
+    (folder / "test_zz_next.py").write_text(BUDGETED.replace("time.sleep(5)", "pass"))
+    plugin = GpuCheck(out, rehearse=True, device="cpu", sections={"test_zz_slow.py": ("slow", 1), "test_zz_next.py": ("next", 30)})
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(folder), str(folder / "test_zz_slow.py"), str(folder / "test_zz_next.py")],
+                       plugins=[plugin])
+    assert code == 1
+    result = json.loads((out / "gpu_check.json").read_text())
+    slow, after = result["sections"]
+    assert slow["result"] == "FAIL" and 1 <= slow["seconds"] < 4  # stopped at its budget, not after the 5 s sleep
+    assert [(r["name"], r["result"]) for r in slow["rows"]] == [
+        ("first", "shown"), ("test_first (call)", "FAIL"), ("test_second", "FAIL"), ("test_raises", "FAIL"), ("section time", "FAIL")]
+    assert "over the section's budget of 1 s" in slow["rows"][1]["detail"] and slow["rows"][2]["detail"].startswith("not run")
+    assert after["result"] == "FAIL" and [(r["name"], r["result"]) for r in after["rows"]] == [
+        ("first", "shown"), ("second", "shown"), ("a figure", "pass"), ("test_raises (call)", "FAIL")]
+    assert "RuntimeError: kernel exploded" in after["rows"][-1]["detail"]
+    assert "| next | 30 |" in (out / "gpu_check.md").read_text()

@@ -21,7 +21,6 @@ ALLOWED = {
     "optim": set(),
     "data": {"resources"},
     "eval": set(),
-    "wheelhouse": set(),
     "resources": set(),
     "config": BASE,
     "launch": BASE | {"config"},
