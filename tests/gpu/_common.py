@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 from olmo_core.train.callbacks import Callback
 
-from olmo_patches.config import ExperimentSpec, load_spec, vocab_size
+from olmo_patches.config import ExperimentSpec, vocab_size
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.nn.attention import head_dims, set_attention_backend
 from olmo_patches.train import train
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train.resume import ResumeCheckpointerCallback
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def small_spec(overrides: list[str], device: torch.device) -> ExperimentSpec:
     """The demo model at d_model 128, 2 layers, with ``overrides``."""
-    return load_spec(REPO / "configs" / "demo" / "baseline.yaml",
+    return load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml",
                      ["model.d_model=128", "model.n_heads=2", "model.n_layers=2", f"train.device={device.type}", "train.hardware=none", *overrides])
 
 
@@ -84,7 +85,7 @@ def shipped_head_dims() -> tuple[int, ...]:
     """Every head dim of every config under configs/ (variable width: each layer's w_l / n_heads)."""
     dims: set[int] = set()
     for path in sorted((REPO / "configs").rglob("*/*.yaml")):  # configs/base*.yaml are bases, not runs
-        spec = load_spec(path, ["train.hardware=none", "train.device=cpu", "eval.downstream_tasks=[]"])  # no olmo_eval needed
+        spec = load_and_resolve(path, ["train.hardware=none", "train.device=cpu", "eval.downstream_tasks=[]"])  # no olmo_eval needed
         dims.update(head_dims(spec.model.build(vocab_size(spec))))
     return tuple(sorted(dims))
 
@@ -141,7 +142,7 @@ def timed_run(config: Path, overrides: list[str], folder: Path, device: torch.de
               warmup: int) -> Timed:
     """``steps`` Trainer steps of ``config`` on synthetic tokens (no checkpoints); tokens/s over the steps after ``warmup``."""
     tokens_file = synthetic_tokens(folder.parent, 100_000, (steps + 1) * batch * (seq + 1))
-    spec = load_spec(config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides])
+    spec = load_and_resolve(config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides])
     timer = StepTimer(device)
     torch._dynamo.reset()  # each run compiles its own shapes: no automatic dynamic shapes from the run before
     train(spec, callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)})

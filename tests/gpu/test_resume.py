@@ -5,10 +5,10 @@ Bit-identity is reported; GPU backward kernels are not deterministic, so the pas
 import pytest
 import torch
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.checkpoints import load_optim_state
-from olmo_patches.train.metrics import read_metrics
+from olmo_patches.launch.run_folder import read_metrics
 
 from ._common import BF16_TOL, REPO, rel, run_overrides, synthetic_tokens
 
@@ -26,8 +26,8 @@ def test_stopped_and_resumed_equals_uninterrupted(env, rows):
         folder = folders[name] = env.work / f"resume-{name}"
         overrides = [*run_overrides(folder, tokens_file, seq, batch, 4, env.device), *extra]
         if name == "resumed":
-            train(load_spec(REPO / "configs" / "demo" / "baseline.yaml", [*overrides, "run.stop_at_step=2"]))
-        train(load_spec(REPO / "configs" / "demo" / "baseline.yaml", overrides))
+            train(load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", [*overrides, "run.stop_at_step=2"]))
+        train(load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", overrides))
     losses = {n: {s: m["train/CE loss"] for s, m in read_metrics(f).items() if "train/CE loss" in m} for n, f in folders.items()}
     steps = sorted(losses["straight"])
     assert steps == [1, 2, 3, 4] and sorted(losses["resumed"]) == steps, (steps, sorted(losses["resumed"]))

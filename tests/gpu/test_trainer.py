@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from olmo_patches.config import Layout, memory_estimate, vocab_size
-from olmo_patches.hardware import GIB, known_card
+from olmo_patches.config import vocab_size
+from olmo_patches.launch.layout import Layout, memory_estimate
+from olmo_patches.launch.hardware import GIB, known_card
 
 from ._common import REPO, timed_run
 
