@@ -2,6 +2,7 @@
 
     python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30] [--write DIR]
                                     [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4] [--aligned]
+                                    [--attention 45M] [--heads8]
 
 BUDGET is a baseline config (its non-embedding parameters, paper definition) or a count
 (113246208, 113.2M). Without --layers every L whose solved d_model/L lies in 50..300 is tried.
@@ -11,6 +12,9 @@ then be a config), each saying that it was generated and by which command. --att
 attention width (n_heads x --head-dim near that fraction of d_model, the authors' revised shapes);
 --kv-group G makes every G query heads share a key/value head (GQA). --aligned keeps the shapes GPU
 matmuls like (d_model % 8, d_h % 64, head dims % 8) within the authors' 0.3% instead of the paper's 0.001%.
+--attention N solves for the paper's reported attention/FFN split instead of a d_h/d_model (with --K and
+--layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --heads8 keeps only head dims that are
+multiples of 8 (d_model % 8). Both default to the authors' tightest tolerance, 0.04%.
 """
 
 import argparse
@@ -25,7 +29,8 @@ from rich.table import Table
 from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
-from olmo_patches.nn.search import ALIGNED_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes, rank_key, solve
+from olmo_patches.nn.search import (ALIGNED_TOLERANCE, SPLIT_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes,
+                                     rank_key, solve, solve_split)
 
 DOLMA2_PADDED_VOCAB = 100352
 
@@ -45,12 +50,30 @@ def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
     return budget, None, DOLMA2_PADDED_VOCAB, 4096
 
 
+def parse_count(text: str) -> float:
+    """45M, 45e6, 45000000 -> 45e6 (argparse type: a bad value is a one-line error)."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1)
+    value = float(text.rstrip("KkMmBb")) * scale
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
 def shapes(args, budget: int) -> list[Shape]:
     Ks = args.K or list(range(1, 11))
     ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
     fractions = tuple(args.attn_fraction or (None,))
     attention = dict(head_dim=args.head_dim, kv_group=args.kv_group)
-    solving = dict(tolerance=args.tolerance, aligned=args.aligned)
+    solving = dict(tolerance=args.tolerance, aligned=args.aligned, heads8=args.heads8, ratio_slack=args.ratio_slack)
+    if args.attention is not None:  # the paper's split: d_model from the attention count
+        if not (args.K and args.layers):
+            refuse("search: --attention needs --K and --layers")
+        found = [(K, L, solve_split(budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance))
+                 for K in args.K for L in args.layers]
+        for K, L, s in found:
+            if s is None:
+                print(f"search: no shape for K={K}, L={L}, attention {args.attention:,.0f} within {args.tolerance:g}", file=sys.stderr)
+        return [s for _, _, s in found if s is not None]
     if args.d_model:  # fixed dimensions: no solving
         if not (args.layers and args.d_h):
             refuse("search: --d-model needs --layers and --d-h")
@@ -59,6 +82,7 @@ def shapes(args, budget: int) -> list[Shape]:
             refuse(f"search: --d-model={args.d_model}: no valid head count")
         return [Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h) for K in Ks for L in args.layers for h in heads]
     if not args.layers:
+        solving.pop("ratio_slack")
         return list(enumerate_shapes(budget, Ks=Ks, d_h_ratios=ratios, attn_fractions=fractions, **solving, **attention))
     found: dict[tuple, Shape] = {}
     for K in Ks:
@@ -94,7 +118,7 @@ def config_name(s: Shape) -> str:
     return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}{attention}" + (f"-kv{s.n_kv_heads}" if s.n_kv_heads else "")
 
 
-def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: str) -> Path:
+def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: str, tolerance: float = TOLERANCE) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{config_name(s)}.yaml"
     base_name = baseline.parent.name
@@ -104,7 +128,7 @@ def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: 
 #   {command}
 # Shape {how}: K={s.K}, L={s.n_layers}, d_model={s.d_model}, d_h={s.d_h} (d_h/d_model {s.d_h_ratio:.3f},
 # d_model/L {s.width_depth:.0f}); attention {s.attention:,} + FFN {s.ffn:,} = {s.non_embedding:,} non-embedding
-# parameters, {s.mismatch(budget):+.2e} relative to the baseline's {budget:,} (paper tolerance {TOLERANCE:g}).
+# parameters, {s.mismatch(budget):+.2e} relative to the baseline's {budget:,} (tolerance {tolerance:g}; the paper's {TOLERANCE:g}).
 extends: {rel}
 run:
   name: {base_name}-{config_name(s)}
@@ -132,6 +156,8 @@ def main() -> None:
     parser.add_argument("--K", type=at_least(1), nargs="+", help="K values (default 1..10)")
     parser.add_argument("--d-h-ratio", type=at_least(0, float), nargs="+", help="target d_h/d_model values (default 0.1..0.8)")
     parser.add_argument("--layers", type=at_least(1), nargs="+", help="L values (default: every L with d_model/L in 50..300)")
+    parser.add_argument("--ratio-slack", type=at_least(0, float), default=0.2,
+                        help="allow d_h/d_model this far (relative) from --d-h-ratio (with --layers)")
     parser.add_argument("--layer-slack", type=at_least(0), default=0, help="allow L this far from --layers when unsolvable")
     parser.add_argument("--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving")
     parser.add_argument("--d-h", type=at_least(1), help="fix d_h (with --d-model)")
@@ -140,7 +166,10 @@ def main() -> None:
     parser.add_argument("--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)")
     parser.add_argument("--kv-group", type=at_least(1), default=1, help="query heads per key/value head (GQA; 1: MHA)")
     parser.add_argument("--aligned", action="store_true", help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3")
-    parser.add_argument("--tolerance", type=at_least(0, float), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned)")
+    parser.add_argument("--attention", type=parse_count,
+                        help="solve for this many attention parameters (45M: the paper's split) instead of --d-h-ratio")
+    parser.add_argument("--heads8", action="store_true", help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4")
+    parser.add_argument("--tolerance", type=at_least(0, float), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 with --attention, --heads8)")
     parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
                         help="rank: olmo_patches.nn.search.rank_key (the paper's findings); flops; attention share")
     parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
@@ -149,7 +178,7 @@ def main() -> None:
     if args.head_dim % 2:
         refuse(f"search: --head-dim={args.head_dim}: must be even")
     if args.tolerance is None:
-        args.tolerance = ALIGNED_TOLERANCE if args.aligned else TOLERANCE
+        args.tolerance = ALIGNED_TOLERANCE if args.aligned else SPLIT_TOLERANCE if (args.heads8 or args.attention) else TOLERANCE
     budget, baseline, vocab, seq = parse_budget(args.budget)
     rows = shapes(args, budget)
     key = {"rank": rank_key, "flops": lambda s: s.flops_per_token(seq, vocab), "attention": lambda s: s.attention}[args.sort]
@@ -160,7 +189,7 @@ def main() -> None:
             refuse("search: --write needs BUDGET to be a baseline config")
         command = "python scripts/search.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         for s in rows:
-            print(write_config(s, args.write, baseline, budget, command))
+            print(write_config(s, args.write, baseline, budget, command, args.tolerance))
 
 
 if __name__ == "__main__":

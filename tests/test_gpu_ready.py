@@ -142,7 +142,7 @@ def test_gpu_check_cpu_tiny(tmp_path):
         # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
         assert 2.0**-16 < logits["error"] <= 16 * 2.0**-8, logits
         assert f"bf16 vs fp32: {block}: gradients (worst tensor)" in checks
-    # The attention rows at --tiny's three head dims of the shipped configs: the 113M hourglass K4-L6's
+    # The attention rows at --tiny's three head dims of the shipped configs: the 113M hourglass K4-L6-exact's
     # 146 (d_model 1314 / 9 heads) is not a multiple of 8; the 403M's 218 is the largest; logits and gradients each.
     kernels = [c for c in result["checks"] if c["section"] == "attention kernels"]
     dims = sorted({int(c["name"].split("head_dim ")[1].split(":")[0]) for c in kernels})
