@@ -1,4 +1,5 @@
-"""Rewrite the paper's sweep folders from their scripts/search.py commands (olmo_patches/nn/sweeps.py).
+"""Rewrite the papers' sweep folders: paper 1's from their scripts/search.py commands, paper 2's r_l / r_d
+grid from olmo_patches/nn/sweeps.py's WIDTH_GRID.
 
     python scripts/make_sweeps.py [FOLDER ...] [--root DIR]
 
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, refuse
-from olmo_patches.nn.sweeps import BASELINE_113M, SWEEPS
+from olmo_patches.nn.sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,8 +26,8 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="the folder holding configs/ (default: the repository)")
     args = parser.parse_args()
     for f in args.folders:
-        if f.rstrip("/") not in SWEEPS:
-            refuse(f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/nn/sweeps.py lists {', '.join(SWEEPS)})")
+        if f.rstrip("/") not in {**SWEEPS, **WIDTH_GRID}:
+            refuse(f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/nn/sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for folder, argv in SWEEPS.items():
         if args.folders and folder not in [f.rstrip("/") for f in args.folders]:
@@ -43,6 +44,9 @@ def main() -> None:
             sys.stderr.write(r.stderr)
             sys.exit(r.returncode)
         print(f"{folder}: {len(list(out.glob('*.yaml')))} configs")
+    for folder in WIDTH_GRID:
+        if not args.folders or folder in [f.rstrip("/") for f in args.folders]:
+            print(f"{folder}: {len(write_width_grid(args.root, folder))} configs")
 
 
 if __name__ == "__main__":
