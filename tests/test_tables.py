@@ -8,7 +8,7 @@ from PIL import Image
 
 from olmo_patches.config import load_spec
 from olmo_patches.train.metrics import read_metrics
-from olmo_patches.report.tables import NOT_RUN, build_tables, load_runs, paper_results, write_tables
+from olmo_patches.report.tables import NO_NUMBER, NOT_RUN, build_tables, load_runs, paper_results, write_tables
 from olmo_patches.train import train
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
@@ -64,7 +64,12 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     assert row["val PPL"] != NOT_RUN and row["paper"] == "40.153" and row["K"] == 1
     assert all(r["val PPL"] == NOT_RUN for r in k_rows if r["run"] != "113M-hourglass-K1-L06-d1368-dh694")
     # Downstream was not evaluated in the tiny runs: shown as not run beside the paper's 0.453.
-    row = _row(tables["downstream"], task="ARC-Easy", variant="baseline")
+    # Every (task, size) cell: 7 tasks x 4 sizes x 2 variants; the paper's text gives 4 cells, each variant.
+    rows = tables["downstream"]
+    assert len(rows) == 7 * 4 * 2 and sum(r["paper"] != NO_NUMBER for r in rows) == 8
+    assert _row(rows, task="PIQA", size="403M", variant="hourglass")["paper"] == NO_NUMBER
+    assert _row(rows, task="SciQ", size="1074M", variant="hourglass")["paper"] == "0.825"
+    row = _row(tables["downstream"], task="ARC-Easy", size="113M", variant="baseline")
     assert row["ours"] == NOT_RUN and row["paper"] == "0.453"
     assert {r["run"] for r in tables["hourglass_runs"]} == {"113M-hourglass-K8-dh384", "113M-hourglass-K1-L06-d1368-dh694"}
     assert _row(tables["variable_width"], run="paper2-500M-zero")["paper"] == "3.124"

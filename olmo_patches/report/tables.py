@@ -149,19 +149,25 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
 
 
 def downstream_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    """Every (task, size) cell of the paper's downstream evaluation, hourglass and baseline: the paper's
+    number where its text gives one, "no number reported" elsewhere."""
     size_runs = {r["size"]: {} for r in paper["hourglass"]["validation_ppl"]}
     for r in paper["hourglass"]["validation_ppl"]:
         size_runs[r["size"]][r["variant"]] = r["run"]
+    reported = {(t["task"], t["size"]): t for t in paper["hourglass"]["downstream"]}
     rows = []
-    for t in paper["hourglass"]["downstream"]:
-        for variant in ("hourglass", "baseline"):
-            name = size_runs[t["size"]][variant]
-            run = runs.get(name)
-            ours = run.downstream(t["task"], t["metric"]) if run else None
-            rows.append({
-                "task": t["label"], "size": t["size"], "metric": t["metric"], "variant": variant, "run": name,
-                "ours": _fmt(ours), "paper": _fmt(t[variant]), "diff": _diff(ours, t[variant]),
-            })
+    for t in paper["hourglass"]["downstream_tasks"]:
+        for size in size_runs:
+            cell = reported.get((t["task"], size), {})
+            for variant in ("hourglass", "baseline"):
+                name = size_runs[size][variant]
+                run = runs.get(name)
+                ours = run.downstream(t["task"], t["metric"]) if run else None
+                rows.append({
+                    "task": t["label"], "size": size, "metric": t["metric"], "variant": variant, "run": name,
+                    "ours": _fmt(ours), "paper": _fmt(cell[variant]) if variant in cell else NO_NUMBER,
+                    "diff": _diff(ours, cell.get(variant)),
+                })
     return rows
 
 
