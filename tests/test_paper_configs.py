@@ -205,6 +205,14 @@ def test_plan_steps_and_gpu_hours():
     # 6 N D rule of thumb (with the LM head and attention it is a little above): within 2x
     approx = 6 * (113_246_208 + 100352 * 768) * 2.5e9
     assert 1.0 < p.total_flops / approx < 2.0
+    # The dry run's tokens row: what the run trains, whole steps of the batch, beside the budget.
+    from rich.console import Console
+
+    from olmo_patches.report.plan import plan_table
+
+    console = Console(width=200, record=True)
+    console.print(plan_table(spec))
+    assert f"1,193 x 512 x 4096 = {1193 * 512 * 4096:,} (budget 2,500,000,000)" in console.export_text()
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=rel)
