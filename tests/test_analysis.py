@@ -124,3 +124,18 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
     bad = run_script("analyze.py", str(tmp_path / "nowhere"), "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nowhere" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_moe_layers_have_stream_metrics_and_no_unit_hook():
+    """Paper 2's variable-width MoE (shrunk): the residual stream and logit lens per layer at each layer's
+    width; its experts' hidden units are not hooked (None), not counted as dead."""
+    spec = load_spec(REPO / "configs/paper2/3B-MoE/x.yaml", ["model.d_model=128", "model.n_layers=4", "model.n_heads=4",
+                                                             "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=64",
+                                                             "train.device=cpu", "train.hardware=none"])
+    torch.manual_seed(0)
+    model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
+    model.init_weights(device=torch.device("cpu"))
+    a = analyze_model(model, torch.randint(0, 1000, (2, 17)))
+    assert [s.width for s in a.layers] == spec.model.resolved_widths
+    assert all(s.units is None and s.dead_fraction is None and s.utilisation is None for s in a.layers)
+    assert a.layers[-1].target_probability == pytest.approx(a.final_target_probability, rel=1e-6)
