@@ -13,7 +13,7 @@ from olmo_patches.config import load_spec, vocab_size
 from olmo_patches.report.analysis import analyze_model, dead_units, matrix_entropy, participation_ratio, target_probability
 from olmo_patches.train import train
 
-from .conftest import REPO, run_script, tiny_overrides
+from .conftest import REPO, run_in_process, tiny_overrides
 
 DEMO = REPO / "configs" / "demo"
 
@@ -110,7 +110,7 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
                                                                   "run.ephemeral_save_interval=null", f"run.name=tiny-{variant}"))
         train(spec)
         runs.append(str(folder))
-    r = run_script("analyze.py", *runs, "--out", str(tmp_path / "out"), "--batch", "2", "--seq", "16")
+    r = run_in_process("analyze.py", *runs, "--out", str(tmp_path / "out"), "--batch", "2", "--seq", "16")
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((tmp_path / "out" / "analysis.json").read_text())
     assert sorted(got) == ["tiny-baseline", "tiny-variable-width"]
@@ -121,7 +121,7 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
                 assert isinstance(layer[key], float), key
     with Image.open(tmp_path / "out" / "analysis.png") as im:
         assert im.size[0] > 600 and im.size[1] > 400
-    bad = run_script("analyze.py", str(tmp_path / "nowhere"), "--out", str(tmp_path / "bad"))
+    bad = run_in_process("analyze.py", str(tmp_path / "nowhere"), "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nowhere" in bad.stderr
     assert not (tmp_path / "bad").exists()
 

@@ -147,14 +147,17 @@ def test_sweep_folders_reproduce_from_one_command(tmp_path):
     """scripts/make_sweeps.py rewrites a sweep folder byte for byte (here the K sweep, fixed shapes: fast)."""
     import shutil
 
-    from .conftest import run_script
+    from .conftest import run_in_process
 
-    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    for name in ("base.yaml", "113M/baseline.yaml"):  # the sweep's baseline and what it extends
+        (tmp_path / "configs" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "configs" / name, tmp_path / "configs" / name)
+    shutil.copytree(ROOT / "configs/113M/ablations/k-sweep-unmatched", tmp_path / "configs/113M/ablations/k-sweep-unmatched")
     folder = "configs/113M/ablations/k-sweep-unmatched"
     for p in (tmp_path / folder).glob("*.yaml"):
         p.write_text("stale\n")
     (tmp_path / folder / "hourglass-K9-stale.yaml").write_text("stale\n")
-    r = run_script("make_sweeps.py", folder, "--root", str(tmp_path))
+    r = run_in_process("make_sweeps.py", folder, "--root", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     shipped = {p.name: p.read_text() for p in (ROOT / folder).glob("*.yaml")}
     assert {p.name: p.read_text() for p in (tmp_path / folder).glob("*.yaml")} == shipped and len(shipped) == 8
