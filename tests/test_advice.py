@@ -11,7 +11,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def test_unaligned_matmul_dims_are_named_once():
-    lines = advice(load_and_resolve(CONFIGS / "113M/hourglass-K4-L6.yaml"))
+    lines = advice(load_and_resolve(CONFIGS / "113M/hourglass-K4-L6-exact.yaml"))
     # d_model 1314 and d_h 759 are not multiples of 8, nor is the head dim 146 (1314 / 9).
     assert len(lines) == 1 and all(f"{d} (" in lines[0] for d in (759, 1314, 146)), lines
     assert advice(load_and_resolve(CONFIGS / "113M/hourglass-K4-L6-aligned.yaml")) == []
@@ -30,7 +30,7 @@ def test_http_data_slower_than_a_rank_needs(tmp_path):
 
 
 def test_the_dry_run_prints_each_warning_once():
-    r = run_in_process("train.py", str(CONFIGS / "113M/hourglass.yaml"), "train.hardware=b200", "--dry-run")
+    r = run_in_process("train.py", str(CONFIGS / "113M/hourglass-exact.yaml"), "train.hardware=b200", "--dry-run")
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2 and "621 (" in warnings[0] and "over HTTP" in warnings[1], warnings

@@ -52,6 +52,8 @@ COMMANDS = [
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
     Row(r"python scripts/count_params\.py ", "run"),
     Row(r"python scripts/search\.py ", "run", TINY_SEARCH),
+    Row(r"python scripts/analyze\.py runs/", "parse", why="the demo runs' checkpoints (tests/test_analysis.py runs it on tiny ones)"),
+    Row(r"python scripts/make_sweeps\.py", "parse", why="rewrites configs/113M/ablations (minutes); tests/test_paper_configs.py runs one folder"),
     Row(r"python scripts/config_table\.py", "run"),
     Row(r"python scripts/make_tables\.py runs-reference/", "parse", why="the reference model's evaluated folder (docs/paper_runs.md)"),
     Row(r"python scripts/make_tables\.py ", "run", ("--no-figures",)),

@@ -71,7 +71,10 @@ def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
     # ln C(L) = (ln L - ln a) / b magnifies ln a's error by 1 / |b| ~ 20: within 4 of the fits' errors.
     err = math.hypot(*(float(rows[f]["ln C std err"]) for f in ("baseline", "x")))
     assert abs(math.log(got / want)) < 4 * err and err < 0.1 and got == pytest.approx(want, rel=0.1)
-    assert want < 0.8 and rows["x"]["paper"].startswith("77.8%")
+    assert want < 0.8 and rows["x"]["paper"].startswith("77.8% FLOPs, 85.1% mean width")
+    # The same solve on mean width: the baseline's runs are constant width (d_model), 100% of themselves.
+    assert rows["baseline"]["mean width (KV cache) / baseline's"] == "100.0%"
+    assert rows["baseline"]["mean width at target"] != "one width" and rows["x"]["mean width (KV cache) / baseline's"].endswith("%")
 
 
 def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
@@ -104,3 +107,42 @@ def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
     assert "| 6.0000 |" in (tmp_path / "matched_loss.md").read_text()
     help_text = run_in_process("make_tables.py", "--help").stdout
     assert "L = a C^b" in help_text and "--target-loss" in help_text
+
+
+# Paper 2's four dense rows, written here: h, L, batch (sequences), steps, baseline loss, x loss, x's FLOPs
+# and mean width vs the baseline (fractions).
+PAPER2_DENSE = [(640, 16, 128, 19080, 3.452, 3.430, -0.032, -0.100), (960, 24, 256, 23844, 3.138, 3.099, -0.037, -0.110),
+                (1280, 32, 512, 23842, 2.926, 2.890, -0.026, -0.105), (1600, 40, 1024, 25000, 2.751, 2.726, -0.025, -0.109)]
+
+
+def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
+    """Fits per family of loss against FLOPs and against mean width, solved at the 2B baseline's 2.751: the
+    paper's 77.8% of the FLOPs and 85.1% of the mean width (the abstract's 15% less KV cache); the x
+    family's FLOPs fit is the paper's a 3.12, b -0.0503."""
+    from olmo_patches.report.scaling import paper_matched_loss
+
+    rows = [dict(h=h, n_layers=L, batch=B, steps=S, baseline=b, x=x, flops=f, mean_width=w) for h, L, B, S, b, x, f, w in PAPER2_DENSE]
+    got = paper_matched_loss(rows, 100263, 4096)
+    assert got["target_loss"] == 2.751
+    assert got["flops_fraction"] == pytest.approx(0.778, abs=0.003)
+    assert got["mean_width_fraction"] == pytest.approx(0.851, abs=0.0006)
+    x = got["flops"][1]
+    assert x.a == pytest.approx(3.12, abs=0.02) and x.b == pytest.approx(-0.0503, abs=1e-4)
+    # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then W = (L / a)^(1/b).
+    def width_at(ws, ls):
+        b, ln_a = np.polyfit(np.log(ws), np.log(ls), 1)
+        return math.exp((math.log(2.751) - ln_a) / b)
+    by_hand = width_at([r[0] * (1 + r[7]) for r in PAPER2_DENSE], [r[5] for r in PAPER2_DENSE]) / width_at(
+        [r[0] for r in PAPER2_DENSE], [r[4] for r in PAPER2_DENSE])
+    assert got["mean_width_fraction"] == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_make_tables_prints_the_papers_matched_loss(tmp_path):
+    """The scaling report on the paper's own rows (paper_results.yaml), no runs needed: 77.6% of the FLOPs
+    (the paper rounds its own fit to 77.8%), 85.1% of the mean width, beside the equal-size 2B row."""
+    (tmp_path / "runs").mkdir()
+    r = run_in_process("make_tables.py", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-figures")
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = (tmp_path / "out" / "matched_loss_paper.md").read_text()
+    flops, width = (line for line in md.splitlines() if line.startswith(("| training FLOPs", "| mean width")))
+    assert "| 77.6% | 77.8% | 97.5% |" in flops and "| 85.1% | 85.1% | 89.1% |" in width, md

@@ -8,7 +8,7 @@ from PIL import Image
 
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.run_folder import read_metrics
-from olmo_patches.report.tables import NOT_RUN, build_tables, load_runs, paper_results, write_tables
+from olmo_patches.report.tables import NO_NUMBER, NOT_RUN, build_tables, load_runs, paper_results, write_tables
 from olmo_patches.train import train
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
@@ -18,7 +18,7 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUNS = {
     "113M-baseline": dict(block="baseline"),
     "113M-hourglass-K8-dh384": dict(block="hourglass"),  # tiny: K=2, d_h=16 (conftest)
-    "113M-hourglass-K1-L12-d768-dh384": dict(block="hourglass", extra=["model.K=1", "model.n_layers=1"]),
+    "113M-hourglass-K1-L06-d1368-dh694": dict(block="hourglass", extra=["model.K=1", "model.n_layers=1"]),
 }
 
 
@@ -60,13 +60,18 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     # K ablation: every config of the sweep is a row; the K=1 one was run, with the paper's 40.153.
     k_rows = tables["ablation_K"]
     assert len(k_rows) == len(list((REPO / "configs/113M/ablations/k-sweep-unmatched").glob("*.yaml")))
-    row = _row(k_rows, run="113M-hourglass-K1-L12-d768-dh384")
+    row = _row(k_rows, run="113M-hourglass-K1-L06-d1368-dh694")
     assert row["val PPL"] != NOT_RUN and row["paper"] == "40.153" and row["K"] == 1
-    assert all(r["val PPL"] == NOT_RUN for r in k_rows if r["run"] != "113M-hourglass-K1-L12-d768-dh384")
+    assert all(r["val PPL"] == NOT_RUN for r in k_rows if r["run"] != "113M-hourglass-K1-L06-d1368-dh694")
     # Downstream was not evaluated in the tiny runs: shown as not run beside the paper's 0.453.
-    row = _row(tables["downstream"], task="ARC-Easy", variant="baseline")
+    # Every (task, size) cell: 7 tasks x 4 sizes x 2 variants; the paper's text gives 4 cells, each variant.
+    rows = tables["downstream"]
+    assert len(rows) == 7 * 4 * 2 and sum(r["paper"] != NO_NUMBER for r in rows) == 8
+    assert _row(rows, task="PIQA", size="403M", variant="hourglass")["paper"] == NO_NUMBER
+    assert _row(rows, task="SciQ", size="1074M", variant="hourglass")["paper"] == "0.825"
+    row = _row(tables["downstream"], task="ARC-Easy", size="113M", variant="baseline")
     assert row["ours"] == NOT_RUN and row["paper"] == "0.453"
-    assert {r["run"] for r in tables["hourglass_runs"]} == {"113M-hourglass-K8-dh384", "113M-hourglass-K1-L12-d768-dh384"}
+    assert {r["run"] for r in tables["hourglass_runs"]} == {"113M-hourglass-K8-dh384", "113M-hourglass-K1-L06-d1368-dh694"}
     assert _row(tables["variable_width"], run="paper2-500M-zero")["paper"] == "3.124"
     # The 3B MoE row (paper 2, docs/papers.md): 2.726 -> 2.710, -4.6% FLOPs, -10.9% mean width.
     assert _row(tables["variable_width"], run="paper2-3B-MoE-baseline")["paper"] == "2.726"
@@ -96,3 +101,22 @@ def test_write_tables_marks_every_paper_row_not_run_without_runs(tmp_path):
     write_tables(tables, tmp_path)
     assert all(r["val PPL"] == NOT_RUN for r in tables["validation_ppl"])
     assert tables["hourglass_runs"] == [] and (tmp_path / "hourglass_runs.md").read_text() == "(no runs)\n"
+
+
+def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
+    """Paper 2 trained on DCLM with cl100k, the runs on OLMo-2's mix with dolma2: the x row's diff is the
+    run's gap to its own baseline minus the paper's gap (2B: 2.726 - 2.751 = -0.025), and each row names
+    both sides' data."""
+    from olmo_patches.report.tables import Run, variable_width_table
+
+    def run(name, loss):
+        config = {"run": {"name": name}, "model": {"block": "variable_width"}, "data": {"source": "olmo2_stage1", "tokenizer": "dolma2"}}
+        return Run(tmp_path / name, config, {100: {"eval/lm/wikitext_103-validation/CE loss": loss}})
+
+    runs = {"paper2-2B-baseline": run("paper2-2B-baseline", 3.000), "paper2-2B-x": run("paper2-2B-x", 2.990)}
+    rows = variable_width_table(runs, paper_results())
+    x = _row(rows, run="paper2-2B-x")
+    assert (x["gap to own baseline"], x["paper gap"], x["diff"]) == ("-0.010", "-0.025", "+0.015")
+    assert x["data (run / paper)"] == "olmo2_stage1, dolma2 / DCLM, cl100k"
+    assert _row(rows, run="paper2-2B-baseline")["diff"] == ""
+    assert _row(rows, run="paper2-1B-x")["diff"] == "" and _row(rows, run="paper2-1B-x")["paper gap"] == "-0.036"

@@ -67,7 +67,7 @@ SCALES: Dict[str, Scale] = {
     # head dim 72), hg_aligned its sibling within 0.3% (d_h 576, head dim 48): what exact matching costs.
     "113M": Scale(
         {"baseline": "configs/113M/baseline.yaml", "hourglass": "configs/113M/hourglass-K8-dh384.yaml",
-         "variable_width": "configs/113M/variable-width.yaml", "hg_exact": "configs/113M/hourglass.yaml",
+         "variable_width": "configs/113M/variable-width.yaml", "hg_exact": "configs/113M/hourglass-exact.yaml",
          "hg_aligned": "configs/113M/hourglass-aligned.yaml"},
         seq_len=128, batch=1,
     ),

@@ -202,7 +202,11 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table = Table(title=f"{spec.run.name}: run plan")
     table.add_column("", no_wrap=True)
     table.add_column("value", justify="right", overflow="fold")
-    table.add_row("tokens", f"{p.tokens:,}")
+    # What the run trains: whole steps of the global batch (OLMo-core stops at the step that reaches
+    # max_tokens), beside the budget when it is not a whole number of steps.
+    trained = p.steps * p.tokens_per_step
+    budget = f" (budget {p.tokens:,})" if trained != p.tokens else ""
+    table.add_row("tokens", f"{p.steps:,} x {p.global_batch_sequences} x {spec.data.sequence_length} = {trained:,}{budget}")
     table.add_row("passes over the data", data_passes(spec, p.tokens))
     table.add_row("steps", f"{p.steps:,}")
     table.add_row("warmup steps", f"{p.warmup_steps:,}")

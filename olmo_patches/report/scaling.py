@@ -13,6 +13,13 @@ standard errors of a (a x se(ln a)) and b need 3 or more runs. The compute a fam
 L* is C(L*) = (L* / a)^(1/b), with the standard error of ln C(L*) by the delta method; the matched-loss
 ratio is C_family(L*) / C_baseline(L*). L* defaults to the loss of the baseline family's run with the
 most compute (the paper: the 2B baseline's loss, reached by x with 77.8% of its FLOPs).
+
+The same fit and solve against a run's mean layer width W (the mean of its layers' widths; d_model at
+constant width), L = a W^b, gives the mean width each family needs for the target loss: the KV cache
+per token is 2 W L, so at matched loss the ratio of mean widths is the paper's KV-cache saving (85.1%
+of the baseline's at the 2B baseline's loss, the abstract's 15%), not the 10-11% of the equal-size
+rows. :func:`paper_matched_loss` repeats both solves on the paper's own four dense rows
+(docs/variable_width.md): 77.6% of the FLOPs (the paper: 77.8%) and 85.1% of the mean width.
 """
 
 from __future__ import annotations
@@ -25,7 +32,8 @@ import numpy as np
 
 from .tables import Run
 
-__all__ = ["C_UNIT", "PowerLaw", "fit_power_law", "family", "run_compute", "scaling_points", "scaling_tables"]
+__all__ = ["C_UNIT", "PowerLaw", "fit_power_law", "family", "run_compute", "run_mean_width", "scaling_points", "scaling_tables",
+           "paper_matched_loss", "paper_matched_loss_rows"]
 
 C_UNIT = 1e20  # FLOPs; the paper's fit L = 3.16 C^-0.0498 has C in about these units (docs/variable_width.md)
 
@@ -96,12 +104,21 @@ def run_compute(run: Run) -> float:
     return count(spec).flops_per_token * tokens / C_UNIT
 
 
+def run_mean_width(run: Run) -> float:
+    """The mean of a run's layer widths (variable width: its schedule's w_l; otherwise d_model)."""
+    from ..config import load_spec
+
+    m = load_spec(run.path / "config.yaml").model
+    widths = m.resolved_widths if m.block == "variable_width" else [m.d_model] * m.n_layers
+    return sum(widths) / len(widths)
+
+
 def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[tuple]]:
-    """{family: [(C, L, run name), ...] by C} for the runs with a validation loss."""
+    """{family: [(C, L, run name, mean width), ...] by C} for the runs with a validation loss."""
     points: Dict[str, List[tuple]] = {}
     for name, run in sorted(runs.items()):
         if (loss := run.val_loss()) is not None and run.last_step > 0:
-            points.setdefault(family(run), []).append((run_compute(run), loss, name))
+            points.setdefault(family(run), []).append((run_compute(run), loss, name, run_mean_width(run)))
     return {f: sorted(p) for f, p in points.items()}
 
 
@@ -109,6 +126,12 @@ def fits(points: Dict[str, List[tuple]]) -> Dict[str, PowerLaw]:
     """The families with runs at 2 or more compute budgets, fitted."""
     return {f: fit_power_law([p[0] for p in pts], [p[1] for p in pts]) for f, pts in points.items()
             if len({p[0] for p in pts}) >= 2}
+
+
+def width_fits(points: Dict[str, List[tuple]]) -> Dict[str, PowerLaw]:
+    """L = a W^b per family with runs at 2 or more mean widths (W in units of one)."""
+    return {f: fit_power_law([p[3] for p in pts], [p[1] for p in pts]) for f, pts in points.items()
+            if len({p[3] for p in pts}) >= 2}
 
 
 def _err(x: float, digits: int) -> str:
@@ -133,11 +156,65 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
     rows = []
     if target_loss is not None and fitted:
         base = fitted.get("baseline")
+        widths = width_fits(points)
+        base_w = widths.get("baseline")
         for f, law in fitted.items():
             C = law.compute_at(target_loss)
             err = law.compute_log_err(target_loss) if law.n > 2 else math.nan
             ratio = C / base.compute_at(target_loss) if base is not None else None
+            w = widths[f].compute_at(target_loss) if f in widths else None
+            w_ratio = w / base_w.compute_at(target_loss) if w is not None and base_w is not None else None
             rows.append({"family": f, "target loss": f"{target_loss:.4f}", "C at target (1e20 FLOPs)": f"{C:.4g}",
                          "ln C std err": _err(err, 3), "C / baseline's": f"{ratio:.1%}" if ratio is not None else "no baseline fit",
-                         "paper": f"{ref['x_flops_fraction']:.1%} (x, at the 2B baseline's loss)" if f == "x" else ""})
+                         "mean width at target": f"{w:.1f}" if w is not None else "one width",
+                         "mean width (KV cache) / baseline's": f"{w_ratio:.1%}" if w_ratio is not None else "n/a",
+                         "paper": (f"{ref['x_flops_fraction']:.1%} FLOPs, {ref['x_mean_width_fraction']:.1%} mean width "
+                                   "(x, at the 2B baseline's loss)") if f == "x" else ""})
     return {"scaling_fit": fit_rows, "matched_loss": rows}
+
+
+def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, target_loss: Optional[float] = None) -> dict:
+    """Paper 2's matched-loss figures from its own table. ``rows``: the dense sizes, each with h, n_layers,
+    batch (sequences), steps, baseline and x (final losses), flops and mean_width (x's change vs the
+    baseline at that size, e.g. -0.025). C = 3 x the authors' forward FLOPs per sequence
+    (``paper_flops``) x sequences, in C_UNIT; x's C and mean width are the baseline's times (1 + change).
+    Returns the four fits and x's fraction of the baseline's FLOPs and mean width at ``target_loss``
+    (default: the largest baseline's loss, the paper's 2B 2.751)."""
+    from ..nn.variable_width import paper_flops
+
+    C = [3 * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len) * r["batch"] * r["steps"] / C_UNIT for r in rows]
+    base_c = fit_power_law(C, [r["baseline"] for r in rows])
+    x_c = fit_power_law([c * (1 + r["flops"]) for c, r in zip(C, rows)], [r["x"] for r in rows])
+    base_w = fit_power_law([r["h"] for r in rows], [r["baseline"] for r in rows])
+    x_w = fit_power_law([r["h"] * (1 + r["mean_width"]) for r in rows], [r["x"] for r in rows])
+    if target_loss is None:
+        target_loss = max(zip(C, rows), key=lambda cr: cr[0])[1]["baseline"]
+    largest = max(rows, key=lambda r: r["h"])
+    return {"target_loss": target_loss, "flops": (base_c, x_c), "mean_width": (base_w, x_w),
+            "flops_fraction": x_c.compute_at(target_loss) / base_c.compute_at(target_loss),
+            "mean_width_fraction": x_w.compute_at(target_loss) / base_w.compute_at(target_loss),
+            "equal_size": {"size": largest.get("size", ""), "flops": 1 + largest["flops"], "mean_width": 1 + largest["mean_width"]}}
+
+
+def _fraction(text) -> float:
+    """-2.5% or -0.025 -> -0.025."""
+    return float(str(text).rstrip("%")) / 100 if str(text).endswith("%") else float(text)
+
+
+def paper_matched_loss_rows(paper: dict) -> List[dict]:
+    """The matched-loss table from paper 2's own dense rows (paper_results.yaml), beside the paper's
+    stated figures and the equal-size change at its largest dense size."""
+    vw = paper["variable_width"]
+    dense = [dict(r, flops=_fraction(r["flops"]), mean_width=_fraction(r["mean_width"])) for r in vw["sizes"] if "h" in r]
+    got = paper_matched_loss(dense, vw["vocab_size"], vw["sequence_length"])
+    ref, eq = vw["scaling"], got["equal_size"]
+    out = []
+    for key, label, stated, fit in (("flops", "training FLOPs", ref["x_flops_fraction"], "L = a C^b (C in 1e20 FLOPs)"),
+                                    ("mean_width", "mean width (KV cache per token)", ref["x_mean_width_fraction"],
+                                     "L = a W^b (W: mean layer width)")):
+        base, x = got[key]
+        out.append({"quantity": label, "fit": fit,
+                    "baseline a, b": f"{base.a:.5g}, {base.b:.5f}", "x a, b": f"{x.a:.5g}, {x.b:.5f}",
+                    "target loss": f"{got['target_loss']:.3f}", "x / baseline at the target": f"{got[key + '_fraction']:.1%}",
+                    "paper": f"{stated:.1%}", f"equal size ({eq['size']})": f"{eq[key]:.1%}"})
+    return out

@@ -150,19 +150,25 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
 
 
 def downstream_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    """Every (task, size) cell of the paper's downstream evaluation, hourglass and baseline: the paper's
+    number where its text gives one, "no number reported" elsewhere."""
     size_runs = {r["size"]: {} for r in paper["hourglass"]["validation_ppl"]}
     for r in paper["hourglass"]["validation_ppl"]:
         size_runs[r["size"]][r["variant"]] = r["run"]
+    reported = {(t["task"], t["size"]): t for t in paper["hourglass"]["downstream"]}
     rows = []
-    for t in paper["hourglass"]["downstream"]:
-        for variant in ("hourglass", "baseline"):
-            name = size_runs[t["size"]][variant]
-            run = runs.get(name)
-            ours = run.downstream(t["task"], t["metric"]) if run else None
-            rows.append({
-                "task": t["label"], "size": t["size"], "metric": t["metric"], "variant": variant, "run": name,
-                "ours": _fmt(ours), "paper": _fmt(t[variant]), "diff": _diff(ours, t[variant]),
-            })
+    for t in paper["hourglass"]["downstream_tasks"]:
+        for size in size_runs:
+            cell = reported.get((t["task"], size), {})
+            for variant in ("hourglass", "baseline"):
+                name = size_runs[size][variant]
+                run = runs.get(name)
+                ours = run.downstream(t["task"], t["metric"]) if run else None
+                rows.append({
+                    "task": t["label"], "size": size, "metric": t["metric"], "variant": variant, "run": name,
+                    "ours": _fmt(ours), "paper": _fmt(cell[variant]) if variant in cell else NO_NUMBER,
+                    "diff": _diff(ours, cell.get(variant)),
+                })
     return rows
 
 
@@ -260,25 +266,47 @@ def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
     return rows
 
 
+def _data(run: Optional[Run]) -> str:
+    """The data a run trained on: its source and tokenizer (config data.source, data.tokenizer)."""
+    if run is None:
+        return ""
+    data = run.config.get("data") or {}
+    return f"{data.get('source', '?')}, {data.get('tokenizer', '?')}"
+
+
 def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    """Paper 2's rows beside the runs. Its data (DCLM, cl100k) differ from the runs' (OLMo-2's mix,
+    dolma2), so absolute losses do not compare: each x row's ``diff`` is the run's gap to its own
+    baseline minus the paper's gap to its baseline (negative: the run's x gains more); the ``data``
+    column names each side's."""
     rows = []
-    for r in paper["variable_width"]["sizes"]:
-        for variant, key in (("baseline", "baseline_run"), ("x", "x_run")):
-            run = runs.get(r[key])
-            ours = run.val_loss() if run else None
-            rows.append({"size": r["size"], "variant": variant, "run": r[key], "val loss": _fmt(ours),
-                         "paper": _fmt(r[variant]), "diff": _diff(ours, r[variant]),
-                         "paper FLOPs": r["flops"] if variant == "x" else "", "paper mean width": r["mean_width"] if variant == "x" else ""})
-    for r in paper["variable_width"]["ablations_500M"]:
-        run = runs.get(r["run"])
+    vw = paper["variable_width"]
+
+    def row(size, variant, run_name, paper_loss, base_run, base_paper, **extra):
+        run = runs.get(run_name)
         ours = run.val_loss() if run else None
-        rows.append({"size": "500M", "variant": r["variant"], "run": r["run"], "val loss": _fmt(ours),
-                     "paper": _fmt(r["loss"]) if "loss" in r else NO_NUMBER, "diff": _diff(ours, r.get("loss"))})
+        base = runs.get(base_run).val_loss() if base_run in runs and run_name != base_run else None
+        gap = ours - base if ours is not None and base is not None else None
+        paper_gap = paper_loss - base_paper if paper_loss is not None and run_name != base_run else None
+        return {"size": size, "variant": variant, "run": run_name, "data (run / paper)": f"{_data(run) or '-'} / {vw['data']}",
+                "val loss": _fmt(ours), "paper": _fmt(paper_loss) if paper_loss is not None else NO_NUMBER,
+                "gap to own baseline": _diff(gap, 0.0), "paper gap": _diff(paper_gap, 0.0) if paper_gap is not None else "",
+                "diff": _diff(gap, paper_gap), **extra}
+
+    for r in vw["sizes"]:
+        rows.append(row(r["size"], "baseline", r["baseline_run"], r["baseline"], r["baseline_run"], r["baseline"],
+                        **{"paper FLOPs": "", "paper mean width": ""}))
+        rows.append(row(r["size"], "x", r["x_run"], r["x"], r["baseline_run"], r["baseline"],
+                        **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]}))
+    base_500 = next(r for r in vw["ablations_500M"] if r["variant"] == "constant width")
+    for r in vw["ablations_500M"]:
+        rows.append(row("500M", r["variant"], r["run"], r.get("loss"), base_500["run"], base_500["loss"]))
     # The hourglass paper's sizes trained with the variable-width block, against their baselines.
     for r in paper["hourglass"]["validation_ppl"]:
         if r["variant"] == "variable-width":
             run = runs.get(r["run"])
             rows.append({"size": r["size"], "variant": "variable-width (hourglass paper's sizes)", "run": r["run"],
+                         "data (run / paper)": f"{_data(run) or '-'} / -",
                          "val loss": _fmt(run.val_loss() if run else None), "paper": NO_NUMBER, "diff": ""})
     return rows
 

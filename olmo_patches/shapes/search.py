@@ -24,6 +24,14 @@ Exact matching forces shapes GPU matmuls dislike (113M: d_h 621; 403M: head dim 
 keeps only the rungs with d_model % 8 and d_h % 64 (so head dims are multiples of 8) and trades the
 budget for them within :data:`ALIGNED_TOLERANCE`, the authors' own +-0.3% (their revised configs
 match their baselines to 0.04-0.29%).
+
+The paper reports attention/FFN splits, not shapes (113M: K=4, L=6 at about 45M/68M; the headline
+K=2 run at 66M/47M). :func:`solve_split` takes the attention count as the target instead of
+d_h/d_model: with MHA attention = 4 d_model^2 L fixes d_model, the budget fixes d_h, and the
+shape nearest the split with a head dim that is a multiple of 8 (flash-attention) within
+:data:`SPLIT_TOLERANCE` wins. ``heads8=True`` restricts :func:`solve` the same way (d_model % 8
+rungs only, and of the shapes within the tolerance the one whose d_h/d_model is nearest the
+target), for sweeps at that tolerance.
 """
 
 from __future__ import annotations
@@ -38,7 +46,9 @@ __all__ = [
     "ALIGNED_TOLERANCE",
     "ALIGNED_LADDER",
     "Shape",
+    "SPLIT_TOLERANCE",
     "solve",
+    "solve_split",
     "enumerate_shapes",
     "choose_heads",
     "attention_heads",
@@ -56,6 +66,8 @@ LADDER = sorted(
 )
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs: within +-0.3% of their baselines
 ALIGNED_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0)  # d_model % 8, d_h % 64
+SPLIT_TOLERANCE = 4e-4  # the tightest of the authors' revised configs (0.04%; they range to 0.29%)
+HEADS8_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0)  # d_model % 8: head dims multiples of 8
 
 
 @dataclass(frozen=True)
@@ -139,13 +151,15 @@ def solve(
     head_dim: int = 64,
     kv_group: int = 1,
     aligned: bool = False,
+    heads8: bool = False,
 ) -> Optional[Shape]:
     """The hourglass shape with K given, L = ``n_layers`` (or within ``layer_slack`` of it, nearest
     first), d_h/d_model within ``ratio_slack`` (relative) of ``d_h_ratio``, and the budget met within
     ``tolerance``. None when there is none. ``attn_fraction``: attention width near that fraction of
     d_model in heads of ``head_dim`` (None: MHA at d_model / n_heads); ``kv_group``: query heads per
     key/value head (GQA; 1: MHA); ``aligned``: only the :data:`ALIGNED_LADDER` rungs (pass
-    ``tolerance=ALIGNED_TOLERANCE`` with it).
+    ``tolerance=ALIGNED_TOLERANCE`` with it); ``heads8``: only d_model % 8 rungs (head dims
+    multiples of 8, d_h any integer; pass ``tolerance=SPLIT_TOLERANCE`` with it).
 
     Search order: each d_model window in turn (relative to the continuous solution d*), each L
     nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
@@ -153,10 +167,38 @@ def solve(
     layers = sorted(range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1), key=lambda L: (abs(L - n_layers), L))
     for window in windows:
         for L in layers:
+            if heads8 and attn_fraction is None and kv_group == 1:
+                shape = _solve_heads8(budget, K, L, d_h_ratio, tolerance, window, ratio_slack)
+                if shape is not None:
+                    return shape
+                continue
             shape = _solve_rungs(budget, K, L, d_h_ratio, tolerance, window, ratio_slack, attn_fraction, head_dim, kv_group,
-                                 ALIGNED_LADDER if aligned else LADDER)
+                                 ALIGNED_LADDER if aligned else HEADS8_LADDER if heads8 else LADDER)
             if shape is not None:
                 return shape
+    return None
+
+
+def solve_split(
+    budget: int, *, K: int, n_layers: int, attention: float, tolerance: float = SPLIT_TOLERANCE, window: float = 0.05,
+) -> Optional[Shape]:
+    """The MHA hourglass shape whose attention parameters are nearest ``attention`` (d_model nearest
+    sqrt(attention / 4 L)), with d_model % 8 and a head dim that is a multiple of 8, and d_h the
+    integer that meets the budget within ``tolerance``. None when no d_model within ``window``
+    (relative) of the split's has one."""
+    L = n_layers
+    d_star = math.sqrt(attention / (4 * L))
+    lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
+    for d_model in sorted(range(lo + (-lo) % 8, hi + 1, 8), key=lambda d: (abs(d - d_star), d)):
+        n_heads = choose_heads(d_model)
+        if n_heads is None or (d_model // n_heads) % 8:
+            continue
+        d_h = round((budget - 4 * d_model * d_model * L) / (3 * K * d_model * L))
+        if d_h < 1:
+            continue
+        shape = Shape(K, d_model, L, d_h, n_heads, rounding="d_model % 8, d_h % 1 (split)")
+        if abs(shape.mismatch(budget)) <= tolerance:
+            return shape
     return None
 
 
@@ -198,6 +240,25 @@ def _solve_rungs(
     return None
 
 
+def _solve_heads8(budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float) -> Optional[Shape]:
+    """MHA, d_model % 8 with a head dim that is a multiple of 8, d_h any integer: of the shapes within
+    ``tolerance``, the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets its ratios)."""
+    d_star = math.sqrt(budget / (L * (4 + 3 * K * r)))
+    lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
+    best: Optional[Shape] = None
+    for d_model in range(lo + (-lo) % 8, hi + 1, 8):
+        n_heads = choose_heads(d_model)
+        if n_heads is None or (d_model // n_heads) % 8:
+            continue
+        d_h = round((budget - 4 * d_model * d_model * L) / (3 * K * d_model * L))
+        if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
+            continue
+        shape = Shape(K, d_model, L, d_h, n_heads, rounding="d_model % 8, d_h % 1")
+        if abs(shape.mismatch(budget)) <= tolerance and (best is None or abs(shape.d_h_ratio - r) < abs(best.d_h_ratio - r)):
+            best = shape
+    return best
+
+
 def optimal_width_depth(K: int) -> float:
     """The paper's U-curve optimum of d_model/L: about 180 at K=2, 110 at K=4 (linear between, flat outside)."""
     if K <= 2:
@@ -224,6 +285,7 @@ def enumerate_shapes(
     head_dim: int = 64,
     kv_group: int = 1,
     aligned: bool = False,
+    heads8: bool = False,
 ) -> Iterator[Shape]:
     """Every solvable shape of the paper's search space: K, d_h/d_model, each attention width
     fraction (None: MHA at d_model), and each L whose solved d_model/L falls in ``width_depth``.
@@ -237,7 +299,7 @@ def enumerate_shapes(
                 L_max = math.ceil((budget / (per_layer * width_depth[0] ** 2)) ** (1 / 3))
                 for L in range(L_min, L_max + 1):
                     shape = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=tolerance, attn_fraction=f,
-                                  head_dim=head_dim, kv_group=kv_group, aligned=aligned)
+                                  head_dim=head_dim, kv_group=kv_group, aligned=aligned, heads8=heads8)
                     if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
                         continue
                     key = (shape.K, shape.n_layers, shape.d_model, shape.d_h, shape.n_heads, shape.head_dim)

@@ -1,0 +1,67 @@
+"""Per-layer analyses of checkpoints on a validation batch (paper 2's Figures 5-9), variants overlaid.
+
+    python scripts/analyze.py CHECKPOINT [CHECKPOINT ...] --out DIR [--batch 8] [--seq 128]
+                              [--tokens FILE --dtype uint32] [--names a b ...] [--threshold 0.01]
+
+CHECKPOINT: a checkpoint (RUN/stepN) or a run folder (its latest), of any variant (baseline, hourglass,
+variable width, MoE). Per block: MLP activation utilisation and dead units, the residual stream's
+normalised matrix entropy and participation ratio, and the logit lens (the model's head on each
+block's output: the next token's probability); olmo_patches/report/analysis.py defines each. Writes
+DIR/analysis.json and DIR/analysis.png (four panels against layer / L, one line per checkpoint).
+The batch: the first batch x (seq + 1) tokens of the run's validation data (the demo corpus's), or of
+--tokens (a raw numpy token file, --dtype) for runs whose validation data are remote.
+"""
+
+import argparse
+from pathlib import Path
+
+from olmo_patches.cli import ArgumentParser, at_least, refuse
+from olmo_patches.report.analysis import THRESHOLD, analysis_figure, analyze_model, load_checkpoint_model, validation_batch, write_json
+
+
+def main() -> None:
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoints (RUN/stepN) or run folders")
+    parser.add_argument("--out", type=Path, required=True, help="folder for analysis.json and analysis.png")
+    parser.add_argument("--names", nargs="+", help="one label per checkpoint (default: each run's name)")
+    parser.add_argument("--batch", type=at_least(1), default=8, help="sequences in the batch")
+    parser.add_argument("--seq", type=at_least(2), help="tokens per sequence (default: the run's, at most 512)")
+    parser.add_argument("--tokens", type=Path, help="a raw numpy token file for the batch (default: the run's validation data)")
+    parser.add_argument("--dtype", default="uint32", help="with --tokens: its numpy dtype")
+    parser.add_argument("--threshold", type=at_least(0, float), default=THRESHOLD,
+                        help="a unit is active where |a| > this x its layer's RMS activation")
+    args = parser.parse_args()
+    if args.names and len(args.names) != len(args.checkpoints):
+        refuse(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
+    if args.tokens is not None and not args.tokens.is_file():
+        refuse(f"analyze: command line: --tokens={args.tokens}: no such file")
+    from olmo_patches.train.experiment import resolve_data
+
+    analyses = []
+    for i, checkpoint in enumerate(args.checkpoints):
+        try:
+            spec, model, path = load_checkpoint_model(checkpoint)
+        except ValueError as e:
+            refuse(f"analyze: command line: {e}")
+        seq = args.seq or min(spec.data.sequence_length, 512)
+        if args.tokens is not None:
+            source, dtype = args.tokens, args.dtype
+        else:
+            data = resolve_data(spec)
+            if not data.val_paths or not Path(data.val_paths[0]).is_file():
+                refuse(f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation file; pass --tokens FILE --dtype")
+            source, dtype = data.val_paths[0], data.dtype or "uint32"
+        try:
+            tokens = validation_batch(source, dtype, args.batch, seq)
+        except ValueError as e:
+            refuse(f"analyze: command line: --batch/--seq: {e}")
+        name = args.names[i] if args.names else spec.run.name
+        a = analyze_model(model, tokens, name=name, checkpoint=str(path), block=spec.model.block, threshold=args.threshold)
+        analyses.append(a)
+        print(f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, p(next token) {a.final_target_probability:.4f}")
+    print(write_json(analyses, args.out / "analysis.json"))
+    print(analysis_figure(analyses, args.out / "analysis.png", f"{args.batch} x {seq} validation tokens"))
+
+
+if __name__ == "__main__":
+    main()
