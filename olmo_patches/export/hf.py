@@ -111,6 +111,10 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     from .modeling_hourglass_olmo import HourglassOlmoForCausalLM
 
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
+    # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same order.
+    shapes = {k: v.shape for k, v in model.model.state_dict().items()}
+    state = {k: v.reshape(shapes[k]) if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel() else v
+             for k, v in state.items()}
     model.model.load_state_dict(state, strict=True)
     return model
 

@@ -255,8 +255,9 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
         wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
         **fsdp_kwargs,
     ):
-        # OLMo-core's MoE block wrapping, the K-stacked expert weights sharded on dim 1, not K.
-        super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked, **fsdp_kwargs)
+        # OLMo-core's MoE block wrapping, the K-stacked expert weights sharded on a dimension the ranks
+        # divide (dim 1, the experts' rows, first; never K unless it divides: nn/hourglass.py).
+        super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked(dp_mesh), **fsdp_kwargs)
 
     def forward(
         self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs
