@@ -180,3 +180,22 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped):
     print(f"refused: {refused}; fewer than 10 rows a rank: {len(narrow)} {sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "
           f"worst share +{worst['share']:.1%}, worst states {worst['states']:.1%}")
 
+
+
+def test_a_launch_that_cannot_shard_is_refused_in_one_line_before_any_work(tmp_path):
+    """The dry run (and so the SLURM pre-flight, which runs it) refuses hourglass experts whose (K, E d_h,
+    d_model) weight no shard count of 64 divides: one line naming the parameter, its shape and the ranks,
+    exit 2, nothing written; on 8 ranks (d_model 3040 = 8 x 380) it plans the launch, each layer's experts split on a dimension 8 divides."""
+    from .conftest import run_in_process
+
+    config = REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml"
+    r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "64")
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("config error: ") and "blocks.0.feed_forward_moe.experts.mlp.w1 of shape (2, 10692, 3040)" in line, line
+    assert "cannot be sharded over 64 ranks" in line, line
+    assert not (tmp_path / "run").exists()
+    r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stdout.replace("│", " ").split())  # the plan table's cells, unwrapped
+    assert "FSDP2 shards over 8 ranks" in text and "K-stacked expert weights: dim 1, 2" in text, text[-3000:]
