@@ -70,6 +70,7 @@ COMMANDS = [
     Row(r"python scripts/gpu_check\.py", "parse", why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_ready.py)"),
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
     Row(r"python benchmarks/bench_kv_cache\.py", "parse", why="minutes of generation on 2 CPU cores"),
+    Row(r"python benchmarks/bench_allgather_copy\.py", "run", ("--repeats", "1")),
     Row(r"python scripts/sweep\.py (status|report) configs/demo/ablations/", "run"),
     Row(r"python scripts/sweep\.py ", "parse", why="trains a table's worth of runs, or needs SLURM (tests/test_sweep.py)"),
     Row(r"python scripts/evaluate\.py ", "parse", why="needs a finished run or an HF folder (tests/test_evaluate.py)"),

@@ -90,7 +90,7 @@ def test_stacked_sub_mlps_are_torchaos_float8_linears():
         out = nn.ModuleList(nn.Linear(stacked.in_features, stacked.out_features, bias=False) for _ in range(K))
         with torch.no_grad():
             for i, lin in enumerate(out):
-                lin.weight.copy_(stacked.weight[i])
+                lin.weight.copy_(stacked.stacked[i])
         return convert_to_float8_training(out, config=config)
 
     W1, W3, W2 = linears(ref.w1), linears(ref.w3), linears(ref.w2)
@@ -106,8 +106,8 @@ def test_stacked_sub_mlps_are_torchaos_float8_linears():
     got.square().sum().backward()
     h.square().sum().backward()
     for i in range(K):
-        torch.testing.assert_close(ffn.w1.weight.grad[i], W1[i].weight.grad, rtol=0, atol=0)
-        torch.testing.assert_close(ffn.w2.weight.grad[i], W2[i].weight.grad, rtol=0, atol=0)
+        torch.testing.assert_close(ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i], W1[i].weight.grad, rtol=0, atol=0)
+        torch.testing.assert_close(ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i], W2[i].weight.grad, rtol=0, atol=0)
 
 
 def _losses(run):

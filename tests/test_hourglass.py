@@ -44,9 +44,9 @@ class ReferenceHourglass(nn.Module):
     def load_into(self, ffn) -> None:
         with torch.no_grad():
             for i in range(len(self.W_u)):
-                ffn.w1.weight[i].copy_(self.W_d1[i].weight)
-                ffn.w3.weight[i].copy_(self.W_d2[i].weight)
-                ffn.w2.weight[i].copy_(self.W_u[i].weight)
+                ffn.w1.stacked[i].copy_(self.W_d1[i].weight)
+                ffn.w3.stacked[i].copy_(self.W_d2[i].weight)
+                ffn.w2.stacked[i].copy_(self.W_u[i].weight)
                 ffn.norms[i].weight.copy_(self.g[i])
 
 
@@ -70,9 +70,9 @@ def test_ffn_matches_equations(placement):
     (expected * torch.arange(out.numel()).reshape(out.shape).sin()).sum().backward()
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-10, atol=1e-10)
     for i in range(K):
-        torch.testing.assert_close(ffn.w1.weight.grad[i], ref.W_d1[i].weight.grad, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(ffn.w3.weight.grad[i], ref.W_d2[i].weight.grad, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(ffn.w2.weight.grad[i], ref.W_u[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i], ref.W_d1[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ffn.w3.weight.grad.view_as(ffn.w3.stacked)[i], ref.W_d2[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i], ref.W_u[i].weight.grad, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(ffn.norms[i].weight.grad, ref.g[i].grad, rtol=1e-10, atol=1e-10)
 
 
@@ -99,9 +99,9 @@ def test_k1_block_is_conventional_block(placement, block_type):
         hourglass.attention.load_state_dict(conventional.attention.state_dict())
         hourglass.attention_norm.weight.copy_(conventional.attention_norm.weight)
         ffn, ref = hourglass.feed_forward, conventional.feed_forward
-        ffn.w1.weight[0].copy_(ref.w1.weight)
-        ffn.w3.weight[0].copy_(ref.w3.weight)
-        ffn.w2.weight[0].copy_(ref.w2.weight)
+        ffn.w1.stacked[0].copy_(ref.w1.weight)
+        ffn.w3.stacked[0].copy_(ref.w3.weight)
+        ffn.w2.stacked[0].copy_(ref.w2.weight)
         ffn.norms[0].weight.copy_(conventional.feed_forward_norm.weight)
     # Same parameter count: the block has no FFN norm of its own, the FFN's one norm replaces it.
     assert sum(p.numel() for p in hourglass.parameters()) == sum(p.numel() for p in conventional.parameters())
@@ -122,7 +122,7 @@ def test_k1_model_same_seed_same_weights_and_logits():
     hour = ModelSpec(block="hourglass", K=1, d_h=128, **kw).build(256).build()
     for m in (base, hour):
         m.init_weights(device=torch.device("cpu"))
-    assert torch.equal(base.blocks["1"].feed_forward.w2.weight, hour.blocks["1"].feed_forward.w2.weight[0])
+    assert torch.equal(base.blocks["1"].feed_forward.w2.weight, hour.blocks["1"].feed_forward.w2.stacked[0])
     x = torch.randint(0, 256, (2, 16))
     assert torch.equal(base(x), hour(x))
 
@@ -183,7 +183,8 @@ def test_ffn_is_built_in_the_dtype_and_on_the_device_asked(dtype, device):
         assert {p.dtype for p in ffn.norms.parameters()} == {torch.float32}
         assert {p.device.type for p in ffn.parameters()} == {device}
         assert dict((n, tuple(p.shape)) for n, p in ffn.named_parameters() if n.startswith("w")) == {
-            "w1.weight": (3, 8, 16), "w3.weight": (3, 8, 16), "w2.weight": (3, 16, 8)}
+            "w1.weight": (24, 16), "w3.weight": (24, 16), "w2.weight": (48, 8)}  # (K out, in)
+        assert (ffn.w1.stacked.shape, ffn.w2.stacked.shape) == ((3, 8, 16), (3, 16, 8))
     assert "K=3, in_features=16, out_features=8, bias=False" in repr(HourglassFeedForwardConfig(
         hidden_size=8, K=3, bias=False, layer_norm=NORM).build(16, init_device="meta"))
 
@@ -213,4 +214,4 @@ def test_bad_ffn_shapes_are_named(K, d_h, bias, norm, message):
 
 def test_a_one_wide_bottleneck_is_valid():
     ffn = HourglassFeedForwardConfig(hidden_size=1, K=2, bias=False, layer_norm=NORM).build(16)
-    assert ffn.w1.weight.shape == (2, 1, 16)
+    assert ffn.w1.stacked.shape == (2, 1, 16)

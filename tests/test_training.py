@@ -38,7 +38,7 @@ def test_two_steps_through_trainer(tmp_path, demo_corpus, block):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # The checkpoint's model has the shape the config asked for.
     key = "blocks.0.feed_forward.w1.weight"
-    assert after[key].shape == ((32 * 4, 32) if block == "baseline" else (2, 16, 32))
+    assert after[key].shape == ((32 * 4, 32) if block == "baseline" else (2 * 16, 32))  # hourglass: (K d_h, d_model)
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path, demo_corpus):

@@ -197,8 +197,9 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
             y = u
             for i in range(K):
                 n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
-                g, val = n @ P[p + "feed_forward.w1.weight"][i].T, n @ P[p + "feed_forward.w3.weight"][i].T
-                y = y + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"][i].T)
+                w1, w3, w2 = (P[p + f"feed_forward.{w}.weight"].view(K, -1, P[p + f"feed_forward.{w}.weight"].shape[-1]) for w in ("w1", "w3", "w2"))
+                g, val = n @ w1[i].T, n @ w3[i].T  # the (K out, in) storage's K maps
+                y = y + m_res * ((F.silu(g) * val) @ w2[i].T)
         states.append(y)
     last = states[-1]
     out = _rms(last, P["lm_head.norm.weight"], eps)
@@ -266,7 +267,7 @@ def test_mup_hourglass_ffn_init_and_lr_groups():
     for l, width in enumerate(widths):
         ffn = model.blocks[str(l)].feed_forward
         std = 0.1 * math.sqrt(128 / width) / math.sqrt(8)
-        assert ffn.w1.weight.shape == (2, 2 * width, width)  # K = 2, d_h = 2 w_l
+        assert ffn.w1.stacked.shape == (2, 2 * width, width)  # K = 2, d_h = 2 w_l
         assert ffn.w1.weight.std().item() == pytest.approx(std, rel=0.05), l
         assert ffn.w3.weight.std().item() == pytest.approx(std, rel=0.05), l
         assert ffn.w2.weight.std().item() == pytest.approx(std / math.sqrt(2 * len(widths)), rel=0.05), l

@@ -126,7 +126,11 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     from .modeling_hourglass_olmo import HourglassOlmoForCausalLM
 
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
-    missing, unexpected = model.load_state_dict(to_custom_names(state), strict=False)
+    # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same order.
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    custom = {k: v.reshape(shapes[k]) if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel() else v
+              for k, v in to_custom_names(state).items()}
+    missing, unexpected = model.load_state_dict(custom, strict=False)
     tied = ["lm_head.weight"] if spec.model.tie_embeddings else []
     if unexpected or not set(missing) <= set(tied):
         raise ValueError(f"the checkpoint does not fit the exported model: missing {missing}, unexpected {unexpected}")

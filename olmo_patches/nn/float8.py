@@ -4,7 +4,7 @@ hardware has no float8 matmuls.
 
 torchao converts ``nn.Linear`` modules: attention (every head_dim and GQA shape), the baseline FFN,
 each variable-width layer at its own width, the learned resizes. The hourglass FFN keeps its K
-sub-MLPs stacked (one (K, out, in) weight per w1/w3/w2, nn/hourglass.py); converting a
+sub-MLPs stacked (one (K out, in) weight per w1/w3/w2, nn/hourglass.py); converting a
 :class:`StackedLinear` runs each sub-MLP's matmul through torchao's own float8 matmul
 (``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls), with its own scales. The LM
 head (OLMo-core ignores ``lm_head.w_out``), embeddings and MoE router are not linears here and stay
@@ -38,7 +38,8 @@ def has_float8_matmuls(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def _aligned(weight: torch.Tensor) -> bool:
+def _aligned(m: nn.Module) -> bool:
+    weight = m.stacked if isinstance(m, StackedLinear) else m.weight  # each sub-MLP's (out, in)
     return all(d % 16 == 0 for d in weight.shape[-2:])
 
 
@@ -50,7 +51,7 @@ def float8_matmuls(model: nn.Module) -> Dict[str, List[str]]:
     for name, m in model.named_modules():
         if name == LM_HEAD or not isinstance(m, (nn.Linear, StackedLinear)):
             continue
-        out["float8" if _aligned(m.weight) else "skipped"].append(name)
+        out["float8" if _aligned(m) else "skipped"].append(name)
     return out
 
 

@@ -16,12 +16,14 @@ K residual adds, so the block around it has no FFN norm or FFN residual of its o
 The weights of all K sub-MLPs are stored stacked, as ``w1`` (W_d1), ``w3`` (W_d2) and ``w2``
 (W_u), with the names and fan-in that OLMo-core's ``InitMethod.init_feed_forward`` expects. With
 K=1 the stacked tensors have the conventional FFN's element order, so the same seed gives the
-conventional FFN's initial weights. FSDP2 shards the stacked weights along ``out``, not along K
-(:func:`shard_stacked`), so every rank holds an even share whatever K and the world size are.
+conventional FFN's initial weights. Each stacked weight is one (K out, in) matrix, the K (out, in)
+matrices one under the other (:attr:`StackedLinear.stacked` views it as (K, out, in)), so FSDP2 shards
+its K out rows as it shards any matrix (dim 0, the last rank padded): every rank holds an even share
+whatever K, out and the world size are (docs/performance.md: the placements and their all-gather cost).
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -31,9 +33,10 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.init import init_linear
-from torch.distributed.tensor import Shard
+from torch.distributed import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
-__all__ = ["NormPlacement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
+__all__ = ["NormPlacement", "stacked_placement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
 
 
 class NormPlacement(StrEnum):
@@ -41,14 +44,39 @@ class NormPlacement(StrEnum):
     post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
 
 
-def shard_stacked(param: nn.Parameter) -> Optional[Shard]:
-    """FSDP2's ``shard_placement_fn``: a K-stacked (K, out, in) weight shards on ``out`` (dim 1), as
-    K rows per rank would leave most ranks padding when K < world size; other parameters: the default."""
-    return Shard(1) if param.ndim == 3 else None
+def stacked_placement(shape: Sequence[int], shards: int) -> Optional[Shard]:
+    """The FSDP2 placement of a K-stacked (K, rows, cols) weight over ``shards`` ranks: FSDP2 pads only
+    dim 0 (torch 2.13, ``_fully_shard/_fsdp_param.py``: a shard on dim 1 or 2 must divide evenly), so
+    ``rows`` (dim 1) when it divides, else ``cols`` (dim 2), else K (dim 0) when it divides; None when
+    none does (:func:`shard_check` names the weight). Matrices and vectors: dim 0 (FSDP2's default)."""
+    if len(shape) != 3:
+        return Shard(0)
+    for dim in (1, 2, 0):
+        if shape[dim] % shards == 0:
+            return Shard(dim)
+    return None
+
+
+def shard_stacked(dp_mesh: Optional[DeviceMesh]) -> Callable[[nn.Parameter], Optional[Shard]]:
+    """FSDP2's ``shard_placement_fn`` over ``dp_mesh`` (its last dimension shards): K-stacked (K, rows,
+    cols) weights by :func:`stacked_placement` (a K-wise split would leave ranks empty when K < ranks),
+    other parameters FSDP2's default. ValueError (one line) for a weight no dimension of which divides."""
+    shards = dp_mesh.size(dp_mesh.ndim - 1) if dp_mesh is not None else 1
+
+    def placement(param: nn.Parameter) -> Optional[Shard]:
+        if param.ndim != 3:
+            return None
+        if (p := stacked_placement(tuple(param.shape), shards)) is None:
+            raise ValueError(f"a stacked weight of shape {tuple(param.shape)} cannot be sharded over {shards} ranks: "
+                             f"FSDP2 shards it only along a dimension the rank count divides")
+        return p
+
+    return placement
 
 
 class StackedLinear(nn.Module):
-    """K bias-free linear maps of the same shape, stored as one (K, out_features, in_features) weight.
+    """K bias-free linear maps of the same shape, stored as one (K out_features, in_features) weight:
+    map i is rows [i out_features, (i + 1) out_features); :attr:`stacked` is the (K, out, in) view.
 
     Duck-types ``nn.Linear`` for OLMo-core's initializers (``weight``, ``bias``, ``in_features``).
     After :meth:`to_float8` (nn/float8.py) each sub-MLP's matmul :meth:`linear` runs in float8.
@@ -59,9 +87,22 @@ class StackedLinear(nn.Module):
 
     def __init__(self, K: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str):
         super().__init__()
+        self.K = K
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(K, out_features, in_features, dtype=dtype, device=device))
+        self.weight = nn.Parameter(torch.empty(K * out_features, in_features, dtype=dtype, device=device))
+        self._register_load_state_dict_pre_hook(self._fold_stacked)
+
+    @property
+    def stacked(self) -> torch.Tensor:
+        """The weight as (K, out_features, in_features): a view (row-major, map i at index i)."""
+        return self.weight.view(self.K, self.out_features, self.in_features)
+
+    def _fold_stacked(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A (K, out, in) weight (the earlier layout; the same elements in the same order) loads as (K out, in).
+        w = state_dict.get(prefix + "weight")
+        if isinstance(w, torch.Tensor) and w.ndim == 3 and not isinstance(w, DTensor):
+            state_dict[prefix + "weight"] = w.reshape(-1, w.shape[-1])
 
     def reset_parameters(self) -> None:
         init_linear(self, std=0.02)  # type: ignore[arg-type]
@@ -85,7 +126,7 @@ class StackedLinear(nn.Module):
         return matmul_with_hp_or_float8_args.apply(x, w.t(), mm_config, config)
 
     def extra_repr(self) -> str:
-        K = self.weight.shape[0]
+        K = self.K
         f8 = ", float8" if self.float8 is not None else ""
         return f"K={K}, in_features={self.in_features}, out_features={self.out_features}, bias=False{f8}"
 
@@ -126,8 +167,8 @@ class HourglassFeedForward(nn.Module):
         # autograd keeps until backward: hardware.hourglass_weight_copy counts it), split with unbind: its backward is one stack, where indexing
         # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
         # instead measured no faster (docs/performance.md) and would break OLMo-core's w1/w3 init.
-        w_down = torch.cat((self.w1.weight, self.w3.weight), dim=1).unbind(0)  # K x (2 d_h, d_model)
-        w_up = self.w2.weight.unbind(0)  # K x (d_model, d_h)
+        w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(0)  # K x (2 d_h, d_model)
+        w_up = self.w2.stacked.unbind(0)  # K x (d_model, d_h)
         for i, norm in enumerate(self.norms):
             if self.norm_placement == NormPlacement.pre:
                 f = self.sub_mlp(norm(h), w_down[i], w_up[i])
@@ -139,7 +180,7 @@ class HourglassFeedForward(nn.Module):
     def _forward_float8(self, h: torch.Tensor) -> torch.Tensor:
         # Three matmuls per sub-MLP, each weight cast to float8 with its own scales (no [W_d1; W_d2]
         # concatenation); unbind gives views, its backward one stack per weight.
-        w1, w3, w2 = self.w1.weight.unbind(0), self.w3.weight.unbind(0), self.w2.weight.unbind(0)
+        w1, w3, w2 = self.w1.stacked.unbind(0), self.w3.stacked.unbind(0), self.w2.stacked.unbind(0)
         for i, norm in enumerate(self.norms):
             x = norm(h) if self.norm_placement == NormPlacement.pre else h
             f = self.w2.linear(F.silu(self.w1.linear(x, w1[i])) * self.w3.linear(x, w3[i]), w2[i])

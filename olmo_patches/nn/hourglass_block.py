@@ -18,7 +18,7 @@ from olmo_core.nn.transformer.block import TransformerBlock, TransformerBlockBas
 from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerDataParallelWrappingStrategy
 from torch.distributed import DeviceMesh
 
-from .hourglass import HourglassFeedForwardConfig, NormPlacement, shard_stacked
+from .hourglass import HourglassFeedForwardConfig, NormPlacement
 
 __all__ = ["HourglassBlock", "HourglassBlockConfig"]
 
@@ -81,11 +81,9 @@ class HourglassBlock(TransformerBlockBase):
         wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
         **fsdp_kwargs,
     ):
-        # OLMo-core's per-block wrapping (the whole FFN, all K sub-MLPs, is one FSDP unit), with the
-        # stacked weights sharded along `out` so that every rank holds an even share.
-        TransformerBlock.apply_fsdp(
-            self, dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked, **fsdp_kwargs
-        )
+        # OLMo-core's per-block wrapping (the whole FFN, all K sub-MLPs, is one FSDP unit); the stacked
+        # weights are (K out, in) matrices, sharded on their rows as every matrix (nn/hourglass.py).
+        TransformerBlock.apply_fsdp(self, dp_mesh, prefetch_factor, wrapping_strategy, **fsdp_kwargs)
 
     # Context parallelism as OLMo-core's own block: it only touches `attention`.
     apply_cp = TransformerBlock.apply_cp

@@ -28,8 +28,9 @@ Weights are stored sub-MLP-major: ``w1``, ``w3`` (K, E d_h, d_model), ``w2`` (K,
 used untransposed, so sub-MLP k's E expert matrices ``w1[k]`` are one contiguous (E, d_h, d_model)
 block, as grouped_gemm needs. OLMo-core's MoE init (``w1``/``w2``/``w3``, fan-in d_model and d_h)
 applies unchanged; K=1 has OLMo-core's element order, so the same seed gives OLMo-core's initial
-expert weights. Expert parallelism and FSDP2 shard dim 1 (experts, then each expert's rows), never K,
-so every rank holds an even share. The E K gains are one flat ``norm_weight`` (E K d_model),
+expert weights. Expert parallelism shards dim 1 (the experts); FSDP2 shards dim 1 where the ranks divide
+E d_h, else dim 2 (d_model), else K where they divide it (nn/hourglass.py, ``stacked_placement``), so
+every rank holds an even share; a shard count that divides none is refused at launch (nn/shards.py). The E K gains are one flat ``norm_weight`` (E K d_model),
 expert-major, sharded with the experts.
 """
 
@@ -255,8 +256,9 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
         wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
         **fsdp_kwargs,
     ):
-        # OLMo-core's MoE block wrapping, the K-stacked expert weights sharded on dim 1, not K.
-        super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked, **fsdp_kwargs)
+        # OLMo-core's MoE block wrapping, the K-stacked expert weights sharded on a dimension the ranks
+        # divide (dim 1, the experts' rows, first; never K unless it divides: nn/hourglass.py).
+        super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked(dp_mesh), **fsdp_kwargs)
 
     def forward(
         self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs

@@ -30,8 +30,13 @@ def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
     """Matmul dimensions not a multiple of MATMUL_ALIGN -> where the first one is (a weight or head_dim)."""
     model = spec.model_config().build(init_device="meta")
     found: dict[int, str] = {}
+    from ..nn.hourglass import StackedLinear
+
+    # A stacked hourglass weight's matmuls are its K (out, in) maps, not its (K out, in) storage.
+    maps = {f"{n}.weight": m.stacked.shape for n, m in model.named_modules() if isinstance(m, StackedLinear)}
     for name, p in model.named_parameters():
-        for d in p.shape[-2:] if p.ndim >= 2 else ():
+        shape = maps.get(name, p.shape)
+        for d in shape[-2:] if len(shape) >= 2 else ():
             if d % MATMUL_ALIGN:
                 found.setdefault(d, name)
     head_dim = spec.model.resolved_head_dim

@@ -197,6 +197,28 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     ]
 
 
+def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]:
+    """FSDP/HSDP: the parameters each rank holds (FSDP2 pads every rank's piece to the largest), and how
+    the K-stacked weights split (nn/shards.py); None without sharding. The launch check refused
+    any weight that cannot split before this is printed."""
+    from ..nn.shards import padded_share, shard_dim
+
+    shards = {"fsdp": layout.world_size, "hsdp": layout.local}.get(spec.train.data_parallel, 1)
+    if shards <= 1 or layout.world_size <= 1:
+        return None
+    model = spec.model_config().build(init_device="meta")
+    shapes = [(n, tuple(q.shape)) for n, q in model.named_parameters()]
+    total = sum(math.prod(s) for _, s in shapes)
+    held = sum(padded_share(s, shards) for _, s in shapes)
+    dims = sorted({shard_dim(s, shards) for n, s in shapes if len(s) == 3})
+    stacked = "hourglass FFN (K out, in) weights: rows" if any(n.endswith(("w1.weight", "w2.weight")) and len(s) == 2 and "feed_forward." in n
+                                                              and spec.model.block == "hourglass" for n, s in shapes) else ""
+    if dims:
+        stacked = (stacked + "; " if stacked else "") + f"K-stacked expert weights: dim {', '.join(map(str, dims))}"
+    line = f"{held:,} parameters a rank ({held * shards / total - 1:+.2%} padding over {total:,} / {shards})"
+    return f"FSDP2 shards over {shards} ranks", line + (f"; {stacked}" if stacked else "")
+
+
 def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tuple[str, str]] = ()) -> Table:
     p = plan(spec)
     table = Table(title=f"{spec.run.name}: run plan")
@@ -214,6 +236,8 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     per_rank = p.global_batch_sequences // layout.world_size
     table.add_row("ranks", f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}")
     table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
+    if (row := shard_row(spec, layout)) is not None:
+        table.add_row(*row)
     device = device_for(spec)
     table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
     resolved = getattr(spec, "resolved", {})  # launch.layout.resolve: what the machine and the ranks decided

@@ -55,6 +55,7 @@ from ..launch.run_folder import Lock, RunFolderError, check_config, record_confi
 from .stop import StopOnSignalCallback
 from .safety import NonFiniteError, NonFiniteGuardCallback, select_resume_checkpoint
 from ..launch.shared_fs import require_data, require_shared
+from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
@@ -433,6 +434,7 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
+    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights resume
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
     try:  # builds the evaluators (a task that cannot fit was refused before anything was written)

@@ -1,0 +1,200 @@
+"""Every shipped config through the trainer's own parallel path at the world sizes a user launches, in
+one process: torch's fake process group (``torch.testing._internal.distributed.fake_pg``: collectives
+that do nothing, any world size), OLMo-core's ``build_world_mesh`` and ``parallelize_model`` (what its
+train module calls, with the data-parallel and float8 configs train/experiment.py passes), the models
+on the meta device.
+
+A model's blocks of the same shapes shard alike, so each distinct block (by its parameters' names and
+shapes) is parallelized once, in the first config that has it; a config's totals count each of its
+blocks from that. "A rank's share": the elements FSDP2 allocates on it, read off rank 0's local shard
+(torch.chunk's first piece, which FSDP2 pads every rank's to: ``_fsdp_param.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from .conftest import REPO
+
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml"))
+# (data parallelism, ranks that shard, float8); HSDP: 2 replicas of that many. DDP replicates whatever the
+# rank count; float8 tensorwise (all-gathered in float8 under FSDP) and HSDP at an odd and an even count.
+LAUNCHES = [*(("fsdp", n, "off") for n in (2, 3, 4, 8, 16, 64)), ("fsdp", 3, "tensorwise"), ("fsdp", 8, "tensorwise"),
+            ("hsdp", 3, "off"), ("hsdp", 8, "off"), ("ddp", 2, "off")]
+EVEN = 1.10  # a rank's share of the FFN and attention weights: at most 10% over an even split
+STATES = 0.05  # the memory model's 16 P / W against 16 x the elements a rank holds (FSDP2's padding)
+
+
+@dataclass
+class Config:
+    spec: object
+    model: torch.nn.Module  # meta; its blocks of shapes seen in an earlier config removed
+    blocks: list = field(default_factory=list)  # every block's shape signature, in order
+    kept: dict = field(default_factory=dict)  # the blocks left in ``model``: name -> signature
+
+
+def _signature(block) -> tuple:
+    return (type(block).__name__, *((n, tuple(p.shape)) for n, p in block.named_parameters()))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from olmo_patches.config import load_spec, vocab_size
+
+    configs, seen = {}, set()
+    for path in CONFIGS:
+        spec = load_spec(path)
+        model = spec.model.build(vocab_size(spec)).build(init_device="meta")
+        entry = Config(spec, model)
+        for name in list(model.blocks):
+            sig = _signature(model.blocks[name])
+            entry.blocks.append(sig)
+            if sig in seen:
+                del model.blocks[name]
+            else:
+                entry.kept[name] = sig
+            seen.add(sig)
+        configs[path.relative_to(REPO).as_posix()] = entry
+    return configs
+
+
+def _parallelize(entry: Config, mode: str, world: int, float8: str):
+    """OLMo-core's parallelize_model as its train module calls it; the weights stay on meta (its
+    init_weights would materialize them)."""
+    import olmo_core.distributed.parallel as parallel
+    from olmo_core.distributed.parallel import build_world_mesh
+    from olmo_core.train.train_module.transformer.common import parallelize_model
+
+    from olmo_patches.train.precision import data_parallel, float8_config
+
+    spec = copy.deepcopy(entry.spec)
+    spec.train.data_parallel, spec.train.float8 = mode, float8
+    dp = data_parallel(spec, world)
+    model = copy.deepcopy(entry.model)
+    model.init_weights = lambda **kwargs: None
+    try:
+        parallelize_model(model, world_mesh=build_world_mesh(dp=dp, device_type="cpu"), device=torch.device("meta"),
+                          dp_config=dp, float8_config=float8_config(spec, "cpu", world))
+    finally:
+        parallel._WORLD_MESH = None  # OLMo-core builds one world mesh a process
+    return spec, model
+
+
+def _local(p) -> int:
+    from olmo_core.distributed.utils import get_local_tensor
+
+    return get_local_tensor(p).numel()
+
+
+def _float8_params(model) -> int:
+    from torchao.float8.float8_linear import Float8Linear
+
+    from olmo_patches.nn.hourglass import StackedLinear
+
+    return sum(m.weight.numel() for m in model.modules()
+               if isinstance(m, Float8Linear) or (isinstance(m, StackedLinear) and m.float8 is not None))
+
+
+def _narrowest(entry: Config) -> int:
+    """The fewest rows of the config's query, attention-output and FFN matrices (rows: the dimension FSDP2
+    splits a matrix on; the key and value matrices of grouped-query attention are a small part)."""
+    return min(shape[0] for sig in entry.blocks for n, shape in sig[1:] if len(shape) == 2 and not n.startswith(("attention.w_k", "attention.w_v"))
+               and (n.startswith("attention.") or n.startswith("feed_forward.")))
+
+
+def test_every_shipped_config_shards_evenly_at_every_launch(shipped):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from olmo_patches.config import ConfigError
+    from olmo_patches.config.layout import Layout, fit_world_size, memory_estimate
+    from olmo_patches.report.counts import float8_report
+
+    logging.disable(logging.WARNING)
+    refused, narrow, worst = [], [], {"share": 0.0, "states": 0.0}
+    try:
+        for mode, shards, float8 in LAUNCHES:
+            world = 2 * shards if mode == "hsdp" else shards
+            layout = Layout.plan(shards, 2) if mode == "hsdp" else Layout.plan(world)
+            os.environ["NUM_NODES"] = str(layout.nodes)  # OLMo-core's HSDP replicas: one per node
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+            try:
+                per_block: dict = {}  # block signature -> (elements rank 0 holds, of them FFN/attention, float8 elements)
+                for name, entry in shipped.items():
+                    where = f"{name} {mode} x{shards} float8={float8}"
+                    spec = copy.deepcopy(entry.spec)
+                    spec.train.data_parallel, spec.train.global_batch_size = mode, world * 64
+                    try:
+                        fit_world_size(spec, layout)  # the launch's check (dry run, SLURM pre-flight, each rank)
+                    except ConfigError as e:
+                        refused.append((where, str(e)))
+                        with pytest.raises(ValueError, match="cannot be sharded"):
+                            _parallelize(entry, mode, world, float8)  # the check refuses what FSDP2 could not start
+                        continue
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        _, model = _parallelize(entry, mode, world, float8)
+                    for block_name, block in model.blocks.items():
+                        weights = [p for n, p in block.named_parameters() if p.ndim >= 2 and (".attention." in f".{n}" or "feed_forward" in n)]
+                        per_block[entry.kept[block_name]] = (sum(_local(p) for p in block.parameters()),
+                                                           sum(_local(p) for p in weights), sum(p.numel() for p in weights),
+                                                           _float8_params(block))
+                    outside = sum(_local(p) for n, p in model.named_parameters() if not n.startswith("blocks."))
+                    held = outside + sum(per_block[s][0] for s in entry.blocks)
+                    weights_held = sum(per_block[s][1] for s in entry.blocks)
+                    weights_all = sum(per_block[s][2] for s in entry.blocks)
+                    split = shards if mode != "ddp" else 1
+                    share = weights_held / (weights_all / split)
+                    # Any dim-0 split of an n-row matrix over W ranks pads up to W / n: held to 10% where the
+                    # narrowest width has 10 rows a rank (a 120-wide demo model on 64 ranks has 2).
+                    # the memory model's static bytes (16 P / W: fp32 weight, gradient, two AdamW moments)
+                    states = memory_estimate(spec, layout).states
+                    if _narrowest(entry) >= 10 * split:
+                        assert share <= EVEN, (where, share)
+                        assert abs(16 * held - states) <= STATES * states, (where, 16 * held, states)
+                        worst["share"] = max(worst["share"], share - 1)
+                        worst["states"] = max(worst["states"], abs(16 * held / states - 1))
+                    else:
+                        narrow.append(where)
+                    if float8 != "off":  # the matmuls float8 converted, as the dry run counts them
+                        spec.train.float8 = float8
+                        converted = _float8_params(model) - sum(_float8_params(b) for b in model.blocks.values())
+                        converted += sum(per_block[s][3] for s in entry.blocks)
+                        assert converted == float8_report(spec)["float8_params"], where
+            finally:
+                dist.destroy_process_group()
+    finally:
+        logging.disable(logging.NOTSET)
+        os.environ.pop("NUM_NODES", None)
+    # Only K-stacked hourglass experts can be refused (no dimension the shard count divides); every dense config starts.
+    assert {w.split()[0] for w, _ in refused} <= {"configs/paper2/3B-MoE/x-hourglass-experts.yaml"}, refused
+    assert all("cannot be sharded over" in line and "of shape (" in line for _, line in refused), refused
+    print(f"refused: {refused}; fewer than 10 rows a rank: {len(narrow)} {sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "
+          f"worst share +{worst['share']:.1%}, worst states {worst['states']:.1%}")
+
+
+
+def test_a_launch_that_cannot_shard_is_refused_in_one_line_before_any_work(tmp_path):
+    """The dry run (and so the SLURM pre-flight, which runs it) refuses hourglass experts whose (K, E d_h,
+    d_model) weight no shard count of 64 divides: one line naming the parameter, its shape and the ranks,
+    exit 2, nothing written; on 8 ranks (d_model 3040 = 8 x 380) it plans the launch, each layer's experts split on a dimension 8 divides."""
+    from .conftest import run_in_process
+
+    config = REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml"
+    r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "64")
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("config error: ") and "blocks.0.feed_forward_moe.experts.mlp.w1 of shape (2, 10692, 3040)" in line, line
+    assert "cannot be sharded over 64 ranks" in line, line
+    assert not (tmp_path / "run").exists()
+    r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stdout.replace("│", " ").split())  # the plan table's cells, unwrapped
+    assert "FSDP2 shards over 8 ranks" in text and "K-stacked expert weights: dim 1, 2" in text, text[-3000:]

@@ -1,0 +1,95 @@
+"""The hourglass's stacked weights under FSDP2 at shapes no rank count divides: the demo hourglass with
+d_h = 63 over 2 gloo ranks trains as one process does, and a checkpoint whose stacked weights are
+(K, out, in) tensors (the earlier layout) resumes, in one process bit for bit and over 2 FSDP ranks
+within 1e-5 of the run it was cut from."""
+
+import re
+import shutil
+
+import pytest
+import torch
+
+from olmo_patches.config import load_spec
+from olmo_patches.train import train
+from olmo_patches.launch.run_folder import read_metrics
+
+from .conftest import REPO, TINY, train_each
+
+HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
+K = 8  # the demo hourglass's
+DATA = [o for o in TINY if not o.startswith("model.")]
+ODD = ["model.d_h=63", "model.n_layers=2", *DATA, "run.save_interval=2", "run.ephemeral_save_interval=null"]
+
+
+def _overrides(folder, *extra):
+    return [*ODD, f"run.save_folder={folder}", f"data.work_dir={folder.parent / 'cache'}", *extra]
+
+
+def _losses(folder):
+    return {s: m["train/CE loss"] for s, m in read_metrics(folder).items() if "train/CE loss" in m}
+
+
+def _to_earlier_layout(step_dir):
+    """Rewrite a checkpoint's stacked hourglass tensors (weights and AdamW moments) as (K, out, in),
+    the earlier layout's shape: every entry read back whole (OLMo-core's reader, DCP's load-everything
+    planner) and saved again by torch's distributed checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from olmo_core.distributed.checkpoint.filesystem import RemoteFileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    path = step_dir / "model_and_optim"
+    state: dict = {}
+    _load_state_dict(state, storage_reader=RemoteFileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    folded = []
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            elif isinstance(v, torch.Tensor) and re.search(r"feed_forward\.w[123]\.weight", f"{prefix}{k}") and v.ndim == 2:
+                d[k] = v.reshape(K, v.shape[0] // K, v.shape[1]).clone()
+                folded.append(f"{prefix}{k}")
+
+    walk(state, "")
+    shutil.rmtree(path)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+    return folded
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, demo_corpus):
+    root = tmp_path_factory.mktemp("odd")
+    train(load_spec(HOURGLASS, _overrides(root / "one", "train.max_steps=4")))  # the reference, straight
+    train(load_spec(HOURGLASS, _overrides(root / "cut", "train.max_steps=4", "run.stop_at_step=2")))
+    folded = _to_earlier_layout(root / "cut" / "step2")
+    shutil.copytree(root / "cut", root / "cut-2")
+    train(load_spec(HOURGLASS, _overrides(root / "cut", "train.max_steps=4")))  # resumes step2, one process
+    r = train_each([
+        [str(HOURGLASS), *_overrides(root / "fsdp", "train.max_steps=4", "train.data_parallel=fsdp")],
+        [str(HOURGLASS), *_overrides(root / "cut-2", "train.max_steps=4", "train.data_parallel=fsdp")],
+    ])
+    return root, folded, r
+
+
+def test_an_odd_bottleneck_trains_over_two_fsdp_ranks_as_one_process(runs):
+    """d_h = 63: no dimension of the (K, 63, 128) stack divides by 2; the (K 63, 128) matrix's rows are
+    padded by FSDP2 as any matrix's are, and the run trains as one process does."""
+    root, _, r = runs
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = _losses(root / "one"), _losses(root / "fsdp")
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
+
+
+def test_a_checkpoint_of_the_earlier_layout_resumes(runs):
+    root, folded, r = runs
+    assert len(folded) == 2 * 3 * 3, folded  # 2 layers x (w1, w3, w2) x (weight, exp_avg, exp_avg_sq)
+    one = _losses(root / "one")
+    assert _losses(root / "cut") == one  # one process: bit for bit
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = _losses(root / "cut-2")
+    assert sorted(two) == [1, 2, 3, 4]
+    for step in (3, 4):  # resumed over 2 FSDP ranks
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
