@@ -146,11 +146,17 @@ def test_gpu_check_rehearsal(tmp_path):
         logits = rows[f"bf16 vs fp32: {block}: logits"]
         # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
         assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", logits
-    # The attention rows at the rehearsal's three head dims of the shipped configs (77 of them, 8 to 232):
-    # the smallest, the largest and the first that is not a multiple of 8.
+    # The attention rows at the rehearsal's three head dims of the shipped configs: the smallest, the
+    # largest and the first that is not a multiple of 8 (read here from the configs themselves).
+    from olmo_patches.config import load_spec
+    from olmo_patches.nn.attention import head_dims
+
+    shipped = sorted({d for p in (REPO / "configs").rglob("*.yaml") if p.parent != REPO / "configs"  # configs/base*.yaml: bases
+                      for d in head_dims(load_spec(p).model_config())})
     kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
     dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
-    assert len(kernels) == 2 * len(dims) == 6 and any(d % 8 for d in dims) and dims[0] == 8 and dims[-1] == 232, dims
+    odd = next(d for d in shipped if d % 8)
+    assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (dims, shipped)
     assert all(2.0**-16 < float(r["value"]) and "stands in" in r["detail"] for r in kernels)
     for block in ("baseline pre", "hourglass pre", "variable width learned"):
         for row in ("compiled vs eager: logits", "compiled vs eager: gradients (worst tensor)", "loss after 3 AdamW steps, compiled vs eager"):

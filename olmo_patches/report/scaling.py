@@ -180,7 +180,7 @@ def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, targ
     (``paper_flops``) x sequences, in C_UNIT; x's C and mean width are the baseline's times (1 + change).
     Returns the four fits and x's fraction of the baseline's FLOPs and mean width at ``target_loss``
     (default: the largest baseline's loss, the paper's 2B 2.751)."""
-    from ..nn.variable_width import paper_flops
+    from ..shapes.widths import paper_flops
 
     C = [3 * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len) * r["batch"] * r["steps"] / C_UNIT for r in rows]
     base_c = fit_power_law(C, [r["baseline"] for r in rows])
