@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument(
         "--seed",
-        type=int,
+        type=at_least(0, most=2**32 - 1),
         default=OLD_TRAINER_SEED,
         help="old-trainer seed (OLMo-core seed + 1)",
     )
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     size.add_argument("--instances", type=at_least(1), help="exact number of instances")
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
-    p.add_argument("--seed", type=int, default=OLD_TRAINER_SEED)
+    p.add_argument("--seed", type=at_least(0, most=2**32 - 1), default=OLD_TRAINER_SEED)
     p.add_argument("--batch-instances", type=at_least(1), default=GLOBAL_BATCH_INSTANCES)
     p.add_argument(
         "--chunk-instances", type=at_least(1), default=2048, help="instances per part file"

@@ -39,7 +39,7 @@ def main() -> None:
     commands["launch"].add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00")
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")
-    commands["report"].add_argument("--target-loss", type=float, help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
+    commands["report"].add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
     try:
         members = load_sweep(args.configs, args.overrides)

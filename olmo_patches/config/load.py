@@ -13,7 +13,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from .layout import Layout, apply_hardware, fit_world_size
@@ -62,8 +62,18 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, Dic
 
 
 def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> str:
-    """The command line or the last file of the chain that sets ``key``."""
-    if any(key == k or key.startswith(k + ".") for k in (o.split("=", 1)[0] for o in cli)):
+    """The command line or the last file of the chain that sets ``key``; for a key no source sets (a
+    required key of a section), the source that sets its nearest section (model.moe.top_k: the
+    ``model.moe.num_experts=4`` of the command line)."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        if found := _setter(".".join(parts[:n]), chain, cli):
+            return found
+    return str(chain[-1][0])
+
+
+def _setter(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> Optional[str]:
+    if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in (o.split("=", 1)[0] for o in cli)):
         return "command line"
     for path, cfg in reversed(chain):
         node: Any = OmegaConf.to_container(cfg, resolve=False)  # a file sets a key, resolvable or not
@@ -71,7 +81,24 @@ def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> st
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
             return str(path)
-    return str(chain[-1][0])
+    return None
+
+
+def _not_a_section(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> tuple[str, str]:
+    """The first key of ``cfg`` that sets a section of the schema (train, model.widths) to a scalar or a
+    list, or a list (train.betas) to a mapping: omegaconf's merge error names no key for it."""
+    for k, v in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else ():
+        sub = schema._get_node(k) if isinstance(schema, DictConfig) and k in schema else None  # a node, null or not
+        if isinstance(sub, DictConfig) and v is not None and not isinstance(v, DictConfig):
+            return f"{prefix}{k}", f"'{v}' is not a section (a mapping of keys)"
+        if isinstance(sub, ListConfig) and isinstance(v, DictConfig):
+            return f"{prefix}{k}", "a mapping, not a list"
+        if isinstance(sub, DictConfig) and isinstance(v, DictConfig):
+            if sub._is_none():  # a null section (train.activation_checkpointing): its dataclass's keys
+                sub = OmegaConf.structured(sub._metadata.ref_type)
+            if (found := _not_a_section(v, sub, f"{prefix}{k}."))[0]:
+                return found
+    return "", ""
 
 
 def coerce_shorthands(cfg: DictConfig) -> DictConfig:
@@ -100,8 +127,11 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
         try:
             merged.merge_with(coerce_shorthands(cfg))  # in place: OmegaConf.merge would deep-copy the whole config per file
         except OmegaConfBaseException as e:
-            key = getattr(e, "full_key", "") or "?"
-            raise ConfigError(f"{source}: {key}: {_why(e)}") from e
+            key, why = (getattr(e, "full_key", ""), _why(e))
+            if not key:
+                key, why = _not_a_section(cfg, _schema())
+            key, why = (key, why) if key else ("?", _why(e))
+            raise ConfigError(f"{source}: {key}: {why}") from e
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
@@ -109,8 +139,11 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None, layout: O
         merged.merge_with(coerce_shorthands(OmegaConf.from_dotlist(overrides)))
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", "") or "?"
-        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {_why(e)}") from e
+        key, why = (getattr(e, "full_key", ""), _why(e))
+        if not key:
+            key, why = _not_a_section(OmegaConf.from_dotlist(overrides), _schema())
+        key, why = (key, why) if key else ("?", _why(e))
+        raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {why}") from e
     if spec.train.float8 == "False":  # YAML 1.1 reads a bare `off` as false
         spec.train.float8 = "off"
     where = partial(_where, chain=chain, cli=overrides)
