@@ -242,9 +242,9 @@ def _validate_knobs(spec: ExperimentSpec, fail) -> None:
     applies to every run); a knob the block ignores, set away from its default, is a warning."""
     m, t, d, w = spec.model, spec.train, spec.data, spec.model.widths
     if not 0 <= t.seed < _MAX_SEED:
-        fail("train.seed", t.seed, f"must be in [0, 2^32) (numpy's seed range)")
+        fail("train.seed", t.seed, "must be in [0, 2^32) (numpy's seed range)")
     if not 0 <= d.order_seed < _MAX_SEED:
-        fail("data.order_seed", d.order_seed, f"must be in [0, 2^32) (numpy's seed range)")
+        fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
     if m.K < 1:
         fail("model.K", m.K, "must be >= 1")
     if m.d_h is not None and m.d_h < 1:
@@ -280,8 +280,10 @@ def _validate_knobs(spec: ExperimentSpec, fail) -> None:
         fail("model.rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings, "must be >= 1")
     if d.demo_vocab_size < 2:
         fail("data.demo_vocab_size", d.demo_vocab_size, "must be >= 2 (the end-of-text and padding tokens)")
-    if not 2 <= d.sequence_length <= _MAX_SEQUENCE:
-        fail("data.sequence_length", d.sequence_length, f"must be in [2, 2^20]")
+    if not 2 <= d.sequence_length:
+        fail("data.sequence_length", d.sequence_length, "must be >= 2")
+    if d.sequence_length > _MAX_SEQUENCE:
+        fail("data.sequence_length", d.sequence_length, "must be at most 2^20")
     if t.global_batch_size >= 1 and t.global_batch_size * d.sequence_length > _MAX_STEP_TOKENS:
         fail("train.global_batch_size", t.global_batch_size,
              f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32")
