@@ -26,7 +26,7 @@ from olmo_patches.config import spec as spec_module
 from .conftest import REPO, run_in_process, run_script
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
-SECONDS = 2.0  # one load, refusal included: the bound on time per case
+SECONDS = 5.0  # one load, refusal included: the bound on time per case (milliseconds on an idle core; a loaded 2-core CI box)
 
 
 def _comments() -> dict:
@@ -354,3 +354,51 @@ def test_a_fresh_process_refuses_in_one_line(tmp_path, script, args, key):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and key in lines[0], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# --- files and folders ------------------------------------------------------------------------------
+
+NUMPY = ["data.source=numpy", "data.tokenizer=dolma2", "model.vocab_size=null"]  # dolma2's 100,278 ids: uint32 files (OLMo-core's get_dtype)
+
+
+def _token_files(root: Path) -> dict:
+    """Bad token files, each as a user might give one: OLMo-core would read 0 instances from most."""
+    import numpy as np
+
+    root.mkdir()
+    files = {"missing": root / "missing.npy", "folder": root}
+    for name, data in {
+        "empty": b"",
+        "1001 bytes": bytes(1001),  # not whole uint32 tokens
+        "one token short of a sequence": bytes(4 * 127),  # data.sequence_length=128
+        "uint16": np.full(4096, 5000, dtype=np.uint16).tobytes(),  # read as uint32: ids 327,685,000
+    }.items():
+        files[name] = root / f"{name}.npy"
+        files[name].write_bytes(data)
+    return files
+
+
+@pytest.mark.parametrize("case", ["missing", "folder", "empty", "1001 bytes", "one token short of a sequence", "uint16"])
+def test_a_bad_token_file_is_one_line_naming_it(tmp_path, work, case):
+    path = _token_files(tmp_path / "data")[case]
+    line, seconds = _load([*NUMPY, f"data.paths=[{path}]"], work=work)
+    _check(line, seconds, "data.paths", "command line", True, case)
+    assert str(path) in line
+
+
+def test_token_files_short_of_one_global_batch_are_refused(tmp_path, work):
+    path = tmp_path / "tokens.npy"
+    path.write_bytes(bytes(4 * 128 * 15))  # 15 instances; the demo's global batch is 16
+    line, _ = _load([*NUMPY, f"data.paths=[{path}]"], work=work)
+    assert line is not None and "data.paths" in line and "fewer than one global batch of 16" in line, line
+    path.write_bytes(bytes(4 * 128 * 16))
+    assert _load([*NUMPY, f"data.paths=[{path}]"], work=work)[0] is None
+
+
+@pytest.mark.parametrize("key", ["run.save_folder", "data.work_dir", "data.demo_cache"])
+def test_a_folder_that_is_a_file_or_under_one_is_refused(tmp_path, work, key):
+    file = tmp_path / "file"
+    file.write_text("x")
+    for folder in (file, file / "sub"):
+        line, seconds = _load([f"{key}={folder}"], work=work, key=key)
+        _check(line, seconds, key, "command line", True, f"{key}={folder}")
