@@ -14,7 +14,7 @@ from .config import ConfigError, ExperimentSpec, Layout, load_spec
 from .report.console import console
 from .peers import announce, forget, stop_watching
 
-__all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "fraction", "folder_arg"]
+__all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "fraction", "folder_arg", "out_arg"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
@@ -111,6 +111,24 @@ def fraction(text: str) -> float:
     if not 0 < value <= 1:  # NaN fails too
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
     return value
+
+
+def _blocked(path: Path, folder: bool) -> str:
+    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can."""
+    if path.exists():
+        return "" if path.is_dir() == folder else ("a file, not a folder" if folder else "a folder, not a file")
+    for parent in path.parents:
+        if parent.exists():
+            return "" if parent.is_dir() else f"under {parent}, a file"
+    return ""
+
+
+def out_arg(name: str, path: str | Path, folder: bool = True) -> Path:
+    """``path`` as a folder (``folder``) or a file to write, before any work: one line naming the
+    argument (exit 2) if it is the other kind or lies under a file."""
+    if why := _blocked(Path(path), folder):
+        refuse(f"{name} {path}: {why}")
+    return Path(path)
 
 
 def folder_arg(name: str, path: str) -> Path:

@@ -13,11 +13,12 @@ tokenizes with its tokenizer.json, or with the run's tokenizer and validation da
 
 import argparse
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from olmo_patches.cli import ArgumentParser, at_least, refuse
+from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.report.console import console
 from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
@@ -44,6 +45,8 @@ def main() -> None:
         parser.error("give a CHECKPOINT or --hf DIR")
     if args.hf and args.out is None:
         parser.error("--hf needs --out")
+    if args.out is not None:  # FILE.json, FILE.jsonl or a folder, before the model loads
+        out_arg("--out", args.out, folder=Path(args.out).suffix not in (".json", ".jsonl"))
     choice = EvalChoice(args.tasks, args.validation_sets, args.sequence_length, args.limit, args.batch_size)
     start = time.monotonic()
     try:

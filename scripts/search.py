@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, refuse
+from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
 from olmo_patches.nn.search import ALIGNED_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes, rank_key, solve
@@ -148,6 +148,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.head_dim % 2:
         refuse(f"search: --head-dim={args.head_dim}: must be even")
+    if args.write is not None:
+        out_arg("--write", args.write)
     if args.tolerance is None:
         args.tolerance = ALIGNED_TOLERANCE if args.aligned else TOLERANCE
     budget, baseline, vocab, seq = parse_budget(args.budget)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from olmo_patches.cli import ArgumentParser, at_least, console
+from olmo_patches.cli import ArgumentParser, at_least, console, out_arg
 from olmo_patches.config import ConfigError
 from olmo_patches.report.sweep import launch_local, launch_slurm, load_sweep, report, status_rows, sweep_status
 
@@ -41,6 +41,8 @@ def main() -> None:
     commands["report"].add_argument("--no-figures", action="store_true")
     commands["report"].add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
+    if args.command == "report":
+        out_arg("--out", args.out)
     try:
         members = load_sweep(args.configs, args.overrides)
     except ConfigError as e:

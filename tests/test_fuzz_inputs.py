@@ -402,3 +402,39 @@ def test_a_folder_that_is_a_file_or_under_one_is_refused(tmp_path, work, key):
     for folder in (file, file / "sub"):
         line, seconds = _load([f"{key}={folder}"], work=work, key=key)
         _check(line, seconds, key, "command line", True, f"{key}={folder}")
+
+
+def _paths_of(tmp_path: Path) -> dict:
+    file = tmp_path / "file.txt"
+    file.write_text("x\n")
+    return {"file": file, "under a file": file / "sub", "missing": tmp_path / "missing", "folder": tmp_path}
+
+
+# (script, arguments with {file}, {under a file}, {missing}, {folder}, the argument the line names)
+PATHS = [
+    ("evaluate.py", ["{folder}", "--out", "{under a file}/m.json"], "--out"),
+    ("evaluate.py", ["{folder}", "--out", "{file}"], "--out"),
+    ("sweep.py", ["report", str(BASELINE), "--out", "{file}"], "--out"),
+    ("make_tables.py", ["{folder}", "--out", "{file}"], "--out"),
+    ("search.py", [str(BASELINE), "--write", "{file}"], "--write"),
+    ("demo.py", ["--out", "{under a file}"], "--out"),
+    ("export_hf.py", ["{folder}", "{file}"], "OUT_DIR"),
+    ("data_order.py", ["manifest", "--paths-file", "{missing}"], "--paths-file"),
+    ("data_order.py", ["indices", "--paths-file", "{folder}", "--out", "{missing}"], "--paths-file"),
+    ("data_order.py", ["materialize", "--instances", "1", "--out", "{file}"], "--out"),
+    ("data_order.py", ["indices", "--out", "{folder}"], "--out"),
+    ("data_order.py", ["verify", "--out", "{missing}"], "--out"),
+    ("data_order.py", ["verify", "--out", "{file}", "--base", "{missing}"], "--base"),
+    ("train.py", [str(BASELINE), "run.save_folder={file}"], "run.save_folder"),
+]
+
+
+@pytest.mark.parametrize("script,args,name", PATHS, ids=[f"{s} {' '.join(a)}" for s, a, _ in PATHS])
+def test_a_path_of_the_wrong_kind_is_one_line_before_any_work(tmp_path, work, script, args, name):
+    paths = _paths_of(tmp_path)
+    argv = [a.format(**paths) for a in args]
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    result = run_in_process(script, *argv, cwd=work, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and name in lines[0], result.stderr
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
