@@ -47,6 +47,7 @@ from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from .. import peers
 from .checkpoints import latest_complete
+from .disk import DiskFullError, check_room
 from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, float8_config, olmo_core_compiles, precision_of
 from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
@@ -324,6 +325,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
                 check_resume_from(resume_from)
             _check_downstream_fit(spec)
             changes = check_config(spec, deliberate=resume_from is not None)
+            check_room(spec)  # one checkpoint's room on the run folder's disk
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
     peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
@@ -386,6 +388,8 @@ def exit_line(e: Exception) -> tuple[str, int]:
         return f"config error: {e}", 2
     if isinstance(e, NonFiniteError):
         return f"diverged: {e}", 3
+    if isinstance(e, DiskFullError):
+        return f"error: {e.strerror}", 4
     return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
 
 
