@@ -195,9 +195,11 @@ def load_weights(step_dir: Path) -> dict:
 def demo_corpus():
     """The demo corpus, built once into the repo's cache (as the demo itself does). Under
     pytest-xdist the first worker builds it and the others wait on the lock, then read the cache."""
+    from olmo_patches.config.spec import default_demo_cache
     from olmo_patches.data.demo import prepare_demo_corpus
 
-    cache = REPO / ".cache" / "demo-corpus"
+    cache = default_demo_cache()  # where every run with data.demo_cache=null finds it
+    assert cache == REPO / ".cache" / "demo-corpus", cache  # this checkout's: the tests build nothing outside it
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".build-lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -438,3 +438,13 @@ def test_a_path_of_the_wrong_kind_is_one_line_before_any_work(tmp_path, work, sc
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and name in lines[0], result.stderr
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_the_demo_corpus_cache_does_not_depend_on_the_working_folder(tmp_path, work):
+    """data.demo_cache=null: the same cache from any folder, the checkout's (found from the package)."""
+    from olmo_patches.config.spec import demo_cache
+
+    here = load_spec(BASELINE, [f"run.save_folder={work / 'run'}"], Layout.plan(1, 1))
+    assert demo_cache(here) == REPO / ".cache" / "demo-corpus"
+    elsewhere = load_spec(BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1))
+    assert demo_cache(elsewhere) == tmp_path / "c"

@@ -7,7 +7,9 @@ field's comment is its documentation.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from olmo_core.nn.feed_forward import FeedForwardConfig
@@ -236,9 +238,23 @@ class DataSpec:
     order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
     work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
     demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
-    demo_cache: str = ".cache/demo-corpus"
+    demo_cache: Optional[str] = None  # null: the checkout's .cache/demo-corpus, else the user's cache folder (default_demo_cache)
     num_workers: Optional[int] = None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
     prefetch_factor: Optional[int] = None  # batches each worker reads ahead (null: torch's 2)
+
+
+def default_demo_cache() -> Path:
+    """Where the demo corpus is built once for every working folder: the checkout's .cache/demo-corpus
+    (this package's own checkout: an editable install), else $XDG_CACHE_HOME (or ~/.cache)/hourglass-olmo/demo-corpus."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "setup.cfg").is_file() and (checkout / "olmo_patches").is_dir():
+        return checkout / ".cache" / "demo-corpus"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hourglass-olmo" / "demo-corpus"
+
+
+def demo_cache(spec: "ExperimentSpec") -> Path:
+    """The demo corpus cache of ``spec``: data.demo_cache, or :func:`default_demo_cache`."""
+    return Path(spec.data.demo_cache) if spec.data.demo_cache else default_demo_cache()
 
 
 @dataclass

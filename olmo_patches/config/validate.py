@@ -17,7 +17,7 @@ from ..nn.moe import Experts, expert_hidden_size
 from ..nn.hourglass import NormPlacement
 from ..nn.variable_width import SCHEDULES, SHAPES, ResizeMode
 from .layout import resolve_backend
-from .spec import BLOCKS, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, one_line, tokenizer_config, vocab_size
+from .spec import BLOCKS, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, demo_cache, one_line, tokenizer_config, vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +384,7 @@ def _validate_sources(spec: ExperimentSpec, fail) -> None:
             fail("train.device", t.device, "CUDA is not available on this machine")
     if d.source == "numpy":
         _validate_token_files(spec, fail)
-    for key, folder in (("run.save_folder", spec.save_folder), ("data.work_dir", d.work_dir), ("data.demo_cache", d.demo_cache)):
+    for key, folder in (("run.save_folder", spec.save_folder), ("data.work_dir", d.work_dir), ("data.demo_cache", str(demo_cache(spec)))):
         if "://" not in folder and (why := _not_a_folder(Path(folder))):
             fail(key, folder, why)
     if d.tokenizer_file is not None and not Path(d.tokenizer_file).is_file():

@@ -39,7 +39,7 @@ from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
 from ..config import ConfigError, ExperimentSpec, attention_backend, data_workers
-from ..config.spec import one_line
+from ..config.spec import demo_cache, one_line
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
 from ..hardware import known_card
@@ -78,7 +78,7 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
 
         if is_distributed() and get_rank() != 0:
             barrier()
-        corpus = prepare_demo_corpus(d.demo_cache, vocab_size=d.demo_vocab_size)
+        corpus = prepare_demo_corpus(demo_cache(spec), vocab_size=d.demo_vocab_size)
         if is_distributed() and get_rank() == 0:
             barrier()
         tok = TokenizerConfig(
