@@ -25,7 +25,11 @@ from olmo_patches.peers import announce
 from olmo_patches.report.advice import advice
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
+from olmo_patches.config import ConfigError
 from olmo_patches.train import exit_line, train
+from olmo_patches.train.disk import check_room
+from olmo_patches.train.resume import check_resume_from
+from olmo_patches.train.run_folder import Lock, check_config
 
 
 def main() -> None:
@@ -45,7 +49,15 @@ def main() -> None:
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
             print(line, file=sys.stderr)
-    if args.dry_run:
+    if args.dry_run:  # what the real run would refuse before writing, refused alike (nothing written)
+        try:
+            if args.resume_from is not None:
+                check_resume_from(args.resume_from)
+            check_config(spec, deliberate=args.resume_from is not None)
+            Lock(spec.save_folder).check()
+            check_room(spec)
+        except ConfigError as e:
+            refuse(exit_line(e)[0])
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))

@@ -448,3 +448,26 @@ def test_the_demo_corpus_cache_does_not_depend_on_the_working_folder(tmp_path, w
     assert demo_cache(here) == REPO / ".cache" / "demo-corpus"
     elsewhere = load_spec(BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1))
     assert demo_cache(elsewhere) == tmp_path / "c"
+
+
+def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, work):
+    import json
+    import os
+    import socket
+
+    from olmo_patches.config import spec_to_yaml
+
+    run = tmp_path / "run"
+    run.mkdir()
+    other = load_spec(BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1))
+    (run / "config.yaml").write_text(spec_to_yaml(other))
+    before = sorted(p.name for p in run.iterdir())
+    result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and result.stdout == "" and "holds a run with another config (changed: train.lr" in lines[-1], result.stderr
+    (run / "config.yaml").unlink()
+    holder = {"host": socket.gethostname(), "pid": os.getppid(), "slurm_job": None, "since": "then"}  # a live process
+    (run / ".lock").write_text(json.dumps(holder))
+    result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
+    assert result.returncode == 2 and f"is in use by pid {os.getppid()}" in result.stderr.strip().splitlines()[-1], result.stderr
+    assert before == ["config.yaml"] and sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written
