@@ -471,3 +471,18 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
     result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
     assert result.returncode == 2 and f"is in use by pid {os.getppid()}" in result.stderr.strip().splitlines()[-1], result.stderr
     assert before == ["config.yaml"] and sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written
+
+
+def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
+    """Refused after the process group started: the line alone, no C++ warning from its teardown."""
+    import json
+    import os
+    import socket
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": None, "since": "then"}))
+    result = run_script("train.py", str(BASELINE), f"run.save_folder={run}", f"data.work_dir={tmp_path / 'cache'}")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"error: {run} is in use by pid {os.getpid()} on {socket.gethostname()} since then; wait for it, or remove {run / '.lock'} if that process is gone"
+    ], result.stderr

@@ -16,6 +16,7 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from olmo_core.config import Config
 from olmo_core.data import (
     InstanceFilterConfig,
@@ -336,6 +337,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     except BaseException:
         peers.stop_watching()  # no watch thread outlives a run that did not start
         raise
+    _set_default_backend()
     peers.watch()  # or the process group's
     start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
@@ -407,6 +409,16 @@ def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
 
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _set_default_backend() -> None:
+    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group does
+    when no backend plugin is registered: with one registered (torch's FAKE, which an import registers)
+    it leaves the default unset, and destroy_process_group's hook check then prints the C++ "No backend
+    of type 0 found" warning on every exit (distributed_c10d._new_process_group_helper)."""
+    pg = dist.GroupMember.WORLD if dist.is_initialized() else None
+    if type(pg) is dist.ProcessGroup and "nccl" not in str(dist.get_backend_config(pg)):
+        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
 
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
