@@ -21,3 +21,26 @@ def test_one_record_per_step_holding_every_metric_logged_for_it(tmp_path):
     lines = (tmp_path / METRICS_FILE).read_text().splitlines()
     assert [int(line.split(",")[0].split(":")[1]) for line in lines] == [1, 2, 3, 4]
     assert read_metrics(tmp_path) == expected
+
+
+def test_one_progress_line_per_logged_step(tmp_path):
+    """The console's progress line: once for a step OLMo-core logs twice (a save step, the last step)."""
+    import logging
+
+    from olmo_patches.train.progress import ProgressCallback
+    from tests.conftest import Records
+
+    callback = ProgressCallback(metrics_log_interval=1)
+    callback.trainer = SimpleNamespace(training_progress=SimpleNamespace(bps=None, total_steps=4), save_folder=str(tmp_path))
+    records = Records()
+    logger = logging.getLogger("olmo_patches.train.progress")
+    logger.addHandler(records)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        for step, metrics in CALLS:
+            callback.log_metrics(step, metrics)
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(old)
+    assert len(records.messages) == 4 and [m.split()[1].split("/")[0] for m in records.messages] == ["1", "2", "3", "4"], records.messages
