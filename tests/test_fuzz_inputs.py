@@ -486,3 +486,19 @@ def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         f"error: {run} is in use by pid {os.getpid()} on {socket.gethostname()} since then; wait for it, or remove {run / '.lock'} if that process is gone"
     ], result.stderr
+
+
+# --- a quiet terminal ------------------------------------------------------------------------------
+
+
+def test_json_output_is_the_json_alone(tmp_path):
+    """count_params --json with float8 (torchao imported in a fresh process: its kernel probes, torch's
+    Enum deprecation) and with an MoE (OLMo-core's grouped_gemm note at build): stdout one JSON
+    object, stderr empty."""
+    import json
+
+    fresh = run_script("count_params.py", str(BASELINE), "train.float8=tensorwise", "--json")
+    moe = run_in_process("count_params.py", str(REPO / "configs" / "paper2" / "3B-MoE" / "baseline.yaml"), "--json", cwd=tmp_path)
+    for result in (fresh, moe):
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert isinstance(json.loads(result.stdout), dict)
