@@ -10,7 +10,8 @@ A run resumes from the newest good checkpoint in its save folder; --resume-from 
 from PATH instead (a checkpoint or a folder of them). SIGTERM saves a checkpoint and exits 0.
 A folder holding another run's config or another process, or one that not every node sees: one
 line, exit 2. A non-finite loss, gradient norm or weight: one line naming the step and the last good
-checkpoint, exit 3. A refusal or an error on any rank ends every rank within a second or so, its
+checkpoint, exit 3. Out of space during a save: one line naming the folder, the bytes needed and
+left, the partial save removed and the good checkpoints kept, exit 4. A refusal or an error on any rank ends every rank within a second or so, its
 line printed once on each node.
 """
 
