@@ -492,13 +492,17 @@ def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
 
 
 def test_json_output_is_the_json_alone(tmp_path):
-    """count_params --json with float8 (torchao imported in a fresh process: its kernel probes, torch's
-    Enum deprecation) and with an MoE (OLMo-core's grouped_gemm note at build): stdout one JSON
-    object, stderr empty."""
+    """count_params --json with float8 (torchao imported: its kernel probes, torch's Enum deprecation) and
+    with an MoE (OLMo-core's grouped_gemm note at build), one after the other in one fresh interpreter
+    (as a user's, without pytest's warning capture): stdout two JSON objects, stderr empty."""
     import json
 
-    fresh = run_script("count_params.py", str(BASELINE), "train.float8=tensorwise", "--json")
-    moe = run_in_process("count_params.py", str(REPO / "configs" / "paper2" / "3B-MoE" / "baseline.yaml"), "--json", cwd=tmp_path)
-    for result in (fresh, moe):
-        assert result.returncode == 0 and result.stderr == "", result.stderr
-        assert isinstance(json.loads(result.stdout), dict)
+    from .conftest import run
+
+    runs = [[str(BASELINE), "train.float8=tensorwise", "--json"], [str(BASELINE), *MOE, "--json"]]
+    code = "import runpy, sys\n" + "".join(
+        f"sys.argv = {['count_params.py', *argv]!r}\nrunpy.run_path({str(REPO / 'scripts' / 'count_params.py')!r}, run_name='__main__')\n"
+        for argv in runs)
+    result = run([sys.executable, "-c", code])
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert [type(json.loads(line)) for line in result.stdout.splitlines()] == [dict, dict]
