@@ -56,7 +56,7 @@ TINY = [
 SLOW_FIRST = (
     "test_multinode.py", "test_precision.py", "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",
     "test_doc_commands.py", "test_gpu_ready.py", "test_training.py", "test_performance.py", "test_variable_width.py",
-    "test_bad_configs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
+    "test_bad_configs.py", "test_fuzz_inputs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
 )
 
 
