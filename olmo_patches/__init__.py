@@ -15,6 +15,14 @@ Layers, each importing only those above it in this list (never below):
 __version__ = "0.3.0"
 
 import logging
+import warnings
 
 # OLMo-core warns at import when the optional Transformer Engine kernels are absent (always, on CPU).
 logging.getLogger("olmo_core.nn.attention.te_attn_api").setLevel(logging.ERROR)
+# Third-party import noise, kept off the terminal and out of --json output: torchao's probes of its
+# optional compiled kernels (mxfp8, cutlass: recipes this project does not use), torch's deprecation of
+# the Enum registration torchao makes at import, OLMo-core's note that the optional grouped_gemm
+# package is absent (its MoE runs without it; report/advice.py's GPU lines say what a GPU run lacks).
+logging.getLogger("torchao").setLevel(logging.ERROR)
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", message="Grouped GEMM not available", category=UserWarning)

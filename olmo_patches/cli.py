@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, List, NoReturn, Optional
@@ -15,7 +16,7 @@ from .report.console import console
 from .launch.peers import announce, forget, stop_watching
 from .resources import find_config
 
-__all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "folder_arg"]
+__all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "fraction", "folder_arg", "out_arg"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
@@ -73,25 +74,65 @@ class _StderrHandler(logging.StreamHandler):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose usage errors are one line (``PROG: error: ...``, exit 2) instead of
-    the usage block and the error; ``--help`` still prints the usage."""
+    the usage block and the error; ``--help`` still prints the usage. A negative number in exponent
+    form (``-5e6``) is a value, as ``-5`` and ``-0.5`` are to argparse, not an unknown option."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
     def error(self, message: str) -> NoReturn:
         refuse(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)")
 
 
-def at_least(low: float, kind: type = int) -> Callable[[str], Any]:
-    """An argparse ``type``: a number of ``kind`` that is ``>= low``, e.g. ``type=at_least(1)``."""
+MAX_NUMBER = 2**53  # no argument is larger: the largest integer a float holds exactly
+
+
+def at_least(low: float, kind: type = int, most: float = MAX_NUMBER) -> Callable[[str], Any]:
+    """An argparse ``type``: a finite number of ``kind`` in ``[low, most]``, e.g. ``type=at_least(1)``,
+    ``type=at_least(0, float, most=1)``."""
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not value >= low:  # NaN fails too
+        if not low <= value:  # NaN fails too
             raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        if not value <= most:  # infinity too
+            raise argparse.ArgumentTypeError(f"must be at most {most:g}, got {text}")
         return value
 
     return parse
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _blocked(path: Path, folder: bool) -> str:
+    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can."""
+    if path.exists():
+        return "" if path.is_dir() == folder else ("a file, not a folder" if folder else "a folder, not a file")
+    for parent in path.parents:
+        if parent.exists():
+            return "" if parent.is_dir() else f"under {parent}, a file"
+    return ""
+
+
+def out_arg(name: str, path: str | Path, folder: bool = True) -> Path:
+    """``path`` as a folder (``folder``) or a file to write, before any work: one line naming the
+    argument (exit 2) if it is the other kind or lies under a file."""
+    if why := _blocked(Path(path), folder):
+        refuse(f"{name} {path}: {why}")
+    return Path(path)
 
 
 def folder_arg(name: str, path: str) -> Path:

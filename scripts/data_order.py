@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from olmo_patches.cli import ArgumentParser, at_least  # noqa: E402
+from olmo_patches.cli import ArgumentParser, at_least, folder_arg, out_arg, refuse  # noqa: E402
 from olmo_patches.data.order import (  # noqa: E402
     GLOBAL_BATCH_INSTANCES,
     OLD_TRAINER_SEED,
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument(
         "--seed",
-        type=int,
+        type=at_least(0, most=2**32 - 1),
         default=OLD_TRAINER_SEED,
         help="old-trainer seed (OLMo-core seed + 1)",
     )
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     size.add_argument("--instances", type=at_least(1), help="exact number of instances")
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
-    p.add_argument("--seed", type=int, default=OLD_TRAINER_SEED)
+    p.add_argument("--seed", type=at_least(0, most=2**32 - 1), default=OLD_TRAINER_SEED)
     p.add_argument("--batch-instances", type=at_least(1), default=GLOBAL_BATCH_INSTANCES)
     p.add_argument(
         "--chunk-instances", type=at_least(1), default=2048, help="instances per part file"
@@ -210,8 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """The files and folders the command reads and writes, before any request: one line, exit 2."""
+    for name, path in (("--paths-file", getattr(args, "paths_file", None)), ("--manifest", getattr(args, "manifest", None))):
+        if path is not None and not Path(path).is_file():
+            refuse(f"data_order.py {args.command}: {name} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}")
+    if args.base is not None and "://" not in args.base:
+        folder_arg(f"data_order.py {args.command}: --base", args.base)
+    if args.command == "verify":
+        folder_arg("data_order.py verify: --out", args.out)
+    elif args.out is not None:
+        out_arg(f"data_order.py {args.command}: --out", args.out, folder=args.command == "materialize")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_paths(args)
     reader = RangeReader(RetryPolicy(attempts=args.retries, timeout_s=args.timeout))
     command = {
         "manifest": cmd_manifest,

@@ -13,11 +13,12 @@ tokenizes with its tokenizer.json, or with the run's tokenizer and validation da
 
 import argparse
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from olmo_patches.cli import ArgumentParser, refuse
+from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.report.console import console
 from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
@@ -26,15 +27,15 @@ from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?", help="a checkpoint (RUN/stepN) or a run folder")
-    parser.add_argument("--step", type=int, help="with a run folder: the step to evaluate (default: the latest)")
+    parser.add_argument("--step", type=at_least(0), help="with a run folder: the step to evaluate (default: the latest)")
     parser.add_argument("--hf", metavar="DIR", help="a Hugging Face model folder instead of a checkpoint")
     parser.add_argument("--config", help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)")
     parser.add_argument("--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)")
     parser.add_argument("--validation-sets", nargs="*", help="v3-small-ppl-validation sets (default: the run's; none: no validation)")
     parser.add_argument("--validation-base-dir", default="http://olmo-data.org", help="--hf without --config: root of eval-data/")
-    parser.add_argument("--sequence-length", type=int, help="the tasks' context in tokens (default: eval.downstream_sequence_length)")
-    parser.add_argument("--limit", type=int, help="only the first N documents of each task (a quick look)")
-    parser.add_argument("--batch-size", type=int, help="sequences per downstream batch (default: the run's micro-batch, else 8)")
+    parser.add_argument("--sequence-length", type=at_least(2), help="the tasks' context in tokens (default: eval.downstream_sequence_length)")
+    parser.add_argument("--limit", type=at_least(1), help="only the first N documents of each task (a quick look)")
+    parser.add_argument("--batch-size", type=at_least(1), help="sequences per downstream batch (default: the run's micro-batch, else 8)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)")
     parser.add_argument("--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)")
@@ -44,6 +45,8 @@ def main() -> None:
         parser.error("give a CHECKPOINT or --hf DIR")
     if args.hf and args.out is None:
         parser.error("--hf needs --out")
+    if args.out is not None:  # FILE.json, FILE.jsonl or a folder, before the model loads
+        out_arg("--out", args.out, folder=Path(args.out).suffix not in (".json", ".jsonl"))
     choice = EvalChoice(args.tasks, args.validation_sets, args.sequence_length, args.limit, args.batch_size)
     start = time.monotonic()
     try:

@@ -8,7 +8,7 @@ modeling code (load with trust_remote_code=True).
 
 import argparse
 
-from olmo_patches.cli import ArgumentParser, refuse
+from olmo_patches.cli import ArgumentParser, out_arg, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.export import export_hf
 
@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--config", help="the run's config.yaml (default: CHECKPOINT/../config.yaml)")
     parser.add_argument("--tokenizer", help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)")
     args = parser.parse_args()
+    out_arg("OUT_DIR", args.out_dir)
     try:
         kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer)
     except (ConfigError, ValueError, FileNotFoundError) as e:

@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from olmo_patches.cli import ArgumentParser
+from olmo_patches.cli import ArgumentParser, at_least, out_arg
 from olmo_patches.report.figures import make_figures, scaling_figure
 from olmo_patches.report.scaling import paper_matched_loss_rows, scaling_tables
 from olmo_patches.report.tables import build_tables, load_runs, paper_results, write_tables
@@ -34,8 +34,9 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-figures", action="store_true")
-    parser.add_argument("--target-loss", type=float, help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
+    parser.add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
+    out_arg("--out", args.out)
     missing = [p for p in args.runs if not Path(p).is_dir()]
     if missing:
         print(f"make_tables: no such folder: {', '.join(missing)}", file=sys.stderr)

@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
+from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
 from olmo_patches.shapes.search import (ALIGNED_TOLERANCE, SPLIT_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes,
@@ -154,22 +154,22 @@ def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("budget", help="a baseline config or a non-embedding parameter count (113246208, 113.2M)")
     parser.add_argument("--K", type=at_least(1), nargs="+", help="K values (default 1..10)")
-    parser.add_argument("--d-h-ratio", type=at_least(0, float), nargs="+", help="target d_h/d_model values (default 0.1..0.8)")
+    parser.add_argument("--d-h-ratio", type=fraction, nargs="+", help="target d_h/d_model values in (0, 1] (default 0.1..0.8)")
     parser.add_argument("--layers", type=at_least(1), nargs="+", help="L values (default: every L with d_model/L in 50..300)")
     parser.add_argument("--ratio-slack", type=at_least(0, float), default=0.2,
                         help="allow d_h/d_model this far (relative) from --d-h-ratio (with --layers)")
     parser.add_argument("--layer-slack", type=at_least(0), default=0, help="allow L this far from --layers when unsolvable")
     parser.add_argument("--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving")
     parser.add_argument("--d-h", type=at_least(1), help="fix d_h (with --d-model)")
-    parser.add_argument("--attn-fraction", type=at_least(0, float), nargs="+",
-                        help="attention width n_heads x --head-dim near these fractions of d_model (default: MHA at d_model)")
+    parser.add_argument("--attn-fraction", type=fraction, nargs="+",
+                        help="attention width n_heads x --head-dim near these fractions of d_model, in (0, 1] (default: MHA at d_model)")
     parser.add_argument("--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)")
     parser.add_argument("--kv-group", type=at_least(1), default=1, help="query heads per key/value head (GQA; 1: MHA)")
     parser.add_argument("--aligned", action="store_true", help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3")
     parser.add_argument("--attention", type=parse_count,
                         help="solve for this many attention parameters (45M: the paper's split) instead of --d-h-ratio")
     parser.add_argument("--heads8", action="store_true", help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4")
-    parser.add_argument("--tolerance", type=at_least(0, float), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 with --attention, --heads8)")
+    parser.add_argument("--tolerance", type=at_least(0, float, most=1), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 with --attention, --heads8)")
     parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
                         help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention share")
     parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
@@ -177,6 +177,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.head_dim % 2:
         refuse(f"search: --head-dim={args.head_dim}: must be even")
+    if args.write is not None:
+        out_arg("--write", args.write)
     if args.tolerance is None:
         args.tolerance = ALIGNED_TOLERANCE if args.aligned else SPLIT_TOLERANCE if (args.heads8 or args.attention) else TOLERANCE
     budget, baseline, vocab, seq = parse_budget(args.budget)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from olmo_patches.cli import ArgumentParser, at_least, console
+from olmo_patches.cli import ArgumentParser, at_least, console, out_arg
 from olmo_patches.config import ConfigError
 from olmo_patches.launch.sweep import launch_local, launch_slurm, load_sweep, sweep_status
 from olmo_patches.report.sweep import report, status_rows
@@ -40,8 +40,10 @@ def main() -> None:
     commands["launch"].add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00")
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")
-    commands["report"].add_argument("--target-loss", type=float, help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
+    commands["report"].add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
+    if args.command == "report":
+        out_arg("--out", args.out)
     try:
         members = load_sweep(args.configs, args.overrides)
     except ConfigError as e:

@@ -12,7 +12,8 @@ scripts/launch_slurm.sbatch) saves a checkpoint at the next step and exits 0; an
 cut the save short.
 A folder holding another run's config or another process, or one that not every node sees: one
 line, exit 2. A non-finite loss, gradient norm or weight: one line naming the step and the last good
-checkpoint, exit 3. A refusal or an error on any rank ends every rank within a second or so, its
+checkpoint, exit 3. Out of space during a save: one line naming the folder, the bytes needed and
+left, the partial save removed and the good checkpoints kept, exit 4. A refusal or an error on any rank ends every rank within a second or so, its
 line printed once on each node.
 """
 
@@ -29,8 +30,12 @@ from olmo_patches.resources import find_config
 from olmo_patches.report.advice import advice
 from olmo_patches.report.plan import plan_table, preset_rows
 from olmo_patches.report.counts import param_table
+from olmo_patches.config import ConfigError
 from olmo_patches.train import exit_line, train
 from olmo_patches.train import stop
+from olmo_patches.train.disk import check_room
+from olmo_patches.train.resume import check_resume_from
+from olmo_patches.launch.run_folder import Lock, check_config
 
 
 def main() -> None:
@@ -51,7 +56,15 @@ def main() -> None:
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
             print(line, file=sys.stderr)
-    if args.dry_run:
+    if args.dry_run:  # what the real run would refuse before writing, refused alike (nothing written)
+        try:
+            if args.resume_from is not None:
+                check_resume_from(args.resume_from)
+            check_config(spec, deliberate=args.resume_from is not None)
+            Lock(spec.save_folder).check()
+            check_room(spec)
+        except ConfigError as e:
+            refuse(exit_line(e)[0])
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))

@@ -58,7 +58,7 @@ TINY = [
 SLOW_FIRST = (
     "test_gpu_install.py", "test_multinode.py", "test_precision.py", "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",
     "test_doc_commands.py", "test_gpu_ready.py", "test_training.py", "test_performance.py", "test_variable_width.py",
-    "test_bad_configs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
+    "test_bad_configs.py", "test_fuzz_inputs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
 )
 
 
@@ -197,9 +197,11 @@ def load_weights(step_dir: Path) -> dict:
 def demo_corpus():
     """The demo corpus, built once into the repo's cache (as the demo itself does). Under
     pytest-xdist the first worker builds it and the others wait on the lock, then read the cache."""
+    from olmo_patches.config.spec import default_demo_cache
     from olmo_patches.data.demo import prepare_demo_corpus
 
-    cache = REPO / ".cache" / "demo-corpus"
+    cache = default_demo_cache()  # where every run with data.demo_cache=null finds it
+    assert cache == REPO / ".cache" / "demo-corpus", cache  # this checkout's: the tests build nothing outside it
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".build-lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -128,3 +128,14 @@ def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("evaluate: ") and "eval.downstream_sequence_length=3: no 'copa' document fits" in lines[-1]
     assert not (tmp_path / "out").exists()
+
+
+def test_another_models_config_is_one_line_before_the_data(tiny_run, tmp_path):
+    """The tiny hourglass checkpoint with a baseline config: torch's load_state_dict differences, as one line."""
+    other = tmp_path / "other.yaml"
+    other.write_text(f"extends: {BASELINE}\nmodel:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n")
+    r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--config", str(other), "--out", str(tmp_path / "out.json"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"--config={other}: its model does not match the checkpoint's weights" in lines[0], lines[0]
+    assert not (tmp_path / "out.json").exists()

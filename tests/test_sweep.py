@@ -74,6 +74,8 @@ def test_local_sweep_stops_resumes_and_is_idempotent(local_sweep):
     for name in NAMES:
         folder = root / "runs" / name
         assert f"{name}: resuming from step 2" in second.stdout
+        # each run's progress on the terminal, as in its log
+        assert any(line.startswith(f"{name} | ") and "step 4/4 | loss" in line for line in second.stdout.splitlines())
         # OLMo-core loaded the stopped run's checkpoint, and steps 1-2 were not trained again.
         assert f"Loading checkpoint from '{folder / 'step2'}'" in (folder / "train.log").read_text()  # OLMo-core's log
         assert _complete(folder, 4)

@@ -13,7 +13,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any, List, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
@@ -69,8 +69,18 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, Dic
 
 
 def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> str:
-    """The command line or the last file of the chain that sets ``key``."""
-    if any(key == k or key.startswith(k + ".") for k in (o.split("=", 1)[0] for o in cli)):
+    """The command line or the last file of the chain that sets ``key``; for a key no source sets (a
+    required key of a section), the source that sets its nearest section (model.moe.top_k: the
+    ``model.moe.num_experts=4`` of the command line)."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        if found := _setter(".".join(parts[:n]), chain, cli):
+            return found
+    return str(chain[-1][0])
+
+
+def _setter(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> Optional[str]:
+    if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in (o.split("=", 1)[0] for o in cli)):
         return "command line"
     for path, cfg in reversed(chain):
         node: Any = OmegaConf.to_container(cfg, resolve=False)  # a file sets a key, resolvable or not
@@ -78,7 +88,24 @@ def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> st
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
             return str(path)
-    return str(chain[-1][0])
+    return None
+
+
+def _not_a_section(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> tuple[str, str]:
+    """The first key of ``cfg`` that sets a section of the schema (train, model.widths) to a scalar or a
+    list, or a list (train.betas) to a mapping: omegaconf's merge error names no key for it."""
+    for k, v in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else ():
+        sub = schema._get_node(k) if isinstance(schema, DictConfig) and k in schema else None  # a node, null or not
+        if isinstance(sub, DictConfig) and v is not None and not isinstance(v, DictConfig):
+            return f"{prefix}{k}", f"'{v}' is not a section (a mapping of keys)"
+        if isinstance(sub, ListConfig) and isinstance(v, DictConfig):
+            return f"{prefix}{k}", "a mapping, not a list"
+        if isinstance(sub, DictConfig) and isinstance(v, DictConfig):
+            if sub._is_none():  # a null section (train.activation_checkpointing): its dataclass's keys
+                sub = OmegaConf.structured(sub._metadata.ref_type)
+            if (found := _not_a_section(v, sub, f"{prefix}{k}."))[0]:
+                return found
+    return "", ""
 
 
 def coerce_shorthands(cfg: DictConfig) -> DictConfig:
@@ -110,8 +137,10 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
         try:
             merged.merge_with(coerce_shorthands(cfg))  # in place: OmegaConf.merge would deep-copy the whole config per file
         except OmegaConfBaseException as e:
-            key = getattr(e, "full_key", "") or "?"
-            raise ConfigError(_line(str(source), key, e)) from e
+            key = getattr(e, "full_key", "")
+            if not key and (found := _not_a_section(cfg, _schema()))[0]:
+                raise ConfigError(f"{source}: {found[0]}: {found[1]}") from e
+            raise ConfigError(_line(str(source), key or "?", e)) from e
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
@@ -119,8 +148,11 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
         merged.merge_with(coerce_shorthands(OmegaConf.from_dotlist(overrides)))
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", "") or "?"
-        raise ConfigError(_line(_where(key, chain, overrides), key, e)) from e
+        key = getattr(e, "full_key", "")
+        if not key and (found := _not_a_section(OmegaConf.from_dotlist(overrides), _schema()))[0]:
+            key, why = found
+            raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {why}") from e
+        raise ConfigError(_line(_where(key or "?", chain, overrides), key or "?", e)) from e
     where = partial(_where, chain=chain, cli=overrides)
     validate(spec, where)
     spec.where = where  # type: ignore[attr-defined]  # for launch.resolve's errors: not a key

@@ -7,7 +7,9 @@ field's comment is its documentation.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from olmo_core.nn.feed_forward import FeedForwardConfig
@@ -188,7 +190,7 @@ class ModelSpec:
     n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
     ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
     d_ff: Optional[int] = None  # ... or this explicit hidden size
-    K: int = 1  # hourglass: stacked wide-narrow-wide sub-MLPs per layer
+    K: int = 1  # hourglass: stacked wide-narrow-wide sub-MLPs per layer (other blocks: checked, warned as ignored)
     d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
     d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
@@ -201,7 +203,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
     ffn: Ffn = Ffn.swiglu  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
-    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h)
+    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h) (other blocks: checked, warned as ignored)
     moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
     attention_backend: AttentionBackend = AttentionBackend.auto  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
 
@@ -330,13 +332,27 @@ class DataSpec:
     instance_filter: bool = False  # OLMo-2's repetition filter (loss masked on degenerate instances)
     tokenizer: Tokenizer = Tokenizer.demo  # demo (trained on the demo corpus) | dolma2
     tokenizer_file: Optional[str] = None  # a local tokenizer JSON (else the Hugging Face hub)
-    sequence_length: int = 4096
+    sequence_length: int = 4096  # tokens per instance, in [2, 2^20]
     order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
     work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
     demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
-    demo_cache: str = ".cache/demo-corpus"
+    demo_cache: Optional[str] = None  # null: the checkout's .cache/demo-corpus, else the user's cache folder (default_demo_cache)
     num_workers: Optional[int] = None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
     prefetch_factor: Optional[int] = None  # batches each worker reads ahead (null: torch's 2)
+
+
+def default_demo_cache() -> Path:
+    """Where the demo corpus is built once for every working folder: the checkout's .cache/demo-corpus
+    (this package's own checkout: an editable install), else $XDG_CACHE_HOME (or ~/.cache)/hourglass-olmo/demo-corpus."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "setup.cfg").is_file() and (checkout / "olmo_patches").is_dir():
+        return checkout / ".cache" / "demo-corpus"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hourglass-olmo" / "demo-corpus"
+
+
+def demo_cache(spec: "ExperimentSpec") -> Path:
+    """The demo corpus cache of ``spec``: data.demo_cache, or :func:`default_demo_cache`."""
+    return Path(spec.data.demo_cache) if spec.data.demo_cache else default_demo_cache()
 
 
 @dataclass
@@ -398,8 +414,8 @@ def coerce_activation_checkpointing(value: Any) -> Any:
 
 @dataclass
 class TrainSpec:
-    seed: int = 6198  # init seed and the seed of every RNG
-    global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together
+    seed: int = 6198  # init seed and the seed of every RNG, in [0, 2^32)
+    global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together (x sequence_length at most 2^32 tokens)
     micro_batch_size: Optional[int] = None  # sequences per forward/backward on one rank (null: train.hardware's)
     max_tokens: Optional[int] = None  # training length in tokens ...
     max_steps: Optional[int] = None  # ... or in steps
@@ -409,7 +425,7 @@ class TrainSpec:
     weight_decay: float = 0.1  # AdamW's decoupled weight decay ...
     decay_embeddings: bool = False  # ... on the embedding (tied: also the LM head) (OLMo-2: off)
     decay_norms: bool = True  # ... on 1-D tensors: every norm gain, QK norms included (OLMo-2: on)
-    warmup_steps: Optional[int] = None  # linear warmup in steps ...
+    warmup_steps: Optional[int] = None  # linear warmup in steps (past the end of training: a one-line warning) ...
     warmup_tokens: Optional[int] = None  # ... or in tokens
     schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
@@ -447,7 +463,7 @@ class RunSpec:
     ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
     ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
-    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes
+    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past the end: refused)
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
     trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import math
 from fnmatch import fnmatch
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from ..nn.attention import FLASH
 from ..nn.moe import expert_hidden_size
 from ..shapes.widths import SHAPES
-from .spec import AC_MODES, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, one_line, vocab_size
+from .spec import AC_MODES, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, one_line, vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -22,9 +23,13 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         raise ConfigError(f"{where(key)}: {key}={value}: {why}")
 
     m, t, d = spec.model, spec.train, spec.data
+    _validate_every_value(spec, fail)
     for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
         if value < 1:
             fail(key, value, "must be >= 1")
+    _validate_knobs(spec, fail)
+    if m.head_dim is None and m.d_model % m.n_heads and where("model.d_model") == "command line" != where("model.n_heads"):
+        fail("model.d_model", m.d_model, f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)")  # the key changed last
     _validate_attention(m, fail)
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
@@ -86,7 +91,7 @@ def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
     assert ac is not None
     key = "train.activation_checkpointing"
     if ac.mode not in AC_MODES:
-        fail(key, ac, f"choose one of {', '.join(AC_MODES)} (or true, false)")
+        fail(f"{key}.mode", ac.mode, f"choose one of {', '.join(AC_MODES)} (or true, false)")
     needs = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}
     for mode, arg in needs.items():
         if getattr(ac, arg) is not None and ac.mode != mode:
@@ -158,12 +163,89 @@ def _validate_attention(m: ModelSpec, fail) -> None:
     if (r := m.rope_scaling) is not None:
         if r.factor < 1:
             fail("model.rope_scaling.factor", r.factor, "must be >= 1")
-        if not 1 <= r.low_freq_factor < r.high_freq_factor:
-            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor,
-                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
+        if not 1 <= r.low_freq_factor:
+            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor, "must be >= 1")
+        if not r.low_freq_factor < r.high_freq_factor:
+            fail("model.rope_scaling.high_freq_factor", r.high_freq_factor,
+                 f"must be > model.rope_scaling.low_freq_factor={r.low_freq_factor}")
 
 
-# --- domains: every number in range ---------------------------
+# --- domains: every number in range ---------------------------------------------------------------
+
+_MAX_NUMBER = 2**53  # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
+_MAX_SEED = 2**32  # numpy's seed range, which OLMo-core's seed_all passes the seed to
+_MAX_SEQUENCE = 2**20  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
+_MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
+
+
+def _validate_every_value(spec: ExperimentSpec, fail, node: Any = None, prefix: str = "") -> None:
+    """Every number finite and at most 2^53 in magnitude, every string non-empty (null unsets a key), the
+    items of every list too: whatever the key, before any check that does arithmetic with it."""
+    node = spec if node is None else node
+    for f in fields(node):
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if is_dataclass(value):
+            _validate_every_value(spec, fail, value, f"{key}.")
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, bool) or item is None:
+                continue
+            if isinstance(item, (int, float)) and not (math.isfinite(item) and abs(item) <= _MAX_NUMBER):
+                fail(key, value, "must be a finite number of magnitude at most 2^53")
+            if isinstance(item, str) and not item.strip():
+                fail(key, repr(value), "must not be empty" + (" (null: unset)" if f.default is None else ""))
+
+
+def _validate_knobs(spec: ExperimentSpec, fail) -> None:
+    """The domain of every key, whether or not the block or source in use reads it (a sweep's override
+    applies to every run); a knob the block ignores, set away from its default, is a warning."""
+    m, t, d, w = spec.model, spec.train, spec.data, spec.model.widths
+    if not 0 <= t.seed < _MAX_SEED:
+        fail("train.seed", t.seed, "must be in [0, 2^32) (numpy's seed range)")
+    if not 0 <= d.order_seed < _MAX_SEED:
+        fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
+    if m.K < 1:
+        fail("model.K", m.K, "must be >= 1")
+    if m.d_h is not None and m.d_h < 1:
+        fail("model.d_h", m.d_h, "must be >= 1")
+    if m.d_h_ratio is not None and not m.d_h_ratio > 0:
+        fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
+    if m.d_h_multiple < 1:
+        fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
+    if m.vocab_size is not None and m.vocab_size < 1:
+        fail("model.vocab_size", m.vocab_size, "must be >= 1")
+    if w.shape not in SHAPES:
+        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
+    if not 0 <= w.r_l <= 1:
+        fail("model.widths.r_l", w.r_l, "must be in [0, 1] (the extreme layer k = r_l L)")
+    if not 0 < w.r_d < 1:
+        fail("model.widths.r_d", w.r_d, "must be in (0, 1) (the narrowest width / d_model)")
+    if w.multiple < 1:
+        fail("model.widths.multiple", w.multiple, "must be >= 1")
+    if w.values is not None and not all(v >= 1 for v in w.values):
+        fail("model.widths.values", w.values, "every width must be >= 1")
+    for key in ("m_width", "m_emb", "m_residual", "init_range"):
+        if not getattr(w, key) > 0:
+            fail(f"model.widths.{key}", getattr(w, key), "must be > 0")
+    if (r := m.rope_scaling) is not None and r.original_max_position_embeddings < 1:
+        fail("model.rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings, "must be >= 1")
+    if d.demo_vocab_size < 2:
+        fail("data.demo_vocab_size", d.demo_vocab_size, "must be >= 2 (the end-of-text and padding tokens)")
+    if not 2 <= d.sequence_length:
+        fail("data.sequence_length", d.sequence_length, "must be >= 2")
+    if d.sequence_length > _MAX_SEQUENCE:
+        fail("data.sequence_length", d.sequence_length, "must be at most 2^20")
+    if t.global_batch_size >= 1 and t.global_batch_size * d.sequence_length > _MAX_STEP_TOKENS:
+        fail("train.global_batch_size", t.global_batch_size,
+             f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32")
+    hourglass = m.is_hourglass or (m.moe is not None and m.moe.experts == "hourglass")
+    ignored = []
+    if not hourglass:
+        ignored += [k for k, default in (("K", 1), ("d_h", None), ("d_h_ratio", None)) if getattr(m, k) != default]
+    if m.block != "variable_width":
+        ignored += ["ffn"] * (m.ffn != "swiglu") + ["widths"] * (w != WidthSpec())
+    for k in ignored:
+        log.warning("model.%s=%s: ignored by model.block=%s", k, getattr(m, k) if k != "widths" else "{...}", m.block)
 
 _MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
 
@@ -202,10 +284,23 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
     check("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1")
     check("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1")
     check("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1")
+    steps = _steps(spec)
+    if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
+        fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
     if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
         fail("run.ephemeral_save_interval", r.ephemeral_save_interval, f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)")
     if not r.name or "/" in r.name:
         fail("run.name", r.name, "must be a non-empty name without '/'")
+
+
+def _steps(spec: ExperimentSpec):
+    """The run's optimizer steps (train.max_steps, or train.max_tokens in whole steps as OLMo-core counts them)."""
+    t = spec.train
+    if t.max_steps is not None:
+        return t.max_steps
+    if t.max_tokens is not None and t.global_batch_size >= 1:
+        return -(-t.max_tokens // (t.global_batch_size * spec.data.sequence_length))
+    return None
 
 
 def _validate_shapes(spec: ExperimentSpec, fail) -> None:
@@ -251,7 +346,8 @@ def _validate_widths(m: ModelSpec, fail) -> None:
     try:
         widths = m.resolved_widths
     except ValueError as e:
-        fail("model.widths.schedule", w.schedule, one_line(e))
+        key = "model.widths.r_l" if "extreme layer" in str(e) else "model.widths.schedule"
+        fail(key, getattr(w, key.rsplit(".", 1)[1]), one_line(e))
     key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
     step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
     why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, one_line
+from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, one_line, tokenizer_config
 from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
 from .hardware import CARDS, MemoryEstimate, Settings, choose, detect, estimate, with_float8
 
@@ -68,8 +68,9 @@ def load_and_resolve(path, overrides: Optional[list] = None, layout: Optional[La
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """What a spec needs of this machine: CUDA for train.device=cuda, an explicit flash backend that
-    runs here (a login node without CUDA passes), torchao for float8, local data files and folders,
-    a prefix that matches the run, and downstream tasks the installed ai2-olmo-eval knows."""
+    runs here (a login node without CUDA passes), torchao for float8, local token files that hold whole
+    tokens and a global batch, folders it writes in that are not files, a prefix that matches the run,
+    and downstream tasks the installed ai2-olmo-eval knows."""
     d, t, m = spec.data, spec.train, spec.model
 
     def fail(key: str, value: Any, why: str):
@@ -95,12 +96,62 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
     if d.source == "numpy":
-        for path in d.paths:
-            if "://" not in path and not Path(path).is_file():
-                fail("data.paths", path, "no such file")
+        _check_token_files(spec, fail)
+    for key, folder in (("run.save_folder", spec.save_folder), ("data.work_dir", d.work_dir), ("data.demo_cache", str(demo_cache(spec)))):
+        if "://" not in folder and (why := _not_a_folder(Path(folder))):
+            fail(key, folder, why)
+    if d.tokenizer_file is not None and not Path(d.tokenizer_file).is_file():
+        fail("data.tokenizer_file", d.tokenizer_file, "a folder, not a tokenizer JSON" if Path(d.tokenizer_file).is_dir() else "no such file")
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
     check_downstream_tasks(spec, fail)
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why ``path`` cannot be a folder this run writes in ("" if it is one, or can be made)."""
+    if path.exists():
+        return "" if path.is_dir() else "a file, not a folder"
+    for parent in path.parents:
+        if parent.exists():
+            return "" if parent.is_dir() else f"under {parent}, a file"
+    return ""
+
+
+def _check_token_files(spec: ExperimentSpec, fail) -> None:
+    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the smallest
+    unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one sequence, ids
+    below the vocabulary in its first 4096 tokens (a file of another dtype reads as ids far above it);
+    together at least one global batch: an empty dataset would have OLMo-core enumerate epochs without end."""
+    import numpy as np
+
+    d, t = spec.data, spec.train
+    tokenizer = tokenizer_config(spec)
+    dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if tokenizer.vocab_size - 1 <= np.iinfo(k).max)
+    instances, local = 0, True
+    for path in d.paths:
+        if "://" in path:
+            local = False
+            continue
+        file = Path(path)
+        if file.is_dir():
+            fail("data.paths", path, "a folder, not a token file")
+        if not file.is_file():
+            fail("data.paths", path, "no such file")
+        size = file.stat().st_size
+        if size % dtype.itemsize:
+            fail("data.paths", path, f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})")
+        if size // dtype.itemsize < d.sequence_length:
+            fail("data.paths", path, f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}")
+        try:
+            with open(file, "rb") as f:
+                head = np.frombuffer(f.read(4096 * dtype.itemsize), dtype=dtype)
+        except OSError as e:
+            fail("data.paths", path, f"cannot read: {e.strerror}")
+        if head.size and int(head.max()) >= tokenizer.vocab_size:
+            fail("data.paths", path, f"token id {int(head.max())} >= the tokenizer's {tokenizer.vocab_size}: not {dtype.name} tokens of data.tokenizer={d.tokenizer}?")
+        instances += size // dtype.itemsize // d.sequence_length
+    if local and d.paths and instances < t.global_batch_size:
+        fail("data.paths", d.paths, f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}")
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:

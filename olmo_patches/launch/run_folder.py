@@ -192,6 +192,18 @@ class Lock:
             return True  # this job, requeued (possibly on another node)
         return holder.get("host") == self.me["host"] and not pid_alive(int(holder.get("pid", 0)))
 
+    def check(self) -> None:
+        """What :meth:`acquire` would refuse, read only (a dry run): the folder held by a live process."""
+        holder = read_record(self.path) if self.path.is_file() else None
+        if holder is not None and holder.get("pid") != os.getpid() and not self._stale(holder):
+            raise self._busy(holder)
+
+    def _busy(self, holder: Dict[str, Any]) -> RunFolderError:
+        return RunFolderError(
+            f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
+            f"wait for it, or remove {self.path} if that process is gone"
+        )
+
     def acquire(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -202,10 +214,7 @@ class Lock:
         except PermissionError as e:
             raise RunFolderError(f"run.save_folder {self.path.parent}: cannot write there ({e.strerror})") from None
         if not taken:
-            raise RunFolderError(
-                f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "  # type: ignore[union-attr]
-                f"wait for it, or remove {self.path} if that process is gone"
-            )
+            raise self._busy(holder)  # type: ignore[arg-type]
         if holder is not None:
             log.warning(f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import getpass
 import glob
 import json
+from functools import partial
 import math
 import os
 import re
@@ -285,9 +286,10 @@ def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) 
 # --- launching ------------------------------------------------------------------------------------
 
 
-def launch_local(members: Sequence[Member], overrides: Sequence[str], say=print) -> int:
+def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partial(print, flush=True)) -> int:
     """Train each unfinished run in turn (a stopped or failed one resumes from its latest checkpoint),
-    each in its own process, output appended to its ``sweep.log``. SIGINT/SIGTERM are passed to the
+    each in its own process, output appended to its ``sweep.log`` and shown (``say``), each line after
+    the run's name. SIGINT/SIGTERM are passed to the
     running training (it saves a checkpoint) and end the sweep. Returns the number of failed runs."""
     failed = 0
     stop: List[int] = []
@@ -314,8 +316,13 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=print)
             try:
                 say(f"{m.name}: {'resuming from step ' + str(s.step) if s.step else 'starting'} ({m.folder / LOG})")
                 start = time.time()
-                with open(m.folder / LOG, "a") as log:
-                    child[:] = [subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides], stdout=log, stderr=subprocess.STDOUT)]
+                with open(m.folder / LOG, "a") as log:  # the run's lines (its progress) to its log and, named, to the terminal
+                    child[:] = [subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides], stdout=subprocess.PIPE,
+                                                 stderr=subprocess.STDOUT, text=True, bufsize=1)]
+                    for line in child[0].stdout:  # type: ignore[union-attr]
+                        log.write(line)
+                        log.flush()
+                        say(f"{m.name} | {line.rstrip()}")
                     rc = child[0].wait()
                     child.clear()
                 error = last_error_line(m.folder / LOG) if rc != 0 else ""

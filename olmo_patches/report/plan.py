@@ -17,6 +17,7 @@ from rich.table import Table
 from ..config import ExperimentSpec
 from ..launch.layout import Layout, attention_backend, data_workers
 from ..launch.hardware import CARDS, GIB
+from ..config.spec import demo_cache
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from .counts import count, float8_row
@@ -58,7 +59,7 @@ def first_data_files(spec: ExperimentSpec, n: int = 3) -> list[str]:
     """The first files of the training data, in list order (a prefix: in training order)."""
     d = spec.data
     if d.source == "demo":
-        return [f"demo corpus (built in {d.demo_cache})"]
+        return [f"demo corpus (built in {demo_cache(spec)})"]
     if d.source in ("olmo2_stage1", "prefix"):
         from ..train import resolve_data
 
@@ -84,7 +85,7 @@ def data_tokens(spec: ExperimentSpec) -> Optional[int]:
     if d.source == "demo":
         from ..data.demo import cached_demo_corpus
 
-        corpus = cached_demo_corpus(d.demo_cache, vocab_size=d.demo_vocab_size)
+        corpus = cached_demo_corpus(demo_cache(spec), vocab_size=d.demo_vocab_size)
         return corpus.n_train_tokens if corpus is not None else None
     return None
 

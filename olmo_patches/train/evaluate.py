@@ -38,7 +38,8 @@ from rich.progress import Progress
 
 from olmo_core.train.checkpoint import Checkpointer
 
-from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals
+from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals, vocab_size
+from ..config.spec import one_line
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
 from .experiment import DataSources, eval_callbacks, resolve_data
@@ -170,9 +171,14 @@ def from_checkpoint(checkpoint: str | Path, choice: EvalChoice, *, step: Optiona
         _fail("--config", config_path, "no such file (the run's config.yaml)")
     spec = load_and_resolve(config_path)
     spec.train.device = device
+    model = spec.model.build(vocab_size=vocab_size(spec)).build(init_device="cpu")
+    try:  # before the data: another model's config is refused before a corpus is built
+        model.load_state_dict(load_model_state(path))
+    except RuntimeError as e:  # torch's "Error(s) in loading state_dict ...", one reason a line
+        reasons = [line.strip() for line in str(e).splitlines()[1:] if line.strip()]
+        _fail("--config" if config else "CHECKPOINT", config_path if config else path,
+              f"its model does not match the checkpoint's weights ({len(reasons)} difference(s), first: {reasons[0] if reasons else one_line(e)})")
     data = resolve_data(spec)
-    model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size()).build(init_device="cpu")
-    model.load_state_dict(load_model_state(path))
     model.to(device).eval()
     evaluators, duration = _evaluators(spec, data, choice, torch.device(device))
     config = OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec)))

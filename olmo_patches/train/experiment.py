@@ -16,6 +16,7 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from olmo_core.config import Config
 from olmo_core.data import (
     InstanceFilterConfig,
@@ -39,8 +40,8 @@ from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler
 from ..data.order import olmo_core_seed
 from ..config import ConfigError, ExperimentSpec
+from ..config.spec import demo_cache, one_line
 from ..launch.layout import attention_backend, data_workers, resolve
-from ..config.spec import one_line
 from ..optim.power import PowerScheduler
 from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
 from ..launch.hardware import known_card
@@ -48,6 +49,7 @@ from ..nn.attention import set_attention_backend
 from .metrics import MetricsFileCallback
 from ..launch import peers
 from .checkpoints import latest_complete
+from .disk import DiskFullError, check_room
 from .precision import autocast, compile_on_cpu, data_parallel, describe_compile, float8_config, olmo_core_compiles, precision_of
 from .progress import ProgressCallback, announce, quiet_console, quiet_start, wandb_callback
 from .resume import ResumeCheckpointerCallback, check_resume_from, load_explicit, prune_incomplete
@@ -80,7 +82,7 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
 
         if is_distributed() and get_rank() != 0:
             barrier()
-        corpus = prepare_demo_corpus(d.demo_cache, vocab_size=d.demo_vocab_size)
+        corpus = prepare_demo_corpus(demo_cache(spec), vocab_size=d.demo_vocab_size)
         if is_distributed() and get_rank() == 0:
             barrier()
         tok = TokenizerConfig(
@@ -329,6 +331,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
                 check_resume_from(resume_from)
             _check_downstream_fit(spec)
             changes = check_config(spec, deliberate=resume_from is not None)
+            check_room(spec)  # one checkpoint's room on the run folder's disk
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
             refused = e
     peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
@@ -339,6 +342,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     except BaseException:
         peers.stop_watching()  # no watch thread outlives a run that did not start
         raise
+    _set_default_backend()
     peers.watch()  # or the process group's
     start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
     if device == "cpu" and data_workers(spec, device) == 0:
@@ -405,6 +409,8 @@ def exit_line(e: Exception) -> tuple[str, int]:
         return f"diverged: {e}", 3
     if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
         return f"rank {os.environ.get('RANK', '0')} cannot read {unread}", 2
+    if isinstance(e, DiskFullError):
+        return f"error: {e.strerror}", 4
     return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
 
 
@@ -422,6 +428,16 @@ def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
 
 def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _set_default_backend() -> None:
+    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group does
+    when no backend plugin is registered: with one registered (torch's FAKE, which an import registers)
+    it leaves the default unset, and destroy_process_group's hook check then prints the C++ "No backend
+    of type 0 found" warning on every exit (distributed_c10d._new_process_group_helper)."""
+    pg = dist.GroupMember.WORLD if dist.is_initialized() else None
+    if type(pg) is dist.ProcessGroup and "nccl" not in str(dist.get_backend_config(pg)):
+        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
 
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:

@@ -3,7 +3,8 @@
 It is written by rank 0 in the run folder (``metrics.jsonl``) whatever else logs (console,
 wandb), and it is what the demo summary, the tables and the figures read. A resumed run first drops
 the records past its checkpoint's step (steps a killed run logged but did not save, which the resumed
-run redoes), then appends: one record per step.
+run redoes), then appends: one record per step (what OLMo-core logs twice for a step, at a save or
+the last step, merged into it).
 """
 
 from __future__ import annotations
@@ -35,9 +36,33 @@ class MetricsFileCallback(Callback):
             tmp.replace(path)
 
     def log_metrics(self, step: int, metrics: Dict[str, float]):
+        """Append the step's record; a step OLMo-core logs again (its save and last steps, an
+        evaluation's metrics after the step's own) is merged into the last record, rewritten in place."""
         if get_rank() != 0:
             return
         path = Path(self.trainer.save_folder) / METRICS_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+        record = {k: float(v) for k, v in metrics.items()}
+        with path.open("a+b") as f:
+            end = f.seek(0, 2)
+            start = _last_line_start(f, end)
+            f.seek(start)
+            last = f.read().decode()
+            if last.strip() and json.loads(last).get("step") == step:
+                record = {**json.loads(last), **record}
+                f.truncate(start)  # "a" mode: the write goes to the (new) end
+            f.write((json.dumps({"step": step, **{k: v for k, v in record.items() if k != "step"}}) + "\n").encode())
+
+
+def _last_line_start(f, end: int) -> int:
+    """The offset of the last line of a file that ends with a newline (0 for one line or none)."""
+    pos = end - 1  # its final newline
+    while pos > 0:
+        chunk = min(4096, pos)
+        f.seek(pos - chunk)
+        data = f.read(chunk)
+        i = data.rfind(b"\n")
+        if i >= 0:
+            return pos - chunk + i + 1
+        pos -= chunk
+    return 0

@@ -73,9 +73,12 @@ class ProgressCallback(ConsoleLoggerCallback):
     def post_step(self):
         pass  # everything is printed from log_metrics, once the step's metrics are reduced
 
+    _printed: int = -1  # the last step with a line: OLMo-core logs a save step's and the last step's metrics twice
+
     def log_metrics(self, step: int, metrics: Dict[str, float]):
-        if get_rank() != 0 or not self._should_log_metrics(step):
+        if get_rank() != 0 or not self._should_log_metrics(step) or step <= self._printed:
             return
+        self._printed = step
         progress = self.trainer.training_progress
         seconds_left = None
         if progress.bps and progress.total_steps is not None:

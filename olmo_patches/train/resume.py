@@ -45,6 +45,7 @@ from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
 from .checkpoints import checkpoint_step, latest_complete
+from .disk import disk_full_error, full_error
 from ..launch.run_folder import RunFolderError
 from .safety import ManifestWriter, check_before_save
 
@@ -120,7 +121,15 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
         check_before_save(self.trainer)
         ManifestWriter.wait_all()  # the previous checkpoint's, before OLMo-core may remove it
         self._save_started.append(time.monotonic())
-        path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+        try:
+            path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
+        except BaseException as e:  # out of space (in DCP's CheckpointException, a BaseException): one line, the partial folder gone, the good ones kept
+            if (cause := full_error(e)) is None or is_url(self.trainer.save_folder):
+                raise
+            folder = Path(self.trainer.save_folder)
+            if get_rank() == 0:
+                prune_incomplete(folder)
+            raise disk_full_error(folder, f"step{self.step}", checkpoint_bytes_of(self.trainer), cause) from None
         self._record_saved()
         return path
 
@@ -156,6 +165,15 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
         self._held.append(path)
         while len(self._held) > self.ephemeral_keep - 1:
             super()._schedule_for_removal(self._held.pop(0))
+
+
+def checkpoint_bytes_of(trainer) -> int:
+    """This run's checkpoint size: the newest complete one on disk, else its parameters x 12 bytes (fp32
+    weights and AdamW's two moments, as report/plan.py counts them)."""
+    latest = latest_complete(trainer.save_folder)
+    if latest is not None:
+        return sum(f.stat().st_size for f in Path(latest).rglob("*") if f.is_file())
+    return 12 * sum(p.numel() for p in trainer.train_module.model.parameters())
 
 
 def check_resume_from(resume_from: PathOrStr) -> None:
