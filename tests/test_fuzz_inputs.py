@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from olmo_patches.config import ConfigError, ExperimentSpec, Layout, load_spec
+from olmo_patches.config import ConfigError, ExperimentSpec
+from olmo_patches.launch.layout import Layout, load_and_resolve
 from olmo_patches.config import spec as spec_module
 
 from .conftest import REPO, run_in_process, run_script
@@ -125,7 +126,7 @@ def _load(overrides: list, path: Path = BASELINE, work: Path = Path("."), key: s
     base = [f"{k}={work / v}" for k, v in (("run.save_folder", "run"), ("data.work_dir", "cache")) if k != key]
     start = time.perf_counter()
     try:
-        load_spec(path, [*base, *overrides], Layout.plan(1, 1))
+        load_and_resolve(path, [*base, *overrides], Layout.plan(1, 1))
         return None, time.perf_counter() - start
     except ConfigError as e:
         return str(e), time.perf_counter() - start
@@ -444,9 +445,9 @@ def test_the_demo_corpus_cache_does_not_depend_on_the_working_folder(tmp_path, w
     """data.demo_cache=null: the same cache from any folder, the checkout's (found from the package)."""
     from olmo_patches.config.spec import demo_cache
 
-    here = load_spec(BASELINE, [f"run.save_folder={work / 'run'}"], Layout.plan(1, 1))
+    here = load_and_resolve(BASELINE, [f"run.save_folder={work / 'run'}"], Layout.plan(1, 1))
     assert demo_cache(here) == REPO / ".cache" / "demo-corpus"
-    elsewhere = load_spec(BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1))
+    elsewhere = load_and_resolve(BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1))
     assert demo_cache(elsewhere) == tmp_path / "c"
 
 
@@ -459,7 +460,7 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
 
     run = tmp_path / "run"
     run.mkdir()
-    other = load_spec(BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1))
+    other = load_and_resolve(BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1))
     (run / "config.yaml").write_text(spec_to_yaml(other))
     before = sorted(p.name for p in run.iterdir())
     result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)

@@ -4,7 +4,8 @@ merges them into that step's one record, later values winning, as a dict update 
 
 from types import SimpleNamespace
 
-from olmo_patches.train.metrics import METRICS_FILE, MetricsFileCallback, read_metrics
+from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
+from olmo_patches.train.metrics import MetricsFileCallback
 
 CALLS = [(1, {"train/CE loss": 8.0}), (2, {"train/CE loss": 7.5}), (2, {"train/CE loss": 7.5, "throughput/tps": 10.0}),
          (3, {"train/CE loss": 7.0}), (3, {"eval/val/CE loss": 7.2}), (3, {"train/CE loss": 7.0, "optim/LR": 1e-3}), (4, {"train/CE loss": 6.9})]
