@@ -8,27 +8,38 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional
 
-from .config import ConfigError, ExperimentSpec
-from .launch.layout import Layout, load_and_resolve
+from .config import ConfigError, ExperimentSpec, load_spec
 from .report.console import console
-from .launch.peers import announce, forget, stop_watching
 from .resources import find_config
+
+if TYPE_CHECKING:  # torch and OLMo-core are imported once the config is known to be good
+    from .launch.layout import Layout
 
 __all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "fraction", "folder_arg", "out_arg"]
 
 
-def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
+def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None) -> ExperimentSpec:
     """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on a
-    bad one print one line naming file, key and value (:func:`refuse`) and exit 2. A relative path
-    missing from the working folder is looked up among the package's configs (``configs/demo/baseline.yaml``
-    from anywhere)."""
-    stop_watching()  # a new command: no earlier run's watch, failure or store (tests run many in one process)
-    forget()
+    bad one print one line naming file, key and value and exit 2. The config is read and checked
+    before torch is imported (a refusal takes about a second); what depends on the machine after. A
+    relative path missing from the working folder is looked up among the package's configs
+    (``configs/demo/baseline.yaml`` from anywhere)."""
     _config_log(_rank0())
     try:
-        return load_and_resolve(find_config(path), overrides, layout)
+        spec = load_spec(find_config(path), overrides)
+    except ConfigError as e:  # the same on every rank (a config is): one line a node, no process group
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from .launch.layout import resolve
+    from .launch.peers import forget, stop_watching
+
+    stop_watching()  # a new command: no earlier run's watch, failure or store (tests run many in one process)
+    forget()
+    try:
+        return resolve(spec, layout)
     except ConfigError as e:
         refuse(f"config error: {e}")
 
@@ -37,6 +48,8 @@ def refuse(line: str, code: int = 2) -> NoReturn:
     """Exit with ``code`` after one line on stderr, once a node however many ranks refuse; the other
     ranks of the launch exit with the same code (peers.py: where another rank failed first, its
     line and code)."""
+    from .launch.peers import announce
+
     line, code, prints = announce(line, code)
     if prints:
         print(line, file=sys.stderr)

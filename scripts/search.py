@@ -54,7 +54,7 @@ def parse_count(text: str) -> float:
     """45M, 45e6, 45000000 -> 45e6 (argparse type: a bad value is a one-line error)."""
     scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1)
     value = float(text.rstrip("KkMmBb")) * scale
-    if not value > 0:
+    if not 0 < value <= 2**53:  # nan and inf too
         raise ValueError(text)
     return value
 

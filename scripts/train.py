@@ -21,21 +21,9 @@ import argparse
 import os
 import sys
 
-from olmo_patches.report.console import console as rich_console
 from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
-from olmo_patches.config import spec_to_yaml
-from olmo_patches.launch.layout import Layout
-from olmo_patches.launch.peers import announce
+from olmo_patches.launch.ranks import Layout
 from olmo_patches.resources import find_config
-from olmo_patches.report.advice import advice
-from olmo_patches.report.plan import plan_table, preset_rows
-from olmo_patches.report.counts import param_table
-from olmo_patches.config import ConfigError
-from olmo_patches.train import exit_line, train
-from olmo_patches.train import stop
-from olmo_patches.train.disk import check_room
-from olmo_patches.train.resume import check_resume_from
-from olmo_patches.launch.run_folder import Lock, check_config
 
 
 def main() -> None:
@@ -52,7 +40,18 @@ def main() -> None:
         parser.error("--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun")
     layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
     args.config = str(find_config(args.config))  # configs/... from any folder once installed
-    spec = load_or_exit(args.config, args.overrides, layout)
+    spec = load_or_exit(args.config, args.overrides, layout)  # a bad config is refused here, before torch is imported
+    from olmo_patches.config import ConfigError, spec_to_yaml
+    from olmo_patches.launch.peers import announce
+    from olmo_patches.launch.run_folder import Lock, check_config
+    from olmo_patches.report.advice import advice
+    from olmo_patches.report.console import console as rich_console
+    from olmo_patches.report.counts import param_table
+    from olmo_patches.report.plan import plan_table, preset_rows
+    from olmo_patches.train import exit_line, stop, train
+    from olmo_patches.train.disk import check_room
+    from olmo_patches.train.resume import check_resume_from
+
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
             print(line, file=sys.stderr)

@@ -12,24 +12,46 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from olmo_core.nn.feed_forward import FeedForwardConfig
-from olmo_core.nn.rope import StepwiseRoPEScalingConfig
-from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
-from olmo_core.config import StrEnum
+from enum import Enum
+
 from omegaconf import MISSING
 
-from ..nn.hourglass import HourglassFeedForwardConfig, NormPlacement
-from ..nn.hourglass_block import HourglassBlockConfig
-from ..nn.hourglass_moe import HourglassMoEConfig
-from ..nn.moe import Experts, LayerMoEConfig
-from ..nn.variable_width import MuPConfig, ResizeMode, VariableWidthTransformerConfig
 from ..shapes.widths import MoEShape, schedule_widths
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
     from olmo_core.data import TokenizerConfig
+    from olmo_core.nn.rope import StepwiseRoPEScalingConfig
+    from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
 
-# The fixed choices: omegaconf refuses any other value at load, naming the key.
+# The fixed choices: omegaconf refuses any other value at load, naming the key. Each value is the
+# name of the member of the module's own enum it becomes at build() (nn/: NormPlacement, ResizeMode).
+
+
+class StrEnum(str, Enum):
+    """A choice that is its string (OLMo-core's StrEnum, without importing torch to load a config)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class NormPlacement(StrEnum):
+    pre = "pre"  # x + f(norm(x)): the papers' equations
+    post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
+
+
+class ResizeMode(StrEnum):
+    carry_forward = "carry_forward"
+    zero = "zero"
+    learned = "learned"
+
+
+class Experts(StrEnum):
+    swiglu = "swiglu"
+    hourglass = "hourglass"
 
 
 class Block(StrEnum):
@@ -173,7 +195,9 @@ class RoPEScalingSpec:
     high_freq_factor: float = 4.0  # wavelengths below original / high_freq_factor: unchanged
     original_max_position_embeddings: int = 8192
 
-    def build(self) -> StepwiseRoPEScalingConfig:
+    def build(self) -> "StepwiseRoPEScalingConfig":
+        from olmo_core.nn.rope import StepwiseRoPEScalingConfig
+
         return StepwiseRoPEScalingConfig(
             factor=self.factor, low_freq_proportion=1 - 1 / self.low_freq_factor,
             high_freq_proportion=1 / self.high_freq_factor, old_context_len=self.original_max_position_embeddings,
@@ -260,8 +284,18 @@ class ModelSpec:
     def resolved_n_kv_heads(self) -> int:
         return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
-    def build(self, vocab_size: int) -> TransformerConfig:
+    def build(self, vocab_size: int) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
+        from olmo_core.nn.feed_forward import FeedForwardConfig
+        from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
+
+        from ..nn import hourglass as hg
+        from ..nn.hourglass_block import HourglassBlockConfig
+        from ..nn.hourglass_moe import HourglassMoEConfig
+        from ..nn.moe import LayerMoEConfig
+        from ..nn.variable_width import MuPConfig, VariableWidthTransformerConfig
+        from ..nn.variable_width import ResizeMode as Resize
+
         post = self.norm_placement == NormPlacement.post
         config = TransformerConfig.llama_like(
             d_model=self.d_model,
@@ -286,12 +320,12 @@ class ModelSpec:
             config.block = HourglassBlockConfig(
                 sequence_mixer=block.sequence_mixer,
                 layer_norm=block.layer_norm,
-                feed_forward=HourglassFeedForwardConfig(
+                feed_forward=hg.HourglassFeedForwardConfig(
                     hidden_size=self.resolved_d_h,
                     K=self.K,
                     bias=False,
                     layer_norm=block.layer_norm,
-                    norm_placement=self.norm_placement,
+                    norm_placement=hg.NormPlacement(self.norm_placement),
                 ),
             )
         if self.moe is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
@@ -310,7 +344,7 @@ class ModelSpec:
             return VariableWidthTransformerConfig(
                 **base,
                 widths=self.resolved_widths,
-                resize=w.resize,
+                resize=Resize(w.resize),
                 ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.resolved_d_ff) / self.d_model,
                 ffn_hidden_multiple=self.d_h_multiple if hourglass else 1,
                 mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
@@ -345,7 +379,7 @@ def default_demo_cache() -> Path:
     """Where the demo corpus is built once for every working folder: the checkout's .cache/demo-corpus
     (this package's own checkout: an editable install), else $XDG_CACHE_HOME (or ~/.cache)/hourglass-olmo/demo-corpus."""
     checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "setup.cfg").is_file() and (checkout / "olmo_patches").is_dir():
+    if (checkout / "pyproject.toml").is_file() and (checkout / "olmo_patches").is_dir():
         return checkout / ".cache" / "demo-corpus"
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hourglass-olmo" / "demo-corpus"
 
@@ -480,7 +514,7 @@ class ExperimentSpec:
     def save_folder(self) -> str:
         return self.run.save_folder or f"runs/{self.run.name}"
 
-    def model_config(self) -> TransformerConfig:
+    def model_config(self) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` of this run's model, at its vocabulary."""
         return self.model.build(vocab_size(self))
 

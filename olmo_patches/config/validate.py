@@ -9,9 +9,7 @@ from fnmatch import fnmatch
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-from ..nn.attention import FLASH
-from ..nn.moe import expert_hidden_size
-from ..shapes.widths import SHAPES
+from ..shapes.widths import SHAPES, expert_hidden_size
 from .spec import AC_MODES, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, one_line, vocab_size
 
 log = logging.getLogger(__name__)
@@ -128,7 +126,7 @@ def _validate_float8(spec: ExperimentSpec, fail) -> None:
 
 def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
     m, d = spec.model, spec.data
-    if m.attention_backend in FLASH and spec.train.precision == "fp32":
+    if m.attention_backend.startswith("flash_") and spec.train.precision == "fp32":
         fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
     if d.num_workers is not None and d.num_workers < 0:
         fail("data.num_workers", d.num_workers, "must be >= 0")

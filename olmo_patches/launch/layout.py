@@ -6,43 +6,19 @@ backend and the loader's workers. Loading a config (``config.load_spec``) is pur
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 from ..config.load import load_spec, where_set
 from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, one_line, tokenizer_config
 from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
+from .ranks import Layout
 from .hardware import CARDS, MemoryEstimate, Settings, choose, detect, estimate, with_float8
 
 log = logging.getLogger(__name__)
 
 CUDA_WORKERS = 4  # data.num_workers=null on CUDA: 15x an 8-GPU 113M rank's need from the local prefix (docs/performance.md)
-
-@dataclass(frozen=True)
-class Layout:
-    """The ranks a run has: ``world_size`` processes, ``local`` per node, on ``nodes`` nodes (as
-    OLMo-core counts them for HSDP: NUM_NODES, else world / local)."""
-
-    world_size: int = 1
-    local: int = 1
-    nodes: int = 1
-
-    @classmethod
-    def plan(cls, nproc_per_node: int, nodes: int = 1) -> "Layout":
-        return cls(nproc_per_node * nodes, nproc_per_node, nodes)
-
-    @classmethod
-    def from_env(cls) -> "Layout":
-        """torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE; one process without them."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        return cls(world, local, int(os.environ.get("NUM_NODES", 0)) or max(world // local, 1))
-
-    def __str__(self) -> str:
-        return f"{_count(self.world_size, 'rank')} ({_count(self.nodes, 'node')} x {self.local})"
-
 
 def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> ExperimentSpec:
     """``spec`` (as loaded) for the ranks of ``layout`` (default: torchrun's environment) on this
@@ -183,10 +159,6 @@ def _check_prefix(spec: ExperimentSpec, fail) -> None:
     if tokens > held:
         key = "train.max_tokens" if t.max_tokens is not None else "train.max_steps"
         fail(key, getattr(t, key.split(".")[1]), f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}")
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "config") -> None:

@@ -30,24 +30,13 @@ from typing import Optional, Union
 
 import olmo_core.ops.moe as moe_ops
 import torch
-from olmo_core.config import StrEnum
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.moe import DroplessMoE, MoEBase, MoEConfig, MoERouterConfig, MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
 from olmo_core.nn.transformer.block import MoETransformerBlock
 
-__all__ = ["Experts", "LayerMoEConfig", "ScaledMoETransformerBlock", "PortableDroplessMLP", "PortableDroplessMoE", "expert_hidden_size"]
-
-
-class Experts(StrEnum):
-    swiglu = "swiglu"  # OLMo-core's dropless SwiGLU experts
-    hourglass = "hourglass"  # K-deep hourglass sub-MLP stacks (nn/hourglass_moe.py, HourglassMoEConfig)
-
-
-def expert_hidden_size(width: int, expert_hidden: int, d_model: int) -> int:
-    """I_l = round(w_l expert_hidden / h): the authors' per-layer expert size (width_varying_config.py:437-439, Python round)."""
-    return int(round(width * expert_hidden / d_model))
+__all__ = ["LayerMoEConfig", "ScaledMoETransformerBlock", "PortableDroplessMLP", "PortableDroplessMoE"]
 
 
 @dataclass

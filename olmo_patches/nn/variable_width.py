@@ -72,7 +72,8 @@ from olmo_core.nn.transformer.model import MoETransformer
 from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
 from .hourglass_moe import HourglassMoEBlock, HourglassMoEConfig
-from .moe import ScaledMoETransformerBlock, expert_hidden_size
+from ..shapes.widths import expert_hidden_size
+from .moe import ScaledMoETransformerBlock
 
 __all__ = [
     "ResizeMode",

@@ -7,7 +7,7 @@ from rich.table import Table
 from ..config import ExperimentSpec, vocab_size
 from ..nn.accounting import ParamBreakdown, breakdown
 from ..nn.float8 import float8_matmuls
-from ..nn.moe import expert_hidden_size
+from ..shapes.widths import expert_hidden_size
 
 __all__ = ["count", "float8_report", "float8_row", "param_table", "width_report", "attention_report"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 __all__ = ["SCHEDULES", "SHAPES", "Schedule", "MoEShape", "solve_schedule", "schedule_widths", "paper_params",
-           "paper_active_params", "paper_flops"]
+           "paper_active_params", "paper_flops", "expert_hidden_size"]
 
 SCHEDULES = ("geometric", "arithmetic", "constant", "list")
 SHAPES = ("x", "v", "^", "3")
@@ -194,3 +194,8 @@ def paper_flops(
     if widths[-1] > h:
         flops -= out * s * widths[-1] * (widths[-1] - h)
     return float(flops)
+
+
+def expert_hidden_size(width: int, expert_hidden: int, d_model: int) -> int:
+    """I_l = round(w_l expert_hidden / h): the authors' per-layer expert size (width_varying_config.py:437-439, Python round)."""
+    return int(round(width * expert_hidden / d_model))
