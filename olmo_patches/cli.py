@@ -17,7 +17,7 @@ from .resources import find_config
 if TYPE_CHECKING:  # torch and OLMo-core are imported once the config is known to be good
     from .launch.layout import Layout
 
-__all__ = ["console", "load_or_exit", "refuse", "ArgumentParser", "at_least", "fraction", "folder_arg", "out_arg"]
+__all__ = ["console", "load_or_exit", "refuse", "refuse_alike", "ArgumentParser", "at_least", "fraction", "folder_arg", "out_arg"]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None) -> ExperimentSpec:
@@ -29,10 +29,8 @@ def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optio
     _config_log(_rank0())
     try:
         spec = load_spec(find_config(path), overrides)
-    except ConfigError as e:  # the same on every rank (a config is): one line a node, no process group
-        if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except ConfigError as e:
+        refuse_alike(f"config error: {e}")
     from .launch.layout import resolve
     from .launch.peers import forget, stop_watching
 
@@ -42,6 +40,14 @@ def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optio
         return resolve(spec, layout)
     except ConfigError as e:
         refuse(f"config error: {e}")
+
+
+def refuse_alike(line: str) -> NoReturn:
+    """Exit 2 after one line on stderr, once a node: a refusal every rank makes alike (a bad config or
+    argument is the same on every rank), before torch is imported or a process group exists."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(line, file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def refuse(line: str, code: int = 2) -> NoReturn:
@@ -95,7 +101,7 @@ class ArgumentParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
     def error(self, message: str) -> NoReturn:
-        refuse(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)")
+        refuse_alike(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)")
 
 
 MAX_NUMBER = 2**53  # no argument is larger: the largest integer a float holds exactly

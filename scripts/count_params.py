@@ -7,7 +7,6 @@ import argparse
 import json
 
 from olmo_patches.cli import ArgumentParser, console, load_or_exit
-from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
 
 
 def main() -> None:
@@ -16,6 +15,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+
+    from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
     spec = load_or_exit(args.config, args.overrides)
     if args.json:
         out = {**count(spec).as_dict(), **attention_report(spec)}

@@ -9,7 +9,6 @@ import argparse
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, load_or_exit, out_arg
-from olmo_patches.report.demo import run_demo
 
 DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 
@@ -20,6 +19,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/demo", help="where summary.json and loss_curves.png go")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
     args = parser.parse_args()
+
+    from olmo_patches.report.demo import run_demo
     out_arg("--out", args.out)
     paths = args.configs or sorted(DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem))
     specs = [load_or_exit(str(p), args.overrides) for p in paths]  # every config checked before any training

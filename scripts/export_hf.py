@@ -10,7 +10,6 @@ import argparse
 
 from olmo_patches.cli import ArgumentParser, out_arg, refuse
 from olmo_patches.config import ConfigError
-from olmo_patches.export import export_hf
 
 
 def main() -> None:
@@ -20,6 +19,8 @@ def main() -> None:
     parser.add_argument("--config", help="the run's config.yaml (default: CHECKPOINT/../config.yaml)")
     parser.add_argument("--tokenizer", help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)")
     args = parser.parse_args()
+
+    from olmo_patches.export import export_hf
     out_arg("OUT_DIR", args.out_dir)
     try:
         kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer)

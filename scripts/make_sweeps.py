@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, refuse
-from olmo_patches.report.paper_sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +24,8 @@ def main() -> None:
     parser.add_argument("folders", nargs="*", help="sweep folders to rewrite (default: all)")
     parser.add_argument("--root", type=Path, default=ROOT, help="the folder holding configs/ (default: the repository)")
     args = parser.parse_args()
+
+    from olmo_patches.report.paper_sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
     for f in args.folders:
         if f.rstrip("/") not in {**SWEEPS, **WIDTH_GRID}:
             refuse(f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/report/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})")

@@ -24,9 +24,6 @@ import sys
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, at_least, out_arg
-from olmo_patches.report.figures import make_figures, scaling_figure
-from olmo_patches.report.scaling import paper_matched_loss_rows, scaling_tables
-from olmo_patches.report.tables import build_tables, load_runs, paper_results, write_tables
 
 
 def main() -> None:
@@ -36,6 +33,10 @@ def main() -> None:
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
     args = parser.parse_args()
+
+    from olmo_patches.report.figures import make_figures, scaling_figure
+    from olmo_patches.report.scaling import paper_matched_loss_rows, scaling_tables
+    from olmo_patches.report.tables import build_tables, load_runs, paper_results, write_tables
     out_arg("--out", args.out)
     missing = [p for p in args.runs if not Path(p).is_dir()]
     if missing:

@@ -11,13 +11,14 @@ import argparse
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, refuse
-from olmo_patches.train.safety import checkpoints_at, verify
 
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_folder", metavar="RUN_FOLDER", help="a run's save folder, or one checkpoint (RUN/stepN)")
     args = parser.parse_args()
+
+    from olmo_patches.train.safety import checkpoints_at, verify
     folder = Path(args.run_folder)
     if not folder.is_dir():
         refuse(f"verify_checkpoints: RUN_FOLDER {folder}: {'not a folder' if folder.exists() else 'no such folder'}")
