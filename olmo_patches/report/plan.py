@@ -20,11 +20,11 @@ from ..launch.hardware import CARDS, GIB
 from ..config.spec import demo_cache
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
+from ..train.disk import CHECKPOINT_BYTES_PER_PARAM
 from .counts import count, float8_row
 
 __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead", "data_tokens", "data_passes"]
 
-CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
 
 ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
 # Checkpoint write rate for the signal lead when the run has not measured its own (SAVE/save_rate.json):

@@ -21,12 +21,13 @@ class DiskFullError(OSError):
     """A save that ran out of space: the message is one line (folder, bytes needed, bytes left)."""
 
 
-def checkpoint_bytes(spec: ExperimentSpec) -> int:
-    """One checkpoint's size as the dry run's plan counts it (report/plan.py: weights and AdamW's moments in fp32)."""
-    from ..report.counts import count
-    from ..report.plan import CHECKPOINT_BYTES_PER_PARAM
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
 
-    return count(spec).total * CHECKPOINT_BYTES_PER_PARAM
+
+def checkpoint_bytes(spec: ExperimentSpec) -> int:
+    """One checkpoint's size: every parameter of the model (a meta build) in fp32, with AdamW's two moments."""
+    model = spec.model_config().build(init_device="meta")
+    return sum(p.numel() for p in model.parameters()) * CHECKPOINT_BYTES_PER_PARAM
 
 
 def free_bytes(folder: Path) -> int:
