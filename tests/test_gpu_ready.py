@@ -378,3 +378,19 @@ def test_the_fused_head_gives_logits_in_eval_mode(liger, monkeypatch):
     model.train()
     model(x, labels=labels)
     assert len(calls) == 2
+
+
+def test_the_padding_of_a_variable_width_model_is_summed_over_its_layers():
+    """configs/113M/variable-width.yaml (head dims 20 to 112): flash-attn 2's kernel for each, from its
+    source (pad to a multiple of 8, then the next of 32/64/96/128/192/256), and the share of all layers'
+    attention FLOPs (n_heads x head dim a layer, the same n_heads) spent on padding."""
+    from olmo_patches.config import load_spec
+    from olmo_patches.nn.attention import head_dim_padding, head_dims
+
+    dims = head_dims(load_spec(REPO / "configs" / "113M" / "variable-width.yaml").model_config())
+    kernel = {d: next(k for k in (32, 64, 96, 128, 192, 256) if k >= -(-d // 8) * 8) for d in dims}
+    padded = sorted(d for d in set(dims) if kernel[d] != d)
+    shares = [1 - d / kernel[d] for d in padded]
+    assert len(padded) > 3
+    assert head_dim_padding("flash_2", dims) == (f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to "
+                                                 f"{max(shares):.0%} each); {1 - sum(dims) / sum(kernel[d] for d in dims):.0%} of all layers' attention FLOPs")

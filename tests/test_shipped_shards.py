@@ -114,7 +114,7 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from olmo_patches.config import ConfigError
-    from olmo_patches.config.layout import Layout, fit_world_size, memory_estimate
+    from olmo_patches.launch.layout import Layout, fit_world_size, memory_estimate
     from olmo_patches.report.counts import float8_report
 
     logging.disable(logging.WARNING)

@@ -71,11 +71,20 @@ def kernel_head_dim(name: str, d: int) -> int:
 
 
 def head_dim_padding(name: str, dims: Sequence[int]) -> str:
-    """For the dry run: each head_dim that ``name``'s kernel computes over a wider one, and the share of
-    that layer's attention FLOPs (QK^T and PV, linear in the head dim) spent on the padding; "" when none."""
-    parts = [f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)"
-             for d in sorted(set(dims)) if (k := kernel_head_dim(name, d)) != d]
-    return ", ".join(parts)
+    """For the dry run: the head dims (``dims``: every layer's) that ``name``'s kernel computes over a
+    wider one, and the share of the attention FLOPs (QK^T and PV, linear in the head dim) spent on the
+    padding: each head dim's, and over all layers when they differ; "" when none."""
+    padded = [(d, k) for d in sorted(set(dims)) if (k := kernel_head_dim(name, d)) != d]
+    if not padded:
+        return ""
+    if len(padded) <= 3:
+        text = ", ".join(f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)" for d, k in padded)
+    else:
+        shares = [1 - d / k for d, k in padded]
+        text = f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to {max(shares):.0%} each)"
+    if len(set(dims)) > 1:
+        text += f"; {1 - sum(dims) / sum(kernel_head_dim(name, d) for d in dims):.0%} of all layers' attention FLOPs"
+    return text
 
 
 def _installed(name: str) -> bool:
