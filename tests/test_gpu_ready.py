@@ -51,8 +51,8 @@ def test_auto_backend_per_config(name, flash):
     flash(2)  # flash-attn 2 takes head dims up to 256 (its README)
     assert attention_backend(spec, "cuda").name == ("flash_2" if max(dims) <= 256 else "torch")
     assert attention_backend(spec, "cpu").name == "torch"
-    flash(2, 3)  # flash-attn 3 (Hopper) compiles head dims 64, 96, 128, 192, 256
-    expected = "flash_3" if set(dims) <= {64, 96, 128, 192, 256} else "flash_2"
+    flash(2, 3)  # flash-attn 3 (hopper/flash_api.cpp mha_fwd): head_size % 8 == 0 (bf16) and <= 256
+    expected = "flash_3" if all(d % 8 == 0 and d <= 256 for d in dims) else "flash_2"
     assert attention_backend(spec, "cuda").name == expected
     fp32 = _load(name, "train.precision=fp32")
     assert attention_backend(fp32, "cuda").name == "torch"  # flash kernels take bf16/fp16 only
@@ -243,3 +243,154 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
         ("first", "shown"), ("second", "shown"), ("a figure", "pass"), ("test_raises (call)", "FAIL")]
     assert "RuntimeError: kernel exploded" in after["rows"][-1]["detail"]
     assert "| next | 30 |" in (out / "gpu_check.md").read_text()
+
+
+# flash-attn's kernels, from its source (github.com/Dao-AILab/flash-attention): flash-attn 2 pads a head
+# dim to a multiple of 8 in Python (flash_attn_interface.py, FlashAttnFunc.forward) and dispatches to the
+# kernel compiled for the next of 32/64/96/128/192/256 (csrc/flash_attn/src/static_switch.h,
+# HEADDIM_SWITCH); flash-attn 3 takes multiples of 8 up to 256 (hopper/flash_api.cpp mha_fwd) and runs
+# its 64/96/128/192/256 kernel (round_up_headdim).
+@pytest.mark.parametrize("d, fa2, fa3", [(64, 64, 64), (72, 96, 96), (146, 192, None), (152, 192, 192), (218, 256, None),
+                                         (224, 256, 256), (32, 32, 64), (77, 96, None), (256, 256, 256)])
+def test_flash_head_dims_and_padding(flash, d, fa2, fa3):
+    from olmo_patches.nn.attention import head_dim_padding, kernel_head_dim, resolve_attention_backend
+
+    flash(2, 3)
+    choice = resolve_attention_backend("auto", [d], cuda=True, bf16=True).name
+    assert choice == ("flash_3" if fa3 else "flash_2")
+    assert kernel_head_dim("flash_2", d) == fa2
+    if fa3:
+        assert kernel_head_dim("flash_3", d) == fa3
+    padding = head_dim_padding(choice, [d])
+    k = fa3 or fa2
+    assert padding == ("" if k == d else f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)")
+
+
+def test_dry_run_names_the_attention_kernel_and_its_padding():
+    """configs/1B/hourglass.yaml: 16 heads of 2432 / 16 = 152, a multiple of 8: flash_3 on Hopper, and
+    both kernels compute it at 192 (1 - 152/192 = 21% padding)."""
+    r = run_in_process("train.py", str(REPO / "configs" / "1B" / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "flash_3 on H100/H200: computes head_dim 152 as 192 (21% of its attention FLOPs padding)" in text
+    assert "LM loss (cpu here) default (fused linear cross-entropy is a CUDA kernel)" in text
+
+
+def _cuda_spec(*extra):
+    """configs/1B/hourglass.yaml as a GPU run (train.device=auto: a card; the device is passed explicitly below)."""
+    spec = load_and_resolve(REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", *extra])
+    assert spec.train.device == "auto"
+    return spec
+
+
+def test_adamw_is_fused_on_cuda_only():
+    """torch.optim.AdamW(fused=True) on CUDA (one kernel for every update); on a CPU torch's default (fused is
+    CUDA-only there: torch/optim/adamw.py); OLMo-core's SkipStepAdamW has no fused kernel."""
+    from olmo_core.optim import AdamWConfig, SkipStepAdamWConfig
+    from olmo_patches.train.experiment import optimizer
+
+    spec = _cuda_spec()
+    model = spec.model_config()
+    cuda = optimizer(spec, model, "cuda")
+    assert type(cuda) is AdamWConfig and cuda.fused is True and cuda.foreach is None
+    assert optimizer(spec, model, "cpu").fused is None
+    skip = _cuda_spec("train.optimizer=skip_step_adamw")
+    assert type(optimizer(skip, skip.model_config(), "cuda")) is SkipStepAdamWConfig
+
+
+@pytest.fixture
+def liger(monkeypatch):
+    """Make OLMo-core see Liger-Kernel's fused linear cross-entropy as imported (or not): the function its
+    nn/functional/cross_entropy_loss.py sets from ``liger_kernel`` at import, else None."""
+    import importlib
+
+    module = importlib.import_module("olmo_core.nn.functional.cross_entropy_loss")  # its package re-exports the function
+
+    def install(present):
+        monkeypatch.setattr(module, "_fused_linear_cross_entropy_loss", (lambda *a: None) if present else None)
+
+    return install
+
+
+def test_fused_linear_loss_where_its_kernel_runs(liger):
+    from olmo_patches.launch.hardware import GIB
+    from olmo_patches.launch.layout import Layout, memory_estimate
+    from olmo_patches.nn.lm_loss import lm_loss
+
+    spec = _cuda_spec()
+    d, V, s = spec.model.d_model, spec.model_config().vocab_size, spec.data.sequence_length
+    liger(False)  # absent: OLMo-core's default loss everywhere, and its logits in the memory model
+    assert lm_loss(spec, "cuda").name == "default" and lm_loss(spec, "cpu").name == "default"
+    default = memory_estimate(spec, Layout.plan(8))
+    liger(True)
+    assert lm_loss(spec, "cuda").name == "fused_linear" and lm_loss(spec, "cpu").name == "default"
+    assert spec.eval.downstream_tasks  # the evaluators get their logits from the default loss in eval mode (below)
+    fused = memory_estimate(spec, Layout.plan(8))
+    # The head's bytes a token: the fp32 logits (18 a logit: 8 saved, 8 fp32 gradients, 2 bf16) give way to
+    # 6 a d_model (the kept bf16 input gradient, 2, and Liger's chunk of logits, about d_model a token in
+    # bf16, up to 2 x from its power-of-2 chunk, 4).
+    assert default.head - fused.head == 18 * V - 6 * d
+    assert fused.total(1) < default.total(1)
+    print(f"1B hourglass, one sequence of {s}: {(default.total(1) - fused.total(1)) / GIB:.2f} GiB saved a rank")
+    cpu = load_and_resolve(REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", "train.device=cpu"])
+    assert memory_estimate(cpu, Layout.plan(8)).head == default.head  # a CPU run never takes the kernel
+
+
+def test_a_cuda_run_builds_the_chosen_loss_and_optimizer(liger, monkeypatch, tmp_path):
+    """build_experiment for a CUDA device (the device faked; nothing runs): the model config the
+    trainer builds carries the fused loss, and its optimizer the fused AdamW."""
+    from olmo_patches.train import experiment
+
+    liger(True)
+    monkeypatch.setattr(experiment, "device_for", lambda spec: "cuda")
+    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1"))
+    exp = experiment.build_experiment(spec, experiment.resolve_data(spec))
+    assert str(exp.model.lm_head.loss_implementation) == "fused_linear"
+    assert exp.train_module.optim.fused is True
+
+
+def test_the_fused_head_gives_logits_in_eval_mode(liger, monkeypatch):
+    """A head built with the fused loss: in training it calls the fused kernel (faked: Liger's
+    (loss, z-loss, accuracy) tuple), in eval mode it returns OLMo-core's default loss and the logits
+    OLMo-core's downstream evaluators need."""
+    import importlib
+
+    from olmo_core.nn.lm_head import LMOutputWithLoss
+    from olmo_patches.nn.lm_loss import logits_in_eval, set_lm_loss
+
+    module = importlib.import_module("olmo_core.nn.functional.cross_entropy_loss")
+    calls = []
+    monkeypatch.setattr(module, "_fused_linear_cross_entropy_loss",
+                        lambda x, w, labels, *rest: calls.append(x.shape) or (torch.tensor(1.5), torch.tensor(0.0), None))
+    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", ["model.n_layers=1"])
+    config = spec.model_config()
+    set_lm_loss(config, "fused_linear")
+    model = config.build()
+    logits_in_eval(model)
+    x, labels = torch.randint(0, config.vocab_size, (2, 8)), torch.randint(0, config.vocab_size, (2, 8))
+    model.train()
+    out = model(x, labels=labels)
+    assert calls == [(16, config.d_model)] and out.logits is None
+    model.eval()
+    with torch.no_grad():
+        out = model(x, labels=labels)
+    assert isinstance(out, LMOutputWithLoss) and out.logits.shape == (2, 8, config.vocab_size) and len(calls) == 1
+    model.train()
+    model(x, labels=labels)
+    assert len(calls) == 2
+
+
+def test_the_padding_of_a_variable_width_model_is_summed_over_its_layers():
+    """configs/113M/variable-width.yaml (head dims 20 to 112): flash-attn 2's kernel for each, from its
+    source (pad to a multiple of 8, then the next of 32/64/96/128/192/256), and the share of all layers'
+    attention FLOPs (n_heads x head dim a layer, the same n_heads) spent on padding."""
+    from olmo_patches.config import load_spec
+    from olmo_patches.nn.attention import head_dim_padding, head_dims
+
+    dims = head_dims(load_spec(REPO / "configs" / "113M" / "variable-width.yaml").model_config())
+    kernel = {d: next(k for k in (32, 64, 96, 128, 192, 256) if k >= -(-d // 8) * 8) for d in dims}
+    padded = sorted(d for d in set(dims) if kernel[d] != d)
+    shares = [1 - d / kernel[d] for d in padded]
+    assert len(padded) > 3
+    assert head_dim_padding("flash_2", dims) == (f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to "
+                                                 f"{max(shares):.0%} each); {1 - sum(dims) / sum(kernel[d] for d in dims):.0%} of all layers' attention FLOPs")

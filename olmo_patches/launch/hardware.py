@@ -35,6 +35,12 @@ Per sequence of s tokens (a micro-batch of m sequences costs m times this):
 - the head: the final norm N and the head's input 2 w, and LOGIT_BYTES per logit (V per token):
   OLMo-core's fp32 cross-entropy with z-loss saves the fp32 logits and their log-softmax (8, measured),
   and its backward holds two fp32 logit gradients (CE and z-loss, 8) and their bf16 cast (2).
+  Under the fused linear cross-entropy (nn/lm_loss.py: Liger-Kernel, CUDA) no logit lives to the
+  backward: FUSED_HEAD_BYTES per d_model instead, the input's bf16 gradient the forward computes and
+  keeps (2) and the chunk of logits it projects at a time, about as many logits as the micro-batch has
+  hidden values (Liger's chunk: tokens / ceil(V / d_model), rounded up to a power of 2, so at most 2 x),
+  in bf16 (4). The full (V, d_model) weight gradient it accumulates is one more head-sized unit, within
+  the FSDP buffers counted above.
 Activation checkpointing (train.activation_checkpointing, OLMo-core's modes):
 - a checkpointed block keeps only its input (2 w bf16 under FSDP, 4 w fp32 under autocast) and one
   block's A at a time while it is recomputed; ``full``: every block; ``selected_blocks:n``: blocks 0,
@@ -127,6 +133,7 @@ def detect() -> Optional[Card]:
 
 FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (module docstring)
 LOGIT_BYTES = 18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
+FUSED_HEAD_BYTES = 6  # fused linear cross-entropy, per d_model a token: 2 the kept input gradient, 4 the logit chunk
 
 
 OFF = ActivationCheckpointing("off")
@@ -247,11 +254,12 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
         ))
     units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]
     fsdp = shards > 1
+    fused = str(getattr(config.lm_head, "loss_implementation", "default")) == "fused_linear"
     return MemoryEstimate(
         states=16 * config.num_params / shards,
         buffers=FSDP_BYTES * max(units) if fsdp else 2 * config.num_params,
         layers=tuple(layers),
-        head=_norm(config.d_model) + 2 * config.d_model + LOGIT_BYTES * vocab,
+        head=_norm(config.d_model) + 2 * config.d_model + (FUSED_HEAD_BYTES * config.d_model if fused else LOGIT_BYTES * vocab),
         sequence_length=sequence_length,
         residual_bytes=2 if fsdp else 4,
         moe=any(block.feed_forward_moe is not None for block in blocks),

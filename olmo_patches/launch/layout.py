@@ -14,6 +14,7 @@ from ..config.load import load_spec, where_set
 from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, one_line, tokenizer_config
 from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
 from .ranks import Layout
+from ..nn.lm_loss import lm_loss, set_lm_loss
 from .hardware import CARDS, MemoryEstimate, Settings, choose, detect, estimate, with_float8
 
 log = logging.getLogger(__name__)
@@ -164,9 +165,10 @@ def _check_prefix(spec: ExperimentSpec, fail) -> None:
 def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "config") -> None:
     """The per-rank arithmetic for ``layout``, before anything is built or written.
 
-    An explicit micro-batch larger than the per-rank batch is lowered to it (one info line): the
-    micro-batch only trades memory for speed, the global batch (hence the result) is unchanged, and a
-    config sized for one process then runs on any number. One that does not divide the per-rank
+    An explicit micro-batch larger than the per-rank batch is lowered to it (one info line): the global
+    batch and the data order are unchanged, so the result is the same up to rounding (float8: the
+    scales are per micro-batch; docs/running.md, "Same result at any world size"), and a config sized
+    for one process then runs on any number. One that does not divide the per-rank
     batch is refused: no value is clearly right (the nearest divisor may halve the throughput)."""
     t = spec.train
     g, n = t.global_batch_size, layout.world_size
@@ -228,6 +230,7 @@ def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """hardware.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
     model = spec.model_config()
+    set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)  # a card means CUDA
     est = estimate(model, spec.data.sequence_length, shards)
     return with_float8(est, model) if spec.train.float8 != "off" else est
 

@@ -19,11 +19,20 @@ from olmo_core.nn.attention import AttentionBackendName
 from olmo_core.nn.attention import flash_attn_api
 from olmo_core.nn.transformer import TransformerConfig
 
-__all__ = ["ATTENTION_BACKENDS", "BackendChoice", "head_dims", "resolve_attention_backend", "set_attention_backend"]
+__all__ = ["ATTENTION_BACKENDS", "BackendChoice", "head_dim_padding", "head_dims", "kernel_head_dim", "on_gpu", "resolve_attention_backend",
+           "set_attention_backend"]
 
 ATTENTION_BACKENDS = ("auto", *(b.value for b in AttentionBackendName))
-FLASH_2_MAX_HEAD_DIM = 256  # flash-attn 2: head_dim <= 256 (its README; other than a multiple of 8 it pads)
-FLASH_3_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims flash-attn 3's hopper/ build compiles
+# flash-attn (github.com/Dao-AILab/flash-attention): both kernels take head_dim <= 256 in multiples of 8
+# (csrc/flash_attn/flash_api.cpp mha_fwd: "head_size <= 256", "head_size % 8 == 0"; hopper/flash_api.cpp
+# mha_fwd: "head_size % alignment == 0", alignment 8 for bf16/fp16, and "head_size <= max_headdim", 256).
+# flash-attn 2's Python interface pads any other head_dim to the next multiple of 8 (flash_attn_interface.py,
+# FlashAttnFunc.forward: F.pad(q, [0, 8 - head_size_og % 8])); flash-attn 3's does not, so it refuses them.
+# Each then runs the kernel compiled for the next of its head dims (FA2: csrc/flash_attn/src/static_switch.h
+# HEADDIM_SWITCH; FA3: hopper/flash_api.cpp round_up_headdim), whose tiles compute over that width.
+FLASH_MAX_HEAD_DIM = 256
+FLASH_HEAD_DIM_MULTIPLE = 8
+FLASH_KERNEL_HEAD_DIMS = {"flash_2": (32, 64, 96, 128, 192, 256), "flash_3": (64, 96, 128, 192, 256)}
 FLASH = ("flash_2", "flash_3", "flash_4")
 
 
@@ -46,9 +55,36 @@ def head_dims(config: TransformerConfig) -> list[int]:
 
 
 def _flash_fits(name: str, dims: Sequence[int]) -> bool:
-    if name == "flash_3":
-        return all(d in FLASH_3_HEAD_DIMS for d in dims)
-    return all(d <= FLASH_2_MAX_HEAD_DIM for d in dims)
+    if name == "flash_3":  # no padding in flash-attn 3's interface: a multiple of 8 or an error
+        return all(d <= FLASH_MAX_HEAD_DIM and d % FLASH_HEAD_DIM_MULTIPLE == 0 for d in dims)
+    return all(d <= FLASH_MAX_HEAD_DIM for d in dims)
+
+
+def kernel_head_dim(name: str, d: int) -> int:
+    """The head dim ``name``'s kernel computes over for a head_dim ``d`` (see the constants above); ``d``
+    itself for torch SDPA and the backends not modelled here."""
+    dims = FLASH_KERNEL_HEAD_DIMS.get(name)
+    if dims is None:
+        return d
+    padded = -(-d // FLASH_HEAD_DIM_MULTIPLE) * FLASH_HEAD_DIM_MULTIPLE
+    return next(k for k in dims if k >= padded)
+
+
+def head_dim_padding(name: str, dims: Sequence[int]) -> str:
+    """For the dry run: the head dims (``dims``: every layer's) that ``name``'s kernel computes over a
+    wider one, and the share of the attention FLOPs (QK^T and PV, linear in the head dim) spent on the
+    padding: each head dim's, and over all layers when they differ; "" when none."""
+    padded = [(d, k) for d in sorted(set(dims)) if (k := kernel_head_dim(name, d)) != d]
+    if not padded:
+        return ""
+    if len(padded) <= 3:
+        text = ", ".join(f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)" for d, k in padded)
+    else:
+        shares = [1 - d / k for d, k in padded]
+        text = f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to {max(shares):.0%} each)"
+    if len(set(dims)) > 1:
+        text += f"; {1 - sum(dims) / sum(kernel_head_dim(name, d) for d in dims):.0%} of all layers' attention FLOPs"
+    return text
 
 
 def _installed(name: str) -> bool:
@@ -76,6 +112,28 @@ def resolve_attention_backend(requested: str, dims: Sequence[int], *, cuda: bool
     if not _installed("flash_2"):
         return BackendChoice("torch", "auto: flash-attn does not import (pip install 'hourglass-olmo[gpu]')")
     return BackendChoice("torch", f"auto: head_dim {sorted(set(dims))} outside flash-attn's limits")
+
+
+def on_gpu(requested: str, dims: Sequence[int], *, bf16: bool) -> str:
+    """What a CUDA node with flash-attn installed runs (``auto``: flash_3 on H100/H200, flash_2 on the
+    other GPUs, as resolve_attention_backend picks there), with any head-dim padding and its cost: for
+    the dry run on a machine without that GPU."""
+    if requested == "auto":
+        if not bf16:
+            return "torch SDPA (fp32 compute)"
+        if not _flash_fits("flash_2", dims):
+            return f"torch SDPA (head_dim {sorted(set(dims))} above flash-attn's 256)"
+        where = [("flash_3", "H100/H200"), ("flash_2", "other GPUs")] if _flash_fits("flash_3", dims) else [
+            ("flash_2", "every GPU (flash_3 takes multiples of 8 only)")]
+    elif requested in FLASH_KERNEL_HEAD_DIMS:
+        where = [(requested, "the GPU")]
+    else:
+        return f"{requested} (requested)"
+    out = []
+    for name, gpus in where:
+        padding = head_dim_padding(name, dims)
+        out.append(f"{name} on {gpus}: " + (f"computes {padding}" if padding else f"no head-dim padding (head_dim {sorted(set(dims))})"))
+    return "; ".join(out)
 
 
 def set_attention_backend(config: TransformerConfig, name: str) -> None:

@@ -21,6 +21,8 @@ from ..config.spec import demo_cache
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from ..train.disk import CHECKPOINT_BYTES_PER_PARAM
+from ..nn.attention import head_dims, on_gpu
+from ..nn.lm_loss import lm_loss
 from .counts import count, float8_row
 
 __all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead", "data_tokens", "data_passes"]
@@ -194,6 +196,9 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
         (f"compile ({device} here)", describe_compile(spec, world_size)),
         (f"activation checkpointing ({device} here)", str(t.activation_checkpointing or "off")),
         (f"attention backend ({device} here)", str(attention_backend(spec, device))),
+        ("attention kernel (a CUDA node with flash-attn)", on_gpu(spec.model.attention_backend, head_dims(spec.model_config()), bf16=t.precision == "bf16")),
+        (f"LM loss ({device} here)", str(lm_loss(spec, device))),
+        *([("LM loss (a CUDA node, this install)", str(lm_loss(spec, "cuda")))] if device != "cuda" else []),
         (f"ignored ({device} here)", "; ".join(ignored) or "nothing"),
     ]
 

@@ -46,6 +46,7 @@ from ..optim.power import PowerScheduler
 from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
 from ..launch.hardware import known_card
 from ..nn.attention import set_attention_backend
+from ..nn.lm_loss import lm_loss, logits_in_eval, set_lm_loss
 from .metrics import MetricsFileCallback
 from ..launch import peers
 from .checkpoints import latest_complete
@@ -220,6 +221,18 @@ def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, Callbac
     return out
 
 
+def optimizer(spec: ExperimentSpec, model, device: str):
+    """OLMo-core's optimizer config for ``spec``. AdamW on CUDA takes torch's fused kernel (one kernel
+    for every parameter's update; torch.optim.AdamW's ``fused=True``, CUDA tensors only); on a CPU, torch's
+    default. SkipStepAdamW is OLMo-core's own (foreach kernels, its default)."""
+    t = spec.train
+    kwargs = dict(lr=t.lr, betas=(t.betas[0], t.betas[1]), eps=t.eps, weight_decay=t.weight_decay,
+                  group_overrides=_optim_groups(spec, model))
+    if t.optimizer == "skip_step_adamw":
+        return SkipStepAdamWConfig(**kwargs)
+    return AdamWConfig(**kwargs, fused=True if device == "cuda" else None)
+
+
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, d = spec.train, spec.data
     device = device_for(spec)
@@ -230,6 +243,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     backend = attention_backend(spec, device)
     set_attention_backend(model, backend.name)
     log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
+    loss = lm_loss(spec, device)
+    set_lm_loss(model, loss.name)
+    log.info(f"LM loss: {loss}")
     log.info(f"train.precision={t.precision} -> {precision_of(spec, world_size)}; train.compile={t.compile} -> {describe_compile(spec, world_size)}")
 
     dataset_kwargs = _dataset_kwargs(spec, data)
@@ -253,13 +269,7 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     train_module = TransformerTrainModuleConfig(
         rank_microbatch_size=t.micro_batch_size * seq,
         max_sequence_length=seq,
-        optim=(SkipStepAdamWConfig if t.optimizer == "skip_step_adamw" else AdamWConfig)(
-            lr=t.lr,
-            betas=(t.betas[0], t.betas[1]),
-            eps=t.eps,
-            weight_decay=t.weight_decay,
-            group_overrides=_optim_groups(spec, model),
-        ),
+        optim=optimizer(spec, model, device),
         scheduler=_lagged(_scheduler(spec), spec),
         max_grad_norm=t.max_grad_norm,
         z_loss_multiplier=t.z_loss,
@@ -447,6 +457,7 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     exp = build_experiment(spec, data, world_size=get_world_size())
     exp.trainer.callbacks.update(callbacks or {})
     model = exp.model.build(init_device="meta")
+    logits_in_eval(model)  # the fused loss trains; the evaluators get logits
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
