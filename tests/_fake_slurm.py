@@ -101,9 +101,9 @@ class FakeSlurm:
 
     def scancel(self, *args: str) -> None:
         """``scancel ARGS 4242``, run by the user (outside the job)."""
-        import subprocess
-
-        subprocess.run([str(self.bin / "scancel"), *args, "4242"], env=self._env(), check=True)
+        env = {k: v for k, v in self._env().items() if k.startswith(("FAKE_", "SLURM_"))}
+        r = finish(start([self.bin / "scancel", *args, "4242"], **env), timeout=60)
+        assert r.returncode == 0, r.stderr
 
     def step_processes(self) -> list[int]:
         return fake.processes(self.job, fake._steps_of(self.job)) if self.job else []

@@ -109,6 +109,14 @@ def start(cmd: list, capture: bool = True, **extra_env: str) -> subprocess.Popen
                             start_new_session=True)
 
 
+def run_elsewhere(cmd: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    """A process that must not run this checkout (pip building the wheel, an unpacked or installed copy):
+    its working folder and whole environment are the caller's; its process group killed on a timeout."""
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return finish(proc, timeout)
+
+
 def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedProcess:
     """Wait for a started command; on a timeout its whole process group is killed (torchrun's
     workers included: no orphans holding cores)."""

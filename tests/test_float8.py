@@ -186,7 +186,7 @@ def test_hf_export_of_a_float8_run_is_its_high_precision_weights(tmp_path, demo_
 
 
 @pytest.mark.parametrize("config, value, message", [
-    (BASELINE, "fp8", "choose off or one of tensorwise, rowwise, rowwise_with_gw_hp"),
+    (BASELINE, "fp8", "choose one of off, tensorwise, rowwise, rowwise_with_gw_hp"),
     (REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml", "rowwise", "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)"),
 ])
 def test_bad_float8_choices_are_one_line(config, value, message):

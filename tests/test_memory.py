@@ -114,14 +114,14 @@ def test_mode_mappings_in_files_and_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("value, match", [
-    ("bogus", r"train\.activation_checkpointing=bogus: choose one of off, full"),
+    ("bogus", r"train\.activation_checkpointing\.mode=bogus: choose one of off, full"),
     ("selected_blocks", r"train\.activation_checkpointing\.block_interval=None: mode selected_blocks needs it"),
     ("selected_blocks:0", r"train\.activation_checkpointing\.block_interval=0: must be >= 1"),
     ("selected_blocks:two", r"train\.activation_checkpointing\.block_interval"),
     ("selected_modules:blocks.*.mlp", r"train\.activation_checkpointing\.modules=blocks\.\*\.mlp: matches no module"),
     ("budget:1.5", r"train\.activation_checkpointing\.budget=1\.5: must be in \[0, 1\]"),
     ("budget:0.5", r"train\.activation_checkpointing=budget:0\.5: the compiler's budget needs train\.compile=true"),
-    ("full:2", r"train\.activation_checkpointing=full:2: choose one of"),
+    ("full:2", r"train\.activation_checkpointing\.mode=full:2: choose one of"),
 ])
 def test_bad_modes_fail_in_one_line(value, match):
     with pytest.raises(ConfigError) as e:

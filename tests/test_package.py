@@ -5,7 +5,6 @@ commands and a 2-step demo from another folder) is .ci/install_check: minutes of
 """
 
 import os
-import subprocess
 import sys
 import tomllib
 import zipfile
@@ -13,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, run_elsewhere
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """The wheel pip builds from this checkout, offline (this venv's setuptools: --no-build-isolation)."""
     out = tmp_path_factory.mktemp("dist")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(out), str(REPO)],
-                       capture_output=True, text=True, timeout=600)
+    r = run_elsewhere([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out, REPO],
+                      cwd=out, env=dict(os.environ), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     (path,) = out.glob("hourglass_olmo-*.whl")
     return path
@@ -54,13 +53,13 @@ def test_unpacked_wheel_finds_its_own_data(wheel, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
     code = ("import olmo_patches.resources as r; "
             "print(r.data_root()); print(r.find_config('configs/demo/baseline.yaml')); print(r.find_config('nope.yaml'))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    r = run_elsewhere([sys.executable, "-c", code], cwd=elsewhere, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     root, config, missing = r.stdout.splitlines()
     assert Path(root) == site / "olmo_patches" / "_data"
     assert Path(config) == site / "olmo_patches" / "_data" / "configs" / "demo" / "baseline.yaml"
     assert missing == "nope.yaml"  # as given: the loader names the missing file
-    r = subprocess.run([sys.executable, "-m", "olmo_patches", "nope"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    r = run_elsewhere([sys.executable, "-m", "olmo_patches", "nope"], cwd=elsewhere, env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("command line: unknown command 'nope'")
 
 

@@ -238,7 +238,7 @@ def test_paper2_configs_use_the_authors_rope_theta():
 def test_paper2_configs_decay_as_lm_engine():
     """LME normalization.py:91-92 marks every norm gain no-decay, nothing else (embedding.py, main.py:33-36):
     the embedding, the untied LM head, the muP matrices, the router and the experts decay at 0.1."""
-    assert len(PAPER2_CONFIGS) == 16
+    assert len(PAPER2_CONFIGS) == 16 + 36  # the paper's runs and its r_l x r_d grid (ablations/r_l-r_d: 3 sizes x 4 x 3)
     for path in PAPER2_CONFIGS:
         t = load_and_resolve(path).train
         assert (t.decay_embeddings, t.decay_norms, t.weight_decay) == (True, False, 0.1), path

@@ -163,9 +163,12 @@ def _validate_attention(m: ModelSpec, fail) -> None:
             fail("model.rope_scaling.factor", r.factor, "must be >= 1")
         if not 1 <= r.low_freq_factor:
             fail("model.rope_scaling.low_freq_factor", r.low_freq_factor, "must be >= 1")
-        if not r.low_freq_factor < r.high_freq_factor:
-            fail("model.rope_scaling.high_freq_factor", r.high_freq_factor,
-                 f"must be > model.rope_scaling.low_freq_factor={r.low_freq_factor}")
+        if not r.low_freq_factor < r.high_freq_factor:  # blamed on the one moved from its default (4, 1)
+            if r.high_freq_factor != 4.0 and r.low_freq_factor == 1.0:
+                fail("model.rope_scaling.high_freq_factor", r.high_freq_factor,
+                     f"must be > model.rope_scaling.low_freq_factor={r.low_freq_factor}")
+            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor,
+                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
 
 
 # --- domains: every number in range ---------------------------------------------------------------

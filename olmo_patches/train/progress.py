@@ -126,9 +126,11 @@ class OfflineAwareWandBCallback(WandBCallback):
             id_file.write_text(self.run.id)
         self._run_path = self.run.path if self.run is not None else None  # type: ignore
 
-    def check_if_canceled(self):
+    def post_step(self):
+        """OLMo-core's cancel check, a bookkeeping op each step, asks the server: none offline. (OLMo-core
+        3.0.0's bookkeeping queue also races when one check ends as the next is submitted: a KeyError.)"""
         if not self._offline() and os.environ.get("WANDB_API_KEY"):
-            super().check_if_canceled()
+            super().post_step()
 
     def finalize(self, exit_code: int = 0):
         """OLMo-core's finalize without ``finish(quiet=True)`` where wandb no longer takes ``quiet``
