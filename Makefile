@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow install wheelhouse lock install-check
+.PHONY: demo test test-slow format install wheelhouse lock install-check
 # the tested set: exact versions of every package (constraints); pyproject.toml holds the ranges
 LOCK := requirements/lock.txt
 EXTRAS := dev,hf,eval,wandb,float8,lm-eval
@@ -34,6 +34,10 @@ test: install
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
+
+# the one style (CI runs ruff format --check .)
+format: install
+	$(BIN)/ruff format .
 
 install-check:
 	bash .ci/install_check

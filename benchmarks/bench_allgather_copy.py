@@ -64,8 +64,10 @@ def main() -> None:
 
         results[dim] = _time(copy_out if dim == 0 else chunk_cat, args.repeats)
         extra = "" if dim == 0 else f", plus a {temp.numel() * temp.element_size() / 2**20:.0f} MiB temporary"
-        print(f"dim {dim} ({'(K out, in) rows' if dim == 0 else 'stacked ' + ('rows' if dim == 1 else 'columns')}): "
-              f"{results[dim] * 1e3:7.2f} ms{extra}")
+        print(
+            f"dim {dim} ({'(K out, in) rows' if dim == 0 else 'stacked ' + ('rows' if dim == 1 else 'columns')}): "
+            f"{results[dim] * 1e3:7.2f} ms{extra}"
+        )
     if 0 in results:
         print("ratio to dim 0: " + "  ".join(f"dim {d} {t / results[0]:.2f}x" for d, t in results.items()))
 

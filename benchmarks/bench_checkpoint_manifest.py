@@ -61,7 +61,9 @@ def main() -> None:
     print(f"{'sizes (os.stat, one file)':28s} {stat_s * 1e6:10.1f} us per file (independent of size)")
     for name, seconds in timings.items():
         rate = size / seconds / 2**20
-        print(f"{name:28s} {rate:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * seconds:6.1f} s = {seconds / save_s:.2f} x the save")
+        print(
+            f"{name:28s} {rate:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * seconds:6.1f} s = {seconds / save_s:.2f} x the save"
+        )
 
 
 if __name__ == "__main__":

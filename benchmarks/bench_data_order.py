@@ -40,12 +40,7 @@ FILE_TOKENS = 4 * 1024 * 1024  # 16 MiB per file
 
 def synthetic_files() -> dict[str, bytes]:
     rng = np.random.default_rng(0)
-    return {
-        f"mix/part-{i:02d}.npy": rng.integers(
-            0, 100278, FILE_TOKENS, dtype=np.uint32
-        ).tobytes()
-        for i in range(NUM_FILES)
-    }
+    return {f"mix/part-{i:02d}.npy": rng.integers(0, 100278, FILE_TOKENS, dtype=np.uint32).tobytes() for i in range(NUM_FILES)}
 
 
 def serve(latency_s: float) -> None:
@@ -73,14 +68,10 @@ def bench_materialize(instances: int, latency_ms: float) -> list[dict]:
         sizes = tuple(fetch_sizes(paths, reader, progress=False))
         results = []
         for workers in (1, 8):
-            spec = PrefixSpec(
-                paths, sizes, SEQ_LEN, OLD_TRAINER_SEED, instances, chunk_instances=64
-            )
+            spec = PrefixSpec(paths, sizes, SEQ_LEN, OLD_TRAINER_SEED, instances, chunk_instances=64)
             with tempfile.TemporaryDirectory() as out:
                 start = time.perf_counter()
-                materialize(
-                    Path(out), spec, reader=reader, workers=workers, progress=False
-                )
+                materialize(Path(out), spec, reader=reader, workers=workers, progress=False)
                 seconds = time.perf_counter() - start
             mb = instances * SEQ_LEN * 4 / 1e6
             results.append(
@@ -108,12 +99,8 @@ def order_child(n: int, out_dir: str) -> None:
     record = {
         "instances": n,
         "seconds": round(seconds, 1),
-        "cpu_seconds": round(
-            usage.ru_utime + usage.ru_stime, 1
-        ),  # steadier on a shared box
-        "peak_rss_GiB": round(
-            usage.ru_maxrss * 1024 / 2**30, 2
-        ),  # Linux: ru_maxrss in KiB
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),  # steadier on a shared box
+        "peak_rss_GiB": round(usage.ru_maxrss * 1024 / 2**30, 2),  # Linux: ru_maxrss in KiB
         "file_GiB": round(n * 4 / 2**30, 2),
     }
     print(json.dumps(record), flush=True)
@@ -122,15 +109,11 @@ def order_child(n: int, out_dir: str) -> None:
 def bench_order(sizes: list[int]) -> None:
     for n in sizes:
         with tempfile.TemporaryDirectory() as out:
-            subprocess.run(
-                [sys.executable, __file__, "--order-child", str(n), out], check=True
-            )
+            subprocess.run([sys.executable, __file__, "--order-child", str(n), out], check=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--order-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -139,9 +122,7 @@ def main() -> None:
         default=8192,
         help="instances to materialize (16 KiB each)",
     )
-    parser.add_argument(
-        "--latency-instances", type=int, default=1024, help="the same, at 20 ms latency"
-    )
+    parser.add_argument("--latency-instances", type=int, default=1024, help="the same, at 20 ms latency")
     parser.add_argument(
         "--order-sizes",
         default="1e8,2.5e8,1e9",

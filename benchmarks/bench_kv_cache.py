@@ -30,7 +30,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-CONFIGS = {"baseline": "configs/demo/baseline.yaml", "x": "configs/demo/variable-width.yaml", "hourglass": "configs/demo/hourglass.yaml"}
+CONFIGS = {
+    "baseline": "configs/demo/baseline.yaml",
+    "x": "configs/demo/variable-width.yaml",
+    "hourglass": "configs/demo/hourglass.yaml",
+}
 PAPER_EQUAL_SIZE = -0.109  # paper 2's 2B row: x's mean width (KV cache per token) vs the baseline's, equal size
 PAPER_MATCHED_LOSS = 0.851  # paper 2: x's mean width at the 2B baseline's loss, fitted per family (the abstract's 15%)
 
@@ -57,8 +61,16 @@ def generate(hf, prompt: torch.Tensor, new: int):
     """(seconds, the cache) for ``new`` greedy tokens with the cache on (no early stop at eos)."""
     start = time.perf_counter()
     with torch.no_grad():
-        out = hf.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True,
-                          return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        out = hf.generate(
+            prompt,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            use_cache=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     return time.perf_counter() - start, out.past_key_values
 
 
@@ -68,7 +80,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
     parser.add_argument("--new", type=int, default=64, help="generated tokens (prompt + new within the demo's 128-token context)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="fp32", help="fp32: CPU bf16 matmuls are slow; the bytes halve at bf16")
+    parser.add_argument(
+        "--dtype", choices=("bf16", "fp32"), default="fp32", help="fp32: CPU bf16 matmuls are slow; the bytes halve at bf16"
+    )
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
@@ -85,16 +99,24 @@ def main() -> None:
             caches[name] = cache_bytes(cache)
     tokens = args.prompt + args.new - 1  # the last generated token is never fed back, so never cached
     base_bytes, base_rate = caches["baseline"], args.batch * args.new / statistics.median(times["baseline"])
-    print(f"KV cache and cached generation, demo scale, CPU ({torch.get_num_threads()} threads), {args.dtype}, "
-          f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, median of {args.repeats}")
-    print(f"{'shape':10} {'K+V per token (count)':>22} {'cache MiB':>10} {'= count':>8} {'vs baseline':>12} {'new tokens/s':>13} {'vs baseline':>12}")
+    print(
+        f"KV cache and cached generation, demo scale, CPU ({torch.get_num_threads()} threads), {args.dtype}, "
+        f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, median of {args.repeats}"
+    )
+    print(
+        f"{'shape':10} {'K+V per token (count)':>22} {'cache MiB':>10} {'= count':>8} {'vs baseline':>12} {'new tokens/s':>13} {'vs baseline':>12}"
+    )
     for name, (hf, per_token) in models.items():
         counted = args.batch * tokens * per_token * (2 if dtype == torch.bfloat16 else 4)
         rate = args.batch * args.new / statistics.median(times[name])
-        print(f"{name:10} {per_token:>22,} {caches[name] / 2**20:>10.2f} {str(caches[name] == counted):>8} "
-              f"{caches[name] / base_bytes - 1:>+12.1%} {rate:>13.1f} {rate / base_rate:>11.2f}x")
-    print(f"equal size (this table): paper 2's x caches {PAPER_EQUAL_SIZE:+.1%} vs its baseline at 2B (-10.0% to -11.0% "
-          f"at 200M-2B); at matched loss (not measured here) {PAPER_MATCHED_LOSS - 1:+.1%} (the abstract's 15%)")
+        print(
+            f"{name:10} {per_token:>22,} {caches[name] / 2**20:>10.2f} {str(caches[name] == counted):>8} "
+            f"{caches[name] / base_bytes - 1:>+12.1%} {rate:>13.1f} {rate / base_rate:>11.2f}x"
+        )
+    print(
+        f"equal size (this table): paper 2's x caches {PAPER_EQUAL_SIZE:+.1%} vs its baseline at 2B (-10.0% to -11.0% "
+        f"at 200M-2B); at matched loss (not measured here) {PAPER_MATCHED_LOSS - 1:+.1%} (the abstract's 15%)"
+    )
 
 
 if __name__ == "__main__":

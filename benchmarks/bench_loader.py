@@ -63,8 +63,12 @@ def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path
 
     from olmo_patches.train import OrderedDataLoaderConfig
 
-    dataset = NumpyFSLDatasetConfig(paths=paths, sequence_length=SEQ, tokenizer=TokenizerConfig.dolma2(), work_dir=str(work), dtype="uint32").build()
-    loader = OrderedDataLoaderConfig(global_batch_size=batch * SEQ, seed=0, num_workers=workers, shuffle=False, work_dir=str(work)).build(dataset)
+    dataset = NumpyFSLDatasetConfig(
+        paths=paths, sequence_length=SEQ, tokenizer=TokenizerConfig.dolma2(), work_dir=str(work), dtype="uint32"
+    ).build()
+    loader = OrderedDataLoaderConfig(
+        global_batch_size=batch * SEQ, seed=0, num_workers=workers, shuffle=False, work_dir=str(work)
+    ).build(dataset)
     loader.reshuffle(epoch=1)
     start = time.perf_counter()
     it = iter(loader)
@@ -91,8 +95,10 @@ def need() -> dict[str, float]:
     for scale in ("113M", "1B"):
         spec = load_spec(REPO / "configs" / scale / "baseline.yaml", ["train.hardware=none"])
         per_gpu = ASSUMED_MFU * CARDS["h100"].bf16_flops / count(spec).flops_per_token
-        print(f"{scale}: {count(spec).flops_per_token / 1e9:.2f} GFLOP/token -> {per_gpu:,.0f} tokens/s per H100 at "
-              f"{ASSUMED_MFU:.0%} MFU -> {8 * per_gpu / SEQ:,.0f} instances/s for 8 GPUs, {per_gpu / SEQ:,.0f} per rank")
+        print(
+            f"{scale}: {count(spec).flops_per_token / 1e9:.2f} GFLOP/token -> {per_gpu:,.0f} tokens/s per H100 at "
+            f"{ASSUMED_MFU:.0%} MFU -> {8 * per_gpu / SEQ:,.0f} instances/s for 8 GPUs, {per_gpu / SEQ:,.0f} per rank"
+        )
         out[scale] = per_gpu / SEQ
     return out
 
@@ -114,19 +120,31 @@ def main() -> None:
         folder = Path(tmp) / "files"
         folder.mkdir()
         files = write_files(folder, (args.batches + 2 * max(counts) + 1) * args.batch)
-        child = subprocess.Popen([sys.executable, __file__, "--serve", str(folder), str(args.latency_ms / 1000)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(folder), str(args.latency_ms / 1000)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert child.stdout is not None
             base = child.stdout.readline().strip()
-            sources = {"local disk": [str(p) for p in files], f"HTTP +{args.latency_ms:g} ms": [f"{base}/{p.name}" for p in files]}
-            print(f"\n| source | workers | start-up s | instances/s | x 113M rank need ({per_rank['113M']:.0f}/s) | x 1B rank need ({per_rank['1B']:.0f}/s) |")
+            sources = {
+                "local disk": [str(p) for p in files],
+                f"HTTP +{args.latency_ms:g} ms": [f"{base}/{p.name}" for p in files],
+            }
+            print(
+                f"\n| source | workers | start-up s | instances/s | x 113M rank need ({per_rank['113M']:.0f}/s) | x 1B rank need ({per_rank['1B']:.0f}/s) |"
+            )
             print("|---|---|---|---|---|---|")
             for label, paths in sources.items():
                 for w in counts:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         startup, rate = measure(paths, w, args.batch, args.batches, Path(work))
-                    print(f"| {label} | {w} | {startup:.1f} | {rate:,.0f} | {rate / per_rank['113M']:.1f} | {rate / per_rank['1B']:.1f} |", flush=True)
+                    print(
+                        f"| {label} | {w} | {startup:.1f} | {rate:,.0f} | {rate / per_rank['113M']:.1f} | {rate / per_rank['1B']:.1f} |",
+                        flush=True,
+                    )
         finally:
             child.stdin.close()  # type: ignore[union-attr]
             child.wait(timeout=30)

@@ -47,8 +47,14 @@ def main() -> None:
         cases = [
             ("bad config (train.lr=abc)", [*train, str(REPO / "configs/demo/baseline.yaml"), "train.lr=abc"]),
             ("bad config in a file (1B, model.K=0)", [*train, str(REPO / "configs/1B/hourglass.yaml"), "model.K=0"]),
-            ("busy run folder", [*train, str(REPO / "configs/demo/baseline.yaml"), f"run.save_folder={busy}", "train.max_steps=1"]),
-            *((f"bad argument: {s} --no-such-flag", [sys.executable, str(REPO / "scripts" / s), "--no-such-flag"]) for s in SCRIPTS),
+            (
+                "busy run folder",
+                [*train, str(REPO / "configs/demo/baseline.yaml"), f"run.save_folder={busy}", "train.max_steps=1"],
+            ),
+            *(
+                (f"bad argument: {s} --no-such-flag", [sys.executable, str(REPO / "scripts" / s), "--no-such-flag"])
+                for s in SCRIPTS
+            ),
         ]
         print(f"{'case':<52} {'median s':>9}  exit  line")
         for name, cmd in cases:

@@ -16,7 +16,14 @@ import argparse
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, at_least, refuse
-from olmo_patches.report.analysis import THRESHOLD, analysis_figure, analyze_model, load_checkpoint_model, validation_batch, write_json
+from olmo_patches.report.analysis import (
+    THRESHOLD,
+    analysis_figure,
+    analyze_model,
+    load_checkpoint_model,
+    validation_batch,
+    write_json,
+)
 
 
 def main() -> None:
@@ -28,8 +35,12 @@ def main() -> None:
     parser.add_argument("--seq", type=at_least(2), help="tokens per sequence (default: the run's, at most 512)")
     parser.add_argument("--tokens", type=Path, help="a raw numpy token file for the batch (default: the run's validation data)")
     parser.add_argument("--dtype", default="uint32", help="with --tokens: its numpy dtype")
-    parser.add_argument("--threshold", type=at_least(0, float), default=THRESHOLD,
-                        help="a unit is active where |a| > this x its layer's RMS activation")
+    parser.add_argument(
+        "--threshold",
+        type=at_least(0, float),
+        default=THRESHOLD,
+        help="a unit is active where |a| > this x its layer's RMS activation",
+    )
     args = parser.parse_args()
     if args.names and len(args.names) != len(args.checkpoints):
         refuse(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
@@ -49,7 +60,9 @@ def main() -> None:
         else:
             data = resolve_data(spec)
             if not data.val_paths or not Path(data.val_paths[0]).is_file():
-                refuse(f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation file; pass --tokens FILE --dtype")
+                refuse(
+                    f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation file; pass --tokens FILE --dtype"
+                )
             source, dtype = data.val_paths[0], data.dtype or "uint32"
         try:
             tokens = validation_batch(source, dtype, args.batch, seq)

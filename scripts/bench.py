@@ -33,12 +33,21 @@ def main() -> None:
     parser.add_argument("--steps", type=at_least(1), default=1, help="timed steps per variant per repeat")
     parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps per variant (compilation happens here)")
     parser.add_argument("--dtype", default="bf16" if gpu else "fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--threads", type=at_least(1), default=None,
-                        help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
-                             "made steps up to 10x slower and the timings meaningless)")
+    parser.add_argument(
+        "--threads",
+        type=at_least(1),
+        default=None,
+        help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
+        "made steps up to 10x slower and the timings meaningless)",
+    )
     parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every timed step (as the trainer's)")
-    parser.add_argument("--float8", nargs="?", const="tensorwise", default=None,
-                        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)")
+    parser.add_argument(
+        "--float8",
+        nargs="?",
+        const="tensorwise",
+        default=None,
+        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     for s in _list(args.scale):
@@ -57,9 +66,18 @@ def main() -> None:
         seq = args.seq or (4096 if gpu and s == "113M" else None)
         batch = args.batch or (8 if gpu and s == "113M" else None)
         res, machine = run_bench(
-            s, compile_modes=[m == "on" for m in modes], variants=_list(args.variants) if args.variants else None,
-            seq_len=seq, batch=batch, repeats=args.repeats, steps=args.steps, warmup=args.warmup,
-            dtype=dtype, optimizer=args.optimizer, float8=args.float8, log=log,
+            s,
+            compile_modes=[m == "on" for m in modes],
+            variants=_list(args.variants) if args.variants else None,
+            seq_len=seq,
+            batch=batch,
+            repeats=args.repeats,
+            steps=args.steps,
+            warmup=args.warmup,
+            dtype=dtype,
+            optimizer=args.optimizer,
+            float8=args.float8,
+            log=log,
         )
         results += res
     if args.json:

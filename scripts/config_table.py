@@ -1,6 +1,6 @@
 """Markdown table of the hourglass paper's shipped configs under configs/ (sizes and their ablations).
 
-    python scripts/config_table.py [ROOT]   # default configs/; skips configs/demo
+python scripts/config_table.py [ROOT]   # default configs/; skips configs/demo
 """
 
 import sys
@@ -19,7 +19,11 @@ def baseline_of(path: Path, root: Path) -> Path:
 
 def main() -> None:
     root = folder_arg("ROOT", sys.argv[1]) if len(sys.argv) > 1 else Path("configs")
-    paths = sorted(p for p in root.rglob("*.yaml") if p.stem not in ("base", "base-revised", "base-paper2") and p.relative_to(root).parts[0] != "demo")
+    paths = sorted(
+        p
+        for p in root.rglob("*.yaml")
+        if p.stem not in ("base", "base-revised", "base-paper2") and p.relative_to(root).parts[0] != "demo"
+    )
     budgets: dict[Path, int] = {}
     print("| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

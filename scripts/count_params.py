@@ -1,6 +1,6 @@
 """Parameters and FLOPs per token of a config's model, built on the meta device.
 
-    python scripts/count_params.py CONFIG [key=value ...] [--json]
+python scripts/count_params.py CONFIG [key=value ...] [--json]
 """
 
 import argparse
@@ -17,6 +17,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
+
     spec = load_or_exit(args.config, args.overrides)
     if args.json:
         out = {**count(spec).as_dict(), **attention_report(spec)}

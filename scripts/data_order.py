@@ -48,9 +48,7 @@ from olmo_patches.data.remote import (
 )  # noqa: E402
 
 
-def _sizes(
-    args: argparse.Namespace, paths: list[str], reader: RangeReader
-) -> list[int]:
+def _sizes(args: argparse.Namespace, paths: list[str], reader: RangeReader) -> list[int]:
     """Sizes from --manifest; for the pinned list, from its cached manifest (built on first
     use); otherwise asked for now (from the mirror under --base if given). A manifest lists
     the paths as the list names them, so it serves every mirror."""
@@ -71,9 +69,7 @@ def cmd_manifest(args: argparse.Namespace, reader: RangeReader) -> None:
     sizes = fetch_sizes(rebase(paths, args.base), reader, workers=args.workers, progress=not args.quiet)
     save_manifest(out, paths, sizes)
     n = Layout.from_sizes(paths, sizes, SEQ_LEN).num_instances
-    print(
-        f"{out}: {len(paths)} files, {sum(sizes) // 4:,} tokens, {n:,} instances of {SEQ_LEN}"
-    )
+    print(f"{out}: {len(paths)} files, {sum(sizes) // 4:,} tokens, {n:,} instances of {SEQ_LEN}")
 
 
 def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
@@ -86,9 +82,7 @@ def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
         world_size=args.world_size,
         npy_header=args.npy_header,
     )
-    print(
-        f"{args.out}: {written:,} of {layout.num_instances:,} instances, seed {args.seed}"
-    )
+    print(f"{args.out}: {written:,} of {layout.num_instances:,} instances, seed {args.seed}")
 
 
 def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
@@ -98,9 +92,7 @@ def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
         n = args.instances
     else:
         n = instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)
-    spec = PrefixSpec(
-        tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances
-    )
+    spec = PrefixSpec(tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances)
     materialize(
         Path(args.out),
         spec,
@@ -109,24 +101,18 @@ def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
         progress=not args.quiet,
         base=args.base,
     )
-    print(
-        f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts"
-    )
+    print(f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts")
 
 
 def cmd_verify(args: argparse.Namespace, reader: RangeReader) -> None:
     problems = verify_prefix(Path(args.out), reader=reader, sample=args.sample, base=args.base)
     if problems:
-        raise DataOrderError(
-            f"{args.out}: {len(problems)} problem(s), first: {problems[0]}"
-        )
+        raise DataOrderError(f"{args.out}: {len(problems)} problem(s), first: {problems[0]}")
     print(f"{args.out}: ok")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, paths: bool = True) -> None:
@@ -148,9 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--workers", type=at_least(1), default=32, help="parallel connections")
         p.add_argument("--retries", type=at_least(1), default=5, help="attempts per request")
-        p.add_argument(
-            "--timeout", type=at_least(0.001, float), default=60.0, help="seconds per request"
-        )
+        p.add_argument("--timeout", type=at_least(0.001, float), default=60.0, help="seconds per request")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("manifest", help="byte size of every file")
@@ -179,9 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser(
-        "materialize", help="the first instances in training order, to local disk"
-    )
+    p = sub.add_parser("materialize", help="the first instances in training order, to local disk")
     common(p)
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument(
@@ -193,9 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument("--seed", type=at_least(0, most=2**32 - 1), default=OLD_TRAINER_SEED)
     p.add_argument("--batch-instances", type=at_least(1), default=GLOBAL_BATCH_INSTANCES)
-    p.add_argument(
-        "--chunk-instances", type=at_least(1), default=2048, help="instances per part file"
-    )
+    p.add_argument("--chunk-instances", type=at_least(1), default=2048, help="instances per part file")
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("verify", help="check a materialized prefix")
@@ -214,7 +194,9 @@ def check_paths(args: argparse.Namespace) -> None:
     """The files and folders the command reads and writes, before any request: one line, exit 2."""
     for name, path in (("--paths-file", getattr(args, "paths_file", None)), ("--manifest", getattr(args, "manifest", None))):
         if path is not None and not Path(path).is_file():
-            refuse(f"data_order.py {args.command}: {name} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}")
+            refuse(
+                f"data_order.py {args.command}: {name} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
+            )
     if args.base is not None and "://" not in args.base:
         folder_arg(f"data_order.py {args.command}: --base", args.base)
     if args.command == "verify":

@@ -17,10 +17,13 @@ def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="*", help="demo configs (default: configs/demo/*.yaml)")
     parser.add_argument("--out", default="runs/demo", help="where summary.json and loss_curves.png go")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
+    )
     args = parser.parse_args()
 
     from olmo_patches.report.demo import run_demo
+
     out_arg("--out", args.out)
     paths = args.configs or sorted(DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem))
     specs = [load_or_exit(str(p), args.overrides) for p in paths]  # every config checked before any training

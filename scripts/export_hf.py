@@ -17,10 +17,13 @@ def main() -> None:
     parser.add_argument("checkpoint", help="a trainer checkpoint folder, e.g. runs/NAME/step1000")
     parser.add_argument("out_dir")
     parser.add_argument("--config", help="the run's config.yaml (default: CHECKPOINT/../config.yaml)")
-    parser.add_argument("--tokenizer", help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)")
+    parser.add_argument(
+        "--tokenizer", help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)"
+    )
     args = parser.parse_args()
 
     from olmo_patches.export import export_hf
+
     out_arg("OUT_DIR", args.out_dir)
     try:
         kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer)

@@ -22,7 +22,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION_NAMES = ("bf16", "attention", "compile", "resume", "trainer", "float8")  # tests/gpu/test_NAME.py (tests/gpu/plugin.py: SECTIONS)
+SECTION_NAMES = (
+    "bf16",
+    "attention",
+    "compile",
+    "resume",
+    "trainer",
+    "float8",
+)  # tests/gpu/test_NAME.py (tests/gpu/plugin.py: SECTIONS)
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
@@ -38,10 +45,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--rehearse", action="store_true", help="every section on CPU at toy sizes (rows marked rehearsal)")
-    parser.add_argument("--wheelhouse", type=Path, help="install the project and its dependencies from this folder first (no network)")
+    parser.add_argument(
+        "--wheelhouse", type=Path, help="install the project and its dependencies from this folder first (no network)"
+    )
     parser.add_argument("--no-flash", action="store_true", help="no flash-attn on purpose: its row is skipped, not failed")
-    parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply every budget (a slower or busier machine than one H200)")
-    parser.add_argument("--only", default="", help="comma list of sections to run (bf16, attention, compile, resume, trainer, float8)")
+    parser.add_argument(
+        "--budget-scale", type=float, default=1.0, help="multiply every budget (a slower or busier machine than one H200)"
+    )
+    parser.add_argument(
+        "--only", default="", help="comma list of sections to run (bf16, attention, compile, resume, trainer, float8)"
+    )
     args = parser.parse_args()
     if args.budget_scale <= 0:
         print(f"command line: --budget-scale {args.budget_scale}: must be > 0", file=sys.stderr)
@@ -66,24 +79,45 @@ def main() -> None:
     if args.wheelhouse is not None:
         budget = INSTALL_BUDGET_S * args.budget_scale
         install_section = Section("", "offline install", budget, seconds, started=0.0, over=seconds > budget, finished=True)
-        install_section.rows.append(Row("offline install", "", f"pip install --no-index --find-links {args.wheelhouse}",
-                                        f"{seconds:.1f} s", f"<= {budget:.0f} s", "pass" if ok and seconds <= budget else "FAIL", detail))
+        install_section.rows.append(
+            Row(
+                "offline install",
+                "",
+                f"pip install --no-index --find-links {args.wheelhouse}",
+                f"{seconds:.1f} s",
+                f"<= {budget:.0f} s",
+                "pass" if ok and seconds <= budget else "FAIL",
+                detail,
+            )
+        )
         extra.append(install_section)
-    sections = {f: s for f, s in SECTIONS.items() if not args.only or f[len("test_"):-len(".py")] in only}
+    sections = {f: s for f, s in SECTIONS.items() if not args.only or f[len("test_") : -len(".py")] in only}
     import torch  # after the install: torch looks for numpy once, when it is imported
 
     if not args.rehearse and not torch.cuda.is_available():
         print("command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes", file=sys.stderr)
         sys.exit(2)
-    device = "cpu (rehearsal)" if args.rehearse else (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
-    plugin = GpuCheck(args.out, rehearse=args.rehearse, no_flash=args.no_flash, device=device, torch_version=torch.__version__,
-                      sections=sections, extra=tuple(extra), budget_scale=args.budget_scale)
+    device = (
+        "cpu (rehearsal)" if args.rehearse else (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
+    )
+    plugin = GpuCheck(
+        args.out,
+        rehearse=args.rehearse,
+        no_flash=args.no_flash,
+        device=device,
+        torch_version=torch.__version__,
+        sections=sections,
+        extra=tuple(extra),
+        budget_scale=args.budget_scale,
+    )
     plugin.write()
     if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor"))
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
     files = [str(REPO / "tests" / "gpu" / f) for f in sections]
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin])
+    code = pytest.main(
+        ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin]
+    )
     plugin.write()
     print((args.out / "gpu_check.md").read_text())
     if plugin.failed or code not in (0, 5):

@@ -26,9 +26,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from olmo_patches.report.paper_sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
+
     for f in args.folders:
         if f.rstrip("/") not in {**SWEEPS, **WIDTH_GRID}:
-            refuse(f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/report/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})")
+            refuse(
+                f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/report/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})"
+            )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for folder, argv in SWEEPS.items():
         if args.folders and folder not in [f.rstrip("/") for f in args.folders]:

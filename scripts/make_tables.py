@@ -31,12 +31,15 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-figures", action="store_true")
-    parser.add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
+    parser.add_argument(
+        "--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)"
+    )
     args = parser.parse_args()
 
     from olmo_patches.report.figures import make_figures, scaling_figure
     from olmo_patches.report.scaling import paper_matched_loss_rows, scaling_tables
     from olmo_patches.report.tables import build_tables, load_runs, paper_results, write_tables
+
     out_arg("--out", args.out)
     missing = [p for p in args.runs if not Path(p).is_dir()]
     if missing:
@@ -44,8 +47,11 @@ def main() -> None:
         raise SystemExit(2)
     runs = load_runs(args.runs)
     out = Path(args.out)
-    tables = {**build_tables(runs), **scaling_tables(runs, paper_results(), args.target_loss),
-              "matched_loss_paper": paper_matched_loss_rows(paper_results())}
+    tables = {
+        **build_tables(runs),
+        **scaling_tables(runs, paper_results(), args.target_loss),
+        "matched_loss_paper": paper_matched_loss_rows(paper_results()),
+    }
     written = write_tables(tables, out)
     if not args.no_figures:
         written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())

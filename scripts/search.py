@@ -29,8 +29,17 @@ from rich.table import Table
 from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
 from olmo_patches.config import vocab_size
 from olmo_patches.report.counts import count
-from olmo_patches.shapes.search import (ALIGNED_TOLERANCE, SPLIT_TOLERANCE, TOLERANCE, Shape, attention_heads, enumerate_shapes,
-                                         rank_key, solve, solve_split)
+from olmo_patches.shapes.search import (
+    ALIGNED_TOLERANCE,
+    SPLIT_TOLERANCE,
+    TOLERANCE,
+    Shape,
+    attention_heads,
+    enumerate_shapes,
+    rank_key,
+    solve,
+    solve_split,
+)
 
 DOLMA2_PADDED_VOCAB = 100352
 
@@ -68,11 +77,17 @@ def shapes(args, budget: int) -> list[Shape]:
     if args.attention is not None:  # the paper's split: d_model from the attention count
         if not (args.K and args.layers):
             refuse("search: --attention needs --K and --layers")
-        found = [(K, L, solve_split(budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance))
-                 for K in args.K for L in args.layers]
+        found = [
+            (K, L, solve_split(budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance))
+            for K in args.K
+            for L in args.layers
+        ]
         for K, L, s in found:
             if s is None:
-                print(f"search: no shape for K={K}, L={L}, attention {args.attention:,.0f} within {args.tolerance:g}", file=sys.stderr)
+                print(
+                    f"search: no shape for K={K}, L={L}, attention {args.attention:,.0f} within {args.tolerance:g}",
+                    file=sys.stderr,
+                )
         return [s for _, _, s in found if s is not None]
     if args.d_model:  # fixed dimensions: no solving
         if not (args.layers and args.d_h):
@@ -89,8 +104,16 @@ def shapes(args, budget: int) -> list[Shape]:
         for r in ratios:
             for f in fractions:
                 for L in args.layers:
-                    s = solve(budget, K=K, n_layers=L, d_h_ratio=r, layer_slack=args.layer_slack, attn_fraction=f,
-                              **solving, **attention)
+                    s = solve(
+                        budget,
+                        K=K,
+                        n_layers=L,
+                        d_h_ratio=r,
+                        layer_slack=args.layer_slack,
+                        attn_fraction=f,
+                        **solving,
+                        **attention,
+                    )
                     if s is None:
                         print(f"search: no shape for K={K}, L={L}, d_h/d_model={r} within {args.tolerance:g}", file=sys.stderr)
                     else:
@@ -100,22 +123,50 @@ def shapes(args, budget: int) -> list[Shape]:
 
 def table(rows: list[Shape], budget: int, vocab: int, seq: int) -> Table:
     t = Table(title=f"hourglass shapes for a budget of {budget:,} non-embedding parameters")
-    for col in ("K", "L", "d_model", "d_h", "heads x dim", "kv heads", "attn width", "d_h/d_model", "d_model/L", "attention", "FFN", "attn share", "mismatch", "GFLOPs/token", "rounding"):
+    for col in (
+        "K",
+        "L",
+        "d_model",
+        "d_h",
+        "heads x dim",
+        "kv heads",
+        "attn width",
+        "d_h/d_model",
+        "d_model/L",
+        "attention",
+        "FFN",
+        "attn share",
+        "mismatch",
+        "GFLOPs/token",
+        "rounding",
+    ):
         t.add_column(col, justify="right")
     for s in rows:
         t.add_row(
-            str(s.K), str(s.n_layers), str(s.d_model), str(s.d_h), f"{s.n_heads} x {s.head_dim}", str(s.n_kv_heads or s.n_heads),
+            str(s.K),
+            str(s.n_layers),
+            str(s.d_model),
+            str(s.d_h),
+            f"{s.n_heads} x {s.head_dim}",
+            str(s.n_kv_heads or s.n_heads),
             f"{s.attention_width} ({s.attention_width / s.d_model:.2f})",
-            f"{s.d_h_ratio:.3f}", f"{s.width_depth:.0f}", f"{s.attention / 1e6:.2f}M", f"{s.ffn / 1e6:.2f}M",
-            f"{s.attention / s.non_embedding:.1%}", f"{s.mismatch(budget):+.2e}",
-            f"{s.flops_per_token(seq, vocab) / 1e9:.3f}", s.rounding,
+            f"{s.d_h_ratio:.3f}",
+            f"{s.width_depth:.0f}",
+            f"{s.attention / 1e6:.2f}M",
+            f"{s.ffn / 1e6:.2f}M",
+            f"{s.attention / s.non_embedding:.1%}",
+            f"{s.mismatch(budget):+.2e}",
+            f"{s.flops_per_token(seq, vocab) / 1e9:.3f}",
+            s.rounding,
         )
     return t
 
 
 def config_name(s: Shape) -> str:
     attention = f"-a{s.attention_width}" if s.fixed_head_dim else ""
-    return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}{attention}" + (f"-kv{s.n_kv_heads}" if s.n_kv_heads else "")
+    return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}{attention}" + (
+        f"-kv{s.n_kv_heads}" if s.n_kv_heads else ""
+    )
 
 
 def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: str, tolerance: float = TOLERANCE) -> Path:
@@ -123,7 +174,11 @@ def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: 
     path = out_dir / f"{config_name(s)}.yaml"
     base_name = baseline.parent.name
     rel = os.path.relpath(baseline.resolve(), out_dir.resolve())
-    how = "fixed by the command (not solved)" if s.rounding == "fixed" else f"solved by olmo_patches/shapes/search.py ({s.rounding})"
+    how = (
+        "fixed by the command (not solved)"
+        if s.rounding == "fixed"
+        else f"solved by olmo_patches/shapes/search.py ({s.rounding})"
+    )
     text = f"""# Generated by scripts/search.py; do not edit by hand. Regenerate with:
 #   {command}
 # Shape {how}: K={s.K}, L={s.n_layers}, d_model={s.d_model}, d_h={s.d_h} (d_h/d_model {s.d_h_ratio:.3f},
@@ -156,22 +211,43 @@ def main() -> None:
     parser.add_argument("--K", type=at_least(1), nargs="+", help="K values (default 1..10)")
     parser.add_argument("--d-h-ratio", type=fraction, nargs="+", help="target d_h/d_model values in (0, 1] (default 0.1..0.8)")
     parser.add_argument("--layers", type=at_least(1), nargs="+", help="L values (default: every L with d_model/L in 50..300)")
-    parser.add_argument("--ratio-slack", type=at_least(0, float), default=0.2,
-                        help="allow d_h/d_model this far (relative) from --d-h-ratio (with --layers)")
+    parser.add_argument(
+        "--ratio-slack",
+        type=at_least(0, float),
+        default=0.2,
+        help="allow d_h/d_model this far (relative) from --d-h-ratio (with --layers)",
+    )
     parser.add_argument("--layer-slack", type=at_least(0), default=0, help="allow L this far from --layers when unsolvable")
     parser.add_argument("--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving")
     parser.add_argument("--d-h", type=at_least(1), help="fix d_h (with --d-model)")
-    parser.add_argument("--attn-fraction", type=fraction, nargs="+",
-                        help="attention width n_heads x --head-dim near these fractions of d_model, in (0, 1] (default: MHA at d_model)")
+    parser.add_argument(
+        "--attn-fraction",
+        type=fraction,
+        nargs="+",
+        help="attention width n_heads x --head-dim near these fractions of d_model, in (0, 1] (default: MHA at d_model)",
+    )
     parser.add_argument("--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)")
     parser.add_argument("--kv-group", type=at_least(1), default=1, help="query heads per key/value head (GQA; 1: MHA)")
     parser.add_argument("--aligned", action="store_true", help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3")
-    parser.add_argument("--attention", type=parse_count,
-                        help="solve for this many attention parameters (45M: the paper's split) instead of --d-h-ratio")
-    parser.add_argument("--heads8", action="store_true", help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4")
-    parser.add_argument("--tolerance", type=at_least(0, float, most=1), help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 with --attention, --heads8)")
-    parser.add_argument("--sort", choices=("rank", "flops", "attention"), default="rank",
-                        help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention share")
+    parser.add_argument(
+        "--attention",
+        type=parse_count,
+        help="solve for this many attention parameters (45M: the paper's split) instead of --d-h-ratio",
+    )
+    parser.add_argument(
+        "--heads8", action="store_true", help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=at_least(0, float, most=1),
+        help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 with --attention, --heads8)",
+    )
+    parser.add_argument(
+        "--sort",
+        choices=("rank", "flops", "attention"),
+        default="rank",
+        help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention share",
+    )
     parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
     parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
     args = parser.parse_args()

@@ -37,10 +37,14 @@ def main() -> None:
     where.add_argument("--slurm", action="store_true", help="submit one SLURM job array, one element per run")
     commands["launch"].add_argument("--nodes", type=at_least(1), default=1, help="nodes per run (--slurm)")
     commands["launch"].add_argument("--gpus-per-node", type=at_least(1), default=8, help="GPUs per node (--slurm)")
-    commands["launch"].add_argument("--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00")
+    commands["launch"].add_argument(
+        "--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00"
+    )
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")
-    commands["report"].add_argument("--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)")
+    commands["report"].add_argument(
+        "--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)"
+    )
     args = parser.parse_args()
     if args.command == "report":
         out_arg("--out", args.out)
@@ -54,8 +58,14 @@ def main() -> None:
         raise SystemExit(1 if launch_local(members, args.overrides) else 0)
     if args.command == "launch":
         try:
-            launch_slurm(members, args.overrides, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                         log_dir=args.slurm_logs, sbatch_args=args.sbatch_arg)
+            launch_slurm(
+                members,
+                args.overrides,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                log_dir=args.slurm_logs,
+                sbatch_args=args.sbatch_arg,
+            )
         except RuntimeError as e:
             print(f"sweep: {e}", file=sys.stderr)
             raise SystemExit(1) from None

@@ -32,7 +32,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-3")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameters, then exit")
     parser.add_argument("--resume-from", metavar="PATH", help="checkpoint (or folder of checkpoints) to resume from")
-    parser.add_argument("--nproc-per-node", type=at_least(1), metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)")
+    parser.add_argument(
+        "--nproc-per-node", type=at_least(1), metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)"
+    )
     parser.add_argument("--nodes", type=at_least(1), metavar="M", help="--dry-run: plan for M nodes (default 1)")
     args = parser.parse_intermixed_args()  # overrides before or after the flags
     planned = args.nproc_per_node is not None or args.nodes is not None
@@ -78,6 +80,7 @@ def main() -> None:
         if code == 1 and announce(line, code)[:2] == (line, code):
             raise  # this rank's own error, not the consequence of another's: its traceback
         refuse(line, code)
+
 
 if __name__ == "__main__":
     main()

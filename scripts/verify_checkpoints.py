@@ -19,6 +19,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from olmo_patches.train.safety import checkpoints_at, verify
+
     folder = Path(args.run_folder)
     if not folder.is_dir():
         refuse(f"verify_checkpoints: RUN_FOLDER {folder}: {'not a folder' if folder.exists() else 'no such folder'}")

@@ -60,8 +60,18 @@ class FakeSlurm:
         """How many processes of srun's steps were alive at each ``scontrol requeue``."""
         return [int(n) for n in self._lines("requeue.steps_alive")]
 
-    def start(self, *args: str, nodes: int = 1, gpus: str = "8", run: bool = False, stand_in: bool = False,
-              python_exit: int = 0, save_s: float = 0.0, kill_wait: float = 30.0, **env: str):
+    def start(
+        self,
+        *args: str,
+        nodes: int = 1,
+        gpus: str = "8",
+        run: bool = False,
+        stand_in: bool = False,
+        python_exit: int = 0,
+        save_s: float = 0.0,
+        kill_wait: float = 30.0,
+        **env: str,
+    ):
         """``sbatch --nodes NODES scripts/launch_slurm.sbatch ARGS`` as SLURM runs the batch step. srun
         runs its command (``run``; ``stand_in``: a stand-in rank that takes ``save_s`` to save) or
         only records it; a job's end kills what is left ``kill_wait`` s after its SIGTERM."""
@@ -96,8 +106,13 @@ class FakeSlurm:
         return finish(self.start(*args, **kwargs), timeout=60)
 
     def _env(self) -> dict:
-        return dict(os.environ, FAKE_SLURM_LOG=str(self.log), FAKE_SLURM_JOB=self.job, SLURM_JOB_ID="4242",
-                    FAKE_KILL_WAIT=str(self.kill_wait))
+        return dict(
+            os.environ,
+            FAKE_SLURM_LOG=str(self.log),
+            FAKE_SLURM_JOB=self.job,
+            SLURM_JOB_ID="4242",
+            FAKE_KILL_WAIT=str(self.kill_wait),
+        )
 
     def scancel(self, *args: str) -> None:
         """``scancel ARGS 4242``, run by the user (outside the job)."""

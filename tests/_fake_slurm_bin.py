@@ -74,10 +74,10 @@ def processes(job: str, steps=None) -> list:
             continue
         if state == "Z":  # a zombie: ended, not yet reaped
             continue
-        mark = next((e[len(MARK) + 1:].decode() for e in env if e.startswith(MARK.encode() + b"=")), None)
+        mark = next((e[len(MARK) + 1 :].decode() for e in env if e.startswith(MARK.encode() + b"=")), None)
         if mark is None or not mark.startswith(job + "/"):
             continue
-        if steps is None or mark[len(job) + 1:] in steps:
+        if steps is None or mark[len(job) + 1 :] in steps:
             out.append(int(entry.name))
     return out
 
@@ -100,8 +100,14 @@ def end_job(job: str, kill_wait: float) -> None:
     """End a running job as slurmd does: SIGCONT, SIGTERM to every process, SIGKILL after KillWait
     (from a process outside the job)."""
     env = {k: v for k, v in os.environ.items() if k != MARK}
-    subprocess.Popen([sys.executable, __file__, "_end", job, str(kill_wait)], env=env, start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.Popen(
+        [sys.executable, __file__, "_end", job, str(kill_wait)],
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _end(job: str, kill_wait: str) -> None:
@@ -153,8 +159,15 @@ def srun(argv: list) -> int:
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     tasks = []
     for i in range(nodes):
-        env = dict(os.environ, SLURM_PROCID=str(i), SLURM_NODEID=str(i), SLURM_LOCALID="0", SLURM_STEP_ID=step_id,
-                   SLURMD_NODENAME=f"node{i + 1:03d}", **{MARK: f"{job}/{step_id}"})
+        env = dict(
+            os.environ,
+            SLURM_PROCID=str(i),
+            SLURM_NODEID=str(i),
+            SLURM_LOCALID="0",
+            SLURM_STEP_ID=step_id,
+            SLURMD_NODENAME=f"node{i + 1:03d}",
+            **{MARK: f"{job}/{step_id}"},
+        )
         tasks.append(subprocess.Popen(cmd, env=env, start_new_session=True))
     codes = [None] * len(tasks)
     while any(c is None for c in codes):
@@ -246,5 +259,12 @@ if __name__ == "__main__":
     if tool == "_end":
         _end(*args)
         sys.exit(0)
-    sys.exit({"srun": srun, "scancel": scancel, "scontrol": scontrol, "python": python,
-              "squeue": lambda a: print(f"{os.environ['SLURM_JOB_ID']} RUNNING") or 0}[tool](args))
+    sys.exit(
+        {
+            "srun": srun,
+            "scancel": scancel,
+            "scontrol": scontrol,
+            "python": python,
+            "squeue": lambda a: print(f"{os.environ['SLURM_JOB_ID']} RUNNING") or 0,
+        }[tool](args)
+    )

@@ -25,9 +25,7 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d+)")
 
 
 class FileServer:
-    def __init__(
-        self, files: Optional[dict[str, bytes]] = None, latency_s: float = 0.0
-    ):
+    def __init__(self, files: Optional[dict[str, bytes]] = None, latency_s: float = 0.0):
         self.files: dict[str, bytes] = dict(files or {})
         self.latency_s = latency_s
         self.missing: set[str] = set()
@@ -39,9 +37,7 @@ class FileServer:
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.05,), daemon=True
-        )
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def base_url(self) -> str:

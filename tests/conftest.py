@@ -56,9 +56,26 @@ TINY = [
 # file totals of --durations, docs/performance.md), so that no worker is left alone with a long file at
 # the end; the rest follow in collection order.
 SLOW_FIRST = (
-    "test_gpu_install.py", "test_multinode.py", "test_precision.py", "test_logging.py", "test_resume.py", "test_scripts.py", "test_sweep.py", "test_world_size.py", "test_export_hf.py",
-    "test_doc_commands.py", "test_gpu_ready.py", "test_training.py", "test_performance.py", "test_variable_width.py",
-    "test_bad_configs.py", "test_fuzz_inputs.py", "test_evaluate.py", "test_hardware.py", "test_rerun.py", "test_tables.py",
+    "test_gpu_install.py",
+    "test_multinode.py",
+    "test_precision.py",
+    "test_logging.py",
+    "test_resume.py",
+    "test_scripts.py",
+    "test_sweep.py",
+    "test_world_size.py",
+    "test_export_hf.py",
+    "test_doc_commands.py",
+    "test_gpu_ready.py",
+    "test_training.py",
+    "test_performance.py",
+    "test_variable_width.py",
+    "test_bad_configs.py",
+    "test_fuzz_inputs.py",
+    "test_evaluate.py",
+    "test_hardware.py",
+    "test_rerun.py",
+    "test_tables.py",
 )
 
 
@@ -105,15 +122,17 @@ def child_env(**extra: str) -> dict:
 def start(cmd: list, capture: bool = True, **extra_env: str) -> subprocess.Popen:
     """Start a command from the repo root with child_env(), in its own process group."""
     pipe = subprocess.PIPE if capture else None
-    return subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=child_env(**extra_env), stdout=pipe, stderr=pipe, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [str(c) for c in cmd], cwd=REPO, env=child_env(**extra_env), stdout=pipe, stderr=pipe, text=True, start_new_session=True
+    )
 
 
 def run_elsewhere(cmd: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
     """A process that must not run this checkout (pip building the wheel, an unpacked or installed copy):
     its working folder and whole environment are the caller's; its process group killed on a timeout."""
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     return finish(proc, timeout)
 
 

@@ -72,8 +72,9 @@ def test_target_probability_is_softmax_at_the_target():
     assert target_probability(torch.from_numpy(logits), torch.from_numpy(targets)) == pytest.approx(ref, rel=1e-12)
 
 
-@pytest.mark.parametrize("variant,units", [("baseline", lambda m: 4 * m.d_model), ("hourglass", lambda m: m.K * m.d_h),
-                                           ("variable-width", None)])
+@pytest.mark.parametrize(
+    "variant,units", [("baseline", lambda m: 4 * m.d_model), ("hourglass", lambda m: m.K * m.d_h), ("variable-width", None)]
+)
 def test_hooks_on_each_variant(tmp_path, variant, units):
     """On a built (untrained) tiny model: one row per block, the FFN's hidden units (SwiGLU 4 d_model;
     the hourglass's K sub-MLPs of d_h; variable width: 4 w_l at each layer's width), the last block's logit
@@ -106,8 +107,17 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
     runs = []
     for variant, L in (("baseline", 2), ("variable-width", 4)):  # x needs its narrowest layer inside 1 < k < L
         folder = tmp_path / variant
-        spec = load_spec(DEMO / f"{variant}.yaml", tiny_overrides(folder, "train.max_steps=2", "run.save_interval=2", f"model.n_layers={L}",
-                                                                  "run.ephemeral_save_interval=null", f"run.name=tiny-{variant}"))
+        spec = load_spec(
+            DEMO / f"{variant}.yaml",
+            tiny_overrides(
+                folder,
+                "train.max_steps=2",
+                "run.save_interval=2",
+                f"model.n_layers={L}",
+                "run.ephemeral_save_interval=null",
+                f"run.name=tiny-{variant}",
+            ),
+        )
         train(spec)
         runs.append(str(folder))
     r = run_in_process("analyze.py", *runs, "--out", str(tmp_path / "out"), "--batch", "2", "--seq", "16")
@@ -129,9 +139,19 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
 def test_moe_layers_have_stream_metrics_and_no_unit_hook():
     """Paper 2's variable-width MoE (shrunk): the residual stream and logit lens per layer at each layer's
     width; its experts' hidden units are not hooked (None), not counted as dead."""
-    spec = load_spec(REPO / "configs/paper2/3B-MoE/x.yaml", ["model.d_model=128", "model.n_layers=4", "model.n_heads=4",
-                                                             "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=64",
-                                                             "train.device=cpu", "train.hardware=none"])
+    spec = load_spec(
+        REPO / "configs/paper2/3B-MoE/x.yaml",
+        [
+            "model.d_model=128",
+            "model.n_layers=4",
+            "model.n_heads=4",
+            "model.moe.num_experts=4",
+            "model.moe.top_k=2",
+            "model.moe.expert_hidden=64",
+            "train.device=cpu",
+            "train.hardware=none",
+        ],
+    )
     torch.manual_seed(0)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))

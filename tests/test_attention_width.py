@@ -29,7 +29,12 @@ def llama31_inv_freq(theta: float, head_dim: int, scaling) -> list:
     freqs = [1.0 / theta ** (i / head_dim) for i in range(0, head_dim, 2)]
     if scaling is None:
         return freqs
-    factor, low, high, old = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_position_embeddings
+    factor, low, high, old = (
+        scaling.factor,
+        scaling.low_freq_factor,
+        scaling.high_freq_factor,
+        scaling.original_max_position_embeddings,
+    )
     out = []
     for f in freqs:
         wavelen = 2 * math.pi / f
@@ -54,7 +59,7 @@ def reference_attention(x, Wq, Wk, Wv, Wo, gq, gk, *, H, G, hd, theta, scaling, 
     q, k, v = q.view(B, T, H, hd), k.view(B, T, G, hd), v.view(B, T, G, hd)
     angles = torch.arange(T, dtype=x.dtype)[:, None] * torch.tensor(llama31_inv_freq(theta, hd, scaling), dtype=x.dtype)
     cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
-    rotate = lambda y: torch.cat([-y[..., hd // 2:], y[..., : hd // 2]], -1)  # noqa: E731
+    rotate = lambda y: torch.cat([-y[..., hd // 2 :], y[..., : hd // 2]], -1)  # noqa: E731
     q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
     group = [h // (H // G) for h in range(H)]
     k, v = k[:, :, group], v[:, :, group]
@@ -114,8 +119,9 @@ def test_attention_matches_the_equations(block, attention):
     ref_params = [p.detach().clone().requires_grad_() for p in weights + [n for n in norms if n is not None]]
     ref_x = x.detach().clone().requires_grad_()
     gq, gk = ref_params[4:] if spec.qk_norm else (None, None)
-    ref = reference_attention(ref_x, *ref_params[:4], gq, gk, H=H, G=G, hd=hd, theta=spec.rope_theta,
-                              scaling=spec.rope_scaling, eps=spec.norm_eps)
+    ref = reference_attention(
+        ref_x, *ref_params[:4], gq, gk, H=H, G=G, hd=hd, theta=spec.rope_theta, scaling=spec.rope_scaling, eps=spec.norm_eps
+    )
     ref.square().sum().backward()
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-4, atol=1e-4)
@@ -129,14 +135,22 @@ def test_default_head_dim_and_kv_heads_give_olmo_cores_own_block_bit_for_bit():
     x = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(0))
     ours = ModelSpec(d_model=32, n_layers=2, n_heads=4, head_dim=8, n_kv_heads=4, qk_norm=True).build(V).build()
     olmo = TransformerConfig.llama_like(
-        d_model=32, vocab_size=V, n_layers=2, n_heads=4, qk_norm=True, layer_norm_eps=1e-6,
-        feed_forward=FeedForwardConfig(hidden_size=128, bias=False), tie_word_embeddings=False,
+        d_model=32,
+        vocab_size=V,
+        n_layers=2,
+        n_heads=4,
+        qk_norm=True,
+        layer_norm_eps=1e-6,
+        feed_forward=FeedForwardConfig(hidden_size=128, bias=False),
+        tie_word_embeddings=False,
     ).build()
     olmo.init_weights(device=torch.device("cpu"))
     ours.load_state_dict(olmo.state_dict())
     assert torch.equal(ours(x), olmo(x))
-    explicit, null = (ModelSpec(block="hourglass", d_model=32, n_layers=2, n_heads=4, K=2, d_h=16, **kw).build(V).build()
-                      for kw in (dict(head_dim=8, n_kv_heads=4), {}))
+    explicit, null = (
+        ModelSpec(block="hourglass", d_model=32, n_layers=2, n_heads=4, K=2, d_h=16, **kw).build(V).build()
+        for kw in (dict(head_dim=8, n_kv_heads=4), {})
+    )
     null.init_weights(device=torch.device("cpu"))
     explicit.load_state_dict(null.state_dict())
     assert torch.equal(explicit(x), null(x))
@@ -161,14 +175,17 @@ def test_flops_match_flop_counter(block, attention):
     assert abs(measured - predicted) / predicted < 0.01
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.n_kv_heads=3", "model.n_kv_heads=3: must divide model.n_heads=2"),
-    ("model.n_kv_heads=0", "model.n_kv_heads=0: must divide"),
-    ("model.head_dim=7", "model.head_dim=7: must be even"),
-    ("model.d_ff=0", "model.d_ff=0: must be >= 1"),
-    ("model.rope_scaling.low_freq_factor=4", "model.rope_scaling.low_freq_factor=4.0: must be >= 1 and <"),
-    ("train.schedule_lag=-1", "train.schedule_lag=-1: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.n_kv_heads=3", "model.n_kv_heads=3: must divide model.n_heads=2"),
+        ("model.n_kv_heads=0", "model.n_kv_heads=0: must divide"),
+        ("model.head_dim=7", "model.head_dim=7: must be even"),
+        ("model.d_ff=0", "model.d_ff=0: must be >= 1"),
+        ("model.rope_scaling.low_freq_factor=4", "model.rope_scaling.low_freq_factor=4.0: must be >= 1 and <"),
+        ("train.schedule_lag=-1", "train.schedule_lag=-1: must be >= 0"),
+    ],
+)
 def test_bad_attention_shapes_fail_at_load_with_one_line(override, message):
     with pytest.raises(ConfigError) as e:
         load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=2", override])
@@ -179,7 +196,10 @@ def test_bad_attention_shapes_fail_at_load_with_one_line(override, message):
 def test_head_dim_frees_the_head_count_from_d_model():
     """With head_dim set, n_heads need not divide d_model (the authors' 3B hourglass: 24 heads on 3696)."""
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=3", "model.head_dim=8"])
-    assert spec.model.d_model % 3 and spec.model.build(vocab_size(spec)).build(init_device="meta").blocks["0"].attention.w_q.out_features == 24
+    assert (
+        spec.model.d_model % 3
+        and spec.model.build(vocab_size(spec)).build(init_device="meta").blocks["0"].attention.w_q.out_features == 24
+    )
 
 
 # --- the authors' revised configs ------------------------------------------------------------------
@@ -196,8 +216,12 @@ THEIRS = {
 }
 # Megatron's totals (tied embedding padded to 100352 rows), as computed from their configs.
 MEGATRON_TOTAL = {
-    "906M/baseline": 1_060_259_328, "906M/hourglass": 1_159_291_584, "3B/baseline": 3_479_522_304,
-    "3B/hourglass": 3_539_145_168, "8B/baseline": 8_196_198_400, "8B/hourglass": 8_289_531_008,
+    "906M/baseline": 1_060_259_328,
+    "906M/hourglass": 1_159_291_584,
+    "3B/baseline": 3_479_522_304,
+    "3B/hourglass": 3_539_145_168,
+    "8B/baseline": 8_196_198_400,
+    "8B/hourglass": 8_289_531_008,
 }
 
 
@@ -221,7 +245,12 @@ def test_revised_config_is_their_run_with_their_parameter_count(name):
     assert m.tie_embeddings and m.qk_norm and m.norm_eps == 1e-5 and m.norm_placement == "pre"
     assert m.rope_scaling == RoPEScalingSpec(32.0, 1.0, 4.0, 8192) and m.rope_theta == 500_000
     assert (t.global_batch_size, spec.data.sequence_length, t.max_steps, t.lr, t.warmup_steps) == (
-        1024, 4096, c["iters"], c["lr"], c["warmup"])
+        1024,
+        4096,
+        c["iters"],
+        c["lr"],
+        c["warmup"],
+    )
     assert t.lr * t.final_lr_ratio == pytest.approx(6e-5)  # their absolute min_lr
     assert (t.weight_decay, t.decay_embeddings, t.decay_norms, t.z_loss, t.seed) == (0.033, True, False, None, 6198)
     assert not spec.data.instance_filter and t.betas == [0.9, 0.95] and t.max_grad_norm == 1.0 and t.schedule_lag == 1
@@ -237,7 +266,9 @@ def test_revised_schedule_is_megatrons(units):
     from olmo_patches.train.experiment import _lagged
 
     W, N = 3, 10
-    spec = load_and_resolve(REPO / "configs" / "906M" / "hourglass-revised.yaml", [f"train.max_steps={N}", f"train.warmup_steps={W}"])
+    spec = load_and_resolve(
+        REPO / "configs" / "906M" / "hourglass-revised.yaml", [f"train.max_steps={N}", f"train.warmup_steps={W}"]
+    )
     lr, step_tokens = spec.train.lr, 1024 * 4096
     scale = step_tokens if units == "tokens" else 1
     inner = CosWithWarmup(units=SchedulerUnits(units), warmup=W * scale, alpha_f=spec.train.final_lr_ratio)
@@ -258,7 +289,9 @@ def test_revised_weight_decay_groups():
     spec = load_and_resolve(REPO / "configs" / "906M" / "hourglass-revised.yaml", ["model.n_layers=2"])
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
-    optim = AdamWConfig(lr=spec.train.lr, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)).build(model)
+    optim = AdamWConfig(
+        lr=spec.train.lr, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)
+    ).build(model)
     wd = {id(p): g["weight_decay"] for g in optim.param_groups for p in g["params"]}
     names = [n for n, _ in model.named_parameters()]
     assert "embeddings.weight" in names and "lm_head.w_out.weight" not in names  # tied
@@ -279,5 +312,11 @@ def test_count_params_json_reports_attention_width_and_kv_heads():
     r = run_in_process("count_params.py", str(REPO / "configs" / "3B" / "hourglass-revised.yaml"), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
-    assert (out["n_heads"], out["head_dim"], out["n_kv_heads"], out["attention_width"], out["kv_width"]) == (24, 128, 24, 3072, 3072)
+    assert (out["n_heads"], out["head_dim"], out["n_kv_heads"], out["attention_width"], out["kv_width"]) == (
+        24,
+        128,
+        24,
+        3072,
+        3072,
+    )
     assert out["total"] == MEGATRON_TOTAL["3B/hourglass"]

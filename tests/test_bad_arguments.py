@@ -86,7 +86,12 @@ def places(tmp_path):
     (tmp_path / "plain.txt").write_text("x\n")
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "folder").mkdir()
-    return {"work": str(work), "file": str(tmp_path / "plain.txt"), "empty": str(tmp_path / "empty.yaml"), "folder": str(tmp_path / "folder")}
+    return {
+        "work": str(work),
+        "file": str(tmp_path / "plain.txt"),
+        "empty": str(tmp_path / "empty.yaml"),
+        "folder": str(tmp_path / "folder"),
+    }
 
 
 def test_every_script_is_covered():
@@ -94,7 +99,9 @@ def test_every_script_is_covered():
     assert scripts <= {script for script, _, _ in CASES}
 
 
-@pytest.mark.parametrize("script,args,named", CASES, ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a, _ in CASES])
+@pytest.mark.parametrize(
+    "script,args,named", CASES, ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a, _ in CASES]
+)
 def test_bad_argument_exits_2_with_one_line_and_writes_nothing(places, script, args, named):
     argv = [a.format(**places) for a in args]
     r = run_in_process(script, *argv, cwd=places["work"])

@@ -93,8 +93,14 @@ CASES = [
     (["data.source=prefix", *DOLMA2, "data.prefix_dir=/nonexistent/prefix"], "data.prefix_dir"),
     (["data.source=prefix", *DOLMA2, "data.prefix_dir={empty}"], "data.prefix_dir"),
     (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=7"], "data.order_seed"),
-    (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "data.sequence_length=64"], "data.sequence_length"),
-    (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "train.max_steps=1000"], "train.max_steps"),
+    (
+        ["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "data.sequence_length=64"],
+        "data.sequence_length",
+    ),
+    (
+        ["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "train.max_steps=1000"],
+        "train.max_steps",
+    ),
     (["data.tokenizer=gpt2"], "data.tokenizer"),
     # hardware
     (["train.precision=fp16"], "train.precision"),
@@ -128,7 +134,9 @@ def test_the_table_covers_every_key_family():
     assert families == {"train", "eval", "run", "model", "data"}
 
 
-@pytest.mark.parametrize("bad,key", CASES, ids=[" ".join(b) if isinstance(b, list) else b[5:].replace("\n", " ") for b, _ in CASES])
+@pytest.mark.parametrize(
+    "bad,key", CASES, ids=[" ".join(b) if isinstance(b, list) else b[5:].replace("\n", " ") for b, _ in CASES]
+)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, folders, bad, key):
     work = tmp_path / "work"
     work.mkdir()
@@ -139,7 +147,10 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
         config.write_text(f"extends: {BASELINE}\n{bad[5:]}")
         argv, source = [str(config), *base], str(config)
     else:
-        argv, source = [str(BASELINE), *base, *(b.replace("{prefix}", folders["prefix"]).replace("{empty}", folders["empty"]) for b in bad)], "command line"
+        argv, source = (
+            [str(BASELINE), *base, *(b.replace("{prefix}", folders["prefix"]).replace("{empty}", folders["empty"]) for b in bad)],
+            "command line",
+        )
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])
     with pytest.raises(SystemExit) as e:  # anything else escaping would be a traceback
         runpy.run_path(str(REPO / "scripts" / "train.py"), run_name="__main__")

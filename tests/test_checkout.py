@@ -26,7 +26,10 @@ def test_no_test_starts_a_process_but_through_conftest():
     """subprocess and os.exec*/spawn* appear only in conftest.py (child_env, run, run_script);
     torch.multiprocessing.spawn children inherit the parent's sys.path."""
     for path in sorted((REPO / "tests").glob("*.py")):
-        if path.name in ("conftest.py", "_fake_slurm_bin.py"):  # the fake srun and sbatch are programs that start their tasks, as Slurm's do
+        if path.name in (
+            "conftest.py",
+            "_fake_slurm_bin.py",
+        ):  # the fake srun and sbatch are programs that start their tasks, as Slurm's do
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -88,10 +88,7 @@ def ref_instance(token_files: list[np.ndarray], seq: int, g: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def files() -> dict[str, bytes]:
     rng = np.random.default_rng(1234)
-    return {
-        name: rng.integers(0, 100278, size=n, dtype=np.uint32).tobytes()
-        for name, n in FILE_TOKENS.items()
-    }
+    return {name: rng.integers(0, 100278, size=n, dtype=np.uint32).tobytes() for name, n in FILE_TOKENS.items()}
 
 
 @pytest.fixture
@@ -119,9 +116,7 @@ def make_spec(server: FileServer, files, n: int, chunk: int = 5) -> PrefixSpec:
 
 
 def read_prefix(out: Path, spec: PrefixSpec) -> np.ndarray:
-    parts = [
-        np.fromfile(out / part_name(k), dtype=np.uint32) for k in range(spec.num_chunks)
-    ]
+    parts = [np.fromfile(out / part_name(k), dtype=np.uint32) for k in range(spec.num_chunks)]
     return np.concatenate(parts).reshape(-1, SEQ)
 
 
@@ -129,9 +124,7 @@ def assert_no_corrupt_output(out: Path) -> None:
     """Every part file on disk is whole and recorded; no temporary file is left."""
     assert not list(out.glob(".*tmp*"))
     problems = verify_prefix(out)
-    recorded_bad = [
-        p for p in problems if "missing" not in p and "did not finish" not in p
-    ]
+    recorded_bad = [p for p in problems if "missing" not in p and "did not finish" not in p]
     assert recorded_bad == []
     chunks = json.loads((out / "index.json").read_text())["chunks"]
     assert sorted(p.name for p in out.glob("part-*.npy")) == sorted(chunks)
@@ -144,20 +137,14 @@ def test_pinned_list_is_olmo_core_mix_and_checksummed(tmp_path):
     from olmo_core.data import DataMix, TokenizerName
 
     pinned = load_pinned_list()
-    shipped, _ = DataMix.OLMoE_mix_0824.build(
-        "http://olmo-data.org", TokenizerName.dolma2
-    )
+    shipped, _ = DataMix.OLMoE_mix_0824.build("http://olmo-data.org", TokenizerName.dolma2)
     assert len(pinned) == 1122 and pinned == shipped
     assert len(set(pinned)) == 1117  # five dclm files are listed twice, back to back
 
     # A changed list is caught, with a one-line error naming the file.
     copy = tmp_path / PINNED_LIST.name
-    copy.write_text(
-        PINNED_LIST.read_text().replace("part-00-00000", "part-99-00000", 1)
-    )
-    (tmp_path / (PINNED_LIST.name + ".sha256")).write_text(
-        (REPO / "data_order" / (PINNED_LIST.name + ".sha256")).read_text()
-    )
+    copy.write_text(PINNED_LIST.read_text().replace("part-00-00000", "part-99-00000", 1))
+    (tmp_path / (PINNED_LIST.name + ".sha256")).write_text((REPO / "data_order" / (PINNED_LIST.name + ".sha256")).read_text())
     with pytest.raises(DataOrderError, match="file list changed") as err:
         read_paths_file(copy)
     assert "\n" not in str(err.value) and copy.name in str(err.value)
@@ -171,9 +158,7 @@ def test_layout_locates_every_instance(files, tokens):
     assert layout.num_instances == 9 + 4 + 0 + 11 + 4 + 6
     file_idx, offset = layout.locate(np.arange(layout.num_instances))
     for g, (fi, off) in enumerate(zip(file_idx, offset)):
-        np.testing.assert_array_equal(
-            tokens[fi][off : off + SEQ], ref_instance(tokens, SEQ, g)
-        )
+        np.testing.assert_array_equal(tokens[fi][off : off + SEQ], ref_instance(tokens, SEQ, g))
     assert not np.any(file_idx == LISTED.index("b/tiny.npy"))
     with pytest.raises(DataOrderError):
         layout.locate(np.array([layout.num_instances]))
@@ -191,9 +176,7 @@ def run_cli(*args: str):
     return run_script("data_order.py", *args, "--quiet", timeout=120)
 
 
-def test_indices_cli_writes_the_old_trainers_global_indices(
-    tmp_path, server, files, tokens
-):
+def test_indices_cli_writes_the_old_trainers_global_indices(tmp_path, server, files, tokens):
     # The same list as local paths and as URLs.
     local = tmp_path / "local.txt"
     for name, data in files.items():
@@ -224,21 +207,13 @@ def test_indices_cli_writes_the_old_trainers_global_indices(
 
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, server):
     out = tmp_path / "o.npy"
-    proc = run_cli(
-        "indices", "--paths-file", str(tmp_path / "nope.txt"), "--out", str(out)
-    )
-    assert (
-        proc.returncode != 0
-        and proc.stderr.strip().count("\n") == 0
-        and "nope.txt" in proc.stderr
-    )
+    proc = run_cli("indices", "--paths-file", str(tmp_path / "nope.txt"), "--out", str(out))
+    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and "nope.txt" in proc.stderr
 
     server.missing.add("a/p1.npy")
     bad = tmp_path / "bad.txt"
     bad.write_text(f"{server.url('a/p0.npy')}\n{server.url('a/p1.npy')}\n")
-    proc = run_cli(
-        "indices", "--paths-file", str(bad), "--out", str(out), "--retries", "1"
-    )
+    proc = run_cli("indices", "--paths-file", str(bad), "--out", str(out), "--retries", "1")
     assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0
     assert "404" in proc.stderr and "a/p1.npy" in proc.stderr
     assert list(tmp_path.iterdir()) == [bad]  # nothing half-written
@@ -270,9 +245,7 @@ def test_redirect_is_an_error_not_a_wrong_size(server):
 def test_materialize_equals_direct_reads(tmp_path, server, files, expected):
     order, instances = expected
     spec = make_spec(server, files, n=len(order), chunk=5)  # last part is partial
-    index = materialize(
-        tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=3, progress=False
-    )
+    index = materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=3, progress=False)
     assert index["complete"] and len(index["chunks"]) == 7
     np.testing.assert_array_equal(np.load(tmp_path / "order.npy"), order)
     np.testing.assert_array_equal(read_prefix(tmp_path, spec), instances)
@@ -280,9 +253,7 @@ def test_materialize_equals_direct_reads(tmp_path, server, files, expected):
     assert server.count("GET") == len(order) + 6
 
 
-def olmo_core_batches(
-    dataset, work_dir: Path, seed: int, shuffle: bool
-) -> list[np.ndarray]:
+def olmo_core_batches(dataset, work_dir: Path, seed: int, shuffle: bool) -> list[np.ndarray]:
     from olmo_core.data import DataCollator, NumpyDataLoaderBase
 
     loader = NumpyDataLoaderBase.wrap_numpy_dataset(
@@ -301,9 +272,7 @@ def olmo_core_batches(
     return [batch["input_ids"].numpy() for batch in loader]
 
 
-def test_olmo_core_loader_matches_order_and_local_prefix(
-    tmp_path, server, files, expected
-):
+def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files, expected):
     from olmo_core.data import NumpyFSLDataset
 
     order, instances = expected
@@ -314,9 +283,7 @@ def test_olmo_core_loader_matches_order_and_local_prefix(
         dtype=np.uint32,
         **token_ids,
     )
-    remote_batches = olmo_core_batches(
-        remote, tmp_path / "w1", OLMO_CORE_SEED, shuffle=True
-    )
+    remote_batches = olmo_core_batches(remote, tmp_path / "w1", OLMO_CORE_SEED, shuffle=True)
 
     n_batches = len(order) // BATCH  # OLMo-core drops the last partial batch
     assert len(remote_batches) == n_batches
@@ -338,9 +305,7 @@ def test_olmo_core_loader_matches_order_and_local_prefix(
         progress=False,
     )
     local = prefix_dataset(tmp_path / "prefix", **token_ids)
-    local_batches = olmo_core_batches(
-        local, tmp_path / "w2", OLMO_CORE_SEED, shuffle=False
-    )
+    local_batches = olmo_core_batches(local, tmp_path / "w2", OLMO_CORE_SEED, shuffle=False)
     assert len(local_batches) == n_batches
     for a, b in zip(local_batches, remote_batches):
         np.testing.assert_array_equal(a, b)
@@ -349,28 +314,20 @@ def test_olmo_core_loader_matches_order_and_local_prefix(
 # -- faults ------------------------------------------------------------------------------
 
 
-def test_404_is_a_clear_error_and_leaves_no_corrupt_part(
-    tmp_path, server, files, expected
-):
+def test_404_is_a_clear_error_and_leaves_no_corrupt_part(tmp_path, server, files, expected):
     server.missing.add("b/p2.npy")
     spec = make_spec(server, files, n=len(expected[0]))
     with pytest.raises(DataOrderError, match="404") as err:
-        materialize(
-            tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
-        )
+        materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     assert "b/p2.npy" in str(err.value) and "\n" not in str(err.value)
     assert_no_corrupt_output(tmp_path)
 
 
 @pytest.mark.parametrize("fault", ["fail", "drop", "short"])
 def test_transient_faults_are_retried(tmp_path, server, files, expected, fault):
-    getattr(server, fault)["b/p2.npy"] = (
-        2  # two bad replies, then good ones (3 attempts)
-    )
+    getattr(server, fault)["b/p2.npy"] = 2  # two bad replies, then good ones (3 attempts)
     spec = make_spec(server, files, n=len(expected[0]))
-    materialize(
-        tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
-    )
+    materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     np.testing.assert_array_equal(read_prefix(tmp_path, spec), expected[1])
     assert server.count("GET") == len(expected[0]) + 2
     assert verify_prefix(tmp_path) == []
@@ -379,25 +336,17 @@ def test_transient_faults_are_retried(tmp_path, server, files, expected, fault):
 def test_persistently_truncated_replies_fail_cleanly(tmp_path, server, files, expected):
     server.short["a/p0.npy"] = 10**6  # the server always returns fewer bytes than asked
     spec = make_spec(server, files, n=len(expected[0]))
-    with pytest.raises(
-        DataOrderError, match=r"failed after 3 attempts.*got 128 of 256 bytes"
-    ) as err:
-        materialize(
-            tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
-        )
+    with pytest.raises(DataOrderError, match=r"failed after 3 attempts.*got 128 of 256 bytes") as err:
+        materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     assert "a/p0.npy" in str(err.value)
     assert_no_corrupt_output(tmp_path)
 
 
 def test_size_differing_from_manifest_is_an_error(tmp_path, server, files, expected):
     spec = make_spec(server, files, n=len(expected[0]))
-    server.files["c/p3.npy"] = files["c/p3.npy"] + bytes(
-        4 * SEQ
-    )  # the file grew since the manifest
+    server.files["c/p3.npy"] = files["c/p3.npy"] + bytes(4 * SEQ)  # the file grew since the manifest
     with pytest.raises(DataOrderError, match="manifest says") as err:
-        materialize(
-            tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
-        )
+        materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     assert "c/p3.npy" in str(err.value)
     assert_no_corrupt_output(tmp_path)
 
@@ -416,9 +365,7 @@ class _Interrupting(RangeReader):
         return super().read(*args, **kwargs)
 
 
-def test_interrupted_materialize_resumes_without_refetching(
-    tmp_path, server, files, expected
-):
+def test_interrupted_materialize_resumes_without_refetching(tmp_path, server, files, expected):
     spec = make_spec(server, files, n=len(expected[0]), chunk=5)
     with pytest.raises(KeyboardInterrupt):
         materialize(tmp_path, spec, reader=_Interrupting(12), workers=1, progress=False)
@@ -434,9 +381,7 @@ def test_interrupted_materialize_resumes_without_refetching(
     assert any("part-00001" in p for p in verify_prefix(tmp_path))
 
     before = server.count("GET")
-    materialize(
-        tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
-    )
+    materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     assert server.count("GET") - before == len(expected[0]) - 5  # all but part 0
     np.testing.assert_array_equal(read_prefix(tmp_path, spec), expected[1])
     assert verify_prefix(tmp_path) == []
@@ -456,9 +401,7 @@ def test_interrupted_materialize_resumes_without_refetching(
 
 def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
     # Loaded by path: the name 'data_order' is also the repo's data directory.
-    module_spec = importlib.util.spec_from_file_location(
-        "data_order_cli", REPO / "scripts" / "data_order.py"
-    )
+    module_spec = importlib.util.spec_from_file_location("data_order_cli", REPO / "scripts" / "data_order.py")
     cli = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(cli)
     main = cli.main
@@ -497,12 +440,7 @@ def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
         "--batch-instances",
         str(BATCH),
     ]
-    assert (
-        main(
-            ["materialize", *common, *args, "--chunk-instances", "5", "--out", str(out)]
-        )
-        == 0
-    )
+    assert main(["materialize", *common, *args, "--chunk-instances", "5", "--out", str(out)]) == 0
     spec = PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)
     np.testing.assert_array_equal(read_prefix(out, spec), expected[1][:12])
     assert main(["verify", "--out", str(out), "--sample", "3", "--quiet"]) == 0
@@ -537,11 +475,18 @@ def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path,
     )
 
     def batches(source: str, data: str) -> list[np.ndarray]:
-        spec = load_and_resolve(REPO / "configs" / "113M" / "baseline.yaml", [
-            f"data.source={source}", data, f"data.sequence_length={SEQ}", f"data.work_dir={tmp_path / source}",
-            f"train.global_batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
-            f"train.max_tokens={n_batches * BATCH * SEQ}",  # what the prefix holds (checked at load)
-        ])
+        spec = load_and_resolve(
+            REPO / "configs" / "113M" / "baseline.yaml",
+            [
+                f"data.source={source}",
+                data,
+                f"data.sequence_length={SEQ}",
+                f"data.work_dir={tmp_path / source}",
+                f"train.global_batch_size={BATCH}",
+                f"train.micro_batch_size={BATCH}",
+                f"train.max_tokens={n_batches * BATCH * SEQ}",  # what the prefix holds (checked at load)
+            ],
+        )
         exp = build_experiment(spec, resolve_data(spec))
         loader = exp.data_loader.build(exp.dataset.build())
         loader.reshuffle(epoch=1)
@@ -584,10 +529,17 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     module_spec.loader.exec_module(cli)
 
     for k, base in enumerate((str(local), server.base_url)):
-        spec = load_and_resolve(REPO / "configs" / "113M" / "baseline.yaml", [
-            "data.source=olmo2_stage1", f"data.base={base}", f"data.sequence_length={SEQ}",
-            f"data.work_dir={tmp_path / f'cache{k}'}", f"train.global_batch_size={BATCH}", f"train.micro_batch_size={BATCH}",
-        ])
+        spec = load_and_resolve(
+            REPO / "configs" / "113M" / "baseline.yaml",
+            [
+                "data.source=olmo2_stage1",
+                f"data.base={base}",
+                f"data.sequence_length={SEQ}",
+                f"data.work_dir={tmp_path / f'cache{k}'}",
+                f"train.global_batch_size={BATCH}",
+                f"train.micro_batch_size={BATCH}",
+            ],
+        )
         data = resolve_data(spec)
         assert data.train_paths == [f"{base}/{n}" for n in LISTED]
         exp = build_experiment(spec, data)
@@ -603,7 +555,9 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
         assert cli.main(["manifest", *common, "--out", str(manifest)]) == 0
         assert [f[0] for f in json.loads(manifest.read_text())["files"]] == [f"{origin}/{n}" for n in LISTED]
         sizing = ["--seq-len", str(SEQ), "--batch-instances", str(BATCH), "--chunk-instances", "5"]
-        assert cli.main(["materialize", *common, "--manifest", str(manifest), "--instances", "12", *sizing, "--out", str(out)]) == 0
+        assert (
+            cli.main(["materialize", *common, "--manifest", str(manifest), "--instances", "12", *sizing, "--out", str(out)]) == 0
+        )
         np.testing.assert_array_equal(read_prefix(out, PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)), instances[:12])
         assert cli.main(["verify", "--base", base, "--out", str(out), "--sample", "4", "--quiet"]) == 0
     assert server.count("GET") > 0

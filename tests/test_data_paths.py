@@ -118,8 +118,10 @@ def test_olmo2_stage1_from_an_http_mirror_through_the_trainer(tmp_path, mirror):
     assert len(listed) == 1122 and len(set(listed)) == 1117
     order, instances, file_of = _ordered(files, listed)
     probe = Probe()
-    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "data.source=olmo2_stage1", f"data.base={server.base_url}/", *DOLMA2,
-                                              "train.max_steps=2"))
+    spec = load_spec(
+        BASELINE,
+        tiny_overrides(tmp_path, "data.source=olmo2_stage1", f"data.base={server.base_url}/", *DOLMA2, "train.max_steps=2"),
+    )
     train(spec, callbacks={"probe": probe})
     _check_batches(probe, order, instances, steps=2)
     read = {name for method, name, rng in server.requests if method == "GET" and rng}
@@ -135,8 +137,12 @@ def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
     order, instances, file_of = _ordered(files, listed)
     assert len(order) == 12
     probe = Probe()
-    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "data.source=numpy", f"data.mix={MIX}", f"data.mix_base_dir={server.base_url}",
-                                              *DOLMA2, "train.max_steps=3"))
+    spec = load_spec(
+        BASELINE,
+        tiny_overrides(
+            tmp_path, "data.source=numpy", f"data.mix={MIX}", f"data.mix_base_dir={server.base_url}", *DOLMA2, "train.max_steps=3"
+        ),
+    )
     train(spec, callbacks={"probe": probe})
     _check_batches(probe, order, instances, steps=3)
     seen = np.concatenate([b["index"].numpy() for b in probe.batches.values()])
@@ -166,6 +172,7 @@ def filtered(x: np.ndarray) -> bool:
 
 def _filter_corpus(rng: np.random.Generator) -> list[np.ndarray]:
     """Eight instances of FILTER_SEQ tokens: four degenerate, four clean (two of those just short)."""
+
     def pattern(gram: np.ndarray, times: int, at: int) -> np.ndarray:
         x = _tokens(rng, FILTER_SEQ)
         x[at : at + len(gram) * times] = np.tile(gram, times)
@@ -201,9 +208,20 @@ def test_repetition_filter_masks_the_loss_inside_a_training_run(tmp_path):
     path = tmp_path / "corpus.npy"
     np.concatenate(corpus).tofile(path)
     probe = Probe(reference=_ce_sum)
-    spec = load_spec(BASELINE, tiny_overrides(
-        tmp_path / "run", "data.source=numpy", f"data.paths=[{path}]", *DOLMA2, "data.instance_filter=true",
-        f"data.sequence_length={FILTER_SEQ}", "train.global_batch_size=8", "train.micro_batch_size=4", "train.max_steps=1"))
+    spec = load_spec(
+        BASELINE,
+        tiny_overrides(
+            tmp_path / "run",
+            "data.source=numpy",
+            f"data.paths=[{path}]",
+            *DOLMA2,
+            "data.instance_filter=true",
+            f"data.sequence_length={FILTER_SEQ}",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=4",
+            "train.max_steps=1",
+        ),
+    )
     train(spec, callbacks={"probe": probe})
 
     batch = probe.batches[1]

@@ -12,7 +12,9 @@ from .conftest import REPO, tiny_overrides
 
 def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
     specs = [
-        load_and_resolve(REPO / "configs" / "demo" / f"{name}.yaml", tiny_overrides(tmp_path / name, "train.max_steps=3", block=block))
+        load_and_resolve(
+            REPO / "configs" / "demo" / f"{name}.yaml", tiny_overrides(tmp_path / name, "train.max_steps=3", block=block)
+        )
         for name, block in (("baseline", "baseline"), ("hourglass", "hourglass"))
     ]
     results = run_demo(specs, tmp_path / "out")

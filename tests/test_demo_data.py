@@ -34,10 +34,7 @@ def _fake_source(i: int, rng: random.Random) -> str:
 def make_fake_stdlib(root: Path, reverse: bool = False) -> dict[str, str]:
     """A small stdlib-like folder; returns the relative paths and texts that count."""
     rng = random.Random(0)
-    texts = {
-        (f"pkg{i % 4}/sub/mod{i}.py" if i % 3 else f"mod{i}.py"): _fake_source(i, rng)
-        for i in range(60)
-    }
+    texts = {(f"pkg{i % 4}/sub/mod{i}.py" if i % 3 else f"mod{i}.py"): _fake_source(i, rng) for i in range(60)}
     texts["crlf.py"] = "x = 1\r\ny = 2\r\n"
     texts["special.py"] = 'EOS = "<|endoftext|>"  # a literal special token is text\n'
     items = sorted(texts.items(), reverse=reverse)  # creation order must not matter

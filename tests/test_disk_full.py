@@ -41,7 +41,9 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(tmp
     result = run_in_process("train.py", str(BASELINE), *tiny_overrides(run, *RUN), cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 4, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr and lines[-1].startswith(f"error: {os.strerror(code)} saving step4 to {run}: the save needs about "), lines[-1]
+    assert "Traceback" not in result.stderr and lines[-1].startswith(
+        f"error: {os.strerror(code)} saving step4 to {run}: the save needs about "
+    ), lines[-1]
     assert lines[-1].count("\n") == 0 and "4,096 bytes left" in lines[-1] and "partial save was removed" in lines[-1]
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("step")) == ["step0", "step2"]
     assert latest_complete(run).endswith("step2")

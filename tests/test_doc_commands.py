@@ -52,17 +52,41 @@ COMMANDS = [
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
     Row(r"python scripts/count_params\.py ", "run"),
     Row(r"python scripts/search\.py ", "run", TINY_SEARCH),
-    Row(r"python scripts/analyze\.py runs/", "parse", why="the demo runs' checkpoints (tests/test_analysis.py runs it on tiny ones)"),
-    Row(r"python scripts/make_sweeps\.py", "parse", why="rewrites configs/113M/ablations (minutes); tests/test_paper_configs.py runs one folder"),
+    Row(
+        r"python scripts/analyze\.py runs/",
+        "parse",
+        why="the demo runs' checkpoints (tests/test_analysis.py runs it on tiny ones)",
+    ),
+    Row(
+        r"python scripts/make_sweeps\.py",
+        "parse",
+        why="rewrites configs/113M/ablations (minutes); tests/test_paper_configs.py runs one folder",
+    ),
     Row(r"python scripts/config_table\.py", "run"),
-    Row(r"python scripts/make_tables\.py runs-reference/", "parse", why="the reference model's evaluated folder (docs/paper_runs.md)"),
+    Row(
+        r"python scripts/make_tables\.py runs-reference/",
+        "parse",
+        why="the reference model's evaluated folder (docs/paper_runs.md)",
+    ),
     Row(r"python scripts/make_tables\.py ", "run", ("--no-figures",)),
     Row(r"python scripts/bench\.py( --json)?$", "run", TINY_BENCH),
     Row(r"python scripts/bench\.py --scale 113M --repeats", "parse", why="113M on CPU: minutes"),
     Row(r"python scripts/bench\.py --scale 113M,1B", "gpu"),
-    Row(r"python scripts/data_order\.py (materialize|manifest|verify|indices)", "parse", why="olmo-data.org, or its materialized prefix"),
-    Row(r"python scripts/export_hf\.py runs/", "parse", why="needs a finished run's checkpoint (tests/test_export_hf.py exports one)"),
-    Row(r"python scripts/verify_checkpoints\.py runs/", "parse", why="needs a finished run (tests/test_resume.py verifies a damaged one)"),
+    Row(
+        r"python scripts/data_order\.py (materialize|manifest|verify|indices)",
+        "parse",
+        why="olmo-data.org, or its materialized prefix",
+    ),
+    Row(
+        r"python scripts/export_hf\.py runs/",
+        "parse",
+        why="needs a finished run's checkpoint (tests/test_export_hf.py exports one)",
+    ),
+    Row(
+        r"python scripts/verify_checkpoints\.py runs/",
+        "parse",
+        why="needs a finished run (tests/test_resume.py verifies a damaged one)",
+    ),
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
     Row(r"pytest ", "parse", why="this suite, or a part of it"),
@@ -100,7 +124,9 @@ def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
                 fence = None if fence is not None else raw.strip()[3:].strip()
                 i += 1
                 continue
-            code = fence in SHELL_FENCES if fence is not None else (raw.startswith("    ") and (prev_blank or _indented(lines, i)))
+            code = (
+                fence in SHELL_FENCES if fence is not None else (raw.startswith("    ") and (prev_blank or _indented(lines, i)))
+            )
             prev_blank = not raw.strip()
             start, text = i + 1, raw.strip()
             while code and text.endswith("\\") and i + 1 < len(lines):  # continuation lines
@@ -202,7 +228,9 @@ def _check_parse(words: list[str], cwd: Path) -> None:
         paths = [w for w in words[1:] if w.startswith("tests/")]
         assert all((REPO / w.split("::")[0]).exists() for w in paths), paths
         r = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *[w for w in words[1:] if w not in ("-n", "auto")]])
-        assert r.returncode in (0, 5), r.stdout[-2000:] + r.stderr[-2000:]  # 5: nothing selected (-m gpu on CPU collects none to run)
+        assert r.returncode in (0, 5), (
+            r.stdout[-2000:] + r.stderr[-2000:]
+        )  # 5: nothing selected (-m gpu on CPU collects none to run)
         return
     args = words[1:]
     code, help_text = _script([args[0], "--help"], cwd)
@@ -243,7 +271,7 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
         assert set(opts) <= {"--nodes"}, f"sbatch options the test does not model: {opts}"
         slurm = fake_slurm(tmp_path)
         nodes = int(opts.get("--nodes", 1))
-        r = slurm.run(*words[i + 1:], nodes=nodes, gpus="8")
+        r = slurm.run(*words[i + 1 :], nodes=nodes, gpus="8")
         assert r.returncode == 0, r.stderr
         assert slurm.args("srun")[1:4] == ["python", "-m", "olmo_patches.launch.torchrun"]
         preflight = slurm.args("python")

@@ -15,7 +15,12 @@ TOKENIZER_FILE = ROOT.parent / "shared" / "data" / "allenai_dolma2.json"  # ../s
 
 def test_validation_sets_paper_four_first_and_match_olmo_core_mix():
     paths, labels = validation_files(list(VALIDATION_SETS), "http://olmo-data.org")
-    assert [l.removesuffix("-validation") for l in labels[:4]] == ["dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103"]
+    assert [l.removesuffix("-validation") for l in labels[:4]] == [
+        "dolma_common-crawl",
+        "dolma_stack",
+        "m2d2_s2orc",
+        "wikitext_103",
+    ]
     # the same eleven files OLMo-core's own mix lists (the OLMo-2 recipe, docs/papers.md), tokenized with dolma2
     mix = (Path(__import__("olmo_core").__file__).parent / "data/mixes/v3-small-ppl-validation.txt").read_text().split()
     expected = {"http://olmo-data.org/" + line.split(",")[1].replace("{TOKENIZER}", "dolma2-tokenizer") for line in mix}
@@ -35,7 +40,12 @@ def test_paper_config_wires_both_evaluators_with_local_tokenizer():
     assert sorted(downstream.tasks) == sorted(PAPER_DOWNSTREAM_TASKS)
     assert downstream.tokenizer.identifier == str(TOKENIZER_FILE)
     labels = [m["label"] for m in cbs["lm_evaluator"].eval_dataset.metadata]
-    assert labels[:4] == ["dolma_common-crawl-validation", "dolma_stack-validation", "m2d2_s2orc-validation", "wikitext_103-validation"]
+    assert labels[:4] == [
+        "dolma_common-crawl-validation",
+        "dolma_stack-validation",
+        "m2d2_s2orc-validation",
+        "wikitext_103-validation",
+    ]
 
 
 def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corpus):
@@ -50,8 +60,12 @@ def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corp
 
     from .conftest import tiny_overrides
 
-    spec = load_and_resolve(ROOT / "configs/demo/baseline.yaml", tiny_overrides(
-        tmp_path, "train.max_steps=3", "eval.interval=2", "eval.downstream_tasks=[copa]", "eval.downstream_interval=3"))
+    spec = load_and_resolve(
+        ROOT / "configs/demo/baseline.yaml",
+        tiny_overrides(
+            tmp_path, "train.max_steps=3", "eval.interval=2", "eval.downstream_tasks=[copa]", "eval.downstream_interval=3"
+        ),
+    )
     train(spec)
     metrics = read_metrics(tmp_path)
     lm = {step for step, m in metrics.items() if "eval/lm/val/CE loss" in m}

@@ -61,7 +61,11 @@ def test_posthoc_equals_in_loop_and_lands_in_tables(tiny_run, posthoc, demo_corp
     docs = _copa(demo_corpus.tokenizer_file)
     kept = [d for d in docs if max(map(len, d[1])) <= L]
     assert post["eval/downstream/copa (skipped documents)"] == len(docs) - len(kept) > 0
-    assert post["eval/downstream/copa (truncated instances)"] == sum(len(ctx) + len(c) - 1 > L for ctx, conts, _ in kept for c in conts) > 0
+    assert (
+        post["eval/downstream/copa (truncated instances)"]
+        == sum(len(ctx) + len(c) - 1 > L for ctx, conts, _ in kept for c in conts)
+        > 0
+    )
     run = load_runs([posthoc])["demo-baseline"]
     assert run.last_step == 2 and run.downstream("copa", "accuracy") == post["eval/downstream/copa (accuracy)"]
 
@@ -71,7 +75,10 @@ def test_out_json_is_one_record_and_progress_is_shown(tiny_run, posthoc, tmp_pat
     r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--validation-sets", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     record = json.loads(out.read_text())  # a file, not a folder named results.json
-    assert record["step"] == 2 and record["eval/downstream/copa (accuracy)"] == read_metrics(posthoc)[2]["eval/downstream/copa (accuracy)"]
+    assert (
+        record["step"] == 2
+        and record["eval/downstream/copa (accuracy)"] == read_metrics(posthoc)[2]["eval/downstream/copa (accuracy)"]
+    )
     assert list(tmp_path.iterdir()) == [out]
     assert "copa" in r.stderr and "batches" in r.stderr and "instances" in r.stderr  # the progress bar
 
@@ -79,7 +86,9 @@ def test_out_json_is_one_record_and_progress_is_shown(tiny_run, posthoc, tmp_pat
 def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path):
     from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
 
-    r = run_in_process("export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file))
+    r = run_in_process(
+        "export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     hf = evaluate(from_hf(tmp_path / "hf", EvalChoice(), config=tiny_run / "config.yaml"))
     ours = read_metrics(posthoc)[2]
@@ -94,8 +103,18 @@ def test_tiny_olmo2_scored_from_the_definition(tmp_path, demo_corpus):
     from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
 
     torch.manual_seed(0)
-    config = Olmo2Config(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=64, eos_token_id=0, pad_token_id=1, bos_token_id=None)
+    config = Olmo2Config(
+        vocab_size=4096,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        eos_token_id=0,
+        pad_token_id=1,
+        bos_token_id=None,
+    )
     model = Olmo2ForCausalLM(config).eval()
     model.save_pretrained(tmp_path)
     shutil.copy(demo_corpus.tokenizer_file, tmp_path / "tokenizer.json")

@@ -21,12 +21,34 @@ VARIANTS = {
     "hourglass-post-qk": ("hourglass", ["model.norm_placement=post", "model.qk_norm=true", "model.K=3"], "custom"),
     # Attention width apart from d_model (2 x 24 = 48 on d_model 32), GQA, Llama-3.1 RoPE scaling (the
     # authors' revised recipe; old context 16 so that the 24-token test sequence spans all three bands).
-    "olmo2-gqa-head_dim": ("baseline", ["model.norm_placement=post", "model.qk_norm=true", "model.n_heads=4",
-                                        "model.n_kv_heads=2", "model.head_dim=6", "model.d_ff=72"], "olmo2"),
-    "hourglass-revised": ("hourglass", ["model.qk_norm=true", "model.n_heads=4", "model.n_kv_heads=1", "model.head_dim=12",
-                                        "model.tie_embeddings=true", "model.norm_eps=1e-5",
-                                        "model.rope_scaling.original_max_position_embeddings=16",
-                                        "train.decay_norms=false", "train.decay_embeddings=true", "train.schedule_lag=1"], "custom"),
+    "olmo2-gqa-head_dim": (
+        "baseline",
+        [
+            "model.norm_placement=post",
+            "model.qk_norm=true",
+            "model.n_heads=4",
+            "model.n_kv_heads=2",
+            "model.head_dim=6",
+            "model.d_ff=72",
+        ],
+        "olmo2",
+    ),
+    "hourglass-revised": (
+        "hourglass",
+        [
+            "model.qk_norm=true",
+            "model.n_heads=4",
+            "model.n_kv_heads=1",
+            "model.head_dim=12",
+            "model.tie_embeddings=true",
+            "model.norm_eps=1e-5",
+            "model.rope_scaling.original_max_position_embeddings=16",
+            "train.decay_norms=false",
+            "train.decay_embeddings=true",
+            "train.schedule_lag=1",
+        ],
+        "custom",
+    ),
 }
 # Variable width (h = 32): w_1 > h (the embedding is zero-padded), a narrowing, a widening (reads
 # dims [16, 32) kept from layer 1, zeros, or a learned projection) and w_L < h (the output norm's
@@ -39,8 +61,14 @@ VW_VARIANTS = {
     "mup-x": ["model.n_layers=4", "model.widths.multiple=4", "model.widths.init=mup"],  # widths [44, 20, 8, 44]
     "head_dim-gqa": [*WIDTHS, "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=10", "model.qk_norm=true"],
     "hourglass-post-qk-learned-mup": [
-        *WIDTHS, "model.widths.resize=learned", "model.ffn=hourglass", "model.K=2", "model.d_h=16",
-        "model.norm_placement=post", "model.qk_norm=true", "model.widths.init=mup",  # m_residual on each sub-MLP
+        *WIDTHS,
+        "model.widths.resize=learned",
+        "model.ffn=hourglass",
+        "model.K=2",
+        "model.d_h=16",
+        "model.norm_placement=post",
+        "model.qk_norm=true",
+        "model.widths.init=mup",  # m_residual on each sub-MLP
     ],
 }
 
@@ -61,7 +89,11 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
 
     text = "def f(x):\n    return x + 1  # é\n"
     tok, ids = AutoTokenizer.from_pretrained(out), Tokenizer.from_file(str(demo_corpus.tokenizer_file)).encode(text).ids
-    assert tok(text)["input_ids"] == ids and len(ids) > 5 and tok.decode(ids) == Tokenizer.from_file(str(demo_corpus.tokenizer_file)).decode(ids)
+    assert (
+        tok(text)["input_ids"] == ids
+        and len(ids) > 5
+        and tok.decode(ids) == Tokenizer.from_file(str(demo_corpus.tokenizer_file)).decode(ids)
+    )
 
     reference = spec.model.build(vocab_size=4096).build(init_device="cpu")
     reference.load_state_dict(load_model_state(run / "step2"))
@@ -87,7 +119,9 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of one forward.
     with torch.no_grad():
         out = hf(ids[:, :16], use_cache=True)
-        steps = [out.logits] + [hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits for t in range(16, 24)]
+        steps = [out.logits] + [
+            hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits for t in range(16, 24)
+        ]
     assert out.past_key_values.get_seq_length() == 24 and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
     return hf
 
@@ -109,8 +143,9 @@ def _check_attention_implementations(out, ids, want):
 
     logits = {}
     for implementation in ("eager", "sdpa"):
-        hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32,
-                                                  attn_implementation=implementation).eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            out, trust_remote_code=True, torch_dtype=torch.float32, attn_implementation=implementation
+        ).eval()
         assert hf.config._attn_implementation == implementation
         with torch.no_grad():
             logits[implementation] = hf(ids).logits
@@ -153,8 +188,9 @@ def test_a_registered_attention_function_is_called(tmp_path):
     ids = torch.randint(0, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
     got = {}
     for implementation in ("counting_sdpa", "sdpa"):
-        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True, torch_dtype=torch.float32,
-                                                  attn_implementation=implementation).eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            tmp_path / "hf", trust_remote_code=True, torch_dtype=torch.float32, attn_implementation=implementation
+        ).eval()
         with torch.no_grad():
             got[implementation] = hf(ids).logits
     assert calls == [0, 1]  # the tiny model's two layers, once each
@@ -251,4 +287,6 @@ def test_dolma2_token_ids():
     from olmo_patches.export.hf import token_ids
 
     # OLMo-2's Hugging Face config: bos = eos = 100257 ("<|endoftext|>"), pad 100277 ("<|pad|>").
-    assert token_ids(load_spec(REPO / "configs" / "1B" / "baseline.yaml")) == dict(bos_token_id=100257, eos_token_id=100257, pad_token_id=100277)
+    assert token_ids(load_spec(REPO / "configs" / "1B" / "baseline.yaml")) == dict(
+        bos_token_id=100257, eos_token_id=100257, pad_token_id=100277
+    )

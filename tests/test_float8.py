@@ -30,10 +30,30 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 SHAPES = {
     "baseline": ([], 2 * (4 + 3), 0),
     "hourglass": (["model.block=hourglass", "model.K=2", "model.d_h=16"], 2 * 4 + 2 * 3, 2 * 3),
-    "variable_width": (["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[16,32]",
-                        "model.widths.resize=learned", "model.d_model=48"], 2 * (4 + 3) + 2, 0),
-    "revised_gqa": (["model.block=hourglass", "model.K=2", "model.d_h=16", "model.n_heads=4", "model.n_kv_heads=1",
-                     "model.head_dim=16", "model.qk_norm=true"], 2 * 4 + 2 * 3, 2 * 3),
+    "variable_width": (
+        [
+            "model.block=variable_width",
+            "model.widths.schedule=list",
+            "model.widths.values=[16,32]",
+            "model.widths.resize=learned",
+            "model.d_model=48",
+        ],
+        2 * (4 + 3) + 2,
+        0,
+    ),
+    "revised_gqa": (
+        [
+            "model.block=hourglass",
+            "model.K=2",
+            "model.d_h=16",
+            "model.n_heads=4",
+            "model.n_kv_heads=1",
+            "model.head_dim=16",
+            "model.qk_norm=true",
+        ],
+        2 * 4 + 2 * 3,
+        2 * 3,
+    ),
 }
 
 
@@ -185,10 +205,17 @@ def test_hf_export_of_a_float8_run_is_its_high_precision_weights(tmp_path, demo_
         assert (hf(ids).logits - reference.eval()(ids)).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("config, value, message", [
-    (BASELINE, "fp8", "choose one of off, tensorwise, rowwise, rowwise_with_gw_hp"),
-    (REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml", "rowwise", "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)"),
-])
+@pytest.mark.parametrize(
+    "config, value, message",
+    [
+        (BASELINE, "fp8", "choose one of off, tensorwise, rowwise, rowwise_with_gw_hp"),
+        (
+            REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml",
+            "rowwise",
+            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
+        ),
+    ],
+)
 def test_bad_float8_choices_are_one_line(config, value, message):
     with pytest.raises(ConfigError) as e:
         load_and_resolve(config, [f"train.float8={value}"])
@@ -209,7 +236,9 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
     """d_h = 24 (not a multiple of 16): the stacked FFN weights stay in high precision, named and counted."""
     from olmo_patches.report.counts import count, float8_report
 
-    spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, "model.block=hourglass", "model.K=2", "model.d_h=24", "train.float8=tensorwise"))
+    spec = load_and_resolve(
+        BASELINE, tiny_overrides(tmp_path, "model.block=hourglass", "model.K=2", "model.d_h=24", "train.float8=tensorwise")
+    )
     f, b = float8_report(spec), count(spec)
     assert f["float8_params"] == b.attention and f["float8_skipped_params"] == b.ffn
     assert f["float8_skipped"] == [f"blocks.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w3", "w2")]

@@ -67,9 +67,13 @@ HOURGLASS = ["model.block=hourglass", "model.K=2", "model.d_h=64"]
 VARIABLE = ["model.block=variable_width"]
 MOE = [*VARIABLE, "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=128"]
 CONTEXT = {
-    "model.K": HOURGLASS, "model.d_h": HOURGLASS, "model.d_h_ratio": [*HOURGLASS, "model.d_h=null", "model.d_h_ratio=0.5"],
+    "model.K": HOURGLASS,
+    "model.d_h": HOURGLASS,
+    "model.d_h_ratio": [*HOURGLASS, "model.d_h=null", "model.d_h_ratio=0.5"],
     "model.d_h_multiple": [*HOURGLASS, "model.d_h=null", "model.d_h_ratio=0.5"],
-    "model.ffn": VARIABLE, "model.widths.": VARIABLE, "model.moe.": MOE,
+    "model.ffn": VARIABLE,
+    "model.widths.": VARIABLE,
+    "model.moe.": MOE,
     "model.rope_scaling.": ["model.rope_scaling.factor=8"],
     "train.power.": ["train.schedule=power", "train.power.a=64", "train.power.c=2048"],
     "train.activation_checkpointing.block_interval": ["train.activation_checkpointing=selected_blocks:2"],
@@ -144,8 +148,18 @@ def _check(line, seconds, key: str, source: str, refuse: bool, what: str) -> Non
 
 def test_the_walk_covers_every_section():
     sections = {key.rsplit(".", 1)[0] for key, *_ in KEYS}
-    assert {"run", "model", "model.widths", "model.moe", "model.rope_scaling", "data", "train", "train.power",
-            "train.activation_checkpointing", "eval"} <= sections
+    assert {
+        "run",
+        "model",
+        "model.widths",
+        "model.moe",
+        "model.rope_scaling",
+        "data",
+        "train",
+        "train.power",
+        "train.activation_checkpointing",
+        "eval",
+    } <= sections
     assert len(KEYS) >= 100
 
 
@@ -170,8 +184,12 @@ def _paths(extra: list, path: str) -> list:
 
 def first_of_each_kind(values: list) -> list:
     """A word, a non-finite or huge number, a negative, a wrong shape: one of each (the rest are drawn below)."""
-    kinds = [lambda v: v[:1].isalpha() or v.startswith("'") or v == "not-a-choice", lambda v: v in ("nan", "-inf", "1e23", "99999999999999999999999"),
-             lambda v: v == "-1", lambda v: v[:1] in "[{"]
+    kinds = [
+        lambda v: v[:1].isalpha() or v.startswith("'") or v == "not-a-choice",
+        lambda v: v in ("nan", "-inf", "1e23", "99999999999999999999999"),
+        lambda v: v == "-1",
+        lambda v: v[:1] in "[{",
+    ]
     return [next(v for v in values if kind(v)) for kind in kinds if any(kind(v) for v in values)]
 
 
@@ -194,7 +212,13 @@ def test_any_bad_value_of_any_key_is_refused(tmp_path_factory, case):
     work = tmp_path_factory.mktemp("w")
     path = work / "tokens.npy"
     path.write_bytes(bytes(4 * 4096))
-    _check(*_load([*_paths(context(key), str(path)), f"{key}={value}"], work=work / "w", key=key), key, "command line", True, f"{key}={value}")
+    _check(
+        *_load([*_paths(context(key), str(path)), f"{key}={value}"], work=work / "w", key=key),
+        key,
+        "command line",
+        True,
+        f"{key}={value}",
+    )
 
 
 def _yaml(key: str, value: str) -> str:
@@ -216,7 +240,9 @@ NUMBERS = st.one_of(
     st.integers(min_value=2**53 + 1),
     st.integers(max_value=-(2**53) - 1),
 )
-WORDS = st.text(st.characters(whitelist_categories=("Ll", "Lu")), min_size=1, max_size=12).filter(lambda w: w.lower() not in ("true", "false", "yes", "no", "on", "off", "null", "nan", "inf", "y", "n"))
+WORDS = st.text(st.characters(whitelist_categories=("Ll", "Lu")), min_size=1, max_size=12).filter(
+    lambda w: w.lower() not in ("true", "false", "yes", "no", "on", "off", "null", "nan", "inf", "y", "n")
+)
 NUMERIC = [k for k in KEYS if k[1] in (int, float)]
 CHOICES = [k for k in KEYS if k[1] is str and choices(k[3])]
 
@@ -285,15 +311,26 @@ def _numeric(action) -> bool:
         return isinstance(action.type, type(lambda: 0)) and action.type.__name__ in ("parse", "fraction")
 
 
-ARGUMENTS = [(script, prefix, action.option_strings[-1]) for script in SCRIPTS for prefix, parser in _parsers(script)
-             for action in parser._actions if action.option_strings and _numeric(action)]
+ARGUMENTS = [
+    (script, prefix, action.option_strings[-1])
+    for script in SCRIPTS
+    for prefix, parser in _parsers(script)
+    for action in parser._actions
+    if action.option_strings and _numeric(action)
+]
 BAD_NUMBERS = ["abc", "nan", "inf", "1e23", "99999999999999999999999", "-5e6"]
 
 
 def test_the_walk_finds_the_scripts_numeric_arguments():
     names = {(s, o) for s, _, o in ARGUMENTS}
-    assert {("train.py", "--nodes"), ("search.py", "--attn-fraction"), ("evaluate.py", "--limit"), ("sweep.py", "--nodes"),
-            ("data_order.py", "--seed"), ("bench.py", "--seq")} <= names
+    assert {
+        ("train.py", "--nodes"),
+        ("search.py", "--attn-fraction"),
+        ("evaluate.py", "--limit"),
+        ("sweep.py", "--nodes"),
+        ("data_order.py", "--seed"),
+        ("bench.py", "--seq"),
+    } <= names
     assert len(ARGUMENTS) >= 30
 
 
@@ -305,7 +342,9 @@ def test_every_numeric_argument_refuses_bad_values(work, script, prefix, option)
         assert time.perf_counter() - start < SECONDS, f"{script} {option}={value}"
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and result.stdout == "", f"{script} {option}={value}: {result.returncode} {result.stderr}"
-        assert len(lines) == 1 and option in lines[0] and "error: argument" in lines[0], f"{script} {option}={value}: {result.stderr}"
+        assert len(lines) == 1 and option in lines[0] and "error: argument" in lines[0], (
+            f"{script} {option}={value}: {result.stderr}"
+        )
 
 
 def test_a_negative_budget_is_a_value_not_an_unknown_option(work):
@@ -324,7 +363,11 @@ NEWCOMER = [
     ("train.py", [str(BASELINE), "model.d_h_multiple=0"], "model.d_h_multiple"),
     ("train.py", [str(BASELINE), "model.block=variable_width", "model.widths.r_d=0"], "model.widths.r_d"),
     ("train.py", [str(BASELINE), "model.block=variable_width", "model.widths.r_l=1.5"], "model.widths.r_l"),
-    ("train.py", [str(BASELINE), "train.schedule=power", "train.power.a=64", "train.power.c=2048", "train.power.b=nan"], "train.power.b"),
+    (
+        "train.py",
+        [str(BASELINE), "train.schedule=power", "train.power.a=64", "train.power.c=2048", "train.power.b=nan"],
+        "train.power.b",
+    ),
     ("train.py", [str(BASELINE), "run.stop_at_step=201"], "run.stop_at_step"),
     ("train.py", [str(BASELINE), "train=5"], "train"),
     ("sweep.py", ["launch", "--local", str(BASELINE), "--set", "model.K=0"], "model.K"),
@@ -359,7 +402,11 @@ def test_a_fresh_process_refuses_in_one_line(tmp_path, script, args, key):
 
 # --- files and folders ------------------------------------------------------------------------------
 
-NUMPY = ["data.source=numpy", "data.tokenizer=dolma2", "model.vocab_size=null"]  # dolma2's 100,278 ids: uint32 files (OLMo-core's get_dtype)
+NUMPY = [
+    "data.source=numpy",
+    "data.tokenizer=dolma2",
+    "model.vocab_size=null",
+]  # dolma2's 100,278 ids: uint32 files (OLMo-core's get_dtype)
 
 
 def _token_files(root: Path) -> dict:
@@ -447,7 +494,9 @@ def test_the_demo_corpus_cache_does_not_depend_on_the_working_folder(tmp_path, w
 
     here = load_and_resolve(BASELINE, [f"run.save_folder={work / 'run'}"], Layout.plan(1, 1))
     assert demo_cache(here) == REPO / ".cache" / "demo-corpus"
-    elsewhere = load_and_resolve(BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1))
+    elsewhere = load_and_resolve(
+        BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1)
+    )
     assert demo_cache(elsewhere) == tmp_path / "c"
 
 
@@ -465,7 +514,9 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
     before = sorted(p.name for p in run.iterdir())
     result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and result.stdout == "" and "holds a run with another config (changed: train.lr" in lines[-1], result.stderr
+    assert result.returncode == 2 and result.stdout == "" and "holds a run with another config (changed: train.lr" in lines[-1], (
+        result.stderr
+    )
     (run / "config.yaml").unlink()
     holder = {"host": socket.gethostname(), "pid": os.getppid(), "slurm_job": None, "since": "then"}  # a live process
     (run / ".lock").write_text(json.dumps(holder))
@@ -503,7 +554,8 @@ def test_json_output_is_the_json_alone(tmp_path):
     runs = [[str(BASELINE), "train.float8=tensorwise", "--json"], [str(BASELINE), *MOE, "--json"]]
     code = "import runpy, sys\n" + "".join(
         f"sys.argv = {['count_params.py', *argv]!r}\nrunpy.run_path({str(REPO / 'scripts' / 'count_params.py')!r}, run_name='__main__')\n"
-        for argv in runs)
+        for argv in runs
+    )
     result = run([sys.executable, "-c", code])
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert [type(json.loads(line)) for line in result.stdout.splitlines()] == [dict, dict]

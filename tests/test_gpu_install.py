@@ -24,8 +24,10 @@ def flash_attn_stand_in(folder: Path) -> Path:
     torch and einops) and no module: what the wheelhouse must complete, while `import flash_attn` still
     fails (OLMo-core then sees no flash-attn, as on a CPU)."""
     dist = "flash_attn-2.8.3.dist-info"
-    files = {f"{dist}/METADATA": "Metadata-Version: 2.1\nName: flash-attn\nVersion: 2.8.3\nRequires-Dist: torch\nRequires-Dist: einops\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{dist}/METADATA": "Metadata-Version: 2.1\nName: flash-attn\nVersion: 2.8.3\nRequires-Dist: torch\nRequires-Dist: einops\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{dist}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{dist}/RECORD,,\n"
     path = folder / "flash_attn-2.8.3-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
@@ -36,8 +38,18 @@ def flash_attn_stand_in(folder: Path) -> Path:
 
 def test_offline_install_keeps_torch_and_rehearses(tmp_path):
     wheelhouse, venv, out = tmp_path / "wheelhouse", tmp_path / "venv", tmp_path / "out"
-    r = run(["make", "-o", "install", "wheelhouse", f"BIN={Path(sys.executable).parent}", f"WHEELHOUSE={wheelhouse}",
-             f"WHEEL_PYTHON={PYTHON}"], timeout=900)
+    r = run(
+        [
+            "make",
+            "-o",
+            "install",
+            "wheelhouse",
+            f"BIN={Path(sys.executable).parent}",
+            f"WHEELHOUSE={wheelhouse}",
+            f"WHEEL_PYTHON={PYTHON}",
+        ],
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     wheels = {p.name.split("-")[0].lower() for p in wheelhouse.glob("*.whl")}
     assert {"hourglass_olmo", "ai2_olmo_core", "torchao", "transformers", "einops", "pytest"} <= wheels, wheels
@@ -54,12 +66,20 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
     torch_before = run([python, *probe]).stdout
 
     offline = {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(wheelhouse), "PIP_NO_INDEX": "1"}
-    r = run([python, "scripts/gpu_check.py", "--wheelhouse", wheelhouse, "--rehearse", "--budget-scale", "3", "--out", out], timeout=1800,
-            **offline)  # budgets x3: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has many already)
+    r = run(
+        [python, "scripts/gpu_check.py", "--wheelhouse", wheelhouse, "--rehearse", "--budget-scale", "3", "--out", out],
+        timeout=1800,
+        **offline,
+    )  # budgets x3: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has many already)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert run([python, *probe]).stdout == torch_before  # the same torch, in the same place: not replaced
     frozen = run([python, "-m", "pip", "freeze"], **offline).stdout.lower()
-    assert "hourglass-olmo==" in frozen and "flash-attn==2.8.3" in frozen and "einops==0.8.2" in frozen and "torchao==0.18.0" in frozen
+    assert (
+        "hourglass-olmo==" in frozen
+        and "flash-attn==2.8.3" in frozen
+        and "einops==0.8.2" in frozen
+        and "torchao==0.18.0" in frozen
+    )
 
     result = json.loads((out / "gpu_check.json").read_text())
     install, *sections = result["sections"]

@@ -83,7 +83,10 @@ def test_backend_reaches_the_built_model_and_the_dry_run(tmp_path, demo_corpus):
 
     from olmo_patches.train import build_experiment, resolve_data
 
-    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1", "train.precision=bf16", "model.attention_backend=flash_2"))
+    spec = load_and_resolve(
+        REPO / "configs" / "demo" / "baseline.yaml",
+        tiny_overrides(tmp_path, "train.max_steps=1", "train.precision=bf16", "model.attention_backend=flash_2"),
+    )
     exp = build_experiment(spec, resolve_data(spec))
     assert exp.model.block.sequence_mixer.backend == "torch"
     model = exp.model.build()
@@ -141,8 +144,15 @@ def test_gpu_check_rehearsal(tmp_path):
     assert all(s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()), sections
     rows = {f"{s['title']}: {r['name']}": r for s in result["sections"] for r in s["rows"]}
     assert all(r["rehearsal"] for r in rows.values()) and "pass (rehearsal)" in (tmp_path / "gpu_check.md").read_text()
-    for block in ["baseline pre", "baseline post", "hourglass pre", "hourglass post",
-                  "variable width carry_forward", "variable width zero", "variable width learned"]:
+    for block in [
+        "baseline pre",
+        "baseline post",
+        "hourglass pre",
+        "hourglass post",
+        "variable width carry_forward",
+        "variable width zero",
+        "variable width learned",
+    ]:
         logits = rows[f"bf16 vs fp32: {block}: logits"]
         # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
         assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", logits
@@ -151,21 +161,33 @@ def test_gpu_check_rehearsal(tmp_path):
     from olmo_patches.config import load_spec
     from olmo_patches.nn.attention import head_dims
 
-    shipped = sorted({d for p in (REPO / "configs").rglob("*.yaml") if p.parent != REPO / "configs"  # configs/base*.yaml: bases
-                      for d in head_dims(load_spec(p).model_config())})
+    shipped = sorted(
+        {
+            d
+            for p in (REPO / "configs").rglob("*.yaml")
+            if p.parent != REPO / "configs"  # configs/base*.yaml: bases
+            for d in head_dims(load_spec(p).model_config())
+        }
+    )
     kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
     dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
     odd = next(d for d in shipped if d % 8)
     assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (dims, shipped)
     assert all(2.0**-16 < float(r["value"]) and "stands in" in r["detail"] for r in kernels)
     for block in ("baseline pre", "hourglass pre", "variable width learned"):
-        for row in ("compiled vs eager: logits", "compiled vs eager: gradients (worst tensor)", "loss after 3 AdamW steps, compiled vs eager"):
+        for row in (
+            "compiled vs eager: logits",
+            "compiled vs eager: gradients (worst tensor)",
+            "loss after 3 AdamW steps, compiled vs eager",
+        ):
             assert float(rows[f"compile: {block}: {row}"]["value"]) == 0.0  # aot_eager runs the eager kernels
         assert rows[f"compile: {block}: graph breaks (first 2 steps)"]["value"] == "0"
         assert int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2  # each block: 2 graphs
         assert rows[f"compile: {block}: graphs compiled in 3 more training steps"]["value"] == "0"
     resume = sections["resume"]["rows"]
-    assert [r["detail"] for r in resume] == ["bit-identical"] * 2 and "117 tensors" in resume[1]["name"]  # one CPU process: deterministic
+    assert [r["detail"] for r in resume] == ["bit-identical"] * 2 and "117 tensors" in resume[1][
+        "name"
+    ]  # one CPU process: deterministic
     for scale in ("113M", "1B"):
         for variant in ("baseline", "hourglass"):
             assert float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", "")) > 0
@@ -179,7 +201,10 @@ def test_gpu_check_rehearsal(tmp_path):
 def test_gpu_tests_skip_on_cpu_saying_why():
     """Without a CUDA device and without --rehearse the gpu tests are skipped with the reason."""
     r = run_in_process("gpu_check.py", "--out", "unused")
-    assert r.returncode == 2 and r.stderr.strip() == "command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == "command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes"
+    )
 
     class Reports:
         def __init__(self):
@@ -192,7 +217,9 @@ def test_gpu_tests_skip_on_cpu_saying_why():
     assert pytest.main(["-q", "-p", "no:cacheprovider", str(REPO / "tests" / "gpu" / "test_bf16.py")], plugins=[seen]) == 0
     skipped = [r for r in seen.reports if r.skipped]
     assert len(skipped) == 7 and not any(r.failed or r.passed and r.when == "call" for r in seen.reports)
-    assert all("needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)" in r.longrepr[2] for r in skipped)
+    assert all(
+        "needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)" in r.longrepr[2] for r in skipped
+    )
 
 
 BUDGETED = """
@@ -229,18 +256,39 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     folder.mkdir()
     (folder / "test_zz_slow.py").write_text(BUDGETED)
     (folder / "test_zz_next.py").write_text(BUDGETED.replace("time.sleep(5)", "pass"))
-    plugin = GpuCheck(out, rehearse=True, device="cpu", sections={"test_zz_slow.py": ("slow", 1), "test_zz_next.py": ("next", 30)})
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(folder), str(folder / "test_zz_slow.py"), str(folder / "test_zz_next.py")],
-                       plugins=[plugin])
+    plugin = GpuCheck(
+        out, rehearse=True, device="cpu", sections={"test_zz_slow.py": ("slow", 1), "test_zz_next.py": ("next", 30)}
+    )
+    code = pytest.main(
+        [
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(folder),
+            str(folder / "test_zz_slow.py"),
+            str(folder / "test_zz_next.py"),
+        ],
+        plugins=[plugin],
+    )
     assert code == 1
     result = json.loads((out / "gpu_check.json").read_text())
     slow, after = result["sections"]
     assert slow["result"] == "FAIL" and 1 <= slow["seconds"] < 4  # stopped at its budget, not after the 5 s sleep
     assert [(r["name"], r["result"]) for r in slow["rows"]] == [
-        ("first", "shown"), ("test_first (call)", "FAIL"), ("test_second", "FAIL"), ("test_raises", "FAIL"), ("section time", "FAIL")]
+        ("first", "shown"),
+        ("test_first (call)", "FAIL"),
+        ("test_second", "FAIL"),
+        ("test_raises", "FAIL"),
+        ("section time", "FAIL"),
+    ]
     assert "over the section's budget of 1 s" in slow["rows"][1]["detail"] and slow["rows"][2]["detail"].startswith("not run")
     assert after["result"] == "FAIL" and [(r["name"], r["result"]) for r in after["rows"]] == [
-        ("first", "shown"), ("second", "shown"), ("a figure", "pass"), ("test_raises (call)", "FAIL")]
+        ("first", "shown"),
+        ("second", "shown"),
+        ("a figure", "pass"),
+        ("test_raises (call)", "FAIL"),
+    ]
     assert "RuntimeError: kernel exploded" in after["rows"][-1]["detail"]
     assert "| next | 30 |" in (out / "gpu_check.md").read_text()
 
@@ -250,8 +298,20 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
 # kernel compiled for the next of 32/64/96/128/192/256 (csrc/flash_attn/src/static_switch.h,
 # HEADDIM_SWITCH); flash-attn 3 takes multiples of 8 up to 256 (hopper/flash_api.cpp mha_fwd) and runs
 # its 64/96/128/192/256 kernel (round_up_headdim).
-@pytest.mark.parametrize("d, fa2, fa3", [(64, 64, 64), (72, 96, 96), (146, 192, None), (152, 192, 192), (218, 256, None),
-                                         (224, 256, 256), (32, 32, 64), (77, 96, None), (256, 256, 256)])
+@pytest.mark.parametrize(
+    "d, fa2, fa3",
+    [
+        (64, 64, 64),
+        (72, 96, 96),
+        (146, 192, None),
+        (152, 192, 192),
+        (218, 256, None),
+        (224, 256, 256),
+        (32, 32, 64),
+        (77, 96, None),
+        (256, 256, 256),
+    ],
+)
 def test_flash_head_dims_and_padding(flash, d, fa2, fa3):
     from olmo_patches.nn.attention import head_dim_padding, kernel_head_dim, resolve_attention_backend
 
@@ -360,8 +420,11 @@ def test_the_fused_head_gives_logits_in_eval_mode(liger, monkeypatch):
 
     module = importlib.import_module("olmo_core.nn.functional.cross_entropy_loss")
     calls = []
-    monkeypatch.setattr(module, "_fused_linear_cross_entropy_loss",
-                        lambda x, w, labels, *rest: calls.append(x.shape) or (torch.tensor(1.5), torch.tensor(0.0), None))
+    monkeypatch.setattr(
+        module,
+        "_fused_linear_cross_entropy_loss",
+        lambda x, w, labels, *rest: calls.append(x.shape) or (torch.tensor(1.5), torch.tensor(0.0), None),
+    )
     spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", ["model.n_layers=1"])
     config = spec.model_config()
     set_lm_loss(config, "fused_linear")
@@ -392,5 +455,7 @@ def test_the_padding_of_a_variable_width_model_is_summed_over_its_layers():
     padded = sorted(d for d in set(dims) if kernel[d] != d)
     shares = [1 - d / kernel[d] for d in padded]
     assert len(padded) > 3
-    assert head_dim_padding("flash_2", dims) == (f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to "
-                                                 f"{max(shares):.0%} each); {1 - sum(dims) / sum(kernel[d] for d in dims):.0%} of all layers' attention FLOPs")
+    assert head_dim_padding("flash_2", dims) == (
+        f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to "
+        f"{max(shares):.0%} each); {1 - sum(dims) / sum(kernel[d] for d in dims):.0%} of all layers' attention FLOPs"
+    )

@@ -14,9 +14,7 @@ from olmo_patches.launch.hardware import CARDS, GIB, card_for_device, estimate, 
 from .conftest import REPO, run_script
 
 OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
-PAPER = sorted(
-    p for p in [*REPO.glob("configs/*/*.yaml"), *REPO.glob("configs/paper2/*/*.yaml")] if "demo" not in p.parts
-)
+PAPER = sorted(p for p in [*REPO.glob("configs/*/*.yaml"), *REPO.glob("configs/paper2/*/*.yaml")] if "demo" not in p.parts)
 
 
 @pytest.fixture
@@ -103,8 +101,11 @@ def _expected_preset(path, memory_gib: float):
     """(micro-batch, mode): the first mode (off, every 4th block, every 2nd, every block; MoE: off, attention)
     in which one sequence fits 85% of the card, and the largest divisor of the per-rank batch that fits in it."""
     *_, per_rank, moe = _memory_model(path)
-    modes = [("off", None, "off"), ("attention", None, "selected_modules:blocks.*.attention")] if moe else \
-        [("off", None, "off"), ("blocks", 4, "selected_blocks:4"), ("blocks", 2, "selected_blocks:2"), ("blocks", 1, "full")]
+    modes = (
+        [("off", None, "off"), ("attention", None, "selected_modules:blocks.*.attention")]
+        if moe
+        else [("off", None, "off"), ("blocks", 4, "selected_blocks:4"), ("blocks", 2, "selected_blocks:2"), ("blocks", 1, "full")]
+    )
     for mode, n, name in modes:
         fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and _total(path, m, mode, n) <= 0.85 * memory_gib * 2**30]
         if fits:
@@ -154,11 +155,20 @@ def test_device_names_map_to_presets(name, gib, preset, memory):
 
 
 # Dense bf16 peaks (NVIDIA datasheets, the sparse figure / 2), written here: each model at its own.
-@pytest.mark.parametrize("name, peak", [
-    ("NVIDIA H100 80GB HBM3", 989.4e12), ("NVIDIA H100 PCIe", 756.0e12), ("NVIDIA H100 NVL", 835.5e12),
-    ("NVIDIA H200", 989.5e12), ("NVIDIA H200 NVL", 835.5e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362.05e12),
-    ("NVIDIA H100 SXM5 64GB", None), ("Quadro RTX 6000", None),  # not listed: no peak borrowed from a relative
-])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4e12),
+        ("NVIDIA H100 PCIe", 756.0e12),
+        ("NVIDIA H100 NVL", 835.5e12),
+        ("NVIDIA H200", 989.5e12),
+        ("NVIDIA H200 NVL", 835.5e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA L40S", 362.05e12),
+        ("NVIDIA H100 SXM5 64GB", None),
+        ("Quadro RTX 6000", None),  # not listed: no peak borrowed from a relative
+    ],
+)
 def test_peaks_by_exact_model(name, peak):
     card = known_card(name)
     assert (card.bf16_flops if card else None) == peak

@@ -58,7 +58,9 @@ def _grads(module):
 def test_ffn_matches_equations(placement):
     torch.manual_seed(0)
     d_model, d_h, K = 32, 12, 3
-    ffn = HourglassFeedForwardConfig(hidden_size=d_h, K=K, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)).build(d_model)
+    ffn = HourglassFeedForwardConfig(
+        hidden_size=d_h, K=K, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)
+    ).build(d_model)
     ref = ReferenceHourglass(d_model, d_h, K, placement)
     ref.load_into(ffn)
     ffn, ref = ffn.double(), ref.double()  # float64: differences are then the implementations', not rounding
@@ -80,18 +82,25 @@ def _attention(n_heads=4):
     return AttentionConfig(n_heads=n_heads, bias=False)
 
 
-@pytest.mark.parametrize("placement,block_type", [("pre", TransformerBlockType.default), ("post", TransformerBlockType.reordered_norm)])
+@pytest.mark.parametrize(
+    "placement,block_type", [("pre", TransformerBlockType.default), ("post", TransformerBlockType.reordered_norm)]
+)
 def test_k1_block_is_conventional_block(placement, block_type):
     """K=1, d_h = 4 d_model: the hourglass block computes OLMo-core's own SwiGLU block exactly."""
     torch.manual_seed(0)
     d_model = 32
     conventional = TransformerBlockConfig(
-        name=block_type, sequence_mixer=_attention(), layer_norm=NORM,
+        name=block_type,
+        sequence_mixer=_attention(),
+        layer_norm=NORM,
         feed_forward=FeedForwardConfig(hidden_size=4 * d_model, bias=False),
     ).build(d_model=d_model, block_idx=0, n_layers=1)
     hourglass = HourglassBlockConfig(
-        sequence_mixer=_attention(), layer_norm=NORM,
-        feed_forward=HourglassFeedForwardConfig(hidden_size=4 * d_model, K=1, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)),
+        sequence_mixer=_attention(),
+        layer_norm=NORM,
+        feed_forward=HourglassFeedForwardConfig(
+            hidden_size=4 * d_model, K=1, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)
+        ),
     ).build(d_model=d_model, block_idx=0, n_layers=1)
     with torch.no_grad():
         for p in conventional.parameters():
@@ -127,7 +136,10 @@ def test_k1_model_same_seed_same_weights_and_logits():
     assert torch.equal(base(x), hour(x))
 
 
-@pytest.mark.parametrize("block,extra", [("baseline", {}), ("hourglass", dict(K=3, d_h=20)), ("hourglass", dict(K=2, d_h=24, norm_placement="post", qk_norm=True))])
+@pytest.mark.parametrize(
+    "block,extra",
+    [("baseline", {}), ("hourglass", dict(K=3, d_h=20)), ("hourglass", dict(K=2, d_h=24, norm_placement="post", qk_norm=True))],
+)
 def test_num_params_against_built_model(block, extra):
     spec = ModelSpec(block=block, d_model=48, n_layers=3, n_heads=4, **extra)
     config = spec.build(vocab_size=320)
@@ -176,17 +188,23 @@ def test_ffn_is_built_in_the_dtype_and_on_the_device_asked(dtype, device):
     norms are built as OLMo-core builds a block's norms (their own config's dtype, fp32 here)."""
     from olmo_core.config import DType
 
-    for cfg, want in ((HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM), dtype),
-                      (HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM, dtype=DType.bfloat16), torch.bfloat16)):
+    for cfg, want in (
+        (HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM), dtype),
+        (HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM, dtype=DType.bfloat16), torch.bfloat16),
+    ):
         ffn = cfg.build(16, dtype=dtype, init_device=device)
         assert {ffn.w1.weight.dtype, ffn.w2.weight.dtype, ffn.w3.weight.dtype} == {want}
         assert {p.dtype for p in ffn.norms.parameters()} == {torch.float32}
         assert {p.device.type for p in ffn.parameters()} == {device}
         assert dict((n, tuple(p.shape)) for n, p in ffn.named_parameters() if n.startswith("w")) == {
-            "w1.weight": (24, 16), "w3.weight": (24, 16), "w2.weight": (48, 8)}  # (K out, in)
+            "w1.weight": (24, 16),
+            "w3.weight": (24, 16),
+            "w2.weight": (48, 8),
+        }  # (K out, in)
         assert (ffn.w1.stacked.shape, ffn.w2.stacked.shape) == ((3, 8, 16), (3, 16, 8))
-    assert "K=3, in_features=16, out_features=8, bias=False" in repr(HourglassFeedForwardConfig(
-        hidden_size=8, K=3, bias=False, layer_norm=NORM).build(16, init_device="meta"))
+    assert "K=3, in_features=16, out_features=8, bias=False" in repr(
+        HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM).build(16, init_device="meta")
+    )
 
 
 def test_stacked_weights_reset_to_olmo_cores_std():
@@ -197,12 +215,15 @@ def test_stacked_weights_reset_to_olmo_cores_std():
         assert w.weight.abs().max() <= 3 * 0.02 + 1e-6 and 0.018 < w.weight.std().item() < 0.0205
 
 
-@pytest.mark.parametrize("K,d_h,bias,norm,message", [
-    (0, 8, False, NORM, "hourglass K must be >= 1, got K=0"),
-    (2, 0, False, NORM, "hourglass d_h must be >= 1, got d_h=0"),
-    (2, 8, True, NORM, "the hourglass FFN has no biases (bias must be false)"),
-    (2, 8, False, None, "the hourglass FFN needs a layer_norm config for its K norms"),
-])
+@pytest.mark.parametrize(
+    "K,d_h,bias,norm,message",
+    [
+        (0, 8, False, NORM, "hourglass K must be >= 1, got K=0"),
+        (2, 0, False, NORM, "hourglass d_h must be >= 1, got d_h=0"),
+        (2, 8, True, NORM, "the hourglass FFN has no biases (bias must be false)"),
+        (2, 8, False, None, "the hourglass FFN needs a layer_norm config for its K norms"),
+    ],
+)
 def test_bad_ffn_shapes_are_named(K, d_h, bias, norm, message):
     import re
 

@@ -54,9 +54,14 @@ def reference(u, p, *, top_k, renormalize, alpha):
 
 def _moe_config(*, K=K, top_k=TOP_K, renormalize=False, lb=0.01, z=0.001):
     return HourglassMoEConfig(
-        name=MoEType.dropless, num_experts=E, hidden_size=D_H, K=K,
+        name=MoEType.dropless,
+        num_experts=E,
+        hidden_size=D_H,
+        K=K,
         router=MoERouterConfig(top_k=top_k, normalize_expert_weights=1.0 if renormalize else None),
-        layer_norm=NORM, lb_loss_weight=lb, z_loss_weight=z,
+        layer_norm=NORM,
+        lb_loss_weight=lb,
+        z_loss_weight=z,
         scale_loss_by_num_layers=False,
     )
 
@@ -76,9 +81,12 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
         router_norm.weight.uniform_(0.5, 1.5)
     mlp = moe.experts.mlp
     p = {
-        "Wr": moe.router.weight.detach().view(E, D), "gr": router_norm.weight.detach(),
-        "W1": mlp.w1.detach().view(K, E, D_H, D).transpose(0, 1), "W3": mlp.w3.detach().view(K, E, D_H, D).transpose(0, 1),
-        "W2": mlp.w2.detach().view(K, E, D_H, D).transpose(0, 1), "G": mlp.norm_weight.detach().view(E, K, D),
+        "Wr": moe.router.weight.detach().view(E, D),
+        "gr": router_norm.weight.detach(),
+        "W1": mlp.w1.detach().view(K, E, D_H, D).transpose(0, 1),
+        "W3": mlp.w3.detach().view(K, E, D_H, D).transpose(0, 1),
+        "W2": mlp.w2.detach().view(K, E, D_H, D).transpose(0, 1),
+        "G": mlp.norm_weight.detach().view(E, K, D),
     }
     p = {k: v.clone().requires_grad_() for k, v in p.items()}
     u = torch.randn(2, 6, D, dtype=torch.float64)
@@ -124,18 +132,30 @@ def test_k1_experts_are_olmo_cores_swiglu_experts_of_the_normalised_input():
 
 def _transformer(block: TransformerBlockConfig, n_layers=2, vocab=128) -> TransformerConfig:
     return TransformerConfig(
-        name=TransformerType.moe, d_model=D, vocab_size=vocab, n_layers=n_layers, block=block,
+        name=TransformerType.moe,
+        d_model=D,
+        vocab_size=vocab,
+        n_layers=n_layers,
+        block=block,
         lm_head=LMHeadConfig(layer_norm=NORM, bias=False),
     )
 
 
 def _blocks(K=1):
     attention = AttentionConfig(n_heads=4, bias=False)
-    olmo = MoEConfig(name=MoEType.dropless, num_experts=E, hidden_size=D_H, router=MoERouterConfig(top_k=TOP_K),
-                     lb_loss_weight=0.01, z_loss_weight=0.001, scale_loss_by_num_layers=False)
+    olmo = MoEConfig(
+        name=MoEType.dropless,
+        num_experts=E,
+        hidden_size=D_H,
+        router=MoERouterConfig(top_k=TOP_K),
+        lb_loss_weight=0.01,
+        z_loss_weight=0.001,
+        scale_loss_by_num_layers=False,
+    )
     ours = TransformerBlockConfig(name=TransformerBlockType.moe, sequence_mixer=attention, layer_norm=NORM, feed_forward_moe=olmo)
-    hourglass = HourglassMoEBlockConfig(name=TransformerBlockType.moe, sequence_mixer=attention, layer_norm=NORM,
-                                        feed_forward_moe=_moe_config(K=K))
+    hourglass = HourglassMoEBlockConfig(
+        name=TransformerBlockType.moe, sequence_mixer=attention, layer_norm=NORM, feed_forward_moe=_moe_config(K=K)
+    )
     return ours, hourglass
 
 
@@ -166,7 +186,9 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
         if name.endswith("feed_forward_norm.weight"):
             # OLMo-core's FFN norm gain feeds the router and every expert; ours, the router only, the
             # experts having their own gains (all equal here): its gradient is the sum of both.
-            experts = dict(ours.named_parameters())[name.replace("feed_forward_norm.weight", "feed_forward_moe.experts.mlp.norm_weight")]
+            experts = dict(ours.named_parameters())[
+                name.replace("feed_forward_norm.weight", "feed_forward_moe.experts.mlp.norm_weight")
+            ]
             torch.testing.assert_close(prm.grad + experts.grad.view(E, D).sum(0), want.grad, rtol=1e-4, atol=1e-8, msg=name)
         elif want is not None:
             torch.testing.assert_close(prm.grad.view(want.shape), want.grad, rtol=1e-4, atol=1e-8, msg=name)
@@ -208,12 +230,15 @@ def test_model_counts_against_the_built_model(K):
     assert config.num_active_params == embed_head + 3 * (layer + TOP_K * expert)
 
 
-@pytest.mark.parametrize("change,message", [
-    (dict(K=0), "hourglass experts need K >= 1, got K=0"),
-    (dict(hidden_size=0), "hourglass experts need d_h >= 1, got d_h=0"),
-    (dict(name=MoEType.default), "hourglass experts need the dropless MoE (name: dropless)"),
-    (dict(layer_norm=None), "hourglass experts need a layer_norm config for their K norms"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(K=0), "hourglass experts need K >= 1, got K=0"),
+        (dict(hidden_size=0), "hourglass experts need d_h >= 1, got d_h=0"),
+        (dict(name=MoEType.default), "hourglass experts need the dropless MoE (name: dropless)"),
+        (dict(layer_norm=None), "hourglass experts need a layer_norm config for their K norms"),
+    ],
+)
 def test_bad_shapes_are_named(change, message):
     import dataclasses
     import re
@@ -226,8 +251,13 @@ def test_bad_shapes_are_named(change, message):
 
 # A tiny variable-width model (w = 48, 32 around h = 32) whose layers are MoEs of hourglass experts.
 HOURGLASS_EXPERTS = [
-    "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.experts=hourglass", "model.K=2", "model.d_h=16",
-    "model.widths.schedule=list", "model.widths.values=[48,32]",
+    "model.moe.num_experts=4",
+    "model.moe.top_k=2",
+    "model.moe.experts=hourglass",
+    "model.K=2",
+    "model.d_h=16",
+    "model.widths.schedule=list",
+    "model.widths.values=[48,32]",
 ]
 
 
@@ -237,7 +267,9 @@ def _spec(folder, cache, *extra):
     from .conftest import REPO, tiny_overrides
 
     run = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null", f"data.work_dir={cache}"]
-    return load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra))
+    return load_and_resolve(
+        REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra)
+    )
 
 
 def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(tmp_path, demo_corpus):
@@ -277,12 +309,21 @@ def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
     assert ch.num_active_params - cx.num_active_params == sum(3 * (h - s) for h, s in zip(hourglass, swiglu))
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["model.d_h=null"], "command line: model.d_h=None: hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h"),
-    (["model.moe.expert_hidden=64"], "command line: model.moe.expert_hidden=64: hourglass experts take their shape from model.K and model.d_h; remove it"),
-    (["model.K=0"], "command line: model.K=0: must be >= 1"),
-    (["model.moe.experts=swiglu"], "model.moe.expert_hidden=None: must be >= 1 for swiglu experts"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (
+            ["model.d_h=null"],
+            "command line: model.d_h=None: hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h",
+        ),
+        (
+            ["model.moe.expert_hidden=64"],
+            "command line: model.moe.expert_hidden=64: hourglass experts take their shape from model.K and model.d_h; remove it",
+        ),
+        (["model.K=0"], "command line: model.K=0: must be >= 1"),
+        (["model.moe.experts=swiglu"], "model.moe.expert_hidden=None: must be >= 1 for swiglu experts"),
+    ],
+)
 def test_bad_hourglass_expert_configs_are_named_in_one_line(tmp_path, extra, message):
     from olmo_patches.config import ConfigError
 

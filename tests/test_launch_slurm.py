@@ -154,8 +154,9 @@ def _slurm_run(tmp_path, interrupt):
     """scripts/launch_slurm.sbatch running scripts/train.py; ``interrupt(slurm)`` once the run has begun."""
     slurm, folder = fake_slurm(tmp_path / "slurm"), tmp_path / "run"
     log = folder / "train.log"
-    proc = slurm.start(DEMO, *tiny_overrides(folder, *REAL), nodes=1, gpus="1", run=True, kill_wait=5,
-                       FAKE_RDZV_PORT=str(_free_port()))
+    proc = slurm.start(
+        DEMO, *tiny_overrides(folder, *REAL), nodes=1, gpus="1", run=True, kill_wait=5, FAKE_RDZV_PORT=str(_free_port())
+    )
     _wait(lambda: log.is_file() and "new run in" in log.read_text(), proc, "the run did not start", timeout=300)
     interrupt(slurm)
     r = finish(proc, timeout=300)
@@ -190,6 +191,7 @@ def test_preemption_saves_within_grace_time_and_resumes(tmp_path, uninterrupted)
     assert r.returncode == 0 and not slurm.grace_expired()  # every torchrun exited 0: srun, then the script
     assert slurm.signals() == [] and slurm.requeues() == []
     _saved_at_the_step_reached_and_resumes(folder, uninterrupted)
+
 
 def test_signal_lead_covers_a_step_and_a_save(tmp_path):
     spec = load_and_resolve(REPO / "configs/8B/hourglass-revised.yaml", [f"run.save_folder={tmp_path}"])

@@ -97,7 +97,7 @@ def test_no_import_cycle_between_modules():
     def visit(n, path):
         for m in graph[n]:
             if m in path:
-                cycles.append(path[path.index(m):] + [m])
+                cycles.append(path[path.index(m) :] + [m])
             elif m not in done:
                 visit(m, path + [m])
         done.add(n)
@@ -126,7 +126,9 @@ def test_scripts_only_call_the_library():
         tree = ast.parse(script.read_text())
         tops = {
             (a.name if isinstance(n, ast.Import) else n.module or "").split(".")[0]
-            for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in n.names
         }
         assert "olmo_core" not in tops, f"{script.name} imports OLMo-core directly: put that in the library"
         assert len(script.read_text().splitlines()) < 250, f"{script.name}: a thin layer is short"

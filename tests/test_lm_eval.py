@@ -16,7 +16,11 @@ CONFIGS = REPO / "configs" / "demo"
 VARIANTS = {  # one exported model of each kind: Olmo2ForCausalLM and the shipped modeling code
     "olmo2-baseline": ("baseline.yaml", ["model.norm_placement=post", "model.qk_norm=true"], "baseline"),
     "hourglass": ("baseline.yaml", [], "hourglass"),
-    "variable-width": ("variable-width.yaml", ["model.n_layers=3", "model.widths.schedule=list", "model.widths.values=[48,16,32]"], "baseline"),
+    "variable-width": (
+        "variable-width.yaml",
+        ["model.n_layers=3", "model.widths.schedule=list", "model.widths.values=[48,16,32]"],
+        "baseline",
+    ),
 }
 L = 128  # longer than every COPA query: neither scorer cuts one
 # lm-eval's own format for a local multiple-choice task; the continuations carry their leading space.
@@ -44,7 +48,12 @@ def copa_task(tmp_path_factory, demo_corpus):
     task = build_task("copa", HFTokenizer(str(demo_corpus.tokenizer_file), pad_token_id=1, eos_token_id=0), model_ctx_len=L)
     with (folder / "copa.jsonl").open("w") as f:
         for doc in task.dataset:
-            f.write(json.dumps({"text": task.doc_to_text(doc), "choices": task.doc_to_continuations(doc), "label": task.doc_to_label(doc)}) + "\n")
+            f.write(
+                json.dumps(
+                    {"text": task.doc_to_text(doc), "choices": task.doc_to_continuations(doc), "label": task.doc_to_label(doc)}
+                )
+                + "\n"
+            )
     (folder / "copa_local.yaml").write_text(TASK_YAML.format(data=folder / "copa.jsonl"))
     return folder
 
@@ -59,7 +68,11 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
 
     config, extra, block = VARIANTS[variant]
     run, out = tmp_path / "run", tmp_path / "hf"
-    train(load_and_resolve(CONFIGS / config, tiny_overrides(run, *extra, "train.max_steps=1", "run.ephemeral_save_interval=null", block=block)))
+    train(
+        load_and_resolve(
+            CONFIGS / config, tiny_overrides(run, *extra, "train.max_steps=1", "run.ephemeral_save_interval=null", block=block)
+        )
+    )
     export_hf(run / "step1", out, tokenizer_file=demo_corpus.tokenizer_file)
     # The project's scorer on the exported model, with the run's tokenizer (no BOS, as in the loop).
     ours = evaluate(from_hf(out, EvalChoice(tasks=["copa"], validation_sets=[], sequence_length=L), config=run / "config.yaml"))
@@ -69,9 +82,14 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     try:
         results = simple_evaluate(
-            model="hf", model_args=f"pretrained={out},trust_remote_code=True,dtype=float32,max_length={L}",
-            tasks=["copa_local"], task_manager=TaskManager(include_path=str(copa_task), include_defaults=False),
-            batch_size=16, device="cpu", bootstrap_iters=0, log_samples=False,
+            model="hf",
+            model_args=f"pretrained={out},trust_remote_code=True,dtype=float32,max_length={L}",
+            tasks=["copa_local"],
+            task_manager=TaskManager(include_path=str(copa_task), include_defaults=False),
+            batch_size=16,
+            device="cpu",
+            bootstrap_iters=0,
+            log_samples=False,
         )
     finally:  # accelerate (inside lm-eval's hf model) leaves a process group behind; the next train() starts its own
         if torch.distributed.is_initialized():
@@ -80,4 +98,6 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
     assert results["n-samples"]["copa_local"]["effective"] == n_docs == 100
     acc = results["results"]["copa_local"]["acc,none"]
     assert acc == pytest.approx(ours["eval/downstream/copa (accuracy)"], abs=1e-6)  # the same documents right (float32 mean)
-    print(f"{variant}: lm-eval acc {acc:.2f}, own scorer {ours['eval/downstream/copa (accuracy)']:.2f} on {n_docs} COPA documents")
+    print(
+        f"{variant}: lm-eval acc {acc:.2f}, own scorer {ours['eval/downstream/copa (accuracy)']:.2f} on {n_docs} COPA documents"
+    )

@@ -18,18 +18,37 @@ from olmo_patches.config.spec import ActivationCheckpointing
 from .conftest import REPO
 
 DEMO = REPO / "configs" / "demo" / "baseline.yaml"
-SMALL = ["model.d_model=64", "model.n_heads=4", "model.n_layers=4", "model.vocab_size=256", "data.demo_vocab_size=256", "train.hardware=none"]
+SMALL = [
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_layers=4",
+    "model.vocab_size=256",
+    "data.demo_vocab_size=256",
+    "train.hardware=none",
+]
 BLOCKS = {
     "baseline": [],
     "baseline post": ["model.norm_placement=post"],
     "olmo2": ["model.norm_placement=post", "model.qk_norm=true", "model.n_kv_heads=2"],
     "hourglass": ["model.block=hourglass", "model.K=2", "model.d_h=24"],
     "variable width": ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[64,32,32,64]"],
-    "variable width hourglass": ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[64,32,32,64]",
-                                 "model.ffn=hourglass", "model.K=2", "model.d_h_ratio=0.5"],
+    "variable width hourglass": [
+        "model.block=variable_width",
+        "model.widths.schedule=list",
+        "model.widths.values=[64,32,32,64]",
+        "model.ffn=hourglass",
+        "model.K=2",
+        "model.d_h_ratio=0.5",
+    ],
 }
-MOE = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[64,32,32,64]",
-       "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=16"]
+MOE = [
+    "model.block=variable_width",
+    "model.widths.schedule=list",
+    "model.widths.values=[64,32,32,64]",
+    "model.moe.num_experts=4",
+    "model.moe.top_k=2",
+    "model.moe.expert_hidden=16",
+]
 MODES = ["full", "selected_blocks:2", "selected_modules:blocks.*.feed_forward", "selected_modules:blocks.*.attention,blocks.3"]
 SEQ = 16
 
@@ -82,17 +101,26 @@ def test_moe_checkpoints_what_olmo_core_allows():
     grads = _grads(_checkpointed(copy.deepcopy(model), "selected_modules:blocks.*.attention"), ids)
     for name, g in grads.items():
         torch.testing.assert_close(g, reference[name], rtol=0, atol=1e-7, msg=name)
-    for mode, match in (("true", r"=full: OLMo-core cannot checkpoint MoE blocks whole"),
-                        ("selected_blocks:2", r"=selected_blocks:2: OLMo-core cannot checkpoint MoE blocks whole"),
-                        ("selected_modules:blocks.*.feed_forward_moe", r"\.modules=blocks\.\*\.feed_forward_moe: matches an MoE module")):
+    for mode, match in (
+        ("true", r"=full: OLMo-core cannot checkpoint MoE blocks whole"),
+        ("selected_blocks:2", r"=selected_blocks:2: OLMo-core cannot checkpoint MoE blocks whole"),
+        ("selected_modules:blocks.*.feed_forward_moe", r"\.modules=blocks\.\*\.feed_forward_moe: matches an MoE module"),
+    ):
         with pytest.raises(ConfigError, match=rf"command line: train\.activation_checkpointing{match}"):
             load_and_resolve(DEMO, [*SMALL, *MOE, f"train.activation_checkpointing={mode}"])
 
 
-@pytest.mark.parametrize("value, want", [
-    ("true", "full"), ("false", "off"), ("null", "off"), ("full", "full"), ("selected_blocks:3", "selected_blocks:3"),
-    ("selected_modules:blocks.*.feed_forward", "selected_modules:blocks.*.feed_forward"),
-])
+@pytest.mark.parametrize(
+    "value, want",
+    [
+        ("true", "full"),
+        ("false", "off"),
+        ("null", "off"),
+        ("full", "full"),
+        ("selected_blocks:3", "selected_blocks:3"),
+        ("selected_modules:blocks.*.feed_forward", "selected_modules:blocks.*.feed_forward"),
+    ],
+)
 def test_mode_shorthands(value, want):
     ac = load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={value}"]).train.activation_checkpointing
     assert str(ac) == want
@@ -113,16 +141,19 @@ def test_mode_mappings_in_files_and_overrides(tmp_path):
     assert str(load_and_resolve(off, SMALL).train.activation_checkpointing) == "off"
 
 
-@pytest.mark.parametrize("value, match", [
-    ("bogus", r"train\.activation_checkpointing\.mode=bogus: choose one of off, full"),
-    ("selected_blocks", r"train\.activation_checkpointing\.block_interval=None: mode selected_blocks needs it"),
-    ("selected_blocks:0", r"train\.activation_checkpointing\.block_interval=0: must be >= 1"),
-    ("selected_blocks:two", r"train\.activation_checkpointing\.block_interval"),
-    ("selected_modules:blocks.*.mlp", r"train\.activation_checkpointing\.modules=blocks\.\*\.mlp: matches no module"),
-    ("budget:1.5", r"train\.activation_checkpointing\.budget=1\.5: must be in \[0, 1\]"),
-    ("budget:0.5", r"train\.activation_checkpointing=budget:0\.5: the compiler's budget needs train\.compile=true"),
-    ("full:2", r"train\.activation_checkpointing\.mode=full:2: choose one of"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("bogus", r"train\.activation_checkpointing\.mode=bogus: choose one of off, full"),
+        ("selected_blocks", r"train\.activation_checkpointing\.block_interval=None: mode selected_blocks needs it"),
+        ("selected_blocks:0", r"train\.activation_checkpointing\.block_interval=0: must be >= 1"),
+        ("selected_blocks:two", r"train\.activation_checkpointing\.block_interval"),
+        ("selected_modules:blocks.*.mlp", r"train\.activation_checkpointing\.modules=blocks\.\*\.mlp: matches no module"),
+        ("budget:1.5", r"train\.activation_checkpointing\.budget=1\.5: must be in \[0, 1\]"),
+        ("budget:0.5", r"train\.activation_checkpointing=budget:0\.5: the compiler's budget needs train\.compile=true"),
+        ("full:2", r"train\.activation_checkpointing\.mode=full:2: choose one of"),
+    ],
+)
 def test_bad_modes_fail_in_one_line(value, match):
     with pytest.raises(ConfigError) as e:
         load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={value}"])
@@ -215,8 +246,12 @@ def test_preset_checkpoints_where_the_estimate_says_it_must(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     path = REPO / "configs" / "1B" / "hourglass.yaml"
     est = memory_estimate(load_and_resolve(path, ["train.hardware=none"]), Layout.plan(8))
-    order = [ActivationCheckpointing("off"), ActivationCheckpointing("selected_blocks", block_interval=4),
-             ActivationCheckpointing("selected_blocks", block_interval=2), ActivationCheckpointing("full")]
+    order = [
+        ActivationCheckpointing("off"),
+        ActivationCheckpointing("selected_blocks", block_interval=4),
+        ActivationCheckpointing("selected_blocks", block_interval=2),
+        ActivationCheckpointing("full"),
+    ]
     for card, gib in (("rtx6000ada", 48.0), ("h100", 80.0)):
         t = load_and_resolve(path, [f"train.hardware={card}", "train.device=auto"]).train
         want = next(m for m in order if est.total(1, m) <= 0.85 * gib * 2**30)
@@ -231,8 +266,10 @@ def test_a_run_recorded_with_a_boolean_resumes_with_any_mode():
     from olmo_patches.launch.run_folder import changed_keys
 
     spec = load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=false"])
-    recorded = spec_to_yaml(spec).replace("  activation_checkpointing:\n    mode: 'off'\n    block_interval: null\n    modules: null\n    budget: null\n",
-                                          "  activation_checkpointing: false\n")
+    recorded = spec_to_yaml(spec).replace(
+        "  activation_checkpointing:\n    mode: 'off'\n    block_interval: null\n    modules: null\n    budget: null\n",
+        "  activation_checkpointing: false\n",
+    )
     assert "activation_checkpointing: false" in recorded
     assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=selected_blocks:2"])) == []
     assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.lr=0.1"])) == [f"train.lr: {spec.train.lr} -> 0.1"]

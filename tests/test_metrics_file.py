@@ -7,8 +7,15 @@ from types import SimpleNamespace
 from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
 from olmo_patches.train.metrics import MetricsFileCallback
 
-CALLS = [(1, {"train/CE loss": 8.0}), (2, {"train/CE loss": 7.5}), (2, {"train/CE loss": 7.5, "throughput/tps": 10.0}),
-         (3, {"train/CE loss": 7.0}), (3, {"eval/val/CE loss": 7.2}), (3, {"train/CE loss": 7.0, "optim/LR": 1e-3}), (4, {"train/CE loss": 6.9})]
+CALLS = [
+    (1, {"train/CE loss": 8.0}),
+    (2, {"train/CE loss": 7.5}),
+    (2, {"train/CE loss": 7.5, "throughput/tps": 10.0}),
+    (3, {"train/CE loss": 7.0}),
+    (3, {"eval/val/CE loss": 7.2}),
+    (3, {"train/CE loss": 7.0, "optim/LR": 1e-3}),
+    (4, {"train/CE loss": 6.9}),
+]
 
 
 def test_one_record_per_step_holding_every_metric_logged_for_it(tmp_path):
@@ -44,4 +51,6 @@ def test_one_progress_line_per_logged_step(tmp_path):
     finally:
         logger.removeHandler(records)
         logger.setLevel(old)
-    assert len(records.messages) == 4 and [m.split()[1].split("/")[0] for m in records.messages] == ["1", "2", "3", "4"], records.messages
+    assert len(records.messages) == 4 and [m.split()[1].split("/")[0] for m in records.messages] == ["1", "2", "3", "4"], (
+        records.messages
+    )

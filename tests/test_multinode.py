@@ -37,8 +37,25 @@ def _two_nodes(per_node: int, args0: list, args1: list, timeout: int = 600):
     """Two torchruns side by side, one a node, on one rendezvous: each one's result and the seconds
     from the first one's exit to the last one's."""
     port = _free_port()
-    procs = [start([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", per_node,
-                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", *args]) for args in (args0, args1)]
+    procs = [
+        start(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                per_node,
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                *args,
+            ]
+        )
+        for args in (args0, args1)
+    ]
     results, ended = [None, None], [0.0, 0.0]
 
     def wait(i):
@@ -120,9 +137,12 @@ def test_a_folder_not_every_node_sees_is_refused_on_every_node(tmp_path):
     """Each node given its own folder: what rank 0 writes there, node 1 does not see."""
     folder0, folder1 = tmp_path / "node0" / "run", tmp_path / "node1" / "run"
     results, gap = _two_nodes(1, _train_args(folder0), _train_args(folder1))
-    _one_line_on_every_node(results, f"config error: run.save_folder={folder0}: not shared by every node: node 1 "
-                                     f"({socket.gethostname()}) does not see what rank 0 writes there; use a folder on a "
-                                     f"filesystem every node mounts")
+    _one_line_on_every_node(
+        results,
+        f"config error: run.save_folder={folder0}: not shared by every node: node 1 "
+        f"({socket.gethostname()}) does not see what rank 0 writes there; use a folder on a "
+        f"filesystem every node mounts",
+    )
     assert gap < COLLECTIVE_TIMEOUT_S / 10
     assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()  # nothing written
 
@@ -168,8 +188,20 @@ def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, de
     """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
     end, each node printing one line that names the lost node and rank."""
     port = _free_port()
-    args = [sys.executable, "-m", "olmo_patches.launch.torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000")]
+    args = [
+        sys.executable,
+        "-m",
+        "olmo_patches.launch.torchrun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000"),
+    ]
     host = start(args)  # the first holds the rendezvous store; the one lost is the other
     deadline = time.monotonic() + 120
     while not _listening(port):

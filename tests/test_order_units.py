@@ -77,7 +77,10 @@ def test_paths_file_of_blanks_and_comments_lists_no_files(tmp_path):
 def test_rebase_onto_a_url_or_a_folder(tmp_path):
     paths = [f"{ORIGIN}/a/p0.npy", f"{ORIGIN}/b/c/p1.npy"]
     assert rebase(paths, None) == paths and rebase(paths, None) is not paths
-    assert rebase(paths, "http://127.0.0.1:8000/mirrorX/") == ["http://127.0.0.1:8000/mirrorX/a/p0.npy", "http://127.0.0.1:8000/mirrorX/b/c/p1.npy"]
+    assert rebase(paths, "http://127.0.0.1:8000/mirrorX/") == [
+        "http://127.0.0.1:8000/mirrorX/a/p0.npy",
+        "http://127.0.0.1:8000/mirrorX/b/c/p1.npy",
+    ]
     assert rebase(paths, "s3://bucket/olmo") == ["s3://bucket/olmo/a/p0.npy", "s3://bucket/olmo/b/c/p1.npy"]
     local = tmp_path / "mirror"
     assert rebase(paths, f"{local}/../mirror/") == [f"{local}/a/p0.npy", f"{local}/b/c/p1.npy"]  # resolved

@@ -19,8 +19,12 @@ from .conftest import REPO, run_elsewhere
 def wheel(tmp_path_factory):
     """The wheel pip builds from this checkout, offline (this venv's setuptools: --no-build-isolation)."""
     out = tmp_path_factory.mktemp("dist")
-    r = run_elsewhere([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out, REPO],
-                      cwd=out, env=dict(os.environ), timeout=600)
+    r = run_elsewhere(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out, REPO],
+        cwd=out,
+        env=dict(os.environ),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (path,) = out.glob("hourglass_olmo-*.whl")
     return path
@@ -29,8 +33,13 @@ def wheel(tmp_path_factory):
 def test_wheel_carries_data_types_and_commands(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        for rel in ("configs/demo/baseline.yaml", "configs/1B/hourglass.yaml", "data_order/olmo2-1b-stage1.txt",
-                    "scripts/launch_slurm.sbatch", "scripts/train.py"):
+        for rel in (
+            "configs/demo/baseline.yaml",
+            "configs/1B/hourglass.yaml",
+            "data_order/olmo2-1b-stage1.txt",
+            "scripts/launch_slurm.sbatch",
+            "scripts/train.py",
+        ):
             assert z.read(f"olmo_patches/_data/{rel}") == (REPO / rel).read_bytes(), rel
         shipped = {n.removeprefix("olmo_patches/_data/") for n in names if n.startswith("olmo_patches/_data/configs/")}
         assert shipped == {str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*") if p.is_file()}
@@ -51,8 +60,10 @@ def test_unpacked_wheel_finds_its_own_data(wheel, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
-    code = ("import olmo_patches.resources as r; "
-            "print(r.data_root()); print(r.find_config('configs/demo/baseline.yaml')); print(r.find_config('nope.yaml'))")
+    code = (
+        "import olmo_patches.resources as r; "
+        "print(r.data_root()); print(r.find_config('configs/demo/baseline.yaml')); print(r.find_config('nope.yaml'))"
+    )
     r = run_elsewhere([sys.executable, "-c", code], cwd=elsewhere, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     root, config, missing = r.stdout.splitlines()

@@ -31,12 +31,23 @@ MOE = (f"model.moe.num_experts={N_EXPERTS}", f"model.moe.top_k={TOP_K}", f"model
 
 
 def _spec(mode, widths=WIDTHS, h=H, extra=()):
-    return load_and_resolve(X, [
-        f"model.d_model={h}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={V}",
-        "model.widths.schedule=list", f"model.widths.values=[{','.join(map(str, widths))}]",
-        f"model.widths.resize={MODES[mode]}", "train.device=cpu", *extra,
-        "data.source=demo", "data.tokenizer=demo", f"data.demo_vocab_size={V}",  # a tokenizer the tiny vocabulary holds
-    ])
+    return load_and_resolve(
+        X,
+        [
+            f"model.d_model={h}",
+            f"model.n_layers={len(widths)}",
+            f"model.n_heads={HEADS}",
+            f"model.vocab_size={V}",
+            "model.widths.schedule=list",
+            f"model.widths.values=[{','.join(map(str, widths))}]",
+            f"model.widths.resize={MODES[mode]}",
+            "train.device=cpu",
+            *extra,
+            "data.source=demo",
+            "data.tokenizer=demo",
+            f"data.demo_vocab_size={V}",  # a tokenizer the tiny vocabulary holds
+        ],
+    )
 
 
 def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
@@ -149,8 +160,11 @@ def _weights(model, widths):
     for l in range(len(widths)):
         b = f"blocks.{l}."
         blk = dict(
-            q=P[b + "attention.w_q.weight"], k=P[b + "attention.w_k.weight"], v=P[b + "attention.w_v.weight"],
-            attn_proj=P[b + "attention.w_out.weight"], ln_1=P[b + "attention_norm.weight"],
+            q=P[b + "attention.w_q.weight"],
+            k=P[b + "attention.w_k.weight"],
+            v=P[b + "attention.w_v.weight"],
+            attn_proj=P[b + "attention.w_out.weight"],
+            ln_1=P[b + "attention_norm.weight"],
             ln_2=P[b + "feed_forward_norm.weight"],
         )
         if b + "feed_forward_moe.router.weight" in P:  # OLMo-core stores (E I, w) flat; lm-engine (E, 2I, w) and (E, w, I)
@@ -242,9 +256,21 @@ def test_paper2_configs_decay_as_lm_engine():
     for path in PAPER2_CONFIGS:
         t = load_and_resolve(path).train
         assert (t.decay_embeddings, t.decay_norms, t.weight_decay) == (True, False, 0.1), path
-    spec = load_and_resolve(REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml",
-                     ["model.d_model=64", "model.n_layers=4", "model.n_heads=2", "model.moe.num_experts=4", "model.moe.top_k=2",
-                      "model.d_h=16", "model.vocab_size=64", "data.source=demo", "data.tokenizer=demo", "data.demo_vocab_size=64"])
+    spec = load_and_resolve(
+        REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml",
+        [
+            "model.d_model=64",
+            "model.n_layers=4",
+            "model.n_heads=2",
+            "model.moe.num_experts=4",
+            "model.moe.top_k=2",
+            "model.d_h=16",
+            "model.vocab_size=64",
+            "data.source=demo",
+            "data.tokenizer=demo",
+            "data.demo_vocab_size=64",
+        ],
+    )
     config = spec.model.build(64)
     model = config.build(init_device="meta")
     opt = AdamWConfig(lr=0.01, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)).build(model)
@@ -288,7 +314,9 @@ def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
         assert (p.grad - P[n].grad).abs().max().item() <= 1e-5 * gscale, n
     # The aux loss is live: without it the routers' gradients would be off by far more than the tolerance.
     P2, W2 = _weights(model, MOE_WIDTHS)
-    F.cross_entropy(_authors_forward(W2, ids, MOE_WIDTHS, "move_up", aux=[])[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
+    F.cross_entropy(
+        _authors_forward(W2, ids, MOE_WIDTHS, "move_up", aux=[])[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)
+    ).backward()
     router = "blocks.2.feed_forward_moe.router.weight"
     assert (P2[router].grad - P[router].grad).abs().max() > 1e-3 * P[router].grad.abs().max()
     # I_l = round(w_l 16 / 32) experts of the authors' size (WVC:432).
@@ -305,13 +333,21 @@ def test_moe_mup_init_and_lr_groups_match_lm_engine():
     for l, w in enumerate(widths):
         moe = model.blocks[str(l)].feed_forward_moe
         s_l = 0.1 * math.sqrt(h / w) / math.sqrt(8)
-        for t, std in ((moe.router.weight, s_l), (moe.experts.mlp.w1, s_l), (moe.experts.mlp.w3, s_l),
-                       (moe.experts.mlp.w2, s_l / math.sqrt(2 * L))):
+        for t, std in (
+            (moe.router.weight, s_l),
+            (moe.experts.mlp.w1, s_l),
+            (moe.experts.mlp.w3, s_l),
+            (moe.experts.mlp.w2, s_l / math.sqrt(2 * L)),
+        ):
             assert t.std().item() == pytest.approx(std, rel=0.05), l
     opt = AdamWConfig(lr=0.01, group_overrides=_optim_groups(spec, spec.model.build(V))).build(model)
     lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
-    for name in ("blocks.0.feed_forward_moe.router.weight", "blocks.1.feed_forward_moe.experts.mlp.w2", "blocks.3.attention.w_q.weight"):
+    for name in (
+        "blocks.0.feed_forward_moe.router.weight",
+        "blocks.1.feed_forward_moe.experts.mlp.w2",
+        "blocks.3.attention.w_q.weight",
+    ):
         assert lr[id(named[name])] == pytest.approx(0.01 / M_WIDTH), name
     for name in ("embeddings.weight", "lm_head.w_out.weight", "blocks.0.feed_forward_norm.weight"):
         assert lr[id(named[name])] == pytest.approx(0.01), name

@@ -10,7 +10,9 @@ from olmo_patches.report.plan import plan
 from olmo_patches.report.counts import count
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml"))
+CONFIGS = sorted(
+    p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
+)
 SIZES = {"113M": 113.2e6, "403M": 402.7e6, "906M": 906.0e6, "1B": 1073.7e6}  # paper 1, to the rounding shown
 TOKENS = {"113M": 2.5e9, "403M": 7e9, "906M": 18e9, "1B": 21e9}  # paper 1 (docs/papers.md)
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs match their baselines within 0.3%
@@ -72,10 +74,15 @@ def test_config_loads_builds_and_matches_its_baseline(path):
     assert spec.train.max_tokens == TOKENS[size]
 
 
-@pytest.mark.parametrize("exact,sibling", [("113M/hourglass-exact.yaml", "113M/hourglass-aligned.yaml"),
-                                           ("113M/hourglass-K4-L6-exact.yaml", "113M/hourglass-K4-L6-aligned.yaml"),
-                                           ("403M/hourglass.yaml", "403M/hourglass-aligned.yaml"),
-                                           ("906M/hourglass.yaml", "906M/hourglass-aligned.yaml")])
+@pytest.mark.parametrize(
+    "exact,sibling",
+    [
+        ("113M/hourglass-exact.yaml", "113M/hourglass-aligned.yaml"),
+        ("113M/hourglass-K4-L6-exact.yaml", "113M/hourglass-K4-L6-aligned.yaml"),
+        ("403M/hourglass.yaml", "403M/hourglass-aligned.yaml"),
+        ("906M/hourglass.yaml", "906M/hourglass-aligned.yaml"),
+    ],
+)
 def test_each_hourglass_has_an_aligned_sibling(exact, sibling):
     """Beside each exact shape, one GPU matmuls like: d_model, d_h and head_dim multiples of 8, d_h of 64,
     the same K and L, within the authors' 0.3% of the baseline's non-embedding parameters."""
@@ -103,16 +110,25 @@ def test_controlled_113M_ffn_equals_baseline_exactly():
 def test_k_sweep_as_the_paper_parameters_grow_with_K():
     """The paper's K ablation (val PPL 40.153 at K=1 to 32.832 at K=8) grows K on the reallocation shape
     (K=4, L=6: the 35.101 run), not on the controlled one (K=8 there is the 36.179 run)."""
-    specs = sorted((load_and_resolve(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")), key=lambda s: s.model.K)
+    specs = sorted(
+        (load_and_resolve(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")), key=lambda s: s.model.K
+    )
     assert [s.model.K for s in specs] == list(range(1, 9))
     ffn = [count(s).ffn for s in specs]
     assert ffn == [3 * k * 1368 * 694 * 6 for k in range(1, 9)]
     assert {count(s).attention for s in specs} == {4 * 1368 * 1368 * 6}
     k4 = load_and_resolve(ROOT / "configs/113M/hourglass-K4-L6.yaml").model
-    assert (k4.d_model, k4.n_layers, k4.d_h, k4.n_heads) == (specs[3].model.d_model, 6, specs[3].model.d_h, specs[3].model.n_heads)
+    assert (k4.d_model, k4.n_layers, k4.d_h, k4.n_heads) == (
+        specs[3].model.d_model,
+        6,
+        specs[3].model.d_h,
+        specs[3].model.n_heads,
+    )
 
 
-@pytest.mark.parametrize("name,K,L,attention,ffn", [("hourglass-K4-L6.yaml", 4, 6, 45e6, 68e6), ("hourglass.yaml", 2, 8, 66e6, 47e6)])
+@pytest.mark.parametrize(
+    "name,K,L,attention,ffn", [("hourglass-K4-L6.yaml", 4, 6, 45e6, 68e6), ("hourglass.yaml", 2, 8, 66e6, 47e6)]
+)
 def test_the_papers_splits(name, K, L, attention, ffn):
     """The reallocation run (K=4, L=6: attention about 45M, FFN about 68M) and the headline run (66M/47M,
     K=2 at the paper's K=2 optimum d_model/L 180): each within 0.5M of the paper's split, within 0.1% of
@@ -130,8 +146,10 @@ def test_the_papers_splits(name, K, L, attention, ffn):
 def test_sweeps_sample_the_papers_floors():
     """The U-curves have points at and on both sides of their floors (K=2 near d_model/L 180, K=4 near 110);
     the d_h/d_model sweep runs at L=12 with points between 0.4 and 0.55."""
+
     def shapes(folder):
         return [load_and_resolve(p).model for p in sorted((ROOT / "configs/113M/ablations" / folder).glob("*.yaml"))]
+
     for folder, floor in (("width-depth-K2", 180), ("width-depth-K4", 110)):
         ratios = sorted(m.d_model / m.n_layers for m in shapes(folder))
         assert any(abs(r / floor - 1) < 0.05 for r in ratios), (folder, ratios)
@@ -173,7 +191,12 @@ def test_paper2_width_grid_brackets_the_optimum():
         for p in grid.joinpath(size).glob("*.yaml"):
             m = load_and_resolve(p).model
             points.add((m.widths.r_l, m.widths.r_d))
-            assert (m.d_model, m.n_layers, m.widths.shape, m.widths.multiple) == (x.d_model, x.n_layers, x.widths.shape, x.widths.multiple)
+            assert (m.d_model, m.n_layers, m.widths.shape, m.widths.multiple) == (
+                x.d_model,
+                x.n_layers,
+                x.widths.shape,
+                x.widths.multiple,
+            )
         r_ls, r_ds = {p[0] for p in points}, {p[1] for p in points}
         assert (0.75, 0.3) in points and len(points) == len(r_ls) * len(r_ds) >= 9
         assert min(r_ls) < 0.75 < max(r_ls) and min(r_ds) < 0.3 < max(r_ds)

@@ -27,8 +27,9 @@ VARIANTS = {
     "hourglass-pre": dict(block="hourglass", K=3, d_h=24),
     "hourglass-post": dict(block="hourglass", K=3, d_h=24, norm_placement="post"),
     **{
-        f"vw-{ffn}-{resize}": dict(block="variable_width", ffn=ffn, K=2, d_h_ratio=0.5,
-                                   widths=WidthSpec(schedule="list", values=WIDTHS, resize=resize))
+        f"vw-{ffn}-{resize}": dict(
+            block="variable_width", ffn=ffn, K=2, d_h_ratio=0.5, widths=WidthSpec(schedule="list", values=WIDTHS, resize=resize)
+        )
         for ffn in ("swiglu", "hourglass")
         for resize in ("carry_forward", "zero", "learned")
     },
@@ -94,8 +95,17 @@ def test_hourglass_counts_its_k_sub_mlps_not_6n():
     assert ffn.num_flops_per_token(T) < 6 * sum(p.numel() for p in ffn.parameters())
 
 
-@pytest.mark.parametrize("variant", ["hourglass-pre", "hourglass-post", "vw-swiglu-carry_forward", "vw-swiglu-zero",
-                                     "vw-swiglu-learned", "vw-hourglass-carry_forward"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "hourglass-pre",
+        "hourglass-post",
+        "vw-swiglu-carry_forward",
+        "vw-swiglu-zero",
+        "vw-swiglu-learned",
+        "vw-hourglass-carry_forward",
+    ],
+)
 def test_blocks_compile_without_graph_breaks(variant):
     model = _model(variant)
     for block, shape in zip(model.blocks.values(), _block_inputs(model)):
@@ -109,11 +119,16 @@ def test_blocks_compile_without_graph_breaks(variant):
 def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
     """OLMo-core's SpeedMonitorCallback (MFU = its FLOP/s / the device peak) counts the model's FLOPs,
     checked against a count written here (885,312 and 1,149,696 per token)."""
-    extra = ["model.block=hourglass", "model.K=2", "model.d_h=16"] if block == "hourglass" else [
-        "model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,32]", "model.n_layers=3"]
+    extra = (
+        ["model.block=hourglass", "model.K=2", "model.d_h=16"]
+        if block == "hourglass"
+        else ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,32]", "model.n_layers=3"]
+    )
     spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=2", *extra))
     train(spec)
-    last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "throughput/total tokens" in line][-1]
+    last = [
+        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "throughput/total tokens" in line
+    ][-1]
     trainer_flops_per_token = last["throughput/total petaflops"] * 1e15 / last["throughput/total tokens"]
     # Counted here from the shapes: 6 FLOPs per matmul weight and token (forward + backward), 12 per
     # head dimension and causal (query, key) pair (QK^T and AV), the LM head and its norm; V = 4096 (demo).
@@ -140,6 +155,7 @@ def _fsdp_collectives(rank: int, port: int, out: str) -> None:
         def wrapper(*args, **kwargs):
             calls[name] += 1
             return fn(*args, **kwargs)
+
         return wrapper
 
     group.foreach_all_gather, group.foreach_reduce = counted("all_gather", gather), counted("reduce_scatter", reduce)

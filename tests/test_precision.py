@@ -60,8 +60,11 @@ def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[d
     olmo_core_log = logging.getLogger("olmo_core")
     olmo_core_log.addHandler(records)
     try:
-        train(load_and_resolve(BASELINE, tiny_overrides(folder, *RUN, *BLOCKS[block], *extra)), resume_from=resume_from,
-              callbacks={"probe": probe, "lm_evaluator": Callback()})
+        train(
+            load_and_resolve(BASELINE, tiny_overrides(folder, *RUN, *BLOCKS[block], *extra)),
+            resume_from=resume_from,
+            callbacks={"probe": probe, "lm_evaluator": Callback()},
+        )
     finally:
         olmo_core_log.removeHandler(records)
     losses = {s: m["train/CE loss"] for s, m in read_metrics(folder).items() if "train/CE loss" in m}
@@ -78,8 +81,9 @@ def runs(request, tmp_path_factory, demo_corpus):
     out["fp32"] = _train(root / "fp32", block, "train.precision=fp32")
     out["bf16"] = _train(root / "bf16", block, "train.precision=bf16")
     out["resumed"] = _train(root / "resumed", block, "train.precision=bf16", resume_from=str(root / "bf16" / "step2"))
-    out["compiled"] = _train(root / "compiled", block, "train.precision=fp32", "train.compile=true", *COMPILED_EXTRA.get(block, []),
-                             hook_dtypes=False)
+    out["compiled"] = _train(
+        root / "compiled", block, "train.precision=fp32", "train.compile=true", *COMPILED_EXTRA.get(block, []), hook_dtypes=False
+    )
     return out
 
 
@@ -113,14 +117,32 @@ def test_compile_runs_on_cpu_with_eager_losses(runs):
         assert compiled[step] == pytest.approx(eager[step], abs=COMPILE_TOLERANCE), step
 
 
-@pytest.mark.parametrize("overrides, world_size, want", [
-    (["train.precision=bf16"], 1, {"precision": "bf16 compute (torch.autocast), no gradient reduction", "compile": "off (eager)"}),
-    (["train.precision=fp32", "train.compile=true"], 1, {"precision": "fp32 compute", "compile": "torch.compile per block (inductor)"}),
-    (["train.precision=bf16", "train.data_parallel=fsdp", "train.compile=true"], 2,
-     {"precision": "bf16 compute (FSDP mixed precision), fp32 gradient reduction", "compile": "inductor), before FSDP"}),
-    (["train.precision=bf16", "train.data_parallel=ddp"], 2, {"precision": "bf16 compute (torch.autocast), fp32 gradient reduction"}),
-    (["train.hardware=h100"], 1, {"ignored": "train.hardware=h100 (train.device=cpu"}),
-])
+@pytest.mark.parametrize(
+    "overrides, world_size, want",
+    [
+        (
+            ["train.precision=bf16"],
+            1,
+            {"precision": "bf16 compute (torch.autocast), no gradient reduction", "compile": "off (eager)"},
+        ),
+        (
+            ["train.precision=fp32", "train.compile=true"],
+            1,
+            {"precision": "fp32 compute", "compile": "torch.compile per block (inductor)"},
+        ),
+        (
+            ["train.precision=bf16", "train.data_parallel=fsdp", "train.compile=true"],
+            2,
+            {"precision": "bf16 compute (FSDP mixed precision), fp32 gradient reduction", "compile": "inductor), before FSDP"},
+        ),
+        (
+            ["train.precision=bf16", "train.data_parallel=ddp"],
+            2,
+            {"precision": "bf16 compute (torch.autocast), fp32 gradient reduction"},
+        ),
+        (["train.hardware=h100"], 1, {"ignored": "train.hardware=h100 (train.device=cpu"}),
+    ],
+)
 def test_dry_run_says_what_the_cpu_run_does(tmp_path, overrides, world_size, want):
     """The dry run's rows for this CPU: the dtypes and compile the runs above measured (bf16 Linear
     outputs under autocast, compiled blocks), where it used to print train.compile=true for an eager run."""

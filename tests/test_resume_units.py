@@ -149,8 +149,10 @@ def test_post_checkpoint_saved_writes_a_manifest_for_a_local_checkpoint_only(tmp
     cb._record_saved()  # once every callback has written into the checkpoint: in a background thread
     ManifestWriter.wait_all()
     manifest = json.loads((d / "manifest.json").read_text())
-    entry = {name: {"bytes": (d / name).stat().st_size, "crc32": f"{zlib.crc32((d / name).read_bytes()):08x}"}
-             for name in (".metadata.json", "model_and_optim/.metadata", "train/rank0.pt")}
+    entry = {
+        name: {"bytes": (d / name).stat().st_size, "crc32": f"{zlib.crc32((d / name).read_bytes()):08x}"}
+        for name in (".metadata.json", "model_and_optim/.metadata", "train/rank0.pt")
+    }
     assert manifest == {"files": entry, "finite": True}
     cb.post_checkpoint_saved("gs://bucket/run/step3")  # remote: no manifest (writing one locally would fail)
     assert cb._saved == []
@@ -172,8 +174,14 @@ def test_ephemeral_checkpoints_are_held_back(keep, removed):
 def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
     """5 steps, permanent every 2, ephemeral every step, the newest 2 ephemeral ones kept: OLMo-core
     saves step 0 at the start; 1 and 3 are ephemeral, handed over for removal when 3 and 5 are saved."""
-    train(load_and_resolve(BASELINE, tiny_overrides(
-        tmp_path, "train.max_steps=5", "run.save_interval=2", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")))
+    train(
+        load_and_resolve(
+            BASELINE,
+            tiny_overrides(
+                tmp_path, "train.max_steps=5", "run.save_interval=2", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2"
+            ),
+        )
+    )
     steps = sorted(int(p.name[4:]) for p in tmp_path.glob("step*") if (p / ".metadata.json").is_file())
     assert steps == [0, 2, 3, 4, 5]
     for step in steps:  # OLMo-core's metadata records which saves are ephemeral; each has its manifest
@@ -195,15 +203,25 @@ def _guarded(tmp_path, monkeypatch, values):
     from olmo_patches.train.safety import NonFiniteGuardCallback
 
     loader = SimpleNamespace(total_batches=100, batches_processed=0)
-    trainer = SimpleNamespace(_metrics={}, global_step=0, metrics_collect_interval=5, max_steps=12, hard_stop=None,
-                              is_canceled=False, data_loader=loader, save_folder=str(tmp_path))
+    trainer = SimpleNamespace(
+        _metrics={},
+        global_step=0,
+        metrics_collect_interval=5,
+        max_steps=12,
+        hard_stop=None,
+        is_canceled=False,
+        data_loader=loader,
+        save_folder=str(tmp_path),
+    )
     guard = NonFiniteGuardCallback()
     guard.trainer = trainer
     trainer.callbacks = {"nonfinite_guard": guard}
     reads = []
     for name in ("cpu", "item", "tolist", "__bool__"):  # every way a value reaches the host
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _o=original, **k: (reads.append(trainer.global_step), _o(t, *a, **k))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, *a, _o=original, **k: (reads.append(trainer.global_step), _o(t, *a, **k))[1]
+        )
     for step in range(1, 13):
         trainer.global_step = loader.batches_processed = step
         loss, norm = values(step)

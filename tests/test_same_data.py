@@ -40,11 +40,13 @@ def test_every_rank_must_read_the_same_files(tmp_path):
     (data / "b.npy").write_bytes(b"\0" * 32)
     (tmp_path / "link").symlink_to(data)  # the same files, spelled another way
     a, b, link_a = data / "a.npy", data / "b.npy", tmp_path / "link" / "a.npy"
-    r = run_script("tests/_require_data.py",
-                   f"same={a},{b};{a},{b}",
-                   f"missing={a},{b};{a},{data / 'c.npy'}",
-                   f"spelling={a};{link_a}",
-                   torchrun=2)
+    r = run_script(
+        "tests/_require_data.py",
+        f"same={a},{b};{a},{b}",
+        f"missing={a},{b};{a},{data / 'c.npy'}",
+        f"spelling={a};{link_a}",
+        torchrun=2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     host = socket.gethostname()
     assert [l for l in r.stdout.splitlines() if l.split(":")[0] in ("same", "missing", "spelling")] == [

@@ -28,8 +28,18 @@ BATCH, SEQ, NOISE = 4, 64, 0.0005  # NOISE: the sd of ln L
 def _config(family, d, L):
     base = ["model.block=variable_width", "model.widths.schedule=constant"] if family == "baseline" else []
     path = DEMO / ("baseline.yaml" if family == "baseline" else "variable-width.yaml")
-    return load_and_resolve(path, [*base, f"model.d_model={d}", f"model.n_layers={L}", "model.n_heads=4",
-                            f"train.global_batch_size={BATCH}", f"data.sequence_length={SEQ}", f"run.name={family}-d{d}"])
+    return load_and_resolve(
+        path,
+        [
+            *base,
+            f"model.d_model={d}",
+            f"model.n_layers={L}",
+            "model.n_heads=4",
+            f"train.global_batch_size={BATCH}",
+            f"data.sequence_length={SEQ}",
+            f"run.name={family}-d{d}",
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +84,9 @@ def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
     assert want < 0.8 and rows["x"]["paper"].startswith("77.8% FLOPs, 85.1% mean width")
     # The same solve on mean width: the baseline's runs are constant width (d_model), 100% of themselves.
     assert rows["baseline"]["mean width (KV cache) / baseline's"] == "100.0%"
-    assert rows["baseline"]["mean width at target"] != "one width" and rows["x"]["mean width (KV cache) / baseline's"].endswith("%")
+    assert rows["baseline"]["mean width at target"] != "one width" and rows["x"]["mean width (KV cache) / baseline's"].endswith(
+        "%"
+    )
 
 
 def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
@@ -87,8 +99,12 @@ def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
 def test_the_papers_own_table_gives_its_fit_and_77_8_percent():
     """The paper's four dense rows (paper 2, docs/papers.md, written here), C = 3 x its forward FLOPs per sequence
     (the authors' count) x sequences, x at the reported FLOPs change: b -0.0498, a 3.16 at C in 1e20."""
-    rows = [(640, 16, 128, 19080, 3.452, 3.430, -3.2), (960, 24, 256, 23844, 3.138, 3.099, -3.7),
-            (1280, 32, 512, 23842, 2.926, 2.890, -2.6), (1600, 40, 1024, 25000, 2.751, 2.726, -2.5)]
+    rows = [
+        (640, 16, 128, 19080, 3.452, 3.430, -3.2),
+        (960, 24, 256, 23844, 3.138, 3.099, -3.7),
+        (1280, 32, 512, 23842, 2.926, 2.890, -2.6),
+        (1600, 40, 1024, 25000, 2.751, 2.726, -2.5),
+    ]
     C = [3 * paper_flops([h] * L, h, 100263, 4096) * B * S / 1e20 for h, L, B, S, *_ in rows]
     base = fit_power_law(C, [r[4] for r in rows])
     x = fit_power_law([c * (1 + r[6] / 100) for c, r in zip(C, rows)], [r[5] for r in rows])
@@ -111,8 +127,12 @@ def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
 
 # Paper 2's four dense rows, written here: h, L, batch (sequences), steps, baseline loss, x loss, x's FLOPs
 # and mean width vs the baseline (fractions).
-PAPER2_DENSE = [(640, 16, 128, 19080, 3.452, 3.430, -0.032, -0.100), (960, 24, 256, 23844, 3.138, 3.099, -0.037, -0.110),
-                (1280, 32, 512, 23842, 2.926, 2.890, -0.026, -0.105), (1600, 40, 1024, 25000, 2.751, 2.726, -0.025, -0.109)]
+PAPER2_DENSE = [
+    (640, 16, 128, 19080, 3.452, 3.430, -0.032, -0.100),
+    (960, 24, 256, 23844, 3.138, 3.099, -0.037, -0.110),
+    (1280, 32, 512, 23842, 2.926, 2.890, -0.026, -0.105),
+    (1600, 40, 1024, 25000, 2.751, 2.726, -0.025, -0.109),
+]
 
 
 def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
@@ -121,19 +141,24 @@ def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
     family's FLOPs fit is the paper's a 3.12, b -0.0503."""
     from olmo_patches.report.scaling import paper_matched_loss
 
-    rows = [dict(h=h, n_layers=L, batch=B, steps=S, baseline=b, x=x, flops=f, mean_width=w) for h, L, B, S, b, x, f, w in PAPER2_DENSE]
+    rows = [
+        dict(h=h, n_layers=L, batch=B, steps=S, baseline=b, x=x, flops=f, mean_width=w) for h, L, B, S, b, x, f, w in PAPER2_DENSE
+    ]
     got = paper_matched_loss(rows, 100263, 4096)
     assert got["target_loss"] == 2.751
     assert got["flops_fraction"] == pytest.approx(0.778, abs=0.003)
     assert got["mean_width_fraction"] == pytest.approx(0.851, abs=0.0006)
     x = got["flops"][1]
     assert x.a == pytest.approx(3.12, abs=0.02) and x.b == pytest.approx(-0.0503, abs=1e-4)
+
     # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then W = (L / a)^(1/b).
     def width_at(ws, ls):
         b, ln_a = np.polyfit(np.log(ws), np.log(ls), 1)
         return math.exp((math.log(2.751) - ln_a) / b)
+
     by_hand = width_at([r[0] * (1 + r[7]) for r in PAPER2_DENSE], [r[5] for r in PAPER2_DENSE]) / width_at(
-        [r[0] for r in PAPER2_DENSE], [r[4] for r in PAPER2_DENSE])
+        [r[0] for r in PAPER2_DENSE], [r[4] for r in PAPER2_DENSE]
+    )
     assert got["mean_width_fraction"] == pytest.approx(by_hand, rel=1e-9)
 
 

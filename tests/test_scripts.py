@@ -20,7 +20,9 @@ def test_count_params_json(tmp_path):
 
 
 def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
-    r = run_in_process("train.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path / "run", block="hourglass"), "--dry-run")
+    r = run_in_process(
+        "train.py", str(DEMO / "hourglass.yaml"), *tiny_overrides(tmp_path / "run", block="hourglass"), "--dry-run"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "d_model: 32" in r.stdout and "d_h: 16" in r.stdout and f"{L * 3 * K * D * D_H:,}" in r.stdout
     # K and V per token: 2 d_model per layer (MHA at head_dim d_model / n_heads); bf16 = 2 bytes, 32 tokens.
@@ -42,8 +44,26 @@ def test_config_table_rows(tmp_path):
 
 
 def test_bench_json_on_tiny_sizes():
-    r = run_script("bench.py", "--scale", "demo", "--compile", "off", "--repeats", "1", "--steps", "1", "--warmup", "0",
-                   "--seq", "32", "--batch", "2", "--optimizer", "--json", timeout=600)
+    r = run_script(
+        "bench.py",
+        "--scale",
+        "demo",
+        "--compile",
+        "off",
+        "--repeats",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--seq",
+        "32",
+        "--batch",
+        "2",
+        "--optimizer",
+        "--json",
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     results = json.loads(r.stdout)["results"]
     by_variant = {x["variant"]: x for x in results}

@@ -23,11 +23,19 @@ import torch
 
 from .conftest import REPO
 
-CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml"))
+CONFIGS = sorted(
+    p for p in (REPO / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
+)
 # (data parallelism, ranks that shard, float8); HSDP: 2 replicas of that many. DDP replicates whatever the
 # rank count; float8 tensorwise (all-gathered in float8 under FSDP) and HSDP at an odd and an even count.
-LAUNCHES = [*(("fsdp", n, "off") for n in (2, 3, 4, 8, 16, 64)), ("fsdp", 3, "tensorwise"), ("fsdp", 8, "tensorwise"),
-            ("hsdp", 3, "off"), ("hsdp", 8, "off"), ("ddp", 2, "off")]
+LAUNCHES = [
+    *(("fsdp", n, "off") for n in (2, 3, 4, 8, 16, 64)),
+    ("fsdp", 3, "tensorwise"),
+    ("fsdp", 8, "tensorwise"),
+    ("hsdp", 3, "off"),
+    ("hsdp", 8, "off"),
+    ("ddp", 2, "off"),
+]
 EVEN = 1.10  # a rank's share of the FFN and attention weights: at most 10% over an even split
 STATES = 0.05  # the memory model's 16 P / W against 16 x the elements a rank holds (FSDP2's padding)
 
@@ -80,8 +88,13 @@ def _parallelize(entry: Config, mode: str, world: int, float8: str):
     model = copy.deepcopy(entry.model)
     model.init_weights = lambda **kwargs: None
     try:
-        parallelize_model(model, world_mesh=build_world_mesh(dp=dp, device_type="cpu"), device=torch.device("meta"),
-                          dp_config=dp, float8_config=float8_config(spec, "cpu", world))
+        parallelize_model(
+            model,
+            world_mesh=build_world_mesh(dp=dp, device_type="cpu"),
+            device=torch.device("meta"),
+            dp_config=dp,
+            float8_config=float8_config(spec, "cpu", world),
+        )
     finally:
         parallel._WORLD_MESH = None  # OLMo-core builds one world mesh a process
     return spec, model
@@ -98,15 +111,24 @@ def _float8_params(model) -> int:
 
     from olmo_patches.nn.hourglass import StackedLinear
 
-    return sum(m.weight.numel() for m in model.modules()
-               if isinstance(m, Float8Linear) or (isinstance(m, StackedLinear) and m.float8 is not None))
+    return sum(
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, Float8Linear) or (isinstance(m, StackedLinear) and m.float8 is not None)
+    )
 
 
 def _narrowest(entry: Config) -> int:
     """The fewest rows of the config's query, attention-output and FFN matrices (rows: the dimension FSDP2
     splits a matrix on; the key and value matrices of grouped-query attention are a small part)."""
-    return min(shape[0] for sig in entry.blocks for n, shape in sig[1:] if len(shape) == 2 and not n.startswith(("attention.w_k", "attention.w_v"))
-               and (n.startswith("attention.") or n.startswith("feed_forward.")))
+    return min(
+        shape[0]
+        for sig in entry.blocks
+        for n, shape in sig[1:]
+        if len(shape) == 2
+        and not n.startswith(("attention.w_k", "attention.w_v"))
+        and (n.startswith("attention.") or n.startswith("feed_forward."))
+    )
 
 
 def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch):
@@ -145,10 +167,17 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
                         warnings.simplefilter("ignore")
                         _, model = _parallelize(entry, mode, world, float8)
                     for block_name, block in model.blocks.items():
-                        weights = [p for n, p in block.named_parameters() if p.ndim >= 2 and (".attention." in f".{n}" or "feed_forward" in n)]
-                        per_block[entry.kept[block_name]] = (sum(_local(p) for p in block.parameters()),
-                                                           sum(_local(p) for p in weights), sum(p.numel() for p in weights),
-                                                           _float8_params(block))
+                        weights = [
+                            p
+                            for n, p in block.named_parameters()
+                            if p.ndim >= 2 and (".attention." in f".{n}" or "feed_forward" in n)
+                        ]
+                        per_block[entry.kept[block_name]] = (
+                            sum(_local(p) for p in block.parameters()),
+                            sum(_local(p) for p in weights),
+                            sum(p.numel() for p in weights),
+                            _float8_params(block),
+                        )
                     outside = sum(_local(p) for n, p in model.named_parameters() if not n.startswith("blocks."))
                     held = outside + sum(per_block[s][0] for s in entry.blocks)
                     weights_held = sum(per_block[s][1] for s in entry.blocks)
@@ -180,9 +209,10 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
     # Only K-stacked hourglass experts can be refused (no dimension the shard count divides); every dense config starts.
     assert {w.split()[0] for w, _ in refused} <= {"configs/paper2/3B-MoE/x-hourglass-experts.yaml"}, refused
     assert all("cannot be sharded over" in line and "of shape (" in line for _, line in refused), refused
-    print(f"refused: {refused}; fewer than 10 rows a rank: {len(narrow)} {sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "
-          f"worst share +{worst['share']:.1%}, worst states {worst['states']:.1%}")
-
+    print(
+        f"refused: {refused}; fewer than 10 rows a rank: {len(narrow)} {sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "
+        f"worst share +{worst['share']:.1%}, worst states {worst['states']:.1%}"
+    )
 
 
 def test_a_launch_that_cannot_shard_is_refused_in_one_line_before_any_work(tmp_path):
@@ -195,7 +225,9 @@ def test_a_launch_that_cannot_shard_is_refused_in_one_line_before_any_work(tmp_p
     r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "64")
     assert r.returncode == 2, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith("config error: ") and "blocks.0.feed_forward_moe.experts.mlp.w1 of shape (2, 10692, 3040)" in line, line
+    assert line.startswith("config error: ") and "blocks.0.feed_forward_moe.experts.mlp.w1 of shape (2, 10692, 3040)" in line, (
+        line
+    )
     assert "cannot be sharded over 64 ranks" in line, line
     assert not (tmp_path / "run").exists()
     r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "8")

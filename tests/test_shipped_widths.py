@@ -14,11 +14,29 @@ from olmo_patches.train import train
 from .conftest import REPO, train_each
 
 HOURGLASS_113M = REPO / "configs" / "113M" / "hourglass.yaml"
-CUT = ["model.n_layers=2", "model.vocab_size=4096", "data.source=demo", "data.tokenizer=demo", "data.sequence_length=16",
-       "train.global_batch_size=6", "train.micro_batch_size=6", "train.max_tokens=null", "train.max_steps=1",
-       "train.warmup_steps=1", "train.precision=fp32", "train.device=cpu", "train.hardware=none", "train.compile=false",
-       "train.float8=off", "eval.interval=1000", "eval.max_batches=1", "eval.downstream_tasks=[]", "run.log_interval=1",
-       "run.save_interval=1000", "run.ephemeral_save_interval=null"]
+CUT = [
+    "model.n_layers=2",
+    "model.vocab_size=4096",
+    "data.source=demo",
+    "data.tokenizer=demo",
+    "data.sequence_length=16",
+    "train.global_batch_size=6",
+    "train.micro_batch_size=6",
+    "train.max_tokens=null",
+    "train.max_steps=1",
+    "train.warmup_steps=1",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "train.hardware=none",
+    "train.compile=false",
+    "train.float8=off",
+    "eval.interval=1000",
+    "eval.max_batches=1",
+    "eval.downstream_tasks=[]",
+    "run.log_interval=1",
+    "run.save_interval=1000",
+    "run.ephemeral_save_interval=null",
+]
 
 
 # Micro-batch 6 = the global batch: 3 ranks lower it to their 2 (docs/running.md), and the validation
@@ -48,7 +66,10 @@ def test_the_113M_hourglass_widths_train_over_three_fsdp_ranks_as_one_process(ru
     spec = load_and_resolve(HOURGLASS_113M, _overrides(root / "x"), layout=Layout.plan(3))
     assert (spec.model.d_model, spec.model.d_h, spec.model.K, spec.model.n_heads) == (1440, 678, 2, 20)  # the shipped widths
     one, three = _losses(root / "one"), _losses(root / "fsdp3")
-    assert sorted(one) == sorted(three) and {s for s, _ in one} == {0, 1}  # validation at 0 and after the step, the step's train loss
+    assert sorted(one) == sorted(three) and {s for s, _ in one} == {
+        0,
+        1,
+    }  # validation at 0 and after the step, the step's train loss
     print(", ".join(f"{k[1]}@{k[0]} {one[k]:.6f}/{three[k]:.6f}" for k in sorted(one)))
     for k in one:
         assert three[k] == pytest.approx(one[k], rel=1e-5), k

@@ -65,10 +65,12 @@ def runs(tmp_path_factory, demo_corpus):
     folded = _to_earlier_layout(root / "cut" / "step2")
     shutil.copytree(root / "cut", root / "cut-2")
     train(load_spec(HOURGLASS, _overrides(root / "cut", "train.max_steps=4")))  # resumes step2, one process
-    r = train_each([
-        [str(HOURGLASS), *_overrides(root / "fsdp", "train.max_steps=4", "train.data_parallel=fsdp")],
-        [str(HOURGLASS), *_overrides(root / "cut-2", "train.max_steps=4", "train.data_parallel=fsdp")],
-    ])
+    r = train_each(
+        [
+            [str(HOURGLASS), *_overrides(root / "fsdp", "train.max_steps=4", "train.data_parallel=fsdp")],
+            [str(HOURGLASS), *_overrides(root / "cut-2", "train.max_steps=4", "train.data_parallel=fsdp")],
+        ]
+    )
     return root, folded, r
 
 

@@ -61,7 +61,9 @@ def local_sweep(tmp_path_factory, demo_corpus):
     logs = {n: (root / "runs" / n / "sweep.log").read_text() for n in NAMES}
     said = []  # the relaunch in-process: it only checks, nothing trains
     failed = launch_local(load_sweep([str(cfg)], sets[1::2]), sets[1::2], say=said.append)
-    return dict(root=root, cfg=cfg, sets=sets, first=first, after_first=after_first, second=second, logs=logs, third=(failed, said))
+    return dict(
+        root=root, cfg=cfg, sets=sets, first=first, after_first=after_first, second=second, logs=logs, third=(failed, said)
+    )
 
 
 def test_local_sweep_stops_resumes_and_is_idempotent(local_sweep):
@@ -186,7 +188,14 @@ def test_slurm_array_submission_and_status(tmp_path, monkeypatch):
 
     assert launch_slurm(members, ["train.lr=1e-3"], nodes=2, gpus_per_node=4, sbatch_args=["--time=1:00:00"]) == "4242"
     args = (state / "sbatch.args").read_text().splitlines()
-    assert args[:6] == ["--parsable", "--array=0-1", "--nodes=2", "--gpus-per-node=4", "--output=logs/%x-%A_%a.out", "--time=1:00:00"]
+    assert args[:6] == [
+        "--parsable",
+        "--array=0-1",
+        "--nodes=2",
+        "--gpus-per-node=4",
+        "--output=logs/%x-%A_%a.out",
+        "--time=1:00:00",
+    ]
     assert args[6] == str(REPO / "scripts" / "launch_slurm.sbatch") and args[7] == "--array"
     manifest = [shlex.split(line) for line in open(args[8]).read().splitlines()]
     assert manifest == [[str(m.config), "train.lr=1e-3"] for m in members]
@@ -201,7 +210,9 @@ def test_slurm_array_submission_and_status(tmp_path, monkeypatch):
     # Ended: element 0 failed (its log's error line), element 1 was cancelled after writing its config.
     (state / "squeue").write_text("")
     (state / "sacct").write_text("4242_0|FAILED\n4242_1|CANCELLED by 1000\n")
-    (tmp_path / "logs" / "hourglass-olmo-4242_0.out").write_text("step 1\ntorch.OutOfMemoryError: CUDA out of memory\nsrun: error\n")
+    (tmp_path / "logs" / "hourglass-olmo-4242_0.out").write_text(
+        "step 1\ntorch.OutOfMemoryError: CUDA out of memory\nsrun: error\n"
+    )
     (tmp_path / "runs" / "tiny-sweep-b" / "config.yaml").write_text("run: {name: tiny-sweep-b}\n")
     statuses = sweep_status(members)
     assert [(s.state, s.error) for s in statuses] == [
@@ -220,9 +231,17 @@ def test_array_element_runs_its_manifest_line(tmp_path):
     _fake(bin_dir, "python", "exit 0")  # the script's pre-flight dry run (tests/test_launch_slurm.py checks it)
     manifest = tmp_path / "manifest.txt"
     manifest.write_text("configs/a.yaml train.lr=1e-3\nconfigs/b.yaml 'train.lr=2e-3'\n")
-    r = run(["bash", REPO / "scripts" / "launch_slurm.sbatch", "--array", manifest], timeout=60,
-            PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_ARRAY_TASK_ID="1", SLURM_JOB_ID="77", SLURM_JOB_NUM_NODES="1",
-            SLURM_GPUS_PER_NODE="2", SLURM_JOB_NODELIST="node7", SLURM_SUBMIT_DIR=str(REPO))
+    r = run(
+        ["bash", REPO / "scripts" / "launch_slurm.sbatch", "--array", manifest],
+        timeout=60,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        SLURM_ARRAY_TASK_ID="1",
+        SLURM_JOB_ID="77",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_GPUS_PER_NODE="2",
+        SLURM_JOB_NODELIST="node7",
+        SLURM_SUBMIT_DIR=str(REPO),
+    )
     assert r.returncode == 0, r.stderr
     command = " ".join((tmp_path / "srun.args").read_text().split())
     assert "scripts/train.py configs/b.yaml train.lr=2e-3" in command and "a.yaml" not in command

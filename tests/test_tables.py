@@ -76,7 +76,12 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     # The 3B MoE row (paper 2, docs/papers.md): 2.726 -> 2.710, -4.6% FLOPs, -10.9% mean width.
     assert _row(tables["variable_width"], run="paper2-3B-MoE-baseline")["paper"] == "2.726"
     moe_x = _row(tables["variable_width"], run="paper2-3B-MoE-x")
-    assert (moe_x["size"], moe_x["paper"], moe_x["paper FLOPs"], moe_x["paper mean width"]) == ("3B-MoE", "2.710", "-4.6%", "-10.9%")
+    assert (moe_x["size"], moe_x["paper"], moe_x["paper FLOPs"], moe_x["paper mean width"]) == (
+        "3B-MoE",
+        "2.710",
+        "-4.6%",
+        "-10.9%",
+    )
 
 
 def test_make_tables_script_writes_markdown_csv_and_figures(runs_root, tmp_path):
@@ -110,7 +115,11 @@ def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
     from olmo_patches.report.tables import Run, variable_width_table
 
     def run(name, loss):
-        config = {"run": {"name": name}, "model": {"block": "variable_width"}, "data": {"source": "olmo2_stage1", "tokenizer": "dolma2"}}
+        config = {
+            "run": {"name": name},
+            "model": {"block": "variable_width"},
+            "data": {"source": "olmo2_stage1", "tokenizer": "dolma2"},
+        }
         return Run(tmp_path / name, config, {100: {"eval/lm/wikitext_103-validation/CE loss": loss}})
 
     runs = {"paper2-2B-baseline": run("paper2-2B-baseline", 3.000), "paper2-2B-x": run("paper2-2B-x", 2.990)}

@@ -1,6 +1,5 @@
 """Training through OLMo-core's own Trainer on CPU: steps, exact resume (two gloo processes: test_world_size.py)."""
 
-
 import gc
 import json
 import multiprocessing
@@ -73,8 +72,13 @@ def two_ranks(tmp_path_factory, demo_corpus):
     (tests/_train_each.py), each mode its own run and folder."""
     root = tmp_path_factory.mktemp("two")
     runs = [[str(BASELINE), *tiny_overrides(root / p, *GLOO, f"train.data_parallel={p}", block="hourglass")] for p in PARALLEL]
-    runs += [[str(BASELINE), *tiny_overrides(root / f"{p}-bf16", *GLOO, f"train.data_parallel={p}", "train.precision=bf16", block="hourglass")]
-             for p in BF16_PARALLEL]
+    runs += [
+        [
+            str(BASELINE),
+            *tiny_overrides(root / f"{p}-bf16", *GLOO, f"train.data_parallel={p}", "train.precision=bf16", block="hourglass"),
+        ]
+        for p in BF16_PARALLEL
+    ]
     return root, train_each(runs)
 
 

@@ -38,6 +38,7 @@ PAPER = {
 def test_solver_reproduces_paper_flops_and_mean_width(name):
     h, L, flops_pct, _ = PAPER[name]
     w = solve_schedule(h, L, r_l=0.75, r_d=0.3, multiple=32).widths
+
     # FLOPs as the paper (the authors' solve_hparams.compute_metrics) defines them: forward, per
     # sequence, 2 per multiply-add: 32 s w_l^2 weights + 4 s^2 w_l (non-causal scores and values)
     # per layer, 2 s h V for the head, minus the first layer's QKV and last layer's down-projection
@@ -49,7 +50,9 @@ def test_solver_reproduces_paper_flops_and_mean_width(name):
 
     change = 100 * (flops(w) / flops([h] * L) - 1)
     assert change == pytest.approx(flops_pct, abs=0.15)
-    assert 100 * (flops(w) / flops([h] * L) - 1) == pytest.approx(100 * (paper_flops(w, h, VOCAB, SEQ) / paper_flops([h] * L, h, VOCAB, SEQ) - 1))
+    assert 100 * (flops(w) / flops([h] * L) - 1) == pytest.approx(
+        100 * (paper_flops(w, h, VOCAB, SEQ) / paper_flops([h] * L, h, VOCAB, SEQ) - 1)
+    )
     mean_below = 1 - sum(w) / L / h
     assert 0.0995 <= mean_below <= 0.1105, mean_below  # "10 to 11 percent below h"
     k = int(0.75 * L)
@@ -59,12 +62,132 @@ def test_solver_reproduces_paper_flops_and_mean_width(name):
 # The authors' solver (scripts/solve_hparams.py) on their dense_2b.yml and moe_1b3b.yml (22 experts,
 # top-3, expert hidden 512 at h 1600): the widths, and for the MoE its total / active parameters
 # (embeddings at cl100k included), FLOPs and mean width, computed from the paper's formulas.
-DENSE_2B = [3040, 2848, 2656, 2496, 2336, 2208, 2080, 1952, 1824, 1696, 1600, 1504, 1408, 1312, 1248, 1184, 1088, 1024, 960, 896,
-            864, 800, 736, 704, 672, 608, 576, 544, 512, 480, 576, 704, 832, 992, 1216, 1440, 1728, 2080, 2528, 3040]
-MOE_3B = [3040, 2848, 2656, 2496, 2336, 2208, 2080, 1952, 1824, 1696, 1600, 1504, 1408, 1312, 1248, 1152, 1088, 1024, 960, 896,
-          864, 800, 736, 704, 672, 608, 576, 544, 512, 480, 576, 704, 832, 992, 1216, 1440, 1728, 2080, 2528, 3040]
-MOE_3B_I = [973, 911, 850, 799, 748, 707, 666, 625, 584, 543, 512, 481, 451, 420, 399, 369, 348, 328, 307, 287,
-            276, 256, 236, 225, 215, 195, 184, 174, 164, 154, 184, 225, 266, 317, 389, 461, 553, 666, 809, 973]
+DENSE_2B = [
+    3040,
+    2848,
+    2656,
+    2496,
+    2336,
+    2208,
+    2080,
+    1952,
+    1824,
+    1696,
+    1600,
+    1504,
+    1408,
+    1312,
+    1248,
+    1184,
+    1088,
+    1024,
+    960,
+    896,
+    864,
+    800,
+    736,
+    704,
+    672,
+    608,
+    576,
+    544,
+    512,
+    480,
+    576,
+    704,
+    832,
+    992,
+    1216,
+    1440,
+    1728,
+    2080,
+    2528,
+    3040,
+]
+MOE_3B = [
+    3040,
+    2848,
+    2656,
+    2496,
+    2336,
+    2208,
+    2080,
+    1952,
+    1824,
+    1696,
+    1600,
+    1504,
+    1408,
+    1312,
+    1248,
+    1152,
+    1088,
+    1024,
+    960,
+    896,
+    864,
+    800,
+    736,
+    704,
+    672,
+    608,
+    576,
+    544,
+    512,
+    480,
+    576,
+    704,
+    832,
+    992,
+    1216,
+    1440,
+    1728,
+    2080,
+    2528,
+    3040,
+]
+MOE_3B_I = [
+    973,
+    911,
+    850,
+    799,
+    748,
+    707,
+    666,
+    625,
+    584,
+    543,
+    512,
+    481,
+    451,
+    420,
+    399,
+    369,
+    348,
+    328,
+    307,
+    287,
+    276,
+    256,
+    236,
+    225,
+    215,
+    195,
+    184,
+    174,
+    164,
+    154,
+    184,
+    225,
+    266,
+    317,
+    389,
+    461,
+    553,
+    666,
+    809,
+    973,
+]
 
 
 def test_moe_solver_matches_the_authors_widths_and_counts():
@@ -128,10 +251,20 @@ WIDTHS = [48, 16, 32, 64, 24]
 
 def _spec(resize="carry_forward", init="olmo", ffn="swiglu", widths=WIDTHS, extra=()):
     overrides = [
-        f"model.d_model={H}", f"model.n_layers={len(widths)}", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}", f"data.demo_vocab_size={VOCAB_TINY}",
-        "model.block=variable_width", f"model.ffn={ffn}", "model.widths.schedule=list",
-        f"model.widths.values=[{','.join(map(str, widths))}]", f"model.widths.resize={resize}", f"model.widths.init={init}",
-        "model.K=2", "model.d_h_ratio=2.0", *extra,
+        f"model.d_model={H}",
+        f"model.n_layers={len(widths)}",
+        f"model.n_heads={HEADS}",
+        f"model.vocab_size={VOCAB_TINY}",
+        f"data.demo_vocab_size={VOCAB_TINY}",
+        "model.block=variable_width",
+        f"model.ffn={ffn}",
+        "model.widths.schedule=list",
+        f"model.widths.values=[{','.join(map(str, widths))}]",
+        f"model.widths.resize={resize}",
+        f"model.widths.init={init}",
+        "model.K=2",
+        "model.d_h_ratio=2.0",
+        *extra,
     ]
     return load_and_resolve(BASELINE, overrides)
 
@@ -159,7 +292,7 @@ def _rope(x, theta):  # x: (B, T, heads, d); rotate-half RoPE over head_dim
 
 def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6, theta=500_000):
     """Explicit per-layer tensors: states[0] = embedding (h dims), states[l] = y_l (w_l dims)."""
-    m_emb, m_res, m_width = (mup or (1.0, 1.0, 1.0))
+    m_emb, m_res, m_width = mup or (1.0, 1.0, 1.0)
     states = [P["embeddings.weight"][ids] * m_emb]
 
     def widen(x, width, mode=resize):  # dims [x.shape[-1], width) by the paper's rule
@@ -197,7 +330,10 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
             y = u
             for i in range(K):
                 n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
-                w1, w3, w2 = (P[p + f"feed_forward.{w}.weight"].view(K, -1, P[p + f"feed_forward.{w}.weight"].shape[-1]) for w in ("w1", "w3", "w2"))
+                w1, w3, w2 = (
+                    P[p + f"feed_forward.{w}.weight"].view(K, -1, P[p + f"feed_forward.{w}.weight"].shape[-1])
+                    for w in ("w1", "w3", "w2")
+                )
                 g, val = n @ w1[i].T, n @ w3[i].T  # the (K out, in) storage's K maps
                 y = y + m_res * ((F.silu(g) * val) @ w2[i].T)
         states.append(y)
@@ -215,8 +351,14 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
 
 @pytest.mark.parametrize(
     "resize,init,ffn",
-    [("carry_forward", "olmo", "swiglu"), ("zero", "olmo", "swiglu"), ("learned", "olmo", "swiglu"),
-     ("carry_forward", "mup", "swiglu"), ("carry_forward", "olmo", "hourglass"), ("carry_forward", "mup", "hourglass")],
+    [
+        ("carry_forward", "olmo", "swiglu"),
+        ("zero", "olmo", "swiglu"),
+        ("learned", "olmo", "swiglu"),
+        ("carry_forward", "mup", "swiglu"),
+        ("carry_forward", "olmo", "hourglass"),
+        ("carry_forward", "mup", "hourglass"),
+    ],
 )
 def test_model_matches_per_layer_reference(resize, init, ffn):
     spec = _spec(resize, init, ffn)
@@ -298,7 +440,13 @@ def test_kv_cache_per_token_of_the_2b_shapes():
 
 
 def test_constant_schedule_is_olmo_core_baseline():
-    common = [f"model.d_model={H}", "model.n_layers=3", f"model.n_heads={HEADS}", f"model.vocab_size={VOCAB_TINY}", f"data.demo_vocab_size={VOCAB_TINY}"]
+    common = [
+        f"model.d_model={H}",
+        "model.n_layers=3",
+        f"model.n_heads={HEADS}",
+        f"model.vocab_size={VOCAB_TINY}",
+        f"data.demo_vocab_size={VOCAB_TINY}",
+    ]
     base = load_and_resolve(BASELINE, common)
     const = load_and_resolve(BASELINE, [*common, "model.block=variable_width", "model.widths.schedule=constant"])
     _, a = _build(base, seed=7)
@@ -348,12 +496,18 @@ def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
     spec = _spec(widths=[H, H, H], extra=MOE)
     config, ours = _build(spec, seed=5)
     moe = MoEConfig(  # the authors' routing in OLMo-core's terms: renormalised top-2, losses summed over layers
-        name=MoEType.dropless, num_experts=4, hidden_size=16, router=MoERouterConfig(top_k=2, normalize_expert_weights=1.0),
-        lb_loss_weight=0.01, z_loss_weight=0.001, scale_loss_by_num_layers=False,
+        name=MoEType.dropless,
+        num_experts=4,
+        hidden_size=16,
+        router=MoERouterConfig(top_k=2, normalize_expert_weights=1.0),
+        lb_loss_weight=0.01,
+        z_loss_weight=0.001,
+        scale_loss_by_num_layers=False,
     )
     fields_ = {f.name: getattr(config, f.name) for f in dataclasses.fields(TransformerConfig)}
     fields_.update(
-        name=TransformerType.moe, lm_head=LMHeadConfig(layer_norm=config.lm_head.layer_norm, bias=False),
+        name=TransformerType.moe,
+        lm_head=LMHeadConfig(layer_norm=config.lm_head.layer_norm, bias=False),
         block=dataclasses.replace(config.block, name=TransformerBlockType.moe, feed_forward=None, feed_forward_moe=moe),
     )
     olmo = TransformerConfig(**fields_).build(init_device="cpu")
@@ -383,20 +537,29 @@ def test_moe_counts_equal_the_built_model():
     experts = sum(3 * 4 * w * int(round(w * 16 / 32)) for w in [64, 32, 16, 48])
     assert b.active == b.total - experts // 2 == config.num_active_params
     report = width_report(spec)
-    assert report["expert_hidden"] == [32, 16, 8, 24] and report["baseline_total"] - report["baseline_active"] == 4 * 3 * 4 * 32 * 16 // 2
+    assert (
+        report["expert_hidden"] == [32, 16, 8, 24]
+        and report["baseline_total"] - report["baseline_active"] == 4 * 3 * 4 * 32 * 16 // 2
+    )
     assert 0 < report["paper_flops_ratio"] < report["paper_total_flops_ratio"]  # active experts: x saves more
 
 
-@pytest.mark.parametrize("override, match", [
-    ("model.moe.num_experts=0", r"model\.moe\.num_experts=0: must be >= 1"),
-    ("model.ffn=hourglass", r"model\.ffn=hourglass: the MoE replaces the FFN"),
-    ("model.moe.top_k=5", r"model\.moe\.top_k=5: must be in \[1, model\.moe\.num_experts=4\]"),
-    ("model.moe.experts=mixtral", r"model\.moe\.experts=mixtral: choose one of swiglu"),
-    ("model.moe.lb_loss_weight=-1", r"model\.moe\.lb_loss_weight=-1\.0: must be finite and >= 0"),
-    ("model.norm_placement=post", r"model\.norm_placement=post: the variable-width MoE block is pre-norm"),
-    ("train.activation_checkpointing=true", r"train\.activation_checkpointing=full: OLMo-core cannot checkpoint MoE blocks"),
-    ("model.moe.expert_hidden=1", r"model\.moe\.expert_hidden=1: the narrowest layer \(w=16\) would get experts of hidden size 0"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("model.moe.num_experts=0", r"model\.moe\.num_experts=0: must be >= 1"),
+        ("model.ffn=hourglass", r"model\.ffn=hourglass: the MoE replaces the FFN"),
+        ("model.moe.top_k=5", r"model\.moe\.top_k=5: must be in \[1, model\.moe\.num_experts=4\]"),
+        ("model.moe.experts=mixtral", r"model\.moe\.experts=mixtral: choose one of swiglu"),
+        ("model.moe.lb_loss_weight=-1", r"model\.moe\.lb_loss_weight=-1\.0: must be finite and >= 0"),
+        ("model.norm_placement=post", r"model\.norm_placement=post: the variable-width MoE block is pre-norm"),
+        ("train.activation_checkpointing=true", r"train\.activation_checkpointing=full: OLMo-core cannot checkpoint MoE blocks"),
+        (
+            "model.moe.expert_hidden=1",
+            r"model\.moe\.expert_hidden=1: the narrowest layer \(w=16\) would get experts of hidden size 0",
+        ),
+    ],
+)
 def test_moe_config_errors(override, match):
     with pytest.raises(ConfigError, match=match):
         _spec(widths=[64, 32, 16, 48], extra=[*MOE, override])
@@ -472,10 +635,16 @@ def test_count_params_reports_widths_and_flops_ratio():
 
 def test_width_not_divisible_by_heads_fails_at_load():
     with pytest.raises(ConfigError, match=r"model\.widths\.values=.*w_2=30 is not a positive multiple of 2 model\.n_heads=8"):
-        load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,30,64,128]"])
+        load_and_resolve(
+            REPO / "configs" / "demo" / "variable-width.yaml",
+            ["model.widths.schedule=list", "model.widths.values=[128,30,64,128]"],
+        )
     # 4 heads of 9 dims: divisible, but RoPE needs an even head dim.
     with pytest.raises(ConfigError, match=r"w_2=36 is not a positive multiple of 2 model\.n_heads=8 \(even head_dim"):
-        load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.schedule=list", "model.widths.values=[128,36,64,128]"])
+        load_and_resolve(
+            REPO / "configs" / "demo" / "variable-width.yaml",
+            ["model.widths.schedule=list", "model.widths.values=[128,36,64,128]"],
+        )
     with pytest.raises(ConfigError, match=r"model\.widths\.multiple=6: w_1=.* is not a positive multiple"):
         load_and_resolve(REPO / "configs" / "demo" / "variable-width.yaml", ["model.widths.multiple=6"])
     with pytest.raises(ConfigError, match=r"model\.widths\.resize=sideways"):
@@ -503,5 +672,7 @@ def test_train_save_and_resume(tmp_path, demo_corpus, moe):
     assert a["blocks.1.attention.w_q.weight"].shape == (16, 16) and a["lm_head.norm.weight"].shape == (48,)
     if moe:  # OLMo-core's trainer records the routers' losses; layer 2's experts at w = 16, I = 8
         steps = {step: m for step, m in read_metrics(straight).items() if step >= 1}
-        assert sorted(steps) == [1, 2, 3, 4] and all("train/load balancing loss" in m and "train/router Z loss" in m for m in steps.values())
+        assert sorted(steps) == [1, 2, 3, 4] and all(
+            "train/load balancing loss" in m and "train/router Z loss" in m for m in steps.values()
+        )
         assert a["blocks.1.feed_forward_moe.experts.mlp.w1"].shape == (4 * 8, 16)

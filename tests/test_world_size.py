@@ -41,12 +41,23 @@ def test_micro_batch_above_the_per_rank_batch_is_lowered():
     ]
 
 
-@pytest.mark.parametrize("overrides, layout, key", [
-    (["train.global_batch_size=16"], Layout.plan(3), "train.global_batch_size=16"),  # 16 / 3 ranks
-    (["train.global_batch_size=16"], Layout.plan(8, 4), "train.global_batch_size=16"),  # fewer sequences than ranks
-    (["train.global_batch_size=24", "train.micro_batch_size=4"], Layout.plan(4), "train.micro_batch_size=4"),  # 4 does not divide 6
-    (["train.global_batch_size=24", "train.micro_batch_size=4", "train.data_parallel=hsdp"], Layout(12, 8, 1), "train.data_parallel=hsdp"),
-])
+@pytest.mark.parametrize(
+    "overrides, layout, key",
+    [
+        (["train.global_batch_size=16"], Layout.plan(3), "train.global_batch_size=16"),  # 16 / 3 ranks
+        (["train.global_batch_size=16"], Layout.plan(8, 4), "train.global_batch_size=16"),  # fewer sequences than ranks
+        (
+            ["train.global_batch_size=24", "train.micro_batch_size=4"],
+            Layout.plan(4),
+            "train.micro_batch_size=4",
+        ),  # 4 does not divide 6
+        (
+            ["train.global_batch_size=24", "train.micro_batch_size=4", "train.data_parallel=hsdp"],
+            Layout(12, 8, 1),
+            "train.data_parallel=hsdp",
+        ),
+    ],
+)
 def test_impossible_layouts_fail_with_one_line(overrides, layout, key):
     with pytest.raises(ConfigError) as e:
         load_and_resolve(DEMO / "baseline.yaml", overrides, layout=layout)
@@ -74,7 +85,9 @@ def test_dry_run_plans_the_preset_per_rank():
 def test_dry_run_refuses_an_impossible_launch():
     code, out, err = _train_py(str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3")
     assert code == 2 and out == ""
-    assert err.splitlines() == [f"config error: {DEMO / 'baseline.yaml'}: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"]
+    assert err.splitlines() == [
+        f"config error: {DEMO / 'baseline.yaml'}: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"
+    ]
     code, _, err = _train_py(str(DEMO / "hourglass.yaml"), "--nproc-per-node", "2")  # a plan needs --dry-run
     assert code == 2 and "--dry-run" in err
 
@@ -91,10 +104,14 @@ def test_only_rank_0_prints_the_error(monkeypatch, capsys, tmp_path):
             load_or_exit(str(DEMO / "baseline.yaml"), bad)
         assert e.value.code == 2
         lines = capsys.readouterr().err.splitlines()
-        assert lines == ([] if rank == "1" else [
-            "config error: command line: train.global_batch_size=15: is not divisible by the 2 ranks (1 node x 2): "
-            "each rank takes a whole number of sequences"
-        ])
+        assert lines == (
+            []
+            if rank == "1"
+            else [
+                "config error: command line: train.global_batch_size=15: is not divisible by the 2 ranks (1 node x 2): "
+                "each rank takes a whole number of sequences"
+            ]
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -115,8 +132,9 @@ def under_torchrun(tmp_path_factory, demo_corpus):
     """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2, for
     each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
     root = tmp_path_factory.mktemp("torchrun")
-    return root, train_each([[str(DEMO / f"{n}.yaml"), *SHRINK, f"data.work_dir={root / n / 'cache'}", f"run.save_folder={root / n}"]
-                             for n in NAMES])
+    return root, train_each(
+        [[str(DEMO / f"{n}.yaml"), *SHRINK, f"data.work_dir={root / n / 'cache'}", f"run.save_folder={root / n}"] for n in NAMES]
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -127,7 +145,13 @@ def test_demo_config_under_torchrun_matches_one_process(tmp_path, under_torchrun
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == len(NAMES)  # rank 0's info line, once a run
     one, two = tmp_path / "one", root / name
-    train(load_and_resolve(DEMO / f"{name}.yaml", [*SHRINK, f"data.work_dir={tmp_path / 'cache'}", f"run.save_folder={one}"], layout=Layout.plan(1)))
+    train(
+        load_and_resolve(
+            DEMO / f"{name}.yaml",
+            [*SHRINK, f"data.work_dir={tmp_path / 'cache'}", f"run.save_folder={one}"],
+            layout=Layout.plan(1),
+        )
+    )
     l1, l2 = _losses(one), _losses(two)
     assert sorted(l1) == sorted(l2) and {s for s, _ in l1} == {0, 1, 2, 3}
     print(f"{name}: " + ", ".join(f"{k[1]}@{k[0]} {l1[k]:.6f}/{l2[k]:.6f}" for k in sorted(l1)))

@@ -181,9 +181,13 @@ class MoESpec:
     num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
     top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
     expert_hidden: Optional[int] = None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
-    lb_loss_weight: float = 0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
+    lb_loss_weight: float = (
+        0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
+    )
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
-    experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
+    experts: Experts = (
+        Experts.swiglu
+    )  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
 
 
 @dataclass
@@ -199,8 +203,10 @@ class RoPEScalingSpec:
         from olmo_core.nn.rope import StepwiseRoPEScalingConfig
 
         return StepwiseRoPEScalingConfig(
-            factor=self.factor, low_freq_proportion=1 - 1 / self.low_freq_factor,
-            high_freq_proportion=1 / self.high_freq_factor, old_context_len=self.original_max_position_embeddings,
+            factor=self.factor,
+            low_freq_proportion=1 - 1 / self.low_freq_factor,
+            high_freq_proportion=1 / self.high_freq_factor,
+            old_context_len=self.original_max_position_embeddings,
         )
 
 
@@ -227,9 +233,13 @@ class ModelSpec:
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
     ffn: Ffn = Ffn.swiglu  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
-    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h) (other blocks: checked, warned as ignored)
+    widths: WidthSpec = field(
+        default_factory=WidthSpec
+    )  # variable_width: w_l (d_model is h) (other blocks: checked, warned as ignored)
     moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
-    attention_backend: AttentionBackend = AttentionBackend.auto  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
+    attention_backend: AttentionBackend = (
+        AttentionBackend.auto
+    )  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
 
     @property
     def is_hourglass(self) -> bool:
@@ -258,8 +268,15 @@ class ModelSpec:
         matched to the baseline's total parameters (every expert), as the authors' solver does."""
         w = self.widths
         return schedule_widths(
-            w.schedule, self.d_model, self.n_layers, shape=w.shape, r_l=w.r_l, r_d=w.r_d, multiple=w.multiple,
-            widths=w.values, moe=self.moe_shape,
+            w.schedule,
+            self.d_model,
+            self.n_layers,
+            shape=w.shape,
+            r_l=w.r_l,
+            r_d=w.r_d,
+            multiple=w.multiple,
+            widths=w.values,
+            moe=self.moe_shape,
         )
 
     @property
@@ -332,7 +349,10 @@ class ModelSpec:
             e = self.moe
             hourglass_experts = e.experts == "hourglass"
             moe = (HourglassMoEConfig if hourglass_experts else LayerMoEConfig).authors(
-                num_experts=e.num_experts, top_k=e.top_k, hidden_size=self.moe_hidden, lb_loss_weight=e.lb_loss_weight,
+                num_experts=e.num_experts,
+                top_k=e.top_k,
+                hidden_size=self.moe_hidden,
+                lb_loss_weight=e.lb_loss_weight,
                 z_loss_weight=e.z_loss_weight,
             )
             if hourglass_experts:  # K sub-MLPs per expert, each with the model's norm
@@ -359,7 +379,9 @@ class DataSpec:
     # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
     source: DataSource = DataSource.demo
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
-    base: Optional[str] = None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
+    base: Optional[str] = (
+        None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
+    )
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
@@ -399,6 +421,8 @@ class PowerSpec:
 
 
 AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
+
+
 @dataclass
 class ActivationCheckpointing:
     """OLMo-core's activation checkpointing (TransformerActivationCheckpointingConfig), in its names."""
@@ -413,8 +437,11 @@ class ActivationCheckpointing:
         return self.mode != "off"
 
     def __str__(self) -> str:
-        arg = {"selected_blocks": self.block_interval, "budget": self.budget,
-               "selected_modules": ",".join(self.modules or [])}.get(self.mode)
+        arg = {
+            "selected_blocks": self.block_interval,
+            "budget": self.budget,
+            "selected_modules": ",".join(self.modules or []),
+        }.get(self.mode)
         return self.mode if arg is None else f"{self.mode}:{arg}"
 
     def build(self) -> Optional["TransformerActivationCheckpointingConfig"]:
@@ -425,8 +452,10 @@ class ActivationCheckpointing:
         if not self.enabled:
             return None
         return TransformerActivationCheckpointingConfig(
-            mode=TransformerActivationCheckpointingMode(self.mode), block_interval=self.block_interval,
-            modules=self.modules, activation_memory_budget=self.budget,
+            mode=TransformerActivationCheckpointingMode(self.mode),
+            block_interval=self.block_interval,
+            modules=self.modules,
+            activation_memory_budget=self.budget,
         )
 
 
@@ -440,7 +469,10 @@ def coerce_activation_checkpointing(value: Any) -> Any:
         key = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}.get(mode)
         if arg and key is None:
             mode = value
-        return {**asdict(ActivationCheckpointing(mode)), **({key: arg.split(",") if key == "modules" else arg} if arg and key else {})}
+        return {
+            **asdict(ActivationCheckpointing(mode)),
+            **({key: arg.split(",") if key == "modules" else arg} if arg and key else {}),
+        }
     if isinstance(value, dict) and value.get("mode") is False:  # YAML reads `off` as false
         return {**value, "mode": "off"}
     return value
@@ -468,12 +500,20 @@ class TrainSpec:
     schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
-    optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
+    optimizer: Optimizer = (
+        Optimizer.adamw
+    )  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
     precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: Float8 = Float8.off  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
-    activation_checkpointing: Optional[ActivationCheckpointing] = None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/hardware.py)
+    float8: Float8 = (
+        Float8.off
+    )  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
+    activation_checkpointing: Optional[ActivationCheckpointing] = (
+        None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
+    )
+    hardware: Hardware = (
+        Hardware.auto
+    )  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/hardware.py)
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
 
@@ -486,7 +526,9 @@ class EvalSpec:
     validation_base_dir: Optional[str] = None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
     downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
     downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
-    downstream_sequence_length: Optional[int] = None  # tasks' context in tokens, longer queries cut from the left (null: data.sequence_length)
+    downstream_sequence_length: Optional[int] = (
+        None  # tasks' context in tokens, longer queries cut from the left (null: data.sequence_length)
+    )
 
 
 @dataclass
@@ -497,7 +539,9 @@ class RunSpec:
     ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
     ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
-    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past the end: refused)
+    stop_at_step: Optional[int] = (
+        None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past the end: refused)
+    )
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
     trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
 
@@ -532,4 +576,3 @@ def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":
 def vocab_size(spec: ExperimentSpec) -> int:
     """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
     return spec.model.vocab_size or tokenizer_config(spec).padded_vocab_size()
-

@@ -14,6 +14,7 @@ from .spec import AC_MODES, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, W
 
 log = logging.getLogger(__name__)
 
+
 def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """Shape and recipe checks that the schema's types cannot express."""
 
@@ -27,7 +28,9 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail(key, value, "must be >= 1")
     _validate_knobs(spec, fail)
     if m.head_dim is None and m.d_model % m.n_heads and where("model.d_model") == "command line" != where("model.n_heads"):
-        fail("model.d_model", m.d_model, f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)")  # the key changed last
+        fail(
+            "model.d_model", m.d_model, f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)"
+        )  # the key changed last
     _validate_attention(m, fail)
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
@@ -50,7 +53,9 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if m.block == "variable_width":
         _validate_widths(m, fail)
     if (t.max_tokens is None) == (t.max_steps is None):
-        key = "train.max_tokens" if t.max_tokens is not None and where("train.max_tokens") == "command line" else "train.max_steps"
+        key = (
+            "train.max_tokens" if t.max_tokens is not None and where("train.max_tokens") == "command line" else "train.max_steps"
+        )
         fail(key, getattr(t, key.split(".")[1]), "give exactly one of train.max_tokens and train.max_steps")
     if t.global_batch_size < 1:
         fail("train.global_batch_size", t.global_batch_size, "must be >= 1")
@@ -69,7 +74,11 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if d.source == "numpy" and not d.paths and not d.mix:
         fail("data.source", d.source, "a numpy data source needs data.paths or data.mix")
     if (d.source == "demo") != (d.tokenizer == "demo"):
-        fail("data.tokenizer", d.tokenizer, f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}")
+        fail(
+            "data.tokenizer",
+            d.tokenizer,
+            f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}",
+        )
     _validate_numbers(spec, fail)
     _validate_shapes(spec, fail)
     validate_evals(spec, fail)
@@ -95,7 +104,11 @@ def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
         if getattr(ac, arg) is not None and ac.mode != mode:
             fail(f"{key}.{arg}", getattr(ac, arg), f"applies to mode {mode} only, not {ac.mode}")
     if ac.mode in needs and getattr(ac, needs[ac.mode]) in (None, []):
-        fail(f"{key}.{needs[ac.mode]}", getattr(ac, needs[ac.mode]), f"mode {ac.mode} needs it (e.g. {ac.mode}:{AC_EXAMPLE[ac.mode]})")
+        fail(
+            f"{key}.{needs[ac.mode]}",
+            getattr(ac, needs[ac.mode]),
+            f"mode {ac.mode} needs it (e.g. {ac.mode}:{AC_EXAMPLE[ac.mode]})",
+        )
     if ac.mode == "selected_blocks" and ac.block_interval < 1:  # type: ignore[operator]
         fail(f"{key}.block_interval", ac.block_interval, "must be >= 1 (blocks 0, n, 2n, ... are checkpointed)")
     if ac.mode == "budget" and not 0 <= ac.budget <= 1:  # type: ignore[operator]
@@ -115,13 +128,16 @@ def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
                 fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
 
 
-
 def _validate_float8(spec: ExperimentSpec, fail) -> None:
     f8 = spec.train.float8
     if f8 == "off":
         return
     if spec.model.moe is not None:  # torchao's float8 converts nn.Linear; OLMo-core's experts are grouped weights
-        fail("train.float8", f8, "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)")
+        fail(
+            "train.float8",
+            f8,
+            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
+        )
 
 
 def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
@@ -151,7 +167,11 @@ def _validate_attention(m: ModelSpec, fail) -> None:
         if m.d_model % m.n_heads:
             fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model} (or set model.head_dim)")
         if (m.d_model // m.n_heads) % 2:
-            fail("model.n_heads", m.n_heads, f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even")
+            fail(
+                "model.n_heads",
+                m.n_heads,
+                f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even",
+            )
     elif m.head_dim < 2 or m.head_dim % 2:
         fail("model.head_dim", m.head_dim, "must be even and >= 2 (RoPE rotates pairs of dimensions)")
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
@@ -165,10 +185,16 @@ def _validate_attention(m: ModelSpec, fail) -> None:
             fail("model.rope_scaling.low_freq_factor", r.low_freq_factor, "must be >= 1")
         if not r.low_freq_factor < r.high_freq_factor:  # blamed on the one moved from its default (4, 1)
             if r.high_freq_factor != 4.0 and r.low_freq_factor == 1.0:
-                fail("model.rope_scaling.high_freq_factor", r.high_freq_factor,
-                     f"must be > model.rope_scaling.low_freq_factor={r.low_freq_factor}")
-            fail("model.rope_scaling.low_freq_factor", r.low_freq_factor,
-                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}")
+                fail(
+                    "model.rope_scaling.high_freq_factor",
+                    r.high_freq_factor,
+                    f"must be > model.rope_scaling.low_freq_factor={r.low_freq_factor}",
+                )
+            fail(
+                "model.rope_scaling.low_freq_factor",
+                r.low_freq_factor,
+                f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}",
+            )
 
 
 # --- domains: every number in range ---------------------------------------------------------------
@@ -237,8 +263,11 @@ def _validate_knobs(spec: ExperimentSpec, fail) -> None:
     if d.sequence_length > _MAX_SEQUENCE:
         fail("data.sequence_length", d.sequence_length, "must be at most 2^20")
     if t.global_batch_size >= 1 and t.global_batch_size * d.sequence_length > _MAX_STEP_TOKENS:
-        fail("train.global_batch_size", t.global_batch_size,
-             f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32")
+        fail(
+            "train.global_batch_size",
+            t.global_batch_size,
+            f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32",
+        )
     hourglass = m.is_hourglass or (m.moe is not None and m.moe.experts == "hourglass")
     ignored = []
     if not hourglass:
@@ -247,6 +276,7 @@ def _validate_knobs(spec: ExperimentSpec, fail) -> None:
         ignored += ["ffn"] * (m.ffn != "swiglu") + ["widths"] * (w != WidthSpec())
     for k in ignored:
         log.warning("model.%s=%s: ignored by model.block=%s", k, getattr(m, k) if k != "widths" else "{...}", m.block)
+
 
 _MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
 
@@ -267,7 +297,9 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
     check("train.eps", t.eps, t.eps > 0, "must be finite and > 0")
     check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be finite and >= 0")
     check("train.final_lr_ratio", t.final_lr_ratio, 0 <= t.final_lr_ratio <= 1, "must be in [0, 1]")
-    check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm is None or t.max_grad_norm > 0, "must be > 0 (null: no clipping)")
+    check(
+        "train.max_grad_norm", t.max_grad_norm, t.max_grad_norm is None or t.max_grad_norm > 0, "must be > 0 (null: no clipping)"
+    )
     check("train.z_loss", t.z_loss, t.z_loss is None or t.z_loss >= 0, "must be finite and >= 0 (null: off)")
     for key in ("max_steps", "max_tokens", "schedule_tokens"):
         value = getattr(t, key)
@@ -280,7 +312,12 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
     check("model.rope_theta", m.rope_theta, m.rope_theta > 0, "must be > 0")
     check("eval.interval", e.interval, e.interval >= 1, "must be >= 1")
     check("eval.max_batches", e.max_batches, e.max_batches is None or e.max_batches >= 1, "must be >= 1 (null: the whole set)")
-    check("eval.downstream_interval", e.downstream_interval, e.downstream_interval is None or e.downstream_interval >= 1, "must be >= 1")
+    check(
+        "eval.downstream_interval",
+        e.downstream_interval,
+        e.downstream_interval is None or e.downstream_interval >= 1,
+        "must be >= 1",
+    )
     check("run.log_interval", r.log_interval, r.log_interval >= 1, "must be >= 1")
     check("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1")
     check("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1")
@@ -289,7 +326,11 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
     if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
         fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
     if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
-        fail("run.ephemeral_save_interval", r.ephemeral_save_interval, f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)")
+        fail(
+            "run.ephemeral_save_interval",
+            r.ephemeral_save_interval,
+            f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)",
+        )
     if not r.name or "/" in r.name:
         fail("run.name", r.name, "must be a non-empty name without '/'")
 
@@ -313,7 +354,11 @@ def _validate_shapes(spec: ExperimentSpec, fail) -> None:
         fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_vocab} tokens")
     hourglass = m.is_hourglass
     hidden_key, hidden = ("model.d_h", m.resolved_d_h) if hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
-    for key, rows, cols in (("model.d_model", m.d_model, m.d_model), (hidden_key, m.d_model, hidden), ("model.vocab_size", vocab, m.d_model)):
+    for key, rows, cols in (
+        ("model.d_model", m.d_model, m.d_model),
+        (hidden_key, m.d_model, hidden),
+        ("model.vocab_size", vocab, m.d_model),
+    ):
         if rows * cols > _MAX_MATRIX:
             fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
 
@@ -331,7 +376,9 @@ def validate_evals(spec: ExperimentSpec, fail) -> None:
     if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:
         fail("eval.validation_sets", unknown, f"unknown; choose from {', '.join(VALIDATION_SETS)}")
     if e.downstream_sequence_length is not None and e.downstream_sequence_length < 2:
-        fail("eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)")
+        fail(
+            "eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)"
+        )
 
 
 def _validate_widths(m: ModelSpec, fail) -> None:
@@ -364,7 +411,11 @@ def _validate_moe(m: ModelSpec, fail) -> None:
     e = m.moe
     assert e is not None
     if m.block != "variable_width":
-        fail("model.moe", "{...}", f"a mixture of experts needs model.block=variable_width (a constant schedule is the baseline), not {m.block}")
+        fail(
+            "model.moe",
+            "{...}",
+            f"a mixture of experts needs model.block=variable_width (a constant schedule is the baseline), not {m.block}",
+        )
     if m.ffn != "swiglu":
         fail("model.ffn", m.ffn, "the MoE replaces the FFN; give the experts' kind as model.moe.experts")
     if m.norm_placement != "pre":
@@ -375,11 +426,13 @@ def _validate_moe(m: ModelSpec, fail) -> None:
         fail("model.moe.top_k", e.top_k, f"must be in [1, model.moe.num_experts={e.num_experts}]")
     if e.experts == "hourglass":  # the experts' shape is model.K and model.d_h (checked in validate)
         if e.expert_hidden is not None:
-            fail("model.moe.expert_hidden", e.expert_hidden, "hourglass experts take their shape from model.K and model.d_h; remove it")
+            fail(
+                "model.moe.expert_hidden",
+                e.expert_hidden,
+                "hourglass experts take their shape from model.K and model.d_h; remove it",
+            )
     elif e.expert_hidden is None or e.expert_hidden < 1:
         fail("model.moe.expert_hidden", e.expert_hidden, "must be >= 1 for swiglu experts")
     for key in ("lb_loss_weight", "z_loss_weight"):
         if not (math.isfinite(value := getattr(e, key)) and value >= 0):
             fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")
-
-

@@ -102,10 +102,7 @@ def prepare_demo_corpus(
         shutil.rmtree(tmp, ignore_errors=True)
     corpus = _load(root, key)
     assert corpus is not None
-    log.info(
-        f"Demo corpus: {corpus.n_train_tokens:,d} train / {corpus.n_val_tokens:,d} val tokens, "
-        f"vocab {corpus.vocab_size}"
-    )
+    log.info(f"Demo corpus: {corpus.n_train_tokens:,d} train / {corpus.n_val_tokens:,d} val tokens, vocab {corpus.vocab_size}")
     return corpus
 
 
@@ -285,9 +282,7 @@ def _build(folder: Path, key: str, settings: dict, files: dict[str, bytes]) -> N
         eos, pad = tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(PAD_TOKEN)
         dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
         tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a source is text
-        train = _encode(
-            tokenizer, train_docs, eos, dtype, settings["max_train_tokens"], progress, "train"
-        )
+        train = _encode(tokenizer, train_docs, eos, dtype, settings["max_train_tokens"], progress, "train")
         val = _encode(tokenizer, val_docs, eos, dtype, None, progress, "val")
 
     manifest = {

@@ -76,14 +76,8 @@ def read_paths_file(path: Path) -> list[str]:
         expected = checksum_file.read_text().split()[0]
         actual = sha256_file(path)
         if actual != expected:
-            raise DataOrderError(
-                f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file list changed"
-            )
-    paths = [
-        line.strip()
-        for line in path.read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+            raise DataOrderError(f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file list changed")
+    paths = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not paths:
         raise DataOrderError(f"paths file {path} lists no files")
     return paths
@@ -101,7 +95,7 @@ def rebase(paths: Sequence[str], base: Optional[str], origin: str = PINNED_ORIGI
     for p in paths:
         if not p.startswith(origin):
             raise DataOrderError(f"{p} is not under {origin}: cannot rebase it onto {base}")
-        out.append(f"{base}/{p[len(origin):]}")
+        out.append(f"{base}/{p[len(origin) :]}")
     return out
 
 
@@ -110,9 +104,7 @@ def load_pinned_list(base: Optional[str] = None) -> list[str]:
     return rebase(read_paths_file(PINNED_LIST), base)
 
 
-def instance_counts(
-    sizes: Sequence[int], seq_len: int, itemsize: int = TOKEN_BYTES
-) -> np.ndarray:
+def instance_counts(sizes: Sequence[int], seq_len: int, itemsize: int = TOKEN_BYTES) -> np.ndarray:
     """Instances per file: ``file_bytes // (itemsize * seq_len)``; a file's remainder is dropped."""
     return np.asarray(sizes, dtype=np.int64) // (itemsize * seq_len)
 
@@ -126,9 +118,7 @@ class Layout:
     seq_len: int
 
     @classmethod
-    def from_sizes(
-        cls, paths: Sequence[str], sizes: Sequence[int], seq_len: int
-    ) -> "Layout":
+    def from_sizes(cls, paths: Sequence[str], sizes: Sequence[int], seq_len: int) -> "Layout":
         if len(paths) != len(sizes):
             raise DataOrderError(f"{len(paths)} paths but {len(sizes)} sizes")
         return cls(tuple(paths), instance_counts(sizes, seq_len), seq_len)
@@ -162,9 +152,7 @@ def shuffled_indices(num_instances: int, seed: int, epoch: int = 0) -> np.ndarra
     disk writes (dirty-page writeback) and was >10x slower at 1e9 instances.
     """
     if num_instances >= np.iinfo(np.uint32).max:
-        raise DataOrderError(
-            f"{num_instances} instances do not fit the trainers' uint32 indices"
-        )
+        raise DataOrderError(f"{num_instances} instances do not fit the trainers' uint32 indices")
     out = np.empty(num_instances, dtype=np.uint32)
     for start in range(0, num_instances, _FILL_BLOCK):
         stop = min(start + _FILL_BLOCK, num_instances)

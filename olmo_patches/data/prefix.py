@@ -90,9 +90,7 @@ def _read_index(out_dir: Path) -> Optional[dict[str, Any]]:
     try:
         index = json.loads(path.read_text())
     except ValueError:
-        raise DataOrderError(
-            f"{path} is not valid JSON; delete the prefix directory and start again"
-        ) from None
+        raise DataOrderError(f"{path} is not valid JSON; delete the prefix directory and start again") from None
     if index.get("format") != FORMAT:
         raise DataOrderError(f"{path} is not a {FORMAT} index")
     return index
@@ -104,9 +102,7 @@ def _write_index(out_dir: Path, index: dict[str, Any]) -> None:
     os.replace(tmp, out_dir / INDEX)
 
 
-def _prefix_order(
-    out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]
-) -> np.ndarray:
+def _prefix_order(out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]) -> np.ndarray:
     """The first N instance ids: order.npy if it matches its recorded sha256, else built anew."""
     path = out_dir / ORDER
     if sha256 is not None and path.is_file() and sha256_file(path) == sha256:
@@ -140,9 +136,7 @@ def materialize(
     sources = rebase(spec.paths, base)
     layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
     if spec.num_instances > layout.num_instances:
-        raise DataOrderError(
-            f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}"
-        )
+        raise DataOrderError(f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}")
     if spec.num_instances <= 0 or spec.chunk_instances <= 0:
         raise DataOrderError("num_instances and chunk_instances must be positive")
 
@@ -160,9 +154,7 @@ def materialize(
         _write_index(out_dir, index)
     elif index["spec"] != spec_json:
         changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
-        raise DataOrderError(
-            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory"
-        )
+        raise DataOrderError(f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory")
 
     order = _prefix_order(out_dir, spec, layout, index.get("order_sha256"))
     index["order_sha256"] = sha256_file(out_dir / ORDER)
@@ -173,11 +165,7 @@ def materialize(
     for k in range(spec.num_chunks):
         name = part_name(k)
         done = index["chunks"].get(name)
-        if (
-            done
-            and (out_dir / name).is_file()
-            and sha256_file(out_dir / name) == done["sha256"]
-        ):
+        if done and (out_dir / name).is_file() and sha256_file(out_dir / name) == done["sha256"]:
             continue
         todo.append(k)
     index["complete"] = False
@@ -226,10 +214,7 @@ def materialize(
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    total = (
-        sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo)
-        * instance_bytes
-    )
+    total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo) * instance_bytes
     with progress_bar(progress, *columns) as bar:
         task = bar.add_task(f"{len(todo)} parts -> {out_dir}", total=total)
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -261,14 +246,8 @@ def verify_prefix(
     index = _read_index(out_dir)
     if index is None:
         return [f"{out_dir / INDEX} not found"]
-    spec = PrefixSpec(
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in index["spec"].items()}
-    )
-    problems = (
-        []
-        if index["complete"]
-        else ["materialize did not finish; run it again to resume"]
-    )
+    spec = PrefixSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in index["spec"].items()})
+    problems = [] if index["complete"] else ["materialize did not finish; run it again to resume"]
     for k in range(spec.num_chunks):
         name, (start, stop) = part_name(k), spec.chunk_range(k)
         path = out_dir / name
@@ -276,9 +255,7 @@ def verify_prefix(
         if entry is None or not path.is_file():
             problems.append(f"{name}: missing")
         elif path.stat().st_size != (stop - start) * spec.seq_len * TOKEN_BYTES:
-            problems.append(
-                f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}"
-            )
+            problems.append(f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}")
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from index.json")
     if sample and not problems:
@@ -286,9 +263,7 @@ def verify_prefix(
         sources = rebase(spec.paths, base)
         layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
         order = np.load(out_dir / ORDER)
-        picks = np.random.default_rng().choice(
-            spec.num_instances, size=min(sample, spec.num_instances), replace=False
-        )
+        picks = np.random.default_rng().choice(spec.num_instances, size=min(sample, spec.num_instances), replace=False)
         file_idx, token_off = layout.locate(order[picks])
         n = spec.seq_len * TOKEN_BYTES
         for pos, fi, off in zip(picks, file_idx, token_off):
@@ -296,12 +271,8 @@ def verify_prefix(
             with open(out_dir / part_name(k), "rb") as f:
                 f.seek(within * n)
                 local = f.read(n)
-            if local != reader.read(
-                sources[fi], int(off) * TOKEN_BYTES, n, spec.sizes[fi]
-            ):
-                problems.append(
-                    f"instance {pos} (part {k}) differs from {sources[fi]}"
-                )
+            if local != reader.read(sources[fi], int(off) * TOKEN_BYTES, n, spec.sizes[fi]):
+                problems.append(f"instance {pos} (part {k}) differs from {sources[fi]}")
     return problems
 
 
@@ -309,18 +280,14 @@ def prefix_index(out_dir: Path) -> dict[str, Any]:
     """The index of a finished prefix (one-line error if there is none)."""
     index = _read_index(Path(out_dir))
     if index is None or not index["complete"]:
-        raise DataOrderError(
-            f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)"
-        )
+        raise DataOrderError(f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)")
     return index
 
 
 def prefix_paths(out_dir: Path) -> list[str]:
     """The part files of a finished prefix, in training order."""
     index = prefix_index(Path(out_dir))
-    num_chunks = math.ceil(
-        index["spec"]["num_instances"] / index["spec"]["chunk_instances"]
-    )
+    num_chunks = math.ceil(index["spec"]["num_instances"] / index["spec"]["chunk_instances"])
     return [str(Path(out_dir) / part_name(k)) for k in range(num_chunks)]
 
 

@@ -78,9 +78,7 @@ class RangeReader:
         except FileNotFoundError:
             raise DataOrderError(f"token file not found: {path}") from None
 
-    def read(
-        self, path: str, start: int, length: int, expect_size: Optional[int] = None
-    ) -> bytes:
+    def read(self, path: str, start: int, length: int, expect_size: Optional[int] = None) -> bytes:
         """Bytes ``[start, start + length)`` of ``path``; exactly ``length`` of them or an error.
 
         ``expect_size`` is the file's size from the manifest: a file that has since changed
@@ -91,13 +89,8 @@ class RangeReader:
         if _is_other_url(path):
             from olmo_core.io import get_bytes_range, get_file_size
 
-            if (
-                expect_size is not None
-                and (actual := get_file_size(path)) != expect_size
-            ):
-                raise DataOrderError(
-                    f"{path} is {actual} bytes, the manifest says {expect_size}"
-                )
+            if expect_size is not None and (actual := get_file_size(path)) != expect_size:
+                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
             data = get_bytes_range(path, start, length)
         else:
             local = _local(path)
@@ -109,36 +102,22 @@ class RangeReader:
             except FileNotFoundError:
                 raise DataOrderError(f"token file not found: {path}") from None
             if expect_size is not None and actual != expect_size:
-                raise DataOrderError(
-                    f"{path} is {actual} bytes, the manifest says {expect_size}"
-                )
+                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
         if len(data) != length:
-            raise DataOrderError(
-                f"{path}: got {len(data)} of {length} bytes at offset {start}"
-            )
+            raise DataOrderError(f"{path}: got {len(data)} of {length} bytes at offset {start}")
         return data
 
     # -- HTTP ------------------------------------------------------------------------------
 
-    def _http_range(
-        self, url: str, start: int, length: int, expect_size: Optional[int]
-    ) -> bytes:
+    def _http_range(self, url: str, start: int, length: int, expect_size: Optional[int]) -> bytes:
         def check(status: int, headers: dict[str, str], body: bytes) -> None:
             # A 200 would be the whole file: the server ignored the range.
             if status != 206:
-                raise DataOrderError(
-                    f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206"
-                )
+                raise DataOrderError(f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206")
             match = _CONTENT_RANGE.fullmatch(headers.get("content-range", ""))
             total = match.group(3) if match else None
-            if (
-                expect_size is not None
-                and total not in (None, "*")
-                and int(total) != expect_size
-            ):
-                raise DataOrderError(
-                    f"{url} is {total} bytes, the manifest says {expect_size}: rebuild the manifest"
-                )
+            if expect_size is not None and total not in (None, "*") and int(total) != expect_size:
+                raise DataOrderError(f"{url} is {total} bytes, the manifest says {expect_size}: rebuild the manifest")
             if len(body) != length:
                 raise _Retry(f"got {len(body)} of {length} bytes at offset {start}")
 
@@ -168,9 +147,7 @@ class RangeReader:
             except _RETRYABLE as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 self._drop_connection(url)
-        raise DataOrderError(
-            f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}"
-        )
+        raise DataOrderError(f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}")
 
     def _send(self, url: str, method: str, headers: dict[str, str]):
         parts = urlsplit(url)
@@ -188,36 +165,26 @@ class RangeReader:
         pool: dict = self._tls.__dict__.setdefault("pool", {})
         key = (scheme, netloc)
         if key not in pool:
-            cls = (
-                http.client.HTTPSConnection
-                if scheme == "https"
-                else http.client.HTTPConnection
-            )
+            cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
             pool[key] = cls(netloc, timeout=self.retry.timeout_s)
         return pool[key]
 
     def _drop_connection(self, url: str) -> None:
         parts = urlsplit(url)
-        conn = self._tls.__dict__.get("pool", {}).pop(
-            (parts.scheme, parts.netloc), None
-        )
+        conn = self._tls.__dict__.get("pool", {}).pop((parts.scheme, parts.netloc), None)
         if conn is not None:
             conn.close()
 
 
 def progress_bar(enabled: bool, *columns: str | ProgressColumn) -> Progress:
     """A rich progress bar; when disabled it prints nothing at all (not even a newline)."""
-    return Progress(
-        *columns, disable=not enabled, console=None if enabled else Console(quiet=True)
-    )
+    return Progress(*columns, disable=not enabled, console=None if enabled else Console(quiet=True))
 
 
 # -- the size manifest -------------------------------------------------------------------
 
 
-def fetch_sizes(
-    paths: Sequence[str], reader: RangeReader, workers: int = 32, progress: bool = True
-) -> list[int]:
+def fetch_sizes(paths: Sequence[str], reader: RangeReader, workers: int = 32, progress: bool = True) -> list[int]:
     """Byte size of every file (HEAD for URLs), in parallel; duplicates are asked once."""
     unique = list(dict.fromkeys(paths))
     with progress_bar(progress) as bar:
@@ -232,9 +199,7 @@ def fetch_sizes(
             futures = [pool.submit(one, p) for p in unique]
             try:
                 sizes = {p: f.result() for p, f in zip(unique, futures)}
-            except (
-                BaseException
-            ):  # first failure: drop the queued requests, not wait for them
+            except BaseException:  # first failure: drop the queued requests, not wait for them
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     return [sizes[p] for p in paths]
@@ -244,10 +209,7 @@ def save_manifest(path: Path, paths: Sequence[str], sizes: Sequence[int]) -> Non
     """Write ``{"files": [[path, size], ...]}`` atomically."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(
-        json.dumps({"files": [[p, int(s)] for p, s in zip(paths, sizes)]}, indent=0)
-        + "\n"
-    )
+    tmp.write_text(json.dumps({"files": [[p, int(s)] for p, s in zip(paths, sizes)]}, indent=0) + "\n")
     os.replace(tmp, path)
 
 
@@ -255,22 +217,16 @@ def load_manifest(path: Path, paths: Sequence[str]) -> list[int]:
     """Sizes from a manifest, which must list exactly ``paths`` in the same order."""
     path = Path(path)
     if not path.is_file():
-        raise DataOrderError(
-            f"manifest not found: {path} (run: scripts/data_order.py manifest)"
-        )
+        raise DataOrderError(f"manifest not found: {path} (run: scripts/data_order.py manifest)")
     try:
         files = json.loads(path.read_text())["files"]
     except (ValueError, KeyError) as exc:
-        raise DataOrderError(
-            f"manifest {path} is not a valid manifest ({exc})"
-        ) from None
+        raise DataOrderError(f"manifest {path} is not a valid manifest ({exc})") from None
     listed = [f[0] for f in files]
     if listed != list(paths):
         first = next(
             (i for i, (a, b) in enumerate(zip(listed, paths)) if a != b),
             min(len(listed), len(paths)),
         )
-        raise DataOrderError(
-            f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it"
-        )
+        raise DataOrderError(f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it")
     return [int(f[1]) for f in files]

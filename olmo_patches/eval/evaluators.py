@@ -74,7 +74,11 @@ def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[s
 
 
 def lm_evaluator(
-    paths: list[str], labels: list[str], interval: int, max_batches: Optional[int], dataset_kwargs: dict,
+    paths: list[str],
+    labels: list[str],
+    interval: int,
+    max_batches: Optional[int],
+    dataset_kwargs: dict,
     on_startup: bool = False,
 ) -> Optional[LMEvaluatorCallbackConfig]:
     """Loss and perplexity per label on token files (None when there are none)."""
@@ -154,8 +158,13 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         self.metric = ICLMetric(metric_type=task.metric_type).to(self.device or get_default_device())
         sampler = None
         if is_distributed():
-            sampler = DistributedSampler(task, drop_last=False, shuffle=False,  # type: ignore[arg-type]
-                                         num_replicas=get_world_size(self.dp_process_group), rank=get_rank(self.dp_process_group))
+            sampler = DistributedSampler(
+                task,
+                drop_last=False,
+                shuffle=False,  # type: ignore[arg-type]
+                num_replicas=get_world_size(self.dp_process_group),
+                rank=get_rank(self.dp_process_group),
+            )
         batch_size = self.batch_spec.rank_batch_size // task.max_sequence_length  # >= 1: the spec holds round_up(L)
         return DataLoader(task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler)  # type: ignore[arg-type]
 
@@ -189,14 +198,28 @@ def check_downstream_fit(tasks: List[str], tokenizer: TokenizerConfig, sequence_
 
 
 def downstream_evaluators(
-    tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int, rank_batch_tokens: int, *,
-    device: Optional[torch.device] = None, dp_process_group=None, limit: Optional[int] = None,
+    tasks: List[str],
+    tokenizer: TokenizerConfig,
+    sequence_length: int,
+    rank_batch_tokens: int,
+    *,
+    device: Optional[torch.device] = None,
+    dp_process_group=None,
+    limit: Optional[int] = None,
 ) -> List[DownstreamTaskEvaluator]:
     """One evaluator per task (sorted, as OLMo-core's callback does), tokenized with the run's tokenizer."""
     hf = _olmo_eval_tokenizer(tokenizer)
     return [
-        DownstreamTaskEvaluator(name="downstream", task=task, tokenizer=hf, device=device, dp_process_group=dp_process_group,
-                                sequence_length=sequence_length, rank_batch_tokens=rank_batch_tokens, limit=limit)
+        DownstreamTaskEvaluator(
+            name="downstream",
+            task=task,
+            tokenizer=hf,
+            device=device,
+            dp_process_group=dp_process_group,
+            sequence_length=sequence_length,
+            rank_batch_tokens=rank_batch_tokens,
+            limit=limit,
+        )
         for task in sorted(tasks)
     ]
 
@@ -211,13 +234,22 @@ class DownstreamEvaluatorConfig(DownstreamEvaluatorCallbackConfig):
         if not self.enabled:
             return None
         evaluators = downstream_evaluators(
-            self.tasks, self.tokenizer, self.sequence_length, trainer.train_module.eval_batch_spec.rank_batch_size,
-            device=trainer.device, dp_process_group=trainer.dp_process_group,
+            self.tasks,
+            self.tokenizer,
+            self.sequence_length,
+            trainer.train_module.eval_batch_spec.rank_batch_size,
+            device=trainer.device,
+            dp_process_group=trainer.dp_process_group,
         )
         return EvaluatorCallback(
-            evaluators=list(evaluators), eval_interval=self.eval_interval, fixed_steps=self.fixed_steps,
-            eval_on_startup=self.eval_on_startup, cancel_after_first_eval=self.cancel_after_first_eval,
-            log_interval=self.log_interval, eval_duration=self.eval_duration, eval_on_finish=self.eval_on_finish,
+            evaluators=list(evaluators),
+            eval_interval=self.eval_interval,
+            fixed_steps=self.fixed_steps,
+            eval_on_startup=self.eval_on_startup,
+            cancel_after_first_eval=self.cancel_after_first_eval,
+            log_interval=self.log_interval,
+            eval_duration=self.eval_duration,
+            eval_on_finish=self.eval_on_finish,
         )
 
 
@@ -227,5 +259,6 @@ def downstream_evaluator(
     """ai2-olmo-eval ``tasks`` through OLMo-core's downstream evaluator (None when the list is empty)."""
     if not tasks:
         return None
-    return DownstreamEvaluatorConfig(tasks=tasks, tokenizer=tokenizer, eval_interval=interval, eval_on_finish=True,
-                                     sequence_length=sequence_length)
+    return DownstreamEvaluatorConfig(
+        tasks=tasks, tokenizer=tokenizer, eval_interval=interval, eval_on_finish=True, sequence_length=sequence_length
+    )

@@ -37,11 +37,17 @@ def is_olmo2_shape(spec: ExperimentSpec) -> bool:
 def to_olmo2_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """OLMo-core parameter names -> transformers' Olmo2 names."""
     layer = {
-        "attention.w_q": "self_attn.q_proj", "attention.w_k": "self_attn.k_proj",
-        "attention.w_v": "self_attn.v_proj", "attention.w_out": "self_attn.o_proj",
-        "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
-        "attention_norm": "post_attention_layernorm", "feed_forward_norm": "post_feedforward_layernorm",
-        "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj", "feed_forward.w2": "mlp.down_proj",
+        "attention.w_q": "self_attn.q_proj",
+        "attention.w_k": "self_attn.k_proj",
+        "attention.w_v": "self_attn.v_proj",
+        "attention.w_out": "self_attn.o_proj",
+        "attention.q_norm": "self_attn.q_norm",
+        "attention.k_norm": "self_attn.k_norm",
+        "attention_norm": "post_attention_layernorm",
+        "feed_forward_norm": "post_feedforward_layernorm",
+        "feed_forward.w1": "mlp.gate_proj",
+        "feed_forward.w3": "mlp.up_proj",
+        "feed_forward.w2": "mlp.down_proj",
     }
     out = {}
     for key, value in state.items():
@@ -63,11 +69,19 @@ def _olmo2(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max
 
     m = spec.model
     config = Olmo2Config(
-        vocab_size=vocab, hidden_size=m.d_model, intermediate_size=m.resolved_d_ff,
-        num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads, num_key_value_heads=m.resolved_n_kv_heads,
+        vocab_size=vocab,
+        hidden_size=m.d_model,
+        intermediate_size=m.resolved_d_ff,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.resolved_n_kv_heads,
         head_dim=m.resolved_head_dim,
-        rms_norm_eps=m.norm_eps, rope_theta=float(m.rope_theta), max_position_embeddings=max_len,
-        tie_word_embeddings=m.tie_embeddings, attention_bias=False, torch_dtype="float32",
+        rms_norm_eps=m.norm_eps,
+        rope_theta=float(m.rope_theta),
+        max_position_embeddings=max_len,
+        tie_word_embeddings=m.tie_embeddings,
+        attention_bias=False,
+        torch_dtype="float32",
     )
     model = Olmo2ForCausalLM(config)
     model.load_state_dict(to_olmo2_names(state), strict=not m.tie_embeddings)
@@ -90,15 +104,31 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
             resize=str(built.resize),
         )
         if built.mup is not None:
-            kwargs.update(embed_scale=built.mup.m_emb, residual_scale=built.mup.m_residual,
-                          logit_scale=1.0 / built.mup.m_width, attention_scale_power=1.0)
+            kwargs.update(
+                embed_scale=built.mup.m_emb,
+                residual_scale=built.mup.m_residual,
+                logit_scale=1.0 / built.mup.m_width,
+                attention_scale_power=1.0,
+            )
     config = HourglassOlmoConfig(
-        vocab_size=vocab, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-        block="hourglass" if hourglass else "baseline", ffn_hidden=m.resolved_d_ff, K=m.K,
-        head_dim=m.head_dim, n_kv_heads=m.resolved_n_kv_heads,
+        vocab_size=vocab,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        block="hourglass" if hourglass else "baseline",
+        ffn_hidden=m.resolved_d_ff,
+        K=m.K,
+        head_dim=m.head_dim,
+        n_kv_heads=m.resolved_n_kv_heads,
         llama3_rope=asdict(m.rope_scaling) if m.rope_scaling is not None else None,
-        d_h=m.resolved_d_h, norm_placement=m.norm_placement, qk_norm=m.qk_norm, rope_theta=float(m.rope_theta),
-        norm_eps=m.norm_eps, tie_word_embeddings=m.tie_embeddings, max_position_embeddings=max_len, **kwargs,
+        d_h=m.resolved_d_h,
+        norm_placement=m.norm_placement,
+        qk_norm=m.qk_norm,
+        rope_theta=float(m.rope_theta),
+        norm_eps=m.norm_eps,
+        tie_word_embeddings=m.tie_embeddings,
+        max_position_embeddings=max_len,
+        **kwargs,
     )
     config.auto_map = {
         "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
@@ -128,8 +158,10 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
     # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same order.
     shapes = {k: v.shape for k, v in model.state_dict().items()}
-    custom = {k: v.reshape(shapes[k]) if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel() else v
-              for k, v in to_custom_names(state).items()}
+    custom = {
+        k: v.reshape(shapes[k]) if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel() else v
+        for k, v in to_custom_names(state).items()
+    }
     missing, unexpected = model.load_state_dict(custom, strict=False)
     tied = ["lm_head.weight"] if spec.model.tie_embeddings else []
     if unexpected or not set(missing) <= set(tied):
@@ -191,43 +223,80 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
     m, d = spec.model, spec.data
     counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
     widths = m.resolved_widths if m.block == "variable_width" else None
-    shape = [f"- block: {m.block}" + (f" (FFN {m.ffn})" if m.block == "variable_width" else ""),
-             f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
-             f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}"]
+    shape = [
+        f"- block: {m.block}" + (f" (FFN {m.ffn})" if m.block == "variable_width" else ""),
+        f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
+        f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
+    ]
     if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass"):
         shape.append(f"- hourglass FFN: K = {m.K} sub-MLPs per layer, bottleneck d_h = {m.resolved_d_h}")
     if widths:
-        shape.append(f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
-                     "each layer's heads and head size: config.json `layer_shapes`")
+        shape.append(
+            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
+            "each layer's heads and head size: config.json `layer_shapes`"
+        )
     step = _step(checkpoint)
     tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
     source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
-    steps = f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens ({tokens:,} tokens)" if step is not None else "unknown steps"
+    steps = (
+        f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens ({tokens:,} tokens)"
+        if step is not None
+        else "unknown steps"
+    )
     if kind == "olmo2":
-        load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-                "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' Olmo2ForCausalLM\n"
-                "tokenizer = AutoTokenizer.from_pretrained(FOLDER)")
+        load = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' Olmo2ForCausalLM\n"
+            "tokenizer = AutoTokenizer.from_pretrained(FOLDER)"
+        )
         serve = "vllm serve FOLDER  # vLLM's own Olmo2ForCausalLM"
     else:
-        load = ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-                "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
-                "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
-                "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
-                "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)")
+        load = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
+            "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
+            "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
+            "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)"
+        )
         serve = "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend"
-    return "\n".join([
-        f"# {spec.run.name}", "",
-        f"A {'transformers Olmo2ForCausalLM' if kind == 'olmo2' else 'custom-code (modeling_hourglass_olmo.py)'} export of an "
-        "hourglass-olmo checkpoint (OLMo-core), written by `hourglass-export` (scripts/export_hf.py).", "",
-        "## Architecture", "", *shape, "",
-        "## Parameters", "",
-        f"- total {counts.total:,}; non-embedding (attention and FFN weight matrices, as the papers count) {counts.non_embedding:,}", "",
-        "## Training", "",
-        f"- data: {source}; sequence length {d.sequence_length}",
-        f"- {steps}, checkpoint `{checkpoint.name}`", "",
-        "## How to load", "", "```python", load, "```", "", "```bash", serve, "```", "",
-        "## The run's config", "", "```yaml", spec_to_yaml(spec).rstrip(), "```", "",
-    ])
+    return "\n".join(
+        [
+            f"# {spec.run.name}",
+            "",
+            f"A {'transformers Olmo2ForCausalLM' if kind == 'olmo2' else 'custom-code (modeling_hourglass_olmo.py)'} export of an "
+            "hourglass-olmo checkpoint (OLMo-core), written by `hourglass-export` (scripts/export_hf.py).",
+            "",
+            "## Architecture",
+            "",
+            *shape,
+            "",
+            "## Parameters",
+            "",
+            f"- total {counts.total:,}; non-embedding (attention and FFN weight matrices, as the papers count) {counts.non_embedding:,}",
+            "",
+            "## Training",
+            "",
+            f"- data: {source}; sequence length {d.sequence_length}",
+            f"- {steps}, checkpoint `{checkpoint.name}`",
+            "",
+            "## How to load",
+            "",
+            "```python",
+            load,
+            "```",
+            "",
+            "```bash",
+            serve,
+            "```",
+            "",
+            "## The run's config",
+            "",
+            "```yaml",
+            spec_to_yaml(spec).rstrip(),
+            "```",
+            "",
+        ]
+    )
 
 
 def _exportable(config_path: Path) -> ExperimentSpec:
@@ -237,14 +306,21 @@ def _exportable(config_path: Path) -> ExperimentSpec:
     return spec
 
 
-def export_hf(checkpoint: str | Path, out_dir: str | Path, *, config: Optional[str | Path] = None,
-              tokenizer_file: Optional[str | Path] = None) -> str:
+def export_hf(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    config: Optional[str | Path] = None,
+    tokenizer_file: Optional[str | Path] = None,
+) -> str:
     """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom")."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
     if config is not None:  # an explicit config is checked before the checkpoint
         _exportable(Path(config))
     if not checkpoint.is_dir():
-        raise ValueError(f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}")
+        raise ValueError(
+            f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
+        )
     if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
         raise ValueError(f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)")
     if out.exists() and not out.is_dir():

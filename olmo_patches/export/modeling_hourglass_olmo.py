@@ -81,8 +81,13 @@ class HourglassOlmoConfig(PretrainedConfig):
         # Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x head_dim),
         # for a serving engine that sizes caches per layer; every layer is full causal attention.
         self.layer_shapes = [
-            {"width": w, "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads or n_heads,
-             "head_dim": head_dim or w // n_heads, "ffn_hidden": f}
+            {
+                "width": w,
+                "num_attention_heads": n_heads,
+                "num_key_value_heads": n_kv_heads or n_heads,
+                "head_dim": head_dim or w // n_heads,
+                "ffn_hidden": f,
+            }
             for w, f in zip(self.layer_widths, self.layer_hidden_sizes)
         ]
         kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
@@ -135,8 +140,16 @@ def _inv_freq(theta: float, head_dim: int, scaling: Optional[dict], device) -> t
     return torch.where((wavelen <= old / low) & (wavelen >= old / high), blended, scaled)
 
 
-def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: Optional[torch.Tensor], scaling: float, dropout: float = 0.0, **kwargs):
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
     """softmax(q k^T scaling + mask) v, the key/value heads shared by ``num_key_value_groups`` queries each;
     returns (B, T, heads, head_dim) and the weights, as transformers' attention functions do."""
     key = key.repeat_interleave(module.num_key_value_groups, dim=1)
@@ -173,7 +186,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads or c.n_heads
         self.num_key_value_groups = self.n_heads // self.n_kv_heads
         self.head_dim, self.theta, self.llama3_rope = c.head_dim or d // c.n_heads, c.rope_theta, c.llama3_rope
-        self.scale = self.head_dim ** -c.attention_scale_power
+        self.scale = self.head_dim**-c.attention_scale_power
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.w_q, self.w_out = nn.Linear(d, q_width, bias=False), nn.Linear(q_width, d, bias=False)
         self.w_k, self.w_v = nn.Linear(d, kv_width, bias=False), nn.Linear(d, kv_width, bias=False)
@@ -332,8 +345,16 @@ class HourglassOlmoPreTrainedModel(PreTrainedModel):
 
 
 # What transformers may pass a model's forward besides the tensors; the rest of **kwargs goes to attention.
-_NOT_ATTENTION = ("output_attentions", "output_hidden_states", "return_dict", "use_cache", "cache_position",
-                  "token_type_ids", "logits_to_keep", "num_items_in_batch")
+_NOT_ATTENTION = (
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "use_cache",
+    "cache_position",
+    "token_type_ids",
+    "logits_to_keep",
+    "num_items_in_batch",
+)
 
 
 class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
@@ -354,9 +375,15 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings = value
 
-    def forward(self, input_ids: Optional[torch.LongTensor] = None, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.LongTensor] = None, inputs_embeds: Optional[torch.Tensor] = None,
-                use_cache: Optional[bool] = None, **kwargs) -> BaseModelOutputWithPast:
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        use_cache: Optional[bool] = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
         # Left padding is not supported (positions count from the cache): pass unpadded or right-padded inputs.
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
@@ -415,5 +442,5 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, **kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None:  # only the tokens the cache has not seen
-            input_ids = input_ids[:, cache.get_seq_length():]
+            input_ids = input_ids[:, cache.get_seq_length() :]
         return {"input_ids": input_ids, "attention_mask": attention_mask, CACHE: cache, "use_cache": use_cache}

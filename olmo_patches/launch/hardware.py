@@ -70,8 +70,22 @@ from olmo_core.nn.transformer import TransformerBlockConfig, TransformerConfig
 
 from ..config.spec import ActivationCheckpointing
 
-__all__ = ["Card", "CARDS", "known_card", "MODELS", "Settings", "MemoryEstimate", "Layer",
-           "card_for_device", "detect", "estimate", "with_float8", "hourglass_weight_copy", "preset_modes", "choose"]
+__all__ = [
+    "Card",
+    "CARDS",
+    "known_card",
+    "MODELS",
+    "Settings",
+    "MemoryEstimate",
+    "Layer",
+    "card_for_device",
+    "detect",
+    "estimate",
+    "with_float8",
+    "hourglass_weight_copy",
+    "preset_modes",
+    "choose",
+]
 
 GIB = 2**30
 USABLE = 0.85  # fraction of a card's memory the estimate may fill
@@ -96,17 +110,20 @@ CARDS = {
 # Every model known by its exact device name, each at its own datasheet memory and peak: the presets, the
 # lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at their own peak),
 # and other cards (a preset sized by their memory; MFU at their peak).
-MODELS = {card.device_name: card for card in (
-    *CARDS.values(),
-    Card("h100", 80.0, "NVIDIA H100 PCIe", 756.0e12),  # 1513 TFLOP/s sparse / 2
-    Card("h100", 94.0, "NVIDIA H100 NVL", 835.5e12),  # 1671 sparse / 2
-    Card("h200", 141.0, "NVIDIA H200 NVL", 835.5e12),  # 1671 sparse / 2
-    Card("a100", 80.0, "NVIDIA A100-SXM4-80GB", 312e12),
-    Card("a100", 40.0, "NVIDIA A100-SXM4-40GB", 312e12),
-    Card("a100", 80.0, "NVIDIA A100 80GB PCIe", 312e12),
-    Card("a100", 40.0, "NVIDIA A100-PCIE-40GB", 312e12),
-    Card("l40s", 48.0, "NVIDIA L40S", 362.05e12),  # 733 sparse / 2
-)}
+MODELS = {
+    card.device_name: card
+    for card in (
+        *CARDS.values(),
+        Card("h100", 80.0, "NVIDIA H100 PCIe", 756.0e12),  # 1513 TFLOP/s sparse / 2
+        Card("h100", 94.0, "NVIDIA H100 NVL", 835.5e12),  # 1671 sparse / 2
+        Card("h200", 141.0, "NVIDIA H200 NVL", 835.5e12),  # 1671 sparse / 2
+        Card("a100", 80.0, "NVIDIA A100-SXM4-80GB", 312e12),
+        Card("a100", 40.0, "NVIDIA A100-SXM4-40GB", 312e12),
+        Card("a100", 80.0, "NVIDIA A100 80GB PCIe", 312e12),
+        Card("a100", 40.0, "NVIDIA A100-PCIE-40GB", 312e12),
+        Card("l40s", 48.0, "NVIDIA L40S", 362.05e12),  # 733 sparse / 2
+    )
+}
 
 
 def card_for_device(device_name: str, memory_gib: float) -> Card:
@@ -212,11 +229,17 @@ class MemoryEstimate:
             return {k: full[k] + b * (none[k] - full[k]) for k in none}
         kept, recomputed, copies = self._kept(ac)
         tokens = micro_batch * self.sequence_length
-        recomputing = max(layer.weight_copy for layer in self.layers) if max(recomputed) else 0.0  # one block's, during its recompute
-        return {"states (16 P / W)": self.states, "FSDP / autocast buffers": self.buffers,
-                "hourglass weight copies": sum(copies) + recomputing,
-                "block activations": tokens * (sum(kept) + max(recomputed)), "logits and head": tokens * self.head,
-                "float8 copies": self.float8_weights + tokens * self.float8_inputs}
+        recomputing = (
+            max(layer.weight_copy for layer in self.layers) if max(recomputed) else 0.0
+        )  # one block's, during its recompute
+        return {
+            "states (16 P / W)": self.states,
+            "FSDP / autocast buffers": self.buffers,
+            "hourglass weight copies": sum(copies) + recomputing,
+            "block activations": tokens * (sum(kept) + max(recomputed)),
+            "logits and head": tokens * self.head,
+            "float8 copies": self.float8_weights + tokens * self.float8_inputs,
+        }
 
     def total(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> float:
         return sum(self.terms(micro_batch, ac).values())
@@ -245,13 +268,15 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
         head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
         n_kv = getattr(mixer, "n_kv_heads", None) or mixer.n_heads
         qk_norm = _norm(head_dim * mixer.n_heads) + _norm(head_dim * n_kv) if getattr(mixer, "qk_norm", None) else 0
-        layers.append(Layer(
-            attention=2 * w + 8 * head_dim * mixer.n_heads + 4 * mixer.n_heads + qk_norm,  # K, V repeated to n_heads
-            feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
-            norms=_norm(w) * (1 if mlp_norm else 2),
-            width=w,
-            weight_copy=hourglass_weight_copy(block, w),
-        ))
+        layers.append(
+            Layer(
+                attention=2 * w + 8 * head_dim * mixer.n_heads + 4 * mixer.n_heads + qk_norm,  # K, V repeated to n_heads
+                feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
+                norms=_norm(w) * (1 if mlp_norm else 2),
+                width=w,
+                weight_copy=hourglass_weight_copy(block, w),
+            )
+        )
     units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]
     fsdp = shards > 1
     fused = str(getattr(config.lm_head, "loss_implementation", "default")) == "fused_linear"
@@ -280,8 +305,12 @@ def with_float8(est: MemoryEstimate, config: TransformerConfig) -> MemoryEstimat
     block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
     hidden = [(b.feed_forward_moe or b.feed_forward).hidden_size for b in blocks]  # type: ignore[union-attr]
     widest = max(max(w, h) for w, h in zip(widths, hidden))
-    return replace(est, float8_weights=2 * block_params, float8_inputs=widest,
-                   layers=tuple(replace(layer, weight_copy=0.0) for layer in est.layers))
+    return replace(
+        est,
+        float8_weights=2 * block_params,
+        float8_inputs=widest,
+        layers=tuple(replace(layer, weight_copy=0.0) for layer in est.layers),
+    )
 
 
 @dataclass(frozen=True)
@@ -296,7 +325,10 @@ def _fits(est: MemoryEstimate, card: Card, micro: int, ac: ActivationCheckpointi
 
 
 def choose(
-    est: MemoryEstimate, card: Card, per_rank_batch: int, micro_batch_size: Optional[int] = None,
+    est: MemoryEstimate,
+    card: Card,
+    per_rank_batch: int,
+    micro_batch_size: Optional[int] = None,
     activation_checkpointing: Optional[ActivationCheckpointing] = None,
 ) -> Settings:
     """The preset for one card, around the values already given (an explicit micro-batch gets the

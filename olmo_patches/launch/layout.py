@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 CUDA_WORKERS = 4  # data.num_workers=null on CUDA: 15x an 8-GPU 113M rank's need from the local prefix (docs/performance.md)
 
+
 def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> ExperimentSpec:
     """``spec`` (as loaded) for the ranks of ``layout`` (default: torchrun's environment) on this
     machine, in place: the machine checks, the per-rank batch, then the hardware preset's keys left
@@ -74,11 +75,19 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
         fail("data.base", d.base, "no such folder")
     if d.source == "numpy":
         _check_token_files(spec, fail)
-    for key, folder in (("run.save_folder", spec.save_folder), ("data.work_dir", d.work_dir), ("data.demo_cache", str(demo_cache(spec)))):
+    for key, folder in (
+        ("run.save_folder", spec.save_folder),
+        ("data.work_dir", d.work_dir),
+        ("data.demo_cache", str(demo_cache(spec))),
+    ):
         if "://" not in folder and (why := _not_a_folder(Path(folder))):
             fail(key, folder, why)
     if d.tokenizer_file is not None and not Path(d.tokenizer_file).is_file():
-        fail("data.tokenizer_file", d.tokenizer_file, "a folder, not a tokenizer JSON" if Path(d.tokenizer_file).is_dir() else "no such file")
+        fail(
+            "data.tokenizer_file",
+            d.tokenizer_file,
+            "a folder, not a tokenizer JSON" if Path(d.tokenizer_file).is_dir() else "no such file",
+        )
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
     check_downstream_tasks(spec, fail)
@@ -116,19 +125,35 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
             fail("data.paths", path, "no such file")
         size = file.stat().st_size
         if size % dtype.itemsize:
-            fail("data.paths", path, f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})")
+            fail(
+                "data.paths",
+                path,
+                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})",
+            )
         if size // dtype.itemsize < d.sequence_length:
-            fail("data.paths", path, f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}")
+            fail(
+                "data.paths",
+                path,
+                f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}",
+            )
         try:
             with open(file, "rb") as f:
                 head = np.frombuffer(f.read(4096 * dtype.itemsize), dtype=dtype)
         except OSError as e:
             fail("data.paths", path, f"cannot read: {e.strerror}")
         if head.size and int(head.max()) >= tokenizer.vocab_size:
-            fail("data.paths", path, f"token id {int(head.max())} >= the tokenizer's {tokenizer.vocab_size}: not {dtype.name} tokens of data.tokenizer={d.tokenizer}?")
+            fail(
+                "data.paths",
+                path,
+                f"token id {int(head.max())} >= the tokenizer's {tokenizer.vocab_size}: not {dtype.name} tokens of data.tokenizer={d.tokenizer}?",
+            )
         instances += size // dtype.itemsize // d.sequence_length
     if local and d.paths and instances < t.global_batch_size:
-        fail("data.paths", d.paths, f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}")
+        fail(
+            "data.paths",
+            d.paths,
+            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
+        )
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:
@@ -184,19 +209,26 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
         log.info(f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / {layout}): using {per_rank}")
         t.micro_batch_size = per_rank
     elif m is not None and per_rank % m:
-        fail("train.micro_batch_size", m,
-             f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})")
+        fail(
+            "train.micro_batch_size", m, f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})"
+        )
     if t.data_parallel == "hsdp" and n > 1 and layout.nodes * layout.local != n:
-        fail("train.data_parallel", t.data_parallel,
-             f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes")
+        fail(
+            "train.data_parallel",
+            t.data_parallel,
+            f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes",
+        )
     shards = {"fsdp": n, "hsdp": layout.local}.get(t.data_parallel, 1)
     if shards > 1 and spec.model.moe is not None:  # only K-stacked (hourglass) experts can be refused
         from ..nn.shards import unshardable
 
         if (bad := unshardable(spec.model_config().build(init_device="meta"), shards)) is not None:
-            fail("train.data_parallel", t.data_parallel,
-                 f"{bad[0]} of shape {bad[1]} cannot be sharded over {shards} ranks: FSDP2 pads only dim 0 "
-                 f"(K), and a K-stacked weight splits on a dimension the rank count divides (docs/performance.md)")
+            fail(
+                "train.data_parallel",
+                t.data_parallel,
+                f"{bad[0]} of shape {bad[1]} cannot be sharded over {shards} ranks: FSDP2 pads only dim 0 "
+                f"(K), and a K-stacked weight splits on a dimension the rank count divides (docs/performance.md)",
+            )
 
 
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
@@ -216,14 +248,18 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
             settings = choose(est, card, per_rank, t.micro_batch_size, t.activation_checkpointing)
         except ValueError as e:
             raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
-    filled = {k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None}
+    filled = {
+        k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None
+    }
     for key, value in filled.items():
         setattr(t, key, value)
     if card is not None:  # without a card nothing is chosen: no preset line
         log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): " + ", ".join(f"{k}={v}" for k, v in filled.items()))
     ac = t.activation_checkpointing
     if ac is not None and ac.mode == "budget" and not t.compile:  # OLMo-core refuses it at build
-        raise ConfigError(f"{where('train.activation_checkpointing')}: train.activation_checkpointing={ac}: the compiler's budget needs train.compile=true")
+        raise ConfigError(
+            f"{where('train.activation_checkpointing')}: train.activation_checkpointing={ac}: the compiler's budget needs train.compile=true"
+        )
 
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
@@ -246,7 +282,9 @@ def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
 
 def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
     dims = head_dims(spec.model_config())
-    return resolve_attention_backend(spec.model.attention_backend, dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16")
+    return resolve_attention_backend(
+        spec.model.attention_backend, dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16"
+    )
 
 
 def data_workers(spec: ExperimentSpec, device: str) -> int:
@@ -254,4 +292,3 @@ def data_workers(spec: ExperimentSpec, device: str) -> int:
     if spec.data.num_workers is not None:
         return spec.data.num_workers
     return CUDA_WORKERS if device == "cuda" else 0
-

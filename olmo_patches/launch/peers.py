@@ -39,8 +39,11 @@ POLL_S = 0.5  # how often the watch thread looks for a failure
 LOST_PEER_WAIT_S = 5.0  # how long a rank whose collective lost a peer waits for that peer's cause
 _FAILURE = "failure"  # the first failure: "CODE LINE"
 # A collective cut off by a peer that went away: the consequence of another rank's end, not a cause.
-_LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|DistBackendError|"
-                        r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:Watchdog|timeout)", re.IGNORECASE)
+_LOST_PEER = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|DistBackendError|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:Watchdog|timeout)",
+    re.IGNORECASE,
+)
 
 _store: Optional[dist.Store] = None
 _stop: Optional[threading.Event] = None
@@ -159,8 +162,12 @@ def _watch(store: dist.Store, stop: threading.Event, parent: Optional[int]) -> N
             if parent is None or stop.is_set() or _announced is not None:
                 return  # nothing left to watch
             where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-            _end(None, f"the launch's store ({where}) is gone: the torchrun that held it ended; "
-                       f"node {_node()} ({host}) stops its {_ranks()}", 1)
+            _end(
+                None,
+                f"the launch's store ({where}) is gone: the torchrun that held it ended; "
+                f"node {_node()} ({host}) stops its {_ranks()}",
+                1,
+            )
         if _announced is None:  # this rank's own exit path runs once it has announced
             os._exit(int(code))
 

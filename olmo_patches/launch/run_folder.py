@@ -36,8 +36,19 @@ from ..config import ConfigError, ExperimentSpec, coerce_shorthands, spec_to_yam
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunFolderError", "MAY_CHANGE", "changed_keys", "check_config", "record_config", "Lock",
-           "read_record", "write_record", "guarded", "take_record", "drop_record"]
+__all__ = [
+    "RunFolderError",
+    "MAY_CHANGE",
+    "changed_keys",
+    "check_config",
+    "record_config",
+    "Lock",
+    "read_record",
+    "write_record",
+    "guarded",
+    "take_record",
+    "drop_record",
+]
 
 LOCK, GUARD = ".lock", ".lock.guard"
 
@@ -92,13 +103,21 @@ def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
         pass
     old = _flat(OmegaConf.to_container(recorded))
     new = _flat(OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec))))
-    return [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k) and not _may_change(k)]
+    return [
+        f"{k}: {old.get(k)} -> {new.get(k)}"
+        for k in sorted(old.keys() | new.keys())
+        if old.get(k) != new.get(k) and not _may_change(k)
+    ]
 
 
 def _recorded(folder: Path) -> List[Path]:
     """config.yaml, config.1.yaml, ... oldest first."""
-    extra = sorted(folder.glob("config.*.yaml"), key=lambda p: int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else -1)
-    return ([folder / "config.yaml"] if (folder / "config.yaml").is_file() else []) + [p for p in extra if p.name.split(".")[1].isdigit()]
+    extra = sorted(
+        folder.glob("config.*.yaml"), key=lambda p: int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else -1
+    )
+    return ([folder / "config.yaml"] if (folder / "config.yaml").is_file() else []) + [
+        p for p in extra if p.name.split(".")[1].isdigit()
+    ]
 
 
 def check_config(spec: ExperimentSpec, deliberate: bool = False) -> List[str]:
@@ -162,7 +181,9 @@ def guarded(guard: Path) -> Iterator[None]:
         yield
 
 
-def take_record(path: Path, guard: Path, me: Dict[str, Any], stale: Callable[[Dict[str, Any]], bool]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+def take_record(
+    path: Path, guard: Path, me: Dict[str, Any], stale: Callable[[Dict[str, Any]], bool]
+) -> Tuple[bool, Optional[Dict[str, Any]]]:
     """Write ``me`` to ``path`` unless a live holder's record is there: (taken, the previous holder)."""
     with guarded(guard):
         holder = read_record(path)
@@ -185,7 +206,12 @@ class Lock:
 
     def __init__(self, folder: str | Path):
         self.path, self.guard = Path(folder) / LOCK, Path(folder) / GUARD
-        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": os.environ.get("SLURM_JOB_ID"), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
 
     def _stale(self, holder: Dict[str, Any]) -> bool:
         if holder.get("slurm_job") and holder.get("slurm_job") == self.me["slurm_job"]:
@@ -220,7 +246,11 @@ class Lock:
 
     def release(self) -> None:
         if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
-            drop_record(self.path, self.guard, lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"])
+            drop_record(
+                self.path,
+                self.guard,
+                lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"],
+            )
 
 
 METRICS_FILE = "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
@@ -237,4 +267,3 @@ def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
             record = json.loads(line)
             out.setdefault(int(record.pop("step")), {}).update(record)
     return out
-

@@ -65,7 +65,9 @@ def require_shared(folders: Dict[str, Path]) -> None:
     barrier()
     seen = [_look(folder / name) for folder in folders.values()]
     answers: list = [None] * world
-    dist.all_gather_object(answers, (seen, os.environ.get("GROUP_RANK", "?"), socket.gethostname(), [str(f) for f in folders.values()]))
+    dist.all_gather_object(
+        answers, (seen, os.environ.get("GROUP_RANK", "?"), socket.gethostname(), [str(f) for f in folders.values()])
+    )
     if get_rank() == 0:  # every rank has looked
         for folder in folders.values():
             (folder / name).unlink(missing_ok=True)
@@ -104,7 +106,9 @@ def require_data(paths: Sequence[str]) -> None:
     local = [p for p in paths if "://" not in p]
     read = [_read(p) for p in local]
     rank, node, host = get_rank(), os.environ.get("GROUP_RANK", "0"), socket.gethostname()
-    problem = next((f"data file {p}: {why} on rank {rank} (node {node}, {host})" for p, (_, why) in zip(local, read) if why), None)
+    problem = next(
+        (f"data file {p}: {why} on rank {rank} (node {node}, {host})" for p, (_, why) in zip(local, read) if why), None
+    )
     digest = hashlib.sha256(repr((local, [size for size, _ in read])).encode()).hexdigest()
     answers: list = [(problem, digest)]
     if get_world_size() > 1:
@@ -123,9 +127,13 @@ def require_data(paths: Sequence[str]) -> None:
             i = next((i for i, (a, b) in enumerate(zip(paths0, paths_r)) if a != b), min(len(paths0), len(paths_r)))
             mine = paths_r[i] if i < len(paths_r) else "nothing"
             theirs = paths0[i] if i < len(paths0) else "nothing"
-            raise ConfigError(f"data paths differ between ranks: {where} reads {mine} where rank 0 reads {theirs}; "
-                              "give every node the same data paths, spelled the same")
+            raise ConfigError(
+                f"data paths differ between ranks: {where} reads {mine} where rank 0 reads {theirs}; "
+                "give every node the same data paths, spelled the same"
+            )
         if sizes_r != sizes0:
             i = next(i for i, (a, b) in enumerate(zip(sizes0, sizes_r)) if a != b)
-            raise ConfigError(f"data file {paths0[i]}: {sizes_r[i]:,} bytes on {where}, {sizes0[i]:,} on rank 0; "
-                              "every node must read the same files")
+            raise ConfigError(
+                f"data file {paths0[i]}: {sizes_r[i]:,} bytes on {where}, {sizes0[i]:,} on rank 0; "
+                "every node must read the same files"
+            )

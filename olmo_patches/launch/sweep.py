@@ -43,8 +43,16 @@ from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
 
 __all__ = [
-    "STATES", "Member", "RunStatus", "SlurmInfo", "expand_configs", "load_sweep", "run_status", "sweep_status",
-    "launch_local", "launch_slurm",
+    "STATES",
+    "Member",
+    "RunStatus",
+    "SlurmInfo",
+    "expand_configs",
+    "load_sweep",
+    "run_status",
+    "sweep_status",
+    "launch_local",
+    "launch_slurm",
 ]
 
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
@@ -55,7 +63,17 @@ STATES = ("not started", "running", "stopped", "failed", "done")
 # sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
-SLURM_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED"}
+SLURM_LIVE = {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUED",
+    "RESIZING",
+    "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+}
 
 
 @dataclass
@@ -200,7 +218,11 @@ def hand_claim(folder: Path, **owner: str) -> None:
 
 
 def release_claim(folder: Path) -> None:
-    drop_record(folder / CLAIM, folder / CLAIM_LOCK, lambda claim: claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname())
+    drop_record(
+        folder / CLAIM,
+        folder / CLAIM_LOCK,
+        lambda claim: claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname(),
+    )
 
 
 # --- state ----------------------------------------------------------------------------------------
@@ -317,8 +339,15 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
                 say(f"{m.name}: {'resuming from step ' + str(s.step) if s.step else 'starting'} ({m.folder / LOG})")
                 start = time.time()
                 with open(m.folder / LOG, "a") as log:  # the run's lines (its progress) to its log and, named, to the terminal
-                    child[:] = [subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides], stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT, text=True, bufsize=1)]
+                    child[:] = [
+                        subprocess.Popen(
+                            [sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            text=True,
+                            bufsize=1,
+                        )
+                    ]
                     for line in child[0].stdout:  # type: ignore[union-attr]
                         log.write(line)
                         log.flush()
@@ -369,8 +398,16 @@ def launch_slurm(
         manifest = log_dir / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
         manifest.write_text("".join(shlex.join([str(m.config), *overrides]) + "\n" for m in todo))
         cmd = [
-            "sbatch", "--parsable", f"--array=0-{len(todo) - 1}", f"--nodes={nodes}", f"--gpus-per-node={gpus_per_node}",
-            f"--output={log_dir}/%x-%A_%a.out", *sbatch_args, str(SLURM_LAUNCHER), "--array", str(manifest),
+            "sbatch",
+            "--parsable",
+            f"--array=0-{len(todo) - 1}",
+            f"--nodes={nodes}",
+            f"--gpus-per-node={gpus_per_node}",
+            f"--output={log_dir}/%x-%A_%a.out",
+            *sbatch_args,
+            str(SLURM_LAUNCHER),
+            "--array",
+            str(manifest),
         ]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True)

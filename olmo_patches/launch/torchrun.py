@@ -55,8 +55,12 @@ def _pass_on(signum, frame) -> None:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
-    print(f"torchrun on {socket.gethostname()}: {signal.Signals(signum).name} passed to {len(workers)} worker(s); "
-          "they save at their next step, then exit", file=sys.stderr, flush=True)
+    print(
+        f"torchrun on {socket.gethostname()}: {signal.Signals(signum).name} passed to {len(workers)} worker(s); "
+        "they save at their next step, then exit",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _environ(pid: int) -> Dict[str, str]:
@@ -87,8 +91,10 @@ def _announce_killed(result) -> None:
             continue
         env = _envs.get(failure.pid) or _environ(failure.pid)
         name = signal.Signals(-failure.exitcode).name
-        line = (f"rank {rank} (node {env.get('GROUP_RANK', os.environ.get('GROUP_RANK', '?'))}, {socket.gethostname()}, "
-                f"pid {failure.pid}) was killed by {name}; every rank stops")
+        line = (
+            f"rank {rank} (node {env.get('GROUP_RANK', os.environ.get('GROUP_RANK', '?'))}, {socket.gethostname()}, "
+            f"pid {failure.pid}) was killed by {name}; every rank stops"
+        )
         _announced.set()
         # From another thread: where this torchrun holds the store, its server must not wait on the
         # monitor that is announcing (the agent goes on to stop its other workers meanwhile).
@@ -129,8 +135,7 @@ def _hook_monitor() -> None:
 def failure_line(error) -> tuple[str, int]:
     """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
     rank, failure = error.get_first_failure()
-    how = (f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0
-           else f"exit code {failure.exitcode}")
+    how = f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     try:
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
     except AttributeError:
@@ -178,8 +183,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone
         if _failed.is_set():  # this node's workers failed first and said why
             sys.exit(1)
-        print(f"torchrun on {socket.gethostname()}: the rendezvous ended ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-              "the torchrun that held its store is gone; this node stops", file=sys.stderr, flush=True)
+        print(
+            f"torchrun on {socket.gethostname()}: the rendezvous ended ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+            "the torchrun that held its store is gone; this node stops",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
     finally:
         stop.set()

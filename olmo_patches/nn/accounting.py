@@ -84,8 +84,12 @@ def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
         if isinstance(m, MoEBase):
             experts = sum(p.numel() for p in m.experts.parameters())
             inactive += experts * (m.num_experts - m.top_k) // m.num_experts
-    return ParamBreakdown(**counts, inactive=inactive, flops_per_token=model.num_flops_per_token(seq_len),  # type: ignore[operator]
-                          kv_cache_per_token=kv_cache_per_token(model))
+    return ParamBreakdown(
+        **counts,
+        inactive=inactive,
+        flops_per_token=model.num_flops_per_token(seq_len),  # type: ignore[operator]
+        kv_cache_per_token=kv_cache_per_token(model),
+    )
 
 
 def kv_cache_per_token(model: nn.Module) -> int:
@@ -94,8 +98,14 @@ def kv_cache_per_token(model: nn.Module) -> int:
 
 
 def analytic_non_embedding(
-    d_model: int, n_layers: int, *, d_ff: int | None = None, K: int = 1, d_h: int | None = None,
-    attention_width: int | None = None, kv_width: int | None = None,
+    d_model: int,
+    n_layers: int,
+    *,
+    d_ff: int | None = None,
+    K: int = 1,
+    d_h: int | None = None,
+    attention_width: int | None = None,
+    kv_width: int | None = None,
 ) -> dict:
     """The papers' closed form: {'attention', 'ffn', 'non_embedding'} for a constant-width model.
 

@@ -19,8 +19,16 @@ from olmo_core.nn.attention import AttentionBackendName
 from olmo_core.nn.attention import flash_attn_api
 from olmo_core.nn.transformer import TransformerConfig
 
-__all__ = ["ATTENTION_BACKENDS", "BackendChoice", "head_dim_padding", "head_dims", "kernel_head_dim", "on_gpu", "resolve_attention_backend",
-           "set_attention_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "BackendChoice",
+    "head_dim_padding",
+    "head_dims",
+    "kernel_head_dim",
+    "on_gpu",
+    "resolve_attention_backend",
+    "set_attention_backend",
+]
 
 ATTENTION_BACKENDS = ("auto", *(b.value for b in AttentionBackendName))
 # flash-attn (github.com/Dao-AILab/flash-attention): both kernels take head_dim <= 256 in multiples of 8
@@ -98,7 +106,9 @@ def resolve_attention_backend(requested: str, dims: Sequence[int], *, cuda: bool
         if requested != "torch" and not cuda:
             return BackendChoice("torch", f"{requested} requested, no CUDA device: OLMo-core's fallback")
         if requested in ("flash_2", "flash_3") and not _installed(requested):
-            raise ValueError(f"{requested} does not import here (or not on this GPU); pip install 'hourglass-olmo[gpu]' or use auto")
+            raise ValueError(
+                f"{requested} does not import here (or not on this GPU); pip install 'hourglass-olmo[gpu]' or use auto"
+            )
         if requested in ("flash_2", "flash_3") and not _flash_fits(requested, dims):
             raise ValueError(f"head_dim {sorted(set(dims))} is outside {requested}'s limits; use auto or torch")
         return BackendChoice(requested, "requested")
@@ -123,8 +133,11 @@ def on_gpu(requested: str, dims: Sequence[int], *, bf16: bool) -> str:
             return "torch SDPA (fp32 compute)"
         if not _flash_fits("flash_2", dims):
             return f"torch SDPA (head_dim {sorted(set(dims))} above flash-attn's 256)"
-        where = [("flash_3", "H100/H200"), ("flash_2", "other GPUs")] if _flash_fits("flash_3", dims) else [
-            ("flash_2", "every GPU (flash_3 takes multiples of 8 only)")]
+        where = (
+            [("flash_3", "H100/H200"), ("flash_2", "other GPUs")]
+            if _flash_fits("flash_3", dims)
+            else [("flash_2", "every GPU (flash_3 takes multiples of 8 only)")]
+        )
     elif requested in FLASH_KERNEL_HEAD_DIMS:
         where = [(requested, "the GPU")]
     else:
@@ -132,7 +145,9 @@ def on_gpu(requested: str, dims: Sequence[int], *, bf16: bool) -> str:
     out = []
     for name, gpus in where:
         padding = head_dim_padding(name, dims)
-        out.append(f"{name} on {gpus}: " + (f"computes {padding}" if padding else f"no head-dim padding (head_dim {sorted(set(dims))})"))
+        out.append(
+            f"{name} on {gpus}: " + (f"computes {padding}" if padding else f"no head-dim padding (head_dim {sorted(set(dims))})")
+        )
     return "; ".join(out)
 
 

@@ -36,7 +36,14 @@ from olmo_core.nn.transformer.init import init_linear
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-__all__ = ["NormPlacement", "stacked_placement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
+__all__ = [
+    "NormPlacement",
+    "stacked_placement",
+    "shard_stacked",
+    "StackedLinear",
+    "HourglassFeedForward",
+    "HourglassFeedForwardConfig",
+]
 
 
 class NormPlacement(StrEnum):
@@ -67,8 +74,10 @@ def shard_stacked(dp_mesh: Optional[DeviceMesh]) -> Callable[[nn.Parameter], Opt
         if param.ndim != 3:
             return None
         if (p := stacked_placement(tuple(param.shape), shards)) is None:
-            raise ValueError(f"a stacked weight of shape {tuple(param.shape)} cannot be sharded over {shards} ranks: "
-                             f"FSDP2 shards it only along a dimension the rank count divides")
+            raise ValueError(
+                f"a stacked weight of shape {tuple(param.shape)} cannot be sharded over {shards} ranks: "
+                f"FSDP2 shards it only along a dimension the rank count divides"
+            )
         return p
 
     return placement

@@ -89,9 +89,7 @@ class HourglassBlock(TransformerBlockBase):
     apply_cp = TransformerBlock.apply_cp
 
     def num_flops_per_token(self, seq_len: int) -> int:
-        return self.attention.num_flops_per_token(seq_len) + self.feed_forward.num_flops_per_token(
-            seq_len
-        )
+        return self.attention.num_flops_per_token(seq_len) + self.feed_forward.num_flops_per_token(seq_len)
 
 
 @dataclass

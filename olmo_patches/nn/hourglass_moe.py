@@ -175,8 +175,13 @@ class HourglassMoE(DroplessMoE):
         cache: Optional[BufferCache] = None,
     ) -> ParallelDroplessMLP:
         experts = HourglassExperts(
-            d_model=d_model, hidden_size=hidden_size, num_experts=num_experts, K=K, layer_norm=layer_norm,
-            dtype=dtype, init_device=init_device,
+            d_model=d_model,
+            hidden_size=hidden_size,
+            num_experts=num_experts,
+            K=K,
+            layer_norm=layer_norm,
+            dtype=dtype,
+            init_device=init_device,
         )
         return PortableDroplessMLP(mlp=experts, top_k=self.router.top_k, cache=cache)  # type: ignore[arg-type]
 
@@ -198,7 +203,11 @@ class HourglassMoE(DroplessMoE):
         del seq_len
         mlp = self.experts.mlp
         counts = hourglass_moe_counts(
-            mlp.d_model, num_experts=self.num_experts, top_k=self.top_k, K=mlp.K, d_h=mlp.hidden_size  # type: ignore[arg-type]
+            mlp.d_model,
+            num_experts=self.num_experts,
+            top_k=self.top_k,
+            K=mlp.K,
+            d_h=mlp.hidden_size,  # type: ignore[arg-type]
         )
         return counts["flops_per_token"]
 
@@ -220,13 +229,17 @@ class HourglassMoEConfig(LayerMoEConfig):
         if self.layer_norm is None:
             raise OLMoConfigurationError("hourglass experts need a layer_norm config for their K norms")
         if self.layer_norm.bias or self.layer_norm.elementwise_affine is False:
-            raise OLMoConfigurationError("hourglass experts' norms have a gain and no bias (layer_norm: bias false, elementwise_affine true)")
+            raise OLMoConfigurationError(
+                "hourglass experts' norms have a gain and no bias (layer_norm: bias false, elementwise_affine true)"
+            )
         if self.shared_mlp is not None or self.latent_moe is not None:
             raise OLMoConfigurationError("hourglass experts support neither a shared MLP nor a latent MoE")
 
     def _counts(self, d_model: int) -> dict:
         self.validate_shape()
-        return hourglass_moe_counts(d_model, num_experts=self.num_experts, top_k=self.router.top_k, K=self.K, d_h=self.hidden_size)
+        return hourglass_moe_counts(
+            d_model, num_experts=self.num_experts, top_k=self.router.top_k, K=self.K, d_h=self.hidden_size
+        )
 
     def num_params(self, d_model: int) -> int:
         return self._counts(d_model)["total"]
@@ -260,9 +273,7 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
         # divide (dim 1, the experts' rows, first; never K unless it divides: nn/hourglass.py).
         super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked(dp_mesh), **fsdp_kwargs)
 
-    def forward(
-        self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
         u = x + self.residual_alpha * self.dropout(self.attention(self.attention_norm(x), **kwargs))
         moe = self.feed_forward_moe(u, router_input=self.feed_forward_norm(u), loss_div_factor=loss_div_factor)
         return u + self.dropout(moe)
@@ -279,7 +290,14 @@ class HourglassMoEBlockConfig(TransformerBlockConfig):
             raise OLMoConfigurationError("an hourglass-expert block needs name: moe and an HourglassMoEConfig")
         assert self.layer_norm is not None
         return HourglassMoEBlock(
-            d_model=d_model, block_idx=block_idx, n_layers=n_layers, sequence_mixer=self.sequence_mixer,
-            feed_forward_moe=self.feed_forward_moe, layer_norm=self.layer_norm, dropout=self.dropout or 0.0,
-            residual_alpha=self.attention_residual_alpha or 1.0, init_device=init_device, cache=cache,
+            d_model=d_model,
+            block_idx=block_idx,
+            n_layers=n_layers,
+            sequence_mixer=self.sequence_mixer,
+            feed_forward_moe=self.feed_forward_moe,
+            layer_norm=self.layer_norm,
+            dropout=self.dropout or 0.0,
+            residual_alpha=self.attention_residual_alpha or 1.0,
+            init_device=init_device,
+            cache=cache,
         )

@@ -46,7 +46,13 @@ class LayerMoEConfig(MoEConfig):
 
     @classmethod
     def authors(
-        cls, *, num_experts: int, top_k: int, hidden_size: int, lb_loss_weight: float, z_loss_weight: float,
+        cls,
+        *,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        lb_loss_weight: float,
+        z_loss_weight: float,
     ) -> "LayerMoEConfig":
         """The authors' routing: top-k weights renormalised, losses summed over layers, dropless."""
         return cls(
@@ -83,13 +89,25 @@ class PortableDroplessMLP(ParallelDroplessMLP):
     the weighted outputs summed back per token (megablocks' ``gather`` / ``scatter``)."""
 
     def permute_and_compute(  # type: ignore[override]
-        self, x: torch.Tensor, *, batch_size_per_expert: torch.Tensor, indices: torch.Tensor, bin_ids: torch.Tensor,
-        expert_weights: Optional[torch.Tensor], bins: torch.Tensor, top_k: int,
+        self,
+        x: torch.Tensor,
+        *,
+        batch_size_per_expert: torch.Tensor,
+        indices: torch.Tensor,
+        bin_ids: torch.Tensor,
+        expert_weights: Optional[torch.Tensor],
+        bins: torch.Tensor,
+        top_k: int,
     ) -> torch.Tensor:
         if x.is_cuda and moe_ops.kernels is not None:
             return super().permute_and_compute(
-                x, batch_size_per_expert=batch_size_per_expert, indices=indices, bin_ids=bin_ids,
-                expert_weights=expert_weights, bins=bins, top_k=top_k,
+                x,
+                batch_size_per_expert=batch_size_per_expert,
+                indices=indices,
+                bin_ids=bin_ids,
+                expert_weights=expert_weights,
+                bins=bins,
+                top_k=top_k,
             )
         x = x.view(-1, x.shape[-1])
         token = indices.long() // top_k  # indices: positions in the flattened (T, k) assignments, by expert
@@ -103,10 +121,18 @@ class PortableDroplessMoE(DroplessMoE):
     """OLMo-core's ``DroplessMoE`` whose dispatch also runs without Triton (:class:`PortableDroplessMLP`)."""
 
     def _init_parallel_mlp(  # type: ignore[override]
-        self, *, d_model: int, num_experts: int, hidden_size: int, dtype: torch.dtype = torch.float32,
-        init_device: str = "cpu", cache: Optional[BufferCache] = None,
+        self,
+        *,
+        d_model: int,
+        num_experts: int,
+        hidden_size: int,
+        dtype: torch.dtype = torch.float32,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ) -> ParallelDroplessMLP:
-        mlp = DroplessMoEMLP(d_model=d_model, num_experts=num_experts, hidden_size=hidden_size, dtype=dtype, init_device=init_device)
+        mlp = DroplessMoEMLP(
+            d_model=d_model, num_experts=num_experts, hidden_size=hidden_size, dtype=dtype, init_device=init_device
+        )
         return PortableDroplessMLP(mlp=mlp, top_k=self.router.top_k, cache=cache)
 
 
@@ -118,9 +144,7 @@ class ScaledMoETransformerBlock(MoETransformerBlock):
         super().__init__(**kwargs)
         self.residual_alpha = residual_alpha
 
-    def forward(
-        self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
         a = self.residual_alpha
         h = x + a * self.dropout(self.attention(self.attention_norm(x), **kwargs))
         return h + a * self.dropout(self.feed_forward_moe(self.feed_forward_norm(h), loss_div_factor=loss_div_factor))

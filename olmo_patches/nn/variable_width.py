@@ -86,6 +86,7 @@ __all__ = [
     "OutputNorm",
 ]
 
+
 class ResizeMode(StrEnum):
     carry_forward = "carry_forward"  # untouched dims keep the last value written (authors' move_up)
     zero = "zero"  # a widening layer reads zeros in its new dims
@@ -183,8 +184,11 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         if self.feed_forward_moe is not None:  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
             hourglass_experts = isinstance(self.feed_forward_moe, HourglassMoEConfig)
             cls: type = VariableWidthHourglassMoEBlock if hourglass_experts else VariableWidthMoEBlock
-            kwargs.update(feed_forward_moe=self.feed_forward_moe, dropout=self.dropout or 0.0,
-                          residual_alpha=self.attention_residual_alpha or 1.0)
+            kwargs.update(
+                feed_forward_moe=self.feed_forward_moe,
+                dropout=self.dropout or 0.0,
+                residual_alpha=self.attention_residual_alpha or 1.0,
+            )
         elif self.is_hourglass:
             cls, kwargs["feed_forward"] = VariableWidthHourglassBlock, self.feed_forward
             kwargs["residual_alpha"] = self.attention_residual_alpha or 1.0
@@ -195,8 +199,15 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
                 if getattr(self, key) is not None:
                     kwargs[key] = getattr(self, key)
         block = cls(
-            width=self.width, in_width=self.in_width, stream_width=self.stream_width, resize=self.resize,
-            block_idx=block_idx, n_layers=n_layers, init_device=init_device, cache=BufferCache(), **kwargs,
+            width=self.width,
+            in_width=self.in_width,
+            stream_width=self.stream_width,
+            resize=self.resize,
+            block_idx=block_idx,
+            n_layers=n_layers,
+            init_device=init_device,
+            cache=BufferCache(),
+            **kwargs,
         )
         if self.softmax_scale is not None:
             block.attention.backend.scale = self.softmax_scale
@@ -263,16 +274,26 @@ class VariableWidthLMHeadConfig(LMHeadConfig):
         if self.name != LMHeadType.default:
             raise OLMoConfigurationError("a variable-width model needs the default LM head")
         head = LMHead(
-            d_model=d_model, vocab_size=vocab_size, layer_norm=None, dtype=self.dtype.as_pt(),
-            bias=bool(self.bias), init_device=init_device, loss_implementation=self.loss_implementation,
+            d_model=d_model,
+            vocab_size=vocab_size,
+            layer_norm=None,
+            dtype=self.dtype.as_pt(),
+            bias=bool(self.bias),
+            init_device=init_device,
+            loss_implementation=self.loss_implementation,
         )
         if self.layer_norm is not None:
             ln = self.layer_norm
             if ln.name != LayerNormType.rms:
                 raise OLMoConfigurationError(f"a variable-width model needs RMSNorm, got {ln.name}")
             head.norm = OutputNorm(
-                last_width=self.last_width, d_model=d_model, resize=self.resize, logit_scale=self.logit_scale,
-                init_device=init_device, eps=ln.eps if ln.eps is not None else 1e-5, bias=bool(ln.bias),
+                last_width=self.last_width,
+                d_model=d_model,
+                resize=self.resize,
+                logit_scale=self.logit_scale,
+                init_device=init_device,
+                eps=ln.eps if ln.eps is not None else 1e-5,
+                bias=bool(ln.bias),
                 dtype=ln.dtype.as_pt() if ln.dtype is not None else torch.float32,
             )
         return head
@@ -306,8 +327,12 @@ class VariableWidthTransformerConfig(TransformerConfig):
             self.embed_scale = self.mup.m_emb
         head = self.lm_head
         self.lm_head = VariableWidthLMHeadConfig(
-            layer_norm=head.layer_norm, bias=head.bias, dtype=head.dtype, loss_implementation=head.loss_implementation,
-            last_width=self.widths[-1], resize=ResizeMode(self.resize),
+            layer_norm=head.layer_norm,
+            bias=head.bias,
+            dtype=head.dtype,
+            loss_implementation=head.loss_implementation,
+            last_width=self.widths[-1],
+            resize=ResizeMode(self.resize),
             logit_scale=1.0 / self.mup.m_width if self.mup is not None else 1.0,
         )
 
@@ -339,7 +364,9 @@ class VariableWidthTransformerConfig(TransformerConfig):
                     sequence_mixer=template.sequence_mixer,
                     layer_norm=template.layer_norm,
                     feed_forward=replace(ffn, hidden_size=self._hidden(w)) if ffn is not None else None,
-                    feed_forward_moe=replace(moe, hidden_size=expert_hidden_size(w, moe.hidden_size, self.d_model)) if moe is not None else None,
+                    feed_forward_moe=replace(moe, hidden_size=expert_hidden_size(w, moe.hidden_size, self.d_model))
+                    if moe is not None
+                    else None,
                     dropout=template.dropout,
                     attention_residual_alpha=alpha or template.attention_residual_alpha,
                     feed_forward_residual_alpha=alpha or template.feed_forward_residual_alpha,

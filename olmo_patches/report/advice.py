@@ -49,7 +49,9 @@ def _over_http(spec: ExperimentSpec) -> bool:
     d, remote = spec.data, ("http://", "https://")
     if d.source == "olmo2_stage1":
         return d.base is None or d.base.startswith(remote)
-    return d.source == "numpy" and (any(p.startswith(remote) for p in d.paths) or bool(d.mix and d.mix_base_dir.startswith(remote)))
+    return d.source == "numpy" and (
+        any(p.startswith(remote) for p in d.paths) or bool(d.mix and d.mix_base_dir.startswith(remote))
+    )
 
 
 def http_need(spec: ExperimentSpec) -> tuple[float, str]:
@@ -65,7 +67,9 @@ def long_warmup(spec: ExperimentSpec) -> Optional[str]:
     t = spec.train
     per_step = t.global_batch_size * spec.data.sequence_length
     steps = t.max_steps if t.max_steps is not None else (t.max_tokens or 0) // per_step
-    key, warmup = ("train.warmup_steps", t.warmup_steps) if t.warmup_steps is not None else ("train.warmup_tokens", t.warmup_tokens)
+    key, warmup = (
+        ("train.warmup_steps", t.warmup_steps) if t.warmup_steps is not None else ("train.warmup_tokens", t.warmup_tokens)
+    )
     warmup_steps = (warmup or 0) if key == "train.warmup_steps" else (warmup or 0) / per_step
     if steps and warmup_steps > steps:
         return f"warning: {key}={warmup} ends after the run's {steps} steps: the learning rate never reaches train.lr"
@@ -76,12 +80,16 @@ def advice(spec: ExperimentSpec) -> List[str]:
     lines = [warmup] if (warmup := long_warmup(spec)) else []
     if dims := unaligned_dims(spec):
         where = ", ".join(f"{d} ({name})" for d, name in sorted(dims.items()))
-        lines.append(f"warning: matmul dimensions not a multiple of {MATMUL_ALIGN} (GPU tensor cores pad them): {where}; "
-                     "aligned shapes within 0.3%: scripts/search.py --aligned")
+        lines.append(
+            f"warning: matmul dimensions not a multiple of {MATMUL_ALIGN} (GPU tensor cores pad them): {where}; "
+            "aligned shapes within 0.3%: scripts/search.py --aligned"
+        )
     if _over_http(spec):
         need, card = http_need(spec)
         if need > HTTP_INSTANCES_PER_S:
-            lines.append(f"warning: data.source={spec.data.source} over HTTP: one rank needs {need:.0f} instances/s "
-                         f"({card}, MFU {ASSUMED_MFU:.0%}), {HTTP_INSTANCES_PER_S:.0f} measured (benchmarks/bench_loader.py); "
-                         "materialize a prefix (docs/data_order.md) or set data.base to a local mirror")
+            lines.append(
+                f"warning: data.source={spec.data.source} over HTTP: one rank needs {need:.0f} instances/s "
+                f"({card}, MFU {ASSUMED_MFU:.0%}), {HTTP_INSTANCES_PER_S:.0f} measured (benchmarks/bench_loader.py); "
+                "materialize a prefix (docs/data_order.md) or set data.base to a local mirror"
+            )
     return lines

@@ -34,8 +34,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LayerStats", "Analysis", "dead_units", "matrix_entropy", "participation_ratio", "target_probability",
-           "analyze_model", "load_checkpoint_model", "validation_batch", "analysis_figure", "write_json"]
+__all__ = [
+    "LayerStats",
+    "Analysis",
+    "dead_units",
+    "matrix_entropy",
+    "participation_ratio",
+    "target_probability",
+    "analyze_model",
+    "load_checkpoint_model",
+    "validation_batch",
+    "analysis_figure",
+    "write_json",
+]
 
 THRESHOLD = 0.01  # a unit is active on a token when |a| > 1% of its layer's RMS activation
 
@@ -129,8 +140,15 @@ def _hidden_hooks(block: torch.nn.Module, record: Callable[[torch.Tensor], None]
 
 
 @torch.no_grad()
-def analyze_model(model: torch.nn.Module, tokens: torch.Tensor, *, name: str = "", checkpoint: str = "", block: str = "",
-                  threshold: float = THRESHOLD) -> Analysis:
+def analyze_model(
+    model: torch.nn.Module,
+    tokens: torch.Tensor,
+    *,
+    name: str = "",
+    checkpoint: str = "",
+    block: str = "",
+    threshold: float = THRESHOLD,
+) -> Analysis:
     """The four analyses per block of an OLMo-core Transformer on ``tokens`` (batch, seq + 1): inputs
     tokens[:, :-1], targets tokens[:, 1:]."""
     model.eval()
@@ -206,10 +224,12 @@ def write_json(analyses: Sequence[Analysis], out: Path) -> Path:
     return out
 
 
-PANELS = (("utilisation", "MLP activation utilisation\n(mean fraction of tokens a unit is active)"),
-          ("normalized_entropy", "residual stream matrix entropy\n(normalised)"),
-          ("participation_ratio_fraction", "participation ratio / width"),
-          ("target_probability", "logit lens: p(next token)"))
+PANELS = (
+    ("utilisation", "MLP activation utilisation\n(mean fraction of tokens a unit is active)"),
+    ("normalized_entropy", "residual stream matrix entropy\n(normalised)"),
+    ("participation_ratio_fraction", "participation ratio / width"),
+    ("target_probability", "logit lens: p(next token)"),
+)
 
 
 def analysis_figure(analyses: Sequence[Analysis], out: Path, title: str = "") -> Path:

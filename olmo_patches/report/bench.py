@@ -57,27 +57,39 @@ class Scale:
 SCALES: Dict[str, Scale] = {
     # CPU demo: configs/demo, at their own training shape (16 x 128 tokens).
     "demo": Scale(
-        {"baseline": "configs/demo/baseline.yaml", "hourglass": "configs/demo/hourglass.yaml",
-         "variable_width": "configs/demo/variable-width.yaml"},
-        seq_len=128, batch=16,
+        {
+            "baseline": "configs/demo/baseline.yaml",
+            "hourglass": "configs/demo/hourglass.yaml",
+            "variable_width": "configs/demo/variable-width.yaml",
+        },
+        seq_len=128,
+        batch=16,
     ),
     # 113M shapes; short sequences so that a CPU step takes seconds (a GPU run passes --seq 4096).
     # The hourglass is the paper's controlled K=8, d_h=384 at the baseline's d_model and L, so that the
     # two differ only in the FFN's shape; hg_exact is the headline shape matched within 0.001% (d_h 621,
     # head dim 72), hg_aligned its sibling within 0.3% (d_h 576, head dim 48): what exact matching costs.
     "113M": Scale(
-        {"baseline": "configs/113M/baseline.yaml", "hourglass": "configs/113M/hourglass-K8-dh384.yaml",
-         "variable_width": "configs/113M/variable-width.yaml", "hg_exact": "configs/113M/hourglass-exact.yaml",
-         "hg_aligned": "configs/113M/hourglass-aligned.yaml"},
-        seq_len=128, batch=1,
+        {
+            "baseline": "configs/113M/baseline.yaml",
+            "hourglass": "configs/113M/hourglass-K8-dh384.yaml",
+            "variable_width": "configs/113M/variable-width.yaml",
+            "hg_exact": "configs/113M/hourglass-exact.yaml",
+            "hg_aligned": "configs/113M/hourglass-aligned.yaml",
+        },
+        seq_len=128,
+        batch=1,
     ),
     "1B": Scale(
-        {"baseline": "configs/1B/baseline.yaml", "hourglass": "configs/1B/hourglass.yaml",
-         "variable_width": "configs/1B/variable-width.yaml"},
-        seq_len=4096, batch=4,
+        {
+            "baseline": "configs/1B/baseline.yaml",
+            "hourglass": "configs/1B/hourglass.yaml",
+            "variable_width": "configs/1B/variable-width.yaml",
+        },
+        seq_len=4096,
+        batch=4,
     ),
 }
-
 
 
 def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, tries: int = 10) -> float:
@@ -137,8 +149,9 @@ def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[
     """The trainer's model of ``config`` and the attention backend the trainer would pick for it here."""
     spec = load_spec(REPO / config if not Path(config).is_absolute() else config)
     model_config = spec.model_config()
-    backend = resolve_attention_backend(spec.model.attention_backend, head_dims(model_config), cuda=device.type == "cuda",
-                                        bf16=dtype == torch.bfloat16)
+    backend = resolve_attention_backend(
+        spec.model.attention_backend, head_dims(model_config), cuda=device.type == "cuda", bf16=dtype == torch.bfloat16
+    )
     set_attention_backend(model_config, backend.name)
     model = model_config.build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
@@ -214,7 +227,10 @@ def run_bench(
     peak, peak_source = peak_flops_per_second(device, dtype)
     machine = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x {torch.get_num_threads()} threads",
-        dtype=str(dtype).split(".")[-1], torch=torch.__version__, peak_flops_per_second=peak, peak_source=peak_source,
+        dtype=str(dtype).split(".")[-1],
+        torch=torch.__version__,
+        peak_flops_per_second=peak,
+        peak_source=peak_source,
     )
     log(f"peak {peak / 1e12:.3f} TFLOP/s ({peak_source})")
     gen = torch.Generator().manual_seed(0)
@@ -229,8 +245,12 @@ def run_bench(
             if name.endswith(FLOAT8):
                 to_float8(model, float8, device)  # type: ignore[arg-type]
             b = breakdown(model, seq_len)
-            info[name] = dict(params_total=b.total, params_non_embedding=b.non_embedding, flops_per_token=b.flops_per_token,
-                              extra=dict(attention=backend, optimizer="adamw" if optimizer else "none"))
+            info[name] = dict(
+                params_total=b.total,
+                params_non_embedding=b.non_embedding,
+                flops_per_token=b.flops_per_token,
+                extra=dict(attention=backend, optimizer="adamw" if optimizer else "none"),
+            )
             optimizers[name] = torch.optim.AdamW(model.parameters(), lr=1e-4) if optimizer else None
             if compiled:
                 model.apply_compile()  # type: ignore[operator]  # OLMo-core's per-block compile, as the trainer's
@@ -247,7 +267,7 @@ def run_bench(
         mem: Dict[str, Optional[float]] = {n: None for n in names}
         resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         for r in range(repeats):
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
@@ -275,24 +295,42 @@ def run_bench(
             if name.endswith(FLOAT8):
                 twin = tps[name.removesuffix(FLOAT8)]
                 extra["float8_ratio"] = statistics.median(a / b for a, b in zip(tps[name], twin))
-            results.append(BenchResult(
-                scale=scale, variant=name, compile=compiled, config=sc.configs[name.removesuffix(FLOAT8)], seq_len=seq_len, batch=batch, extra=extra,
-                **{k: v for k, v in info[name].items() if k != "extra"}, tokens_per_s=med, tokens_per_s_all=tps[name], peak_mem_mb=mem[name],
-                mfu=100 * med * info[name]["flops_per_token"] / peak,
-                ratio=ratio, ratio_quartiles=(q1, q3), flops_ratio=flops_ratio, per_flop_ratio=ratio * flops_ratio,
-            ))
+            results.append(
+                BenchResult(
+                    scale=scale,
+                    variant=name,
+                    compile=compiled,
+                    config=sc.configs[name.removesuffix(FLOAT8)],
+                    seq_len=seq_len,
+                    batch=batch,
+                    extra=extra,
+                    **{k: v for k, v in info[name].items() if k != "extra"},
+                    tokens_per_s=med,
+                    tokens_per_s_all=tps[name],
+                    peak_mem_mb=mem[name],
+                    mfu=100 * med * info[name]["flops_per_token"] / peak,
+                    ratio=ratio,
+                    ratio_quartiles=(q1, q3),
+                    flops_ratio=flops_ratio,
+                    per_flop_ratio=ratio * flops_ratio,
+                )
+            )
         del models
         gc.collect()
     return results, machine
 
 
 def format_results(results: List[BenchResult], machine: dict) -> str:
-    lines = [f"machine: {machine['device']}, {machine['dtype']}, torch {machine['torch']}; "
-             f"MFU peak {machine['peak_flops_per_second'] / 1e12:.3f} TFLOP/s ({machine['peak_source']})"]
+    lines = [
+        f"machine: {machine['device']}, {machine['dtype']}, torch {machine['torch']}; "
+        f"MFU peak {machine['peak_flops_per_second'] / 1e12:.3f} TFLOP/s ({machine['peak_source']})"
+    ]
     if results:  # the trainer's attention backend here, and whether the step includes AdamW's
         lines.append(f"attention {results[0].extra.get('attention')}, optimizer {results[0].extra.get('optimizer')}")
-    head = (f"{'scale':6} {'variant':22} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
-            f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}")
+    head = (
+        f"{'scale':6} {'variant':22} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
+        f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}"
+    )
     lines += [head, "-" * len(head)]
     for r in results:
         mem = f"{r.peak_mem_mb:8.0f}" if r.peak_mem_mb is not None else f"{'-':>8}"
@@ -303,9 +341,11 @@ def format_results(results: List[BenchResult], machine: dict) -> str:
             f"{r.per_flop_ratio:8.3f} {r.mfu:6.1f} {mem}"
             + (f"  float8/high precision {r.extra['float8_ratio']:.3f}" if "float8_ratio" in r.extra else "")
         )
-    lines.append("ratio: tokens/s over the baseline's (median of paired repeats, IQR: their quartiles); FLOPs: model "
-                 "FLOPs/token over the baseline's; per-FLOP: ratio x FLOPs (1 = same model FLOP/s as the baseline); "
-                 "params: non-embedding")
+    lines.append(
+        "ratio: tokens/s over the baseline's (median of paired repeats, IQR: their quartiles); FLOPs: model "
+        "FLOPs/token over the baseline's; per-FLOP: ratio x FLOPs (1 = same model FLOP/s as the baseline); "
+        "params: non-embedding"
+    )
     return "\n".join(lines)
 
 

@@ -39,8 +39,12 @@ def attention_report(spec: ExperimentSpec) -> dict:
     report = {"n_heads": m.n_heads, "head_dim": m.resolved_head_dim, "n_kv_heads": m.resolved_n_kv_heads}
     if m.block == "variable_width" and m.head_dim is None:
         widths = m.resolved_widths
-        return {**report, "head_dim": [w // m.n_heads for w in widths], "attention_width": widths,
-                "kv_width": [w // m.n_heads * m.resolved_n_kv_heads for w in widths]}
+        return {
+            **report,
+            "head_dim": [w // m.n_heads for w in widths],
+            "attention_width": widths,
+            "kv_width": [w // m.n_heads * m.resolved_n_kv_heads for w in widths],
+        }
     return {**report, "attention_width": m.n_heads * m.resolved_head_dim, "kv_width": m.resolved_n_kv_heads * m.resolved_head_dim}
 
 
@@ -128,5 +132,9 @@ def param_table(spec: ExperimentSpec) -> Table:
 def float8_row(spec: ExperimentSpec) -> tuple[str, str]:
     """The parameters whose matmuls run in float8, for the count and the dry run."""
     f = float8_report(spec)
-    skipped = f" ({len(f['float8_skipped'])} matmuls, {f['float8_skipped_params']:,} params kept high precision: a dim not a multiple of 16)" if f["float8_skipped"] else ""
+    skipped = (
+        f" ({len(f['float8_skipped'])} matmuls, {f['float8_skipped_params']:,} params kept high precision: a dim not a multiple of 16)"
+        if f["float8_skipped"]
+        else ""
+    )
     return f"float8 ({f['float8']}) matmul parameters", f"{f['float8_params']:,} in {f['float8_modules']} modules{skipped}"

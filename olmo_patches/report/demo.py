@@ -144,5 +144,7 @@ def run_demo(specs: list[ExperimentSpec], out_dir: Path, console: Console | None
     console.print(_table(results))
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'loss_curves.png'}")
     disk = sum(f.stat().st_size for _, run_dir in runs for f in run_dir.glob("step*/**/*") if f.is_file())
-    console.print(f"checkpoints: {disk / 2**20:,.1f} MiB in {', '.join(str(d) for _, d in runs)} (step*/; the log of each run: train.log)")
+    console.print(
+        f"checkpoints: {disk / 2**20:,.1f} MiB in {', '.join(str(d) for _, d in runs)} (step*/; the log of each run: train.log)"
+    )
     return results

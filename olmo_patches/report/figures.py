@@ -129,8 +129,19 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
             law = fitted[f]
             ax.plot(grid, law.loss(grid), "-", color=dots.get_color(), label=f"{f}: L = {law.a:.3g} C^{law.b:.4f}")
     ref = paper["variable_width"]["scaling"]
-    ax.plot(grid, ref["baseline_a"] * grid ** ref["baseline_b"], "k--", label=f"paper baseline: L = {ref['baseline_a']} C^{ref['baseline_b']}")
-    ax.set(xscale="log", yscale="log", xlabel="training FLOPs C (1e20)", ylabel="validation loss", title="Scaling: L = a C^b per family")
+    ax.plot(
+        grid,
+        ref["baseline_a"] * grid ** ref["baseline_b"],
+        "k--",
+        label=f"paper baseline: L = {ref['baseline_a']} C^{ref['baseline_b']}",
+    )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="training FLOPs C (1e20)",
+        ylabel="validation loss",
+        title="Scaling: L = a C^b per family",
+    )
     ax.legend(fontsize="small")
     return [_save(fig, out / "scaling.png")]
 

@@ -25,10 +25,24 @@ from ..nn.attention import head_dims, on_gpu
 from ..nn.lm_loss import lm_loss
 from .counts import count, float8_row
 
-__all__ = ["ASSUMED_MFU", "RunPlan", "plan", "plan_table", "first_data_files", "checkpoint_disk", "preset_rows", "device_rows", "signal_lead", "data_tokens", "data_passes"]
+__all__ = [
+    "ASSUMED_MFU",
+    "RunPlan",
+    "plan",
+    "plan_table",
+    "first_data_files",
+    "checkpoint_disk",
+    "preset_rows",
+    "device_rows",
+    "signal_lead",
+    "data_tokens",
+    "data_passes",
+]
 
 
-ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
+ASSUMED_MFU = (
+    0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
+)
 # Checkpoint write rate for the signal lead when the run has not measured its own (SAVE/save_rate.json):
 # 97 MiB/s, the write+fsync measured by benchmarks/bench_checkpoint_manifest.py (docs/running.md), a
 # conservative figure for a shared folder written by all ranks together.
@@ -96,10 +110,14 @@ def data_passes(spec: ExperimentSpec, tokens: int) -> str:
     """How many times a run of ``tokens`` reads its data, for the dry run."""
     held = data_tokens(spec)
     if held is None:
-        why = "the demo corpus is built at the run's start" if spec.data.source == "demo" else "its size is read at the run's start"
+        why = (
+            "the demo corpus is built at the run's start" if spec.data.source == "demo" else "its size is read at the run's start"
+        )
         return f"not known here ({why}; the start line says)"
     passes = tokens / held
-    return f"{passes:.2f} ({tokens:,} of {held:,} tokens)" + (f": the run reads its data {passes:.1f} times" if passes > 1 else "")
+    return f"{passes:.2f} ({tokens:,} of {held:,} tokens)" + (
+        f": the run reads its data {passes:.1f} times" if passes > 1 else ""
+    )
 
 
 def plan(spec: ExperimentSpec) -> RunPlan:
@@ -132,7 +150,10 @@ def checkpoint_disk(spec: ExperimentSpec, p: RunPlan) -> tuple[int, int]:
     permanent = set(range(0, last + 1, r.save_interval)) | {last}
     ephemeral = 0
     if r.ephemeral_save_interval:
-        ephemeral = min(r.ephemeral_keep, len([s for s in range(r.ephemeral_save_interval, last + 1, r.ephemeral_save_interval) if s not in permanent]))
+        ephemeral = min(
+            r.ephemeral_keep,
+            len([s for s in range(r.ephemeral_save_interval, last + 1, r.ephemeral_save_interval) if s not in permanent]),
+        )
     n = len(permanent) + ephemeral
     return n, n * p.params * CHECKPOINT_BYTES_PER_PARAM
 
@@ -156,8 +177,10 @@ def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
         rate, source = SAVE_BYTES_PER_S, "stated, conservative: docs/running.md"
     save = size / rate
     lead = 30 * math.ceil((step + save + SIGNAL_MARGIN_S) / 30)
-    how = (f"--signal=B:USR1@{lead}: a step {step:,.0f} s ({layout.world_size} x {card.name}, MFU {ASSUMED_MFU:.0%}) "
-           f"+ a save {save:,.0f} s ({size / 2**30:,.1f} GiB at {rate / 2**20:,.0f} MiB/s, {source}) + {SIGNAL_MARGIN_S} s")
+    how = (
+        f"--signal=B:USR1@{lead}: a step {step:,.0f} s ({layout.world_size} x {card.name}, MFU {ASSUMED_MFU:.0%}) "
+        f"+ a save {save:,.0f} s ({size / 2**30:,.1f} GiB at {rate / 2**20:,.0f} MiB/s, {source}) + {SIGNAL_MARGIN_S} s"
+    )
     return lead, how
 
 
@@ -174,8 +197,10 @@ def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = No
             t = spec.train
             assert t.micro_batch_size is not None and t.activation_checkpointing is not None
             gib = memory_estimate(spec, layout or Layout.from_env()).total(t.micro_batch_size, t.activation_checkpointing) / GIB
-            value = (f"{t.micro_batch_size} sequences, activation checkpointing {t.activation_checkpointing}, "
-                     f"compile {'on' if t.compile else 'off'}, estimate {gib:.1f} GiB")
+            value = (
+                f"{t.micro_batch_size} sequences, activation checkpointing {t.activation_checkpointing}, "
+                f"compile {'on' if t.compile else 'off'}, estimate {gib:.1f} GiB"
+            )
         except ConfigError as e:
             value = str(e).split(": ", 2)[-1]
         rows.append((f"micro-batch per GPU, train.hardware={name}", value))
@@ -192,11 +217,17 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     if device == "cpu" or t.precision != "bf16":
         ignored.append("MFU (OLMo-core's speed monitor has a peak FLOP/s for a known GPU in bf16 only)")
     return [
-        (f"precision ({device} here, {world_size} rank{'s' if world_size > 1 else ''})", f"train.precision={t.precision}: {precision_of(spec, world_size)}"),
+        (
+            f"precision ({device} here, {world_size} rank{'s' if world_size > 1 else ''})",
+            f"train.precision={t.precision}: {precision_of(spec, world_size)}",
+        ),
         (f"compile ({device} here)", describe_compile(spec, world_size)),
         (f"activation checkpointing ({device} here)", str(t.activation_checkpointing or "off")),
         (f"attention backend ({device} here)", str(attention_backend(spec, device))),
-        ("attention kernel (a CUDA node with flash-attn)", on_gpu(spec.model.attention_backend, head_dims(spec.model_config()), bf16=t.precision == "bf16")),
+        (
+            "attention kernel (a CUDA node with flash-attn)",
+            on_gpu(spec.model.attention_backend, head_dims(spec.model_config()), bf16=t.precision == "bf16"),
+        ),
         (f"LM loss ({device} here)", str(lm_loss(spec, device))),
         *([("LM loss (a CUDA node, this install)", str(lm_loss(spec, "cuda")))] if device != "cuda" else []),
         (f"ignored ({device} here)", "; ".join(ignored) or "nothing"),
@@ -217,8 +248,14 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
     total = sum(math.prod(s) for _, s in shapes)
     held = sum(padded_share(s, shards) for _, s in shapes)
     dims = sorted({shard_dim(s, shards) for n, s in shapes if len(s) == 3})
-    stacked = "hourglass FFN (K out, in) weights: rows" if any(n.endswith(("w1.weight", "w2.weight")) and len(s) == 2 and "feed_forward." in n
-                                                              and spec.model.block == "hourglass" for n, s in shapes) else ""
+    stacked = (
+        "hourglass FFN (K out, in) weights: rows"
+        if any(
+            n.endswith(("w1.weight", "w2.weight")) and len(s) == 2 and "feed_forward." in n and spec.model.block == "hourglass"
+            for n, s in shapes
+        )
+        else ""
+    )
     if dims:
         stacked = (stacked + "; " if stacked else "") + f"K-stacked expert weights: dim {', '.join(map(str, dims))}"
     line = f"{held:,} parameters a rank ({held * shards / total - 1:+.2%} padding over {total:,} / {shards})"
@@ -247,7 +284,10 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     device = device_for(spec)
     table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
     resolved = getattr(spec, "resolved", {})  # launch.layout.resolve: what the machine and the ranks decided
-    table.add_row(f"resolved at launch ({device}, {layout.world_size} ranks)", ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)")
+    table.add_row(
+        f"resolved at launch ({device}, {layout.world_size} ranks)",
+        ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)",
+    )
     for label, value in presets:
         table.add_row(label, value)
     for label, value in device_rows(spec, layout.world_size):
@@ -257,13 +297,19 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     if spec.train.float8 != "off":
         table.add_row(*float8_row(spec))
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
-    table.add_row(f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)", f"{p.kv_cache_per_token * 2 * spec.data.sequence_length / 2**20:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)")
+    table.add_row(
+        f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)",
+        f"{p.kv_cache_per_token * 2 * spec.data.sequence_length / 2**20:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)",
+    )
     for card in CARDS.values():
         assert card.bf16_flops is not None
         label = f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})"
         table.add_row(label, f"{p.gpu_hours(card.bf16_flops):,.1f}")
     n, size = checkpoint_disk(spec, p)
-    table.add_row("checkpoint disk at the end", f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x {CHECKPOINT_BYTES_PER_PARAM} bytes)")
+    table.add_row(
+        "checkpoint disk at the end",
+        f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x {CHECKPOINT_BYTES_PER_PARAM} bytes)",
+    )
     table.add_row("SLURM signal lead (scripts/launch_slurm.sbatch)", signal_lead(spec, layout)[1])
     for i, f in enumerate(p.first_files):
         table.add_row(f"data file {i + 1}", f)

@@ -32,8 +32,18 @@ import numpy as np
 
 from .tables import Run
 
-__all__ = ["C_UNIT", "PowerLaw", "fit_power_law", "family", "run_compute", "run_mean_width", "scaling_points", "scaling_tables",
-           "paper_matched_loss", "paper_matched_loss_rows"]
+__all__ = [
+    "C_UNIT",
+    "PowerLaw",
+    "fit_power_law",
+    "family",
+    "run_compute",
+    "run_mean_width",
+    "scaling_points",
+    "scaling_tables",
+    "paper_matched_loss",
+    "paper_matched_loss_rows",
+]
 
 C_UNIT = 1e20  # FLOPs; the paper's fit L = 3.16 C^-0.0498 has C in about these units (docs/variable_width.md)
 
@@ -124,14 +134,16 @@ def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[tuple]]:
 
 def fits(points: Dict[str, List[tuple]]) -> Dict[str, PowerLaw]:
     """The families with runs at 2 or more compute budgets, fitted."""
-    return {f: fit_power_law([p[0] for p in pts], [p[1] for p in pts]) for f, pts in points.items()
-            if len({p[0] for p in pts}) >= 2}
+    return {
+        f: fit_power_law([p[0] for p in pts], [p[1] for p in pts]) for f, pts in points.items() if len({p[0] for p in pts}) >= 2
+    }
 
 
 def width_fits(points: Dict[str, List[tuple]]) -> Dict[str, PowerLaw]:
     """L = a W^b per family with runs at 2 or more mean widths (W in units of one)."""
-    return {f: fit_power_law([p[3] for p in pts], [p[1] for p in pts]) for f, pts in points.items()
-            if len({p[3] for p in pts}) >= 2}
+    return {
+        f: fit_power_law([p[3] for p in pts], [p[1] for p in pts]) for f, pts in points.items() if len({p[3] for p in pts}) >= 2
+    }
 
 
 def _err(x: float, digits: int) -> str:
@@ -148,9 +160,18 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
     fit_rows = []
     for f, law in fitted.items():
         paper_fit = f"a {ref['baseline_a']}, b {ref['baseline_b']}" if f == "baseline" else ""
-        fit_rows.append({"family": f, "runs": ", ".join(p[2] for p in points[f]), "C range (1e20 FLOPs)":
-                         f"{points[f][0][0]:.3g}-{points[f][-1][0]:.3g}", "a": f"{law.a:.4g}", "a std err": _err(law.a_err, 4),
-                         "b": f"{law.b:.5f}", "b std err": _err(law.b_err, 5), "paper": paper_fit})
+        fit_rows.append(
+            {
+                "family": f,
+                "runs": ", ".join(p[2] for p in points[f]),
+                "C range (1e20 FLOPs)": f"{points[f][0][0]:.3g}-{points[f][-1][0]:.3g}",
+                "a": f"{law.a:.4g}",
+                "a std err": _err(law.a_err, 4),
+                "b": f"{law.b:.5f}",
+                "b std err": _err(law.b_err, 5),
+                "paper": paper_fit,
+            }
+        )
     if target_loss is None and "baseline" in points:
         target_loss = points["baseline"][-1][1]
     rows = []
@@ -164,12 +185,23 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
             ratio = C / base.compute_at(target_loss) if base is not None else None
             w = widths[f].compute_at(target_loss) if f in widths else None
             w_ratio = w / base_w.compute_at(target_loss) if w is not None and base_w is not None else None
-            rows.append({"family": f, "target loss": f"{target_loss:.4f}", "C at target (1e20 FLOPs)": f"{C:.4g}",
-                         "ln C std err": _err(err, 3), "C / baseline's": f"{ratio:.1%}" if ratio is not None else "no baseline fit",
-                         "mean width at target": f"{w:.1f}" if w is not None else "one width",
-                         "mean width (KV cache) / baseline's": f"{w_ratio:.1%}" if w_ratio is not None else "n/a",
-                         "paper": (f"{ref['x_flops_fraction']:.1%} FLOPs, {ref['x_mean_width_fraction']:.1%} mean width "
-                                   "(x, at the 2B baseline's loss)") if f == "x" else ""})
+            rows.append(
+                {
+                    "family": f,
+                    "target loss": f"{target_loss:.4f}",
+                    "C at target (1e20 FLOPs)": f"{C:.4g}",
+                    "ln C std err": _err(err, 3),
+                    "C / baseline's": f"{ratio:.1%}" if ratio is not None else "no baseline fit",
+                    "mean width at target": f"{w:.1f}" if w is not None else "one width",
+                    "mean width (KV cache) / baseline's": f"{w_ratio:.1%}" if w_ratio is not None else "n/a",
+                    "paper": (
+                        f"{ref['x_flops_fraction']:.1%} FLOPs, {ref['x_mean_width_fraction']:.1%} mean width "
+                        "(x, at the 2B baseline's loss)"
+                    )
+                    if f == "x"
+                    else "",
+                }
+            )
     return {"scaling_fit": fit_rows, "matched_loss": rows}
 
 
@@ -190,10 +222,14 @@ def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, targ
     if target_loss is None:
         target_loss = max(zip(C, rows), key=lambda cr: cr[0])[1]["baseline"]
     largest = max(rows, key=lambda r: r["h"])
-    return {"target_loss": target_loss, "flops": (base_c, x_c), "mean_width": (base_w, x_w),
-            "flops_fraction": x_c.compute_at(target_loss) / base_c.compute_at(target_loss),
-            "mean_width_fraction": x_w.compute_at(target_loss) / base_w.compute_at(target_loss),
-            "equal_size": {"size": largest.get("size", ""), "flops": 1 + largest["flops"], "mean_width": 1 + largest["mean_width"]}}
+    return {
+        "target_loss": target_loss,
+        "flops": (base_c, x_c),
+        "mean_width": (base_w, x_w),
+        "flops_fraction": x_c.compute_at(target_loss) / base_c.compute_at(target_loss),
+        "mean_width_fraction": x_w.compute_at(target_loss) / base_w.compute_at(target_loss),
+        "equal_size": {"size": largest.get("size", ""), "flops": 1 + largest["flops"], "mean_width": 1 + largest["mean_width"]},
+    }
 
 
 def _fraction(text) -> float:
@@ -209,12 +245,21 @@ def paper_matched_loss_rows(paper: dict) -> List[dict]:
     got = paper_matched_loss(dense, vw["vocab_size"], vw["sequence_length"])
     ref, eq = vw["scaling"], got["equal_size"]
     out = []
-    for key, label, stated, fit in (("flops", "training FLOPs", ref["x_flops_fraction"], "L = a C^b (C in 1e20 FLOPs)"),
-                                    ("mean_width", "mean width (KV cache per token)", ref["x_mean_width_fraction"],
-                                     "L = a W^b (W: mean layer width)")):
+    for key, label, stated, fit in (
+        ("flops", "training FLOPs", ref["x_flops_fraction"], "L = a C^b (C in 1e20 FLOPs)"),
+        ("mean_width", "mean width (KV cache per token)", ref["x_mean_width_fraction"], "L = a W^b (W: mean layer width)"),
+    ):
         base, x = got[key]
-        out.append({"quantity": label, "fit": fit,
-                    "baseline a, b": f"{base.a:.5g}, {base.b:.5f}", "x a, b": f"{x.a:.5g}, {x.b:.5f}",
-                    "target loss": f"{got['target_loss']:.3f}", "x / baseline at the target": f"{got[key + '_fraction']:.1%}",
-                    "paper": f"{stated:.1%}", f"equal size ({eq['size']})": f"{eq[key]:.1%}"})
+        out.append(
+            {
+                "quantity": label,
+                "fit": fit,
+                "baseline a, b": f"{base.a:.5g}, {base.b:.5f}",
+                "x a, b": f"{x.a:.5g}, {x.b:.5f}",
+                "target loss": f"{got['target_loss']:.3f}",
+                "x / baseline at the target": f"{got[key + '_fraction']:.1%}",
+                "paper": f"{stated:.1%}",
+                f"equal size ({eq['size']})": f"{eq[key]:.1%}",
+            }
+        )
     return out

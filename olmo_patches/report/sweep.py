@@ -23,7 +23,14 @@ def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
             "state": s.state,
             "step": f"{s.step}/{s.member.total_steps}",
             "tokens": f"{s.tokens:,}",
-            "val PPL": _fmt(ppl, 2) if (ppl := Run(s.member.folder, {"run": {"name": s.member.name}, "model": {}}, read_metrics(s.member.folder)).val_ppl()) is not None else "",
+            "val PPL": _fmt(ppl, 2)
+            if (
+                ppl := Run(
+                    s.member.folder, {"run": {"name": s.member.name}, "model": {}}, read_metrics(s.member.folder)
+                ).val_ppl()
+            )
+            is not None
+            else "",
             "SLURM job": s.slurm_job,
             "error": s.error,
         }
@@ -31,8 +38,13 @@ def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
     ]
 
 
-def report(members: Sequence[Member], out: Path, slurm_log_dir: Path = Path("logs"), figures: bool = True,
-           target_loss: Optional[float] = None) -> List[Path]:
+def report(
+    members: Sequence[Member],
+    out: Path,
+    slurm_log_dir: Path = Path("logs"),
+    figures: bool = True,
+    target_loss: Optional[float] = None,
+) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
     sweep's configs, paper beside run), the scaling fits where a family has runs at 2+ budgets
     (report/scaling.py), and the figures, for all runs and per ablation."""

@@ -25,7 +25,17 @@ from omegaconf import OmegaConf
 from ..launch.run_folder import read_metrics
 from ..resources import data_root
 
-__all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "paper_finding", "write_tables", "NOT_RUN", "NO_NUMBER"]
+__all__ = [
+    "Run",
+    "load_runs",
+    "paper_results",
+    "build_tables",
+    "ablation_configs",
+    "paper_finding",
+    "write_tables",
+    "NOT_RUN",
+    "NO_NUMBER",
+]
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = data_root()  # configs/ of the checkout or the installed wheel
@@ -141,7 +151,9 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         run = runs.get(r["run"])
         ours = run.val_ppl() if run else None
         row = {"size": r["size"], "variant": r["variant"], "run": r["run"], "steps": run.last_step if run else ""}
-        row.update({"val PPL": _fmt(ours), "paper": _fmt(r.get("ppl")) if "ppl" in r else NO_NUMBER, "diff": _diff(ours, r.get("ppl"))})
+        row.update(
+            {"val PPL": _fmt(ours), "paper": _fmt(r.get("ppl")) if "ppl" in r else NO_NUMBER, "diff": _diff(ours, r.get("ppl"))}
+        )
         for name in PAPER_VALIDATION_SETS:
             loss = run.val_losses().get(name) if run else None
             row[f"PPL {name}"] = _fmt(math.exp(loss)) if loss is not None else ("" if run else NOT_RUN)
@@ -164,11 +176,18 @@ def downstream_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
                 name = size_runs[size][variant]
                 run = runs.get(name)
                 ours = run.downstream(t["task"], t["metric"]) if run else None
-                rows.append({
-                    "task": t["label"], "size": size, "metric": t["metric"], "variant": variant, "run": name,
-                    "ours": _fmt(ours), "paper": _fmt(cell[variant]) if variant in cell else NO_NUMBER,
-                    "diff": _diff(ours, cell.get(variant)),
-                })
+                rows.append(
+                    {
+                        "task": t["label"],
+                        "size": size,
+                        "metric": t["metric"],
+                        "variant": variant,
+                        "run": name,
+                        "ours": _fmt(ours),
+                        "paper": _fmt(cell[variant]) if variant in cell else NO_NUMBER,
+                        "diff": _diff(ours, cell.get(variant)),
+                    }
+                )
     return rows
 
 
@@ -177,8 +196,16 @@ def controlled_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     for r in paper["hourglass"]["controlled_113M"]:
         run = runs.get(r["run"])
         ours = run.val_ppl() if run else None
-        rows.append({"run": r["run"], **_shape(run), "val PPL": _fmt(ours), "paper": _fmt(r["ppl"]),
-                     "diff": _diff(ours, r["ppl"]), "note": r["note"]})
+        rows.append(
+            {
+                "run": r["run"],
+                **_shape(run),
+                "val PPL": _fmt(ours),
+                "paper": _fmt(r["ppl"]),
+                "diff": _diff(ours, r["ppl"]),
+                "note": r["note"],
+            }
+        )
     return rows
 
 
@@ -189,7 +216,7 @@ def _folders(folders: Any) -> List[str]:
 def _in_folders(config: Path, folders: List[str]) -> bool:
     """Whether a config lies in one of the repo's folders (matched by trailing path: copies match too)."""
     parts = config.resolve().parent.parts
-    return any(parts[-len(Path(f).parts):] == Path(f).parts for f in folders)
+    return any(parts[-len(Path(f).parts) :] == Path(f).parts for f in folders)
 
 
 def _config_paths(folders: Any) -> List[Path]:
@@ -232,8 +259,16 @@ def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optiona
         ours = run.val_ppl() if run else None
         shape = _shape(run) or _shape_from_name(name)
         reported = spec.get("reported_by_K", {}).get(shape.get("K")) if _in_folders(path, _folders(spec["configs"])) else None
-        rows.append({"run": name, **shape, "steps": run.last_step if run else "", "val PPL": _fmt(ours),
-                     "paper": paper_finding(kind, spec, shape), "diff": _diff(ours, reported)})
+        rows.append(
+            {
+                "run": name,
+                **shape,
+                "steps": run.last_step if run else "",
+                "val PPL": _fmt(ours),
+                "paper": paper_finding(kind, spec, shape),
+                "diff": _diff(ours, reported),
+            }
+        )
     return rows
 
 
@@ -261,8 +296,15 @@ def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
     rows = []
     for name, run in sorted(runs.items()):
         if run.model.get("block") == "hourglass":
-            rows.append({"run": name, **_shape(run), "steps": run.last_step, "val loss": _fmt(run.val_loss(), 4),
-                         "val PPL": _fmt(run.val_ppl())})
+            rows.append(
+                {
+                    "run": name,
+                    **_shape(run),
+                    "steps": run.last_step,
+                    "val loss": _fmt(run.val_loss(), 4),
+                    "val PPL": _fmt(run.val_ppl()),
+                }
+            )
     return rows
 
 
@@ -288,16 +330,42 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         base = runs.get(base_run).val_loss() if base_run in runs and run_name != base_run else None
         gap = ours - base if ours is not None and base is not None else None
         paper_gap = paper_loss - base_paper if paper_loss is not None and run_name != base_run else None
-        return {"size": size, "variant": variant, "run": run_name, "data (run / paper)": f"{_data(run) or '-'} / {vw['data']}",
-                "val loss": _fmt(ours), "paper": _fmt(paper_loss) if paper_loss is not None else NO_NUMBER,
-                "gap to own baseline": _diff(gap, 0.0), "paper gap": _diff(paper_gap, 0.0) if paper_gap is not None else "",
-                "diff": _diff(gap, paper_gap), **extra}
+        return {
+            "size": size,
+            "variant": variant,
+            "run": run_name,
+            "data (run / paper)": f"{_data(run) or '-'} / {vw['data']}",
+            "val loss": _fmt(ours),
+            "paper": _fmt(paper_loss) if paper_loss is not None else NO_NUMBER,
+            "gap to own baseline": _diff(gap, 0.0),
+            "paper gap": _diff(paper_gap, 0.0) if paper_gap is not None else "",
+            "diff": _diff(gap, paper_gap),
+            **extra,
+        }
 
     for r in vw["sizes"]:
-        rows.append(row(r["size"], "baseline", r["baseline_run"], r["baseline"], r["baseline_run"], r["baseline"],
-                        **{"paper FLOPs": "", "paper mean width": ""}))
-        rows.append(row(r["size"], "x", r["x_run"], r["x"], r["baseline_run"], r["baseline"],
-                        **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]}))
+        rows.append(
+            row(
+                r["size"],
+                "baseline",
+                r["baseline_run"],
+                r["baseline"],
+                r["baseline_run"],
+                r["baseline"],
+                **{"paper FLOPs": "", "paper mean width": ""},
+            )
+        )
+        rows.append(
+            row(
+                r["size"],
+                "x",
+                r["x_run"],
+                r["x"],
+                r["baseline_run"],
+                r["baseline"],
+                **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]},
+            )
+        )
     base_500 = next(r for r in vw["ablations_500M"] if r["variant"] == "constant width")
     for r in vw["ablations_500M"]:
         rows.append(row("500M", r["variant"], r["run"], r.get("loss"), base_500["run"], base_500["loss"]))
@@ -305,9 +373,17 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     for r in paper["hourglass"]["validation_ppl"]:
         if r["variant"] == "variable-width":
             run = runs.get(r["run"])
-            rows.append({"size": r["size"], "variant": "variable-width (hourglass paper's sizes)", "run": r["run"],
-                         "data (run / paper)": f"{_data(run) or '-'} / -",
-                         "val loss": _fmt(run.val_loss() if run else None), "paper": NO_NUMBER, "diff": ""})
+            rows.append(
+                {
+                    "size": r["size"],
+                    "variant": "variable-width (hourglass paper's sizes)",
+                    "run": r["run"],
+                    "data (run / paper)": f"{_data(run) or '-'} / -",
+                    "val loss": _fmt(run.val_loss() if run else None),
+                    "paper": NO_NUMBER,
+                    "diff": "",
+                }
+            )
     return rows
 
 
@@ -325,7 +401,9 @@ def build_tables(runs: Dict[str, Run], sweep_configs: Optional[List[Path]] = Non
         "controlled_113M": controlled_table(runs, paper),
     }
     for kind in ("K", "d_h_ratio", "width_depth"):
-        tables[f"ablation_{kind}"] = ablation_table(runs, kind, abl[kind], groups.get(kind, [] if sweep_configs is not None else None))
+        tables[f"ablation_{kind}"] = ablation_table(
+            runs, kind, abl[kind], groups.get(kind, [] if sweep_configs is not None else None)
+        )
     tables["variable_width"] = variable_width_table(runs, paper)
     tables["hourglass_runs"] = hourglass_runs_table(runs)
     return tables
@@ -361,7 +439,10 @@ def write_tables(tables: Dict[str, List[dict]], out: Path) -> List[Path]:
         "ablation_d_h_ratio": paper["hourglass"]["ablations"]["d_h_ratio"]["note"],
         "ablation_width_depth": paper["hourglass"]["ablations"]["width_depth"]["note"],
     }
-    written, sections = [], [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"]
+    written, sections = (
+        [],
+        [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"],
+    )
     for name, rows in tables.items():
         (out / f"{name}.md").write_text(to_markdown(rows))
         (out / f"{name}.csv").write_text(to_csv(rows))

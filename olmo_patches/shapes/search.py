@@ -61,9 +61,7 @@ D_MODEL_ALIGN = (128, 64, 32, 16, 8, 4, 2)  # d_model rungs; below 8 the head di
 D_H_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)
 # (d_model, d_h) rungs, most hardware-friendly first: d_model a multiple of 8 first (head dims that are
 # multiples of 8, as flash-attention wants), then by the smaller of the two multiples, then d_model's.
-LADDER = sorted(
-    ((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN), key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1])
-)
+LADDER = sorted(((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN), key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1]))
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs: within +-0.3% of their baselines
 ALIGNED_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0)  # d_model % 8, d_h % 64
 SPLIT_TOLERANCE = 4e-4  # the tightest of the authors' revised configs (0.04%; they range to 0.29%)
@@ -172,15 +170,32 @@ def solve(
                 if shape is not None:
                     return shape
                 continue
-            shape = _solve_rungs(budget, K, L, d_h_ratio, tolerance, window, ratio_slack, attn_fraction, head_dim, kv_group,
-                                 ALIGNED_LADDER if aligned else HEADS8_LADDER if heads8 else LADDER)
+            shape = _solve_rungs(
+                budget,
+                K,
+                L,
+                d_h_ratio,
+                tolerance,
+                window,
+                ratio_slack,
+                attn_fraction,
+                head_dim,
+                kv_group,
+                ALIGNED_LADDER if aligned else HEADS8_LADDER if heads8 else LADDER,
+            )
             if shape is not None:
                 return shape
     return None
 
 
 def solve_split(
-    budget: int, *, K: int, n_layers: int, attention: float, tolerance: float = SPLIT_TOLERANCE, window: float = 0.05,
+    budget: int,
+    *,
+    K: int,
+    n_layers: int,
+    attention: float,
+    tolerance: float = SPLIT_TOLERANCE,
+    window: float = 0.05,
 ) -> Optional[Shape]:
     """The MHA hourglass shape whose attention parameters are nearest ``attention`` (d_model nearest
     sqrt(attention / 4 L)), with d_model % 8 and a head dim that is a multiple of 8, and d_h the
@@ -214,8 +229,17 @@ def attention_heads(d_model: int, attn_fraction: Optional[float] = None, head_di
 
 
 def _solve_rungs(
-    budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float,
-    attn_fraction: Optional[float] = None, head_dim: int = 64, kv_group: int = 1, ladder: tuple = LADDER,
+    budget: int,
+    K: int,
+    L: int,
+    r: float,
+    tolerance: float,
+    window: float,
+    ratio_slack: float,
+    attn_fraction: Optional[float] = None,
+    head_dim: int = 64,
+    kv_group: int = 1,
+    ladder: tuple = LADDER,
 ) -> Optional[Shape]:
     f = 1.0 if attn_fraction is None else attn_fraction
     d_star = math.sqrt(budget / (L * (2 * f * (1 + 1 / kv_group) + 3 * K * r)))
@@ -298,8 +322,18 @@ def enumerate_shapes(
                 L_min = max(1, math.floor((budget / (per_layer * width_depth[1] ** 2)) ** (1 / 3)))
                 L_max = math.ceil((budget / (per_layer * width_depth[0] ** 2)) ** (1 / 3))
                 for L in range(L_min, L_max + 1):
-                    shape = solve(budget, K=K, n_layers=L, d_h_ratio=r, tolerance=tolerance, attn_fraction=f,
-                                  head_dim=head_dim, kv_group=kv_group, aligned=aligned, heads8=heads8)
+                    shape = solve(
+                        budget,
+                        K=K,
+                        n_layers=L,
+                        d_h_ratio=r,
+                        tolerance=tolerance,
+                        attn_fraction=f,
+                        head_dim=head_dim,
+                        kv_group=kv_group,
+                        aligned=aligned,
+                        heads8=heads8,
+                    )
                     if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
                         continue
                     key = (shape.K, shape.n_layers, shape.d_model, shape.d_h, shape.n_heads, shape.head_dim)

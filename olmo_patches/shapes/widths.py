@@ -24,8 +24,18 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional
 
-__all__ = ["SCHEDULES", "SHAPES", "Schedule", "MoEShape", "solve_schedule", "schedule_widths", "paper_params",
-           "paper_active_params", "paper_flops", "expert_hidden_size"]
+__all__ = [
+    "SCHEDULES",
+    "SHAPES",
+    "Schedule",
+    "MoEShape",
+    "solve_schedule",
+    "schedule_widths",
+    "paper_params",
+    "paper_active_params",
+    "paper_flops",
+    "expert_hidden_size",
+]
 
 SCHEDULES = ("geometric", "arithmetic", "constant", "list")
 SHAPES = ("x", "v", "^", "3")
@@ -129,7 +139,14 @@ def _solve_b(kind: str, steps: List[float], h: int, L: int, moe: Optional[MoESha
 
 
 def solve_schedule(
-    h: int, L: int, *, kind: str = "geometric", shape: str = "x", r_l: float = 0.75, r_d: float = 0.3, multiple: int = 32,
+    h: int,
+    L: int,
+    *,
+    kind: str = "geometric",
+    shape: str = "x",
+    r_l: float = 0.75,
+    r_d: float = 0.3,
+    multiple: int = 32,
     moe: Optional[MoEShape] = None,
 ) -> Schedule:
     """Solve the extreme ratio q and b together (min continuous width = r_d h, parameters matched, the
@@ -160,8 +177,16 @@ def solve_schedule(
 
 
 def schedule_widths(
-    schedule: str, h: int, L: int, *, shape: str = "x", r_l: float = 0.75, r_d: float = 0.3, multiple: int = 32,
-    widths: Optional[List[int]] = None, moe: Optional[MoEShape] = None,
+    schedule: str,
+    h: int,
+    L: int,
+    *,
+    shape: str = "x",
+    r_l: float = 0.75,
+    r_d: float = 0.3,
+    multiple: int = 32,
+    widths: Optional[List[int]] = None,
+    moe: Optional[MoEShape] = None,
 ) -> List[int]:
     """w_1..w_L for a schedule name: geometric | arithmetic | constant | list (explicit ``widths``)."""
     if schedule == "constant":

@@ -81,8 +81,11 @@ def full_error(e: BaseException) -> Optional[OSError]:
 
 def disk_full_error(folder: Path, path: str, need: int, cause: OSError) -> DiskFullError:
     free = free_bytes(folder)
-    return DiskFullError(cause.errno, f"{cause.strerror} saving {Path(path).name} to {folder}: the save needs about "
-                                      f"{_size(need)}, {_size(free)} left; the partial save was removed, earlier checkpoints kept")
+    return DiskFullError(
+        cause.errno,
+        f"{cause.strerror} saving {Path(path).name} to {folder}: the save needs about "
+        f"{_size(need)}, {_size(free)} left; the partial save was removed, earlier checkpoints kept",
+    )
 
 
 def _size(n: int) -> str:

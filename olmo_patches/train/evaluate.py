@@ -98,7 +98,9 @@ def _hf_forward(model) -> Forward:
     return forward
 
 
-def _evaluators(spec: ExperimentSpec, data: DataSources, choice: EvalChoice, device: torch.device) -> Tuple[List[Evaluator], Duration]:
+def _evaluators(
+    spec: ExperimentSpec, data: DataSources, choice: EvalChoice, device: torch.device
+) -> Tuple[List[Evaluator], Duration]:
     """The run's evaluator callbacks (as in training, with ``choice``'s overrides) made into evaluators."""
     e = spec.eval
     if choice.tasks is not None:
@@ -108,7 +110,11 @@ def _evaluators(spec: ExperimentSpec, data: DataSources, choice: EvalChoice, dev
     if choice.validation_sets is not None:
         e.validation_sets = list(choice.validation_sets)
         if choice.validation_sets and spec.data.tokenizer != "dolma2":
-            _fail("--validation-sets", " ".join(choice.validation_sets), f"v3-small-ppl-validation is dolma2 tokens, this run's tokenizer is {spec.data.tokenizer}")
+            _fail(
+                "--validation-sets",
+                " ".join(choice.validation_sets),
+                f"v3-small-ppl-validation is dolma2 tokens, this run's tokenizer is {spec.data.tokenizer}",
+            )
         data = DataSources(data.tokenizer, data.train_paths, [], data.dtype)  # named sets replace the corpus's own split
     _check_choice(spec, choice)
     seq, micro = spec.data.sequence_length, spec.train.micro_batch_size or 8
@@ -119,20 +125,31 @@ def _evaluators(spec: ExperimentSpec, data: DataSources, choice: EvalChoice, dev
         # In-loop batches (the run's micro-batch), so that eval.max_batches covers the same instances.
         dataset = lm.eval_dataset.build()  # type: ignore[attr-defined]
         collator = DataCollator(pad_token_id=data.tokenizer.pad_token_id)
-        out.append(LMEvaluator.from_numpy_dataset(dataset, name="lm", global_batch_size=micro * seq, collator=collator, device=device))
+        out.append(
+            LMEvaluator.from_numpy_dataset(dataset, name="lm", global_batch_size=micro * seq, collator=collator, device=device)
+        )
         duration = lm.eval_duration  # type: ignore[attr-defined]
     if (ds := callbacks.get("downstream_evaluator")) is not None:
         batch_tokens = (choice.batch_size or micro) * max(seq, ds.sequence_length)  # type: ignore[attr-defined]
         try:  # a task none of whose documents fits the sequence length
-            out += downstream_evaluators(ds.tasks, ds.tokenizer, ds.sequence_length, batch_tokens,  # type: ignore[attr-defined]
-                                         device=device, limit=choice.limit)
+            out += downstream_evaluators(
+                ds.tasks,
+                ds.tokenizer,
+                ds.sequence_length,
+                batch_tokens,  # type: ignore[attr-defined]
+                device=device,
+                limit=choice.limit,
+            )
         except OLMoConfigurationError as e:
             raise ConfigError(" ".join(str(e).split())) from None
     return out, duration
 
 
-_FLAGS = {"eval.downstream_tasks": "--tasks", "eval.validation_sets": "--validation-sets",
-          "eval.downstream_sequence_length": "--sequence-length"}
+_FLAGS = {
+    "eval.downstream_tasks": "--tasks",
+    "eval.validation_sets": "--validation-sets",
+    "eval.downstream_sequence_length": "--sequence-length",
+}
 
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
@@ -162,8 +179,14 @@ def _step_dir(checkpoint: Path, step: Optional[int]) -> Path:
     return Path(latest)  # type: ignore[arg-type]
 
 
-def from_checkpoint(checkpoint: str | Path, choice: EvalChoice, *, step: Optional[int] = None, config: Optional[str | Path] = None,
-                    device: str = "cpu") -> EvalTarget:
+def from_checkpoint(
+    checkpoint: str | Path,
+    choice: EvalChoice,
+    *,
+    step: Optional[int] = None,
+    config: Optional[str | Path] = None,
+    device: str = "cpu",
+) -> EvalTarget:
     """One of our checkpoints (``RUN/stepN``, or ``RUN`` with ``step``), with the run's evaluators."""
     path = _step_dir(Path(checkpoint), step)
     config_path = Path(config) if config else path.parent / "config.yaml"
@@ -176,8 +199,11 @@ def from_checkpoint(checkpoint: str | Path, choice: EvalChoice, *, step: Optiona
         model.load_state_dict(load_model_state(path))
     except RuntimeError as e:  # torch's "Error(s) in loading state_dict ...", one reason a line
         reasons = [line.strip() for line in str(e).splitlines()[1:] if line.strip()]
-        _fail("--config" if config else "CHECKPOINT", config_path if config else path,
-              f"its model does not match the checkpoint's weights ({len(reasons)} difference(s), first: {reasons[0] if reasons else one_line(e)})")
+        _fail(
+            "--config" if config else "CHECKPOINT",
+            config_path if config else path,
+            f"its model does not match the checkpoint's weights ({len(reasons)} difference(s), first: {reasons[0] if reasons else one_line(e)})",
+        )
     data = resolve_data(spec)
     model.to(device).eval()
     evaluators, duration = _evaluators(spec, data, choice, torch.device(device))
@@ -192,13 +218,25 @@ def _hf_tokenizer(model_dir: Path, hf_config) -> TokenizerConfig:
     eos = hf_config.eos_token_id
     if eos is None:
         _fail("--hf", model_dir, "config.json has no eos_token_id")
-    return TokenizerConfig(vocab_size=hf_config.vocab_size, eos_token_id=eos,
-                           pad_token_id=hf_config.pad_token_id if hf_config.pad_token_id is not None else eos,
-                           bos_token_id=hf_config.bos_token_id, identifier=str(tokenizer_file))
+    return TokenizerConfig(
+        vocab_size=hf_config.vocab_size,
+        eos_token_id=eos,
+        pad_token_id=hf_config.pad_token_id if hf_config.pad_token_id is not None else eos,
+        bos_token_id=hf_config.bos_token_id,
+        identifier=str(tokenizer_file),
+    )
 
 
-def from_hf(model_dir: str | Path, choice: EvalChoice, *, config: Optional[str | Path] = None, name: Optional[str] = None,
-            step: int = 0, validation_base_dir: str = "http://olmo-data.org", device: str = "cpu") -> EvalTarget:
+def from_hf(
+    model_dir: str | Path,
+    choice: EvalChoice,
+    *,
+    config: Optional[str | Path] = None,
+    name: Optional[str] = None,
+    step: int = 0,
+    validation_base_dir: str = "http://olmo-data.org",
+    device: str = "cpu",
+) -> EvalTarget:
     """A Hugging Face model folder, loaded with transformers offline (its own modeling code if it ships one)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -227,7 +265,9 @@ def from_hf(model_dir: str | Path, choice: EvalChoice, *, config: Optional[str |
     return EvalTarget(spec.run.name, step, _hf_forward(model), evaluators, duration, record)
 
 
-def evaluate(target: EvalTarget, *, device: str = "cpu", bf16: bool = False, progress: Optional[Progress] = None) -> Dict[str, float]:
+def evaluate(
+    target: EvalTarget, *, device: str = "cpu", bf16: bool = False, progress: Optional[Progress] = None
+) -> Dict[str, float]:
     """Every evaluator of ``target`` once: {metric name: value}, named as in training. ``progress``
     (a rich Progress) gets one bar per evaluator: batches done of its total, instances, time left."""
     metrics: Dict[str, float] = {}

@@ -62,7 +62,17 @@ from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "DataSources", "resolve_data", "build_experiment", "train", "exit_line", "device_for", "downstream_length", "eval_callbacks"]
+__all__ = [
+    "Experiment",
+    "DataSources",
+    "resolve_data",
+    "build_experiment",
+    "train",
+    "exit_line",
+    "device_for",
+    "downstream_length",
+    "eval_callbacks",
+]
 
 
 @dataclass
@@ -149,11 +159,17 @@ def _optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimG
     weights; an MoE's router and experts) train at lr / m_width, as lm-engine's muP groups do."""
     no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
     if not spec.train.decay_norms:
-        no_decay += [n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1 and not n.endswith("router.weight")]
+        no_decay += [
+            n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1 and not n.endswith("router.weight")
+        ]
     groups = [OptimGroupOverride(params=no_decay, opts=dict(weight_decay=0.0))] if no_decay else []
     widths = spec.model.widths
     if spec.model.block == "variable_width" and widths.init == "mup":
-        ffn = ["blocks.*.feed_forward_moe.router.weight", "blocks.*.feed_forward_moe.experts.mlp.w*"] if spec.model.moe else ["blocks.*.feed_forward.w*.weight"]
+        ffn = (
+            ["blocks.*.feed_forward_moe.router.weight", "blocks.*.feed_forward_moe.experts.mlp.w*"]
+            if spec.model.moe
+            else ["blocks.*.feed_forward.w*.weight"]
+        )
         hidden = ["blocks.*.attention.w_*.weight", *ffn]
         groups.append(OptimGroupOverride(params=hidden, opts=dict(lr=spec.train.lr / widths.m_width)))
     return groups
@@ -199,7 +215,9 @@ def _check_downstream_fit(spec: ExperimentSpec) -> None:
     """ConfigError for a downstream task that cannot fit eval.downstream_sequence_length, before a run writes anything."""
     if spec.eval.downstream_tasks:
         try:
-            check_downstream_fit(list(spec.eval.downstream_tasks), _eval_tokenizer(spec, resolve_data(spec)), downstream_length(spec))
+            check_downstream_fit(
+                list(spec.eval.downstream_tasks), _eval_tokenizer(spec, resolve_data(spec)), downstream_length(spec)
+            )
         except OLMoConfigurationError as e:
             raise ConfigError(" ".join(str(e).split())) from None
 
@@ -208,14 +226,17 @@ def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, Callbac
     """The run's evaluators as OLMo-core callback configs: validation loss, downstream tasks."""
     e, out = spec.eval, {}
     if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
-        lm_eval = lm_evaluator(data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, _dataset_kwargs(spec, data), True)
+        lm_eval = lm_evaluator(
+            data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, _dataset_kwargs(spec, data), True
+        )
     else:  # v3-small-ppl-validation
         paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
         lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, _dataset_kwargs(spec, data))
     if lm_eval is not None:
         out["lm_evaluator"] = lm_eval
-    downstream = downstream_evaluator(list(e.downstream_tasks), _eval_tokenizer(spec, data), e.downstream_interval or e.interval,
-                                      downstream_length(spec))
+    downstream = downstream_evaluator(
+        list(e.downstream_tasks), _eval_tokenizer(spec, data), e.downstream_interval or e.interval, downstream_length(spec)
+    )
     if downstream is not None:
         out["downstream_evaluator"] = downstream
     return out
@@ -226,8 +247,13 @@ def optimizer(spec: ExperimentSpec, model, device: str):
     for every parameter's update; torch.optim.AdamW's ``fused=True``, CUDA tensors only); on a CPU, torch's
     default. SkipStepAdamW is OLMo-core's own (foreach kernels, its default)."""
     t = spec.train
-    kwargs = dict(lr=t.lr, betas=(t.betas[0], t.betas[1]), eps=t.eps, weight_decay=t.weight_decay,
-                  group_overrides=_optim_groups(spec, model))
+    kwargs = dict(
+        lr=t.lr,
+        betas=(t.betas[0], t.betas[1]),
+        eps=t.eps,
+        weight_decay=t.weight_decay,
+        group_overrides=_optim_groups(spec, model),
+    )
     if t.optimizer == "skip_step_adamw":
         return SkipStepAdamWConfig(**kwargs)
     return AdamWConfig(**kwargs, fused=True if device == "cuda" else None)
@@ -246,7 +272,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     loss = lm_loss(spec, device)
     set_lm_loss(model, loss.name)
     log.info(f"LM loss: {loss}")
-    log.info(f"train.precision={t.precision} -> {precision_of(spec, world_size)}; train.compile={t.compile} -> {describe_compile(spec, world_size)}")
+    log.info(
+        f"train.precision={t.precision} -> {precision_of(spec, world_size)}; train.compile={t.compile} -> {describe_compile(spec, world_size)}"
+    )
 
     dataset_kwargs = _dataset_kwargs(spec, data)
     # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
@@ -398,7 +426,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
 
 
 def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
-    """"FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
+    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
     thread raises OLMoThreadError from the reader's error), else None."""
     seen = set()
     while e is not None and id(e) not in seen:
@@ -476,8 +504,11 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     else:  # what fit() would load, loaded first to see whether the run is already finished
         trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
         loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
-    announce(f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}" if loaded
-             else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}")
+    announce(
+        f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
+        if loaded
+        else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}"
+    )
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         log.warning(f"Already finished (step {trainer.global_step}): nothing to do")  # no evaluation, nothing written
         return Path(spec.save_folder)

@@ -21,6 +21,7 @@ from ..launch.run_folder import METRICS_FILE
 
 __all__ = ["MetricsFileCallback"]
 
+
 @dataclass
 class MetricsFileCallback(Callback):
     def pre_train(self):

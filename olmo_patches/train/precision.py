@@ -31,7 +31,16 @@ from olmo_core.train.train_module import TransformerDataParallelConfig
 from ..config import ExperimentSpec
 from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 
-__all__ = ["Precision", "precision_of", "data_parallel", "autocast", "float8_config", "olmo_core_compiles", "compile_on_cpu", "describe_compile"]
+__all__ = [
+    "Precision",
+    "precision_of",
+    "data_parallel",
+    "autocast",
+    "float8_config",
+    "olmo_core_compiles",
+    "compile_on_cpu",
+    "describe_compile",
+]
 
 log = logging.getLogger(__name__)
 

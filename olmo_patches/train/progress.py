@@ -33,7 +33,16 @@ from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "format_progress", "announce", "quiet_start", "quiet_console", "LOG_FILE"]
+__all__ = [
+    "ProgressCallback",
+    "OfflineAwareWandBCallback",
+    "wandb_callback",
+    "format_progress",
+    "announce",
+    "quiet_start",
+    "quiet_console",
+    "LOG_FILE",
+]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -85,9 +94,7 @@ class ProgressCallback(ConsoleLoggerCallback):
             seconds_left = max(progress.total_steps - step, 0) / progress.bps
         from olmo_core.distributed.utils import get_world_size
 
-        line = format_progress(
-            step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left
-        )
+        line = format_progress(step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left)
         log.info(line)
 
 
@@ -140,8 +147,11 @@ class OfflineAwareWandBCallback(WandBCallback):
         if "quiet" in inspect.signature(self.wandb.finish).parameters:
             super().finalize(exit_code)
             return
-        log.log(logging.WARNING if exit_code > 0 else logging.INFO,
-                "Finalizing %s W&B run...", "failed" if exit_code > 0 else "successful")
+        log.log(
+            logging.WARNING if exit_code > 0 else logging.INFO,
+            "Finalizing %s W&B run...",
+            "failed" if exit_code > 0 else "successful",
+        )
         self.wandb.finish(exit_code=exit_code)
         self._finalized = True
 
@@ -208,7 +218,9 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
     file = None
     if get_rank() == 0:
         file = logging.FileHandler(save_folder / LOG_FILE)
-        file.setFormatter(consoles[0].formatter if consoles else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        file.setFormatter(
+            consoles[0].formatter if consoles else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
+        )
         early = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")  # made before OLMo-core's fields
         file.stream.writelines(early.format(record) + "\n" for record in kept)
         root.addHandler(file)

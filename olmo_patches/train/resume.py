@@ -185,7 +185,9 @@ def check_resume_from(resume_from: PathOrStr) -> None:
     if not path.is_dir():
         raise RunFolderError(f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}")
     if not Checkpointer.dir_is_checkpoint(path) and latest_complete(path) is None:
-        raise RunFolderError(f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})")
+        raise RunFolderError(
+            f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})"
+        )
 
 
 def load_explicit(trainer, resume_from: PathOrStr) -> str:

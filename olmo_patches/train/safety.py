@@ -251,7 +251,11 @@ def checkpoints_in(save_folder: PathOrStr) -> List[tuple[int, str]]:
     folder = Path(save_folder)
     if not folder.is_dir():
         return []
-    marked = [(int(p.name[4:]), str(p)) for p in folder.glob("step*") if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()]
+    marked = [
+        (int(p.name[4:]), str(p))
+        for p in folder.glob("step*")
+        if _STEP.match(p.name) and (p / Checkpointer.METADATA_FNAME).is_file()
+    ]
     return sorted(marked, reverse=True)
 
 

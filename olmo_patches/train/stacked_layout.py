@@ -44,8 +44,14 @@ def _rows_of(whole: torch.Tensor, target: Any) -> Any:
 
     shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
     local = flat[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-    return DTensor.from_local(local.to(target.to_local().device, target.dtype).contiguous(), target.device_mesh,
-                              target.placements, run_check=False, shape=target.shape, stride=target.stride())
+    return DTensor.from_local(
+        local.to(target.to_local().device, target.dtype).contiguous(),
+        target.device_mesh,
+        target.placements,
+        run_check=False,
+        shape=target.shape,
+        stride=target.stride(),
+    )
 
 
 def load_earlier_stacked_layout(train_module) -> None:

@@ -33,8 +33,15 @@ BLOCK_TYPES = {
     "baseline post": ["model.norm_placement=post"],
     "hourglass pre": ["model.block=hourglass", "model.K=2", "model.d_h=32"],
     "hourglass post": ["model.block=hourglass", "model.K=2", "model.d_h=32", "model.norm_placement=post"],
-    **{f"variable width {mode}": ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[128,64]",
-                                  f"model.widths.resize={mode}"] for mode in ("carry_forward", "zero", "learned")},
+    **{
+        f"variable width {mode}": [
+            "model.block=variable_width",
+            "model.widths.schedule=list",
+            "model.widths.values=[128,64]",
+            f"model.widths.resize={mode}",
+        ]
+        for mode in ("carry_forward", "zero", "learned")
+    },
 }
 
 
@@ -46,8 +53,17 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def small_spec(overrides: list[str], device: torch.device) -> ExperimentSpec:
     """The demo model at d_model 128, 2 layers, with ``overrides``."""
-    return load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml",
-                     ["model.d_model=128", "model.n_heads=2", "model.n_layers=2", f"train.device={device.type}", "train.hardware=none", *overrides])
+    return load_and_resolve(
+        REPO / "configs" / "demo" / "baseline.yaml",
+        [
+            "model.d_model=128",
+            "model.n_heads=2",
+            "model.n_layers=2",
+            f"train.device={device.type}",
+            "train.hardware=none",
+            *overrides,
+        ],
+    )
 
 
 def build(spec: ExperimentSpec, device: torch.device, backend: str = "torch", seed: int = 0) -> torch.nn.Module:
@@ -121,12 +137,26 @@ def synthetic_tokens(folder: Path, vocab: int, tokens: int) -> str:
 
 
 def run_overrides(folder: Path, tokens_file: str, seq: int, batch: int, steps: int, device: torch.device) -> list[str]:
-    return [f"run.save_folder={folder}", f"data.work_dir={folder / 'cache'}", "data.source=numpy", "data.tokenizer=dolma2",
-            f"data.paths=[{tokens_file}]", f"data.sequence_length={seq}", f"train.global_batch_size={batch}",
-            f"train.max_steps={steps}", "train.max_tokens=null", "train.warmup_steps=1", "train.warmup_tokens=null",
-            f"train.device={device.type}", "eval.validation_sets=[]", "eval.downstream_tasks=[]", "run.log_interval=1",
-            "run.ephemeral_save_interval=null", "run.wandb_project=null",
-            "data.num_workers=0"]  # no loader processes to start per run: a local file read in process keeps up (docs/performance.md)
+    return [
+        f"run.save_folder={folder}",
+        f"data.work_dir={folder / 'cache'}",
+        "data.source=numpy",
+        "data.tokenizer=dolma2",
+        f"data.paths=[{tokens_file}]",
+        f"data.sequence_length={seq}",
+        f"train.global_batch_size={batch}",
+        f"train.max_steps={steps}",
+        "train.max_tokens=null",
+        "train.warmup_steps=1",
+        "train.warmup_tokens=null",
+        f"train.device={device.type}",
+        "eval.validation_sets=[]",
+        "eval.downstream_tasks=[]",
+        "run.log_interval=1",
+        "run.ephemeral_save_interval=null",
+        "run.wandb_project=null",
+        "data.num_workers=0",
+    ]  # no loader processes to start per run: a local file read in process keeps up (docs/performance.md)
 
 
 @dataclass
@@ -137,15 +167,16 @@ class Timed:
     peak_reserved_gib: Optional[float]  # torch.cuda.max_memory_reserved (None on CPU)
 
 
-def timed_run(config: Path, overrides: list[str], folder: Path, device: torch.device, *, seq: int, batch: int, steps: int,
-              warmup: int) -> Timed:
+def timed_run(
+    config: Path, overrides: list[str], folder: Path, device: torch.device, *, seq: int, batch: int, steps: int, warmup: int
+) -> Timed:
     """``steps`` Trainer steps of ``config`` on synthetic tokens (no checkpoints); tokens/s over the steps after ``warmup``."""
     tokens_file = synthetic_tokens(folder.parent, 100_000, (steps + 1) * batch * (seq + 1))
     spec = load_and_resolve(config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides])
     timer = StepTimer(device)
     torch._dynamo.reset()  # each run compiles its own shapes: no automatic dynamic shapes from the run before
     train(spec, callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)})
-    times = timer.times[warmup - 1:]
+    times = timer.times[warmup - 1 :]
     tps = (len(times) - 1) * batch * seq / (times[-1] - times[0])
     losses = [m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m]
     peak = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None

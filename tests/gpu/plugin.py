@@ -80,8 +80,18 @@ class GpuCheck:
     """The plugin. ``device`` and ``torch_version`` head the table; ``extra`` sections (the offline
     install) come first, already timed."""
 
-    def __init__(self, out: Path, *, rehearse: bool, no_flash: bool = False, device: str = "", torch_version: str = "",
-                 sections: Optional[dict[str, tuple[str, float]]] = None, extra: tuple[Section, ...] = (), budget_scale: float = 1.0):
+    def __init__(
+        self,
+        out: Path,
+        *,
+        rehearse: bool,
+        no_flash: bool = False,
+        device: str = "",
+        torch_version: str = "",
+        sections: Optional[dict[str, tuple[str, float]]] = None,
+        extra: tuple[Section, ...] = (),
+        budget_scale: float = 1.0,
+    ):
         self.out, self.rehearse, self.no_flash, self.budget_scale = out, rehearse, no_flash, budget_scale
         self.device, self.torch_version = device, torch_version
         self.sections = {f: Section(f, t, b * budget_scale) for f, (t, b) in (SECTIONS if sections is None else sections).items()}
@@ -98,8 +108,10 @@ class GpuCheck:
         mode = "rehearsal on CPU at toy sizes" if self.rehearse else "on the GPU"
         scale = f" (x {self.budget_scale:g}: --budget-scale)" if self.budget_scale != 1 else ""
         lines = [f"gpu_check {mode}: budgets (s){scale}, enforced per section"]
-        lines += [f"  {s.title:<20} {s.budget_s:>5.0f}" + (f"  (took {s.seconds:.0f})" if s.started else "")
-                  for s in (*self.extra, *self.sections.values())]
+        lines += [
+            f"  {s.title:<20} {s.budget_s:>5.0f}" + (f"  (took {s.seconds:.0f})" if s.started else "")
+            for s in (*self.extra, *self.sections.values())
+        ]
         lines.append(f"  {'total':<20} {sum(s.budget_s for s in (*self.extra, *self.sections.values())):>5.0f}")
         return lines
 
@@ -174,9 +186,19 @@ class GpuCheck:
         """A test file that does not import (a missing package): a FAIL row of its section."""
         section = self.sections.get(Path(str(report.nodeid).split("::")[0]).name)
         if report.failed and section is not None:
-            lines = [line for line in report.longreprtext.splitlines() if line.startswith("E ")] or report.longreprtext.splitlines()[-1:]
+            lines = [
+                line for line in report.longreprtext.splitlines() if line.startswith("E ")
+            ] or report.longreprtext.splitlines()[-1:]
             section.started = section.started or time.perf_counter()
-            section.rows.append(Row(section.title, "", "collection", result="FAIL", detail=lines[-1].removeprefix("E").strip()[:300] if lines else ""))
+            section.rows.append(
+                Row(
+                    section.title,
+                    "",
+                    "collection",
+                    result="FAIL",
+                    detail=lines[-1].removeprefix("E").strip()[:300] if lines else "",
+                )
+            )
             self.write()
 
     def pytest_runtest_logreport(self, report):
@@ -208,8 +230,17 @@ class GpuCheck:
         if section.seconds > section.budget_s:
             section.over = True
         if section.over:
-            section.rows.append(Row(section.title, "", "section time", f"{section.seconds:.1f} s", f"<= {section.budget_s:.0f} s", "FAIL",
-                                    "over budget: the rest of the run went on"))
+            section.rows.append(
+                Row(
+                    section.title,
+                    "",
+                    "section time",
+                    f"{section.seconds:.1f} s",
+                    f"<= {section.budget_s:.0f} s",
+                    "FAIL",
+                    "over budget: the rest of the run went on",
+                )
+            )
 
     def all_sections(self) -> list[Section]:
         return [*self.extra, *self.sections.values()]
@@ -219,22 +250,38 @@ class GpuCheck:
         return any(s.result == "FAIL" for s in self.all_sections())
 
     def to_json(self) -> dict:
-        return {"device": self.device, "torch": self.torch_version, "mode": "rehearsal" if self.rehearse else "gpu",
-                "budget_scale": self.budget_scale,
-                "date": time.strftime("%Y-%m-%d", time.gmtime(self.started)),
-                "budget_s": sum(s.budget_s for s in self.all_sections()),
-                "seconds": round(time.time() - self.started, 1),
-                "sections": [{"title": s.title, "file": s.file, "budget_s": s.budget_s, "seconds": round(s.seconds, 1),
-                              "result": s.result,
-                              "rows": [{**asdict(r), "rehearsal": self.rehearse} for r in s.rows]} for s in self.all_sections()]}
+        return {
+            "device": self.device,
+            "torch": self.torch_version,
+            "mode": "rehearsal" if self.rehearse else "gpu",
+            "budget_scale": self.budget_scale,
+            "date": time.strftime("%Y-%m-%d", time.gmtime(self.started)),
+            "budget_s": sum(s.budget_s for s in self.all_sections()),
+            "seconds": round(time.time() - self.started, 1),
+            "sections": [
+                {
+                    "title": s.title,
+                    "file": s.file,
+                    "budget_s": s.budget_s,
+                    "seconds": round(s.seconds, 1),
+                    "result": s.result,
+                    "rows": [{**asdict(r), "rehearsal": self.rehearse} for r in s.rows],
+                }
+                for s in self.all_sections()
+            ],
+        }
 
     def to_markdown(self) -> str:
         data = self.to_json()
         mode = " (rehearsal: CPU, toy sizes; speed and memory rows not judged)" if self.rehearse else ""
         mode += f" (budgets x {self.budget_scale:g})" if self.budget_scale != 1 else ""
-        lines = [f"gpu_check on {data['device']}, torch {data['torch']}, {data['date']}{mode}: {data['seconds']:.0f} s of a "
-                 f"{data['budget_s']:.0f} s budget", "",
-                 "| section | budget s | time s | result |", "|---|---|---|---|"]
+        lines = [
+            f"gpu_check on {data['device']}, torch {data['torch']}, {data['date']}{mode}: {data['seconds']:.0f} s of a "
+            f"{data['budget_s']:.0f} s budget",
+            "",
+            "| section | budget s | time s | result |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {s['title']} | {s['budget_s']:.0f} | {s['seconds']:.1f} | {s['result']} |" for s in data["sections"]]
         lines += ["", "| section | check | value | threshold | result | detail |", "|---|---|---|---|---|---|"]
         for s in data["sections"]:

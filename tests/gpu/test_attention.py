@@ -28,8 +28,15 @@ def test_flash_attn_imports(env, rows):
     elif not choice.name.startswith("flash") and not env.flash:
         pytest.skip(f"--no-flash: {choice}")
     else:
-        rows.judge("flash attention imports (head_dim 128)", choice.name, choice.name.startswith("flash"), "flash_3 or flash_2",
-                   "" if choice.name.startswith("flash") else f"{choice}: install a flash-attn wheel with the wheelhouse, or pass --no-flash")
+        rows.judge(
+            "flash attention imports (head_dim 128)",
+            choice.name,
+            choice.name.startswith("flash"),
+            "flash_3 or flash_2",
+            ""
+            if choice.name.startswith("flash")
+            else f"{choice}: install a flash-attn wheel with the wheelhouse, or pass --no-flash",
+        )
     rows.check()
 
 

@@ -55,7 +55,9 @@ def test_compiled_block_against_eager(block, env, rows):
     _compile(compiled, env.device)
     ids = token_ids(spec, env.device, 64 if env.rehearse else 1024, seed=3)
     backend = "inductor" if env.cuda else "aot_eager (CPU stand-in for inductor)"
-    compare(rows, f"{block}: compiled vs eager", forward_backward(compiled, ids, bf16), forward_backward(eager, ids, bf16), backend)
+    compare(
+        rows, f"{block}: compiled vs eager", forward_backward(compiled, ids, bf16), forward_backward(eager, ids, bf16), backend
+    )
     forward_backward(compiled, ids, bf16)  # the second call: every block's RoPE cache is filled now
     graphs, breaks = _graphs()
     rows.judge(f"{block}: graph breaks (first 2 steps)", str(breaks), breaks == 0, "0", f"{graphs} graphs compiled")
@@ -65,6 +67,11 @@ def test_compiled_block_against_eager(block, env, rows):
     _train(eager, ids, 3, bf16)
     loss, ref_loss = _loss(compiled, ids, bf16), _loss(eager, ids, bf16)
     err = abs(loss - ref_loss) / ref_loss
-    rows.judge(f"{block}: loss after 3 AdamW steps, compiled vs eager", f"{err:.2e}", err <= BF16_TOL, f"<= {BF16_TOL:.2e}",
-               f"{loss:.4f} vs {ref_loss:.4f}")
+    rows.judge(
+        f"{block}: loss after 3 AdamW steps, compiled vs eager",
+        f"{err:.2e}",
+        err <= BF16_TOL,
+        f"<= {BF16_TOL:.2e}",
+        f"{loss:.4f} vs {ref_loss:.4f}",
+    )
     rows.check()

@@ -18,7 +18,15 @@ pytestmark = pytest.mark.gpu
 SPEEDUP = 1.10
 LOSS_TOL = 0.05  # float8 vs bf16 loss, relative, at each of the first steps
 CONFIG = REPO / "configs" / "8B" / "baseline-revised.yaml"
-TOY = ["model.d_model=64", "model.n_heads=4", "model.n_kv_heads=4", "model.d_ff=128", "model.n_layers=2", "train.compile=false", "train.micro_batch_size=null"]
+TOY = [
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.n_kv_heads=4",
+    "model.d_ff=128",
+    "model.n_layers=2",
+    "train.compile=false",
+    "train.micro_batch_size=null",
+]
 
 
 def test_float8_against_bf16(env, rows):
@@ -29,18 +37,38 @@ def test_float8_against_bf16(env, rows):
         overrides = ["model.n_layers=8", "train.compile=true", "train.micro_batch_size=2", "train.activation_checkpointing=false"]
         seq, batch, steps, warmup = 4096, 2, 8, 3
     common = ["train.hardware=none", "train.precision=bf16", *overrides]
-    runs = {f8: timed_run(CONFIG, [*common, f"train.float8={f8}"], env.work / f"float8-{f8}", env.device, seq=seq, batch=batch,
-                          steps=steps, warmup=warmup) for f8 in ("off", "tensorwise")}
+    runs = {
+        f8: timed_run(
+            CONFIG,
+            [*common, f"train.float8={f8}"],
+            env.work / f"float8-{f8}",
+            env.device,
+            seq=seq,
+            batch=batch,
+            steps=steps,
+            warmup=warmup,
+        )
+        for f8 in ("off", "tensorwise")
+    }
     ratio = runs["tensorwise"].tokens_per_s / runs["off"].tokens_per_s
     detail = f"{runs['tensorwise'].tokens_per_s:,.0f} / {runs['off'].tokens_per_s:,.0f} tokens/s"
     if has_float8_matmuls(env.device):
         rows.judge("tokens/s float8 / bf16", f"{ratio:.3f}", ratio >= SPEEDUP, f">= {SPEEDUP}", detail, gpu_only=True)
     else:
-        rows.show("tokens/s float8 / bf16", f"{ratio:.3f}", detail + "; no float8 matmuls here (torchao emulates): not judged",
-                  f">= {SPEEDUP}")
+        rows.show(
+            "tokens/s float8 / bf16",
+            f"{ratio:.3f}",
+            detail + "; no float8 matmuls here (torchao emulates): not judged",
+            f">= {SPEEDUP}",
+        )
     a, b = runs["tensorwise"].losses, runs["off"].losses
     assert len(a) == len(b) == steps, (len(a), len(b))
     worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
-    rows.judge(f"loss float8 vs bf16, steps 1-{steps} (worst)", f"{worst:.2e}", worst <= LOSS_TOL, f"<= {LOSS_TOL}",
-               " ".join(f"{x:.4f}/{y:.4f}" for x, y in zip(a, b)))
+    rows.judge(
+        f"loss float8 vs bf16, steps 1-{steps} (worst)",
+        f"{worst:.2e}",
+        worst <= LOSS_TOL,
+        f"<= {LOSS_TOL}",
+        " ".join(f"{x:.4f}/{y:.4f}" for x, y in zip(a, b)),
+    )
     rows.check()

@@ -18,9 +18,15 @@ pytestmark = pytest.mark.gpu
 def test_stopped_and_resumed_equals_uninterrupted(env, rows):
     seq, batch = (32, 4) if env.rehearse else (512, 8)
     tokens_file = synthetic_tokens(env.work, 4096, 5 * batch * (seq + 1))
-    extra = ["train.hardware=none", "train.micro_batch_size=null", "run.save_interval=2", "model.d_model=64", "model.n_heads=2",
-             "train.precision=" + ("bf16" if env.cuda else "fp32"),
-             "model.vocab_size=null"]  # dolma2's: OLMo-core's dry-run batch draws from the tokenizer's vocabulary
+    extra = [
+        "train.hardware=none",
+        "train.micro_batch_size=null",
+        "run.save_interval=2",
+        "model.d_model=64",
+        "model.n_heads=2",
+        "train.precision=" + ("bf16" if env.cuda else "fp32"),
+        "model.vocab_size=null",
+    ]  # dolma2's: OLMo-core's dry-run batch draws from the tokenizer's vocabulary
     folders = {}
     for name in ("straight", "resumed"):
         folder = folders[name] = env.work / f"resume-{name}"
@@ -33,12 +39,22 @@ def test_stopped_and_resumed_equals_uninterrupted(env, rows):
     assert steps == [1, 2, 3, 4] and sorted(losses["resumed"]) == steps, (steps, sorted(losses["resumed"]))
     worst = max(abs(losses["resumed"][s] - losses["straight"][s]) / abs(losses["straight"][s]) for s in steps)
     exact = all(losses["resumed"][s] == losses["straight"][s] for s in steps)
-    rows.judge("loss at steps 1-4, stopped at 2 and resumed vs uninterrupted (worst)", f"{worst:.2e}", worst <= BF16_TOL,
-               f"<= {BF16_TOL:.2e}", "bit-identical" if exact else "not bit-identical")
+    rows.judge(
+        "loss at steps 1-4, stopped at 2 and resumed vs uninterrupted (worst)",
+        f"{worst:.2e}",
+        worst <= BF16_TOL,
+        f"<= {BF16_TOL:.2e}",
+        "bit-identical" if exact else "not bit-identical",
+    )
     a, b = (load_optim_state(folders[name] / "step4") for name in ("straight", "resumed"))
     assert a and a.keys() == b.keys(), "AdamW state keys differ"
     worst = max(rel(b[k], a[k]) for k in a)
     exact = all(torch.equal(a[k], b[k]) for k in a)
-    rows.judge(f"AdamW state at step 4 ({len(a)} tensors; worst)", f"{worst:.2e}", worst <= BF16_TOL, f"<= {BF16_TOL:.2e}",
-               "bit-identical" if exact else "not bit-identical")
+    rows.judge(
+        f"AdamW state at step 4 ({len(a)} tensors; worst)",
+        f"{worst:.2e}",
+        worst <= BF16_TOL,
+        f"<= {BF16_TOL:.2e}",
+        "bit-identical" if exact else "not bit-identical",
+    )
     rows.check()

@@ -23,8 +23,15 @@ MFU_RATIO = 0.95  # hourglass / baseline MFU
 ESTIMATE_SLACK = 1.5  # estimate / reserved at most
 # (global batch in sequences of 4096 tokens) per scale: a few seconds of steps each on one H200
 SCALES = {"113M": 32, "1B": 16}
-TOY = ["train.hardware=none", "train.precision=fp32", "train.compile=false", "train.micro_batch_size=null", "model.d_model=32",
-       "model.n_heads=2", "model.n_layers=2"]
+TOY = [
+    "train.hardware=none",
+    "train.precision=fp32",
+    "train.compile=false",
+    "train.micro_batch_size=null",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_layers=2",
+]
 
 
 @dataclass
@@ -41,7 +48,9 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
     else:
         overrides = ["train.precision=bf16"]
         seq, batch, steps, warmup = 4096, SCALES[scale], 6, 2
-    run = timed_run(config, overrides, env.work / f"{scale}-{variant}", env.device, seq=seq, batch=batch, steps=steps, warmup=warmup)
+    run = timed_run(
+        config, overrides, env.work / f"{scale}-{variant}", env.device, seq=seq, batch=batch, steps=steps, warmup=warmup
+    )
     t = run.spec.train
     assert t.micro_batch_size is not None and t.activation_checkpointing is not None
     model = run.spec.model.build(vocab_size(run.spec))
@@ -49,15 +58,26 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
     card = known_card(torch.cuda.get_device_name(env.device)) if env.cuda else None
     mfu = run.tokens_per_s * flops / card.bf16_flops if card and card.bf16_flops else None
     what = f"{scale} {variant}" + (" (toy)" if env.rehearse else "")
-    setting = f"micro-batch {t.micro_batch_size}, compile {'on' if t.compile else 'off'}, checkpointing {t.activation_checkpointing}"
+    setting = (
+        f"micro-batch {t.micro_batch_size}, compile {'on' if t.compile else 'off'}, checkpointing {t.activation_checkpointing}"
+    )
     rows.show(f"{what}: tokens/s", f"{run.tokens_per_s:,.0f}", setting)
-    rows.show(f"{what}: MFU", "-" if mfu is None else f"{100 * mfu:.1f}%", card.name if card else "no datasheet peak for this device")
+    rows.show(
+        f"{what}: MFU", "-" if mfu is None else f"{100 * mfu:.1f}%", card.name if card else "no datasheet peak for this device"
+    )
     est = memory_estimate(run.spec, Layout.from_env()).total(t.micro_batch_size, t.activation_checkpointing) / GIB
     reserved = run.peak_reserved_gib
     value = f"{reserved:.2f} GiB" if reserved is not None else "-"
-    rows.judge(f"{what}: peak reserved <= estimate", value, reserved is not None and reserved <= est, f"<= {est:.2f} GiB", gpu_only=True)
-    rows.judge(f"{what}: estimate / peak reserved", "-" if not reserved else f"{est / reserved:.2f}",
-               reserved is not None and est <= ESTIMATE_SLACK * reserved, f"<= {ESTIMATE_SLACK}", gpu_only=True)
+    rows.judge(
+        f"{what}: peak reserved <= estimate", value, reserved is not None and reserved <= est, f"<= {est:.2f} GiB", gpu_only=True
+    )
+    rows.judge(
+        f"{what}: estimate / peak reserved",
+        "-" if not reserved else f"{est / reserved:.2f}",
+        reserved is not None and est <= ESTIMATE_SLACK * reserved,
+        f"<= {ESTIMATE_SLACK}",
+        gpu_only=True,
+    )
     return Figures(run.tokens_per_s, mfu)
 
 
@@ -66,6 +86,12 @@ def test_trainer_steps(scale, env, rows):
     base, hourglass = _run(env, rows, scale, "baseline"), _run(env, rows, scale, "hourglass")
     tps = hourglass.tokens_per_s / base.tokens_per_s
     ratio = hourglass.mfu / base.mfu if base.mfu and hourglass.mfu else None
-    rows.judge(f"{scale}: MFU hourglass / baseline", "-" if ratio is None else f"{ratio:.3f}", ratio is not None and ratio >= MFU_RATIO,
-               f">= {MFU_RATIO}", f"tokens/s hourglass / baseline {tps:.3f}", gpu_only=True)
+    rows.judge(
+        f"{scale}: MFU hourglass / baseline",
+        "-" if ratio is None else f"{ratio:.3f}",
+        ratio is not None and ratio >= MFU_RATIO,
+        f">= {MFU_RATIO}",
+        f"tokens/s hourglass / baseline {tps:.3f}",
+        gpu_only=True,
+    )
     rows.check()
