@@ -47,6 +47,7 @@ _LOST_PEER = re.compile(
 
 _store: Optional[dist.Store] = None
 _stop: Optional[threading.Event] = None
+_thread: Optional[threading.Thread] = None
 _announced: Optional[Tuple[str, int, bool]] = None  # this rank's failure, as announce() answered it
 
 
@@ -107,7 +108,9 @@ def watch() -> None:
         return
     _store, _stop = store, threading.Event()
     parent = os.getppid() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None  # the local torchrun
-    threading.Thread(target=_watch, args=(store, _stop, parent), name="olmo_patches.peers", daemon=True).start()
+    global _thread
+    _thread = threading.Thread(target=_watch, args=(store, _stop, parent), name="olmo_patches.peers", daemon=True)
+    _thread.start()
 
 
 def forget() -> None:
@@ -118,11 +121,15 @@ def forget() -> None:
 
 
 def stop_watching() -> None:
-    """Stop the watch thread (the run is over); :func:`announce` still reaches the store."""
-    global _stop
+    """Stop the watch thread (the run is over) and wait for it to leave the store, so no thread is inside a
+    store call when the process group and the store are torn down; :func:`announce` still reaches the store."""
+    global _stop, _thread
     if _stop is not None:
         _stop.set()
         _stop = None
+    if _thread is not None and _thread is not threading.current_thread():
+        _thread.join(timeout=2 * POLL_S + 5)  # one poll, and a store call in flight
+        _thread = None
 
 
 def _ranks() -> str:
