@@ -54,10 +54,7 @@ def serve(latency_s: float) -> None:
 
 def bench_materialize(instances: int, latency_ms: float) -> list[dict]:
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(latency_ms / 1000)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, __file__, "--serve", str(latency_ms / 1000)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert child.stdout is not None
@@ -116,18 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--order-child", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--instances",
-        type=int,
-        default=8192,
-        help="instances to materialize (16 KiB each)",
-    )
+    parser.add_argument("--instances", type=int, default=8192, help="instances to materialize (16 KiB each)")
     parser.add_argument("--latency-instances", type=int, default=1024, help="the same, at 20 ms latency")
-    parser.add_argument(
-        "--order-sizes",
-        default="1e8,2.5e8,1e9",
-        help="instance counts for the order benchmark",
-    )
+    parser.add_argument("--order-sizes", default="1e8,2.5e8,1e9", help="instance counts for the order benchmark")
     parser.add_argument("--skip-order", action="store_true")
     args = parser.parse_args()
     if args.serve is not None:

@@ -33,19 +33,8 @@ from olmo_patches.data.order import (  # noqa: E402
     rebase,
     write_global_indices,
 )
-from olmo_patches.data.prefix import (
-    PrefixSpec,
-    instances_for_tokens,
-    materialize,
-    verify_prefix,
-)  # noqa: E402
-from olmo_patches.data.remote import (
-    RangeReader,
-    RetryPolicy,
-    fetch_sizes,
-    load_manifest,
-    save_manifest,
-)  # noqa: E402
+from olmo_patches.data.prefix import PrefixSpec, instances_for_tokens, materialize, verify_prefix  # noqa: E402
+from olmo_patches.data.remote import RangeReader, RetryPolicy, fetch_sizes, load_manifest, save_manifest  # noqa: E402
 
 
 def _sizes(args: argparse.Namespace, paths: list[str], reader: RangeReader) -> list[int]:
@@ -76,11 +65,7 @@ def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
     paths = read_paths_file(Path(args.paths_file))
     layout = Layout.from_sizes(paths, _sizes(args, paths, reader), args.seq_len)
     written = write_global_indices(
-        Path(args.out),
-        layout.num_instances,
-        args.seed,
-        world_size=args.world_size,
-        npy_header=args.npy_header,
+        Path(args.out), layout.num_instances, args.seed, world_size=args.world_size, npy_header=args.npy_header
     )
     print(f"{args.out}: {written:,} of {layout.num_instances:,} instances, seed {args.seed}")
 
@@ -93,14 +78,7 @@ def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
     else:
         n = instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)
     spec = PrefixSpec(tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances)
-    materialize(
-        Path(args.out),
-        spec,
-        reader=reader,
-        workers=args.workers,
-        progress=not args.quiet,
-        base=args.base,
-    )
+    materialize(Path(args.out), spec, reader=reader, workers=args.workers, progress=not args.quiet, base=args.base)
     print(f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts")
 
 
@@ -117,20 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, paths: bool = True) -> None:
         if paths:
-            p.add_argument(
-                "--paths-file",
-                default=str(PINNED_LIST),
-                help="token files, one path or URL a line",
-            )
-            p.add_argument(
-                "--manifest",
-                default=None,
-                help="size manifest (JSON) to use instead of asking",
-            )
+            p.add_argument("--paths-file", default=str(PINNED_LIST), help="token files, one path or URL a line")
+            p.add_argument("--manifest", default=None, help="size manifest (JSON) to use instead of asking")
         p.add_argument(
-            "--base",
-            default=None,
-            help=f"a mirror (local folder or URL) replacing {PINNED_ORIGIN} in the listed paths",
+            "--base", default=None, help=f"a mirror (local folder or URL) replacing {PINNED_ORIGIN} in the listed paths"
         )
         p.add_argument("--workers", type=at_least(1), default=32, help="parallel connections")
         p.add_argument("--retries", type=at_least(1), default=5, help="attempts per request")
@@ -145,31 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument(
-        "--seed",
-        type=at_least(0, most=2**32 - 1),
-        default=OLD_TRAINER_SEED,
-        help="old-trainer seed (OLMo-core seed + 1)",
+        "--seed", type=at_least(0, most=2**32 - 1), default=OLD_TRAINER_SEED, help="old-trainer seed (OLMo-core seed + 1)"
     )
-    p.add_argument(
-        "--world-size",
-        type=at_least(1),
-        default=1,
-        help="the run's world size (drop_last truncation)",
-    )
-    p.add_argument(
-        "--npy-header",
-        action="store_true",
-        help="standard .npy instead of the trainer's raw uint32",
-    )
+    p.add_argument("--world-size", type=at_least(1), default=1, help="the run's world size (drop_last truncation)")
+    p.add_argument("--npy-header", action="store_true", help="standard .npy instead of the trainer's raw uint32")
     p.add_argument("--out", required=True)
 
     p = sub.add_parser("materialize", help="the first instances in training order, to local disk")
     common(p)
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument(
-        "--tokens",
-        type=at_least(1, float),
-        help="tokens to cover (e.g. 2.5e9); rounded up to whole global batches",
+        "--tokens", type=at_least(1, float), help="tokens to cover (e.g. 2.5e9); rounded up to whole global batches"
     )
     size.add_argument("--instances", type=at_least(1), help="exact number of instances")
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
@@ -180,12 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="check a materialized prefix")
     common(p, paths=False)
-    p.add_argument(
-        "--sample",
-        type=at_least(0),
-        default=0,
-        help="also compare this many instances with the remote files",
-    )
+    p.add_argument("--sample", type=at_least(0), default=0, help="also compare this many instances with the remote files")
     p.add_argument("--out", required=True)
     return parser
 
@@ -209,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_paths(args)
     reader = RangeReader(RetryPolicy(attempts=args.retries, timeout_s=args.timeout))
-    command = {
-        "manifest": cmd_manifest,
-        "indices": cmd_indices,
-        "materialize": cmd_materialize,
-        "verify": cmd_verify,
-    }
+    command = {"manifest": cmd_manifest, "indices": cmd_indices, "materialize": cmd_materialize, "verify": cmd_verify}
     try:
         command[args.command](args, reader)
     except (DataOrderError, OSError) as exc:

@@ -91,13 +91,7 @@ class FileServer:
                     return None
                 return data
 
-            def _reply(
-                self,
-                status: int,
-                body: bytes,
-                headers: Optional[dict] = None,
-                send_body=True,
-            ) -> None:
+            def _reply(self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True) -> None:
                 self.send_response(status)
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)
@@ -123,10 +117,7 @@ class FileServer:
                 if not match:
                     self._reply(200, data)
                     return
-                start, end = (
-                    int(match.group(1)),
-                    min(int(match.group(2)), len(data) - 1),
-                )
+                start, end = (int(match.group(1)), min(int(match.group(2)), len(data) - 1))
                 body = data[start : end + 1]
                 if server._take(server.short, name):
                     body = body[: len(body) // 2]

@@ -55,13 +55,7 @@ SEQ = 64  # tokens per instance in these tests (4096 for real)
 BATCH = 4  # instances per global batch in these tests (512 for real)
 # Tokens per file: remainders, a file too short for one instance, and a repeated entry
 # (the real list repeats five files too).
-FILE_TOKENS = {
-    "a/p0.npy": SEQ * 9 + 5,
-    "a/p1.npy": SEQ * 4,
-    "b/tiny.npy": 40,
-    "b/p2.npy": SEQ * 11 + 63,
-    "c/p3.npy": SEQ * 6,
-}
+FILE_TOKENS = {"a/p0.npy": SEQ * 9 + 5, "a/p1.npy": SEQ * 4, "b/tiny.npy": 40, "b/p2.npy": SEQ * 11 + 63, "c/p3.npy": SEQ * 6}
 LISTED = ["a/p0.npy", "a/p1.npy", "b/tiny.npy", "b/p2.npy", "a/p1.npy", "c/p3.npy"]
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, timeout_s=10)
 
@@ -277,12 +271,7 @@ def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files
 
     order, instances = expected
     token_ids = dict(pad_token_id=100277, eos_token_id=100257, vocab_size=100278)
-    remote = NumpyFSLDataset(
-        *[server.url(n) for n in LISTED],
-        sequence_length=SEQ,
-        dtype=np.uint32,
-        **token_ids,
-    )
+    remote = NumpyFSLDataset(*[server.url(n) for n in LISTED], sequence_length=SEQ, dtype=np.uint32, **token_ids)
     remote_batches = olmo_core_batches(remote, tmp_path / "w1", OLMO_CORE_SEED, shuffle=True)
 
     n_batches = len(order) // BATCH  # OLMo-core drops the last partial batch
@@ -291,19 +280,8 @@ def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files
         np.testing.assert_array_equal(batch, instances[k * BATCH : (k + 1) * BATCH])
 
     # The local prefix, read in order with shuffling off, gives the same batches.
-    spec = make_spec(
-        server,
-        files,
-        n=instances_for_tokens(n_batches * BATCH * SEQ, SEQ, BATCH),
-        chunk=6,
-    )
-    materialize(
-        tmp_path / "prefix",
-        spec,
-        reader=RangeReader(FAST_RETRY),
-        workers=2,
-        progress=False,
-    )
+    spec = make_spec(server, files, n=instances_for_tokens(n_batches * BATCH * SEQ, SEQ, BATCH), chunk=6)
+    materialize(tmp_path / "prefix", spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     local = prefix_dataset(tmp_path / "prefix", **token_ids)
     local_batches = olmo_core_batches(local, tmp_path / "w2", OLMO_CORE_SEED, shuffle=False)
     assert len(local_batches) == n_batches
@@ -369,10 +347,7 @@ def test_interrupted_materialize_resumes_without_refetching(tmp_path, server, fi
     spec = make_spec(server, files, n=len(expected[0]), chunk=5)
     with pytest.raises(KeyboardInterrupt):
         materialize(tmp_path, spec, reader=_Interrupting(12), workers=1, progress=False)
-    assert sorted(p.name for p in tmp_path.glob("part-*.npy")) == [
-        part_name(0),
-        part_name(1),
-    ]
+    assert sorted(p.name for p in tmp_path.glob("part-*.npy")) == [part_name(0), part_name(1)]
     assert_no_corrupt_output(tmp_path)
 
     # A finished part that got damaged on disk is fetched again; the intact one is not.
@@ -387,14 +362,7 @@ def test_interrupted_materialize_resumes_without_refetching(tmp_path, server, fi
     assert verify_prefix(tmp_path) == []
 
     # Resuming with a different order into the same directory is refused.
-    other = PrefixSpec(
-        spec.paths,
-        spec.sizes,
-        SEQ,
-        spec.seed + 1,
-        spec.num_instances,
-        spec.chunk_instances,
-    )
+    other = PrefixSpec(spec.paths, spec.sizes, SEQ, spec.seed + 1, spec.num_instances, spec.chunk_instances)
     with pytest.raises(DataOrderError, match="different seed"):
         materialize(tmp_path, other, reader=RangeReader(FAST_RETRY), progress=False)
 
@@ -409,37 +377,10 @@ def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
     paths_file = tmp_path / "urls.txt"
     paths_file.write_text("".join(f"{server.url(n)}\n" for n in LISTED))
     manifest, out = tmp_path / "sizes.json", tmp_path / "prefix"
-    common = [
-        "--paths-file",
-        str(paths_file),
-        "--manifest",
-        str(manifest),
-        "--quiet",
-        "--retries",
-        "2",
-    ]
-    assert (
-        main(
-            [
-                "manifest",
-                "--paths-file",
-                str(paths_file),
-                "--out",
-                str(manifest),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    common = ["--paths-file", str(paths_file), "--manifest", str(manifest), "--quiet", "--retries", "2"]
+    assert main(["manifest", "--paths-file", str(paths_file), "--out", str(manifest), "--quiet"]) == 0
     # 3 batches of tokens -> 12 instances (the test's 'global batch' is 4 instances of 64 tokens).
-    args = [
-        "--tokens",
-        str(3 * BATCH * SEQ - 1),
-        "--seq-len",
-        str(SEQ),
-        "--batch-instances",
-        str(BATCH),
-    ]
+    args = ["--tokens", str(3 * BATCH * SEQ - 1), "--seq-len", str(SEQ), "--batch-instances", str(BATCH)]
     assert main(["materialize", *common, *args, "--chunk-instances", "5", "--out", str(out)]) == 0
     spec = PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)
     np.testing.assert_array_equal(read_prefix(out, spec), expected[1][:12])

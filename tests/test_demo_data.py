@@ -189,9 +189,7 @@ def test_olmo_core_reads_the_token_files(tmp_path, fake_stdlib):
         paths=corpus.train_paths,
         sequence_length=64,
         tokenizer=TokenizerConfig(
-            vocab_size=corpus.vocab_size,
-            eos_token_id=corpus.eos_token_id,
-            pad_token_id=corpus.pad_token_id,
+            vocab_size=corpus.vocab_size, eos_token_id=corpus.eos_token_id, pad_token_id=corpus.pad_token_id
         ),
         dtype=NumpyDatasetDType(corpus.dtype),
         work_dir=str(tmp_path / "work"),

@@ -23,14 +23,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 __all__ = ["DemoCorpus", "prepare_demo_corpus", "cached_demo_corpus", "load_tokenizer"]
@@ -209,13 +202,7 @@ def _train_tokenizer(docs: dict[str, str], vocab_size: int) -> Tokenizer:
 
 
 def _encode(
-    tokenizer: Tokenizer,
-    docs: dict[str, str],
-    eos: int,
-    dtype: np.dtype,
-    max_tokens: int | None,
-    progress: Progress,
-    name: str,
+    tokenizer: Tokenizer, docs: dict[str, str], eos: int, dtype: np.dtype, max_tokens: int | None, progress: Progress, name: str
 ) -> list[tuple[str, np.ndarray]]:
     """(path, token ids + eos) per document, in order; the last one is cut at ``max_tokens``."""
     items = list(docs.items())

@@ -162,13 +162,7 @@ def shuffled_indices(num_instances: int, seed: int, epoch: int = 0) -> np.ndarra
 
 
 def write_global_indices(
-    out: Path,
-    num_instances: int,
-    seed: int,
-    *,
-    epoch: int = 0,
-    world_size: int = 1,
-    npy_header: bool = False,
+    out: Path, num_instances: int, seed: int, *, epoch: int = 0, world_size: int = 1, npy_header: bool = False
 ) -> int:
     """Write the order to ``out`` exactly as the old trainer writes ``global_indices.npy``.
 

@@ -29,23 +29,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-from .order import (
-    TOKEN_BYTES,
-    TOKEN_DTYPE,
-    DataOrderError,
-    Layout,
-    rebase,
-    sha256_file,
-    shuffled_indices,
-)
+from .order import TOKEN_BYTES, TOKEN_DTYPE, DataOrderError, Layout, rebase, sha256_file, shuffled_indices
 from .remote import RangeReader, progress_bar
 
 INDEX = "index.json"
@@ -144,13 +130,7 @@ def materialize(
     spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
     index = _read_index(out_dir)
     if index is None:
-        index = {
-            "format": FORMAT,
-            "spec": spec_json,
-            "order_sha256": None,
-            "chunks": {},
-            "complete": False,
-        }
+        index = {"format": FORMAT, "spec": spec_json, "order_sha256": None, "chunks": {}, "complete": False}
         _write_index(out_dir, index)
     elif index["spec"] != spec_json:
         changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
@@ -185,12 +165,7 @@ def materialize(
                     if stop.is_set():
                         return
                     fi = int(file_idx[i])
-                    data = reader.read(
-                        sources[fi],
-                        int(token_off[i]) * TOKEN_BYTES,
-                        instance_bytes,
-                        spec.sizes[fi],
-                    )
+                    data = reader.read(sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi])
                     f.write(data)
                     bar.advance(task, len(data))
                 f.flush()
@@ -198,22 +173,12 @@ def materialize(
             digest = sha256_file(tmp)
             os.replace(tmp, final)
             with lock:
-                index["chunks"][final.name] = {
-                    "start": start,
-                    "count": stop_at - start,
-                    "sha256": digest,
-                }
+                index["chunks"][final.name] = {"start": start, "count": stop_at - start, "sha256": digest}
                 _write_index(out_dir, index)
         finally:
             tmp.unlink(missing_ok=True)
 
-    columns = (
-        "{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
+    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo) * instance_bytes
     with progress_bar(progress, *columns) as bar:
         task = bar.add_task(f"{len(todo)} parts -> {out_dir}", total=total)
@@ -303,9 +268,4 @@ def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
     index = _read_index(Path(out_dir))
     paths = prefix_paths(out_dir)
     assert index is not None
-    return NumpyFSLDataset(
-        *paths,
-        sequence_length=index["spec"]["seq_len"],
-        dtype=TOKEN_DTYPE,
-        **dataset_kwargs,
-    )
+    return NumpyFSLDataset(*paths, sequence_length=index["spec"]["seq_len"], dtype=TOKEN_DTYPE, **dataset_kwargs)

@@ -224,9 +224,6 @@ def load_manifest(path: Path, paths: Sequence[str]) -> list[int]:
         raise DataOrderError(f"manifest {path} is not a valid manifest ({exc})") from None
     listed = [f[0] for f in files]
     if listed != list(paths):
-        first = next(
-            (i for i, (a, b) in enumerate(zip(listed, paths)) if a != b),
-            min(len(listed), len(paths)),
-        )
+        first = next((i for i, (a, b) in enumerate(zip(listed, paths)) if a != b), min(len(listed), len(paths)))
         raise DataOrderError(f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it")
     return [int(f[1]) for f in files]

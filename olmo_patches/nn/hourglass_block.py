@@ -53,13 +53,7 @@ class HourglassBlock(TransformerBlockBase):
         self.residual_alpha = residual_alpha
         self.norm_placement = self.feed_forward.norm_placement
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        loss_div_factor: Optional[Union[torch.Tensor, float]] = None,
-        **kwargs,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
         del loss_div_factor
         if self.norm_placement == NormPlacement.pre:
             a = self.attention(self.attention_norm(x), **kwargs)
@@ -104,13 +98,7 @@ class HourglassBlockConfig(TransformerBlockConfig):
         return self.feed_forward
 
     def build(  # type: ignore[override]
-        self,
-        *,
-        d_model: int,
-        block_idx: int,
-        n_layers: int,
-        init_device: str = "cpu",
-        cache: Optional[BufferCache] = None,
+        self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
     ) -> HourglassBlock:
         ffn = self._check()
         assert self.layer_norm is not None  # _check() raised otherwise

@@ -51,11 +51,7 @@ from olmo_core.nn.moe import MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP, MoEMLPBase, gmm
 from olmo_core.nn.moe.moe import DroplessMoE
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
-from olmo_core.nn.transformer.config import (
-    TransformerBlockConfig,
-    TransformerBlockType,
-    TransformerDataParallelWrappingStrategy,
-)
+from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerBlockType, TransformerDataParallelWrappingStrategy
 from olmo_core.ops import attach_auxiliary_loss
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor

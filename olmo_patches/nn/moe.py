@@ -46,13 +46,7 @@ class LayerMoEConfig(MoEConfig):
 
     @classmethod
     def authors(
-        cls,
-        *,
-        num_experts: int,
-        top_k: int,
-        hidden_size: int,
-        lb_loss_weight: float,
-        z_loss_weight: float,
+        cls, *, num_experts: int, top_k: int, hidden_size: int, lb_loss_weight: float, z_loss_weight: float
     ) -> "LayerMoEConfig":
         """The authors' routing: top-k weights renormalised, losses summed over layers, dropless."""
         return cls(

@@ -99,7 +99,7 @@ WIDTH_GRID: dict[str, tuple[tuple[str, ...], tuple[float, ...], tuple[float, ...
         ("configs/paper2/200M/x.yaml", "configs/paper2/500M/x.yaml", "configs/paper2/1B/x.yaml"),
         (0.5, 0.625, 0.75, 0.875),
         (0.2, 0.3, 0.4),
-    ),
+    )
 }
 
 

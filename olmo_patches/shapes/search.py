@@ -189,13 +189,7 @@ def solve(
 
 
 def solve_split(
-    budget: int,
-    *,
-    K: int,
-    n_layers: int,
-    attention: float,
-    tolerance: float = SPLIT_TOLERANCE,
-    window: float = 0.05,
+    budget: int, *, K: int, n_layers: int, attention: float, tolerance: float = SPLIT_TOLERANCE, window: float = 0.05
 ) -> Optional[Shape]:
     """The MHA hourglass shape whose attention parameters are nearest ``attention`` (d_model nearest
     sqrt(attention / 4 L)), with d_model % 8 and a head dim that is a multiple of 8, and d_h the

@@ -18,12 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from olmo_core.config import Config
-from olmo_core.data import (
-    InstanceFilterConfig,
-    NumpyDataLoaderConfig,
-    NumpyFSLDatasetConfig,
-    TokenizerConfig,
-)
+from olmo_core.data import InstanceFilterConfig, NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.io import is_url
 from olmo_core.distributed.utils import barrier, broadcast_object, get_rank, get_world_size, is_distributed
@@ -32,9 +27,7 @@ from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, Skip
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 from olmo_core.train import Duration, TrainerConfig, prepare_training_environment, teardown_training_environment
 from olmo_core.train.callbacks import Callback, CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
-from olmo_core.train.train_module import (
-    TransformerTrainModuleConfig,
-)
+from olmo_core.train.train_module import TransformerTrainModuleConfig
 
 from .batch_trace import BatchTraceCallback
 from ..optim.lagged import LaggedScheduler

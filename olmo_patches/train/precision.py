@@ -70,9 +70,7 @@ def data_parallel(spec: ExperimentSpec, world_size: int) -> Optional[Transformer
         return None
     bf16 = spec.train.precision == "bf16" and _fsdp(spec, world_size)
     return TransformerDataParallelConfig(
-        name=DataParallelType(spec.train.data_parallel),
-        param_dtype=DType.bfloat16 if bf16 else None,
-        reduce_dtype=DType.float32,
+        name=DataParallelType(spec.train.data_parallel), param_dtype=DType.bfloat16 if bf16 else None, reduce_dtype=DType.float32
     )
 
 

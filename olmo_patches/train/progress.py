@@ -51,12 +51,7 @@ MFU = "throughput/device/MFU (actual avg)"
 
 
 def format_progress(
-    step: int,
-    total: Optional[int],
-    metrics: Dict[str, float],
-    *,
-    world_size: int = 1,
-    seconds_left: Optional[float] = None,
+    step: int, total: Optional[int], metrics: Dict[str, float], *, world_size: int = 1, seconds_left: Optional[float] = None
 ) -> str:
     """One progress line from a step's metrics (tokens/s summed over ranks)."""
     parts = [f"step {step}/{total if total is not None else '?'}"]
