@@ -9,7 +9,7 @@ Workers start with spawn, as under OLMo-core's training environment; their start
 is reported apart from the steady rate. The need: an 8-GPU run consumes
     instances/s = 8 x tokens/s per GPU / 4096,  tokens/s per GPU = MFU x peak / FLOPs per token,
 with the MFU the dry run assumes (report/plan.py ASSUMED_MFU, 40%), the H100's dense bf16 peak
-(hardware.CARDS) and the config's FLOPs per token (OLMo-core's count); one rank's loader must
+(launch/cards.py) and the config's FLOPs per token (OLMo-core's count); one rank's loader must
 deliver 1/8 of it.
 
     python benchmarks/bench_loader.py [--batches 16] [--batch 16] [--latency-ms 20] [--workers 0,1,4,8]
@@ -87,7 +87,7 @@ def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path
 def need() -> dict[str, float]:
     """Instances/s an 8-GPU run of the 113M and 1B baselines consumes (module docstring)."""
     from olmo_patches.launch.layout import load_and_resolve as load_spec
-    from olmo_patches.launch.hardware import CARDS
+    from olmo_patches.launch.cards import CARDS
     from olmo_patches.report.counts import count
     from olmo_patches.report.plan import ASSUMED_MFU
 

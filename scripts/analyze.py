@@ -46,7 +46,7 @@ def main() -> None:
         refuse(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
     if args.tokens is not None and not args.tokens.is_file():
         refuse(f"analyze: command line: --tokens={args.tokens}: no such file")
-    from olmo_patches.train.experiment import resolve_data
+    from olmo_patches.train.sources import resolve_data
 
     analyses = []
     for i, checkpoint in enumerate(args.checkpoints):

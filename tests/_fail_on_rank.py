@@ -12,7 +12,7 @@ import runpy
 import sys
 from pathlib import Path
 
-import olmo_patches.train.experiment as training
+import olmo_patches.train.run as training
 from olmo_patches.launch.run_folder import RunFolderError
 
 

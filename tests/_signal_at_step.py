@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from olmo_core.train.callbacks import Callback
 
-import olmo_patches.train.experiment as training
+import olmo_patches.train.run as training
 from olmo_patches.cli import load_or_exit
 
 

@@ -263,7 +263,7 @@ def test_revised_schedule_is_megatrons(units):
     from olmo_core.optim import CosWithWarmup
     from olmo_core.optim.scheduler import SchedulerUnits
 
-    from olmo_patches.train.experiment import _lagged
+    from olmo_patches.train.optimizer import lagged
 
     W, N = 3, 10
     spec = load_and_resolve(
@@ -272,7 +272,7 @@ def test_revised_schedule_is_megatrons(units):
     lr, step_tokens = spec.train.lr, 1024 * 4096
     scale = step_tokens if units == "tokens" else 1
     inner = CosWithWarmup(units=SchedulerUnits(units), warmup=W * scale, alpha_f=spec.train.final_lr_ratio)
-    scheduler = _lagged(inner, spec)
+    scheduler = lagged(inner, spec)
 
     def f(k):
         return lr * k / W if k <= W else 6e-5 + (lr - 6e-5) * (1 + math.cos(math.pi * (k - W) / (N - W))) / 2
@@ -284,14 +284,14 @@ def test_revised_schedule_is_megatrons(units):
 
 def test_revised_weight_decay_groups():
     """Decay 0.033 on every matrix and the tied embedding; none on any norm gain (QK norms included)."""
-    from olmo_patches.train.experiment import _optim_groups
+    from olmo_patches.train.optimizer import optim_groups
 
     spec = load_and_resolve(REPO / "configs" / "906M" / "hourglass-revised.yaml", ["model.n_layers=2"])
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
-    optim = AdamWConfig(
-        lr=spec.train.lr, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)
-    ).build(model)
+    optim = AdamWConfig(lr=spec.train.lr, weight_decay=spec.train.weight_decay, group_overrides=optim_groups(spec, config)).build(
+        model
+    )
     wd = {id(p): g["weight_decay"] for g in optim.param_groups for p in g["params"]}
     names = [n for n, _ in model.named_parameters()]
     assert "embeddings.weight" in names and "lm_head.w_out.weight" not in names  # tied
@@ -302,7 +302,7 @@ def test_revised_weight_decay_groups():
     base = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.qk_norm=true"])
     config = base.model.build(vocab_size(base))
     model = config.build(init_device="meta")
-    optim = AdamWConfig(lr=1e-3, weight_decay=0.1, group_overrides=_optim_groups(base, config)).build(model)
+    optim = AdamWConfig(lr=1e-3, weight_decay=0.1, group_overrides=optim_groups(base, config)).build(model)
     wd = {id(p): g["weight_decay"] for g in optim.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         assert wd[id(p)] == (0.0 if name == "embeddings.weight" else 0.1), name

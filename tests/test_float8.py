@@ -246,10 +246,10 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
 
 
 def test_memory_model_counts_float8s_weight_and_input_casts():
-    """hardware.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1 byte
+    """memory.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1 byte
     for each of the forward and transposed float8 copies of one block's weights, + 1 byte per element
     of the widest matmul input per token; the float8 path keeps no [W_d1; W_d2] copy."""
-    from olmo_patches.launch.hardware import estimate, with_float8
+    from olmo_patches.launch.memory import estimate, with_float8
 
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
     model = spec.model.build(vocab_size(spec))

@@ -347,7 +347,7 @@ def test_adamw_is_fused_on_cuda_only():
     """torch.optim.AdamW(fused=True) on CUDA (one kernel for every update); on a CPU torch's default (fused is
     CUDA-only there: torch/optim/adamw.py); OLMo-core's SkipStepAdamW has no fused kernel."""
     from olmo_core.optim import AdamWConfig, SkipStepAdamWConfig
-    from olmo_patches.train.experiment import optimizer
+    from olmo_patches.train.optimizer import optimizer
 
     spec = _cuda_spec()
     model = spec.model_config()
@@ -373,7 +373,7 @@ def liger(monkeypatch):
 
 
 def test_fused_linear_loss_where_its_kernel_runs(liger):
-    from olmo_patches.launch.hardware import GIB
+    from olmo_patches.launch.cards import GIB
     from olmo_patches.launch.layout import Layout, memory_estimate
     from olmo_patches.nn.lm_loss import lm_loss
 
@@ -399,12 +399,12 @@ def test_fused_linear_loss_where_its_kernel_runs(liger):
 def test_a_cuda_run_builds_the_chosen_loss_and_optimizer(liger, monkeypatch, tmp_path):
     """build_experiment for a CUDA device (the device faked; nothing runs): the model config the
     trainer builds carries the fused loss, and its optimizer the fused AdamW."""
-    from olmo_patches.train import experiment
+    from olmo_patches.train import experiment, resolve_data
 
     liger(True)
     monkeypatch.setattr(experiment, "device_for", lambda spec: "cuda")
     spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1"))
-    exp = experiment.build_experiment(spec, experiment.resolve_data(spec))
+    exp = experiment.build_experiment(spec, resolve_data(spec))
     assert str(exp.model.lm_head.loss_implementation) == "fused_linear"
     assert exp.train_module.optim.fused is True
 

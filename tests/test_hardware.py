@@ -9,7 +9,8 @@ import torch
 
 from olmo_patches.config import ConfigError, vocab_size
 from olmo_patches.launch.layout import load_and_resolve
-from olmo_patches.launch.hardware import CARDS, GIB, card_for_device, estimate, known_card
+from olmo_patches.launch.cards import CARDS, GIB, card_for_device, known_card
+from olmo_patches.launch.memory import estimate
 
 from .conftest import REPO, run_script
 
@@ -54,7 +55,7 @@ def _memory_model(path):
     """(static bytes, per-layer (A_l bytes per token, attention's part, w_l, weight copy), head bytes per
     token, sequence length, per-rank batch, MoE) of the docstring's memory model for 8 ranks, computed
     here from the built model's own modules (parameter counts and weight shapes), not through
-    hardware.estimate()."""
+    memory.estimate()."""
     spec = load_and_resolve(path)
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")
     P = sum(p.numel() for p in model.parameters())

@@ -1,4 +1,4 @@
-"""Activation checkpointing modes (train.activation_checkpointing) and the memory model (hardware.py):
+"""Activation checkpointing modes (train.activation_checkpointing) and the memory model (launch/memory.py):
 gradients equal to no checkpointing per block type, the saved tensors and the loss's bytes measured
 by torch against the estimate, and the preset choosing a mode where the estimate says it must."""
 
@@ -12,7 +12,7 @@ from olmo_core.train.train_module.transformer.common import parallelize_model
 from olmo_patches.config import ConfigError, vocab_size
 from olmo_patches.launch.layout import load_and_resolve, memory_estimate
 from olmo_patches.launch.layout import Layout
-from olmo_patches.launch.hardware import estimate
+from olmo_patches.launch.memory import estimate
 from olmo_patches.config.spec import ActivationCheckpointing
 
 from .conftest import REPO

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from olmo_core.optim import AdamWConfig
 
 from olmo_patches.launch.layout import load_and_resolve
-from olmo_patches.train.experiment import _optim_groups
+from olmo_patches.train.optimizer import optim_groups
 
 from .conftest import REPO
 
@@ -273,7 +273,7 @@ def test_paper2_configs_decay_as_lm_engine():
     )
     config = spec.model.build(64)
     model = config.build(init_device="meta")
-    opt = AdamWConfig(lr=0.01, weight_decay=spec.train.weight_decay, group_overrides=_optim_groups(spec, config)).build(model)
+    opt = AdamWConfig(lr=0.01, weight_decay=spec.train.weight_decay, group_overrides=optim_groups(spec, config)).build(model)
     decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     norms = 0
     for name, p in model.named_parameters():
@@ -340,7 +340,7 @@ def test_moe_mup_init_and_lr_groups_match_lm_engine():
             (moe.experts.mlp.w2, s_l / math.sqrt(2 * L)),
         ):
             assert t.std().item() == pytest.approx(std, rel=0.05), l
-    opt = AdamWConfig(lr=0.01, group_overrides=_optim_groups(spec, spec.model.build(V))).build(model)
+    opt = AdamWConfig(lr=0.01, group_overrides=optim_groups(spec, spec.model.build(V))).build(model)
     lr = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     named = dict(model.named_parameters())
     for name in (

@@ -11,7 +11,7 @@ from olmo_core.data import TokenizerConfig
 from olmo_patches.config import ConfigError
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
-from olmo_patches.train.experiment import DataSources, build_experiment
+from olmo_patches.train import DataSources, build_experiment
 from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, tiny_overrides

@@ -76,7 +76,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(tmp_path, straig
     try:
         train(_spec(tmp_path))  # returns normally: OLMo-core's handler cancels the run
     finally:
-        import olmo_patches.train.experiment as training
+        import olmo_patches.train.run as training
 
         training.build_experiment = original
     saved = sorted(step for step, _ in Checkpointer.find_checkpoints(tmp_path))
@@ -153,7 +153,7 @@ def _train_with(folder, callback, *extra, **kw):
     try:
         return train(_spec(folder, *extra), **kw)
     finally:
-        import olmo_patches.train.experiment as training
+        import olmo_patches.train.run as training
 
         training.build_experiment = original
 

@@ -9,7 +9,7 @@ import pytest
 from olmo_core.exceptions import OLMoThreadError
 
 from olmo_patches.config import ConfigError
-from olmo_patches.train.experiment import exit_line
+from olmo_patches.train import exit_line
 from olmo_patches.launch.shared_fs import require_data
 
 from .conftest import run_script

@@ -122,12 +122,12 @@ def test_mup_hidden_matrices_get_lr_over_m_width():
     from olmo_core.optim import AdamWConfig
 
     from olmo_patches.config import vocab_size
-    from olmo_patches.train.experiment import _optim_groups
+    from olmo_patches.train.optimizer import optim_groups
 
     spec = load_and_resolve(REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"])
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
-    optim = AdamWConfig(lr=spec.train.lr, group_overrides=_optim_groups(spec, config)).build(model)
+    optim = AdamWConfig(lr=spec.train.lr, group_overrides=optim_groups(spec, config)).build(model)
     lr_of = {id(p): g["lr"] for g in optim.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         hidden = p.ndim == 2 and (".attention.w_" in name or ".feed_forward.w" in name)

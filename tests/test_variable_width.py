@@ -401,7 +401,7 @@ def test_mup_hourglass_ffn_init_and_lr_groups():
     (W_u: a further / sqrt(2 L), lm-engine's c_proj rule), lr / 8; the K norm gains stay 1 at lr."""
     from olmo_core.optim import AdamWConfig
 
-    from olmo_patches.train.experiment import _optim_groups
+    from olmo_patches.train.optimizer import optim_groups
 
     widths = [256, 64, 128, 256]
     spec = _spec("carry_forward", "mup", "hourglass", widths=widths, extra=["model.d_model=128"])
@@ -416,7 +416,7 @@ def test_mup_hourglass_ffn_init_and_lr_groups():
         assert all(torch.equal(n.weight, torch.ones(width)) for n in ffn.norms)
         assert ffn.residual_alpha == model.blocks[str(l)].residual_alpha == 0.22
     lr0 = spec.train.lr
-    optim = AdamWConfig(lr=lr0, group_overrides=_optim_groups(spec, config)).build(model)
+    optim = AdamWConfig(lr=lr0, group_overrides=optim_groups(spec, config)).build(model)
     lr = {id(p): g["lr"] for g in optim.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         hidden = ".feed_forward.w" in name or ".attention.w_" in name

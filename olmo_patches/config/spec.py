@@ -123,7 +123,7 @@ class Float8(StrEnum):
 class Hardware(StrEnum):
     auto = "auto"  # the GPU torch sees
     none = "none"  # no preset
-    rtx6000ada = "rtx6000ada"  # launch/hardware.py's cards
+    rtx6000ada = "rtx6000ada"  # launch/cards.py
     h100 = "h100"
     h200 = "h200"
     b200 = "b200"
@@ -513,7 +513,7 @@ class TrainSpec:
     )
     hardware: Hardware = (
         Hardware.auto
-    )  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/hardware.py)
+    )  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/presets.py)
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
 

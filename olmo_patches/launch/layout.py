@@ -15,7 +15,9 @@ from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, 
 from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
 from .ranks import Layout
 from ..nn.lm_loss import lm_loss, set_lm_loss
-from .hardware import CARDS, MemoryEstimate, Settings, choose, detect, estimate, with_float8
+from .cards import CARDS, detect
+from .memory import MemoryEstimate, estimate, with_float8
+from .presets import Settings, choose
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +234,7 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
 
 
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
-    """Fill the train keys left at null from ``train.hardware`` (hardware.py's presets for this
+    """Fill the train keys left at null from ``train.hardware`` (presets.py for this
     model), per rank of ``layout`` (after :func:`fit_world_size`)."""
     t = spec.train
     if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
@@ -263,7 +265,7 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
 
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
-    """hardware.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
+    """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
     model = spec.model_config()
     set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)  # a card means CUDA

@@ -173,7 +173,7 @@ class HourglassFeedForward(nn.Module):
         if self.w1.float8 is not None or self.w3.float8 is not None or self.w2.float8 is not None:
             return self._forward_float8(h)
         # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights that
-        # autograd keeps until backward: hardware.hourglass_weight_copy counts it), split with unbind: its backward is one stack, where indexing
+        # autograd keeps until backward: saved_weight_copy), split with unbind: its backward is one stack, where indexing
         # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
         # instead measured no faster (docs/performance.md) and would break OLMo-core's w1/w3 init.
         w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(0)  # K x (2 d_h, d_model)
@@ -228,6 +228,11 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
         self.validate_shape()
         assert self.layer_norm is not None
         return self.K * (3 * d_model * self.hidden_size + self.layer_norm.num_params(d_model))
+
+    def saved_weight_copy(self, d_model: int) -> int:
+        """Bytes of the bf16 [W_d1; W_d2] copy forward() concatenates and autograd keeps until backward
+        (2 K d_h d_model weights; launch/memory.py counts it per block)."""
+        return 2 * 2 * self.K * self.hidden_size * d_model
 
     def build(  # type: ignore[override]
         self, d_model: int, *, dtype: Optional[torch.dtype] = None, init_device: str = "cpu"

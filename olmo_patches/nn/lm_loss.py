@@ -1,7 +1,7 @@
 """Which of OLMo-core's LM-head losses a run computes (``LMHeadConfig.loss_implementation``).
 
 ``default`` projects every token to its V logits and takes the cross-entropy in fp32: the logits, their
-log-softmax and their gradients are the largest activation of a small model (launch/hardware.py,
+log-softmax and their gradients are the largest activation of a small model (launch/memory.py,
 LOGIT_BYTES per logit). ``fused_linear`` is Liger-Kernel's fused linear cross-entropy (OLMo-core's
 ``nn.functional.fused_linear_cross_entropy_loss``, imported when ``liger_kernel`` is installed: the
 ``gpu`` extra): it projects a chunk of tokens at a time and computes the input's gradient in the

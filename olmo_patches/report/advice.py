@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from ..config import ExperimentSpec
-from ..launch.hardware import CARDS
+from ..launch.cards import CARDS
 from .counts import count
 from .plan import ASSUMED_MFU
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from olmo_core.train.callbacks.speed_monitor import get_device_peak_flops_per_second
 
 from ..config import load_spec
-from ..launch.hardware import known_card
+from ..launch.cards import known_card
 from ..nn.attention import head_dims, resolve_attention_backend, set_attention_backend
 from ..nn.accounting import breakdown
 from ..resources import data_root
@@ -111,7 +111,7 @@ def peak_flops_per_second(device: torch.device, dtype: torch.dtype) -> tuple[flo
         name = torch.cuda.get_device_name(device)
         half = dtype in (torch.bfloat16, torch.float16)
         if half and (card := known_card(name)) is not None and card.bf16_flops is not None:
-            return card.bf16_flops, f"{name}: datasheet dense bf16 (hardware.CARDS)"
+            return card.bf16_flops, f"{name}: datasheet dense bf16 (launch/cards.py)"
         peak = get_device_peak_flops_per_second(name, using_half_precision=half)
         if peak is not None:
             return float(peak), f"{name}: OLMo-core's datasheet table (dense bf16)"

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..config import ExperimentSpec
 from ..launch.layout import Layout, attention_backend, data_workers
-from ..launch.hardware import CARDS, GIB
+from ..launch.cards import CARDS, GIB
 from ..config.spec import demo_cache
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
@@ -41,7 +41,7 @@ __all__ = [
 
 
 ASSUMED_MFU = (
-    0.40  # model FLOPs utilization assumed for every card of hardware.CARDS (typical of OLMo-core at 0.1-1B, bf16, FSDP)
+    0.40  # model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at 0.1-1B, bf16, FSDP)
 )
 # Checkpoint write rate for the signal lead when the run has not measured its own (SAVE/save_rate.json):
 # 97 MiB/s, the write+fsync measured by benchmarks/bench_checkpoint_manifest.py (docs/running.md), a

@@ -1,16 +1,11 @@
-"""Running an experiment on OLMo-core's Trainer: the wiring from a spec (experiment), resume and
-checkpoint safety, progress, metrics, the batch trace. Imports config and the layers below it."""
+"""Running an experiment on OLMo-core's Trainer: a spec's data sources (sources), optimizer (optimizer)
+and OLMo-core configs (experiment), the run's life (run) and its exit line (exit_codes); resume and
+checkpoint safety, stop signals, progress, metrics, the batch trace. Imports config and the layers below it."""
 
-from .experiment import (
-    DataSources,
-    Experiment,
-    OrderedDataLoaderConfig,
-    build_experiment,
-    device_for,
-    exit_line,
-    resolve_data,
-    train,
-)
+from .exit_codes import exit_line
+from .experiment import Experiment, OrderedDataLoaderConfig, build_experiment, device_for
+from .run import train
+from .sources import DataSources, resolve_data
 
 __all__ = [
     "DataSources",

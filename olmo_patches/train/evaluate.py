@@ -42,7 +42,8 @@ from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals, 
 from ..config.spec import one_line
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
-from .experiment import DataSources, eval_callbacks, resolve_data
+from .experiment import eval_callbacks
+from .sources import DataSources, resolve_data
 from ..launch.run_folder import METRICS_FILE
 from .checkpoints import checkpoint_step, latest_complete, load_model_state
 

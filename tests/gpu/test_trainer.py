@@ -1,7 +1,7 @@
 """OLMo-core Trainer steps for the 113M and 1B baseline and hourglass configs on synthetic tokens, bf16, with
 the hardware preset's micro-batch, compile and activation checkpointing: tokens/s over the steps after the
-warm-up, MFU (OLMo-core's FLOPs per token over the card's dense bf16 peak in hardware.CARDS), and the peak
-memory the caching allocator reserved against the memory model's estimate (hardware.estimate, for the same
+warm-up, MFU (OLMo-core's FLOPs per token over the card's dense bf16 peak in launch/cards.py), and the peak
+memory the caching allocator reserved against the memory model's estimate (launch/memory.py estimate, for the same
 model, sequence, micro-batch and checkpointing mode). Judged: reserved <= estimate (the preset fits) and
 estimate <= 1.5 x reserved (the estimate is not so loose that presets waste the card); hourglass MFU / baseline
 MFU >= 0.95 (tokens/s shown beside it: the matched hourglass shapes cost more FLOPs per token).
@@ -14,7 +14,7 @@ import torch
 
 from olmo_patches.config import vocab_size
 from olmo_patches.launch.layout import Layout, memory_estimate
-from olmo_patches.launch.hardware import GIB, known_card
+from olmo_patches.launch.cards import GIB, known_card
 
 from ._common import REPO, timed_run
 

@@ -1,16 +1,8 @@
-"""Hardware presets: ``train.hardware`` -> micro-batch size, activation checkpointing and compile.
+"""The memory model: bytes per GPU of a run, by term, for choosing a hardware preset (presets.py).
 
-``train.hardware`` is ``auto`` (the GPU torch sees: its name and memory), ``none`` (no GPU preset:
-no checkpointing, no compile, the whole per-rank batch in one micro-batch) or a card:
-``rtx6000ada`` (48 GB), ``h100`` (80 GB), ``h200`` (141 GB), ``b200`` (180 GB). A preset only fills the keys the config
-left at null (``train.micro_batch_size``, ``train.activation_checkpointing``, ``train.compile``):
-any value a config file or the command line sets wins, and ``key=null`` hands a key back to the
-preset. The values come from the memory estimate below for the run's own model, so each config
-gets its own micro-batch on each card.
+It models what is stored; the CPU-measurable parts, the tensors each block saves for backward and the
+loss's, are checked against torch in tests/test_memory.py.
 
-The memory estimate (per GPU, bytes; a model of what is stored, for choosing; the CPU-measurable parts,
-the tensors each block saves for backward and the loss's, are checked against torch in tests/test_memory.py)
---------------------------------------------------------------------------------------------------
 Static, whatever the micro-batch:
 - states = 16 P / W: fp32 weights, fp32 grads and AdamW's two fp32 moments of all P parameters,
   sharded over W ranks (FSDP: all ranks; HSDP: a node's; DDP and one process: W = 1).
@@ -19,7 +11,7 @@ Static, whatever the micro-batch:
   the prefetched unit's (2 x 2), their all-gather buffers (2 x 2), its bf16 gradients (2), their fp32
   copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2). Without
   FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to backward: 2 P.
-- weight copies (hourglass only, :func:`hourglass_weight_copy`): each hourglass block's forward
+- weight copies (hourglass only, ``HourglassFeedForwardConfig.saved_weight_copy``): each hourglass block's forward
   concatenates [W_d1; W_d2] (2 K d_h w bf16 weights) and autograd keeps the copy until that block's
   backward; a checkpointed block keeps none (one at a time while it is recomputed).
 Per sequence of s tokens (a micro-batch of m sequences costs m times this):
@@ -54,99 +46,18 @@ added are the transient float8 copies of the running block's matmul weights, 1 b
 forward cast and 1 for the transposed one backward needs (2 P_block), and of the widest matmul input,
 1 byte per element per token (max_l max(w_l, H_l)); the hourglass's float8 path casts each sub-MLP's
 weights on their own, so it keeps no [W_d1; W_d2] copy.
-A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The preset
-takes the first mode of :func:`preset_modes` (least recompute first: off, every 4th block, every 2nd
-block, every block; an MoE model: off, its attention only) in which one sequence fits, then the
-largest divisor of the per-rank batch that fits in that mode. Compile is on for every GPU preset.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
-from typing import Optional
 
-from olmo_core.nn.transformer import TransformerBlockConfig, TransformerConfig
+from olmo_core.nn.transformer import TransformerConfig
 
 from ..config.spec import ActivationCheckpointing
 
-__all__ = [
-    "Card",
-    "CARDS",
-    "known_card",
-    "MODELS",
-    "Settings",
-    "MemoryEstimate",
-    "Layer",
-    "card_for_device",
-    "detect",
-    "estimate",
-    "with_float8",
-    "hourglass_weight_copy",
-    "preset_modes",
-    "choose",
-]
-
-GIB = 2**30
-USABLE = 0.85  # fraction of a card's memory the estimate may fill
-
-
-@dataclass(frozen=True)
-class Card:
-    name: str
-    memory_gib: float
-    device_name: str = ""  # torch.cuda.get_device_name of this card, exactly
-    bf16_flops: Optional[float] = None  # dense bf16 tensor-core FLOP/s (datasheet, no sparsity): MFU, GPU-hours
-
-
-# The one table of the GPUs this project plans for (vendor datasheets): memory for the presets, peak
-# for MFU (the trainer's and the benchmark's) and for the dry run's GPU-hours.
-CARDS = {
-    "rtx6000ada": Card("rtx6000ada", 48.0, "NVIDIA RTX 6000 Ada Generation", 364.2e12),  # the paper's GPU; 1457 FP8 sparse / 4
-    "h100": Card("h100", 80.0, "NVIDIA H100 80GB HBM3", 989.4e12),  # SXM5: 1979 TFLOP/s sparse / 2
-    "h200": Card("h200", 141.0, "NVIDIA H200", 989.5e12),  # SXM, the H100's die
-    "b200": Card("b200", 180.0, "NVIDIA B200", 2250e12),  # the paper's other GPU (HGX B200, per GPU)
-}
-# Every model known by its exact device name, each at its own datasheet memory and peak: the presets, the
-# lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at their own peak),
-# and other cards (a preset sized by their memory; MFU at their peak).
-MODELS = {
-    card.device_name: card
-    for card in (
-        *CARDS.values(),
-        Card("h100", 80.0, "NVIDIA H100 PCIe", 756.0e12),  # 1513 TFLOP/s sparse / 2
-        Card("h100", 94.0, "NVIDIA H100 NVL", 835.5e12),  # 1671 sparse / 2
-        Card("h200", 141.0, "NVIDIA H200 NVL", 835.5e12),  # 1671 sparse / 2
-        Card("a100", 80.0, "NVIDIA A100-SXM4-80GB", 312e12),
-        Card("a100", 40.0, "NVIDIA A100-SXM4-40GB", 312e12),
-        Card("a100", 80.0, "NVIDIA A100 80GB PCIe", 312e12),
-        Card("a100", 40.0, "NVIDIA A100-PCIE-40GB", 312e12),
-        Card("l40s", 48.0, "NVIDIA L40S", 362.05e12),  # 733 sparse / 2
-    )
-}
-
-
-def card_for_device(device_name: str, memory_gib: float) -> Card:
-    """The preset of a CUDA device (torch.cuda.get_device_name, total memory); another GPU gets a
-    preset sized by its own memory. Never more memory than the device reports (MIG slices)."""
-    if (card := known_card(device_name)) is not None:
-        return replace(card, memory_gib=min(card.memory_gib, memory_gib))
-    return Card(f"gpu ({device_name})", memory_gib, device_name)
-
-
-def known_card(device_name: str) -> Optional[Card]:
-    """The card of :data:`MODELS` that torch's device name names exactly, else None (a variant not
-    listed is never counted at a relative's peak)."""
-    return MODELS.get(device_name.strip())
-
-
-def detect() -> Optional[Card]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return card_for_device(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB)
-
+__all__ = ["Layer", "MemoryEstimate", "estimate", "with_float8", "FSDP_BYTES", "LOGIT_BYTES", "FUSED_HEAD_BYTES"]
 
 FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (module docstring)
 LOGIT_BYTES = 18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
@@ -154,16 +65,6 @@ FUSED_HEAD_BYTES = 6  # fused linear cross-entropy, per d_model a token: 2 the k
 
 
 OFF = ActivationCheckpointing("off")
-
-
-def hourglass_weight_copy(block: TransformerBlockConfig, w: int) -> int:
-    """Bytes of the [W_d1; W_d2] concatenation an hourglass block's autograd keeps until backward
-    (nn/hourglass.py's forward, bf16): 0 for other blocks. The one place this term lives: drop it
-    when the hourglass stores each sub-MLP as its own nn.Linear."""
-    ffn = block.feed_forward
-    if block.feed_forward_moe is not None or ffn is None or not hasattr(ffn, "K"):
-        return 0
-    return 2 * 2 * ffn.K * ffn.hidden_size * w
 
 
 @dataclass(frozen=True)
@@ -174,7 +75,7 @@ class Layer:
     feed_forward: float  # the FFN module (hourglass: its K norms too; MoE: the top-k experts)
     norms: float  # the block's own norms (outside those modules)
     width: int
-    weight_copy: float  # per micro-batch (hourglass_weight_copy)
+    weight_copy: float  # per micro-batch (an hourglass's saved [W_d1; W_d2])
 
     @property
     def saved(self) -> float:
@@ -274,7 +175,7 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
                 feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
                 norms=_norm(w) * (1 if mlp_norm else 2),
                 width=w,
-                weight_copy=hourglass_weight_copy(block, w),
+                weight_copy=ffn.saved_weight_copy(w) if moe is None and hasattr(ffn, "saved_weight_copy") else 0,
             )
         )
     units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]
@@ -291,13 +192,6 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     )
 
 
-def preset_modes(est: MemoryEstimate) -> list[ActivationCheckpointing]:
-    """The modes a preset tries, least recompute first (OLMo-core cannot checkpoint whole MoE blocks)."""
-    if est.moe:
-        return [OFF, ActivationCheckpointing("selected_modules", modules=["blocks.*.attention"])]
-    return [OFF, *(ActivationCheckpointing("selected_blocks", block_interval=n) for n in (4, 2)), ActivationCheckpointing("full")]
-
-
 def with_float8(est: MemoryEstimate, config: TransformerConfig) -> MemoryEstimate:
     """``est`` (:func:`estimate`) with float8's extra state (the module docstring's float8 term)."""
     blocks = config.resolved_block_configs
@@ -310,38 +204,4 @@ def with_float8(est: MemoryEstimate, config: TransformerConfig) -> MemoryEstimat
         float8_weights=2 * block_params,
         float8_inputs=widest,
         layers=tuple(replace(layer, weight_copy=0.0) for layer in est.layers),
-    )
-
-
-@dataclass(frozen=True)
-class Settings:
-    micro_batch_size: int
-    activation_checkpointing: ActivationCheckpointing
-    compile: bool
-
-
-def _fits(est: MemoryEstimate, card: Card, micro: int, ac: ActivationCheckpointing) -> bool:
-    return est.total(micro, ac) <= USABLE * card.memory_gib * GIB
-
-
-def choose(
-    est: MemoryEstimate,
-    card: Card,
-    per_rank_batch: int,
-    micro_batch_size: Optional[int] = None,
-    activation_checkpointing: Optional[ActivationCheckpointing] = None,
-) -> Settings:
-    """The preset for one card, around the values already given (an explicit micro-batch gets the
-    first mode it fits in; an explicit mode sizes the micro-batch with it)."""
-    modes = preset_modes(est) if activation_checkpointing is None else [activation_checkpointing]
-    if micro_batch_size is not None:
-        ac = next((m for m in modes if _fits(est, card, micro_batch_size, m)), modes[-1])
-        return Settings(micro_batch_size, ac, True)
-    for ac in modes:
-        fitting = [m for m in range(1, per_rank_batch + 1) if per_rank_batch % m == 0 and _fits(est, card, m, ac)]
-        if fitting:
-            return Settings(max(fitting), ac, True)
-    raise ValueError(
-        f"does not fit {card.name} at micro-batch 1 with activation checkpointing {modes[-1]}: estimate "
-        f"{est.total(1, modes[-1]) / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} usable; use more GPUs or a bigger card"
     )

@@ -1,0 +1,188 @@
+"""One training run's life on OLMo-core's Trainer: refuse what cannot run before anything is written,
+start the process group, take the run folder, build (experiment.py), resume, fit, and end cleanly.
+
+Works alone or under torchrun (CPU: gloo). An error on one rank ends the others (launch/peers.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from olmo_core.distributed.utils import barrier, broadcast_object, get_world_size
+from olmo_core.exceptions import OLMoConfigurationError
+from olmo_core.io import is_url
+from olmo_core.train import prepare_training_environment, teardown_training_environment
+from olmo_core.train.callbacks import Callback
+
+from ..config import ConfigError, ExperimentSpec
+from ..launch import peers
+from ..launch.layout import data_workers, resolve
+from ..launch.run_folder import Lock, check_config, record_config
+from ..launch.shared_fs import require_data, require_shared
+from ..nn.lm_loss import logits_in_eval
+from .checkpoints import latest_complete
+from .disk import check_room
+from .exit_codes import exit_line
+from .experiment import build_experiment, check_downstream, device_for
+from .precision import compile_on_cpu
+from .progress import announce, quiet_console, quiet_start
+from .resume import check_resume_from, load_explicit, prune_incomplete
+from .safety import select_resume_checkpoint
+from .sources import resolve_data
+from .stacked_layout import load_earlier_stacked_layout
+
+log = logging.getLogger(__name__)
+
+__all__ = ["train"]
+
+
+def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
+    """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
+
+    Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
+    Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
+    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its sequence
+    length or a local folder not every node sees, and :class:`NonFiniteError` when the run diverges
+    (its last good checkpoint kept). An error on one rank ends the others (peers.py).
+    ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
+    """
+    resolve(spec)  # a spec resolved at launch stays as it is (idempotent)
+    device = device_for(spec)
+    save_folder = Path(spec.save_folder)
+    lock = Lock(save_folder)
+    refused: Optional[ConfigError] = None
+    changes: list[str] = []
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    if rank0:  # before the process group: the demo corpus is built by rank 0 alone
+        try:
+            if resume_from is not None:
+                check_resume_from(resume_from)
+            check_downstream(spec)
+            changes = check_config(spec, deliberate=resume_from is not None)
+            check_room(spec)  # one checkpoint's room on the run folder's disk
+        except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
+            refused = e
+    peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
+    start_lines: list[logging.LogRecord] = []  # OLMo-core's env vars and process group: for train.log only
+    try:
+        with quiet_start(start_lines):
+            prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
+    except BaseException:
+        peers.stop_watching()  # no watch thread outlives a run that did not start
+        raise
+    _set_default_backend()
+    peers.watch()  # or the process group's
+    start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
+    if device == "cpu" and data_workers(spec, device) == 0:
+        # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
+        # dataset preparation's pools, which would each start a fresh interpreter (5-10 s of
+        # imports a pool on a CPU run): the platform's default (fork on Linux) starts them at once.
+        multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+    # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over the
+    # ~400k objects of the imported modules. Collected once and frozen, those are skipped for the run
+    # (unless the caller froze objects itself: then its freeze is left as it is).
+    froze = gc.get_freeze_count() == 0
+    try:
+        if not is_url(spec.save_folder):  # before the folder is written: every node must see it
+            require_shared({"run.save_folder": save_folder, "data.work_dir": Path(spec.data.work_dir)})
+        if rank0 and refused is None:
+            try:
+                lock.acquire()
+                record_config(spec, changes)
+                prune_incomplete(save_folder)
+                if resume_from is None:
+                    select_resume_checkpoint(save_folder)
+            except ConfigError as e:
+                refused = e
+        if (refused := broadcast_object(refused)) is not None:
+            raise refused
+        barrier()
+        if froze:
+            gc.collect()
+            gc.freeze()
+        with quiet_console(save_folder, start_lines):
+            return _fit(spec, resume_from, device, callbacks)
+    except Exception as e:  # before the process group goes: peers waiting in a collective hear why
+        peers.announce(*exit_line(e))
+        raise
+    finally:
+        peers.stop_watching()
+        if froze:
+            gc.unfreeze()
+        multiprocessing.set_start_method(start_method, force=True)
+        if rank0:
+            lock.release()
+        teardown_training_environment()
+
+
+def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
+    """Steps, tokens, and how many times the run reads its data (more than once: said)."""
+    t, seq = spec.train, spec.data.sequence_length
+    steps = trainer.max_steps
+    tokens = steps * t.global_batch_size * seq if steps is not None else None
+    line = f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})" if tokens else "until train.max_tokens"
+    data_tokens = len(dataset) * seq
+    if tokens and tokens > data_tokens:
+        line += f", {tokens / data_tokens:.1f} passes over the data's {_count(data_tokens)} tokens"
+    return line
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _set_default_backend() -> None:
+    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group does
+    when no backend plugin is registered: with one registered (torch's FAKE, which an import registers)
+    it leaves the default unset, and destroy_process_group's hook check then prints the C++ "No backend
+    of type 0 found" warning on every exit (distributed_c10d._new_process_group_helper)."""
+    pg = dist.GroupMember.WORLD if dist.is_initialized() else None
+    if type(pg) is dist.ProcessGroup and "nccl" not in str(dist.get_backend_config(pg)):
+        pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+
+
+def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
+    """Build everything through OLMo-core and run its Trainer."""
+    data = resolve_data(spec)
+    require_data([*data.train_paths, *data.val_paths])  # every rank reads the same token files
+    exp = build_experiment(spec, data, world_size=get_world_size())
+    exp.trainer.callbacks.update(callbacks or {})
+    model = exp.model.build(init_device="meta")
+    logits_in_eval(model)  # the fused loss trains; the evaluators get logits
+    if spec.train.compile and device == "cpu":
+        compile_on_cpu(model)
+    train_module = exp.train_module.build(model, device=torch.device(device))
+    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights resume
+    dataset = exp.dataset.build()
+    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
+    try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
+        trainer = exp.trainer.build(train_module, data_loader)
+    except OLMoConfigurationError as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
+        if name in trainer.callbacks:
+            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    if resume_from is not None:
+        loaded: Optional[str] = load_explicit(trainer, resume_from)
+    else:  # what fit() would load, loaded first to see whether the run is already finished
+        trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
+        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
+    announce(
+        f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
+        if loaded
+        else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}"
+    )
+    if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
+        log.warning(f"Already finished (step {trainer.global_step}): nothing to do")  # no evaluation, nothing written
+        return Path(spec.save_folder)
+    trainer.fit()
+    if trainer.is_canceled:
+        log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
+    return Path(spec.save_folder)
