@@ -32,10 +32,7 @@ def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optio
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
     from .launch.layout import resolve
-    from .launch.peers import forget, stop_watching
 
-    stop_watching()  # a new command: no earlier run's watch, failure or store (tests run many in one process)
-    forget()
     try:
         return resolve(spec, layout)
     except ConfigError as e:

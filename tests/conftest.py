@@ -204,6 +204,7 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: in
         if not isinstance(e.code, (int, type(None))):
             err.write(f"{e.code}\n")
     finally:
+        _forget_peers()  # the next command starts as a fresh process would
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_alarm)
         sys.argv = old_argv
@@ -233,6 +234,20 @@ def demo_corpus():
     with open(cache / ".build-lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return prepare_demo_corpus(cache)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_peers():
+    """Many commands run in one test process: after each test, no run's watch thread, store or
+    announced failure is left for the next (a real command is one process; launch/peers.py)."""
+    yield
+    _forget_peers()
+
+
+def _forget_peers() -> None:
+    if (peers := sys.modules.get("olmo_patches.launch.peers")) is not None:
+        peers.stop_watching()
+        peers._store = peers._announced = None
 
 
 @pytest.fixture(autouse=True)

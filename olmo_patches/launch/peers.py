@@ -33,7 +33,7 @@ from typing import Optional, Tuple
 
 import torch.distributed as dist
 
-__all__ = ["announce", "announce_for", "watch", "stop_watching", "forget", "POLL_S", "LOST_PEER_WAIT_S"]
+__all__ = ["announce", "announce_for", "watch", "stop_watching", "POLL_S", "LOST_PEER_WAIT_S"]
 
 POLL_S = 0.5  # how often the watch thread looks for a failure
 LOST_PEER_WAIT_S = 5.0  # how long a rank whose collective lost a peer waits for that peer's cause
@@ -103,7 +103,7 @@ def watch() -> None:
     """Start this rank's watch thread for a run (again once its process group is up: outside
     torchrun its store is the one); a new run forgets the last one's failure."""
     global _store, _stop
-    forget()
+    _forget()
     if _stop is not None or os.environ.get("WORLD_SIZE", "1") == "1" or (store := _connect()) is None:
         return
     _store, _stop = store, threading.Event()
@@ -113,8 +113,8 @@ def watch() -> None:
     _thread.start()
 
 
-def forget() -> None:
-    """A new command in this process (tests run many): no earlier run's failure or store."""
+def _forget() -> None:
+    """A new run in this process (the demo trains several): no earlier run's failure or store."""
     global _store, _announced
     if _stop is None:
         _store, _announced = None, None
