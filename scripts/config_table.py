@@ -3,10 +3,10 @@
 python scripts/config_table.py [ROOT]   # default configs/; skips configs/demo
 """
 
-import sys
+import argparse
 from pathlib import Path
 
-from olmo_patches.cli import folder_arg, load_or_exit
+from olmo_patches.cli import ArgumentParser, folder_arg, load_or_exit
 from olmo_patches.report.plan import plan
 from olmo_patches.report.counts import count
 
@@ -18,7 +18,9 @@ def baseline_of(path: Path, root: Path) -> Path:
 
 
 def main() -> None:
-    root = folder_arg("ROOT", sys.argv[1]) if len(sys.argv) > 1 else Path("configs")
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("root", nargs="?", default="configs", metavar="ROOT", help="the configs' folder (default: configs/)")
+    root = folder_arg("ROOT", parser.parse_args().root)
     paths = sorted(
         p
         for p in root.rglob("*.yaml")

@@ -67,6 +67,7 @@ CASES = [
     ("demo.py", ["{empty}"], "empty config file"),
     ("demo.py", [BASELINE, "--set", "train.lr=-1"], "train.lr"),
     ("config_table.py", ["{file}"], "ROOT"),
+    ("config_table.py", ["--sizes", "113M"], "unrecognized arguments: --sizes"),
     ("bench.py", ["--scale", "nope"], "--scale"),
     ("bench.py", ["--compile", "maybe"], "--compile"),
     ("bench.py", ["--repeats", "0"], "--repeats"),
