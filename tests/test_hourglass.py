@@ -13,7 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from olmo_patches.nn.hourglass_block import HourglassBlockConfig
 from olmo_patches.config import ModelSpec
 from olmo_patches.nn.hourglass import HourglassFeedForwardConfig, NormPlacement
-from olmo_patches.nn.accounting import analytic_non_embedding, breakdown
+from olmo_patches.nn.accounting import breakdown
+from olmo_patches.shapes.counts import analytic_non_embedding
 
 EPS = 1e-6
 NORM = LayerNormConfig(name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False)  # float64 stays float64

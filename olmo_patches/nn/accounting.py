@@ -1,11 +1,10 @@
 """Parameter and FLOP accounting.
 
-Two independent views of a shape:
-- :func:`breakdown` classifies the parameters of a built model (meta device is fine) by name:
-  exact by construction, it is what ``count_params`` prints;
-- :func:`analytic_non_embedding` is the papers' closed form (norms excluded, no biases):
-  attention 4 d_model^2 per layer for MHA at head_dim d_model / n_heads (2 d_model (a + a_kv) in general), SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h.
-  Shape solvers use it; tests hold it against :func:`breakdown`.
+:func:`breakdown` classifies the parameters of a built model (meta device is fine) by name: exact by
+construction, it is what ``count_params`` prints. The papers' closed form (norms excluded, no biases)
+is the other, independent view: ``olmo_patches.shapes.counts`` (attention 2 d_model (a + a_kv),
+SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h); the shape solvers use it and tests hold it
+against :func:`breakdown`.
 
 "Non-embedding" follows the papers: attention + FFN weight matrices, without the embeddings, the
 LM head and the norms (OLMo-core's own ``num_non_embedding_params`` keeps the head and norms).
@@ -20,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch.nn as nn
 from olmo_core.nn.moe import MoEBase
 
-__all__ = ["ParamBreakdown", "breakdown", "kv_cache_per_token", "analytic_non_embedding"]
+__all__ = ["ParamBreakdown", "breakdown", "kv_cache_per_token"]
 
 
 @dataclass(frozen=True)
@@ -95,28 +94,3 @@ def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
 def kv_cache_per_token(model: nn.Module) -> int:
     """sum over layers of 2 n_kv_heads head_dim (K and V; each layer's own head_dim, GQA's shared heads once)."""
     return sum(2 * b.attention.n_kv_heads * b.attention.head_dim for b in model.blocks.values())  # type: ignore[union-attr, operator]
-
-
-def analytic_non_embedding(
-    d_model: int,
-    n_layers: int,
-    *,
-    d_ff: int | None = None,
-    K: int = 1,
-    d_h: int | None = None,
-    attention_width: int | None = None,
-    kv_width: int | None = None,
-) -> dict:
-    """The papers' closed form: {'attention', 'ffn', 'non_embedding'} for a constant-width model.
-
-    Give ``d_ff`` for a SwiGLU FFN of that hidden size, or ``K`` and ``d_h`` for an hourglass FFN.
-    Attention: Q and O are d_model x ``attention_width`` (n_heads head_dim), K and V d_model x ``kv_width``
-    (n_kv_heads head_dim); both default to d_model (MHA, head_dim = d_model / n_heads): 4 d_model^2.
-    """
-    a = attention_width if attention_width is not None else d_model
-    attention = 2 * d_model * (a + (kv_width if kv_width is not None else a)) * n_layers
-    if d_h is not None:
-        ffn = 3 * K * d_model * d_h * n_layers
-    else:
-        ffn = 3 * d_model * (d_ff if d_ff is not None else 4 * d_model) * n_layers
-    return {"attention": attention, "ffn": ffn, "non_embedding": attention + ffn}

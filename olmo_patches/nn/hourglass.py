@@ -36,6 +36,8 @@ from olmo_core.nn.transformer.init import init_linear
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from ..shapes.counts import hourglass_ffn_params
+
 __all__ = [
     "NormPlacement",
     "stacked_placement",
@@ -203,7 +205,7 @@ class HourglassFeedForward(nn.Module):
         del seq_len
         # 6 FLOPs per matmul weight (2 forward + 4 backward); norms and adds are not counted,
         # as OLMo-core does not count them for its own blocks.
-        return 6 * 3 * self.K * self.d_model * self.d_h
+        return 6 * hourglass_ffn_params(self.d_model, self.K, self.d_h)
 
 
 @dataclass
@@ -227,7 +229,7 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
     def num_params(self, d_model: int) -> int:
         self.validate_shape()
         assert self.layer_norm is not None
-        return self.K * (3 * d_model * self.hidden_size + self.layer_norm.num_params(d_model))
+        return hourglass_ffn_params(d_model, self.K, self.hidden_size) + self.K * self.layer_norm.num_params(d_model)
 
     def saved_weight_copy(self, d_model: int) -> int:
         """Bytes of the bf16 [W_d1; W_d2] copy forward() concatenates and autograd keeps until backward

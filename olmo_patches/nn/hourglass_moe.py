@@ -56,6 +56,7 @@ from olmo_core.ops import attach_auxiliary_loss
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from ..shapes.counts import hourglass_ffn_params
 from .hourglass import shard_stacked
 from .moe import LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
 
@@ -74,12 +75,13 @@ def hourglass_moe_counts(d_model: int, *, num_experts: int, top_k: int, K: int, 
 
     Returns {'total', 'active', 'flops_per_token'}; training FLOPs at 6 per weight, norms not counted.
     """
-    expert = K * (3 * d_model * d_h + d_model)
+    weights = hourglass_ffn_params(d_model, K, d_h)  # one expert's matrices, 3 K d_model d_h
+    expert = weights + K * d_model  # and its K norm gains
     router = d_model * num_experts
     return {
         "total": router + num_experts * expert,
         "active": router + top_k * expert,
-        "flops_per_token": 6 * (router + top_k * K * 3 * d_model * d_h),
+        "flops_per_token": 6 * (router + top_k * weights),
     }
 
 

@@ -227,9 +227,8 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         return params
 
     def num_active_params(self, d_model: int) -> int:
-        moe = self.feed_forward_moe
-        inactive = 0 if moe is None else moe.num_params(self.width) - moe.num_active_params(self.width)
-        return self.num_params(d_model) - inactive
+        del d_model
+        return super().num_active_params(self.width)  # OLMo-core's: the total less the MoE's inactive experts, at w_l
 
 
 class OutputNorm(RMSNorm):

@@ -41,6 +41,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from .counts import attention_params, hourglass_ffn_params
+
 __all__ = [
     "TOLERANCE",
     "ALIGNED_TOLERANCE",
@@ -91,11 +93,11 @@ class Shape:
 
     @property
     def attention(self) -> int:
-        return 2 * self.d_model * (self.attention_width + self.kv_width) * self.n_layers
+        return attention_params(self.d_model, self.attention_width, self.kv_width) * self.n_layers
 
     @property
     def ffn(self) -> int:
-        return 3 * self.K * self.d_model * self.d_h * self.n_layers
+        return hourglass_ffn_params(self.d_model, self.K, self.d_h) * self.n_layers
 
     @property
     def non_embedding(self) -> int:
@@ -202,13 +204,29 @@ def solve_split(
         n_heads = choose_heads(d_model)
         if n_heads is None or (d_model // n_heads) % 8:
             continue
-        d_h = round((budget - 4 * d_model * d_model * L) / (3 * K * d_model * L))
+        d_h = round(_exact_d_h(budget, K, d_model, L))
         if d_h < 1:
             continue
         shape = Shape(K, d_model, L, d_h, n_heads, rounding="d_model % 8, d_h % 1 (split)")
         if abs(shape.mismatch(budget)) <= tolerance:
             return shape
     return None
+
+
+def _exact_d_h(budget: int, K: int, d_model: int, L: int, attention: Optional[int] = None) -> float:
+    """The d_h that meets the budget exactly: (N - attention) / (3 K d_model L), attention (default MHA's
+    4 d_model^2 L) and FFN from :mod:`.counts`."""
+    if attention is None:
+        attention = attention_params(d_model) * L
+    return (budget - attention) / (hourglass_ffn_params(d_model, K, 1) * L)
+
+
+def _per_layer(K: int, r: float, attn_fraction: Optional[float] = None, kv_group: int = 1) -> float:
+    """N / (d_model^2 L) in the continuous limit, d_h = r d_model and attention width f d_model (f =
+    ``attn_fraction``, 1 for MHA): 2 f (1 + 1/g) + 3 K r. Floats for the solvers' starting point d*; the
+    exact integer counts are :mod:`.counts`'."""
+    f = 1.0 if attn_fraction is None else attn_fraction
+    return 2 * f * (1 + 1 / kv_group) + 3 * K * r
 
 
 def attention_heads(d_model: int, attn_fraction: Optional[float] = None, head_dim: int = 64, kv_group: int = 1) -> Optional[dict]:
@@ -235,16 +253,14 @@ def _solve_rungs(
     kv_group: int = 1,
     ladder: tuple = LADDER,
 ) -> Optional[Shape]:
-    f = 1.0 if attn_fraction is None else attn_fraction
-    d_star = math.sqrt(budget / (L * (2 * f * (1 + 1 / kv_group) + 3 * K * r)))
+    d_star = math.sqrt(budget / (L * _per_layer(K, r, attn_fraction, kv_group)))
     lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
     for a_d, a_h in ladder:
         best: Optional[Shape] = None
         for d_model in range(lo + (-lo) % a_d, hi + 1, a_d):
             if (attention := attention_heads(d_model, attn_fraction, head_dim, kv_group)) is None:
                 continue
-            attn_only = Shape(K, d_model, L, 0, **attention)
-            exact = (budget - attn_only.attention) / (3 * K * d_model * L)
+            exact = _exact_d_h(budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention)
             d_h = int(round(exact / a_h)) * a_h
             if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
                 continue
@@ -261,14 +277,14 @@ def _solve_rungs(
 def _solve_heads8(budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float) -> Optional[Shape]:
     """MHA, d_model % 8 with a head dim that is a multiple of 8, d_h any integer: of the shapes within
     ``tolerance``, the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets its ratios)."""
-    d_star = math.sqrt(budget / (L * (4 + 3 * K * r)))
+    d_star = math.sqrt(budget / (L * _per_layer(K, r)))
     lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
     best: Optional[Shape] = None
     for d_model in range(lo + (-lo) % 8, hi + 1, 8):
         n_heads = choose_heads(d_model)
         if n_heads is None or (d_model // n_heads) % 8:
             continue
-        d_h = round((budget - 4 * d_model * d_model * L) / (3 * K * d_model * L))
+        d_h = round(_exact_d_h(budget, K, d_model, L))
         if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
             continue
         shape = Shape(K, d_model, L, d_h, n_heads, rounding="d_model % 8, d_h % 1")
@@ -312,7 +328,7 @@ def enumerate_shapes(
     for K in Ks:
         for r in d_h_ratios:
             for f in attn_fractions:
-                per_layer = 2 * (1.0 if f is None else f) * (1 + 1 / kv_group) + 3 * K * r  # N = per_layer d^2 L, d = rho L
+                per_layer = _per_layer(K, r, f, kv_group)  # N = per_layer d^2 L, d = rho L
                 L_min = max(1, math.floor((budget / (per_layer * width_depth[1] ** 2)) ** (1 / 3)))
                 L_max = math.ceil((budget / (per_layer * width_depth[0] ** 2)) ** (1 / 3))
                 for L in range(L_min, L_max + 1):

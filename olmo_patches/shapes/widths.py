@@ -91,28 +91,32 @@ class MoEShape:
     ratio: float  # one expert's hidden size / w_l (expert_hidden / h)
 
 
-def _layer_terms(moe: Optional[MoEShape], active: bool = True) -> tuple:
-    """The authors' per-layer counts (``solve_hparams.py:284-291, 197-246``), in units of w^2 and w:
-    (params w^2, params w, output waste params, FLOPs s w^2, FLOPs s w, output waste FLOPs). Dense:
-    4 attention + 3 x 4 SwiGLU. MoE: 4 + 3 E r (every expert), the E w router, k active experts in the
-    FLOPs (every expert if not ``active``)."""
+def _layer_terms(moe: Optional[MoEShape], experts: Optional[int] = None) -> tuple:
+    """The authors' per-layer weights (``solve_hparams.py:284-291, 197-246``), in units of w^2 and w:
+    (c2, c1, out): c2 w^2 + c1 w per layer, out w_L (w_L - h) output waste. Dense: 4 attention + 3 x 4
+    SwiGLU, 16, 0, 4. MoE with ``experts`` of its experts counted (default E, every expert; k: those a
+    token uses): 4 + 3 n r, the E w router, n r."""
     if moe is None:
-        return 16, 0, 4, 32, 0, 8
-    E, r = moe.num_experts, moe.ratio
-    k = moe.top_k if active else E
-    return 4 + 3 * E * r, E, E * r, 8 + 6 * k * r, 2 * E, 2 * k * r
+        return 16, 0, 4
+    n = moe.num_experts if experts is None else experts
+    return 4 + 3 * n * moe.ratio, moe.num_experts, n * moe.ratio
 
 
-def paper_params(widths: List[float], h: int, moe: Optional[MoEShape] = None) -> float:
-    """Non-embedding parameters as the solver counts them: sum (c2 w_l^2 + c1 w_l) - waste (paper 2, docs/papers.md):
-    dense c2 = 16, c1 = 0; MoE c2 = 4 + 3 E r, c1 = E (the router)."""
-    c2, c1, out, *_ = _layer_terms(moe)
+def _weights(widths: List[float], h: int, moe: Optional[MoEShape], experts: Optional[int] = None) -> float:
+    """sum (c2 w_l^2 + c1 w_l) - waste: 3 (w_1 - h) w_1 if w_1 > h, out w_L (w_L - h) if w_L > h."""
+    c2, c1, out = _layer_terms(moe, experts)
     waste = 0.0
     if widths[0] > h:
         waste += 3 * (widths[0] - h) * widths[0]
     if widths[-1] > h:
         waste += out * widths[-1] * (widths[-1] - h)
     return sum(c2 * w * w + c1 * w for w in widths) - waste
+
+
+def paper_params(widths: List[float], h: int, moe: Optional[MoEShape] = None) -> float:
+    """Non-embedding parameters as the solver counts them: sum (c2 w_l^2 + c1 w_l) - waste (paper 2, docs/papers.md):
+    dense c2 = 16, c1 = 0; MoE c2 = 4 + 3 E r, c1 = E (the router)."""
+    return _weights(widths, h, moe)
 
 
 def paper_active_params(widths: List[float], h: int, moe: MoEShape) -> float:
@@ -124,7 +128,7 @@ def paper_active_params(widths: List[float], h: int, moe: MoEShape) -> float:
 
 def _solve_b(kind: str, steps: List[float], h: int, L: int, moe: Optional[MoEShape] = None) -> float:
     """b such that paper_params(widths(b)) = L (c2 h^2 + c1 h): a quadratic per case of the piecewise waste."""
-    c2, c1, out, *_ = _layer_terms(moe)
+    c2, c1, out = _layer_terms(moe)
     m = _continuous(kind, 1.0, steps)  # widths are linear in b
     S1, S2, cL = sum(m), sum(x * x for x in m), m[-1]
     for in_waste in (False, True):
@@ -205,20 +209,16 @@ def paper_flops(
 ) -> float:
     """Forward FLOPs per sequence as the paper (authors' ``compute_metrics``) counts them.
 
-    2 FLOPs per multiply-add; per layer 32 s w^2 (dense: 4 w^2 attention + 12 w^2 SwiGLU weights) or
+    2 FLOPs per multiply-add of the weights a token uses, the counting of :func:`paper_params` with the k
+    active experts: per layer 32 s w^2 (dense: 4 w^2 attention + 12 w^2 SwiGLU weights) or
     (8 + 6 k r) s w^2 + 2 E s w (MoE: k active experts of hidden r w, the router), 4 s^2 w for the
     scores and the weighted sum with full (non-causal) s x s attention, 2 s h V for the head; minus the
     input and output waste (6 s w_1 (w_1 - h), 8 s w_L (w_L - h) dense or 2 k r s w_L (w_L - h) MoE).
     ``active=False``: every expert computed (k = E), the FLOPs of the total parameters.
     """
-    _, _, _, F2, F1, out = _layer_terms(moe, active)
     s = seq_len
-    flops = 2 * s * h * vocab_size + sum(F2 * s * w * w + F1 * s * w + 4 * s * s * w for w in widths)
-    if widths[0] > h:
-        flops -= 6 * s * widths[0] * (widths[0] - h)
-    if widths[-1] > h:
-        flops -= out * s * widths[-1] * (widths[-1] - h)
-    return float(flops)
+    weights = _weights(widths, h, moe, moe.top_k if moe is not None and active else None)
+    return float(2 * s * (h * vocab_size + weights) + 4 * s * s * sum(widths))
 
 
 def expert_hidden_size(width: int, expert_hidden: int, d_model: int) -> int:
