@@ -128,6 +128,7 @@ def plan(spec: ExperimentSpec) -> RunPlan:
     else:
         steps, tokens = int(t.max_steps or 0), int(t.max_steps or 0) * per_step
     warmup = t.warmup_steps if t.warmup_steps is not None else math.ceil((t.warmup_tokens or 0) / per_step)
+    b = count(spec)  # builds the model (meta): once
     return RunPlan(
         tokens=tokens,
         steps=steps,
@@ -135,10 +136,10 @@ def plan(spec: ExperimentSpec) -> RunPlan:
         global_batch_sequences=t.global_batch_size,
         micro_batch_sequences=t.micro_batch_size,
         tokens_per_step=per_step,
-        flops_per_token=count(spec).flops_per_token,
-        params=count(spec).total,
+        flops_per_token=b.flops_per_token,
+        params=b.total,
         first_files=first_data_files(spec),
-        kv_cache_per_token=count(spec).kv_cache_per_token,
+        kv_cache_per_token=b.kv_cache_per_token,
     )
 
 
