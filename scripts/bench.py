@@ -4,7 +4,7 @@
 
 Variants of a scale run interleaved (a rotated order per repeat) and every ratio is to the baseline
 measured in the same run. Defaults: on a CPU the demo scale, fp32; on a GPU the 113M and 1B shapes
-at their configs' sequence length (4096) in bf16. See docs/performance.md and olmo_patches/report/bench.py.
+at their configs' sequence length (4096) in bf16. See docs/performance.md and olmo_patches/train/bench.py.
 """
 
 import argparse
@@ -14,7 +14,7 @@ import sys
 import torch
 
 from olmo_patches.cli import ArgumentParser, at_least, refuse
-from olmo_patches.report.bench import SCALES, as_json, format_results, run_bench
+from olmo_patches.train.bench import SCALES, as_json, format_results, run_bench
 
 
 def _list(s: str) -> list:

@@ -6,9 +6,10 @@ With no CONFIG it trains every config in configs/demo/ (baseline first). Nothing
 """
 
 import argparse
+import shutil
 from pathlib import Path
 
-from olmo_patches.cli import ArgumentParser, load_or_exit, out_arg
+from olmo_patches.cli import ArgumentParser, console, load_or_exit, out_arg
 
 DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 
@@ -22,12 +23,18 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from olmo_patches.report.demo import run_demo
-
     out_arg("--out", args.out)
     paths = args.configs or sorted(DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem))
     specs = [load_or_exit(str(p), args.overrides) for p in paths]  # every config checked before any training
-    run_demo(specs, Path(args.out))
+
+    from olmo_patches.report.demo import compare
+    from olmo_patches.train import train
+
+    for i, spec in enumerate(specs, 1):
+        shutil.rmtree(spec.save_folder, ignore_errors=True)  # a demo is a fresh comparison, never a resume
+        console().rule(f"[bold]{i}/{len(specs)}: {spec.run.name}")
+        train(spec)
+    compare(specs, Path(args.out))
 
 
 if __name__ == "__main__":

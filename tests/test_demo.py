@@ -1,11 +1,13 @@
-"""The embedded default job end to end, on tiny variants: table, summary.json and the loss curves."""
+"""The embedded default job end to end, on tiny variants: training (scripts/demo.py's loop), then the
+comparison's table, summary.json and loss curves."""
 
 import json
 
 import pytest
 
 from olmo_patches.launch.layout import load_and_resolve
-from olmo_patches.report.demo import run_demo
+from olmo_patches.report.demo import compare
+from olmo_patches.train import train
 
 from .conftest import REPO, tiny_overrides
 
@@ -17,7 +19,9 @@ def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
         )
         for name, block in (("baseline", "baseline"), ("hourglass", "hourglass"))
     ]
-    results = run_demo(specs, tmp_path / "out")
+    for spec in specs:
+        train(spec)
+    results = compare(specs, tmp_path / "out")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary) == ["demo-baseline", "demo-hourglass"]
     for r in results:

@@ -1,15 +1,13 @@
-"""The embedded default job: train the demo variants on the stdlib corpus and compare them.
+"""The embedded default job's comparison of the demo variants, once scripts/demo.py has trained them.
 
-Each variant trains from scratch through :func:`olmo_patches.train.train` (OLMo-core's Trainer);
-the comparison reads each run's metrics file. Output: a table on the console,
-``summary.json`` (one entry per variant) and ``loss_curves.png`` in the output folder.
+It reads each run's metrics file. Output: a table on the console, ``summary.json`` (one entry per
+variant) and ``loss_curves.png`` in the output folder.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ from ..config import ExperimentSpec  # noqa: E402
 from ..launch.run_folder import read_metrics  # noqa: E402
 from .counts import count  # noqa: E402
 
-__all__ = ["VariantResult", "run_demo", "summarize"]
+__all__ = ["VariantResult", "compare", "summarize"]
 
 VAL_LOSS, VAL_PPL = "eval/lm/val/CE loss", "eval/lm/val/PPL"
 TRAIN_LOSS, TPS = "train/CE loss", "throughput/device/TPS"
@@ -119,19 +117,11 @@ def _plot(runs: list[tuple[str, Path]], path: Path) -> None:
     plt.close(fig)
 
 
-def run_demo(specs: list[ExperimentSpec], out_dir: Path, console: Console | None = None) -> list[VariantResult]:
-    """Train each spec from scratch (its save folder is cleared first), then compare."""
-    from ..train import train
-
+def compare(specs: list[ExperimentSpec], out_dir: Path, console: Console | None = None) -> list[VariantResult]:
+    """Compare the finished runs of ``specs``: a table on the console, summary.json and loss_curves.png in ``out_dir``."""
     console = console or rich_console()
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs: list[tuple[str, Path]] = []
-    for i, spec in enumerate(specs, 1):
-        run_dir = Path(spec.save_folder)
-        shutil.rmtree(run_dir, ignore_errors=True)  # a demo is a fresh comparison, never a resume
-        console.rule(f"[bold]{i}/{len(specs)}: {spec.run.name}")
-        train(spec)
-        runs.append((spec.run.name, run_dir))
+    runs = [(spec.run.name, Path(spec.save_folder)) for spec in specs]
     olmo_core_log = logging.getLogger("olmo_core")
     level = olmo_core_log.level
     olmo_core_log.setLevel(logging.WARNING)  # count() builds each model: no printout on the terminal
