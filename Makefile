@@ -1,7 +1,7 @@
 # The commands. Each creates .venv and installs what it needs on first use.
 #   make demo   train the demo variants on the embedded corpus and print the comparison
 #   make test   run the test suite
-#   make wheelhouse [WHEEL_PYTHON=3.12]   the lock's wheels but torch's, for an offline GPU node (docs/testing.md)
+#   make wheelhouse [WHEEL_PYTHON=3.12]   the lock's wheels but torch's, for an offline GPU node (docs/gpu_checks.md)
 #   make lock   refresh requirements/lock.txt (the exact versions make installs) from pyproject.toml's ranges
 #   make install-check   the wheel beside a current Hugging Face stack: nothing moves down; commands from another folder (minutes)
 PYTHON ?= python3
@@ -42,7 +42,7 @@ format: install
 install-check:
 	bash .ci/install_check
 
-# The offline install of scripts/gpu_check.py --wheelhouse (docs/testing.md): every wheel that
+# The offline install of scripts/gpu_check.py --wheelhouse (docs/gpu_checks.md): every wheel that
 # 'hourglass-olmo[float8,hf]', pytest and a flash-attn wheel (einops) need, at the lock's versions, for
 # CPython WHEEL_PYTHON on glibc x86_64, and the project's own wheel. pip resolves the set for this Python
 # (the lock's; --dry-run --report: metadata only, torch the local CPU build); torch's stack is left out (the

@@ -2,7 +2,7 @@
 up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it comes
 (tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every shipped head
 dim, compile per block family, resume exactness, trainer tokens/s, MFU and peak reserved memory against
-the estimate for 113M and 1B, float8 / bf16 tokens/s (docs/testing.md: the command and what each judges).
+the estimate for 113M and 1B, float8 / bf16 tokens/s (docs/gpu_checks.md: the command and what each judges).
 
     python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/   # a node with a CUDA torch and nothing else
     python scripts/gpu_check.py --out gpu_check/                             # the project installed already

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 REHEARSE = pytest.StashKey[bool]()
 NO_FLASH = pytest.StashKey[bool]()
 
-# The sections in the order they run: test file, title, budget in seconds on one H200 (docs/testing.md
+# The sections in the order they run: test file, title, budget in seconds on one H200 (docs/gpu_checks.md
 # gives each one's work). With the offline install's INSTALL_BUDGET_S they add up to 470 s, under 8 minutes.
 SECTIONS = {
     "test_bf16.py": ("bf16 vs fp32", 20),
