@@ -536,6 +536,16 @@ class ExperimentSpec:
     def save_folder(self) -> str:
         return self.run.save_folder or f"runs/{self.run.name}"
 
+    @property
+    def steps(self) -> Optional[int]:
+        """Optimizer steps: train.max_steps, or train.max_tokens in whole steps (OLMo-core stops at the ceiling)."""
+        t = self.train
+        if t.max_steps is not None:
+            return t.max_steps
+        if t.max_tokens is not None and t.global_batch_size >= 1:
+            return -(-t.max_tokens // (t.global_batch_size * self.data.sequence_length))
+        return None
+
     def model_config(self) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` of this run's model, at its vocabulary."""
         return self.model.build(vocab_size(self))

@@ -23,7 +23,6 @@ import getpass
 import glob
 import json
 from functools import partial
-import math
 import os
 import re
 import shlex
@@ -93,10 +92,7 @@ class Member:
 
     @property
     def total_steps(self) -> int:
-        t = self.spec.train
-        if t.max_steps is not None:
-            return t.max_steps
-        return math.ceil(t.max_tokens / (t.global_batch_size * self.spec.data.sequence_length))  # type: ignore[operator]
+        return self.spec.steps  # type: ignore[return-value]
 
     @property
     def tokens_per_step(self) -> int:
