@@ -41,38 +41,14 @@ from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
 
-__all__ = [
-    "STATES",
-    "Member",
-    "RunStatus",
-    "SlurmInfo",
-    "expand_configs",
-    "load_sweep",
-    "run_status",
-    "sweep_status",
-    "launch_local",
-    "launch_slurm",
-]
-
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
 CLAIM, CLAIM_LOCK, LOG, LAST = "sweep-claim.json", ".sweep-claim.lock", "sweep.log", "sweep-last.json"
-STATES = ("not started", "running", "stopped", "failed", "done")
 # sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
-SLURM_LIVE = {
-    "PENDING",
-    "RUNNING",
-    "CONFIGURING",
-    "COMPLETING",
-    "REQUEUED",
-    "RESIZING",
-    "SUSPENDED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-}
+SLURM_LIVE = set("PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split())
 
 
 @dataclass
@@ -289,15 +265,13 @@ def _slurm_error(job: str, log_dir: Path) -> str:
     return last_error_line(logs[-1]) if logs else f"no log {log_dir}/*-{job}.out"
 
 
-def _slurm_for(folder: Path) -> SlurmInfo:
-    """SLURM's view of the job that claimed a run, if one did."""
-    claim = read_claim(folder) or {}
-    return SlurmInfo.query([claim["slurm_job"]] if claim.get("slurm_job") else [])
+def _slurm_for(members: Sequence[Member]) -> SlurmInfo:
+    """SLURM's view of the jobs that claimed these runs."""
+    return SlurmInfo.query([c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")])
 
 
 def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) -> List[RunStatus]:
-    jobs = [c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")]
-    slurm = SlurmInfo.query(jobs)
+    slurm = _slurm_for(members)
     return [run_status(m, slurm, slurm_log_dir) for m in members]
 
 
@@ -323,7 +297,7 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
         for m in members:
             if stop:
                 break
-            slurm = _slurm_for(m.folder)
+            slurm = _slurm_for([m])
             s = run_status(m, slurm)
             if s.state in ("done", "running"):
                 say(f"{m.name}: {s.state}, skipped")
@@ -354,7 +328,7 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
                 write_record(m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)})
             finally:
                 release_claim(m.folder)
-            state = run_status(m, _slurm_for(m.folder)).state
+            state = run_status(m, _slurm_for([m])).state
             failed += state == "failed"
             say(f"{m.name}: {state} after {time.time() - start:.0f} s" + (f": {error}" if error else ""))
     finally:
@@ -376,11 +350,9 @@ def launch_slurm(
     """Submit the unfinished, unclaimed runs as one job array, element i running
     scripts/launch_slurm.sbatch on the i-th line of a manifest (``CONFIG key=value ...``). Returns
     the array's job id (None when nothing was left to run)."""
-    statuses = sweep_status(members, log_dir)
-    jobs = [s.slurm_job for s in statuses if s.slurm_job]
-    slurm = SlurmInfo.query(jobs)
+    slurm = _slurm_for(members)
     todo = []
-    for s in statuses:
+    for s in (run_status(m, slurm, log_dir) for m in members):
         if s.state in ("done", "running"):
             say(f"{s.member.name}: {s.state}, skipped")
         elif take_claim(s.member.folder, slurm):

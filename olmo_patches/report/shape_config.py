@@ -8,8 +8,6 @@ from pathlib import Path
 
 from ..shapes.search import TOLERANCE, Shape
 
-__all__ = ["config_name", "write_config"]
-
 
 def config_name(s: Shape) -> str:
     attention = f"-a{s.attention_width}" if s.fixed_head_dim else ""
