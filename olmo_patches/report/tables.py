@@ -282,19 +282,11 @@ def _shape_from_name(name: str) -> Dict[str, Any]:
 
 def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
     """Every hourglass run given, whatever its name: the points the figures plot."""
-    rows = []
-    for name, run in sorted(runs.items()):
-        if run.model.get("block") == "hourglass":
-            rows.append(
-                {
-                    "run": name,
-                    **_shape(run),
-                    "steps": run.last_step,
-                    "val loss": _fmt(run.val_loss(), 4),
-                    "val PPL": _fmt(run.val_ppl()),
-                }
-            )
-    return rows
+    return [
+        {"run": name, **_shape(run), "steps": run.last_step, "val loss": _fmt(run.val_loss(), 4), "val PPL": _fmt(run.val_ppl())}
+        for name, run in sorted(runs.items())
+        if run.model.get("block") == "hourglass"
+    ]
 
 
 def _data(run: Optional[Run]) -> str:
@@ -333,27 +325,10 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         }
 
     for r in vw["sizes"]:
+        base = (r["baseline_run"], r["baseline"])
+        rows.append(row(r["size"], "baseline", *base, *base, **{"paper FLOPs": "", "paper mean width": ""}))
         rows.append(
-            row(
-                r["size"],
-                "baseline",
-                r["baseline_run"],
-                r["baseline"],
-                r["baseline_run"],
-                r["baseline"],
-                **{"paper FLOPs": "", "paper mean width": ""},
-            )
-        )
-        rows.append(
-            row(
-                r["size"],
-                "x",
-                r["x_run"],
-                r["x"],
-                r["baseline_run"],
-                r["baseline"],
-                **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]},
-            )
+            row(r["size"], "x", r["x_run"], r["x"], *base, **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]})
         )
     base_500 = next(r for r in vw["ablations_500M"] if r["variant"] == "constant width")
     for r in vw["ablations_500M"]:
@@ -423,15 +398,9 @@ def write_tables(tables: Dict[str, List[dict]], out: Path) -> List[Path]:
     """NAME.md and NAME.csv per table, and tables.md with all of them (with the notes)."""
     out.mkdir(parents=True, exist_ok=True)
     paper = paper_results()
-    notes = {
-        "ablation_K": paper["hourglass"]["ablations"]["K"]["note"],
-        "ablation_d_h_ratio": paper["hourglass"]["ablations"]["d_h_ratio"]["note"],
-        "ablation_width_depth": paper["hourglass"]["ablations"]["width_depth"]["note"],
-    }
-    written, sections = (
-        [],
-        [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"],
-    )
+    notes = {f"ablation_{kind}": spec["note"] for kind, spec in paper["hourglass"]["ablations"].items()}
+    written: List[Path] = []
+    sections = [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"]
     for name, rows in tables.items():
         (out / f"{name}.md").write_text(to_markdown(rows))
         (out / f"{name}.csv").write_text(to_csv(rows))
