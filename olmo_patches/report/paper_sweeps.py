@@ -28,7 +28,6 @@ import os
 from pathlib import Path
 from typing import List
 
-__all__ = ["SWEEPS", "BASELINE_113M", "WIDTH_GRID", "write_width_grid"]
 
 BASELINE_113M = "configs/113M/baseline.yaml"
 _K = [str(k) for k in range(1, 9)]
@@ -37,60 +36,9 @@ _K = [str(k) for k in range(1, 9)]
 SWEEPS: dict[str, list[str]] = {
     "configs/113M/ablations/k-sweep-unmatched": ["--K", *_K, "--d-model", "1368", "--layers", "6", "--d-h", "694"],
     "configs/113M/ablations/k-sweep": ["--K", *_K, "--layers", "12", "--layer-slack", "2", "--d-h-ratio", "0.5"],
-    "configs/113M/ablations/width-depth-K2": [
-        "--K",
-        "2",
-        "--layers",
-        "6",
-        "7",
-        "8",
-        "9",
-        "10",
-        "11",
-        "12",
-        "14",
-        "16",
-        "--d-h-ratio",
-        "0.5",
-        "--heads8",
-    ],
-    "configs/113M/ablations/width-depth-K4": [
-        "--K",
-        "4",
-        "--layers",
-        "5",
-        "6",
-        "7",
-        "8",
-        "9",
-        "10",
-        "11",
-        "12",
-        "13",
-        "14",
-        "16",
-        "--d-h-ratio",
-        "0.5",
-        "--heads8",
-    ],
-    "configs/113M/ablations/d_h-ratio": [
-        "--K",
-        "4",
-        "--layers",
-        "12",
-        "--d-h-ratio",
-        "0.1",
-        "0.2",
-        "0.3",
-        "0.4",
-        "0.45",
-        "0.5",
-        "0.55",
-        "0.6",
-        "0.7",
-        "0.8",
-        "--heads8",
-    ],
+    "configs/113M/ablations/width-depth-K2": "--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --heads8".split(),
+    "configs/113M/ablations/width-depth-K4": "--K 4 --layers 5 6 7 8 9 10 11 12 13 14 16 --d-h-ratio 0.5 --heads8".split(),
+    "configs/113M/ablations/d_h-ratio": "--K 4 --layers 12 --d-h-ratio 0.1 0.2 0.3 0.4 0.45 0.5 0.55 0.6 0.7 0.8 --heads8".split(),
 }
 
 # Paper 2's r_l / r_d grid: folder -> (the sizes' x configs, r_l values, r_d values)
