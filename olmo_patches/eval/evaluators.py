@@ -41,8 +41,6 @@ __all__ = [
     "validation_files",
     "lm_evaluator",
     "downstream_evaluator",
-    "DownstreamTaskEvaluator",
-    "DownstreamEvaluatorConfig",
     "downstream_evaluators",
     "check_downstream_fit",
 ]

@@ -14,6 +14,9 @@ import torch
 from olmo_core.optim.scheduler import CosWithWarmup, Scheduler
 
 
+__all__ = ["LaggedScheduler"]
+
+
 @dataclass
 class LaggedScheduler(Scheduler):
     """``inner`` evaluated at ``current - lag`` (never below 0); build it with ``units=inner.units``."""

@@ -26,6 +26,9 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 
 
+__all__ = ["PowerScheduler"]
+
+
 @Scheduler.register("power")
 @dataclass
 class PowerScheduler(Scheduler):

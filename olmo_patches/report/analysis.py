@@ -35,8 +35,6 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "LayerStats",
-    "Analysis",
     "dead_units",
     "matrix_entropy",
     "participation_ratio",

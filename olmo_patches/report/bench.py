@@ -41,6 +41,9 @@ from ..nn.accounting import breakdown
 from ..resources import data_root
 
 
+__all__ = ["SCALES", "run_bench", "format_results"]
+
+
 REPO = data_root()  # configs/ of the checkout or the installed wheel
 
 

@@ -32,18 +32,7 @@ import numpy as np
 
 from .tables import Run
 
-__all__ = [
-    "C_UNIT",
-    "PowerLaw",
-    "fit_power_law",
-    "family",
-    "run_compute",
-    "run_mean_width",
-    "scaling_points",
-    "scaling_tables",
-    "paper_matched_loss",
-    "paper_matched_loss_rows",
-]
+__all__ = ["fit_power_law", "family", "scaling_points", "scaling_tables", "paper_matched_loss", "paper_matched_loss_rows"]
 
 C_UNIT = 1e20  # FLOPs; the paper's fit L = 3.16 C^-0.0498 has C in about these units (docs/variable_width.md)
 

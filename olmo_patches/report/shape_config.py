@@ -9,6 +9,9 @@ from pathlib import Path
 from ..shapes.search import TOLERANCE, Shape
 
 
+__all__ = ["write_config"]
+
+
 def config_name(s: Shape) -> str:
     attention = f"-a{s.attention_width}" if s.fixed_head_dim else ""
     return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}{attention}" + (

@@ -26,6 +26,9 @@ from ..launch.run_folder import read_metrics
 from ..resources import data_root
 
 
+__all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "write_tables", "NOT_RUN", "NO_NUMBER"]
+
+
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = data_root()  # configs/ of the checkout or the installed wheel
 PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # paper 1 (docs/papers.md)

@@ -48,7 +48,7 @@ from .checkpoints import checkpoint_step, latest_complete, load_model_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EvalTarget", "from_checkpoint", "from_hf", "evaluate", "write_metrics"]
+__all__ = ["from_checkpoint", "from_hf", "evaluate", "write_metrics"]
 
 # (input_ids, labels) -> (logits, per-token CE loss)
 Forward = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]

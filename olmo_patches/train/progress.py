@@ -33,16 +33,7 @@ from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "ProgressCallback",
-    "OfflineAwareWandBCallback",
-    "wandb_callback",
-    "format_progress",
-    "announce",
-    "quiet_start",
-    "quiet_console",
-    "LOG_FILE",
-]
+__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "announce", "quiet_start", "quiet_console"]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set

@@ -43,12 +43,10 @@ __all__ = [
     "MANIFEST",
     "NonFiniteError",
     "NonFiniteGuardCallback",
-    "assert_finite_params",
     "check_before_save",
     "write_manifest",
     "ManifestWriter",
     "verify",
-    "checkpoints_in",
     "checkpoints_at",
     "select_resume_checkpoint",
 ]
