@@ -232,7 +232,7 @@ def _checkpoint_step(folder: Path) -> int:
     """The step of the latest complete checkpoint (-1: none)."""
     if not folder.is_dir():
         return -1
-    return max((step for step, path in Checkpointer.find_checkpoints(folder) if Checkpointer.dir_is_checkpoint(path)), default=-1)
+    return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
 
 
 def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) -> RunStatus:

@@ -45,7 +45,7 @@ from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
 from .checkpoints import checkpoint_step, latest_complete
-from .disk import disk_full_error, full_error
+from .disk import CHECKPOINT_BYTES_PER_PARAM, disk_full_error, full_error
 from ..launch.run_folder import RunFolderError
 from .safety import ManifestWriter, check_before_save
 
@@ -163,12 +163,11 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
 
 
 def checkpoint_bytes_of(trainer) -> int:
-    """This run's checkpoint size: the newest complete one on disk, else its parameters x 12 bytes (fp32
-    weights and AdamW's two moments, as report/plan.py counts them)."""
+    """This run's checkpoint size: the newest complete one on disk, else as :func:`disk.checkpoint_bytes` counts it."""
     latest = latest_complete(trainer.save_folder)
     if latest is not None:
         return sum(f.stat().st_size for f in Path(latest).rglob("*") if f.is_file())
-    return 12 * sum(p.numel() for p in trainer.train_module.model.parameters())
+    return CHECKPOINT_BYTES_PER_PARAM * sum(p.numel() for p in trainer.train_module.model.parameters())
 
 
 def check_resume_from(resume_from: PathOrStr) -> None:

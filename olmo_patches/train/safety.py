@@ -198,10 +198,6 @@ class ManifestWriter:
             cls._threads.pop(0).join()
 
 
-def _weights_finite(checkpoint: Path) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in load_model_state(checkpoint).values())
-
-
 def _check_files(path: Path, recorded: Dict[str, Union[int, Dict[str, Union[int, str]]]]) -> Optional[str]:
     for name, entry in recorded.items():
         size, crc = (entry, None) if isinstance(entry, int) else (entry["bytes"], entry.get("crc32"))
@@ -239,7 +235,8 @@ def verify(checkpoint: PathOrStr, load_weights: bool = True) -> Optional[str]:
     if not load_weights:
         return None
     try:
-        return None if _weights_finite(path) else f"{path} has non-finite weights"
+        finite = all(bool(torch.isfinite(v).all()) for v in load_model_state(path).values())
+        return None if finite else f"{path} has non-finite weights"
     except Exception as e:  # a cut or missing model file
         return f"{path} unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
 
