@@ -145,6 +145,15 @@ class ConfigError(ValueError):
     """A bad config: the message is one line naming the file, the key and the value."""
 
 
+def failer(where=lambda key: "config"):
+    """``fail(key, value, why)``: raises the one-line ConfigError naming where ``key`` was set."""
+
+    def fail(key: str, value: Any, why: str):
+        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
+
+    return fail
+
+
 def one_line(e: BaseException) -> str:
     """An exception's message on one line (a ConfigError's reason from a library's error)."""
     msg = getattr(e, "msg", None) or str(e)

@@ -10,17 +10,14 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from ..shapes.widths import SHAPES, expert_hidden_size
-from .spec import AC_MODES, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, one_line, tokenizer_config, vocab_size
+from .spec import AC_MODES, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, failer, one_line, tokenizer_config, vocab_size
 
 log = logging.getLogger(__name__)
 
 
 def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """Shape and recipe checks that the schema's types cannot express."""
-
-    def fail(key: str, value: Any, why: str):
-        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
-
+    fail = failer(where)
     m, t, d = spec.model, spec.train, spec.data
     _validate_every_value(spec, fail)
     for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):

@@ -53,27 +53,10 @@ __all__ = [
 LOCK, GUARD = ".lock", ".lock.guard"
 
 # Keys (or key prefixes ending in ".") that a rerun may change: they do not change what is trained.
-MAY_CHANGE = (
-    "run.name",
-    "run.save_folder",
-    "run.stop_at_step",
-    "run.save_interval",
-    "run.ephemeral_save_interval",
-    "run.ephemeral_keep",
-    "run.log_interval",
-    "run.wandb_project",
-    "run.trace_batches",
-    "train.micro_batch_size",
-    "train.compile",
-    "train.activation_checkpointing",
-    "train.hardware",
-    "train.device",
-    "train.data_parallel",
-    "eval.",
-    "data.work_dir",
-    "data.demo_cache",
-    "data.mix_base_dir",
-    "data.tokenizer_file",
+MAY_CHANGE = tuple(
+    "run.name run.save_folder run.stop_at_step run.save_interval run.ephemeral_save_interval run.ephemeral_keep run.log_interval "
+    "run.wandb_project run.trace_batches train.micro_batch_size train.compile train.activation_checkpointing train.hardware "
+    "train.device train.data_parallel eval. data.work_dir data.demo_cache data.mix_base_dir data.tokenizer_file".split()
 )
 
 
@@ -112,12 +95,9 @@ def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
 
 def _recorded(folder: Path) -> List[Path]:
     """config.yaml, config.1.yaml, ... oldest first."""
-    extra = sorted(
-        folder.glob("config.*.yaml"), key=lambda p: int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else -1
-    )
-    return ([folder / "config.yaml"] if (folder / "config.yaml").is_file() else []) + [
-        p for p in extra if p.name.split(".")[1].isdigit()
-    ]
+    numbered = [p for p in folder.glob("config.*.yaml") if p.name.split(".")[1].isdigit()]
+    first = [folder / "config.yaml"] if (folder / "config.yaml").is_file() else []
+    return first + sorted(numbered, key=lambda p: int(p.name.split(".")[1]))
 
 
 def check_config(spec: ExperimentSpec, deliberate: bool = False) -> List[str]:

@@ -39,7 +39,7 @@ from rich.progress import Progress
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals, vocab_size
-from ..config.spec import one_line
+from ..config.spec import failer, one_line
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
 from .experiment import DataSources, eval_callbacks, resolve_data
@@ -77,8 +77,7 @@ class EvalChoice:
     batch_size: Optional[int] = None  # sequences per downstream batch (default: the run's micro-batch, else 8)
 
 
-def _fail(key: str, value, why: str):
-    raise ConfigError(f"command line: {key}={value}: {why}")
+_fail = failer(lambda key: "command line")
 
 
 def _olmo_forward(model) -> Forward:
