@@ -232,9 +232,8 @@ PANELS = (
 
 def analysis_figure(analyses: Sequence[Analysis], out: Path, title: str = "") -> Path:
     """One figure, four panels (the metrics against relative depth l / L), the variants overlaid."""
-    import matplotlib
+    from .figures import save_figure  # first: it puts matplotlib on its Agg backend
 
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
@@ -251,8 +250,5 @@ def analysis_figure(analyses: Sequence[Analysis], out: Path, title: str = "") ->
     axes.flat[0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=110)
