@@ -114,10 +114,8 @@ def _fmt(x: Optional[float], digits: int = 3) -> str:
     return NOT_RUN if x is None else f"{x:.{digits}f}"
 
 
-def _diff(ours: Optional[float], paper: Optional[float], digits: int = 3) -> str:
-    if ours is None or paper is None:
-        return ""
-    return f"{ours - paper:+.{digits}f}"
+def _diff(ours: Optional[float], paper: Optional[float]) -> str:
+    return "" if ours is None or paper is None else f"{ours - paper:+.3f}"
 
 
 def _shape(run: Optional[Run]) -> Dict[str, Any]:
