@@ -420,7 +420,7 @@ AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
 
 @dataclass
 class ActivationCheckpointing:
-    """OLMo-core's activation checkpointing (TransformerActivationCheckpointingConfig), in its names."""
+    """OLMo-core's activation checkpointing (recompute in backward: TransformerActivationCheckpointingConfig), in its names."""
 
     mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
     block_interval: Optional[int] = None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
@@ -498,12 +498,8 @@ class TrainSpec:
     optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw
     precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: Float8 = (
-        Float8.off
-    )  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
-    activation_checkpointing: Optional[ActivationCheckpointing] = (
-        None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    )
+    float8: Float8 = Float8.off  # torchao float8 matmuls: off or a Float8 recipe (nn/float8.py; emulated on CPU, pre-SM89)
+    activation_checkpointing: Optional[ActivationCheckpointing] = None  # bool | MODE[:ARG] | {mode: ...} (null: train.hardware's)
     hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | a card of launch/hardware.py
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda

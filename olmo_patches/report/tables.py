@@ -209,11 +209,6 @@ def _in_folders(config: Path, folders: List[str]) -> bool:
     return any(parts[-len(Path(f).parts) :] == Path(f).parts for f in folders)
 
 
-def _config_paths(folders: Any) -> List[Path]:
-    """The configs in the given folder(s) of the repo, sorted by file name."""
-    return [path for folder in _folders(folders) for path in sorted((REPO / folder).glob("*.yaml"))]
-
-
 def _config_name(path: Path) -> Optional[str]:
     cfg = yaml.safe_load(path.read_text())
     return cfg["run"]["name"] if cfg and "run" in cfg and "name" in cfg["run"] else None
@@ -242,7 +237,9 @@ def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optiona
     in file order), with the paper's number or finding beside the run's; the difference only for
     the paper's own configs (a demo-scale run is compared by trend, not value)."""
     rows = []
-    for path in _config_paths(spec["configs"]) if configs is None else configs:
+    if configs is None:  # the repo's folder(s) of the ablation, each sorted by file name
+        configs = [path for folder in _folders(spec["configs"]) for path in sorted((REPO / folder).glob("*.yaml"))]
+    for path in configs:
         if (name := _config_name(path)) is None:
             continue
         run = runs.get(name)
