@@ -211,10 +211,9 @@ def _validate_knobs(spec: ExperimentSpec, fail) -> None:
     """The domain of every key, whether or not the block or source in use reads it (a sweep's override
     applies to every run); a knob the block ignores, set away from its default, is a warning."""
     m, t, d, w = spec.model, spec.train, spec.data, spec.model.widths
-    if not 0 <= t.seed < _MAX_SEED:
-        fail("train.seed", t.seed, "must be in [0, 2^32) (numpy's seed range)")
-    if not 0 <= d.order_seed < _MAX_SEED:
-        fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
+    for key, seed in (("train.seed", t.seed), ("data.order_seed", d.order_seed)):
+        if not 0 <= seed < _MAX_SEED:
+            fail(key, seed, "must be in [0, 2^32) (numpy's seed range)")
     if m.K < 1:
         fail("model.K", m.K, "must be >= 1")
     if m.d_h is not None and m.d_h < 1:
