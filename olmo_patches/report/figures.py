@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .tables import Run  # noqa: E402
 
-__all__ = ["make_figures", "param_split", "scaling_figure"]
+__all__ = ["make_figures", "scaling_figure"]
 
 
 def _hourglass(runs: Dict[str, Run]) -> List[Run]:
@@ -85,20 +85,15 @@ def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
     return [save_figure(fig, out / "loss_curves.png")]
 
 
-def param_split(run: Run):
-    """(attention, FFN) non-embedding parameters of a run's model (built on the meta device)."""
+def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
+    """(attention, FFN) non-embedding parameters of each run's model (built on the meta device)."""
     from ..config import load_spec
     from .counts import count
 
-    b = count(load_spec(run.path / "config.yaml"))
-    return b.attention, b.ffn
-
-
-def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
     names, attn, ffn = [], [], []
     for name, r in sorted(runs.items()):
-        a, f = param_split(r)
-        names.append(name), attn.append(a / 1e6), ffn.append(f / 1e6)
+        b = count(load_spec(r.path / "config.yaml"))
+        names.append(name), attn.append(b.attention / 1e6), ffn.append(b.ffn / 1e6)
     if not names:
         return []
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(names)), 4))
