@@ -173,11 +173,11 @@ def take_record(
         return True, holder
 
 
-def drop_record(path: Path, guard: Path, mine: Callable[[Dict[str, Any]], bool]) -> None:
-    """Remove ``path`` if it is still this process's record."""
+def drop_record(path: Path, guard: Path) -> None:
+    """Remove ``path`` if it is still this process's record (its host and pid)."""
     with guarded(guard):
         holder = read_record(path)
-        if holder is not None and mine(holder):
+        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
             path.unlink()
 
 
@@ -226,11 +226,7 @@ class Lock:
 
     def release(self) -> None:
         if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
-            drop_record(
-                self.path,
-                self.guard,
-                lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"],
-            )
+            drop_record(self.path, self.guard)
 
 
 METRICS_FILE = "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)

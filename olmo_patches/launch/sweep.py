@@ -193,11 +193,7 @@ def hand_claim(folder: Path, **owner: str) -> None:
 
 
 def release_claim(folder: Path) -> None:
-    drop_record(
-        folder / CLAIM,
-        folder / CLAIM_LOCK,
-        lambda claim: claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname(),
-    )
+    drop_record(folder / CLAIM, folder / CLAIM_LOCK)
 
 
 # --- state ----------------------------------------------------------------------------------------
