@@ -194,19 +194,15 @@ def validation_batch(path: str | Path, dtype: str, batch: int, seq: int, offset:
 def load_checkpoint_model(checkpoint: str | Path):
     """(spec, model, step folder) of a checkpoint (RUN/stepN) or a run folder (its latest complete
     checkpoint), on CPU in float32. Raises ValueError naming what is missing."""
-    from olmo_core.train.checkpoint import Checkpointer
-
     from ..config import load_spec, vocab_size
     from ..train.checkpoints import latest_complete, load_model_state
 
     path = Path(checkpoint)
     if not path.is_dir():
         raise ValueError(f"CHECKPOINT={checkpoint}: no such folder")
-    if not Checkpointer.dir_is_checkpoint(path):
-        latest = latest_complete(path)
-        if latest is None:
-            raise ValueError(f"CHECKPOINT={checkpoint}: neither a checkpoint (stepN) nor a run folder with one")
-        path = Path(latest)
+    if (latest := latest_complete(path)) is None:
+        raise ValueError(f"CHECKPOINT={checkpoint}: neither a checkpoint (stepN) nor a run folder with one")
+    path = Path(latest)
     config = path.parent / "config.yaml"
     if not config.is_file():
         raise ValueError(f"CHECKPOINT={checkpoint}: no config.yaml beside it ({config})")

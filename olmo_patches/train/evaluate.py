@@ -165,15 +165,12 @@ def _step_dir(checkpoint: Path, step: Optional[int]) -> Path:
     """A step folder, or a run folder with ``step`` (default: its latest complete checkpoint)."""
     if not checkpoint.is_dir():
         _fail("CHECKPOINT", checkpoint, "a file, not a checkpoint or run folder" if checkpoint.exists() else "no such folder")
-    if Checkpointer.dir_is_checkpoint(checkpoint):
-        return checkpoint
-    if step is not None:
+    if step is not None and not Checkpointer.dir_is_checkpoint(checkpoint):
         path = checkpoint / f"step{step}"
         if not Checkpointer.dir_is_checkpoint(path):
             _fail("--step", step, f"no checkpoint {path}")
         return path
-    latest = latest_complete(checkpoint)
-    if latest is None:
+    if (latest := latest_complete(checkpoint)) is None:
         _fail("CHECKPOINT", checkpoint, "neither a checkpoint (stepN) nor a run folder with one")
     return Path(latest)  # type: ignore[arg-type]
 
