@@ -136,9 +136,6 @@ class SlurmInfo:
         """Whether the job is queued or running; None when squeue is unavailable."""
         return None if self.queue is None else self.queue.get(job) in SLURM_LIVE
 
-    def ended_state(self, job: str) -> Optional[str]:
-        return (self.accounting or {}).get(job)
-
 
 def _call(cmd: List[str]) -> Optional[str]:
     try:
@@ -184,12 +181,6 @@ def take_claim(folder: Path, slurm: SlurmInfo) -> bool:
     """Claim the run for this process unless a live claim holds it; True when taken."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
     return take_record(folder / CLAIM, folder / CLAIM_LOCK, me, lambda claim: not claim_alive(claim, slurm))[0]
-
-
-def hand_claim(folder: Path, **owner: str) -> None:
-    """Pass this process's claim on (to a SLURM job)."""
-    with guarded(folder / CLAIM_LOCK):
-        write_record(folder / CLAIM, {**owner, "since": time.time()})
 
 
 def release_claim(folder: Path) -> None:
@@ -243,7 +234,7 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
         status.state = "done"
     elif claim_alive(read_claim(folder), slurm):
         status.state = "running"
-    elif job and (s := slurm.ended_state(job)) in SLURM_FAILED:
+    elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
     elif not job and (last := _read_last(folder)) is not None and last["exit"] != 0:
         status.state, status.error = "failed", last.get("error", "")
@@ -388,6 +379,7 @@ def launch_slurm(
             release_claim(m.folder)
         raise
     for i, m in enumerate(todo):
-        hand_claim(m.folder, slurm_job=f"{array}_{i}", manifest=str(manifest))
+        with guarded(m.folder / CLAIM_LOCK):  # this process's claim passes to the job's element
+            write_record(m.folder / CLAIM, {"slurm_job": f"{array}_{i}", "manifest": str(manifest), "since": time.time()})
         say(f"{m.name}: submitted as {array}_{i}")
     return array
