@@ -12,9 +12,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-
 __all__ = ["data_root", "data_path", "find_config"]
-
 
 BUNDLED = "_data"  # the wheel's folder inside the package (setup.py)
 

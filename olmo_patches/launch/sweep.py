@@ -43,7 +43,6 @@ from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metr
 
 __all__ = ["Member", "RunStatus", "SlurmInfo", "load_sweep", "sweep_status", "launch_local", "launch_slurm"]
 
-
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"

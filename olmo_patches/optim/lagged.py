@@ -13,7 +13,6 @@ from typing import Union
 import torch
 from olmo_core.optim.scheduler import CosWithWarmup, Scheduler
 
-
 __all__ = ["LaggedScheduler"]
 
 

@@ -25,7 +25,6 @@ import torch
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 
-
 __all__ = ["PowerScheduler"]
 
 

@@ -27,9 +27,7 @@ from ..launch.run_folder import read_metrics  # noqa: E402
 from .counts import count  # noqa: E402
 from .figures import save_figure  # noqa: E402
 
-
 __all__ = ["run_demo"]
-
 
 VAL_LOSS, VAL_PPL = "eval/lm/val/CE loss", "eval/lm/val/PPL"
 TRAIN_LOSS, TPS = "train/CE loss", "throughput/device/TPS"

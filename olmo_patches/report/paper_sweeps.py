@@ -28,9 +28,7 @@ import os
 from pathlib import Path
 from typing import List
 
-
 __all__ = ["SWEEPS", "BASELINE_113M", "WIDTH_GRID", "write_width_grid"]
-
 
 BASELINE_113M = "configs/113M/baseline.yaml"
 _K = [str(k) for k in range(1, 9)]

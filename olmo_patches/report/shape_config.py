@@ -8,7 +8,6 @@ from pathlib import Path
 
 from ..shapes.search import TOLERANCE, Shape
 
-
 __all__ = ["write_config"]
 
 

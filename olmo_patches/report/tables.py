@@ -25,9 +25,7 @@ from omegaconf import OmegaConf
 from ..launch.run_folder import read_metrics
 from ..resources import data_root
 
-
 __all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "write_tables", "NOT_RUN", "NO_NUMBER"]
-
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = data_root()  # configs/ of the checkout or the installed wheel
