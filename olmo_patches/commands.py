@@ -14,7 +14,7 @@ from typing import List, NoReturn, Optional
 
 from .resources import data_path
 
-__all__ = ["COMMANDS", "run_command", "main"]
+__all__ = ["COMMANDS", "main"]
 
 # command (after "hourglass-") -> scripts/ file
 COMMANDS = {

@@ -73,10 +73,7 @@ def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
 def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
     paths = read_paths_file(Path(args.paths_file))
     sizes = _sizes(args, paths, reader)
-    if args.instances is not None:
-        n = args.instances
-    else:
-        n = instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)
+    n = args.instances or instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)  # --instances is >= 1
     spec = PrefixSpec(tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances)
     materialize(Path(args.out), spec, reader=reader, workers=args.workers, progress=not args.quiet, base=args.base)
     print(f"{args.out}: {n:,} instances ({n * args.seq_len:,} tokens) in {spec.num_chunks} parts")

@@ -22,14 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION_NAMES = (
-    "bf16",
-    "attention",
-    "compile",
-    "resume",
-    "trainer",
-    "float8",
-)  # tests/gpu/test_NAME.py (tests/gpu/plugin.py: SECTIONS)
+SECTION_NAMES = ("bf16", "attention", "compile", "resume", "trainer", "float8")  # tests/gpu/test_NAME.py (plugin.py: SECTIONS)
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
@@ -97,9 +90,7 @@ def main() -> None:
     if not args.rehearse and not torch.cuda.is_available():
         print("command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes", file=sys.stderr)
         sys.exit(2)
-    device = (
-        "cpu (rehearsal)" if args.rehearse else (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
-    )
+    device = "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(0)
     plugin = GpuCheck(
         args.out,
         rehearse=args.rehearse,

@@ -6,44 +6,20 @@
 - ``validate``: shape, recipe and domain checks (one line naming the file, key and value)
 """
 
-from .load import coerce_shorthands, load_spec, spec_to_yaml, where_set
-from .spec import (
-    BLOCKS,
-    ConfigError,
-    DataSpec,
-    EvalSpec,
-    ExperimentSpec,
-    ModelSpec,
-    MoESpec,
-    PowerSpec,
-    RoPEScalingSpec,
-    RunSpec,
-    TrainSpec,
-    WidthSpec,
-    tokenizer_config,
-    vocab_size,
-)
-from .validate import validate, validate_evals
+from .load import coerce_shorthands, load_spec, spec_to_yaml
+from .spec import ConfigError, ExperimentSpec, ModelSpec, RoPEScalingSpec, WidthSpec, tokenizer_config, vocab_size
+from .validate import validate_evals
 
 __all__ = [
-    "BLOCKS",
     "ConfigError",
-    "DataSpec",
-    "EvalSpec",
     "ExperimentSpec",
     "ModelSpec",
-    "MoESpec",
-    "PowerSpec",
     "RoPEScalingSpec",
-    "RunSpec",
-    "TrainSpec",
     "WidthSpec",
     "coerce_shorthands",
     "load_spec",
     "spec_to_yaml",
     "tokenizer_config",
-    "validate",
     "validate_evals",
     "vocab_size",
-    "where_set",
 ]

@@ -105,7 +105,7 @@ class LRSchedule(StrEnum):
 
 class Optimizer(StrEnum):
     adamw = "adamw"
-    skip_step_adamw = "skip_step_adamw"
+    skip_step_adamw = "skip_step_adamw"  # OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128
 
 
 class Precision(StrEnum):
@@ -141,12 +141,17 @@ class Device(StrEnum):
     cuda = "cuda"
 
 
-BLOCKS = tuple(Block)
-HARDWARE = tuple(Hardware)
-
-
 class ConfigError(ValueError):
     """A bad config: the message is one line naming the file, the key and the value."""
+
+
+def failer(where=lambda key: "config"):
+    """``fail(key, value, why)``: raises the one-line ConfigError naming where ``key`` was set."""
+
+    def fail(key: str, value: Any, why: str):
+        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
+
+    return fail
 
 
 def one_line(e: BaseException) -> str:
@@ -181,13 +186,9 @@ class MoESpec:
     num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
     top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
     expert_hidden: Optional[int] = None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
-    lb_loss_weight: float = (
-        0.01  # load-balancing loss weight per layer, summed over layers (the authors' router_aux_loss_coef; 0: off)
-    )
+    lb_loss_weight: float = 0.01  # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
-    experts: Experts = (
-        Experts.swiglu
-    )  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, model.d_h), new here
+    experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
 
 
 @dataclass
@@ -233,13 +234,9 @@ class ModelSpec:
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
     ffn: Ffn = Ffn.swiglu  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
-    widths: WidthSpec = field(
-        default_factory=WidthSpec
-    )  # variable_width: w_l (d_model is h) (other blocks: checked, warned as ignored)
+    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
     moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
-    attention_backend: AttentionBackend = (
-        AttentionBackend.auto
-    )  # auto (flash attention where it runs, else torch) | torch | flash_2 | flash_3 | flash_4 | te (nn/attention.py)
+    attention_backend: AttentionBackend = AttentionBackend.auto  # auto | torch | flash_2/3/4 | te (nn/attention.py)
 
     @property
     def is_hourglass(self) -> bool:
@@ -379,9 +376,7 @@ class DataSpec:
     # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
     source: DataSource = DataSource.demo
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
-    base: Optional[str] = (
-        None  # olmo2_stage1: a mirror replacing http://olmo-data.org in the pinned list (local folder or any URL OLMo-core reads)
-    )
+    base: Optional[str] = None  # olmo2_stage1: a mirror for http://olmo-data.org in the pinned list (folder or URL)
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
@@ -425,7 +420,7 @@ AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
 
 @dataclass
 class ActivationCheckpointing:
-    """OLMo-core's activation checkpointing (TransformerActivationCheckpointingConfig), in its names."""
+    """OLMo-core's activation checkpointing (recompute in backward: TransformerActivationCheckpointingConfig), in its names."""
 
     mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
     block_interval: Optional[int] = None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
@@ -500,20 +495,12 @@ class TrainSpec:
     schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
-    optimizer: Optimizer = (
-        Optimizer.adamw
-    )  # adamw | skip_step_adamw (OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128)
+    optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw
     precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: Float8 = (
-        Float8.off
-    )  # off | tensorwise | rowwise | rowwise_with_gw_hp: torchao float8 matmuls (nn/float8.py; emulated on CPU, pre-SM89)
-    activation_checkpointing: Optional[ActivationCheckpointing] = (
-        None  # recompute in backward: true | false | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    )
-    hardware: Hardware = (
-        Hardware.auto
-    )  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200 (launch/presets.py)
+    float8: Float8 = Float8.off  # torchao float8 matmuls: off or a Float8 recipe (nn/float8.py; emulated on CPU, pre-SM89)
+    activation_checkpointing: Optional[ActivationCheckpointing] = None  # bool | MODE[:ARG] | {mode: ...} (null: train.hardware's)
+    hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | a card of launch/cards.py
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
 
@@ -526,9 +513,7 @@ class EvalSpec:
     validation_base_dir: Optional[str] = None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
     downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
     downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
-    downstream_sequence_length: Optional[int] = (
-        None  # tasks' context in tokens, longer queries cut from the left (null: data.sequence_length)
-    )
+    downstream_sequence_length: Optional[int] = None  # tasks' context; longer ones cut from the left (null: data.sequence_length)
 
 
 @dataclass
@@ -539,9 +524,7 @@ class RunSpec:
     ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
     ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
-    stop_at_step: Optional[int] = (
-        None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past the end: refused)
-    )
+    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past end: refused)
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
     trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
 
@@ -557,6 +540,16 @@ class ExperimentSpec:
     @property
     def save_folder(self) -> str:
         return self.run.save_folder or f"runs/{self.run.name}"
+
+    @property
+    def steps(self) -> Optional[int]:
+        """Optimizer steps: train.max_steps, or train.max_tokens in whole steps (OLMo-core stops at the ceiling)."""
+        t = self.train
+        if t.max_steps is not None:
+            return t.max_steps
+        if t.max_tokens is not None and t.global_batch_size >= 1:
+            return -(-t.max_tokens // (t.global_batch_size * self.data.sequence_length))
+        return None
 
     def model_config(self) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` of this run's model, at its vocabulary."""

@@ -10,17 +10,14 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from ..shapes.widths import SHAPES, expert_hidden_size
-from .spec import AC_MODES, ConfigError, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, one_line, vocab_size
+from .spec import AC_MODES, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, failer, one_line, tokenizer_config, vocab_size
 
 log = logging.getLogger(__name__)
 
 
 def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """Shape and recipe checks that the schema's types cannot express."""
-
-    def fail(key: str, value: Any, why: str):
-        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
-
+    fail = failer(where)
     m, t, d = spec.model, spec.train, spec.data
     _validate_every_value(spec, fail)
     for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
@@ -38,12 +35,8 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if m.is_hourglass or hourglass_experts:
         if hourglass_experts and m.d_h is None and m.d_h_ratio is None:
             fail("model.d_h", None, "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h")
-        if m.K < 1:
-            fail("model.K", m.K, "must be >= 1")
         if m.d_h is not None and m.d_h_ratio is not None:
             fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
-        if m.d_h_ratio is not None and m.d_h_ratio <= 0:
-            fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
         if m.resolved_d_h < 1:
             fail("model.d_h", m.resolved_d_h, "must be >= 1")
         if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
@@ -66,7 +59,12 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     if t.warmup_steps is not None and t.warmup_tokens is not None:
         fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
     _validate_schedule(t, fail)
-    _validate_float8(spec, fail)
+    if t.float8 != "off" and m.moe is not None:
+        fail(
+            "train.float8",
+            t.float8,
+            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
+        )
     if d.base is not None and d.source != "olmo2_stage1":
         fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
     if d.source == "prefix" and not d.prefix_dir:
@@ -82,8 +80,6 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
     _validate_numbers(spec, fail)
     _validate_shapes(spec, fail)
     validate_evals(spec, fail)
-    if d.sequence_length < 2:
-        fail("data.sequence_length", d.sequence_length, "must be >= 2")
     _validate_device_keys(spec, fail)
     if t.activation_checkpointing is not None:
         _validate_checkpointing(spec, fail)
@@ -126,18 +122,6 @@ def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
                 fail(f"{key}.modules", glob, "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)")
             if any(isinstance(names[n], MoEBase) for n in matched):
                 fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
-
-
-def _validate_float8(spec: ExperimentSpec, fail) -> None:
-    f8 = spec.train.float8
-    if f8 == "off":
-        return
-    if spec.model.moe is not None:  # torchao's float8 converts nn.Linear; OLMo-core's experts are grouped weights
-        fail(
-            "train.float8",
-            f8,
-            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
-        )
 
 
 def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
@@ -227,10 +211,9 @@ def _validate_knobs(spec: ExperimentSpec, fail) -> None:
     """The domain of every key, whether or not the block or source in use reads it (a sweep's override
     applies to every run); a knob the block ignores, set away from its default, is a warning."""
     m, t, d, w = spec.model, spec.train, spec.data, spec.model.widths
-    if not 0 <= t.seed < _MAX_SEED:
-        fail("train.seed", t.seed, "must be in [0, 2^32) (numpy's seed range)")
-    if not 0 <= d.order_seed < _MAX_SEED:
-        fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
+    for key, seed in (("train.seed", t.seed), ("data.order_seed", d.order_seed)):
+        if not 0 <= seed < _MAX_SEED:
+            fail(key, seed, "must be in [0, 2^32) (numpy's seed range)")
     if m.K < 1:
         fail("model.K", m.K, "must be >= 1")
     if m.d_h is not None and m.d_h < 1:
@@ -322,7 +305,7 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
     check("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1")
     check("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1")
     check("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1")
-    steps = _steps(spec)
+    steps = spec.steps
     if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
         fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
     if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
@@ -335,21 +318,11 @@ def _validate_numbers(spec: ExperimentSpec, fail) -> None:
         fail("run.name", r.name, "must be a non-empty name without '/'")
 
 
-def _steps(spec: ExperimentSpec):
-    """The run's optimizer steps (train.max_steps, or train.max_tokens in whole steps as OLMo-core counts them)."""
-    t = spec.train
-    if t.max_steps is not None:
-        return t.max_steps
-    if t.max_tokens is not None and t.global_batch_size >= 1:
-        return -(-t.max_tokens // (t.global_batch_size * spec.data.sequence_length))
-    return None
-
-
 def _validate_shapes(spec: ExperimentSpec, fail) -> None:
     """Shape arithmetic in Python integers: no matrix too large to build, a vocabulary that holds the tokenizer's."""
     m = spec.model
     vocab = vocab_size(spec)
-    tokenizer_vocab = spec.data.demo_vocab_size if spec.data.tokenizer == "demo" else _dolma2_vocab()
+    tokenizer_vocab = tokenizer_config(spec).vocab_size
     if m.vocab_size is not None and m.vocab_size < tokenizer_vocab:
         fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_vocab} tokens")
     hourglass = m.is_hourglass
@@ -361,12 +334,6 @@ def _validate_shapes(spec: ExperimentSpec, fail) -> None:
     ):
         if rows * cols > _MAX_MATRIX:
             fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
-
-
-def _dolma2_vocab() -> int:
-    from olmo_core.data import TokenizerConfig
-
-    return TokenizerConfig.dolma2().vocab_size
 
 
 def validate_evals(spec: ExperimentSpec, fail) -> None:
@@ -383,12 +350,8 @@ def validate_evals(spec: ExperimentSpec, fail) -> None:
 
 def _validate_widths(m: ModelSpec, fail) -> None:
     w = m.widths
-    if w.shape not in SHAPES:
-        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
     if m.tie_embeddings:
         fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
-    if w.multiple < 1:
-        fail("model.widths.multiple", w.multiple, "must be >= 1")
     if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
         fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
     try:

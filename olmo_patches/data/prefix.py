@@ -54,6 +54,10 @@ class PrefixSpec:
     def num_chunks(self) -> int:
         return math.ceil(self.num_instances / self.chunk_instances)
 
+    @classmethod
+    def from_index(cls, index: dict[str, Any]) -> "PrefixSpec":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in index["spec"].items()})
+
     def chunk_range(self, k: int) -> tuple[int, int]:
         start = k * self.chunk_instances
         return start, min(start + self.chunk_instances, self.num_instances)
@@ -211,7 +215,7 @@ def verify_prefix(
     index = _read_index(out_dir)
     if index is None:
         return [f"{out_dir / INDEX} not found"]
-    spec = PrefixSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in index["spec"].items()})
+    spec = PrefixSpec.from_index(index)
     problems = [] if index["complete"] else ["materialize did not finish; run it again to resume"]
     for k in range(spec.num_chunks):
         name, (start, stop) = part_name(k), spec.chunk_range(k)
@@ -251,9 +255,8 @@ def prefix_index(out_dir: Path) -> dict[str, Any]:
 
 def prefix_paths(out_dir: Path) -> list[str]:
     """The part files of a finished prefix, in training order."""
-    index = prefix_index(Path(out_dir))
-    num_chunks = math.ceil(index["spec"]["num_instances"] / index["spec"]["chunk_instances"])
-    return [str(Path(out_dir) / part_name(k)) for k in range(num_chunks)]
+    spec = PrefixSpec.from_index(prefix_index(Path(out_dir)))
+    return [str(Path(out_dir) / part_name(k)) for k in range(spec.num_chunks)]
 
 
 def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
@@ -265,7 +268,5 @@ def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
     """
     from olmo_core.data import NumpyFSLDataset
 
-    index = _read_index(Path(out_dir))
-    paths = prefix_paths(out_dir)
-    assert index is not None
-    return NumpyFSLDataset(*paths, sequence_length=index["spec"]["seq_len"], dtype=TOKEN_DTYPE, **dataset_kwargs)
+    seq_len = prefix_index(Path(out_dir))["spec"]["seq_len"]
+    return NumpyFSLDataset(*prefix_paths(out_dir), sequence_length=seq_len, dtype=TOKEN_DTYPE, **dataset_kwargs)

@@ -89,8 +89,7 @@ class RangeReader:
         if _is_other_url(path):
             from olmo_core.io import get_bytes_range, get_file_size
 
-            if expect_size is not None and (actual := get_file_size(path)) != expect_size:
-                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
+            actual = get_file_size(path) if expect_size is not None else None
             data = get_bytes_range(path, start, length)
         else:
             local = _local(path)
@@ -101,8 +100,8 @@ class RangeReader:
                     data = f.read(length)
             except FileNotFoundError:
                 raise DataOrderError(f"token file not found: {path}") from None
-            if expect_size is not None and actual != expect_size:
-                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
+        if expect_size is not None and actual != expect_size:
+            raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
         if len(data) != length:
             raise DataOrderError(f"{path}: got {len(data)} of {length} bytes at offset {start}")
         return data

@@ -41,8 +41,6 @@ __all__ = [
     "validation_files",
     "lm_evaluator",
     "downstream_evaluator",
-    "DownstreamTaskEvaluator",
-    "DownstreamEvaluatorConfig",
     "downstream_evaluators",
     "check_downstream_fit",
 ]
@@ -111,11 +109,6 @@ def _task(label: str, tokenizer, L: int):
     return copy.copy(_built_task(label, tokenizer, L))
 
 
-def _round_up(n: int) -> int:
-    """ai2-olmo-eval pads queries to a multiple of 128 tokens."""
-    return 128 * math.ceil(n / 128)
-
-
 class DownstreamTaskEvaluator(DownstreamEvaluator):
     """OLMo-core's downstream evaluator at context length ``sequence_length``, whatever the train
     module's: queries longer are cut from the left, documents whose continuation alone is longer are
@@ -124,7 +117,8 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
     def __init__(self, *, sequence_length: int, rank_batch_tokens: int, limit: Optional[int] = None, **kwargs):
         self.sequence_length, self.limit = sequence_length, limit
         self.truncated = self.skipped = 0
-        batch_spec = EvalBatchSpec(max(rank_batch_tokens, _round_up(sequence_length)), max_sequence_length=sequence_length)
+        padded = 128 * math.ceil(sequence_length / 128)  # ai2-olmo-eval pads queries to a multiple of 128 tokens
+        batch_spec = EvalBatchSpec(max(rank_batch_tokens, padded), max_sequence_length=sequence_length)
         super().__init__(batch_spec=batch_spec, **kwargs)
 
     def _build_data_loader(self) -> DataLoader:
@@ -152,7 +146,7 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
                 num_replicas=get_world_size(self.dp_process_group),
                 rank=get_rank(self.dp_process_group),
             )
-        batch_size = self.batch_spec.rank_batch_size // task.max_sequence_length  # >= 1: the spec holds round_up(L)
+        batch_size = self.batch_spec.rank_batch_size // task.max_sequence_length  # >= 1: the spec holds L padded
         return DataLoader(task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler)  # type: ignore[arg-type]
 
     def compute_metrics(self) -> Dict[str, torch.Tensor]:
@@ -229,7 +223,7 @@ class DownstreamEvaluatorConfig(DownstreamEvaluatorCallbackConfig):
             dp_process_group=trainer.dp_process_group,
         )
         return EvaluatorCallback(
-            evaluators=list(evaluators),
+            evaluators=evaluators,
             eval_interval=self.eval_interval,
             fixed_steps=self.fixed_steps,
             eval_on_startup=self.eval_on_startup,

@@ -23,7 +23,7 @@ from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
 from ..train.checkpoints import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
 
-__all__ = ["custom_model", "export_hf", "is_olmo2_shape", "to_olmo2_names", "to_custom_names"]
+__all__ = ["custom_model", "export_hf"]
 
 MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 
@@ -95,7 +95,6 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
 
     m = spec.model
     built = m.build(vocab_size=vocab)
-    hourglass = m.is_hourglass
     kwargs: dict = {}
     if isinstance(built, VariableWidthTransformerConfig):
         kwargs = dict(
@@ -115,7 +114,7 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
         d_model=m.d_model,
         n_layers=m.n_layers,
         n_heads=m.n_heads,
-        block="hourglass" if hourglass else "baseline",
+        block="hourglass" if m.is_hourglass else "baseline",
         ffn_hidden=m.resolved_d_ff,
         K=m.K,
         head_dim=m.head_dim,
@@ -228,7 +227,7 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
         f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
         f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
     ]
-    if m.block == "hourglass" or (m.block == "variable_width" and m.ffn == "hourglass"):
+    if m.is_hourglass:
         shape.append(f"- hourglass FFN: K = {m.K} sub-MLPs per layer, bottleneck d_h = {m.resolved_d_h}")
     if widths:
         shape.append(
@@ -329,7 +328,7 @@ def export_hf(
     spec = _exportable(config_path)
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
-    if vocab != (expected := spec.model.vocab_size or vocab_size(spec)):
+    if vocab != (expected := vocab_size(spec)):
         raise ValueError(f"{checkpoint}: vocabulary {vocab} differs from {config_path}'s {expected}")
     max_len = spec.data.sequence_length
     ids = token_ids(spec)

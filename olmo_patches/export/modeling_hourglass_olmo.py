@@ -345,15 +345,9 @@ class HourglassOlmoPreTrainedModel(PreTrainedModel):
 
 
 # What transformers may pass a model's forward besides the tensors; the rest of **kwargs goes to attention.
-_NOT_ATTENTION = (
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict",
-    "use_cache",
-    "cache_position",
-    "token_type_ids",
-    "logits_to_keep",
-    "num_items_in_batch",
+_NOT_ATTENTION = tuple(
+    "output_attentions output_hidden_states return_dict use_cache cache_position token_type_ids logits_to_keep "
+    "num_items_in_batch".split()
 )
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, one_line, tokenizer_config
+from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line, tokenizer_config
 from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
 from .ranks import Layout
 from ..nn.lm_loss import lm_loss, set_lm_loss
@@ -52,10 +52,7 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     tokens and a global batch, folders it writes in that are not files, a prefix that matches the run,
     and downstream tasks the installed ai2-olmo-eval knows."""
     d, t, m = spec.data, spec.train, spec.model
-
-    def fail(key: str, value: Any, why: str):
-        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
-
+    fail = failer(where)
     cuda = False
     if t.device != "cpu" or m.attention_backend in FLASH:
         import torch
@@ -199,10 +196,7 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
     batch is refused: no value is clearly right (the nearest divisor may halve the throughput)."""
     t = spec.train
     g, n = t.global_batch_size, layout.world_size
-
-    def fail(key: str, value: Any, why: str):
-        raise ConfigError(f"{where(key)}: {key}={value}: {why}")
-
+    fail = failer(where)
     if g % n:
         fail("train.global_batch_size", g, f"is not divisible by the {layout}: each rank takes a whole number of sequences")
     per_rank = g // n
@@ -259,9 +253,7 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
         log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): " + ", ".join(f"{k}={v}" for k, v in filled.items()))
     ac = t.activation_checkpointing
     if ac is not None and ac.mode == "budget" and not t.compile:  # OLMo-core refuses it at build
-        raise ConfigError(
-            f"{where('train.activation_checkpointing')}: train.activation_checkpointing={ac}: the compiler's budget needs train.compile=true"
-        )
+        failer(where)("train.activation_checkpointing", ac, "the compiler's budget needs train.compile=true")
 
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:

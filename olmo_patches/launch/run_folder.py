@@ -53,27 +53,10 @@ __all__ = [
 LOCK, GUARD = ".lock", ".lock.guard"
 
 # Keys (or key prefixes ending in ".") that a rerun may change: they do not change what is trained.
-MAY_CHANGE = (
-    "run.name",
-    "run.save_folder",
-    "run.stop_at_step",
-    "run.save_interval",
-    "run.ephemeral_save_interval",
-    "run.ephemeral_keep",
-    "run.log_interval",
-    "run.wandb_project",
-    "run.trace_batches",
-    "train.micro_batch_size",
-    "train.compile",
-    "train.activation_checkpointing",
-    "train.hardware",
-    "train.device",
-    "train.data_parallel",
-    "eval.",
-    "data.work_dir",
-    "data.demo_cache",
-    "data.mix_base_dir",
-    "data.tokenizer_file",
+MAY_CHANGE = tuple(
+    "run.name run.save_folder run.stop_at_step run.save_interval run.ephemeral_save_interval run.ephemeral_keep run.log_interval "
+    "run.wandb_project run.trace_batches train.micro_batch_size train.compile train.activation_checkpointing train.hardware "
+    "train.device train.data_parallel eval. data.work_dir data.demo_cache data.mix_base_dir data.tokenizer_file".split()
 )
 
 
@@ -112,12 +95,9 @@ def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
 
 def _recorded(folder: Path) -> List[Path]:
     """config.yaml, config.1.yaml, ... oldest first."""
-    extra = sorted(
-        folder.glob("config.*.yaml"), key=lambda p: int(p.name.split(".")[1]) if p.name.split(".")[1].isdigit() else -1
-    )
-    return ([folder / "config.yaml"] if (folder / "config.yaml").is_file() else []) + [
-        p for p in extra if p.name.split(".")[1].isdigit()
-    ]
+    numbered = [p for p in folder.glob("config.*.yaml") if p.name.split(".")[1].isdigit()]
+    first = [folder / "config.yaml"] if (folder / "config.yaml").is_file() else []
+    return first + sorted(numbered, key=lambda p: int(p.name.split(".")[1]))
 
 
 def check_config(spec: ExperimentSpec, deliberate: bool = False) -> List[str]:
@@ -193,11 +173,11 @@ def take_record(
         return True, holder
 
 
-def drop_record(path: Path, guard: Path, mine: Callable[[Dict[str, Any]], bool]) -> None:
-    """Remove ``path`` if it is still this process's record."""
+def drop_record(path: Path, guard: Path) -> None:
+    """Remove ``path`` if it is still this process's record (its host and pid)."""
     with guarded(guard):
         holder = read_record(path)
-        if holder is not None and mine(holder):
+        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
             path.unlink()
 
 
@@ -246,11 +226,7 @@ class Lock:
 
     def release(self) -> None:
         if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
-            drop_record(
-                self.path,
-                self.guard,
-                lambda holder: holder.get("pid") == self.me["pid"] and holder.get("host") == self.me["host"],
-            )
+            drop_record(self.path, self.guard)
 
 
 METRICS_FILE = "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)

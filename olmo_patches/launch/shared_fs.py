@@ -29,7 +29,7 @@ from olmo_core.distributed.utils import OLMO_SHARED_FS_ENV_VAR, barrier, broadca
 
 from ..config import ConfigError
 
-__all__ = ["require_shared", "require_data", "LOOK_S"]
+__all__ = ["require_shared", "require_data"]
 
 LOOK_S = 5.0  # how long a rank looks for the marker (a network filesystem may show a new file late)
 

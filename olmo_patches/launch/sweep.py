@@ -23,7 +23,6 @@ import getpass
 import glob
 import json
 from functools import partial
-import math
 import os
 import re
 import shlex
@@ -42,38 +41,16 @@ from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
 
-__all__ = [
-    "STATES",
-    "Member",
-    "RunStatus",
-    "SlurmInfo",
-    "expand_configs",
-    "load_sweep",
-    "run_status",
-    "sweep_status",
-    "launch_local",
-    "launch_slurm",
-]
+__all__ = ["Member", "RunStatus", "SlurmInfo", "load_sweep", "sweep_status", "launch_local", "launch_slurm"]
 
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
 CLAIM, CLAIM_LOCK, LOG, LAST = "sweep-claim.json", ".sweep-claim.lock", "sweep.log", "sweep-last.json"
-STATES = ("not started", "running", "stopped", "failed", "done")
 # sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
-SLURM_LIVE = {
-    "PENDING",
-    "RUNNING",
-    "CONFIGURING",
-    "COMPLETING",
-    "REQUEUED",
-    "RESIZING",
-    "SUSPENDED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-}
+SLURM_LIVE = set("PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split())
 
 
 @dataclass
@@ -93,10 +70,7 @@ class Member:
 
     @property
     def total_steps(self) -> int:
-        t = self.spec.train
-        if t.max_steps is not None:
-            return t.max_steps
-        return math.ceil(t.max_tokens / (t.global_batch_size * self.spec.data.sequence_length))  # type: ignore[operator]
+        return self.spec.steps  # type: ignore[return-value]
 
     @property
     def tokens_per_step(self) -> int:
@@ -161,9 +135,6 @@ class SlurmInfo:
         """Whether the job is queued or running; None when squeue is unavailable."""
         return None if self.queue is None else self.queue.get(job) in SLURM_LIVE
 
-    def ended_state(self, job: str) -> Optional[str]:
-        return (self.accounting or {}).get(job)
-
 
 def _call(cmd: List[str]) -> Optional[str]:
     try:
@@ -211,18 +182,8 @@ def take_claim(folder: Path, slurm: SlurmInfo) -> bool:
     return take_record(folder / CLAIM, folder / CLAIM_LOCK, me, lambda claim: not claim_alive(claim, slurm))[0]
 
 
-def hand_claim(folder: Path, **owner: str) -> None:
-    """Pass this process's claim on (to a SLURM job)."""
-    with guarded(folder / CLAIM_LOCK):
-        write_record(folder / CLAIM, {**owner, "since": time.time()})
-
-
 def release_claim(folder: Path) -> None:
-    drop_record(
-        folder / CLAIM,
-        folder / CLAIM_LOCK,
-        lambda claim: claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname(),
-    )
+    drop_record(folder / CLAIM, folder / CLAIM_LOCK)
 
 
 # --- state ----------------------------------------------------------------------------------------
@@ -257,7 +218,7 @@ def _checkpoint_step(folder: Path) -> int:
     """The step of the latest complete checkpoint (-1: none)."""
     if not folder.is_dir():
         return -1
-    return max((step for step, path in Checkpointer.find_checkpoints(folder) if Checkpointer.dir_is_checkpoint(path)), default=-1)
+    return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
 
 
 def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) -> RunStatus:
@@ -272,7 +233,7 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
         status.state = "done"
     elif claim_alive(read_claim(folder), slurm):
         status.state = "running"
-    elif job and (s := slurm.ended_state(job)) in SLURM_FAILED:
+    elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
     elif not job and (last := _read_last(folder)) is not None and last["exit"] != 0:
         status.state, status.error = "failed", last.get("error", "")
@@ -293,15 +254,13 @@ def _slurm_error(job: str, log_dir: Path) -> str:
     return last_error_line(logs[-1]) if logs else f"no log {log_dir}/*-{job}.out"
 
 
-def _slurm_for(folder: Path) -> SlurmInfo:
-    """SLURM's view of the job that claimed a run, if one did."""
-    claim = read_claim(folder) or {}
-    return SlurmInfo.query([claim["slurm_job"]] if claim.get("slurm_job") else [])
+def _slurm_for(members: Sequence[Member]) -> SlurmInfo:
+    """SLURM's view of the jobs that claimed these runs."""
+    return SlurmInfo.query([c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")])
 
 
 def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) -> List[RunStatus]:
-    jobs = [c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")]
-    slurm = SlurmInfo.query(jobs)
+    slurm = _slurm_for(members)
     return [run_status(m, slurm, slurm_log_dir) for m in members]
 
 
@@ -327,7 +286,7 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
         for m in members:
             if stop:
                 break
-            slurm = _slurm_for(m.folder)
+            slurm = _slurm_for([m])
             s = run_status(m, slurm)
             if s.state in ("done", "running"):
                 say(f"{m.name}: {s.state}, skipped")
@@ -358,7 +317,7 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
                 write_record(m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)})
             finally:
                 release_claim(m.folder)
-            state = run_status(m, _slurm_for(m.folder)).state
+            state = run_status(m, _slurm_for([m])).state
             failed += state == "failed"
             say(f"{m.name}: {state} after {time.time() - start:.0f} s" + (f": {error}" if error else ""))
     finally:
@@ -380,11 +339,9 @@ def launch_slurm(
     """Submit the unfinished, unclaimed runs as one job array, element i running
     scripts/launch_slurm.sbatch on the i-th line of a manifest (``CONFIG key=value ...``). Returns
     the array's job id (None when nothing was left to run)."""
-    statuses = sweep_status(members, log_dir)
-    jobs = [s.slurm_job for s in statuses if s.slurm_job]
-    slurm = SlurmInfo.query(jobs)
+    slurm = _slurm_for(members)
     todo = []
-    for s in statuses:
+    for s in (run_status(m, slurm, log_dir) for m in members):
         if s.state in ("done", "running"):
             say(f"{s.member.name}: {s.state}, skipped")
         elif take_claim(s.member.folder, slurm):
@@ -421,6 +378,7 @@ def launch_slurm(
             release_claim(m.folder)
         raise
     for i, m in enumerate(todo):
-        hand_claim(m.folder, slurm_job=f"{array}_{i}", manifest=str(manifest))
+        with guarded(m.folder / CLAIM_LOCK):  # this process's claim passes to the job's element
+            write_record(m.folder / CLAIM, {"slurm_job": f"{array}_{i}", "manifest": str(manifest), "since": time.time()})
         say(f"{m.name}: submitted as {array}_{i}")
     return array

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["main", "children", "PASSED_ON", "failure_line"]
+__all__ = ["main", "children"]
 
 PASSED_ON = (signal.SIGTERM, signal.SIGUSR1)
 _HANDLED_BY_TORCHRUN = "SIGINT,SIGHUP,SIGQUIT"

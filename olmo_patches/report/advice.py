@@ -18,7 +18,7 @@ from ..launch.cards import CARDS
 from .counts import count
 from .plan import ASSUMED_MFU
 
-__all__ = ["HTTP_INSTANCES_PER_S", "MATMUL_ALIGN", "advice", "unaligned_dims", "http_need", "long_warmup"]
+__all__ = ["advice"]
 
 MATMUL_ALIGN = 8  # bf16 tensor-core tiles (and flash-attention head dims) want multiples of 8
 # benchmarks/bench_loader.py, HTTP +20 ms per request, 4 workers per rank (docs/performance.md: 73 at

@@ -35,8 +35,6 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "LayerStats",
-    "Analysis",
     "dead_units",
     "matrix_entropy",
     "participation_ratio",
@@ -196,19 +194,15 @@ def validation_batch(path: str | Path, dtype: str, batch: int, seq: int, offset:
 def load_checkpoint_model(checkpoint: str | Path):
     """(spec, model, step folder) of a checkpoint (RUN/stepN) or a run folder (its latest complete
     checkpoint), on CPU in float32. Raises ValueError naming what is missing."""
-    from olmo_core.train.checkpoint import Checkpointer
-
     from ..config import load_spec, vocab_size
     from ..train.checkpoints import latest_complete, load_model_state
 
     path = Path(checkpoint)
     if not path.is_dir():
         raise ValueError(f"CHECKPOINT={checkpoint}: no such folder")
-    if not Checkpointer.dir_is_checkpoint(path):
-        latest = latest_complete(path)
-        if latest is None:
-            raise ValueError(f"CHECKPOINT={checkpoint}: neither a checkpoint (stepN) nor a run folder with one")
-        path = Path(latest)
+    if (latest := latest_complete(path)) is None:
+        raise ValueError(f"CHECKPOINT={checkpoint}: neither a checkpoint (stepN) nor a run folder with one")
+    path = Path(latest)
     config = path.parent / "config.yaml"
     if not config.is_file():
         raise ValueError(f"CHECKPOINT={checkpoint}: no config.yaml beside it ({config})")
@@ -234,9 +228,8 @@ PANELS = (
 
 def analysis_figure(analyses: Sequence[Analysis], out: Path, title: str = "") -> Path:
     """One figure, four panels (the metrics against relative depth l / L), the variants overlaid."""
-    import matplotlib
+    from .figures import save_figure  # first: it puts matplotlib on its Agg backend
 
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
@@ -253,8 +246,5 @@ def analysis_figure(analyses: Sequence[Analysis], out: Path, title: str = "") ->
     axes.flat[0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out, dpi=110)

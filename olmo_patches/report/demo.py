@@ -23,8 +23,9 @@ from .console import console as rich_console  # noqa: E402
 from ..config import ExperimentSpec  # noqa: E402
 from ..launch.run_folder import read_metrics  # noqa: E402
 from .counts import count  # noqa: E402
+from .figures import save_figure  # noqa: E402
 
-__all__ = ["VariantResult", "compare", "summarize"]
+__all__ = ["compare"]
 
 VAL_LOSS, VAL_PPL = "eval/lm/val/CE loss", "eval/lm/val/PPL"
 TRAIN_LOSS, TPS = "train/CE loss", "throughput/device/TPS"
@@ -112,9 +113,7 @@ def _plot(runs: list[tuple[str, Path]], path: Path) -> None:
     ax.set(xlabel="step", ylabel="cross-entropy (nats/token)", title="Demo loss curves")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def compare(specs: list[ExperimentSpec], out_dir: Path, console: Console | None = None) -> list[VariantResult]:

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .tables import Run  # noqa: E402
 
-__all__ = ["make_figures", "param_split", "scaling_figure"]
+__all__ = ["make_figures", "scaling_figure"]
 
 
 def _hourglass(runs: Dict[str, Run]) -> List[Run]:
@@ -34,9 +34,9 @@ def _d_h(run: Run) -> float:
     return m["d_h"] if m.get("d_h") is not None else m["d_h_ratio"] * m["d_model"]
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, dpi: int = 120) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -54,7 +54,7 @@ def u_curve(runs: Dict[str, Run], out: Path) -> List[Path]:
     ax.axvspan(100, 250, color="0.9", label="paper: best d_model/L")
     ax.set(xlabel="d_model / L", ylabel="validation loss", title="Width/depth: validation loss vs d_model/L")
     ax.legend()
-    return [_save(fig, out / "u_curve.png")]
+    return [save_figure(fig, out / "u_curve.png")]
 
 
 def _scatter(runs: Dict[str, Run], out: Path, x_of, xlabel: str, name: str) -> List[Path]:
@@ -64,7 +64,7 @@ def _scatter(runs: Dict[str, Run], out: Path, x_of, xlabel: str, name: str) -> L
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o")
     ax.set(xlabel=xlabel, ylabel="validation PPL", title=f"Validation PPL vs {xlabel}")
-    return [_save(fig, out / name)]
+    return [save_figure(fig, out / name)]
 
 
 def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
@@ -82,23 +82,18 @@ def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
         return []
     ax.set(xlabel="tokens", ylabel="train CE loss", title="Training loss")
     ax.legend(fontsize="small")
-    return [_save(fig, out / "loss_curves.png")]
-
-
-def param_split(run: Run):
-    """(attention, FFN) non-embedding parameters of a run's model (built on the meta device)."""
-    from ..config import load_spec
-    from .counts import count
-
-    b = count(load_spec(run.path / "config.yaml"))
-    return b.attention, b.ffn
+    return [save_figure(fig, out / "loss_curves.png")]
 
 
 def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
+    """(attention, FFN) non-embedding parameters of each run's model (built on the meta device)."""
+    from ..config import load_spec
+    from .counts import count
+
     names, attn, ffn = [], [], []
     for name, r in sorted(runs.items()):
-        a, f = param_split(r)
-        names.append(name), attn.append(a / 1e6), ffn.append(f / 1e6)
+        b = count(load_spec(r.path / "config.yaml"))
+        names.append(name), attn.append(b.attention / 1e6), ffn.append(b.ffn / 1e6)
     if not names:
         return []
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(names)), 4))
@@ -108,7 +103,7 @@ def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
     ax.tick_params(axis="x", rotation=45)
     plt.setp(ax.get_xticklabels(), ha="right")
     ax.legend()
-    return [_save(fig, out / "param_split.png")]
+    return [save_figure(fig, out / "param_split.png")]
 
 
 def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
@@ -143,7 +138,7 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
         title="Scaling: L = a C^b per family",
     )
     ax.legend(fontsize="small")
-    return [_save(fig, out / "scaling.png")]
+    return [save_figure(fig, out / "scaling.png")]
 
 
 def make_figures(runs: Dict[str, Run], out: Path) -> List[Path]:

@@ -32,18 +32,7 @@ import numpy as np
 
 from .tables import Run
 
-__all__ = [
-    "C_UNIT",
-    "PowerLaw",
-    "fit_power_law",
-    "family",
-    "run_compute",
-    "run_mean_width",
-    "scaling_points",
-    "scaling_tables",
-    "paper_matched_loss",
-    "paper_matched_loss_rows",
-]
+__all__ = ["fit_power_law", "family", "scaling_points", "scaling_tables", "paper_matched_loss", "paper_matched_loss_rows"]
 
 C_UNIT = 1e20  # FLOPs; the paper's fit L = 3.16 C^-0.0498 has C in about these units (docs/variable_width.md)
 
@@ -104,23 +93,17 @@ def family(run: Run) -> str:
     return name + (" MoE" if m.get("moe") else "")
 
 
-def run_compute(run: Run) -> float:
-    """Training FLOPs of a run so far, in C_UNIT: FLOPs per token x last step x batch x sequence length."""
+def run_compute_and_width(run: Run) -> tuple[float, float]:
+    """A run's training FLOPs so far in C_UNIT (FLOPs per token x last step x batch x sequence length),
+    and the mean of its layer widths (variable width: its schedule's w_l; otherwise d_model)."""
     from ..config import load_spec
     from .counts import count
 
     spec = load_spec(run.path / "config.yaml")
+    m = spec.model
     tokens = run.last_step * spec.train.global_batch_size * spec.data.sequence_length
-    return count(spec).flops_per_token * tokens / C_UNIT
-
-
-def run_mean_width(run: Run) -> float:
-    """The mean of a run's layer widths (variable width: its schedule's w_l; otherwise d_model)."""
-    from ..config import load_spec
-
-    m = load_spec(run.path / "config.yaml").model
     widths = m.resolved_widths if m.block == "variable_width" else [m.d_model] * m.n_layers
-    return sum(widths) / len(widths)
+    return count(spec).flops_per_token * tokens / C_UNIT, sum(widths) / len(widths)
 
 
 def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[tuple]]:
@@ -128,21 +111,15 @@ def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[tuple]]:
     points: Dict[str, List[tuple]] = {}
     for name, run in sorted(runs.items()):
         if (loss := run.val_loss()) is not None and run.last_step > 0:
-            points.setdefault(family(run), []).append((run_compute(run), loss, name, run_mean_width(run)))
+            C, width = run_compute_and_width(run)
+            points.setdefault(family(run), []).append((C, loss, name, width))
     return {f: sorted(p) for f, p in points.items()}
 
 
-def fits(points: Dict[str, List[tuple]]) -> Dict[str, PowerLaw]:
-    """The families with runs at 2 or more compute budgets, fitted."""
+def fits(points: Dict[str, List[tuple]], x: int = 0) -> Dict[str, PowerLaw]:
+    """L = a X^b per family with runs at 2 or more values of X: compute C (x=0) or mean width W (x=3)."""
     return {
-        f: fit_power_law([p[0] for p in pts], [p[1] for p in pts]) for f, pts in points.items() if len({p[0] for p in pts}) >= 2
-    }
-
-
-def width_fits(points: Dict[str, List[tuple]]) -> Dict[str, PowerLaw]:
-    """L = a W^b per family with runs at 2 or more mean widths (W in units of one)."""
-    return {
-        f: fit_power_law([p[3] for p in pts], [p[1] for p in pts]) for f, pts in points.items() if len({p[3] for p in pts}) >= 2
+        f: fit_power_law([p[x] for p in pts], [p[1] for p in pts]) for f, pts in points.items() if len({p[x] for p in pts}) >= 2
     }
 
 
@@ -177,7 +154,7 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
     rows = []
     if target_loss is not None and fitted:
         base = fitted.get("baseline")
-        widths = width_fits(points)
+        widths = fits(points, x=3)
         base_w = widths.get("baseline")
         for f, law in fitted.items():
             C = law.compute_at(target_loss)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..shapes.search import TOLERANCE, Shape
 
-__all__ = ["config_name", "write_config"]
+__all__ = ["write_config"]
 
 
 def config_name(s: Shape) -> str:

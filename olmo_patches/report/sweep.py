@@ -15,6 +15,11 @@ from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, paper_
 __all__ = ["report", "status_rows"]
 
 
+def _val_ppl(m: Member) -> str:
+    ppl = Run(m.folder, {"run": {"name": m.name}, "model": {}}, read_metrics(m.folder)).val_ppl()
+    return _fmt(ppl, 2) if ppl is not None else ""
+
+
 def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
     return [
         {
@@ -23,14 +28,7 @@ def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
             "state": s.state,
             "step": f"{s.step}/{s.member.total_steps}",
             "tokens": f"{s.tokens:,}",
-            "val PPL": _fmt(ppl, 2)
-            if (
-                ppl := Run(
-                    s.member.folder, {"run": {"name": s.member.name}, "model": {}}, read_metrics(s.member.folder)
-                ).val_ppl()
-            )
-            is not None
-            else "",
+            "val PPL": _val_ppl(s.member),
             "SLURM job": s.slurm_job,
             "error": s.error,
         }

@@ -25,17 +25,7 @@ from omegaconf import OmegaConf
 from ..launch.run_folder import read_metrics
 from ..resources import data_root
 
-__all__ = [
-    "Run",
-    "load_runs",
-    "paper_results",
-    "build_tables",
-    "ablation_configs",
-    "paper_finding",
-    "write_tables",
-    "NOT_RUN",
-    "NO_NUMBER",
-]
+__all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "write_tables", "NOT_RUN", "NO_NUMBER"]
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = data_root()  # configs/ of the checkout or the installed wheel
@@ -122,10 +112,8 @@ def _fmt(x: Optional[float], digits: int = 3) -> str:
     return NOT_RUN if x is None else f"{x:.{digits}f}"
 
 
-def _diff(ours: Optional[float], paper: Optional[float], digits: int = 3) -> str:
-    if ours is None or paper is None:
-        return ""
-    return f"{ours - paper:+.{digits}f}"
+def _diff(ours: Optional[float], paper: Optional[float]) -> str:
+    return "" if ours is None or paper is None else f"{ours - paper:+.3f}"
 
 
 def _shape(run: Optional[Run]) -> Dict[str, Any]:
@@ -219,11 +207,6 @@ def _in_folders(config: Path, folders: List[str]) -> bool:
     return any(parts[-len(Path(f).parts) :] == Path(f).parts for f in folders)
 
 
-def _config_paths(folders: Any) -> List[Path]:
-    """The configs in the given folder(s) of the repo, sorted by file name."""
-    return [path for folder in _folders(folders) for path in sorted((REPO / folder).glob("*.yaml"))]
-
-
 def _config_name(path: Path) -> Optional[str]:
     cfg = yaml.safe_load(path.read_text())
     return cfg["run"]["name"] if cfg and "run" in cfg and "name" in cfg["run"] else None
@@ -252,7 +235,9 @@ def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optiona
     in file order), with the paper's number or finding beside the run's; the difference only for
     the paper's own configs (a demo-scale run is compared by trend, not value)."""
     rows = []
-    for path in _config_paths(spec["configs"]) if configs is None else configs:
+    if configs is None:  # the repo's folder(s) of the ablation, each sorted by file name
+        configs = [path for folder in _folders(spec["configs"]) for path in sorted((REPO / folder).glob("*.yaml"))]
+    for path in configs:
         if (name := _config_name(path)) is None:
             continue
         run = runs.get(name)
@@ -293,19 +278,11 @@ def _shape_from_name(name: str) -> Dict[str, Any]:
 
 def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
     """Every hourglass run given, whatever its name: the points the figures plot."""
-    rows = []
-    for name, run in sorted(runs.items()):
-        if run.model.get("block") == "hourglass":
-            rows.append(
-                {
-                    "run": name,
-                    **_shape(run),
-                    "steps": run.last_step,
-                    "val loss": _fmt(run.val_loss(), 4),
-                    "val PPL": _fmt(run.val_ppl()),
-                }
-            )
-    return rows
+    return [
+        {"run": name, **_shape(run), "steps": run.last_step, "val loss": _fmt(run.val_loss(), 4), "val PPL": _fmt(run.val_ppl())}
+        for name, run in sorted(runs.items())
+        if run.model.get("block") == "hourglass"
+    ]
 
 
 def _data(run: Optional[Run]) -> str:
@@ -344,27 +321,10 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         }
 
     for r in vw["sizes"]:
+        base = (r["baseline_run"], r["baseline"])
+        rows.append(row(r["size"], "baseline", *base, *base, **{"paper FLOPs": "", "paper mean width": ""}))
         rows.append(
-            row(
-                r["size"],
-                "baseline",
-                r["baseline_run"],
-                r["baseline"],
-                r["baseline_run"],
-                r["baseline"],
-                **{"paper FLOPs": "", "paper mean width": ""},
-            )
-        )
-        rows.append(
-            row(
-                r["size"],
-                "x",
-                r["x_run"],
-                r["x"],
-                r["baseline_run"],
-                r["baseline"],
-                **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]},
-            )
+            row(r["size"], "x", r["x_run"], r["x"], *base, **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]})
         )
     base_500 = next(r for r in vw["ablations_500M"] if r["variant"] == "constant width")
     for r in vw["ablations_500M"]:
@@ -434,15 +394,9 @@ def write_tables(tables: Dict[str, List[dict]], out: Path) -> List[Path]:
     """NAME.md and NAME.csv per table, and tables.md with all of them (with the notes)."""
     out.mkdir(parents=True, exist_ok=True)
     paper = paper_results()
-    notes = {
-        "ablation_K": paper["hourglass"]["ablations"]["K"]["note"],
-        "ablation_d_h_ratio": paper["hourglass"]["ablations"]["d_h_ratio"]["note"],
-        "ablation_width_depth": paper["hourglass"]["ablations"]["width_depth"]["note"],
-    }
-    written, sections = (
-        [],
-        [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"],
-    )
+    notes = {f"ablation_{kind}": spec["note"] for kind, spec in paper["hourglass"]["ablations"].items()}
+    written: List[Path] = []
+    sections = [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"]
     for name, rows in tables.items():
         (out / f"{name}.md").write_text(to_markdown(rows))
         (out / f"{name}.csv").write_text(to_csv(rows))

@@ -42,16 +42,13 @@ class BatchTraceCallback(Callback):
 
 def read_batch_trace(run_dir: str | Path) -> Dict[int, List[Tuple[int, str]]]:
     """{step: sorted [(instance index, token hash)]} over all ranks' files of a run."""
-    per_rank: Dict[str, Dict[int, Dict[str, str]]] = {}
+    merged: Dict[int, Dict[str, str]] = defaultdict(dict)
     for path in sorted((Path(run_dir) / TRACE_DIR).glob("rank*.jsonl")):
         steps: Dict[int, Dict[str, str]] = {}
         for line in path.read_text().splitlines():
             if line.strip():
                 record = json.loads(line)
-                steps[int(record["step"])] = record["tokens"]  # later record wins
-        per_rank[path.stem] = steps
-    merged: Dict[int, Dict[str, str]] = defaultdict(dict)
-    for steps in per_rank.values():
+                steps[int(record["step"])] = record["tokens"]  # a rank's later record wins
         for step, tokens in steps.items():
             merged[step].update(tokens)
     return {step: sorted((int(i), h) for i, h in tokens.items()) for step, tokens in sorted(merged.items())}

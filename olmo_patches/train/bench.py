@@ -40,7 +40,7 @@ from ..nn.attention import head_dims, resolve_attention_backend, set_attention_b
 from ..nn.accounting import breakdown
 from ..resources import data_root
 
-__all__ = ["Scale", "SCALES", "BenchResult", "peak_flops_per_second", "run_bench", "format_results"]
+__all__ = ["SCALES", "run_bench", "format_results"]
 
 REPO = data_root()  # configs/ of the checkout or the installed wheel
 

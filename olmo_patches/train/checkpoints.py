@@ -13,10 +13,12 @@ from olmo_core.train.checkpoint import Checkpointer
 __all__ = ["latest_complete", "checkpoint_step", "load_model_state", "load_optim_state"]
 
 
-def latest_complete(save_folder: PathOrStr) -> Optional[str]:
-    """The latest complete checkpoint in a folder of checkpoints, or None."""
+def latest_complete(folder: PathOrStr) -> Optional[str]:
+    """``folder`` itself when it is a complete checkpoint, else the latest complete checkpoint in it, or None."""
+    if Checkpointer.dir_is_checkpoint(folder):
+        return str(folder)
     try:
-        return Checkpointer.latest_checkpoint(save_folder)
+        return Checkpointer.latest_checkpoint(folder)
     except FileNotFoundError:
         return None
 

@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 
 from ..config import ConfigError, ExperimentSpec
 
-__all__ = ["DiskFullError", "FULL", "check_room", "checkpoint_bytes", "full_error", "free_bytes"]
+__all__ = ["DiskFullError", "check_room", "checkpoint_bytes", "full_error"]
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # "No space left on device", "Disk quota exceeded"
 

@@ -39,7 +39,7 @@ from rich.progress import Progress
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals, vocab_size
-from ..config.spec import one_line
+from ..config.spec import failer, one_line
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
 from .experiment import eval_callbacks
@@ -49,7 +49,7 @@ from .checkpoints import checkpoint_step, latest_complete, load_model_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EvalTarget", "from_checkpoint", "from_hf", "evaluate", "write_metrics"]
+__all__ = ["from_checkpoint", "from_hf", "evaluate", "write_metrics"]
 
 # (input_ids, labels) -> (logits, per-token CE loss)
 Forward = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -78,8 +78,7 @@ class EvalChoice:
     batch_size: Optional[int] = None  # sequences per downstream batch (default: the run's micro-batch, else 8)
 
 
-def _fail(key: str, value, why: str):
-    raise ConfigError(f"command line: {key}={value}: {why}")
+_fail = failer(lambda key: "command line")
 
 
 def _olmo_forward(model) -> Forward:
@@ -167,15 +166,12 @@ def _step_dir(checkpoint: Path, step: Optional[int]) -> Path:
     """A step folder, or a run folder with ``step`` (default: its latest complete checkpoint)."""
     if not checkpoint.is_dir():
         _fail("CHECKPOINT", checkpoint, "a file, not a checkpoint or run folder" if checkpoint.exists() else "no such folder")
-    if Checkpointer.dir_is_checkpoint(checkpoint):
-        return checkpoint
-    if step is not None:
+    if step is not None and not Checkpointer.dir_is_checkpoint(checkpoint):
         path = checkpoint / f"step{step}"
         if not Checkpointer.dir_is_checkpoint(path):
             _fail("--step", step, f"no checkpoint {path}")
         return path
-    latest = latest_complete(checkpoint)
-    if latest is None:
+    if (latest := latest_complete(checkpoint)) is None:
         _fail("CHECKPOINT", checkpoint, "neither a checkpoint (stepN) nor a run folder with one")
     return Path(latest)  # type: ignore[arg-type]
 

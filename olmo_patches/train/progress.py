@@ -28,21 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from olmo_core.distributed.utils import get_rank
+from olmo_core.distributed.utils import get_rank, get_world_size
 from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "ProgressCallback",
-    "OfflineAwareWandBCallback",
-    "wandb_callback",
-    "format_progress",
-    "announce",
-    "quiet_start",
-    "quiet_console",
-    "LOG_FILE",
-]
+__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "announce", "quiet_start", "quiet_console"]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -87,10 +78,7 @@ class ProgressCallback(ConsoleLoggerCallback):
         seconds_left = None
         if progress.bps and progress.total_steps is not None:
             seconds_left = max(progress.total_steps - step, 0) / progress.bps
-        from olmo_core.distributed.utils import get_world_size
-
-        line = format_progress(step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left)
-        log.info(line)
+        log.info(format_progress(step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left))
 
 
 def announce(line: str) -> None:
@@ -101,9 +89,6 @@ def announce(line: str) -> None:
 @dataclass
 class OfflineAwareWandBCallback(WandBCallback):
     """WandBCallback that works offline (no API key, no API calls) and resumes its own run."""
-
-    def _offline(self) -> bool:
-        return os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
 
     def pre_train(self):
         if not (self.enabled and get_rank() == 0):
@@ -131,7 +116,8 @@ class OfflineAwareWandBCallback(WandBCallback):
     def post_step(self):
         """OLMo-core's cancel check, a bookkeeping op each step, asks the server: none offline. (OLMo-core
         3.0.0's bookkeeping queue also races when one check ends as the next is submitted: a KeyError.)"""
-        if not self._offline() and os.environ.get("WANDB_API_KEY"):
+        offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+        if not offline and os.environ.get("WANDB_API_KEY"):
             super().post_step()
 
     def finalize(self, exit_code: int = 0):
@@ -213,10 +199,8 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
     file = None
     if get_rank() == 0:
         file = logging.FileHandler(save_folder / LOG_FILE)
-        file.setFormatter(
-            consoles[0].formatter if consoles else logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
-        )
         early = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")  # made before OLMo-core's fields
+        file.setFormatter(consoles[0].formatter if consoles else early)
         file.stream.writelines(early.format(record) + "\n" for record in kept)
         root.addHandler(file)
     for h in consoles:

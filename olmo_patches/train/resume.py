@@ -163,8 +163,7 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
 
 
 def checkpoint_bytes_of(trainer) -> int:
-    """This run's checkpoint size: the newest complete one on disk, else its parameters x
-    CHECKPOINT_BYTES_PER_PARAM (fp32 weights and AdamW's two moments, as report/plan.py counts them)."""
+    """This run's checkpoint size: the newest complete one on disk, else as :func:`disk.checkpoint_bytes` counts it."""
     latest = latest_complete(trainer.save_folder)
     if latest is not None:
         return sum(f.stat().st_size for f in Path(latest).rglob("*") if f.is_file())
@@ -179,7 +178,7 @@ def check_resume_from(resume_from: PathOrStr) -> None:
     path = Path(resume_from)
     if not path.is_dir():
         raise RunFolderError(f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}")
-    if not Checkpointer.dir_is_checkpoint(path) and latest_complete(path) is None:
+    if latest_complete(path) is None:
         raise RunFolderError(
             f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})"
         )
@@ -190,7 +189,7 @@ def load_explicit(trainer, resume_from: PathOrStr) -> str:
     ``fit()``; save-folder checkpoints newer than it move to ``SAVE/superseded-<time>/``."""
     path: Optional[str] = None
     if get_rank() == 0:
-        path = str(resume_from) if Checkpointer.dir_is_checkpoint(resume_from) else latest_complete(resume_from)
+        path = latest_complete(resume_from)
     path = broadcast_object(path)
     if path is None:
         raise FileNotFoundError(f"--resume-from {resume_from}: no complete checkpoint there")

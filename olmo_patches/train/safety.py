@@ -43,12 +43,10 @@ __all__ = [
     "MANIFEST",
     "NonFiniteError",
     "NonFiniteGuardCallback",
-    "assert_finite_params",
     "check_before_save",
     "write_manifest",
     "ManifestWriter",
     "verify",
-    "checkpoints_in",
     "checkpoints_at",
     "select_resume_checkpoint",
 ]
@@ -63,14 +61,6 @@ _GUARDED = (LOSS, GRAD_NORM)
 
 class NonFiniteError(RuntimeError):
     """The run diverged: one line naming the step, what was not finite and the last good checkpoint."""
-
-
-def _all_ranks_true(flag: bool, device: torch.device) -> bool:
-    if not is_distributed():
-        return flag
-    t = torch.tensor(1 if flag else 0, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
 
 
 def _last_good(trainer) -> str:
@@ -88,8 +78,10 @@ def assert_finite_params(trainer) -> None:
     """Raise :class:`NonFiniteError` (on every rank) when a model weight is not finite."""
     model = trainer.train_module.model
     bad = next((n for n, p in model.named_parameters() if not torch.isfinite(get_local_tensor(p.detach())).all()), None)
-    device = next(model.parameters()).device
-    if not _all_ranks_true(bad is None, device):
+    finite = torch.tensor(int(bad is None), device=next(model.parameters()).device)
+    if is_distributed():
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if not finite.item():
         raise NonFiniteError(
             f"step {trainer.global_step}: non-finite weights{f' ({bad})' if bad else ' (another rank)'}; "
             f"not saved; last good checkpoint: {_last_good(trainer)}"
@@ -165,19 +157,16 @@ def crc32(path: Path) -> str:
     return f"{crc:08x}"
 
 
-def _files(checkpoint: Path) -> Dict[str, Dict[str, Union[int, str]]]:
-    return {
-        str(p.relative_to(checkpoint)): {"bytes": p.stat().st_size, "crc32": crc32(p)}
-        for p in sorted(checkpoint.rglob("*"))
-        if p.is_file() and not p.name.startswith(MANIFEST)
-    }
-
-
 def write_manifest(checkpoint: PathOrStr) -> None:
     """Record the files, sizes and CRCs of a local checkpoint just saved (its weights were checked finite)."""
     path = Path(checkpoint)
+    files = {
+        str(p.relative_to(path)): {"bytes": p.stat().st_size, "crc32": crc32(p)}
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and not p.name.startswith(MANIFEST)
+    }
     tmp = path / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"files": _files(path), "finite": True}, indent=1))
+    tmp.write_text(json.dumps({"files": files, "finite": True}, indent=1))
     tmp.replace(path / MANIFEST)
 
 
@@ -198,10 +187,6 @@ class ManifestWriter:
     def wait_all(cls) -> None:
         while cls._threads:
             cls._threads.pop(0).join()
-
-
-def _weights_finite(checkpoint: Path) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in load_model_state(checkpoint).values())
 
 
 def _check_files(path: Path, recorded: Dict[str, Union[int, Dict[str, Union[int, str]]]]) -> Optional[str]:
@@ -241,7 +226,8 @@ def verify(checkpoint: PathOrStr, load_weights: bool = True) -> Optional[str]:
     if not load_weights:
         return None
     try:
-        return None if _weights_finite(path) else f"{path} has non-finite weights"
+        finite = all(bool(torch.isfinite(v).all()) for v in load_model_state(path).values())
+        return None if finite else f"{path} has non-finite weights"
     except Exception as e:  # a cut or missing model file
         return f"{path} unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
 

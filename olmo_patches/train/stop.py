@@ -28,7 +28,7 @@ from olmo_core.train.callbacks import Callback
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STOP_SIGNALS", "install", "ignore", "stop_signals", "requested", "StopOnSignalCallback"]
+__all__ = ["install", "ignore", "requested", "StopOnSignalCallback"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
