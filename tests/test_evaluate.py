@@ -83,14 +83,17 @@ def test_out_json_is_one_record_and_progress_is_shown(tiny_run, posthoc, tmp_pat
     assert "copa" in r.stderr and "batches" in r.stderr and "instances" in r.stderr  # the progress bar
 
 
-def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path):
+def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path, caplog):
     from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
 
     r = run_in_process(
         "export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file)
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    hf = evaluate(from_hf(tmp_path / "hf", EvalChoice(), config=tiny_run / "config.yaml"))
+    with caplog.at_level("INFO", logger="olmo_patches.train.evaluate"):
+        hf = evaluate(from_hf(tmp_path / "hf", EvalChoice(), config=tiny_run / "config.yaml"))
+    timed = [r.getMessage() for r in caplog.records if " batches in " in r.getMessage()]
+    assert [line.split(":")[0] for line in timed] == ["lm", "downstream 'copa'"], timed  # the evaluators, not their last metrics
     ours = read_metrics(posthoc)[2]
     assert set(hf) == {k for k in ours if k.startswith("eval/")}
     for key, value in hf.items():

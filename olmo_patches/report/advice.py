@@ -66,7 +66,7 @@ def long_warmup(spec: ExperimentSpec) -> Optional[str]:
     """The warning for a warmup longer than the run, else None."""
     t = spec.train
     per_step = t.global_batch_size * spec.data.sequence_length
-    steps = t.max_steps if t.max_steps is not None else (t.max_tokens or 0) // per_step
+    steps = spec.steps
     key, warmup = (
         ("train.warmup_steps", t.warmup_steps) if t.warmup_steps is not None else ("train.warmup_tokens", t.warmup_tokens)
     )

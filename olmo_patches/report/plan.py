@@ -123,10 +123,8 @@ def data_passes(spec: ExperimentSpec, tokens: int) -> str:
 def plan(spec: ExperimentSpec) -> RunPlan:
     t, seq = spec.train, spec.data.sequence_length
     per_step = t.global_batch_size * seq
-    if t.max_tokens is not None:
-        steps, tokens = math.ceil(t.max_tokens / per_step), t.max_tokens  # OLMo-core stops at ceil
-    else:
-        steps, tokens = int(t.max_steps or 0), int(t.max_steps or 0) * per_step
+    steps = spec.steps or 0
+    tokens = t.max_tokens if t.max_tokens is not None else steps * per_step
     warmup = t.warmup_steps if t.warmup_steps is not None else math.ceil((t.warmup_tokens or 0) / per_step)
     b = count(spec)  # builds the model (meta): once
     return RunPlan(

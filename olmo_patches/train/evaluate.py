@@ -290,8 +290,8 @@ def evaluate(
                 evaluator.update_metrics(batch, ce_loss, logits)
             if isinstance(evaluator, LMEvaluator) and target.lm_duration.due(step=steps, tokens=tokens, epoch=1):
                 break
-        for name, value in evaluator.compute_metrics().items():
-            metrics[f"eval/{evaluator.name}/{name}"] = float(value)
+        for metric, value in evaluator.compute_metrics().items():
+            metrics[f"eval/{evaluator.name}/{metric}"] = float(value)
         log.info(f"{name}: {steps} batches in {time.monotonic() - start:.1f} s")
     return metrics
 
