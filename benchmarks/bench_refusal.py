@@ -48,6 +48,10 @@ def main() -> None:
             ("bad config (train.lr=abc)", [*train, str(REPO / "configs/demo/baseline.yaml"), "train.lr=abc"]),
             ("bad config in a file (1B, model.K=0)", [*train, str(REPO / "configs/1B/hourglass.yaml"), "model.K=0"]),
             (
+                "bad config, the last check (1B, model.vocab_size=5)",
+                [*train, str(REPO / "configs/1B/hourglass.yaml"), "model.vocab_size=5"],
+            ),
+            (
                 "busy run folder",
                 [*train, str(REPO / "configs/demo/baseline.yaml"), f"run.save_folder={busy}", "train.max_steps=1"],
             ),

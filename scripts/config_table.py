@@ -7,8 +7,6 @@ import argparse
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, folder_arg, load_or_exit
-from olmo_patches.report.plan import plan
-from olmo_patches.report.counts import count
 
 
 def baseline_of(path: Path, root: Path) -> Path:
@@ -21,6 +19,10 @@ def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", nargs="?", default="configs", metavar="ROOT", help="the configs' folder (default: configs/)")
     root = folder_arg("ROOT", parser.parse_args().root)
+
+    from olmo_patches.report.counts import count
+    from olmo_patches.report.plan import plan
+
     paths = sorted(
         p
         for p in root.rglob("*.yaml")

@@ -21,7 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse
 from olmo_patches.config import ConfigError
 from olmo_patches.report.console import console
-from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
 
 
 def main() -> None:
@@ -59,6 +58,9 @@ def main() -> None:
         parser.error("--hf needs --out")
     if args.out is not None:  # FILE.json, FILE.jsonl or a folder, before the model loads
         out_arg("--out", args.out, folder=Path(args.out).suffix not in (".json", ".jsonl"))
+
+    from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
+
     choice = EvalChoice(args.tasks, args.validation_sets, args.sequence_length, args.limit, args.batch_size)
     start = time.monotonic()
     try:

@@ -20,8 +20,6 @@ from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, console, out_arg
 from olmo_patches.config import ConfigError
-from olmo_patches.launch.sweep import launch_local, launch_slurm, load_sweep, sweep_status
-from olmo_patches.report.sweep import report, status_rows
 
 
 def main() -> None:
@@ -48,6 +46,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "report":
         out_arg("--out", args.out)
+
+    from olmo_patches.launch.sweep import launch_local, launch_slurm, load_sweep, sweep_status
+    from olmo_patches.report.sweep import report, status_rows
+
     try:
         members = load_sweep(args.configs, args.overrides)
     except ConfigError as e:

@@ -12,7 +12,7 @@ from olmo_patches.config import load_spec, spec_to_yaml
 from olmo_patches.config.spec import ModelSpec
 from olmo_patches.launch.layout import Layout, resolve
 
-from .conftest import REPO
+from .conftest import REPO, run
 
 BASES = ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
 SHIPPED = sorted(p for p in (REPO / "configs").rglob("*.yaml") if p.name not in BASES)
@@ -34,6 +34,34 @@ def test_every_shipped_config_loads_the_same_with_and_without_cuda(monkeypatch):
     assert without == with_cuda
     # nothing was resolved: the keys a preset fills are still null where the config left them
     assert "micro_batch_size: null" in without[REPO / "configs" / "1B" / "hourglass.yaml"]
+
+
+def test_loading_every_shipped_config_imports_no_torch():
+    """A config is read and checked before torch is imported: a refusal takes a fraction of a second."""
+    code = (
+        "import sys; from pathlib import Path; from olmo_patches.config import load_spec\n"
+        f"paths = [p for p in Path({str(REPO / 'configs')!r}).rglob('*.yaml') if p.name not in {BASES!r}]\n"
+        "[load_spec(p) for p in paths]\n"
+        "print(len(paths), sorted(m for m in ('torch', 'olmo_core', 'numpy') if m in sys.modules))"
+    )
+    r = run([sys.executable, "-c", code])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [str(len(SHIPPED)), "[]"], r.stdout
+
+
+def test_the_vocabulary_known_at_load_is_olmo_cores():
+    """config/spec.py knows dolma2's size without importing OLMo-core; the model's vocabulary is
+    OLMo-core's padded size, for dolma2 and the demo tokenizer alike."""
+    from olmo_core.data import TokenizerConfig
+
+    from olmo_patches.config import tokenizer_config, vocab_size
+
+    for config in ("113M/hourglass.yaml", "demo/baseline.yaml", "paper2/200M/baseline.yaml"):
+        spec = load_spec(REPO / "configs" / config)
+        assert vocab_size(spec) == tokenizer_config(spec).padded_vocab_size(), config
+    spec = load_spec(REPO / "configs" / "1B" / "baseline.yaml")
+    assert vocab_size(spec) == TokenizerConfig.dolma2().padded_vocab_size() == 100352
+    assert spec.model.vocab_size is None  # the padded size above is the one computed, not a config's
 
 
 def test_resolve_fills_what_the_machine_decides_and_says_so():

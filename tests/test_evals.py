@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from olmo_patches.launch.layout import load_and_resolve
-from olmo_patches.eval.evaluators import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS, validation_files
+from olmo_patches.eval.evaluators import validation_files
+from olmo_patches.eval.names import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS
 from olmo_patches.train import build_experiment, resolve_data
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,6 +7,7 @@ field's comment is its documentation.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -566,6 +567,15 @@ def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":
     return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1)
 
 
+DOLMA2_VOCAB = 100278  # OLMo-core's TokenizerConfig.dolma2().vocab_size (known here: a config loads without torch)
+PAD_MULTIPLE = 128  # OLMo-core's padded_vocab_size pads the embedding to a multiple of 128
+
+
+def tokenizer_vocab(spec: ExperimentSpec) -> int:
+    """The tokenizer's own vocabulary: dolma2's, or the demo's."""
+    return DOLMA2_VOCAB if spec.data.tokenizer == "dolma2" else spec.data.demo_vocab_size
+
+
 def vocab_size(spec: ExperimentSpec) -> int:
-    """The model's vocabulary without building data: explicit, dolma2's padded, or the demo's."""
-    return spec.model.vocab_size or tokenizer_config(spec).padded_vocab_size()
+    """The model's vocabulary without building data: explicit, else the tokenizer's padded as OLMo-core pads it."""
+    return spec.model.vocab_size or PAD_MULTIPLE * math.ceil(tokenizer_vocab(spec) / PAD_MULTIPLE)

@@ -10,7 +10,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from ..shapes.widths import SHAPES, expert_hidden_size
-from .spec import AC_MODES, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, failer, one_line, tokenizer_config, vocab_size
+from .spec import AC_MODES, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, failer, one_line, tokenizer_vocab, vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -322,9 +322,9 @@ def _validate_shapes(spec: ExperimentSpec, fail) -> None:
     """Shape arithmetic in Python integers: no matrix too large to build, a vocabulary that holds the tokenizer's."""
     m = spec.model
     vocab = vocab_size(spec)
-    tokenizer_vocab = tokenizer_config(spec).vocab_size
-    if m.vocab_size is not None and m.vocab_size < tokenizer_vocab:
-        fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_vocab} tokens")
+    tokenizer_size = tokenizer_vocab(spec)
+    if m.vocab_size is not None and m.vocab_size < tokenizer_size:
+        fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_size} tokens")
     hourglass = m.is_hourglass
     hidden_key, hidden = ("model.d_h", m.resolved_d_h) if hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
     for key, rows, cols in (
@@ -337,7 +337,7 @@ def _validate_shapes(spec: ExperimentSpec, fail) -> None:
 
 
 def validate_evals(spec: ExperimentSpec, fail) -> None:
-    from ..eval.evaluators import VALIDATION_SETS
+    from ..eval.names import VALIDATION_SETS
 
     e = spec.eval
     if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:

