@@ -27,7 +27,6 @@ from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
 from olmo_patches.config import vocab_size
-from olmo_patches.report.counts import count
 from olmo_patches.report.shape_config import write_config
 from olmo_patches.shapes.search import (
     ALIGNED_TOLERANCE,
@@ -47,6 +46,8 @@ DOLMA2_PADDED_VOCAB = 100352
 def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
     """(budget, baseline config or None, vocab size, sequence length)."""
     if text.endswith((".yaml", ".yml")):
+        from olmo_patches.report.counts import count  # builds the model (meta): torch
+
         spec = load_or_exit(text)
         return count(spec).non_embedding, Path(text), vocab_size(spec), spec.data.sequence_length
     scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1)
