@@ -2,12 +2,12 @@
 
 Layers, each importing only those above it in this list (never below):
   resources.py                     where configs/, data_order/, scripts/ are (checkout or installed wheel)
-  shapes/                          pure shape arithmetic: the hourglass search, paper 2's width schedules
+  shapes/                          pure shape arithmetic: the papers' closed-form counts, the hourglass search, paper 2's widths
   nn/, optim/, data/, eval/        the papers' blocks; LR schedules; token data; evaluators
   config/                          YAML -> a typed, validated spec -> OLMo-core configs (pure: the same spec everywhere)
   launch/                          what depends on the machine and the job: resolve, cards and memory, run folders, peers, sweeps
-  train/                           an experiment on OLMo-core's Trainer: wiring, resume, progress, metrics
-  report/, export/                 counts, plans, tables, figures, benchmarks, the demo; Hugging Face export
+  train/                           an experiment on OLMo-core's Trainer: wiring, resume, progress, metrics; the benchmark
+  report/, export/                 counts, plans, tables, figures, the demo's comparison; Hugging Face export
   cli.py                           command-line plumbing for scripts/
   commands.py, __main__.py         hourglass-* console commands, python -m olmo_patches COMMAND
 """

@@ -1,12 +1,13 @@
 """Markdown table of the hourglass paper's shipped configs under configs/ (sizes and their ablations).
 
-python scripts/config_table.py [ROOT]   # default configs/; skips configs/demo
+python scripts/config_table.py [ROOT]   # default: the checkout's (or the installed package's) configs/; skips configs/demo
 """
 
 import argparse
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, folder_arg, load_or_exit
+from olmo_patches.resources import data_path
 
 
 def baseline_of(path: Path, root: Path) -> Path:
@@ -17,8 +18,9 @@ def baseline_of(path: Path, root: Path) -> Path:
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("root", nargs="?", default="configs", metavar="ROOT", help="the configs' folder (default: configs/)")
-    root = folder_arg("ROOT", parser.parse_args().root)
+    parser.add_argument("root", nargs="?", metavar="ROOT", help="the configs' folder (default: the package's configs/)")
+    args = parser.parse_args()
+    root = folder_arg("ROOT", args.root) if args.root is not None else data_path("configs")
 
     from olmo_patches.report.counts import count
     from olmo_patches.report.plan import plan

@@ -20,6 +20,8 @@ from pathlib import Path
 import olmo_core.distributed.parallel as parallel
 from torch.distributed import TCPStore
 
+from olmo_patches.launch import peers
+
 TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
 
@@ -45,6 +47,8 @@ def main() -> None:
         sys.argv = [str(TRAIN), *argv]
         runpy.run_path(str(TRAIN), run_name="__main__")
         parallel._WORLD_MESH = None  # OLMo-core builds its world mesh once a process: this run's is gone
+        peers.stop_watching()  # and the next run starts with no store or failure of this one's
+        peers._forget()
 
 
 if __name__ == "__main__":

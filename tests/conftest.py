@@ -73,7 +73,7 @@ SLOW_FIRST = (
     "test_bad_configs.py",
     "test_fuzz_inputs.py",
     "test_evaluate.py",
-    "test_hardware.py",
+    "test_presets.py",
     "test_rerun.py",
     "test_tables.py",
 )
@@ -204,13 +204,13 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: in
         if not isinstance(e.code, (int, type(None))):
             err.write(f"{e.code}\n")
     finally:
-        _forget_peers()  # the next command starts as a fresh process would
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_alarm)
         sys.argv = old_argv
         os.chdir(old_cwd)
         os.environ.clear()
         os.environ.update(old_env)
+        _forget_peers()  # the next command starts as a fresh process would
     return subprocess.CompletedProcess([sys.executable, str(path), *args], code, out.getvalue(), err.getvalue())
 
 
@@ -247,7 +247,7 @@ def _fresh_peers():
 def _forget_peers() -> None:
     if (peers := sys.modules.get("olmo_patches.launch.peers")) is not None:
         peers.stop_watching()
-        peers._store = peers._announced = None
+        peers._forget()
 
 
 @pytest.fixture(autouse=True)

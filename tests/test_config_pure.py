@@ -1,6 +1,6 @@
 """Loading a config is pure: the same spec on a login node and on a GPU node, with no model built
 and no machine read. What depends on the machine is `launch.layout.resolve`'s (tests/test_world_size.py,
-tests/test_hardware.py)."""
+tests/test_presets.py)."""
 
 import ast
 import sys

@@ -89,19 +89,19 @@ class RangeReader:
         if _is_other_url(path):
             from olmo_core.io import get_bytes_range, get_file_size
 
-            actual = get_file_size(path) if expect_size is not None else None
+            if expect_size is not None and (actual := get_file_size(path)) != expect_size:  # before the read
+                raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
             data = get_bytes_range(path, start, length)
         else:
             local = _local(path)
             try:
-                actual = os.stat(local).st_size
+                if expect_size is not None and (actual := os.stat(local).st_size) != expect_size:
+                    raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
                 with open(local, "rb") as f:
                     f.seek(start)
                     data = f.read(length)
             except FileNotFoundError:
                 raise DataOrderError(f"token file not found: {path}") from None
-        if expect_size is not None and actual != expect_size:
-            raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
         if len(data) != length:
             raise DataOrderError(f"{path}: got {len(data)} of {length} bytes at offset {start}")
         return data

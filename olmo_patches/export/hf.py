@@ -23,7 +23,7 @@ from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
 from ..train.checkpoints import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
 
-__all__ = ["custom_model", "export_hf"]
+__all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
 
 MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 

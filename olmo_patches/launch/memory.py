@@ -56,8 +56,9 @@ from fnmatch import fnmatch
 from olmo_core.nn.transformer import TransformerConfig
 
 from ..config.spec import ActivationCheckpointing
+from ..nn.hourglass import HourglassFeedForwardConfig
 
-__all__ = ["Layer", "MemoryEstimate", "estimate", "with_float8", "FSDP_BYTES", "LOGIT_BYTES", "FUSED_HEAD_BYTES"]
+__all__ = ["Layer", "MemoryEstimate", "estimate", "with_float8", "FSDP_BYTES", "LOGIT_BYTES", "FUSED_HEAD_BYTES", "OFF"]
 
 FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (module docstring)
 LOGIT_BYTES = 18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
@@ -159,12 +160,13 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     layers = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
+        hourglass = moe is None and isinstance(ffn, HourglassFeedForwardConfig)
         if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
             K, hidden, mlp_norm = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size, 0
         else:
             assert ffn is not None
-            K, hidden = getattr(ffn, "K", 1), ffn.hidden_size
-            mlp_norm = _norm(w) if hasattr(ffn, "K") else 0  # the hourglass's K norms live in its FFN
+            K, hidden = ffn.K if hourglass else 1, ffn.hidden_size
+            mlp_norm = _norm(w) if hourglass else 0  # the hourglass's K norms live in its FFN
         mixer = block.sequence_mixer
         head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
         n_kv = getattr(mixer, "n_kv_heads", None) or mixer.n_heads
@@ -175,7 +177,7 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
                 feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
                 norms=_norm(w) * (1 if mlp_norm else 2),
                 width=w,
-                weight_copy=ffn.saved_weight_copy(w) if moe is None and hasattr(ffn, "saved_weight_copy") else 0,
+                weight_copy=ffn.saved_weight_copy(w) if hourglass else 0,
             )
         )
     units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]

@@ -48,6 +48,9 @@ __all__ = [
     "guarded",
     "take_record",
     "drop_record",
+    "METRICS_FILE",
+    "pid_alive",
+    "read_metrics",
 ]
 
 LOCK, GUARD = ".lock", ".lock.guard"

@@ -41,7 +41,7 @@ from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
 
-__all__ = ["Member", "RunStatus", "SlurmInfo", "load_sweep", "sweep_status", "launch_local", "launch_slurm"]
+__all__ = ["Member", "RunStatus", "SlurmInfo", "load_sweep", "sweep_status", "launch_local", "launch_slurm", "take_claim"]
 
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"

@@ -28,6 +28,7 @@ __all__ = [
     "on_gpu",
     "resolve_attention_backend",
     "set_attention_backend",
+    "FLASH",
 ]
 
 ATTENTION_BACKENDS = ("auto", *(b.value for b in AttentionBackendName))

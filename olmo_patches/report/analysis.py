@@ -44,6 +44,7 @@ __all__ = [
     "validation_batch",
     "analysis_figure",
     "write_json",
+    "THRESHOLD",
 ]
 
 THRESHOLD = 0.01  # a unit is active on a token when |a| > 1% of its layer's RMS activation

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .tables import Run  # noqa: E402
 
-__all__ = ["make_figures", "scaling_figure"]
+__all__ = ["make_figures", "scaling_figure", "save_figure"]
 
 
 def _hourglass(runs: Dict[str, Run]) -> List[Run]:

@@ -26,13 +26,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from .tables import Run
 
-__all__ = ["fit_power_law", "family", "scaling_points", "scaling_tables", "paper_matched_loss", "paper_matched_loss_rows"]
+__all__ = [
+    "fit_power_law",
+    "family",
+    "scaling_points",
+    "scaling_tables",
+    "paper_matched_loss",
+    "paper_matched_loss_rows",
+    "fits",
+    "Point",
+]
 
 C_UNIT = 1e20  # FLOPs; the paper's fit L = 3.16 C^-0.0498 has C in about these units (docs/variable_width.md)
 
@@ -106,20 +115,29 @@ def run_compute_and_width(run: Run) -> tuple[float, float]:
     return count(spec).flops_per_token * tokens / C_UNIT, sum(widths) / len(widths)
 
 
-def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[tuple]]:
-    """{family: [(C, L, run name, mean width), ...] by C} for the runs with a validation loss."""
-    points: Dict[str, List[tuple]] = {}
+class Point(NamedTuple):
+    C: float  # training FLOPs so far, in C_UNIT
+    L: float  # validation loss
+    run: str
+    W: float  # mean layer width
+
+
+def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[Point]]:
+    """{family: [Point, ...] by C} for the runs with a validation loss."""
+    points: Dict[str, List[Point]] = {}
     for name, run in sorted(runs.items()):
         if (loss := run.val_loss()) is not None and run.last_step > 0:
             C, width = run_compute_and_width(run)
-            points.setdefault(family(run), []).append((C, loss, name, width))
+            points.setdefault(family(run), []).append(Point(C, loss, name, width))
     return {f: sorted(p) for f, p in points.items()}
 
 
-def fits(points: Dict[str, List[tuple]], x: int = 0) -> Dict[str, PowerLaw]:
-    """L = a X^b per family with runs at 2 or more values of X: compute C (x=0) or mean width W (x=3)."""
+def fits(points: Dict[str, List[Point]], x: str = "C") -> Dict[str, PowerLaw]:
+    """L = a X^b per family with runs at 2 or more values of X: compute ``C`` or mean width ``W``."""
     return {
-        f: fit_power_law([p[x] for p in pts], [p[1] for p in pts]) for f, pts in points.items() if len({p[x] for p in pts}) >= 2
+        f: fit_power_law([getattr(p, x) for p in pts], [p.L for p in pts])
+        for f, pts in points.items()
+        if len({getattr(p, x) for p in pts}) >= 2
     }
 
 
@@ -154,7 +172,7 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
     rows = []
     if target_loss is not None and fitted:
         base = fitted.get("baseline")
-        widths = fits(points, x=3)
+        widths = fits(points, x="W")
         base_w = widths.get("baseline")
         for f, law in fitted.items():
             C = law.compute_at(target_loss)

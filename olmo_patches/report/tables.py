@@ -26,7 +26,17 @@ from ..eval.names import PAPER_VALIDATION_SETS
 from ..launch.run_folder import read_metrics
 from ..resources import data_root
 
-__all__ = ["Run", "load_runs", "paper_results", "build_tables", "ablation_configs", "write_tables", "NOT_RUN", "NO_NUMBER"]
+__all__ = [
+    "Run",
+    "load_runs",
+    "paper_results",
+    "build_tables",
+    "ablation_configs",
+    "write_tables",
+    "NOT_RUN",
+    "NO_NUMBER",
+    "variable_width_table",
+]
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 REPO = data_root()  # configs/ of the checkout or the installed wheel

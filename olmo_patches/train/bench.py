@@ -40,7 +40,7 @@ from ..nn.attention import head_dims, resolve_attention_backend, set_attention_b
 from ..nn.accounting import breakdown
 from ..resources import data_root
 
-__all__ = ["SCALES", "run_bench", "format_results"]
+__all__ = ["SCALES", "run_bench", "format_results", "as_json"]
 
 REPO = data_root()  # configs/ of the checkout or the installed wheel
 

@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 
 from ..config import ConfigError, ExperimentSpec
 
-__all__ = ["DiskFullError", "check_room", "checkpoint_bytes", "full_error"]
+__all__ = ["DiskFullError", "check_room", "checkpoint_bytes", "full_error", "CHECKPOINT_BYTES_PER_PARAM", "disk_full_error"]
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # "No space left on device", "Disk quota exceeded"
 

@@ -49,7 +49,7 @@ from .checkpoints import checkpoint_step, latest_complete, load_model_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["from_checkpoint", "from_hf", "evaluate", "write_metrics"]
+__all__ = ["from_checkpoint", "from_hf", "evaluate", "write_metrics", "EvalChoice", "default_out"]
 
 # (input_ids, labels) -> (logits, per-token CE loss)
 Forward = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]

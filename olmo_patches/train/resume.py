@@ -51,7 +51,14 @@ from .safety import ManifestWriter, check_before_save
 
 log = logging.getLogger(__name__)
 
-__all__ = ["prune_incomplete", "ResumeCheckpointerCallback", "check_resume_from", "load_explicit"]
+__all__ = [
+    "prune_incomplete",
+    "ResumeCheckpointerCallback",
+    "check_resume_from",
+    "load_explicit",
+    "SAVE_RATE",
+    "measured_save_rate",
+]
 
 _STEP_DIR = re.compile(r"^step(\d+)(-tmp)?$")
 
