@@ -1,10 +1,10 @@
 """Rewrite the papers' sweep folders: paper 1's from their scripts/search.py commands, paper 2's r_l / r_d
-grid from olmo_patches/report/paper_sweeps.py's WIDTH_GRID.
+grid from olmo_patches/config/paper_sweeps.py's WIDTH_GRID.
 
     python scripts/make_sweeps.py [FOLDER ...] [--root DIR]
 
 Each folder's YAML files are replaced by what scripts/search.py --write gives now. FOLDER: only those
-(as listed in olmo_patches/report/paper_sweeps.py); --root DIR: a copy of the repository's configs/ lies under
+(as listed in olmo_patches/config/paper_sweeps.py); --root DIR: a copy of the repository's configs/ lies under
 DIR and is rewritten instead (a check that the shipped folders reproduce: diff -r the two).
 """
 
@@ -25,12 +25,12 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="the folder holding configs/ (default: the repository)")
     args = parser.parse_args()
 
-    from olmo_patches.report.paper_sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
+    from olmo_patches.config.paper_sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
 
     for f in args.folders:
         if f.rstrip("/") not in {**SWEEPS, **WIDTH_GRID}:
             refuse(
-                f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/report/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})"
+                f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/config/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})"
             )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for folder, argv in SWEEPS.items():

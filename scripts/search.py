@@ -27,7 +27,7 @@ from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
 from olmo_patches.config import vocab_size
-from olmo_patches.report.shape_config import write_config
+from olmo_patches.config.shape_config import write_config
 from olmo_patches.shapes.search import (
     ALIGNED_TOLERANCE,
     SPLIT_TOLERANCE,

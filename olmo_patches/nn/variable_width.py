@@ -228,7 +228,8 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
 
     def num_active_params(self, d_model: int) -> int:
         del d_model
-        return super().num_active_params(self.width)  # OLMo-core's: the total less the MoE's inactive experts, at w_l
+        # OLMo-core's: this config's num_params at w_l less the MoE's inactive experts
+        return super().num_active_params(self.width)
 
 
 class OutputNorm(RMSNorm):
