@@ -34,13 +34,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "validation_files",
-    "lm_evaluator",
-    "downstream_evaluator",
-    "downstream_evaluators",
-    "check_downstream_fit",
-]
+__all__ = ["validation_files", "lm_evaluator", "downstream_evaluator", "downstream_evaluators", "check_downstream_fit"]
+
 
 def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[str]]:
     """(paths, labels) of the named v3-small-ppl-validation sets, in the order given."""
