@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
+from olmo_patches.config.spec import DOLMA2_VOCAB, PAD_MULTIPLE
 from olmo_patches.config import vocab_size
 from olmo_patches.config.shape_config import write_config
 from olmo_patches.shapes.search import (
@@ -40,7 +41,7 @@ from olmo_patches.shapes.search import (
     solve_split,
 )
 
-DOLMA2_PADDED_VOCAB = 100352
+DOLMA2_PADDED_VOCAB = PAD_MULTIPLE * -(-DOLMA2_VOCAB // PAD_MULTIPLE)  # OLMo-core's padded dolma2
 
 
 def parse_budget(text: str) -> tuple[int, Path | None, int, int]:

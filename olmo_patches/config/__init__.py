@@ -3,12 +3,12 @@
 - ``spec``: the dataclasses (every key a config may set, each with its one-line comment) and
   ``ModelSpec.build()`` -> OLMo-core's ``TransformerConfig``
 - ``load``: the ``extends`` chain and the overrides merged into a spec
-- ``validate``: shape, recipe and domain checks (one line naming the file, key and value)
+- ``validate``: shape, recipe and domain checks by section (each section's ``validate()`` runs its
+  own, ``ExperimentSpec.validate()`` all of them): one line naming the file, key and value
 """
 
 from .load import coerce_shorthands, load_spec, spec_to_yaml
 from .spec import ConfigError, ExperimentSpec, ModelSpec, RoPEScalingSpec, WidthSpec, tokenizer_config, vocab_size
-from .validate import validate_evals
 
 __all__ = [
     "ConfigError",
@@ -20,6 +20,5 @@ __all__ = [
     "load_spec",
     "spec_to_yaml",
     "tokenizer_config",
-    "validate_evals",
     "vocab_size",
 ]

@@ -17,7 +17,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
-from .validate import validate
 
 _NOT_A = re.compile(r"^Value '(.*)' of type '\w+' could not be converted to (\w+)$")
 _NOT_VALID = re.compile(r"^Value '(.*)' is not a valid (\w+)(?: \(type \w+\))?$")
@@ -154,7 +153,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
             raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {why}") from e
         raise ConfigError(_line(_where(key or "?", chain, overrides), key or "?", e)) from e
     where = partial(_where, chain=chain, cli=overrides)
-    validate(spec, where)
+    spec.validate(where)
     spec.where = where  # type: ignore[attr-defined]  # for launch.resolve's errors: not a key
     return spec
 

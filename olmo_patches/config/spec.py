@@ -18,6 +18,7 @@ from enum import Enum
 from omegaconf import MISSING
 
 from ..shapes.widths import MoEShape, schedule_widths
+from .validate import check_across, check_data, check_eval, check_every_value, check_model, check_run, check_train
 
 if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
     from olmo_core.data import TokenizerConfig
@@ -152,6 +153,7 @@ def failer(where=lambda key: "config"):
     def fail(key: str, value: Any, why: str):
         raise ConfigError(f"{where(key)}: {key}={value}: {why}")
 
+    fail.where = where  # a check that blames the key changed last asks it
     return fail
 
 
@@ -238,6 +240,10 @@ class ModelSpec:
     widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
     moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
     attention_backend: AttentionBackend = AttentionBackend.auto  # auto | torch | flash_2/3/4 | te (nn/attention.py)
+
+    def validate(self, fail) -> None:
+        """Every check that reads only the model (widths, MoE and RoPE scaling too): config/validate.py."""
+        check_model(self, fail)
 
     @property
     def is_hourglass(self) -> bool:
@@ -392,6 +398,10 @@ class DataSpec:
     num_workers: Optional[int] = None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
     prefetch_factor: Optional[int] = None  # batches each worker reads ahead (null: torch's 2)
 
+    def validate(self, fail) -> None:
+        """Every check that reads only the data section: config/validate.py."""
+        check_data(self, fail)
+
 
 def default_demo_cache() -> Path:
     """Where the demo corpus is built once for every working folder: the checkout's .cache/demo-corpus
@@ -414,9 +424,6 @@ class PowerSpec:
     a: Optional[float] = None  # the authors: 4 x sequences per step
     b: float = -0.566  # the authors' exponent
     c: Optional[float] = None  # tokens per step: sequences per step x sequence length
-
-
-AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
 
 
 @dataclass
@@ -499,11 +506,15 @@ class TrainSpec:
     optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw
     precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: Float8 = Float8.off  # torchao float8 matmuls: off or a Float8 recipe (nn/float8.py; emulated on CPU, pre-SM89)
+    float8: Float8 = Float8.off  # torchao float8 matmuls: off | tensorwise | rowwise | rowwise_with_gw_hp (nn/float8.py)
     activation_checkpointing: Optional[ActivationCheckpointing] = None  # bool | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | a card of launch/cards.py
+    hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
+
+    def validate(self, fail) -> None:
+        """Every check that reads only the train section (train.power, train.activation_checkpointing too)."""
+        check_train(self, fail)
 
 
 @dataclass
@@ -515,6 +526,10 @@ class EvalSpec:
     downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
     downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
     downstream_sequence_length: Optional[int] = None  # tasks' context; longer ones cut from the left (null: data.sequence_length)
+
+    def validate(self, fail) -> None:
+        """Every check that reads only the eval section (also the evaluate command's, on its flags)."""
+        check_eval(self, fail)
 
 
 @dataclass
@@ -528,6 +543,10 @@ class RunSpec:
     stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past end: refused)
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
     trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
+
+    def validate(self, fail) -> None:
+        """Every check that reads only the run section."""
+        check_run(self, fail)
 
 
 @dataclass
@@ -551,6 +570,16 @@ class ExperimentSpec:
         if t.max_tokens is not None and t.global_batch_size >= 1:
             return -(-t.max_tokens // (t.global_batch_size * self.data.sequence_length))
         return None
+
+    def validate(self, where=lambda key: "config") -> None:
+        """Every check that the types cannot express (config/validate.py), a failure one ConfigError line
+        naming where ``key`` was set (``where(key)``: a file or "command line"): every value's domain, then
+        each section's checks, then those that read two sections."""
+        fail = failer(where)
+        check_every_value(self, fail)
+        for section in (self.model, self.data, self.train, self.eval, self.run):
+            section.validate(fail)
+        check_across(self, fail, tokenizer_vocab(self), vocab_size(self))
 
     def model_config(self) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` of this run's model, at its vocabulary."""

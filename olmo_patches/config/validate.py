@@ -1,5 +1,6 @@
-"""Validation: the shape and recipe checks that the schema's types cannot express, and every number's
-domain. A failure is one line naming the file (or "command line"), the key and the value."""
+"""Validation: the checks that the schema's types cannot express, and every number's domain, by section:
+each section's ``validate`` in config/spec.py runs its ``check_*`` here (this module imports nothing of
+spec.py). A failure is one line naming the file (or "command line"), the key and the value."""
 
 from __future__ import annotations
 
@@ -10,25 +11,53 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from ..shapes.widths import SHAPES, expert_hidden_size
-from .spec import AC_MODES, ExperimentSpec, ModelSpec, TrainSpec, WidthSpec, failer, one_line, tokenizer_vocab, vocab_size
 
 log = logging.getLogger(__name__)
 
+_MAX_NUMBER = 2**53  # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
+_MAX_SEED = 2**32  # numpy's seed range, which OLMo-core's seed_all passes the seed to
+_MAX_SEQUENCE = 2**20  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
+_MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
+_MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
 
-def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
-    """Shape and recipe checks that the schema's types cannot express."""
-    fail = failer(where)
-    m, t, d = spec.model, spec.train, spec.data
-    _validate_every_value(spec, fail)
+
+def check_every_value(spec, fail, node: Any = None, prefix: str = "") -> None:
+    """Every number finite and at most 2^53 in magnitude, every string non-empty (null unsets a key), the
+    items of every list too: whatever the key, before any check that does arithmetic with it."""
+    node = spec if node is None else node
+    for f in fields(node):
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if is_dataclass(value):
+            check_every_value(spec, fail, value, f"{key}.")
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, bool) or item is None:
+                continue
+            if isinstance(item, (int, float)) and not (math.isfinite(item) and abs(item) <= _MAX_NUMBER):
+                fail(key, value, "must be a finite number of magnitude at most 2^53")
+            if isinstance(item, str) and not item.strip():
+                fail(key, repr(value), "must not be empty" + (" (null: unset)" if f.default is None else ""))
+
+
+def _check_numbers(fail, *checks: tuple[str, Any, bool, str]) -> None:
+    """Each ``(key, value, ok, why)``: a number in its range (null: unset, not checked)."""
+    for key, value, ok, why in checks:
+        if value is not None and (not ok or (isinstance(value, float) and not math.isfinite(value))):
+            fail(key, value, why)
+
+
+def check_model(m, fail) -> None:
+    """The model (a ModelSpec): sizes, head and FFN shapes, the hourglass bottleneck, the MoE, the widths, RoPE scaling."""
     for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
         if value < 1:
             fail(key, value, "must be >= 1")
-    _validate_knobs(spec, fail)
+    _check_knobs(m, fail)
+    where = fail.where
     if m.head_dim is None and m.d_model % m.n_heads and where("model.d_model") == "command line" != where("model.n_heads"):
         fail(
             "model.d_model", m.d_model, f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)"
         )  # the key changed last
-    _validate_attention(m, fail)
+    _check_attention(m, fail)
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
     hourglass_experts = m.moe is not None and m.moe.experts == "hourglass"
@@ -42,110 +71,57 @@ def validate(spec: ExperimentSpec, where=lambda key: "config") -> None:
         if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
             fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
     if m.moe is not None:
-        _validate_moe(m, fail)
+        _check_moe(m, fail)
     if m.block == "variable_width":
-        _validate_widths(m, fail)
-    if (t.max_tokens is None) == (t.max_steps is None):
-        key = (
-            "train.max_tokens" if t.max_tokens is not None and where("train.max_tokens") == "command line" else "train.max_steps"
-        )
-        fail(key, getattr(t, key.split(".")[1]), "give exactly one of train.max_tokens and train.max_steps")
-    if t.global_batch_size < 1:
-        fail("train.global_batch_size", t.global_batch_size, "must be >= 1")
-    if t.micro_batch_size is not None and t.micro_batch_size < 1:
-        fail("train.micro_batch_size", t.micro_batch_size, "must be >= 1")
-    if t.schedule_lag < 0:
-        fail("train.schedule_lag", t.schedule_lag, "must be >= 0")
-    if t.warmup_steps is not None and t.warmup_tokens is not None:
-        fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
-    _validate_schedule(t, fail)
-    if t.float8 != "off" and m.moe is not None:
-        fail(
-            "train.float8",
-            t.float8,
-            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
-        )
-    if d.base is not None and d.source != "olmo2_stage1":
-        fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
-    if d.source == "prefix" and not d.prefix_dir:
-        fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
-    if d.source == "numpy" and not d.paths and not d.mix:
-        fail("data.source", d.source, "a numpy data source needs data.paths or data.mix")
-    if (d.source == "demo") != (d.tokenizer == "demo"):
-        fail(
-            "data.tokenizer",
-            d.tokenizer,
-            f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}",
-        )
-    _validate_numbers(spec, fail)
-    _validate_shapes(spec, fail)
-    validate_evals(spec, fail)
-    _validate_device_keys(spec, fail)
-    if t.activation_checkpointing is not None:
-        _validate_checkpointing(spec, fail)
+        _check_widths(m, fail)
+    _check_numbers(
+        fail,
+        ("model.init_std", m.init_std, m.init_std > 0, "must be finite and > 0"),
+        ("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be finite and > 0"),
+        ("model.rope_theta", m.rope_theta, m.rope_theta > 0, "must be > 0"),
+    )
 
 
-AC_EXAMPLE = {"selected_blocks": "2", "selected_modules": "blocks.*.feed_forward", "budget": "0.5"}  # in the error line
+def _check_knobs(m, fail) -> None:
+    """The domain of every key, whether or not the block in use reads it (a sweep's override applies to
+    every run); a knob the block ignores, set away from its default, is a warning."""
+    w = m.widths
+    if m.K < 1:
+        fail("model.K", m.K, "must be >= 1")
+    if m.d_h is not None and m.d_h < 1:
+        fail("model.d_h", m.d_h, "must be >= 1")
+    if m.d_h_ratio is not None and not m.d_h_ratio > 0:
+        fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
+    if m.d_h_multiple < 1:
+        fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
+    if m.vocab_size is not None and m.vocab_size < 1:
+        fail("model.vocab_size", m.vocab_size, "must be >= 1")
+    if w.shape not in SHAPES:
+        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
+    if not 0 <= w.r_l <= 1:
+        fail("model.widths.r_l", w.r_l, "must be in [0, 1] (the extreme layer k = r_l L)")
+    if not 0 < w.r_d < 1:
+        fail("model.widths.r_d", w.r_d, "must be in (0, 1) (the narrowest width / d_model)")
+    if w.multiple < 1:
+        fail("model.widths.multiple", w.multiple, "must be >= 1")
+    if w.values is not None and not all(v >= 1 for v in w.values):
+        fail("model.widths.values", w.values, "every width must be >= 1")
+    for key in ("m_width", "m_emb", "m_residual", "init_range"):
+        if not getattr(w, key) > 0:
+            fail(f"model.widths.{key}", getattr(w, key), "must be > 0")
+    if (r := m.rope_scaling) is not None and r.original_max_position_embeddings < 1:
+        fail("model.rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings, "must be >= 1")
+    hourglass = m.is_hourglass or (m.moe is not None and m.moe.experts == "hourglass")
+    ignored = []
+    if not hourglass:
+        ignored += [k for k, default in (("K", 1), ("d_h", None), ("d_h_ratio", None)) if getattr(m, k) != default]
+    if m.block != "variable_width":
+        ignored += ["ffn"] * (m.ffn != "swiglu") + ["widths"] * (w != type(w)())  # set away from WidthSpec's defaults
+    for k in ignored:
+        log.warning("model.%s=%s: ignored by model.block=%s", k, getattr(m, k) if k != "widths" else "{...}", m.block)
 
 
-def _validate_checkpointing(spec: ExperimentSpec, fail) -> None:
-    """OLMo-core's own checks on its TransformerActivationCheckpointingConfig, at load, in one line."""
-    ac = spec.train.activation_checkpointing
-    assert ac is not None
-    key = "train.activation_checkpointing"
-    if ac.mode not in AC_MODES:
-        fail(f"{key}.mode", ac.mode, f"choose one of {', '.join(AC_MODES)} (or true, false)")
-    needs = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}
-    for mode, arg in needs.items():
-        if getattr(ac, arg) is not None and ac.mode != mode:
-            fail(f"{key}.{arg}", getattr(ac, arg), f"applies to mode {mode} only, not {ac.mode}")
-    if ac.mode in needs and getattr(ac, needs[ac.mode]) in (None, []):
-        fail(
-            f"{key}.{needs[ac.mode]}",
-            getattr(ac, needs[ac.mode]),
-            f"mode {ac.mode} needs it (e.g. {ac.mode}:{AC_EXAMPLE[ac.mode]})",
-        )
-    if ac.mode == "selected_blocks" and ac.block_interval < 1:  # type: ignore[operator]
-        fail(f"{key}.block_interval", ac.block_interval, "must be >= 1 (blocks 0, n, 2n, ... are checkpointed)")
-    if ac.mode == "budget" and not 0 <= ac.budget <= 1:  # type: ignore[operator]
-        fail(f"{key}.budget", ac.budget, "must be in [0, 1] (0: recompute everything, 1: nothing)")
-    moe = spec.model.moe is not None
-    if moe and ac.mode in ("full", "selected_blocks"):
-        fail(key, ac, "OLMo-core cannot checkpoint MoE blocks whole; use selected_modules:blocks.*.attention, false or null")
-    if ac.mode == "selected_modules":
-        from olmo_core.nn.moe import MoEBase
-
-        names = dict(spec.model_config().build(init_device="meta").named_modules())
-        for glob in ac.modules:  # type: ignore[union-attr]
-            matched = [n for n in names if fnmatch(n, glob)]
-            if not matched:
-                fail(f"{key}.modules", glob, "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)")
-            if any(isinstance(names[n], MoEBase) for n in matched):
-                fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
-
-
-def _validate_device_keys(spec: ExperimentSpec, fail) -> None:
-    m, d = spec.model, spec.data
-    if m.attention_backend.startswith("flash_") and spec.train.precision == "fp32":
-        fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
-    if d.num_workers is not None and d.num_workers < 0:
-        fail("data.num_workers", d.num_workers, "must be >= 0")
-    if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
-        fail("data.prefetch_factor", d.prefetch_factor, "must be >= 1, and needs data.num_workers > 0")
-
-
-def _validate_schedule(t: TrainSpec, fail) -> None:
-    if t.schedule != "power":
-        return
-    for key in ("a", "c"):
-        if (value := getattr(t.power, key)) is None or value <= 0:
-            fail(f"train.power.{key}", value, "schedule=power needs a value > 0")
-    if t.warmup_tokens is not None or t.schedule_tokens is not None:
-        key = "train.warmup_tokens" if t.warmup_tokens is not None else "train.schedule_tokens"
-        fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
-
-
-def _validate_attention(m: ModelSpec, fail) -> None:
+def _check_attention(m, fail) -> None:
     """Head size, GQA groups, FFN size and RoPE scaling."""
     if m.head_dim is None:
         if m.d_model % m.n_heads:
@@ -181,196 +157,7 @@ def _validate_attention(m: ModelSpec, fail) -> None:
             )
 
 
-# --- domains: every number in range ---------------------------------------------------------------
-
-_MAX_NUMBER = 2**53  # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
-_MAX_SEED = 2**32  # numpy's seed range, which OLMo-core's seed_all passes the seed to
-_MAX_SEQUENCE = 2**20  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
-_MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
-
-
-def _validate_every_value(spec: ExperimentSpec, fail, node: Any = None, prefix: str = "") -> None:
-    """Every number finite and at most 2^53 in magnitude, every string non-empty (null unsets a key), the
-    items of every list too: whatever the key, before any check that does arithmetic with it."""
-    node = spec if node is None else node
-    for f in fields(node):
-        key, value = f"{prefix}{f.name}", getattr(node, f.name)
-        if is_dataclass(value):
-            _validate_every_value(spec, fail, value, f"{key}.")
-            continue
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(item, bool) or item is None:
-                continue
-            if isinstance(item, (int, float)) and not (math.isfinite(item) and abs(item) <= _MAX_NUMBER):
-                fail(key, value, "must be a finite number of magnitude at most 2^53")
-            if isinstance(item, str) and not item.strip():
-                fail(key, repr(value), "must not be empty" + (" (null: unset)" if f.default is None else ""))
-
-
-def _validate_knobs(spec: ExperimentSpec, fail) -> None:
-    """The domain of every key, whether or not the block or source in use reads it (a sweep's override
-    applies to every run); a knob the block ignores, set away from its default, is a warning."""
-    m, t, d, w = spec.model, spec.train, spec.data, spec.model.widths
-    for key, seed in (("train.seed", t.seed), ("data.order_seed", d.order_seed)):
-        if not 0 <= seed < _MAX_SEED:
-            fail(key, seed, "must be in [0, 2^32) (numpy's seed range)")
-    if m.K < 1:
-        fail("model.K", m.K, "must be >= 1")
-    if m.d_h is not None and m.d_h < 1:
-        fail("model.d_h", m.d_h, "must be >= 1")
-    if m.d_h_ratio is not None and not m.d_h_ratio > 0:
-        fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
-    if m.d_h_multiple < 1:
-        fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
-    if m.vocab_size is not None and m.vocab_size < 1:
-        fail("model.vocab_size", m.vocab_size, "must be >= 1")
-    if w.shape not in SHAPES:
-        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
-    if not 0 <= w.r_l <= 1:
-        fail("model.widths.r_l", w.r_l, "must be in [0, 1] (the extreme layer k = r_l L)")
-    if not 0 < w.r_d < 1:
-        fail("model.widths.r_d", w.r_d, "must be in (0, 1) (the narrowest width / d_model)")
-    if w.multiple < 1:
-        fail("model.widths.multiple", w.multiple, "must be >= 1")
-    if w.values is not None and not all(v >= 1 for v in w.values):
-        fail("model.widths.values", w.values, "every width must be >= 1")
-    for key in ("m_width", "m_emb", "m_residual", "init_range"):
-        if not getattr(w, key) > 0:
-            fail(f"model.widths.{key}", getattr(w, key), "must be > 0")
-    if (r := m.rope_scaling) is not None and r.original_max_position_embeddings < 1:
-        fail("model.rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings, "must be >= 1")
-    if d.demo_vocab_size < 2:
-        fail("data.demo_vocab_size", d.demo_vocab_size, "must be >= 2 (the end-of-text and padding tokens)")
-    if not 2 <= d.sequence_length:
-        fail("data.sequence_length", d.sequence_length, "must be >= 2")
-    if d.sequence_length > _MAX_SEQUENCE:
-        fail("data.sequence_length", d.sequence_length, "must be at most 2^20")
-    if t.global_batch_size >= 1 and t.global_batch_size * d.sequence_length > _MAX_STEP_TOKENS:
-        fail(
-            "train.global_batch_size",
-            t.global_batch_size,
-            f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32",
-        )
-    hourglass = m.is_hourglass or (m.moe is not None and m.moe.experts == "hourglass")
-    ignored = []
-    if not hourglass:
-        ignored += [k for k, default in (("K", 1), ("d_h", None), ("d_h_ratio", None)) if getattr(m, k) != default]
-    if m.block != "variable_width":
-        ignored += ["ffn"] * (m.ffn != "swiglu") + ["widths"] * (w != WidthSpec())
-    for k in ignored:
-        log.warning("model.%s=%s: ignored by model.block=%s", k, getattr(m, k) if k != "widths" else "{...}", m.block)
-
-
-_MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
-
-
-def _validate_numbers(spec: ExperimentSpec, fail) -> None:
-    """Numbers finite and in range; list lengths."""
-    m, t, e, r = spec.model, spec.train, spec.eval, spec.run
-
-    def check(key: str, value: Any, ok: bool, why: str) -> None:
-        if value is not None and (not ok or (isinstance(value, float) and not math.isfinite(value))):
-            fail(key, value, why)
-
-    check("train.lr", t.lr, t.lr > 0, "must be finite and > 0")
-    if len(t.betas) != 2:
-        fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
-    if not all(0 <= beta < 1 for beta in t.betas):
-        fail("train.betas", list(t.betas), "each beta must be in [0, 1)")
-    check("train.eps", t.eps, t.eps > 0, "must be finite and > 0")
-    check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be finite and >= 0")
-    check("train.final_lr_ratio", t.final_lr_ratio, 0 <= t.final_lr_ratio <= 1, "must be in [0, 1]")
-    check(
-        "train.max_grad_norm", t.max_grad_norm, t.max_grad_norm is None or t.max_grad_norm > 0, "must be > 0 (null: no clipping)"
-    )
-    check("train.z_loss", t.z_loss, t.z_loss is None or t.z_loss >= 0, "must be finite and >= 0 (null: off)")
-    for key in ("max_steps", "max_tokens", "schedule_tokens"):
-        value = getattr(t, key)
-        check(f"train.{key}", value, value is None or value >= 1, "must be >= 1")
-    for key in ("warmup_steps", "warmup_tokens"):
-        value = getattr(t, key)
-        check(f"train.{key}", value, value is None or value >= 0, "must be >= 0")
-    check("model.init_std", m.init_std, m.init_std > 0, "must be finite and > 0")
-    check("model.norm_eps", m.norm_eps, m.norm_eps > 0, "must be finite and > 0")
-    check("model.rope_theta", m.rope_theta, m.rope_theta > 0, "must be > 0")
-    check("eval.interval", e.interval, e.interval >= 1, "must be >= 1")
-    check("eval.max_batches", e.max_batches, e.max_batches is None or e.max_batches >= 1, "must be >= 1 (null: the whole set)")
-    check(
-        "eval.downstream_interval",
-        e.downstream_interval,
-        e.downstream_interval is None or e.downstream_interval >= 1,
-        "must be >= 1",
-    )
-    check("run.log_interval", r.log_interval, r.log_interval >= 1, "must be >= 1")
-    check("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1")
-    check("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1")
-    check("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1")
-    steps = spec.steps
-    if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
-        fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
-    if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
-        fail(
-            "run.ephemeral_save_interval",
-            r.ephemeral_save_interval,
-            f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)",
-        )
-    if not r.name or "/" in r.name:
-        fail("run.name", r.name, "must be a non-empty name without '/'")
-
-
-def _validate_shapes(spec: ExperimentSpec, fail) -> None:
-    """Shape arithmetic in Python integers: no matrix too large to build, a vocabulary that holds the tokenizer's."""
-    m = spec.model
-    vocab = vocab_size(spec)
-    tokenizer_size = tokenizer_vocab(spec)
-    if m.vocab_size is not None and m.vocab_size < tokenizer_size:
-        fail("model.vocab_size", m.vocab_size, f"smaller than the {spec.data.tokenizer} tokenizer's {tokenizer_size} tokens")
-    hourglass = m.is_hourglass
-    hidden_key, hidden = ("model.d_h", m.resolved_d_h) if hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
-    for key, rows, cols in (
-        ("model.d_model", m.d_model, m.d_model),
-        (hidden_key, m.d_model, hidden),
-        ("model.vocab_size", vocab, m.d_model),
-    ):
-        if rows * cols > _MAX_MATRIX:
-            fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
-
-
-def validate_evals(spec: ExperimentSpec, fail) -> None:
-    from ..eval.names import VALIDATION_SETS
-
-    e = spec.eval
-    if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:
-        fail("eval.validation_sets", unknown, f"unknown; choose from {', '.join(VALIDATION_SETS)}")
-    if e.downstream_sequence_length is not None and e.downstream_sequence_length < 2:
-        fail(
-            "eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)"
-        )
-
-
-def _validate_widths(m: ModelSpec, fail) -> None:
-    w = m.widths
-    if m.tie_embeddings:
-        fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
-    if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
-        fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
-    try:
-        widths = m.resolved_widths
-    except ValueError as e:
-        key = "model.widths.r_l" if "extreme layer" in str(e) else "model.widths.schedule"
-        fail(key, getattr(w, key.rsplit(".", 1)[1]), one_line(e))
-    key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
-    step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
-    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
-    for layer, width in enumerate(widths, start=1):
-        if width < 1 or width % step:
-            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
-    if m.moe is not None and expert_hidden_size(min(widths), m.moe_hidden, m.d_model) < 1:
-        key = "model.d_h" if m.moe.experts == "hourglass" else "model.moe.expert_hidden"
-        fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
-
-
-def _validate_moe(m: ModelSpec, fail) -> None:
+def _check_moe(m, fail) -> None:
     e = m.moe
     assert e is not None
     if m.block != "variable_width":
@@ -387,7 +174,7 @@ def _validate_moe(m: ModelSpec, fail) -> None:
         fail("model.moe.num_experts", e.num_experts, "must be >= 1")
     if not 1 <= e.top_k <= e.num_experts:
         fail("model.moe.top_k", e.top_k, f"must be in [1, model.moe.num_experts={e.num_experts}]")
-    if e.experts == "hourglass":  # the experts' shape is model.K and model.d_h (checked in validate)
+    if e.experts == "hourglass":  # the experts' shape is model.K and model.d_h (checked in check_model)
         if e.expert_hidden is not None:
             fail(
                 "model.moe.expert_hidden",
@@ -399,3 +186,221 @@ def _validate_moe(m: ModelSpec, fail) -> None:
     for key in ("lb_loss_weight", "z_loss_weight"):
         if not (math.isfinite(value := getattr(e, key)) and value >= 0):
             fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")
+
+
+def _check_widths(m, fail) -> None:
+    w = m.widths
+    if m.tie_embeddings:
+        fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
+    if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
+        fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
+    try:
+        widths = m.resolved_widths
+    except ValueError as e:
+        key = "model.widths.r_l" if "extreme layer" in str(e) else "model.widths.schedule"
+        fail(key, getattr(w, key.rsplit(".", 1)[1]), " ".join(str(e).split()))  # on one line
+    key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
+    step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
+    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
+    for layer, width in enumerate(widths, start=1):
+        if width < 1 or width % step:
+            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
+    if m.moe is not None and expert_hidden_size(min(widths), m.moe_hidden, m.d_model) < 1:
+        key = "model.d_h" if m.moe.experts == "hourglass" else "model.moe.expert_hidden"
+        fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
+
+
+def check_data(d, fail) -> None:
+    """The data section (a DataSpec): every knob's domain (whether or not the source reads it), the source's keys, the loader's."""
+    if not 0 <= d.order_seed < _MAX_SEED:
+        fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
+    if d.demo_vocab_size < 2:
+        fail("data.demo_vocab_size", d.demo_vocab_size, "must be >= 2 (the end-of-text and padding tokens)")
+    if not 2 <= d.sequence_length:
+        fail("data.sequence_length", d.sequence_length, "must be >= 2")
+    if d.sequence_length > _MAX_SEQUENCE:
+        fail("data.sequence_length", d.sequence_length, "must be at most 2^20")
+    if d.base is not None and d.source != "olmo2_stage1":
+        fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
+    if d.source == "prefix" and not d.prefix_dir:
+        fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
+    if d.source == "numpy" and not d.paths and not d.mix:
+        fail("data.source", d.source, "a numpy data source needs data.paths or data.mix")
+    if (d.source == "demo") != (d.tokenizer == "demo"):
+        fail(
+            "data.tokenizer",
+            d.tokenizer,
+            f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}",
+        )
+    if d.num_workers is not None and d.num_workers < 0:
+        fail("data.num_workers", d.num_workers, "must be >= 0")
+    if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
+        fail("data.prefetch_factor", d.prefetch_factor, "must be >= 1, and needs data.num_workers > 0")
+
+
+def check_train(t, fail) -> None:
+    """The train section (a TrainSpec): length, batch, schedule (train.power), optimizer, activation checkpointing."""
+    if not 0 <= t.seed < _MAX_SEED:
+        fail("train.seed", t.seed, "must be in [0, 2^32) (numpy's seed range)")
+    if (t.max_tokens is None) == (t.max_steps is None):
+        cli = t.max_tokens is not None and fail.where("train.max_tokens") == "command line"
+        key = "train.max_tokens" if cli else "train.max_steps"
+        fail(key, getattr(t, key.split(".")[1]), "give exactly one of train.max_tokens and train.max_steps")
+    if t.global_batch_size < 1:
+        fail("train.global_batch_size", t.global_batch_size, "must be >= 1")
+    if t.micro_batch_size is not None and t.micro_batch_size < 1:
+        fail("train.micro_batch_size", t.micro_batch_size, "must be >= 1")
+    if t.schedule_lag < 0:
+        fail("train.schedule_lag", t.schedule_lag, "must be >= 0")
+    if t.warmup_steps is not None and t.warmup_tokens is not None:
+        fail("train.warmup_tokens", t.warmup_tokens, "give warmup_steps or warmup_tokens, not both")
+    if t.schedule == "power":
+        for key in ("a", "c"):
+            if (value := getattr(t.power, key)) is None or value <= 0:
+                fail(f"train.power.{key}", value, "schedule=power needs a value > 0")
+        if t.warmup_tokens is not None or t.schedule_tokens is not None:
+            key = "train.warmup_tokens" if t.warmup_tokens is not None else "train.schedule_tokens"
+            fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
+    if len(t.betas) != 2:
+        fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
+    if not all(0 <= beta < 1 for beta in t.betas):
+        fail("train.betas", list(t.betas), "each beta must be in [0, 1)")
+    _check_numbers(
+        fail,
+        ("train.lr", t.lr, t.lr > 0, "must be finite and > 0"),
+        ("train.eps", t.eps, t.eps > 0, "must be finite and > 0"),
+        ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be finite and >= 0"),
+        ("train.final_lr_ratio", t.final_lr_ratio, 0 <= t.final_lr_ratio <= 1, "must be in [0, 1]"),
+        (
+            "train.max_grad_norm",
+            t.max_grad_norm,
+            t.max_grad_norm is None or t.max_grad_norm > 0,
+            "must be > 0 (null: no clipping)",
+        ),
+        ("train.z_loss", t.z_loss, t.z_loss is None or t.z_loss >= 0, "must be finite and >= 0 (null: off)"),
+        ("train.max_steps", t.max_steps, t.max_steps is None or t.max_steps >= 1, "must be >= 1"),
+        ("train.max_tokens", t.max_tokens, t.max_tokens is None or t.max_tokens >= 1, "must be >= 1"),
+        ("train.schedule_tokens", t.schedule_tokens, t.schedule_tokens is None or t.schedule_tokens >= 1, "must be >= 1"),
+        ("train.warmup_steps", t.warmup_steps, t.warmup_steps is None or t.warmup_steps >= 0, "must be >= 0"),
+        ("train.warmup_tokens", t.warmup_tokens, t.warmup_tokens is None or t.warmup_tokens >= 0, "must be >= 0"),
+    )
+    if t.activation_checkpointing is not None:
+        _check_checkpointing(t.activation_checkpointing, fail)
+
+
+AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
+AC_EXAMPLE = {"selected_blocks": "2", "selected_modules": "blocks.*.feed_forward", "budget": "0.5"}  # in the error line
+
+
+def _check_checkpointing(ac, fail) -> None:
+    """OLMo-core's own checks on its TransformerActivationCheckpointingConfig, at load, in one line
+    (those that read the model: :func:`check_across`)."""
+    key = "train.activation_checkpointing"
+    if ac.mode not in AC_MODES:
+        fail(f"{key}.mode", ac.mode, f"choose one of {', '.join(AC_MODES)} (or true, false)")
+    needs = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}
+    for mode, arg in needs.items():
+        if getattr(ac, arg) is not None and ac.mode != mode:
+            fail(f"{key}.{arg}", getattr(ac, arg), f"applies to mode {mode} only, not {ac.mode}")
+    if ac.mode in needs and getattr(ac, needs[ac.mode]) in (None, []):
+        fail(
+            f"{key}.{needs[ac.mode]}",
+            getattr(ac, needs[ac.mode]),
+            f"mode {ac.mode} needs it (e.g. {ac.mode}:{AC_EXAMPLE[ac.mode]})",
+        )
+    if ac.mode == "selected_blocks" and ac.block_interval < 1:  # type: ignore[operator]
+        fail(f"{key}.block_interval", ac.block_interval, "must be >= 1 (blocks 0, n, 2n, ... are checkpointed)")
+    if ac.mode == "budget" and not 0 <= ac.budget <= 1:  # type: ignore[operator]
+        fail(f"{key}.budget", ac.budget, "must be in [0, 1] (0: recompute everything, 1: nothing)")
+
+
+def check_eval(e, fail) -> None:
+    """The eval section (an EvalSpec)."""
+    from ..eval.names import VALIDATION_SETS
+
+    _check_numbers(
+        fail,
+        ("eval.interval", e.interval, e.interval >= 1, "must be >= 1"),
+        ("eval.max_batches", e.max_batches, e.max_batches is None or e.max_batches >= 1, "must be >= 1 (null: the whole set)"),
+        (
+            "eval.downstream_interval",
+            e.downstream_interval,
+            e.downstream_interval is None or e.downstream_interval >= 1,
+            "must be >= 1",
+        ),
+    )
+    if unknown := [n for n in e.validation_sets if n not in VALIDATION_SETS]:
+        fail("eval.validation_sets", unknown, f"unknown; choose from {', '.join(VALIDATION_SETS)}")
+    if e.downstream_sequence_length is not None and e.downstream_sequence_length < 2:
+        fail(
+            "eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)"
+        )
+
+
+def check_run(r, fail) -> None:
+    """The run section (a RunSpec)."""
+    _check_numbers(
+        fail,
+        ("run.log_interval", r.log_interval, r.log_interval >= 1, "must be >= 1"),
+        ("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1"),
+        ("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1"),
+        ("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1"),
+    )
+    if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
+        fail(
+            "run.ephemeral_save_interval",
+            r.ephemeral_save_interval,
+            f"must be >= 1 and < run.save_interval={r.save_interval} (null: none)",
+        )
+    if not r.name or "/" in r.name:
+        fail("run.name", r.name, "must be a non-empty name without '/'")
+
+
+def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
+    """The checks that read two sections: tokens per step, float8 with an MoE, stop_at_step against the
+    step count, the vocabulary (``vocab``) against the tokenizer's and every matrix's size (in Python
+    integers), flash attention's precision, and activation checkpointing against the model (built on the
+    meta device)."""
+    m, t, d = spec.model, spec.train, spec.data
+    if t.global_batch_size * d.sequence_length > _MAX_STEP_TOKENS:
+        fail(
+            "train.global_batch_size",
+            t.global_batch_size,
+            f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32",
+        )
+    if t.float8 != "off" and m.moe is not None:
+        fail(
+            "train.float8",
+            t.float8,
+            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
+        )
+    r, steps = spec.run, spec.steps
+    if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
+        fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
+    if m.vocab_size is not None and m.vocab_size < tokenizer_size:
+        fail("model.vocab_size", m.vocab_size, f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens")
+    hidden_key, hidden = ("model.d_h", m.resolved_d_h) if m.is_hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
+    for key, rows, cols in (
+        ("model.d_model", m.d_model, m.d_model),
+        (hidden_key, m.d_model, hidden),
+        ("model.vocab_size", vocab, m.d_model),
+    ):
+        if rows * cols > _MAX_MATRIX:
+            fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
+    if m.attention_backend.startswith("flash_") and t.precision == "fp32":
+        fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
+    if (ac := t.activation_checkpointing) is None:
+        return
+    key = "train.activation_checkpointing"
+    if m.moe is not None and ac.mode in ("full", "selected_blocks"):
+        fail(key, ac, "OLMo-core cannot checkpoint MoE blocks whole; use selected_modules:blocks.*.attention, false or null")
+    if ac.mode == "selected_modules":
+        from olmo_core.nn.moe import MoEBase
+
+        names = dict(spec.model_config().build(init_device="meta").named_modules())
+        for glob in ac.modules:  # type: ignore[union-attr]
+            matched = [n for n in names if fnmatch(n, glob)]
+            if not matched:
+                fail(f"{key}.modules", glob, "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)")
+            if any(isinstance(names[n], MoEBase) for n in matched):
+                fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")

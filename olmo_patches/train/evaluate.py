@@ -38,7 +38,7 @@ from rich.progress import Progress
 
 from olmo_core.train.checkpoint import Checkpointer
 
-from ..config import ConfigError, ExperimentSpec, spec_to_yaml, validate_evals, vocab_size
+from ..config import ConfigError, ExperimentSpec, spec_to_yaml, vocab_size
 from ..config.spec import failer, one_line
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
@@ -153,9 +153,9 @@ _FLAGS = {
 
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
-    """config/validate.py's eval checks, reported against the command line's flags."""
+    """EvalSpec.validate's checks, reported against the command line's flags."""
     fail = lambda key, value, why: _fail(_FLAGS.get(key, key), value, why)  # noqa: E731
-    validate_evals(spec, fail)
+    spec.eval.validate(fail)
     check_downstream_tasks(spec, fail)
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):
         if value is not None and value < 1:
