@@ -28,6 +28,10 @@ CASES = [
     ("model:\n  n_heads: 128\n", "model.n_heads", "128"),  # head_dim 1: RoPE needs it even
     ("model:\n  block: wide_narrow\n", "model.block", "wide_narrow"),
     ("train:\n  micro_batch_size: 3\n", "train.micro_batch_size", "3"),
+    # the key that was set is blamed, not the one it resolves
+    ("model:\n  block: hourglass\n  K: 2\n  d_h_ratio: 0.001\n", "model.d_h_ratio", "0.001"),  # d_h = 0
+    ("model:\n  d_ff: 10000000000\n", "model.d_ff", "10000000000"),  # a 128 x 1e10 FFN matrix
+    ("model:\n  vocab_size: null\ndata:\n  demo_vocab_size: 10000000000\n", "data.demo_vocab_size", "10000000000"),  # 1e10 x 128
 ]
 
 

@@ -67,6 +67,8 @@ def check_model(m, fail) -> None:
         if m.d_h is not None and m.d_h_ratio is not None:
             fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
         if m.resolved_d_h < 1:
+            if m.d_h is None and m.d_h_ratio is not None:  # the ratio is what was set
+                fail("model.d_h_ratio", m.d_h_ratio, f"gives d_h = {m.resolved_d_h}; it must be >= 1")
             fail("model.d_h", m.resolved_d_h, "must be >= 1")
         if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
             fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
@@ -379,14 +381,16 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
         fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
     if m.vocab_size is not None and m.vocab_size < tokenizer_size:
         fail("model.vocab_size", m.vocab_size, f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens")
-    hidden_key, hidden = ("model.d_h", m.resolved_d_h) if m.is_hourglass else ("model.ffn_ratio", m.ffn_ratio * m.d_model)
+    hidden_key = "model.d_h" if m.is_hourglass else "model.d_ff" if m.d_ff is not None else "model.ffn_ratio"
+    vocab_key = "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"  # dolma2's is fixed
     for key, rows, cols in (
         ("model.d_model", m.d_model, m.d_model),
-        (hidden_key, m.d_model, hidden),
-        ("model.vocab_size", vocab, m.d_model),
+        (hidden_key, m.d_model, m.resolved_d_h if m.is_hourglass else m.resolved_d_ff),
+        (vocab_key, vocab, m.d_model),
     ):
         if rows * cols > _MAX_MATRIX:
-            fail(key, getattr(m, key.split(".")[1]), f"a {rows} x {cols} weight matrix is over 2^40 elements")
+            section, name = key.split(".")
+            fail(key, getattr(m if section == "model" else d, name), f"a {rows} x {cols} weight matrix is over 2^40 elements")
     if m.attention_backend.startswith("flash_") and t.precision == "fp32":
         fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
     if (ac := t.activation_checkpointing) is None:
