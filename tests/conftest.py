@@ -191,6 +191,9 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: in
     def expired(signum, frame):
         raise ScriptTimeout(f"{script} {' '.join(map(str, args))}: over {timeout} s")
 
+    # a script's stop signals: scripts/train.py ignores SIGTERM and SIGUSR1 as its process ends (train/stop.py);
+    # here the process goes on, and a child started later would inherit them ignored (bash could not trap them)
+    old_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     old_alarm = signal.signal(signal.SIGALRM, expired)
     signal.alarm(timeout)  # as run()'s timeout: a hang fails the test instead of blocking its worker
     try:
@@ -206,6 +209,8 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: in
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old_alarm)
+        for s, handler in old_signals.items():
+            signal.signal(s, handler)
         sys.argv = old_argv
         os.chdir(old_cwd)
         os.environ.clear()
