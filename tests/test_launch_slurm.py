@@ -128,7 +128,8 @@ def test_srun_turns_its_sigterm_into_sigkill_of_the_ranks(slurm):
 
 # A real run under the fake SLURM: scripts/train.py on the demo config, one node, one rank.
 DEMO = "configs/demo/baseline.yaml"
-REAL = ["train.max_steps=10", "run.save_interval=100", "run.ephemeral_save_interval=null"]
+STEPS = 40  # enough that a stop signal lands mid-run on an idle machine too (10 tiny steps can end first)
+REAL = [f"train.max_steps={STEPS}", "run.save_interval=100", "run.ephemeral_save_interval=null"]
 
 
 def _free_port() -> int:
@@ -146,7 +147,7 @@ def uninterrupted(tmp_path_factory, demo_corpus):
     """The reference: the same run, in one process, never stopped."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     train(load_and_resolve(REPO / DEMO, tiny_overrides(folder, *REAL)))
-    assert sorted(_losses(folder)) == list(range(1, 11))
+    assert sorted(_losses(folder)) == list(range(1, STEPS + 1))
     return folder
 
 
@@ -166,11 +167,11 @@ def _slurm_run(tmp_path, interrupt):
 
 def _saved_at_the_step_reached_and_resumes(folder, uninterrupted):
     reached = max(_losses(folder))
-    assert 1 <= reached < 10  # stopped early
+    assert 1 <= reached < STEPS  # stopped early
     assert max(step for step, _ in Checkpointer.find_checkpoints(folder)) == reached  # saved where it stopped
     train(load_and_resolve(REPO / DEMO, tiny_overrides(folder, *REAL)))  # the requeued job
     assert _losses(folder) == _losses(uninterrupted)
-    a, b = load_weights(folder / "step10"), load_weights(uninterrupted / "step10")
+    a, b = load_weights(folder / f"step{STEPS}"), load_weights(uninterrupted / f"step{STEPS}")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
