@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
-from olmo_patches.config.spec import DOLMA2_VOCAB, PAD_MULTIPLE
+from olmo_patches.config.spec import DOLMA2_VOCAB, padded_vocab
 from olmo_patches.config import vocab_size
 from olmo_patches.config.shape_config import write_config
 from olmo_patches.shapes.search import (
@@ -40,8 +40,6 @@ from olmo_patches.shapes.search import (
     solve,
     solve_split,
 )
-
-DOLMA2_PADDED_VOCAB = PAD_MULTIPLE * -(-DOLMA2_VOCAB // PAD_MULTIPLE)  # OLMo-core's padded dolma2
 
 
 def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
@@ -58,7 +56,7 @@ def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
         refuse(f"search: BUDGET={text}: not a config file or a parameter count")
     if budget < 1:
         refuse(f"search: BUDGET={text}: must be a positive parameter count")
-    return budget, None, DOLMA2_PADDED_VOCAB, 4096
+    return budget, None, padded_vocab(DOLMA2_VOCAB), 4096
 
 
 def parse_count(text: str) -> float:

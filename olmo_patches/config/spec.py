@@ -605,6 +605,11 @@ def tokenizer_vocab(spec: ExperimentSpec) -> int:
     return DOLMA2_VOCAB if spec.data.tokenizer == "dolma2" else spec.data.demo_vocab_size
 
 
+def padded_vocab(n: int) -> int:
+    """A tokenizer's ``n`` tokens padded as OLMo-core pads the embedding (``padded_vocab_size``)."""
+    return PAD_MULTIPLE * math.ceil(n / PAD_MULTIPLE)
+
+
 def vocab_size(spec: ExperimentSpec) -> int:
-    """The model's vocabulary without building data: explicit, else the tokenizer's padded as OLMo-core pads it."""
-    return spec.model.vocab_size or PAD_MULTIPLE * math.ceil(tokenizer_vocab(spec) / PAD_MULTIPLE)
+    """The model's vocabulary without building data: explicit, else the tokenizer's, padded."""
+    return spec.model.vocab_size or padded_vocab(tokenizer_vocab(spec))

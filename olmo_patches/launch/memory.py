@@ -151,12 +151,16 @@ def _norm(w: int) -> int:
     return 8 * w + 4  # OLMo-core's RMSNorm: fp32 input and output per token, and the rsqrt
 
 
+def _blocks_and_widths(config: TransformerConfig) -> tuple[list, list[int]]:
+    """Each block's config and width w_l (d_model for every block of a constant-width model)."""
+    return config.resolved_block_configs, list(getattr(config, "widths", [config.d_model] * config.n_layers))
+
+
 def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
     """The module docstring's estimate for the model of OLMo-core's ``config`` (this package's
     blocks included) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1: none)."""
     vocab = config.vocab_size
-    blocks = config.resolved_block_configs
-    widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
+    blocks, widths = _blocks_and_widths(config)
     layers = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
@@ -196,8 +200,7 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
 
 def with_float8(est: MemoryEstimate, config: TransformerConfig) -> MemoryEstimate:
     """``est`` (:func:`estimate`) with float8's extra state (the module docstring's float8 term)."""
-    blocks = config.resolved_block_configs
-    widths = list(getattr(config, "widths", [config.d_model] * config.n_layers))
+    blocks, widths = _blocks_and_widths(config)
     block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
     hidden = [(b.feed_forward_moe or b.feed_forward).hidden_size for b in blocks]  # type: ignore[union-attr]
     widest = max(max(w, h) for w, h in zip(widths, hidden))
