@@ -22,6 +22,7 @@ def main() -> None:
     args = parser.parse_args()
     root = folder_arg("ROOT", args.root) if args.root is not None else data_path("configs")
 
+    from olmo_patches.blocks import block_of
     from olmo_patches.report.counts import count
     from olmo_patches.report.plan import plan
 
@@ -35,14 +36,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         spec = load_or_exit(str(path))
-        if spec.model.block not in ("baseline", "hourglass"):
-            continue  # the hourglass paper's runs only (variable width has its own table)
+        kind = block_of(spec.model)
+        if "widths" in kind.knobs:
+            continue  # the hourglass paper's constant-width runs only (variable width has its own table)
         b, m = count(spec), spec.model
         base = baseline_of(path, root)
         if base not in budgets:
             budgets[base] = count(load_or_exit(str(base))).non_embedding
         p = plan(spec)
-        hourglass = m.block == "hourglass"
+        hourglass = "K" in kind.knobs
         print(
             f"| {path.relative_to(root)} | {m.d_model} | {m.n_layers} | {m.K if hourglass else '-'} "
             f"| {m.resolved_d_h if hourglass else f'{m.resolved_d_ff} (SwiGLU)'} | {m.n_heads} x {m.resolved_head_dim}"

@@ -16,12 +16,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
+    from olmo_patches.blocks import block_of
     from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
 
     spec = load_or_exit(args.config, args.overrides)
     if args.json:
         out = {**count(spec).as_dict(), **attention_report(spec)}
-        if spec.model.block == "variable_width":
+        if "widths" in block_of(spec.model).reads(spec.model):
             out.update(width_report(spec))
         if spec.train.float8 != "off":
             out.update(float8_report(spec))

@@ -14,10 +14,11 @@ from .conftest import REPO
 PACKAGE = REPO / "olmo_patches"
 
 # What each part of the package may import from the package (besides itself).
-BASE = {"resources", "shapes", "nn", "optim", "data", "eval"}
+BASE = {"resources", "shapes", "nn", "blocks", "optim", "data", "eval"}
 ALLOWED = {
     "shapes": set(),
     "nn": {"shapes"},
+    "blocks": {"shapes", "nn"},
     "optim": set(),
     "data": {"resources"},
     "eval": set(),

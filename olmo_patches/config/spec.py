@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
@@ -17,6 +17,7 @@ from enum import Enum
 
 from omegaconf import MISSING
 
+from ..blocks import block_of
 from ..shapes.widths import MoEShape, schedule_widths
 from .validate import check_across, check_data, check_eval, check_every_value, check_model, check_run, check_train
 
@@ -54,12 +55,6 @@ class ResizeMode(StrEnum):
 class Experts(StrEnum):
     swiglu = "swiglu"
     hourglass = "hourglass"
-
-
-class Block(StrEnum):
-    baseline = "baseline"  # SwiGLU, hidden d_ff or ffn_ratio * d_model
-    hourglass = "hourglass"  # K stacked wide-narrow-wide sub-MLPs (paper 1)
-    variable_width = "variable_width"  # each layer at its own width w_l (paper 2)
 
 
 class Ffn(StrEnum):
@@ -216,7 +211,7 @@ class RoPEScalingSpec:
 
 @dataclass
 class ModelSpec:
-    block: Block = Block.baseline  # baseline (SwiGLU, hidden d_ff or ffn_ratio * d_model) | hourglass | variable_width
+    block: str = "baseline"  # a registered kind (olmo_patches/blocks/): baseline | hourglass | variable_width
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
     n_heads: int = MISSING  # attention (query) heads
@@ -244,11 +239,6 @@ class ModelSpec:
     def validate(self, fail) -> None:
         """Every check that reads only the model (widths, MoE and RoPE scaling too): config/validate.py."""
         check_model(self, fail)
-
-    @property
-    def is_hourglass(self) -> bool:
-        """Hourglass FFNs: the hourglass block, or variable width with hourglass FFNs."""
-        return self.block == Block.hourglass or (self.block == Block.variable_width and self.ffn == Ffn.hourglass)
 
     @property
     def moe_hidden(self) -> int:
@@ -284,6 +274,11 @@ class ModelSpec:
         )
 
     @property
+    def layer_widths(self) -> List[int]:
+        """w_1..w_L as the block kind lays them out (constant-width kinds: d_model at every layer)."""
+        return block_of(self).widths(self)
+
+    @property
     def resolved_d_h(self) -> int:
         """d_h, from ``d_h`` or from ``d_h_ratio * d_model`` rounded to ``d_h_multiple``."""
         if self.d_h is not None:
@@ -308,14 +303,7 @@ class ModelSpec:
     def build(self, vocab_size: int) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
         from olmo_core.nn.feed_forward import FeedForwardConfig
-        from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig
-
-        from ..nn import hourglass as hg
-        from ..nn.hourglass_block import HourglassBlockConfig
-        from ..nn.hourglass_moe import HourglassMoEConfig
-        from ..nn.moe import LayerMoEConfig
-        from ..nn.variable_width import MuPConfig, VariableWidthTransformerConfig
-        from ..nn.variable_width import ResizeMode as Resize
+        from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
         post = self.norm_placement == NormPlacement.post
         config = TransformerConfig.llama_like(
@@ -334,46 +322,7 @@ class ModelSpec:
             tie_word_embeddings=self.tie_embeddings,
             init_std=self.init_std,
         )
-        hourglass = self.is_hourglass
-        if hourglass:
-            block = config.block
-            assert isinstance(block, TransformerBlockConfig) and block.layer_norm is not None
-            config.block = HourglassBlockConfig(
-                sequence_mixer=block.sequence_mixer,
-                layer_norm=block.layer_norm,
-                feed_forward=hg.HourglassFeedForwardConfig(
-                    hidden_size=self.resolved_d_h,
-                    K=self.K,
-                    bias=False,
-                    layer_norm=block.layer_norm,
-                    norm_placement=hg.NormPlacement(self.norm_placement),
-                ),
-            )
-        if self.moe is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
-            e = self.moe
-            hourglass_experts = e.experts == "hourglass"
-            moe = (HourglassMoEConfig if hourglass_experts else LayerMoEConfig).authors(
-                num_experts=e.num_experts,
-                top_k=e.top_k,
-                hidden_size=self.moe_hidden,
-                lb_loss_weight=e.lb_loss_weight,
-                z_loss_weight=e.z_loss_weight,
-            )
-            if hourglass_experts:  # K sub-MLPs per expert, each with the model's norm
-                moe = replace(moe, K=self.K, layer_norm=config.block.layer_norm)  # type: ignore[union-attr]
-            config.block = replace(config.block, feed_forward=None, feed_forward_moe=moe)
-        if self.block == "variable_width":
-            w = self.widths
-            base = {f.name: getattr(config, f.name) for f in fields(TransformerConfig)}
-            return VariableWidthTransformerConfig(
-                **base,
-                widths=self.resolved_widths,
-                resize=Resize(w.resize),
-                ffn_hidden_ratio=(self.resolved_d_h if hourglass else self.resolved_d_ff) / self.d_model,
-                ffn_hidden_multiple=self.d_h_multiple if hourglass else 1,
-                mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
-            )
-        return config
+        return block_of(self).build(self, config)
 
 
 @dataclass

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import math
 from fnmatch import fnmatch
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
-from ..shapes.widths import SHAPES, expert_hidden_size
+from ..blocks import BLOCKS, block_of
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +60,11 @@ def check_model(m, fail) -> None:
     _check_attention(m, fail)
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
-    hourglass_experts = m.moe is not None and m.moe.experts == "hourglass"
-    if m.is_hourglass or hourglass_experts:
-        if hourglass_experts and m.d_h is None and m.d_h_ratio is None:
-            fail("model.d_h", None, "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h")
-        if m.d_h is not None and m.d_h_ratio is not None:
-            fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
-        if m.resolved_d_h < 1:
-            if m.d_h is None and m.d_h_ratio is not None:  # the ratio is what was set
-                fail("model.d_h_ratio", m.d_h_ratio, f"gives d_h = {m.resolved_d_h}; it must be >= 1")
-            fail("model.d_h", m.resolved_d_h, "must be >= 1")
-        if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
-            fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
-    if m.moe is not None:
-        _check_moe(m, fail)
-    if m.block == "variable_width":
-        _check_widths(m, fail)
+    kind = block_of(m)
+    if m.moe is not None and "moe" not in kind.reads(m):
+        readers = " or ".join(k.name for k in BLOCKS.values() if "moe" in k.knobs)
+        fail("model.moe", "{...}", f"a mixture of experts needs model.block={readers}, not {m.block}")
+    kind.check(m, fail)
     _check_numbers(
         fail,
         ("model.init_std", m.init_std, m.init_std > 0, "must be finite and > 0"),
@@ -87,40 +76,20 @@ def check_model(m, fail) -> None:
 def _check_knobs(m, fail) -> None:
     """The domain of every key, whether or not the block in use reads it (a sweep's override applies to
     every run); a knob the block ignores, set away from its default, is a warning."""
-    w = m.widths
-    if m.K < 1:
-        fail("model.K", m.K, "must be >= 1")
-    if m.d_h is not None and m.d_h < 1:
-        fail("model.d_h", m.d_h, "must be >= 1")
-    if m.d_h_ratio is not None and not m.d_h_ratio > 0:
-        fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
-    if m.d_h_multiple < 1:
-        fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
+    if m.block not in BLOCKS:
+        fail("model.block", m.block, f"choose one of {', '.join(BLOCKS)} (olmo_patches/blocks/)")
+    for kind in BLOCKS.values():
+        kind.check_domain(m, fail)
     if m.vocab_size is not None and m.vocab_size < 1:
         fail("model.vocab_size", m.vocab_size, "must be >= 1")
-    if w.shape not in SHAPES:
-        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
-    if not 0 <= w.r_l <= 1:
-        fail("model.widths.r_l", w.r_l, "must be in [0, 1] (the extreme layer k = r_l L)")
-    if not 0 < w.r_d < 1:
-        fail("model.widths.r_d", w.r_d, "must be in (0, 1) (the narrowest width / d_model)")
-    if w.multiple < 1:
-        fail("model.widths.multiple", w.multiple, "must be >= 1")
-    if w.values is not None and not all(v >= 1 for v in w.values):
-        fail("model.widths.values", w.values, "every width must be >= 1")
-    for key in ("m_width", "m_emb", "m_residual", "init_range"):
-        if not getattr(w, key) > 0:
-            fail(f"model.widths.{key}", getattr(w, key), "must be > 0")
     if (r := m.rope_scaling) is not None and r.original_max_position_embeddings < 1:
         fail("model.rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings, "must be >= 1")
-    hourglass = m.is_hourglass or (m.moe is not None and m.moe.experts == "hourglass")
-    ignored = []
-    if not hourglass:
-        ignored += [k for k, default in (("K", 1), ("d_h", None), ("d_h_ratio", None)) if getattr(m, k) != default]
-    if m.block != "variable_width":
-        ignored += ["ffn"] * (m.ffn != "swiglu") + ["widths"] * (w != type(w)())  # set away from WidthSpec's defaults
-    for k in ignored:
-        log.warning("model.%s=%s: ignored by model.block=%s", k, getattr(m, k) if k != "widths" else "{...}", m.block)
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(m)}
+    read = block_of(m).reads(m)
+    for k in dict.fromkeys(k for kind in BLOCKS.values() for k in kind.knobs if k not in read):
+        if getattr(m, k) != defaults[k]:
+            value = getattr(m, k) if not is_dataclass(getattr(m, k)) else "{...}"
+            log.warning("model.%s=%s: ignored by model.block=%s", k, value, m.block)
 
 
 def _check_attention(m, fail) -> None:
@@ -157,59 +126,6 @@ def _check_attention(m, fail) -> None:
                 r.low_freq_factor,
                 f"must be >= 1 and < model.rope_scaling.high_freq_factor={r.high_freq_factor}",
             )
-
-
-def _check_moe(m, fail) -> None:
-    e = m.moe
-    assert e is not None
-    if m.block != "variable_width":
-        fail(
-            "model.moe",
-            "{...}",
-            f"a mixture of experts needs model.block=variable_width (a constant schedule is the baseline), not {m.block}",
-        )
-    if m.ffn != "swiglu":
-        fail("model.ffn", m.ffn, "the MoE replaces the FFN; give the experts' kind as model.moe.experts")
-    if m.norm_placement != "pre":
-        fail("model.norm_placement", m.norm_placement, "the variable-width MoE block is pre-norm (the authors' lm-engine block)")
-    if e.num_experts < 1:
-        fail("model.moe.num_experts", e.num_experts, "must be >= 1")
-    if not 1 <= e.top_k <= e.num_experts:
-        fail("model.moe.top_k", e.top_k, f"must be in [1, model.moe.num_experts={e.num_experts}]")
-    if e.experts == "hourglass":  # the experts' shape is model.K and model.d_h (checked in check_model)
-        if e.expert_hidden is not None:
-            fail(
-                "model.moe.expert_hidden",
-                e.expert_hidden,
-                "hourglass experts take their shape from model.K and model.d_h; remove it",
-            )
-    elif e.expert_hidden is None or e.expert_hidden < 1:
-        fail("model.moe.expert_hidden", e.expert_hidden, "must be >= 1 for swiglu experts")
-    for key in ("lb_loss_weight", "z_loss_weight"):
-        if not (math.isfinite(value := getattr(e, key)) and value >= 0):
-            fail(f"model.moe.{key}", value, "must be finite and >= 0 (0: off)")
-
-
-def _check_widths(m, fail) -> None:
-    w = m.widths
-    if m.tie_embeddings:
-        fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
-    if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
-        fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
-    try:
-        widths = m.resolved_widths
-    except ValueError as e:
-        key = "model.widths.r_l" if "extreme layer" in str(e) else "model.widths.schedule"
-        fail(key, getattr(w, key.rsplit(".", 1)[1]), " ".join(str(e).split()))  # on one line
-    key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
-    step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
-    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
-    for layer, width in enumerate(widths, start=1):
-        if width < 1 or width % step:
-            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
-    if m.moe is not None and expert_hidden_size(min(widths), m.moe_hidden, m.d_model) < 1:
-        key = "model.d_h" if m.moe.experts == "hourglass" else "model.moe.expert_hidden"
-        fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
 
 
 def check_data(d, fail) -> None:
@@ -381,11 +297,11 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
         fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
     if m.vocab_size is not None and m.vocab_size < tokenizer_size:
         fail("model.vocab_size", m.vocab_size, f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens")
-    hidden_key = "model.d_h" if m.is_hourglass else "model.d_ff" if m.d_ff is not None else "model.ffn_ratio"
+    hidden_key, hidden = block_of(m).ffn_hidden(m)
     vocab_key = "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"  # dolma2's is fixed
     for key, rows, cols in (
         ("model.d_model", m.d_model, m.d_model),
-        (hidden_key, m.d_model, m.resolved_d_h if m.is_hourglass else m.resolved_d_ff),
+        (hidden_key, m.d_model, hidden),
         (vocab_key, vocab, m.d_model),
     ):
         if rows * cols > _MAX_MATRIX:

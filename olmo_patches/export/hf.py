@@ -19,6 +19,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ..blocks import block_of
 from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
 from ..train.checkpoints import load_model_state
 from ..nn.variable_width import VariableWidthTransformerConfig
@@ -31,7 +32,7 @@ MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 def is_olmo2_shape(spec: ExperimentSpec) -> bool:
     m = spec.model
     # transformers' Olmo2 has no Llama-3.1 RoPE scaling
-    return m.block == "baseline" and m.norm_placement == "post" and m.qk_norm and m.rope_scaling is None
+    return block_of(m).olmo2_layers and m.norm_placement == "post" and m.qk_norm and m.rope_scaling is None
 
 
 def to_olmo2_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -114,7 +115,7 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
         d_model=m.d_model,
         n_layers=m.n_layers,
         n_heads=m.n_heads,
-        block="hourglass" if m.is_hourglass else "baseline",
+        block=block_of(m).export_ffn(m),
         ffn_hidden=m.resolved_d_ff,
         K=m.K,
         head_dim=m.head_dim,
@@ -221,14 +222,13 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
 
     m, d = spec.model, spec.data
     counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
-    widths = m.resolved_widths if m.block == "variable_width" else None
+    kind = block_of(m)
+    widths = m.layer_widths if m.layer_widths != [m.d_model] * m.n_layers else None
     shape = [
-        f"- block: {m.block}" + (f" (FFN {m.ffn})" if m.block == "variable_width" else ""),
+        f"- block: {kind.label}" + (f" ({more})" if (more := kind.describe(m)) else ""),
         f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
         f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
     ]
-    if m.is_hourglass:
-        shape.append(f"- hourglass FFN: K = {m.K} sub-MLPs per layer, bottleneck d_h = {m.resolved_d_h}")
     if widths:
         shape.append(
             f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "

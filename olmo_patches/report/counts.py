@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from ..blocks import block_of
 from ..config import ExperimentSpec, vocab_size
 from ..nn.accounting import ParamBreakdown, breakdown
 from ..nn.float8 import float8_matmuls
@@ -37,8 +38,8 @@ def attention_report(spec: ExperimentSpec) -> dict:
     variable-width model whose head size follows w_l)."""
     m = spec.model
     report = {"n_heads": m.n_heads, "head_dim": m.resolved_head_dim, "n_kv_heads": m.resolved_n_kv_heads}
-    if m.block == "variable_width" and m.head_dim is None:
-        widths = m.resolved_widths
+    widths = m.layer_widths
+    if m.head_dim is None and widths != [m.d_model] * m.n_layers:
         return {
             **report,
             "head_dim": [w // m.n_heads for w in widths],
@@ -101,13 +102,8 @@ def param_table(spec: ExperimentSpec) -> Table:
     shape = f"{m.block}: d_model {m.d_model}, L {m.n_layers}, heads {m.n_heads}"
     if m.head_dim is not None or m.n_kv_heads is not None:
         shape += f" x {a['head_dim']} (attention width {a['attention_width']}), kv heads {a['n_kv_heads']}"
-    if m.block == "hourglass":
-        shape += f", K {m.K}, d_h {m.resolved_d_h}"
-    if m.block == "variable_width":
-        ffn = f"MoE {m.moe.num_experts} {m.moe.experts} experts top-{m.moe.top_k}" if m.moe is not None else m.ffn
-        if m.moe is not None and m.moe.experts == "hourglass":
-            ffn += f" (K {m.K}, d_h {m.resolved_d_h} at h)"
-        shape += f", {ffn}, widths {m.resolved_widths}"
+    if more := block_of(m).describe(m):
+        shape += f", {more}"
     table = Table(title=f"{spec.run.name} ({shape})")
     table.add_column("parameters")
     table.add_column("count", justify="right")

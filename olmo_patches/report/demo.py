@@ -20,6 +20,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from .console import console as rich_console  # noqa: E402
+from ..blocks import block_of  # noqa: E402
 from ..config import ExperimentSpec  # noqa: E402
 from ..launch.run_folder import read_metrics  # noqa: E402
 from .counts import count  # noqa: E402
@@ -56,11 +57,7 @@ def summarize(spec: ExperimentSpec, run_dir: Path) -> VariantResult:
     # Skip the first logged interval: it includes start-up and allocator warm-up.
     tps = [metrics[s][TPS] for s in steps if TPS in metrics[s]][1:] or [metrics[steps[-1]].get(TPS, 0.0)]
     b = count(spec)
-    matched = b.non_embedding
-    if spec.model.block == "variable_width":
-        from ..shapes.widths import paper_params
-
-        matched = round(paper_params(spec.model.resolved_widths, spec.model.d_model))
+    matched = block_of(spec.model).matched_params(spec.model, b.non_embedding)
     seq, batch = spec.data.sequence_length, spec.train.global_batch_size
     return VariantResult(
         name=spec.run.name,

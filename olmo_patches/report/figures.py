@@ -26,7 +26,7 @@ __all__ = ["make_figures", "scaling_figure", "save_figure"]
 
 
 def _hourglass(runs: Dict[str, Run]) -> List[Run]:
-    return [r for r in runs.values() if r.model.get("block") == "hourglass" and r.val_loss() is not None]
+    return [r for r in runs.values() if r.stacks_ffn and r.val_loss() is not None]
 
 
 def _d_h(run: Run) -> float:

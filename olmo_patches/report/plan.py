@@ -22,6 +22,7 @@ from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from ..train.disk import CHECKPOINT_BYTES_PER_PARAM
 from ..nn.attention import head_dims, on_gpu
+from ..nn.hourglass import StackedLinear
 from ..nn.lm_loss import lm_loss
 from .counts import count, float8_row
 
@@ -249,10 +250,7 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
     dims = sorted({shard_dim(s, shards) for n, s in shapes if len(s) == 3})
     stacked = (
         "hourglass FFN (K out, in) weights: rows"
-        if any(
-            n.endswith(("w1.weight", "w2.weight")) and len(s) == 2 and "feed_forward." in n and spec.model.block == "hourglass"
-            for n, s in shapes
-        )
+        if any(isinstance(module, StackedLinear) and "feed_forward." in n for n, module in model.named_modules())
         else ""
     )
     if dims:

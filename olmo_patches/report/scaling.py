@@ -30,6 +30,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from ..blocks import get_block
 from .tables import Run
 
 __all__ = [
@@ -92,14 +93,7 @@ def family(run: Run) -> str:
     """baseline (constant width: OLMo-core's block or a constant variable-width schedule), hourglass,
     or a variable-width shape (x, v, ^, 3) with its resizing when not carry-forward; "MoE" appended."""
     m = run.model
-    if m.get("block") == "hourglass":
-        name = "hourglass"
-    elif m.get("block") == "variable_width" and (w := m.get("widths") or {}).get("schedule") != "constant":
-        resize = w.get("resize", "carry_forward")
-        name = str(w.get("shape", "x")) + ("" if resize == "carry_forward" else f" ({resize})")
-    else:
-        name = "baseline"
-    return name + (" MoE" if m.get("moe") else "")
+    return get_block(m.get("block", "baseline")).family(m) + (" MoE" if m.get("moe") else "")
 
 
 def run_compute_and_width(run: Run) -> tuple[float, float]:
@@ -111,7 +105,7 @@ def run_compute_and_width(run: Run) -> tuple[float, float]:
     spec = load_spec(run.path / "config.yaml")
     m = spec.model
     tokens = run.last_step * spec.train.global_batch_size * spec.data.sequence_length
-    widths = m.resolved_widths if m.block == "variable_width" else [m.d_model] * m.n_layers
+    widths = m.layer_widths
     return count(spec).flops_per_token * tokens / C_UNIT, sum(widths) / len(widths)
 
 

@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import yaml
 from omegaconf import OmegaConf
 
+from ..blocks import get_block
 from ..eval.names import PAPER_VALIDATION_SETS
 from ..launch.run_folder import read_metrics
 from ..resources import data_root
@@ -63,6 +64,11 @@ class Run:
     @property
     def model(self) -> Dict[str, Any]:
         return self.config["model"]
+
+    @property
+    def stacks_ffn(self) -> bool:
+        """Its block kind stacks K sub-MLPs per layer (reads model.K): a point of the K sweeps."""
+        return "K" in get_block(str(self.model.get("block", "baseline"))).knobs
 
     def last(self, key: str) -> Optional[float]:
         for step in sorted(self.metrics, reverse=True):
@@ -134,7 +140,7 @@ def _shape(run: Optional[Run]) -> Dict[str, Any]:
     d_h = m.get("d_h")
     if d_h is None and m.get("d_h_ratio") is not None and d_model:
         d_h = round(m["d_h_ratio"] * d_model)
-    hourglass = m.get("block") == "hourglass"
+    hourglass = run.stacks_ffn
     if not hourglass:
         d_h = None
     out = {"K": m.get("K") if hourglass else "", "L": layers, "d_model": d_model, "d_h": d_h or ""}
@@ -291,7 +297,7 @@ def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
     return [
         {"run": name, **_shape(run), "steps": run.last_step, "val loss": _fmt(run.val_loss(), 4), "val PPL": _fmt(run.val_ppl())}
         for name, run in sorted(runs.items())
-        if run.model.get("block") == "hourglass"
+        if run.stacks_ffn
     ]
 
 

@@ -7,6 +7,7 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
 from olmo_core.optim.scheduler import Scheduler, SchedulerUnits
 
+from ..blocks import block_of
 from ..config import ExperimentSpec
 from ..optim.lagged import LaggedScheduler
 from ..optim.power import PowerScheduler
@@ -18,23 +19,16 @@ def optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGr
     """No weight decay on the embedding unless train.decay_embeddings (OLMo-2), nor on the 1-D tensors
     (norm gains, read off the model's parameters; an MoE router's flat weight is a matrix) unless
     train.decay_norms. An untied LM head's matrix is always decayed (OLMo-2 and lm-engine alike; tied, it is
-    the embedding). Under the variable-width paper's muP, the hidden matrices (attention and FFN
-    weights; an MoE's router and experts) train at lr / m_width, as lm-engine's muP groups do."""
+    the embedding). The block kind adds its own learning-rate groups (blocks/: the variable-width
+    paper's muP trains the hidden matrices at lr / m_width)."""
     no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
     if not spec.train.decay_norms:
         no_decay += [
             n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1 and not n.endswith("router.weight")
         ]
     groups = [OptimGroupOverride(params=no_decay, opts=dict(weight_decay=0.0))] if no_decay else []
-    widths = spec.model.widths
-    if spec.model.block == "variable_width" and widths.init == "mup":
-        ffn = (
-            ["blocks.*.feed_forward_moe.router.weight", "blocks.*.feed_forward_moe.experts.mlp.w*"]
-            if spec.model.moe
-            else ["blocks.*.feed_forward.w*.weight"]
-        )
-        hidden = ["blocks.*.attention.w_*.weight", *ffn]
-        groups.append(OptimGroupOverride(params=hidden, opts=dict(lr=spec.train.lr / widths.m_width)))
+    for params, lr_multiplier in block_of(spec.model).optim_groups(spec.model):  # the block's own learning rates
+        groups.append(OptimGroupOverride(params=params, opts=dict(lr=spec.train.lr * lr_multiplier)))
     return groups
 
 

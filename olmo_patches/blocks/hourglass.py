@@ -1,0 +1,85 @@
+"""Paper 1's hourglass block: each layer's FFN is K stacked wide-narrow-wide SwiGLU sub-MLPs of
+bottleneck d_h, each with its own norm and residual (Eq. 1: h_{i+1} = h_i + W_u_i(SiLU(W_d1_i n_i) *
+W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hourglass_block.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Tuple
+
+from .base import BlockKind, register
+
+if TYPE_CHECKING:
+    from olmo_core.nn.transformer import TransformerConfig
+
+
+def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
+    """d_h (given, or d_h_ratio d_model rounded) of K sub-MLPs: positive, given once, given for K > 1
+    (``experts``: the sub-MLPs of hourglass MoE experts, which have no default d_h)."""
+    if experts and m.d_h is None and m.d_h_ratio is None:
+        fail("model.d_h", None, "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h")
+    if m.d_h is not None and m.d_h_ratio is not None:
+        fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
+    if m.resolved_d_h < 1:
+        if m.d_h is None and m.d_h_ratio is not None:  # the ratio is what was set
+            fail("model.d_h_ratio", m.d_h_ratio, f"gives d_h = {m.resolved_d_h}; it must be >= 1")
+        fail("model.d_h", m.resolved_d_h, "must be >= 1")
+    if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
+        fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
+
+
+def hourglass_layers(m, config: "TransformerConfig") -> "TransformerConfig":
+    """``config`` with every block an hourglass block: K sub-MLPs of d_h, each normed as the block's
+    attention is (``model.norm_placement``)."""
+    from olmo_core.nn.transformer import TransformerBlockConfig
+
+    from ..nn import hourglass as hg
+    from ..nn.hourglass_block import HourglassBlockConfig
+
+    block = config.block
+    assert isinstance(block, TransformerBlockConfig) and block.layer_norm is not None
+    config.block = HourglassBlockConfig(
+        sequence_mixer=block.sequence_mixer,
+        layer_norm=block.layer_norm,
+        feed_forward=hg.HourglassFeedForwardConfig(
+            hidden_size=m.resolved_d_h,
+            K=m.K,
+            bias=False,
+            layer_norm=block.layer_norm,
+            norm_placement=hg.NormPlacement(m.norm_placement),
+        ),
+    )
+    return config
+
+
+class Hourglass(BlockKind):
+    name = "hourglass"
+    label = "hourglass"
+    knobs = ("K", "d_h", "d_h_ratio")
+
+    def check_domain(self, m, fail: Callable) -> None:
+        if m.K < 1:
+            fail("model.K", m.K, "must be >= 1")
+        if m.d_h is not None and m.d_h < 1:
+            fail("model.d_h", m.d_h, "must be >= 1")
+        if m.d_h_ratio is not None and not m.d_h_ratio > 0:
+            fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
+        if m.d_h_multiple < 1:
+            fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
+
+    def check(self, m, fail: Callable) -> None:
+        check_bottleneck(m, fail)
+
+    def ffn_hidden(self, m) -> Tuple[str, int]:
+        return "model.d_h", m.resolved_d_h
+
+    def export_ffn(self, m) -> str:
+        return "hourglass"
+
+    def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
+        return hourglass_layers(m, config)
+
+    def describe(self, m) -> str:
+        return f"K {m.K}, d_h {m.resolved_d_h}"
+
+
+HOURGLASS = register(Hourglass())

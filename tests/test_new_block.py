@@ -1,0 +1,88 @@
+"""A block kind that is not the papers', registered from one file (tests/_parallel_block.py), runs
+through the commands with no other file changed: its forward is the parallel block's equation, the
+counts, the dry run, training, an exact resume, and FSDP over 2 gloo ranks as one process."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from olmo_patches.blocks import BLOCKS
+from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.run_folder import read_metrics
+from olmo_patches.train import train
+
+from . import _parallel_block  # noqa: F401  (registers "parallel", as HOURGLASS_BLOCKS does in a child)
+from .conftest import REPO, TINY, load_weights, run, run_in_process, tiny_overrides
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+PARALLEL = ["model.block=parallel"]
+PLUGIN = {"HOURGLASS_BLOCKS": "tests._parallel_block"}
+
+
+def _losses(run_dir):
+    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+
+
+def test_registered_and_refused_elsewhere():
+    assert "parallel" in BLOCKS
+    r = run([sys.executable, "scripts/count_params.py", str(BASELINE), "model.block=parallel", *TINY])  # not imported: unknown
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+        "model.block=parallel: choose one of baseline, hourglass, variable_width (olmo_patches/blocks/)"
+    )
+
+
+def test_forward_is_the_parallel_equation():
+    """y = x + Attn(norm(x)) + FFN(norm(x)), one norm per layer, in float64 with OLMo-core's own
+    attention and SwiGLU modules."""
+    spec = load_spec(BASELINE, [*TINY, *PARALLEL])
+    model = spec.model_config().build(init_device="cpu").double()
+    model.init_weights(device=torch.device("cpu"))
+    block = model.blocks["0"]
+    x = torch.randn(2, 8, 32, dtype=torch.float64)
+    n = block.attention_norm(x)
+    torch.testing.assert_close(block(x), x + block.attention(n) + block.feed_forward(n), rtol=0, atol=1e-12)
+    assert not hasattr(block, "feed_forward_norm")
+
+
+def test_counts_and_dry_run():
+    """count_params: attention 4 d^2 L and the SwiGLU's 3 d d_ff L, as the baseline's; one norm per
+    layer instead of two (and the final norm)."""
+    r = run_in_process("count_params.py", str(BASELINE), *TINY, *PARALLEL, "--json")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)
+    d, L, d_ff = 32, 2, 4 * 32
+    assert (c["attention"], c["ffn"], c["non_embedding"]) == (4 * d * d * L, 3 * d * d_ff * L, 4 * d * d * L + 3 * d * d_ff * L)
+    assert c["norm"] == d * (L + 1)
+    r = run_in_process("train.py", str(BASELINE), *TINY, *PARALLEL, "train.max_steps=2", "--dry-run")
+    assert r.returncode == 0 and "parallel" in r.stdout, r.stderr
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, demo_corpus):
+    folder = tmp_path_factory.mktemp("straight")
+    train(load_and_resolve(BASELINE, tiny_overrides(folder, "train.max_steps=4", *PARALLEL)))
+    return folder
+
+
+def test_trains_and_resumes_exactly(straight, tmp_path):
+    resumed = tmp_path / "resumed"
+    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *PARALLEL)))
+    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", *PARALLEL)))  # resumes from step2
+    losses = _losses(straight)
+    assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
+    assert losses == _losses(resumed)
+    a, b = load_weights(straight / "step4"), load_weights(resumed / "step4")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fsdp_on_two_gloo_ranks_matches_one_process(straight, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "scripts/train.py"]
+    r = run([*cmd, str(BASELINE), *tiny_overrides(tmp_path, "train.max_steps=4", *PARALLEL)], timeout=600, **PLUGIN)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, two = _losses(straight), _losses(tmp_path)
+    assert sorted(two) == [1, 2, 3, 4]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-5), step
