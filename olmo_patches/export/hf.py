@@ -222,10 +222,10 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
 
     m, d = spec.model, spec.data
     counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
-    kind = block_of(m)
+    block = block_of(m)
     widths = m.layer_widths if m.layer_widths != [m.d_model] * m.n_layers else None
     shape = [
-        f"- block: {kind.label}" + (f" ({more})" if (more := kind.describe(m)) else ""),
+        f"- block: {block.label}" + (f" ({more})" if (more := block.describe(m)) else ""),
         f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
         f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
     ]
