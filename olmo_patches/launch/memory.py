@@ -11,7 +11,7 @@ Static, whatever the micro-batch:
   the prefetched unit's (2 x 2), their all-gather buffers (2 x 2), its bf16 gradients (2), their fp32
   copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2). Without
   FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to backward: 2 P.
-- weight copies (hourglass only, ``HourglassFeedForwardConfig.saved_weight_copy``): each hourglass block's forward
+- weight copies (an FFN config's ``saved_weight_copy``: the hourglass's): each hourglass block's forward
   concatenates [W_d1; W_d2] (2 K d_h w bf16 weights) and autograd keeps the copy until that block's
   backward; a checkpointed block keeps none (one at a time while it is recomputed).
 Per sequence of s tokens (a micro-batch of m sequences costs m times this):
@@ -56,7 +56,6 @@ from fnmatch import fnmatch
 from olmo_core.nn.transformer import TransformerConfig
 
 from ..config.spec import ActivationCheckpointing
-from ..nn.hourglass import HourglassFeedForwardConfig
 
 __all__ = ["Layer", "MemoryEstimate", "estimate", "with_float8", "FSDP_BYTES", "LOGIT_BYTES", "FUSED_HEAD_BYTES", "OFF"]
 
@@ -156,6 +155,16 @@ def _blocks_and_widths(config: TransformerConfig) -> tuple[list, list[int]]:
     return config.resolved_block_configs, list(getattr(config, "widths", [config.d_model] * config.n_layers))
 
 
+def _ffn_terms(ffn, w: int) -> tuple[int, int, int, float]:
+    """A dense FFN config's terms at width w, as the config states them: its MLPs (``K``, stacked
+    sub-MLPs; else one), each one's hidden size, each one's own norm (an FFN that owns its norms has a
+    ``layer_norm``; the block's second norm counts otherwise) and the weight copy it saves per
+    micro-batch (``saved_weight_copy(w)``; else none). nn/hourglass.py's config states all four."""
+    own_norms = getattr(ffn, "layer_norm", None) is not None
+    copy = getattr(ffn, "saved_weight_copy", None)
+    return getattr(ffn, "K", 1), ffn.hidden_size, _norm(w) if own_norms else 0, copy(w) if copy else 0
+
+
 def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
     """The module docstring's estimate for the model of OLMo-core's ``config`` (this package's
     blocks included) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1: none)."""
@@ -164,13 +173,11 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     layers = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
-        hourglass = moe is None and isinstance(ffn, HourglassFeedForwardConfig)
         if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
-            K, hidden, mlp_norm = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size, 0
+            K, hidden, mlp_norm, copy = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size, 0, 0
         else:
             assert ffn is not None
-            K, hidden = ffn.K if hourglass else 1, ffn.hidden_size
-            mlp_norm = _norm(w) if hourglass else 0  # the hourglass's K norms live in its FFN
+            K, hidden, mlp_norm, copy = _ffn_terms(ffn, w)
         mixer = block.sequence_mixer
         head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
         n_kv = getattr(mixer, "n_kv_heads", None) or mixer.n_heads
@@ -181,7 +188,7 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
                 feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
                 norms=_norm(w) * (1 if mlp_norm else 2),
                 width=w,
-                weight_copy=ffn.saved_weight_copy(w) if hourglass else 0,
+                weight_copy=copy,
             )
         )
     units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]
