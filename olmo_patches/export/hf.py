@@ -215,6 +215,42 @@ def _step(checkpoint: Path) -> Optional[int]:
     return int(name[4:]) if name.startswith("step") and name[4:].isdigit() else None
 
 
+def _architecture(spec: ExperimentSpec, vocab: int) -> list[str]:
+    """The card's architecture lines: the block kind's shape, the attention, the layers' widths."""
+    m = spec.model
+    block = block_of(m)
+    shape = [
+        f"- block: {block.label}" + (f" ({more})" if (more := block.describe(m)) else ""),
+        f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
+        f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
+    ]
+    if (widths := m.layer_widths) != [m.d_model] * m.n_layers:
+        shape.append(
+            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
+            "each layer's heads and head size: config.json `layer_shapes`"
+        )
+    return shape
+
+
+def _how_to_load(kind: str) -> tuple[str, str]:
+    """The card's Python and vLLM lines for an ``olmo2`` or a ``custom`` export."""
+    if kind == "olmo2":
+        load = (
+            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' Olmo2ForCausalLM\n"
+            "tokenizer = AutoTokenizer.from_pretrained(FOLDER)"
+        )
+        return load, "vllm serve FOLDER  # vLLM's own Olmo2ForCausalLM"
+    load = (
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
+        "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
+        "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
+        "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)"
+    )
+    return load, "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend"
+
+
 def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) -> str:
     """The export's README.md: architecture, parameters, training data and steps, the config, how to load."""
     from ..config import spec_to_yaml
@@ -222,18 +258,7 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
 
     m, d = spec.model, spec.data
     counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
-    block = block_of(m)
-    widths = m.layer_widths if m.layer_widths != [m.d_model] * m.n_layers else None
-    shape = [
-        f"- block: {block.label}" + (f" ({more})" if (more := block.describe(m)) else ""),
-        f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
-        f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
-    ]
-    if widths:
-        shape.append(
-            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
-            "each layer's heads and head size: config.json `layer_shapes`"
-        )
+    shape = _architecture(spec, vocab)
     step = _step(checkpoint)
     tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
     source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
@@ -242,22 +267,7 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
         if step is not None
         else "unknown steps"
     )
-    if kind == "olmo2":
-        load = (
-            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' Olmo2ForCausalLM\n"
-            "tokenizer = AutoTokenizer.from_pretrained(FOLDER)"
-        )
-        serve = "vllm serve FOLDER  # vLLM's own Olmo2ForCausalLM"
-    else:
-        load = (
-            "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
-            "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
-            "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
-            "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)"
-        )
-        serve = "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend"
+    load, serve = _how_to_load(kind)
     return "\n".join(
         [
             f"# {spec.run.name}",

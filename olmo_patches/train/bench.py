@@ -200,6 +200,93 @@ def _cpu_peak_bytes(model: nn.Module, ids: torch.Tensor) -> int:
     return 2 * _param_bytes(model) + sum(saved.values())
 
 
+def _build_variants(
+    sc, names: List[str], device, dtype, seq_len: int, optimizer: bool, float8: Optional[str], compiled: bool
+) -> tuple[Dict[str, nn.Module], Dict[str, Optional[torch.optim.Optimizer]], Dict[str, dict]]:
+    """Each variant's model (compiled as the trainer compiles it; a float8 twin converted), its AdamW
+    (or None) and its counts."""
+    models: Dict[str, nn.Module] = {}
+    optimizers: Dict[str, Optional[torch.optim.Optimizer]] = {}
+    info: Dict[str, dict] = {}
+    for name in names:
+        model, backend = build_model(sc.configs[name.removesuffix(FLOAT8)], device, dtype)
+        if name.endswith(FLOAT8):
+            to_float8(model, float8, device)  # type: ignore[arg-type]
+        b = breakdown(model, seq_len)
+        info[name] = dict(
+            params_total=b.total,
+            params_non_embedding=b.non_embedding,
+            flops_per_token=b.flops_per_token,
+            extra=dict(attention=backend, optimizer="adamw" if optimizer else "none"),
+        )
+        optimizers[name] = torch.optim.AdamW(model.parameters(), lr=1e-4) if optimizer else None
+        if compiled:
+            model.apply_compile()  # type: ignore[operator]  # OLMo-core's per-block compile, as the trainer's
+        models[name] = model
+    return models, optimizers, info
+
+
+def _time_interleaved(
+    models: Dict[str, nn.Module], optimizers: dict, ids: torch.Tensor, device, repeats: int, steps: int, log
+) -> tuple[Dict[str, List[float]], Dict[str, Optional[float]]]:
+    """Tokens/s of each model per repeat, the models taking turns (each repeat starts one further
+    along), and each one's peak memory in MiB."""
+    names = list(models)
+    batch, seq_len = ids.shape[0], ids.shape[1] - 1
+    tps: Dict[str, List[float]] = {n: [] for n in names}
+    mem: Dict[str, Optional[float]] = {n: None for n in names}
+    resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            _sync(device)
+            t = time.perf_counter()
+            for _ in range(steps):
+                _train_step(models[name], ids, optimizers[name])
+            _sync(device)
+            tps[name].append(steps * batch * seq_len / (time.perf_counter() - t))
+            if device.type == "cuda":
+                own = torch.cuda.max_memory_allocated(device) - resident + _param_bytes(models[name])
+                mem[name] = max(mem[name] or 0.0, own / 2**20)
+        log(f"repeat {r + 1}/{repeats}: " + ", ".join(f"{n} {tps[n][-1]:.0f}" for n in names))
+    if device.type != "cuda":
+        for name, model in models.items():
+            mem[name] = _cpu_peak_bytes(model, ids) / 2**20
+    return tps, mem
+
+
+def _paired(tps: Dict[str, List[float]], name: str, other: str) -> List[float]:
+    return [a / b for a, b in zip(tps[name], tps[other])]
+
+
+def _result(sc, name: str, base: str, info: dict, tps: dict, mem: dict, peak: float, run: dict) -> BenchResult:
+    """Variant ``name``'s result: its median tokens/s, MFU, and its tokens/s over ``base``'s paired by
+    repeat (median and quartiles)."""
+    med, paired = statistics.median(tps[name]), _paired(tps, name, base)
+    ratio = statistics.median(paired)
+    q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (ratio, ratio, ratio)
+    flops_ratio = info[name]["flops_per_token"] / info[base]["flops_per_token"]
+    extra = dict(info[name]["extra"])
+    if name.endswith(FLOAT8):
+        extra["float8_ratio"] = statistics.median(_paired(tps, name, name.removesuffix(FLOAT8)))
+    return BenchResult(
+        variant=name,
+        config=sc.configs[name.removesuffix(FLOAT8)],
+        extra=extra,
+        **run,
+        **{k: v for k, v in info[name].items() if k != "extra"},
+        tokens_per_s=med,
+        tokens_per_s_all=tps[name],
+        peak_mem_mb=mem[name],
+        mfu=100 * med * info[name]["flops_per_token"] / peak,
+        ratio=ratio,
+        ratio_quartiles=(q1, q3),
+        flops_ratio=flops_ratio,
+        per_flop_ratio=ratio * flops_ratio,
+    )
+
+
 def run_bench(
     scale: str,
     *,
@@ -237,24 +324,7 @@ def run_bench(
     results: List[BenchResult] = []
     for compiled in compile_modes:
         torch._dynamo.reset()
-        models: Dict[str, nn.Module] = {}
-        optimizers: Dict[str, Optional[torch.optim.Optimizer]] = {}
-        info: Dict[str, dict] = {}
-        for name in names:
-            model, backend = build_model(sc.configs[name.removesuffix(FLOAT8)], device, dtype)
-            if name.endswith(FLOAT8):
-                to_float8(model, float8, device)  # type: ignore[arg-type]
-            b = breakdown(model, seq_len)
-            info[name] = dict(
-                params_total=b.total,
-                params_non_embedding=b.non_embedding,
-                flops_per_token=b.flops_per_token,
-                extra=dict(attention=backend, optimizer="adamw" if optimizer else "none"),
-            )
-            optimizers[name] = torch.optim.AdamW(model.parameters(), lr=1e-4) if optimizer else None
-            if compiled:
-                model.apply_compile()  # type: ignore[operator]  # OLMo-core's per-block compile, as the trainer's
-            models[name] = model
+        models, optimizers, info = _build_variants(sc, names, device, dtype, seq_len, optimizer, float8, compiled)
         vocab = min(m.vocab_size for m in models.values())  # type: ignore[misc]
         ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(device)
         for name, model in models.items():
@@ -263,58 +333,9 @@ def run_bench(
                 _train_step(model, ids, optimizers[name])
             _sync(device)
             log(f"{scale} compile={compiled} {name}: warm-up {time.perf_counter() - t:.1f}s")
-        tps: Dict[str, List[float]] = {n: [] for n in names}
-        mem: Dict[str, Optional[float]] = {n: None for n in names}
-        resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        for r in range(repeats):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                _sync(device)
-                t = time.perf_counter()
-                for _ in range(steps):
-                    _train_step(models[name], ids, optimizers[name])
-                _sync(device)
-                tps[name].append(steps * batch * seq_len / (time.perf_counter() - t))
-                if device.type == "cuda":
-                    own = torch.cuda.max_memory_allocated(device) - resident + _param_bytes(models[name])
-                    mem[name] = max(mem[name] or 0.0, own / 2**20)
-            log(f"repeat {r + 1}/{repeats}: " + ", ".join(f"{n} {tps[n][-1]:.0f}" for n in names))
-        if device.type != "cuda":
-            for name, model in models.items():
-                mem[name] = _cpu_peak_bytes(model, ids) / 2**20
-        base = names[0]
-        for name in names:
-            med = statistics.median(tps[name])
-            paired = [a / b for a, b in zip(tps[name], tps[base])]
-            ratio = statistics.median(paired)
-            q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (ratio, ratio, ratio)
-            flops_ratio = info[name]["flops_per_token"] / info[base]["flops_per_token"]
-            extra = dict(info[name]["extra"])
-            if name.endswith(FLOAT8):
-                twin = tps[name.removesuffix(FLOAT8)]
-                extra["float8_ratio"] = statistics.median(a / b for a, b in zip(tps[name], twin))
-            results.append(
-                BenchResult(
-                    scale=scale,
-                    variant=name,
-                    compile=compiled,
-                    config=sc.configs[name.removesuffix(FLOAT8)],
-                    seq_len=seq_len,
-                    batch=batch,
-                    extra=extra,
-                    **{k: v for k, v in info[name].items() if k != "extra"},
-                    tokens_per_s=med,
-                    tokens_per_s_all=tps[name],
-                    peak_mem_mb=mem[name],
-                    mfu=100 * med * info[name]["flops_per_token"] / peak,
-                    ratio=ratio,
-                    ratio_quartiles=(q1, q3),
-                    flops_ratio=flops_ratio,
-                    per_flop_ratio=ratio * flops_ratio,
-                )
-            )
+        tps, mem = _time_interleaved(models, optimizers, ids, device, repeats, steps, log)
+        base = {"scale": scale, "compile": compiled, "seq_len": seq_len, "batch": batch}
+        results += [_result(sc, name, names[0], info, tps, mem, peak, base) for name in names]
         del models
         gc.collect()
     return results, machine
