@@ -40,3 +40,17 @@ def test_the_check_finds_a_comparison(tmp_path):
     f = tmp_path / "m.py"
     f.write_text('if m.block == "hourglass":\n    pass\nx = m.get("block") in ("baseline", "x")\ny = e.experts == "hourglass"\n')
     assert list(_comparisons_with_a_kind(f)) == [1, 3]  # not line 4: an expert kind
+
+
+def test_head_dims_without_a_model_config_match_the_built_config():
+    """The launch reads every layer's head size off the spec (model.head_dims, from the kind's widths),
+    without building OLMo-core's config: the same sizes as the built config's attention, for every
+    shipped config."""
+    from olmo_patches.config import load_spec
+    from olmo_patches.nn.attention import head_dims
+
+    paths = [p for p in sorted((REPO / "configs").rglob("*.yaml")) if not p.name.startswith("base")]
+    assert len(paths) > 100
+    for path in paths:
+        spec = load_spec(path)
+        assert spec.model.head_dims == head_dims(spec.model_config()), path

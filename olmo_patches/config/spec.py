@@ -279,6 +279,11 @@ class ModelSpec:
         return block_of(self).widths(self)
 
     @property
+    def head_dims(self) -> List[int]:
+        """Every layer's head_dim: model.head_dim, else w_l / n_heads (a variable-width layer's own)."""
+        return [self.head_dim or w // self.n_heads for w in self.layer_widths]
+
+    @property
     def resolved_d_h(self) -> int:
         """d_h, from ``d_h`` or from ``d_h_ratio * d_model`` rounded to ``d_h_multiple``."""
         if self.d_h is not None:

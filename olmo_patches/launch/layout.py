@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..config.load import load_spec, where_set
 from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line, tokenizer_config
-from ..nn.attention import FLASH, BackendChoice, head_dims, resolve_attention_backend
+from ..nn.attention import FLASH, BackendChoice, resolve_attention_backend
 from .ranks import Layout
 from ..nn.lm_loss import lm_loss, set_lm_loss
 from .cards import CARDS, detect
@@ -275,9 +275,8 @@ def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
 
 
 def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
-    dims = head_dims(spec.model_config())
     return resolve_attention_backend(
-        spec.model.attention_backend, dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16"
+        spec.model.attention_backend, spec.model.head_dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16"
     )
 
 

@@ -21,7 +21,7 @@ from ..config.spec import demo_cache
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from ..train.disk import CHECKPOINT_BYTES_PER_PARAM
-from ..nn.attention import head_dims, on_gpu
+from ..nn.attention import on_gpu
 from ..nn.hourglass import StackedLinear
 from ..nn.lm_loss import lm_loss
 from .counts import count, float8_row
@@ -226,7 +226,7 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
         (f"attention backend ({device} here)", str(attention_backend(spec, device))),
         (
             "attention kernel (a CUDA node with flash-attn)",
-            on_gpu(spec.model.attention_backend, head_dims(spec.model_config()), bf16=t.precision == "bf16"),
+            on_gpu(spec.model.attention_backend, spec.model.head_dims, bf16=t.precision == "bf16"),
         ),
         (f"LM loss ({device} here)", str(lm_loss(spec, device))),
         *([("LM loss (a CUDA node, this install)", str(lm_loss(spec, "cuda")))] if device != "cuda" else []),
