@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from olmo_patches.nn.hourglass_block import HourglassBlockConfig
 from olmo_patches.config import ModelSpec
-from olmo_patches.nn.hourglass import HourglassFeedForwardConfig, NormPlacement
+from olmo_patches.nn.hourglass import HourglassFeedForwardConfig
+from olmo_patches.shapes.choices import NormPlacement
 from olmo_patches.nn.accounting import breakdown
 from olmo_patches.shapes.counts import analytic_non_embedding
 

@@ -41,11 +41,7 @@ def hourglass_layers(m, config: "TransformerConfig") -> "TransformerConfig":
         sequence_mixer=block.sequence_mixer,
         layer_norm=block.layer_norm,
         feed_forward=hg.HourglassFeedForwardConfig(
-            hidden_size=m.resolved_d_h,
-            K=m.K,
-            bias=False,
-            layer_norm=block.layer_norm,
-            norm_placement=hg.NormPlacement(m.norm_placement),
+            hidden_size=m.resolved_d_h, K=m.K, bias=False, layer_norm=block.layer_norm, norm_placement=m.norm_placement
         ),
     )
     return config

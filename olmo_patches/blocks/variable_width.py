@@ -71,7 +71,7 @@ class VariableWidth(BlockKind):
 
         from ..nn.hourglass_moe import HourglassMoEConfig
         from ..nn.moe import LayerMoEConfig
-        from ..nn.variable_width import MuPConfig, ResizeMode, VariableWidthTransformerConfig
+        from ..nn.variable_width import MuPConfig, VariableWidthTransformerConfig
 
         hourglass = _hourglass_ffn(m)
         if hourglass:
@@ -92,7 +92,7 @@ class VariableWidth(BlockKind):
         return VariableWidthTransformerConfig(
             **base,
             widths=self.widths(m),
-            resize=ResizeMode(w.resize),
+            resize=w.resize,
             ffn_hidden_ratio=(m.resolved_d_h if hourglass else m.resolved_d_ff) / m.d_model,
             ffn_hidden_multiple=m.d_h_multiple if hourglass else 1,
             mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,

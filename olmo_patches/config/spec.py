@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from enum import Enum
 
 from omegaconf import MISSING
 
 from ..blocks import block_of
+from ..shapes.choices import NormPlacement, ResizeMode, StrEnum
 from ..shapes.widths import MoEShape, schedule_widths
 from .validate import check_across, check_data, check_eval, check_every_value, check_model, check_run, check_train
 
@@ -27,29 +27,8 @@ if TYPE_CHECKING:  # the model's classes are imported by build(): loading a conf
     from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
 
-# The fixed choices: omegaconf refuses any other value at load, naming the key. Each value is the
-# name of the member of the module's own enum it becomes at build() (nn/: NormPlacement, ResizeMode).
-
-
-class StrEnum(str, Enum):
-    """A choice that is its string (OLMo-core's StrEnum, without importing torch to load a config)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
-class NormPlacement(StrEnum):
-    pre = "pre"  # x + f(norm(x)): the papers' equations
-    post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
-
-
-class ResizeMode(StrEnum):
-    carry_forward = "carry_forward"
-    zero = "zero"
-    learned = "learned"
+# The fixed choices: omegaconf refuses any other value at load, naming the key. NormPlacement and
+# ResizeMode are the modules' own (shapes/choices.py: nn/ builds with them).
 
 
 class Experts(StrEnum):

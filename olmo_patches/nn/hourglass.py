@@ -28,7 +28,6 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from olmo_core.config import StrEnum
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig
@@ -36,21 +35,10 @@ from olmo_core.nn.transformer.init import init_linear
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from ..shapes.choices import NormPlacement
 from ..shapes.counts import hourglass_ffn_params
 
-__all__ = [
-    "NormPlacement",
-    "stacked_placement",
-    "shard_stacked",
-    "StackedLinear",
-    "HourglassFeedForward",
-    "HourglassFeedForwardConfig",
-]
-
-
-class NormPlacement(StrEnum):
-    pre = "pre"  # x + f(norm(x)): the papers' equations (Llama-style pre-norm)
-    post = "post"  # x + norm(f(x)): OLMo-2's reordered norm
+__all__ = ["stacked_placement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
 
 
 def stacked_placement(shape: Sequence[int], shards: int) -> Optional[Shard]:

@@ -58,7 +58,7 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from olmo_core.config import Config, StrEnum
+from olmo_core.config import Config
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.layer_norm import LayerNormType, RMSNorm
@@ -72,11 +72,11 @@ from olmo_core.nn.transformer.model import MoETransformer
 from .hourglass_block import HourglassBlock
 from .hourglass import HourglassFeedForwardConfig
 from .hourglass_moe import HourglassMoEBlock, HourglassMoEConfig
+from ..shapes.choices import ResizeMode
 from ..shapes.widths import expert_hidden_size
 from .moe import ScaledMoETransformerBlock
 
 __all__ = [
-    "ResizeMode",
     "MuPConfig",
     "VariableWidthBlockConfig",
     "VariableWidthLMHeadConfig",
@@ -85,12 +85,6 @@ __all__ = [
     "VariableWidthMoETransformer",
     "OutputNorm",
 ]
-
-
-class ResizeMode(StrEnum):
-    carry_forward = "carry_forward"  # untouched dims keep the last value written (authors' move_up)
-    zero = "zero"  # a widening layer reads zeros in its new dims
-    learned = "learned"  # a learned projection when widening (the ablation)
 
 
 # --- modules -------------------------------------------------------------------------------------
