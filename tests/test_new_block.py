@@ -1,6 +1,7 @@
 """A block kind that is not the papers', registered from one file (tests/_parallel_block.py), runs
 through the commands with no other file changed: its forward is the parallel block's equation, the
-counts, the dry run, training, an exact resume, and FSDP over 2 gloo ranks as one process."""
+counts, the dry run, training, an exact resume, FSDP over 2 gloo ranks as one process, and its row
+in a sweep's report."""
 
 import json
 import sys
@@ -86,3 +87,22 @@ def test_fsdp_on_two_gloo_ranks_matches_one_process(straight, tmp_path):
     assert sorted(two) == [1, 2, 3, 4]
     for step in one:
         assert two[step] == pytest.approx(one[step], rel=1e-5), step
+
+
+def test_sweep_report_has_its_row(straight, tmp_path):
+    """The finished run as a sweep's member: its status row, with the validation perplexity of its
+    metrics file, and the tables and figures written."""
+    from olmo_patches.launch.sweep import load_sweep
+    from olmo_patches.report.sweep import report
+
+    config = tmp_path / "configs" / "tiny-parallel.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        f"extends: {BASELINE}\nmodel: {{block: parallel}}\n"
+        f"run: {{name: tiny-parallel, save_folder: {straight}}}\ntrain: {{max_steps: 4}}\n"
+    )
+    members = load_sweep([str(config.parent)], [*TINY, f"data.work_dir={straight / 'cache'}"])
+    report(members, tmp_path / "report", figures=True)
+    rows = [line for line in (tmp_path / "report" / "sweep.md").read_text().splitlines() if "tiny-parallel" in line]
+    val = [m["eval/lm/val/PPL"] for m in read_metrics(straight).values() if "eval/lm/val/PPL" in m][-1]
+    assert len(rows) == 1 and "done" in rows[0] and "4/4" in rows[0] and f"{val:.2f}" in rows[0], rows
