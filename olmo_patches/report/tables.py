@@ -278,8 +278,8 @@ def ablation_configs(sweep_configs: List[Path]) -> Dict[str, List[Path]]:
 
 
 def _shape_from_name(name: str) -> Dict[str, Any]:
-    """K, L, d_model, d_h from an ablation run's name (…-K4-L11-d979-dh550), for runs not made yet."""
-    m = re.search(r"K(\d+)-L(\d+)-d(\d+)-dh(\d+)$", name)
+    """K, L, d_model, d_h from an ablation run's name (…-K4-L11-d979-dh550, …-dh415-a1024), for runs not made yet."""
+    m = re.search(r"K(\d+)-L(\d+)-d(\d+)-dh(\d+)(?:-a\d+)?(?:-kv\d+)?$", name)  # -a: attention width
     if not m:
         return {}
     K, L, d, dh = map(int, m.groups())
