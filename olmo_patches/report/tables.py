@@ -253,14 +253,18 @@ def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optiona
         run = runs.get(name)
         ours = run.val_ppl() if run else None
         shape = _shape(run) or _shape_from_name(name)
-        reported = spec.get("reported_by_K", {}).get(shape.get("K")) if _in_folders(path, _folders(spec["configs"])) else None
+        in_paper = _in_folders(path, _folders(spec["configs"]))
+        reported = spec.get("reported_by_K", {}).get(shape.get("K")) if in_paper else None
+        finding = paper_finding(kind, spec, shape)
+        if in_paper and (base := spec.get("base_run")) and shape.get("K") == base["K"]:  # the paper's run this sweep grows from
+            reported, finding = base["ppl"], f"{_fmt(base['ppl'])} ({base['note']})"
         rows.append(
             {
                 "run": name,
                 **shape,
                 "steps": run.last_step if run else "",
                 "val PPL": _fmt(ours),
-                "paper": paper_finding(kind, spec, shape),
+                "paper": finding,
                 "diff": _diff(ours, reported),
             }
         )
