@@ -4,19 +4,20 @@
                               [--tokens FILE --dtype uint32] [--names a b ...] [--threshold 0.01]
                               [--uncentred] [--per-prompt] [--normaliser layer|fixed]
 
-CHECKPOINT: a checkpoint (RUN/stepN) or a run folder (its latest), of any variant (baseline, hourglass,
-variable width, MoE). Per block: MLP activation utilisation and dead units, the residual stream's
-normalised matrix entropy and participation ratio, and the logit lens (the model's head on each
-block's output: the next token's probability); olmo_patches/report/analysis.py defines each. Writes
-DIR/analysis.json and DIR/analysis.png (four panels against layer / L, one line per checkpoint).
-The batch: the first batch x (seq + 1) tokens of the run's validation data (the demo corpus's), or of
---tokens (a raw numpy token file, --dtype) for runs whose validation data are remote.
+CHECKPOINT: a checkpoint (RUN/stepN) or a run folder (its latest), of any variant (baseline,
+hourglass, variable width, MoE). Per block: MLP activation utilisation and dead units, the residual
+stream's normalised matrix entropy and participation ratio, and the logit lens (the model's head on
+each block's output: the next token's probability); olmo_patches/report/analysis.py defines each.
+Writes DIR/analysis.json and DIR/analysis.png (four panels against layer / L, one line per
+checkpoint). The batch: the first batch x (seq + 1) tokens of the run's validation data (the demo
+corpus's), or of --tokens (a raw numpy token file, --dtype) for runs whose validation data are
+remote.
 
 The conventions where definitions differ (the paper does not fix them): the stream's Gram matrix
-column-centred (default) or --uncentred; all tokens pooled (default) or --per-prompt (averaged over the
-batch's sequences); the entropy over ln min(N - 1, w_l) (--normaliser layer, default) or over ln h of
-every layer (fixed). The analysis module's docstring gives the reasons for the defaults; analysis.json
-records the conventions used.
+column-centred (default) or --uncentred; all tokens pooled (default) or --per-prompt (averaged over
+the batch's sequences); the entropy over ln min(N - 1, w_l) (--normaliser layer, default) or over ln
+h of every layer (fixed). The analysis module's docstring gives the reasons for the defaults;
+analysis.json records the conventions used.
 """
 
 import argparse

@@ -76,9 +76,10 @@ def test_target_probability_is_softmax_at_the_target():
     "variant,units", [("baseline", lambda m: 4 * m.d_model), ("hourglass", lambda m: m.K * m.d_h), ("variable-width", None)]
 )
 def test_hooks_on_each_variant(tmp_path, variant, units):
-    """On a built (untrained) tiny model: one row per block, the FFN's hidden units (SwiGLU 4 d_model;
-    the hourglass's K sub-MLPs of d_h; variable width: 4 w_l at each layer's width), the last block's logit
-    lens equal to the model's own output, and a unit whose gate row is zero is dead."""
+    """On a built (untrained) tiny model: one row per block, the FFN's hidden units (SwiGLU 4
+    d_model; the hourglass's K sub-MLPs of d_h; variable width: 4 w_l at each layer's width), the
+    last block's logit lens equal to the model's own output, and a unit whose gate row is zero is
+    dead."""
     spec = load_spec(DEMO / f"{variant}.yaml", ["model.n_layers=3", "train.device=cpu", "train.hardware=none"])
     torch.manual_seed(0)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
@@ -102,8 +103,8 @@ def test_hooks_on_each_variant(tmp_path, variant, units):
 
 
 def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
-    """scripts/analyze.py on a baseline and a variable-width checkpoint: the JSON has the four metrics per
-    layer for each, and one figure; a missing checkpoint is a one-line error."""
+    """scripts/analyze.py on a baseline and a variable-width checkpoint: the JSON has the four
+    metrics per layer for each, and one figure; a missing checkpoint is a one-line error."""
     runs = []
     for variant, L in (("baseline", 2), ("variable-width", 4)):  # x needs its narrowest layer inside 1 < k < L
         folder = tmp_path / variant
@@ -145,8 +146,8 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
 
 
 def test_moe_layers_have_stream_metrics_and_no_unit_hook():
-    """Paper 2's variable-width MoE (shrunk): the residual stream and logit lens per layer at each layer's
-    width; its experts' hidden units are not hooked (None), not counted as dead."""
+    """Paper 2's variable-width MoE (shrunk): the residual stream and logit lens per layer at each
+    layer's width; its experts' hidden units are not hooked (None), not counted as dead."""
     spec = load_spec(
         REPO / "configs/paper2/3B-MoE/x.yaml",
         [
@@ -169,12 +170,14 @@ def test_moe_layers_have_stream_metrics_and_no_unit_hook():
     assert a.layers[-1].target_probability == pytest.approx(a.final_target_probability, rel=1e-6)
 
 
-# --- the conventions (Conventions): each switch on a constructed example whose value its definition predicts
+# --- the conventions (Conventions): each switch on a constructed example, the value its definition
+# predicts
 
 
 def offset_stream(N: int = 200, d: int = 48, r: int = 4, offset: float = 3.0, seed: int = 4) -> tuple[np.ndarray, float]:
-    """N x d: r equal centred directions (singular values 1) plus one offset c shared by every token, c
-    orthogonal to those directions; returns (Z, N |c|^2), the uncentred Gram's extra eigenvalue."""
+    """N x d: r equal centred directions (singular values 1) plus one offset c shared by every
+    token, c orthogonal to those directions; returns (Z, N |c|^2), the uncentred Gram's extra
+    eigenvalue."""
     rng = np.random.default_rng(seed)
     M = rng.normal(size=(N, r))
     M -= M.mean(axis=0)
@@ -185,8 +188,9 @@ def offset_stream(N: int = 200, d: int = 48, r: int = 4, offset: float = 3.0, se
 
 
 def test_centring_removes_a_common_offset():
-    """Centred: the r equal directions, H = ln r, PR = r. Uncentred: Z^T Z = Zc^T Zc + N c c^T (the columns of Zc
-    sum to 0), so the eigenvalues are r ones and N |c|^2: a near-zero entropy from the offset alone."""
+    """Centred: the r equal directions, H = ln r, PR = r. Uncentred: Z^T Z = Zc^T Zc + N c c^T (the
+    columns of Zc sum to 0), so the eigenvalues are r ones and N |c|^2: a near-zero entropy from the
+    offset alone."""
     r = 4
     Z, big = offset_stream(r=r)
     Z = torch.from_numpy(Z)
@@ -202,8 +206,9 @@ def test_centring_removes_a_common_offset():
 
 
 def test_pooling_across_prompts_against_per_prompt():
-    """Two prompts, each moving along its own direction (centred within the prompt, equal variance): each
-    prompt alone is rank 1 (H 0, PR 1), the pooled tokens rank 2 with equal variance (H ln 2, PR 2)."""
+    """Two prompts, each moving along its own direction (centred within the prompt, equal variance):
+    each prompt alone is rank 1 (H 0, PR 1), the pooled tokens rank 2 with equal variance (H ln 2,
+    PR 2)."""
     seq, d = 64, 16
     t = np.random.default_rng(5).normal(size=seq)
     t = (t - t.mean()) / np.linalg.norm(t - t.mean())
@@ -215,8 +220,8 @@ def test_pooling_across_prompts_against_per_prompt():
     H, H_norm = matrix_entropy(Z, pooling="per_prompt")
     assert H == pytest.approx(0, abs=1e-9) and H_norm == pytest.approx(0, abs=1e-9)
     assert participation_ratio(Z, pooling="per_prompt") == pytest.approx(1, rel=1e-9)
-    # Dead units: unit 0 fires on prompt 0 only, unit 1 on neither: pooled 1 of 4 dead; per prompt 2 of 4 on
-    # prompt 1 and 1 of 4 on prompt 0, so 3/8. Utilisation is the same mean either way.
+    # Dead units: unit 0 fires on prompt 0 only, unit 1 on neither: pooled 1 of 4 dead; per prompt 2 of
+    # 4 on prompt 1 and 1 of 4 on prompt 0, so 3/8. Utilisation is the same mean either way.
     A = np.ones((2, seq, 4))
     A[1, :, 0] = 0.0
     A[:, :, 1] = 0.0
@@ -226,8 +231,9 @@ def test_pooling_across_prompts_against_per_prompt():
 
 
 def test_per_layer_normaliser_against_a_fixed_ln_h():
-    """A 16-wide stream (a narrow layer) of 4 equal directions in a model of h 64: H = ln 4 either way; over
-    ln min(N - 1, 16) it reads 0.5, over ln 64 one third (their ratio ln 64 / ln 16 = 1.5)."""
+    """A 16-wide stream (a narrow layer) of 4 equal directions in a model of h 64: H = ln 4 either
+    way; over ln min(N - 1, 16) it reads 0.5, over ln 64 one third (their ratio ln 64 / ln 16 =
+    1.5)."""
     Z = torch.from_numpy(rank_r(100, 16, 4, seed=6))
     H, layer = matrix_entropy(Z)
     H_fixed, fixed = matrix_entropy(Z, normaliser="fixed", h=64)
@@ -238,8 +244,9 @@ def test_per_layer_normaliser_against_a_fixed_ln_h():
 
 
 def test_analyze_model_takes_the_conventions_it_is_given():
-    """On a built tiny variable-width model: the fixed normaliser rescales each layer's normalised entropy by
-    ln min(N - 1, w_l) / ln h and leaves H alone; the conventions are recorded with the result."""
+    """On a built tiny variable-width model: the fixed normaliser rescales each layer's normalised
+    entropy by ln min(N - 1, w_l) / ln h and leaves H alone; the conventions are recorded with the
+    result."""
     from olmo_patches.report.analysis import Conventions
 
     spec = load_spec(DEMO / "variable-width.yaml", ["model.n_layers=4", "train.device=cpu", "train.hardware=none"])

@@ -161,7 +161,7 @@ def test_sweeps_sample_the_papers_floors():
     assert sum(0.4 <= r <= 0.55 for r in ratios) >= 2 and ratios[0] < 0.15 and ratios[-1] > 0.75, ratios
 
 
-SWEEP_FOLDERS = ["d_h-ratio", "k-sweep", "width-depth-K2", "width-depth-K4"]  # points that differ in d_model
+SWEEP_FOLDERS = ["d_h-ratio", "k-sweep", "width-depth-K2", "width-depth-K4"]  # d_model varies
 
 
 @pytest.mark.parametrize("folder", SWEEP_FOLDERS)

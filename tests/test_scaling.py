@@ -1,6 +1,6 @@
 """Scaling fits (report/scaling.py): L = a C^b recovered from run folders whose losses follow a known
-law, the matched-loss FLOPs ratio against the one the true laws give, and the paper's own table. C is in
-PF-days (8.64e19 FLOPs) on the authors' count, both written here from paper 2's definition."""
+law, the matched-loss FLOPs ratio against the one the true laws give, and the paper's own table. C is
+in PF-days (8.64e19 FLOPs) on the authors' count, both written here from paper 2's definition."""
 
 import json
 import math
@@ -22,14 +22,16 @@ PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day, paper 2's unit of C
 
 
 def authors_forward(widths, h, V, s):
-    """Paper 2's forward FLOPs per sequence (the authors' compute_metrics, docs/variable_width.md): per layer
-    32 s w^2 + 4 s^2 w, the head 2 s h V, minus the first layer's QKV and the last layer's down-projection
-    slices that only meet zeros or are cut off: 6 s w_1 (w_1 - h) and 8 s w_L (w_L - h) where w > h."""
+    """Paper 2's forward FLOPs per sequence (the authors' compute_metrics, docs/variable_width.md):
+    per layer 32 s w^2 + 4 s^2 w, the head 2 s h V, minus the first layer's QKV and the last layer's
+    down-projection slices that only meet zeros or are cut off: 6 s w_1 (w_1 - h) and 8 s w_L (w_L -
+    h) where w > h."""
     waste = 6 * s * widths[0] * max(widths[0] - h, 0) + 8 * s * widths[-1] * max(widths[-1] - h, 0)
     return sum(32 * s * w * w + 4 * s * s * w for w in widths) + 2 * s * h * V - waste
 
 
-# The true laws, C in PF-days (the authors' count): a baseline and an x family that needs fewer FLOPs for a loss.
+# The true laws, C in PF-days (the authors' count): a baseline and an x family that needs fewer FLOPs
+# for a loss.
 LAWS = {"baseline": (3.16, -0.0498), "x": (3.10, -0.0500)}
 SIZES = [(64, 4, 100), (96, 4, 200), (128, 5, 400), (192, 6, 800)]  # d_model, n_layers, steps
 BATCH, SEQ, NOISE = 4, 64, 0.0005  # NOISE: the sd of ln L
@@ -110,9 +112,10 @@ def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
 
 
 def test_the_papers_own_table_gives_its_printed_coefficients_in_pf_days():
-    """The paper's four dense rows (paper 2, docs/papers.md, written here), C = 3 x the authors' forward FLOPs
-    per sequence x sequences in PF-days, x at the reported FLOPs change: the printed a 3.16, b -0.0498 and
-    a 3.12, b -0.0503 to their printed digits; in 1e20 FLOPs a comes out 3.14 / 3.10, so the unit is pinned."""
+    """The paper's four dense rows (paper 2, docs/papers.md, written here), C = 3 x the authors'
+    forward FLOPs per sequence x sequences in PF-days, x at the reported FLOPs change: the printed a
+    3.16, b -0.0498 and a 3.12, b -0.0503 to their printed digits; in 1e20 FLOPs a comes out 3.14 /
+    3.10, so the unit is pinned."""
     rows = [
         (640, 16, 128, 19080, 3.452, 3.430, -3.2),
         (960, 24, 256, 23844, 3.138, 3.099, -3.7),
@@ -154,9 +157,9 @@ PAPER2_DENSE = [
 
 
 def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
-    """Fits per family of loss against FLOPs and against mean width, solved at the 2B baseline's 2.751: the
-    paper's 77.8% of the FLOPs and 85.1% of the mean width (the abstract's 15% less KV cache); the x
-    family's FLOPs fit is the paper's a 3.12, b -0.0503."""
+    """Fits per family of loss against FLOPs and against mean width, solved at the 2B baseline's
+    2.751: the paper's 77.8% of the FLOPs and 85.1% of the mean width (the abstract's 15% less KV
+    cache); the x family's FLOPs fit is the paper's a 3.12, b -0.0503."""
     from olmo_patches.report.scaling import paper_matched_loss
 
     rows = [
@@ -181,9 +184,9 @@ def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
 
 
 def test_make_tables_prints_the_papers_matched_loss(tmp_path):
-    """The scaling report on the paper's own rows (paper_results.yaml), no runs needed: in PF-days on the
-    authors' count the refitted a, b beside the printed ones, 77.6% of the FLOPs (the paper: 77.8%; its
-    printed constants give 75.5%), 85.1% of the mean width, beside the equal-size 2B row."""
+    """The scaling report on the paper's own rows (paper_results.yaml), no runs needed: in PF-days
+    on the authors' count the refitted a, b beside the printed ones, 77.6% of the FLOPs (the paper:
+    77.8%; its printed constants give 75.5%), 85.1% of the mean width, beside the equal-size 2B row."""
     (tmp_path / "runs").mkdir()
     r = run_in_process("make_tables.py", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-figures")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -204,10 +207,11 @@ PAPER2_RUNS = {
 
 
 def test_run_report_on_the_papers_shapes_counts_the_authors_flops(tmp_path):
-    """Run folders of configs/paper2/<size>/{baseline,x}.yaml at the paper's steps with the paper's losses: the
-    run-based report fits C on the authors' count in PF-days, so it gives the paper-count result (the fits'
-    printed digits, 77.6%), while OLMo-core's count (causal attention, the idle slices computed), in its own
-    column, gives x almost no FLOPs saving and a matched-loss ratio near 79%."""
+    """Run folders of configs/paper2/<size>/{baseline,x}.yaml at the paper's steps with the paper's
+    losses: the run-based report fits C on the authors' count in PF-days, so it gives the
+    paper-count result (the fits' printed digits, 77.6%), while OLMo-core's count (causal attention,
+    the idle slices computed), in its own column, gives x almost no FLOPs saving and a matched-loss
+    ratio near 79%."""
     for size, (steps, *losses) in PAPER2_RUNS.items():
         for family, loss in zip(("baseline", "x"), losses):
             spec = load_spec(REPO / "configs" / "paper2" / size / f"{family}.yaml")

@@ -4,8 +4,9 @@
 - ``ppl_vs_K.png``, ``ppl_vs_dh_ratio.png``: validation PPL against K and against d_h/d_model.
 - ``loss_curves.png``: training loss against tokens, one line per run.
 - ``param_split.png``: attention / FFN non-embedding parameters per run (stacked bars).
-- ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family (PF-days,
-  the authors' count: report/scaling.py), the fitted L = a C^b of each, and the paper's two fits.
+- ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family
+  (PF-days, the authors' count: report/scaling.py), the fitted L = a C^b of each, and the paper's
+  two fits.
 A figure with no points to plot is not written.
 """
 
@@ -124,7 +125,7 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
             law = fitted[f]
             ax.plot(grid, law.loss(grid), "-", color=dots.get_color(), label=f"{f}: L = {law.a:.3g} C^{law.b:.4f}")
     ref = paper["variable_width"]["scaling"]
-    for f, style in (("baseline", "k--"), ("x", "k:")):  # the paper's fits, C in PF-days (authors' count)
+    for f, style in (("baseline", "k--"), ("x", "k:")):  # the paper's fits, C in PF-days
         a, b = ref[f + "_a"], ref[f + "_b"]
         ax.plot(grid, a * grid**b, style, label=f"paper {f}: L = {a} C^{b}")
     ax.set(

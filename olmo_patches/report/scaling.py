@@ -2,13 +2,13 @@
 needs to reach a given loss (paper 2's "22% fewer FLOPs under fitted loss-matched scaling curves").
 
 A run's point: C = training FLOPs = its FLOPs per token x the tokens it trained (last step x global
-batch x sequence length), in PF-days (:data:`PF_DAY`, 8.64e19 FLOPs: paper 2's unit, the one in which
-refitting its own table gives its printed a and b); L = its final validation loss (``Run.val_loss``).
-Two FLOP counts, one for the papers and one for the hardware:
+batch x sequence length), in PF-days (:data:`PF_DAY`, 8.64e19 FLOPs: paper 2's unit, the one in
+which refitting its own table gives its printed a and b); L = its final validation loss
+(``Run.val_loss``). Two FLOP counts, one for the papers and one for the hardware:
 
-- the authors' (:func:`authors_flops_per_token`, paper 2's ``compute_metrics``): 3 x the forward FLOPs,
-  2 per weight a token uses, full s x s attention, the idle first/last-layer slices of a variable-width
-  model left out. Every fit and ratio compared with the paper's numbers uses it;
+- the authors' (:func:`authors_flops_per_token`, paper 2's ``compute_metrics``): 3 x the forward
+  FLOPs, 2 per weight a token uses, full s x s attention, the idle first/last-layer slices of a
+  variable-width model left out. Every fit and ratio compared with the paper's numbers uses it;
 - OLMo-core's (``num_flops_per_token`` of the built model: causal attention, every computed matmul),
   kept as separately labelled columns. On it the x shape costs about what the baseline does (+0.11,
   -0.54, +0.24, -0.06% at 200M-2B, where the authors' count gives -3.2, -3.6, -2.6, -2.6%), so a
@@ -19,18 +19,18 @@ budgets gets
 
     ln L = ln a + b ln C        (ordinary least squares in log space)
 
-with the covariance of (ln a, b) from the residual variance, s^2 (X^T X)^-1, s^2 = RSS / (n - 2): the
-standard errors of a (a x se(ln a)) and b need 3 or more runs. The compute a family needs for a loss
-L* is C(L*) = (L* / a)^(1/b), with the standard error of ln C(L*) by the delta method; the matched-loss
-ratio is C_family(L*) / C_baseline(L*) (independent of the unit). L* defaults to the loss of the
-baseline family's run with the most compute (the paper: the 2B baseline's loss, reached by x with 77.8%
-of its FLOPs).
+with the covariance of (ln a, b) from the residual variance, s^2 (X^T X)^-1, s^2 = RSS / (n - 2):
+the standard errors of a (a x se(ln a)) and b need 3 or more runs. The compute a family needs for a
+loss L* is C(L*) = (L* / a)^(1/b), with the standard error of ln C(L*) by the delta method; the
+matched-loss ratio is C_family(L*) / C_baseline(L*) (independent of the unit). L* defaults to the
+loss of the baseline family's run with the most compute (the paper: the 2B baseline's loss, reached
+by x with 77.8% of its FLOPs).
 
-The same fit and solve against a run's mean layer width W (the mean of its layers' widths; d_model at
-constant width), L = a W^b, gives the mean width each family needs for the target loss: the KV cache
-per token is 2 W L, so at matched loss the ratio of mean widths is the paper's KV-cache saving (85.1%
-of the baseline's at the 2B baseline's loss, the abstract's 15%), not the 10-11% of the equal-size
-rows. :func:`paper_matched_loss` repeats both solves on the paper's own four dense rows
+The same fit and solve against a run's mean layer width W (the mean of its layers' widths; d_model
+at constant width), L = a W^b, gives the mean width each family needs for the target loss: the KV
+cache per token is 2 W L, so at matched loss the ratio of mean widths is the paper's KV-cache saving
+(85.1% of the baseline's at the 2B baseline's loss, the abstract's 15%), not the 10-11% of the
+equal-size rows. :func:`paper_matched_loss` repeats both solves on the paper's own four dense rows
 (docs/variable_width.md): a 3.160, b -0.04979 (baseline) and a 3.125, b -0.05033 (x) in PF-days (the
 paper: 3.16, -0.0498 and 3.12, -0.0503), 77.6% of the FLOPs (the paper: 77.8%; its rounded constants
 give 75.5%) and 85.1% of the mean width.
@@ -59,7 +59,7 @@ __all__ = [
     "authors_flops_per_token",
 ]
 
-PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day: the unit of C in every fit, paper 2's (its table refits to its a, b)
+PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day: C's unit in every fit (paper 2's: its table refits to its a, b)
 C_LABEL = "PF-days, authors' count"  # the unit and FLOP count of C in the tables' column names
 
 
@@ -106,8 +106,9 @@ def fit_power_law(C: Sequence[float], L: Sequence[float]) -> PowerLaw:
 
 
 def family(run: Run) -> str:
-    """baseline (constant width: OLMo-core's block or a constant variable-width schedule), hourglass,
-    or a variable-width shape (x, v, ^, 3) with its resizing when not carry-forward; "MoE" appended."""
+    """baseline (constant width: OLMo-core's block or a constant variable-width schedule),
+    hourglass, or a variable-width shape (x, v, ^, 3) with its resizing when not carry-forward;
+    "MoE" appended."""
     m = run.model
     if m.get("block") == "hourglass":
         name = "hourglass"
@@ -120,17 +121,19 @@ def family(run: Run) -> str:
 
 
 def authors_flops_per_token(spec) -> float:
-    """Training FLOPs per token as paper 2's authors count them: 3 x forward FLOPs per sequence / s. A
-    variable-width model of their layers (SwiGLU 4 w_l, head_dim w_l / n_heads; a constant schedule too)
-    is :func:`paper_flops` of its widths, exactly their ``compute_metrics``; another model (OLMo-core's transformer, hourglass) is counted by the same rules
-    on its built weights: 2 x the attention and FFN weights a token uses (an MoE's active experts),
-    2 d_model V for the head and 4 s per unit of attention width per layer (full s x s attention)."""
+    """Training FLOPs per token as paper 2's authors count them: 3 x forward FLOPs per sequence / s.
+    A variable-width model of their layers (SwiGLU 4 w_l, head_dim w_l / n_heads; a constant
+    schedule too) is :func:`paper_flops` of its widths, exactly their ``compute_metrics``; another
+    model (OLMo-core's transformer, hourglass) is counted by the same rules on its built weights: 2
+    x the attention and FFN weights a token uses (an MoE's active experts), 2 d_model V for the head
+    and 4 s per unit of attention width per layer (full s x s attention)."""
     from ..config import vocab_size
     from ..shapes.widths import paper_flops
     from .counts import count
 
     m, s, V = spec.model, spec.data.sequence_length, vocab_size(spec)
-    authors_shape = m.ffn == "swiglu" and m.resolved_d_ff == 4 * m.d_model and m.head_dim is None  # their layers
+    # the authors' layers: SwiGLU 4 w_l, heads that follow w_l
+    authors_shape = m.ffn == "swiglu" and m.resolved_d_ff == 4 * m.d_model and m.head_dim is None
     if m.block == "variable_width" and authors_shape and (m.moe is None or m.moe.experts == "swiglu"):
         return 3 * paper_flops(m.resolved_widths, m.d_model, V, s, m.moe_shape) / s
     b = count(spec)
@@ -187,15 +190,15 @@ def _err(x: float, digits: int) -> str:
 
 
 def _paper_fit(ref: dict, f: str) -> str:
-    """The paper's fit for a family (C in PF-days, the authors' count), or "" where it gives none."""
+    """The paper's fit for a family (C in PF-days, the authors' count), or "" where none."""
     return f"a {ref[f + '_a']}, b {ref[f + '_b']}" if f in ("baseline", "x") else ""
 
 
 def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[float] = None) -> Dict[str, List[dict]]:
     """``scaling_fit`` (a, b and their standard errors per family on the authors' count, the paper's
-    fit beside, and a, b on OLMo-core's count) and ``matched_loss`` (each family's C at the target loss
-    and its ratio to the baseline's on both counts, the paper's x ratio beside); both empty without two
-    runs of a family. C in PF-days."""
+    fit beside, and a, b on OLMo-core's count) and ``matched_loss`` (each family's C at the target
+    loss and its ratio to the baseline's on both counts, the paper's x ratio beside); both empty
+    without two runs of a family. C in PF-days."""
     points = scaling_points(runs)
     fitted, fitted_olmo = fits(points), fits(points, x="C_olmo")
     ref = paper["variable_width"]["scaling"]
@@ -252,12 +255,12 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
 
 
 def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, target_loss: Optional[float] = None) -> dict:
-    """Paper 2's matched-loss figures from its own table. ``rows``: the dense sizes, each with h, n_layers,
-    batch (sequences), steps, baseline and x (final losses), flops and mean_width (x's change vs the
-    baseline at that size, e.g. -0.025). C = 3 x the authors' forward FLOPs per sequence
-    (``paper_flops``) x sequences, in PF-days; x's C and mean width are the baseline's times (1 + change).
-    Returns the four fits and x's fraction of the baseline's FLOPs and mean width at ``target_loss``
-    (default: the largest baseline's loss, the paper's 2B 2.751)."""
+    """Paper 2's matched-loss figures from its own table. ``rows``: the dense sizes, each with h,
+    n_layers, batch (sequences), steps, baseline and x (final losses), flops and mean_width (x's
+    change vs the baseline at that size, e.g. -0.025). C = 3 x the authors' forward FLOPs per
+    sequence (``paper_flops``) x sequences, in PF-days; x's C and mean width are the baseline's
+    times (1 + change). Returns the four fits and x's fraction of the baseline's FLOPs and mean
+    width at ``target_loss`` (default: the largest baseline's loss, the paper's 2B 2.751)."""
     from ..shapes.widths import paper_flops
 
     C = [3 * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len) * r["batch"] * r["steps"] / PF_DAY for r in rows]
@@ -284,10 +287,10 @@ def _fraction(text) -> float:
 
 
 def paper_matched_loss_rows(paper: dict) -> List[dict]:
-    """The matched-loss table from paper 2's own dense rows (paper_results.yaml), C in PF-days on the
-    authors' count: the refitted a, b beside the paper's printed ones, x's fraction beside the paper's
-    stated one and beside what the printed (rounded) a, b give, and the equal-size change at its largest
-    dense size."""
+    """The matched-loss table from paper 2's own dense rows (paper_results.yaml), C in PF-days on
+    the authors' count: the refitted a, b beside the paper's printed ones, x's fraction beside the
+    paper's stated one and beside what the printed (rounded) a, b give, and the equal-size change at
+    its largest dense size."""
     vw = paper["variable_width"]
     dense = [dict(r, flops=_fraction(r["flops"]), mean_width=_fraction(r["mean_width"])) for r in vw["sizes"] if "h" in r]
     got = paper_matched_loss(dense, vw["vocab_size"], vw["sequence_length"])

@@ -288,9 +288,10 @@ def _solve_heads8(
     head_dim: int = 64,
     kv_group: int = 1,
 ) -> Optional[Shape]:
-    """d_model % 8 with a head dim that is a multiple of 8 (MHA at d_model / n_heads, or the attention of
-    :func:`attention_heads` with ``attn_fraction``), d_h any integer: of the shapes within ``tolerance``,
-    the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets its ratios)."""
+    """d_model % 8 with a head dim that is a multiple of 8 (MHA at d_model / n_heads, or the
+    attention of :func:`attention_heads` with ``attn_fraction``), d_h any integer: of the shapes
+    within ``tolerance``, the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets
+    its ratios)."""
     d_star = math.sqrt(budget / (L * _per_layer(K, r, attn_fraction, kv_group)))
     lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
     best: Optional[Shape] = None
