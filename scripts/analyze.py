@@ -2,14 +2,22 @@
 
     python scripts/analyze.py CHECKPOINT [CHECKPOINT ...] --out DIR [--batch 8] [--seq 128]
                               [--tokens FILE --dtype uint32] [--names a b ...] [--threshold 0.01]
+                              [--uncentred] [--per-prompt] [--normaliser layer|fixed]
 
-CHECKPOINT: a checkpoint (RUN/stepN) or a run folder (its latest), of any variant (baseline, hourglass,
-variable width, MoE). Per block: MLP activation utilisation and dead units, the residual stream's
-normalised matrix entropy and participation ratio, and the logit lens (the model's head on each
-block's output: the next token's probability); olmo_patches/report/analysis.py defines each. Writes
-DIR/analysis.json and DIR/analysis.png (four panels against layer / L, one line per checkpoint).
-The batch: the first batch x (seq + 1) tokens of the run's validation data (the demo corpus's), or of
---tokens (a raw numpy token file, --dtype) for runs whose validation data are remote.
+CHECKPOINT: a checkpoint (RUN/stepN) or a run folder (its latest), of any variant (baseline,
+hourglass, variable width, MoE). Per block: MLP activation utilisation and dead units, the residual
+stream's normalised matrix entropy and participation ratio, and the logit lens (the model's head on
+each block's output: the next token's probability); olmo_patches/report/analysis.py defines each.
+Writes DIR/analysis.json and DIR/analysis.png (four panels against layer / L, one line per
+checkpoint). The batch: the first batch x (seq + 1) tokens of the run's validation data (the demo
+corpus's), or of --tokens (a raw numpy token file, --dtype) for runs whose validation data are
+remote.
+
+The conventions where definitions differ (the paper does not fix them): the stream's Gram matrix
+column-centred (default) or --uncentred; all tokens pooled (default) or --per-prompt (averaged over
+the batch's sequences); the entropy over ln min(N - 1, w_l) (--normaliser layer, default) or over ln
+h of every layer (fixed). The analysis module's docstring gives the reasons for the defaults;
+analysis.json records the conventions used.
 """
 
 import argparse
@@ -17,7 +25,9 @@ from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, at_least, refuse
 from olmo_patches.report.analysis import (
+    NORMALISERS,
     THRESHOLD,
+    Conventions,
     analysis_figure,
     analyze_model,
     load_checkpoint_model,
@@ -41,7 +51,14 @@ def main() -> None:
         default=THRESHOLD,
         help="a unit is active where |a| > this x its layer's RMS activation",
     )
+    parser.add_argument("--uncentred", action="store_true", help="the Gram matrix of the stream as it is (default: centred)")
+    parser.add_argument("--per-prompt", action="store_true", help="the metrics per sequence, averaged (default: pooled)")
+    parser.add_argument(
+        "--normaliser", choices=NORMALISERS, default="layer", help="entropy over ln min(N - 1, w_l) (layer) or ln h (fixed)"
+    )
     args = parser.parse_args()
+    pooling = "per_prompt" if args.per_prompt else "pooled"
+    conventions = Conventions(centre=not args.uncentred, pooling=pooling, normaliser=args.normaliser)
     if args.names and len(args.names) != len(args.checkpoints):
         refuse(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
     if args.tokens is not None and not args.tokens.is_file():
@@ -69,7 +86,10 @@ def main() -> None:
         except ValueError as e:
             refuse(f"analyze: command line: --batch/--seq: {e}")
         name = args.names[i] if args.names else spec.run.name
-        a = analyze_model(model, tokens, name=name, checkpoint=str(path), block=spec.model.block, threshold=args.threshold)
+        block = spec.model.block
+        a = analyze_model(
+            model, tokens, name=name, checkpoint=str(path), block=block, threshold=args.threshold, conventions=conventions
+        )
         analyses.append(a)
         print(f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, p(next token) {a.final_target_probability:.4f}")
     print(write_json(analyses, args.out / "analysis.json"))

@@ -2,21 +2,24 @@
 
     python scripts/make_tables.py RUN_DIR... --out DIR [--target-loss L]
 
-RUN_DIR is a run folder (config.yaml + metrics.jsonl) or a folder of them (e.g. runs/). Missing
-runs appear as "not run"; partial runs use their last evaluation.
+RUN_DIR is a run folder (config.yaml + metrics.jsonl) or a folder of them (e.g. runs/). Missing runs
+appear as "not run"; partial runs use their last evaluation.
 
 Scaling fit (scaling_fit.md, matched_loss.md, scaling.png; olmo_patches/report/scaling.py): the runs
 fall into families (baseline, x and the other variable-width shapes, hourglass; MoE apart). A family
-with runs at 2 or more compute budgets gets L = a C^b, C = training FLOPs (OLMo-core's FLOPs per token
-x tokens trained, in 1e20 FLOPs), L = final validation loss, by least squares in log space, with the
-standard errors of a and b (3+ runs). matched_loss gives the FLOPs each family's fit needs to reach
---target-loss (default: the loss of the baseline run with the most compute) and their ratio to the
-baseline's: the paper's x reaches its 2B baseline's loss with 77.8% of the FLOPs, on the baseline
-fit L = 3.16 C^-0.0498, which scaling.png draws beside the fitted curves. The same solve against each
-family's fit of loss on mean layer width (L = a W^b) gives the mean width, hence the KV cache per token,
-at matched loss. matched_loss_paper.md does both on the paper's own four dense rows: x needs 77.6% of the
-baseline's FLOPs (the paper: 77.8%) and 85.1% of its mean width (the abstract's 15% less KV cache), beside
-the equal-size changes at 2B (-2.5% FLOPs, -10.9% mean width).
+with runs at 2 or more compute budgets gets L = a C^b, C = training FLOPs in PF-days (8.64e19 FLOPs,
+the paper's unit) on the authors' count (paper 2's compute_metrics: 2 per weight, full attention,
+the idle first/last-layer slices left out; OLMo-core's count in separately labelled columns), L =
+final validation loss, by least squares in log space, with the standard errors of a and b (3+ runs),
+beside the paper's fits (baseline L = 3.16 C^-0.0498, x L = 3.12 C^-0.0503, which scaling.png draws
+too). matched_loss gives the FLOPs each family's fit needs to reach --target-loss (default: the loss
+of the baseline run with the most compute) and their ratio to the baseline's: the paper's x reaches
+its 2B baseline's loss with 77.8% of the FLOPs. The same solve against each family's fit of loss on
+mean layer width (L = a W^b) gives the mean width, hence the KV cache per token, at matched loss.
+matched_loss_paper.md does both on the paper's own four dense rows: a 3.160, b -0.0498 and a 3.125,
+b -0.0503, x needs 77.6% of the baseline's FLOPs (the paper: 77.8%; its printed constants give
+75.5%) and 85.1% of its mean width (the abstract's 15% less KV cache), beside the equal-size changes
+at 2B (-2.5% FLOPs, -10.9% mean width).
 """
 
 import argparse

@@ -63,6 +63,12 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     row = _row(k_rows, run="113M-hourglass-K1-L06-d1368-dh694")
     assert row["val PPL"] != NOT_RUN and row["paper"] == "40.153" and row["K"] == 1
     assert all(r["val PPL"] == NOT_RUN for r in k_rows if r["run"] != "113M-hourglass-K1-L06-d1368-dh694")
+    # K=4 of the 113M sweep is its base, the paper's reallocation run (35.101); K=2 has no number.
+    assert _row(k_rows, K=4)["paper"].startswith("35.101 (the reallocation run") and _row(k_rows, K=2)["paper"] == NO_NUMBER
+    # The d_h/d_model sweep (names with the attention width, -a1024): its 0.399 point reads as the paper's
+    # best band, 0.372 and below as clearly worse.
+    dh = {r["d_h/d_model"]: r["paper"] for r in tables["ablation_d_h_ratio"]}
+    assert dh["0.399"].startswith("0.38-0.42: about 0.4: best") and dh["0.284"].endswith("clearly worse"), dh
     # Downstream was not evaluated in the tiny runs: shown as not run beside the paper's 0.453.
     # Every (task, size) cell: 7 tasks x 4 sizes x 2 variants; the paper's text gives 4 cells, each variant.
     rows = tables["downstream"]

@@ -10,7 +10,7 @@ names a kind: a new shape is one module that subclasses :class:`BlockKind` and c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
@@ -64,6 +64,11 @@ class BlockKind:
         """The parameters a budget is matched on, given the built model's non-embedding count (the
         papers: attention and FFN weight matrices)."""
         return non_embedding
+
+    def authors_flops_per_token(self, m, vocab: int, seq: int) -> Optional[float]:
+        """Training FLOPs per token as a paper's authors count this model, where they have a rule of
+        their own for it (None: report/scaling.py counts the built weights)."""
+        return None
 
     def family(self, model: Mapping[str, Any]) -> str:
         """The curve a recorded config's run belongs to in scaling fits (a constant-width variant of a

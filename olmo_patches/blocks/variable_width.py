@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import fields, replace
-from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Tuple
 
-from ..shapes.widths import SHAPES, expert_hidden_size, paper_params
+from ..shapes.widths import SHAPES, expert_hidden_size, paper_flops, paper_params
 from .base import BlockKind, register
 from .hourglass import check_bottleneck, hourglass_layers
 
@@ -107,6 +107,14 @@ class VariableWidth(BlockKind):
     def matched_params(self, m, non_embedding: int) -> int:
         """The authors' counting rule (shapes/widths.py): each layer's matrices at w_l."""
         return round(paper_params(self.widths(m), m.d_model))
+
+    def authors_flops_per_token(self, m, vocab: int, seq: int) -> Optional[float]:
+        """Paper 2's count (its compute_metrics, 3 x the forward) for the authors' layers: SwiGLU 4 w_l
+        (or their SwiGLU experts), heads that follow w_l."""
+        authors = m.ffn == "swiglu" and m.resolved_d_ff == 4 * m.d_model and m.head_dim is None
+        if not authors or (m.moe is not None and m.moe.experts != "swiglu"):
+            return None
+        return 3 * paper_flops(self.widths(m), m.d_model, vocab, seq, m.moe_shape) / seq
 
     def family(self, model: Mapping[str, Any]) -> str:
         w = model.get("widths") or {}

@@ -3,23 +3,44 @@
 For each transformer block l of a checkpoint's model, on one batch of N = batch x seq tokens:
 
 - MLP activation utilisation (Figures 5, 6): the FFN's hidden activations A (N x units; SwiGLU's
-  SiLU(W_1 x) * W_3 x; an hourglass layer's K sub-MLPs side by side, K d_h units). A unit is active on a
-  token when |a| exceeds ``threshold`` times the layer's RMS activation; a unit active on no token of
-  the batch is dead. ``dead_fraction`` = dead units / units; ``utilisation`` = the mean over units of the
-  fraction of tokens each is active on. An MoE layer's experts have no per-unit hook: None.
+  SiLU(W_1 x) * W_3 x; an hourglass layer's K sub-MLPs side by side, K d_h units). A unit is active
+  on a token when |a| exceeds ``threshold`` times the layer's RMS activation; a unit active on no
+  token of the batch is dead. ``dead_fraction`` = dead units / units; ``utilisation`` = the mean
+  over units of the fraction of tokens each is active on. An MoE layer's experts have no per-unit
+  hook: None.
 - Residual-stream matrix entropy (Figure 7): Z = the block's output over its own width w_l (a
-  variable-width layer's first w_l dims; d_model otherwise), N x w_l, columns centred; p_i = the
-  eigenvalues of Z^T Z over their sum; H = -sum p_i ln p_i (nats), normalised by ln min(N - 1, w_l),
-  the most a centred N x w_l matrix can have: 0 when the stream collapses onto one direction, 1 when
-  every direction carries as much (the baseline's mid-layer "compression valley" is low).
-- Participation ratio (Figure 9): PR = (sum lambda_i)^2 / sum lambda_i^2 of the same eigenvalues, the
-  number of directions that carry the stream, and PR / w_l (the paper: below 5% mid-stack in the baseline).
+  variable-width layer's first w_l dims; d_model otherwise), N x w_l; p_i = the eigenvalues of the
+  Gram matrix Z^T Z over their sum; H = -sum p_i ln p_i (nats), normalised: 0 when the stream
+  collapses onto one direction, 1 when every direction it can have carries as much (the baseline's
+  mid-layer "compression valley" is low).
+- Participation ratio (Figure 9): PR = (sum lambda_i)^2 / sum lambda_i^2 of the same eigenvalues,
+  the number of directions that carry the stream, and PR / w_l (the paper: below 5% mid-stack in the
+  baseline).
 - Logit lens (Figure 8): the model's own output head (final norm and LM head) applied to the block's
   output; the mean over tokens of the probability of the next token.
 
-A rank-r stream whose r directions carry equal variance has H = ln r and PR = r (tests/test_analysis.py).
-Everything is computed in float64 from the model's float32 activations, captured by forward hooks on
-the built OLMo-core model (and, for the hourglass FFN, by wrapping its ``sub_mlp``).
+The paper names these metrics without defining their details, so where definitions in use differ the
+analyses offer each, in :class:`Conventions` (the defaults are this project's choices, for the
+reasons given there; ``scripts/analyze.py`` switches them):
+
+- ``centre``: the Gram matrix of the column-centred stream (its covariance; default) or of the
+  stream as it is. A common offset shared by every token is one direction carrying most of an
+  uncentred Gram's trace, so uncentred the entropy of any stream with a large mean is near 0
+  whatever the tokens do;
+- ``pooling``: one matrix of all N tokens (default) or one per prompt (seq tokens), the metric
+  averaged over prompts. Pooling measures directions across prompts too, and keeps N above w_l at
+  the paper's widths (8 x 512 tokens against w_l up to 3040), where one prompt's 512 tokens cap the
+  rank below w_l;
+- ``normaliser``: the entropy over ln of the most directions this layer can have, min(N - 1, w_l)
+  (min(N, w_l) uncentred; default), or over a fixed ln h (h: the model's d_model) for every layer.
+  The per-layer normaliser rates a narrow layer against its own width (a 480-wide bottleneck at h
+  1600 reads ln 1600 / ln 480 = 1.195 times its fixed-normaliser value); the fixed one compares
+  absolute entropies (a layer wider than h can exceed 1).
+
+A rank-r stream whose r directions carry equal variance has H = ln r and PR = r
+(tests/test_analysis.py, with one constructed example per convention switch). Everything is computed
+in float64 from the model's float32 activations, captured by forward hooks on the built OLMo-core
+model (and, for the hourglass FFN, by wrapping its ``sub_mlp``).
 """
 
 from __future__ import annotations
@@ -45,42 +66,90 @@ __all__ = [
     "analysis_figure",
     "write_json",
     "THRESHOLD",
+    "Conventions",
 ]
 
 THRESHOLD = 0.01  # a unit is active on a token when |a| > 1% of its layer's RMS activation
 
 
-def _eigenvalues(Z: torch.Tensor) -> torch.Tensor:
-    """Eigenvalues of Zc^T Zc (Zc: Z with its columns centred), float64, from Z's singular values."""
-    Z = Z.reshape(-1, Z.shape[-1]).to(torch.float64)
-    Z = Z - Z.mean(dim=0, keepdim=True)
+@dataclass(frozen=True)
+class Conventions:
+    """The analyses' choices where the definitions in use differ (the module docstring: why)."""
+
+    centre: bool = True  # Gram of the column-centred stream (its covariance) | False: as it is
+    pooling: str = "pooled"  # pooled: one matrix of all tokens | per_prompt: one per sequence
+    normaliser: str = "layer"  # layer: ln min(N - 1, w_l) | fixed: ln h (the model's d_model)
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS or self.normaliser not in NORMALISERS:
+            raise ValueError(f"pooling={self.pooling} (one of {POOLINGS}), normaliser={self.normaliser} (one of {NORMALISERS})")
+
+
+POOLINGS = ("pooled", "per_prompt")
+NORMALISERS = ("layer", "fixed")
+
+
+def _matrices(Z: torch.Tensor, pooling: str) -> List[torch.Tensor]:
+    """The float64 matrices a metric is computed on: all tokens of Z (..., d) as one (pooled), or
+    one per prompt (per_prompt: Z is (prompts, seq, d); a 2-D Z is one prompt)."""
+    Z = Z.to(torch.float64)
+    if pooling == "pooled" or Z.dim() == 2:
+        return [Z.reshape(-1, Z.shape[-1])]
+    return [z.reshape(-1, Z.shape[-1]) for z in Z.reshape(-1, *Z.shape[-2:])]
+
+
+def _eigenvalues(Z: torch.Tensor, centre: bool = True) -> torch.Tensor:
+    """Eigenvalues of the Gram matrix Z^T Z of the N x d matrix Z (columns centred first with
+    ``centre``), from Z's singular values."""
+    if centre:
+        Z = Z - Z.mean(dim=0, keepdim=True)
     return torch.linalg.svdvals(Z) ** 2
 
 
-def matrix_entropy(Z: torch.Tensor) -> tuple[float, float]:
-    """(H, H / ln min(N - 1, d)) of the N x d representations Z: H = -sum p ln p, p = eigenvalues / sum."""
-    lam = _eigenvalues(Z)
-    p = lam / lam.sum()
-    p = p[p > 0]
-    H = float(-(p * p.log()).sum())
-    N, d = Z.reshape(-1, Z.shape[-1]).shape
-    most = math.log(min(N - 1, d))
-    return H, H / most if most > 0 else 0.0
+def matrix_entropy(
+    Z: torch.Tensor, centre: bool = True, pooling: str = "pooled", normaliser: str = "layer", h: Optional[int] = None
+) -> tuple[float, float]:
+    """(H, normalised H) of the representations Z (..., d): H = -sum p ln p, p = the Gram's
+    eigenvalues over their sum; normalised by ln min(N - 1, d) (ln min(N, d) uncentred) or,
+    ``normaliser="fixed"``, by ln h. ``pooling="per_prompt"``: both averaged over Z's prompts (Z:
+    prompts x seq x d)."""
+    if normaliser == "fixed" and h is None:
+        raise ValueError("normaliser='fixed' needs h, the model's width")
+    Hs, normed = [], []
+    for M in _matrices(Z, pooling):
+        lam = _eigenvalues(M, centre)
+        p = lam / lam.sum()
+        p = p[p > 0]
+        H = float(-(p * p.log()).sum())
+        N, d = M.shape
+        most = math.log(h) if normaliser == "fixed" else math.log(min(N - 1 if centre else N, d))  # type: ignore[arg-type]
+        Hs.append(H)
+        normed.append(H / most if most > 0 else 0.0)
+    return sum(Hs) / len(Hs), sum(normed) / len(normed)
 
 
-def participation_ratio(Z: torch.Tensor) -> float:
-    """(sum lambda)^2 / sum lambda^2 of the centred N x d representations' covariance eigenvalues."""
-    lam = _eigenvalues(Z)
-    return float(lam.sum() ** 2 / (lam**2).sum())
+def participation_ratio(Z: torch.Tensor, centre: bool = True, pooling: str = "pooled") -> float:
+    """(sum lambda)^2 / sum lambda^2 of the Gram eigenvalues of the representations Z (..., d),
+    centred with ``centre``; ``pooling="per_prompt"``: averaged over Z's prompts (Z: prompts x seq x
+    d)."""
+    prs = [float(lam.sum() ** 2 / (lam**2).sum()) for lam in (_eigenvalues(M, centre) for M in _matrices(Z, pooling))]
+    return sum(prs) / len(prs)
 
 
-def dead_units(A: torch.Tensor, threshold: float = THRESHOLD) -> tuple[float, float]:
-    """(dead fraction, utilisation) of hidden activations A (..., units): active where |a| > threshold x
-    RMS(A); dead: active on no token; utilisation: the mean over units of each one's active fraction."""
-    A = A.reshape(-1, A.shape[-1]).to(torch.float64).abs()
+def dead_units(A: torch.Tensor, threshold: float = THRESHOLD, pooling: str = "pooled") -> tuple[float, float]:
+    """(dead fraction, utilisation) of hidden activations A (..., units): active where |a| >
+    threshold x RMS(A) (the whole batch's); dead: active on no token (``pooling="per_prompt"``: on
+    no token of a prompt, the fraction averaged over the prompts of A, prompts x seq x units);
+    utilisation: the mean over units of each one's active fraction (the same in both poolings when
+    the prompts are equally long)."""
+    A = A.to(torch.float64).abs()
     rms = float(A.pow(2).mean().sqrt())
+    dead = []
+    for M in _matrices(A, pooling):
+        active = M > threshold * rms if rms > 0 else torch.zeros_like(M, dtype=torch.bool)
+        dead.append(float((~active.any(dim=0)).double().mean()))
     active = A > threshold * rms if rms > 0 else torch.zeros_like(A, dtype=torch.bool)
-    return float((~active.any(dim=0)).double().mean()), float(active.double().mean())
+    return sum(dead) / len(dead), float(active.double().mean())
 
 
 def target_probability(logits: torch.Tensor, targets: torch.Tensor) -> float:
@@ -111,11 +180,14 @@ class Analysis:
     tokens: int
     layers: List[LayerStats] = field(default_factory=list)
     final_target_probability: float = math.nan  # the model's own output
+    # how the metrics were taken (Conventions)
+    conventions: Dict[str, object] = field(default_factory=lambda: asdict(Conventions()))
 
 
 def _hidden_hooks(block: torch.nn.Module, record: Callable[[torch.Tensor], None]) -> List[Callable[[], None]]:
     """Capture a block's FFN hidden activations: OLMo-core's FeedForward (the input of w2), the
-    hourglass FFN (each sub-MLP's SiLU(gate) * value, by wrapping its sub_mlp). Returns undo callables."""
+    hourglass FFN (each sub-MLP's SiLU(gate) * value, by wrapping its sub_mlp). Returns undo
+    callables."""
     from olmo_core.nn.feed_forward import FeedForward
 
     from ..nn.hourglass import HourglassFeedForward
@@ -147,9 +219,11 @@ def analyze_model(
     checkpoint: str = "",
     block: str = "",
     threshold: float = THRESHOLD,
+    conventions: Conventions = Conventions(),
 ) -> Analysis:
-    """The four analyses per block of an OLMo-core Transformer on ``tokens`` (batch, seq + 1): inputs
-    tokens[:, :-1], targets tokens[:, 1:]."""
+    """The four analyses per block of an OLMo-core Transformer on ``tokens`` (batch, seq + 1):
+    inputs tokens[:, :-1], targets tokens[:, 1:]; the stream metrics and dead units taken as
+    ``conventions`` say."""
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     blocks = list(model.blocks.values())
@@ -164,17 +238,19 @@ def analyze_model(
     finally:
         for u in undo:
             u()
-    result = Analysis(name, checkpoint, block, int(inputs.numel()))
+    c = conventions
+    result = Analysis(name, checkpoint, block, int(inputs.numel()), conventions=asdict(c))
+    batch = inputs.shape[0]
     for i, b in enumerate(blocks):
         out = outputs[i]
         width = int(getattr(b, "width", out.shape[-1]))
-        Z = out[..., :width]
-        H, H_norm = matrix_entropy(Z)
-        PR = participation_ratio(Z)
+        Z = out[..., :width].reshape(batch, -1, width)
+        H, H_norm = matrix_entropy(Z, c.centre, c.pooling, c.normaliser, h=int(model.d_model))
+        PR = participation_ratio(Z, c.centre, c.pooling)
         if hidden[i]:
-            A = torch.cat([h.reshape(-1, h.shape[-1]) for h in hidden[i]], dim=-1) if len(hidden[i]) > 1 else hidden[i][0]
+            A = torch.cat([h.reshape(batch, -1, h.shape[-1]) for h in hidden[i]], dim=-1)
             units = int(A.shape[-1])
-            dead, util = dead_units(A, threshold)
+            dead, util = dead_units(A, threshold, c.pooling)
         else:
             units = dead = util = None
         lens = target_probability(model.lm_head(out), targets)

@@ -4,8 +4,9 @@
 - ``ppl_vs_K.png``, ``ppl_vs_dh_ratio.png``: validation PPL against K and against d_h/d_model.
 - ``loss_curves.png``: training loss against tokens, one line per run.
 - ``param_split.png``: attention / FFN non-embedding parameters per run (stacked bars).
-- ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family, the
-  fitted L = a C^b of each, and the paper's baseline fit.
+- ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family
+  (PF-days, the authors' count: report/scaling.py), the fitted L = a C^b of each, and the paper's
+  two fits.
 A figure with no points to plot is not written.
 """
 
@@ -107,7 +108,7 @@ def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
 
 
 def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
-    from .scaling import fits, scaling_points
+    from .scaling import C_LABEL, PF_DAY, fits, scaling_points
 
     points = scaling_points(runs)
     fitted = fits(points)
@@ -124,16 +125,13 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
             law = fitted[f]
             ax.plot(grid, law.loss(grid), "-", color=dots.get_color(), label=f"{f}: L = {law.a:.3g} C^{law.b:.4f}")
     ref = paper["variable_width"]["scaling"]
-    ax.plot(
-        grid,
-        ref["baseline_a"] * grid ** ref["baseline_b"],
-        "k--",
-        label=f"paper baseline: L = {ref['baseline_a']} C^{ref['baseline_b']}",
-    )
+    for f, style in (("baseline", "k--"), ("x", "k:")):  # the paper's fits, C in PF-days
+        a, b = ref[f + "_a"], ref[f + "_b"]
+        ax.plot(grid, a * grid**b, style, label=f"paper {f}: L = {a} C^{b}")
     ax.set(
         xscale="log",
         yscale="log",
-        xlabel="training FLOPs C (1e20)",
+        xlabel=f"training FLOPs C ({C_LABEL}; 1 PF-day = {PF_DAY:.3g} FLOPs)",
         ylabel="validation loss",
         title="Scaling: L = a C^b per family",
     )

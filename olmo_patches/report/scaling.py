@@ -1,25 +1,39 @@
 """Scaling fits and matched-loss compute: L = a C^b per family of runs, and the FLOPs each family
 needs to reach a given loss (paper 2's "22% fewer FLOPs under fitted loss-matched scaling curves").
 
-A run's point: C = training FLOPs = OLMo-core's FLOPs per token of its model (6 per weight plus causal
-attention; an MoE's active experts) x the tokens it trained (last step x global batch x sequence
-length), in units of 1e20 FLOPs; L = its final validation loss (``Run.val_loss``). Runs fall into
-families by shape (:func:`family`), and each family with runs at 2 or more compute budgets gets
+A run's point: C = training FLOPs = its FLOPs per token x the tokens it trained (last step x global
+batch x sequence length), in PF-days (:data:`PF_DAY`, 8.64e19 FLOPs: paper 2's unit, the one in
+which refitting its own table gives its printed a and b); L = its final validation loss
+(``Run.val_loss``). Two FLOP counts, one for the papers and one for the hardware:
+
+- the authors' (:func:`authors_flops_per_token`, paper 2's ``compute_metrics``): 3 x the forward
+  FLOPs, 2 per weight a token uses, full s x s attention, the idle first/last-layer slices of a
+  variable-width model left out. Every fit and ratio compared with the paper's numbers uses it;
+- OLMo-core's (``num_flops_per_token`` of the built model: causal attention, every computed matmul),
+  kept as separately labelled columns. On it the x shape costs about what the baseline does (+0.11,
+  -0.54, +0.24, -0.06% at 200M-2B, where the authors' count gives -3.2, -3.6, -2.6, -2.6%), so a
+  matched-loss ratio on it is not the paper's quantity (docs/variable_width.md).
+
+Runs fall into families by shape (:func:`family`), and each family with runs at 2 or more compute
+budgets gets
 
     ln L = ln a + b ln C        (ordinary least squares in log space)
 
-with the covariance of (ln a, b) from the residual variance, s^2 (X^T X)^-1, s^2 = RSS / (n - 2): the
-standard errors of a (a x se(ln a)) and b need 3 or more runs. The compute a family needs for a loss
-L* is C(L*) = (L* / a)^(1/b), with the standard error of ln C(L*) by the delta method; the matched-loss
-ratio is C_family(L*) / C_baseline(L*). L* defaults to the loss of the baseline family's run with the
-most compute (the paper: the 2B baseline's loss, reached by x with 77.8% of its FLOPs).
+with the covariance of (ln a, b) from the residual variance, s^2 (X^T X)^-1, s^2 = RSS / (n - 2):
+the standard errors of a (a x se(ln a)) and b need 3 or more runs. The compute a family needs for a
+loss L* is C(L*) = (L* / a)^(1/b), with the standard error of ln C(L*) by the delta method; the
+matched-loss ratio is C_family(L*) / C_baseline(L*) (independent of the unit). L* defaults to the
+loss of the baseline family's run with the most compute (the paper: the 2B baseline's loss, reached
+by x with 77.8% of its FLOPs).
 
-The same fit and solve against a run's mean layer width W (the mean of its layers' widths; d_model at
-constant width), L = a W^b, gives the mean width each family needs for the target loss: the KV cache
-per token is 2 W L, so at matched loss the ratio of mean widths is the paper's KV-cache saving (85.1%
-of the baseline's at the 2B baseline's loss, the abstract's 15%), not the 10-11% of the equal-size
-rows. :func:`paper_matched_loss` repeats both solves on the paper's own four dense rows
-(docs/variable_width.md): 77.6% of the FLOPs (the paper: 77.8%) and 85.1% of the mean width.
+The same fit and solve against a run's mean layer width W (the mean of its layers' widths; d_model
+at constant width), L = a W^b, gives the mean width each family needs for the target loss: the KV
+cache per token is 2 W L, so at matched loss the ratio of mean widths is the paper's KV-cache saving
+(85.1% of the baseline's at the 2B baseline's loss, the abstract's 15%), not the 10-11% of the
+equal-size rows. :func:`paper_matched_loss` repeats both solves on the paper's own four dense rows
+(docs/variable_width.md): a 3.160, b -0.04979 (baseline) and a 3.125, b -0.05033 (x) in PF-days (the
+paper: 3.16, -0.0498 and 3.12, -0.0503), 77.6% of the FLOPs (the paper: 77.8%; its rounded constants
+give 75.5%) and 85.1% of the mean width.
 """
 
 from __future__ import annotations
@@ -42,14 +56,17 @@ __all__ = [
     "paper_matched_loss_rows",
     "fits",
     "Point",
+    "PF_DAY",
+    "authors_flops_per_token",
 ]
 
-C_UNIT = 1e20  # FLOPs; the paper's fit L = 3.16 C^-0.0498 has C in about these units (docs/variable_width.md)
+PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day: C's unit in every fit (paper 2's: its table refits to its a, b)
+C_LABEL = "PF-days, authors' count"  # the unit and FLOP count of C in the tables' column names
 
 
 @dataclass(frozen=True)
 class PowerLaw:
-    """L = a C^b (C in C_UNIT FLOPs), fitted to n points; cov: the covariance of (ln a, b)."""
+    """L = a C^b (C in PF-days), fitted to n points; cov: the covariance of (ln a, b)."""
 
     a: float
     b: float
@@ -68,7 +85,7 @@ class PowerLaw:
         return self.a * np.power(C, self.b)
 
     def compute_at(self, L: float) -> float:
-        """C(L) = (L / a)^(1/b), in C_UNIT FLOPs."""
+        """C(L) = (L / a)^(1/b), in the unit of the fitted C."""
         return math.exp((math.log(L) - math.log(self.a)) / self.b)
 
     def compute_log_err(self, L: float) -> float:
@@ -90,15 +107,36 @@ def fit_power_law(C: Sequence[float], L: Sequence[float]) -> PowerLaw:
 
 
 def family(run: Run) -> str:
-    """baseline (constant width: OLMo-core's block or a constant variable-width schedule), hourglass,
-    or a variable-width shape (x, v, ^, 3) with its resizing when not carry-forward; "MoE" appended."""
+    """baseline (constant width: OLMo-core's block or a constant variable-width schedule),
+    hourglass, or a variable-width shape (x, v, ^, 3) with its resizing when not carry-forward;
+    "MoE" appended."""
     m = run.model
     return get_block(m.get("block", "baseline")).family(m) + (" MoE" if m.get("moe") else "")
 
 
-def run_compute_and_width(run: Run) -> tuple[float, float]:
-    """A run's training FLOPs so far in C_UNIT (FLOPs per token x last step x batch x sequence length),
-    and the mean of its layer widths (variable width: its schedule's w_l; otherwise d_model)."""
+def authors_flops_per_token(spec) -> float:
+    """Training FLOPs per token as paper 2's authors count them: 3 x forward FLOPs per sequence / s.
+    A variable-width model of their layers (SwiGLU 4 w_l, head_dim w_l / n_heads; a constant
+    schedule too) is :func:`paper_flops` of its widths, exactly their ``compute_metrics``; another
+    model (OLMo-core's transformer, hourglass) is counted by the same rules on its built weights: 2
+    x the attention and FFN weights a token uses (an MoE's active experts), 2 d_model V for the head
+    and 4 s per unit of attention width per layer (full s x s attention)."""
+    from ..config import vocab_size
+    from .counts import count
+
+    m, s, V = spec.model, spec.data.sequence_length, vocab_size(spec)
+    if (own := get_block(m.block).authors_flops_per_token(m, V, s)) is not None:
+        return own
+    b = count(spec)
+    attention_width = m.n_heads * m.resolved_head_dim
+    forward = 2 * (b.non_embedding - b.inactive) + 2 * m.d_model * V + 4 * s * attention_width * m.n_layers
+    return 3.0 * forward
+
+
+def run_compute_and_width(run: Run) -> tuple[float, float, float]:
+    """A run's training FLOPs so far in PF-days on the authors' count and on OLMo-core's (FLOPs per
+    token x last step x batch x sequence length), and the mean of its layer widths (variable width:
+    its schedule's w_l; otherwise d_model)."""
     from ..config import load_spec
     from .counts import count
 
@@ -106,14 +144,16 @@ def run_compute_and_width(run: Run) -> tuple[float, float]:
     m = spec.model
     tokens = run.last_step * spec.train.global_batch_size * spec.data.sequence_length
     widths = m.layer_widths
-    return count(spec).flops_per_token * tokens / C_UNIT, sum(widths) / len(widths)
+    authors, olmo = authors_flops_per_token(spec), count(spec).flops_per_token
+    return authors * tokens / PF_DAY, olmo * tokens / PF_DAY, sum(widths) / len(widths)
 
 
 class Point(NamedTuple):
-    C: float  # training FLOPs so far, in C_UNIT
+    C: float  # training FLOPs so far, PF-days, the authors' count
     L: float  # validation loss
     run: str
     W: float  # mean layer width
+    C_olmo: float  # training FLOPs so far, PF-days, OLMo-core's count
 
 
 def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[Point]]:
@@ -121,13 +161,14 @@ def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[Point]]:
     points: Dict[str, List[Point]] = {}
     for name, run in sorted(runs.items()):
         if (loss := run.val_loss()) is not None and run.last_step > 0:
-            C, width = run_compute_and_width(run)
-            points.setdefault(family(run), []).append(Point(C, loss, name, width))
+            C, C_olmo, width = run_compute_and_width(run)
+            points.setdefault(family(run), []).append(Point(C, loss, name, width, C_olmo))
     return {f: sorted(p) for f, p in points.items()}
 
 
 def fits(points: Dict[str, List[Point]], x: str = "C") -> Dict[str, PowerLaw]:
-    """L = a X^b per family with runs at 2 or more values of X: compute ``C`` or mean width ``W``."""
+    """L = a X^b per family with runs at 2 or more values of X: compute ``C`` (the authors' count),
+    ``C_olmo`` (OLMo-core's) or mean width ``W``."""
     return {
         f: fit_power_law([getattr(p, x) for p in pts], [p.L for p in pts])
         for f, pts in points.items()
@@ -139,71 +180,81 @@ def _err(x: float, digits: int) -> str:
     return "n/a (2 runs)" if math.isnan(x) else f"{x:.{digits}f}"
 
 
+def _paper_fit(ref: dict, f: str) -> str:
+    """The paper's fit for a family (C in PF-days, the authors' count), or "" where none."""
+    return f"a {ref[f + '_a']}, b {ref[f + '_b']}" if f in ("baseline", "x") else ""
+
+
 def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[float] = None) -> Dict[str, List[dict]]:
-    """``scaling_fit`` (a, b and their standard errors per family, the paper's baseline fit beside) and
-    ``matched_loss`` (each family's C at the target loss and its ratio to the baseline's, the paper's
-    x ratio beside); both empty without two runs of a family."""
+    """``scaling_fit`` (a, b and their standard errors per family on the authors' count, the paper's
+    fit beside, and a, b on OLMo-core's count) and ``matched_loss`` (each family's C at the target
+    loss and its ratio to the baseline's on both counts, the paper's x ratio beside); both empty
+    without two runs of a family. C in PF-days."""
     points = scaling_points(runs)
-    fitted = fits(points)
+    fitted, fitted_olmo = fits(points), fits(points, x="C_olmo")
     ref = paper["variable_width"]["scaling"]
     fit_rows = []
     for f, law in fitted.items():
-        paper_fit = f"a {ref['baseline_a']}, b {ref['baseline_b']}" if f == "baseline" else ""
+        olmo = fitted_olmo.get(f)
         fit_rows.append(
             {
                 "family": f,
-                "runs": ", ".join(p[2] for p in points[f]),
-                "C range (1e20 FLOPs)": f"{points[f][0][0]:.3g}-{points[f][-1][0]:.3g}",
+                "runs": ", ".join(p.run for p in points[f]),
+                f"C range ({C_LABEL})": f"{points[f][0].C:.3g}-{points[f][-1].C:.3g}",
                 "a": f"{law.a:.4g}",
                 "a std err": _err(law.a_err, 4),
                 "b": f"{law.b:.5f}",
                 "b std err": _err(law.b_err, 5),
-                "paper": paper_fit,
+                "paper": _paper_fit(ref, f),
+                "a, b (OLMo-core's count)": f"{olmo.a:.4g}, {olmo.b:.5f}" if olmo is not None else "",
             }
         )
     if target_loss is None and "baseline" in points:
-        target_loss = points["baseline"][-1][1]
+        target_loss = points["baseline"][-1].L
     rows = []
     if target_loss is not None and fitted:
-        base = fitted.get("baseline")
         widths = fits(points, x="W")
-        base_w = widths.get("baseline")
+
+        def ratio(laws: Dict[str, PowerLaw], f: str) -> str:
+            if f not in laws or "baseline" not in laws:
+                return "no baseline fit" if f in laws else "n/a"
+            return f"{laws[f].compute_at(target_loss) / laws['baseline'].compute_at(target_loss):.1%}"
+
         for f, law in fitted.items():
             C = law.compute_at(target_loss)
             err = law.compute_log_err(target_loss) if law.n > 2 else math.nan
-            ratio = C / base.compute_at(target_loss) if base is not None else None
             w = widths[f].compute_at(target_loss) if f in widths else None
-            w_ratio = w / base_w.compute_at(target_loss) if w is not None and base_w is not None else None
             rows.append(
                 {
                     "family": f,
                     "target loss": f"{target_loss:.4f}",
-                    "C at target (1e20 FLOPs)": f"{C:.4g}",
+                    f"C at target ({C_LABEL})": f"{C:.4g}",
                     "ln C std err": _err(err, 3),
-                    "C / baseline's": f"{ratio:.1%}" if ratio is not None else "no baseline fit",
+                    "C / baseline's": ratio(fitted, f),
                     "mean width at target": f"{w:.1f}" if w is not None else "one width",
-                    "mean width (KV cache) / baseline's": f"{w_ratio:.1%}" if w_ratio is not None else "n/a",
+                    "mean width (KV cache) / baseline's": ratio(widths, f),
                     "paper": (
                         f"{ref['x_flops_fraction']:.1%} FLOPs, {ref['x_mean_width_fraction']:.1%} mean width "
                         "(x, at the 2B baseline's loss)"
                     )
                     if f == "x"
                     else "",
+                    "C / baseline's (OLMo-core's count)": ratio(fitted_olmo, f),
                 }
             )
     return {"scaling_fit": fit_rows, "matched_loss": rows}
 
 
 def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, target_loss: Optional[float] = None) -> dict:
-    """Paper 2's matched-loss figures from its own table. ``rows``: the dense sizes, each with h, n_layers,
-    batch (sequences), steps, baseline and x (final losses), flops and mean_width (x's change vs the
-    baseline at that size, e.g. -0.025). C = 3 x the authors' forward FLOPs per sequence
-    (``paper_flops``) x sequences, in C_UNIT; x's C and mean width are the baseline's times (1 + change).
-    Returns the four fits and x's fraction of the baseline's FLOPs and mean width at ``target_loss``
-    (default: the largest baseline's loss, the paper's 2B 2.751)."""
+    """Paper 2's matched-loss figures from its own table. ``rows``: the dense sizes, each with h,
+    n_layers, batch (sequences), steps, baseline and x (final losses), flops and mean_width (x's
+    change vs the baseline at that size, e.g. -0.025). C = 3 x the authors' forward FLOPs per
+    sequence (``paper_flops``) x sequences, in PF-days; x's C and mean width are the baseline's
+    times (1 + change). Returns the four fits and x's fraction of the baseline's FLOPs and mean
+    width at ``target_loss`` (default: the largest baseline's loss, the paper's 2B 2.751)."""
     from ..shapes.widths import paper_flops
 
-    C = [3 * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len) * r["batch"] * r["steps"] / C_UNIT for r in rows]
+    C = [3 * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len) * r["batch"] * r["steps"] / PF_DAY for r in rows]
     base_c = fit_power_law(C, [r["baseline"] for r in rows])
     x_c = fit_power_law([c * (1 + r["flops"]) for c, r in zip(C, rows)], [r["x"] for r in rows])
     base_w = fit_power_law([r["h"] for r in rows], [r["baseline"] for r in rows])
@@ -227,27 +278,39 @@ def _fraction(text) -> float:
 
 
 def paper_matched_loss_rows(paper: dict) -> List[dict]:
-    """The matched-loss table from paper 2's own dense rows (paper_results.yaml), beside the paper's
-    stated figures and the equal-size change at its largest dense size."""
+    """The matched-loss table from paper 2's own dense rows (paper_results.yaml), C in PF-days on
+    the authors' count: the refitted a, b beside the paper's printed ones, x's fraction beside the
+    paper's stated one and beside what the printed (rounded) a, b give, and the equal-size change at
+    its largest dense size."""
     vw = paper["variable_width"]
     dense = [dict(r, flops=_fraction(r["flops"]), mean_width=_fraction(r["mean_width"])) for r in vw["sizes"] if "h" in r]
     got = paper_matched_loss(dense, vw["vocab_size"], vw["sequence_length"])
-    ref, eq = vw["scaling"], got["equal_size"]
+    ref, eq, L = vw["scaling"], got["equal_size"], got["target_loss"]
+    printed = {
+        "baseline": PowerLaw(ref["baseline_a"], ref["baseline_b"], np.full((2, 2), math.nan), 0),
+        "x": PowerLaw(ref["x_a"], ref["x_b"], np.full((2, 2), math.nan), 0),
+    }
     out = []
     for key, label, stated, fit in (
-        ("flops", "training FLOPs", ref["x_flops_fraction"], "L = a C^b (C in 1e20 FLOPs)"),
+        ("flops", "training FLOPs", ref["x_flops_fraction"], f"L = a C^b (C in {C_LABEL})"),
         ("mean_width", "mean width (KV cache per token)", ref["x_mean_width_fraction"], "L = a W^b (W: mean layer width)"),
     ):
         base, x = got[key]
+        flops = key == "flops"  # the paper prints the FLOPs fits only
         out.append(
             {
                 "quantity": label,
                 "fit": fit,
-                "baseline a, b": f"{base.a:.5g}, {base.b:.5f}",
-                "x a, b": f"{x.a:.5g}, {x.b:.5f}",
-                "target loss": f"{got['target_loss']:.3f}",
+                "baseline a, b": f"{base.a:.4f}, {base.b:.5f}",
+                "paper baseline a, b": _paper_fit(ref, "baseline").replace("a ", "").replace("b ", "") if flops else "not given",
+                "x a, b": f"{x.a:.4f}, {x.b:.5f}",
+                "paper x a, b": _paper_fit(ref, "x").replace("a ", "").replace("b ", "") if flops else "not given",
+                "target loss": f"{L:.3f}",
                 "x / baseline at the target": f"{got[key + '_fraction']:.1%}",
                 "paper": f"{stated:.1%}",
+                "paper's printed a, b at the target": (
+                    f"{printed['x'].compute_at(L) / printed['baseline'].compute_at(L):.1%}" if flops else ""
+                ),
                 f"equal size ({eq['size']})": f"{eq[key]:.1%}",
             }
         )

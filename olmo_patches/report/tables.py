@@ -259,14 +259,19 @@ def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optiona
         run = runs.get(name)
         ours = run.val_ppl() if run else None
         shape = _shape(run) or _shape_from_name(name)
-        reported = spec.get("reported_by_K", {}).get(shape.get("K")) if _in_folders(path, _folders(spec["configs"])) else None
+        in_paper = _in_folders(path, _folders(spec["configs"]))
+        reported = spec.get("reported_by_K", {}).get(shape.get("K")) if in_paper else None
+        finding = paper_finding(kind, spec, shape)
+        # the paper's run this sweep grows from (the K ablation's K=4)
+        if in_paper and (base := spec.get("base_run")) and shape.get("K") == base["K"]:
+            reported, finding = base["ppl"], f"{_fmt(base['ppl'])} ({base['note']})"
         rows.append(
             {
                 "run": name,
                 **shape,
                 "steps": run.last_step if run else "",
                 "val PPL": _fmt(ours),
-                "paper": paper_finding(kind, spec, shape),
+                "paper": finding,
                 "diff": _diff(ours, reported),
             }
         )
@@ -284,8 +289,9 @@ def ablation_configs(sweep_configs: List[Path]) -> Dict[str, List[Path]]:
 
 
 def _shape_from_name(name: str) -> Dict[str, Any]:
-    """K, L, d_model, d_h from an ablation run's name (…-K4-L11-d979-dh550), for runs not made yet."""
-    m = re.search(r"K(\d+)-L(\d+)-d(\d+)-dh(\d+)$", name)
+    """K, L, d_model, d_h from an ablation run's name (…-K4-L11-d979-dh550, …-dh415-a1024: with its
+    attention width), for runs not made yet."""
+    m = re.search(r"K(\d+)-L(\d+)-d(\d+)-dh(\d+)(?:-a\d+)?(?:-kv\d+)?$", name)
     if not m:
         return {}
     K, L, d, dh = map(int, m.groups())

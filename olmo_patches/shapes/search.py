@@ -158,8 +158,9 @@ def solve(
     ``tolerance``. None when there is none. ``attn_fraction``: attention width near that fraction of
     d_model in heads of ``head_dim`` (None: MHA at d_model / n_heads); ``kv_group``: query heads per
     key/value head (GQA; 1: MHA); ``aligned``: only the :data:`ALIGNED_LADDER` rungs (pass
-    ``tolerance=ALIGNED_TOLERANCE`` with it); ``heads8``: only d_model % 8 rungs (head dims
-    multiples of 8, d_h any integer; pass ``tolerance=SPLIT_TOLERANCE`` with it).
+    ``tolerance=ALIGNED_TOLERANCE`` with it); ``heads8``: only d_model % 8 and head dims that are
+    multiples of 8, d_h any integer, the d_h/d_model nearest the target winning (pass
+    ``tolerance=SPLIT_TOLERANCE`` with it).
 
     Search order: each d_model window in turn (relative to the continuous solution d*), each L
     nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
@@ -167,8 +168,9 @@ def solve(
     layers = sorted(range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1), key=lambda L: (abs(L - n_layers), L))
     for window in windows:
         for L in layers:
-            if heads8 and attn_fraction is None and kv_group == 1:
-                shape = _solve_heads8(budget, K, L, d_h_ratio, tolerance, window, ratio_slack)
+            if heads8:
+                attention = dict(attn_fraction=attn_fraction, head_dim=head_dim, kv_group=kv_group)
+                shape = _solve_heads8(budget, K, L, d_h_ratio, tolerance, window, ratio_slack, **attention)
                 if shape is not None:
                     return shape
                 continue
@@ -274,20 +276,33 @@ def _solve_rungs(
     return None
 
 
-def _solve_heads8(budget: int, K: int, L: int, r: float, tolerance: float, window: float, ratio_slack: float) -> Optional[Shape]:
-    """MHA, d_model % 8 with a head dim that is a multiple of 8, d_h any integer: of the shapes within
-    ``tolerance``, the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets its ratios)."""
-    d_star = math.sqrt(budget / (L * _per_layer(K, r)))
+def _solve_heads8(
+    budget: int,
+    K: int,
+    L: int,
+    r: float,
+    tolerance: float,
+    window: float,
+    ratio_slack: float,
+    attn_fraction: Optional[float] = None,
+    head_dim: int = 64,
+    kv_group: int = 1,
+) -> Optional[Shape]:
+    """d_model % 8 with a head dim that is a multiple of 8 (MHA at d_model / n_heads, or the
+    attention of :func:`attention_heads` with ``attn_fraction``), d_h any integer: of the shapes
+    within ``tolerance``, the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets
+    its ratios)."""
+    d_star = math.sqrt(budget / (L * _per_layer(K, r, attn_fraction, kv_group)))
     lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
     best: Optional[Shape] = None
     for d_model in range(lo + (-lo) % 8, hi + 1, 8):
-        n_heads = choose_heads(d_model)
-        if n_heads is None or (d_model // n_heads) % 8:
+        attention = attention_heads(d_model, attn_fraction, head_dim, kv_group)
+        if attention is None or Shape(K, d_model, L, 0, **attention).head_dim % 8:
             continue
-        d_h = round(_exact_d_h(budget, K, d_model, L))
+        d_h = round(_exact_d_h(budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention))
         if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
             continue
-        shape = Shape(K, d_model, L, d_h, n_heads, rounding="d_model % 8, d_h % 1")
+        shape = Shape(K, d_model, L, d_h, rounding="d_model % 8, d_h % 1", **attention)
         if abs(shape.mismatch(budget)) <= tolerance and (best is None or abs(shape.d_h_ratio - r) < abs(best.d_h_ratio - r)):
             best = shape
     return best
