@@ -159,6 +159,18 @@ class HourglassFeedForward(nn.Module):
         gate, value = F.linear(x, w_down).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * value, w_up)
 
+    def record_hidden(self, record: Callable[[torch.Tensor], None]) -> Callable[[], None]:
+        """Hand each sub-MLP's hidden units, SiLU(W_d1_i x) * W_d2_i x, to ``record`` as forward runs
+        (report/analysis.py's dead units); returns the undo."""
+
+        def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+            gate, value = F.linear(x, w_down).chunk(2, dim=-1)
+            record(F.silu(gate) * value)
+            return HourglassFeedForward.sub_mlp(x, w_down, w_up)
+
+        self.sub_mlp = sub_mlp  # type: ignore[method-assign]  # the instance attribute shadows the static method
+        return lambda: self.__dict__.pop("sub_mlp", None)
+
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.w1.float8 is not None or self.w3.float8 is not None or self.w2.float8 is not None:
             return self._forward_float8(h)

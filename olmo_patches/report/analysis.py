@@ -186,24 +186,14 @@ class Analysis:
 
 def _hidden_hooks(block: torch.nn.Module, record: Callable[[torch.Tensor], None]) -> List[Callable[[], None]]:
     """Capture a block's FFN hidden activations: OLMo-core's FeedForward (the input of w2), the
-    hourglass FFN (each sub-MLP's SiLU(gate) * value, by wrapping its sub_mlp). Returns undo
+    FFN modules that record their own (``record_hidden``: the hourglass's sub-MLPs). Returns undo
     callables."""
     from olmo_core.nn.feed_forward import FeedForward
 
-    from ..nn.hourglass import HourglassFeedForward
-
     undo = []
     for module in block.modules():
-        if isinstance(module, HourglassFeedForward):
-            original = module.sub_mlp
-
-            def sub_mlp(x, w_down, w_up, _original=original):
-                gate, value = F.linear(x, w_down).chunk(2, dim=-1)
-                record(F.silu(gate) * value)
-                return _original(x, w_down, w_up)
-
-            module.sub_mlp = sub_mlp  # the instance attribute shadows the static method
-            undo.append(lambda m=module: m.__dict__.pop("sub_mlp", None))
+        if hasattr(module, "record_hidden"):  # an FFN that reads its hidden units itself (nn/hourglass.py)
+            undo.append(module.record_hidden(record))
         elif isinstance(module, FeedForward):
             handle = module.w2.register_forward_pre_hook(lambda _m, args: record(args[0]))
             undo.append(handle.remove)
