@@ -25,6 +25,7 @@ HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
 RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
 # The collectives' timeout (OLMo-core's process group): what a rank left waiting for a peer waited.
 COLLECTIVE_TIMEOUT_S = 900
+MICRO = "train.micro_batch_size=1"  # divides every rank's batch: no info line lowering it
 
 
 def _free_port() -> int:
@@ -184,9 +185,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, demo_corpus):
-    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
-    end, each node printing one line that names the lost node and rank."""
+def _two_wrapped_nodes(tmp_path, per_node: int):
+    """Two ``python -m olmo_patches.launch.torchrun`` nodes mid-run (step 2 logged): the first one
+    started holds the rendezvous store. Returns (store's torchrun, the other, their workers)."""
     port = _free_port()
     args = [
         sys.executable,
@@ -195,36 +196,71 @@ def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, de
         "--nnodes",
         "2",
         "--nproc-per-node",
-        "1",
+        str(per_node),
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
         f"127.0.0.1:{port}",
-        *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000"),
+        *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000", MICRO),
     ]
-    host = start(args)  # the first holds the rendezvous store; the one lost is the other
+    store = start(args)
     deadline = time.monotonic() + 120
     while not _listening(port):
-        assert time.monotonic() < deadline and host.poll() is None
+        assert time.monotonic() < deadline and store.poll() is None
         time.sleep(0.2)
-    lost = start(args)
+    other = start(args)
     log = tmp_path / "train.log"
     while not (log.is_file() and "step 2/" in log.read_text()):
-        if time.monotonic() > deadline + 300 or host.poll() is not None or lost.poll() is not None:
-            for p in (host, lost):
+        if time.monotonic() > deadline + 300 or store.poll() is not None or other.poll() is not None:
+            for p in (store, other):
                 os.killpg(p.pid, 9)
-            pytest.fail(f"no run: {finish(host).stderr[-2000:]} {finish(lost).stderr[-2000:]}")
+            pytest.fail(f"no run: {finish(store).stderr[-2000:]} {finish(other).stderr[-2000:]}")
         time.sleep(0.2)
+    return store, other, _children(store.pid) + _children(other.pid)
+
+
+def _all_end_within_60_s(torchruns, workers, killed: float) -> list:
+    results = [finish(p, timeout=120) for p in torchruns]
+    while any(_alive(w) for w in workers) and time.monotonic() < killed + 60:
+        time.sleep(0.2)
+    assert time.monotonic() - killed < 60 and not any(_alive(w) for w in workers)
+    return results
+
+
+def _one_line_each(results, line: str) -> None:
+    for r in results:
+        assert [x for x in r.stderr.splitlines() if x.strip()] == [line], r.stderr[-3000:]
+        assert r.returncode != 0
+
+
+@pytest.mark.parametrize("on", ["the store's node", "the other node"])
+def test_a_rank_killed_outright_ends_every_process_one_line_a_node(tmp_path, demo_corpus, on):
+    """2 ranks a node; one rank SIGKILLed (an out-of-memory kill, say) mid-run: every process ends
+    within 60 s, each node printing one line naming the rank, its node and its pid."""
+    store, other, workers = _two_wrapped_nodes(tmp_path, per_node=2)
+    node = store if on == "the store's node" else other
+    victim = max(_children(node.pid))  # one of the node's two ranks
+    env = _environ(victim)
+    os.kill(victim, 9)
+    results = _all_end_within_60_s((store, other), workers, time.monotonic())
+    line = (
+        f"rank {env['RANK']} (node {env['GROUP_RANK']}, {socket.gethostname()}, pid {victim}) "
+        "was killed by SIGKILL; every rank stops"
+    )
+    _one_line_each(results, line)
+
+
+def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, demo_corpus):
+    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
+    end, each node printing one line that names the lost node and rank."""
+    host, lost, workers = _two_wrapped_nodes(tmp_path, per_node=1)
     (orphan,) = _children(lost.pid)
-    (survivor,) = _children(host.pid)
     env = _environ(orphan)
     os.kill(lost.pid, 9)
-    killed = time.monotonic()
-    results = [finish(p, timeout=120) for p in (host, lost)]
-    while (_alive(orphan) or _alive(survivor)) and time.monotonic() < killed + 60:
-        time.sleep(0.2)
-    assert time.monotonic() - killed < 60 and not _alive(orphan) and not _alive(survivor)
-    line = f"node {env['GROUP_RANK']} ({socket.gethostname()}) lost: its torchrun (pid {lost.pid}) ended; its rank {env['RANK']} stop"
-    for r in results:
-        assert [l for l in r.stderr.splitlines() if l.strip()] == [line], r.stderr[-3000:]
+    results = _all_end_within_60_s((host, lost), workers, time.monotonic())
+    line = (
+        f"node {env['GROUP_RANK']} ({socket.gethostname()}) lost: its torchrun (pid {lost.pid}) "
+        f"ended; its rank {env['RANK']} stop"
+    )
+    _one_line_each(results, line)
     assert results[0].returncode == 1  # node 0's torchrun: its rank exited 1
