@@ -4,6 +4,11 @@ Standard library only (``http.client``): one keep-alive connection per thread an
 A reply is retried on connection errors, timeouts, 5xx and short bodies; a 4xx is final.
 Every failure ends in a one-line :class:`DataOrderError` naming the URL and what went wrong.
 Other URL schemes (s3://, gs://, ...) go through ``olmo_core.io``.
+
+Why not ``olmo_core.io.get_bytes_range`` for HTTP too (OLMo-core 3.0.0, tests/test_remote_reads.py):
+it retries a dropped connection, but a 5xx other than 502 or a short 206 body ends the read at the
+first reply, and its requests carry no timeout (requests' default: wait forever), so a server that
+stops answering holds a read (and the prefix build waiting on it) for good.
 """
 
 from __future__ import annotations
