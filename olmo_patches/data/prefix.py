@@ -26,10 +26,10 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from .order import TOKEN_BYTES, TOKEN_DTYPE, DataOrderError, Layout, rebase, sha256_file, shuffled_indices
 from .remote import RangeReader, progress_bar
@@ -131,27 +131,11 @@ def materialize(
         raise DataOrderError("num_instances and chunk_instances must be positive")
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
-    index = _read_index(out_dir)
-    if index is None:
-        index = {"format": FORMAT, "spec": spec_json, "order_sha256": None, "chunks": {}, "complete": False}
-        _write_index(out_dir, index)
-    elif index["spec"] != spec_json:
-        changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
-        raise DataOrderError(f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory")
-
+    index = _open_index(out_dir, spec)
     order = _prefix_order(out_dir, spec, layout, index.get("order_sha256"))
     index["order_sha256"] = sha256_file(out_dir / ORDER)
     file_idx, token_off = layout.locate(order)
-
-    # Finished parts are kept only if their bytes still match the recorded sha256.
-    todo = []
-    for k in range(spec.num_chunks):
-        name = part_name(k)
-        done = index["chunks"].get(name)
-        if done and (out_dir / name).is_file() and sha256_file(out_dir / name) == done["sha256"]:
-            continue
-        todo.append(k)
+    todo = _parts_to_do(out_dir, spec, index)
     index["complete"] = False
     _write_index(out_dir, index)
 
@@ -159,7 +143,7 @@ def materialize(
     stop = threading.Event()
     instance_bytes = spec.seq_len * TOKEN_BYTES
 
-    def fetch_chunk(k: int, bar: Progress, task) -> None:
+    def fetch_chunk(k: int, advance: Callable[[int], None]) -> None:
         start, stop_at = spec.chunk_range(k)
         final = out_dir / part_name(k)
         tmp = out_dir / f".{final.name}.tmp"
@@ -171,7 +155,7 @@ def materialize(
                     fi = int(file_idx[i])
                     data = reader.read(sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi])
                     f.write(data)
-                    bar.advance(task, len(data))
+                    advance(len(data))
                 f.flush()
                 os.fsync(f.fileno())
             digest = sha256_file(tmp)
@@ -182,12 +166,50 @@ def materialize(
         finally:
             tmp.unlink(missing_ok=True)
 
-    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo) * instance_bytes
+    _run_parts(todo, fetch_chunk, stop, total, f"{len(todo)} parts -> {out_dir}", progress, workers)
+    index["complete"] = True
+    _write_index(out_dir, index)
+    return index
+
+
+def _open_index(out_dir: Path, spec: PrefixSpec) -> dict[str, Any]:
+    """``out_dir``'s index for ``spec`` (a new one written); one made with another spec: an error."""
+    spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
+    index = _read_index(out_dir)
+    if index is None:
+        index = {"format": FORMAT, "spec": spec_json, "order_sha256": None, "chunks": {}, "complete": False}
+        _write_index(out_dir, index)
+    elif index["spec"] != spec_json:
+        changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
+        raise DataOrderError(f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory")
+    return index
+
+
+def _parts_to_do(out_dir: Path, spec: PrefixSpec, index: dict[str, Any]) -> list[int]:
+    """The parts to fetch: finished ones are kept only if their bytes still match the recorded sha256."""
+    todo = []
+    for k in range(spec.num_chunks):
+        name = part_name(k)
+        done = index["chunks"].get(name)
+        if done and (out_dir / name).is_file() and sha256_file(out_dir / name) == done["sha256"]:
+            continue
+        todo.append(k)
+    return todo
+
+
+def _run_parts(todo, fetch, stop: threading.Event, total: int, title: str, progress: bool, workers: int) -> None:
+    """``fetch(k, advance)`` for every part ``k`` of ``todo`` on ``workers`` threads, under one
+    progress bar of ``total`` bytes; the first error stops the others and is raised."""
+    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with progress_bar(progress, *columns) as bar:
-        task = bar.add_task(f"{len(todo)} parts -> {out_dir}", total=total)
+        task = bar.add_task(title, total=total)
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = [pool.submit(fetch_chunk, k, bar, task) for k in todo]
+            futures = [pool.submit(fetch, k, advance) for k in todo]
             try:
                 wait(futures, return_when=FIRST_EXCEPTION)
             finally:  # on the first error, or Ctrl-C: running parts stop, queued ones never start
@@ -197,10 +219,6 @@ def materialize(
         for f in futures:
             if not f.cancelled() and f.exception() is not None:
                 raise f.exception()  # type: ignore[misc]
-
-    index["complete"] = True
-    _write_index(out_dir, index)
-    return index
 
 
 def verify_prefix(
