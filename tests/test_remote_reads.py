@@ -49,12 +49,14 @@ def test_one_500_or_one_short_body_ends_olmo_cores_read_not_range_readers(server
 
 
 def test_a_server_that_stops_answering_holds_olmo_cores_read(server):
-    """RangeReader gives up on the silent reply after its timeout and reads the bytes again; OLMo-core's
-    read of the same silent reply is still waiting after that (it ends here only once the server lets
-    it go)."""
+    """RangeReader gives up on the silent reply after its timeout and reads the bytes again;
+    OLMo-core's read of the same silent reply is still waiting after that (it ends here only once
+    the server lets it go)."""
     server.stall[NAME] = 1
     result = {}
-    held = threading.Thread(target=lambda: result.update(data=get_bytes_range(server.url(NAME), START, LENGTH)))
+    held = threading.Thread(
+        target=lambda: result.update(data=get_bytes_range(server.url(NAME), START, LENGTH))
+    )
     held.start()
     while server.count() < 1:
         held.join(0.01)

@@ -76,15 +76,19 @@ def _environ(pid: int) -> Dict[str, str]:
 
 
 _announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
-_failed = threading.Event()  # a worker of this node failed (its line is printed: by it, or announced)
-WATCH_S = 0.02  # how often the workers' ends are looked for (torchrun's agent: --monitor-interval, 0.1 s)
+_failed = (
+    threading.Event()
+)  # a worker of this node failed (its line is printed: by it, or announced)
+WATCH_S = (
+    0.02  # how often the workers' ends are looked for (torchrun's agent: --monitor-interval, 0.1 s)
+)
 ENV_S = 0.5  # how often new workers' environments are read
 
 
 def _watch_workers(stop: threading.Event) -> None:
     """This node's workers: each one's environment read while it lives (a zombie's is empty: its
     store, rank and node), and the moment one ends, how (``waitid`` with ``WNOWAIT``, POSIX: the
-    status is read, not reaped, so torchrun's agent still reaps the worker and reports it as ever)."""
+    status is read, not reaped: torchrun's agent still reaps the worker and reports it as ever)."""
     envs: Dict[int, Dict[str, str]] = {}
     ended: Set[int] = set()
     read_at = 0.0
@@ -108,7 +112,7 @@ def _watch_workers(stop: threading.Event) -> None:
 
 
 def _ended(pid: int, env: Dict[str, str], info) -> None:
-    """A worker has ended: one killed by a signal (it could say nothing) is announced to every rank."""
+    """A worker has ended: one killed by a signal (it could say nothing) is announced to all."""
     if info.si_code == os.CLD_EXITED and info.si_status == 0:
         return
     _failed.set()
@@ -116,11 +120,14 @@ def _ended(pid: int, env: Dict[str, str], info) -> None:
         return
     node = env.get("GROUP_RANK", os.environ.get("GROUP_RANK", "?"))
     name = signal.Signals(info.si_status).name
-    line = f"rank {env['RANK']} (node {node}, {socket.gethostname()}, pid {pid}) was killed by {name}; every rank stops"
+    where = f"node {node}, {socket.gethostname()}, pid {pid}"
+    line = f"rank {env['RANK']} ({where}) was killed by {name}; every rank stops"
     _announced.set()
     from .peers import announce_for
 
-    first, prints = announce_for(env, line, 128 + info.si_status) if "MASTER_PORT" in env else (line, True)
+    first, prints = (
+        announce_for(env, line, 128 + info.si_status) if "MASTER_PORT" in env else (line, True)
+    )
     if prints:
         print(first, file=sys.stderr, flush=True)
 
@@ -128,9 +135,17 @@ def _ended(pid: int, env: Dict[str, str], info) -> None:
 def failure_line(error) -> tuple[str, int]:
     """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
     rank, failure = error.get_first_failure()
-    how = f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    how = (
+        f"killed by {signal.Signals(-failure.exitcode).name}"
+        if failure.exitcode < 0
+        else f"exit code {failure.exitcode}"
+    )
     try:
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        message = (
+            failure.message
+            if isinstance(failure.message, str)
+            else failure.message.get("message", "")
+        )
     except AttributeError:
         message = ""
     last = message.strip().splitlines()[-1] if message and message.strip() else ""
@@ -167,12 +182,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     stop = threading.Event()
-    threading.Thread(target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True).start()
+    threading.Thread(
+        target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True
+    ).start()
     try:
         torchrun(args)
     except ChildFailedError as e:
         line, code = failure_line(e)
-        if not _announced.is_set() and e.get_first_failure()[1].exitcode < 0:  # a worker that said nothing itself
+        if (
+            not _announced.is_set() and e.get_first_failure()[1].exitcode < 0
+        ):  # a worker that said nothing itself
             print(line, file=sys.stderr, flush=True)
         sys.exit(code)
     except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone
