@@ -1,8 +1,9 @@
 """Two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1), as docs/running.md launches
 them, with no extra environment: HSDP trains as a 2x2 mesh with one process's losses, and resumes on
 FSDP x2 and then in one process; a folder not every node sees, and a refusal on one rank alone after
-start-up, end every process promptly, the line printed on every node; so does a node lost mid-run
-(its torchrun killed outright, under python -m olmo_patches.launch.torchrun)."""
+start-up, end every process promptly, the line printed on every node; so do a rank killed
+outright (2 ranks a node, on the store's node or the other) and a node lost mid-run (its torchrun
+killed outright), under python -m olmo_patches.launch.torchrun."""
 
 import os
 import socket
@@ -249,6 +250,7 @@ def _all_end_within_60_s(torchruns, workers, killed: float) -> list:
     while any(_alive(w) for w in workers) and time.monotonic() < killed + 60:
         time.sleep(0.2)
     assert time.monotonic() - killed < 60 and not any(_alive(w) for w in workers)
+    print(f"every process ended {time.monotonic() - killed:.1f} s after the kill")  # pytest -s
     return results
 
 
