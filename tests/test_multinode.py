@@ -6,6 +6,7 @@ outright (2 ranks a node, on the store's node or the other) and a node lost mid-
 killed outright), under python -m olmo_patches.launch.torchrun."""
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -176,6 +177,17 @@ def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
     results, gap = _two_nodes(1, node, node)
     _one_line_on_every_node(results, "error: refused on rank 1 (test)")
     assert gap < COLLECTIVE_TIMEOUT_S / 10
+
+
+def test_a_refusal_on_rank_1_ends_rank_0_through_the_process_groups_store(tmp_path):
+    """The same under a launcher whose store is the process group's (rank 0's), not torchrun's."""
+    r = run_script(
+        "tests/_fail_on_rank.py", "--own-store", "1", *_train_args(tmp_path)[1:], torchrun=2
+    )
+    assert r.returncode == 1  # plain torchrun: a failed worker
+    assert r.stderr.splitlines().count("error: refused on rank 1 (test)") == 1, r.stderr[-3000:]
+    # torchrun's table: rank 0 left its collective with rank 1's exit code, not a timeout
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 2 ", r.stderr), r.stderr[-3000:]
 
 
 def _children(pid: int) -> list:

@@ -55,9 +55,6 @@ LISTED = {
         "use self.config._attn_implementation",
     ): ("transformers' models read the backend chosen at load (attn_implementation=) from it"),
     # torch.
-    ("launch/peers.py", "_connect", "use dist.distributed_c10d._get_default_store"): (
-        "the process group's store outside torchrun: torch has no public getter for it"
-    ),
     ("train/run.py", "_set_default_backend", "use pg._set_default_backend"): (
         "torch's init_process_group leaves a cpu:gloo group's default backend unset once a backend "
         "plugin is registered; no public setter"
