@@ -76,12 +76,10 @@ def _environ(pid: int) -> Dict[str, str]:
 
 
 _announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
-_failed = (
-    threading.Event()
-)  # a worker of this node failed (its line is printed: by it, or announced)
-WATCH_S = (
-    0.02  # how often the workers' ends are looked for (torchrun's agent: --monitor-interval, 0.1 s)
-)
+# A worker of this node failed (its line is printed: by it, or announced).
+_failed = threading.Event()
+# How often the workers' ends are looked for (torchrun's agent: --monitor-interval, 0.1 s).
+WATCH_S = 0.02
 ENV_S = 0.5  # how often new workers' environments are read
 
 
