@@ -140,9 +140,8 @@ def test_hsdp_resumes_on_fsdp_x2_and_then_in_one_process(resumed, one_process):
     """4 ranks -> 2 (HSDP 2x2 -> FSDP 2) -> 1: the same instances every step, the same losses."""
     folder, *_, fsdp = resumed
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
-    assert read_batch_trace(folder) == read_batch_trace(
-        one_process
-    )  # every step's 4 instances and their tokens
+    # Every step's 4 instances and their tokens.
+    assert read_batch_trace(folder) == read_batch_trace(one_process)
     want, got = _losses(one_process), _losses(folder)
     assert sorted(got) == sorted(want)
     for step in want:
@@ -166,9 +165,8 @@ def test_a_folder_not_every_node_sees_is_refused_on_every_node(tmp_path):
         f"filesystem every node mounts",
     )
     assert gap < COLLECTIVE_TIMEOUT_S / 10
-    assert (
-        not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()
-    )  # nothing written
+    # Nothing written.
+    assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()
 
 
 def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
@@ -187,7 +185,9 @@ def test_a_refusal_on_rank_1_ends_rank_0_through_the_process_groups_store(tmp_pa
     assert r.returncode == 1  # plain torchrun: a failed worker
     assert r.stderr.splitlines().count("error: refused on rank 1 (test)") == 1, r.stderr[-3000:]
     # torchrun's table: rank 0 left its collective with rank 1's exit code, not a timeout
-    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 2 ", r.stderr), r.stderr[-3000:]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: 2 ", r.stderr), r.stderr[
+        -3000:
+    ]
 
 
 def _children(pid: int) -> list:

@@ -123,9 +123,9 @@ def watch() -> None:
     ):
         return
     _store, _stop = store, threading.Event()
-    parent = (
-        os.getppid() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else None
-    )  # the local torchrun
+    # The local torchrun, whose end this rank watches for.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    parent = os.getppid() if agent else None
     global _thread
     _thread = threading.Thread(
         target=_watch, args=(store, _stop, parent), name="olmo_patches.peers", daemon=True

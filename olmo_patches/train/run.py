@@ -67,9 +67,8 @@ def train(
     # Before the process group: the demo corpus is built by rank 0 alone.
     refused, changes = _check_before_writing(spec, resume_from) if rank0 else (None, [])
     start_lines = _start_process_group(spec, device)
-    start_method = multiprocessing.get_start_method(
-        allow_none=True
-    )  # OLMo-core's ("spawn"), restored after the run
+    # OLMo-core's ("spawn"), restored after the run.
+    start_method = multiprocessing.get_start_method(allow_none=True)
     if device == "cpu" and data_workers(spec, device) == 0:
         # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
         # dataset preparation's pools, which would each start a fresh interpreter (5-10 s of
@@ -204,9 +203,8 @@ def _fit(
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(
-        train_module
-    )  # checkpoints with (K, out, in) hourglass weights resume
+    # Checkpoints with (K, out, in) hourglass weights resume.
+    load_earlier_stacked_layout(train_module)
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
     try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
@@ -229,9 +227,8 @@ def _fit(
         else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}"
     )
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
-        log.warning(
-            f"Already finished (step {trainer.global_step}): nothing to do"
-        )  # no evaluation, nothing written
+        # No evaluation, nothing written.
+        log.warning(f"Already finished (step {trainer.global_step}): nothing to do")
         return Path(spec.save_folder)
     trainer.fit()
     if trainer.is_canceled:
