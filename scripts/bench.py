@@ -21,9 +21,9 @@ def _list(s: str) -> list:
     return [x for x in s.split(",") if x]
 
 
-def main() -> None:
+def _parser(gpu: bool) -> argparse.ArgumentParser:
+    """The command line: what is timed (``gpu``: defaults for a GPU) and how."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    gpu = torch.cuda.is_available()
     parser.add_argument("--scale", default="113M,1B" if gpu else "demo", help=f"comma list of {', '.join(SCALES)}")
     parser.add_argument("--variants", default=None, help="comma list (default: all of the scale's; baseline always runs)")
     parser.add_argument("--compile", default="off,on", help="comma list of off|on (torch.compile per block)")
@@ -49,7 +49,12 @@ def main() -> None:
         help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    gpu = torch.cuda.is_available()
+    args = _parser(gpu).parse_args()
     for s in _list(args.scale):
         if s not in SCALES:
             refuse(f"bench: --scale: unknown scale {s!r}; choose from {', '.join(SCALES)}")

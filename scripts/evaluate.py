@@ -23,7 +23,8 @@ from olmo_patches.config import ConfigError
 from olmo_patches.report.console import console
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: what to evaluate, on what, and where the metrics go."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?", help="a checkpoint (RUN/stepN) or a run folder")
     parser.add_argument("--step", type=at_least(0), help="with a run folder: the step to evaluate (default: the latest)")
@@ -51,6 +52,11 @@ def main() -> None:
         metavar="FILE.json|FILE.jsonl|FOLDER",
         help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
     )
+    return parser
+
+
+def main() -> None:
+    parser = _parser()
     args = parser.parse_args()
     if (args.checkpoint is None) == (args.hf is None):
         parser.error("give a CHECKPOINT or --hf DIR")

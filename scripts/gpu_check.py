@@ -34,7 +34,8 @@ def install(wheelhouse: Path) -> tuple[bool, str]:
     return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1] if r.returncode else " ".join(names)
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: the sections to run, and where and how."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--rehearse", action="store_true", help="every section on CPU at toy sizes (rows marked rehearsal)")
@@ -48,7 +49,11 @@ def main() -> None:
     parser.add_argument(
         "--only", default="", help="comma list of sections to run (bf16, attention, compile, resume, trainer, float8)"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def _checked_sections(args: argparse.Namespace) -> list:
+    """The sections --only names; a bad argument: one line, exit 2."""
     if args.budget_scale <= 0:
         print(f"command line: --budget-scale {args.budget_scale}: must be > 0", file=sys.stderr)
         sys.exit(2)
@@ -59,6 +64,12 @@ def main() -> None:
     if set(only) - set(SECTION_NAMES):
         print(f"command line: --only {args.only}: the sections are {','.join(SECTION_NAMES)}", file=sys.stderr)
         sys.exit(2)
+    return only
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    only = _checked_sections(args)
 
     extra = []
     if args.wheelhouse is not None:

@@ -162,7 +162,8 @@ def table(rows: list[Shape], budget: int, vocab: int, seq: int) -> Table:
     return t
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: the budget, the grid searched, the shapes' constraints, the output."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("budget", help="a baseline config or a non-embedding parameter count (113246208, 113.2M)")
     parser.add_argument("--K", type=at_least(1), nargs="+", help="K values (default 1..10)")
@@ -207,7 +208,11 @@ def main() -> None:
     )
     parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
     parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.head_dim % 2:
         refuse(f"search: --head-dim={args.head_dim}: must be even")
     if args.write is not None:

@@ -7,6 +7,7 @@ Serves in-memory files on 127.0.0.1 from a thread. Faults are set per file name:
 - ``drop[name] = n``: the next n GETs announce the full length, send half, and hang up.
 - ``short[name] = n``: the next n GETs answer 206 with fewer bytes than asked.
 - ``moved``: the name answers 301 (a redirect) to HEAD and GET.
+- ``stall[name] = n``: the next n GETs send nothing until ``release`` is set (a server that hangs).
 
 Every request is logged as (method, name, Range header) in ``requests``. ``latency_s``
 delays every reply, to stand in for a distant server in benchmarks.
@@ -33,6 +34,8 @@ class FileServer:
         self.fail: dict[str, int] = defaultdict(int)
         self.drop: dict[str, int] = defaultdict(int)
         self.short: dict[str, int] = defaultdict(int)
+        self.stall: dict[str, int] = defaultdict(int)
+        self.release = threading.Event()
         self.requests: list[tuple[str, str, Optional[str]]] = []
         self._lock = threading.Lock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -55,6 +58,7 @@ class FileServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.release.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -91,7 +95,9 @@ class FileServer:
                     return None
                 return data
 
-            def _reply(self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True) -> None:
+            def _reply(
+                self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True
+            ) -> None:
                 self.send_response(status)
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)
@@ -110,6 +116,8 @@ class FileServer:
                 if data is None:
                     return
                 name = self.path.lstrip("/")
+                if server._take(server.stall, name):
+                    server.release.wait()
                 if server._take(server.fail, name):
                     self._reply(500, b"internal error")
                     return

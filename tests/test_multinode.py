@@ -1,8 +1,9 @@
 """Two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1), as docs/running.md launches
 them, with no extra environment: HSDP trains as a 2x2 mesh with one process's losses, and resumes on
 FSDP x2 and then in one process; a folder not every node sees, and a refusal on one rank alone after
-start-up, end every process promptly, the line printed on every node; so does a node lost mid-run
-(its torchrun killed outright, under python -m olmo_patches.launch.torchrun)."""
+start-up, end every process promptly, the line printed on every node; so do a rank killed
+outright (2 ranks a node, on the store's node or the other) and a node lost mid-run (its torchrun
+killed outright), under python -m olmo_patches.launch.torchrun."""
 
 import os
 import socket
@@ -22,9 +23,15 @@ from .conftest import REPO, child_env, finish, run_script, start, tiny_overrides
 
 HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
 # 6 steps of 4 sequences; a checkpoint at each stop; every rank records its instances.
-RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
+RUN = [
+    "train.max_steps=6",
+    "run.save_interval=2",
+    "run.ephemeral_save_interval=null",
+    "run.trace_batches=true",
+]
 # The collectives' timeout (OLMo-core's process group): what a rank left waiting for a peer waited.
 COLLECTIVE_TIMEOUT_S = 900
+MICRO = "train.micro_batch_size=1"  # divides every rank's batch: no info line lowering it
 
 
 def _free_port() -> int:
@@ -71,11 +78,19 @@ def _two_nodes(per_node: int, args0: list, args1: list, timeout: int = 600):
 
 
 def _losses(run_dir):
-    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"]
+        for step, m in read_metrics(run_dir).items()
+        if "train/CE loss" in m
+    }
 
 
 def _train_args(folder, *extra):
-    return ["scripts/train.py", str(HOURGLASS), *tiny_overrides(folder, *RUN, *extra, block="hourglass")]
+    return [
+        "scripts/train.py",
+        str(HOURGLASS),
+        *tiny_overrides(folder, *RUN, *extra, block="hourglass"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +109,11 @@ def resumed(tmp_path_factory, demo_corpus):
     node = _train_args(folder, "train.data_parallel=hsdp", "run.stop_at_step=2")
     (hsdp0, hsdp1), _ = _two_nodes(2, node, node)
     log = (folder / "train.log").read_text() if (folder / "train.log").is_file() else ""
-    fsdp = run_script("train.py", *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:], torchrun=2)
+    fsdp = run_script(
+        "train.py",
+        *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:],
+        torchrun=2,
+    )
     one = load_and_resolve(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass"))
     train(one)
     return folder, hsdp0, hsdp1, log, fsdp
@@ -120,7 +139,8 @@ def test_hsdp_resumes_on_fsdp_x2_and_then_in_one_process(resumed, one_process):
     """4 ranks -> 2 (HSDP 2x2 -> FSDP 2) -> 1: the same instances every step, the same losses."""
     folder, *_, fsdp = resumed
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
-    assert read_batch_trace(folder) == read_batch_trace(one_process)  # every step's 4 instances and their tokens
+    # Every step's 4 instances and their tokens.
+    assert read_batch_trace(folder) == read_batch_trace(one_process)
     want, got = _losses(one_process), _losses(folder)
     assert sorted(got) == sorted(want)
     for step in want:
@@ -144,7 +164,8 @@ def test_a_folder_not_every_node_sees_is_refused_on_every_node(tmp_path):
         f"filesystem every node mounts",
     )
     assert gap < COLLECTIVE_TIMEOUT_S / 10
-    assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()  # nothing written
+    # Nothing written.
+    assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()
 
 
 def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
@@ -153,6 +174,19 @@ def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
     results, gap = _two_nodes(1, node, node)
     _one_line_on_every_node(results, "error: refused on rank 1 (test)")
     assert gap < COLLECTIVE_TIMEOUT_S / 10
+
+
+def test_a_refusal_on_rank_1_ends_rank_0_through_the_process_groups_store(tmp_path):
+    """The same under a launcher whose store is the process group's (rank 0's), not torchrun's."""
+    r = run_script(
+        "tests/_fail_on_rank.py", "--own-store", "1", *_train_args(tmp_path)[1:], torchrun=2
+    )
+    assert r.returncode == 1  # plain torchrun: a failed worker
+    # Printed by rank 1 (local rank 1): only the store tells it that it is the first on its node,
+    # and rank 0 then ends on that line, not on its own error (a collective cut off).
+    lines = r.stderr.splitlines()
+    assert lines.count("error: refused on rank 1 (test)") == 1, r.stderr[-3000:]
+    assert not [x for x in lines if x.startswith("rank 0 failed")], r.stderr[-3000:]
 
 
 def _children(pid: int) -> list:
@@ -184,9 +218,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, demo_corpus):
-    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
-    end, each node printing one line that names the lost node and rank."""
+def _two_wrapped_nodes(tmp_path, per_node: int):
+    """Two ``python -m olmo_patches.launch.torchrun`` nodes mid-run (step 2 logged): the first one
+    started holds the rendezvous store. Returns (store's torchrun, the other, their workers)."""
     port = _free_port()
     args = [
         sys.executable,
@@ -195,36 +229,76 @@ def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, de
         "--nnodes",
         "2",
         "--nproc-per-node",
-        "1",
+        str(per_node),
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
         f"127.0.0.1:{port}",
-        *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000"),
+        *_train_args(tmp_path, "train.max_steps=1000", "run.save_interval=1000", MICRO),
     ]
-    host = start(args)  # the first holds the rendezvous store; the one lost is the other
+    store = start(args)
     deadline = time.monotonic() + 120
     while not _listening(port):
-        assert time.monotonic() < deadline and host.poll() is None
+        assert time.monotonic() < deadline and store.poll() is None
         time.sleep(0.2)
-    lost = start(args)
+    other = start(args)
     log = tmp_path / "train.log"
     while not (log.is_file() and "step 2/" in log.read_text()):
-        if time.monotonic() > deadline + 300 or host.poll() is not None or lost.poll() is not None:
-            for p in (host, lost):
+        if (
+            time.monotonic() > deadline + 300
+            or store.poll() is not None
+            or other.poll() is not None
+        ):
+            for p in (store, other):
                 os.killpg(p.pid, 9)
-            pytest.fail(f"no run: {finish(host).stderr[-2000:]} {finish(lost).stderr[-2000:]}")
+            pytest.fail(f"no run: {finish(store).stderr[-2000:]} {finish(other).stderr[-2000:]}")
         time.sleep(0.2)
+    return store, other, _children(store.pid) + _children(other.pid)
+
+
+def _all_end_within_60_s(torchruns, workers, killed: float) -> list:
+    results = [finish(p, timeout=120) for p in torchruns]
+    while any(_alive(w) for w in workers) and time.monotonic() < killed + 60:
+        time.sleep(0.2)
+    assert time.monotonic() - killed < 60 and not any(_alive(w) for w in workers)
+    print(f"every process ended {time.monotonic() - killed:.1f} s after the kill")  # pytest -s
+    return results
+
+
+def _one_line_each(results, line: str) -> None:
+    for r in results:
+        assert [x for x in r.stderr.splitlines() if x.strip()] == [line], r.stderr[-3000:]
+        assert r.returncode != 0
+
+
+@pytest.mark.parametrize("on", ["the store's node", "the other node"])
+def test_a_rank_killed_outright_ends_every_process_one_line_a_node(tmp_path, demo_corpus, on):
+    """2 ranks a node; one rank SIGKILLed (an out-of-memory kill, say) mid-run: every process ends
+    within 60 s, each node printing one line naming the rank, its node and its pid."""
+    store, other, workers = _two_wrapped_nodes(tmp_path, per_node=2)
+    node = store if on == "the store's node" else other
+    victim = max(_children(node.pid))  # one of the node's two ranks
+    env = _environ(victim)
+    os.kill(victim, 9)
+    results = _all_end_within_60_s((store, other), workers, time.monotonic())
+    line = (
+        f"rank {env['RANK']} (node {env['GROUP_RANK']}, {socket.gethostname()}, pid {victim}) "
+        "was killed by SIGKILL; every rank stops"
+    )
+    _one_line_each(results, line)
+
+
+def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, demo_corpus):
+    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
+    end, each node printing one line that names the lost node and rank."""
+    host, lost, workers = _two_wrapped_nodes(tmp_path, per_node=1)
     (orphan,) = _children(lost.pid)
-    (survivor,) = _children(host.pid)
     env = _environ(orphan)
     os.kill(lost.pid, 9)
-    killed = time.monotonic()
-    results = [finish(p, timeout=120) for p in (host, lost)]
-    while (_alive(orphan) or _alive(survivor)) and time.monotonic() < killed + 60:
-        time.sleep(0.2)
-    assert time.monotonic() - killed < 60 and not _alive(orphan) and not _alive(survivor)
-    line = f"node {env['GROUP_RANK']} ({socket.gethostname()}) lost: its torchrun (pid {lost.pid}) ended; its rank {env['RANK']} stop"
-    for r in results:
-        assert [l for l in r.stderr.splitlines() if l.strip()] == [line], r.stderr[-3000:]
+    results = _all_end_within_60_s((host, lost), workers, time.monotonic())
+    line = (
+        f"node {env['GROUP_RANK']} ({socket.gethostname()}) lost: its torchrun (pid {lost.pid}) "
+        f"ended; its rank {env['RANK']} stop"
+    )
+    _one_line_each(results, line)
     assert results[0].returncode == 1  # node 0's torchrun: its rank exited 1

@@ -26,12 +26,20 @@ import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from .order import TOKEN_BYTES, TOKEN_DTYPE, DataOrderError, Layout, rebase, sha256_file, shuffled_indices
+from .order import (
+    TOKEN_BYTES,
+    TOKEN_DTYPE,
+    DataOrderError,
+    Layout,
+    rebase,
+    sha256_file,
+    shuffled_indices,
+)
 from .remote import RangeReader, progress_bar
 
 INDEX = "index.json"
@@ -80,7 +88,9 @@ def _read_index(out_dir: Path) -> Optional[dict[str, Any]]:
     try:
         index = json.loads(path.read_text())
     except ValueError:
-        raise DataOrderError(f"{path} is not valid JSON; delete the prefix directory and start again") from None
+        raise DataOrderError(
+            f"{path} is not valid JSON; delete the prefix directory and start again"
+        ) from None
     if index.get("format") != FORMAT:
         raise DataOrderError(f"{path} is not a {FORMAT} index")
     return index
@@ -92,7 +102,9 @@ def _write_index(out_dir: Path, index: dict[str, Any]) -> None:
     os.replace(tmp, out_dir / INDEX)
 
 
-def _prefix_order(out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]) -> np.ndarray:
+def _prefix_order(
+    out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]
+) -> np.ndarray:
     """The first N instance ids: order.npy if it matches its recorded sha256, else built anew."""
     path = out_dir / ORDER
     if sha256 is not None and path.is_file() and sha256_file(path) == sha256:
@@ -126,32 +138,18 @@ def materialize(
     sources = rebase(spec.paths, base)
     layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
     if spec.num_instances > layout.num_instances:
-        raise DataOrderError(f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}")
+        raise DataOrderError(
+            f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}"
+        )
     if spec.num_instances <= 0 or spec.chunk_instances <= 0:
         raise DataOrderError("num_instances and chunk_instances must be positive")
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
-    index = _read_index(out_dir)
-    if index is None:
-        index = {"format": FORMAT, "spec": spec_json, "order_sha256": None, "chunks": {}, "complete": False}
-        _write_index(out_dir, index)
-    elif index["spec"] != spec_json:
-        changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
-        raise DataOrderError(f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory")
-
+    index = _open_index(out_dir, spec)
     order = _prefix_order(out_dir, spec, layout, index.get("order_sha256"))
     index["order_sha256"] = sha256_file(out_dir / ORDER)
     file_idx, token_off = layout.locate(order)
-
-    # Finished parts are kept only if their bytes still match the recorded sha256.
-    todo = []
-    for k in range(spec.num_chunks):
-        name = part_name(k)
-        done = index["chunks"].get(name)
-        if done and (out_dir / name).is_file() and sha256_file(out_dir / name) == done["sha256"]:
-            continue
-        todo.append(k)
+    todo = _parts_to_do(out_dir, spec, index)
     index["complete"] = False
     _write_index(out_dir, index)
 
@@ -159,7 +157,7 @@ def materialize(
     stop = threading.Event()
     instance_bytes = spec.seq_len * TOKEN_BYTES
 
-    def fetch_chunk(k: int, bar: Progress, task) -> None:
+    def fetch_chunk(k: int, advance: Callable[[int], None]) -> None:
         start, stop_at = spec.chunk_range(k)
         final = out_dir / part_name(k)
         tmp = out_dir / f".{final.name}.tmp"
@@ -169,25 +167,85 @@ def materialize(
                     if stop.is_set():
                         return
                     fi = int(file_idx[i])
-                    data = reader.read(sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi])
+                    data = reader.read(
+                        sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi]
+                    )
                     f.write(data)
-                    bar.advance(task, len(data))
+                    advance(len(data))
                 f.flush()
                 os.fsync(f.fileno())
             digest = sha256_file(tmp)
             os.replace(tmp, final)
             with lock:
-                index["chunks"][final.name] = {"start": start, "count": stop_at - start, "sha256": digest}
+                index["chunks"][final.name] = {
+                    "start": start,
+                    "count": stop_at - start,
+                    "sha256": digest,
+                }
                 _write_index(out_dir, index)
         finally:
             tmp.unlink(missing_ok=True)
 
-    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo) * instance_bytes
+    _run_parts(todo, fetch_chunk, stop, total, f"{len(todo)} parts -> {out_dir}", progress, workers)
+    index["complete"] = True
+    _write_index(out_dir, index)
+    return index
+
+
+def _open_index(out_dir: Path, spec: PrefixSpec) -> dict[str, Any]:
+    """``out_dir``'s index for ``spec`` (a new one written); another spec's: an error."""
+    spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
+    index = _read_index(out_dir)
+    if index is None:
+        index = {
+            "format": FORMAT,
+            "spec": spec_json,
+            "order_sha256": None,
+            "chunks": {},
+            "complete": False,
+        }
+        _write_index(out_dir, index)
+    elif index["spec"] != spec_json:
+        changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
+        raise DataOrderError(
+            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory"
+        )
+    return index
+
+
+def _parts_to_do(out_dir: Path, spec: PrefixSpec, index: dict[str, Any]) -> list[int]:
+    """The parts to fetch: a finished one is kept if its bytes match its recorded sha256."""
+    todo = []
+    for k in range(spec.num_chunks):
+        name = part_name(k)
+        done = index["chunks"].get(name)
+        if done and (out_dir / name).is_file() and sha256_file(out_dir / name) == done["sha256"]:
+            continue
+        todo.append(k)
+    return todo
+
+
+def _run_parts(
+    todo, fetch, stop: threading.Event, total: int, title: str, progress: bool, workers: int
+) -> None:
+    """``fetch(k, advance)`` for every part ``k`` of ``todo`` on ``workers`` threads, under one
+    progress bar of ``total`` bytes; the first error stops the others and is raised."""
+    columns = (
+        "{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with progress_bar(progress, *columns) as bar:
-        task = bar.add_task(f"{len(todo)} parts -> {out_dir}", total=total)
+        task = bar.add_task(title, total=total)
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = [pool.submit(fetch_chunk, k, bar, task) for k in todo]
+            futures = [pool.submit(fetch, k, advance) for k in todo]
             try:
                 wait(futures, return_when=FIRST_EXCEPTION)
             finally:  # on the first error, or Ctrl-C: running parts stop, queued ones never start
@@ -198,13 +256,13 @@ def materialize(
             if not f.cancelled() and f.exception() is not None:
                 raise f.exception()  # type: ignore[misc]
 
-    index["complete"] = True
-    _write_index(out_dir, index)
-    return index
-
 
 def verify_prefix(
-    out_dir: Path, *, reader: Optional[RangeReader] = None, sample: int = 0, base: Optional[str] = None
+    out_dir: Path,
+    *,
+    reader: Optional[RangeReader] = None,
+    sample: int = 0,
+    base: Optional[str] = None,
 ) -> list[str]:
     """Problems with a prefix directory (empty list: all good).
 
@@ -224,7 +282,9 @@ def verify_prefix(
         if entry is None or not path.is_file():
             problems.append(f"{name}: missing")
         elif path.stat().st_size != (stop - start) * spec.seq_len * TOKEN_BYTES:
-            problems.append(f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}")
+            problems.append(
+                f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}"
+            )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from index.json")
     if sample and not problems:
@@ -232,7 +292,9 @@ def verify_prefix(
         sources = rebase(spec.paths, base)
         layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
         order = np.load(out_dir / ORDER)
-        picks = np.random.default_rng().choice(spec.num_instances, size=min(sample, spec.num_instances), replace=False)
+        picks = np.random.default_rng().choice(
+            spec.num_instances, size=min(sample, spec.num_instances), replace=False
+        )
         file_idx, token_off = layout.locate(order[picks])
         n = spec.seq_len * TOKEN_BYTES
         for pos, fi, off in zip(picks, file_idx, token_off):
@@ -249,7 +311,9 @@ def prefix_index(out_dir: Path) -> dict[str, Any]:
     """The index of a finished prefix (one-line error if there is none)."""
     index = _read_index(Path(out_dir))
     if index is None or not index["complete"]:
-        raise DataOrderError(f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)")
+        raise DataOrderError(
+            f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)"
+        )
     return index
 
 
@@ -269,4 +333,6 @@ def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
     from olmo_core.data import NumpyFSLDataset
 
     seq_len = prefix_index(Path(out_dir))["spec"]["seq_len"]
-    return NumpyFSLDataset(*prefix_paths(out_dir), sequence_length=seq_len, dtype=TOKEN_DTYPE, **dataset_kwargs)
+    return NumpyFSLDataset(
+        *prefix_paths(out_dir), sequence_length=seq_len, dtype=TOKEN_DTYPE, **dataset_kwargs
+    )

@@ -11,12 +11,15 @@ SIGUSR1 ends it at once (the default action). Here, as torchrun otherwise:
   it exits 0. Under SLURM every process of the step gets the signal from slurmstepd as well, so
   each worker may see it twice. torchrun keeps its own handling of SIGINT, SIGHUP and SIGQUIT
   (its ``--signals-to-handle``, unless given).
-- A worker killed outright (SIGKILL, an out-of-memory kill) cannot say so itself: the moment
-  torchrun's monitor sees it (``LocalElasticAgent._monitor_workers``), before it stops the other
-  workers, its line (the rank, its node, the signal) goes to the launch's store
-  (olmo_patches/launch/peers.py), so every rank of every node stops within a second or so, each node
-  printing that one line. Once a worker failed, torchrun's error table and logs give way to it (this
-  node's own line if no rank printed one); a rendezvous whose store went with another node: one line.
+- A worker killed outright (SIGKILL, an out-of-memory kill) cannot say so itself. A thread here
+  sees each worker end within 20 ms (``os.waitid`` with ``WNOWAIT``: the status is read and the
+  worker left for torchrun's agent to reap, which looks every ``--monitor-interval``, 0.1 s, and
+  then stops this node's other workers); a worker killed by a signal has its line (the rank, its
+  node, its pid, the signal) put in the launch's store (olmo_patches/launch/peers.py), so every rank
+  of every node stops within a second or so, each node printing that one line. Once a worker
+  failed, torchrun's error table and logs give way to it (this node's own line if no rank printed
+  one); a rendezvous whose store went with another node: one line. ``--max-restarts 0`` (torchrun's
+  default, passed unless given): a failed worker ends the launch. No private torch API is used.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 __all__ = ["main", "children"]
 
@@ -72,72 +76,74 @@ def _environ(pid: int) -> Dict[str, str]:
 
 
 _announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
-_failed = threading.Event()  # torchrun saw a worker of this node fail (its line is printed: by it, or announced)
-_envs: Dict[int, Dict[str, str]] = {}  # each worker's environment, read while it lives
+# A worker of this node failed (its line is printed: by it, or announced).
+_failed = threading.Event()
+# How often the workers' ends are looked for (torchrun's agent: --monitor-interval, 0.1 s).
+WATCH_S = 0.02
+ENV_S = 0.5  # how often new workers' environments are read
 
 
-def _watch_workers(stop: threading.Event, poll_s: float = 0.5) -> None:
-    """Read each worker's environment while it lives (a zombie's is empty): its store and rank."""
-    while not stop.wait(poll_s):
-        for pid in children():
-            if pid not in _envs and (env := _environ(pid)).get("RANK") is not None:
-                _envs[pid] = env
+def _watch_workers(stop: threading.Event) -> None:
+    """This node's workers: each one's environment read while it lives (a zombie's is empty: its
+    store, rank and node), and the moment one ends, how (``waitid`` with ``WNOWAIT``, POSIX: the
+    status is read, not reaped: torchrun's agent still reaps the worker and reports it as ever)."""
+    envs: Dict[int, Dict[str, str]] = {}
+    ended: Set[int] = set()
+    read_at = 0.0
+    while not stop.wait(WATCH_S):
+        if time.monotonic() - read_at > ENV_S:
+            read_at = time.monotonic()
+            for pid in children():
+                if pid not in envs and (env := _environ(pid)).get("RANK") is not None:
+                    envs[pid] = env
+        for pid, env in envs.items():
+            if pid in ended:
+                continue
+            try:
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped by the agent first: its ChildFailedError says how
+                ended.add(pid)
+                continue
+            if info is not None:
+                ended.add(pid)
+                _ended(pid, env, info)
 
 
-def _announce_killed(result) -> None:
-    """torchrun's view of a failed worker group: announce the first worker killed by a signal."""
-    for rank, failure in sorted((getattr(result, "failures", None) or {}).items()):
-        if failure.exitcode >= 0 or _announced.is_set():
-            continue
-        env = _envs.get(failure.pid) or _environ(failure.pid)
-        name = signal.Signals(-failure.exitcode).name
-        line = (
-            f"rank {rank} (node {env.get('GROUP_RANK', os.environ.get('GROUP_RANK', '?'))}, {socket.gethostname()}, "
-            f"pid {failure.pid}) was killed by {name}; every rank stops"
-        )
-        _announced.set()
-        # From another thread: where this torchrun holds the store, its server must not wait on the
-        # monitor that is announcing (the agent goes on to stop its other workers meanwhile).
-        threading.Thread(target=_announce, args=(env, line, 128 - failure.exitcode), name="olmo_patches.announce").start()
-
-
-def _announce(env: Dict[str, str], line: str, code: int) -> None:
+def _ended(pid: int, env: Dict[str, str], info) -> None:
+    """A worker has ended: one killed by a signal (it could say nothing) is announced to all."""
+    if info.si_code == os.CLD_EXITED and info.si_status == 0:
+        return
+    _failed.set()
+    if info.si_code == os.CLD_EXITED or _announced.is_set():  # an exit code: the worker said why
+        return
+    node = env.get("GROUP_RANK", os.environ.get("GROUP_RANK", "?"))
+    name = signal.Signals(info.si_status).name
+    where = f"node {node}, {socket.gethostname()}, pid {pid}"
+    line = f"rank {env['RANK']} ({where}) was killed by {name}; every rank stops"
+    _announced.set()
     from .peers import announce_for
 
-    first, prints = announce_for(env, line, code) if "MASTER_PORT" in env else (line, True)
+    first, prints = (
+        announce_for(env, line, 128 + info.si_status) if "MASTER_PORT" in env else (line, True)
+    )
     if prints:
         print(first, file=sys.stderr, flush=True)
-
-
-def _hook_monitor() -> None:
-    """Announce a killed worker the moment torchrun sees it (LocalElasticAgent._monitor_workers), before
-    it stops the others and while its store is up; a torch without that method: torchrun's own end."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    original = getattr(LocalElasticAgent, "_monitor_workers", None)
-    if original is None or getattr(original, "_olmo_patches", False):
-        return
-
-    def monitor(self, worker_group):
-        result = original(self, worker_group)
-        try:
-            if result.is_failed():
-                _failed.set()
-                _announce_killed(result)
-        except Exception:  # never in torchrun's way
-            pass
-        return result
-
-    monitor._olmo_patches = True  # type: ignore[attr-defined]
-    LocalElasticAgent._monitor_workers = monitor
 
 
 def failure_line(error) -> tuple[str, int]:
     """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
     rank, failure = error.get_first_failure()
-    how = f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    how = (
+        f"killed by {signal.Signals(-failure.exitcode).name}"
+        if failure.exitcode < 0
+        else f"exit code {failure.exitcode}"
+    )
     try:
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        message = (
+            failure.message
+            if isinstance(failure.message, str)
+            else failure.message.get("message", "")
+        )
     except AttributeError:
         message = ""
     last = message.strip().splitlines()[-1] if message and message.strip() else ""
@@ -151,8 +157,11 @@ def failure_line(error) -> tuple[str, int]:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not any(a.split("=")[0] in ("--signals-to-handle", "--signals_to_handle") for a in args):
+    given = {a.split("=")[0].replace("_", "-") for a in args if a.startswith("--")}
+    if "--signals-to-handle" not in given:
         args = ["--signals-to-handle", _HANDLED_BY_TORCHRUN, *args]
+    if "--max-restarts" not in given:  # a failed worker ends the launch (torchrun's default, said)
+        args = ["--max-restarts", "0", *args]
     for s in PASSED_ON:
         signal.signal(s, _pass_on)
     # torch's C++ log (a store whose host has gone: a page of C++ frames a process): here only its
@@ -170,14 +179,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                 logging.getLogger(name).setLevel(logging.CRITICAL)
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-    _hook_monitor()
     stop = threading.Event()
-    threading.Thread(target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True).start()
+    threading.Thread(
+        target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True
+    ).start()
     try:
         torchrun(args)
     except ChildFailedError as e:
         line, code = failure_line(e)
-        if not _announced.is_set() and e.get_first_failure()[1].exitcode < 0:  # a worker that said nothing itself
+        if (
+            not _announced.is_set() and e.get_first_failure()[1].exitcode < 0
+        ):  # a worker that said nothing itself
             print(line, file=sys.stderr, flush=True)
         sys.exit(code)
     except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone

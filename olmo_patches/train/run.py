@@ -1,5 +1,7 @@
 """One training run's life on OLMo-core's Trainer: refuse what cannot run before anything is written,
-start the process group, take the run folder, build (experiment.py), resume, fit, and end cleanly.
+start the process group, take the run folder, build (experiment.py), resume, fit, and end cleanly,
+or with one line and an exit code (:func:`exit_line`: 2 refused, 3 diverged, 4 out of space,
+1 otherwise).
 
 Works alone or under torchrun (CPU: gloo). An error on one rank ends the others (launch/peers.py).
 """
@@ -22,28 +24,32 @@ from olmo_core.train import prepare_training_environment, teardown_training_envi
 from olmo_core.train.callbacks import Callback
 
 from ..config import ConfigError, ExperimentSpec
+from ..config.spec import one_line
 from ..launch import peers
 from ..launch.layout import data_workers, resolve
-from ..launch.run_folder import Lock, check_config, record_config
+from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
 from .checkpoints import latest_complete
-from .disk import check_room
-from .exit_codes import exit_line
+from .disk import DiskFullError, check_room
 from .experiment import build_experiment, check_downstream, device_for
 from .precision import compile_on_cpu
 from .progress import announce, quiet_console, quiet_start
 from .resume import check_resume_from, load_explicit, prune_incomplete
-from .safety import select_resume_checkpoint
+from .safety import NonFiniteError, select_resume_checkpoint
 from .sources import resolve_data
 from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train"]
+__all__ = ["train", "exit_line"]
 
 
-def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
+def train(
+    spec: ExperimentSpec,
+    resume_from: Optional[str] = None,
+    callbacks: Optional[dict[str, Callback]] = None,
+) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
@@ -57,29 +63,12 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
-    refused: Optional[ConfigError] = None
-    changes: list[str] = []
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    if rank0:  # before the process group: the demo corpus is built by rank 0 alone
-        try:
-            if resume_from is not None:
-                check_resume_from(resume_from)
-            check_downstream(spec)
-            changes = check_config(spec, deliberate=resume_from is not None)
-            check_room(spec)  # one checkpoint's room on the run folder's disk
-        except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
-            refused = e
-    peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
-    start_lines: list[logging.LogRecord] = []  # OLMo-core's env vars and process group: for train.log only
-    try:
-        with quiet_start(start_lines):
-            prepare_training_environment(seed=spec.train.seed, backend="cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl")
-    except BaseException:
-        peers.stop_watching()  # no watch thread outlives a run that did not start
-        raise
-    _set_default_backend()
-    peers.watch()  # or the process group's
-    start_method = multiprocessing.get_start_method(allow_none=True)  # OLMo-core's ("spawn"), restored after the run
+    # Before the process group: the demo corpus is built by rank 0 alone.
+    refused, changes = _check_before_writing(spec, resume_from) if rank0 else (None, [])
+    start_lines = _start_process_group(spec, device)
+    # OLMo-core's ("spawn"), restored after the run.
+    start_method = multiprocessing.get_start_method(allow_none=True)
     if device == "cpu" and data_workers(spec, device) == 0:
         # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
         # dataset preparation's pools, which would each start a fresh interpreter (5-10 s of
@@ -90,20 +79,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     # (unless the caller froze objects itself: then its freeze is left as it is).
     froze = gc.get_freeze_count() == 0
     try:
-        if not is_url(spec.save_folder):  # before the folder is written: every node must see it
-            require_shared({"run.save_folder": save_folder, "data.work_dir": Path(spec.data.work_dir)})
-        if rank0 and refused is None:
-            try:
-                lock.acquire()
-                record_config(spec, changes)
-                prune_incomplete(save_folder)
-                if resume_from is None:
-                    select_resume_checkpoint(save_folder)
-            except ConfigError as e:
-                refused = e
-        if (refused := broadcast_object(refused)) is not None:
-            raise refused
-        barrier()
+        _take_folder(spec, lock, refused, changes, resume_from)
         if froze:
             gc.collect()
             gc.freeze()
@@ -122,12 +98,75 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         teardown_training_environment()
 
 
+def _check_before_writing(
+    spec: ExperimentSpec, resume_from: Optional[str]
+) -> tuple[Optional[ConfigError], list[str]]:
+    """Rank 0's checks that need no process group: the refusal (nothing written yet) and the
+    config's changes from the folder's recorded one."""
+    try:
+        if resume_from is not None:
+            check_resume_from(resume_from)
+        check_downstream(spec)
+        changes = check_config(spec, deliberate=resume_from is not None)
+        check_room(spec)  # one checkpoint's room on the run folder's disk
+    except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
+        return e, []
+    return None, changes
+
+
+def _start_process_group(spec: ExperimentSpec, device: str) -> list[logging.LogRecord]:
+    """OLMo-core's process group, with the watch of the other ranks on each side of it; returns
+    its start's log lines (OLMo-core's env vars and process group: for train.log only)."""
+    peers.watch()  # torchrun's store: a peer that refused its config ends the wait for it
+    start_lines: list[logging.LogRecord] = []
+    try:
+        with quiet_start(start_lines):
+            backend = "cpu:gloo" if device == "cpu" else "cpu:gloo,cuda:nccl"
+            prepare_training_environment(seed=spec.train.seed, backend=backend)
+    except BaseException:
+        peers.stop_watching()  # no watch thread outlives a run that did not start
+        raise
+    _set_default_backend()
+    peers.watch()  # or the process group's
+    return start_lines
+
+
+def _take_folder(
+    spec: ExperimentSpec,
+    lock: Lock,
+    refused: Optional[ConfigError],
+    changes: list[str],
+    resume_from: Optional[str],
+) -> None:
+    """Every node sees the folder; rank 0 locks it, records the config and picks the checkpoint to
+    resume from; a refusal on rank 0 is raised on every rank."""
+    save_folder = Path(spec.save_folder)
+    if not is_url(spec.save_folder):  # before the folder is written: every node must see it
+        require_shared({"run.save_folder": save_folder, "data.work_dir": Path(spec.data.work_dir)})
+    if int(os.environ.get("RANK", "0")) == 0 and refused is None:
+        try:
+            lock.acquire()
+            record_config(spec, changes)
+            prune_incomplete(save_folder)
+            if resume_from is None:
+                select_resume_checkpoint(save_folder)
+        except ConfigError as e:
+            refused = e
+    if (refused := broadcast_object(refused)) is not None:
+        raise refused
+    barrier()
+
+
 def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
     """Steps, tokens, and how many times the run reads its data (more than once: said)."""
     t, seq = spec.train, spec.data.sequence_length
     steps = trainer.max_steps
     tokens = steps * t.global_batch_size * seq if steps is not None else None
-    line = f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})" if tokens else "until train.max_tokens"
+    line = (
+        f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})"
+        if tokens
+        else "until train.max_tokens"
+    )
     data_tokens = len(dataset) * seq
     if tokens and tokens > data_tokens:
         line += f", {tokens / data_tokens:.1f} passes over the data's {_count(data_tokens)} tokens"
@@ -148,7 +187,12 @@ def _set_default_backend() -> None:
         pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
 
-def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
+def _fit(
+    spec: ExperimentSpec,
+    resume_from: Optional[str],
+    device: str,
+    callbacks: Optional[dict[str, Callback]],
+) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
     require_data([*data.train_paths, *data.val_paths])  # every rank reads the same token files
@@ -159,7 +203,8 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights resume
+    # Checkpoints with (K, out, in) hourglass weights resume.
+    load_earlier_stacked_layout(train_module)
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
     try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
@@ -172,7 +217,9 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     if resume_from is not None:
         loaded: Optional[str] = load_explicit(trainer, resume_from)
     else:  # what fit() would load, loaded first to see whether the run is already finished
-        trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
+        trainer.maybe_load_checkpoint(
+            spec.save_folder, load_trainer_state=True, load_optim_state=True
+        )
         loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
     announce(
         f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
@@ -180,9 +227,41 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
         else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}"
     )
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
-        log.warning(f"Already finished (step {trainer.global_step}): nothing to do")  # no evaluation, nothing written
+        # No evaluation, nothing written.
+        log.warning(f"Already finished (step {trainer.global_step}): nothing to do")
         return Path(spec.save_folder)
     trainer.fit()
     if trainer.is_canceled:
-        log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
+        log.warning(
+            f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume"
+        )
     return Path(spec.save_folder)
+
+
+def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
+    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
+    thread raises OLMoThreadError from the reader's error), else None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.filename:
+            return f"{e.filename} ({type(e).__name__}: {e.strerror or e})"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def exit_line(e: Exception) -> tuple[str, int]:
+    """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
+    if isinstance(e, RunFolderError):
+        return f"error: {e}", 2
+    if isinstance(
+        e, ConfigError
+    ):  # found while building the run (a downstream task that cannot fit)
+        return f"config error: {e}", 2
+    if isinstance(e, NonFiniteError):
+        return f"diverged: {e}", 3
+    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
+        return f"rank {os.environ.get('RANK', '0')} cannot read {unread}", 2
+    if isinstance(e, DiskFullError):
+        return f"error: {e.strerror}", 4
+    return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
