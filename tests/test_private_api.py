@@ -62,9 +62,6 @@ LISTED = {
     ("nn/variable_width.py", "VariableWidthTransformer.apply_compile", "use torch._dynamo"): (
         "dynamo's recompile limits (torch._dynamo.config) have no torch.compiler setting"
     ),
-    ("train/bench.py", "run_bench", "use torch._dynamo"): (
-        "torch._dynamo.reset() between compile modes (torch.compiler.reset() is its public name)"
-    ),
     ("train/precision.py", "compile_on_cpu", "setattr model"): (
         "one model's apply_fsdp/apply_ddp/init_weights compile it first on CPU, where OLMo-core's "
         "parallelize_model skips compile; public methods, patched on the one instance"

@@ -323,7 +323,7 @@ def run_bench(
     gen = torch.Generator().manual_seed(0)
     results: List[BenchResult] = []
     for compiled in compile_modes:
-        torch._dynamo.reset()
+        torch.compiler.reset()
         models, optimizers, info = _build_variants(sc, names, device, dtype, seq_len, optimizer, float8, compiled)
         vocab = min(m.vocab_size for m in models.values())  # type: ignore[misc]
         ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(device)
