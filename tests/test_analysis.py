@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from olmo_patches.config import load_spec, vocab_size
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.analysis import analyze_model, dead_units, matrix_entropy, participation_ratio, target_probability
 from olmo_patches.train import train
 
@@ -108,7 +109,7 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
     runs = []
     for variant, L in (("baseline", 2), ("variable-width", 4)):  # x needs its narrowest layer inside 1 < k < L
         folder = tmp_path / variant
-        spec = load_spec(
+        spec = load_and_resolve(
             DEMO / f"{variant}.yaml",
             tiny_overrides(
                 folder,

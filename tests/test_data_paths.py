@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _http_server import FileServer  # noqa: E402
 
-from olmo_patches.config import load_spec  # noqa: E402
+from olmo_patches.launch.layout import load_and_resolve  # noqa: E402
 from olmo_patches.train import train  # noqa: E402
 
 from .conftest import REPO, tiny_overrides  # noqa: E402
@@ -118,7 +118,7 @@ def test_olmo2_stage1_from_an_http_mirror_through_the_trainer(tmp_path, mirror):
     assert len(listed) == 1122 and len(set(listed)) == 1117
     order, instances, file_of = _ordered(files, listed)
     probe = Probe()
-    spec = load_spec(
+    spec = load_and_resolve(
         BASELINE,
         tiny_overrides(tmp_path, "data.source=olmo2_stage1", f"data.base={server.base_url}/", *DOLMA2, "train.max_steps=2"),
     )
@@ -137,7 +137,7 @@ def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
     order, instances, file_of = _ordered(files, listed)
     assert len(order) == 12
     probe = Probe()
-    spec = load_spec(
+    spec = load_and_resolve(
         BASELINE,
         tiny_overrides(
             tmp_path, "data.source=numpy", f"data.mix={MIX}", f"data.mix_base_dir={server.base_url}", *DOLMA2, "train.max_steps=3"
@@ -208,7 +208,7 @@ def test_repetition_filter_masks_the_loss_inside_a_training_run(tmp_path):
     path = tmp_path / "corpus.npy"
     np.concatenate(corpus).tofile(path)
     probe = Probe(reference=_ce_sum)
-    spec = load_spec(
+    spec = load_and_resolve(
         BASELINE,
         tiny_overrides(
             tmp_path / "run",

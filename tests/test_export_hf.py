@@ -7,6 +7,7 @@ pytest.importorskip("transformers", reason="the hf extra (pip install -e '.[hf]'
 from transformers import AutoModelForCausalLM, Olmo2ForCausalLM  # noqa: E402
 
 from olmo_patches.config import load_spec  # noqa: E402
+from olmo_patches.launch.layout import load_and_resolve  # noqa: E402
 from olmo_patches.train.checkpoints import load_model_state  # noqa: E402
 from olmo_patches.train import train  # noqa: E402
 
@@ -77,7 +78,9 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     """Train 2 steps, export with the script (in this process), then: logits = OLMo-core's forward (float32, < 1e-4),
     and greedy generate() = the argmax continuation of OLMo-core's model."""
     run = tmp_path / "run"
-    spec = load_spec(config, [*overrides, "train.max_steps=2", "run.save_interval=1000", "run.ephemeral_save_interval=null"])
+    spec = load_and_resolve(
+        config, [*overrides, "train.max_steps=2", "run.save_interval=1000", "run.ephemeral_save_interval=null"]
+    )
     train(spec)
     out = tmp_path / "hf"
     r = run_in_process("export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))

@@ -26,7 +26,7 @@ from olmo_core.train.callbacks import Callback
 from ..config import ConfigError, ExperimentSpec
 from ..config.spec import one_line
 from ..launch import peers
-from ..launch.layout import data_workers, resolve
+from ..launch.layout import data_workers
 from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
@@ -45,11 +45,7 @@ log = logging.getLogger(__name__)
 __all__ = ["train", "exit_line"]
 
 
-def train(
-    spec: ExperimentSpec,
-    resume_from: Optional[str] = None,
-    callbacks: Optional[dict[str, Callback]] = None,
-) -> Path:
+def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
@@ -59,7 +55,8 @@ def train(
     (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
-    resolve(spec)  # a spec resolved at launch stays as it is (idempotent)
+    if not hasattr(spec, "resolved"):  # resolved once, at launch: the machine's choices are the launch's
+        raise TypeError("train() takes a spec resolved at launch (launch.layout.resolve, load_and_resolve)")
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
@@ -98,9 +95,7 @@ def train(
         teardown_training_environment()
 
 
-def _check_before_writing(
-    spec: ExperimentSpec, resume_from: Optional[str]
-) -> tuple[Optional[ConfigError], list[str]]:
+def _check_before_writing(spec: ExperimentSpec, resume_from: Optional[str]) -> tuple[Optional[ConfigError], list[str]]:
     """Rank 0's checks that need no process group: the refusal (nothing written yet) and the
     config's changes from the folder's recorded one."""
     try:
@@ -132,11 +127,7 @@ def _start_process_group(spec: ExperimentSpec, device: str) -> list[logging.LogR
 
 
 def _take_folder(
-    spec: ExperimentSpec,
-    lock: Lock,
-    refused: Optional[ConfigError],
-    changes: list[str],
-    resume_from: Optional[str],
+    spec: ExperimentSpec, lock: Lock, refused: Optional[ConfigError], changes: list[str], resume_from: Optional[str]
 ) -> None:
     """Every node sees the folder; rank 0 locks it, records the config and picks the checkpoint to
     resume from; a refusal on rank 0 is raised on every rank."""
@@ -162,11 +153,7 @@ def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
     t, seq = spec.train, spec.data.sequence_length
     steps = trainer.max_steps
     tokens = steps * t.global_batch_size * seq if steps is not None else None
-    line = (
-        f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})"
-        if tokens
-        else "until train.max_tokens"
-    )
+    line = f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})" if tokens else "until train.max_tokens"
     data_tokens = len(dataset) * seq
     if tokens and tokens > data_tokens:
         line += f", {tokens / data_tokens:.1f} passes over the data's {_count(data_tokens)} tokens"
@@ -187,12 +174,7 @@ def _set_default_backend() -> None:
         pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
 
-def _fit(
-    spec: ExperimentSpec,
-    resume_from: Optional[str],
-    device: str,
-    callbacks: Optional[dict[str, Callback]],
-) -> Path:
+def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
     require_data([*data.train_paths, *data.val_paths])  # every rank reads the same token files
@@ -217,9 +199,7 @@ def _fit(
     if resume_from is not None:
         loaded: Optional[str] = load_explicit(trainer, resume_from)
     else:  # what fit() would load, loaded first to see whether the run is already finished
-        trainer.maybe_load_checkpoint(
-            spec.save_folder, load_trainer_state=True, load_optim_state=True
-        )
+        trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
         loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
     announce(
         f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
@@ -232,9 +212,7 @@ def _fit(
         return Path(spec.save_folder)
     trainer.fit()
     if trainer.is_canceled:
-        log.warning(
-            f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume"
-        )
+        log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
     return Path(spec.save_folder)
 
 
@@ -254,9 +232,7 @@ def exit_line(e: Exception) -> tuple[str, int]:
     """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
     if isinstance(e, RunFolderError):
         return f"error: {e}", 2
-    if isinstance(
-        e, ConfigError
-    ):  # found while building the run (a downstream task that cannot fit)
+    if isinstance(e, ConfigError):  # found while building the run (a downstream task that cannot fit)
         return f"config error: {e}", 2
     if isinstance(e, NonFiniteError):
         return f"diverged: {e}", 3
