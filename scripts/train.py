@@ -49,10 +49,11 @@ def main() -> None:
     from olmo_patches.report.advice import advice
     from olmo_patches.report.console import console as rich_console
     from olmo_patches.report.counts import param_table
-    from olmo_patches.report.plan import plan_table, preset_rows
+    from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line, stop, train
     from olmo_patches.train.disk import check_room
     from olmo_patches.train.resume import check_resume_from
+    from olmo_patches.train.sources import check_sources
 
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
@@ -64,12 +65,15 @@ def main() -> None:
             check_config(spec, deliberate=args.resume_from is not None)
             Lock(spec.save_folder).check()
             check_room(spec)
+            mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios
         except ConfigError as e:
             refuse(exit_line(e)[0])
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
         console.print(plan_table(spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)))
+        if mixture:
+            console.print(mixture_table(mixture))
         return
     stop.install()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:

@@ -113,7 +113,7 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
     tokenizer = tokenizer_config(spec)
     dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if tokenizer.vocab_size - 1 <= np.iinfo(k).max)
     instances, local = 0, True
-    for path in d.paths:
+    for path in _manifest_files(d.paths, fail):
         if "://" in path:
             local = False
             continue
@@ -153,6 +153,22 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
             d.paths,
             f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
         )
+
+
+def _manifest_files(paths: list, fail) -> list:
+    """data.paths with each hourglass-tokenize folder or manifest.json replaced by its token files."""
+    from ..data.tokenize import MANIFEST, InputError, read_manifest
+
+    out = []
+    for path in paths:
+        if "://" not in path and (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
+            try:
+                out.extend(read_manifest(path)[1])
+            except InputError as e:
+                fail("data.paths", path, str(e))
+        else:
+            out.append(path)
+    return out
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:

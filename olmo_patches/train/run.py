@@ -35,7 +35,7 @@ from .precision import compile_on_cpu
 from .progress import announce, quiet_console, quiet_start
 from .resume import check_resume_from, load_explicit, prune_incomplete
 from .safety import select_resume_checkpoint
-from .sources import resolve_data
+from .sources import check_sources, resolve_data
 from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
             if resume_from is not None:
                 check_resume_from(resume_from)
             check_downstream(spec)
+            check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
             changes = check_config(spec, deliberate=resume_from is not None)
             check_room(spec)  # one checkpoint's room on the run folder's disk
         except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
@@ -151,7 +152,8 @@ def _set_default_backend() -> None:
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
-    require_data([*data.train_paths, *data.val_paths])  # every rank reads the same token files
+    mixed = [p for source in data.mixture for p in source.paths]
+    require_data([*data.train_paths, *mixed, *data.val_paths])  # every rank reads the same token files
     exp = build_experiment(spec, data, world_size=get_world_size())
     exp.trainer.callbacks.update(callbacks or {})
     model = exp.model.build(init_device="meta")
