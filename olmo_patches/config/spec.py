@@ -522,6 +522,7 @@ class TrainSpec:
     hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
+    init_from: Optional[str] = None  # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
 
     def validate(self, fail) -> None:
         """Every check that reads only the train section (train.power, train.activation_checkpointing too)."""
