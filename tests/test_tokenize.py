@@ -185,3 +185,20 @@ def test_training_checks_the_manifest_against_the_config_tokenizer(corpus, tmp_p
         ConfigError, match=r"tokenized with file \(400 tokens, eos 0\), not the config's data.tokenizer=demo \(512"
     ):
         check_sources(other)
+
+
+def test_a_datasets_folder_and_a_text_folder_give_the_jsonl_tokens(corpus, tmp_path):
+    import datasets
+
+    root, docs, _ = corpus
+    docs = docs[:40]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(tmp_path / "ds"))
+    (tmp_path / "texts").mkdir()
+    for i, d in enumerate(docs):  # one document a file, read in sorted order
+        (tmp_path / "texts" / f"{i:03d}.txt").write_text(d)
+    outs = {}
+    for name in ("a.jsonl", "ds", "texts"):
+        _tokenize(tmp_path / name, "--out", tmp_path / f"out-{name}", "--tokenizer", root / "tokenizer.json")
+        outs[name] = (tmp_path / f"out-{name}" / "part-00000.npy").read_bytes()
+    assert outs["ds"] == outs["a.jsonl"] == outs["texts"] and len(outs["ds"]) > 0
