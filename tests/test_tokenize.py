@@ -5,6 +5,7 @@ ran through; each bad input is one line naming the file (and line), exit 2, noth
 
 import gzip
 import json
+import os
 import random
 import signal
 import time
@@ -104,7 +105,7 @@ def test_a_killed_run_resumes_to_the_same_bytes(corpus, tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and not (len(list(killed.glob("part-*.npy"))) >= 2 and list(killed.glob("*.npy.tmp"))):
         time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)  # the job and its workers, as a lost node
     finish(proc)
     partial = list(killed.glob("*.npy.tmp"))
     assert partial and not (killed / "manifest.json").exists(), "killed after the end: nothing was cut off"

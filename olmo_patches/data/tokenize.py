@@ -373,7 +373,7 @@ def tokenize(
     writer = _Writer(out, shard_tokens, settings, shards, first)
     dtype = tokenizer.dtype.name
     init = (tokenizer.file, tokenizer.eos_token_id, tokenizer.bos_token_id, dtype)
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    ctx = multiprocessing.get_context("spawn")  # fresh workers: no thread of this process (rich's) forked
     with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
         pending: deque = deque()
         batches = _batches(_documents(inputs, field, first), batch_docs)
