@@ -8,7 +8,7 @@ INPUT: .jsonl / .jsonl.gz files (one JSON object a line, the text in --text-fiel
 package), a plain text file or a folder of them (each file one document).
 
 The tokenizer is the config's (data.tokenizer: the demo BPE, or dolma2 from the local file
-data.tokenizer_file), checked against model.vocab_size, or any local tokenizers JSON. Each
+data.tokenizer_file), of the size the config names, or any local tokenizers JSON. Each
 document is written as its ids then the EOS id, in the smallest unsigned dtype for the vocabulary,
 into DIR/part-NNNNN.npy shards of about --shard-tokens tokens, and DIR/manifest.json (files,
 token counts, SHA-256 checksums, the tokenizer's id) last. A rerun skips the finished shards.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse_alike
 from olmo_patches.config import ConfigError, load_spec
-from olmo_patches.config.spec import demo_cache, tokenizer_vocab, vocab_size
+from olmo_patches.config.spec import demo_cache, tokenizer_vocab
 from olmo_patches.data.tokenize import InputError, TokenizerInfo, find_inputs, tokenize
 from olmo_patches.resources import find_config
 
@@ -46,7 +46,7 @@ def config_tokenizer(args) -> tuple:
         file = d.tokenizer_file
     else:
         refuse_alike(f"{args.config}: data.tokenizer_file: dolma2 needs a local tokenizer.json (nothing is downloaded)")
-    return file, str(d.tokenizer), tokenizer_vocab(spec), vocab_size(spec)
+    return file, str(d.tokenizer), tokenizer_vocab(spec)  # model.vocab_size holds it (checked at load)
 
 
 def main() -> None:
@@ -67,15 +67,13 @@ def main() -> None:
     out = out_arg("--out", args.out)
 
     if args.config:
-        file, name, expected, model_vocab = config_tokenizer(args)
+        file, name, expected = config_tokenizer(args)
     else:
-        file, name, expected, model_vocab = args.tokenizer, "file", None, None
+        file, name, expected = args.tokenizer, "file", None
     try:
         info = TokenizerInfo.from_file(file, args.eos, args.bos)
         if expected is not None and info.vocab_size != expected:
             raise InputError(f"{file}: {info.vocab_size} tokens, but data.tokenizer={name} has {expected}")
-        if model_vocab is not None and info.vocab_size > model_vocab:
-            raise InputError(f"{file}: {info.vocab_size} tokens, more than model.vocab_size={model_vocab}")
         inputs = find_inputs(args.inputs)
     except InputError as e:
         refuse_alike(str(e))
@@ -92,18 +90,17 @@ def main() -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TokensPerSecond(), TimeRemainingColumn())
     start = time.perf_counter()
     try:
-        with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
-            manifest = tokenize(
-                inputs,
-                out,
-                info,
-                name=name,
-                field=args.text_field,
-                shard_tokens=args.shard_tokens,
-                workers=args.workers,
-                batch_docs=args.batch_docs,
-                progress=progress,
-            )
+        manifest = tokenize(
+            inputs,
+            out,
+            info,
+            name=name,
+            field=args.text_field,
+            shard_tokens=args.shard_tokens,
+            workers=args.workers,
+            batch_docs=args.batch_docs,
+            progress=Progress(*columns, console=Console(stderr=True)),
+        )
     except InputError as e:
         refuse_alike(str(e))
     seconds = time.perf_counter() - start

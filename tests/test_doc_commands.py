@@ -50,7 +50,7 @@ COMMANDS = [
     Row(r"python scripts/tokenize_data\.py ", "parse", why="your text files (tests/test_tokenize.py tokenizes small ones)"),
     Row(r"python benchmarks/bench_tokenize\.py", "parse", why="minutes of tokenizing on 2 CPU cores"),
     Row(
-        r"python scripts/train\.py \S+ .*(--init-from|data\.paths=\[tokens/|my_run\.yaml)",
+        r"python scripts/train\.py (my_run\.yaml|\S+ .*--init-from)",
         "parse",
         why="your tokens and weights (tests/test_mixture.py, tests/test_init_from.py run small ones)",
     ),

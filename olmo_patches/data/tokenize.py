@@ -374,16 +374,21 @@ def tokenize(
     dtype = tokenizer.dtype.name
     init = (tokenizer.file, tokenizer.eos_token_id, tokenizer.bos_token_id, dtype)
     ctx = multiprocessing.get_context("spawn")  # fresh workers: no thread of this process (rich's) forked
-    with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
-        pending: deque = deque()
-        batches = _batches(_documents(inputs, field, first), batch_docs)
-        for batch in batches:  # a bounded window of batches in flight, written in order
-            pending.append(pool.apply_async(_encode, (batch,)))
-            if len(pending) >= 2 * workers:
+    if progress is not None:  # a rich Progress, shown once the checks have passed
+        progress.start()
+    try:
+        with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
+            pending: deque = deque()
+            for batch in _batches(_documents(inputs, field, first), batch_docs):
+                pending.append(pool.apply_async(_encode, (batch,)))  # a bounded window, written in order
+                if len(pending) >= 2 * workers:
+                    _write(writer, pending.popleft().get(), progress, task)
+            while pending:
                 _write(writer, pending.popleft().get(), progress, task)
-        while pending:
-            _write(writer, pending.popleft().get(), progress, task)
-    writer.finish()
+        writer.finish()
+    finally:
+        if progress is not None:
+            progress.stop()
     manifest = dict(
         settings,
         files=[{"path": s.file, "tokens": s.tokens, "documents": s.documents, "sha256": s.sha256} for s in shards],
