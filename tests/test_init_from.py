@@ -154,3 +154,21 @@ def test_a_bad_target_is_one_line_and_nothing_written(place, from_hf, tmp_path, 
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert f"train.init_from={path}" in lines[-1] and why in lines[-1], lines[-1]
     assert not save.exists()
+
+
+def test_this_projects_olmo2_shaped_export_starts_a_run(place, from_hf, tmp_path):
+    """A baseline of OLMo-2's shape exports as transformers' Olmo2ForCausalLM (export/hf.py); a run
+    from that folder starts at the exported model's transformers loss."""
+    from transformers import AutoModelForCausalLM
+
+    root = place[0]
+    source, _ = from_hf
+    r = run_in_process("export_hf.py", str(source / "step2"), str(tmp_path / "export"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    assert type(model).__name__ == "Olmo2ForCausalLM"
+    batch = torch.from_numpy(np.fromfile(root / "batch.npy", dtype=np.uint8).astype(np.int64)).view(BATCH, SEQ)
+    with torch.no_grad():
+        reference = model(input_ids=batch, labels=batch).loss.item()
+    losses = _train(root, tmp_path / "from-export", "--init-from", str(tmp_path / "export"))
+    assert abs(losses[1]["train/CE loss"] - reference) < 1e-4, (losses[1]["train/CE loss"], reference)
