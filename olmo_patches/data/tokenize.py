@@ -440,3 +440,23 @@ def read_manifest(path: str) -> Tuple[dict, List[str]]:
             raise InputError(f"{data}: missing or not the manifest's {entry['tokens']} tokens")
         paths.append(str(data))
     return manifest, paths
+
+
+def other_tokenizer(
+    manifest: dict, name: str, vocab_size: int, eos: int, bos: Optional[int], tokenizer_file: Optional[str] = None
+) -> Optional[str]:
+    """Why ``manifest``'s tokens are not the tokenizer ``name`` (its size and special ids, its
+    dtype, the checksum of ``tokenizer_file`` when given), or None."""
+    got = manifest["tokenizer"]
+    mine, theirs = (vocab_size, eos, bos), (got["vocab_size"], got["eos_token_id"], got.get("bos_token_id"))
+    if mine != theirs:
+        return f"tokenized with {got.get('name')} ({_ids(*theirs)}), not the config's {name} ({_ids(*mine)})"
+    if manifest["dtype"] != dtype_for(vocab_size).name:
+        return f"dtype {manifest['dtype']}, the vocabulary's is {dtype_for(vocab_size).name}"
+    if tokenizer_file and Path(tokenizer_file).is_file() and _sha256(Path(tokenizer_file)) != got["sha256"]:
+        return f"tokenized with another tokenizer file than {tokenizer_file}"
+    return None
+
+
+def _ids(vocab: int, eos: int, bos: Optional[int]) -> str:
+    return f"{vocab} tokens, eos {eos}" + (f", bos {bos}" if bos is not None else "")

@@ -4,7 +4,6 @@ files of hourglass-tokenize through their manifests (checked against the config'
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -16,7 +15,7 @@ from olmo_core.io import deterministic_glob_directory, get_file_size, is_url
 
 from ..config import ConfigError, ExperimentSpec, tokenizer_config
 from ..config.spec import demo_cache
-from ..data.tokenize import MANIFEST, InputError, dtype_for, read_manifest
+from ..data.tokenize import MANIFEST, InputError, dtype_for, other_tokenizer, read_manifest
 
 __all__ = ["DataSources", "MixtureSource", "resolve_data", "mixture_plan"]
 
@@ -104,29 +103,11 @@ def _token_files(spec: ExperimentSpec, key: str, entries: List[str]) -> Tuple[Li
 
 
 def _check_tokenizer(spec: ExperimentSpec, where: str, manifest: dict) -> None:
-    """ConfigError unless ``manifest``'s tokens were made by the config's tokenizer: its size and
-    special ids, and the checksum of data.tokenizer_file when the config names one."""
-    want, got = tokenizer_config(spec), manifest["tokenizer"]
-    mine = (want.vocab_size, want.eos_token_id, want.bos_token_id)
-    theirs = (got["vocab_size"], got["eos_token_id"], got.get("bos_token_id"))
-    if mine != theirs:
-        raise ConfigError(
-            f"{where}: tokenized with {got.get('name')} ({_ids(*theirs)}), "
-            f"not the config's data.tokenizer={spec.data.tokenizer} ({_ids(*mine)})"
-        )
-    if manifest["dtype"] != dtype_for(want.vocab_size).name:
-        raise ConfigError(f"{where}: dtype {manifest['dtype']}, the vocabulary's is {dtype_for(want.vocab_size).name}")
-    file = spec.data.tokenizer_file
-    if file and Path(file).is_file() and _sha256(Path(file)) != got["sha256"]:
-        raise ConfigError(f"{where}: tokenized with another tokenizer file than data.tokenizer_file={file}")
-
-
-def _ids(vocab: int, eos: int, bos: Optional[int]) -> str:
-    return f"{vocab} tokens, eos {eos}" + (f", bos {bos}" if bos is not None else "")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """ConfigError unless ``manifest``'s tokens were made by the config's tokenizer (data/tokenize.py)."""
+    tok = tokenizer_config(spec)
+    ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
+    if why := other_tokenizer(manifest, f"data.tokenizer={spec.data.tokenizer}", *ids, spec.data.tokenizer_file):
+        raise ConfigError(f"{where}: {why}")
 
 
 def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optional[str]]:
