@@ -7,7 +7,9 @@ The config is checked for the ranks the run has (torchrun's environment) before 
 written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M nodes of N GPUs.
 
 A run resumes from the newest good checkpoint in its save folder; --resume-from PATH resumes
-from PATH instead (a checkpoint or a folder of them). SIGTERM or SIGUSR1 (the time limit under
+from PATH instead (a checkpoint or a folder of them). --init-from PATH (train.init_from) starts a
+new run from the weights of another run's checkpoint or of a Hugging Face OLMo-2 folder, with a
+fresh optimizer and schedule. SIGTERM or SIGUSR1 (the time limit under
 scripts/launch_slurm.sbatch) saves a checkpoint at the next step and exits 0; another one does not
 cut the save short.
 A folder holding another run's config or another process, or one that not every node sees: one
@@ -33,6 +35,9 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameters, then exit")
     parser.add_argument("--resume-from", metavar="PATH", help="checkpoint (or folder of checkpoints) to resume from")
     parser.add_argument(
+        "--init-from", metavar="PATH", help="a new run's weights: a run checkpoint or a Hugging Face OLMo-2 folder"
+    )
+    parser.add_argument(
         "--nproc-per-node", type=at_least(1), metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)"
     )
     parser.add_argument("--nodes", type=at_least(1), metavar="M", help="--dry-run: plan for M nodes (default 1)")
@@ -41,6 +46,10 @@ def main() -> None:
     if planned and not args.dry_run:
         parser.error("--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun")
     layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
+    if args.init_from is not None:  # the same as train.init_from=PATH: the run folder records it
+        if args.resume_from is not None:
+            parser.error("--init-from starts a new run from weights; --resume-from continues a run: give one")
+        args.overrides.append(f"train.init_from={args.init_from}")
     args.config = str(find_config(args.config))  # configs/... from any folder once installed
     spec = load_or_exit(args.config, args.overrides, layout)  # a bad config is refused here, before torch is imported
     from olmo_patches.config import ConfigError, spec_to_yaml
@@ -49,10 +58,12 @@ def main() -> None:
     from olmo_patches.report.advice import advice
     from olmo_patches.report.console import console as rich_console
     from olmo_patches.report.counts import param_table
-    from olmo_patches.report.plan import plan_table, preset_rows
+    from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line, stop, train
     from olmo_patches.train.disk import check_room
     from olmo_patches.train.resume import check_resume_from
+    from olmo_patches.train.init_from import check_init_from
+    from olmo_patches.train.sources import check_sources
 
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
@@ -64,12 +75,16 @@ def main() -> None:
             check_config(spec, deliberate=args.resume_from is not None)
             Lock(spec.save_folder).check()
             check_room(spec)
+            mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios
+            check_init_from(spec)
         except ConfigError as e:
             refuse(exit_line(e)[0])
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
         console.print(plan_table(spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)))
+        if mixture:
+            console.print(mixture_table(mixture))
         return
     stop.install()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:

@@ -47,6 +47,13 @@ class Row:
 
 
 COMMANDS = [
+    Row(r"python scripts/tokenize_data\.py ", "parse", why="your text files (tests/test_tokenize.py tokenizes small ones)"),
+    Row(r"python benchmarks/bench_tokenize\.py", "parse", why="minutes of tokenizing on 2 CPU cores"),
+    Row(
+        r"python scripts/train\.py (my_run\.yaml|\S+ .*--init-from)",
+        "parse",
+        why="your tokens and weights (tests/test_mixture.py, tests/test_init_from.py run small ones)",
+    ),
     Row(r"make (demo|test)$", "parse", why="the demo (minutes) and the suite itself: `make -n` and the script's flags"),
     Row(r"python scripts/train\.py configs/demo/\S+\.yaml", "run", TINY_TRAIN),
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),

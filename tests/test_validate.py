@@ -27,7 +27,7 @@ CASES = [
     (["train.device=tpu"], "train.device", "tpu", "choose one of auto, cpu, cuda"),
     (["data.source=web"], "data.source", "web", "choose one of demo, olmo2_stage1, prefix, numpy"),
     (["data.source=prefix", "data.tokenizer=dolma2"], "data.prefix_dir", "None", "materialized folder"),
-    (["data.source=numpy", "data.tokenizer=dolma2"], "data.source", "numpy", "data.paths or data.mix"),
+    (["data.source=numpy", "data.tokenizer=dolma2"], "data.source", "numpy", "data.paths, data.mix or data.mixture"),
     (["data.tokenizer=gpt2"], "data.tokenizer", "gpt2", "choose one of demo, dolma2"),
     (["data.tokenizer=dolma2"], "data.tokenizer", "dolma2", "tokenized with demo"),  # source/tokenizer mismatch
     (["data.sequence_length=1"], "data.sequence_length", "1", ">= 2"),

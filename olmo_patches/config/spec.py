@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 
 from omegaconf import MISSING
@@ -310,6 +310,16 @@ class ModelSpec:
 
 
 @dataclass
+class MixSource:
+    """One source of data.mixture: its token files and its share of the training tokens."""
+
+    ratio: float = MISSING  # share of the training tokens (the sources' ratios are divided by their sum)
+    paths: List[str] = field(default_factory=list)  # token files or globs ...
+    manifest: Optional[str] = None  # ... or an hourglass-tokenize folder (its manifest.json)
+    max_repetition: float = 1.0  # most passes over the source's tokens (1: none repeated)
+
+
+@dataclass
 class DataSpec:
     # demo: the embedded stdlib corpus | olmo2_stage1: OLMo-2 1B's Stage 1 files (data_order/'s
     # pinned, checksummed list), shuffled as OLMo-2 was | prefix: a local materialized prefix of that
@@ -318,6 +328,7 @@ class DataSpec:
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
     base: Optional[str] = None  # olmo2_stage1: a mirror for http://olmo-data.org in the pinned list (folder or URL)
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
+    mixture: Dict[str, MixSource] = field(default_factory=dict)  # numpy: or named sources mixed by ratio
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
     instance_filter: bool = False  # OLMo-2's repetition filter (loss masked on degenerate instances)
@@ -444,6 +455,7 @@ class TrainSpec:
     hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
     data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
+    init_from: Optional[str] = None  # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
 
     def validate(self, fail) -> None:
         """Every check that reads only the train section (train.power, train.activation_checkpointing too)."""

@@ -142,18 +142,38 @@ def check_data(d, fail) -> None:
         fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
     if d.source == "prefix" and not d.prefix_dir:
         fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
-    if d.source == "numpy" and not d.paths and not d.mix:
-        fail("data.source", d.source, "a numpy data source needs data.paths or data.mix")
-    if (d.source == "demo") != (d.tokenizer == "demo"):
+    if d.source == "numpy" and not d.paths and not d.mix and not d.mixture:
+        fail("data.source", d.source, "a numpy data source needs data.paths, data.mix or data.mixture")
+    if d.source != "numpy" and (d.source == "demo") != (d.tokenizer == "demo"):  # numpy: either tokenizer
         fail(
             "data.tokenizer",
             d.tokenizer,
             f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}",
         )
+    _check_mixture(d, fail)
     if d.num_workers is not None and d.num_workers < 0:
         fail("data.num_workers", d.num_workers, "must be >= 0")
     if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
         fail("data.prefetch_factor", d.prefetch_factor, "must be >= 1, and needs data.num_workers > 0")
+
+
+def _check_mixture(d, fail) -> None:
+    """data.mixture: numpy sources alone, each with token files and a ratio, the ratios' sum positive."""
+    if not d.mixture:
+        return
+    if d.source != "numpy" or d.paths or d.mix:
+        fail("data.mixture", ", ".join(d.mixture), "needs data.source=numpy and neither data.paths nor data.mix")
+    for name, s in d.mixture.items():
+        key = f"data.mixture.{name}"
+        if not (math.isfinite(s.ratio) and s.ratio >= 0):
+            fail(f"{key}.ratio", s.ratio, "must be a finite number >= 0")
+        if bool(s.paths) == bool(s.manifest):
+            fail(f"{key}.paths", list(s.paths), "give the source paths or a manifest, one of the two")
+        if not (math.isfinite(s.max_repetition) and s.max_repetition >= 1):
+            fail(f"{key}.max_repetition", s.max_repetition, "must be a finite number >= 1")
+    if not sum(s.ratio for s in d.mixture.values()) > 0:
+        ratios = ", ".join(f"{n}={s.ratio}" for n, s in d.mixture.items())
+        fail("data.mixture", ratios, "the ratios must sum to a positive number")
 
 
 def check_train(t, fail) -> None:

@@ -113,7 +113,7 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
     tokenizer = tokenizer_config(spec)
     dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if tokenizer.vocab_size - 1 <= np.iinfo(k).max)
     instances, local = 0, True
-    for path in d.paths:
+    for path in _manifest_files(spec, fail):
         if "://" in path:
             local = False
             continue
@@ -153,6 +153,27 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
             d.paths,
             f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
         )
+
+
+def _manifest_files(spec: ExperimentSpec, fail) -> list:
+    """data.paths with each hourglass-tokenize folder or manifest.json replaced by its token files,
+    its tokens checked against the config's tokenizer."""
+    from ..data.tokenize import MANIFEST, InputError, other_tokenizer, read_manifest
+
+    d, tok, out = spec.data, tokenizer_config(spec), []
+    for path in d.paths:
+        if "://" in path or not (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
+            out.append(path)
+            continue
+        try:
+            manifest, files = read_manifest(path)
+        except InputError as e:
+            fail("data.paths", path, str(e))
+        ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
+        if why := other_tokenizer(manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file):
+            fail("data.paths", path, why)
+        out.extend(files)
+    return out
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "signal_lead",
     "data_tokens",
     "data_passes",
+    "mixture_table",
 ]
 
 
@@ -119,6 +120,17 @@ def data_passes(spec: ExperimentSpec, tokens: int) -> str:
     return f"{passes:.2f} ({tokens:,} of {held:,} tokens)" + (
         f": the run reads its data {passes:.1f} times" if passes > 1 else ""
     )
+
+
+def mixture_table(rows) -> Table:
+    """data.mixture's sources: tokens held, ratio, tokens the run reads, passes (train.sources.mixture_plan)."""
+    table = Table(title="data.mixture (OLMo-core's source mixture)")
+    for column in ("source", "tokens", "ratio", "tokens read", "passes", "max_repetition"):
+        table.add_column(column, justify="left" if column == "source" else "right")
+    for source, needed, passes in rows:
+        ratio, most = f"{source.ratio:.3f}", f"{source.max_repetition:g}"
+        table.add_row(source.name, f"{source.tokens:,}", ratio, f"{needed:,}", f"{passes:.2f}", most)
+    return table
 
 
 def plan(spec: ExperimentSpec) -> RunPlan:

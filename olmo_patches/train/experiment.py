@@ -14,6 +14,7 @@ from typing import Dict
 import torch
 from olmo_core.config import Config
 from olmo_core.data import InstanceFilterConfig, NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
+from olmo_core.data.source_mixture import SourceMixtureConfig, SourceMixtureDatasetConfig, SourceMixtureList
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.train import Duration, TrainerConfig
@@ -47,6 +48,7 @@ __all__ = [
     "device_for",
     "downstream_length",
     "eval_callbacks",
+    "mixture_config",
 ]
 
 
@@ -129,6 +131,24 @@ def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, Callbac
     return out
 
 
+def mixture_config(spec: ExperimentSpec, data: DataSources) -> SourceMixtureDatasetConfig:
+    """data.mixture as OLMo-core's source mixture: each source's share of the run's tokens, drawn with
+    data.order_seed (the loader then shuffles the instances with the run's data order seed)."""
+    seq = spec.data.sequence_length
+    sources = [
+        SourceMixtureConfig(s.name, target_ratio=s.ratio, paths=s.paths, max_repetition_ratio=s.max_repetition)
+        for s in data.mixture
+    ]
+    return SourceMixtureDatasetConfig(
+        source_list=SourceMixtureList(sources=sources),
+        requested_tokens=(spec.steps or 0) * spec.train.global_batch_size * seq,
+        global_batch_size=spec.train.global_batch_size * seq,  # OLMo-core counts tokens
+        seed=olmo_core_seed(spec.data.order_seed),
+        render_tables=False,  # the dry run prints the mixture's table (report/plan.py)
+        quiet=True,
+    )
+
+
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, d = spec.train, spec.data
     device = device_for(spec)
@@ -151,7 +171,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     # (period 1..13) repeated 32 times or more. It masks, so the order is unchanged.
     instance_filter = InstanceFilterConfig(repetition_max_period=13, repetition_min_period=1, repetition_max_count=32)
     train_kwargs = dict(dataset_kwargs, instance_filter_config=instance_filter if d.instance_filter else None)
-    if d.mix and not data.train_paths:
+    if data.mixture:
+        dataset = NumpyFSLDatasetConfig.from_src_mix(mixture_config(spec, data), **train_kwargs)
+    elif d.mix and not data.train_paths:
         dataset = NumpyFSLDatasetConfig(mix=d.mix, mix_base_dir=d.mix_base_dir, **train_kwargs)
     else:
         dataset = NumpyFSLDatasetConfig(paths=data.train_paths, **train_kwargs)

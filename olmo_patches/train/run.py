@@ -36,8 +36,9 @@ from .experiment import build_experiment, check_downstream, device_for
 from .precision import compile_on_cpu
 from .progress import announce, quiet_console, quiet_start
 from .resume import check_resume_from, load_explicit, prune_incomplete
+from .init_from import check_init_from, load_init_weights
 from .safety import NonFiniteError, select_resume_checkpoint
-from .sources import resolve_data
+from .sources import check_sources, resolve_data
 from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ def _check_before_writing(spec: ExperimentSpec, resume_from: Optional[str]) -> t
         if resume_from is not None:
             check_resume_from(resume_from)
         check_downstream(spec)
+        check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
+        check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
         changes = check_config(spec, deliberate=resume_from is not None)
         check_room(spec)  # one checkpoint's room on the run folder's disk
     except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
@@ -177,7 +180,8 @@ def _set_default_backend() -> None:
 def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
     """Build everything through OLMo-core and run its Trainer."""
     data = resolve_data(spec)
-    require_data([*data.train_paths, *data.val_paths])  # every rank reads the same token files
+    mixed = [p for source in data.mixture for p in source.paths]
+    require_data([*data.train_paths, *mixed, *data.val_paths])  # every rank reads the same token files
     exp = build_experiment(spec, data, world_size=get_world_size())
     exp.trainer.callbacks.update(callbacks or {})
     model = exp.model.build(init_device="meta")
@@ -201,10 +205,13 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     else:  # what fit() would load, loaded first to see whether the run is already finished
         trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
         loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
+    if not loaded and spec.train.init_from:  # a new run: another model's weights, this run's optimizer
+        load_init_weights(train_module.model, spec.train.init_from)
+    start = f" from the weights of {spec.train.init_from}" if spec.train.init_from else ""
     announce(
         f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
         if loaded
-        else f"new run in {spec.save_folder}; {_plan_line(spec, trainer, dataset)}"
+        else f"new run in {spec.save_folder}{start}; {_plan_line(spec, trainer, dataset)}"
     )
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         # No evaluation, nothing written.
