@@ -149,11 +149,10 @@ def mixture_config(spec: ExperimentSpec, data: DataSources) -> SourceMixtureData
     )
 
 
-def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
-    t, d = spec.train, spec.data
-    device = device_for(spec)
-    seq = d.sequence_length
-    assert t.micro_batch_size is not None, "resolve the spec first (launch.layout.resolve fills the micro-batch)"
+def _model(spec: ExperimentSpec, data: DataSources, device: str, world_size: int) -> TransformerConfig:
+    """The model's config at the tokenizer's padded vocabulary, with the run's seed, attention
+    backend and LM loss (each choice logged)."""
+    t = spec.train
     model = spec.model.build(vocab_size=data.tokenizer.padded_vocab_size())
     model.init_seed = t.seed
     backend = attention_backend(spec, device)
@@ -165,12 +164,16 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     log.info(
         f"train.precision={t.precision} -> {precision_of(spec, world_size)}; train.compile={t.compile} -> {describe_compile(spec, world_size)}"
     )
+    return model
 
-    dataset_kwargs = _dataset_kwargs(spec, data)
+
+def _data(spec: ExperimentSpec, data: DataSources, device: str) -> tuple[NumpyFSLDatasetConfig, OrderedDataLoaderConfig]:
+    """The training set (a mixture, an OLMo-core DataMix or token files) and its loader."""
+    t, d = spec.train, spec.data
     # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
     # (period 1..13) repeated 32 times or more. It masks, so the order is unchanged.
     instance_filter = InstanceFilterConfig(repetition_max_period=13, repetition_min_period=1, repetition_max_count=32)
-    train_kwargs = dict(dataset_kwargs, instance_filter_config=instance_filter if d.instance_filter else None)
+    train_kwargs = dict(_dataset_kwargs(spec, data), instance_filter_config=instance_filter if d.instance_filter else None)
     if data.mixture:
         dataset = NumpyFSLDatasetConfig.from_src_mix(mixture_config(spec, data), **train_kwargs)
     elif d.mix and not data.train_paths:
@@ -178,28 +181,20 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
     else:
         dataset = NumpyFSLDatasetConfig(paths=data.train_paths, **train_kwargs)
     data_loader = OrderedDataLoaderConfig(
-        global_batch_size=t.global_batch_size * seq,  # OLMo-core counts tokens
+        global_batch_size=t.global_batch_size * d.sequence_length,  # OLMo-core counts tokens
         seed=olmo_core_seed(d.order_seed),  # data.order_seed counts as the old OLMo trainer did
         # Workers read whole batches round-robin (OLMo-core), so the order is the same for any count.
         num_workers=(workers := data_workers(spec, device)),
         prefetch_factor=d.prefetch_factor if workers else None,
         shuffle=d.source != "prefix",
     )
+    return dataset, data_loader
 
-    train_module = TransformerTrainModuleConfig(
-        rank_microbatch_size=t.micro_batch_size * seq,
-        max_sequence_length=seq,
-        optim=optimizer(spec, model, device),
-        scheduler=lagged(scheduler(spec), spec),
-        max_grad_norm=t.max_grad_norm,
-        z_loss_multiplier=t.z_loss,
-        compile_model=olmo_core_compiles(spec, device),
-        float8_config=float8_config(spec, device, world_size),
-        dp_config=data_parallel(spec, world_size),
-        ac_config=t.activation_checkpointing.build() if t.activation_checkpointing is not None else None,
-        autocast_precision=autocast(spec, world_size),
-    )
 
+def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerConfig:
+    """OLMo-core's trainer with the run's callbacks: verified checkpoints, the non-finite guard,
+    stop signals, the recorded config, the metrics file, progress, evals, wandb."""
+    t = spec.train
     duration = Duration.tokens(t.max_tokens) if t.max_tokens is not None else Duration.steps(t.max_steps)  # type: ignore[arg-type]
     trainer = TrainerConfig(
         save_folder=spec.save_folder,
@@ -235,4 +230,26 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         trainer = trainer.with_callback(name, callback)
     if (wandb := wandb_callback(spec.run.wandb_project, spec.run.name)) is not None:
         trainer = trainer.with_callback("wandb", wandb)
-    return Experiment(model, dataset, data_loader, train_module, trainer)
+    return trainer
+
+
+def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
+    t, seq = spec.train, spec.data.sequence_length
+    device = device_for(spec)
+    assert t.micro_batch_size is not None, "resolve the spec first (launch.layout.resolve fills the micro-batch)"
+    model = _model(spec, data, device, world_size)
+    dataset, data_loader = _data(spec, data, device)
+    train_module = TransformerTrainModuleConfig(
+        rank_microbatch_size=t.micro_batch_size * seq,
+        max_sequence_length=seq,
+        optim=optimizer(spec, model, device),
+        scheduler=lagged(scheduler(spec), spec),
+        max_grad_norm=t.max_grad_norm,
+        z_loss_multiplier=t.z_loss,
+        compile_model=olmo_core_compiles(spec, device),
+        float8_config=float8_config(spec, device, world_size),
+        dp_config=data_parallel(spec, world_size),
+        ac_config=t.activation_checkpointing.build() if t.activation_checkpointing is not None else None,
+        autocast_precision=autocast(spec, world_size),
+    )
+    return Experiment(model, dataset, data_loader, train_module, _trainer(spec, data, device))
