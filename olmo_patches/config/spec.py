@@ -56,6 +56,12 @@ class Experts(StrEnum):
     hourglass = "hourglass"
 
 
+class LoadBalance(StrEnum):
+    global_batch = "global_batch"  # tokens per expert counted over every rank and micro-batch of the step
+    data_parallel = "data_parallel"  # over the ranks' micro-batches of one pass (lm-engine)
+    micro_batch = "micro_batch"  # over this rank's micro-batch (OLMo-core's local_batch)
+
+
 class Block(StrEnum):
     baseline = "baseline"  # SwiGLU, hidden d_ff or ffn_ratio * d_model
     hourglass = "hourglass"  # K stacked wide-narrow-wide sub-MLPs (paper 1)
@@ -192,6 +198,7 @@ class MoESpec:
     lb_loss_weight: float = 0.01  # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
     experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
+    load_balance: LoadBalance = LoadBalance.global_batch  # what the load-balancing loss counts over (nn/moe.py)
 
 
 @dataclass
@@ -358,6 +365,7 @@ class ModelSpec:
                 hidden_size=self.moe_hidden,
                 lb_loss_weight=e.lb_loss_weight,
                 z_loss_weight=e.z_loss_weight,
+                load_balance=str(e.load_balance),
             )
             if hourglass_experts:  # K sub-MLPs per expert, each with the model's norm
                 moe = replace(moe, K=self.K, layer_norm=config.block.layer_norm)  # type: ignore[union-attr]
