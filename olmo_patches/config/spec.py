@@ -198,7 +198,7 @@ class MoESpec:
     lb_loss_weight: float = 0.01  # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
     experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
-    load_balance: LoadBalance = LoadBalance.global_batch  # what the load-balancing loss counts over (nn/moe.py)
+    load_balance: LoadBalance = LoadBalance.global_batch  # global_batch (any world size) | data_parallel | micro_batch
 
 
 @dataclass
