@@ -68,6 +68,7 @@ SLOW_FIRST = (
     "test_doc_commands.py",
     "test_gpu_ready.py",
     "test_training.py",
+    "test_moe_world_size.py",
     "test_performance.py",
     "test_variable_width.py",
     "test_bad_configs.py",

@@ -487,13 +487,14 @@ def _megablocks_kernels():
 
 def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
     """A constant schedule with model.moe (OLMo-core's init) is OLMo-core's MoETransformer built from its own
-    TransformerConfig (MoE blocks, the same MoEConfig): same weights give the same logits, loss, aux losses and gradients."""
+    TransformerConfig (MoE blocks, the same MoEConfig): same weights give the same logits, loss, aux losses and
+    gradients, bit for bit with OLMo-core's load balancing (micro_batch; global_batch: tests/test_moe_world_size.py)."""
     import olmo_core.ops.moe as moe_ops
     from olmo_core.nn.lm_head import LMHeadConfig
     from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoEType
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig, TransformerType
 
-    spec = _spec(widths=[H, H, H], extra=MOE)
+    spec = _spec(widths=[H, H, H], extra=[*MOE, "model.moe.load_balance=micro_batch"])
     config, ours = _build(spec, seed=5)
     moe = MoEConfig(  # the authors' routing in OLMo-core's terms: renormalised top-2, losses summed over layers
         name=MoEType.dropless,

@@ -82,12 +82,15 @@ def test_dry_run_plans_the_preset_per_rank():
     assert code == 0 and "micro_batch_size: 4\n" in out and "128 ranks (16 nodes x 8)" in out
 
 
-def test_dry_run_refuses_an_impossible_launch():
-    code, out, err = _train_py(str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3")
-    assert code == 2 and out == ""
-    assert err.splitlines() == [
-        f"config error: {DEMO / 'baseline.yaml'}: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"
+def test_dry_run_refuses_an_impossible_launch(tmp_path):
+    # The file that sets the key, named relative to the working folder (from another folder: to the package's).
+    r = run_in_process("train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=REPO)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "config error: configs/demo/baseline.yaml: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"
     ]
+    elsewhere = run_in_process("train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=tmp_path)
+    assert elsewhere.stderr == r.stderr
     code, _, err = _train_py(str(DEMO / "hourglass.yaml"), "--nproc-per-node", "2")  # a plan needs --dry-run
     assert code == 2 and "--dry-run" in err
 

@@ -83,6 +83,7 @@ class VariableWidth(BlockKind):
                 hidden_size=m.moe_hidden,
                 lb_loss_weight=e.lb_loss_weight,
                 z_loss_weight=e.z_loss_weight,
+                load_balance=str(e.load_balance),
             )
             if e.experts == "hourglass":  # K sub-MLPs per expert, each with the model's norm
                 moe = replace(moe, K=m.K, layer_norm=config.block.layer_norm)  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ from typing import Any, List, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from ..resources import data_root
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
 
 _NOT_A = re.compile(r"^Value '(.*)' of type '\w+' could not be converted to (\w+)$")
@@ -67,6 +68,17 @@ def _read_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, Dic
     return chain + [(path, cfg)]
 
 
+def _shown(path: Path) -> str:
+    """A config file as a refusal names it: relative to the working folder, else to the package's
+    data (an installed copy's configs/...), else as given."""
+    for root in (Path.cwd(), data_root()):
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            continue
+    return str(path)
+
+
 def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> str:
     """The command line or the last file of the chain that sets ``key``; for a key no source sets (a
     required key of a section), the source that sets its nearest section (model.moe.top_k: the
@@ -75,7 +87,7 @@ def _where(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> st
     for n in range(len(parts), 0, -1):
         if found := _setter(".".join(parts[:n]), chain, cli):
             return found
-    return str(chain[-1][0])
+    return _shown(chain[-1][0])
 
 
 def _setter(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> Optional[str]:
@@ -86,7 +98,7 @@ def _setter(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> O
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            return str(path)
+            return _shown(path)
     return None
 
 
@@ -138,8 +150,8 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", "")
             if not key and (found := _not_a_section(cfg, _schema()))[0]:
-                raise ConfigError(f"{source}: {found[0]}: {found[1]}") from e
-            raise ConfigError(_line(str(source), key or "?", e)) from e
+                raise ConfigError(f"{_shown(source)}: {found[0]}: {found[1]}") from e
+            raise ConfigError(_line(_shown(source), key or "?", e)) from e
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")

@@ -36,6 +36,12 @@ class Experts(StrEnum):
     hourglass = "hourglass"
 
 
+class LoadBalance(StrEnum):
+    global_batch = "global_batch"  # tokens per expert counted over every rank and micro-batch of the step
+    data_parallel = "data_parallel"  # over the ranks' micro-batches of one pass (lm-engine)
+    micro_batch = "micro_batch"  # over this rank's micro-batch (OLMo-core's local_batch)
+
+
 class Ffn(StrEnum):
     swiglu = "swiglu"
     hourglass = "hourglass"
@@ -166,6 +172,7 @@ class MoESpec:
     lb_loss_weight: float = 0.01  # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
     experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
+    load_balance: LoadBalance = LoadBalance.global_batch  # global_batch (any world size) | data_parallel | micro_batch
 
 
 @dataclass

@@ -235,17 +235,6 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
             t.data_parallel,
             f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes",
         )
-    shards = {"fsdp": n, "hsdp": layout.local}.get(t.data_parallel, 1)
-    if shards > 1 and spec.model.moe is not None:  # only K-stacked (hourglass) experts can be refused
-        from ..nn.shards import unshardable
-
-        if (bad := unshardable(spec.model_config().build(init_device="meta"), shards)) is not None:
-            fail(
-                "train.data_parallel",
-                t.data_parallel,
-                f"{bad[0]} of shape {bad[1]} cannot be sharded over {shards} ranks: FSDP2 pads only dim 0 "
-                f"(K), and a K-stacked weight splits on a dimension the rank count divides (docs/performance.md)",
-            )
 
 
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:

@@ -23,7 +23,7 @@ whatever K, out and the world size are (docs/performance.md: the placements and 
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -32,45 +32,12 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.init import init_linear
-from torch.distributed import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 from ..shapes.choices import NormPlacement
 from ..shapes.counts import hourglass_ffn_params
 
-__all__ = ["stacked_placement", "shard_stacked", "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
-
-
-def stacked_placement(shape: Sequence[int], shards: int) -> Optional[Shard]:
-    """The FSDP2 placement of a K-stacked (K, rows, cols) weight over ``shards`` ranks: FSDP2 pads only
-    dim 0 (torch 2.13, ``_fully_shard/_fsdp_param.py``: a shard on dim 1 or 2 must divide evenly), so
-    ``rows`` (dim 1) when it divides, else ``cols`` (dim 2), else K (dim 0) when it divides; None when
-    none does (:func:`shard_check` names the weight). Matrices and vectors: dim 0 (FSDP2's default)."""
-    if len(shape) != 3:
-        return Shard(0)
-    for dim in (1, 2, 0):
-        if shape[dim] % shards == 0:
-            return Shard(dim)
-    return None
-
-
-def shard_stacked(dp_mesh: Optional[DeviceMesh]) -> Callable[[nn.Parameter], Optional[Shard]]:
-    """FSDP2's ``shard_placement_fn`` over ``dp_mesh`` (its last dimension shards): K-stacked (K, rows,
-    cols) weights by :func:`stacked_placement` (a K-wise split would leave ranks empty when K < ranks),
-    other parameters FSDP2's default. ValueError (one line) for a weight no dimension of which divides."""
-    shards = dp_mesh.size(dp_mesh.ndim - 1) if dp_mesh is not None else 1
-
-    def placement(param: nn.Parameter) -> Optional[Shard]:
-        if param.ndim != 3:
-            return None
-        if (p := stacked_placement(tuple(param.shape), shards)) is None:
-            raise ValueError(
-                f"a stacked weight of shape {tuple(param.shape)} cannot be sharded over {shards} ranks: "
-                f"FSDP2 shards it only along a dimension the rank count divides"
-            )
-        return p
-
-    return placement
+__all__ = ["StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
 
 
 class StackedLinear(nn.Module):

@@ -24,13 +24,14 @@ Parameters of the MoE: router d_model E + E K (3 d_model d_h + d_model); active 
 + top_k K (3 d_model d_h + d_model). Training FLOPs per token: 6 (d_model E + top_k K 3 d_model d_h)
 (norms not counted, as OLMo-core counts its blocks).
 
-Weights are stored sub-MLP-major: ``w1``, ``w3`` (K, E d_h, d_model), ``w2`` (K, E d_h, d_model)
-used untransposed, so sub-MLP k's E expert matrices ``w1[k]`` are one contiguous (E, d_h, d_model)
-block, as grouped_gemm needs. OLMo-core's MoE init (``w1``/``w2``/``w3``, fan-in d_model and d_h)
-applies unchanged; K=1 has OLMo-core's element order, so the same seed gives OLMo-core's initial
-expert weights. Expert parallelism shards dim 1 (the experts); FSDP2 shards dim 1 where the ranks divide
-E d_h, else dim 2 (d_model), else K where they divide it (nn/hourglass.py, ``stacked_placement``), so
-every rank holds an even share; a shard count that divides none is refused at launch (nn/shards.py). The E K gains are one flat ``norm_weight`` (E K d_model),
+Weights are stored sub-MLP-major: ``w1``, ``w3`` and ``w2`` (used untransposed) are (K E d_h, d_model)
+matrices, so sub-MLP k's E expert matrices (rows [k E d_h, (k + 1) E d_h), viewed (E, d_h, d_model)) are
+one contiguous block, as grouped_gemm needs. OLMo-core's MoE init (``w1``/``w2``/``w3``, fan-in d_model
+and d_h) applies unchanged; K=1 has OLMo-core's element order, so the same seed gives OLMo-core's initial
+expert weights. FSDP2 shards them as any matrix (dim 0, the last rank padded), so every rank holds an
+even share at any world size (nn/shards.py); checkpoints of the earlier (K, E d_h, d_model) tensors hold
+the same elements in the same order and resume (train/stacked_layout.py). Expert parallelism shards the
+rows by expert, which is one block of rows only for K=1. The E K gains are one flat ``norm_weight`` (E K d_model),
 expert-major, sharded with the experts.
 """
 
@@ -51,13 +52,12 @@ from olmo_core.nn.moe import MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP, MoEMLPBase, gmm
 from olmo_core.nn.moe.moe import DroplessMoE
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
-from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerBlockType, TransformerDataParallelWrappingStrategy
+from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerBlockType
 from olmo_core.ops import attach_auxiliary_loss
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from ..shapes.counts import hourglass_ffn_params
-from .hourglass import shard_stacked
 from .moe import LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
 
 __all__ = [
@@ -105,7 +105,7 @@ class HourglassExperts(MoEMLPBase):
         super().__init__(d_model=d_model, hidden_size=hidden_size, num_experts=num_experts)
         self.K = K
         self.residual_alpha = residual_alpha  # a: each sub-MLP's residual branch x a (set by the block)
-        shape = (K, num_experts * hidden_size, d_model)
+        shape = (K * num_experts * hidden_size, d_model)  # K blocks of E d_h rows
         self.w1 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d1 (gate)
         self.w2 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_u (transposed)
         self.w3 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d2 (value)
@@ -128,10 +128,14 @@ class HourglassExperts(MoEMLPBase):
             raise OLMoConfigurationError(
                 f"'num_experts' ({self.num_experts}) must be divisible by the expert parallel shard degree ({mesh.size()})."
             )
+        if self.K != 1:
+            raise OLMoConfigurationError(
+                f"expert parallelism needs hourglass experts with K=1 (an expert's rows), not K={self.K}"
+            )
         self.ep_mesh, self.ep_pg = mesh, mesh.get_group()
         self.num_local_experts = self.num_experts // mesh.size()
-        for name, dim in (("w1", 1), ("w2", 1), ("w3", 1), ("norm_weight", 0)):  # along the experts
-            self.register_parameter(name, nn.Parameter(distribute_tensor(getattr(self, name), mesh, [Shard(dim)])))
+        for name in ("w1", "w2", "w3", "norm_weight"):  # along the experts
+            self.register_parameter(name, nn.Parameter(distribute_tensor(getattr(self, name), mesh, [Shard(0)])))
 
     def forward(self, x: torch.Tensor, batch_size_per_expert: torch.Tensor) -> torch.Tensor:
         """:param x: (N, d_model), rows grouped by expert; ``batch_size_per_expert``: rows of each local expert."""
@@ -259,17 +263,6 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
     def __init__(self, *, residual_alpha: float = 1.0, **kwargs):
         super().__init__(residual_alpha=residual_alpha, **kwargs)
         self.feed_forward_moe.experts.mlp.residual_alpha = residual_alpha
-
-    def apply_fsdp(
-        self,
-        dp_mesh: Optional[DeviceMesh] = None,
-        prefetch_factor: int = 0,
-        wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
-        **fsdp_kwargs,
-    ):
-        # OLMo-core's MoE block wrapping, the K-stacked expert weights sharded on a dimension the ranks
-        # divide (dim 1, the experts' rows, first; never K unless it divides: nn/hourglass.py).
-        super().apply_fsdp(dp_mesh, prefetch_factor, wrapping_strategy, shard_placement_fn=shard_stacked(dp_mesh), **fsdp_kwargs)
 
     def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
         u = x + self.residual_alpha * self.dropout(self.attention(self.attention_norm(x), **kwargs))

@@ -248,9 +248,8 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
 
 def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]:
     """FSDP/HSDP: the parameters each rank holds (FSDP2 pads every rank's piece to the largest), and how
-    the K-stacked weights split (nn/shards.py); None without sharding. The launch check refused
-    any weight that cannot split before this is printed."""
-    from ..nn.shards import padded_share, shard_dim
+    the hourglass's K-stacked weights split (nn/shards.py); None without sharding."""
+    from ..nn.shards import padded_share
 
     shards = {"fsdp": layout.world_size, "hsdp": layout.local}.get(spec.train.data_parallel, 1)
     if shards <= 1 or layout.world_size <= 1:
@@ -259,16 +258,13 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
     shapes = [(n, tuple(q.shape)) for n, q in model.named_parameters()]
     total = sum(math.prod(s) for _, s in shapes)
     held = sum(padded_share(s, shards) for _, s in shapes)
-    dims = sorted({shard_dim(s, shards) for n, s in shapes if len(s) == 3})
-    stacked = (
-        "hourglass FFN (K out, in) weights: rows"
-        if any(isinstance(module, StackedLinear) and "feed_forward." in n for n, module in model.named_modules())
-        else ""
-    )
-    if dims:
-        stacked = (stacked + "; " if stacked else "") + f"K-stacked expert weights: dim {', '.join(map(str, dims))}"
+    stacked = []
+    if any(isinstance(module, StackedLinear) and "feed_forward." in n for n, module in model.named_modules()):
+        stacked.append("hourglass FFN (K out, in) weights: rows")
+    if spec.model.moe is not None and spec.model.moe.experts == "hourglass":
+        stacked.append("hourglass experts' (K E d_h, d_model) weights: rows")
     line = f"{held:,} parameters a rank ({held * shards / total - 1:+.2%} padding over {total:,} / {shards})"
-    return f"FSDP2 shards over {shards} ranks", line + (f"; {stacked}" if stacked else "")
+    return f"FSDP2 shards over {shards} ranks", "; ".join([line, *stacked])
 
 
 def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tuple[str, str]] = ()) -> Table:

@@ -30,6 +30,7 @@ from ..launch.layout import data_workers
 from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
+from ..nn.moe import count_experts_first
 from .checkpoints import latest_complete
 from .disk import DiskFullError, check_room
 from .experiment import build_experiment, check_downstream, device_for
@@ -189,8 +190,8 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
-    # Checkpoints with (K, out, in) hourglass weights resume.
-    load_earlier_stacked_layout(train_module)
+    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights resume
+    count_experts_first(train_module)  # model.moe.load_balance=global_batch: the step's counts first
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
     try:  # builds the evaluators (a task that cannot fit was refused before anything was written)

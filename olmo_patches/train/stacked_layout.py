@@ -1,7 +1,8 @@
 """Checkpoints with the hourglass's earlier stacked layout resume into the (K out, in) one.
 
-The hourglass FFN's stacked weights were (K, out, in) tensors; they are now (K out, in) matrices
-(nn/hourglass.py), the same elements in the same order under the same names. torch's distributed
+The hourglass FFN's stacked weights were (K, out, in) tensors and the hourglass experts' (K, E d_h,
+d_model) ones; they are now (K out, in) and (K E d_h, d_model) matrices (nn/hourglass.py,
+nn/hourglass_moe.py), the same elements in the same order under the same names. torch's distributed
 checkpoint refuses a tensor whose saved size differs from the model's (``default_planner.py``: "Size
 mismatch"), so a run resumed from such a checkpoint reads each of those tensors (the weights and
 their AdamW moments) whole on every rank, in the saved size, and hands the train module each rank's
