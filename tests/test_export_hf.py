@@ -255,7 +255,7 @@ def test_export_sets_token_ids_and_generate_stops_at_eos(tmp_path, demo_corpus):
     from olmo_patches.export import export_hf
 
     run = tmp_path / "run"
-    train(load_spec(BASELINE, tiny_overrides(run, "train.max_steps=1", "run.ephemeral_save_interval=null")))
+    train(load_and_resolve(BASELINE, tiny_overrides(run, "train.max_steps=1", "run.ephemeral_save_interval=null")))
     # The demo tokenizer's own ids: "<|endoftext|>" and "<|pad|>" are its first two tokens.
     ids = dict(bos_token_id=0, eos_token_id=0, pad_token_id=1)
 

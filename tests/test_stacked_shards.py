@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from olmo_patches.config import load_spec
+from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.launch.run_folder import read_metrics
 
@@ -72,17 +72,17 @@ def _moe(folder, *extra):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, demo_corpus):
     root = tmp_path_factory.mktemp("odd")
-    train(load_spec(HOURGLASS, _overrides(root / "one", "train.max_steps=4")))  # the reference, straight
-    train(load_spec(HOURGLASS, _overrides(root / "cut", "train.max_steps=4", "run.stop_at_step=2")))
+    train(load_and_resolve(HOURGLASS, _overrides(root / "one", "train.max_steps=4")))  # the reference, straight
+    train(load_and_resolve(HOURGLASS, _overrides(root / "cut", "train.max_steps=4", "run.stop_at_step=2")))
     folded = _to_earlier_layout(root / "cut" / "step2")
     shutil.copytree(root / "cut", root / "cut-2")
-    train(load_spec(HOURGLASS, _overrides(root / "cut", "train.max_steps=4")))  # resumes step2, one process
+    train(load_and_resolve(HOURGLASS, _overrides(root / "cut", "train.max_steps=4")))  # resumes step2, one process
     # The hourglass-expert MoE: straight, cut at step 2 and folded to (K, E d_h, d_model), resumed.
-    train(load_spec(VARIABLE, _moe(root / "moe-one")))
-    train(load_spec(VARIABLE, _moe(root / "moe-cut", "run.stop_at_step=2")))
+    train(load_and_resolve(VARIABLE, _moe(root / "moe-one")))
+    train(load_and_resolve(VARIABLE, _moe(root / "moe-cut", "run.stop_at_step=2")))
     moe_folded = _to_earlier_layout(root / "moe-cut" / "step2", r"feed_forward_moe\.experts\.mlp\.w[123](\.|$)", 2)
     shutil.copytree(root / "moe-cut", root / "moe-cut-2")
-    train(load_spec(VARIABLE, _moe(root / "moe-cut")))
+    train(load_and_resolve(VARIABLE, _moe(root / "moe-cut")))
     r = train_each(
         [
             [str(HOURGLASS), *_overrides(root / "fsdp", "train.max_steps=4", "train.data_parallel=fsdp")],
