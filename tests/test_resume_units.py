@@ -253,3 +253,24 @@ def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_coll
     with pytest.raises(NonFiniteError, match=r"^step 7: non-finite CE loss=nan"):  # no save: at step 10
         for step, _, _ in steps:
             assert step < 10
+
+
+def test_a_record_from_before_load_balance_existed_resumes_as_it_ran(tmp_path):
+    """A run recorded before model.moe.load_balance existed trained with OLMo-core's per-micro-batch
+    loss: read as that, a resume under the new default (global_batch) is a changed key, not a silent
+    change of the objective; naming micro_batch resumes it as it ran."""
+    from omegaconf import OmegaConf
+
+    from olmo_patches.config import load_spec, spec_to_yaml
+    from olmo_patches.launch.run_folder import changed_keys
+
+    config = REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml"
+    new = load_spec(config)
+    earlier = OmegaConf.create(spec_to_yaml(new))
+    del earlier.model.moe["load_balance"]  # as the record was written then
+    earlier = OmegaConf.to_yaml(earlier)
+    default = str(new.model.moe.load_balance)
+    assert default != "micro_batch"  # the shipped config trains otherwise now
+    assert changed_keys(earlier, new) == [f"model.moe.load_balance: micro_batch -> {default}"]
+    assert changed_keys(earlier, load_spec(config, ["model.moe.load_balance=micro_batch"])) == []
+    assert changed_keys(spec_to_yaml(new), new) == []  # a record that has the key is read as it is

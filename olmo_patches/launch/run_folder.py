@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from filelock import FileLock
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ConfigError, ExperimentSpec, coerce_shorthands, spec_to_yaml
@@ -80,9 +80,18 @@ def _may_change(key: str) -> bool:
     return any(key == k or key.startswith(k if k.endswith(".") else k + ".") for k in MAY_CHANGE)
 
 
+# Keys added since a record may have been written whose earlier behaviour is not their default: a
+# record without one ran as this value (model.moe.load_balance: OLMo-core's per-micro-batch loss).
+EARLIER = {"model.moe.load_balance": "micro_batch"}
+
+
 def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
     """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
     recorded = coerce_shorthands(OmegaConf.create(recorded_yaml))  # e.g. activation_checkpointing: false
+    for key, value in EARLIER.items():  # the run as it ran, not as the new default would run it
+        section, name = key.rsplit(".", 1)
+        if isinstance(node := OmegaConf.select(recorded, section), DictConfig) and name not in node:
+            node[name] = value
     try:  # a key added since the record was written counts at its default
         recorded = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), recorded)
     except OmegaConfBaseException:  # a key removed since: compare as recorded
