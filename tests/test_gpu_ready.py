@@ -269,8 +269,8 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     rows), and the next section still runs; an exception is its test's row. Rows written as they come."""
     import runpy
 
-    from .gpu.plugin import SECTIONS, GpuCheck
-    from .gpu.table import DEPENDENCIES
+    from .gpu.plugin import GpuCheck
+    from .gpu.table import DEPENDENCIES, SECTIONS
 
     # scripts/gpu_check.py's --only names are the sections' files, its --allow-missing names the dependencies
     script = runpy.run_path(str(REPO / "scripts" / "gpu_check.py"))

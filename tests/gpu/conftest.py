@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from .plugin import ALLOW_MISSING, REHEARSE, Row, RowsFailed, SECTIONS
-from .table import DEPENDENCIES, probe
+from .plugin import ALLOW_MISSING, REHEARSE, Row, RowsFailed
+from .table import DEPENDENCIES, SECTIONS, probe
 
 NEEDS_GPU = "needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)"
 

@@ -19,7 +19,7 @@ from typing import Optional
 
 import pytest
 
-from .table import SECTIONS, Row, Section, Table
+from .table import Row, Section, Table
 
 HERE = Path(__file__).resolve().parent
 REHEARSE = pytest.StashKey[bool]()
