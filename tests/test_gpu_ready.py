@@ -591,3 +591,17 @@ def test_count_params_json_shows_an_aligned_sibling_fits_the_gpu(sibling, exact)
     assert out["exact_config"] == exact and out["exact_gap"] == out["non_embedding"] - exact_count["non_embedding"]
     baseline = json.loads(run_in_process("count_params.py", str(REPO / "configs" / size / "baseline.yaml"), "--json").stdout)
     assert abs(out["non_embedding"] - baseline["non_embedding"]) <= 0.003 * baseline["non_embedding"]
+
+
+def test_a_failed_install_still_writes_the_table(monkeypatch, tmp_path):
+    """A wheelhouse without the project's wheel (the install fails) on a Python without pytest (made
+    unimportable here): the table holds the install's FAIL row and the dependency rows; exit 1."""
+    (tmp_path / "wheels").mkdir()
+    monkeypatch.setitem(sys.modules, "pytest", None)
+    r = run_in_process("gpu_check.py", "--rehearse", "--wheelhouse", str(tmp_path / "wheels"), "--out", str(tmp_path / "out"))
+    monkeypatch.undo()
+    assert r.returncode == 1 and "the sections cannot run" in r.stderr, r.stderr[-2000:]
+    install, deps, *sections = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["sections"]
+    assert install["result"] == "FAIL" and "no hourglass_olmo wheel" in install["rows"][0]["detail"]
+    assert [row["name"] for row in deps["rows"]] == ["torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm"]
+    assert all(s["result"] == "not run" for s in sections) and len(sections) == 7
