@@ -357,6 +357,7 @@ def test_dry_run_names_the_attention_kernel_and_its_padding():
     assert r.returncode == 0, r.stderr[-2000:]
     text = " ".join(r.stdout.replace("│", " ").split())
     assert "flash_3 on H100/H200: computes head_dim 152 as 192 (21% of its attention FLOPs padding)" in text
+    assert "padding); aligned sibling: configs/1B/hourglass-aligned.yaml" in text  # 26 heads of 128: no padding
     assert "LM loss (cpu here) default (fused linear cross-entropy is a CUDA kernel)" in text
 
 
