@@ -135,8 +135,9 @@ def test_gpu_check_rehearsal(tmp_path):
     """Every section of tests/gpu/ on CPU at toy sizes through the same code: each row marked rehearsal,
     each section inside its budget, the numerical rows judged, speed and memory shown."""
     r = run_in_process("gpu_check.py", "--rehearse", "--budget-scale", "3", "--out", str(tmp_path))  # x3: a shared 2-core machine
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     result = json.loads((tmp_path / "gpu_check.json").read_text())
+    failed = [(s["title"], s["seconds"], r) for s in result["sections"] for r in s["rows"] if r["result"] == "FAIL"]
+    assert r.returncode == 0, (failed, r.stderr[-3000:])
     assert result["mode"] == "rehearsal" and result["device"] == "cpu (rehearsal)" and result["budget_scale"] == 3
     sections = {s["title"]: s for s in result["sections"]}
     assert list(sections) == [
