@@ -1,11 +1,13 @@
-"""The hourglass FFN against a baseline SwiGLU of equal FLOPs, alone: forward and backward of each at a
-shipped shape, timed side by side (interleaved repeats, median), achieved TFLOP/s each and their ratio.
+"""The hourglass FFN against a baseline SwiGLU of equal FLOPs, alone: forward and backward of each
+at a shipped shape, timed side by side (interleaved repeats, median), achieved TFLOP/s each and
+their ratio.
 
-The pair at a config's (d_model, K, d_h): the hourglass as the model builds it (K norms, K sub-MLPs, K
-residual adds) and a pre-norm SwiGLU with hidden width K d_h, its norm and its residual add (OLMo-core's
-FeedForward): the same 3 K d_h d_model matmul weights, so the same matmul FLOPs per token, 6 per weight
-forward and backward. The claim (paper 1: the hourglass is a reallocation of parameters, not of cost):
-hourglass TFLOP/s / baseline TFLOP/s >= FFN_RATIO, in bf16 and in float8."""
+The pair at a config's (d_model, K, d_h): the hourglass as the model builds it (K norms, K sub-MLPs,
+K residual adds) and a pre-norm SwiGLU with hidden width K d_h, its norm and its residual add
+(OLMo-core's FeedForward): the same 3 K d_h d_model matmul weights, so the same matmul FLOPs per
+token, 6 per weight forward and backward. The claim (paper 1: the hourglass is a reallocation of
+parameters, not of cost): hourglass TFLOP/s / baseline TFLOP/s >= FFN_RATIO, in bf16 and in float8.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""The GPU acceptance run's table without pytest: rows, sections, their budgets, the dependency rows and
-the writer of OUT/gpu_check.json and OUT/gpu_check.md. scripts/gpu_check.py writes it even when the
-offline install failed (no pytest to run the sections); tests/gpu/plugin.py fills it from pytest.
+"""The GPU acceptance run's table without pytest: rows, sections, their budgets, the dependency rows
+and the writer of OUT/gpu_check.json and OUT/gpu_check.md. scripts/gpu_check.py writes it even when
+the offline install failed (no pytest to run the sections); tests/gpu/plugin.py fills it from
+pytest.
 
 Results: pass, FAIL, SKIP (a check that needs a package the run was told may be missing:
-``--allow-missing NAME``), shown (a figure, not judged), missing (a package no judged claim here needs,
-with what ran instead). Exit 1 on any FAIL; SKIP and missing rows name themselves.
+``--allow-missing NAME``), shown (a figure, not judged), missing (a package no judged claim here
+needs, with what ran instead). Exit 1 on any FAIL; SKIP and missing rows name themselves.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The hourglass FFN against a baseline SwiGLU of equal FLOPs, alone (tests/gpu/ffn.py): forward and
-backward, compiled (inductor), bf16 and float8 (tensorwise, where every matmul dim is a multiple of 16),
-at the shipped 113M and 1B shapes, their aligned siblings and the authors' revised 906M, 8192 tokens (a
-micro-batch of 2 x 4096). Judged: hourglass / baseline TFLOP/s >= 0.95 each; float8 on StackedLinear
-against bf16: the FFN's output within FLOAT8_TOL (its input gradient and the speed ratio shown).
-A rehearsal runs them eager on the CPU, d_model and d_h cut 16-fold, 64 tokens (float8 emulated): ratios shown."""
+backward, compiled (inductor), bf16 and float8 (tensorwise, where every matmul dim is a multiple of
+16), at the shipped 113M and 1B shapes, their aligned siblings and the authors' revised 906M, 8192
+tokens (a micro-batch of 2 x 4096). Judged: hourglass / baseline TFLOP/s >= 0.95 each; float8 on
+StackedLinear against bf16: the FFN's output within FLOAT8_TOL (its input gradient and the speed
+ratio shown). A rehearsal runs them eager on the CPU, d_model and d_h cut 16-fold, 64 tokens (float8
+emulated): ratios shown.
+"""
 
 import copy
 
