@@ -209,7 +209,7 @@ def test_gpu_check_rehearsal(tmp_path):
             assert float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", "")) > 0
             assert rows[f"trainer: {scale} {variant} (toy): peak reserved <= estimate"]["result"] == "shown"
             setting = rows[f"trainer: {scale} {variant} (toy): tokens/s"]["detail"]
-            assert setting.startswith("attention torch, loss default, float8 off, compile off, checkpointing none"), setting
+            assert setting.startswith("attention torch, loss default, float8 off, compile off, checkpointing off"), setting
         assert rows[f"trainer: {scale}: MFU hourglass / baseline"]["result"] == "shown"
     for config in ("113M/hourglass-aligned", "1B/hourglass-aligned", "906M/hourglass-revised"):  # float8-able shapes
         assert rows[f"FFN vs FFN: {config} bf16: hourglass / baseline TFLOP/s"]["result"] == "shown"
