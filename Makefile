@@ -1,7 +1,7 @@
 # The commands. Each creates .venv and installs what it needs on first use.
 #   make demo   train the demo variants on the embedded corpus and print the comparison
 #   make test   run the test suite
-#   make wheelhouse [WHEEL_PYTHON=3.12]   the lock's wheels but torch's, for an offline GPU node (docs/gpu_checks.md)
+#   make wheelhouse [WHEEL_PYTHON=3.12]   what the GPU run imports, <= 56 MiB, for an offline GPU node (docs/gpu_checks.md)
 #   make lock   refresh requirements/lock.txt (the exact versions make installs) from pyproject.toml's ranges
 #   make install-check   the wheel beside a current Hugging Face stack: nothing moves down; commands from another folder (minutes)
 PYTHON ?= python3
@@ -42,27 +42,32 @@ format: install
 install-check:
 	bash .ci/install_check
 
-# The offline install of scripts/gpu_check.py --wheelhouse (docs/gpu_checks.md): every wheel that
-# 'hourglass-olmo[float8,hf]', pytest and a flash-attn wheel (einops) need, at the lock's versions, for
-# CPython WHEEL_PYTHON on glibc x86_64, and the project's own wheel. pip resolves the set for this Python
-# (the lock's; --dry-run --report: metadata only, torch the local CPU build); torch's stack is left out (the
-# node keeps its CUDA torch, which install_requires' range accepts); pip downloads the rest for the target.
+# The offline install of scripts/gpu_check.py --wheelhouse (docs/gpu_checks.md): the wheels of what the
+# acceptance run imports, at the lock's versions, for CPython WHEEL_PYTHON on glibc x86_64, and the
+# project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8]' and pytest for this Python
+# (--dry-run --report: metadata only); left out are the node's torch and its stack (NODE_HAS: torch's own
+# requirements) and what the run never imports (NOT_IMPORTED: OLMo-core's pandas, the project's
+# matplotlib for figures, their dependencies; gpu_check.py installs with --no-deps). flash-attn, Liger and
+# grouped_gemm have no wheel for the node's torch here: their rows say so (--allow-missing).
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
+WHEEL_MIB ?= 56
 WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp --abi cp$(subst .,,$(WHEEL_PYTHON)) \
 	--abi abi3 --abi none $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(p)_x86_64)
-NODE_HAS = torch triton pytorch-triton hourglass-olmo
+NODE_HAS = torch triton pytorch-triton hourglass-olmo sympy mpmath networkx jinja2 markupsafe fsspec setuptools typing-extensions
+NOT_IMPORTED = pandas pytz tzdata matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing hf-xet
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --report $(WHEELHOUSE)/resolved.json \
-		-c $(LOCK) '.[float8,hf]' einops pytest
+		-c $(LOCK) '.[float8]' pytest
 	$(BIN)/python -c "import json, sys; print(*(f\"{m['name']}=={m['version']}\" for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
-		if m['name'] not in sys.argv[2:] and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" $(WHEELHOUSE)/resolved.json $(NODE_HAS) \
-		> $(WHEELHOUSE)/requirements.txt
+		if m['name'].lower().replace('_', '-') not in sys.argv[2:] and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" \
+		$(WHEELHOUSE)/resolved.json $(NODE_HAS) $(NOT_IMPORTED) > $(WHEELHOUSE)/requirements.txt
 	$(BIN)/python -m pip download --quiet --no-deps $(WHEEL_TARGET) --dest $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) .
 	rm $(WHEELHOUSE)/resolved.json
 	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs printf '$(WHEELHOUSE): %s wheels, '; du -sh $(WHEELHOUSE) | cut -f1
+	@test $$(du -sm $(WHEELHOUSE) | cut -f1) -le $(WHEEL_MIB) || { echo "$(WHEELHOUSE): over $(WHEEL_MIB) MiB"; exit 1; }
 
 # The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh venv;
 # and einops, flash-attn's one dependency besides torch (the gpu extra is built on the node: its

@@ -17,11 +17,19 @@ def main() -> None:
     args = parser.parse_args()
 
     from olmo_patches.blocks import block_of
-    from olmo_patches.report.counts import attention_report, count, float8_report, param_table, width_report
+    from olmo_patches.report.counts import (
+        attention_report,
+        count,
+        exact_gap,
+        float8_report,
+        gpu_report,
+        param_table,
+        width_report,
+    )
 
     spec = load_or_exit(args.config, args.overrides)
     if args.json:
-        out = {**count(spec).as_dict(), **attention_report(spec)}
+        out = {**count(spec).as_dict(), **attention_report(spec), **gpu_report(spec), **exact_gap(args.config)}
         if "widths" in block_of(spec.model).reads(spec.model):
             out.update(width_report(spec))
         if spec.train.float8 != "off":

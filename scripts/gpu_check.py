@@ -1,16 +1,19 @@
 """The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section printed
 up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it comes
 (tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every shipped head
-dim, compile per block family, resume exactness, trainer tokens/s, MFU and peak reserved memory against
-the estimate for 113M and 1B, float8 / bf16 tokens/s (docs/gpu_checks.md: the command and what each judges).
+dim, compile per block family, resume exactness on the demo corpus, the hourglass FFN against a SwiGLU of
+equal FLOPs (bf16 and float8), trainer tokens/s and MFU (information) and peak reserved memory against the
+estimate for 113M and 1B, float8 / bf16 in the trainer (docs/gpu_checks.md: the command and what each judges).
+Every dependency (torchao, flash-attn 2 and 3, Liger, grouped_gemm) is a row first: its version, or missing
+and what ran instead; missing and needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
 
     python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/   # a node with a CUDA torch and nothing else
     python scripts/gpu_check.py --out gpu_check/                             # the project installed already
     python scripts/gpu_check.py --rehearse --out /tmp/gc                     # every section on CPU at toy sizes
 
---wheelhouse FOLDER (make wheelhouse) first installs the project and its dependencies from FOLDER with
-pip --no-index, keeping the node's torch (a section of its own, with its budget). On CUDA a flash-attn
-that does not import fails its row (--no-flash: skipped on purpose). Exit 1 if a row fails.
+--wheelhouse FOLDER (make wheelhouse) first installs the project and what the run imports from FOLDER with
+pip --no-index --no-deps, keeping the node's torch (a section of its own, with its budget); a failed install
+still writes the table. Exit 1 if a row fails.
 """
 
 import argparse
@@ -22,16 +25,23 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION_NAMES = ("bf16", "attention", "compile", "resume", "trainer", "float8")  # tests/gpu/test_NAME.py (plugin.py: SECTIONS)
+# tests/gpu/test_NAME.py (tests/gpu/table.py: SECTIONS), in the order they run
+SECTION_NAMES = ("bf16", "attention", "compile", "resume", "ffn", "trainer", "float8")
+DEPENDENCY_NAMES = ("torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm")  # table.py: DEPENDENCIES
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
-    """pip install --no-index from the wheelhouse: the project with its float8 and hf extras, pytest, and the
-    flash-attn wheel where the folder has one; the node's torch stays (it meets the project's range)."""
-    names = ["hourglass-olmo[float8,hf]", "pytest", *(["flash-attn"] if any(wheelhouse.glob("flash_attn-*.whl")) else [])]
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheelhouse), *names]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    return r.returncode == 0, (r.stderr.strip().splitlines() or [""])[-1] if r.returncode else " ".join(names)
+    """pip install --no-index --no-deps of the wheelhouse's requirements.txt (what the acceptance run
+    imports, make wheelhouse) and the project's wheel; the node's torch and its stack stay."""
+    project = sorted(wheelhouse.glob("hourglass_olmo-*.whl"))
+    listed = wheelhouse / "requirements.txt"
+    if not project or not listed.is_file():
+        return False, f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes both)"
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links", str(wheelhouse)]
+    r = subprocess.run([*cmd, "-r", str(listed), str(project[-1])], capture_output=True, text=True)
+    if r.returncode:
+        return False, (r.stderr.strip().splitlines() or ["pip failed"])[-1][:300]
+    return True, f"{len(listed.read_text().split())} wheels and {project[-1].name}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,13 +52,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--wheelhouse", type=Path, help="install the project and its dependencies from this folder first (no network)"
     )
-    parser.add_argument("--no-flash", action="store_true", help="no flash-attn on purpose: its row is skipped, not failed")
+    parser.add_argument(
+        "--allow-missing",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"a dependency that may be missing: its checks become SKIP rows, not FAILs ({', '.join(DEPENDENCY_NAMES)})",
+    )
     parser.add_argument(
         "--budget-scale", type=float, default=1.0, help="multiply every budget (a slower or busier machine than one H200)"
     )
-    parser.add_argument(
-        "--only", default="", help="comma list of sections to run (bf16, attention, compile, resume, trainer, float8)"
-    )
+    parser.add_argument("--only", default="", help=f"comma list of sections to run ({', '.join(SECTION_NAMES)})")
     return parser
 
 
@@ -59,6 +73,9 @@ def _checked_sections(args: argparse.Namespace) -> list:
         sys.exit(2)
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
         print(f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes one)", file=sys.stderr)
+        sys.exit(2)
+    if unknown := set(args.allow_missing) - set(DEPENDENCY_NAMES):
+        print(f"command line: --allow-missing {sorted(unknown)[0]}: one of {', '.join(DEPENDENCY_NAMES)}", file=sys.stderr)
         sys.exit(2)
     only = [s for s in args.only.split(",") if s]
     if set(only) - set(SECTION_NAMES):
@@ -71,55 +88,50 @@ def main() -> None:
     args = _parser().parse_args()
     only = _checked_sections(args)
 
-    extra = []
     if args.wheelhouse is not None:
         start = time.perf_counter()
         ok, detail = install(args.wheelhouse)
         seconds = time.perf_counter() - start
     sys.path.insert(0, str(REPO))  # this checkout's tests/ and olmo_patches/
-    import pytest
-    from tests.gpu.plugin import INSTALL_BUDGET_S, SECTIONS, GpuCheck, Row, Section
+    from tests.gpu.table import INSTALL_ESTIMATE_S, SECTIONS, Row, Section, Table, budget, dependency_section
 
-    if args.wheelhouse is not None:
-        budget = INSTALL_BUDGET_S * args.budget_scale
-        install_section = Section("", "offline install", budget, seconds, started=0.0, over=seconds > budget, finished=True)
-        install_section.rows.append(
-            Row(
-                "offline install",
-                "",
-                f"pip install --no-index --find-links {args.wheelhouse}",
-                f"{seconds:.1f} s",
-                f"<= {budget:.0f} s",
-                "pass" if ok and seconds <= budget else "FAIL",
-                detail,
-            )
-        )
-        extra.append(install_section)
-    sections = {f: s for f, s in SECTIONS.items() if not args.only or f[len("test_") : -len(".py")] in only}
-    import torch  # after the install: torch looks for numpy once, when it is imported
+    import torch  # the node's own: after the install, as torch looks for numpy once, when it is imported
 
     if not args.rehearse and not torch.cuda.is_available():
         print("command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes", file=sys.stderr)
         sys.exit(2)
+    cuda = not args.rehearse
+    extra = []
+    if args.wheelhouse is not None:
+        limit = budget(INSTALL_ESTIMATE_S) * args.budget_scale
+        section = Section("", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True)
+        result = "pass" if ok and seconds <= limit else "FAIL"
+        command = f"pip install --no-index --no-deps --find-links {args.wheelhouse}"
+        section.rows.append(Row("offline install", "", command, f"{seconds:.1f} s", f"<= {limit:.0f} s", result, detail))
+        extra.append(section)
+    allowed = frozenset(args.allow_missing)
+    hopper = cuda and torch.cuda.get_device_capability(0)[0] == 9
+    extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper))
     device = "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(0)
-    plugin = GpuCheck(
-        args.out,
-        rehearse=args.rehearse,
-        no_flash=args.no_flash,
-        device=device,
-        torch_version=torch.__version__,
-        sections=sections,
-        extra=tuple(extra),
-        budget_scale=args.budget_scale,
-    )
+    sections = {f: s for f, s in SECTIONS.items() if not only or f[len("test_") : -len(".py")] in only}
+    table = dict(device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra))
+    try:
+        import pytest
+
+        from tests.gpu.plugin import GpuCheck
+    except ImportError as e:  # a failed install: the table still says what is there
+        Table(args.out, rehearse=args.rehearse, budget_scale=args.budget_scale, **table).write()
+        print((args.out / "gpu_check.md").read_text())
+        print(f"gpu_check: FAIL: {e}: the sections cannot run", file=sys.stderr)
+        sys.exit(1)
+    plugin = GpuCheck(args.out, rehearse=args.rehearse, allow_missing=allowed, budget_scale=args.budget_scale, **table)
     plugin.write()
     if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor"))
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # only this run's plugin: nothing the node happens to hold
     files = [str(REPO / "tests" / "gpu" / f) for f in sections]
-    code = pytest.main(
-        ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin]
-    )
+    code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin])
     plugin.write()
     print((args.out / "gpu_check.md").read_text())
     if plugin.failed or code not in (0, 5):

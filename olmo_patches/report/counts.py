@@ -10,7 +10,17 @@ from ..nn.accounting import ParamBreakdown, breakdown
 from ..nn.float8 import float8_matmuls
 from ..shapes.widths import expert_hidden_size
 
-__all__ = ["count", "float8_report", "float8_row", "param_table", "width_report", "attention_report"]
+__all__ = [
+    "count",
+    "float8_report",
+    "float8_row",
+    "param_table",
+    "width_report",
+    "attention_report",
+    "gpu_report",
+    "aligned_sibling",
+    "exact_gap",
+]
 
 
 def count(spec: ExperimentSpec) -> ParamBreakdown:
@@ -31,6 +41,55 @@ def float8_report(spec: ExperimentSpec) -> dict:
         "float8_skipped": m["skipped"],
         "float8_skipped_params": sum(modules[n].weight.numel() for n in m["skipped"]),
     }
+
+
+def gpu_report(spec: ExperimentSpec) -> dict:
+    """Whether the shape suits GPU kernels, whatever train.float8 says: ``float8_able`` per matmul group
+    (every FFN / attention matmul has both dims multiples of 16, nn/float8.py), and per flash-attention
+    kernel whether every head dim is one it runs without padding (``head_dim_native``)."""
+    from ..nn.attention import FLASH_KERNEL_HEAD_DIMS, head_dims, kernel_head_dim
+
+    model = spec.model_config().build(init_device="meta")
+    skipped = set(float8_matmuls(model)["skipped"])
+    groups: dict[str, list[str]] = {"ffn": [], "attention": []}
+    for name in (*float8_matmuls(model)["float8"], *skipped):
+        group = "ffn" if ".feed_forward." in name else "attention" if ".attention." in name else None
+        if group:
+            groups[group].append(name)
+    dims = head_dims(spec.model_config())
+    return {
+        "float8_able": {g: bool(names) and not skipped & set(names) for g, names in groups.items()},
+        "float8_unable": sorted(skipped),
+        "head_dim_native": {k: all(kernel_head_dim(k, d) == d for d in dims) for k in FLASH_KERNEL_HEAD_DIMS},
+    }
+
+
+def aligned_sibling(name: str) -> str | None:
+    """The aligned sibling (configs/SIZE/STEM-aligned.yaml) of the shipped config whose run.name is
+    ``name`` (SIZE-STEM, an ``-exact`` suffix dropped), relative to the data root; None if there is none."""
+    from ..resources import data_root
+
+    size, _, stem = name.partition("-")
+    path = f"configs/{size}/{stem.removesuffix('-exact')}-aligned.yaml"
+    return path if stem and not stem.endswith("-aligned") and (data_root() / path).is_file() else None
+
+
+def exact_gap(config) -> dict:
+    """For an aligned sibling (configs/SIZE/STEM-aligned.yaml): its exact config (STEM-exact.yaml, else
+    STEM.yaml) and the non-embedding parameter gap, this config's minus the exact one's; {} otherwise."""
+    from pathlib import Path
+
+    from ..config import load_spec
+
+    path = Path(config)
+    if not path.stem.endswith("-aligned"):
+        return {}
+    stem = path.stem.removesuffix("-aligned")
+    exact = next((p for p in (path.with_name(f"{stem}-exact.yaml"), path.with_name(f"{stem}.yaml")) if p.is_file()), None)
+    if exact is None:
+        return {}
+    this, other = count(load_spec(path)).non_embedding, count(load_spec(exact)).non_embedding
+    return {"exact_config": exact.name, "exact_gap": this - other, "exact_gap_relative": (this - other) / other}
 
 
 def attention_report(spec: ExperimentSpec) -> dict:

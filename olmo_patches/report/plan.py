@@ -24,7 +24,7 @@ from ..train.disk import CHECKPOINT_BYTES_PER_PARAM
 from ..nn.attention import on_gpu
 from ..nn.hourglass import StackedLinear
 from ..nn.lm_loss import lm_loss
-from .counts import count, float8_row
+from .counts import aligned_sibling, count, float8_row
 
 __all__ = [
     "ASSUMED_MFU",
@@ -238,12 +238,18 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
         (f"attention backend ({device} here)", str(attention_backend(spec, device))),
         (
             "attention kernel (a CUDA node with flash-attn)",
-            on_gpu(spec.model.attention_backend, spec.model.head_dims, bf16=t.precision == "bf16"),
+            _with_sibling(spec, on_gpu(spec.model.attention_backend, spec.model.head_dims, bf16=t.precision == "bf16")),
         ),
         (f"LM loss ({device} here)", str(lm_loss(spec, device))),
         *([("LM loss (a CUDA node, this install)", str(lm_loss(spec, "cuda")))] if device != "cuda" else []),
         (f"ignored ({device} here)", "; ".join(ignored) or "nothing"),
     ]
+
+
+def _with_sibling(spec: ExperimentSpec, text: str) -> str:
+    """``text`` (head-dim padding, float8 skips) naming the config's aligned sibling, where one exists."""
+    sibling = aligned_sibling(spec.run.name) if "padding" in text or "kept high precision" in text else None
+    return f"{text}; aligned sibling: {sibling}" if sibling else text
 
 
 def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]:
@@ -300,7 +306,8 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     if spec.train.float8 != "off":
-        table.add_row(*float8_row(spec))
+        label, value = float8_row(spec)
+        table.add_row(label, _with_sibling(spec, value) if "kept high precision" in value else value)
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
     table.add_row(
         f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)",

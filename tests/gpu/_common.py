@@ -138,11 +138,18 @@ def synthetic_tokens(folder: Path, vocab: int, tokens: int) -> str:
 
 def run_overrides(folder: Path, tokens_file: str, seq: int, batch: int, steps: int, device: torch.device) -> list[str]:
     return [
-        f"run.save_folder={folder}",
-        f"data.work_dir={folder / 'cache'}",
         "data.source=numpy",
         "data.tokenizer=dolma2",
         f"data.paths=[{tokens_file}]",
+        *demo_overrides(folder, seq, batch, steps, device),
+    ]
+
+
+def demo_overrides(folder: Path, seq: int, batch: int, steps: int, device: torch.device) -> list[str]:
+    """A short run in ``folder``: the config's own data (the demo corpus for configs/demo/), no evals or saves."""
+    return [
+        f"run.save_folder={folder}",
+        f"data.work_dir={folder / 'cache'}",
         f"data.sequence_length={seq}",
         f"train.global_batch_size={batch}",
         f"train.max_steps={steps}",

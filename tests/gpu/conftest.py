@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from .plugin import NO_FLASH, REHEARSE, Row, RowsFailed, SECTIONS
+from .plugin import ALLOW_MISSING, REHEARSE, Row, RowsFailed
+from .table import DEPENDENCIES, SECTIONS, probe
 
 NEEDS_GPU = "needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)"
 
@@ -27,19 +28,33 @@ class Env:
 
     device: torch.device
     rehearse: bool
-    flash: bool  # False: --no-flash (a CUDA machine without flash-attn, on purpose)
+    allow_missing: frozenset  # dependencies whose checks are SKIP rows when missing (--allow-missing)
     work: Path
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def hopper(self) -> bool:
+        return self.cuda and torch.cuda.get_device_capability(self.device)[0] == 9
+
+    def need(self, name: str, claim: str) -> None:
+        """Go on only if dependency ``name`` imports: else a SKIP (allowed by --allow-missing) or a FAIL."""
+        version, why = probe(DEPENDENCIES[name])
+        if version is not None:
+            return
+        if name in self.allow_missing:
+            pytest.skip(f"SKIP: {name} missing (--allow-missing {name}): {claim} not checked")
+        pytest.fail(f"{name} missing ({why}): {claim} needs it; --allow-missing {name} to run without it", pytrace=False)
+
 
 @pytest.fixture(scope="module")
 def env(request, tmp_path_factory) -> Env:
     rehearse = request.config.stash.get(REHEARSE, False)
     device = torch.device("cpu" if rehearse else "cuda")
-    return Env(device, rehearse, not request.config.stash.get(NO_FLASH, False), tmp_path_factory.mktemp("gpu"))
+    allowed = request.config.stash.get(ALLOW_MISSING, frozenset())
+    return Env(device, rehearse, allowed, tmp_path_factory.mktemp("gpu"))
 
 
 class Rows:

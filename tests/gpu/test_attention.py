@@ -1,14 +1,15 @@
 """The attention kernel at every head dim of every shipped config (configs/*/*.yaml, variable width: each
 layer's w_l / n_heads): the backend the trainer picks (``auto``: flash-attn 3 or 2 where it runs) in bf16
 against torch SDPA in fp32, logits and gradients of a one-layer model. On CUDA a flash-attn that does not
-import is a FAIL row (``--no-flash``: torch SDPA's own CUDA kernels in bf16 are checked instead, and the
-flash row is skipped saying so). A rehearsal runs three head dims (the smallest, the largest and the first
+import is a FAIL row, flash-attn 3 on Hopper too (``--allow-missing flash_attn_2`` / ``flash_attn_3``: a SKIP
+row, and the head dims run what ``auto`` picks without it, torch SDPA's CUDA kernels at worst). A rehearsal runs three head dims (the smallest, the largest and the first
 that is not a multiple of 8) with torch SDPA in bf16 standing in for the kernel."""
 
 import pytest
 
 from olmo_patches.nn.attention import resolve_attention_backend
 
+from .table import DEPENDENCIES, probe
 from ._common import BF16_TOL, build, compare, forward_backward, shipped_head_dims, small_spec, token_ids
 
 pytestmark = pytest.mark.gpu
@@ -22,22 +23,18 @@ def _dims(rehearse: bool) -> tuple[int, ...]:
 
 
 def test_flash_attn_imports(env, rows):
-    choice = resolve_attention_backend("auto", [128], cuda=env.cuda, bf16=True)
     if not env.cuda:
+        choice = resolve_attention_backend("auto", [128], cuda=False, bf16=True)
         rows.show("flash attention", choice.name, "rehearsal: no CUDA device, torch SDPA stands in")
-    elif not choice.name.startswith("flash") and not env.flash:
-        pytest.skip(f"--no-flash: {choice}")
-    else:
-        rows.judge(
-            "flash attention imports (head_dim 128)",
-            choice.name,
-            choice.name.startswith("flash"),
-            "flash_3 or flash_2",
-            ""
-            if choice.name.startswith("flash")
-            else f"{choice}: install a flash-attn wheel with the wheelhouse, or pass --no-flash",
-        )
+        return
+    env.need("flash_attn_2", "flash-attn 2 at every shipped head dim")
+    fa3 = probe(DEPENDENCIES["flash_attn_3"])[0] is not None
+    choice = resolve_attention_backend("auto", [128], cuda=True, bf16=True)
+    expected = "flash_3" if env.hopper and fa3 else "flash_2"
+    rows.judge("auto's kernel (head_dim 128)", choice.name, choice.name == expected, expected, str(choice))
     rows.check()
+    if env.hopper and not fa3:  # flash-attn 2 checked above; flash-attn 3 a SKIP (allowed) or a FAIL
+        env.need("flash_attn_3", "the kernel auto picks on H100/H200")
 
 
 def test_every_shipped_head_dim(env, rows):

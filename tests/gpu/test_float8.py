@@ -6,7 +6,8 @@ step: every converted GEMM has M = 8192, K and N >= 4096), compile on, no activa
 float8 training benchmarks report gains from such large GEMMs under compile; here about two thirds of the
 matmul FLOPs convert (the LM head stays bf16, as OLMo-core keeps it), so the judged mark is 1.10x. (OLMo-core's 1.20x,
 55k -> 65k tokens/s at 1B, is an 8-GPU FSDP run whose weight all-gathers also move float8: not a one-GPU
-target.) Without float8 tensor cores (a CPU rehearsal, GPUs before SM89) torchao emulates: speed shown."""
+target.) Without float8 tensor cores (a CPU rehearsal, GPUs before SM89) torchao emulates: speed shown.
+float8 on the hourglass's StackedLinear, against bf16 and against a SwiGLU: tests/gpu/test_ffn.py."""
 
 import pytest
 
@@ -30,7 +31,7 @@ TOY = [
 
 
 def test_float8_against_bf16(env, rows):
-    pytest.importorskip("torchao", reason="torchao is not installed: pip install 'hourglass-olmo[float8]'")
+    env.need("torchao", "float8 against bf16 in the trainer")
     if env.rehearse:
         overrides, seq, batch, steps, warmup = TOY, 32, 4, 3, 1
     else:

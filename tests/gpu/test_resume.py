@@ -1,6 +1,8 @@
 """Resume exactness: a run stopped (checkpointed) at step 2 and resumed to step 4 against the uninterrupted
-run, the loss at every step and AdamW's state at step 4 (exp_avg, exp_avg_sq, step of every parameter).
-Bit-identity is reported; GPU backward kernels are not deterministic, so the pass mark is BF16_TOL."""
+run, the loss at every step and AdamW's state at step 4 (exp_avg, exp_avg_sq, step of every parameter),
+on the demo corpus's real tokens (its BPE over Python's standard library), so a resumed run that read the
+wrong batches shows in its loss. Bit-identity is reported; GPU backward kernels are not deterministic, so
+the pass mark is BF16_TOL."""
 
 import pytest
 import torch
@@ -10,14 +12,13 @@ from olmo_patches.train import train
 from olmo_patches.train.checkpoints import load_optim_state
 from olmo_patches.launch.run_folder import read_metrics
 
-from ._common import BF16_TOL, REPO, rel, run_overrides, synthetic_tokens
+from ._common import BF16_TOL, REPO, demo_overrides, rel
 
 pytestmark = pytest.mark.gpu
 
 
 def test_stopped_and_resumed_equals_uninterrupted(env, rows):
     seq, batch = (32, 4) if env.rehearse else (512, 8)
-    tokens_file = synthetic_tokens(env.work, 4096, 5 * batch * (seq + 1))
     extra = [
         "train.hardware=none",
         "train.micro_batch_size=null",
@@ -25,12 +26,11 @@ def test_stopped_and_resumed_equals_uninterrupted(env, rows):
         "model.d_model=64",
         "model.n_heads=2",
         "train.precision=" + ("bf16" if env.cuda else "fp32"),
-        "model.vocab_size=null",
-    ]  # dolma2's: OLMo-core's dry-run batch draws from the tokenizer's vocabulary
+    ]
     folders = {}
     for name in ("straight", "resumed"):
         folder = folders[name] = env.work / f"resume-{name}"
-        overrides = [*run_overrides(folder, tokens_file, seq, batch, 4, env.device), *extra]
+        overrides = [*demo_overrides(folder, seq, batch, 4, env.device), *extra]
         if name == "resumed":
             train(load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", [*overrides, "run.stop_at_step=2"]))
         train(load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", overrides))
