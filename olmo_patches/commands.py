@@ -31,6 +31,7 @@ COMMANDS = {
     "verify-checkpoints": "verify_checkpoints.py",
     "data-order": "data_order.py",
     "gpu-check": "gpu_check.py",
+    "coordcheck": "coordcheck.py",
 }
 
 
@@ -74,3 +75,4 @@ tables = _entry("tables")
 verify_checkpoints = _entry("verify-checkpoints")
 data_order = _entry("data-order")
 gpu_check = _entry("gpu-check")
+coordcheck = _entry("coordcheck")

@@ -79,6 +79,8 @@ CASES = [
     ("bench.py", ["--dtype", "fp8"], "--dtype"),
     ("verify_checkpoints.py", ["{file}"], "RUN_FOLDER"),
     ("verify_checkpoints.py", ["{folder}"], "no complete checkpoint"),
+    ("coordcheck.py", [BASELINE, "--axes", "K"], "K needs an hourglass model"),
+    ("coordcheck.py", ["{empty}"], "empty config file"),
     ("gpu_check.py", ["--wheelhouse", "{work}/missing"], "--wheelhouse {work}/missing"),
     ("gpu_check.py", ["--rehearse", "--only", "trainer,nope"], "--only trainer,nope"),
     ("gpu_check.py", ["--rehearse", "--budget-scale", "0"], "--budget-scale 0.0"),
