@@ -140,15 +140,17 @@ def _write_run(config, overrides, final, rng):
     return folder
 
 
-def _seed_overrides(name, root, s):
-    if not s:
+def _seed_overrides(name, root, s, lr_scale=1.0):
+    """The run of seed offset s at LR scale x, as docs/statistics.md names it: NAME-lrXx-seedS."""
+    own, suffix = [], ""
+    if lr_scale != 1.0:
+        own, suffix = [f"train.lr={3e-3 * lr_scale}"], f"-lr{lr_scale:g}x"
+    if s:
+        own += [f"train.seed={6198 + s}", f"data.order_seed={6198 + s}"]
+        suffix += f"-seed{s}"
+    if not suffix:
         return []
-    return [
-        f"train.seed={6198 + s}",
-        f"data.order_seed={6198 + s}",
-        f"run.name={name}-seed{s}",
-        f"run.save_folder={root / 'runs' / name}-seed{s}",
-    ]
+    return [*own, f"run.name={name}{suffix}", f"run.save_folder={root / 'runs' / name}{suffix}"]
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +208,33 @@ def test_report_refuses_seeds_of_another_shape(synthetic_sweep, tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
     assert str(seed2) in lines[0] and "model.d_h: 32 -> 64" in lines[0]
     assert not out.exists()
+
+
+def test_lr_sweep_finds_each_members_best_lr_and_the_comparison_says_which_it_used(tmp_path):
+    """Planted optima: the baseline's at its config's LR (x1), the hourglass's at x2 (the grid's edge)."""
+    cfg = _configs(tmp_path)
+    rng = np.random.default_rng(7)
+    planted = {"syn-base": {0.5: 5.53, 1.0: 5.50, 2.0: 5.56}, "syn-hg": {0.5: 5.70, 1.0: 5.60, 2.0: 5.45}}
+    for name, by_lr in planted.items():
+        for x, loss in by_lr.items():
+            for s in range(3):
+                final = loss + 0.005 * rng.standard_normal()
+                _write_run(cfg / f"{name}.yaml", _seed_overrides(name, tmp_path, s, x), final, rng)
+    common = ["--seeds", "3", "--lr-grid", "0.5,2", "--no-figures"]
+    r = run_in_process("sweep.py", "report", str(cfg), *common, "--out", str(tmp_path / "config-lr"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    sweep = _csv(tmp_path / "config-lr" / "lr_sweep.csv")
+    assert (sweep["syn-base"]["best LR"], sweep["syn-base"]["best / config"], sweep["syn-base"]["note"]) == ("0.003", "x1", "")
+    assert (sweep["syn-hg"]["best LR"], sweep["syn-hg"]["log2 distance"]) == ("0.006", "+1.00")
+    assert "edge" in sweep["syn-hg"]["note"]
+    at_config = _csv(tmp_path / "config-lr" / "comparison.csv")
+    assert at_config["syn-hg"]["LR"] == "0.003 (config)"
+    assert float(at_config["syn-hg"]["diff to baseline [95%]"].split()[0]) == pytest.approx(0.10, abs=0.02)
+    r = run_in_process("sweep.py", "report", str(cfg), *common, "--best-lr", "--out", str(tmp_path / "best-lr"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    best = _csv(tmp_path / "best-lr" / "comparison.csv")
+    assert best["syn-hg"]["LR"] == "0.006 (own best, x2)" and best["syn-base"]["LR"] == "0.003 (own best, x1)"
+    # at its own best, the hourglass wins: 5.45 - 5.50
+    assert float(best["syn-hg"]["diff to baseline [95%]"].split()[0]) == pytest.approx(-0.05, abs=0.02)
+    assert best["syn-hg"]["verdict"] == "distinguishable"
+    assert "each member at its own best LR" in (tmp_path / "best-lr" / "comparison_notes.md").read_text()
