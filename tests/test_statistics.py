@@ -174,8 +174,9 @@ def _csv(path):
 def test_report_gives_intervals_paired_differences_and_the_noise_floor(synthetic_sweep):
     root, cfg, finals = synthetic_sweep
     out = root / "report"
-    r = run_in_process("sweep.py", "report", str(cfg), "--seeds", "5", "--out", str(out), "--no-figures")
+    r = run_in_process("sweep.py", "report", str(cfg), "--seeds", "5", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "val_curves.png").stat().st_size > 10_000  # mean curves with their bands
     rows = _csv(out / "comparison.csv")
     base, hg = finals["syn-base"], finals["syn-hg"]
     d = hg - base
@@ -188,7 +189,7 @@ def test_report_gives_intervals_paired_differences_and_the_noise_floor(synthetic
     assert rows["syn-base"]["seeds"] == "5" and rows["syn-base"]["diff to baseline [95%]"] == "baseline"
     floor = _csv(out / "noise_floor.csv")["syn-base"]
     gaps = [abs(a - b) for i, a in enumerate(base) for b in base[i + 1 :]]
-    assert floor["seed pairs"] == "10" and floor["largest |gap|"] == f"{max(gaps):.4f}"
+    assert floor["seed pairs"] == "10" and floor["largest gap"] == f"{max(gaps):.4f}"
     notes = (out / "comparison_notes.md").read_text()
     assert "5 seed(s), offsets 0, 1, 2, 3, 4 added to train.seed (init) and data.order_seed (data order)" in notes
     assert "Baseline: syn-base" in notes

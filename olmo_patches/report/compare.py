@@ -189,8 +189,8 @@ def comparison_tables(
             {
                 "member": baseline,
                 "seed pairs": str(floor.pairs),
-                "RMS |gap|": f"{floor.rms:.4f}",
-                "largest |gap|": f"{floor.largest:.4f}",
+                "RMS gap": f"{floor.rms:.4f}",
+                "largest gap": f"{floor.largest:.4f}",
             }
         ]
     return {"comparison": rows, "noise_floor": noise, "lr_sweep": lr_sweep_rows(members, grouped, variants)}
