@@ -36,7 +36,7 @@ def test_each_seed_and_lr_is_a_run_of_its_own(tmp_path):
 
 def test_a_seed_trains_with_its_seeds_and_status_counts_it(tmp_path, demo_corpus):
     cfg = _config(tmp_path)
-    sets = [a for o in [*TINY, f"data.work_dir={tmp_path / 'cache'}"] for a in ("--set", o)]
+    sets = [a for o in [*TINY, "eval.interval=2", f"data.work_dir={tmp_path / 'cache'}"] for a in ("--set", o)]
     r = run_in_process("sweep.py", "launch", "--local", str(cfg), "--seed-list", "1", *sets)
     assert r.returncode == 0, r.stderr[-3000:]
     recorded = yaml.safe_load((tmp_path / "runs" / "s-seed1" / "config.yaml").read_text())
@@ -45,6 +45,11 @@ def test_a_seed_trains_with_its_seeds_and_status_counts_it(tmp_path, demo_corpus
     assert not (tmp_path / "runs" / "s").exists()  # seed 0 was not asked for
     again = run_in_process("sweep.py", "launch", "--local", str(cfg), "--seed-list", "1", *sets)
     assert "s-seed1: done, skipped" in again.stdout
+    # the trained folder's recorded (resolved) config is the member's at that seed: the report takes it
+    out = tmp_path / "report"
+    reported = run_in_process("sweep.py", "report", str(cfg), "--seed-list", "1", *sets, "--out", str(out), "--no-figures")
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    assert "| s | 0.003 (config) | 1 |" in (out / "comparison.md").read_text()
     status = run_in_process("sweep.py", "status", str(cfg), "--seeds", "3", *sets)
     assert status.returncode == 0, status.stderr[-3000:]
     counts = [line for line in status.stdout.splitlines() if line.startswith("│ s ")][-1]  # the seeds table
