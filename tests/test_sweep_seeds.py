@@ -1,9 +1,13 @@
 """Seeds and learning rates in a sweep: each is a run of its own (name, folder, seeds, LR), launched,
 resumed and counted as any run."""
 
+import json
+import os
+import shlex
+
 import yaml
 
-from olmo_patches.launch.sweep import Variants, load_sweep
+from olmo_patches.launch.sweep import Variants, launch_slurm, load_sweep
 
 from .conftest import REPO, TINY, run_in_process
 
@@ -55,3 +59,37 @@ def test_a_seed_trains_with_its_seeds_and_status_counts_it(tmp_path, demo_corpus
     counts = [line for line in status.stdout.splitlines() if line.startswith("│ s ")][-1]  # the seeds table
     # config, LR x, seeds, done, running, stopped, failed, not started
     assert [c.strip() for c in counts.split("│")[1:-1]] == ["s", "1", "3", "1", "0", "0", "0", "2"], status.stdout
+
+
+def test_slurm_manifest_carries_each_runs_seed_and_lr(tmp_path, monkeypatch):
+    """A seeded LR grid on SLURM: one array element per run, each manifest line the config, the
+    sweep's overrides, then the run's own (a fake sbatch records the call)."""
+    cfg = _config(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/sbatch.args; echo "77;cluster"\n')
+    sbatch.chmod(0o755)
+    for tool in ("squeue", "sacct"):
+        (bin_dir / tool).write_text("#!/bin/bash\ntrue\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    members = load_sweep([str(cfg)], ["train.z_loss=0"], Variants(seeds=(0, 1), lr_scales=(1.0, 2.0)))
+    assert launch_slurm(members, ["train.z_loss=0"], nodes=1, gpus_per_node=1) == "77"
+    args = (tmp_path / "sbatch.args").read_text().splitlines()
+    assert "--array=0-3" in args
+    lines = [shlex.split(line) for line in open(args[args.index("--array", 2) + 1]).read().splitlines()]
+    runs = tmp_path / "runs"
+    assert lines == [
+        [str(cfg / "s.yaml"), "train.z_loss=0"],
+        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.seed={DEMO_SEED + 1}", f"data.order_seed={DEMO_SEED + 1}",
+         "run.name=s-seed1", f"run.save_folder={runs / 's'}-seed1"],
+        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.lr={2 * DEMO_LR}", "run.name=s-lr2x", f"run.save_folder={runs / 's'}-lr2x"],
+        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.lr={2 * DEMO_LR}", f"train.seed={DEMO_SEED + 1}",
+         f"data.order_seed={DEMO_SEED + 1}", "run.name=s-lr2x-seed1", f"run.save_folder={runs / 's'}-lr2x-seed1"],
+    ]  # fmt: skip
+    claims = [
+        json.loads((runs / n / "sweep-claim.json").read_text())["slurm_job"] for n in ("s", "s-seed1", "s-lr2x", "s-lr2x-seed1")
+    ]
+    assert claims == ["77_0", "77_1", "77_2", "77_3"]
