@@ -111,6 +111,12 @@ def test_matched_loss_ratio_recovers_a_known_compute_multiplier():
     assert ratio.lo < 0.8 < ratio.hi and ratio.hi - ratio.lo < 0.2
 
 
+def test_matched_loss_ratio_without_a_curve_is_none_not_an_error():
+    """Only the step-0 evaluation (0 tokens): the baseline "reaches" its loss at once; no ratio."""
+    ratio = matched_loss_ratio({0: [8.3]}, {0: [8.3]}, [0.0])
+    assert math.isnan(ratio.mean) and ratio.n == 1
+
+
 # --- synthetic run folders through scripts/sweep.py report -----------------------------------
 
 

@@ -165,7 +165,9 @@ def comparison_rows(
                     "diff to baseline [95%]": f"{paired.diff.text(4)} (seeds {','.join(map(str, paired.seeds))})",
                     "p": "" if math.isnan(paired.p) else f"{paired.p:.3g}",
                     "verdict": paired.verdict,
-                    "tokens ratio": ratio.text(3) if reached else "baseline's loss not reached",
+                    "tokens ratio": ratio.text(3)
+                    if reached
+                    else "none: baseline's final loss not reached (or reached at 0 tokens)",
                     "FLOPs ratio": _scaled(ratio, fpt).text(3) if reached else "",
                 }
             )

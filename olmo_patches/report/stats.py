@@ -145,7 +145,8 @@ def tokens_to_reach(tokens: Sequence[float], loss: Sequence[float], target: floa
 def _ratio(member: np.ndarray, baseline: np.ndarray, tokens: np.ndarray) -> float:
     """Tokens the mean member curve needs for the mean baseline's final loss, over the baseline's."""
     m, b = member.mean(axis=0), baseline.mean(axis=0)
-    return tokens_to_reach(tokens, m, b[-1]) / tokens_to_reach(tokens, b, b[-1])
+    base = tokens_to_reach(tokens, b, b[-1])
+    return tokens_to_reach(tokens, m, b[-1]) / base if base > 0 else math.nan  # reached at 0 tokens: no ratio
 
 
 def matched_loss_ratio(
