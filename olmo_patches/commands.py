@@ -32,6 +32,7 @@ COMMANDS = {
     "data-order": "data_order.py",
     "gpu-check": "gpu_check.py",
     "tokenize": "tokenize_data.py",
+    "coordcheck": "coordcheck.py",
 }
 
 
@@ -76,3 +77,4 @@ verify_checkpoints = _entry("verify-checkpoints")
 data_order = _entry("data-order")
 gpu_check = _entry("gpu-check")
 tokenize = _entry("tokenize")
+coordcheck = _entry("coordcheck")

@@ -3,7 +3,12 @@
     python scripts/sweep.py launch --local CONFIGS... [--set key=value ...]
     python scripts/sweep.py launch --slurm CONFIGS... [--nodes 2] [--gpus-per-node 8] [--sbatch-arg=--time=24:00:00]
     python scripts/sweep.py status CONFIGS... [--set key=value ...]
-    python scripts/sweep.py report CONFIGS... --out DIR
+    python scripts/sweep.py report CONFIGS... --out DIR [--baseline NAME] [--best-lr]
+
+Every command takes --seeds N (or --seed-list 0,3,7), --vary init|order|both and --lr-grid
+0.5,1,2: each config then runs once per seed offset and LR scale (olmo_patches/launch/sweep.py),
+and the report compares the configs over seeds (docs/statistics.md). Give the same options to
+launch, status and report: they name the same runs.
 
 CONFIGS are config files, folders (every *.yaml below) or globs; the same CONFIGS and --set
 overrides name the same runs (their save folders). --local trains the runs one after another in
@@ -13,6 +18,7 @@ never started twice. Bad configs: one line, exit 2, nothing started.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -20,6 +26,32 @@ from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, console, out_arg
 from olmo_patches.config import ConfigError
+
+
+def seed_list(text: str) -> tuple:
+    """--seed-list: distinct seed offsets >= 0, comma-separated."""
+    try:
+        seeds = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"{text}: seed offsets must be >= 0")
+    if len(set(seeds)) < len(seeds):
+        raise argparse.ArgumentTypeError(f"{text}: a seed appears twice")
+    return seeds
+
+
+def lr_grid(text: str) -> tuple:
+    """--lr-grid: distinct positive multiples of each config's train.lr, comma-separated."""
+    try:
+        scales = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+    if not all(0 < x < math.inf for x in scales):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text}: LR scales must be positive and finite")
+    if len(set(scales)) < len(scales):
+        raise argparse.ArgumentTypeError(f"{text}: a scale appears twice")
+    return scales
 
 
 def main() -> None:
@@ -30,6 +62,14 @@ def main() -> None:
         p.add_argument("configs", nargs="+", help="config files, folders of configs, globs")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
         p.add_argument("--slurm-logs", type=Path, default=Path("logs"), help="where the SLURM elements' output goes")
+        seeds = p.add_mutually_exclusive_group()
+        seeds.add_argument("--seeds", type=at_least(1), help="N seeds per config: offsets 0..N-1 (0: the config's own)")
+        seeds.add_argument("--seed-list", type=seed_list, help="seed offsets per config, e.g. 0,3,7")
+        p.add_argument(
+            "--vary", choices=("init", "order", "both"), default="both",
+            help="what a seed offset changes: train.seed (init), data.order_seed (order) or both",
+        )  # fmt: skip
+        p.add_argument("--lr-grid", type=lr_grid, help="LR scales per config, e.g. 0.5,1,2 (1, the config's LR, always runs)")
     where = commands["launch"].add_mutually_exclusive_group(required=True)
     where.add_argument("--local", action="store_true", help="train here, one run after another")
     where.add_argument("--slurm", action="store_true", help="submit one SLURM job array, one element per run")
@@ -41,17 +81,32 @@ def main() -> None:
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")
     commands["report"].add_argument(
+        "--baseline", help="the config (its run.name) the others are compared with (default: the first)"
+    )
+    commands["report"].add_argument(
+        "--best-lr", action="store_true", help="compare each config at its own best LR of --lr-grid (default: its train.lr)"
+    )
+    commands["report"].add_argument(
         "--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)"
     )
     args = parser.parse_args()
     if args.command == "report":
         out_arg("--out", args.out)
 
-    from olmo_patches.launch.sweep import launch_local, launch_slurm, load_sweep, sweep_status
-    from olmo_patches.report.sweep import report, status_rows
+    from olmo_patches.launch.sweep import Variants, launch_local, launch_slurm, load_sweep, sweep_status
+    from olmo_patches.report.sweep import report, seed_counts, status_rows
 
+    variants = Variants(
+        seeds=args.seed_list or tuple(range(args.seeds or 1)),
+        vary=("init", "order") if args.vary == "both" else (args.vary,),
+        lr_scales=tuple(sorted({1.0, *(args.lr_grid or ())})),
+    )
     try:
-        members = load_sweep(args.configs, args.overrides)
+        members = load_sweep(args.configs, args.overrides, variants)
+        if args.command == "report" and args.baseline and args.baseline not in {m.group for m in members}:
+            raise ConfigError(
+                f"--baseline {args.baseline}: not a config of the sweep ({', '.join(dict.fromkeys(m.group for m in members))})"
+            )
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -72,15 +127,32 @@ def main() -> None:
             print(f"sweep: {e}", file=sys.stderr)
             raise SystemExit(1) from None
     elif args.command == "status":
-        rows = status_rows(sweep_status(members, args.slurm_logs))
+        statuses = sweep_status(members, args.slurm_logs)
+        rows = status_rows(statuses)
         table = Table(title=f"sweep: {len(rows)} run(s)")
         for col in rows[0]:
             table.add_column(col, overflow="fold")
         for row in rows:
             table.add_row(*row.values())
         console().print(table)
+        if len(variants.seeds) * len(variants.lr_scales) > 1:
+            counts = seed_counts(statuses)
+            table = Table(title=f"seeds per config: {variants.describe()}")
+            for col in counts[0]:
+                table.add_column(col)
+            for row in counts:
+                table.add_row(*row.values())
+            console().print(table)
     else:
-        for path in report(members, args.out, args.slurm_logs, figures=not args.no_figures, target_loss=args.target_loss):
+        try:
+            written = report(
+                members, args.out, args.slurm_logs, figures=not args.no_figures, target_loss=args.target_loss,
+                variants=variants, baseline=args.baseline, use_best_lr=args.best_lr,
+            )  # fmt: skip
+        except ConfigError as e:
+            print(f"config error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        for path in written:
             print(path)
 
 

@@ -103,6 +103,7 @@ COMMANDS = [
     Row(r"python benchmarks/bench_kv_cache\.py", "parse", why="minutes of generation on 2 CPU cores"),
     Row(r"python benchmarks/bench_allgather_copy\.py", "run", ("--repeats", "1")),
     Row(r"python scripts/sweep\.py (status|report) configs/demo/ablations/", "run"),
+    Row(r"python scripts/coordcheck\.py ", "run", ("--steps", "2", "--batch", "2", "--seq", "16")),
     Row(r"python scripts/sweep\.py ", "parse", why="trains a table's worth of runs, or needs SLURM (tests/test_sweep.py)"),
     Row(r"python scripts/evaluate\.py ", "parse", why="needs a finished run or an HF folder (tests/test_evaluate.py)"),
     Row(r"python scripts/train\.py \S+ .*data\.base=", "parse", why="a mirror of OLMo-2's files (tests/test_data_order.py)"),

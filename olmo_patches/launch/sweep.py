@@ -15,6 +15,13 @@ the run folders, beside what training writes there (``config.yaml``, ``metrics.j
 A run's state: **done** (a complete checkpoint at the last step), **running** (a live claim),
 **failed** (the last attempt exited non-zero, or SLURM says FAILED/TIMEOUT/OUT_OF_MEMORY/...),
 **stopped** (anything else begun: a checkpoint, metrics or a config) or **not started**.
+
+Seeds and learning rates (:class:`Variants`): each config can run over seeds and over a grid of
+learning rates around its own. Seed offset s adds s to ``train.seed`` (the init) and/or
+``data.order_seed`` (the data order), whichever ``vary`` names; LR scale x multiplies
+``train.lr``. Offset 0 at scale 1 is the config's own run (its name and folder); another variant is
+the run ``NAME-lrXx-seedS`` in the folder ``SAVE_FOLDER-lrXx-seedS``, an ordinary run folder
+(resumed, claimed and reported as any).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from olmo_core.train.checkpoint import Checkpointer
 
@@ -41,7 +48,17 @@ from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
 
-__all__ = ["Member", "RunStatus", "SlurmInfo", "load_sweep", "sweep_status", "launch_local", "launch_slurm", "take_claim"]
+__all__ = [
+    "Member",
+    "Variants",
+    "RunStatus",
+    "SlurmInfo",
+    "load_sweep",
+    "sweep_status",
+    "launch_local",
+    "launch_slurm",
+    "take_claim",
+]
 
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
@@ -53,12 +70,49 @@ SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", 
 SLURM_LIVE = set("PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split())
 
 
+@dataclass(frozen=True)
+class Variants:
+    """The runs each config of a sweep makes: seed offsets x LR scales."""
+
+    seeds: Tuple[int, ...] = (0,)  # offsets added to the config's seeds; 0: the config's own
+    vary: Tuple[str, ...] = ("init", "order")  # init: train.seed; order: data.order_seed
+    lr_scales: Tuple[float, ...] = (1.0,)  # multiples of the config's train.lr
+
+    def overrides(self, spec: ExperimentSpec, seed: int, lr_scale: float) -> List[str]:
+        """The overrides making ``spec`` (a config as loaded) the run of this seed and LR scale."""
+        own, suffix = [], ""
+        if lr_scale != 1.0:
+            own.append(f"train.lr={spec.train.lr * lr_scale!r}")
+            suffix += f"-lr{lr_scale:g}x"
+        if seed:
+            own += [f"train.seed={spec.train.seed + seed}"] if "init" in self.vary else []
+            own += [f"data.order_seed={spec.data.order_seed + seed}"] if "order" in self.vary else []
+            suffix += f"-seed{seed}"
+        if suffix:
+            own += [f"run.name={spec.run.name}{suffix}", f"run.save_folder={spec.save_folder}{suffix}"]
+        return own
+
+    def describe(self) -> str:
+        seeds = ", ".join(map(str, self.seeds))
+        varied = {"init": "train.seed (init)", "order": "data.order_seed (data order)"}
+        return (
+            f"{len(self.seeds)} seed(s), offsets {seeds} added to "
+            + " and ".join(varied[v] for v in self.vary)
+            + (" (the other kept at the config's)" if len(self.vary) == 1 else "")
+            + f"; LR scales {', '.join(f'{x:g}' for x in self.lr_scales)} x the config's train.lr"
+        )
+
+
 @dataclass
 class Member:
-    """One config of the sweep and its run."""
+    """One run of the sweep: a config at one seed offset and LR scale."""
 
     config: Path
     spec: ExperimentSpec
+    overrides: Tuple[str, ...] = ()  # this run's own (seed, LR, name, folder), after the sweep's
+    group: str = ""  # the config's run.name: every seed and LR of one config
+    seed: int = 0  # seed offset
+    lr_scale: float = 1.0
 
     @property
     def name(self) -> str:
@@ -100,9 +154,17 @@ def expand_configs(patterns: Sequence[str]) -> List[Path]:
     return found
 
 
-def load_sweep(patterns: Sequence[str], overrides: Sequence[str] = ()) -> List[Member]:
-    """Every config loaded and checked (ConfigError on the first bad one); two configs may not share a run folder."""
-    members = [Member(path, load_spec(path, list(overrides))) for path in expand_configs(patterns)]
+def load_sweep(patterns: Sequence[str], overrides: Sequence[str] = (), variants: Variants = Variants()) -> List[Member]:
+    """Every run of every config loaded and checked (ConfigError on the first bad one); two runs may
+    not share a run folder."""
+    members = []
+    for path in expand_configs(patterns):
+        spec = load_spec(path, list(overrides))
+        for lr_scale in variants.lr_scales:
+            for seed in variants.seeds:
+                own = variants.overrides(spec, seed, lr_scale)
+                run_spec = load_spec(path, [*overrides, *own]) if own else spec
+                members.append(Member(path, run_spec, tuple(own), spec.run.name, seed, lr_scale))
     seen: Dict[Path, Path] = {}
     for m in members:
         folder = m.folder.resolve()
@@ -300,7 +362,7 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
                 with open(m.folder / LOG, "a") as log:  # the run's lines (its progress) to its log and, named, to the terminal
                     child[:] = [
                         subprocess.Popen(
-                            [sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides],
+                            [sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides, *m.overrides],
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT,
                             text=True,
@@ -353,7 +415,7 @@ def launch_slurm(
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         manifest = log_dir / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
-        manifest.write_text("".join(shlex.join([str(m.config), *overrides]) + "\n" for m in todo))
+        manifest.write_text("".join(shlex.join([str(m.config), *overrides, *m.overrides]) + "\n" for m in todo))
         cmd = [
             "sbatch",
             "--parsable",

@@ -123,9 +123,7 @@ def _ended(pid: int, env: Dict[str, str], info) -> None:
     _announced.set()
     from .peers import announce_for
 
-    first, prints = (
-        announce_for(env, line, 128 + info.si_status) if "MASTER_PORT" in env else (line, True)
-    )
+    first, prints = announce_for(env, line, 128 + info.si_status) if "MASTER_PORT" in env else (line, True)
     if prints:
         print(first, file=sys.stderr, flush=True)
 
@@ -133,17 +131,9 @@ def _ended(pid: int, env: Dict[str, str], info) -> None:
 def failure_line(error) -> tuple[str, int]:
     """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
     rank, failure = error.get_first_failure()
-    how = (
-        f"killed by {signal.Signals(-failure.exitcode).name}"
-        if failure.exitcode < 0
-        else f"exit code {failure.exitcode}"
-    )
+    how = f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     try:
-        message = (
-            failure.message
-            if isinstance(failure.message, str)
-            else failure.message.get("message", "")
-        )
+        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
     except AttributeError:
         message = ""
     last = message.strip().splitlines()[-1] if message and message.strip() else ""
@@ -180,16 +170,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     stop = threading.Event()
-    threading.Thread(
-        target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True
-    ).start()
+    threading.Thread(target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True).start()
     try:
         torchrun(args)
     except ChildFailedError as e:
         line, code = failure_line(e)
-        if (
-            not _announced.is_set() and e.get_first_failure()[1].exitcode < 0
-        ):  # a worker that said nothing itself
+        if not _announced.is_set() and e.get_first_failure()[1].exitcode < 0:  # a worker that said nothing itself
             print(line, file=sys.stderr, flush=True)
         sys.exit(code)
     except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone

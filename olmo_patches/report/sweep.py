@@ -1,5 +1,6 @@
 """A sweep's report: its status table, the papers' tables that have a run of the sweep, the scaling
-fits and the figures (``scripts/sweep.py status`` and ``report``)."""
+fits, the comparison over seeds and LRs (report/compare.py) and the figures (``scripts/sweep.py
+status`` and ``report``)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from ..launch.run_folder import read_metrics
-from ..launch.sweep import Member, RunStatus, sweep_status
+from ..launch.sweep import Member, RunStatus, Variants, sweep_status
+from .compare import check_seed_folders, comparison_notes, comparison_tables, val_curves_figure
 from .figures import make_figures, scaling_figure
 from .scaling import scaling_tables
 from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, paper_results, write_tables
 
-__all__ = ["report", "status_rows"]
+__all__ = ["report", "status_rows", "seed_counts"]
 
 
 def _val_ppl(m: Member) -> str:
@@ -21,9 +23,11 @@ def _val_ppl(m: Member) -> str:
 
 
 def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
+    variants = len({(s.member.seed, s.member.lr_scale) for s in statuses}) > 1
     return [
         {
             "run": s.member.name,
+            **({"seed": str(s.member.seed), "LR x": f"{s.member.lr_scale:g}"} if variants else {}),
             "config": str(s.member.config),
             "state": s.state,
             "step": f"{s.step}/{s.member.total_steps}",
@@ -36,25 +40,51 @@ def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
     ]
 
 
+def seed_counts(statuses: Sequence[RunStatus]) -> List[dict]:
+    """Per config and LR scale: how many of its seeds are in each state."""
+    counts: dict = {}
+    for s in statuses:
+        row = counts.setdefault(
+            (s.member.group or s.member.name, s.member.lr_scale),
+            dict.fromkeys(("seeds", "done", "running", "stopped", "failed", "not started"), 0),
+        )
+        row["seeds"] += 1
+        row[s.state] += 1
+    return [{"config": g, "LR x": f"{x:g}", **{k: str(v) for k, v in row.items()}} for (g, x), row in counts.items()]
+
+
 def report(
     members: Sequence[Member],
     out: Path,
     slurm_log_dir: Path = Path("logs"),
     figures: bool = True,
     target_loss: Optional[float] = None,
+    variants: Variants = Variants(),
+    baseline: Optional[str] = None,
+    use_best_lr: bool = False,
 ) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
     sweep's configs, paper beside run), the scaling fits where a family has runs at 2+ budgets
-    (report/scaling.py), and the figures, for all runs and per ablation."""
+    (report/scaling.py), the comparison over seeds against ``baseline`` (default: the first
+    config) at each config's LR or each member's best (``use_best_lr``), and the figures, for all
+    runs and per ablation. A member whose seeds' folders hold another config: ConfigError, nothing
+    written."""
+    check_seed_folders(members)
+    baseline = baseline or (members[0].group or members[0].name)
     runs = load_runs([m.folder for m in members if (m.folder / "config.yaml").exists()])
     configs = [m.config for m in members]
     tables = build_tables(runs, sweep_configs=configs)
     tables = {k: rows for k, rows in tables.items() if any(r.get("run") in runs for r in rows)}
     tables.update({k: rows for k, rows in scaling_tables(runs, paper_results(), target_loss).items() if rows})
-    tables = {"sweep": status_rows(sweep_status(members, slurm_log_dir)), **tables}
+    compared = {k: rows for k, rows in comparison_tables(members, runs, variants, baseline, use_best_lr).items() if rows}
+    tables = {"sweep": status_rows(sweep_status(members, slurm_log_dir)), **compared, **tables}
     written = write_tables(tables, out)
+    notes = comparison_notes(variants, baseline, use_best_lr)
+    (out / "comparison_notes.md").write_text(notes)
+    written.append(out / "comparison_notes.md")
     if figures:
         written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())
+        written += val_curves_figure(members, runs, out, use_best_lr)
         by_config = {m.config: m.name for m in members}
         for group, paths in ablation_configs(configs).items():
             subset = {by_config[p]: runs[by_config[p]] for p in paths if by_config[p] in runs}
