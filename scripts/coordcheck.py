@@ -47,7 +47,9 @@ def main() -> None:
         spec = load_spec(find_config(args.config), args.overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
-    if args.axes and "K" in args.axes and spec.model.block != "hourglass":
+    from olmo_patches.blocks import block_of
+
+    if args.axes and "K" in args.axes and "K" not in block_of(spec.model).knobs:
         refuse_alike(f"--axes {','.join(args.axes)}: K needs an hourglass model (model.block is {spec.model.block})")
     out = out_arg("--out", args.out or Path("coordcheck") / spec.run.name)
 

@@ -64,6 +64,12 @@ LISTED = {
     ("nn/lm_loss.py", "logits_in_eval.by_mode", "use module._loss_implementation"): (
         "OLMo-core's LMHead fixes its loss at build (fused: no logits); its evaluators need logits"
     ),
+    ("nn/moe.py", "count_experts_first.counted_train_batch", "use train_module._prepare_batch"): (
+        "the global-batch load balance routes the step's micro-batches first, as OLMo-core's train_batch prepares them"
+    ),
+    ("nn/moe.py", "count_experts_first.counted_train_batch", "use train_module._set_model_mode"): (
+        "the routing pass runs in the train module's own mode handling (OLMo-core has no public setter)"
+    ),
     ("nn/moe.py", "PortableDroplessMoE", "override _init_parallel_mlp"): (
         "OLMo-core's DroplessMoE builds its experts there and nowhere else (no expert config)"
     ),

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..blocks import block_of
 from ..config import ExperimentSpec, load_spec
 from .optimizer import optimizer
 
@@ -55,16 +56,16 @@ def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
     for key in ("d_h", "d_ff"):
         if getattr(m, key) is not None:
             out.append(f"model.{key}={getattr(m, key) * k}")
-    w = m.widths
-    if m.block == "variable_width" and w.values:
+    w, widths = m.widths, "widths" in block_of(m).reads(m)  # a variable-width kind's schedule
+    if widths and w.values:
         out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
-    if m.block == "variable_width" and w.init == "mup":
+    if widths and w.init == "mup":
         out.append(f"model.widths.m_width={w.m_width * k!r}")
     return out
 
 
 def axes_of(spec: ExperimentSpec) -> List[str]:
-    return ["width", "depth"] + (["K"] if spec.model.block == "hourglass" else [])
+    return ["width", "depth"] + (["K"] if "K" in block_of(spec.model).knobs else [])  # a kind that stacks K
 
 
 def _kind(name: str) -> Optional[str]:
