@@ -97,7 +97,7 @@ COMMANDS = [
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
     Row(r"pytest ", "parse", why="this suite, or a part of it"),
-    Row(r"make wheelhouse", "parse", why="downloads 117 MiB of wheels (tests/test_gpu_install.py builds it, marked slow)"),
+    Row(r"make wheelhouse", "parse", why="downloads 54 MiB of wheels (tests/test_gpu_install.py builds it, marked slow)"),
     Row(r"python scripts/gpu_check\.py", "parse", why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_ready.py)"),
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
     Row(r"python benchmarks/bench_kv_cache\.py", "parse", why="minutes of generation on 2 CPU cores"),
