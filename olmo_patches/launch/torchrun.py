@@ -13,10 +13,13 @@ SIGUSR1 ends it at once (the default action). Here, as torchrun otherwise:
   (its ``--signals-to-handle``, unless given).
 - A worker killed outright (SIGKILL, an out-of-memory kill) cannot say so itself. A thread here
   sees each worker end within 20 ms (``os.waitid`` with ``WNOWAIT``: the status is read and the
-  worker left for torchrun's agent to reap, which looks every ``--monitor-interval``, 0.1 s, and
-  then stops this node's other workers); a worker killed by a signal has its line (the rank, its
-  node, its pid, the signal) put in the launch's store (olmo_patches/launch/peers.py), so every rank
-  of every node stops within a second or so, each node printing that one line. Once a worker
+  worker left for torchrun's agent to reap, which looks every ``--monitor-interval``: 1 s here
+  unless given, so that on a loaded machine the watch reads the status before the agent reaps it;
+  torchrun's default is 0.1 s); a worker killed by a signal has its line (the rank, its node, its
+  pid, the signal) put in the launch's store (olmo_patches/launch/peers.py), so every rank of every
+  node stops within a second or so, each node printing that one line. Where the agent reaped the
+  worker first all the same, its ``ChildFailedError`` gives the signal and the line is put in the
+  store then. Once a worker
   failed, torchrun's error table and logs give way to it (this node's own line if no rank printed
   one); a rendezvous whose store went with another node: one line. ``--max-restarts 0`` (torchrun's
   default, passed unless given): a failed worker ends the launch. No private torch API is used.
@@ -75,11 +78,13 @@ def _environ(pid: int) -> Dict[str, str]:
     return dict(e.decode(errors="replace").split("=", 1) for e in raw.split(b"\0") if b"=" in e)
 
 
+_envs: Dict[int, Dict[str, str]] = {}  # this node's workers' environments, by pid (read while they live)
 _announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
 # A worker of this node failed (its line is printed: by it, or announced).
 _failed = threading.Event()
-# How often the workers' ends are looked for (torchrun's agent: --monitor-interval, 0.1 s).
+# How often the workers' ends are looked for (torchrun's agent: --monitor-interval, MONITOR_S).
 WATCH_S = 0.02
+MONITOR_S = "1"  # torchrun's --monitor-interval unless given (its default: 0.1 s)
 ENV_S = 0.5  # how often new workers' environments are read
 
 
@@ -87,16 +92,15 @@ def _watch_workers(stop: threading.Event) -> None:
     """This node's workers: each one's environment read while it lives (a zombie's is empty: its
     store, rank and node), and the moment one ends, how (``waitid`` with ``WNOWAIT``, POSIX: the
     status is read, not reaped: torchrun's agent still reaps the worker and reports it as ever)."""
-    envs: Dict[int, Dict[str, str]] = {}
     ended: Set[int] = set()
     read_at = 0.0
     while not stop.wait(WATCH_S):
         if time.monotonic() - read_at > ENV_S:
             read_at = time.monotonic()
             for pid in children():
-                if pid not in envs and (env := _environ(pid)).get("RANK") is not None:
-                    envs[pid] = env
-        for pid, env in envs.items():
+                if pid not in _envs and (env := _environ(pid)).get("RANK") is not None:
+                    _envs[pid] = env
+        for pid, env in list(_envs.items()):
             if pid in ended:
                 continue
             try:
@@ -114,16 +118,22 @@ def _ended(pid: int, env: Dict[str, str], info) -> None:
     if info.si_code == os.CLD_EXITED and info.si_status == 0:
         return
     _failed.set()
-    if info.si_code == os.CLD_EXITED or _announced.is_set():  # an exit code: the worker said why
+    if info.si_code == os.CLD_EXITED:  # an exit code: the worker said why
+        return
+    _killed(pid, env, info.si_status)
+
+
+def _killed(pid: int, env: Dict[str, str], signum: int) -> None:
+    """A worker killed by ``signum``: its line in the launch's store (once a node) and printed."""
+    if _announced.is_set():
         return
     node = env.get("GROUP_RANK", os.environ.get("GROUP_RANK", "?"))
-    name = signal.Signals(info.si_status).name
     where = f"node {node}, {socket.gethostname()}, pid {pid}"
-    line = f"rank {env['RANK']} ({where}) was killed by {name}; every rank stops"
+    line = f"rank {env['RANK']} ({where}) was killed by {signal.Signals(signum).name}; every rank stops"
     _announced.set()
     from .peers import announce_for
 
-    first, prints = announce_for(env, line, 128 + info.si_status) if "MASTER_PORT" in env else (line, True)
+    first, prints = announce_for(env, line, 128 + signum) if "MASTER_PORT" in env else (line, True)
     if prints:
         print(first, file=sys.stderr, flush=True)
 
@@ -152,6 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args = ["--signals-to-handle", _HANDLED_BY_TORCHRUN, *args]
     if "--max-restarts" not in given:  # a failed worker ends the launch (torchrun's default, said)
         args = ["--max-restarts", "0", *args]
+    if "--monitor-interval" not in given and "PET_MONITOR_INTERVAL" not in os.environ:
+        args = ["--monitor-interval", MONITOR_S, *args]  # the watch reads a worker's end first
     for s in PASSED_ON:
         signal.signal(s, _pass_on)
     # torch's C++ log (a store whose host has gone: a page of C++ frames a process): here only its
@@ -175,8 +187,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         torchrun(args)
     except ChildFailedError as e:
         line, code = failure_line(e)
-        if not _announced.is_set() and e.get_first_failure()[1].exitcode < 0:  # a worker that said nothing itself
-            print(line, file=sys.stderr, flush=True)
+        failure = e.get_first_failure()[1]
+        if not _announced.is_set() and failure.exitcode < 0:  # a worker that said nothing itself
+            if (env := _envs.get(failure.pid)) is not None:  # reaped before the watch read it
+                _killed(failure.pid, env, -failure.exitcode)
+            else:
+                print(line, file=sys.stderr, flush=True)
         sys.exit(code)
     except RendezvousError as e:  # the rendezvous store's host (another node's torchrun) is gone
         if _failed.is_set():  # this node's workers failed first and said why
