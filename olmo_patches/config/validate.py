@@ -330,12 +330,10 @@ def check_depth(spec, fail) -> None:
         )
 
 
-def check_size(spec, fail, vocab: int) -> None:
-    """The size check (the rule above), the model's parameters counted: one line naming them and the
-    bytes a rank needs."""
-    m, s, g = spec.model, spec.data.sequence_length, spec.train.global_batch_size
-    d, L = m.d_model, m.n_layers
-    layer = 0
+def counted_params(m, vocab: int) -> int:
+    """The parameters the size check counts for a model ``m`` (a ModelSpec) of ``vocab`` ids: the
+    embedding, an untied LM head, a constant-width layer's attention and FFN matrices (no norms)."""
+    d, layer = m.d_model, 0
     if m.block in ("baseline", "hourglass"):
         head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
         layer = attention_params(d, m.n_heads * head_dim, n_kv * head_dim)
@@ -343,7 +341,15 @@ def check_size(spec, fail, vocab: int) -> None:
             layer += hourglass_ffn_params(d, m.K, m.resolved_d_h)
         else:
             layer += swiglu_ffn_params(d, m.resolved_d_ff)
-    params = vocab * d * (1 if m.tie_embeddings else 2) + L * layer
+    return vocab * d * (1 if m.tie_embeddings else 2) + m.n_layers * layer
+
+
+def check_size(spec, fail, vocab: int) -> None:
+    """The size check (the rule above), the model's parameters counted: one line naming them and the
+    bytes a rank needs."""
+    m, s, g = spec.model, spec.data.sequence_length, spec.train.global_batch_size
+    d, L = m.d_model, m.n_layers
+    params = counted_params(m, vocab)
     states = _STATE_BYTES * params / g
     kept = _KEPT_BYTES * s * L * (d if m.block in ("baseline", "hourglass") else 1)
     if states + kept > _LARGEST_CARD:
