@@ -40,7 +40,8 @@ def _smallest_dtype(vocab: int) -> np.dtype:
 def _numpy_run(tmp_path: Path, *paths: str, extra: tuple = ()) -> list[str]:
     run = tmp_path / "run"
     listed = ",".join(paths)
-    return tiny_overrides(run, "data.source=numpy", f"data.paths=[{listed}]", "train.max_steps=1", *extra)
+    work = f"data.work_dir={tmp_path / 'work'}"  # the scan's cache: outside the run folder
+    return tiny_overrides(run, "data.source=numpy", f"data.paths=[{listed}]", "train.max_steps=1", work, *extra)
 
 
 def _refused_in_one_line(r: subprocess.CompletedProcess, run: Path, *named: str) -> str:
@@ -81,6 +82,7 @@ def test_a_mixture_source_with_an_id_beyond_the_vocabulary_is_named(tmp_path):
         f"data.mixture.code.paths=[{tmp_path / 'code*.npy'}]",  # a glob
         "data.mixture.code.ratio=1",
         "train.max_steps=1",
+        f"data.work_dir={tmp_path / 'work'}",
     ]
     r = run_in_process("train.py", BASELINE, *tiny_overrides(run, *mixture), cwd=tmp_path)
     _refused_in_one_line(r, run, "data.mixture.code.paths", "code.npy", f"token id {DEMO_VOCAB} at token 300")
@@ -238,7 +240,7 @@ def test_an_impossible_layer_count_is_refused_at_load_without_torch():
         ("demo/baseline.yaml", "model.n_layers=99999999999", "model.n_layers=99999999999"),
         ("demo/variable-width.yaml", "model.n_layers=99999999999", "model.n_layers=99999999999"),
         ("demo/hourglass.yaml", "model.n_layers=1000000", "parameters need"),
-        ("8B/baseline-revised.yaml", "model.d_model=65536", "model.d_model=65536"),
+        ("8B/baseline-revised.yaml", "model.n_layers=100000", "model.n_layers=100000"),
     ],
 )
 def test_a_model_that_fits_no_card_is_refused_in_one_line(tmp_path, config, override, named):
