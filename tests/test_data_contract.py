@@ -88,6 +88,21 @@ def test_a_mixture_source_with_an_id_beyond_the_vocabulary_is_named(tmp_path):
     _refused_in_one_line(r, run, "data.mixture.code.paths", "code.npy", f"token id {DEMO_VOCAB} at token 300")
 
 
+def test_a_bad_token_file_is_refused_before_torch_is_imported(tmp_path):
+    tokens = np.zeros(512, dtype=np.uint16)
+    tokens[-1] = DEMO_VOCAB
+    tokens.tofile(tmp_path / "t.npy")
+    code = (
+        "import sys\n"
+        "from olmo_patches.cli import load_or_exit\n"
+        f"try:\n    load_or_exit({BASELINE!r}, {_numpy_run(tmp_path, str(tmp_path / 't.npy'))!r})\n"
+        "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=300)
+    assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-2000:])
+    assert f"token id {DEMO_VOCAB} at token 511" in r.stderr
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(vocab=st.integers(2, 70_000), n=st.integers(SEQ * BATCH, 600), data=st.data())
 def test_a_token_file_is_refused_exactly_when_its_largest_id_reaches_the_vocabulary(tmp_path_factory, vocab, n, data):

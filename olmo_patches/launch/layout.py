@@ -11,20 +11,12 @@ from pathlib import Path
 from typing import Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import (
-    ActivationCheckpointing,
-    ConfigError,
-    ExperimentSpec,
-    demo_cache,
-    failer,
-    one_line,
-    tokenizer_config,
-    vocab_size,
-)
+from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line
 from ..nn.attention import FLASH, BackendChoice, resolve_attention_backend
 from .ranks import Layout
 from ..nn.lm_loss import lm_loss, set_lm_loss
 from .cards import CARDS, detect
+from .data_files import check_data_files
 from .memory import MemoryEstimate, estimate, with_float8
 from .presets import Settings, choose
 
@@ -81,8 +73,7 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
-    if d.source == "numpy":
-        _check_token_files(spec, fail)
+    check_data_files(spec, fail)  # also at load, before torch (cli.load_or_exit)
     for key, folder in (
         ("run.save_folder", spec.save_folder),
         ("data.work_dir", d.work_dir),
@@ -90,8 +81,6 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     ):
         if "://" not in folder and (why := _not_a_folder(Path(folder))):
             fail(key, folder, why)
-    if d.tokenizer_file is not None:
-        _check_tokenizer_file(spec, fail)
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
     check_downstream_tasks(spec, fail)
@@ -105,148 +94,6 @@ def _not_a_folder(path: Path) -> str:
         if parent.exists():
             return "" if parent.is_dir() else f"under {parent}, a file"
     return ""
-
-
-def _check_token_files(spec: ExperimentSpec, fail) -> None:
-    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the smallest
-    unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one sequence;
-    together at least one global batch: an empty dataset would have OLMo-core enumerate epochs without
-    end. Then every id of every file of the run below the vocabulary (:func:`_check_token_ids`)."""
-    import numpy as np
-
-    d, t = spec.data, spec.train
-    tokenizer = tokenizer_config(spec)
-    dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if tokenizer.vocab_size - 1 <= np.iinfo(k).max)
-    instances, local = 0, True
-    files = _manifest_files(spec, fail)
-    for path in files:
-        if "://" in path:
-            local = False
-            continue
-        file = Path(path)
-        if file.is_dir():
-            fail("data.paths", path, "a folder, not a token file")
-        if not file.is_file():
-            fail("data.paths", path, "no such file")
-        size = file.stat().st_size
-        if size % dtype.itemsize:
-            fail(
-                "data.paths",
-                path,
-                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})",
-            )
-        if size // dtype.itemsize < d.sequence_length:
-            fail(
-                "data.paths",
-                path,
-                f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}",
-            )
-        instances += size // dtype.itemsize // d.sequence_length
-    if local and d.paths and instances < t.global_batch_size:
-        fail(
-            "data.paths",
-            d.paths,
-            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
-        )
-    keyed = [("data.paths", p) for p in files] + _mixture_files(spec) + _validation_files(spec)
-    _check_token_ids(spec, fail, keyed, dtype)
-
-
-def _mixture_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
-    """(key, path) of data.mixture's token files: its manifests' files, its paths with local globs
-    expanded; a file missing or of another tokenizer is train/sources.py's to refuse, later."""
-    import glob
-
-    from ..data.tokenize import InputError, read_manifest
-
-    out = []
-    for name, s in spec.data.mixture.items():
-        key = f"data.mixture.{name}.{'manifest' if s.manifest else 'paths'}"
-        entries = []
-        if s.manifest:
-            try:
-                entries = read_manifest(s.manifest)[1]
-            except InputError:
-                pass
-        for p in s.paths:
-            entries += [p] if "://" in p or "*" not in p else sorted(glob.glob(p))
-        out += [(key, p) for p in entries if "://" in p or Path(p).is_file()]
-    return out
-
-
-def _validation_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
-    """(key, path) of the local files of eval.validation_sets (token files of the run's tokenizer
-    too: the evaluator reads them with the run's model); none for the demo (its own split). Those at
-    a URL are not HEAD-checked: data.mix_base_dir's default is a public server."""
-    e = spec.eval
-    if spec.data.source == "demo" or not e.validation_sets:
-        return []
-    from ..eval.evaluators import validation_files
-
-    paths, _ = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
-    return [("eval.validation_sets", p) for p in paths if Path(p).is_file()]  # URLs: not HEAD-checked
-
-
-def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], dtype) -> None:
-    """Every id of every local token file (``(key, path)``) below the vocabulary, the whole file
-    read (data/contract.py: cached in data.work_dir by size and modification time); every HTTP(S)
-    one answering a HEAD."""
-    from ..data.contract import HEAD_TIMEOUT_S, max_token, unreachable
-
-    d, vocab = spec.data, tokenizer_config(spec).vocab_size  # <= model.vocab_size (config/validate.py)
-    if (bad := unreachable([p for _, p in files])) is not None:
-        key = next(k for k, p in files if p == bad[0])
-        fail(key, bad[0], f"{bad[1]} (a HEAD within {HEAD_TIMEOUT_S:g} s)")
-    local = [(k, p) for k, p in files if "://" not in p]
-    cache = None if "://" in d.work_dir else Path(d.work_dir)
-    try:
-        found = max_token([p for _, p in local], dtype, cache)
-    except OSError as e:
-        fail("data.paths", e.filename, f"cannot read: {e.strerror}")
-    for key, path in local:
-        if (top := found[path]).max >= vocab:
-            fail(
-                key,
-                path,
-                f"token id {top.max} at token {top.position} >= the vocabulary's {vocab} "
-                f"(data.tokenizer={d.tokenizer}, model.vocab_size={vocab_size(spec)}; {dtype.name} tokens)",
-            )
-
-
-def _check_tokenizer_file(spec: ExperimentSpec, fail) -> None:
-    """data.tokenizer_file: a tokenizers JSON whose ids fit the model's vocabulary."""
-    from ..data.contract import tokenizer_vocab
-
-    file = spec.data.tokenizer_file
-    if not Path(file).is_file():
-        fail("data.tokenizer_file", file, "a folder, not a tokenizer JSON" if Path(file).is_dir() else "no such file")
-    try:
-        ids = tokenizer_vocab(file)
-    except (OSError, ValueError) as e:
-        fail("data.tokenizer_file", file, getattr(e, "strerror", None) or str(e))
-    if ids > vocab_size(spec):
-        fail("data.tokenizer_file", file, f"{ids} token ids, more than model.vocab_size={vocab_size(spec)}")
-
-
-def _manifest_files(spec: ExperimentSpec, fail) -> list:
-    """data.paths with each hourglass-tokenize folder or manifest.json replaced by its token files,
-    its tokens checked against the config's tokenizer."""
-    from ..data.tokenize import MANIFEST, InputError, other_tokenizer, read_manifest
-
-    d, tok, out = spec.data, tokenizer_config(spec), []
-    for path in d.paths:
-        if "://" in path or not (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
-            out.append(path)
-            continue
-        try:
-            manifest, files = read_manifest(path)
-        except InputError as e:
-            fail("data.paths", path, str(e))
-        ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
-        if why := other_tokenizer(manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file):
-            fail("data.paths", path, why)
-        out.extend(files)
-    return out
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:
