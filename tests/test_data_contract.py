@@ -333,3 +333,10 @@ def test_search_without_a_shape_exits_2_in_one_line(tmp_path, args):
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:])
     assert len(lines) == 1 and lines[0].startswith(f"search: BUDGET={args[0]}: no shape within"), r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_size_checks_card_is_the_largest_listed():
+    from olmo_patches.config.validate import _LARGEST_CARD
+    from olmo_patches.launch.cards import CARDS, MODELS
+
+    assert _LARGEST_CARD == max(c.memory_gib for c in [*CARDS.values(), *MODELS.values()]) * 2**30
