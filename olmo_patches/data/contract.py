@@ -98,7 +98,7 @@ def max_token(paths: Sequence[str], dtype: np.dtype, cache_dir: Optional[Path]) 
     if not todo:
         return found
     total = sum(stamp["size"] for *_, stamp in todo)
-    with _progress(total) as advance:
+    with _Progress(total) as advance:
         for p, path, key, stamp in todo:
             found[p] = result = scan(path, dtype, advance)
             entries[key] = dict(stamp, max=result.max, position=result.position)
@@ -106,7 +106,7 @@ def max_token(paths: Sequence[str], dtype: np.dtype, cache_dir: Optional[Path]) 
     return found
 
 
-class _progress:
+class _Progress:
     """``advance(bytes)`` of a rich progress bar on stderr for a long scan; a no-op for a short one."""
 
     def __init__(self, total: int):
