@@ -31,6 +31,12 @@ def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optio
         spec = load_spec(find_config(path), overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
+    from .launch.data_files import check_data_files  # numpy and the standard library: torch not yet
+
+    try:
+        check_data_files(spec)  # token ids, URLs, the tokenizer file
+    except ConfigError as e:
+        refuse_alike(f"config error: {e}")
     from .launch.layout import resolve
 
     try:

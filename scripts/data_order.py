@@ -53,7 +53,7 @@ def _sizes(args: argparse.Namespace, paths: list[str], reader: RangeReader) -> l
 
 
 def cmd_manifest(args: argparse.Namespace, reader: RangeReader) -> None:
-    paths = read_paths_file(Path(args.paths_file))
+    paths = args.paths
     out = Path(args.out) if args.out else PINNED_MANIFEST
     sizes = fetch_sizes(rebase(paths, args.base), reader, workers=args.workers, progress=not args.quiet)
     save_manifest(out, paths, sizes)
@@ -62,7 +62,7 @@ def cmd_manifest(args: argparse.Namespace, reader: RangeReader) -> None:
 
 
 def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
-    paths = read_paths_file(Path(args.paths_file))
+    paths = args.paths
     layout = Layout.from_sizes(paths, _sizes(args, paths, reader), args.seq_len)
     written = write_global_indices(
         Path(args.out), layout.num_instances, args.seed, world_size=args.world_size, npy_header=args.npy_header
@@ -71,7 +71,7 @@ def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
 
 
 def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
-    paths = read_paths_file(Path(args.paths_file))
+    paths = args.paths
     sizes = _sizes(args, paths, reader)
     n = args.instances or instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)  # --instances is >= 1
     spec = PrefixSpec(tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances)
@@ -139,10 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
 def check_paths(args: argparse.Namespace) -> None:
     """The files and folders the command reads and writes, before any request: one line, exit 2."""
     for name, path in (("--paths-file", getattr(args, "paths_file", None)), ("--manifest", getattr(args, "manifest", None))):
-        if path is not None and not Path(path).is_file():
+        if path is not None and (Path(path).is_dir() or not Path(path).exists()):  # /dev/null is a file to read
             refuse(
                 f"data_order.py {args.command}: {name} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
             )
+    if getattr(args, "paths_file", None) is not None:
+        try:
+            args.paths = read_paths_file(Path(args.paths_file))  # an empty or changed list: before any request
+        except (DataOrderError, OSError, UnicodeDecodeError) as e:
+            refuse(f"data_order.py {args.command}: --paths-file: {' '.join(str(e).split())}")
     if args.base is not None and "://" not in args.base:
         folder_arg(f"data_order.py {args.command}: --base", args.base)
     if args.command == "verify":

@@ -68,7 +68,8 @@ def parse_count(text: str) -> float:
     return value
 
 
-def shapes(args, budget: int) -> list[Shape]:
+def shapes(args, budget: int, misses: list[str]) -> list[Shape]:
+    """The shapes of the grid searched; each grid point that has none is added to ``misses``."""
     Ks = args.K or list(range(1, 11))
     ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
     fractions = tuple(args.attn_fraction or (None,))
@@ -82,12 +83,7 @@ def shapes(args, budget: int) -> list[Shape]:
             for K in args.K
             for L in args.layers
         ]
-        for K, L, s in found:
-            if s is None:
-                print(
-                    f"search: no shape for K={K}, L={L}, attention {args.attention:,.0f} within {args.tolerance:g}",
-                    file=sys.stderr,
-                )
+        misses += [f"K={K}, L={L}, attention {args.attention:,.0f}" for K, L, s in found if s is None]
         return [s for _, _, s in found if s is not None]
     if args.d_model:  # fixed dimensions: no solving
         if not (args.layers and args.d_h):
@@ -115,7 +111,7 @@ def shapes(args, budget: int) -> list[Shape]:
                         **attention,
                     )
                     if s is None:
-                        print(f"search: no shape for K={K}, L={L}, d_h/d_model={r} within {args.tolerance:g}", file=sys.stderr)
+                        misses.append(f"K={K}, L={L}, d_h/d_model={r}")
                     else:
                         found.setdefault((s.K, s.n_layers, s.d_model, s.d_h, s.n_heads, s.head_dim), s)
     return list(found.values())
@@ -220,7 +216,13 @@ def main() -> None:
     if args.tolerance is None:
         args.tolerance = ALIGNED_TOLERANCE if args.aligned else SPLIT_TOLERANCE if (args.heads8 or args.attention) else TOLERANCE
     budget, baseline, vocab, seq = parse_budget(args.budget)
-    rows = shapes(args, budget)
+    misses: list[str] = []
+    rows = shapes(args, budget, misses)
+    if not rows:  # nothing to show: one line, as for any argument that cannot work
+        grid = f" (the first tried: {misses[0]}; {len(misses)} in all)" if misses else ""
+        refuse(f"search: BUDGET={args.budget}: no shape within a tolerance of {args.tolerance:g}{grid}")
+    for miss in misses:
+        print(f"search: no shape for {miss} within {args.tolerance:g}", file=sys.stderr)
     key = {"rank": rank_key, "flops": lambda s: s.flops_per_token(seq, vocab), "attention": lambda s: s.attention}[args.sort]
     rows.sort(key=key)
     Console(width=220).print(table(rows[: args.top], budget, vocab, seq))

@@ -19,7 +19,7 @@ from omegaconf import MISSING
 from ..blocks import block_of
 from ..shapes.choices import NormPlacement, ResizeMode, StrEnum
 from ..shapes.widths import MoEShape, schedule_widths
-from .validate import check_across, check_data, check_eval, check_every_value, check_model, check_run, check_train
+from .validate import check_across, check_data, check_depth, check_eval, check_every_value, check_model, check_run, check_train
 
 if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
     from olmo_core.data import TokenizerConfig
@@ -529,6 +529,7 @@ class ExperimentSpec:
         each section's checks, then those that read two sections."""
         fail = failer(where)
         check_every_value(self, fail)
+        check_depth(self, fail)  # before the model's checks build a list of n_layers widths
         for section in (self.model, self.data, self.train, self.eval, self.run):
             section.validate(fail)
         check_across(self, fail, tokenizer_vocab(self), vocab_size(self))

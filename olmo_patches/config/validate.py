@@ -11,6 +11,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
 from ..blocks import BLOCKS, block_of
+from ..shapes.counts import attention_params, hourglass_ffn_params, swiglu_ffn_params
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,9 @@ _MAX_SEED = 2**32  # numpy's seed range, which OLMo-core's seed_all passes the s
 _MAX_SEQUENCE = 2**20  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
 _MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
 _MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
+_LARGEST_CARD = 180 * 2**30  # bytes: the largest card of launch/cards.py (b200), the size check's bound
+_STATE_BYTES = 16  # fp32 weights, fp32 gradients, AdamW's two fp32 moments, per parameter (launch/memory.py)
+_KEPT_BYTES = 2  # a checkpointed block's bf16 input, per token and per unit of its width (launch/memory.py)
 
 
 def check_every_value(spec, fail, node: Any = None, prefix: str = "") -> None:
@@ -294,6 +298,72 @@ def check_run(r, fail) -> None:
         fail("run.name", r.name, "must be a non-empty name without '/'")
 
 
+# The size check: a run is refused at load when even the largest world size it allows cannot hold it
+# on the largest card. That world size is W = train.global_batch_size ranks (one sequence each, FSDP
+# over all of them), and each rank holds at least 16 P / W bytes of parameter states (fp32 weights,
+# gradients, AdamW moments: launch/memory.py's states) plus 2 s sum_l w_l bytes, the bf16 input of
+# each block for its sequence of s tokens, which full activation checkpointing still keeps (a
+# sequence is not split across ranks). P counts the embedding (and the LM head unless tied) and each
+# constant-width layer's attention and FFN matrices (shapes/counts.py); a layer of another block
+# (variable width, a plug-in's) counts no parameter and width 1. Lower bounds all: only a run that
+# cannot fit anywhere is refused, every shipped config passes (tests/test_data_contract.py).
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.0f} GiB"
+
+
+def check_depth(spec, fail) -> None:
+    """The size check on the layers' kept inputs alone, before the model's checks build a list of
+    n_layers widths (OLMo-core a list of n_layers blocks): 2 s L w bytes for one sequence."""
+    m, s = spec.model, spec.data.sequence_length
+    if min(m.n_layers, m.d_model, s) < 1:
+        return  # the sections' checks name it
+    w = m.d_model if m.block in ("baseline", "hourglass") else 1
+    kept = _KEPT_BYTES * s * m.n_layers * w
+    if kept > _LARGEST_CARD:
+        fail(
+            "model.n_layers",
+            m.n_layers,
+            f"{m.n_layers:,} layers keep {_gib(kept)} for one sequence of {s} tokens even fully checkpointed "
+            f"({_KEPT_BYTES} bytes x {w} wide a token a layer), over the largest card's {_gib(_LARGEST_CARD)}",
+        )
+
+
+def counted_params(m, vocab: int) -> int:
+    """The parameters the size check counts for a model ``m`` (a ModelSpec) of ``vocab`` ids: the
+    embedding, an untied LM head, a constant-width layer's attention and FFN matrices (no norms)."""
+    d, layer = m.d_model, 0
+    if m.block in ("baseline", "hourglass"):
+        head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
+        layer = attention_params(d, m.n_heads * head_dim, n_kv * head_dim)
+        if m.block == "hourglass":
+            layer += hourglass_ffn_params(d, m.K, m.resolved_d_h)
+        else:
+            layer += swiglu_ffn_params(d, m.resolved_d_ff)
+    return vocab * d * (1 if m.tie_embeddings else 2) + m.n_layers * layer
+
+
+def check_size(spec, fail, vocab: int) -> None:
+    """The size check (the rule above), the model's parameters counted: one line naming them and the
+    bytes a rank needs."""
+    m, s, g = spec.model, spec.data.sequence_length, spec.train.global_batch_size
+    d, L = m.d_model, m.n_layers
+    params = counted_params(m, vocab)
+    states = _STATE_BYTES * params / g
+    kept = _KEPT_BYTES * s * L * (d if m.block in ("baseline", "hourglass") else 1)
+    if states + kept > _LARGEST_CARD:
+        keys = ("model.n_layers", "model.d_model", "model.vocab_size", "train.global_batch_size", "data.sequence_length")
+        key = next((k for k in keys if fail.where(k) == "command line"), "model.n_layers")
+        section, name = key.split(".")
+        fail(
+            key,
+            getattr({"model": m, "train": spec.train, "data": spec.data}[section], name),
+            f"{params:,} parameters need {_gib(states + kept)} a GPU even on {g} GPUs (one sequence each, "
+            f"{_STATE_BYTES} bytes a parameter sharded, inputs checkpointed), over the largest card's {_gib(_LARGEST_CARD)}",
+        )
+
+
 def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
     """The checks that read two sections: tokens per step, float8 with an MoE, stop_at_step against the
     step count, the vocabulary (``vocab``) against the tokenizer's and every matrix's size (in Python
@@ -327,6 +397,7 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
         if rows * cols > _MAX_MATRIX:
             section, name = key.split(".")
             fail(key, getattr(m if section == "model" else d, name), f"a {rows} x {cols} weight matrix is over 2^40 elements")
+    check_size(spec, fail, vocab)
     if m.attention_backend.startswith("flash_") and t.precision == "fp32":
         fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
     if (ac := t.activation_checkpointing) is None:

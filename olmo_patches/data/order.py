@@ -69,7 +69,7 @@ def read_paths_file(path: Path) -> list[str]:
     (``sha256sum`` format), the list must match it.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # a device such as /dev/null reads as empty
         raise DataOrderError(f"paths file not found: {path}")
     checksum_file = path.with_name(path.name + ".sha256")
     if checksum_file.is_file():

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line, tokenizer_config
+from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line
 from ..nn.attention import FLASH, BackendChoice, resolve_attention_backend
 from .ranks import Layout
 from ..nn.lm_loss import lm_loss, set_lm_loss
 from .cards import CARDS, detect
+from .data_files import check_data_files
 from .memory import MemoryEstimate, estimate, with_float8
 from .presets import Settings, choose
 
@@ -72,8 +73,7 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
-    if d.source == "numpy":
-        _check_token_files(spec, fail)
+    check_data_files(spec, fail)  # also at load, before torch (cli.load_or_exit)
     for key, folder in (
         ("run.save_folder", spec.save_folder),
         ("data.work_dir", d.work_dir),
@@ -81,12 +81,6 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     ):
         if "://" not in folder and (why := _not_a_folder(Path(folder))):
             fail(key, folder, why)
-    if d.tokenizer_file is not None and not Path(d.tokenizer_file).is_file():
-        fail(
-            "data.tokenizer_file",
-            d.tokenizer_file,
-            "a folder, not a tokenizer JSON" if Path(d.tokenizer_file).is_dir() else "no such file",
-        )
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
     check_downstream_tasks(spec, fail)
@@ -100,80 +94,6 @@ def _not_a_folder(path: Path) -> str:
         if parent.exists():
             return "" if parent.is_dir() else f"under {parent}, a file"
     return ""
-
-
-def _check_token_files(spec: ExperimentSpec, fail) -> None:
-    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the smallest
-    unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one sequence, ids
-    below the vocabulary in its first 4096 tokens (a file of another dtype reads as ids far above it);
-    together at least one global batch: an empty dataset would have OLMo-core enumerate epochs without end."""
-    import numpy as np
-
-    d, t = spec.data, spec.train
-    tokenizer = tokenizer_config(spec)
-    dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if tokenizer.vocab_size - 1 <= np.iinfo(k).max)
-    instances, local = 0, True
-    for path in _manifest_files(spec, fail):
-        if "://" in path:
-            local = False
-            continue
-        file = Path(path)
-        if file.is_dir():
-            fail("data.paths", path, "a folder, not a token file")
-        if not file.is_file():
-            fail("data.paths", path, "no such file")
-        size = file.stat().st_size
-        if size % dtype.itemsize:
-            fail(
-                "data.paths",
-                path,
-                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})",
-            )
-        if size // dtype.itemsize < d.sequence_length:
-            fail(
-                "data.paths",
-                path,
-                f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}",
-            )
-        try:
-            with open(file, "rb") as f:
-                head = np.frombuffer(f.read(4096 * dtype.itemsize), dtype=dtype)
-        except OSError as e:
-            fail("data.paths", path, f"cannot read: {e.strerror}")
-        if head.size and int(head.max()) >= tokenizer.vocab_size:
-            fail(
-                "data.paths",
-                path,
-                f"token id {int(head.max())} >= the tokenizer's {tokenizer.vocab_size}: not {dtype.name} tokens of data.tokenizer={d.tokenizer}?",
-            )
-        instances += size // dtype.itemsize // d.sequence_length
-    if local and d.paths and instances < t.global_batch_size:
-        fail(
-            "data.paths",
-            d.paths,
-            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
-        )
-
-
-def _manifest_files(spec: ExperimentSpec, fail) -> list:
-    """data.paths with each hourglass-tokenize folder or manifest.json replaced by its token files,
-    its tokens checked against the config's tokenizer."""
-    from ..data.tokenize import MANIFEST, InputError, other_tokenizer, read_manifest
-
-    d, tok, out = spec.data, tokenizer_config(spec), []
-    for path in d.paths:
-        if "://" in path or not (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
-            out.append(path)
-            continue
-        try:
-            manifest, files = read_manifest(path)
-        except InputError as e:
-            fail("data.paths", path, str(e))
-        ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
-        if why := other_tokenizer(manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file):
-            fail("data.paths", path, why)
-        out.extend(files)
-    return out
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:

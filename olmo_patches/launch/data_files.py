@@ -1,0 +1,162 @@
+"""A run's data files against its config, before anything is written and before torch is imported
+(cli.load_or_exit runs it right after the config loads; launch.layout.check_machine again): local
+token files whole tokens of the tokenizer's dtype, at least a sequence each and a global batch in all,
+every id of every token file (data.paths, data.mixture's sources, local validation sets) below the
+vocabulary (a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, and
+data.tokenizer_file a tokenizers JSON whose ids fit the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config.spec import ExperimentSpec, failer, tokenizer_vocab, vocab_size
+from ..data.contract import HEAD_TIMEOUT_S, max_token, tokenizer_vocab as tokenizer_file_ids, unreachable
+from ..data.tokenize import MANIFEST, InputError, dtype_for, other_tokenizer, read_manifest
+
+__all__ = ["check_data_files"]
+
+
+def check_data_files(spec: ExperimentSpec, fail=None) -> None:
+    """What the data files must agree with (the module's list): a ConfigError in one line."""
+    if getattr(spec, "data_files_checked", False):  # at load already: no second HEAD per URL
+        return
+    fail = fail or failer(getattr(spec, "where", lambda key: "config"))
+    if spec.data.tokenizer_file is not None:
+        _check_tokenizer_file(spec, fail)
+    if spec.data.source == "numpy":
+        _check_token_files(spec, fail)
+    spec.data_files_checked = True  # type: ignore[attr-defined]  # not a key
+
+
+def _check_token_files(spec: ExperimentSpec, fail) -> None:
+    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the smallest
+    unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one sequence;
+    together at least one global batch: an empty dataset would have OLMo-core enumerate epochs without
+    end. Then every id of every file of the run below the vocabulary (:func:`_check_token_ids`)."""
+    d, t = spec.data, spec.train
+    dtype = dtype_for(tokenizer_vocab(spec))
+    instances, local = 0, True
+    files = _manifest_files(spec, fail)
+    for path in files:
+        if "://" in path:
+            local = False
+            continue
+        file = Path(path)
+        if file.is_dir():
+            fail("data.paths", path, "a folder, not a token file")
+        if not file.is_file():
+            fail("data.paths", path, "no such file")
+        size = file.stat().st_size
+        if size % dtype.itemsize:
+            fail(
+                "data.paths",
+                path,
+                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})",
+            )
+        if size // dtype.itemsize < d.sequence_length:
+            fail(
+                "data.paths",
+                path,
+                f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}",
+            )
+        instances += size // dtype.itemsize // d.sequence_length
+    if local and d.paths and instances < t.global_batch_size:
+        fail(
+            "data.paths",
+            d.paths,
+            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
+        )
+    keyed = [("data.paths", p) for p in files] + _mixture_files(spec) + _validation_files(spec)
+    _check_token_ids(spec, fail, keyed, dtype)
+
+
+def _mixture_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
+    """(key, path) of data.mixture's token files: its manifests' files, its paths with local globs
+    expanded; a file missing or of another tokenizer is train/sources.py's to refuse, later."""
+    import glob
+
+    out = []
+    for name, s in spec.data.mixture.items():
+        key = f"data.mixture.{name}.{'manifest' if s.manifest else 'paths'}"
+        entries = []
+        if s.manifest:
+            try:
+                entries = read_manifest(s.manifest)[1]
+            except InputError:
+                pass
+        for p in s.paths:
+            entries += [p] if "://" in p or "*" not in p else sorted(glob.glob(p))
+        out += [(key, p) for p in entries if "://" in p or Path(p).is_file()]
+    return out
+
+
+def _validation_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
+    """(key, path) of the local files of eval.validation_sets (token files of the run's tokenizer
+    too: the evaluator reads them with the run's model); none for the demo (its own split). Those at
+    a URL are not HEAD-checked: data.mix_base_dir's default is a public server."""
+    e = spec.eval
+    if spec.data.source == "demo" or not e.validation_sets:
+        return []
+    from ..eval.evaluators import validation_files
+
+    paths, _ = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
+    return [("eval.validation_sets", p) for p in paths if Path(p).is_file()]  # URLs: not HEAD-checked
+
+
+def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], dtype) -> None:
+    """Every id of every local token file (``(key, path)``) below the vocabulary, the whole file
+    read (data/contract.py: cached in data.work_dir by size and modification time); every HTTP(S)
+    one answering a HEAD."""
+    d, vocab = spec.data, tokenizer_vocab(spec)  # <= model.vocab_size (config/validate.py)
+    if (bad := unreachable([p for _, p in files])) is not None:
+        key = next(k for k, p in files if p == bad[0])
+        fail(key, bad[0], f"{bad[1]} (a HEAD within {HEAD_TIMEOUT_S:g} s)")
+    local = [(k, p) for k, p in files if "://" not in p]
+    cache = None if "://" in d.work_dir else Path(d.work_dir)
+    try:
+        found = max_token([p for _, p in local], dtype, cache)
+    except OSError as e:
+        fail("data.paths", e.filename, f"cannot read: {e.strerror}")
+    for key, path in local:
+        if (top := found[path]).max >= vocab:
+            fail(
+                key,
+                path,
+                f"token id {top.max} at token {top.position} >= the vocabulary's {vocab} "
+                f"(data.tokenizer={d.tokenizer}, model.vocab_size={vocab_size(spec)}; {dtype.name} tokens)",
+            )
+
+
+def _check_tokenizer_file(spec: ExperimentSpec, fail) -> None:
+    """data.tokenizer_file: a tokenizers JSON whose ids fit the model's vocabulary."""
+    file = spec.data.tokenizer_file
+    if not Path(file).is_file():
+        fail("data.tokenizer_file", file, "a folder, not a tokenizer JSON" if Path(file).is_dir() else "no such file")
+    try:
+        ids = tokenizer_file_ids(file)
+    except (OSError, ValueError) as e:
+        fail("data.tokenizer_file", file, getattr(e, "strerror", None) or str(e))
+    if ids > vocab_size(spec):
+        fail("data.tokenizer_file", file, f"{ids} token ids, more than model.vocab_size={vocab_size(spec)}")
+
+
+def _manifest_files(spec: ExperimentSpec, fail) -> list:
+    """data.paths with each hourglass-tokenize folder or manifest.json replaced by its token files,
+    its tokens checked against the config's tokenizer."""
+    d, out = spec.data, []
+    for path in d.paths:
+        if "://" in path or not (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
+            out.append(path)
+            continue
+        try:
+            manifest, files = read_manifest(path)
+        except InputError as e:
+            fail("data.paths", path, str(e))
+        from ..config.spec import tokenizer_config  # OLMo-core's special ids (torch): a manifest only
+
+        tok = tokenizer_config(spec)
+        ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
+        if why := other_tokenizer(manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file):
+            fail("data.paths", path, why)
+        out.extend(files)
+    return out
