@@ -8,16 +8,25 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line, tokenizer_config
-from ..nn.attention import FLASH, BackendChoice, resolve_attention_backend
+from ..config.spec import (
+    ActivationCheckpointing,
+    ConfigError,
+    ExperimentSpec,
+    demo_cache,
+    failer,
+    one_line,
+    tokenizer_config,
+    tokenizer_vocab,
+)
+from .cards import CARDS, detect, no_cuda_driver
 from .ranks import Layout
-from ..nn.lm_loss import lm_loss, set_lm_loss
-from .cards import CARDS, detect
-from .memory import MemoryEstimate, estimate, with_float8
-from .presets import Settings, choose
+
+if TYPE_CHECKING:  # the model's modules import torch and OLMo-core: imported once the pure checks pass
+    from ..nn.attention import BackendChoice
+    from .memory import MemoryEstimate
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +41,9 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
     where = where_set(spec)
     layout = layout or Layout.from_env()
     before = asdict(spec.train)
-    check_machine(spec, where)
+    check_machine(spec, where)  # these two import no torch: a refusal takes about a second
     fit_world_size(spec, layout, where)
+    check_devices(spec, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
     after = asdict(spec.train)
     changed = {f"train.{k}": getattr(spec.train, k) for k in after if after[k] != before[k]}
@@ -47,29 +57,13 @@ def load_and_resolve(path, overrides: Optional[list] = None, layout: Optional[La
 
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
-    """What a spec needs of this machine: CUDA for train.device=cuda, an explicit flash backend that
-    runs here (a login node without CUDA passes), torchao for float8, local token files that hold whole
-    tokens and a global batch, folders it writes in that are not files, a prefix that matches the run,
-    and downstream tasks the installed ai2-olmo-eval knows."""
-    d, t, m = spec.data, spec.train, spec.model
+    """What a spec needs of this machine that is read without torch: a CUDA driver for
+    train.device=cuda, local token files that hold whole tokens and a global batch, folders it writes in
+    that are not files, a prefix that matches the run (the rest: :func:`check_devices`)."""
+    d, t = spec.data, spec.train
     fail = failer(where)
-    cuda = False
-    if t.device != "cpu" or m.attention_backend in FLASH:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    if t.device == "cuda" and not cuda:
-        fail("train.device", t.device, "CUDA is not available on this machine")
-    if m.attention_backend in FLASH:
-        try:
-            resolve_backend(spec, "cuda" if t.device != "cpu" and cuda else "cpu")
-        except ValueError as err:
-            fail("model.attention_backend", m.attention_backend, str(err))
-    if t.float8 != "off":
-        try:
-            import torchao.float8  # noqa: F401
-        except ImportError:
-            fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
+    if t.device == "cuda" and no_cuda_driver():  # torch's own check (check_devices) when there is one
+        fail("train.device", t.device, "CUDA is not available on this machine (no NVIDIA driver: libcuda.so.1)")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
     if d.source == "numpy":
@@ -89,6 +83,32 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
         )
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
+
+
+def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
+    """What a spec needs of this machine that imports torch: CUDA for train.device=cuda, an explicit
+    flash backend that runs here (a login node without CUDA passes), torchao for float8, and downstream
+    tasks the installed ai2-olmo-eval knows."""
+    t, m = spec.train, spec.model
+    fail = failer(where)
+    flash = m.attention_backend.startswith("flash_")  # nn.attention.FLASH, without importing OLMo-core
+    cuda = False
+    if t.device != "cpu" or flash:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if t.device == "cuda" and not cuda:
+        fail("train.device", t.device, "CUDA is not available on this machine")
+    if flash:
+        try:
+            resolve_backend(spec, "cuda" if t.device != "cpu" and cuda else "cpu")
+        except ValueError as err:
+            fail("model.attention_backend", m.attention_backend, str(err))
+    if t.float8 != "off":
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
     check_downstream_tasks(spec, fail)
 
 
@@ -110,8 +130,8 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
     import numpy as np
 
     d, t = spec.data, spec.train
-    tokenizer = tokenizer_config(spec)
-    dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if tokenizer.vocab_size - 1 <= np.iinfo(k).max)
+    vocab = tokenizer_vocab(spec)  # tokenizer_config's, without importing OLMo-core (and torch)
+    dtype = next(np.dtype(k) for k in (np.uint8, np.uint16, np.uint32, np.uint64) if vocab - 1 <= np.iinfo(k).max)
     instances, local = 0, True
     for path in _manifest_files(spec, fail):
         if "://" in path:
@@ -140,11 +160,11 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
                 head = np.frombuffer(f.read(4096 * dtype.itemsize), dtype=dtype)
         except OSError as e:
             fail("data.paths", path, f"cannot read: {e.strerror}")
-        if head.size and int(head.max()) >= tokenizer.vocab_size:
+        if head.size and int(head.max()) >= vocab:
             fail(
                 "data.paths",
                 path,
-                f"token id {int(head.max())} >= the tokenizer's {tokenizer.vocab_size}: not {dtype.name} tokens of data.tokenizer={d.tokenizer}?",
+                f"token id {int(head.max())} >= the tokenizer's {vocab}: not {dtype.name} tokens of data.tokenizer={d.tokenizer}?",
             )
         instances += size // dtype.itemsize // d.sequence_length
     if local and d.paths and instances < t.global_batch_size:
@@ -160,7 +180,7 @@ def _manifest_files(spec: ExperimentSpec, fail) -> list:
     its tokens checked against the config's tokenizer."""
     from ..data.tokenize import MANIFEST, InputError, other_tokenizer, read_manifest
 
-    d, tok, out = spec.data, tokenizer_config(spec), []
+    d, out = spec.data, []
     for path in d.paths:
         if "://" in path or not (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
             out.append(path)
@@ -169,6 +189,7 @@ def _manifest_files(spec: ExperimentSpec, fail) -> list:
             manifest, files = read_manifest(path)
         except InputError as e:
             fail("data.paths", path, str(e))
+        tok = tokenizer_config(spec)  # imports OLMo-core: only for a manifest
         ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
         if why := other_tokenizer(manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file):
             fail("data.paths", path, why)
@@ -240,6 +261,8 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
     """Fill the train keys left at null from ``train.hardware`` (presets.py for this
     model), per rank of ``layout`` (after :func:`fit_world_size`)."""
+    from .presets import Settings, choose
+
     t = spec.train
     if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
         return
@@ -268,6 +291,9 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
+    from ..nn.lm_loss import lm_loss, set_lm_loss
+    from .memory import estimate, with_float8
+
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
     model = spec.model_config()
     set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)  # a card means CUDA
@@ -285,6 +311,8 @@ def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
 
 
 def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
+    from ..nn.attention import resolve_attention_backend
+
     return resolve_attention_backend(
         spec.model.attention_backend, spec.model.head_dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16"
     )
