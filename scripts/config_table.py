@@ -6,6 +6,7 @@ python scripts/config_table.py [ROOT]   # default: the checkout's (or the instal
 import argparse
 from pathlib import Path
 
+from olmo_patches.blocks import block_of
 from olmo_patches.cli import ArgumentParser, folder_arg, load_or_exit
 from olmo_patches.resources import data_path
 
@@ -26,10 +27,13 @@ def main() -> None:
         for p in root.rglob("*.yaml")
         if p.stem not in ("base", "base-revised", "base-paper2") and p.relative_to(root).parts[0] != "demo"
     )
-    # every config and its baseline loaded (a bad one refused) before torch is imported
-    specs = {path: load_or_exit(str(path)) for path in sorted({*paths, *(baseline_of(p, root) for p in paths)})}
+    # every config and its baseline loaded (a bad one refused) before torch is imported; the hourglass
+    # paper's constant-width runs only (variable width has its own table)
+    specs = {path: load_or_exit(str(path)) for path in paths}
+    paths = [p for p in paths if "widths" not in block_of(specs[p].model).knobs]
+    for base in sorted({baseline_of(p, root) for p in paths} - set(specs)):
+        specs[base] = load_or_exit(str(base))
 
-    from olmo_patches.blocks import block_of
     from olmo_patches.report.counts import count
     from olmo_patches.report.plan import plan
 
@@ -39,8 +43,6 @@ def main() -> None:
     for path in paths:
         spec = specs[path]
         kind = block_of(spec.model)
-        if "widths" in kind.knobs:
-            continue  # the hourglass paper's constant-width runs only (variable width has its own table)
         b, m = count(spec), spec.model
         base = baseline_of(path, root)
         if base not in budgets:
