@@ -9,7 +9,9 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
-__all__ = ["GIB", "Card", "CARDS", "MODELS", "card_for_device", "known_card", "detect", "no_cuda_driver"]
+__all__ = [
+    "GIB", "Card", "CARDS", "MODELS", "card_for_device", "known_card", "detect", "no_cuda_driver",
+]  # fmt: skip
 
 GIB = 2**30
 
