@@ -56,7 +56,10 @@ def refuse_alike(line: str) -> NoReturn:
 def refuse(line: str, code: int = 2) -> NoReturn:
     """Exit with ``code`` after one line on stderr, once a node however many ranks refuse; the other
     ranks of the launch exit with the same code (peers.py: where another rank failed first, its
-    line and code)."""
+    line and code). One process alone has no peers: torch is not imported for them."""
+    if os.environ.get("WORLD_SIZE", "1") == "1":  # peers.announce's own answer, without its import
+        print(line, file=sys.stderr)
+        raise SystemExit(code) from None
     from .launch.peers import announce
 
     line, code, prints = announce(line, code)

@@ -11,20 +11,19 @@ import argparse
 import json
 import sys
 
-import torch
-
 from olmo_patches.cli import ArgumentParser, at_least, refuse
-from olmo_patches.train.bench import SCALES, as_json, format_results, run_bench
+from olmo_patches.config.bench_scales import SCALES
 
 
 def _list(s: str) -> list:
     return [x for x in s.split(",") if x]
 
 
-def _parser(gpu: bool) -> argparse.ArgumentParser:
-    """The command line: what is timed (``gpu``: defaults for a GPU) and how."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line: what is timed and how (read before torch is imported: the defaults that
+    depend on a GPU are filled after)."""
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", default="113M,1B" if gpu else "demo", help=f"comma list of {', '.join(SCALES)}")
+    parser.add_argument("--scale", default=None, help=f"comma list of {', '.join(SCALES)} (default: 113M,1B on a GPU, else demo)")
     parser.add_argument("--variants", default=None, help="comma list (default: all of the scale's; baseline always runs)")
     parser.add_argument("--compile", default="off,on", help="comma list of off|on (torch.compile per block)")
     parser.add_argument("--seq", type=at_least(2), default=None, help="sequence length (default: the scale's; 4096 on a GPU)")
@@ -32,7 +31,7 @@ def _parser(gpu: bool) -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=at_least(1), default=10, help="interleaved repeats (median)")
     parser.add_argument("--steps", type=at_least(1), default=1, help="timed steps per variant per repeat")
     parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps per variant (compilation happens here)")
-    parser.add_argument("--dtype", default="bf16" if gpu else "fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="default: bf16 on a GPU, else fp32")
     parser.add_argument(
         "--threads",
         type=at_least(1),
@@ -53,14 +52,25 @@ def _parser(gpu: bool) -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    gpu = torch.cuda.is_available()
-    args = _parser(gpu).parse_args()
-    for s in _list(args.scale):
+    args = _parser().parse_args()
+    for s in _list(args.scale or ""):
         if s not in SCALES:
             refuse(f"bench: --scale: unknown scale {s!r}; choose from {', '.join(SCALES)}")
+    if args.scale is not None and not _list(args.scale):
+        refuse(f"bench: --scale: {args.scale!r} names no scale; choose from {', '.join(SCALES)}")
     modes = _list(args.compile)
     if not modes or any(m not in ("on", "off") for m in modes):
         refuse(f"bench: --compile: {args.compile!r} must be a comma list of on|off")
+    known = {n for s in _list(args.scale or "113M,1B,demo") for n in SCALES[s].configs}
+    if unknown := [v for v in _list(args.variants or "") if v not in known]:
+        refuse(f"bench: --variants: unknown variant {unknown[0]!r}; the scales' variants are {', '.join(sorted(known))}")
+    import torch
+
+    from olmo_patches.train.bench import as_json, format_results, run_bench
+
+    gpu = torch.cuda.is_available()
+    args.scale = args.scale or ("113M,1B" if gpu else "demo")
+    args.dtype = args.dtype or ("bf16" if gpu else "fp32")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     if args.threads or not gpu:
         torch.set_num_threads(args.threads or 1)

@@ -6,6 +6,7 @@ python scripts/config_table.py [ROOT]   # default: the checkout's (or the instal
 import argparse
 from pathlib import Path
 
+from olmo_patches.blocks import block_of
 from olmo_patches.cli import ArgumentParser, folder_arg, load_or_exit
 from olmo_patches.resources import data_path
 
@@ -21,28 +22,31 @@ def main() -> None:
     parser.add_argument("root", nargs="?", metavar="ROOT", help="the configs' folder (default: the package's configs/)")
     args = parser.parse_args()
     root = folder_arg("ROOT", args.root) if args.root is not None else data_path("configs")
-
-    from olmo_patches.blocks import block_of
-    from olmo_patches.report.counts import count
-    from olmo_patches.report.plan import plan
-
     paths = sorted(
         p
         for p in root.rglob("*.yaml")
         if p.stem not in ("base", "base-revised", "base-paper2") and p.relative_to(root).parts[0] != "demo"
     )
+    # every config and its baseline loaded (a bad one refused) before torch is imported; the hourglass
+    # paper's constant-width runs only (variable width has its own table)
+    specs = {path: load_or_exit(str(path)) for path in paths}
+    paths = [p for p in paths if "widths" not in block_of(specs[p].model).knobs]
+    for base in sorted({baseline_of(p, root) for p in paths} - set(specs)):
+        specs[base] = load_or_exit(str(base))
+
+    from olmo_patches.report.counts import count
+    from olmo_patches.report.plan import plan
+
     budgets: dict[Path, int] = {}
     print("| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
-        spec = load_or_exit(str(path))
+        spec = specs[path]
         kind = block_of(spec.model)
-        if "widths" in kind.knobs:
-            continue  # the hourglass paper's constant-width runs only (variable width has its own table)
         b, m = count(spec), spec.model
         base = baseline_of(path, root)
         if base not in budgets:
-            budgets[base] = count(load_or_exit(str(base))).non_embedding
+            budgets[base] = count(specs[base]).non_embedding
         p = plan(spec)
         hourglass = "K" in kind.knobs
         print(

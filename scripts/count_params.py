@@ -15,6 +15,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    spec = load_or_exit(args.config, args.overrides)  # a bad config is refused here, before torch is imported
 
     from olmo_patches.blocks import block_of
     from olmo_patches.report.counts import (
@@ -27,7 +28,6 @@ def main() -> None:
         width_report,
     )
 
-    spec = load_or_exit(args.config, args.overrides)
     if args.json:
         out = {**count(spec).as_dict(), **attention_report(spec), **gpu_report(spec), **exact_gap(args.config)}
         if "widths" in block_of(spec.model).reads(spec.model):

@@ -44,9 +44,18 @@ def install(wheelhouse: Path) -> tuple[bool, str]:
     return True, f"{len(listed.read_text().split())} wheels and {project[-1].name}"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors on one line (exit 2), as olmo_patches.cli's (not
+    imported here: --wheelhouse installs the project after the arguments are read)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line: the sections to run, and where and how."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for gpu_check.json and gpu_check.md")
     parser.add_argument("--rehearse", action="store_true", help="every section on CPU at toy sizes (rows marked rehearsal)")
     parser.add_argument(
@@ -68,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _checked_sections(args: argparse.Namespace) -> list:
     """The sections --only names; a bad argument: one line, exit 2."""
-    if args.budget_scale <= 0:
+    if not 0 < args.budget_scale < float("inf"):  # NaN too
         print(f"command line: --budget-scale {args.budget_scale}: must be > 0", file=sys.stderr)
         sys.exit(2)
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():

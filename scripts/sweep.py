@@ -94,7 +94,6 @@ def main() -> None:
         out_arg("--out", args.out)
 
     from olmo_patches.launch.sweep import Variants, launch_local, launch_slurm, load_sweep, sweep_status
-    from olmo_patches.report.sweep import report, seed_counts, status_rows
 
     variants = Variants(
         seeds=args.seed_list or tuple(range(args.seeds or 1)),
@@ -110,6 +109,7 @@ def main() -> None:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    from olmo_patches.report.sweep import report, seed_counts, status_rows  # imports torch: the configs are good
 
     if args.command == "launch" and args.local:
         raise SystemExit(1 if launch_local(members, args.overrides) else 0)

@@ -12,7 +12,8 @@ new run from the weights of another run's checkpoint or of a Hugging Face OLMo-2
 fresh optimizer and schedule. SIGTERM or SIGUSR1 (the time limit under
 scripts/launch_slurm.sbatch) saves a checkpoint at the next step and exits 0; another one does not
 cut the save short.
-A folder holding another run's config or another process, or one that not every node sees: one
+A folder holding another run's config (with a checkpoint of it: a record left by a start that failed
+before its first checkpoint is replaced) or another process, or one that not every node sees: one
 line, exit 2. A non-finite loss, gradient norm or weight: one line naming the step and the last good
 checkpoint, exit 3. Out of space during a save: one line naming the folder, the bytes needed and
 left, the partial save removed and the good checkpoints kept, exit 4. A refusal or an error on any rank ends every rank within a second or so, its
@@ -60,6 +61,7 @@ def main() -> None:
     from olmo_patches.report.counts import param_table
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line, stop, train
+    from olmo_patches.train.checkpoints import latest_complete
     from olmo_patches.train.disk import check_room
     from olmo_patches.train.resume import check_resume_from
     from olmo_patches.train.init_from import check_init_from
@@ -72,7 +74,8 @@ def main() -> None:
         try:
             if args.resume_from is not None:
                 check_resume_from(args.resume_from)
-            check_config(spec, deliberate=args.resume_from is not None)
+            checkpointed = latest_complete(spec.save_folder) is not None  # a record without one is replaced
+            check_config(spec, deliberate=args.resume_from is not None, checkpointed=checkpointed)
             Lock(spec.save_folder).check()
             check_room(spec)
             mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios

@@ -511,6 +511,11 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
     run.mkdir()
     other = load_and_resolve(BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1))
     (run / "config.yaml").write_text(spec_to_yaml(other))
+    # a complete checkpoint beside the record, as OLMo-core's Checkpointer.dir_is_checkpoint knows one
+    # (a record without one binds nothing: tests/test_run_record.py)
+    for name in ("train/rank0.pt", "model_and_optim/.metadata", ".metadata.json"):
+        (run / "step2" / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / "step2" / name).write_text("")
     before = sorted(p.name for p in run.iterdir())
     result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
     lines = result.stderr.strip().splitlines()
@@ -522,7 +527,7 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
     (run / ".lock").write_text(json.dumps(holder))
     result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
     assert result.returncode == 2 and f"is in use by pid {os.getppid()}" in result.stderr.strip().splitlines()[-1], result.stderr
-    assert before == ["config.yaml"] and sorted(p.name for p in run.iterdir()) == [".lock"]  # nothing written
+    assert before == ["config.yaml", "step2"] and sorted(p.name for p in run.iterdir()) == [".lock", "step2"]  # nothing written
 
 
 def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):

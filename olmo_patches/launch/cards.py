@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
-__all__ = ["GIB", "Card", "CARDS", "MODELS", "card_for_device", "known_card", "detect"]
+__all__ = [
+    "GIB", "Card", "CARDS", "MODELS", "card_for_device", "known_card", "detect", "no_cuda_driver",
+]  # fmt: skip
 
 GIB = 2**30
 
@@ -58,6 +63,21 @@ def known_card(device_name: str) -> Optional[Card]:
     """The card of :data:`MODELS` that torch's device name names exactly, else None (a variant not
     listed is never counted at a relative's peak)."""
     return MODELS.get(device_name.strip())
+
+
+def no_cuda_driver() -> bool:
+    """Whether CUDA is surely unavailable here, found without importing torch: on Linux, no device
+    visible (CUDA_VISIBLE_DEVICES set empty) or no NVIDIA driver library (``libcuda.so.1``, which
+    torch's CUDA needs; loading it does not initialise CUDA). False means "ask torch"."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return True
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
 
 
 def detect() -> Optional[Card]:

@@ -8,17 +8,17 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..config.load import load_spec, where_set
 from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line
-from ..nn.attention import FLASH, BackendChoice, resolve_attention_backend
-from .ranks import Layout
-from ..nn.lm_loss import lm_loss, set_lm_loss
-from .cards import CARDS, detect
+from .cards import CARDS, detect, no_cuda_driver
 from .data_files import check_data_files
-from .memory import MemoryEstimate, estimate, with_float8
-from .presets import Settings, choose
+from .ranks import Layout
+
+if TYPE_CHECKING:  # the model's modules import torch and OLMo-core: imported once the pure checks pass
+    from ..nn.attention import BackendChoice
+    from .memory import MemoryEstimate
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,9 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
     where = where_set(spec)
     layout = layout or Layout.from_env()
     before = asdict(spec.train)
-    check_machine(spec, where)
+    check_machine(spec, where)  # these two import no torch: a refusal takes about a second
     fit_world_size(spec, layout, where)
+    check_devices(spec, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
     after = asdict(spec.train)
     changed = {f"train.{k}": getattr(spec.train, k) for k in after if after[k] != before[k]}
@@ -48,29 +49,13 @@ def load_and_resolve(path, overrides: Optional[list] = None, layout: Optional[La
 
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
-    """What a spec needs of this machine: CUDA for train.device=cuda, an explicit flash backend that
-    runs here (a login node without CUDA passes), torchao for float8, local token files that hold whole
-    tokens and a global batch, folders it writes in that are not files, a prefix that matches the run,
-    and downstream tasks the installed ai2-olmo-eval knows."""
-    d, t, m = spec.data, spec.train, spec.model
+    """What a spec needs of this machine that is read without torch: a CUDA driver for
+    train.device=cuda, local token files that hold whole tokens and a global batch, folders it writes in
+    that are not files, a prefix that matches the run (the rest: :func:`check_devices`)."""
+    d, t = spec.data, spec.train
     fail = failer(where)
-    cuda = False
-    if t.device != "cpu" or m.attention_backend in FLASH:
-        import torch
-
-        cuda = torch.cuda.is_available()
-    if t.device == "cuda" and not cuda:
-        fail("train.device", t.device, "CUDA is not available on this machine")
-    if m.attention_backend in FLASH:
-        try:
-            resolve_backend(spec, "cuda" if t.device != "cpu" and cuda else "cpu")
-        except ValueError as err:
-            fail("model.attention_backend", m.attention_backend, str(err))
-    if t.float8 != "off":
-        try:
-            import torchao.float8  # noqa: F401
-        except ImportError:
-            fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
+    if t.device == "cuda" and no_cuda_driver():  # torch's own check (check_devices) when there is one
+        fail("train.device", t.device, "CUDA is not available on this machine (no NVIDIA driver: libcuda.so.1)")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
     check_data_files(spec, fail)  # also at load, before torch (cli.load_or_exit)
@@ -83,6 +68,32 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
             fail(key, folder, why)
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
+
+
+def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
+    """What a spec needs of this machine that imports torch: CUDA for train.device=cuda, an explicit
+    flash backend that runs here (a login node without CUDA passes), torchao for float8, and downstream
+    tasks the installed ai2-olmo-eval knows."""
+    t, m = spec.train, spec.model
+    fail = failer(where)
+    flash = m.attention_backend.startswith("flash_")  # nn.attention.FLASH, without importing OLMo-core
+    cuda = False
+    if t.device != "cpu" or flash:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if t.device == "cuda" and not cuda:
+        fail("train.device", t.device, "CUDA is not available on this machine")
+    if flash:
+        try:
+            resolve_backend(spec, "cuda" if t.device != "cpu" and cuda else "cpu")
+        except ValueError as err:
+            fail("model.attention_backend", m.attention_backend, str(err))
+    if t.float8 != "off":
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            fail("train.float8", t.float8, "needs torchao: pip install -e '.[float8]'")
     check_downstream_tasks(spec, fail)
 
 
@@ -160,6 +171,8 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
 def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
     """Fill the train keys left at null from ``train.hardware`` (presets.py for this
     model), per rank of ``layout`` (after :func:`fit_world_size`)."""
+    from .presets import Settings, choose
+
     t = spec.train
     if (t.micro_batch_size, t.activation_checkpointing, t.compile).count(None) == 0:
         return
@@ -188,6 +201,9 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
+    from ..nn.lm_loss import lm_loss, set_lm_loss
+    from .memory import estimate, with_float8
+
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
     model = spec.model_config()
     set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)  # a card means CUDA
@@ -205,6 +221,8 @@ def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
 
 
 def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
+    from ..nn.attention import resolve_attention_backend
+
     return resolve_attention_backend(
         spec.model.attention_backend, spec.model.head_dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16"
     )

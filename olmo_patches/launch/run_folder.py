@@ -1,10 +1,12 @@
 """One folder, one run: the save folder records its config once and is held by one process.
 
-- The first start writes ``SAVE/config.yaml``; it is never overwritten. A rerun whose model, data or
-  recipe differs is refused (:class:`RunFolderError`, one line listing the changed keys); keys in
-  :data:`MAY_CHANGE` (when to stop, hardware, micro-batch, logging, evaluation, checkpoint cadence,
-  local caches) may. ``--resume-from`` makes a change deliberate: the new config is recorded beside
-  the first as ``config.N.yaml``, and later reruns compare with the newest.
+- The first start writes ``SAVE/config.yaml`` once the run is built, before its first checkpoint (a
+  start that fails before that leaves no record). A rerun whose model, data or recipe differs is
+  refused (:class:`RunFolderError`, one line listing the changed keys); keys in :data:`MAY_CHANGE`
+  (when to stop, hardware, micro-batch, logging, evaluation, checkpoint cadence, local caches) may.
+  ``--resume-from`` makes a change deliberate: the new config is recorded beside the first as
+  ``config.N.yaml``, and later reruns compare with the newest. A record with no complete checkpoint
+  beside it (a run that ended before its first save) binds nothing: the next start replaces it.
 - ``SAVE/.lock`` names the process holding the folder (host, pid, SLURM job). A second process is
   refused; a lock whose process is dead on this host, or left by this same SLURM job (a requeue), is
   taken over.
@@ -112,14 +114,15 @@ def _recorded(folder: Path) -> List[Path]:
     return first + sorted(numbered, key=lambda p: int(p.name.split(".")[1]))
 
 
-def check_config(spec: ExperimentSpec, deliberate: bool = False) -> List[str]:
-    """Refuse a start whose config changes the recorded run (unless ``deliberate``); returns the changes."""
+def check_config(spec: ExperimentSpec, deliberate: bool = False, checkpointed: bool = True) -> List[str]:
+    """Refuse a start whose config changes the recorded run (unless ``deliberate``, or the folder holds
+    no complete checkpoint: ``checkpointed`` False); returns the changes."""
     folder = Path(spec.save_folder)
     recorded = _recorded(folder)
     if not recorded:
         return []
     changes = changed_keys(recorded[-1].read_text(), spec)
-    if changes and not deliberate:
+    if changes and not deliberate and checkpointed:
         raise RunFolderError(
             f"{folder} holds a run with another config (changed: {'; '.join(changes)}); start a new run with "
             f"another run.name or run.save_folder, or pass --resume-from CHECKPOINT to change this one deliberately"
@@ -127,16 +130,26 @@ def check_config(spec: ExperimentSpec, deliberate: bool = False) -> List[str]:
     return changes
 
 
-def record_config(spec: ExperimentSpec, changes: List[str]) -> None:
-    """Write config.yaml at a run's first start, config.N.yaml after a deliberate change."""
+def record_config(spec: ExperimentSpec, changes: List[str], checkpointed: bool = True) -> Optional[str]:
+    """Write config.yaml at a run's first start, config.N.yaml after a deliberate change; a record
+    without a complete checkpoint (``checkpointed`` False) is replaced by config.yaml. Returns the
+    line saying a record was replaced (None otherwise)."""
     folder = Path(spec.save_folder)
     recorded = _recorded(folder)
+    replaced = None
+    if recorded and not checkpointed:  # a start that ended before its first checkpoint: its record goes
+        if changes:
+            replaced = f"{folder} holds no checkpoint: its recorded config replaced ({'; '.join(changes)})"
+        for old in recorded:
+            old.unlink()
+        recorded, changes = [], []
     if recorded and not changes:
-        return
+        return None
     path = folder / (f"config.{len(recorded)}.yaml" if recorded else "config.yaml")
     path.write_text(spec_to_yaml(spec))
     if recorded:
         log.warning(f"Config changed on purpose ({'; '.join(changes)}): recorded in {path}")
+    return replaced
 
 
 def pid_alive(pid: int) -> bool:

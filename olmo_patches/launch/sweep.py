@@ -42,8 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from olmo_core.train.checkpoint import Checkpointer
-
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root
 from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
@@ -280,6 +278,8 @@ def _checkpoint_step(folder: Path) -> int:
     """The step of the latest complete checkpoint (-1: none)."""
     if not folder.is_dir():
         return -1
+    from olmo_core.train.checkpoint import Checkpointer  # imports torch: once the sweep's configs have loaded
+
     return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
 
 

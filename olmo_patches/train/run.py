@@ -64,7 +64,7 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     lock = Lock(save_folder)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     # Before the process group: the demo corpus is built by rank 0 alone.
-    refused, changes = _check_before_writing(spec, resume_from) if rank0 else (None, [])
+    refused, record = _check_before_writing(spec, resume_from) if rank0 else (None, None)
     start_lines = _start_process_group(spec, device)
     # OLMo-core's ("spawn"), restored after the run.
     start_method = multiprocessing.get_start_method(allow_none=True)
@@ -78,12 +78,12 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     # (unless the caller froze objects itself: then its freeze is left as it is).
     froze = gc.get_freeze_count() == 0
     try:
-        _take_folder(spec, lock, refused, changes, resume_from)
+        _take_folder(spec, lock, refused, resume_from)
         if froze:
             gc.collect()
             gc.freeze()
         with quiet_console(save_folder, start_lines):
-            return _fit(spec, resume_from, device, callbacks)
+            return _fit(spec, resume_from, device, callbacks, record)
     except Exception as e:  # before the process group goes: peers waiting in a collective hear why
         peers.announce(*exit_line(e))
         raise
@@ -97,20 +97,24 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
         teardown_training_environment()
 
 
-def _check_before_writing(spec: ExperimentSpec, resume_from: Optional[str]) -> tuple[Optional[ConfigError], list[str]]:
-    """Rank 0's checks that need no process group: the refusal (nothing written yet) and the
-    config's changes from the folder's recorded one."""
+def _check_before_writing(
+    spec: ExperimentSpec, resume_from: Optional[str]
+) -> tuple[Optional[ConfigError], Optional[tuple[list[str], bool]]]:
+    """Rank 0's checks that need no process group: the refusal (nothing written yet), and what
+    record_config takes once the run is built (the config's changes from the folder's recorded one,
+    and whether the folder holds a complete checkpoint)."""
     try:
         if resume_from is not None:
             check_resume_from(resume_from)
         check_downstream(spec)
         check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
         check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
-        changes = check_config(spec, deliberate=resume_from is not None)
+        checkpointed = latest_complete(spec.save_folder) is not None
+        changes = check_config(spec, deliberate=resume_from is not None, checkpointed=checkpointed)
         check_room(spec)  # one checkpoint's room on the run folder's disk
     except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
-        return e, []
-    return None, changes
+        return e, None
+    return None, (changes, checkpointed)
 
 
 def _start_process_group(spec: ExperimentSpec, device: str) -> list[logging.LogRecord]:
@@ -130,18 +134,16 @@ def _start_process_group(spec: ExperimentSpec, device: str) -> list[logging.LogR
     return start_lines
 
 
-def _take_folder(
-    spec: ExperimentSpec, lock: Lock, refused: Optional[ConfigError], changes: list[str], resume_from: Optional[str]
-) -> None:
-    """Every node sees the folder; rank 0 locks it, records the config and picks the checkpoint to
-    resume from; a refusal on rank 0 is raised on every rank."""
+def _take_folder(spec: ExperimentSpec, lock: Lock, refused: Optional[ConfigError], resume_from: Optional[str]) -> None:
+    """Every node sees the folder; rank 0 locks it and picks the checkpoint to resume from (the
+    config is recorded once the run is built: :func:`_fit`); a refusal on rank 0 is raised on every
+    rank."""
     save_folder = Path(spec.save_folder)
     if not is_url(spec.save_folder):  # before the folder is written: every node must see it
         require_shared({"run.save_folder": save_folder, "data.work_dir": Path(spec.data.work_dir)})
     if int(os.environ.get("RANK", "0")) == 0 and refused is None:
         try:
             lock.acquire()
-            record_config(spec, changes)
             prune_incomplete(save_folder)
             if resume_from is None:
                 select_resume_checkpoint(save_folder)
@@ -178,8 +180,16 @@ def _set_default_backend() -> None:
         pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
 
 
-def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callbacks: Optional[dict[str, Callback]]) -> Path:
-    """Build everything through OLMo-core and run its Trainer."""
+def _fit(
+    spec: ExperimentSpec,
+    resume_from: Optional[str],
+    device: str,
+    callbacks: Optional[dict[str, Callback]],
+    record: Optional[tuple[list[str], bool]],
+) -> Path:
+    """Build everything through OLMo-core and run its Trainer; rank 0 (``record``: its changes and
+    whether the folder was checkpointed) records the config once all is built, before the first
+    checkpoint: a start that fails while building leaves no record."""
     data = resolve_data(spec)
     mixed = [p for source in data.mixture for p in source.paths]
     require_data([*data.train_paths, *mixed, *data.val_paths])  # every rank reads the same token files
@@ -218,6 +228,8 @@ def _fit(spec: ExperimentSpec, resume_from: Optional[str], device: str, callback
         # No evaluation, nothing written.
         log.warning(f"Already finished (step {trainer.global_step}): nothing to do")
         return Path(spec.save_folder)
+    if record is not None and (replaced := record_config(spec, *record)):
+        announce(replaced)
     trainer.fit()
     if trainer.is_canceled:
         log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
