@@ -148,6 +148,13 @@ def check_paths(args: argparse.Namespace) -> None:
             args.paths = read_paths_file(Path(args.paths_file))  # an empty or changed list: before any request
         except (DataOrderError, OSError, UnicodeDecodeError) as e:
             refuse(f"data_order.py {args.command}: --paths-file: {' '.join(str(e).split())}")
+    if getattr(args, "paths", None) and getattr(args, "manifest", None) is None:  # local files: there
+        try:
+            local = [p for p in rebase(args.paths, args.base) if "://" not in p]
+        except DataOrderError as e:
+            refuse(f"data_order.py {args.command}: --base: {e}")
+        if (missing := next((p for p in local if not Path(p).is_file()), None)) is not None:
+            refuse(f"data_order.py {args.command}: --paths-file: token file {missing}: no such file")
     if args.base is not None and "://" not in args.base:
         folder_arg(f"data_order.py {args.command}: --base", args.base)
     if args.command == "verify":
