@@ -61,7 +61,7 @@ def main() -> None:
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line, stop, train
     from olmo_patches.train.disk import check_room
-    from olmo_patches.train.resume import check_resume_from
+    from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
     from olmo_patches.train.init_from import check_init_from
     from olmo_patches.train.sources import check_sources
 
@@ -71,8 +71,10 @@ def main() -> None:
     if args.dry_run:  # what the real run would refuse before writing, refused alike (nothing written)
         try:
             if args.resume_from is not None:
-                check_resume_from(args.resume_from)
+                check_resume_from(args.resume_from, spec)
             check_config(spec, deliberate=args.resume_from is not None)
+            if args.resume_from is None:
+                check_own_checkpoint(spec)
             Lock(spec.save_folder).check()
             check_room(spec)
             mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios
