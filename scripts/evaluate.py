@@ -10,14 +10,15 @@ them: a path ending in .jsonl is that file, one ending in .json is written as on
 step, metrics), anything else is a folder (its metrics.jsonl); a new folder also gets a config.yaml. --hf loads a Hugging Face model folder offline and
 tokenizes with its tokenizer.json, or with the run's tokenizer and validation data given --config.
 
---out never mixes two runs: an existing FILE.json is replaced only with --force, and a FILE.jsonl or
-FOLDER whose folder holds another run's config.yaml (another run.name than the evaluated one, see
---name) is appended to only with --force. What needs no model (the arguments, the checkpoint's
+--out never mixes two runs: an existing FILE.json is replaced when it holds the same run's record (its
+name), else only with --force; a FILE.jsonl or FOLDER whose folder holds another run's config.yaml
+(another run.name than the evaluated one, see --name) is appended to only with --force. What needs no model (the arguments, the checkpoint's
 folder, the config, --out, the device) is checked before torch is imported; the checkpoint's weights
 against the config's model (their shapes, from the checkpoint's metadata) before the model loads.
 """
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -61,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.json|FILE.jsonl|FOLDER",
         help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
     )
-    parser.add_argument("--force", action="store_true", help="--out: replace a FILE.json, or append to another run's metrics")
+    parser.add_argument(
+        "--force", action="store_true", help="--out: replace another run's FILE.json, or append to another run's metrics"
+    )
     return parser
 
 
@@ -78,8 +81,17 @@ def _check_out(out: Path, name: str, force: bool) -> None:
     if force:
         return
     if out.suffix == ".json":
-        if out.exists():
-            refuse_alike(f"evaluate: command line: --out {out}: exists (a .json is written whole); --force to replace it")
+        try:
+            theirs = json.loads(out.read_text()).get("name")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, AttributeError):
+            theirs = None
+        if theirs != name:
+            refuse_alike(
+                f"evaluate: command line: --out {out}: holds {f'run {theirs}' if theirs else 'something'}'s record, "
+                f"not {name}'s (a .json is written whole); --force to replace it"
+            )
         return
     recorded = (out.parent if out.suffix == ".jsonl" else out) / "config.yaml"
     try:

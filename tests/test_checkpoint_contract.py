@@ -156,10 +156,10 @@ def test_device_names(runs, tmp_path, device, message):
 
 def test_evaluate_out_never_mixes_two_runs(runs, tmp_path):
     existing = tmp_path / "m.json"
-    existing.write_text("{}")
+    existing.write_text('{"name": "demo-hourglass", "step": 2}')
     r = run_in_process("evaluate.py", runs / "baseline" / "step2", "--out", existing)
-    assert r.returncode == 2 and "exists (a .json is written whole); --force to replace it" in r.stderr, r.stderr
-    assert existing.read_text() == "{}"
+    assert r.returncode == 2 and "holds run demo-hourglass's record, not demo-baseline's" in r.stderr, r.stderr
+    assert "--force" in r.stderr and existing.read_text() == '{"name": "demo-hourglass", "step": 2}'
     other = runs / "hourglass"  # demo-hourglass's folder: baseline metrics appended there would pass as its own
     before = _tree(other)
     r = run_in_process("evaluate.py", runs / "baseline" / "step2", "--out", other)
