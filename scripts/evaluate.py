@@ -121,7 +121,10 @@ def _check_before_torch(parser: argparse.ArgumentParser, args) -> None:
     name = args.name
     if (config := _config_path(args)) is not None:
         if not config.is_file():
-            refuse_alike(f"evaluate: command line: --config={config}: no such file (the run's config.yaml)")
+            given = (
+                f"--config={config}: no such file" if args.config else f"CHECKPOINT={where}: no config.yaml of its run ({config})"
+            )
+            refuse_alike(f"evaluate: command line: {given}")
         try:
             name = name or load_spec(config).run.name
         except ConfigError as e:

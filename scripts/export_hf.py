@@ -26,6 +26,8 @@ def _check_before_torch(args) -> None:
         refuse_alike(
             f"export_hf: CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
         )
+    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):  # DCP's metadata
+        refuse_alike(f"export_hf: CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)")
     if not args.force and out.is_dir() and any(out.iterdir()):
         refuse_alike(f"export_hf: OUT_DIR {out}: not empty ({len(list(out.iterdir()))} entries); --force to write into it")
     config = Path(args.config) if args.config else checkpoint.parent / "config.yaml"
