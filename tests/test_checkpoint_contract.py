@@ -103,10 +103,11 @@ def test_its_own_checkpoint_is_accepted(runs, tmp_path, command, block):
 
 def test_the_exit_code_of_a_real_process(runs, tmp_path):
     """Once in a fresh interpreter: the refusal is the process's one line and exit code."""
-    r = run_script("export_hf.py", runs / "hourglass" / "step2", tmp_path / "hf", "--config", runs / "baseline" / "config.yaml")
+    mixed = _mixed(runs, "hourglass", "baseline")
+    r = run_script("analyze.py", mixed, "--out", tmp_path / "out")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert r.stderr.startswith(f"export_hf: --config {runs / 'baseline' / 'config.yaml'}: CHECKPOINT "), r.stderr
-    assert not (tmp_path / "hf").exists()
+    assert r.stderr.startswith(f"analyze: command line: CHECKPOINT={mixed / 'step2'}: written by "), r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_save_folders_own_checkpoint_of_another_model_is_refused(runs, tmp_path):
