@@ -11,13 +11,14 @@ projection (K d_h, d_model) (paper 1, Section 3)."""
 
 import itertools
 import shutil
+import sys
 
 import pytest
 
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 
-from .conftest import REPO, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, run, run_in_process, run_script, tiny_overrides
 
 DEMO = REPO / "configs" / "demo"
 BLOCKS = {  # name: (demo config, overrides beyond TINY)
@@ -175,3 +176,33 @@ def test_analyze_out_holding_other_files(runs, tmp_path):
     r = run_in_process("analyze.py", runs / "baseline", "--out", out)
     assert r.returncode == 2 and "holds other files (table.csv, ...); --force" in r.stderr, r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["table.csv"]
+
+
+# A script's refusal of what needs no model, in a fresh interpreter: the script run as __main__, then
+# whether torch was imported (the test process itself has imported it already).
+BEFORE_TORCH = """
+import runpy, sys
+for argv in {cases!r}:
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        print(e.code, "torch" in sys.modules)
+"""
+
+
+def test_what_needs_no_model_is_refused_before_torch(runs, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("")
+    checkpoint, config = str(runs / "baseline" / "step2"), str(runs / "hourglass" / "config.yaml")
+    cases = [
+        [str(REPO / "scripts" / "evaluate.py"), str(tmp_path / "missing")],
+        [str(REPO / "scripts" / "evaluate.py"), checkpoint, "--device", "tpu"],
+        [str(REPO / "scripts" / "evaluate.py"), checkpoint, "--out", str(runs / "hourglass")],
+        [str(REPO / "scripts" / "export_hf.py"), checkpoint, str(full), "--config", config],
+        [str(REPO / "scripts" / "analyze.py"), checkpoint, "--out", str(runs)],
+    ]
+    r = run([sys.executable, "-c", BEFORE_TORCH.format(cases=cases)])
+    assert r.stdout.split("\n")[:-1] == ["2 False"] * len(cases), (r.stdout, r.stderr[-2000:])
+    assert len(r.stderr.strip().splitlines()) == len(cases), r.stderr
