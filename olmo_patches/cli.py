@@ -17,7 +17,20 @@ from .resources import find_config
 if TYPE_CHECKING:  # torch and OLMo-core are imported once the config is known to be good
     from .launch.layout import Layout
 
-__all__ = ["console", "load_or_exit", "refuse", "refuse_alike", "ArgumentParser", "at_least", "fraction", "folder_arg", "out_arg"]
+__all__ = [
+    "console",
+    "load_or_exit",
+    "refuse",
+    "refuse_alike",
+    "ArgumentParser",
+    "at_least",
+    "fraction",
+    "folder_arg",
+    "out_arg",
+    "DEVICES",
+    "device_name",
+    "check_device",
+]
 
 
 def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None) -> ExperimentSpec:
@@ -142,6 +155,30 @@ def fraction(text: str) -> float:
     return value
 
 
+DEVICES = "cpu, cuda, cuda:N, mps"  # the devices a script that loads a model accepts (--device)
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type``: a device name from :data:`DEVICES`, checked by name only (no torch)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device here (one of {DEVICES})")
+    return text
+
+
+def check_device(name: str, device: str) -> None:
+    """One line naming the argument (exit 2) when ``device`` is not on this machine; imports torch.
+    (:func:`device_name` has checked the name.)"""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and not torch.cuda.is_available():
+        refuse_alike(f"{name} {device}: CUDA is not available on this machine")
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        refuse_alike(f"{name} {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        refuse_alike(f"{name} {device}: MPS is not available on this machine")
+
+
 def _blocked(path: Path, folder: bool) -> str:
     """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can."""
     if path.exists():
@@ -156,7 +193,7 @@ def out_arg(name: str, path: str | Path, folder: bool = True) -> Path:
     """``path`` as a folder (``folder``) or a file to write, before any work: one line naming the
     argument (exit 2) if it is the other kind or lies under a file."""
     if why := _blocked(Path(path), folder):
-        refuse(f"{name} {path}: {why}")
+        refuse_alike(f"{name} {path}: {why}")
     return Path(path)
 
 

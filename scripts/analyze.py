@@ -18,28 +18,56 @@ column-centred (default) or --uncentred; all tokens pooled (default) or --per-pr
 the batch's sequences); the entropy over ln min(N - 1, w_l) (--normaliser layer, default) or over ln
 h of every layer (fixed). The analysis module's docstring gives the reasons for the defaults;
 analysis.json records the conventions used.
+
+--out is a new or empty folder, or one holding only an earlier analysis (analysis.json and
+analysis.png, replaced); a folder with anything else is written into only with --force. What needs no
+model (the arguments, --out, each checkpoint's folder and config.yaml) is checked before torch is
+imported, and every checkpoint's weights against its config's model (their shapes, from its
+metadata) before any model loads.
 """
 
 import argparse
 from pathlib import Path
 
-from olmo_patches.cli import ArgumentParser, at_least, refuse
-from olmo_patches.report.analysis import (
-    NORMALISERS,
-    THRESHOLD,
-    Conventions,
-    analysis_figure,
-    analyze_model,
-    load_checkpoint_model,
-    validation_batch,
-    write_json,
-)
+from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse, refuse_alike
+from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.report.analysis_conventions import NORMALISERS, THRESHOLD, Conventions
+
+OUTPUTS = {"analysis.json", "analysis.png"}  # what --out receives: an earlier analysis is replaced
+
+
+def _check_before_torch(args) -> None:
+    """The arguments, --out's rule (the module docstring) and each checkpoint's folder and config:
+    one line, exit 2, before torch is imported."""
+    if args.names and len(args.names) != len(args.checkpoints):
+        refuse_alike(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
+    if args.tokens is not None and not args.tokens.is_file():
+        refuse_alike(f"analyze: command line: --tokens={args.tokens}: no such file")
+    out = out_arg("analyze: command line: --out", args.out)
+    if not args.force and out.is_dir() and (others := sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS)):
+        refuse_alike(f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to write into it")
+    for checkpoint in args.checkpoints:
+        path = Path(checkpoint)
+        if not path.is_dir():
+            refuse_alike(
+                f"analyze: command line: CHECKPOINT={checkpoint}: {'not a folder' if path.exists() else 'no such folder'}"
+            )
+        config = path / "config.yaml" if (path / "config.yaml").is_file() else path.parent / "config.yaml"
+        if not config.is_file():
+            refuse_alike(f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it ({config})")
+        try:
+            load_spec(config, ["train.hardware=none", "train.device=cpu"])
+        except ConfigError as e:
+            refuse_alike(f"analyze: config error: {e}")
 
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", nargs="+", help="checkpoints (RUN/stepN) or run folders")
-    parser.add_argument("--out", type=Path, required=True, help="folder for analysis.json and analysis.png")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for analysis.json and analysis.png (new, empty, or an earlier analysis's)"
+    )
+    parser.add_argument("--force", action="store_true", help="write into an --out folder that holds other files")
     parser.add_argument("--names", nargs="+", help="one label per checkpoint (default: each run's name)")
     parser.add_argument("--batch", type=at_least(1), default=8, help="sequences in the batch")
     parser.add_argument("--seq", type=at_least(2), help="tokens per sequence (default: the run's, at most 512)")
@@ -57,20 +85,21 @@ def main() -> None:
         "--normaliser", choices=NORMALISERS, default="layer", help="entropy over ln min(N - 1, w_l) (layer) or ln h (fixed)"
     )
     args = parser.parse_args()
+    _check_before_torch(args)
     pooling = "per_prompt" if args.per_prompt else "pooled"
     conventions = Conventions(centre=not args.uncentred, pooling=pooling, normaliser=args.normaliser)
-    if args.names and len(args.names) != len(args.checkpoints):
-        refuse(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
-    if args.tokens is not None and not args.tokens.is_file():
-        refuse(f"analyze: command line: --tokens={args.tokens}: no such file")
+    from olmo_patches.report.analysis import analysis_figure, analyze_model, checkpoint_spec, load_checkpoint_model
+    from olmo_patches.report.analysis import validation_batch, write_json
     from olmo_patches.train.sources import resolve_data
 
-    analyses = []
-    for i, checkpoint in enumerate(args.checkpoints):
+    for checkpoint in args.checkpoints:  # every checkpoint against its config, before any model loads
         try:
-            spec, model, path = load_checkpoint_model(checkpoint)
+            checkpoint_spec(checkpoint)
         except ValueError as e:
             refuse(f"analyze: command line: {e}")
+    analyses = []
+    for i, checkpoint in enumerate(args.checkpoints):
+        spec, model, path = load_checkpoint_model(checkpoint)
         seq = args.seq or min(spec.data.sequence_length, 512)
         if args.tokens is not None:
             source, dtype = args.tokens, args.dtype

@@ -9,17 +9,27 @@ checkpoint's step, to --out (default: the run's metrics.jsonl), where scripts/ma
 them: a path ending in .jsonl is that file, one ending in .json is written as one JSON record (name,
 step, metrics), anything else is a folder (its metrics.jsonl); a new folder also gets a config.yaml. --hf loads a Hugging Face model folder offline and
 tokenizes with its tokenizer.json, or with the run's tokenizer and validation data given --config.
+
+--out never mixes two runs: an existing FILE.json is replaced when it holds the same run's record (its
+name), else only with --force; a FILE.jsonl or FOLDER whose folder holds another run's config.yaml
+(another run.name than the evaluated one, see --name) is appended to only with --force. What needs no model (the arguments, the checkpoint's
+folder, the config, --out, the device) is checked before torch is imported; the checkpoint's weights
+against the config's model (their shapes, from the checkpoint's metadata) before the model loads.
 """
 
 import argparse
+import json
 import time
 from pathlib import Path
+from typing import Optional
+
+import yaml
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse
-from olmo_patches.config import ConfigError
+from olmo_patches.cli import DEVICES, ArgumentParser, at_least, check_device, device_name, out_arg, refuse, refuse_alike
+from olmo_patches.config import ConfigError, load_spec
 from olmo_patches.report.console import console
 
 
@@ -44,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch-size", type=at_least(1), help="sequences per downstream batch (default: the run's micro-batch, else 8)"
     )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (one GPU)")
+    parser.add_argument("--device", type=device_name, default="cpu", help=f"one device: {DEVICES}")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)")
     parser.add_argument("--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)")
     parser.add_argument(
@@ -52,18 +62,82 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.json|FILE.jsonl|FOLDER",
         help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
     )
+    parser.add_argument(
+        "--force", action="store_true", help="--out: replace another run's FILE.json, or append to another run's metrics"
+    )
     return parser
+
+
+def _config_path(args) -> Optional[Path]:
+    """The config to evaluate with: --config, else the run folder's (beside a stepN folder); None for --hf alone."""
+    if args.config or args.hf:
+        return Path(args.config) if args.config else None
+    checkpoint = Path(args.checkpoint)
+    return checkpoint / "config.yaml" if (checkpoint / "config.yaml").is_file() else checkpoint.parent / "config.yaml"
+
+
+def _check_out(out: Path, name: str, force: bool) -> None:
+    """--out's rule (the module docstring): one line, exit 2, when it would mix two runs."""
+    if force:
+        return
+    if out.suffix == ".json":
+        try:
+            theirs = json.loads(out.read_text()).get("name")
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, AttributeError):
+            theirs = None
+        if theirs != name:
+            refuse_alike(
+                f"evaluate: command line: --out {out}: holds {f'run {theirs}' if theirs else 'something'}'s record, "
+                f"not {name}'s (a .json is written whole); --force to replace it"
+            )
+        return
+    recorded = (out.parent if out.suffix == ".jsonl" else out) / "config.yaml"
+    try:
+        theirs = ((yaml.safe_load(recorded.read_text()) or {}).get("run") or {}).get("name")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return  # no config.yaml (one is written): a new folder or a plain metrics file
+    if theirs is not None and theirs != name:
+        refuse_alike(
+            f"evaluate: command line: --out {out}: holds run {theirs}'s metrics ({recorded}), not {name}'s; "
+            f"--name {theirs} to add to them, or --force"
+        )
+
+
+def _check_before_torch(parser: argparse.ArgumentParser, args) -> None:
+    """Every check that needs no model, before torch is imported: the arguments, the checkpoint's
+    folder, the config, the --out rule."""
+    if (args.checkpoint is None) == (args.hf is None):
+        parser.error("give a CHECKPOINT or --hf DIR")
+    if args.hf and args.out is None:
+        parser.error("--hf needs --out")
+    if args.out is not None:  # FILE.json, FILE.jsonl or a folder
+        out_arg("--out", args.out, folder=Path(args.out).suffix not in (".json", ".jsonl"))
+    where = Path(args.checkpoint or args.hf)
+    if not where.is_dir():
+        kind = "CHECKPOINT" if args.checkpoint else "--hf"
+        refuse_alike(f"evaluate: command line: {kind}={where}: {'a file, not a folder' if where.exists() else 'no such folder'}")
+    name = args.name
+    if (config := _config_path(args)) is not None:
+        if not config.is_file():
+            given = (
+                f"--config={config}: no such file" if args.config else f"CHECKPOINT={where}: no config.yaml of its run ({config})"
+            )
+            refuse_alike(f"evaluate: command line: {given}")
+        try:
+            name = name or load_spec(config).run.name
+        except ConfigError as e:
+            refuse_alike(f"evaluate: config error: {e}")
+    if args.out is not None:
+        _check_out(Path(args.out), name or where.name, args.force)
 
 
 def main() -> None:
     parser = _parser()
     args = parser.parse_args()
-    if (args.checkpoint is None) == (args.hf is None):
-        parser.error("give a CHECKPOINT or --hf DIR")
-    if args.hf and args.out is None:
-        parser.error("--hf needs --out")
-    if args.out is not None:  # FILE.json, FILE.jsonl or a folder, before the model loads
-        out_arg("--out", args.out, folder=Path(args.out).suffix not in (".json", ".jsonl"))
+    _check_before_torch(parser, args)
+    check_device("evaluate: command line: --device", args.device)
 
     from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
 

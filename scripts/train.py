@@ -63,7 +63,7 @@ def main() -> None:
     from olmo_patches.train import exit_line, stop, train
     from olmo_patches.train.checkpoints import latest_complete
     from olmo_patches.train.disk import check_room
-    from olmo_patches.train.resume import check_resume_from
+    from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
     from olmo_patches.train.init_from import check_init_from
     from olmo_patches.train.sources import check_sources
 
@@ -73,9 +73,11 @@ def main() -> None:
     if args.dry_run:  # what the real run would refuse before writing, refused alike (nothing written)
         try:
             if args.resume_from is not None:
-                check_resume_from(args.resume_from)
+                check_resume_from(args.resume_from, spec)
             checkpointed = latest_complete(spec.save_folder) is not None  # a record without one is replaced
             check_config(spec, deliberate=args.resume_from is not None, checkpointed=checkpointed)
+            if args.resume_from is None:
+                check_own_checkpoint(spec)
             Lock(spec.save_folder).check()
             check_room(spec)
             mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios

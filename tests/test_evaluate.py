@@ -153,11 +153,13 @@ def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
 
 
 def test_another_models_config_is_one_line_before_the_data(tiny_run, tmp_path):
-    """The tiny hourglass checkpoint with a baseline config: torch's load_state_dict differences, as one line."""
+    """The tiny hourglass checkpoint with a baseline config: the first differing weight, as one line."""
     other = tmp_path / "other.yaml"
     other.write_text(f"extends: {BASELINE}\nmodel:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n")
     r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--config", str(other), "--out", str(tmp_path / "out.json"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert f"--config={other}: its model does not match the checkpoint's weights" in lines[0], lines[0]
+    # the hourglass's W_1 is (K d_h, d_model) = (32, 32), the baseline's SwiGLU W_1 (4 d_model, d_model)
+    assert f"--config={other}: CHECKPOINT {tiny_run / 'step2'}: written by {tiny_run / 'config.yaml'}" in lines[0], lines[0]
+    assert "first differing weight blocks.0.feed_forward.w1.weight: [32, 32] there, [128, 32] in this config's model" in lines[0]
     assert not (tmp_path / "out.json").exists()

@@ -20,8 +20,9 @@ from typing import Dict, Optional
 import torch
 
 from ..blocks import block_of
-from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
+from ..config import ExperimentSpec, load_spec, tokenizer_config
 from ..train.checkpoints import load_model_state
+from ..train.contract import check_checkpoint_fits
 from ..nn.variable_width import VariableWidthTransformerConfig
 
 __all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
@@ -336,10 +337,12 @@ def export_hf(
         raise ValueError(f"OUT_DIR {out}: a file, not a folder")
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
     spec = _exportable(config_path)
+    # another model's checkpoint (its vocabulary too) is refused by its metadata, before any weight is read
+    check_checkpoint_fits(
+        checkpoint, spec, f"--config {config_path}: CHECKPOINT {checkpoint}" if config else f"CHECKPOINT {checkpoint}"
+    )
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
-    if vocab != (expected := vocab_size(spec)):
-        raise ValueError(f"{checkpoint}: vocabulary {vocab} differs from {config_path}'s {expected}")
     max_len = spec.data.sequence_length
     ids = token_ids(spec)
     specials = _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None

@@ -55,38 +55,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .analysis_conventions import NORMALISERS, POOLINGS, THRESHOLD, Conventions
+
 __all__ = [
     "dead_units",
     "matrix_entropy",
     "participation_ratio",
     "target_probability",
     "analyze_model",
+    "checkpoint_spec",
     "load_checkpoint_model",
     "validation_batch",
     "analysis_figure",
     "write_json",
     "THRESHOLD",
+    "NORMALISERS",
+    "POOLINGS",
     "Conventions",
 ]
-
-THRESHOLD = 0.01  # a unit is active on a token when |a| > 1% of its layer's RMS activation
-
-
-@dataclass(frozen=True)
-class Conventions:
-    """The analyses' choices where the definitions in use differ (the module docstring: why)."""
-
-    centre: bool = True  # Gram of the column-centred stream (its covariance) | False: as it is
-    pooling: str = "pooled"  # pooled: one matrix of all tokens | per_prompt: one per sequence
-    normaliser: str = "layer"  # layer: ln min(N - 1, w_l) | fixed: ln h (the model's d_model)
-
-    def __post_init__(self):
-        if self.pooling not in POOLINGS or self.normaliser not in NORMALISERS:
-            raise ValueError(f"pooling={self.pooling} (one of {POOLINGS}), normaliser={self.normaliser} (one of {NORMALISERS})")
-
-
-POOLINGS = ("pooled", "per_prompt")
-NORMALISERS = ("layer", "fixed")
 
 
 def _matrices(Z: torch.Tensor, pooling: str) -> List[torch.Tensor]:
@@ -258,11 +244,14 @@ def validation_batch(path: str | Path, dtype: str, batch: int, seq: int, offset:
     return torch.from_numpy(np.array(data[offset : offset + need], dtype=np.int64)).view(batch, seq + 1)
 
 
-def load_checkpoint_model(checkpoint: str | Path):
-    """(spec, model, step folder) of a checkpoint (RUN/stepN) or a run folder (its latest complete
-    checkpoint), on CPU in float32. Raises ValueError naming what is missing."""
-    from ..config import load_spec, vocab_size
-    from ..train.checkpoints import latest_complete, load_model_state
+def checkpoint_spec(checkpoint: str | Path):
+    """(spec, step folder) of a checkpoint (RUN/stepN) or a run folder (its latest complete
+    checkpoint), the spec from the run folder's config.yaml, whose model the checkpoint's weights must
+    fit (their shapes, from its metadata). Raises ValueError (a ConfigError for a misfit) naming what
+    is missing or differs."""
+    from ..config import load_spec
+    from ..train.checkpoints import latest_complete
+    from ..train.contract import check_checkpoint_fits
 
     path = Path(checkpoint)
     if not path.is_dir():
@@ -274,6 +263,16 @@ def load_checkpoint_model(checkpoint: str | Path):
     if not config.is_file():
         raise ValueError(f"CHECKPOINT={checkpoint}: no config.yaml beside it ({config})")
     spec = load_spec(config, ["train.hardware=none", "train.device=cpu"])
+    check_checkpoint_fits(path, spec, f"CHECKPOINT={path}")
+    return spec, path
+
+
+def load_checkpoint_model(checkpoint: str | Path):
+    """(spec, model, step folder) of a checkpoint, as :func:`checkpoint_spec` finds them, on CPU in float32."""
+    from ..config import vocab_size
+    from ..train.checkpoints import load_model_state
+
+    spec, path = checkpoint_spec(checkpoint)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.load_state_dict(load_model_state(path))
     return spec, model.float().eval(), path

@@ -10,7 +10,7 @@ import torch
 from olmo_core.aliases import PathOrStr
 from olmo_core.train.checkpoint import Checkpointer
 
-__all__ = ["latest_complete", "checkpoint_step", "load_model_state", "load_optim_state"]
+__all__ = ["latest_complete", "checkpoint_step", "checkpoint_shapes", "load_model_state", "load_optim_state"]
 
 
 def latest_complete(folder: PathOrStr) -> Optional[str]:
@@ -42,14 +42,34 @@ def load_optim_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
     return _load_tensors(checkpoint, "optim.state.")
 
 
-def _load_tensors(checkpoint: PathOrStr, prefix: str) -> Dict[str, torch.Tensor]:
-    # OLMo-core's load_keys without its guard against a process group: its read is local (no_dist).
-    from olmo_core.distributed.checkpoint import _get_key, _load_unsharded_keys, get_checkpoint_metadata
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+def checkpoint_shapes(checkpoint: PathOrStr) -> Dict[str, torch.Size]:
+    """The model weights' shapes of a checkpoint, keyed as :func:`load_model_state`'s tensors, from
+    its metadata alone (torch.distributed.checkpoint's ``.metadata``: no tensor is read)."""
+    _, metadata = _metadata(checkpoint)
+    return {k[len("model.") :]: m.size for k, m in _tensors(metadata, "model.").items()}
+
+
+def _metadata(checkpoint: PathOrStr):
+    """(the folder of the DCP files, their metadata): a trainer checkpoint's model_and_optim/, or a bare one."""
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata
 
     root = Path(checkpoint)
     model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
-    metadata = get_checkpoint_metadata(model_dir)
-    keys = [k for k, m in metadata.state_dict_metadata.items() if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)]
+    return model_dir, get_checkpoint_metadata(model_dir)
+
+
+def _tensors(metadata, prefix: str) -> dict:
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    items = metadata.state_dict_metadata.items()
+    return {k: m for k, m in items if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+
+
+def _load_tensors(checkpoint: PathOrStr, prefix: str) -> Dict[str, torch.Tensor]:
+    # OLMo-core's load_keys without its guard against a process group: its read is local (no_dist).
+    from olmo_core.distributed.checkpoint import _get_key, _load_unsharded_keys
+
+    model_dir, metadata = _metadata(checkpoint)
+    keys = list(_tensors(metadata, prefix))
     state = _load_unsharded_keys(model_dir, keys)
     return {k[len(prefix) :]: _get_key(state, k, pop=True) for k in keys}

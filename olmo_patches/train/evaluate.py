@@ -39,13 +39,14 @@ from rich.progress import Progress
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml, vocab_size
-from ..config.spec import failer, one_line
+from ..config.spec import failer
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
 from .experiment import eval_callbacks
 from .sources import DataSources, resolve_data
 from ..launch.run_folder import METRICS_FILE
 from .checkpoints import checkpoint_step, latest_complete, load_model_state
+from .contract import check_checkpoint_fits
 
 log = logging.getLogger(__name__)
 
@@ -191,16 +192,11 @@ def from_checkpoint(
         _fail("--config", config_path, "no such file (the run's config.yaml)")
     spec = load_and_resolve(config_path)
     spec.train.device = device
+    # before the model and the data: another model's checkpoint is refused by its metadata alone
+    where = f"command line: --config={config_path}: CHECKPOINT {path}" if config else f"command line: CHECKPOINT={path}"
+    check_checkpoint_fits(path, spec, where)
     model = spec.model.build(vocab_size=vocab_size(spec)).build(init_device="cpu")
-    try:  # before the data: another model's config is refused before a corpus is built
-        model.load_state_dict(load_model_state(path))
-    except RuntimeError as e:  # torch's "Error(s) in loading state_dict ...", one reason a line
-        reasons = [line.strip() for line in str(e).splitlines()[1:] if line.strip()]
-        _fail(
-            "--config" if config else "CHECKPOINT",
-            config_path if config else path,
-            f"its model does not match the checkpoint's weights ({len(reasons)} difference(s), first: {reasons[0] if reasons else one_line(e)})",
-        )
+    model.load_state_dict(load_model_state(path))
     data = resolve_data(spec)
     model.to(device).eval()
     evaluators, duration = _evaluators(spec, data, choice, torch.device(device))

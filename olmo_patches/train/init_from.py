@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
 from ..config import ConfigError, ExperimentSpec
-from .checkpoints import latest_complete, load_model_state
+from .checkpoints import checkpoint_shapes, latest_complete, load_model_state
+from .contract import first_difference, model_shapes
 from .safety import verify
 
 log = logging.getLogger(__name__)
@@ -23,17 +24,24 @@ __all__ = ["check_init_from", "init_state", "load_init_weights"]
 def init_state(source: str) -> Dict[str, torch.Tensor]:
     """The full weights at ``source``, keyed as OLMo-core's Transformer; ConfigError (one line) for a
     folder that is missing, neither kind, or unreadable."""
+    checkpoint = _checkpoint(source)
+    return _from_hf(Path(source), f"train.init_from={source}") if checkpoint is None else load_model_state(checkpoint)
+
+
+def _checkpoint(source: str) -> Optional[str]:
+    """The verified run checkpoint at ``source``, or None for a Hugging Face folder; ConfigError
+    (one line) for a folder that is missing, neither kind, or damaged."""
     where, path = f"train.init_from={source}", Path(source)
     if not path.is_dir():
         raise ConfigError(f"{where}: {'a file, not a folder' if path.exists() else 'no such folder'}")
     checkpoint = latest_complete(path)  # a checkpoint holds a config.json too: asked first
     if checkpoint is None:
         if (path / "config.json").is_file():
-            return _from_hf(path, where)
+            return None
         raise ConfigError(f"{where}: neither a complete checkpoint nor a Hugging Face folder (config.json)")
     if (why := verify(checkpoint)) is not None:
         raise ConfigError(f"{where}: {why}")
-    return load_model_state(checkpoint)
+    return checkpoint
 
 
 def _from_hf(path: Path, where: str) -> Dict[str, torch.Tensor]:
@@ -50,26 +58,20 @@ def _from_hf(path: Path, where: str) -> Dict[str, torch.Tensor]:
         ) from None
 
 
-def _shapes(spec: ExperimentSpec) -> Dict[str, torch.Size]:
-    """The weights of the config's model and their shapes (built on the meta device: no memory)."""
-    model = spec.model_config().build(init_device="meta")
-    return {k: v.shape for k, v in model.state_dict().items()}
-
-
 def check_init_from(spec: ExperimentSpec) -> None:
     """ConfigError naming the first weight whose shape differs (or that one side lacks), with both
-    shapes, before anything is written."""
+    shapes, before anything is written. A run checkpoint's shapes come from its metadata (no weight
+    is read); a Hugging Face folder's from its converted weights."""
     if not spec.train.init_from:
         return
-    state, where = init_state(spec.train.init_from), f"train.init_from={spec.train.init_from}"
-    for key, shape in _shapes(spec).items():
-        if key not in state:
-            raise ConfigError(f"{where}: no weight {key} there ({list(shape)} in this config's model)")
-        if state[key].shape != shape:
-            there, here = list(state[key].shape), list(shape)
-            raise ConfigError(f"{where}: first differing weight {key}: {there} there, {here} in this config's model")
-    if extra := [k for k in state if k not in _shapes(spec)]:
-        raise ConfigError(f"{where}: weight {extra[0]} {list(state[extra[0]].shape)} there, not in this config's model")
+    source = spec.train.init_from
+    checkpoint = _checkpoint(source)
+    if checkpoint is None:
+        shapes = {k: v.shape for k, v in _from_hf(Path(source), f"train.init_from={source}").items()}
+    else:
+        shapes = checkpoint_shapes(checkpoint)
+    if (why := first_difference(shapes, model_shapes(spec))) is not None:
+        raise ConfigError(f"train.init_from={source}: {why}")
 
 
 @torch.no_grad()
@@ -79,7 +81,7 @@ def load_init_weights(model: torch.nn.Module, source: str) -> None:
 
     state = init_state(source)
     for name, param in model.state_dict().items():
-        full = state[name].to(param.dtype)
+        full = state[name].to(param.dtype).reshape(param.shape)  # an earlier stacked layout's (K, out, in)
         if isinstance(param, DTensor):
             param.copy_(distribute_tensor(full.to(param.device), param.device_mesh, param.placements))
         else:

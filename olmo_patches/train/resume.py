@@ -44,7 +44,9 @@ from olmo_core.train.callbacks import CheckpointerCallback
 from olmo_core.io import is_url
 from olmo_core.train.checkpoint import Checkpointer
 
+from ..config import ExperimentSpec
 from .checkpoints import checkpoint_step, latest_complete
+from .contract import check_checkpoint_fits
 from .disk import CHECKPOINT_BYTES_PER_PARAM, disk_full_error, full_error
 from ..launch.run_folder import RunFolderError
 from .safety import ManifestWriter, check_before_save
@@ -55,6 +57,7 @@ __all__ = [
     "prune_incomplete",
     "ResumeCheckpointerCallback",
     "check_resume_from",
+    "check_own_checkpoint",
     "load_explicit",
     "SAVE_RATE",
     "measured_save_rate",
@@ -177,18 +180,30 @@ def checkpoint_bytes_of(trainer) -> int:
     return CHECKPOINT_BYTES_PER_PARAM * sum(p.numel() for p in trainer.train_module.model.parameters())
 
 
-def check_resume_from(resume_from: PathOrStr) -> None:
+def check_resume_from(resume_from: PathOrStr, spec: ExperimentSpec) -> None:
     """:class:`RunFolderError` (one line) unless ``--resume-from`` names a checkpoint or a folder with a
-    complete one; local paths only (a URL is checked when it is loaded). Before anything is written."""
+    complete one whose weights fit ``spec``'s model (their shapes, from its metadata); local paths
+    only (a URL is checked when it is loaded). Before anything is written."""
     if is_url(resume_from):
         return
     path = Path(resume_from)
     if not path.is_dir():
         raise RunFolderError(f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}")
-    if latest_complete(path) is None:
+    if (latest := latest_complete(path)) is None:
         raise RunFolderError(
             f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})"
         )
+    check_checkpoint_fits(latest, spec, f"--resume-from {latest}", RunFolderError)
+
+
+def check_own_checkpoint(spec: ExperimentSpec) -> None:
+    """:class:`RunFolderError` (one line) when the newest complete checkpoint in the save folder, which
+    a start without ``--resume-from`` resumes from, does not fit ``spec``'s model; one whose metadata
+    cannot be read is left to the start's own check (safety.py sets it aside)."""
+    if is_url(spec.save_folder) or (latest := latest_complete(spec.save_folder)) is None:
+        return
+    where = f"{spec.save_folder}: its newest checkpoint {Path(latest).name}"
+    check_checkpoint_fits(latest, spec, where, RunFolderError, unreadable_ok=True)
 
 
 def load_explicit(trainer, resume_from: PathOrStr) -> str:

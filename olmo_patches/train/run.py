@@ -36,7 +36,7 @@ from .disk import DiskFullError, check_room
 from .experiment import build_experiment, check_downstream, device_for
 from .precision import compile_on_cpu
 from .progress import announce, quiet_console, quiet_start
-from .resume import check_resume_from, load_explicit, prune_incomplete
+from .resume import check_own_checkpoint, check_resume_from, load_explicit, prune_incomplete
 from .init_from import check_init_from, load_init_weights
 from .safety import NonFiniteError, select_resume_checkpoint
 from .sources import check_sources, resolve_data
@@ -105,12 +105,14 @@ def _check_before_writing(
     and whether the folder holds a complete checkpoint)."""
     try:
         if resume_from is not None:
-            check_resume_from(resume_from)
+            check_resume_from(resume_from, spec)
         check_downstream(spec)
         check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
         check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
         checkpointed = latest_complete(spec.save_folder) is not None
         changes = check_config(spec, deliberate=resume_from is not None, checkpointed=checkpointed)
+        if resume_from is None:
+            check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
         check_room(spec)  # one checkpoint's room on the run folder's disk
     except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
         return e, None

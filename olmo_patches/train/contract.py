@@ -1,0 +1,74 @@
+"""A checkpoint against a config: the shapes of the checkpoint's model weights, read from its
+metadata (no tensor loaded), against the config's model built on the meta device (no memory). A
+mismatch is one line, before any work: the first differing weight, both shapes, and the config the
+checkpoint was written with (its run folder's ``config.yaml``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import torch
+import yaml
+
+from ..config import ConfigError, ExperimentSpec
+from .checkpoints import checkpoint_shapes
+
+__all__ = ["model_shapes", "first_difference", "check_checkpoint_fits", "written_by"]
+
+
+def model_shapes(spec: ExperimentSpec) -> dict[str, torch.Size]:
+    """The weights of the config's model and their shapes (built on the meta device: no memory)."""
+    model = spec.model_config().build(init_device="meta")
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def _same(there: Sequence[int], here: Sequence[int]) -> bool:
+    # an hourglass weight of the earlier stacked layout, (K, out, in) for (K out, in): the same
+    # elements in the same order, which a resume converts (stacked_layout.py)
+    stacked = len(there) == 3 and len(here) == 2 and there[0] * there[1] == here[0] and there[2] == here[1]
+    return list(there) == list(here) or stacked
+
+
+def first_difference(there: Mapping[str, Sequence[int]], here: Mapping[str, Sequence[int]]) -> Optional[str]:
+    """How the weights ``there`` (name: shape) differ from the config's model's ``here``, the first
+    difference in the model's order; None when every weight fits."""
+    for key, shape in here.items():
+        if key not in there:
+            return f"no weight {key} there ({list(shape)} in this config's model)"
+        if not _same(there[key], shape):
+            return f"first differing weight {key}: {list(there[key])} there, {list(shape)} in this config's model"
+    if extra := [k for k in there if k not in here]:
+        return f"weight {extra[0]} {list(there[extra[0]])} there, not in this config's model"
+    return None
+
+
+def written_by(checkpoint: str | Path) -> str:
+    """The config a checkpoint was written with, in a few words: its run folder's config.yaml and
+    model, or that none is there."""
+    recorded = Path(checkpoint).parent / "config.yaml"
+    try:
+        model = (yaml.safe_load(recorded.read_text()) or {}).get("model") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return f"no readable config.yaml beside it ({recorded})"
+    keys = ["block", "d_model", "n_layers"] + (["K", "d_h"] if model.get("block") == "hourglass" else [])
+    shape = ", ".join(f"{k} {model[k]}" for k in keys if model.get(k) is not None)
+    if model.get("block") == "variable_width" and isinstance(model.get("widths"), dict):
+        shape += f", widths {model['widths'].get('shape') or model['widths'].get('schedule')}"
+    return f"written by {recorded} ({shape})"
+
+
+def check_checkpoint_fits(
+    checkpoint: str | Path, spec: ExperimentSpec, where: str, error: type = ConfigError, unreadable_ok: bool = False
+) -> None:
+    """``error`` (one line, starting with ``where``) unless the weights of ``checkpoint`` (a step
+    folder) have the shapes of ``spec``'s model; metadata that cannot be read is an ``error`` too,
+    unless ``unreadable_ok``."""
+    try:
+        there = checkpoint_shapes(checkpoint)
+    except Exception as e:  # noqa: BLE001 (a cut or foreign .metadata: DCP's or pickle's error)
+        if unreadable_ok:
+            return
+        raise error(f"{where}: unreadable checkpoint metadata ({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+    if (why := first_difference(there, model_shapes(spec))) is not None:
+        raise error(f"{where}: {written_by(checkpoint)}; {why}")
