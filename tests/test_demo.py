@@ -4,6 +4,7 @@ comparison's table, summary.json and loss curves."""
 import io
 import json
 import os
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from olmo_core.train.callbacks import Callback
 from rich.console import Console
 
+from olmo_patches.config import load_spec
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.report.demo import compare
@@ -119,3 +121,33 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_
     assert saved and all(_files(first)[p][0] != kept[p][0] for p in saved)  # the first variant trained again
     assert "Transformer(" not in r.stdout + r.stderr and "Building transformer" not in r.stdout + r.stderr
     assert r.stdout.count("step 4/4") == 2  # each variant's progress lines still on the terminal
+
+
+README_DEMO_ROW = re.compile(
+    r"^\| demo: validation loss \(baseline / hourglass / variable width\) \| "
+    r"([\d.]+) / ([\d.]+) / ([\d.]+) \(from ([\d.]+) at init\)"
+)
+
+
+def test_the_readmes_demo_figures_are_those_of_the_committed_demo_summary():
+    """The README's demo row against docs/demo/summary.json, the summary a full `make demo` wrote
+    (the README names the command). The full demo takes 15-40 minutes on 2 shared CPU cores, too long
+    for any suite, so the summary is committed and this test reads both files: it fails when one is
+    edited without the other, and (the demo being deterministic: fixed seeds, fp32 on CPU) a fresh
+    `make demo` reproduces the committed losses. The summary's steps and tokens are checked against
+    the demo configs, so a changed config fails here until the demo is run again."""
+    summary = json.loads((REPO / "docs" / "demo" / "summary.json").read_text())
+    rows = [m for line in (REPO / "README.md").read_text().splitlines() if (m := README_DEMO_ROW.match(line))]
+    assert len(rows) == 1, "one demo row in the README's measured table"
+    losses, first = [float(x) for x in rows[0].groups()[:3]], float(rows[0].group(4))
+    names = ["demo-baseline", "demo-hourglass", "demo-variable-width"]
+    assert list(summary) == names
+    for name, loss in zip(names, losses):
+        entry = summary[name]
+        assert entry["finished"] and entry["steps"] == entry["planned_steps"] == 200  # configs/demo: train.max_steps
+        assert entry["train_tokens"] == 200 * 16 * 128  # max_steps x global_batch_size x sequence_length
+        assert f"{entry['val_loss']:.4f}" == f"{loss:.4f}", name
+        assert f"{entry['first_val_loss']:.2f}" == f"{first:.2f}", name
+    for name in names:
+        spec = load_spec(REPO / "configs" / "demo" / f"{name.removeprefix('demo-')}.yaml")
+        assert (spec.steps, spec.train.global_batch_size, spec.data.sequence_length) == (200, 16, 128), name
