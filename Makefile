@@ -1,5 +1,6 @@
 # The commands. Each creates .venv and installs what it needs on first use.
-#   make demo   train the demo variants on the embedded corpus and print the comparison
+#   make demo   train the demo variants on the embedded corpus and print the comparison; after an
+#               interruption it continues the unfinished variants (make demo DEMO_ARGS=--fresh: start over)
 #   make test   run the test suite
 #   make wheelhouse [WHEEL_PYTHON=3.12]   what the GPU run imports, <= 56 MiB, for an offline GPU node (docs/gpu_checks.md)
 #   make lock   refresh requirements/lock.txt (the exact versions make installs) from pyproject.toml's ranges
@@ -26,7 +27,7 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml setup.py $(LOCK)
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
 # the suite on every core; `make test-slow`: the tests marked slow (minutes of pip: the offline install's rehearsal)
 test: install

@@ -1,15 +1,21 @@
 """The embedded default: train the demo variants on the Python standard library and compare them.
 
-    python scripts/demo.py [CONFIG ...] [--out runs/demo] [--set key=value ...]
+    python scripts/demo.py [CONFIG ...] [--out runs/demo] [--set key=value ...] [--fresh]
 
 With no CONFIG it trains every config in configs/demo/ (baseline first). Nothing is downloaded.
+
+A rerun continues: a finished variant (a checkpoint at its last step) is not trained again, an
+unfinished one resumes from its newest checkpoint. Ctrl-C or SIGTERM saves the step reached and ends
+the demo (rerun the same command to resume); --fresh deletes the variants' run folders first and
+starts the comparison over.
 """
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
-from olmo_patches.cli import ArgumentParser, console, load_or_exit, out_arg
+from olmo_patches.cli import ArgumentParser, console, load_or_exit, out_arg, refuse
 
 DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 
@@ -21,19 +27,42 @@ def main() -> None:
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
     )
+    parser.add_argument("--fresh", action="store_true", help="delete the variants' run folders first: a new comparison")
     args = parser.parse_args()
 
     out_arg("--out", args.out)
     paths = args.configs or sorted(DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem))
     specs = [load_or_exit(str(p), args.overrides) for p in paths]  # every config checked before any training
 
-    from olmo_patches.report.demo import compare
-    from olmo_patches.train import train
+    from olmo_patches.report.demo import compare, saved_step
+    from olmo_patches.train import exit_line, stop, train
 
+    if args.fresh:
+        for spec in specs:
+            shutil.rmtree(spec.save_folder, ignore_errors=True)
+    stop.install()  # SIGTERM/SIGUSR1 between steps: save and stop (Ctrl-C too, inside OLMo-core's fit())
     for i, spec in enumerate(specs, 1):
-        shutil.rmtree(spec.save_folder, ignore_errors=True)  # a demo is a fresh comparison, never a resume
-        console().rule(f"[bold]{i}/{len(specs)}: {spec.run.name}")
-        train(spec)
+        name, planned = spec.run.name, spec.steps
+        if (done := saved_step(spec.save_folder)) >= planned:
+            console().print(f"{i}/{len(specs)}: {name} finished (step {done}, {spec.save_folder}): kept")
+            continue
+        console().rule(f"[bold]{i}/{len(specs)}: {name}")
+        try:
+            train(spec)
+        except KeyboardInterrupt:  # outside the steps (a build, an evaluation): nothing saved
+            refuse(f"interrupted in {name}: rerun the same command to resume (--fresh: start over)", 130)
+        except Exception as e:  # a folder of another config, a divergence: train.py's line and code
+            line, code = exit_line(e)
+            refuse(f"{name}: {line} (--fresh deletes the demo's runs and starts over)", code)
+        if (reached := saved_step(spec.save_folder)) < planned or stop.requested():
+            print(
+                f"stopped in {name} at step {max(reached, 0)}/{planned} (saved): "
+                "rerun the same command to resume (--fresh: start over)",
+                file=sys.stderr,
+            )
+            stop.ignore()
+            raise SystemExit(0)
+    stop.ignore()  # trained: a late signal does not cut the comparison's table short
     compare(specs, Path(args.out))
 
 

@@ -143,13 +143,8 @@ def test_an_unknown_option_exits_2_with_one_line(places, script):
     assert list(Path(places["work"]).iterdir()) == []
 
 
-def _xfail(why: str):
-    return pytest.mark.xfail(strict=True, reason=why)
-
-
 # A bad input to each script (a missing or unreadable file, a value that cannot work), at least one a
-# script; (script, arguments, what the line must name). Inputs whose refusal another change brings are
-# marked xfail(strict): that change removes the mark.
+# script; (script, arguments, what the line must name).
 INPUTS = [
     ("analyze.py", ["{work}/missing/step5", "--out", "{work}/o"], "CHECKPOINT"),
     ("bench.py", ["--scale", "demo", "--variants", "nope"], "--variants"),
@@ -163,19 +158,9 @@ INPUTS = [
     ("data_order.py", ["indices", "--paths-file", "{file}", "--out", "{work}/i.npy"], "x"),
     ("demo.py", ["{work}/missing.yaml"], "missing.yaml"),
     ("evaluate.py", ["{work}/missing/step5"], "CHECKPOINT"),
-    pytest.param(
-        "evaluate.py",
-        ["{folder}", "--device", "tpu"],
-        "--device",
-        marks=_xfail("--device from a fixed list, checked first (the checkpoint-vs-config change)"),
-    ),
+    ("evaluate.py", ["{folder}", "--device", "tpu"], "--device"),
     ("export_hf.py", ["{work}/missing/step5", "{work}/out"], "CHECKPOINT"),
-    pytest.param(
-        "export_hf.py",
-        ["{folder}", "{folder}"],
-        "out_dir",
-        marks=_xfail("an output folder that is not empty, without --force (the checkpoint-vs-config change)"),
-    ),
+    ("export_hf.py", ["{folder}", "{folder}"], "out_dir"),
     ("gpu_check.py", ["--budget-scale", "nan"], "--budget-scale"),
     ("make_sweeps.py", ["--root", "{work}/missing"], "--root"),
     ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),

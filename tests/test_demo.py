@@ -1,15 +1,25 @@
 """The embedded default job end to end, on tiny variants: training (scripts/demo.py's loop), then the
 comparison's table, summary.json and loss curves."""
 
+import io
 import json
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from olmo_core.train.callbacks import Callback
+from rich.console import Console
 
+from olmo_patches.config import load_spec
 from olmo_patches.launch.layout import load_and_resolve
+from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.report.demo import compare
 from olmo_patches.train import train
 
-from .conftest import REPO, tiny_overrides
+from .conftest import REPO, TINY, run_in_process, run_script, tiny_overrides
 
 
 def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
@@ -37,3 +47,107 @@ def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
     assert summary["demo-hourglass"]["non_embedding_params"] == 2 * (4 * 32 * 32 + 3 * 2 * 32 * 16)
     png = (tmp_path / "out" / "loss_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+@dataclass
+class _InterruptAt(Callback):
+    """Ctrl-C (SIGINT to this process) after step ``at``: what a user's key press does mid-run."""
+
+    at: int = 2
+
+    def post_step(self):
+        if self.trainer.global_step == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _files(folder: Path) -> dict:
+    """Every file of a run folder but its lock, with its modification time and size."""
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file() and ".lock" not in p.name}
+
+
+def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_path, demo_corpus, monkeypatch):
+    """Ctrl-C in the second variant saves the step reached and ends the demo; the rerun keeps the
+    finished first variant as it is (no file of its folder rewritten) and trains the second from its
+    checkpoint to the end; --fresh trains both again, with OLMo-core's model printout in each
+    train.log and none on the terminal."""
+    import olmo_patches.train as train_pkg
+
+    configs = [REPO / "configs" / "demo" / f"{name}.yaml" for name in ("baseline", "hourglass")]
+    overrides = [*TINY, "train.max_steps=4", f"run.save_folder={tmp_path}/${{run.name}}", f"data.work_dir={tmp_path / 'c'}"]
+    args = [*configs, "--out", tmp_path / "out", *(a for o in overrides for a in ("--set", o))]
+    first, second = tmp_path / "demo-baseline", tmp_path / "demo-hourglass"
+    real_train, trained = train_pkg.train, []
+
+    def interrupt_the_second(spec, **kw):
+        trained.append(spec.run.name)
+        return real_train(spec, callbacks={"interrupt": _InterruptAt()} if len(trained) == 2 else None)
+
+    monkeypatch.setattr(train_pkg, "train", interrupt_the_second)
+    r = run_in_process("demo.py", *args)
+    assert r.returncode == 0, r.stderr
+    assert "rerun the same command to resume" in r.stderr
+    assert trained == ["demo-baseline", "demo-hourglass"]
+    assert max(read_metrics(first)) == 4 and (first / "step4").is_dir()
+    stopped_at = max(int(p.name[4:]) for p in second.glob("step*"))
+    assert 2 <= stopped_at < 4 and not (tmp_path / "out" / "summary.json").exists()
+    # The summary of the folders as they are: the second variant marked and left out of the comparison.
+    specs = [load_and_resolve(c, overrides) for c in configs]
+    table = io.StringIO()
+    compare(specs, tmp_path / "partial", Console(file=table, width=250))
+    partial = json.loads((tmp_path / "partial" / "summary.json").read_text())
+    assert partial["demo-baseline"]["finished"] is True and partial["demo-baseline"]["steps"] == 4
+    assert partial["demo-hourglass"]["finished"] is False and partial["demo-hourglass"]["planned_steps"] == 4
+    row = next(line for line in table.getvalue().splitlines() if "demo-hourglass" in line)
+    assert "UNFINISHED" in row and "x)" not in row and "%" not in row  # no ratio, no mismatch
+    assert "(1.00x)" in next(line for line in table.getvalue().splitlines() if "demo-baseline" in line)
+
+    kept = _files(first)
+    trained.clear()
+    monkeypatch.setattr(train_pkg, "train", lambda spec, **kw: (trained.append(spec.run.name), real_train(spec))[1])
+    r = run_in_process("demo.py", *args)
+    assert r.returncode == 0, r.stderr
+    assert trained == ["demo-hourglass"] and _files(first) == kept
+    assert f"resuming from step {stopped_at}" in (second / "train.log").read_text()
+    assert max(read_metrics(second)) == 4
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [e["finished"] for e in summary.values()] == [True, True]
+
+    monkeypatch.setattr(train_pkg, "train", real_train)
+    r = run_script("demo.py", *args, "--fresh")
+    assert r.returncode == 0, r.stderr
+    for run in (first, second):
+        assert "resuming" not in (run / "train.log").read_text() and "Transformer(" in (run / "train.log").read_text()
+    saved = [p for p in kept if "step4" in p.parts]
+    assert saved and all(_files(first)[p][0] != kept[p][0] for p in saved)  # the first variant trained again
+    assert "Transformer(" not in r.stdout + r.stderr and "Building transformer" not in r.stdout + r.stderr
+    assert r.stdout.count("step 4/4") == 2  # each variant's progress lines still on the terminal
+
+
+README_DEMO_ROW = re.compile(
+    r"^\| demo: validation loss \(baseline / hourglass / variable width\) \| "
+    r"([\d.]+) / ([\d.]+) / ([\d.]+) \(from ([\d.]+) / ([\d.]+) / ([\d.]+) at init\)"
+)
+
+
+def test_the_readmes_demo_figures_are_those_of_the_committed_demo_summary():
+    """The README's demo row against docs/demo/summary.json, the summary a full `make demo` wrote
+    (the README names the command). The full demo takes 15-40 minutes on 2 shared CPU cores, too long
+    for any suite, so the summary is committed and this test reads both files: it fails when one is
+    edited without the other, and (the demo being deterministic: fixed seeds, fp32 on CPU) a fresh
+    `make demo` reproduces the committed losses. The summary's steps and tokens are checked against
+    the demo configs, so a changed config fails here until the demo is run again."""
+    summary = json.loads((REPO / "docs" / "demo" / "summary.json").read_text())
+    rows = [m for line in (REPO / "README.md").read_text().splitlines() if (m := README_DEMO_ROW.match(line))]
+    assert len(rows) == 1, "one demo row in the README's measured table"
+    figures = [float(x) for x in rows[0].groups()]
+    names = ["demo-baseline", "demo-hourglass", "demo-variable-width"]
+    assert list(summary) == names
+    for name, loss, first in zip(names, figures[:3], figures[3:]):
+        entry = summary[name]
+        assert entry["finished"] and entry["steps"] == entry["planned_steps"] == 200  # configs/demo: train.max_steps
+        assert entry["train_tokens"] == 200 * 16 * 128  # max_steps x global_batch_size x sequence_length
+        assert f"{entry['val_loss']:.4f}" == f"{loss:.4f}", name
+        assert f"{entry['first_val_loss']:.2f}" == f"{first:.2f}", name
+    for name in names:
+        spec = load_spec(REPO / "configs" / "demo" / f"{name.removeprefix('demo-')}.yaml")
+        assert (spec.steps, spec.train.global_batch_size, spec.data.sequence_length) == (200, 16, 128), name

@@ -157,9 +157,11 @@ _START_LOGGERS = ("olmo_core.utils", "olmo_core.distributed.utils", "olmo_core.t
 @contextmanager
 def quiet_start(kept: List[logging.LogRecord]):
     """OLMo-core's start-up lines (``Setting env var ...``, ``Will skip setting env var ...``, the process
-    group) into ``kept`` instead of the terminal (:func:`quiet_console` writes them to ``train.log``);
-    errors still pass. Before its logging is set up OLMo-core prints them unless a root handler
-    takes INFO: this one does."""
+    group) and what the checks before a run log (a meta build of the model prints it) into ``kept``
+    instead of the terminal (:func:`quiet_console` writes them to ``train.log``); errors still pass.
+    Before its logging is set up OLMo-core prints them unless a root handler takes INFO: this one
+    does. After an earlier run in the same process (the demo's variants, a local sweep) OLMo-core's
+    console handler is there already: it shows warnings and errors only, as in :func:`quiet_console`."""
 
     def divert(record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:
@@ -169,10 +171,14 @@ def quiet_start(kept: List[logging.LogRecord]):
 
     class _Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            divert(record)
+            if divert(record) and root.handlers == [self]:  # nothing else shows an error
+                logging.lastResort.handle(record)
 
     root, handler = logging.getLogger(), _Keep(logging.INFO)
     level = root.level
+    consoles, keep = list(root.handlers), _ProgressOrWarning()
+    for h in consoles:
+        h.addFilter(keep)
     root.addHandler(handler)
     root.setLevel(min(level, logging.INFO) or logging.INFO)
     loggers = [logging.getLogger(name) for name in _START_LOGGERS]
@@ -183,6 +189,8 @@ def quiet_start(kept: List[logging.LogRecord]):
     finally:
         for logger in loggers:
             logger.removeFilter(divert)
+        for h in consoles:
+            h.removeFilter(keep)
         root.removeHandler(handler)
         if not root.handlers:  # OLMo-core's logging was not set up here: as it was
             root.setLevel(level)

@@ -64,8 +64,10 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     lock = Lock(save_folder)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     # Before the process group: the demo corpus is built by rank 0 alone.
-    refused, record = _check_before_writing(spec, resume_from) if rank0 else (None, None)
-    start_lines = _start_process_group(spec, device)
+    start_lines: list[logging.LogRecord] = []
+    with quiet_start(start_lines):  # what the checks log (the model's printout): train.log only
+        refused, record = _check_before_writing(spec, resume_from) if rank0 else (None, None)
+    start_lines += _start_process_group(spec, device)
     # OLMo-core's ("spawn"), restored after the run.
     start_method = multiprocessing.get_start_method(allow_none=True)
     if device == "cpu" and data_workers(spec, device) == 0:
