@@ -160,7 +160,6 @@ INPUTS = [
     ("evaluate.py", ["{work}/missing/step5"], "CHECKPOINT"),
     ("evaluate.py", ["{folder}", "--device", "tpu"], "--device"),
     ("export_hf.py", ["{work}/missing/step5", "{work}/out"], "CHECKPOINT"),
-    ("export_hf.py", ["{folder}", "{folder}"], "out_dir"),
     ("gpu_check.py", ["--budget-scale", "nan"], "--budget-scale"),
     ("make_sweeps.py", ["--root", "{work}/missing"], "--root"),
     ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),

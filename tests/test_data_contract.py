@@ -139,20 +139,23 @@ def test_the_scan_is_cached_by_size_and_mtime_and_a_changed_file_is_scanned_agai
     real = contract.scan
     monkeypatch.setattr(contract, "scan", lambda *a, **k: scans.append(a[0]) or real(*a, **k))
     cache = tmp_path / "work"
+    contract.max_token([str(path)], np.dtype(np.uint16), cache)  # no work folder yet: none made
+    assert not cache.exists() and len(scans) == 1
+    cache.mkdir()
     first = contract.max_token([str(path)], np.dtype(np.uint16), cache)
     again = contract.max_token([str(path)], np.dtype(np.uint16), cache)
-    assert first == again and first[str(path)].max == 7 and len(scans) == 1  # the second read the cache
+    assert first == again and first[str(path)].max == 7 and len(scans) == 2  # the second read the cache
     assert (cache / contract.CACHE).is_file()
     np.array([1, 9, 3], dtype=np.uint16).tofile(path)  # the same size, rewritten
     st_ = path.stat()
     os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1_000_000))  # a later mtime, whatever the clock's grain
     changed = contract.max_token([str(path)], np.dtype(np.uint16), cache)
-    assert changed[str(path)].max == 9 and len(scans) == 2
+    assert changed[str(path)].max == 9 and len(scans) == 3
     os.utime(path)  # touched: scanned again
     contract.max_token([str(path)], np.dtype(np.uint16), cache)
-    assert len(scans) == 3
-    contract.max_token([str(path)], np.dtype(np.uint8), cache)  # read as another dtype: another scan
     assert len(scans) == 4
+    contract.max_token([str(path)], np.dtype(np.uint8), cache)  # read as another dtype: another scan
+    assert len(scans) == 5
 
 
 # ---- the tokenizer file -----------------------------------------------------------------------------

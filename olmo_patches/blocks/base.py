@@ -51,6 +51,17 @@ class BlockKind:
         """w_1..w_L: each layer's width inside the residual stream of width d_model."""
         return [m.d_model] * m.n_layers
 
+    constant_width: bool = True  # every layer d_model wide (else w_l is known only once solved)
+
+    def layer_params_floor(self, m) -> int:
+        """At most one layer's attention and FFN weights, known without building per-layer lists
+        (the size check at load, config/validate.py; 0 where unknown)."""
+        from ..shapes.counts import attention_params, swiglu_ffn_params
+
+        head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
+        attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
+        return attention + swiglu_ffn_params(m.d_model, m.resolved_d_ff)
+
     def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
         """OLMo-core's config of this shape, from the constant-width SwiGLU ``config`` with ``m``'s
         attention, norms, RoPE and vocabulary."""

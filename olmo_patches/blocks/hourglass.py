@@ -77,5 +77,12 @@ class Hourglass(BlockKind):
     def describe(self, m) -> str:
         return f"K {m.K}, d_h {m.resolved_d_h}"
 
+    def layer_params_floor(self, m) -> int:
+        from ..shapes.counts import attention_params, hourglass_ffn_params
+
+        head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
+        attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
+        return attention + hourglass_ffn_params(m.d_model, m.K, m.resolved_d_h)
+
 
 HOURGLASS = register(Hourglass())

@@ -66,6 +66,11 @@ class VariableWidth(BlockKind):
     def widths(self, m) -> List[int]:
         return m.resolved_widths
 
+    constant_width = False
+
+    def layer_params_floor(self, m) -> int:
+        return 0  # each layer's width is solved later: the embedding alone is counted
+
     def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
         from olmo_core.nn.transformer import TransformerConfig
 

@@ -11,7 +11,6 @@ from dataclasses import MISSING, fields, is_dataclass
 from typing import Any
 
 from ..blocks import BLOCKS, block_of
-from ..shapes.counts import attention_params, hourglass_ffn_params, swiglu_ffn_params
 
 log = logging.getLogger(__name__)
 
@@ -319,46 +318,50 @@ def check_depth(spec, fail) -> None:
     m, s = spec.model, spec.data.sequence_length
     if min(m.n_layers, m.d_model, s) < 1:
         return  # the sections' checks name it
-    w = m.d_model if m.block in ("baseline", "hourglass") else 1
+    if (kind := BLOCKS.get(m.block)) is None:
+        return  # the model's checks name it
+    w = m.d_model if kind.constant_width else 1  # a layer at least 1 wide
     kept = _KEPT_BYTES * s * m.n_layers * w
     if kept > _LARGEST_CARD:
+        key = _size_key(fail, ("model.n_layers", "data.sequence_length", "model.d_model"))
         fail(
-            "model.n_layers",
-            m.n_layers,
+            key,
+            _value(spec, key),
             f"{m.n_layers:,} layers keep {_gib(kept)} for one sequence of {s} tokens even fully checkpointed "
             f"({_KEPT_BYTES} bytes x {w} wide a token a layer), over the largest card's {_gib(_LARGEST_CARD)}",
         )
 
 
+def _size_key(fail, keys) -> str:
+    """The size check names the first of ``keys`` set on the command line, else the first."""
+    return next((k for k in keys if fail.where(k) == "command line"), keys[0])
+
+
+def _value(spec, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(spec, section), name)
+
+
 def counted_params(m, vocab: int) -> int:
     """The parameters the size check counts for a model ``m`` (a ModelSpec) of ``vocab`` ids: the
-    embedding, an untied LM head, a constant-width layer's attention and FFN matrices (no norms)."""
-    d, layer = m.d_model, 0
-    if m.block in ("baseline", "hourglass"):
-        head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
-        layer = attention_params(d, m.n_heads * head_dim, n_kv * head_dim)
-        if m.block == "hourglass":
-            layer += hourglass_ffn_params(d, m.K, m.resolved_d_h)
-        else:
-            layer += swiglu_ffn_params(d, m.resolved_d_ff)
-    return vocab * d * (1 if m.tie_embeddings else 2) + m.n_layers * layer
+    embedding, an untied LM head, each layer's floor of attention and FFN matrices (its kind's
+    ``layer_params_floor``; no norms)."""
+    return vocab * m.d_model * (1 if m.tie_embeddings else 2) + m.n_layers * block_of(m).layer_params_floor(m)
 
 
 def check_size(spec, fail, vocab: int) -> None:
     """The size check (the rule above), the model's parameters counted: one line naming them and the
     bytes a rank needs."""
     m, s, g = spec.model, spec.data.sequence_length, spec.train.global_batch_size
-    d, L = m.d_model, m.n_layers
     params = counted_params(m, vocab)
     states = _STATE_BYTES * params / g
-    kept = _KEPT_BYTES * s * L * (d if m.block in ("baseline", "hourglass") else 1)
+    kept = _KEPT_BYTES * s * m.n_layers * (m.d_model if block_of(m).constant_width else 1)
     if states + kept > _LARGEST_CARD:
         keys = ("model.n_layers", "model.d_model", "model.vocab_size", "train.global_batch_size", "data.sequence_length")
-        key = next((k for k in keys if fail.where(k) == "command line"), "model.n_layers")
-        section, name = key.split(".")
+        key = _size_key(fail, keys)
         fail(
             key,
-            getattr({"model": m, "train": spec.train, "data": spec.data}[section], name),
+            _value(spec, key),
             f"{params:,} parameters need {_gib(states + kept)} a GPU even on {g} GPUs (one sequence each, "
             f"{_STATE_BYTES} bytes a parameter sharded, inputs checkpointed), over the largest card's {_gib(_LARGEST_CARD)}",
         )

@@ -52,12 +52,12 @@ def _read_cache(cache: Optional[Path]) -> dict:
 
 
 def _write_cache(cache: Optional[Path], entries: dict) -> None:
-    """Written whole under a temporary name (a concurrent run reads the old or the new file); a
-    folder that cannot be written only costs the next run its scan."""
-    if cache is None:
+    """Written whole under a temporary name (a concurrent run reads the old or the new file), into a
+    work folder that exists: a check makes no folder (the run makes it, and its next start caches);
+    a folder that cannot be written only costs the next run its scan."""
+    if cache is None or not cache.parent.is_dir():
         return
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(entries, indent=0) + "\n")
         os.replace(tmp, cache)

@@ -11,6 +11,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 import yaml
 
+from ..blocks import BLOCKS
 from ..config import ConfigError, ExperimentSpec
 from .checkpoints import checkpoint_shapes
 
@@ -51,11 +52,17 @@ def written_by(checkpoint: str | Path) -> str:
         model = (yaml.safe_load(recorded.read_text()) or {}).get("model") or {}
     except (OSError, yaml.YAMLError, AttributeError):
         return f"no readable config.yaml beside it ({recorded})"
-    keys = ["block", "d_model", "n_layers"] + (["K", "d_h"] if model.get("block") == "hourglass" else [])
-    shape = ", ".join(f"{k} {model[k]}" for k in keys if model.get(k) is not None)
-    if model.get("block") == "variable_width" and isinstance(model.get("widths"), dict):
-        shape += f", widths {model['widths'].get('shape') or model['widths'].get('schedule')}"
+    kind = BLOCKS.get(str(model.get("block")))
+    keys = ["block", "d_model", "n_layers", *(kind.knobs if kind is not None else ())]
+    shape = ", ".join(f"{k} {_short(model[k])}" for k in keys if model.get(k) is not None)
     return f"written by {recorded} ({shape})"
+
+
+def _short(value) -> str:
+    """A knob's value in a few words: a section (e.g. model.widths) by its shape or schedule."""
+    if isinstance(value, dict):
+        return str(value.get("shape") or value.get("schedule") or value.get("experts") or "{...}")
+    return str(value)
 
 
 def check_checkpoint_fits(
