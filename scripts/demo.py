@@ -6,13 +6,13 @@ With no CONFIG it trains every config in configs/demo/ (baseline first). Nothing
 
 A rerun continues: a finished variant (a checkpoint at its last step) is not trained again, an
 unfinished one resumes from its newest checkpoint. Ctrl-C or SIGTERM saves the step reached and ends
-the demo (rerun the same command to resume); --fresh deletes the variants' run folders first and
-starts the comparison over.
+the demo (rerun the same command to resume); --fresh moves the variants' run folders aside first
+(FOLDER.before-TIME: nothing is deleted) and starts the comparison over.
 """
 
 import argparse
-import shutil
 import sys
+import time
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, console, load_or_exit, out_arg, refuse
@@ -27,7 +27,9 @@ def main() -> None:
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
     )
-    parser.add_argument("--fresh", action="store_true", help="delete the variants' run folders first: a new comparison")
+    parser.add_argument(
+        "--fresh", action="store_true", help="move the variants' run folders aside first (FOLDER.before-TIME): a new comparison"
+    )
     args = parser.parse_args()
 
     out_arg("--out", args.out)
@@ -38,8 +40,7 @@ def main() -> None:
     from olmo_patches.train import exit_line, stop, train
 
     if args.fresh:
-        for spec in specs:
-            shutil.rmtree(spec.save_folder, ignore_errors=True)
+        _move_aside([Path(spec.save_folder) for spec in specs])
     stop.install()  # SIGTERM/SIGUSR1 between steps: save and stop (Ctrl-C too, inside OLMo-core's fit())
     for i, spec in enumerate(specs, 1):
         name, planned = spec.run.name, spec.steps
@@ -53,7 +54,7 @@ def main() -> None:
             refuse(f"interrupted in {name}: rerun the same command to resume (--fresh: start over)", 130)
         except Exception as e:  # a folder of another config, a divergence: train.py's line and code
             line, code = exit_line(e)
-            refuse(f"{name}: {line} (--fresh deletes the demo's runs and starts over)", code)
+            refuse(f"{name}: {line} (--fresh moves the demo's runs aside and starts over)", code)
         if (reached := saved_step(spec.save_folder)) < planned or stop.requested():
             print(
                 f"stopped in {name} at step {max(reached, 0)}/{planned} (saved): "
@@ -64,6 +65,25 @@ def main() -> None:
             raise SystemExit(0)
     stop.ignore()  # trained: a late signal does not cut the comparison's table short
     compare(specs, Path(args.out))
+
+
+def _move_aside(folders: list) -> None:
+    """--fresh: each existing run folder renamed FOLDER.before-TIME (a run's checkpoints are never
+    deleted); a folder another process holds: one line, exit 2, nothing moved."""
+    from olmo_patches.config import ConfigError
+    from olmo_patches.launch.run_folder import Lock
+
+    there = [f for f in folders if f.exists()]
+    for folder in there:
+        try:
+            Lock(folder).check()
+        except ConfigError as e:
+            refuse(f"--fresh: {e}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for folder in there:
+        aside = folder.with_name(f"{folder.name}.before-{stamp}")
+        folder.rename(aside)
+        console().print(f"--fresh: {folder} moved to {aside}")
 
 
 if __name__ == "__main__":

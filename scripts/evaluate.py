@@ -101,7 +101,7 @@ def _check_out(out: Path, name: str, force: bool) -> None:
     if theirs is not None and theirs != name:
         refuse_alike(
             f"evaluate: command line: --out {out}: holds run {theirs}'s metrics ({recorded}), not {name}'s; "
-            f"--name {theirs} to add to them, or --force"
+            "give another --out, or --force to add to them"
         )
 
 

@@ -5,8 +5,9 @@
 OLMo-2-shaped baselines become Olmo2ForCausalLM; hourglass and pre-norm models carry their own
 modeling code (load with trust_remote_code=True).
 
-OUT_DIR is a new or empty folder; one that holds anything is written into (its files of the same
-names replaced, the others left) only with --force. What needs no model (the arguments, the
+OUT_DIR is a new or empty folder; one that holds anything is written into only with --force, which
+first removes an earlier export's files there (config, weights, modeling code, card, tokenizer) and
+leaves the others; never a run folder (OUT_DIR holding CHECKPOINT, or inside it). What needs no model (the arguments, the
 checkpoint's folder, the config, OUT_DIR) is checked before torch is imported; the checkpoint's
 weights against the config's model (their shapes, from the checkpoint's metadata) before any weight
 is read.
@@ -28,6 +29,9 @@ def _check_before_torch(args) -> None:
         )
     if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):  # DCP's metadata
         refuse_alike(f"export_hf: CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)")
+    here, there = out.resolve(), checkpoint.resolve()
+    if here == there or here in there.parents or there in here.parents:
+        refuse_alike(f"export_hf: OUT_DIR {out}: holds CHECKPOINT {checkpoint} or lies inside it; export elsewhere")
     if not args.force and out.is_dir() and any(out.iterdir()):
         refuse_alike(f"export_hf: OUT_DIR {out}: not empty ({len(list(out.iterdir()))} entries); --force to write into it")
     config = Path(args.config) if args.config else checkpoint.parent / "config.yaml"
@@ -47,14 +51,16 @@ def main() -> None:
     parser.add_argument(
         "--tokenizer", help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)"
     )
-    parser.add_argument("--force", action="store_true", help="write into an OUT_DIR that is not empty")
+    parser.add_argument(
+        "--force", action="store_true", help="write into an OUT_DIR that is not empty (an earlier export there replaced)"
+    )
     args = parser.parse_args()
     _check_before_torch(args)
 
     from olmo_patches.export import export_hf
 
     try:
-        kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer)
+        kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer, replace=args.force)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         refuse(f"export_hf: {e}")
     print(f"wrote {args.out_dir} ({'Olmo2ForCausalLM' if kind == 'olmo2' else 'custom modeling code, trust_remote_code=True'})")

@@ -61,7 +61,7 @@ def main() -> None:
     from olmo_patches.report.counts import param_table
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line, stop, train
-    from olmo_patches.train.checkpoints import latest_complete
+    from olmo_patches.train.checkpoints import holds_checkpoints
     from olmo_patches.train.disk import check_room
     from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
     from olmo_patches.train.init_from import check_init_from
@@ -74,7 +74,7 @@ def main() -> None:
         try:
             if args.resume_from is not None:
                 check_resume_from(args.resume_from, spec)
-            checkpointed = latest_complete(spec.save_folder) is not None  # a record without one is replaced
+            checkpointed = holds_checkpoints(spec.save_folder)  # a record without any is replaced
             check_config(spec, deliberate=args.resume_from is not None, checkpointed=checkpointed)
             if args.resume_from is None:
                 check_own_checkpoint(spec)

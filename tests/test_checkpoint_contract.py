@@ -133,9 +133,20 @@ def test_export_into_a_folder_that_is_not_empty(runs, tmp_path):
     r = run_in_process("export_hf.py", runs / "baseline" / "step2", out)
     assert r.returncode == 2 and r.stderr.strip() == f"export_hf: OUT_DIR {out}: not empty (1 entries); --force to write into it"
     assert _tree(out) == before
+    (out / "tokenizer.json").write_text("{}")  # an earlier export's tokenizer, of another model
     r = run_in_process("export_hf.py", runs / "baseline" / "step2", out, "--force")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "config.json").is_file() and (out / "notes.txt").read_text() == "mine"
+    assert not (out / "tokenizer.json").exists()  # replaced whole: no file of the earlier export left
+
+
+def test_export_into_the_run_folder_is_refused(runs):
+    folder = runs / "baseline"
+    before = _tree(folder)
+    for out in (folder, folder / "step2", folder / "step2" / "hf"):
+        r = run_in_process("export_hf.py", folder / "step2", out, "--force")
+        assert r.returncode == 2 and "holds CHECKPOINT" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert _tree(folder) == before
 
 
 @pytest.mark.parametrize(

@@ -119,6 +119,7 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_
         assert "resuming" not in (run / "train.log").read_text() and "Transformer(" in (run / "train.log").read_text()
     saved = [p for p in kept if "step4" in p.parts]
     assert saved and all(_files(first)[p][0] != kept[p][0] for p in saved)  # the first variant trained again
+    assert len(list(tmp_path.glob("demo-baseline.before-*/step4"))) == 1  # the earlier runs moved aside, kept
     assert "Transformer(" not in r.stdout + r.stderr and "Building transformer" not in r.stdout + r.stderr
     assert r.stdout.count("step 4/4") == 2  # each variant's progress lines still on the terminal
 

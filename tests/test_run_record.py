@@ -57,3 +57,20 @@ def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(tmp_path
         train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN, "train.lr=0.001")))
     after = {k: v for k, v in _files(tmp_path).items() if k not in ("train.log", ".lock.guard")}
     assert after == before
+
+
+@pytest.mark.parametrize("aside", ["rejected", "superseded-20260101-000000"])
+def test_a_record_beside_checkpoints_set_aside_is_kept(tmp_path, aside):
+    """Checkpoints moved aside (safety.py's rejected/, resume.py's superseded-TIME/) still need the
+    record that says what wrote them: another config is refused, as beside a complete checkpoint."""
+    from olmo_patches.launch.run_folder import check_config
+    from olmo_patches.train.checkpoints import holds_checkpoints
+
+    spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN))
+    other = load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN, "train.lr=0.001"))
+    (tmp_path / "config.yaml").write_text(spec_to_yaml(spec))
+    assert not holds_checkpoints(tmp_path)
+    assert check_config(other, checkpointed=holds_checkpoints(tmp_path))  # no checkpoint: replaced later
+    (tmp_path / aside / "step2").mkdir(parents=True)
+    with pytest.raises(RunFolderError, match="another config"):
+        check_config(other, checkpointed=holds_checkpoints(tmp_path))

@@ -77,9 +77,11 @@ def test_demo_script_with_a_tiny_override_set(tmp_path, demo_corpus):
     sets = [a for o in tiny_overrides(tmp_path / "run", "train.max_steps=2") for a in ("--set", o)]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "left_by_an_earlier_demo").write_text("")
-    r = run_script("demo.py", str(DEMO / "baseline.yaml"), "--out", str(tmp_path / "out"), *sets)
+    r = run_script("demo.py", str(DEMO / "baseline.yaml"), "--out", str(tmp_path / "out"), *sets, "--fresh")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert not (tmp_path / "run" / "left_by_an_earlier_demo").exists()  # a demo is a fresh comparison, never a resume
+    # --fresh: a new comparison; the earlier folder moved aside whole, nothing deleted
+    assert not (tmp_path / "run" / "left_by_an_earlier_demo").exists()
+    assert [p.name for p in tmp_path.glob("run.before-*/*")] == ["left_by_an_earlier_demo"]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary) == ["demo-baseline"] and summary["demo-baseline"]["train_tokens"] == 2 * 4 * 32
     assert (tmp_path / "out" / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"

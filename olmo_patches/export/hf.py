@@ -316,14 +316,31 @@ def _exportable(config_path: Path) -> ExperimentSpec:
     return spec
 
 
+# What an export writes (save_pretrained's config, weights and generation config; the modeling
+# code, the model card, the tokenizer): removed from OUT_DIR before an export replaces another.
+EXPORT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model*.safetensors*",
+    "pytorch_model*.bin*",
+    "modeling_*.py",
+    "README.md",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+
 def export_hf(
     checkpoint: str | Path,
     out_dir: str | Path,
     *,
     config: Optional[str | Path] = None,
     tokenizer_file: Optional[str | Path] = None,
+    replace: bool = False,
 ) -> str:
-    """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom")."""
+    """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom"). ``replace``:
+    an earlier export's files in ``out_dir`` (EXPORT_FILES) are removed first, so that none of them
+    (another model's tokenizer, say) is left beside this one; other files stay."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
     if config is not None:  # an explicit config is checked before the checkpoint
         _exportable(Path(config))
@@ -352,6 +369,9 @@ def export_hf(
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(**ids)  # generate() stops at eos and pads with pad
+    if replace and out.is_dir():
+        for old in {p for pattern in EXPORT_FILES for p in out.glob(pattern)}:
+            old.unlink()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     if kind == "custom":

@@ -65,19 +65,19 @@ def known_card(device_name: str) -> Optional[Card]:
     return MODELS.get(device_name.strip())
 
 
-def no_cuda_driver() -> bool:
-    """Whether CUDA is surely unavailable here, found without importing torch: on Linux, no device
-    visible (CUDA_VISIBLE_DEVICES set empty) or no NVIDIA driver library (``libcuda.so.1``, which
-    torch's CUDA needs; loading it does not initialise CUDA). False means "ask torch"."""
+def no_cuda_driver() -> str:
+    """Why CUDA is surely unavailable here, found without importing torch (empty: "ask torch"): on
+    Linux, no device visible (CUDA_VISIBLE_DEVICES set empty) or no NVIDIA driver library
+    (``libcuda.so.1``, which torch's CUDA needs; loading it does not initialise CUDA)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return ""
     if os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        return True
+        return "CUDA_VISIBLE_DEVICES is set empty"
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return True
-    return False
+        return "no NVIDIA driver: libcuda.so.1"
+    return ""
 
 
 def detect() -> Optional[Card]:

@@ -95,11 +95,12 @@ def _validation_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
     too: the evaluator reads them with the run's model); none for the demo (its own split). Those at
     a URL are not HEAD-checked: data.mix_base_dir's default is a public server."""
     e = spec.eval
-    if spec.data.source == "demo" or not e.validation_sets:
-        return []
+    base = e.validation_base_dir or spec.data.mix_base_dir
+    if spec.data.source == "demo" or not e.validation_sets or "://" in base:
+        return []  # none local (a URL base: not asked; the table of sets needs OLMo-core, hence torch)
     from ..eval.evaluators import validation_files
 
-    paths, _ = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
+    paths, _ = validation_files(list(e.validation_sets), base)
     return [("eval.validation_sets", p) for p in paths if Path(p).is_file()]  # URLs: not HEAD-checked
 
 
@@ -116,7 +117,7 @@ def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], d
     try:
         found = max_token([p for _, p in local], dtype, cache)
     except OSError as e:
-        fail("data.paths", e.filename, f"cannot read: {e.strerror}")
+        fail(next((k for k, p in local if p == e.filename), "data.paths"), e.filename, f"cannot read: {e.strerror}")
     for key, path in local:
         if (top := found[path]).max >= vocab:
             fail(

@@ -33,7 +33,7 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
     where = where_set(spec)
     layout = layout or Layout.from_env()
     before = asdict(spec.train)
-    check_machine(spec, where)  # these two import no torch: a refusal takes about a second
+    check_machine(spec, where)  # these two import no torch (a manifest aside): a refusal in about a second
     fit_world_size(spec, layout, where)
     check_devices(spec, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
@@ -50,12 +50,14 @@ def load_and_resolve(path, overrides: Optional[list] = None, layout: Optional[La
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """What a spec needs of this machine that is read without torch: a CUDA driver for
-    train.device=cuda, local token files that hold whole tokens and a global batch, folders it writes in
-    that are not files, a prefix that matches the run (the rest: :func:`check_devices`)."""
+    train.device=cuda, the data files (launch/data_files.py: token files of whole tokens, ids below the
+    vocabulary and a global batch, URLs that answer, the tokenizer file; skipped when load_or_exit
+    checked them), folders it writes in that are not files, a prefix that matches the run (the rest:
+    :func:`check_devices`)."""
     d, t = spec.data, spec.train
     fail = failer(where)
-    if t.device == "cuda" and no_cuda_driver():  # torch's own check (check_devices) when there is one
-        fail("train.device", t.device, "CUDA is not available on this machine (no NVIDIA driver: libcuda.so.1)")
+    if t.device == "cuda" and (why := no_cuda_driver()):  # else torch's own check (check_devices)
+        fail("train.device", t.device, f"CUDA is not available on this machine ({why})")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
     check_data_files(spec, fail)  # also at load, before torch (cli.load_or_exit)

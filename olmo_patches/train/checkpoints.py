@@ -10,7 +10,7 @@ import torch
 from olmo_core.aliases import PathOrStr
 from olmo_core.train.checkpoint import Checkpointer
 
-__all__ = ["latest_complete", "checkpoint_step", "checkpoint_shapes", "load_model_state", "load_optim_state"]
+__all__ = ["latest_complete", "holds_checkpoints", "checkpoint_step", "checkpoint_shapes", "load_model_state", "load_optim_state"]
 
 
 def latest_complete(folder: PathOrStr) -> Optional[str]:
@@ -21,6 +21,15 @@ def latest_complete(folder: PathOrStr) -> Optional[str]:
         return Checkpointer.latest_checkpoint(folder)
     except FileNotFoundError:
         return None
+
+
+def holds_checkpoints(folder: PathOrStr) -> bool:
+    """Whether a run folder holds a complete checkpoint, or step folders set aside in a subfolder
+    (safety.py's rejected/, resume.py's superseded-TIME/): its recorded config then stays, since it
+    says what wrote them."""
+    if latest_complete(folder) is not None:
+        return True
+    return Path(folder).is_dir() and any(p.is_dir() for p in Path(folder).glob("*/step*"))
 
 
 def checkpoint_step(checkpoint: PathOrStr) -> int:

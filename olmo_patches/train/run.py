@@ -31,7 +31,7 @@ from ..launch.run_folder import Lock, RunFolderError, check_config, record_confi
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
 from ..nn.moe import count_experts_first
-from .checkpoints import latest_complete
+from .checkpoints import holds_checkpoints, latest_complete
 from .disk import DiskFullError, check_room
 from .experiment import build_experiment, check_downstream, device_for
 from .precision import compile_on_cpu
@@ -111,7 +111,7 @@ def _check_before_writing(
         check_downstream(spec)
         check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
         check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
-        checkpointed = latest_complete(spec.save_folder) is not None
+        checkpointed = holds_checkpoints(spec.save_folder)  # a record without any is replaced
         changes = check_config(spec, deliberate=resume_from is not None, checkpointed=checkpointed)
         if resume_from is None:
             check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
