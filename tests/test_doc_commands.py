@@ -58,6 +58,8 @@ COMMANDS = [
     Row(r"python scripts/train\.py configs/demo/\S+\.yaml", "run", TINY_TRAIN),
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
     Row(r"python scripts/count_params\.py ", "run"),
+    # one K and one d_h/d_model given: quick as written (the shrink's K=4 would ask for another shape)
+    Row(r"python scripts/search\.py \S+ --K \d+ --layers \d+ --d-h-ratio [\d.]+ --aligned$", "run", ("--top", "3")),
     Row(r"python scripts/search\.py ", "run", TINY_SEARCH),
     Row(
         r"python scripts/analyze\.py runs/",
