@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from olmo_patches.config import ConfigError  # noqa: E402
 from olmo_patches.data import contract  # noqa: E402
 from olmo_patches.launch.layout import load_and_resolve  # noqa: E402
 
-from .conftest import REPO, child_env, run_in_process, tiny_overrides  # noqa: E402
+from .conftest import REPO, run_in_process, tiny_overrides  # noqa: E402
+from .conftest import run as run_command  # noqa: E402
 
 BASELINE = str(REPO / "configs" / "demo" / "baseline.yaml")
 SEQ, BATCH = 32, 4  # TINY's data.sequence_length and train.global_batch_size: 128 tokens at least
@@ -44,7 +44,7 @@ def _numpy_run(tmp_path: Path, *paths: str, extra: tuple = ()) -> list[str]:
     return tiny_overrides(run, "data.source=numpy", f"data.paths=[{listed}]", "train.max_steps=1", work, *extra)
 
 
-def _refused_in_one_line(r: subprocess.CompletedProcess, run: Path, *named: str) -> str:
+def _refused_in_one_line(r, run: Path, *named: str) -> str:
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
@@ -98,7 +98,7 @@ def test_a_bad_token_file_is_refused_before_torch_is_imported(tmp_path):
         f"try:\n    load_or_exit({BASELINE!r}, {_numpy_run(tmp_path, str(tmp_path / 't.npy'))!r})\n"
         "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=300)
+    r = run_command([sys.executable, "-c", code], timeout=300)
     assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr[-2000:])
     assert f"token id {DEMO_VOCAB} at token 511" in r.stderr
 
@@ -247,7 +247,7 @@ def test_an_impossible_layer_count_is_refused_at_load_without_torch():
         "except ConfigError as e:\n    print(e)\n"
         "assert 'torch' not in sys.modules\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
+    r = run_command([sys.executable, "-c", code], timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("command line: model.n_layers=99999999999: 99,999,999,999 layers keep "), r.stdout
 
