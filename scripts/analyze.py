@@ -92,14 +92,15 @@ def main() -> None:
     from olmo_patches.report.analysis import validation_batch, write_json
     from olmo_patches.train.sources import resolve_data
 
-    for checkpoint in args.checkpoints:  # every checkpoint against its config, before any model loads
+    found = []  # every checkpoint against its config, before any model loads
+    for checkpoint in args.checkpoints:
         try:
-            checkpoint_spec(checkpoint)
+            found.append(checkpoint_spec(checkpoint))
         except ValueError as e:
             refuse(f"analyze: command line: {e}")
     analyses = []
-    for i, checkpoint in enumerate(args.checkpoints):
-        spec, model, path = load_checkpoint_model(checkpoint)
+    for i, (checkpoint, (spec, path)) in enumerate(zip(args.checkpoints, found)):
+        model = load_checkpoint_model(spec, path)
         seq = args.seq or min(spec.data.sequence_length, 512)
         if args.tokens is not None:
             source, dtype = args.tokens, args.dtype

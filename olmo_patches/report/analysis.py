@@ -267,15 +267,15 @@ def checkpoint_spec(checkpoint: str | Path):
     return spec, path
 
 
-def load_checkpoint_model(checkpoint: str | Path):
-    """(spec, model, step folder) of a checkpoint, as :func:`checkpoint_spec` finds them, on CPU in float32."""
+def load_checkpoint_model(spec, path: str | Path):
+    """The model of a checkpoint, as :func:`checkpoint_spec` found it (its spec and step folder,
+    already checked against each other), on CPU in float32."""
     from ..config import vocab_size
     from ..train.checkpoints import load_model_state
 
-    spec, path = checkpoint_spec(checkpoint)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.load_state_dict(load_model_state(path))
-    return spec, model.float().eval(), path
+    return model.float().eval()
 
 
 def write_json(analyses: Sequence[Analysis], out: Path) -> Path:
