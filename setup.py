@@ -21,7 +21,9 @@ class BuildWithData(build_py):
         for name in DATA:
             if (target / name).exists():
                 shutil.rmtree(target / name)
-            shutil.copytree(HERE / name, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                HERE / name, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
 
 
 setup(cmdclass={"build_py": BuildWithData})

@@ -43,7 +43,9 @@ def main(before_path, after_path):
         elif new > old:
             print(f"moved up: {name} {old} -> {new}")
     added = sorted(set(after) - set(before))
-    print(f"{len(before)} packages before, {len(added)} added, {len(bad)} moved down beyond OLMo-core's caps")
+    print(
+        f"{len(before)} packages before, {len(added)} added, {len(bad)} moved down beyond OLMo-core's caps"
+    )
     for line in bad:
         print(f"MOVED DOWN: {line}")
     return 1 if bad else 0

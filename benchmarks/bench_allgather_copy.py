@@ -31,8 +31,12 @@ def _time(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", type=int, nargs=3, default=[2, 2752, 3192], metavar=("K", "ROWS", "COLS"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shape", type=int, nargs=3, default=[2, 2752, 3192], metavar=("K", "ROWS", "COLS")
+    )
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
@@ -40,7 +44,9 @@ def main() -> None:
     K, rows, cols = args.shape
     W, dtype = args.ranks, getattr(torch, args.dtype)
     torch.manual_seed(0)
-    print(f"weight (K={K}, {rows}, {cols}) {args.dtype}, {W} ranks, median of {args.repeats}, {torch.get_num_threads()} threads")
+    print(
+        f"weight (K={K}, {rows}, {cols}) {args.dtype}, {W} ranks, median of {args.repeats}, {torch.get_num_threads()} threads"
+    )
     results = {}
     for dim in (0, 1, 2):
         full = (K * rows, cols) if dim == 0 else (K, rows, cols)
@@ -51,7 +57,9 @@ def main() -> None:
         shard = list(full)
         shard[d] //= W
         n = torch.Size(shard).numel()
-        gathered = torch.randn(W, n).to(dtype)  # the all-gather's output: every rank's shard, rank-major
+        gathered = torch.randn(W, n).to(
+            dtype
+        )  # the all-gather's output: every rank's shard, rank-major
         weight = torch.empty(full, dtype=dtype)
         temp = torch.empty(full, dtype=dtype)
 
@@ -60,16 +68,25 @@ def main() -> None:
 
         def chunk_cat():
             copy_out(temp)  # into the full-size temporary ...
-            torch.cat(temp.view(W, *shard).unbind(0), dim=d, out=weight)  # ... then chunk-cat along dim
+            torch.cat(
+                temp.view(W, *shard).unbind(0), dim=d, out=weight
+            )  # ... then chunk-cat along dim
 
         results[dim] = _time(copy_out if dim == 0 else chunk_cat, args.repeats)
-        extra = "" if dim == 0 else f", plus a {temp.numel() * temp.element_size() / 2**20:.0f} MiB temporary"
+        extra = (
+            ""
+            if dim == 0
+            else f", plus a {temp.numel() * temp.element_size() / 2**20:.0f} MiB temporary"
+        )
         print(
             f"dim {dim} ({'(K out, in) rows' if dim == 0 else 'stacked ' + ('rows' if dim == 1 else 'columns')}): "
             f"{results[dim] * 1e3:7.2f} ms{extra}"
         )
     if 0 in results:
-        print("ratio to dim 0: " + "  ".join(f"dim {d} {t / results[0]:.2f}x" for d, t in results.items()))
+        print(
+            "ratio to dim 0: "
+            + "  ".join(f"dim {d} {t / results[0]:.2f}x" for d, t in results.items())
+        )
 
 
 if __name__ == "__main__":

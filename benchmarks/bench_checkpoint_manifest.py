@@ -32,7 +32,9 @@ def _read(path: Path, update) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mib", type=int, default=512)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,8 +59,12 @@ def main() -> None:
         }
     one_b = ONE_B_CHECKPOINT / 2**30
     print(f"{size / 2**20:.0f} MiB file; 1B-param checkpoint: {one_b:.1f} GiB")
-    print(f"{'save (write + fsync)':28s} {size / save_s / 2**20:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * save_s:6.1f} s")
-    print(f"{'sizes (os.stat, one file)':28s} {stat_s * 1e6:10.1f} us per file (independent of size)")
+    print(
+        f"{'save (write + fsync)':28s} {size / save_s / 2**20:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * save_s:6.1f} s"
+    )
+    print(
+        f"{'sizes (os.stat, one file)':28s} {stat_s * 1e6:10.1f} us per file (independent of size)"
+    )
     for name, seconds in timings.items():
         rate = size / seconds / 2**20
         print(

@@ -40,7 +40,10 @@ FILE_TOKENS = 4 * 1024 * 1024  # 16 MiB per file
 
 def synthetic_files() -> dict[str, bytes]:
     rng = np.random.default_rng(0)
-    return {f"mix/part-{i:02d}.npy": rng.integers(0, 100278, FILE_TOKENS, dtype=np.uint32).tobytes() for i in range(NUM_FILES)}
+    return {
+        f"mix/part-{i:02d}.npy": rng.integers(0, 100278, FILE_TOKENS, dtype=np.uint32).tobytes()
+        for i in range(NUM_FILES)
+    }
 
 
 def serve(latency_s: float) -> None:
@@ -54,7 +57,10 @@ def serve(latency_s: float) -> None:
 
 def bench_materialize(instances: int, latency_ms: float) -> list[dict]:
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(latency_ms / 1000)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, __file__, "--serve", str(latency_ms / 1000)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None
@@ -65,7 +71,9 @@ def bench_materialize(instances: int, latency_ms: float) -> list[dict]:
         sizes = tuple(fetch_sizes(paths, reader, progress=False))
         results = []
         for workers in (1, 8):
-            spec = PrefixSpec(paths, sizes, SEQ_LEN, OLD_TRAINER_SEED, instances, chunk_instances=64)
+            spec = PrefixSpec(
+                paths, sizes, SEQ_LEN, OLD_TRAINER_SEED, instances, chunk_instances=64
+            )
             with tempfile.TemporaryDirectory() as out:
                 start = time.perf_counter()
                 materialize(Path(out), spec, reader=reader, workers=workers, progress=False)
@@ -110,12 +118,20 @@ def bench_order(sizes: list[int]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--serve", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--order-child", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--instances", type=int, default=8192, help="instances to materialize (16 KiB each)")
-    parser.add_argument("--latency-instances", type=int, default=1024, help="the same, at 20 ms latency")
-    parser.add_argument("--order-sizes", default="1e8,2.5e8,1e9", help="instance counts for the order benchmark")
+    parser.add_argument(
+        "--instances", type=int, default=8192, help="instances to materialize (16 KiB each)"
+    )
+    parser.add_argument(
+        "--latency-instances", type=int, default=1024, help="the same, at 20 ms latency"
+    )
+    parser.add_argument(
+        "--order-sizes", default="1e8,2.5e8,1e9", help="instance counts for the order benchmark"
+    )
     parser.add_argument("--skip-order", action="store_true")
     args = parser.parse_args()
     if args.serve is not None:

@@ -35,7 +35,9 @@ CONFIGS = {
     "x": "configs/demo/variable-width.yaml",
     "hourglass": "configs/demo/hourglass.yaml",
 }
-PAPER_EQUAL_SIZE = -0.109  # paper 2's 2B row: x's mean width (KV cache per token) vs the baseline's, equal size
+PAPER_EQUAL_SIZE = (
+    -0.109
+)  # paper 2's 2B row: x's mean width (KV cache per token) vs the baseline's, equal size
 PAPER_MATCHED_LOSS = 0.851  # paper 2: x's mean width at the 2B baseline's loss, fitted per family (the abstract's 15%)
 
 
@@ -54,7 +56,9 @@ def exported(config: str, dtype: torch.dtype):
 
 
 def cache_bytes(cache) -> int:
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    return sum(
+        t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+    )
 
 
 def generate(hf, prompt: torch.Tensor, new: int):
@@ -75,13 +79,23 @@ def generate(hf, prompt: torch.Tensor, new: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens")
-    parser.add_argument("--new", type=int, default=64, help="generated tokens (prompt + new within the demo's 128-token context)")
+    parser.add_argument(
+        "--new",
+        type=int,
+        default=64,
+        help="generated tokens (prompt + new within the demo's 128-token context)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--dtype", choices=("bf16", "fp32"), default="fp32", help="fp32: CPU bf16 matmuls are slow; the bytes halve at bf16"
+        "--dtype",
+        choices=("bf16", "fp32"),
+        default="fp32",
+        help="fp32: CPU bf16 matmuls are slow; the bytes halve at bf16",
     )
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -97,8 +111,13 @@ def main() -> None:
             seconds, cache = generate(hf, prompt, args.new)
             times[name].append(seconds)
             caches[name] = cache_bytes(cache)
-    tokens = args.prompt + args.new - 1  # the last generated token is never fed back, so never cached
-    base_bytes, base_rate = caches["baseline"], args.batch * args.new / statistics.median(times["baseline"])
+    tokens = (
+        args.prompt + args.new - 1
+    )  # the last generated token is never fed back, so never cached
+    base_bytes, base_rate = (
+        caches["baseline"],
+        args.batch * args.new / statistics.median(times["baseline"]),
+    )
     print(
         f"KV cache and cached generation, demo scale, CPU ({torch.get_num_threads()} threads), {args.dtype}, "
         f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, median of {args.repeats}"

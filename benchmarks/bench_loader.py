@@ -55,7 +55,9 @@ def serve(folder: str, latency_s: float) -> None:
         sys.stdin.read()
 
 
-def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path) -> tuple[float, float]:
+def measure(
+    paths: list[str], workers: int, batch: int, batches: int, work: Path
+) -> tuple[float, float]:
     """(seconds to the first batch, steady instances/s) for one loader. The steady rate is timed over
     ``batches`` batches after the 2 x workers that the workers read ahead during start-up
     (torch's default prefetch of 2 batches each), so it is the workers' reading rate."""
@@ -64,10 +66,18 @@ def measure(paths: list[str], workers: int, batch: int, batches: int, work: Path
     from olmo_patches.train import OrderedDataLoaderConfig
 
     dataset = NumpyFSLDatasetConfig(
-        paths=paths, sequence_length=SEQ, tokenizer=TokenizerConfig.dolma2(), work_dir=str(work), dtype="uint32"
+        paths=paths,
+        sequence_length=SEQ,
+        tokenizer=TokenizerConfig.dolma2(),
+        work_dir=str(work),
+        dtype="uint32",
     ).build()
     loader = OrderedDataLoaderConfig(
-        global_batch_size=batch * SEQ, seed=0, num_workers=workers, shuffle=False, work_dir=str(work)
+        global_batch_size=batch * SEQ,
+        seed=0,
+        num_workers=workers,
+        shuffle=False,
+        work_dir=str(work),
     ).build(dataset)
     loader.reshuffle(epoch=1)
     start = time.perf_counter()
@@ -104,11 +114,22 @@ def need() -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--batches", type=int, default=16, help="batches timed per measurement, after start-up and read-ahead")
-    parser.add_argument("--batch", type=int, default=16, help="instances per batch (one rank's share)")
-    parser.add_argument("--latency-ms", type=float, default=20.0, help="added round trip per HTTP request")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=16,
+        help="batches timed per measurement, after start-up and read-ahead",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=16, help="instances per batch (one rank's share)"
+    )
+    parser.add_argument(
+        "--latency-ms", type=float, default=20.0, help="added round trip per HTTP request"
+    )
     parser.add_argument("--workers", default="0,1,4,8", help="data.num_workers values")
     args = parser.parse_args()
     if args.serve:

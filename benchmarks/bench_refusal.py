@@ -33,15 +33,24 @@ TIMEOUT_S = 300  # a case still running then is cut off (exit "cut")
 def _time(cmd: list[str], repeats: int, cwd: Path) -> tuple[float, int | str, int, str]:
     """The median seconds, the exit code, the lines printed (stderr and stdout) and the last on stderr
     (on stdout when stderr has none)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     seconds, code, out, err = [], None, "", ""
     for _ in range(repeats):
         start = time.perf_counter()
         try:
-            last = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+            last = subprocess.run(
+                cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+            )
             code, out, err = last.returncode, last.stdout, last.stderr
         except subprocess.TimeoutExpired as e:
-            code, out, err = ("cut", (e.stdout or b"").decode(errors="replace"), (e.stderr or b"").decode(errors="replace"))
+            code, out, err = (
+                "cut",
+                (e.stdout or b"").decode(errors="replace"),
+                (e.stderr or b"").decode(errors="replace"),
+            )
         seconds.append(time.perf_counter() - start)
     lines = [line for line in (err or out).splitlines() if line.strip()]
     printed = sum(1 for line in (err + out).splitlines() if line.strip())
@@ -79,8 +88,12 @@ def _artifacts(work: Path) -> dict[str, list[str]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5, help="fresh processes per case (the median is printed)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="fresh processes per case (the median is printed)"
+    )
     args = parser.parse_args()
     train = [sys.executable, str(REPO / "scripts" / "train.py")]
     script = lambda name: [sys.executable, str(REPO / "scripts" / name)]  # noqa: E731
@@ -92,45 +105,101 @@ def main() -> None:
 
         Lock(busy).acquire()  # held by this process (alive) for the busy case
         made = _artifacts(work)
-        folders = iter(range(1000))  # each case its own run folder (a case that writes one leaves it)
+        folders = iter(
+            range(1000)
+        )  # each case its own run folder (a case that writes one leaves it)
 
         def run() -> list[str]:
-            return [f"run.save_folder={work / f'run{next(folders)}'}", "train.max_steps=1", "train.warmup_steps=0"]
+            return [
+                f"run.save_folder={work / f'run{next(folders)}'}",
+                "train.max_steps=1",
+                "train.warmup_steps=0",
+            ]
 
         numpy = ["data.source=numpy", "train.global_batch_size=2", "train.micro_batch_size=2"]
         cases = [
             ("save folder is a file", [*train, demo, f"run.save_folder={work / 'file'}"]),
-            ("data glob matching nothing", [*train, demo, *run(), *numpy, f"data.paths=[{work}/none/*.npy]"]),
+            (
+                "data glob matching nothing",
+                [*train, demo, *run(), *numpy, f"data.paths=[{work}/none/*.npy]"],
+            ),
             ("train.device=cuda without CUDA", [*train, demo, *run(), "train.device=cuda"]),
-            ("micro_batch_size not dividing the batch", [*train, demo, *run(), "train.micro_batch_size=3"]),
-            ("count_params: bad value (train.lr=fast)", [*script("count_params.py"), demo, "train.lr=fast"]),
-            ("count_params: missing config", [*script("count_params.py"), str(work / "missing.yaml")]),
-            ("count_params: micro_batch_size=3", [*script("count_params.py"), demo, "train.micro_batch_size=3"]),
-            ("count_params: train.device=cuda", [*script("count_params.py"), demo, "train.device=cuda"]),
-            ("--resume-from a checkpoint of another model", [*train, demo, *run(), "--resume-from", made["checkpoint"]]),
-            ("token id beyond the vocabulary (after 4,096)", [*train, demo, *run(), *numpy, f"data.paths=[{work}/beyond.npy]"]),
-            ("data URL nothing listens on", [*train, demo, *run(), *numpy, f"data.paths=[{made['url']}]"]),
+            (
+                "micro_batch_size not dividing the batch",
+                [*train, demo, *run(), "train.micro_batch_size=3"],
+            ),
+            (
+                "count_params: bad value (train.lr=fast)",
+                [*script("count_params.py"), demo, "train.lr=fast"],
+            ),
+            (
+                "count_params: missing config",
+                [*script("count_params.py"), str(work / "missing.yaml")],
+            ),
+            (
+                "count_params: micro_batch_size=3",
+                [*script("count_params.py"), demo, "train.micro_batch_size=3"],
+            ),
+            (
+                "count_params: train.device=cuda",
+                [*script("count_params.py"), demo, "train.device=cuda"],
+            ),
+            (
+                "--resume-from a checkpoint of another model",
+                [*train, demo, *run(), "--resume-from", made["checkpoint"]],
+            ),
+            (
+                "token id beyond the vocabulary (after 4,096)",
+                [*train, demo, *run(), *numpy, f"data.paths=[{work}/beyond.npy]"],
+            ),
+            (
+                "data URL nothing listens on",
+                [*train, demo, *run(), *numpy, f"data.paths=[{made['url']}]"],
+            ),
             ("model.n_layers=99999999999", [*train, demo, *run(), "model.n_layers=99999999999"]),
             (
                 "tokenizer file not JSON (--dry-run)",
                 [*train, demo, *run(), f"data.tokenizer_file={work}/tokenizer.json", "--dry-run"],
             ),
-            ("export_hf into a non-empty folder", [*script("export_hf.py"), made["checkpoint"], str(work / "full")]),
+            (
+                "export_hf into a non-empty folder",
+                [*script("export_hf.py"), made["checkpoint"], str(work / "full")],
+            ),
             ("search: impossible budget", [*script("search.py"), "1000"]),
-            ("search: impossible attention", [*script("search.py"), gpt, "--K", "4", "--layers", "6", "--attention", "1e12"]),
-            ("evaluate --device tpu", [*script("evaluate.py"), made["checkpoint"], "--device", "tpu"]),
-            ("bad config (train.lr=abc)", [*train, str(REPO / "configs/demo/baseline.yaml"), "train.lr=abc"]),
-            ("bad config in a file (1B, model.K=0)", [*train, str(REPO / "configs/1B/hourglass.yaml"), "model.K=0"]),
+            (
+                "search: impossible attention",
+                [*script("search.py"), gpt, "--K", "4", "--layers", "6", "--attention", "1e12"],
+            ),
+            (
+                "evaluate --device tpu",
+                [*script("evaluate.py"), made["checkpoint"], "--device", "tpu"],
+            ),
+            (
+                "bad config (train.lr=abc)",
+                [*train, str(REPO / "configs/demo/baseline.yaml"), "train.lr=abc"],
+            ),
+            (
+                "bad config in a file (1B, model.K=0)",
+                [*train, str(REPO / "configs/1B/hourglass.yaml"), "model.K=0"],
+            ),
             (
                 "bad config, the last check (1B, model.vocab_size=5)",
                 [*train, str(REPO / "configs/1B/hourglass.yaml"), "model.vocab_size=5"],
             ),
             (
                 "busy run folder",
-                [*train, str(REPO / "configs/demo/baseline.yaml"), f"run.save_folder={busy}", "train.max_steps=1"],
+                [
+                    *train,
+                    str(REPO / "configs/demo/baseline.yaml"),
+                    f"run.save_folder={busy}",
+                    "train.max_steps=1",
+                ],
             ),
             *(
-                (f"bad argument: {s} --no-such-flag", [sys.executable, str(REPO / "scripts" / s), "--no-such-flag"])
+                (
+                    f"bad argument: {s} --no-such-flag",
+                    [sys.executable, str(REPO / "scripts" / s), "--no-such-flag"],
+                )
                 for s in SCRIPTS
             ),
         ]

@@ -46,10 +46,19 @@ def _best(fn, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=float, default=1024, help="size of the token file (MB, 10^6 bytes)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--megabytes", type=float, default=1024, help="size of the token file (MB, 10^6 bytes)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=None, help="where the file is written (default: the temp folder)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the file is written (default: the temp folder)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path, cache = Path(tmp) / "tokens.npy", Path(tmp) / "work"
@@ -57,7 +66,11 @@ def main() -> None:
         rng = np.random.default_rng(0)
         with open(path, "wb") as f:
             for start in range(0, n, contract.CHUNK_TOKENS):
-                f.write(rng.integers(0, 100_278, min(contract.CHUNK_TOKENS, n - start), dtype=np.uint32).tobytes())
+                f.write(
+                    rng.integers(
+                        0, 100_278, min(contract.CHUNK_TOKENS, n - start), dtype=np.uint32
+                    ).tobytes()
+                )
         size_mb = path.stat().st_size / 1e6
         dtype = np.dtype(np.uint32)
         read_s = _best(lambda: _read(path), args.repeats)
@@ -66,11 +79,17 @@ def main() -> None:
         contract.max_token([str(path)], dtype, cache)  # the cache written
         cached_s = _best(lambda: contract.max_token([str(path)], dtype, cache), args.repeats)
         print(f"token file: {size_mb:,.0f} MB of uint32 ids")
-        print(f"read (readinto, {contract.CHUNK_TOKENS * 4 >> 20} MiB blocks): {size_mb / read_s:,.0f} MB/s ({read_s:.3f} s)")
+        print(
+            f"read (readinto, {contract.CHUNK_TOKENS * 4 >> 20} MiB blocks): {size_mb / read_s:,.0f} MB/s ({read_s:.3f} s)"
+        )
         print(f"scan (max_token, no cache):      {size_mb / scan_s:,.0f} MB/s ({scan_s:.3f} s)")
         print(f"np.fromfile(...).max():          {size_mb / naive_s:,.0f} MB/s ({naive_s:.3f} s)")
-        print(f"scan time / read time: {scan_s / read_s:.2f}x; scan time / np.fromfile max time: {scan_s / naive_s:.2f}x")
-        print(f"cached rerun: {cached_s * 1e3:.2f} ms ({scan_s / cached_s:,.0f}x faster than the scan)")
+        print(
+            f"scan time / read time: {scan_s / read_s:.2f}x; scan time / np.fromfile max time: {scan_s / naive_s:.2f}x"
+        )
+        print(
+            f"cached rerun: {cached_s * 1e3:.2f} ms ({scan_s / cached_s:,.0f}x faster than the scan)"
+        )
 
 
 if __name__ == "__main__":

@@ -46,9 +46,13 @@ def _documents(megabytes: float) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--megabytes", type=float, default=8, help="text to tokenize")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="hourglass-tokenize's processes")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="hourglass-tokenize's processes"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs of each (the best is printed)")
     args = parser.parse_args()
 
@@ -67,12 +71,24 @@ def main() -> None:
             tokens = sum(len(e.ids) for e in tok.encode_batch(docs, add_special_tokens=False))
             library.append(tokens / (time.perf_counter() - start))
             start = time.perf_counter()
-            manifest = tokenize(find_inputs([str(source)]), Path(tmp) / f"out{i}", info, name="demo", workers=args.workers)
+            manifest = tokenize(
+                find_inputs([str(source)]),
+                Path(tmp) / f"out{i}",
+                info,
+                name="demo",
+                workers=args.workers,
+            )
             ours.append(manifest["tokens"] / (time.perf_counter() - start))
     mb = sum(len(d.encode()) for d in docs) / 2**20
-    print(f"{len(docs):,} documents, {mb:.1f} MiB, {tokens:,} tokens (+{len(docs):,} EOS); {os.cpu_count()} cores")
-    print(f"tokenizers encode_batch (in memory, every core):        {max(library):>12,.0f} tokens/s")
-    print(f"hourglass-tokenize, {args.workers} workers (jsonl in, shards out): {max(ours):>12,.0f} tokens/s")
+    print(
+        f"{len(docs):,} documents, {mb:.1f} MiB, {tokens:,} tokens (+{len(docs):,} EOS); {os.cpu_count()} cores"
+    )
+    print(
+        f"tokenizers encode_batch (in memory, every core):        {max(library):>12,.0f} tokens/s"
+    )
+    print(
+        f"hourglass-tokenize, {args.workers} workers (jsonl in, shards out): {max(ours):>12,.0f} tokens/s"
+    )
     print(f"ratio: {max(ours) / max(library):.2f}")
 
 

@@ -33,7 +33,9 @@ __all__ = [
 ]
 
 
-def load_or_exit(path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None) -> ExperimentSpec:
+def load_or_exit(
+    path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None
+) -> ExperimentSpec:
     """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on a
     bad one print one line naming file, key and value and exit 2. The config is read and checked
     before torch is imported (a refusal takes about a second); what depends on the machine after. A
@@ -117,7 +119,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+        self._negative_number_matcher = re.compile(
+            r"^-\d+$|^-\d*\.\d+$|^-(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"
+        )
 
     def error(self, message: str) -> NoReturn:
         refuse_alike(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)")
@@ -134,7 +138,9 @@ def at_least(low: float, kind: type = int, most: float = MAX_NUMBER) -> Callable
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
         if not low <= value:  # NaN fails too
             raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
         if not value <= most:  # infinity too
@@ -174,7 +180,9 @@ def check_device(name: str, device: str) -> None:
     if kind == "cuda" and not torch.cuda.is_available():
         refuse_alike(f"{name} {device}: CUDA is not available on this machine")
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
-        refuse_alike(f"{name} {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        refuse_alike(
+            f"{name} {device}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     if kind == "mps" and not torch.backends.mps.is_available():
         refuse_alike(f"{name} {device}: MPS is not available on this machine")
 
@@ -182,7 +190,11 @@ def check_device(name: str, device: str) -> None:
 def _blocked(path: Path, folder: bool) -> str:
     """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can."""
     if path.exists():
-        return "" if path.is_dir() == folder else ("a file, not a folder" if folder else "a folder, not a file")
+        return (
+            ""
+            if path.is_dir() == folder
+            else ("a file, not a folder" if folder else "a folder, not a file")
+        )
     for parent in path.parents:
         if parent.exists():
             return "" if parent.is_dir() else f"under {parent}, a file"

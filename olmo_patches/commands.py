@@ -48,7 +48,10 @@ def main(argv: Optional[List[str]] = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in COMMANDS:
         given = f" {args[0]!r}" if args else ""
-        print(f"command line: unknown command{given}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        print(
+            f"command line: unknown command{given}; choose from {', '.join(COMMANDS)}",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     run_command(args[0], args[1:])
     raise SystemExit(0)

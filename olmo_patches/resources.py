@@ -26,7 +26,9 @@ def data_root() -> Path:
     bundled = package / BUNDLED
     if bundled.is_dir():
         return bundled
-    raise FileNotFoundError(f"neither {checkout}/configs nor {bundled}: a broken install (reinstall hourglass-olmo)")
+    raise FileNotFoundError(
+        f"neither {checkout}/configs nor {bundled}: a broken install (reinstall hourglass-olmo)"
+    )
 
 
 def data_path(*parts: str) -> Path:

@@ -40,21 +40,35 @@ def _check_before_torch(args) -> None:
     """The arguments, --out's rule (the module docstring) and each checkpoint's folder and config:
     one line, exit 2, before torch is imported."""
     if args.names and len(args.names) != len(args.checkpoints):
-        refuse_alike(f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints")
+        refuse_alike(
+            f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints"
+        )
     if args.tokens is not None and not args.tokens.is_file():
         refuse_alike(f"analyze: command line: --tokens={args.tokens}: no such file")
     out = out_arg("analyze: command line: --out", args.out)
-    if not args.force and out.is_dir() and (others := sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS)):
-        refuse_alike(f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to write into it")
+    if (
+        not args.force
+        and out.is_dir()
+        and (others := sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS))
+    ):
+        refuse_alike(
+            f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to write into it"
+        )
     for checkpoint in args.checkpoints:
         path = Path(checkpoint)
         if not path.is_dir():
             refuse_alike(
                 f"analyze: command line: CHECKPOINT={checkpoint}: {'not a folder' if path.exists() else 'no such folder'}"
             )
-        config = path / "config.yaml" if (path / "config.yaml").is_file() else path.parent / "config.yaml"
+        config = (
+            path / "config.yaml"
+            if (path / "config.yaml").is_file()
+            else path.parent / "config.yaml"
+        )
         if not config.is_file():
-            refuse_alike(f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it ({config})")
+            refuse_alike(
+                f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it ({config})"
+            )
         try:
             load_spec(config, ["train.hardware=none", "train.device=cpu"])
         except ConfigError as e:
@@ -62,16 +76,31 @@ def _check_before_torch(args) -> None:
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoints", nargs="+", help="checkpoints (RUN/stepN) or run folders")
     parser.add_argument(
-        "--out", type=Path, required=True, help="folder for analysis.json and analysis.png (new, empty, or an earlier analysis's)"
+        "--out",
+        type=Path,
+        required=True,
+        help="folder for analysis.json and analysis.png (new, empty, or an earlier analysis's)",
     )
-    parser.add_argument("--force", action="store_true", help="write into an --out folder that holds other files")
-    parser.add_argument("--names", nargs="+", help="one label per checkpoint (default: each run's name)")
+    parser.add_argument(
+        "--force", action="store_true", help="write into an --out folder that holds other files"
+    )
+    parser.add_argument(
+        "--names", nargs="+", help="one label per checkpoint (default: each run's name)"
+    )
     parser.add_argument("--batch", type=at_least(1), default=8, help="sequences in the batch")
-    parser.add_argument("--seq", type=at_least(2), help="tokens per sequence (default: the run's, at most 512)")
-    parser.add_argument("--tokens", type=Path, help="a raw numpy token file for the batch (default: the run's validation data)")
+    parser.add_argument(
+        "--seq", type=at_least(2), help="tokens per sequence (default: the run's, at most 512)"
+    )
+    parser.add_argument(
+        "--tokens",
+        type=Path,
+        help="a raw numpy token file for the batch (default: the run's validation data)",
+    )
     parser.add_argument("--dtype", default="uint32", help="with --tokens: its numpy dtype")
     parser.add_argument(
         "--threshold",
@@ -79,16 +108,34 @@ def main() -> None:
         default=THRESHOLD,
         help="a unit is active where |a| > this x its layer's RMS activation",
     )
-    parser.add_argument("--uncentred", action="store_true", help="the Gram matrix of the stream as it is (default: centred)")
-    parser.add_argument("--per-prompt", action="store_true", help="the metrics per sequence, averaged (default: pooled)")
     parser.add_argument(
-        "--normaliser", choices=NORMALISERS, default="layer", help="entropy over ln min(N - 1, w_l) (layer) or ln h (fixed)"
+        "--uncentred",
+        action="store_true",
+        help="the Gram matrix of the stream as it is (default: centred)",
+    )
+    parser.add_argument(
+        "--per-prompt",
+        action="store_true",
+        help="the metrics per sequence, averaged (default: pooled)",
+    )
+    parser.add_argument(
+        "--normaliser",
+        choices=NORMALISERS,
+        default="layer",
+        help="entropy over ln min(N - 1, w_l) (layer) or ln h (fixed)",
     )
     args = parser.parse_args()
     _check_before_torch(args)
     pooling = "per_prompt" if args.per_prompt else "pooled"
-    conventions = Conventions(centre=not args.uncentred, pooling=pooling, normaliser=args.normaliser)
-    from olmo_patches.report.analysis import analysis_figure, analyze_model, checkpoint_spec, load_checkpoint_model
+    conventions = Conventions(
+        centre=not args.uncentred, pooling=pooling, normaliser=args.normaliser
+    )
+    from olmo_patches.report.analysis import (
+        analysis_figure,
+        analyze_model,
+        checkpoint_spec,
+        load_checkpoint_model,
+    )
     from olmo_patches.report.analysis import validation_batch, write_json
     from olmo_patches.train.sources import resolve_data
 
@@ -118,12 +165,24 @@ def main() -> None:
         name = args.names[i] if args.names else spec.run.name
         block = spec.model.block
         a = analyze_model(
-            model, tokens, name=name, checkpoint=str(path), block=block, threshold=args.threshold, conventions=conventions
+            model,
+            tokens,
+            name=name,
+            checkpoint=str(path),
+            block=block,
+            threshold=args.threshold,
+            conventions=conventions,
         )
         analyses.append(a)
-        print(f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, p(next token) {a.final_target_probability:.4f}")
+        print(
+            f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, p(next token) {a.final_target_probability:.4f}"
+        )
     print(write_json(analyses, args.out / "analysis.json"))
-    print(analysis_figure(analyses, args.out / "analysis.png", f"{args.batch} x {seq} validation tokens"))
+    print(
+        analysis_figure(
+            analyses, args.out / "analysis.png", f"{args.batch} x {seq} validation tokens"
+        )
+    )
 
 
 if __name__ == "__main__":

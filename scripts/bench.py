@@ -22,16 +22,46 @@ def _list(s: str) -> list:
 def _parser() -> argparse.ArgumentParser:
     """The command line: what is timed and how (read before torch is imported: the defaults that
     depend on a GPU are filled after)."""
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scale", default=None, help=f"comma list of {', '.join(SCALES)} (default: 113M,1B on a GPU, else demo)")
-    parser.add_argument("--variants", default=None, help="comma list (default: all of the scale's; baseline always runs)")
-    parser.add_argument("--compile", default="off,on", help="comma list of off|on (torch.compile per block)")
-    parser.add_argument("--seq", type=at_least(2), default=None, help="sequence length (default: the scale's; 4096 on a GPU)")
-    parser.add_argument("--batch", type=at_least(1), default=None, help="sequences per step (default: the scale's)")
-    parser.add_argument("--repeats", type=at_least(1), default=10, help="interleaved repeats (median)")
-    parser.add_argument("--steps", type=at_least(1), default=1, help="timed steps per variant per repeat")
-    parser.add_argument("--warmup", type=at_least(0), default=2, help="untimed steps per variant (compilation happens here)")
-    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="default: bf16 on a GPU, else fp32")
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--scale",
+        default=None,
+        help=f"comma list of {', '.join(SCALES)} (default: 113M,1B on a GPU, else demo)",
+    )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma list (default: all of the scale's; baseline always runs)",
+    )
+    parser.add_argument(
+        "--compile", default="off,on", help="comma list of off|on (torch.compile per block)"
+    )
+    parser.add_argument(
+        "--seq",
+        type=at_least(2),
+        default=None,
+        help="sequence length (default: the scale's; 4096 on a GPU)",
+    )
+    parser.add_argument(
+        "--batch", type=at_least(1), default=None, help="sequences per step (default: the scale's)"
+    )
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=10, help="interleaved repeats (median)"
+    )
+    parser.add_argument(
+        "--steps", type=at_least(1), default=1, help="timed steps per variant per repeat"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=at_least(0),
+        default=2,
+        help="untimed steps per variant (compilation happens here)",
+    )
+    parser.add_argument(
+        "--dtype", default=None, choices=["fp32", "bf16"], help="default: bf16 on a GPU, else fp32"
+    )
     parser.add_argument(
         "--threads",
         type=at_least(1),
@@ -39,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
         help="CPU threads (default 1: on a shared machine, OpenMP threads that wait on each other "
         "made steps up to 10x slower and the timings meaningless)",
     )
-    parser.add_argument("--optimizer", action="store_true", help="an AdamW step in every timed step (as the trainer's)")
+    parser.add_argument(
+        "--optimizer",
+        action="store_true",
+        help="an AdamW step in every timed step (as the trainer's)",
+    )
     parser.add_argument(
         "--float8",
         nargs="?",
@@ -47,7 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the table"
+    )
     return parser
 
 
@@ -63,7 +99,9 @@ def main() -> None:
         refuse(f"bench: --compile: {args.compile!r} must be a comma list of on|off")
     known = {n for s in _list(args.scale or "113M,1B,demo") for n in SCALES[s].configs}
     if unknown := [v for v in _list(args.variants or "") if v not in known]:
-        refuse(f"bench: --variants: unknown variant {unknown[0]!r}; the scales' variants are {', '.join(sorted(known))}")
+        refuse(
+            f"bench: --variants: unknown variant {unknown[0]!r}; the scales' variants are {', '.join(sorted(known))}"
+        )
     import torch
 
     from olmo_patches.train.bench import as_json, format_results, run_bench
@@ -74,7 +112,11 @@ def main() -> None:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     if args.threads or not gpu:
         torch.set_num_threads(args.threads or 1)
-    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else (lambda s: print(s, flush=True))
+    log = (
+        (lambda s: print(s, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda s: print(s, flush=True))
+    )
     results, machine = [], {}
     for s in _list(args.scale):
         # On a GPU the 113M shapes run at their training shape (4096 tokens, micro-batch 8).

@@ -18,14 +18,22 @@ def baseline_of(path: Path, root: Path) -> Path:
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("root", nargs="?", metavar="ROOT", help="the configs' folder (default: the package's configs/)")
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "root",
+        nargs="?",
+        metavar="ROOT",
+        help="the configs' folder (default: the package's configs/)",
+    )
     args = parser.parse_args()
     root = folder_arg("ROOT", args.root) if args.root is not None else data_path("configs")
     paths = sorted(
         p
         for p in root.rglob("*.yaml")
-        if p.stem not in ("base", "base-revised", "base-paper2") and p.relative_to(root).parts[0] != "demo"
+        if p.stem not in ("base", "base-revised", "base-paper2")
+        and p.relative_to(root).parts[0] != "demo"
     )
     # every config and its baseline loaded (a bad one refused) before torch is imported; the hourglass
     # paper's constant-width runs only (variable width has its own table)
@@ -38,7 +46,9 @@ def main() -> None:
     from olmo_patches.report.plan import plan
 
     budgets: dict[Path, int] = {}
-    print("| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |")
+    print(
+        "| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         spec = specs[path]

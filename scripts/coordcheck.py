@@ -24,18 +24,24 @@ AXES = ("width", "depth", "K")
 def axes_arg(text: str) -> list:
     axes = text.split(",")
     if bad := [a for a in axes if a not in AXES]:
-        raise argparse.ArgumentTypeError(f"{','.join(bad)}: not an axis (choose from {', '.join(AXES)})")
+        raise argparse.ArgumentTypeError(
+            f"{','.join(bad)}: not an axis (choose from {', '.join(AXES)})"
+        )
     if len(set(axes)) < len(axes):
         raise argparse.ArgumentTypeError(f"{text}: an axis appears twice")
     return axes
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument(
-        "--axes", type=axes_arg, help="comma-separated, of width, depth, K (default: width,depth and K for hourglass)"
+        "--axes",
+        type=axes_arg,
+        help="comma-separated, of width, depth, K (default: width,depth and K for hourglass)",
     )
     parser.add_argument("--steps", type=at_least(1), default=10, help="training steps per run")
     parser.add_argument("--batch", type=at_least(1), default=8, help="sequences per step")
@@ -50,12 +56,22 @@ def main() -> None:
     from olmo_patches.blocks import block_of
 
     if args.axes and "K" in args.axes and "K" not in block_of(spec.model).knobs:
-        refuse_alike(f"--axes {','.join(args.axes)}: K needs an hourglass model (model.block is {spec.model.block})")
+        refuse_alike(
+            f"--axes {','.join(args.axes)}: K needs an hourglass model (model.block is {spec.model.block})"
+        )
     out = out_arg("--out", args.out or Path("coordcheck") / spec.run.name)
 
     from olmo_patches.train.coordcheck import coord_check, plot
 
-    check = coord_check(str(find_config(args.config)), args.overrides, args.axes, args.steps, args.batch, args.seq, args.seed)
+    check = coord_check(
+        str(find_config(args.config)),
+        args.overrides,
+        args.axes,
+        args.steps,
+        args.batch,
+        args.seq,
+        args.seed,
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "coordcheck.json").write_text(json.dumps(check.to_json(), indent=1) + "\n")
     plot(check, out / "coordcheck.png")

@@ -10,12 +10,16 @@ from olmo_patches.cli import ArgumentParser, console, load_or_exit
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    spec = load_or_exit(args.config, args.overrides)  # a bad config is refused here, before torch is imported
+    spec = load_or_exit(
+        args.config, args.overrides
+    )  # a bad config is refused here, before torch is imported
 
     from olmo_patches.blocks import block_of
     from olmo_patches.report.counts import (
@@ -29,7 +33,12 @@ def main() -> None:
     )
 
     if args.json:
-        out = {**count(spec).as_dict(), **attention_report(spec), **gpu_report(spec), **exact_gap(args.config)}
+        out = {
+            **count(spec).as_dict(),
+            **attention_report(spec),
+            **gpu_report(spec),
+            **exact_gap(args.config),
+        }
         if "widths" in block_of(spec.model).reads(spec.model):
             out.update(width_report(spec))
         if spec.train.float8 != "off":

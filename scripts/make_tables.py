@@ -30,12 +30,16 @@ from olmo_patches.cli import ArgumentParser, at_least, out_arg
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("runs", nargs="+", help="run folders, or folders of run folders")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--no-figures", action="store_true")
     parser.add_argument(
-        "--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)"
+        "--target-loss",
+        type=at_least(0, float),
+        help="matched-loss FLOPs at this loss (default: the largest baseline run's)",
     )
     args = parser.parse_args()
 

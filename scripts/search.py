@@ -74,27 +74,51 @@ def shapes(args, budget: int, misses: list[str]) -> list[Shape]:
     ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
     fractions = tuple(args.attn_fraction or (None,))
     attention = dict(head_dim=args.head_dim, kv_group=args.kv_group)
-    solving = dict(tolerance=args.tolerance, aligned=args.aligned, heads8=args.heads8, ratio_slack=args.ratio_slack)
+    solving = dict(
+        tolerance=args.tolerance,
+        aligned=args.aligned,
+        heads8=args.heads8,
+        ratio_slack=args.ratio_slack,
+    )
     if args.attention is not None:  # the paper's split: d_model from the attention count
         if not (args.K and args.layers):
             refuse("search: --attention needs --K and --layers")
         found = [
-            (K, L, solve_split(budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance))
+            (
+                K,
+                L,
+                solve_split(
+                    budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance
+                ),
+            )
             for K in args.K
             for L in args.layers
         ]
-        misses += [f"K={K}, L={L}, attention {args.attention:,.0f}" for K, L, s in found if s is None]
+        misses += [
+            f"K={K}, L={L}, attention {args.attention:,.0f}" for K, L, s in found if s is None
+        ]
         return [s for _, _, s in found if s is not None]
     if args.d_model:  # fixed dimensions: no solving
         if not (args.layers and args.d_h):
             refuse("search: --d-model needs --layers and --d-h")
-        heads = [h for f in fractions if (h := attention_heads(args.d_model, f, **attention)) is not None]
+        heads = [
+            h for f in fractions if (h := attention_heads(args.d_model, f, **attention)) is not None
+        ]
         if not heads:
             refuse(f"search: --d-model={args.d_model}: no valid head count")
-        return [Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h) for K in Ks for L in args.layers for h in heads]
+        return [
+            Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h)
+            for K in Ks
+            for L in args.layers
+            for h in heads
+        ]
     if not args.layers:
         solving.pop("ratio_slack")
-        return list(enumerate_shapes(budget, Ks=Ks, d_h_ratios=ratios, attn_fractions=fractions, **solving, **attention))
+        return list(
+            enumerate_shapes(
+                budget, Ks=Ks, d_h_ratios=ratios, attn_fractions=fractions, **solving, **attention
+            )
+        )
     found: dict[tuple, Shape] = {}
     for K in Ks:
         for r in ratios:
@@ -113,7 +137,9 @@ def shapes(args, budget: int, misses: list[str]) -> list[Shape]:
                     if s is None:
                         misses.append(f"K={K}, L={L}, d_h/d_model={r}")
                     else:
-                        found.setdefault((s.K, s.n_layers, s.d_model, s.d_h, s.n_heads, s.head_dim), s)
+                        found.setdefault(
+                            (s.K, s.n_layers, s.d_model, s.d_h, s.n_heads, s.head_dim), s
+                        )
     return list(found.values())
 
 
@@ -160,19 +186,40 @@ def table(rows: list[Shape], budget: int, vocab: int, seq: int) -> Table:
 
 def _parser() -> argparse.ArgumentParser:
     """The command line: the budget, the grid searched, the shapes' constraints, the output."""
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("budget", help="a baseline config or a non-embedding parameter count (113246208, 113.2M)")
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "budget", help="a baseline config or a non-embedding parameter count (113246208, 113.2M)"
+    )
     parser.add_argument("--K", type=at_least(1), nargs="+", help="K values (default 1..10)")
-    parser.add_argument("--d-h-ratio", type=fraction, nargs="+", help="target d_h/d_model values in (0, 1] (default 0.1..0.8)")
-    parser.add_argument("--layers", type=at_least(1), nargs="+", help="L values (default: every L with d_model/L in 50..300)")
+    parser.add_argument(
+        "--d-h-ratio",
+        type=fraction,
+        nargs="+",
+        help="target d_h/d_model values in (0, 1] (default 0.1..0.8)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=at_least(1),
+        nargs="+",
+        help="L values (default: every L with d_model/L in 50..300)",
+    )
     parser.add_argument(
         "--ratio-slack",
         type=at_least(0, float),
         default=0.2,
         help="allow d_h/d_model this far (relative) from --d-h-ratio (with --layers)",
     )
-    parser.add_argument("--layer-slack", type=at_least(0), default=0, help="allow L this far from --layers when unsolvable")
-    parser.add_argument("--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving")
+    parser.add_argument(
+        "--layer-slack",
+        type=at_least(0),
+        default=0,
+        help="allow L this far from --layers when unsolvable",
+    )
+    parser.add_argument(
+        "--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving"
+    )
     parser.add_argument("--d-h", type=at_least(1), help="fix d_h (with --d-model)")
     parser.add_argument(
         "--attn-fraction",
@@ -180,16 +227,29 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         help="attention width n_heads x --head-dim near these fractions of d_model, in (0, 1] (default: MHA at d_model)",
     )
-    parser.add_argument("--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)")
-    parser.add_argument("--kv-group", type=at_least(1), default=1, help="query heads per key/value head (GQA; 1: MHA)")
-    parser.add_argument("--aligned", action="store_true", help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3")
+    parser.add_argument(
+        "--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)"
+    )
+    parser.add_argument(
+        "--kv-group",
+        type=at_least(1),
+        default=1,
+        help="query heads per key/value head (GQA; 1: MHA)",
+    )
+    parser.add_argument(
+        "--aligned",
+        action="store_true",
+        help="only d_model %% 8, d_h %% 64 (head dims %% 8); tolerance 3e-3",
+    )
     parser.add_argument(
         "--attention",
         type=parse_count,
         help="solve for this many attention parameters (45M: the paper's split) instead of --d-h-ratio",
     )
     parser.add_argument(
-        "--heads8", action="store_true", help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4"
+        "--heads8",
+        action="store_true",
+        help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4",
     )
     parser.add_argument(
         "--tolerance",
@@ -203,7 +263,9 @@ def _parser() -> argparse.ArgumentParser:
         help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention share",
     )
     parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
-    parser.add_argument("--write", type=Path, help="write each shape as a config extending BUDGET into this folder")
+    parser.add_argument(
+        "--write", type=Path, help="write each shape as a config extending BUDGET into this folder"
+    )
     return parser
 
 
@@ -214,16 +276,28 @@ def main() -> None:
     if args.write is not None:
         out_arg("--write", args.write)
     if args.tolerance is None:
-        args.tolerance = ALIGNED_TOLERANCE if args.aligned else SPLIT_TOLERANCE if (args.heads8 or args.attention) else TOLERANCE
+        args.tolerance = (
+            ALIGNED_TOLERANCE
+            if args.aligned
+            else SPLIT_TOLERANCE
+            if (args.heads8 or args.attention)
+            else TOLERANCE
+        )
     budget, baseline, vocab, seq = parse_budget(args.budget)
     misses: list[str] = []
     rows = shapes(args, budget, misses)
     if not rows:  # nothing to show: one line, as for any argument that cannot work
         grid = f" (the first tried: {misses[0]}; {len(misses)} in all)" if misses else ""
-        refuse(f"search: BUDGET={args.budget}: no shape within a tolerance of {args.tolerance:g}{grid}")
+        refuse(
+            f"search: BUDGET={args.budget}: no shape within a tolerance of {args.tolerance:g}{grid}"
+        )
     for miss in misses:
         print(f"search: no shape for {miss} within {args.tolerance:g}", file=sys.stderr)
-    key = {"rank": rank_key, "flops": lambda s: s.flops_per_token(seq, vocab), "attention": lambda s: s.attention}[args.sort]
+    key = {
+        "rank": rank_key,
+        "flops": lambda s: s.flops_per_token(seq, vocab),
+        "attention": lambda s: s.attention,
+    }[args.sort]
     rows.sort(key=key)
     Console(width=220).print(table(rows[: args.top], budget, vocab, seq))
     if args.write:

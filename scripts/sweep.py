@@ -33,7 +33,9 @@ def seed_list(text: str) -> tuple:
     try:
         seeds = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
     if any(s < 0 for s in seeds):
         raise argparse.ArgumentTypeError(f"{text}: seed offsets must be >= 0")
     if len(set(seeds)) < len(seeds):
@@ -46,7 +48,9 @@ def lr_grid(text: str) -> tuple:
     try:
         scales = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of numbers"
+        ) from None
     if not all(0 < x < math.inf for x in scales):  # NaN fails too
         raise argparse.ArgumentTypeError(f"{text}: LR scales must be positive and finite")
     if len(set(scales)) < len(scales):
@@ -55,45 +59,89 @@ def lr_grid(text: str) -> tuple:
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {name: sub.add_parser(name) for name in ("launch", "status", "report")}
     for p in commands.values():
         p.add_argument("configs", nargs="+", help="config files, folders of configs, globs")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
-        p.add_argument("--slurm-logs", type=Path, default=Path("logs"), help="where the SLURM elements' output goes")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override for every run",
+        )
+        p.add_argument(
+            "--slurm-logs",
+            type=Path,
+            default=Path("logs"),
+            help="where the SLURM elements' output goes",
+        )
         seeds = p.add_mutually_exclusive_group()
-        seeds.add_argument("--seeds", type=at_least(1), help="N seeds per config: offsets 0..N-1 (0: the config's own)")
-        seeds.add_argument("--seed-list", type=seed_list, help="seed offsets per config, e.g. 0,3,7")
+        seeds.add_argument(
+            "--seeds",
+            type=at_least(1),
+            help="N seeds per config: offsets 0..N-1 (0: the config's own)",
+        )
+        seeds.add_argument(
+            "--seed-list", type=seed_list, help="seed offsets per config, e.g. 0,3,7"
+        )
         p.add_argument(
             "--vary", choices=("init", "order", "both"), default="both",
             help="what a seed offset changes: train.seed (init), data.order_seed (order) or both",
         )  # fmt: skip
-        p.add_argument("--lr-grid", type=lr_grid, help="LR scales per config, e.g. 0.5,1,2 (1, the config's LR, always runs)")
+        p.add_argument(
+            "--lr-grid",
+            type=lr_grid,
+            help="LR scales per config, e.g. 0.5,1,2 (1, the config's LR, always runs)",
+        )
     where = commands["launch"].add_mutually_exclusive_group(required=True)
     where.add_argument("--local", action="store_true", help="train here, one run after another")
-    where.add_argument("--slurm", action="store_true", help="submit one SLURM job array, one element per run")
-    commands["launch"].add_argument("--nodes", type=at_least(1), default=1, help="nodes per run (--slurm)")
-    commands["launch"].add_argument("--gpus-per-node", type=at_least(1), default=8, help="GPUs per node (--slurm)")
+    where.add_argument(
+        "--slurm", action="store_true", help="submit one SLURM job array, one element per run"
+    )
     commands["launch"].add_argument(
-        "--sbatch-arg", action="append", default=[], help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00"
+        "--nodes", type=at_least(1), default=1, help="nodes per run (--slurm)"
+    )
+    commands["launch"].add_argument(
+        "--gpus-per-node", type=at_least(1), default=8, help="GPUs per node (--slurm)"
+    )
+    commands["launch"].add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        help="extra sbatch option, e.g. --sbatch-arg=--time=24:00:00",
     )
     commands["report"].add_argument("--out", type=Path, required=True, help="output folder")
     commands["report"].add_argument("--no-figures", action="store_true")
     commands["report"].add_argument(
-        "--baseline", help="the config (its run.name) the others are compared with (default: the first)"
+        "--baseline",
+        help="the config (its run.name) the others are compared with (default: the first)",
     )
     commands["report"].add_argument(
-        "--best-lr", action="store_true", help="compare each config at its own best LR of --lr-grid (default: its train.lr)"
+        "--best-lr",
+        action="store_true",
+        help="compare each config at its own best LR of --lr-grid (default: its train.lr)",
     )
     commands["report"].add_argument(
-        "--target-loss", type=at_least(0, float), help="matched-loss FLOPs at this loss (default: the largest baseline run's)"
+        "--target-loss",
+        type=at_least(0, float),
+        help="matched-loss FLOPs at this loss (default: the largest baseline run's)",
     )
     args = parser.parse_args()
     if args.command == "report":
         out_arg("--out", args.out)
 
-    from olmo_patches.launch.sweep import Variants, launch_local, launch_slurm, load_sweep, sweep_status
+    from olmo_patches.launch.sweep import (
+        Variants,
+        launch_local,
+        launch_slurm,
+        load_sweep,
+        sweep_status,
+    )
 
     variants = Variants(
         seeds=args.seed_list or tuple(range(args.seeds or 1)),
@@ -102,14 +150,22 @@ def main() -> None:
     )
     try:
         members = load_sweep(args.configs, args.overrides, variants)
-        if args.command == "report" and args.baseline and args.baseline not in {m.group for m in members}:
+        if (
+            args.command == "report"
+            and args.baseline
+            and args.baseline not in {m.group for m in members}
+        ):
             raise ConfigError(
                 f"--baseline {args.baseline}: not a config of the sweep ({', '.join(dict.fromkeys(m.group for m in members))})"
             )
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    from olmo_patches.report.sweep import report, seed_counts, status_rows  # imports torch: the configs are good
+    from olmo_patches.report.sweep import (
+        report,
+        seed_counts,
+        status_rows,
+    )  # imports torch: the configs are good
 
     if args.command == "launch" and args.local:
         raise SystemExit(1 if launch_local(members, args.overrides) else 0)

@@ -44,24 +44,60 @@ def config_tokenizer(args) -> tuple:
     elif d.tokenizer_file:
         file = d.tokenizer_file
     else:
-        refuse_alike(f"{args.config}: data.tokenizer_file: dolma2 needs a local tokenizer.json (nothing is downloaded)")
-    return file, str(d.tokenizer), tokenizer_vocab(spec)  # model.vocab_size holds it (checked at load)
+        refuse_alike(
+            f"{args.config}: data.tokenizer_file: dolma2 needs a local tokenizer.json (nothing is downloaded)"
+        )
+    return (
+        file,
+        str(d.tokenizer),
+        tokenizer_vocab(spec),
+    )  # model.vocab_size holds it (checked at load)
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="jsonl / jsonl.gz / parquet files, datasets or text folders")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the shards and manifest.json")
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="jsonl / jsonl.gz / parquet files, datasets or text folders",
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="folder for the shards and manifest.json"
+    )
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--config", metavar="CONFIG", help="use this config's tokenizer (data.tokenizer)")
+    which.add_argument(
+        "--config", metavar="CONFIG", help="use this config's tokenizer (data.tokenizer)"
+    )
     which.add_argument("--tokenizer", metavar="FILE", help="any local tokenizers JSON")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="--config: key=value overrides")
-    parser.add_argument("--eos", default="<|endoftext|>", metavar="TOKEN", help="the token that ends each document")
-    parser.add_argument("--bos", metavar="TOKEN", help="a token that starts each document (default: none, as OLMo-2)")
-    parser.add_argument("--text-field", default="text", help="the jsonl field / parquet column holding the text")
-    parser.add_argument("--shard-tokens", type=at_least(1), default=100_000_000, help="tokens per output shard, about")
-    parser.add_argument("--workers", type=at_least(1), default=os.cpu_count() or 1, help="tokenizer processes")
-    parser.add_argument("--batch-docs", type=at_least(1), default=256, help="documents per worker task")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="--config: key=value overrides"
+    )
+    parser.add_argument(
+        "--eos", default="<|endoftext|>", metavar="TOKEN", help="the token that ends each document"
+    )
+    parser.add_argument(
+        "--bos",
+        metavar="TOKEN",
+        help="a token that starts each document (default: none, as OLMo-2)",
+    )
+    parser.add_argument(
+        "--text-field", default="text", help="the jsonl field / parquet column holding the text"
+    )
+    parser.add_argument(
+        "--shard-tokens",
+        type=at_least(1),
+        default=100_000_000,
+        help="tokens per output shard, about",
+    )
+    parser.add_argument(
+        "--workers", type=at_least(1), default=os.cpu_count() or 1, help="tokenizer processes"
+    )
+    parser.add_argument(
+        "--batch-docs", type=at_least(1), default=256, help="documents per worker task"
+    )
     args = parser.parse_args()
     out = out_arg("--out", args.out)
 
@@ -72,13 +108,22 @@ def main() -> None:
     try:
         info = TokenizerInfo.from_file(file, args.eos, args.bos)
         if expected is not None and info.vocab_size != expected:
-            raise InputError(f"{file}: {info.vocab_size} tokens, but data.tokenizer={name} has {expected}")
+            raise InputError(
+                f"{file}: {info.vocab_size} tokens, but data.tokenizer={name} has {expected}"
+            )
         inputs = find_inputs(args.inputs)
     except InputError as e:
         refuse_alike(str(e))
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
     from rich.text import Text
 
     class TokensPerSecond(ProgressColumn):
@@ -86,7 +131,13 @@ def main() -> None:
             tokens, elapsed = task.fields.get("tokens", 0), task.elapsed or 0
             return Text(f"{tokens:,} tokens, {tokens / elapsed if elapsed else 0:,.0f} tokens/s")
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TokensPerSecond(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TokensPerSecond(),
+        TimeRemainingColumn(),
+    )
     start = time.perf_counter()
     try:
         manifest = tokenize(

@@ -30,29 +30,48 @@ from olmo_patches.resources import find_config
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("config", help="YAML config")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-3")
-    parser.add_argument("--dry-run", action="store_true", help="print the resolved config and parameters, then exit")
-    parser.add_argument("--resume-from", metavar="PATH", help="checkpoint (or folder of checkpoints) to resume from")
     parser.add_argument(
-        "--init-from", metavar="PATH", help="a new run's weights: a run checkpoint or a Hugging Face OLMo-2 folder"
+        "--dry-run", action="store_true", help="print the resolved config and parameters, then exit"
     )
     parser.add_argument(
-        "--nproc-per-node", type=at_least(1), metavar="N", help="--dry-run: plan for N ranks per node (as torchrun's)"
+        "--resume-from", metavar="PATH", help="checkpoint (or folder of checkpoints) to resume from"
     )
-    parser.add_argument("--nodes", type=at_least(1), metavar="M", help="--dry-run: plan for M nodes (default 1)")
+    parser.add_argument(
+        "--init-from",
+        metavar="PATH",
+        help="a new run's weights: a run checkpoint or a Hugging Face OLMo-2 folder",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=at_least(1),
+        metavar="N",
+        help="--dry-run: plan for N ranks per node (as torchrun's)",
+    )
+    parser.add_argument(
+        "--nodes", type=at_least(1), metavar="M", help="--dry-run: plan for M nodes (default 1)"
+    )
     args = parser.parse_intermixed_args()  # overrides before or after the flags
     planned = args.nproc_per_node is not None or args.nodes is not None
     if planned and not args.dry_run:
-        parser.error("--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun")
+        parser.error(
+            "--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun"
+        )
     layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
     if args.init_from is not None:  # the same as train.init_from=PATH: the run folder records it
         if args.resume_from is not None:
-            parser.error("--init-from starts a new run from weights; --resume-from continues a run: give one")
+            parser.error(
+                "--init-from starts a new run from weights; --resume-from continues a run: give one"
+            )
         args.overrides.append(f"train.init_from={args.init_from}")
     args.config = str(find_config(args.config))  # configs/... from any folder once installed
-    spec = load_or_exit(args.config, args.overrides, layout)  # a bad config is refused here, before torch is imported
+    spec = load_or_exit(
+        args.config, args.overrides, layout
+    )  # a bad config is refused here, before torch is imported
     from olmo_patches.config import ConfigError, spec_to_yaml
     from olmo_patches.launch.peers import announce
     from olmo_patches.launch.run_folder import Lock, check_config
@@ -70,7 +89,9 @@ def main() -> None:
     if os.environ.get("RANK", "0") == "0":
         for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
             print(line, file=sys.stderr)
-    if args.dry_run:  # what the real run would refuse before writing, refused alike (nothing written)
+    if (
+        args.dry_run
+    ):  # what the real run would refuse before writing, refused alike (nothing written)
         try:
             if args.resume_from is not None:
                 check_resume_from(args.resume_from, spec)
@@ -87,7 +108,11 @@ def main() -> None:
         console = rich_console()
         console.print(spec_to_yaml(spec), highlight=False)
         console.print(param_table(spec))
-        console.print(plan_table(spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)))
+        console.print(
+            plan_table(
+                spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)
+            )
+        )
         if mixture:
             console.print(mixture_table(mixture))
         return
@@ -95,7 +120,9 @@ def main() -> None:
     try:
         train(spec, resume_from=args.resume_from)
         stop.ignore()  # saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL)
-    except Exception as e:  # train() announced it (peers.py); refuse() prints the launch's first failure
+    except (
+        Exception
+    ) as e:  # train() announced it (peers.py); refuse() prints the launch's first failure
         line, code = exit_line(e)
         if code == 1 and announce(line, code)[:2] == (line, code):
             raise  # this rank's own error, not the consequence of another's: its traceback

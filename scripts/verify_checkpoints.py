@@ -14,15 +14,23 @@ from olmo_patches.cli import ArgumentParser, refuse
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_folder", metavar="RUN_FOLDER", help="a run's save folder, or one checkpoint (RUN/stepN)")
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "run_folder",
+        metavar="RUN_FOLDER",
+        help="a run's save folder, or one checkpoint (RUN/stepN)",
+    )
     args = parser.parse_args()
 
     from olmo_patches.train.safety import checkpoints_at, verify
 
     folder = Path(args.run_folder)
     if not folder.is_dir():
-        refuse(f"verify_checkpoints: RUN_FOLDER {folder}: {'not a folder' if folder.exists() else 'no such folder'}")
+        refuse(
+            f"verify_checkpoints: RUN_FOLDER {folder}: {'not a folder' if folder.exists() else 'no such folder'}"
+        )
     found = checkpoints_at(folder)
     if not found:
         refuse(f"verify_checkpoints: RUN_FOLDER {folder}: no complete checkpoint there")

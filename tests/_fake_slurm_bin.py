@@ -74,7 +74,9 @@ def processes(job: str, steps=None) -> list:
             continue
         if state == "Z":  # a zombie: ended, not yet reaped
             continue
-        mark = next((e[len(MARK) + 1 :].decode() for e in env if e.startswith(MARK.encode() + b"=")), None)
+        mark = next(
+            (e[len(MARK) + 1 :].decode() for e in env if e.startswith(MARK.encode() + b"=")), None
+        )
         if mark is None or not mark.startswith(job + "/"):
             continue
         if steps is None or mark[len(job) + 1 :] in steps:
@@ -142,19 +144,31 @@ def srun(argv: list) -> int:
             signal_all(mine(), signal.SIGKILL)
         elif signum == signal.SIGINT:
             if time.monotonic() - last_int[0] < 1:
-                print(f"srun: sending Ctrl-C to StepId={job}.{step_id}", file=sys.stderr, flush=True)
+                print(
+                    f"srun: sending Ctrl-C to StepId={job}.{step_id}", file=sys.stderr, flush=True
+                )
                 signal_all(mine(), signal.SIGINT)
                 print("srun: forcing job termination", file=sys.stderr, flush=True)
                 signal_all(mine(), signal.SIGKILL)
             else:
-                print("srun: interrupt (one more within 1 sec to abort)", file=sys.stderr, flush=True)
+                print(
+                    "srun: interrupt (one more within 1 sec to abort)", file=sys.stderr, flush=True
+                )
             last_int[0] = time.monotonic()
         elif signum == signal.SIGCONT:
             print("srun: got SIGCONT", file=sys.stderr, flush=True)
         else:
             signal_all(mine(), signum)
 
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT, signal.SIGCONT, signal.SIGUSR1, signal.SIGUSR2):
+    for s in (
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGINT,
+        signal.SIGCONT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+    ):
         signal.signal(s, on_signal)
     nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
     tasks = []
@@ -176,7 +190,11 @@ def srun(argv: list) -> int:
                 codes[i] = c
                 if c != 0:
                     how = f"Killed by signal {-c}" if c < 0 else f"Exited with exit code {c}"
-                    print(f"srun: error: node{i + 1:03d}: task {i}: {how}", file=sys.stderr, flush=True)
+                    print(
+                        f"srun: error: node{i + 1:03d}: task {i}: {how}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     if kill_on_bad_exit:
                         signal_all(mine(), signal.SIGKILL)
         time.sleep(0.05)
@@ -203,7 +221,11 @@ def scancel(argv: list) -> int:
     if sig is None:
         end_job(_job(), float(os.environ["FAKE_KILL_WAIT"]))
         return 0
-    signum = int(sig) if sig.isdigit() else getattr(signal, sig if sig.startswith("SIG") else "SIG" + sig)
+    signum = (
+        int(sig)
+        if sig.isdigit()
+        else getattr(signal, sig if sig.startswith("SIG") else "SIG" + sig)
+    )
     if full:
         signal_all(processes(_job()), signum)
     elif batch:
@@ -250,7 +272,10 @@ def python(argv: list) -> int:
     if os.environ.get("FAKE_STAND_IN"):
         return stand_in()
     if port := os.environ.get("FAKE_RDZV_PORT"):  # the fake cluster's nodes are this machine
-        argv = [f"--rdzv-endpoint=127.0.0.1:{port}" if a.startswith("--rdzv-endpoint=") else a for a in argv]
+        argv = [
+            f"--rdzv-endpoint=127.0.0.1:{port}" if a.startswith("--rdzv-endpoint=") else a
+            for a in argv
+        ]
     os.execv(os.environ["FAKE_REAL_PYTHON"], [os.environ["FAKE_REAL_PYTHON"], *argv])
 
 

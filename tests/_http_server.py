@@ -95,7 +95,9 @@ class FileServer:
                     return None
                 return data
 
-            def _reply(self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True) -> None:
+            def _reply(
+                self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True
+            ) -> None:
                 self.send_response(status)
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)

@@ -19,7 +19,18 @@ from olmo_patches.blocks import BlockKind, register
 
 
 class ParallelBlock(TransformerBlockBase):
-    def __init__(self, *, d_model, block_idx, n_layers, sequence_mixer, feed_forward, layer_norm, init_device="cpu", cache=None):
+    def __init__(
+        self,
+        *,
+        d_model,
+        block_idx,
+        n_layers,
+        sequence_mixer,
+        feed_forward,
+        layer_norm,
+        init_device="cpu",
+        cache=None,
+    ):
         super().__init__(n_layers=n_layers)
         self.d_model, self.block_idx = d_model, block_idx
         # `attention`, `attention_norm` and `feed_forward`: the names OLMo-core's init, FSDP and checkpoints use
@@ -29,7 +40,13 @@ class ParallelBlock(TransformerBlockBase):
         self.attention_norm = layer_norm.build(d_model, init_device=init_device)
         self.feed_forward = feed_forward.build(d_model=d_model, init_device=init_device)
 
-    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        loss_div_factor: Optional[Union[torch.Tensor, float]] = None,
+        **kwargs,
+    ) -> torch.Tensor:
         del loss_div_factor
         n = self.attention_norm(x)
         return x + self.attention(n, **kwargs) + self.feed_forward(n)
@@ -41,13 +58,21 @@ class ParallelBlock(TransformerBlockBase):
         raise NotImplementedError("tensor parallelism: not for this block")
 
     def num_flops_per_token(self, seq_len: int) -> int:
-        return self.attention.num_flops_per_token(seq_len) + self.feed_forward.num_flops_per_token(seq_len)
+        return self.attention.num_flops_per_token(seq_len) + self.feed_forward.num_flops_per_token(
+            seq_len
+        )
 
 
 @dataclass
 class ParallelBlockConfig(TransformerBlockConfig):
     def build(
-        self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ):
         assert self.feed_forward is not None and self.layer_norm is not None
         return ParallelBlock(
@@ -64,7 +89,9 @@ class ParallelBlockConfig(TransformerBlockConfig):
     def num_params(self, d_model: int) -> int:
         assert self.feed_forward is not None and self.layer_norm is not None
         return (
-            self.sequence_mixer.num_params(d_model) + self.layer_norm.num_params(d_model) + self.feed_forward.num_params(d_model)
+            self.sequence_mixer.num_params(d_model)
+            + self.layer_norm.num_params(d_model)
+            + self.feed_forward.num_params(d_model)
         )
 
 
@@ -74,11 +101,17 @@ class Parallel(BlockKind):
 
     def check(self, m, fail) -> None:
         if m.norm_placement != "pre":
-            fail("model.norm_placement", m.norm_placement, "the parallel block norms its input once (pre)")
+            fail(
+                "model.norm_placement",
+                m.norm_placement,
+                "the parallel block norms its input once (pre)",
+            )
 
     def build(self, m, config):
         b = config.block
-        config.block = ParallelBlockConfig(sequence_mixer=b.sequence_mixer, feed_forward=b.feed_forward, layer_norm=b.layer_norm)
+        config.block = ParallelBlockConfig(
+            sequence_mixer=b.sequence_mixer, feed_forward=b.feed_forward, layer_norm=b.layer_norm
+        )
         return config
 
 

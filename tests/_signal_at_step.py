@@ -28,7 +28,11 @@ class SignalAtStep(Callback):
     def pre_step(self, batch):
         if self.signame == "NAN" and self.step == self.at_step:
             with torch.no_grad():
-                weight = next(p for n, p in self.trainer.train_module.model.named_parameters() if n.startswith("blocks."))
+                weight = next(
+                    p
+                    for n, p in self.trainer.train_module.model.named_parameters()
+                    if n.startswith("blocks.")
+                )
                 weight.view(-1)[0] = float("nan")
 
     def post_step(self):

@@ -38,15 +38,24 @@ def main() -> None:
             runs.append([])
         else:
             runs[-1].append(arg)
-    torchrun = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(minutes=5))
+    torchrun = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(minutes=5),
+    )
     for i, argv in enumerate(runs):
         key = f"_train_each/{i}/port"
         if os.environ["RANK"] == "0":
             torchrun.set(key, str(_free_port()))
-        os.environ.update(MASTER_PORT=torchrun.get(key).decode(), TORCHELASTIC_USE_AGENT_STORE="False")
+        os.environ.update(
+            MASTER_PORT=torchrun.get(key).decode(), TORCHELASTIC_USE_AGENT_STORE="False"
+        )
         sys.argv = [str(TRAIN), *argv]
         runpy.run_path(str(TRAIN), run_name="__main__")
-        parallel._WORLD_MESH = None  # OLMo-core builds its world mesh once a process: this run's is gone
+        parallel._WORLD_MESH = (
+            None  # OLMo-core builds its world mesh once a process: this run's is gone
+        )
         peers.stop_watching()  # and the next run starts with no store or failure of this one's
         peers._forget()
 

@@ -85,13 +85,17 @@ SLOW_FIRST = (
 
 
 def pytest_configure(config):
-    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep this order (not by number of tests)
+    if hasattr(
+        config.option, "loadscopereorder"
+    ):  # pytest-xdist: keep this order (not by number of tests)
         config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: each file keeps its order
+    items.sort(
+        key=lambda item: rank.get(item.path.name, len(SLOW_FIRST))
+    )  # stable: each file keeps its order
 
 
 class Records(logging.Handler):
@@ -106,12 +110,28 @@ class Records(logging.Handler):
 
 
 def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list:
-    hourglass = ["model.block=hourglass", "model.K=2", "model.d_h=16"] if block == "hourglass" else []
-    return [*TINY, *hourglass, f"run.save_folder={tmp_path}", f"data.work_dir={tmp_path / 'cache'}", *extra]
+    hourglass = (
+        ["model.block=hourglass", "model.K=2", "model.d_h=16"] if block == "hourglass" else []
+    )
+    return [
+        *TINY,
+        *hourglass,
+        f"run.save_folder={tmp_path}",
+        f"data.work_dir={tmp_path / 'cache'}",
+        *extra,
+    ]
 
 
 # torch.distributed's rendezvous variables, which in-process runs leave behind: a child must not inherit them.
-DIST_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+DIST_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+)
 
 
 def child_env(**extra: str) -> dict:
@@ -128,15 +148,29 @@ def start(cmd: list, capture: bool = True, **extra_env: str) -> subprocess.Popen
     """Start a command from the repo root with child_env(), in its own process group."""
     pipe = subprocess.PIPE if capture else None
     return subprocess.Popen(
-        [str(c) for c in cmd], cwd=REPO, env=child_env(**extra_env), stdout=pipe, stderr=pipe, text=True, start_new_session=True
+        [str(c) for c in cmd],
+        cwd=REPO,
+        env=child_env(**extra_env),
+        stdout=pipe,
+        stderr=pipe,
+        text=True,
+        start_new_session=True,
     )
 
 
-def run_elsewhere(cmd: list, cwd: Path, env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_elsewhere(
+    cmd: list, cwd: Path, env: dict, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """A process that must not run this checkout (pip building the wheel, an unpacked or installed copy):
     its working folder and whole environment are the caller's; its process group killed on a timeout."""
     proc = subprocess.Popen(
-        [str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     return finish(proc, timeout)
 
@@ -163,12 +197,22 @@ def script_path(script: str) -> Path:
     return REPO / script if "/" in script else REPO / "scripts" / script
 
 
-def run_script(script: str, *args: str, torchrun: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_script(
+    script: str, *args: str, torchrun: int = 0, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """Run one of scripts/ (or tests/ helpers, given as "tests/NAME.py") in a fresh interpreter,
     optionally under torchrun with that many processes."""
     cmd = [sys.executable, str(script_path(script)), *args]
     if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(torchrun), *cmd[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(torchrun),
+            *cmd[1:],
+        ]
     return run(cmd, timeout=timeout)
 
 
@@ -183,7 +227,9 @@ class ScriptTimeout(BaseException):
     """A script run in process ran over its time (a BaseException: no script's handler swallows it)."""
 
 
-def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+def run_in_process(
+    script: str, *args: str, cwd: Path | None = None, timeout: int = 900
+) -> subprocess.CompletedProcess:
     """A script's ``__main__`` run in this process as ``python SCRIPT ARGS`` would run it (sys.argv,
     working folder, child_env()'s environment for the processes it starts, stdout, stderr, exit code),
     without a fresh interpreter's 5-10 s of imports: for tests of what a script does. Tests of the
@@ -200,7 +246,9 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: in
     # here the process goes on, and a child started later would inherit them ignored (bash could not trap them)
     old_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     old_alarm = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(timeout)  # as run()'s timeout: a hang fails the test instead of blocking its worker
+    signal.alarm(
+        timeout
+    )  # as run()'s timeout: a hang fails the test instead of blocking its worker
     try:
         os.environ.clear()
         os.environ.update(child_env())
@@ -221,7 +269,9 @@ def run_in_process(script: str, *args: str, cwd: Path | None = None, timeout: in
         os.environ.clear()
         os.environ.update(old_env)
         _forget_peers()  # the next command starts as a fresh process would
-    return subprocess.CompletedProcess([sys.executable, str(path), *args], code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(
+        [sys.executable, str(path), *args], code, out.getvalue(), err.getvalue()
+    )
 
 
 def load_weights(step_dir: Path) -> dict:
@@ -239,7 +289,9 @@ def demo_corpus():
     from olmo_patches.data.demo import prepare_demo_corpus
 
     cache = default_demo_cache()  # where every run with data.demo_cache=null finds it
-    assert cache == REPO / ".cache" / "demo-corpus", cache  # this checkout's: the tests build nothing outside it
+    assert cache == REPO / ".cache" / "demo-corpus", (
+        cache
+    )  # this checkout's: the tests build nothing outside it
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".build-lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

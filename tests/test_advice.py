@@ -30,7 +30,9 @@ def test_http_data_slower_than_a_rank_needs(tmp_path):
 
 
 def test_the_dry_run_prints_each_warning_once():
-    r = run_in_process("train.py", str(CONFIGS / "113M/hourglass-exact.yaml"), "train.hardware=b200", "--dry-run")
+    r = run_in_process(
+        "train.py", str(CONFIGS / "113M/hourglass-exact.yaml"), "train.hardware=b200", "--dry-run"
+    )
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2 and "621 (" in warnings[0] and "over HTTP" in warnings[1], warnings
@@ -38,8 +40,14 @@ def test_the_dry_run_prints_each_warning_once():
 
 def test_a_warmup_longer_than_the_run_is_one_warning():
     # 20 warmup steps of 3 (steps), then 5 steps of 1,000 warmup tokens at 2 x 32 tokens a step (15.6 steps).
-    lines = advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", ["train.max_steps=3", "train.warmup_steps=20"]))
-    assert lines == ["warning: train.warmup_steps=20 ends after the run's 3 steps: the learning rate never reaches train.lr"]
+    lines = advice(
+        load_and_resolve(
+            CONFIGS / "demo/baseline.yaml", ["train.max_steps=3", "train.warmup_steps=20"]
+        )
+    )
+    assert lines == [
+        "warning: train.warmup_steps=20 ends after the run's 3 steps: the learning rate never reaches train.lr"
+    ]
     tokens = [
         "train.max_steps=5",
         "train.warmup_steps=null",
@@ -51,7 +59,14 @@ def test_a_warmup_longer_than_the_run_is_one_warning():
     assert advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", tokens)) == [
         "warning: train.warmup_tokens=1000 ends after the run's 5 steps: the learning rate never reaches train.lr"
     ]
-    assert advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", ["train.max_steps=20", "train.warmup_steps=20"])) == []
+    assert (
+        advice(
+            load_and_resolve(
+                CONFIGS / "demo/baseline.yaml", ["train.max_steps=20", "train.warmup_steps=20"]
+            )
+        )
+        == []
+    )
 
 
 def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
@@ -62,7 +77,8 @@ def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
     held = demo_corpus.n_train_tokens
     steps = 2 * held // (16 * 128) + 7  # just over two passes at 16 x 128 tokens a step
     spec = load_and_resolve(
-        CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={demo_corpus.root.parent}", f"train.max_steps={steps}"]
+        CONFIGS / "demo/baseline.yaml",
+        [f"data.demo_cache={demo_corpus.root.parent}", f"train.max_steps={steps}"],
     )
     tokens = steps * 16 * 128
     assert (
@@ -70,6 +86,10 @@ def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
         == f"{tokens / held:.2f} ({tokens:,} of {held:,} tokens): the run reads its data {tokens / held:.1f} times"
     )
     assert data_passes(spec, held // 2).startswith("0.50 (")  # half a pass: no warning
-    unbuilt = load_and_resolve(CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={tmp_path / 'none'}"])
-    assert data_passes(unbuilt, tokens).startswith("not known here (the demo corpus is built at the run's start")
+    unbuilt = load_and_resolve(
+        CONFIGS / "demo/baseline.yaml", [f"data.demo_cache={tmp_path / 'none'}"]
+    )
+    assert data_passes(unbuilt, tokens).startswith(
+        "not known here (the demo corpus is built at the run's start"
+    )
     assert not (tmp_path / "none").exists()

@@ -11,7 +11,13 @@ from PIL import Image
 
 from olmo_patches.config import load_spec, vocab_size
 from olmo_patches.launch.layout import load_and_resolve
-from olmo_patches.report.analysis import analyze_model, dead_units, matrix_entropy, participation_ratio, target_probability
+from olmo_patches.report.analysis import (
+    analyze_model,
+    dead_units,
+    matrix_entropy,
+    participation_ratio,
+    target_probability,
+)
 from olmo_patches.train import train
 
 from .conftest import REPO, run_in_process, tiny_overrides
@@ -47,7 +53,9 @@ def test_entropy_and_participation_ratio_against_the_covariance_eigenvalues():
     p = lam[lam > 1e-12] / lam.sum()
     H_ref, PR_ref = -(p * np.log(p)).sum(), lam.sum() ** 2 / (lam**2).sum()
     H, H_norm = matrix_entropy(torch.from_numpy(Z))
-    assert H == pytest.approx(H_ref, rel=1e-8) and participation_ratio(torch.from_numpy(Z)) == pytest.approx(PR_ref, rel=1e-8)
+    assert H == pytest.approx(H_ref, rel=1e-8) and participation_ratio(
+        torch.from_numpy(Z)
+    ) == pytest.approx(PR_ref, rel=1e-8)
     assert H_norm == pytest.approx(H_ref / math.log(32), rel=1e-8)
 
 
@@ -70,36 +78,51 @@ def test_target_probability_is_softmax_at_the_target():
     e = np.exp(logits - logits.max(axis=-1, keepdims=True))
     p = e / e.sum(axis=-1, keepdims=True)
     ref = np.take_along_axis(p, targets[..., None], axis=-1).mean()
-    assert target_probability(torch.from_numpy(logits), torch.from_numpy(targets)) == pytest.approx(ref, rel=1e-12)
+    assert target_probability(torch.from_numpy(logits), torch.from_numpy(targets)) == pytest.approx(
+        ref, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize(
-    "variant,units", [("baseline", lambda m: 4 * m.d_model), ("hourglass", lambda m: m.K * m.d_h), ("variable-width", None)]
+    "variant,units",
+    [
+        ("baseline", lambda m: 4 * m.d_model),
+        ("hourglass", lambda m: m.K * m.d_h),
+        ("variable-width", None),
+    ],
 )
 def test_hooks_on_each_variant(tmp_path, variant, units):
     """On a built (untrained) tiny model: one row per block, the FFN's hidden units (SwiGLU 4
     d_model; the hourglass's K sub-MLPs of d_h; variable width: 4 w_l at each layer's width), the
     last block's logit lens equal to the model's own output, and a unit whose gate row is zero is
     dead."""
-    spec = load_spec(DEMO / f"{variant}.yaml", ["model.n_layers=3", "train.device=cpu", "train.hardware=none"])
+    spec = load_spec(
+        DEMO / f"{variant}.yaml", ["model.n_layers=3", "train.device=cpu", "train.hardware=none"]
+    )
     torch.manual_seed(0)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     ffn = model.blocks["0"].feed_forward
     with torch.no_grad():
         w1 = ffn.w1.weight
-        (w1[0, :3] if w1.dim() == 3 else w1[:3]).zero_()  # first sub-MLP / the FFN: 3 units read nothing
+        (
+            w1[0, :3] if w1.dim() == 3 else w1[:3]
+        ).zero_()  # first sub-MLP / the FFN: 3 units read nothing
     tokens = torch.randint(0, vocab_size(spec), (2, 33))
     a = analyze_model(model, tokens, name=variant)
     m = spec.model
     assert [s.layer for s in a.layers] == [1, 2, 3]
     widths = m.resolved_widths if m.block == "variable_width" else [m.d_model] * 3
     assert [s.width for s in a.layers] == widths
-    assert [s.units for s in a.layers] == ([4 * w for w in widths] if units is None else [units(m)] * 3)
+    assert [s.units for s in a.layers] == (
+        [4 * w for w in widths] if units is None else [units(m)] * 3
+    )
     assert a.layers[0].dead_fraction >= 3 / a.layers[0].units
     assert a.layers[-1].target_probability == pytest.approx(a.final_target_probability, rel=1e-6)
     for s in a.layers:
-        assert 0 <= s.normalized_entropy <= 1 + 1e-9 and 1 <= s.participation_ratio <= s.width + 1e-6
+        assert (
+            0 <= s.normalized_entropy <= 1 + 1e-9 and 1 <= s.participation_ratio <= s.width + 1e-6
+        )
         assert 0 <= s.utilisation <= 1 and 0 < s.target_probability < 1
 
 
@@ -107,7 +130,10 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
     """scripts/analyze.py on a baseline and a variable-width checkpoint: the JSON has the four
     metrics per layer for each, and one figure; a missing checkpoint is a one-line error."""
     runs = []
-    for variant, L in (("baseline", 2), ("variable-width", 4)):  # x needs its narrowest layer inside 1 < k < L
+    for variant, L in (
+        ("baseline", 2),
+        ("variable-width", 4),
+    ):  # x needs its narrowest layer inside 1 < k < L
         folder = tmp_path / variant
         spec = load_and_resolve(
             DEMO / f"{variant}.yaml",
@@ -122,27 +148,49 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
         )
         train(spec)
         runs.append(str(folder))
-    r = run_in_process("analyze.py", *runs, "--out", str(tmp_path / "out"), "--batch", "2", "--seq", "16")
+    r = run_in_process(
+        "analyze.py", *runs, "--out", str(tmp_path / "out"), "--batch", "2", "--seq", "16"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((tmp_path / "out" / "analysis.json").read_text())
     assert sorted(got) == ["tiny-baseline", "tiny-variable-width"]
     for a, L in zip(got.values(), (2, 4)):
         assert len(a["layers"]) == L and a["tokens"] == 32
         for layer in a["layers"]:
-            for key in ("utilisation", "dead_fraction", "normalized_entropy", "participation_ratio", "target_probability"):
+            for key in (
+                "utilisation",
+                "dead_fraction",
+                "normalized_entropy",
+                "participation_ratio",
+                "target_probability",
+            ):
                 assert isinstance(layer[key], float), key
     with Image.open(tmp_path / "out" / "analysis.png") as im:
         assert im.size[0] > 600 and im.size[1] > 400
-    assert all(a["conventions"] == {"centre": True, "pooling": "pooled", "normaliser": "layer"} for a in got.values())
+    assert all(
+        a["conventions"] == {"centre": True, "pooling": "pooled", "normaliser": "layer"}
+        for a in got.values()
+    )
     switched = tmp_path / "switched"
     args = ("--batch", "2", "--seq", "16", "--uncentred", "--per-prompt", "--normaliser", "fixed")
     r = run_in_process("analyze.py", *runs, "--out", str(switched), *args)
     assert r.returncode == 0, r.stderr[-3000:]
     other = json.loads((switched / "analysis.json").read_text())
-    assert other["tiny-baseline"]["conventions"] == {"centre": False, "pooling": "per_prompt", "normaliser": "fixed"}
-    assert other["tiny-baseline"]["layers"][0]["entropy"] != got["tiny-baseline"]["layers"][0]["entropy"]
+    assert other["tiny-baseline"]["conventions"] == {
+        "centre": False,
+        "pooling": "per_prompt",
+        "normaliser": "fixed",
+    }
+    assert (
+        other["tiny-baseline"]["layers"][0]["entropy"]
+        != got["tiny-baseline"]["layers"][0]["entropy"]
+    )
     bad = run_in_process("analyze.py", str(tmp_path / "nowhere"), "--out", str(tmp_path / "bad"))
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nowhere" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and len(bad.stderr.strip().splitlines()) == 1
+        and "nowhere" in bad.stderr
+    )
     assert not (tmp_path / "bad").exists()
 
 
@@ -167,7 +215,9 @@ def test_moe_layers_have_stream_metrics_and_no_unit_hook():
     model.init_weights(device=torch.device("cpu"))
     a = analyze_model(model, torch.randint(0, 1000, (2, 17)))
     assert [s.width for s in a.layers] == spec.model.resolved_widths
-    assert all(s.units is None and s.dead_fraction is None and s.utilisation is None for s in a.layers)
+    assert all(
+        s.units is None and s.dead_fraction is None and s.utilisation is None for s in a.layers
+    )
     assert a.layers[-1].target_probability == pytest.approx(a.final_target_probability, rel=1e-6)
 
 
@@ -175,7 +225,9 @@ def test_moe_layers_have_stream_metrics_and_no_unit_hook():
 # predicts
 
 
-def offset_stream(N: int = 200, d: int = 48, r: int = 4, offset: float = 3.0, seed: int = 4) -> tuple[np.ndarray, float]:
+def offset_stream(
+    N: int = 200, d: int = 48, r: int = 4, offset: float = 3.0, seed: int = 4
+) -> tuple[np.ndarray, float]:
     """N x d: r equal centred directions (singular values 1) plus one offset c shared by every
     token, c orthogonal to those directions; returns (Z, N |c|^2), the uncentred Gram's extra
     eigenvalue."""
@@ -196,14 +248,18 @@ def test_centring_removes_a_common_offset():
     Z, big = offset_stream(r=r)
     Z = torch.from_numpy(Z)
     H_c, norm_c = matrix_entropy(Z)
-    assert H_c == pytest.approx(math.log(r), abs=1e-9) and participation_ratio(Z) == pytest.approx(r, rel=1e-9)
+    assert H_c == pytest.approx(math.log(r), abs=1e-9) and participation_ratio(Z) == pytest.approx(
+        r, rel=1e-9
+    )
     assert norm_c == pytest.approx(math.log(r) / math.log(48), abs=1e-9)
     lam = np.array([1.0] * r + [big])
     p = lam / lam.sum()
     H_u, norm_u = matrix_entropy(Z, centre=False)
     assert H_u == pytest.approx(-(p * np.log(p)).sum(), rel=1e-9) and H_u < 0.05 * H_c
     assert norm_u == pytest.approx(H_u / math.log(48), rel=1e-9)  # min(N, d) = 48 uncentred
-    assert participation_ratio(Z, centre=False) == pytest.approx(lam.sum() ** 2 / (lam**2).sum(), rel=1e-9)
+    assert participation_ratio(Z, centre=False) == pytest.approx(
+        lam.sum() ** 2 / (lam**2).sum(), rel=1e-9
+    )
 
 
 def test_pooling_across_prompts_against_per_prompt():
@@ -216,8 +272,12 @@ def test_pooling_across_prompts_against_per_prompt():
     Z = np.zeros((2, seq, d))
     Z[0, :, 0], Z[1, :, 1] = t, t
     Z = torch.from_numpy(Z)
-    assert matrix_entropy(Z)[0] == pytest.approx(math.log(2), abs=1e-9) and participation_ratio(Z) == pytest.approx(2, rel=1e-9)
-    assert matrix_entropy(Z)[1] == pytest.approx(math.log(2) / math.log(16), abs=1e-9)  # N - 1 = 127 > d
+    assert matrix_entropy(Z)[0] == pytest.approx(math.log(2), abs=1e-9) and participation_ratio(
+        Z
+    ) == pytest.approx(2, rel=1e-9)
+    assert matrix_entropy(Z)[1] == pytest.approx(
+        math.log(2) / math.log(16), abs=1e-9
+    )  # N - 1 = 127 > d
     H, H_norm = matrix_entropy(Z, pooling="per_prompt")
     assert H == pytest.approx(0, abs=1e-9) and H_norm == pytest.approx(0, abs=1e-9)
     assert participation_ratio(Z, pooling="per_prompt") == pytest.approx(1, rel=1e-9)
@@ -250,7 +310,10 @@ def test_analyze_model_takes_the_conventions_it_is_given():
     result."""
     from olmo_patches.report.analysis import Conventions
 
-    spec = load_spec(DEMO / "variable-width.yaml", ["model.n_layers=4", "train.device=cpu", "train.hardware=none"])
+    spec = load_spec(
+        DEMO / "variable-width.yaml",
+        ["model.n_layers=4", "train.device=cpu", "train.hardware=none"],
+    )
     torch.manual_seed(0)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
@@ -260,7 +323,9 @@ def test_analyze_model_takes_the_conventions_it_is_given():
     N, h = 64, spec.model.d_model
     for a, b in zip(layer.layers, fixed.layers):
         assert b.entropy == pytest.approx(a.entropy, rel=1e-12)
-        assert b.normalized_entropy == pytest.approx(a.normalized_entropy * math.log(min(N - 1, a.width)) / math.log(h), rel=1e-9)
+        assert b.normalized_entropy == pytest.approx(
+            a.normalized_entropy * math.log(min(N - 1, a.width)) / math.log(h), rel=1e-9
+        )
     assert layer.conventions == {"centre": True, "pooling": "pooled", "normaliser": "layer"}
     assert fixed.conventions["normaliser"] == "fixed"
     with pytest.raises(ValueError, match="pooling"):

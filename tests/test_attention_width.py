@@ -18,7 +18,9 @@ from olmo_patches.report.counts import count
 from .conftest import REPO, run_in_process
 
 V = 256
-SCALING = RoPEScalingSpec(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
+SCALING = RoPEScalingSpec(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
+)
 
 
 # --- a reference from the equations ----------------------------------------------------------------
@@ -57,8 +59,13 @@ def reference_attention(x, Wq, Wk, Wv, Wo, gq, gk, *, H, G, hd, theta, scaling, 
     if gq is not None:
         q, k = rms(q, gq), rms(k, gk)
     q, k, v = q.view(B, T, H, hd), k.view(B, T, G, hd), v.view(B, T, G, hd)
-    angles = torch.arange(T, dtype=x.dtype)[:, None] * torch.tensor(llama31_inv_freq(theta, hd, scaling), dtype=x.dtype)
-    cos, sin = torch.cat([angles.cos()] * 2, -1)[:, None], torch.cat([angles.sin()] * 2, -1)[:, None]
+    angles = torch.arange(T, dtype=x.dtype)[:, None] * torch.tensor(
+        llama31_inv_freq(theta, hd, scaling), dtype=x.dtype
+    )
+    cos, sin = (
+        torch.cat([angles.cos()] * 2, -1)[:, None],
+        torch.cat([angles.sin()] * 2, -1)[:, None],
+    )
     rotate = lambda y: torch.cat([-y[..., hd // 2 :], y[..., : hd // 2]], -1)  # noqa: E731
     q, k = q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
     group = [h // (H // G) for h in range(H)]
@@ -73,7 +80,11 @@ def _randomize(module, seed=0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
-            p.copy_((1 + 0.2 * torch.randn(p.shape, generator=g)) if p.ndim == 1 else 0.2 * torch.randn(p.shape, generator=g))
+            p.copy_(
+                (1 + 0.2 * torch.randn(p.shape, generator=g))
+                if p.ndim == 1
+                else 0.2 * torch.randn(p.shape, generator=g)
+            )
 
 
 ATTENTION = {  # d_model 32: the attention is 4 x 12 = 48 wide (> d_model), 4 x 4 = 16 (< d_model), GQA 4:2, 4:1
@@ -116,11 +127,22 @@ def test_attention_matches_the_equations(block, attention):
     weights = [attn.w_q.weight, attn.w_k.weight, attn.w_v.weight, attn.w_out.weight]
     assert [tuple(w.shape) for w in weights] == [(H * hd, d), (G * hd, d), (G * hd, d), (d, H * hd)]
     norms = [attn.q_norm.weight, attn.k_norm.weight] if spec.qk_norm else [None, None]
-    ref_params = [p.detach().clone().requires_grad_() for p in weights + [n for n in norms if n is not None]]
+    ref_params = [
+        p.detach().clone().requires_grad_() for p in weights + [n for n in norms if n is not None]
+    ]
     ref_x = x.detach().clone().requires_grad_()
     gq, gk = ref_params[4:] if spec.qk_norm else (None, None)
     ref = reference_attention(
-        ref_x, *ref_params[:4], gq, gk, H=H, G=G, hd=hd, theta=spec.rope_theta, scaling=spec.rope_scaling, eps=spec.norm_eps
+        ref_x,
+        *ref_params[:4],
+        gq,
+        gk,
+        H=H,
+        G=G,
+        hd=hd,
+        theta=spec.rope_theta,
+        scaling=spec.rope_scaling,
+        eps=spec.norm_eps,
     )
     ref.square().sum().backward()
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
@@ -133,7 +155,11 @@ def test_default_head_dim_and_kv_heads_give_olmo_cores_own_block_bit_for_bit():
     """head_dim = d_model / n_heads and n_kv_heads = n_heads: the same model as OLMo-core's llama_like
     without them (baseline), and the same as leaving them null (hourglass), bit for bit."""
     x = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(0))
-    ours = ModelSpec(d_model=32, n_layers=2, n_heads=4, head_dim=8, n_kv_heads=4, qk_norm=True).build(V).build()
+    ours = (
+        ModelSpec(d_model=32, n_layers=2, n_heads=4, head_dim=8, n_kv_heads=4, qk_norm=True)
+        .build(V)
+        .build()
+    )
     olmo = TransformerConfig.llama_like(
         d_model=32,
         vocab_size=V,
@@ -148,7 +174,9 @@ def test_default_head_dim_and_kv_heads_give_olmo_cores_own_block_bit_for_bit():
     ours.load_state_dict(olmo.state_dict())
     assert torch.equal(ours(x), olmo(x))
     explicit, null = (
-        ModelSpec(block="hourglass", d_model=32, n_layers=2, n_heads=4, K=2, d_h=16, **kw).build(V).build()
+        ModelSpec(block="hourglass", d_model=32, n_layers=2, n_heads=4, K=2, d_h=16, **kw)
+        .build(V)
+        .build()
         for kw in (dict(head_dim=8, n_kv_heads=4), {})
     )
     null.init_weights(device=torch.device("cpu"))
@@ -167,7 +195,11 @@ def test_flops_match_flop_counter(block, attention):
     model.init_weights(device=torch.device("cpu"))
     with FlopCounterMode(display=False) as counter:
         model(torch.randint(0, V, (batch, seq))).float().square().sum().backward()
-    measured = sum(v for op, v in counter.get_flop_counts()["Global"].items() if str(op).startswith(("aten.mm", "aten.addmm")))
+    measured = sum(
+        v
+        for op, v in counter.get_flop_counts()["Global"].items()
+        if str(op).startswith(("aten.mm", "aten.addmm"))
+    )
     widths = spec.resolved_widths if block == "variable_width" else [32, 32]
     head_dims = [spec.head_dim or w // spec.n_heads for w in widths]
     scores = sum(12 * spec.n_heads * hd * (seq + 1) / 2 for hd in head_dims)
@@ -182,23 +214,34 @@ def test_flops_match_flop_counter(block, attention):
         ("model.n_kv_heads=0", "model.n_kv_heads=0: must divide"),
         ("model.head_dim=7", "model.head_dim=7: must be even"),
         ("model.d_ff=0", "model.d_ff=0: must be >= 1"),
-        ("model.rope_scaling.low_freq_factor=4", "model.rope_scaling.low_freq_factor=4.0: must be >= 1 and <"),
+        (
+            "model.rope_scaling.low_freq_factor=4",
+            "model.rope_scaling.low_freq_factor=4.0: must be >= 1 and <",
+        ),
         ("train.schedule_lag=-1", "train.schedule_lag=-1: must be >= 0"),
     ],
 )
 def test_bad_attention_shapes_fail_at_load_with_one_line(override, message):
     with pytest.raises(ConfigError) as e:
-        load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=2", override])
+        load_and_resolve(
+            REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=2", override]
+        )
     assert str(e.value).startswith(f"command line: {message}")
     assert "\n" not in str(e.value)
 
 
 def test_head_dim_frees_the_head_count_from_d_model():
     """With head_dim set, n_heads need not divide d_model (the authors' 3B hourglass: 24 heads on 3696)."""
-    spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=3", "model.head_dim=8"])
+    spec = load_and_resolve(
+        REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=3", "model.head_dim=8"]
+    )
     assert (
         spec.model.d_model % 3
-        and spec.model.build(vocab_size(spec)).build(init_device="meta").blocks["0"].attention.w_q.out_features == 24
+        and spec.model.build(vocab_size(spec))
+        .build(init_device="meta")
+        .blocks["0"]
+        .attention.w_q.out_features
+        == 24
     )
 
 
@@ -207,12 +250,24 @@ def test_head_dim_frees_the_head_count_from_d_model():
 # From their YAMLs (Hourglass_LM @1f0ae80, hourglass_lm/pretraining_script/conf/): num_layers, hidden_size,
 # num_attention_heads, num_query_groups, kv_channels (unset: hidden / heads), num_mlp_layers, mlp_intermediate_sizes.
 THEIRS = {
-    "906M/baseline": dict(L=24, d=1536, H=16, G=16, kv=96, K=1, dh=6144, iters=4297, lr=2.5e-4, warmup=25),
-    "906M/hourglass": dict(L=12, d=2496, H=16, G=16, kv=96, K=4, dh=2016, iters=4297, lr=2.5e-4, warmup=25),
-    "3B/baseline": dict(L=28, d=3072, H=24, G=24, kv=128, K=1, dh=8192, iters=14305, lr=1.6e-4, warmup=100),
-    "3B/hourglass": dict(L=18, d=3696, H=24, G=24, kv=128, K=4, dh=2944, iters=14305, lr=1.6e-4, warmup=100),
-    "8B/baseline": dict(L=32, d=4096, H=32, G=32, kv=128, K=1, dh=14336, iters=23842, lr=1.2e-4, warmup=100),
-    "8B/hourglass": dict(L=22, d=4992, H=32, G=32, kv=128, K=4, dh=4544, iters=23842, lr=1.2e-4, warmup=100),
+    "906M/baseline": dict(
+        L=24, d=1536, H=16, G=16, kv=96, K=1, dh=6144, iters=4297, lr=2.5e-4, warmup=25
+    ),
+    "906M/hourglass": dict(
+        L=12, d=2496, H=16, G=16, kv=96, K=4, dh=2016, iters=4297, lr=2.5e-4, warmup=25
+    ),
+    "3B/baseline": dict(
+        L=28, d=3072, H=24, G=24, kv=128, K=1, dh=8192, iters=14305, lr=1.6e-4, warmup=100
+    ),
+    "3B/hourglass": dict(
+        L=18, d=3696, H=24, G=24, kv=128, K=4, dh=2944, iters=14305, lr=1.6e-4, warmup=100
+    ),
+    "8B/baseline": dict(
+        L=32, d=4096, H=32, G=32, kv=128, K=1, dh=14336, iters=23842, lr=1.2e-4, warmup=100
+    ),
+    "8B/hourglass": dict(
+        L=22, d=4992, H=32, G=32, kv=128, K=4, dh=4544, iters=23842, lr=1.2e-4, warmup=100
+    ),
 }
 # Megatron's totals (tied embedding padded to 100352 rows), as computed from their configs.
 MEGATRON_TOTAL = {
@@ -252,8 +307,19 @@ def test_revised_config_is_their_run_with_their_parameter_count(name):
         c["warmup"],
     )
     assert t.lr * t.final_lr_ratio == pytest.approx(6e-5)  # their absolute min_lr
-    assert (t.weight_decay, t.decay_embeddings, t.decay_norms, t.z_loss, t.seed) == (0.033, True, False, None, 6198)
-    assert not spec.data.instance_filter and t.betas == [0.9, 0.95] and t.max_grad_norm == 1.0 and t.schedule_lag == 1
+    assert (t.weight_decay, t.decay_embeddings, t.decay_norms, t.z_loss, t.seed) == (
+        0.033,
+        True,
+        False,
+        None,
+        6198,
+    )
+    assert (
+        not spec.data.instance_filter
+        and t.betas == [0.9, 0.95]
+        and t.max_grad_norm == 1.0
+        and t.schedule_lag == 1
+    )
 
 
 @pytest.mark.parametrize("units", ["steps", "tokens"])
@@ -267,15 +333,22 @@ def test_revised_schedule_is_megatrons(units):
 
     W, N = 3, 10
     spec = load_and_resolve(
-        REPO / "configs" / "906M" / "hourglass-revised.yaml", [f"train.max_steps={N}", f"train.warmup_steps={W}"]
+        REPO / "configs" / "906M" / "hourglass-revised.yaml",
+        [f"train.max_steps={N}", f"train.warmup_steps={W}"],
     )
     lr, step_tokens = spec.train.lr, 1024 * 4096
     scale = step_tokens if units == "tokens" else 1
-    inner = CosWithWarmup(units=SchedulerUnits(units), warmup=W * scale, alpha_f=spec.train.final_lr_ratio)
+    inner = CosWithWarmup(
+        units=SchedulerUnits(units), warmup=W * scale, alpha_f=spec.train.final_lr_ratio
+    )
     scheduler = lagged(inner, spec)
 
     def f(k):
-        return lr * k / W if k <= W else 6e-5 + (lr - 6e-5) * (1 + math.cos(math.pi * (k - W) / (N - W))) / 2
+        return (
+            lr * k / W
+            if k <= W
+            else 6e-5 + (lr - 6e-5) * (1 + math.cos(math.pi * (k - W) / (N - W))) / 2
+        )
 
     got = [scheduler.get_lr(lr, n * scale, N * scale) for n in range(1, N + 1)]
     assert got == pytest.approx([f(n - 1) for n in range(1, N + 1)], rel=1e-9, abs=1e-15)
@@ -286,37 +359,47 @@ def test_revised_weight_decay_groups():
     """Decay 0.033 on every matrix and the tied embedding; none on any norm gain (QK norms included)."""
     from olmo_patches.train.optimizer import optim_groups
 
-    spec = load_and_resolve(REPO / "configs" / "906M" / "hourglass-revised.yaml", ["model.n_layers=2"])
+    spec = load_and_resolve(
+        REPO / "configs" / "906M" / "hourglass-revised.yaml", ["model.n_layers=2"]
+    )
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
-    optim = AdamWConfig(lr=spec.train.lr, weight_decay=spec.train.weight_decay, group_overrides=optim_groups(spec, config)).build(
-        model
-    )
+    optim = AdamWConfig(
+        lr=spec.train.lr,
+        weight_decay=spec.train.weight_decay,
+        group_overrides=optim_groups(spec, config),
+    ).build(model)
     wd = {id(p): g["weight_decay"] for g in optim.param_groups for p in g["params"]}
     names = [n for n, _ in model.named_parameters()]
     assert "embeddings.weight" in names and "lm_head.w_out.weight" not in names  # tied
-    assert any(".attention.q_norm." in n for n in names) and any(".feed_forward.norms." in n for n in names)
+    assert any(".attention.q_norm." in n for n in names) and any(
+        ".feed_forward.norms." in n for n in names
+    )
     for name, p in model.named_parameters():
         assert wd[id(p)] == (0.0 if "norm" in name else 0.033), name
     # The default recipe (OLMo-2): embedding not decayed, norms decayed.
     base = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.qk_norm=true"])
     config = base.model.build(vocab_size(base))
     model = config.build(init_device="meta")
-    optim = AdamWConfig(lr=1e-3, weight_decay=0.1, group_overrides=optim_groups(base, config)).build(model)
+    optim = AdamWConfig(
+        lr=1e-3, weight_decay=0.1, group_overrides=optim_groups(base, config)
+    ).build(model)
     wd = {id(p): g["weight_decay"] for g in optim.param_groups for p in g["params"]}
     for name, p in model.named_parameters():
         assert wd[id(p)] == (0.0 if name == "embeddings.weight" else 0.1), name
 
 
 def test_count_params_json_reports_attention_width_and_kv_heads():
-    r = run_in_process("count_params.py", str(REPO / "configs" / "3B" / "hourglass-revised.yaml"), "--json")
+    r = run_in_process(
+        "count_params.py", str(REPO / "configs" / "3B" / "hourglass-revised.yaml"), "--json"
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
-    assert (out["n_heads"], out["head_dim"], out["n_kv_heads"], out["attention_width"], out["kv_width"]) == (
-        24,
-        128,
-        24,
-        3072,
-        3072,
-    )
+    assert (
+        out["n_heads"],
+        out["head_dim"],
+        out["n_kv_heads"],
+        out["attention_width"],
+        out["kv_width"],
+    ) == (24, 128, 24, 3072, 3072)
     assert out["total"] == MEGATRON_TOTAL["3B/hourglass"]

@@ -13,9 +13,21 @@ BASELINE = str(REPO / "configs" / "demo" / "baseline.yaml")
 
 # (script, arguments with {work}/{file}/{empty}/{folder} filled in, what the line must name)
 CASES = [
-    ("train.py", [BASELINE, "run.save_folder={work}/run", "--resume-from", "{work}/missing/step5"], "--resume-from"),
-    ("train.py", [BASELINE, "run.save_folder={work}/run", "--resume-from", "{file}"], "--resume-from"),
-    ("train.py", [BASELINE, "run.save_folder={work}/run", "--resume-from", "{folder}"], "no complete checkpoint"),
+    (
+        "train.py",
+        [BASELINE, "run.save_folder={work}/run", "--resume-from", "{work}/missing/step5"],
+        "--resume-from",
+    ),
+    (
+        "train.py",
+        [BASELINE, "run.save_folder={work}/run", "--resume-from", "{file}"],
+        "--resume-from",
+    ),
+    (
+        "train.py",
+        [BASELINE, "run.save_folder={work}/run", "--resume-from", "{folder}"],
+        "no complete checkpoint",
+    ),
     ("train.py", [BASELINE, "run.save_folder=/proc/forbidden/x"], "run.save_folder"),
     ("train.py", ["{empty}"], "empty config file"),
     ("train.py", ["{folder}"], "a folder, not a config file"),
@@ -69,7 +81,11 @@ CASES = [
     ("sweep.py", ["status", BASELINE, "--seed-list", "1,2,1"], "--seed-list"),
     ("sweep.py", ["launch", "--local", BASELINE, "--lr-grid", "0.5,0,2"], "--lr-grid"),
     ("sweep.py", ["status", BASELINE, "--lr-grid", "1,-2"], "--lr-grid"),
-    ("sweep.py", ["report", BASELINE, "--out", "{work}/r", "--baseline", "nope"], "--baseline nope"),
+    (
+        "sweep.py",
+        ["report", BASELINE, "--out", "{work}/r", "--baseline", "nope"],
+        "--baseline nope",
+    ),
     ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),
     ("make_tables.py", ["{folder}"], "--out"),
     ("demo.py", ["{empty}"], "empty config file"),
@@ -82,11 +98,27 @@ CASES = [
     ("bench.py", ["--dtype", "fp8"], "--dtype"),
     ("verify_checkpoints.py", ["{file}"], "RUN_FOLDER"),
     ("verify_checkpoints.py", ["{folder}"], "no complete checkpoint"),
-    ("tokenize_data.py", ["{file}", "--out", "{work}/t", "--tokenizer", "{work}/missing.json"], "missing.json"),
-    ("tokenize_data.py", ["{file}", "--out", "{work}/t", "--tokenizer", "{file}"], "not a tokenizers JSON"),
+    (
+        "tokenize_data.py",
+        ["{file}", "--out", "{work}/t", "--tokenizer", "{work}/missing.json"],
+        "missing.json",
+    ),
+    (
+        "tokenize_data.py",
+        ["{file}", "--out", "{work}/t", "--tokenizer", "{file}"],
+        "not a tokenizers JSON",
+    ),
     ("tokenize_data.py", ["{file}", "--out", "{file}", "--tokenizer", "{file}"], "--out"),
-    ("tokenize_data.py", ["{file}", "--out", "{work}/t", "--config", "{empty}"], "empty config file"),
-    ("tokenize_data.py", ["{file}", "--out", "{work}/t", "--config", BASELINE, "--tokenizer", "{file}"], "not allowed"),
+    (
+        "tokenize_data.py",
+        ["{file}", "--out", "{work}/t", "--config", "{empty}"],
+        "empty config file",
+    ),
+    (
+        "tokenize_data.py",
+        ["{file}", "--out", "{work}/t", "--config", BASELINE, "--tokenizer", "{file}"],
+        "not allowed",
+    ),
     ("coordcheck.py", [BASELINE, "--axes", "K"], "K needs an hourglass model"),
     ("coordcheck.py", ["{empty}"], "empty config file"),
     ("gpu_check.py", ["--wheelhouse", "{work}/missing"], "--wheelhouse {work}/missing"),
@@ -116,7 +148,9 @@ def test_every_script_is_covered():
 
 
 @pytest.mark.parametrize(
-    "script,args,named", CASES, ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a, _ in CASES]
+    "script,args,named",
+    CASES,
+    ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a, _ in CASES],
 )
 def test_bad_argument_exits_2_with_one_line_and_writes_nothing(places, script, args, named):
     argv = [a.format(**places) for a in args]
@@ -139,7 +173,9 @@ def test_an_unknown_option_exits_2_with_one_line(places, script):
     r = run_in_process(script, "--no-such-option", cwd=places["work"])
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
-    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), r.stderr  # or a missing argument first
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), (
+        r.stderr
+    )  # or a missing argument first
     assert list(Path(places["work"]).iterdir()) == []
 
 
@@ -153,7 +189,11 @@ INPUTS = [
     ("count_params.py", ["{work}/missing.yaml"], "missing.yaml"),
     ("count_params.py", [BASELINE, "train.micro_batch_size=3"], "train.micro_batch_size"),
     ("count_params.py", [BASELINE, "train.device=cuda"], "train.device"),
-    ("data_order.py", ["indices", "--paths-file", "{work}/missing.txt", "--out", "{work}/i.npy"], "missing.txt"),
+    (
+        "data_order.py",
+        ["indices", "--paths-file", "{work}/missing.txt", "--out", "{work}/i.npy"],
+        "missing.txt",
+    ),
     ("data_order.py", ["indices", "--paths-file", "{empty}", "--out", "{work}/i.npy"], "{empty}"),
     ("data_order.py", ["indices", "--paths-file", "{file}", "--out", "{work}/i.npy"], "x"),
     ("demo.py", ["{work}/missing.yaml"], "missing.yaml"),
@@ -166,7 +206,11 @@ INPUTS = [
     ("search.py", ["{work}/missing.yaml"], "missing.yaml"),
     ("search.py", ["1000"], "BUDGET"),
     ("sweep.py", ["status", "{work}/missing.yaml"], "missing.yaml"),
-    ("tokenize_data.py", ["{work}/missing.txt", "--out", "{work}/t", "--tokenizer", "{file}"], "not a tokenizers JSON"),
+    (
+        "tokenize_data.py",
+        ["{work}/missing.txt", "--out", "{work}/t", "--tokenizer", "{file}"],
+        "not a tokenizers JSON",
+    ),
     ("train.py", [BASELINE, "run.save_folder={file}"], "run.save_folder"),
     ("train.py", [BASELINE, "data.source=numpy", "data.paths=[{work}/none/*.npy]"], "data.paths"),
     ("train.py", [BASELINE, "train.device=cuda"], "train.device"),
@@ -184,7 +228,9 @@ def test_every_script_has_a_bad_input():
     assert set(SCRIPTS) <= {_script(c) for c in INPUTS}
 
 
-@pytest.mark.parametrize("script,args,named", INPUTS, ids=[f"{_script(c)}-{i}" for i, c in enumerate(INPUTS)])
+@pytest.mark.parametrize(
+    "script,args,named", INPUTS, ids=[f"{_script(c)}-{i}" for i, c in enumerate(INPUTS)]
+)
 def test_a_bad_input_exits_2_with_one_line_and_writes_nothing(places, script, args, named):
     r = run_in_process(script, *[a.format(**places) for a in args], cwd=places["work"])
     lines = [line for line in r.stderr.splitlines() if line.strip()]
@@ -222,7 +268,19 @@ FAST = [
 ]
 
 
-@pytest.mark.parametrize("script,args", FAST, ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a in FAST])
+@pytest.mark.parametrize(
+    "script,args",
+    FAST,
+    ids=[f"{s} {' '.join(a)}".replace(BASELINE, "baseline.yaml") for s, a in FAST],
+)
 def test_a_refusal_that_needs_no_model_imports_no_torch(places, script, args):
-    r = run([sys.executable, "-c", NO_TORCH, str(REPO / "scripts" / script), *[a.format(**places) for a in args]])
+    r = run(
+        [
+            sys.executable,
+            "-c",
+            NO_TORCH,
+            str(REPO / "scripts" / script),
+            *[a.format(**places) for a in args],
+        ]
+    )
     assert r.returncode == 2 and "torch imported" not in r.stderr, r.stderr[-2000:]

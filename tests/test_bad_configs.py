@@ -29,9 +29,17 @@ CASES = [
     ("model:\n  block: wide_narrow\n", "model.block", "wide_narrow"),
     ("train:\n  micro_batch_size: 3\n", "train.micro_batch_size", "3"),
     # the key that was set is blamed, not the one it resolves
-    ("model:\n  block: hourglass\n  K: 2\n  d_h_ratio: 0.001\n", "model.d_h_ratio", "0.001"),  # d_h = 0
+    (
+        "model:\n  block: hourglass\n  K: 2\n  d_h_ratio: 0.001\n",
+        "model.d_h_ratio",
+        "0.001",
+    ),  # d_h = 0
     ("model:\n  d_ff: 10000000000\n", "model.d_ff", "10000000000"),  # a 128 x 1e10 FFN matrix
-    ("model:\n  vocab_size: null\ndata:\n  demo_vocab_size: 10000000000\n", "data.demo_vocab_size", "10000000000"),  # 1e10 x 128
+    (
+        "model:\n  vocab_size: null\ndata:\n  demo_vocab_size: 10000000000\n",
+        "data.demo_vocab_size",
+        "10000000000",
+    ),  # 1e10 x 128
 ]
 
 
@@ -70,5 +78,7 @@ def test_scripts_exit_2_and_write_nothing(tmp_path, script):
 
 def test_interpolation_and_extends(tmp_path):
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
-    assert spec.run.save_folder == "runs/demo/demo-hourglass"  # ${run.name} resolved after the merge
+    assert (
+        spec.run.save_folder == "runs/demo/demo-hourglass"
+    )  # ${run.name} resolved after the merge
     assert (spec.model.block, spec.model.K, spec.model.d_model) == ("hourglass", 8, 128)

@@ -92,13 +92,28 @@ CASES = [
     (["data.source=numpy", *DOLMA2], "data.source"),
     (["data.source=prefix", *DOLMA2, "data.prefix_dir=/nonexistent/prefix"], "data.prefix_dir"),
     (["data.source=prefix", *DOLMA2, "data.prefix_dir={empty}"], "data.prefix_dir"),
-    (["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=7"], "data.order_seed"),
     (
-        ["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "data.sequence_length=64"],
+        ["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=7"],
+        "data.order_seed",
+    ),
+    (
+        [
+            "data.source=prefix",
+            *DOLMA2,
+            "data.prefix_dir={prefix}",
+            "data.order_seed=6198",
+            "data.sequence_length=64",
+        ],
         "data.sequence_length",
     ),
     (
-        ["data.source=prefix", *DOLMA2, "data.prefix_dir={prefix}", "data.order_seed=6198", "train.max_steps=1000"],
+        [
+            "data.source=prefix",
+            *DOLMA2,
+            "data.prefix_dir={prefix}",
+            "data.order_seed=6198",
+            "train.max_steps=1000",
+        ],
         "train.max_steps",
     ),
     (["data.tokenizer=gpt2"], "data.tokenizer"),
@@ -121,7 +136,14 @@ def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     prefix = root / "prefix"
     prefix.mkdir()
-    spec = {"paths": [], "sizes": [], "seq_len": 128, "seed": 6198, "num_instances": 10, "chunk_instances": 10}
+    spec = {
+        "paths": [],
+        "sizes": [],
+        "seq_len": 128,
+        "seed": 6198,
+        "num_instances": 10,
+        "chunk_instances": 10,
+    }
     index = {"format": "hourglass-olmo-prefix-v1", "spec": spec, "complete": True, "parts": {}}
     (prefix / "index.json").write_text(json.dumps(index))
     (root / "empty").mkdir()
@@ -135,9 +157,13 @@ def test_the_table_covers_every_key_family():
 
 
 @pytest.mark.parametrize(
-    "bad,key", CASES, ids=[" ".join(b) if isinstance(b, list) else b[5:].replace("\n", " ") for b, _ in CASES]
+    "bad,key",
+    CASES,
+    ids=[" ".join(b) if isinstance(b, list) else b[5:].replace("\n", " ") for b, _ in CASES],
 )
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, folders, bad, key):
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, folders, bad, key
+):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)  # relative defaults (runs/NAME, .cache/...) would land here
@@ -148,7 +174,14 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatc
         argv, source = [str(config), *base], str(config)
     else:
         argv, source = (
-            [str(BASELINE), *base, *(b.replace("{prefix}", folders["prefix"]).replace("{empty}", folders["empty"]) for b in bad)],
+            [
+                str(BASELINE),
+                *base,
+                *(
+                    b.replace("{prefix}", folders["prefix"]).replace("{empty}", folders["empty"])
+                    for b in bad
+                ),
+            ],
             "command line",
         )
     monkeypatch.setattr(sys, "argv", ["train.py", *argv])

@@ -5,7 +5,11 @@ import ast
 
 from .conftest import REPO
 
-NAMES = {"baseline", "hourglass", "variable_width"}  # the papers' kinds, written here (not read from the registry)
+NAMES = {
+    "baseline",
+    "hourglass",
+    "variable_width",
+}  # the papers' kinds, written here (not read from the registry)
 # The stand-alone modeling file shipped inside every Hugging Face export names its own FFN forms.
 OWN_FORMAT = {"olmo_patches/export/modeling_hourglass_olmo.py"}
 
@@ -20,12 +24,17 @@ def _comparisons_with_a_kind(path):
                 for v in (o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [o])
                 if isinstance(v, ast.Constant) and v.value in NAMES
             ]
-            if names and "block" in ast.unparse(node):  # a kind's name against model.block (not a family or an expert kind)
+            if names and "block" in ast.unparse(
+                node
+            ):  # a kind's name against model.block (not a family or an expert kind)
                 yield node.lineno
 
 
 def test_no_module_outside_blocks_compares_with_a_block_name():
-    files = [*sorted((REPO / "olmo_patches").rglob("*.py")), *sorted((REPO / "scripts").glob("*.py"))]
+    files = [
+        *sorted((REPO / "olmo_patches").rglob("*.py")),
+        *sorted((REPO / "scripts").glob("*.py")),
+    ]
     found = []
     for path in files:
         rel = path.relative_to(REPO).as_posix()
@@ -38,7 +47,9 @@ def test_no_module_outside_blocks_compares_with_a_block_name():
 def test_the_check_finds_a_comparison(tmp_path):
     """The check itself can fail: it finds both spellings the library used."""
     f = tmp_path / "m.py"
-    f.write_text('if m.block == "hourglass":\n    pass\nx = m.get("block") in ("baseline", "x")\ny = e.experts == "hourglass"\n')
+    f.write_text(
+        'if m.block == "hourglass":\n    pass\nx = m.get("block") in ("baseline", "x")\ny = e.experts == "hourglass"\n'
+    )
     assert list(_comparisons_with_a_kind(f)) == [1, 3]  # not line 4: an expert kind
 
 

@@ -36,5 +36,11 @@ def test_no_test_starts_a_process_but_through_conftest():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert "subprocess" not in names, f"{path.name}:{node.lineno} imports subprocess"
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
-                assert not node.attr.startswith(("exec", "spawn", "system", "popen")), f"{path.name}:{node.lineno} os.{node.attr}"
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+            ):
+                assert not node.attr.startswith(("exec", "spawn", "system", "popen")), (
+                    f"{path.name}:{node.lineno} os.{node.attr}"
+                )

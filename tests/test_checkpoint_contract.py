@@ -27,7 +27,10 @@ BLOCKS = {  # name: (demo config, overrides beyond TINY)
     "variable-width": ("variable-width.yaml", ["model.n_layers=4"]),  # its x shape needs 1 < k < L
 }
 D_MODEL, K, D_H = 32, 2, 16  # TINY's d_model; tiny_overrides' hourglass
-W1 = {"baseline": [4 * D_MODEL, D_MODEL], "hourglass": [K * D_H, D_MODEL]}  # blocks.0.feed_forward.w1.weight
+W1 = {
+    "baseline": [4 * D_MODEL, D_MODEL],
+    "hourglass": [K * D_H, D_MODEL],
+}  # blocks.0.feed_forward.w1.weight
 PAIRS = list(itertools.product(BLOCKS, BLOCKS))  # (checkpoint's model, config's model)
 COMMANDS = ("train", "evaluate", "export_hf", "analyze")
 
@@ -38,7 +41,9 @@ def runs(tmp_path_factory, demo_corpus):
     root = tmp_path_factory.mktemp("contract")
     for name, (config, extra) in BLOCKS.items():
         block = "hourglass" if name == "hourglass" else "baseline"
-        overrides = tiny_overrides(root / name, "train.max_steps=2", "train.warmup_steps=1", *extra, block=block)
+        overrides = tiny_overrides(
+            root / name, "train.max_steps=2", "train.warmup_steps=1", *extra, block=block
+        )
         train(load_and_resolve(DEMO / config, overrides))
     return root
 
@@ -63,7 +68,16 @@ def _command(command: str, runs, a: str, b: str, out):
     if command == "train":
         return ["train.py", config, f"run.save_folder={out}", "--resume-from", checkpoint]
     if command == "evaluate":
-        return ["evaluate.py", checkpoint, "--config", config, "--out", out / "metrics.json", "--limit", "1"]
+        return [
+            "evaluate.py",
+            checkpoint,
+            "--config",
+            config,
+            "--out",
+            out / "metrics.json",
+            "--limit",
+            "1",
+        ]
     if command == "export_hf":
         return ["export_hf.py", checkpoint, out, "--config", config]
     return ["analyze.py", _mixed(runs, a, b), "--out", out, "--batch", "1", "--seq", "8"]
@@ -82,10 +96,20 @@ def test_another_models_checkpoint_is_one_line_and_nothing_written(runs, tmp_pat
     line = lines[0]
     # analyze reads the config beside the checkpoint: there, b's
     recorded, block = (runs / f"mixed-{a}-{b}", b) if command == "analyze" else (runs / a, a)
-    assert f"written by {recorded / 'config.yaml'} (block {block.replace('-', '_')}, d_model {D_MODEL}" in line, line
-    assert "first differing weight " in line and "there, [" in line and "in this config's model" in line, line
+    assert (
+        f"written by {recorded / 'config.yaml'} (block {block.replace('-', '_')}, d_model {D_MODEL}"
+        in line
+    ), line
+    assert (
+        "first differing weight " in line
+        and "there, [" in line
+        and "in this config's model" in line
+    ), line
     if {a, b} == {"baseline", "hourglass"}:  # the FFN's first projection, from the equations
-        assert f"blocks.0.feed_forward.w1.weight: {W1[a]} there, {W1[b]} in this config's model" in line, line
+        assert (
+            f"blocks.0.feed_forward.w1.weight: {W1[a]} there, {W1[b]} in this config's model"
+            in line
+        ), line
     assert not (tmp_path / "out").exists() and _tree(runs) == before
 
 
@@ -98,7 +122,12 @@ def test_its_own_checkpoint_is_accepted(runs, tmp_path, command, block):
         args.append("--dry-run")
     r = run_in_process(*args)
     assert r.returncode == 0 and "differing weight" not in r.stderr, r.stderr[-3000:]
-    written = {"train": [], "evaluate": ["metrics.json"], "export_hf": ["config.json"], "analyze": ["analysis.json"]}
+    written = {
+        "train": [],
+        "evaluate": ["metrics.json"],
+        "export_hf": ["config.json"],
+        "analyze": ["analysis.json"],
+    }
     assert all((tmp_path / "out" / name).is_file() for name in written[command])
 
 
@@ -106,8 +135,12 @@ def test_the_exit_code_of_a_real_process(runs, tmp_path):
     """Once in a fresh interpreter: the refusal is the process's one line and exit code."""
     mixed = _mixed(runs, "hourglass", "baseline")
     r = run_script("analyze.py", mixed, "--out", tmp_path / "out")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert r.stderr.startswith(f"analyze: command line: CHECKPOINT={mixed / 'step2'}: written by "), r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (
+        r.stderr[-3000:]
+    )
+    assert r.stderr.startswith(
+        f"analyze: command line: CHECKPOINT={mixed / 'step2'}: written by "
+    ), r.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -120,8 +153,12 @@ def test_the_save_folders_own_checkpoint_of_another_model_is_refused(runs, tmp_p
     r = run_in_process("train.py", runs / "baseline" / "config.yaml", f"run.save_folder={folder}")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
-    assert f"{folder}: its newest checkpoint step2: no readable config.yaml beside it" in lines[0], lines[0]
-    assert f"w1.weight: {W1['hourglass']} there, {W1['baseline']} in this config's model" in lines[0], lines[0]
+    assert (
+        f"{folder}: its newest checkpoint step2: no readable config.yaml beside it" in lines[0]
+    ), lines[0]
+    assert (
+        f"w1.weight: {W1['hourglass']} there, {W1['baseline']} in this config's model" in lines[0]
+    ), lines[0]
     assert _tree(folder) == before
 
 
@@ -131,13 +168,19 @@ def test_export_into_a_folder_that_is_not_empty(runs, tmp_path):
     (out / "notes.txt").write_text("mine")
     before = _tree(out)
     r = run_in_process("export_hf.py", runs / "baseline" / "step2", out)
-    assert r.returncode == 2 and r.stderr.strip() == f"export_hf: OUT_DIR {out}: not empty (1 entries); --force to write into it"
+    assert (
+        r.returncode == 2
+        and r.stderr.strip()
+        == f"export_hf: OUT_DIR {out}: not empty (1 entries); --force to write into it"
+    )
     assert _tree(out) == before
     (out / "tokenizer.json").write_text("{}")  # an earlier export's tokenizer, of another model
     r = run_in_process("export_hf.py", runs / "baseline" / "step2", out, "--force")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "config.json").is_file() and (out / "notes.txt").read_text() == "mine"
-    assert not (out / "tokenizer.json").exists()  # replaced whole: no file of the earlier export left
+    assert not (
+        out / "tokenizer.json"
+    ).exists()  # replaced whole: no file of the earlier export left
 
 
 def test_export_into_the_run_folder_is_refused(runs):
@@ -145,14 +188,21 @@ def test_export_into_the_run_folder_is_refused(runs):
     before = _tree(folder)
     for out in (folder, folder / "step2", folder / "step2" / "hf"):
         r = run_in_process("export_hf.py", folder / "step2", out, "--force")
-        assert r.returncode == 2 and "holds CHECKPOINT" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert (
+            r.returncode == 2
+            and "holds CHECKPOINT" in r.stderr
+            and len(r.stderr.strip().splitlines()) == 1
+        )
     assert _tree(folder) == before
 
 
 @pytest.mark.parametrize(
     "device,message",
     [
-        ("tpu", "evaluate.py: error: argument --device: 'tpu' is not a device here (one of cpu, cuda, cuda:N, mps)"),
+        (
+            "tpu",
+            "evaluate.py: error: argument --device: 'tpu' is not a device here (one of cpu, cuda, cuda:N, mps)",
+        ),
         ("cuda:x", "evaluate.py: error: argument --device: 'cuda:x' is not a device here"),
         ("cuda", "evaluate: command line: --device cuda: CUDA is not available on this machine"),
     ],
@@ -162,8 +212,12 @@ def test_device_names(runs, tmp_path, device, message):
 
     if device == "cuda" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the refusal is of a machine without it")
-    r = run_in_process("evaluate.py", runs / "baseline" / "step2", "--device", device, "--out", tmp_path / "m.json")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+    r = run_in_process(
+        "evaluate.py", runs / "baseline" / "step2", "--device", device, "--out", tmp_path / "m.json"
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, (
+        r.stderr
+    )
     assert not (tmp_path / "m.json").exists()
 
 
@@ -171,12 +225,20 @@ def test_evaluate_out_never_mixes_two_runs(runs, tmp_path):
     existing = tmp_path / "m.json"
     existing.write_text('{"name": "demo-hourglass", "step": 2}')
     r = run_in_process("evaluate.py", runs / "baseline" / "step2", "--out", existing)
-    assert r.returncode == 2 and "holds run demo-hourglass's record, not demo-baseline's" in r.stderr, r.stderr
+    assert (
+        r.returncode == 2 and "holds run demo-hourglass's record, not demo-baseline's" in r.stderr
+    ), r.stderr
     assert "--force" in r.stderr and existing.read_text() == '{"name": "demo-hourglass", "step": 2}'
-    other = runs / "hourglass"  # demo-hourglass's folder: baseline metrics appended there would pass as its own
+    other = (
+        runs / "hourglass"
+    )  # demo-hourglass's folder: baseline metrics appended there would pass as its own
     before = _tree(other)
     r = run_in_process("evaluate.py", runs / "baseline" / "step2", "--out", other)
-    assert r.returncode == 2 and "holds run demo-hourglass's metrics" in r.stderr and "--force" in r.stderr, r.stderr
+    assert (
+        r.returncode == 2
+        and "holds run demo-hourglass's metrics" in r.stderr
+        and "--force" in r.stderr
+    ), r.stderr
     assert _tree(other) == before
 
 

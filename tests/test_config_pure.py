@@ -61,14 +61,21 @@ def test_the_vocabulary_known_at_load_is_olmo_cores():
         assert vocab_size(spec) == tokenizer_config(spec).padded_vocab_size(), config
     spec = load_spec(REPO / "configs" / "1B" / "baseline.yaml")
     assert vocab_size(spec) == TokenizerConfig.dolma2().padded_vocab_size() == 100352
-    assert spec.model.vocab_size is None  # the padded size above is the one computed, not a config's
+    assert (
+        spec.model.vocab_size is None
+    )  # the padded size above is the one computed, not a config's
 
 
 def test_resolve_fills_what_the_machine_decides_and_says_so():
-    spec = load_spec(REPO / "configs" / "demo" / "baseline.yaml", ["train.global_batch_size=8", "train.micro_batch_size=null"])
+    spec = load_spec(
+        REPO / "configs" / "demo" / "baseline.yaml",
+        ["train.global_batch_size=8", "train.micro_batch_size=null"],
+    )
     assert spec.train.micro_batch_size is None
     resolve(spec, Layout.plan(2))
-    assert spec.train.micro_batch_size == 4  # no card on CPU: the whole per-rank batch (8 / 2 ranks)
+    assert (
+        spec.train.micro_batch_size == 4
+    )  # no card on CPU: the whole per-rank batch (8 / 2 ranks)
     assert spec.resolved["train.micro_batch_size"] == 4
     assert resolve(spec, Layout.plan(2)).train.micro_batch_size == 4  # idempotent
 
@@ -94,5 +101,8 @@ def test_a_resolved_spec_keeps_where_each_key_was_set(config, tmp_path):
     from olmo_patches.config import ConfigError
 
     spec = load_spec(REPO / "configs" / config, ["train.global_batch_size=9"])
-    with pytest.raises(ConfigError, match=r"^command line: train.global_batch_size=9: is not divisible by the 2 ranks"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^command line: train.global_batch_size=9: is not divisible by the 2 ranks",
+    ):
         resolve(spec, Layout.plan(2))

@@ -16,7 +16,15 @@ TINY = ["model.d_model=32", "model.n_layers=4"]  # widths 32, 64, 128 (schedule 
 
 
 def _check(init):
-    return coord_check(CONFIG, [*TINY, f"model.widths.init={init}"], ["width"], steps=8, batch=4, seq=32, say=lambda *_: None)
+    return coord_check(
+        CONFIG,
+        [*TINY, f"model.widths.init={init}"],
+        ["width"],
+        steps=8,
+        batch=4,
+        seq=32,
+        say=lambda *_: None,
+    )
 
 
 def _last(check, kind):
@@ -36,7 +44,9 @@ def test_standard_parametrisation_grows_with_width():
     check = _check("olmo")
     assert check.grows("width"), check.verdict("width")
     x1, x2, x4 = _last(check, "ffn")
-    assert x1 < x2 < x4 and x4 > 2 * x1, _last(check, "ffn")  # Adam's update of a hidden sum grows ~ width
+    assert x1 < x2 < x4 and x4 > 2 * x1, _last(
+        check, "ffn"
+    )  # Adam's update of a hidden sum grows ~ width
     assert check.summary().startswith("standard-parametrisation-like")
 
 
@@ -44,7 +54,9 @@ def test_broken_mup_learning_rate_grows(monkeypatch):
     """muP without its hidden LR / m_width (every matrix at the base LR): the check must see it."""
     groups = optimizer_module.optim_groups
     monkeypatch.setattr(
-        optimizer_module, "optim_groups", lambda spec, model: [g for g in groups(spec, model) if "lr" not in g.opts]
+        optimizer_module,
+        "optim_groups",
+        lambda spec, model: [g for g in groups(spec, model) if "lr" not in g.opts],
     )
     check = _check("mup")
     assert check.grows("width"), check.verdict("width")
@@ -80,7 +92,11 @@ def test_command_writes_json_and_plot_and_says_which(tmp_path):
 
 @pytest.mark.parametrize(
     "args,named",
-    [(["--axes", "K"], "K needs an hourglass model"), (["--axes", "width,nope"], "--axes"), (["--steps", "0"], "--steps")],
+    [
+        (["--axes", "K"], "K needs an hourglass model"),
+        (["--axes", "width,nope"], "--axes"),
+        (["--steps", "0"], "--steps"),
+    ],
 )
 def test_bad_arguments(tmp_path, args, named):
     r = run_in_process("coordcheck.py", CONFIG, *args, "--out", str(tmp_path / "cc"))

@@ -41,7 +41,9 @@ def _numpy_run(tmp_path: Path, *paths: str, extra: tuple = ()) -> list[str]:
     run = tmp_path / "run"
     listed = ",".join(paths)
     work = f"data.work_dir={tmp_path / 'work'}"  # the scan's cache: outside the run folder
-    return tiny_overrides(run, "data.source=numpy", f"data.paths=[{listed}]", "train.max_steps=1", work, *extra)
+    return tiny_overrides(
+        run, "data.source=numpy", f"data.paths=[{listed}]", "train.max_steps=1", work, *extra
+    )
 
 
 def _refused_in_one_line(r, run: Path, *named: str) -> str:
@@ -57,14 +59,20 @@ def _refused_in_one_line(r, run: Path, *named: str) -> str:
 # ---- token ids against the vocabulary -------------------------------------------------------------
 
 
-def test_an_id_beyond_the_vocabulary_after_the_first_4096_tokens_is_refused_before_the_run(tmp_path):
+def test_an_id_beyond_the_vocabulary_after_the_first_4096_tokens_is_refused_before_the_run(
+    tmp_path,
+):
     tokens = np.arange(6000, dtype=np.uint16) % DEMO_VOCAB
     tokens[5000] = 4000  # a legal id
-    tokens[5500] = 60000  # beyond the 4096 ids of the demo tokenizer: the embedding would index past its rows
+    tokens[5500] = (
+        60000  # beyond the 4096 ids of the demo tokenizer: the embedding would index past its rows
+    )
     tokens.tofile(tmp_path / "bad.npy")
     overrides = _numpy_run(tmp_path, str(tmp_path / "bad.npy"))
     r = run_in_process("train.py", BASELINE, *overrides, cwd=tmp_path)
-    line = _refused_in_one_line(r, tmp_path / "run", "data.paths", "bad.npy", "60000", "at token 5500", "4096")
+    line = _refused_in_one_line(
+        r, tmp_path / "run", "data.paths", "bad.npy", "60000", "at token 5500", "4096"
+    )
     assert line.startswith("config error: command line: ")
 
 
@@ -85,7 +93,9 @@ def test_a_mixture_source_with_an_id_beyond_the_vocabulary_is_named(tmp_path):
         f"data.work_dir={tmp_path / 'work'}",
     ]
     r = run_in_process("train.py", BASELINE, *tiny_overrides(run, *mixture), cwd=tmp_path)
-    _refused_in_one_line(r, run, "data.mixture.code.paths", "code.npy", f"token id {DEMO_VOCAB} at token 300")
+    _refused_in_one_line(
+        r, run, "data.mixture.code.paths", "code.npy", f"token id {DEMO_VOCAB} at token 300"
+    )
 
 
 def test_a_bad_token_file_is_refused_before_torch_is_imported(tmp_path):
@@ -103,9 +113,13 @@ def test_a_bad_token_file_is_refused_before_torch_is_imported(tmp_path):
     assert f"token id {DEMO_VOCAB} at token 511" in r.stderr
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(vocab=st.integers(2, 70_000), n=st.integers(SEQ * BATCH, 600), data=st.data())
-def test_a_token_file_is_refused_exactly_when_its_largest_id_reaches_the_vocabulary(tmp_path_factory, vocab, n, data):
+def test_a_token_file_is_refused_exactly_when_its_largest_id_reaches_the_vocabulary(
+    tmp_path_factory, vocab, n, data
+):
     dtype = _smallest_dtype(vocab)
     top = data.draw(st.integers(0, int(np.iinfo(dtype).max)), label="largest id")
     where = data.draw(st.integers(0, n - 1), label="its position")
@@ -113,26 +127,41 @@ def test_a_token_file_is_refused_exactly_when_its_largest_id_reaches_the_vocabul
     tokens[where] = top
     folder = tmp_path_factory.mktemp("ids")
     tokens.tofile(folder / "t.npy")
-    overrides = _numpy_run(folder, str(folder / "t.npy"), extra=(f"data.demo_vocab_size={vocab}", "model.vocab_size=null"))
+    overrides = _numpy_run(
+        folder,
+        str(folder / "t.npy"),
+        extra=(f"data.demo_vocab_size={vocab}", "model.vocab_size=null"),
+    )
     if top < vocab:
         load_and_resolve(BASELINE, overrides)
     else:
         first = int(np.flatnonzero(tokens == top)[0])
-        with pytest.raises(ConfigError, match=rf"token id {top} at token {first} >= the vocabulary's {vocab} "):
+        with pytest.raises(
+            ConfigError, match=rf"token id {top} at token {first} >= the vocabulary's {vocab} "
+        ):
             load_and_resolve(BASELINE, overrides)
 
 
 @given(ids=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=300), chunk=st.integers(1, 64))
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_the_chunked_scan_finds_the_largest_id_and_its_first_position(tmp_path_factory, monkeypatch, ids, chunk):
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_the_chunked_scan_finds_the_largest_id_and_its_first_position(
+    tmp_path_factory, monkeypatch, ids, chunk
+):
     monkeypatch.setattr(contract, "CHUNK_TOKENS", chunk)
     path = tmp_path_factory.mktemp("scan") / "t.npy"
     np.array(ids, dtype=np.uint32).tofile(path)
     found = contract.scan(path, np.dtype(np.uint32))
-    assert (found.max, found.position) == (max(ids), ids.index(max(ids)))  # Python's own max and index
+    assert (found.max, found.position) == (
+        max(ids),
+        ids.index(max(ids)),
+    )  # Python's own max and index
 
 
-def test_the_scan_is_cached_by_size_and_mtime_and_a_changed_file_is_scanned_again(tmp_path, monkeypatch):
+def test_the_scan_is_cached_by_size_and_mtime_and_a_changed_file_is_scanned_again(
+    tmp_path, monkeypatch
+):
     path = tmp_path / "t.npy"
     np.array([1, 7, 3], dtype=np.uint16).tofile(path)
     scans = []
@@ -144,17 +173,23 @@ def test_the_scan_is_cached_by_size_and_mtime_and_a_changed_file_is_scanned_agai
     cache.mkdir()
     first = contract.max_token([str(path)], np.dtype(np.uint16), cache)
     again = contract.max_token([str(path)], np.dtype(np.uint16), cache)
-    assert first == again and first[str(path)].max == 7 and len(scans) == 2  # the second read the cache
+    assert (
+        first == again and first[str(path)].max == 7 and len(scans) == 2
+    )  # the second read the cache
     assert (cache / contract.CACHE).is_file()
     np.array([1, 9, 3], dtype=np.uint16).tofile(path)  # the same size, rewritten
     st_ = path.stat()
-    os.utime(path, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1_000_000))  # a later mtime, whatever the clock's grain
+    os.utime(
+        path, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1_000_000)
+    )  # a later mtime, whatever the clock's grain
     changed = contract.max_token([str(path)], np.dtype(np.uint16), cache)
     assert changed[str(path)].max == 9 and len(scans) == 3
     os.utime(path)  # touched: scanned again
     contract.max_token([str(path)], np.dtype(np.uint16), cache)
     assert len(scans) == 4
-    contract.max_token([str(path)], np.dtype(np.uint8), cache)  # read as another dtype: another scan
+    contract.max_token(
+        [str(path)], np.dtype(np.uint8), cache
+    )  # read as another dtype: another scan
     assert len(scans) == 5
 
 
@@ -169,14 +204,20 @@ def _word_level(path: Path, n: int) -> None:
     Tokenizer(WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0")).save(str(path))
 
 
-@pytest.mark.parametrize("content", [b"not json at all", b'{"model": {"type": "BPE"}}', b"\xff\xfe", b"[]"])
+@pytest.mark.parametrize(
+    "content", [b"not json at all", b'{"model": {"type": "BPE"}}', b"\xff\xfe", b"[]"]
+)
 def test_a_tokenizer_file_that_is_not_a_tokenizers_json_is_refused(tmp_path, content):
     tokens = np.arange(512, dtype=np.uint16)
     tokens.tofile(tmp_path / "t.npy")
     (tmp_path / "tok.json").write_bytes(content)
-    overrides = _numpy_run(tmp_path, str(tmp_path / "t.npy"), extra=(f"data.tokenizer_file={tmp_path / 'tok.json'}",))
+    overrides = _numpy_run(
+        tmp_path, str(tmp_path / "t.npy"), extra=(f"data.tokenizer_file={tmp_path / 'tok.json'}",)
+    )
     r = run_in_process("train.py", BASELINE, *overrides, cwd=tmp_path)
-    _refused_in_one_line(r, tmp_path / "run", "data.tokenizer_file", "tok.json", "not a tokenizers JSON file")
+    _refused_in_one_line(
+        r, tmp_path / "run", "data.tokenizer_file", "tok.json", "not a tokenizers JSON file"
+    )
 
 
 def test_a_tokenizer_with_more_ids_than_the_model_is_refused_and_one_that_fits_passes(tmp_path):
@@ -185,10 +226,21 @@ def test_a_tokenizer_with_more_ids_than_the_model_is_refused_and_one_that_fits_p
     _word_level(tmp_path / "big.json", DEMO_VOCAB + 1)
     _word_level(tmp_path / "fits.json", DEMO_VOCAB)
     vocab = ("model.vocab_size=4096",)
-    big = _numpy_run(tmp_path, str(tmp_path / "t.npy"), extra=(*vocab, f"data.tokenizer_file={tmp_path / 'big.json'}"))
-    with pytest.raises(ConfigError, match=r"data.tokenizer_file=.*big.json: 4097 token ids, more than model.vocab_size=4096"):
+    big = _numpy_run(
+        tmp_path,
+        str(tmp_path / "t.npy"),
+        extra=(*vocab, f"data.tokenizer_file={tmp_path / 'big.json'}"),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"data.tokenizer_file=.*big.json: 4097 token ids, more than model.vocab_size=4096",
+    ):
         load_and_resolve(BASELINE, big)
-    fits = _numpy_run(tmp_path, str(tmp_path / "t.npy"), extra=(*vocab, f"data.tokenizer_file={tmp_path / 'fits.json'}"))
+    fits = _numpy_run(
+        tmp_path,
+        str(tmp_path / "t.npy"),
+        extra=(*vocab, f"data.tokenizer_file={tmp_path / 'fits.json'}"),
+    )
     load_and_resolve(BASELINE, fits)
 
 
@@ -196,7 +248,9 @@ def test_tokenizer_ids_are_counted_as_the_tokenizers_library_counts_them(tmp_pat
     from tokenizers import Tokenizer
 
     file = demo_corpus.tokenizer_file
-    assert contract.tokenizer_vocab(file) == Tokenizer.from_file(file).get_vocab_size(with_added_tokens=True)
+    assert contract.tokenizer_vocab(file) == Tokenizer.from_file(file).get_vocab_size(
+        with_added_tokens=True
+    )
 
 
 # ---- token files at a URL ---------------------------------------------------------------------------
@@ -219,7 +273,10 @@ def test_a_token_file_url_that_answers_404_is_refused_and_one_that_answers_passe
     with FileServer({"good.npy": tokens}) as server:
         server.missing.add("gone.npy")
         r = run_in_process(
-            "train.py", BASELINE, *_numpy_run(tmp_path, server.url("good.npy"), server.url("gone.npy")), cwd=tmp_path
+            "train.py",
+            BASELINE,
+            *_numpy_run(tmp_path, server.url("good.npy"), server.url("gone.npy")),
+            cwd=tmp_path,
         )
         _refused_in_one_line(r, tmp_path / "run", "data.paths", server.url("gone.npy"), "HTTP 404")
         heads = server.count("HEAD")
@@ -232,7 +289,12 @@ def test_urls_are_asked_at_once_and_other_schemes_are_not_asked(monkeypatch):
     asked = []
     monkeypatch.setattr(contract, "_head", lambda url, timeout: asked.append(url))
     urls = [f"http://127.0.0.1:1/{i}.npy" for i in range(100)]
-    assert contract.unreachable([*urls, urls[0], "s3://bucket/a.npy", "gs://b/c.npy", "/local/file.npy"]) is None
+    assert (
+        contract.unreachable(
+            [*urls, urls[0], "s3://bucket/a.npy", "gs://b/c.npy", "/local/file.npy"]
+        )
+        is None
+    )
     assert sorted(asked) == sorted(urls)  # each once; s3, gs and local paths not asked
 
 
@@ -249,7 +311,9 @@ def test_an_impossible_layer_count_is_refused_at_load_without_torch():
     )
     r = run_command([sys.executable, "-c", code], timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.startswith("command line: model.n_layers=99999999999: 99,999,999,999 layers keep "), r.stdout
+    assert r.stdout.startswith(
+        "command line: model.n_layers=99999999999: 99,999,999,999 layers keep "
+    ), r.stdout
 
 
 @pytest.mark.parametrize(
@@ -263,12 +327,20 @@ def test_an_impossible_layer_count_is_refused_at_load_without_torch():
 )
 def test_a_model_that_fits_no_card_is_refused_in_one_line(tmp_path, config, override, named):
     run = tmp_path / "run"
-    r = run_in_process("train.py", str(REPO / "configs" / config), override, f"run.save_folder={run}", cwd=tmp_path)
+    r = run_in_process(
+        "train.py", str(REPO / "configs" / config), override, f"run.save_folder={run}", cwd=tmp_path
+    )
     _refused_in_one_line(r, run, named, "over the largest card's 180 GiB")
 
 
 @pytest.mark.parametrize(
-    "config", ["demo/baseline.yaml", "demo/hourglass.yaml", "demo/variable-width.yaml", "8B/hourglass-revised.yaml"]
+    "config",
+    [
+        "demo/baseline.yaml",
+        "demo/hourglass.yaml",
+        "demo/variable-width.yaml",
+        "8B/hourglass-revised.yaml",
+    ],
 )
 def test_the_size_check_counts_no_more_parameters_than_olmo_core_builds(config):
     """A lower bound (the check refuses only what cannot fit), and a tight one for constant-width
@@ -294,7 +366,8 @@ def test_the_size_rule_at_8b(tmp_path):
     config = REPO / "configs" / "8B" / "baseline-revised.yaml"
     load_spec(config, ["train.global_batch_size=1"])
     with pytest.raises(
-        ConfigError, match=r"model.n_layers=64: 15,\d{3},\d{3},\d{3} parameters need 2\d\d GiB a GPU even on 1 GPUs"
+        ConfigError,
+        match=r"model.n_layers=64: 15,\d{3},\d{3},\d{3} parameters need 2\d\d GiB a GPU even on 1 GPUs",
     ):
         load_spec(config, ["train.global_batch_size=1", "model.n_layers=64"])
 
@@ -306,8 +379,14 @@ def test_the_size_rule_at_8b(tmp_path):
     "args,named",
     [
         (["indices", "--paths-file", "{empty}", "--out", "{work}/i.npy"], "lists no files"),
-        (["indices", "--paths-file", "/dev/null", "--out", "{work}/i.npy"], "/dev/null lists no files"),
-        (["materialize", "--paths-file", "{comments}", "--instances", "1", "--out", "{work}/p"], "lists no files"),
+        (
+            ["indices", "--paths-file", "/dev/null", "--out", "{work}/i.npy"],
+            "/dev/null lists no files",
+        ),
+        (
+            ["materialize", "--paths-file", "{comments}", "--instances", "1", "--out", "{work}/p"],
+            "lists no files",
+        ),
     ],
 )
 def test_data_order_refuses_an_empty_paths_file_in_one_line(tmp_path, args, named):
@@ -315,7 +394,11 @@ def test_data_order_refuses_an_empty_paths_file_in_one_line(tmp_path, args, name
     work.mkdir()
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "comments.txt").write_text("# nothing\n\n")
-    places = {"work": str(work), "empty": str(tmp_path / "empty.txt"), "comments": str(tmp_path / "comments.txt")}
+    places = {
+        "work": str(work),
+        "empty": str(tmp_path / "empty.txt"),
+        "comments": str(tmp_path / "comments.txt"),
+    }
     r = run_in_process("data_order.py", *[a.format(**places) for a in args], cwd=work)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and named in lines[0], r.stderr
@@ -334,7 +417,9 @@ def test_search_without_a_shape_exits_2_in_one_line(tmp_path, args):
     r = run_in_process("search.py", *args, "--write", str(tmp_path / "out"), cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:])
-    assert len(lines) == 1 and lines[0].startswith(f"search: BUDGET={args[0]}: no shape within"), r.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"search: BUDGET={args[0]}: no shape within"), (
+        r.stderr
+    )
     assert not (tmp_path / "out").exists()
 
 

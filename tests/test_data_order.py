@@ -55,7 +55,13 @@ SEQ = 64  # tokens per instance in these tests (4096 for real)
 BATCH = 4  # instances per global batch in these tests (512 for real)
 # Tokens per file: remainders, a file too short for one instance, and a repeated entry
 # (the real list repeats five files too).
-FILE_TOKENS = {"a/p0.npy": SEQ * 9 + 5, "a/p1.npy": SEQ * 4, "b/tiny.npy": 40, "b/p2.npy": SEQ * 11 + 63, "c/p3.npy": SEQ * 6}
+FILE_TOKENS = {
+    "a/p0.npy": SEQ * 9 + 5,
+    "a/p1.npy": SEQ * 4,
+    "b/tiny.npy": 40,
+    "b/p2.npy": SEQ * 11 + 63,
+    "c/p3.npy": SEQ * 6,
+}
 LISTED = ["a/p0.npy", "a/p1.npy", "b/tiny.npy", "b/p2.npy", "a/p1.npy", "c/p3.npy"]
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, timeout_s=10)
 
@@ -82,7 +88,10 @@ def ref_instance(token_files: list[np.ndarray], seq: int, g: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def files() -> dict[str, bytes]:
     rng = np.random.default_rng(1234)
-    return {name: rng.integers(0, 100278, size=n, dtype=np.uint32).tobytes() for name, n in FILE_TOKENS.items()}
+    return {
+        name: rng.integers(0, 100278, size=n, dtype=np.uint32).tobytes()
+        for name, n in FILE_TOKENS.items()
+    }
 
 
 @pytest.fixture
@@ -138,7 +147,9 @@ def test_pinned_list_is_olmo_core_mix_and_checksummed(tmp_path):
     # A changed list is caught, with a one-line error naming the file.
     copy = tmp_path / PINNED_LIST.name
     copy.write_text(PINNED_LIST.read_text().replace("part-00-00000", "part-99-00000", 1))
-    (tmp_path / (PINNED_LIST.name + ".sha256")).write_text((REPO / "data_order" / (PINNED_LIST.name + ".sha256")).read_text())
+    (tmp_path / (PINNED_LIST.name + ".sha256")).write_text(
+        (REPO / "data_order" / (PINNED_LIST.name + ".sha256")).read_text()
+    )
     with pytest.raises(DataOrderError, match="file list changed") as err:
         read_paths_file(copy)
     assert "\n" not in str(err.value) and copy.name in str(err.value)
@@ -182,7 +193,16 @@ def test_indices_cli_writes_the_old_trainers_global_indices(tmp_path, server, fi
 
     def indices(paths_file: Path, name: str, *flags: str) -> bytes:
         out = tmp_path / name
-        proc = run_cli("indices", "--paths-file", str(paths_file), "--seq-len", str(SEQ), *flags, "--out", str(out))
+        proc = run_cli(
+            "indices",
+            "--paths-file",
+            str(paths_file),
+            "--seq-len",
+            str(SEQ),
+            *flags,
+            "--out",
+            str(out),
+        )
         assert proc.returncode == 0, proc.stderr
         return out.read_bytes()
 
@@ -202,7 +222,9 @@ def test_indices_cli_writes_the_old_trainers_global_indices(tmp_path, server, fi
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, server):
     out = tmp_path / "o.npy"
     proc = run_cli("indices", "--paths-file", str(tmp_path / "nope.txt"), "--out", str(out))
-    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and "nope.txt" in proc.stderr
+    assert (
+        proc.returncode != 0 and proc.stderr.strip().count("\n") == 0 and "nope.txt" in proc.stderr
+    )
 
     server.missing.add("a/p1.npy")
     bad = tmp_path / "bad.txt"
@@ -271,7 +293,9 @@ def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files
 
     order, instances = expected
     token_ids = dict(pad_token_id=100277, eos_token_id=100257, vocab_size=100278)
-    remote = NumpyFSLDataset(*[server.url(n) for n in LISTED], sequence_length=SEQ, dtype=np.uint32, **token_ids)
+    remote = NumpyFSLDataset(
+        *[server.url(n) for n in LISTED], sequence_length=SEQ, dtype=np.uint32, **token_ids
+    )
     remote_batches = olmo_core_batches(remote, tmp_path / "w1", OLMO_CORE_SEED, shuffle=True)
 
     n_batches = len(order) // BATCH  # OLMo-core drops the last partial batch
@@ -280,8 +304,12 @@ def test_olmo_core_loader_matches_order_and_local_prefix(tmp_path, server, files
         np.testing.assert_array_equal(batch, instances[k * BATCH : (k + 1) * BATCH])
 
     # The local prefix, read in order with shuffling off, gives the same batches.
-    spec = make_spec(server, files, n=instances_for_tokens(n_batches * BATCH * SEQ, SEQ, BATCH), chunk=6)
-    materialize(tmp_path / "prefix", spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
+    spec = make_spec(
+        server, files, n=instances_for_tokens(n_batches * BATCH * SEQ, SEQ, BATCH), chunk=6
+    )
+    materialize(
+        tmp_path / "prefix", spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False
+    )
     local = prefix_dataset(tmp_path / "prefix", **token_ids)
     local_batches = olmo_core_batches(local, tmp_path / "w2", OLMO_CORE_SEED, shuffle=False)
     assert len(local_batches) == n_batches
@@ -314,7 +342,9 @@ def test_transient_faults_are_retried(tmp_path, server, files, expected, fault):
 def test_persistently_truncated_replies_fail_cleanly(tmp_path, server, files, expected):
     server.short["a/p0.npy"] = 10**6  # the server always returns fewer bytes than asked
     spec = make_spec(server, files, n=len(expected[0]))
-    with pytest.raises(DataOrderError, match=r"failed after 3 attempts.*got 128 of 256 bytes") as err:
+    with pytest.raises(
+        DataOrderError, match=r"failed after 3 attempts.*got 128 of 256 bytes"
+    ) as err:
         materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     assert "a/p0.npy" in str(err.value)
     assert_no_corrupt_output(tmp_path)
@@ -322,7 +352,9 @@ def test_persistently_truncated_replies_fail_cleanly(tmp_path, server, files, ex
 
 def test_size_differing_from_manifest_is_an_error(tmp_path, server, files, expected):
     spec = make_spec(server, files, n=len(expected[0]))
-    server.files["c/p3.npy"] = files["c/p3.npy"] + bytes(4 * SEQ)  # the file grew since the manifest
+    server.files["c/p3.npy"] = files["c/p3.npy"] + bytes(
+        4 * SEQ
+    )  # the file grew since the manifest
     with pytest.raises(DataOrderError, match="manifest says") as err:
         materialize(tmp_path, spec, reader=RangeReader(FAST_RETRY), workers=2, progress=False)
     assert "c/p3.npy" in str(err.value)
@@ -362,14 +394,18 @@ def test_interrupted_materialize_resumes_without_refetching(tmp_path, server, fi
     assert verify_prefix(tmp_path) == []
 
     # Resuming with a different order into the same directory is refused.
-    other = PrefixSpec(spec.paths, spec.sizes, SEQ, spec.seed + 1, spec.num_instances, spec.chunk_instances)
+    other = PrefixSpec(
+        spec.paths, spec.sizes, SEQ, spec.seed + 1, spec.num_instances, spec.chunk_instances
+    )
     with pytest.raises(DataOrderError, match="different seed"):
         materialize(tmp_path, other, reader=RangeReader(FAST_RETRY), progress=False)
 
 
 def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
     # Loaded by path: the name 'data_order' is also the repo's data directory.
-    module_spec = importlib.util.spec_from_file_location("data_order_cli", REPO / "scripts" / "data_order.py")
+    module_spec = importlib.util.spec_from_file_location(
+        "data_order_cli", REPO / "scripts" / "data_order.py"
+    )
     cli = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(cli)
     main = cli.main
@@ -377,10 +413,27 @@ def test_cli_manifest_materialize_verify(tmp_path, server, expected, capsys):
     paths_file = tmp_path / "urls.txt"
     paths_file.write_text("".join(f"{server.url(n)}\n" for n in LISTED))
     manifest, out = tmp_path / "sizes.json", tmp_path / "prefix"
-    common = ["--paths-file", str(paths_file), "--manifest", str(manifest), "--quiet", "--retries", "2"]
-    assert main(["manifest", "--paths-file", str(paths_file), "--out", str(manifest), "--quiet"]) == 0
+    common = [
+        "--paths-file",
+        str(paths_file),
+        "--manifest",
+        str(manifest),
+        "--quiet",
+        "--retries",
+        "2",
+    ]
+    assert (
+        main(["manifest", "--paths-file", str(paths_file), "--out", str(manifest), "--quiet"]) == 0
+    )
     # 3 batches of tokens -> 12 instances (the test's 'global batch' is 4 instances of 64 tokens).
-    args = ["--tokens", str(3 * BATCH * SEQ - 1), "--seq-len", str(SEQ), "--batch-instances", str(BATCH)]
+    args = [
+        "--tokens",
+        str(3 * BATCH * SEQ - 1),
+        "--seq-len",
+        str(SEQ),
+        "--batch-instances",
+        str(BATCH),
+    ]
     assert main(["materialize", *common, *args, "--chunk-instances", "5", "--out", str(out)]) == 0
     spec = PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)
     np.testing.assert_array_equal(read_prefix(out, spec), expected[1][:12])
@@ -399,7 +452,9 @@ def test_tokens_round_up_to_whole_batches():
     assert instances_for_tokens(BATCH * SEQ, SEQ, BATCH) == BATCH
 
 
-def test_training_config_reads_the_same_batches_from_prefix_and_remote(tmp_path, server, files, expected):
+def test_training_config_reads_the_same_batches_from_prefix_and_remote(
+    tmp_path, server, files, expected
+):
     """Through the training config (build_experiment): data.source=prefix and the remote files
     give the same batches, equal to the reference order's instances."""
     from olmo_patches.launch.layout import load_and_resolve
@@ -457,7 +512,9 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     origin = "http://olmo-data.org"  # never contacted: every read goes to the mirror
     pinned = tmp_path / "pinned.txt"
     pinned.write_text("".join(f"{origin}/{n}\n" for n in LISTED))
-    (tmp_path / "pinned.txt.sha256").write_text(hashlib.sha256(pinned.read_bytes()).hexdigest() + "  pinned.txt\n")
+    (tmp_path / "pinned.txt.sha256").write_text(
+        hashlib.sha256(pinned.read_bytes()).hexdigest() + "  pinned.txt\n"
+    )
     monkeypatch.setattr(order_mod, "PINNED_LIST", pinned)
     local = tmp_path / "mirror"
     for name, data in files.items():
@@ -465,7 +522,9 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
         (local / name).write_bytes(data)
     order, instances = expected
     n_batches = len(order) // BATCH
-    module_spec = importlib.util.spec_from_file_location("data_order_cli", REPO / "scripts" / "data_order.py")
+    module_spec = importlib.util.spec_from_file_location(
+        "data_order_cli", REPO / "scripts" / "data_order.py"
+    )
     cli = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(cli)
 
@@ -494,22 +553,47 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
         manifest, out = tmp_path / f"sizes{k}.json", tmp_path / f"prefix{k}"
         common = ["--paths-file", str(pinned), "--base", base, "--quiet", "--retries", "2"]
         assert cli.main(["manifest", *common, "--out", str(manifest)]) == 0
-        assert [f[0] for f in json.loads(manifest.read_text())["files"]] == [f"{origin}/{n}" for n in LISTED]
+        assert [f[0] for f in json.loads(manifest.read_text())["files"]] == [
+            f"{origin}/{n}" for n in LISTED
+        ]
         sizing = ["--seq-len", str(SEQ), "--batch-instances", str(BATCH), "--chunk-instances", "5"]
         assert (
-            cli.main(["materialize", *common, "--manifest", str(manifest), "--instances", "12", *sizing, "--out", str(out)]) == 0
+            cli.main(
+                [
+                    "materialize",
+                    *common,
+                    "--manifest",
+                    str(manifest),
+                    "--instances",
+                    "12",
+                    *sizing,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
         )
-        np.testing.assert_array_equal(read_prefix(out, PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)), instances[:12])
-        assert cli.main(["verify", "--base", base, "--out", str(out), "--sample", "4", "--quiet"]) == 0
+        np.testing.assert_array_equal(
+            read_prefix(out, PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)), instances[:12]
+        )
+        assert (
+            cli.main(["verify", "--base", base, "--out", str(out), "--sample", "4", "--quiet"]) == 0
+        )
     assert server.count("GET") > 0
 
     with pytest.raises(DataOrderError, match="is not under https://elsewhere.org/"):
         order_mod.rebase([f"{origin}/a/p0.npy"], str(local), origin="https://elsewhere.org")
     with pytest.raises(ConfigError, match=r"data\.base=.*nowhere: no such folder"):
-        load_and_resolve(REPO / "configs" / "113M" / "baseline.yaml", [f"data.base={tmp_path / 'nowhere'}"])
-    with pytest.raises(ConfigError, match=r"data\.base=.*applies to data\.source=olmo2_stage1, not demo"):
+        load_and_resolve(
+            REPO / "configs" / "113M" / "baseline.yaml", [f"data.base={tmp_path / 'nowhere'}"]
+        )
+    with pytest.raises(
+        ConfigError, match=r"data\.base=.*applies to data\.source=olmo2_stage1, not demo"
+    ):
         load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", [f"data.base={local}"])
-    pinned.write_text(pinned.read_text() + f"{origin}/c/p3.npy\n")  # the list changed: refused, mirror or not
+    pinned.write_text(
+        pinned.read_text() + f"{origin}/c/p3.npy\n"
+    )  # the list changed: refused, mirror or not
     with pytest.raises(DataOrderError, match="the file list changed"):
         order_mod.load_pinned_list(str(local))
 
@@ -532,7 +616,9 @@ def test_layout_keeps_its_paths_and_names_a_size_mismatch():
         Layout.from_sizes(LISTED, [1, 2], SEQ)
 
 
-@pytest.mark.parametrize("epoch,world_size,npy_header", [(0, 1, False), (1, 3, False), (0, 2, True)])
+@pytest.mark.parametrize(
+    "epoch,world_size,npy_header", [(0, 1, False), (1, 3, False), (0, 2, True)]
+)
 def test_global_indices_file_as_the_old_trainer_writes_it(tmp_path, epoch, world_size, npy_header):
     """Raw uint32 (or a .npy), arange(N) shuffled by PCG64(seed + epoch), cut to whole multiples of the world size."""
     n = 1001
@@ -540,7 +626,9 @@ def test_global_indices_file_as_the_old_trainer_writes_it(tmp_path, epoch, world
     np.random.Generator(np.random.PCG64(OLD_TRAINER_SEED + epoch)).shuffle(ref)
     ref = ref[: n // world_size * world_size]
     out = tmp_path / "sub" / "global_indices.npy"
-    assert write_global_indices(out, n, OLD_TRAINER_SEED, epoch=epoch, world_size=world_size, npy_header=npy_header) == len(ref)
+    assert write_global_indices(
+        out, n, OLD_TRAINER_SEED, epoch=epoch, world_size=world_size, npy_header=npy_header
+    ) == len(ref)
     got = np.load(out) if npy_header else np.fromfile(out, dtype=np.uint32)
     assert got.dtype == np.uint32
     np.testing.assert_array_equal(got, ref)

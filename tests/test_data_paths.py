@@ -30,7 +30,9 @@ from olmo_patches.train import train  # noqa: E402
 from .conftest import REPO, tiny_overrides  # noqa: E402
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
-PINNED = REPO / "data_order" / "olmo2-1b-stage1.txt"  # read as data: its relative paths lay out the mirror
+PINNED = (
+    REPO / "data_order" / "olmo2-1b-stage1.txt"
+)  # read as data: its relative paths lay out the mirror
 ORIGIN = "http://olmo-data.org/"
 # The old trainer shuffles arange(N, uint32) with PCG64(6198 + epoch 0); OLMo-core's loader, given seed
 # 6197, with PCG64(6197 + epoch 1): the same generator (the OLMo-2 recipe, docs/papers.md).
@@ -62,7 +64,9 @@ class Probe(Callback):
     metrics: Dict[int, Dict[str, float]] = field(default_factory=dict)
 
     def pre_step(self, batch: Dict[str, Any]):
-        self.batches[self.step] = {k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()}
+        self.batches[self.step] = {
+            k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()
+        }
         if self.reference is not None:
             with torch.no_grad():
                 self.refs[self.step] = self.reference(self.trainer.train_module.model, batch)
@@ -120,12 +124,20 @@ def test_olmo2_stage1_from_an_http_mirror_through_the_trainer(tmp_path, mirror):
     probe = Probe()
     spec = load_and_resolve(
         BASELINE,
-        tiny_overrides(tmp_path, "data.source=olmo2_stage1", f"data.base={server.base_url}/", *DOLMA2, "train.max_steps=2"),
+        tiny_overrides(
+            tmp_path,
+            "data.source=olmo2_stage1",
+            f"data.base={server.base_url}/",
+            *DOLMA2,
+            "train.max_steps=2",
+        ),
     )
     train(spec, callbacks={"probe": probe})
     _check_batches(probe, order, instances, steps=2)
     read = {name for method, name, rng in server.requests if method == "GET" and rng}
-    assert {listed[f] for f in file_of[order[: 2 * BATCH]]} <= read  # each batch's files, by Range GETs
+    assert {
+        listed[f] for f in file_of[order[: 2 * BATCH]]
+    } <= read  # each batch's files, by Range GETs
 
 
 def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
@@ -140,7 +152,12 @@ def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
     spec = load_and_resolve(
         BASELINE,
         tiny_overrides(
-            tmp_path, "data.source=numpy", f"data.mix={MIX}", f"data.mix_base_dir={server.base_url}", *DOLMA2, "train.max_steps=3"
+            tmp_path,
+            "data.source=numpy",
+            f"data.mix={MIX}",
+            f"data.mix_base_dir={server.base_url}",
+            *DOLMA2,
+            "train.max_steps=3",
         ),
     )
     train(spec, callbacks={"probe": probe})
@@ -153,7 +170,10 @@ def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
 # -- OLMo-2's repetition filter ---------------------------------------------------------------------
 
 FILTER_SEQ = 64
-MAX_PERIOD, MAX_COUNT = 13, 32  # OLMo-2 Stage 1: an n-gram of period 1..13 repeated 32 times or more
+MAX_PERIOD, MAX_COUNT = (
+    13,
+    32,
+)  # OLMo-2 Stage 1: an n-gram of period 1..13 repeated 32 times or more
 
 
 def repeats(x: np.ndarray, period: int) -> int:
@@ -194,7 +214,11 @@ def _filter_corpus(rng: np.random.Generator) -> list[np.ndarray]:
 def _ce_sum(model, batch) -> torch.Tensor:
     """Per instance, the summed next-token cross-entropy of the model on it (summed in float64)."""
     ids = batch["input_ids"]
-    return F.cross_entropy(model(ids)[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").double().sum(dim=1)
+    return (
+        F.cross_entropy(model(ids)[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        .double()
+        .sum(dim=1)
+    )
 
 
 def test_repetition_filter_masks_the_loss_inside_a_training_run(tmp_path):
@@ -234,7 +258,9 @@ def test_repetition_filter_masks_the_loss_inside_a_training_run(tmp_path):
 
     ce = probe.refs[1]
     n_kept = int(kept.sum())
-    loss = ce[torch.from_numpy(kept)].sum() / (n_kept * (FILTER_SEQ - 1) + (8 - n_kept) * FILTER_SEQ)
+    loss = ce[torch.from_numpy(kept)].sum() / (
+        n_kept * (FILTER_SEQ - 1) + (8 - n_kept) * FILTER_SEQ
+    )
     unmasked = ce.sum() / (8 * (FILTER_SEQ - 1))
     metrics = probe.metrics[1]
     assert metrics["train/CE loss"] == pytest.approx(float(loss), rel=1e-5)

@@ -25,7 +25,8 @@ from .conftest import REPO, TINY, run_in_process, run_script, tiny_overrides
 def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
     specs = [
         load_and_resolve(
-            REPO / "configs" / "demo" / f"{name}.yaml", tiny_overrides(tmp_path / name, "train.max_steps=3", block=block)
+            REPO / "configs" / "demo" / f"{name}.yaml",
+            tiny_overrides(tmp_path / name, "train.max_steps=3", block=block),
         )
         for name, block in (("baseline", "baseline"), ("hourglass", "hourglass"))
     ]
@@ -62,10 +63,16 @@ class _InterruptAt(Callback):
 
 def _files(folder: Path) -> dict:
     """Every file of a run folder but its lock, with its modification time and size."""
-    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*") if p.is_file() and ".lock" not in p.name}
+    return {
+        p: (p.stat().st_mtime_ns, p.stat().st_size)
+        for p in folder.rglob("*")
+        if p.is_file() and ".lock" not in p.name
+    }
 
 
-def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_path, demo_corpus, monkeypatch):
+def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(
+    tmp_path, demo_corpus, monkeypatch
+):
     """Ctrl-C in the second variant saves the step reached and ends the demo; the rerun keeps the
     finished first variant as it is (no file of its folder rewritten) and trains the second from its
     checkpoint to the end; --fresh trains both again, with OLMo-core's model printout in each
@@ -73,14 +80,21 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_
     import olmo_patches.train as train_pkg
 
     configs = [REPO / "configs" / "demo" / f"{name}.yaml" for name in ("baseline", "hourglass")]
-    overrides = [*TINY, "train.max_steps=4", f"run.save_folder={tmp_path}/${{run.name}}", f"data.work_dir={tmp_path / 'c'}"]
+    overrides = [
+        *TINY,
+        "train.max_steps=4",
+        f"run.save_folder={tmp_path}/${{run.name}}",
+        f"data.work_dir={tmp_path / 'c'}",
+    ]
     args = [*configs, "--out", tmp_path / "out", *(a for o in overrides for a in ("--set", o))]
     first, second = tmp_path / "demo-baseline", tmp_path / "demo-hourglass"
     real_train, trained = train_pkg.train, []
 
     def interrupt_the_second(spec, **kw):
         trained.append(spec.run.name)
-        return real_train(spec, callbacks={"interrupt": _InterruptAt()} if len(trained) == 2 else None)
+        return real_train(
+            spec, callbacks={"interrupt": _InterruptAt()} if len(trained) == 2 else None
+        )
 
     monkeypatch.setattr(train_pkg, "train", interrupt_the_second)
     r = run_in_process("demo.py", *args)
@@ -96,14 +110,21 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_
     compare(specs, tmp_path / "partial", Console(file=table, width=250))
     partial = json.loads((tmp_path / "partial" / "summary.json").read_text())
     assert partial["demo-baseline"]["finished"] is True and partial["demo-baseline"]["steps"] == 4
-    assert partial["demo-hourglass"]["finished"] is False and partial["demo-hourglass"]["planned_steps"] == 4
+    assert (
+        partial["demo-hourglass"]["finished"] is False
+        and partial["demo-hourglass"]["planned_steps"] == 4
+    )
     row = next(line for line in table.getvalue().splitlines() if "demo-hourglass" in line)
     assert "UNFINISHED" in row and "x)" not in row and "%" not in row  # no ratio, no mismatch
-    assert "(1.00x)" in next(line for line in table.getvalue().splitlines() if "demo-baseline" in line)
+    assert "(1.00x)" in next(
+        line for line in table.getvalue().splitlines() if "demo-baseline" in line
+    )
 
     kept = _files(first)
     trained.clear()
-    monkeypatch.setattr(train_pkg, "train", lambda spec, **kw: (trained.append(spec.run.name), real_train(spec))[1])
+    monkeypatch.setattr(
+        train_pkg, "train", lambda spec, **kw: (trained.append(spec.run.name), real_train(spec))[1]
+    )
     r = run_in_process("demo.py", *args)
     assert r.returncode == 0, r.stderr
     assert trained == ["demo-hourglass"] and _files(first) == kept
@@ -116,11 +137,21 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(tmp_
     r = run_script("demo.py", *args, "--fresh")
     assert r.returncode == 0, r.stderr
     for run in (first, second):
-        assert "resuming" not in (run / "train.log").read_text() and "Transformer(" in (run / "train.log").read_text()
+        assert (
+            "resuming" not in (run / "train.log").read_text()
+            and "Transformer(" in (run / "train.log").read_text()
+        )
     saved = [p for p in kept if "step4" in p.parts]
-    assert saved and all(_files(first)[p][0] != kept[p][0] for p in saved)  # the first variant trained again
-    assert len(list(tmp_path.glob("demo-baseline.before-*/step4"))) == 1  # the earlier runs moved aside, kept
-    assert "Transformer(" not in r.stdout + r.stderr and "Building transformer" not in r.stdout + r.stderr
+    assert saved and all(
+        _files(first)[p][0] != kept[p][0] for p in saved
+    )  # the first variant trained again
+    assert (
+        len(list(tmp_path.glob("demo-baseline.before-*/step4"))) == 1
+    )  # the earlier runs moved aside, kept
+    assert (
+        "Transformer(" not in r.stdout + r.stderr
+        and "Building transformer" not in r.stdout + r.stderr
+    )
     assert r.stdout.count("step 4/4") == 2  # each variant's progress lines still on the terminal
 
 
@@ -138,17 +169,29 @@ def test_the_readmes_demo_figures_are_those_of_the_committed_demo_summary():
     `make demo` reproduces the committed losses. The summary's steps and tokens are checked against
     the demo configs, so a changed config fails here until the demo is run again."""
     summary = json.loads((REPO / "docs" / "demo" / "summary.json").read_text())
-    rows = [m for line in (REPO / "README.md").read_text().splitlines() if (m := README_DEMO_ROW.match(line))]
+    rows = [
+        m
+        for line in (REPO / "README.md").read_text().splitlines()
+        if (m := README_DEMO_ROW.match(line))
+    ]
     assert len(rows) == 1, "one demo row in the README's measured table"
     figures = [float(x) for x in rows[0].groups()]
     names = ["demo-baseline", "demo-hourglass", "demo-variable-width"]
     assert list(summary) == names
     for name, loss, first in zip(names, figures[:3], figures[3:]):
         entry = summary[name]
-        assert entry["finished"] and entry["steps"] == entry["planned_steps"] == 200  # configs/demo: train.max_steps
-        assert entry["train_tokens"] == 200 * 16 * 128  # max_steps x global_batch_size x sequence_length
+        assert (
+            entry["finished"] and entry["steps"] == entry["planned_steps"] == 200
+        )  # configs/demo: train.max_steps
+        assert (
+            entry["train_tokens"] == 200 * 16 * 128
+        )  # max_steps x global_batch_size x sequence_length
         assert f"{entry['val_loss']:.4f}" == f"{loss:.4f}", name
         assert f"{entry['first_val_loss']:.2f}" == f"{first:.2f}", name
     for name in names:
         spec = load_spec(REPO / "configs" / "demo" / f"{name.removeprefix('demo-')}.yaml")
-        assert (spec.steps, spec.train.global_batch_size, spec.data.sequence_length) == (200, 16, 128), name
+        assert (spec.steps, spec.train.global_batch_size, spec.data.sequence_length) == (
+            200,
+            16,
+            128,
+        ), name

@@ -34,7 +34,10 @@ def _fake_source(i: int, rng: random.Random) -> str:
 def make_fake_stdlib(root: Path, reverse: bool = False) -> dict[str, str]:
     """A small stdlib-like folder; returns the relative paths and texts that count."""
     rng = random.Random(0)
-    texts = {(f"pkg{i % 4}/sub/mod{i}.py" if i % 3 else f"mod{i}.py"): _fake_source(i, rng) for i in range(60)}
+    texts = {
+        (f"pkg{i % 4}/sub/mod{i}.py" if i % 3 else f"mod{i}.py"): _fake_source(i, rng)
+        for i in range(60)
+    }
     texts["crlf.py"] = "x = 1\r\ny = 2\r\n"
     texts["special.py"] = 'EOS = "<|endoftext|>"  # a literal special token is text\n'
     items = sorted(texts.items(), reverse=reverse)  # creation order must not matter
@@ -189,7 +192,9 @@ def test_olmo_core_reads_the_token_files(tmp_path, fake_stdlib):
         paths=corpus.train_paths,
         sequence_length=64,
         tokenizer=TokenizerConfig(
-            vocab_size=corpus.vocab_size, eos_token_id=corpus.eos_token_id, pad_token_id=corpus.pad_token_id
+            vocab_size=corpus.vocab_size,
+            eos_token_id=corpus.eos_token_id,
+            pad_token_id=corpus.pad_token_id,
         ),
         dtype=NumpyDatasetDType(corpus.dtype),
         work_dir=str(tmp_path / "work"),

@@ -23,7 +23,9 @@ RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=
 Usage = namedtuple("Usage", "total used free")  # shutil.disk_usage's fields
 
 
-def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(tmp_path, monkeypatch, demo_corpus):
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(
+    tmp_path, monkeypatch, demo_corpus
+):
     code = errno.ENOSPC
     real, free = olmo_fs._write_items, [10**12]
 
@@ -36,7 +38,9 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(tmp
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(olmo_fs, "_write_items", full_at_step4)
-    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - free[0], free[0]))
+    monkeypatch.setattr(
+        disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - free[0], free[0])
+    )
     run = tmp_path / "run"
     result = run_in_process("train.py", str(BASELINE), *tiny_overrides(run, *RUN), cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
@@ -44,22 +48,35 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(tmp
     assert "Traceback" not in result.stderr and lines[-1].startswith(
         f"error: {os.strerror(code)} saving step4 to {run}: the save needs about "
     ), lines[-1]
-    assert lines[-1].count("\n") == 0 and "4,096 bytes left" in lines[-1] and "partial save was removed" in lines[-1]
+    assert (
+        lines[-1].count("\n") == 0
+        and "4,096 bytes left" in lines[-1]
+        and "partial save was removed" in lines[-1]
+    )
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("step")) == ["step0", "step2"]
     assert latest_complete(run).endswith("step2")
 
 
-def test_a_run_folder_without_room_for_one_checkpoint_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+def test_a_run_folder_without_room_for_one_checkpoint_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch
+):
     spec = load_spec(BASELINE, tiny_overrides(tmp_path / "run", *RUN))
     need = disk.checkpoint_bytes(spec)
     from olmo_patches.report.counts import count
 
     assert need == count(spec).total * 12  # fp32 weights and AdamW's two fp32 moments
-    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - need + 1, need - 1))
-    result = run_in_process("train.py", str(BASELINE), *tiny_overrides(tmp_path / "run", *RUN), cwd=tmp_path)
+    monkeypatch.setattr(
+        disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - need + 1, need - 1)
+    )
+    result = run_in_process(
+        "train.py", str(BASELINE), *tiny_overrides(tmp_path / "run", *RUN), cwd=tmp_path
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
-    assert lines[0].startswith(f"config error: run.save_folder={tmp_path / 'run'}: ") and "one checkpoint needs about" in lines[0]
+    assert (
+        lines[0].startswith(f"config error: run.save_folder={tmp_path / 'run'}: ")
+        and "one checkpoint needs about" in lines[0]
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -73,6 +90,8 @@ def test_out_of_space_is_found_however_the_checkpoint_writer_wraps_it(code):
     original = OSError(code, os.strerror(code))
     wrapped = CheckpointException("save failed", {0: (original, [])})
     assert disk.full_error(wrapped) is original
-    as_text = RuntimeError(f"Original error:\nTraceback ...\nOSError: [Errno {code}] {os.strerror(code)}")
+    as_text = RuntimeError(
+        f"Original error:\nTraceback ...\nOSError: [Errno {code}] {os.strerror(code)}"
+    )
     assert disk.full_error(as_text).errno == code
     assert disk.full_error(OSError(errno.EACCES, "Permission denied")) is None

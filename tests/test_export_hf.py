@@ -19,7 +19,11 @@ VARIANTS = {
     "olmo2": ("baseline", ["model.norm_placement=post", "model.qk_norm=true"], "olmo2"),
     "baseline-pre": ("baseline", [], "custom"),
     "hourglass-pre": ("hourglass", [], "custom"),
-    "hourglass-post-qk": ("hourglass", ["model.norm_placement=post", "model.qk_norm=true", "model.K=3"], "custom"),
+    "hourglass-post-qk": (
+        "hourglass",
+        ["model.norm_placement=post", "model.qk_norm=true", "model.K=3"],
+        "custom",
+    ),
     # Attention width apart from d_model (2 x 24 = 48 on d_model 32), GQA, Llama-3.1 RoPE scaling (the
     # authors' revised recipe; old context 16 so that the 24-token test sequence spans all three bands).
     "olmo2-gqa-head_dim": (
@@ -59,8 +63,18 @@ VW_VARIANTS = {
     "carry_forward": [*WIDTHS, "model.widths.resize=carry_forward"],
     "zero": [*WIDTHS, "model.widths.resize=zero"],
     "learned": [*WIDTHS, "model.widths.resize=learned"],
-    "mup-x": ["model.n_layers=4", "model.widths.multiple=4", "model.widths.init=mup"],  # widths [44, 20, 8, 44]
-    "head_dim-gqa": [*WIDTHS, "model.n_heads=4", "model.n_kv_heads=2", "model.head_dim=10", "model.qk_norm=true"],
+    "mup-x": [
+        "model.n_layers=4",
+        "model.widths.multiple=4",
+        "model.widths.init=mup",
+    ],  # widths [44, 20, 8, 44]
+    "head_dim-gqa": [
+        *WIDTHS,
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.head_dim=10",
+        "model.qk_norm=true",
+    ],
     "hourglass-post-qk-learned-mup": [
         *WIDTHS,
         "model.widths.resize=learned",
@@ -79,11 +93,19 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     and greedy generate() = the argmax continuation of OLMo-core's model."""
     run = tmp_path / "run"
     spec = load_and_resolve(
-        config, [*overrides, "train.max_steps=2", "run.save_interval=1000", "run.ephemeral_save_interval=null"]
+        config,
+        [
+            *overrides,
+            "train.max_steps=2",
+            "run.save_interval=1000",
+            "run.ephemeral_save_interval=null",
+        ],
     )
     train(spec)
     out = tmp_path / "hf"
-    r = run_in_process("export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))
+    r = run_in_process(
+        "export_hf.py", str(run / "step2"), str(out), "--tokenizer", str(demo_corpus.tokenizer_file)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "modeling_hourglass_olmo.py").exists() == (kind == "custom")
     # The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own file.
@@ -91,7 +113,10 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     from transformers import AutoTokenizer
 
     text = "def f(x):\n    return x + 1  # é\n"
-    tok, ids = AutoTokenizer.from_pretrained(out), Tokenizer.from_file(str(demo_corpus.tokenizer_file)).encode(text).ids
+    tok, ids = (
+        AutoTokenizer.from_pretrained(out),
+        Tokenizer.from_file(str(demo_corpus.tokenizer_file)).encode(text).ids,
+    )
     assert (
         tok(text)["input_ids"] == ids
         and len(ids) > 5
@@ -101,7 +126,9 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     reference = spec.model.build(vocab_size=4096).build(init_device="cpu")
     reference.load_state_dict(load_model_state(run / "step2"))
     reference.eval()
-    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, torch_dtype=torch.float32
+    ).eval()
     assert isinstance(hf, Olmo2ForCausalLM) == (kind == "olmo2")
     ids = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -123,18 +150,27 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     with torch.no_grad():
         out = hf(ids[:, :16], use_cache=True)
         steps = [out.logits] + [
-            hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits for t in range(16, 24)
+            hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits
+            for t in range(16, 24)
         ]
-    assert out.past_key_values.get_seq_length() == 24 and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
+    assert (
+        out.past_key_values.get_seq_length() == 24
+        and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
+    )
     return hf
 
 
 def _check_model_card(out, spec, kind, reference):
     """README.md: the architecture, the parameter count (OLMo-core's model's), the steps, the config, how to load."""
     card = (out / "README.md").read_text()
-    total = sum(p.numel() for p in reference.parameters())  # tied weights counted once, as parameters() does
+    total = sum(
+        p.numel() for p in reference.parameters()
+    )  # tied weights counted once, as parameters() does
     assert f"total {total:,}" in card and "2 steps of 4 x 32 tokens (256 tokens)" in card
-    assert f"d_model {spec.model.d_model}, {spec.model.n_layers} layers" in card and "## The run's config" in card
+    assert (
+        f"d_model {spec.model.d_model}, {spec.model.n_layers} layers" in card
+        and "## The run's config" in card
+    )
     assert ("trust_remote_code=True" in card) == (kind == "custom") and "vllm serve" in card
 
 
@@ -147,21 +183,28 @@ def _check_attention_implementations(out, ids, want):
     logits = {}
     for implementation in ("eager", "sdpa"):
         hf = AutoModelForCausalLM.from_pretrained(
-            out, trust_remote_code=True, torch_dtype=torch.float32, attn_implementation=implementation
+            out,
+            trust_remote_code=True,
+            torch_dtype=torch.float32,
+            attn_implementation=implementation,
         ).eval()
         assert hf.config._attn_implementation == implementation
         with torch.no_grad():
             logits[implementation] = hf(ids).logits
             prefix = hf(ids[:, :16], use_cache=True)
             cache = prefix.past_key_values
-            rest = hf(ids[:, 16:], past_key_values=cache, use_cache=True).logits  # 8 queries after 16 cached keys
+            rest = hf(
+                ids[:, 16:], past_key_values=cache, use_cache=True
+            ).logits  # 8 queries after 16 cached keys
         assert (logits[implementation] - want).abs().max().item() < 1e-4
         assert (rest - want[:, 16:]).abs().max().item() < 1e-4
     assert (logits["eager"] - logits["sdpa"]).abs().max().item() < 1e-5
     config = AutoConfig.from_pretrained(out, trust_remote_code=True)
     base = AutoModel.from_config(config, trust_remote_code=True)
     assert type(base).__name__ == "HourglassOlmoModel" and not hasattr(base, "lm_head")
-    assert [s["width"] for s in config.layer_shapes] == (config.widths or [config.d_model] * config.n_layers)
+    assert [s["width"] for s in config.layer_shapes] == (
+        config.widths or [config.d_model] * config.n_layers
+    )
 
 
 def test_a_registered_attention_function_is_called(tmp_path):
@@ -184,7 +227,10 @@ def test_a_registered_attention_function_is_called(tmp_path):
     spec = load_spec(BASELINE, tiny_overrides(tmp_path, block="hourglass"))
     torch.manual_seed(0)
     reference = spec.model.build(vocab_size=4096).build(init_device="cpu").eval()
-    state = {k: torch.ones_like(v) if "norm" in k else 0.05 * torch.randn_like(v) for k, v in reference.state_dict().items()}
+    state = {
+        k: torch.ones_like(v) if "norm" in k else 0.05 * torch.randn_like(v)
+        for k, v in reference.state_dict().items()
+    }
     reference.load_state_dict(state)
     custom_model(spec, state).save_pretrained(tmp_path / "hf")
     shutil.copy(MODELING, tmp_path / "hf" / MODELING.name)
@@ -192,7 +238,10 @@ def test_a_registered_attention_function_is_called(tmp_path):
     got = {}
     for implementation in ("counting_sdpa", "sdpa"):
         hf = AutoModelForCausalLM.from_pretrained(
-            tmp_path / "hf", trust_remote_code=True, torch_dtype=torch.float32, attn_implementation=implementation
+            tmp_path / "hf",
+            trust_remote_code=True,
+            torch_dtype=torch.float32,
+            attn_implementation=implementation,
         ).eval()
         with torch.no_grad():
             got[implementation] = hf(ids).logits
@@ -207,16 +256,28 @@ def test_export_matches_olmo_core(tmp_path, demo_corpus, variant):
     block, extra, kind = VARIANTS[variant]
     overrides = tiny_overrides(tmp_path / "run", *extra, block=block)
     _export_and_check(tmp_path, demo_corpus, BASELINE, overrides, kind)
-    if kind == "olmo2":  # and back into OLMo-core through its own converter (olmo_core.nn.hf): the same weights, logits
+    if (
+        kind == "olmo2"
+    ):  # and back into OLMo-core through its own converter (olmo_core.nn.hf): the same weights, logits
         from olmo_core.nn.hf.checkpoint import load_hf_model
 
-        model = load_spec(BASELINE, overrides).model.build(vocab_size=4096).build(init_device="cpu").eval()
+        model = (
+            load_spec(BASELINE, overrides)
+            .model.build(vocab_size=4096)
+            .build(init_device="cpu")
+            .eval()
+        )
         state = model.state_dict()
         load_hf_model(str(tmp_path / "hf"), state)
         model.load_state_dict(state)
         want = load_model_state(tmp_path / "run" / "step2")
         assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
-        reference = load_spec(BASELINE, overrides).model.build(vocab_size=4096).build(init_device="cpu").eval()
+        reference = (
+            load_spec(BASELINE, overrides)
+            .model.build(vocab_size=4096)
+            .build(init_device="cpu")
+            .eval()
+        )
         reference.load_state_dict(want)
         ids = torch.randint(0, 4096, (1, 16), generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
@@ -231,7 +292,11 @@ def test_variable_width_export_matches_olmo_core(tmp_path, demo_corpus, variant)
     assert hf.config.widths == spec.model.resolved_widths
     if variant.startswith("mup"):  # the paper's multipliers reached the exported config
         w = spec.model.widths
-        assert (hf.config.embed_scale, hf.config.residual_scale, hf.config.logit_scale) == (w.m_emb, w.m_residual, 1 / w.m_width)
+        assert (hf.config.embed_scale, hf.config.residual_scale, hf.config.logit_scale) == (
+            w.m_emb,
+            w.m_residual,
+            1 / w.m_width,
+        )
 
 
 def test_export_refuses_unknown_checkpoint(tmp_path):
@@ -242,8 +307,15 @@ def test_export_refuses_unknown_checkpoint(tmp_path):
 def test_export_refuses_an_moe_model(tmp_path):
     from olmo_patches.export.hf import export_hf
 
-    with pytest.raises(ValueError, match=r"x\.yaml: model\.moe: the Hugging Face export has no mixture-of-experts model"):
-        export_hf(tmp_path / "step1", tmp_path / "hf", config=REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml")
+    with pytest.raises(
+        ValueError,
+        match=r"x\.yaml: model\.moe: the Hugging Face export has no mixture-of-experts model",
+    ):
+        export_hf(
+            tmp_path / "step1",
+            tmp_path / "hf",
+            config=REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml",
+        )
 
 
 def test_export_sets_token_ids_and_generate_stops_at_eos(tmp_path, demo_corpus):
@@ -255,7 +327,11 @@ def test_export_sets_token_ids_and_generate_stops_at_eos(tmp_path, demo_corpus):
     from olmo_patches.export import export_hf
 
     run = tmp_path / "run"
-    train(load_and_resolve(BASELINE, tiny_overrides(run, "train.max_steps=1", "run.ephemeral_save_interval=null")))
+    train(
+        load_and_resolve(
+            BASELINE, tiny_overrides(run, "train.max_steps=1", "run.ephemeral_save_interval=null")
+        )
+    )
     # The demo tokenizer's own ids: "<|endoftext|>" and "<|pad|>" are its first two tokens.
     ids = dict(bos_token_id=0, eos_token_id=0, pad_token_id=1)
 
@@ -263,27 +339,38 @@ def test_export_sets_token_ids_and_generate_stops_at_eos(tmp_path, demo_corpus):
     (bad := tmp_path / "bad.json").write_text(json.dumps({"vocab": {"a": 0}}))
     big = Tokenizer(models.WordLevel({f"t{i}": i for i in range(5000)}, unk_token="t0"))
     big.save(str(tmp_path / "big.json"))
-    with pytest.raises(ValueError, match=r"--tokenizer .*big\.json: vocabulary 5000 does not fit the model's 4096 embeddings"):
+    with pytest.raises(
+        ValueError,
+        match=r"--tokenizer .*big\.json: vocabulary 5000 does not fit the model's 4096 embeddings",
+    ):
         export_hf(run / "step1", tmp_path / "hf-big", tokenizer_file=tmp_path / "big.json")
-    r = run_script("export_hf.py", str(run / "step1"), str(tmp_path / "hf-bad"), "--tokenizer", str(bad))
+    r = run_script(
+        "export_hf.py", str(run / "step1"), str(tmp_path / "hf-bad"), "--tokenizer", str(bad)
+    )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert r.stderr.startswith("export_hf: --tokenizer") and "not a tokenizer JSON" in r.stderr
     assert not (tmp_path / "hf-bad").exists() and not (tmp_path / "hf-big").exists()
 
     out = tmp_path / "hf"
     export_hf(run / "step1", out, tokenizer_file=demo_corpus.tokenizer_file)
-    config, gen = (json.loads((out / f).read_text()) for f in ("config.json", "generation_config.json"))
+    config, gen = (
+        json.loads((out / f).read_text()) for f in ("config.json", "generation_config.json")
+    )
     assert all(config[k] == v and gen[k] == v for k, v in ids.items())
     tok = AutoTokenizer.from_pretrained(out)
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 0, 1)
     assert (tok.eos_token, tok.pad_token) == ("<|endoftext|>", "<|pad|>")
 
-    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, torch_dtype=torch.float32
+    ).eval()
     prompt = torch.tensor([tok.encode("def main():")])
     with torch.no_grad():
         hf.get_output_embeddings().weight.zero_()  # every logit 0: greedy picks id 0, the eos
         generated = hf.generate(prompt, max_new_tokens=5, do_sample=False)
-    assert generated[0, -1].item() == 0 and generated.shape[1] == prompt.shape[1] + 1  # stopped at eos
+    assert (
+        generated[0, -1].item() == 0 and generated.shape[1] == prompt.shape[1] + 1
+    )  # stopped at eos
 
 
 def test_dolma2_token_ids():

@@ -79,7 +79,9 @@ def test_every_attention_and_ffn_matmul_converts(tmp_path, shape):
     f8 = [n for n, m in model.named_modules() if isinstance(m, Float8Linear)]
     f8_stacked = [n for n, m in model.named_modules() if getattr(m, "float8", None) is not None]
     assert len(f8) + len(f8_stacked) == modules and len(f8_stacked) == stacked, (f8, f8_stacked)
-    assert not isinstance(model.lm_head.w_out, Float8Linear) and isinstance(model.embeddings, nn.Embedding)
+    assert not isinstance(model.lm_head.w_out, Float8Linear) and isinstance(
+        model.embeddings, nn.Embedding
+    )
     # The count the dry run prints: every attention and FFN weight (and the resizes) in float8.
     from olmo_patches.report.counts import count, float8_report
 
@@ -107,7 +109,9 @@ def test_stacked_sub_mlps_are_torchaos_float8_linears():
         m.to_float8(config)
 
     def linears(stacked):
-        out = nn.ModuleList(nn.Linear(stacked.in_features, stacked.out_features, bias=False) for _ in range(K))
+        out = nn.ModuleList(
+            nn.Linear(stacked.in_features, stacked.out_features, bias=False) for _ in range(K)
+        )
         with torch.no_grad():
             for i, lin in enumerate(out):
                 lin.weight.copy_(stacked.stacked[i])
@@ -126,12 +130,18 @@ def test_stacked_sub_mlps_are_torchaos_float8_linears():
     got.square().sum().backward()
     h.square().sum().backward()
     for i in range(K):
-        torch.testing.assert_close(ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i], W1[i].weight.grad, rtol=0, atol=0)
-        torch.testing.assert_close(ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i], W2[i].weight.grad, rtol=0, atol=0)
+        torch.testing.assert_close(
+            ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i], W1[i].weight.grad, rtol=0, atol=0
+        )
+        torch.testing.assert_close(
+            ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i], W2[i].weight.grad, rtol=0, atol=0
+        )
 
 
 def _losses(run):
-    return [m["train/CE loss"] for _, m in sorted(read_metrics(run).items()) if "train/CE loss" in m]
+    return [
+        m["train/CE loss"] for _, m in sorted(read_metrics(run).items()) if "train/CE loss" in m
+    ]
 
 
 RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null"]
@@ -143,7 +153,9 @@ def _check_close(fp32_run, f8_run, steps=(2, 4)):
     assert len(fp32) == len(f8) == 4 and fp32 != f8
     assert all(abs(a - b) <= 0.05 * a for a, b in zip(fp32, f8)), (fp32, f8)
     for step in steps:
-        assert all(torch.isfinite(w).all() for w in load_model_state(f8_run / f"step{step}").values())
+        assert all(
+            torch.isfinite(w).all() for w in load_model_state(f8_run / f"step{step}").values()
+        )
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +167,9 @@ def hourglass_runs(tmp_path_factory, demo_corpus):
     return root
 
 
-@pytest.mark.parametrize("shape, recipe", [("baseline", "rowwise"), ("variable_width", "tensorwise")])
+@pytest.mark.parametrize(
+    "shape, recipe", [("baseline", "rowwise"), ("variable_width", "tensorwise")]
+)
 def test_float8_losses_within_5_percent_of_fp32(tmp_path, demo_corpus, shape, recipe):
     train(_spec(tmp_path / "fp32", shape, *RUN))
     train(_spec(tmp_path / "f8", shape, *RUN, f"train.float8={recipe}"))
@@ -179,7 +193,9 @@ def test_float8_stop_and_resume_is_bit_exact(tmp_path, hourglass_runs):
 def test_fsdp_two_ranks_with_float8_all_gather(tmp_path, hourglass_runs):
     """torchrun x2 (gloo, FSDP2), tensorwise: OLMo-core's float8 all-gather of the linears' weights
     (precomputed scales); losses within 5% of one fp32 process's, the checkpoints finite."""
-    overrides = tiny_overrides(tmp_path / "fsdp", *SHAPES["hourglass"][0], *RUN, "train.float8=tensorwise")
+    overrides = tiny_overrides(
+        tmp_path / "fsdp", *SHAPES["hourglass"][0], *RUN, "train.float8=tensorwise"
+    )
     r = run_script("train.py", str(BASELINE), *overrides, torchrun=2, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     config = json.loads((tmp_path / "fsdp" / "step4" / "config.json").read_text())
@@ -187,19 +203,25 @@ def test_fsdp_two_ranks_with_float8_all_gather(tmp_path, hourglass_runs):
     _check_close(hourglass_runs / "fp32", tmp_path / "fsdp")
 
 
-def test_hf_export_of_a_float8_run_is_its_high_precision_weights(tmp_path, demo_corpus, hourglass_runs):
+def test_hf_export_of_a_float8_run_is_its_high_precision_weights(
+    tmp_path, demo_corpus, hourglass_runs
+):
     """The checkpoint of a float8 run holds the high-precision weights: the exported model's logits are
     OLMo-core's (no float8) forward with them."""
     from transformers import AutoModelForCausalLM
 
     step = hourglass_runs / "f8" / "step4"
     out = tmp_path / "hf"
-    r = run_in_process("export_hf.py", str(step), str(out), "--tokenizer", str(demo_corpus.tokenizer_file))
+    r = run_in_process(
+        "export_hf.py", str(step), str(out), "--tokenizer", str(demo_corpus.tokenizer_file)
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     spec = _spec(tmp_path, "hourglass")
     reference = spec.model.build(vocab_size(spec)).build()
     reference.load_state_dict(load_model_state(step))
-    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, torch_dtype=torch.float32
+    ).eval()
     ids = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (hf(ids).logits - reference.eval()(ids)).abs().max().item() < 1e-4
@@ -225,10 +247,15 @@ def test_bad_float8_choices_are_one_line(config, value, message):
 def test_float8_without_torchao_is_one_line(tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails as if torchao were missing
+    monkeypatch.setitem(
+        sys.modules, "torchao.float8", None
+    )  # import fails as if torchao were missing
     with pytest.raises(ConfigError) as e:
         load_and_resolve(BASELINE, tiny_overrides(tmp_path, "train.float8=tensorwise"))
-    assert str(e.value) == "command line: train.float8=tensorwise: needs torchao: pip install -e '.[float8]'"
+    assert (
+        str(e.value)
+        == "command line: train.float8=tensorwise: needs torchao: pip install -e '.[float8]'"
+    )
     assert load_and_resolve(BASELINE, tiny_overrides(tmp_path)).train.float8 == "off"
 
 
@@ -237,11 +264,20 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
     from olmo_patches.report.counts import count, float8_report
 
     spec = load_and_resolve(
-        BASELINE, tiny_overrides(tmp_path, "model.block=hourglass", "model.K=2", "model.d_h=24", "train.float8=tensorwise")
+        BASELINE,
+        tiny_overrides(
+            tmp_path,
+            "model.block=hourglass",
+            "model.K=2",
+            "model.d_h=24",
+            "train.float8=tensorwise",
+        ),
     )
     f, b = float8_report(spec), count(spec)
     assert f["float8_params"] == b.attention and f["float8_skipped_params"] == b.ffn
-    assert f["float8_skipped"] == [f"blocks.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w3", "w2")]
+    assert f["float8_skipped"] == [
+        f"blocks.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w3", "w2")
+    ]
     assert math.isclose(f["float8_skipped_params"], 2 * 3 * 2 * 32 * 24)
 
 
@@ -254,10 +290,15 @@ def test_memory_model_counts_float8s_weight_and_input_casts():
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
     model = spec.model.build(vocab_size(spec))
     d, K, d_h, s, L = 128, 8, 64, 128, 4
-    block = 4 * d * d + d + K * (3 * d * d_h + d)  # attention, its norm, K sub-MLPs with their norms
+    block = (
+        4 * d * d + d + K * (3 * d * d_h + d)
+    )  # attention, its norm, K sub-MLPs with their norms
     base, f8 = estimate(model, s), with_float8(estimate(model, s), model)
     for m in (1, 3):
         b, f = base.terms(m), f8.terms(m)
         assert f["float8 copies"] - b["float8 copies"] == 2 * block + m * s * d
-        assert b["hourglass weight copies"] == L * 2 * 2 * K * d_h * d and f["hourglass weight copies"] == 0
+        assert (
+            b["hourglass weight copies"] == L * 2 * 2 * K * d_h * d
+            and f["hourglass weight copies"] == 0
+        )
         assert all(f[k] == b[k] for k in b if k not in ("float8 copies", "hourglass weight copies"))

@@ -18,9 +18,14 @@ def _models():
     from olmo_patches.config import vocab_size
     from olmo_patches.launch.layout import load_and_resolve
 
-    spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml", ["model.K=2", "model.n_layers=2"])
+    spec = load_and_resolve(
+        REPO / "configs" / "demo" / "hourglass.yaml", ["model.K=2", "model.n_layers=2"]
+    )
     dense = spec.model.build(vocab_size(spec))
-    return {"hourglass": (dense, dense.vocab_size), "hourglass-experts": (_transformer(_blocks(K=2)[1]), 128)}
+    return {
+        "hourglass": (dense, dense.vocab_size),
+        "hourglass-experts": (_transformer(_blocks(K=2)[1]), 128),
+    }
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -29,7 +34,9 @@ def _rank(rank: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
     result = {}
     for name, (config, vocab) in _models().items():
         torch.manual_seed(0)
@@ -42,7 +49,11 @@ def _rank(rank: int, port: int, out: str) -> None:
         model.apply_fsdp(dp_mesh=init_device_mesh("cpu", (WORLD,)))
         loss = model(ids).float().square().mean()
         loss.backward()
-        ffn = {n: (get_local_tensor(p).numel(), p.numel()) for n, p in model.named_parameters() if ".feed_forward" in n}
+        ffn = {
+            n: (get_local_tensor(p).numel(), p.numel())
+            for n, p in model.named_parameters()
+            if ".feed_forward" in n
+        }
         result[name] = {"ffn": ffn, "loss": loss.item(), "reference": reference}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
@@ -62,6 +73,12 @@ def test_every_rank_holds_an_even_share_of_the_stacked_weights(tmp_path):
         for p, (_, numel) in params.items():
             shares = [r[name]["ffn"][p][0] for r in ranks]
             assert sum(shares) == numel, (name, p, shares)  # no element twice, none lost
-            assert max(shares) <= 1.1 * numel / WORLD and min(shares) >= 0.9 * numel / WORLD, (name, p, shares)
+            assert max(shares) <= 1.1 * numel / WORLD and min(shares) >= 0.9 * numel / WORLD, (
+                name,
+                p,
+                shares,
+            )
         for r in ranks:  # the sharded model computes what the whole model does
-            assert abs(r[name]["loss"] - r[name]["reference"]) <= 1e-5 * abs(r[name]["reference"]), (name, r[name])
+            assert abs(r[name]["loss"] - r[name]["reference"]) <= 1e-5 * abs(
+                r[name]["reference"]
+            ), (name, r[name])

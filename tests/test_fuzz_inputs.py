@@ -39,7 +39,9 @@ def _comments() -> dict:
             for item in node.body:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                     line = source[item.lineno - 1]
-                    found[(node.name, item.target.id)] = line.split("  # ", 1)[1] if "  # " in line else ""
+                    found[(node.name, item.target.id)] = (
+                        line.split("  # ", 1)[1] if "  # " in line else ""
+                    )
     return found
 
 
@@ -76,16 +78,25 @@ CONTEXT = {
     "model.moe.": MOE,
     "model.rope_scaling.": ["model.rope_scaling.factor=8"],
     "train.power.": ["train.schedule=power", "train.power.a=64", "train.power.c=2048"],
-    "train.activation_checkpointing.block_interval": ["train.activation_checkpointing=selected_blocks:2"],
-    "train.activation_checkpointing.budget": ["train.activation_checkpointing=budget:0.5", "train.compile=true"],
-    "train.activation_checkpointing.modules": ["train.activation_checkpointing=selected_modules:blocks.*.attention"],
+    "train.activation_checkpointing.block_interval": [
+        "train.activation_checkpointing=selected_blocks:2"
+    ],
+    "train.activation_checkpointing.budget": [
+        "train.activation_checkpointing=budget:0.5",
+        "train.compile=true",
+    ],
+    "train.activation_checkpointing.modules": [
+        "train.activation_checkpointing=selected_modules:blocks.*.attention"
+    ],
     "data.paths": ["data.source=numpy", "data.tokenizer=dolma2", "model.vocab_size=null"],
     "data.base": ["data.source=olmo2_stage1", "data.tokenizer=dolma2", "model.vocab_size=null"],
 }
 
 
 def context(key: str) -> list:
-    return next((v for k, v in CONTEXT.items() if key == k or (k.endswith(".") and key.startswith(k))), [])
+    return next(
+        (v for k, v in CONTEXT.items() if key == k or (k.endswith(".") and key.startswith(k))), []
+    )
 
 
 def choices(comment: str) -> bool:
@@ -96,8 +107,12 @@ def choices(comment: str) -> bool:
 def must_refuse(kind, default, comment: str) -> list:
     """Values that are wrong whatever the key means: by the key's type, the sign of its default, the
     choices its comment lists."""
-    shapes = ["{a: 1}"] + (["[1]"] if kind is not typing.List[int] and typing.get_origin(kind) is not list else [])
-    if kind is bool:  # omegaconf's BooleanNode reads any integer as a bool (0: false), as Python does
+    shapes = ["{a: 1}"] + (
+        ["[1]"] if kind is not typing.List[int] and typing.get_origin(kind) is not list else []
+    )
+    if (
+        kind is bool
+    ):  # omegaconf's BooleanNode reads any integer as a bool (0: false), as Python does
         return ["abc", "1.5", *shapes]
     if kind in (int, float):
         values = ["abc", "''", "nan", "-inf", "1e23", "99999999999999999999999", *shapes]
@@ -127,7 +142,11 @@ def work(tmp_path, monkeypatch):
 
 
 def _load(overrides: list, path: Path = BASELINE, work: Path = Path("."), key: str = ""):
-    base = [f"{k}={work / v}" for k, v in (("run.save_folder", "run"), ("data.work_dir", "cache")) if k != key]
+    base = [
+        f"{k}={work / v}"
+        for k, v in (("run.save_folder", "run"), ("data.work_dir", "cache"))
+        if k != key
+    ]
     start = time.perf_counter()
     try:
         load_and_resolve(path, [*base, *overrides], Layout.plan(1, 1))
@@ -194,15 +213,33 @@ def first_of_each_kind(values: list) -> list:
 
 
 @pytest.mark.parametrize("key,kind,default,comment", KEYS, ids=[k for k, *_ in KEYS])
-def test_every_key_refuses_bad_values_on_the_command_line(work, demo_paths, key, kind, default, comment):
+def test_every_key_refuses_bad_values_on_the_command_line(
+    work, demo_paths, key, kind, default, comment
+):
     base = _paths(context(key), demo_paths)
     for value in first_of_each_kind(must_refuse(kind, default, comment)):
-        _check(*_load([*base, f"{key}={value}"], work=work, key=key), key, "command line", True, f"{key}={value}")
+        _check(
+            *_load([*base, f"{key}={value}"], work=work, key=key),
+            key,
+            "command line",
+            True,
+            f"{key}={value}",
+        )
     for value in may_accept(kind):
-        _check(*_load([*base, f"{key}={value}"], work=work, key=key), key, "command line", False, f"{key}={value}")
+        _check(
+            *_load([*base, f"{key}={value}"], work=work, key=key),
+            key,
+            "command line",
+            False,
+            f"{key}={value}",
+        )
 
 
-CASES = [(key, value) for key, kind, default, comment in KEYS for value in must_refuse(kind, default, comment)]
+CASES = [
+    (key, value)
+    for key, kind, default, comment in KEYS
+    for value in must_refuse(kind, default, comment)
+]
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -223,25 +260,39 @@ def test_any_bad_value_of_any_key_is_refused(tmp_path_factory, case):
 
 def _yaml(key: str, value: str) -> str:
     parts = key.split(".")
-    return "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parts[:-1])) + f"{'  ' * (len(parts) - 1)}{parts[-1]}: {value}\n"
+    return (
+        "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parts[:-1]))
+        + f"{'  ' * (len(parts) - 1)}{parts[-1]}: {value}\n"
+    )
 
 
 @pytest.mark.parametrize("key,kind,default,comment", KEYS, ids=[k for k, *_ in KEYS])
-def test_every_key_refuses_a_bad_value_in_a_file(tmp_path, work, demo_paths, key, kind, default, comment):
+def test_every_key_refuses_a_bad_value_in_a_file(
+    tmp_path, work, demo_paths, key, kind, default, comment
+):
     """The first must-refuse value, written in a config that extends the demo's: the line blames that file."""
     value = must_refuse(kind, default, comment)[0]
     config = tmp_path / "bad.yaml"
     config.write_text(f"extends: {BASELINE}\n{_yaml(key, value)}")
-    _check(*_load(_paths(context(key), demo_paths), config, work, key), key, str(config), True, f"{key}: {value} in a file")
+    _check(
+        *_load(_paths(context(key), demo_paths), config, work, key),
+        key,
+        str(config),
+        True,
+        f"{key}: {value} in a file",
+    )
 
 
 NUMBERS = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not math.isfinite(x) or abs(x) > 2**53),
+    st.floats(allow_nan=True, allow_infinity=True).filter(
+        lambda x: not math.isfinite(x) or abs(x) > 2**53
+    ),
     st.integers(min_value=2**53 + 1),
     st.integers(max_value=-(2**53) - 1),
 )
 WORDS = st.text(st.characters(whitelist_categories=("Ll", "Lu")), min_size=1, max_size=12).filter(
-    lambda w: w.lower() not in ("true", "false", "yes", "no", "on", "off", "null", "nan", "inf", "y", "n")
+    lambda w: w.lower()
+    not in ("true", "false", "yes", "no", "on", "off", "null", "nan", "inf", "y", "n")
 )
 NUMERIC = [k for k in KEYS if k[1] in (int, float)]
 CHOICES = [k for k in KEYS if k[1] is str and choices(k[3])]
@@ -261,14 +312,21 @@ def test_any_number_beyond_2_53_or_not_finite_is_refused(tmp_path_factory, key_k
 def test_any_word_is_refused_by_a_number_or_a_choice(tmp_path_factory, key_kind, word):
     key, kind, default, comment = key_kind
     line, seconds = _load([*context(key), f"{key}={word}"], work=tmp_path_factory.mktemp("w"))
-    legal = kind is str and word in comment.replace("|", " ").replace("(", " ").replace(":", " ").split()
+    legal = (
+        kind is str
+        and word in comment.replace("|", " ").replace("(", " ").replace(":", " ").split()
+    )
     _check(line, seconds, key, "command line", not legal, f"{key}={word}")
 
 
 # --- the scripts' arguments ------------------------------------------------------------------------
 
 # Every script that takes arguments (gpu_check.py runs before the project's dependencies exist: plain argparse)
-SCRIPTS = sorted(p.name for p in (REPO / "scripts").glob("*.py") if p.name != "gpu_check.py" and "add_argument(" in p.read_text())
+SCRIPTS = sorted(
+    p.name
+    for p in (REPO / "scripts").glob("*.py")
+    if p.name != "gpu_check.py" and "add_argument(" in p.read_text()
+)
 
 
 class _Parsed(BaseException):
@@ -283,7 +341,10 @@ def _parsers(script: str) -> list:
         found.append(self)
         raise _Parsed
 
-    saved = {name: getattr(argparse.ArgumentParser, name) for name in ("parse_args", "parse_intermixed_args", "parse_known_args")}
+    saved = {
+        name: getattr(argparse.ArgumentParser, name)
+        for name in ("parse_args", "parse_intermixed_args", "parse_known_args")
+    }
     old_argv = sys.argv
     try:
         for name in saved:
@@ -308,7 +369,10 @@ def _numeric(action) -> bool:
     try:  # at_least(...) and the like: a number parses
         return action.type is not None and isinstance(action.type("1"), (int, float))
     except (argparse.ArgumentTypeError, ValueError, TypeError):
-        return isinstance(action.type, type(lambda: 0)) and action.type.__name__ in ("parse", "fraction")
+        return isinstance(action.type, type(lambda: 0)) and action.type.__name__ in (
+            "parse",
+            "fraction",
+        )
 
 
 ARGUMENTS = [
@@ -334,14 +398,18 @@ def test_the_walk_finds_the_scripts_numeric_arguments():
     assert len(ARGUMENTS) >= 30
 
 
-@pytest.mark.parametrize("script,prefix,option", ARGUMENTS, ids=[f"{s} {' '.join(p)} {o}" for s, p, o in ARGUMENTS])
+@pytest.mark.parametrize(
+    "script,prefix,option", ARGUMENTS, ids=[f"{s} {' '.join(p)} {o}" for s, p, o in ARGUMENTS]
+)
 def test_every_numeric_argument_refuses_bad_values(work, script, prefix, option):
     for value in BAD_NUMBERS:
         start = time.perf_counter()
         result = run_in_process(script, *prefix, f"{option}={value}", cwd=work, timeout=60)
         assert time.perf_counter() - start < SECONDS, f"{script} {option}={value}"
         lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and result.stdout == "", f"{script} {option}={value}: {result.returncode} {result.stderr}"
+        assert result.returncode == 2 and result.stdout == "", (
+            f"{script} {option}={value}: {result.returncode} {result.stderr}"
+        )
         assert len(lines) == 1 and option in lines[0] and "error: argument" in lines[0], (
             f"{script} {option}={value}: {result.stderr}"
         )
@@ -357,15 +425,33 @@ def test_a_negative_budget_is_a_value_not_an_unknown_option(work):
 
 NEWCOMER = [
     ("train.py", [str(BASELINE), "train.global_batch_size=1e23"], "train.global_batch_size"),
-    ("train.py", [str(BASELINE), "train.global_batch_size=100000000000"], "train.global_batch_size"),
+    (
+        "train.py",
+        [str(BASELINE), "train.global_batch_size=100000000000"],
+        "train.global_batch_size",
+    ),
     ("train.py", [str(BASELINE), "data.sequence_length=1000000000"], "data.sequence_length"),
     ("train.py", [str(BASELINE), "train.seed=-1"], "train.seed"),
     ("train.py", [str(BASELINE), "model.d_h_multiple=0"], "model.d_h_multiple"),
-    ("train.py", [str(BASELINE), "model.block=variable_width", "model.widths.r_d=0"], "model.widths.r_d"),
-    ("train.py", [str(BASELINE), "model.block=variable_width", "model.widths.r_l=1.5"], "model.widths.r_l"),
     (
         "train.py",
-        [str(BASELINE), "train.schedule=power", "train.power.a=64", "train.power.c=2048", "train.power.b=nan"],
+        [str(BASELINE), "model.block=variable_width", "model.widths.r_d=0"],
+        "model.widths.r_d",
+    ),
+    (
+        "train.py",
+        [str(BASELINE), "model.block=variable_width", "model.widths.r_l=1.5"],
+        "model.widths.r_l",
+    ),
+    (
+        "train.py",
+        [
+            str(BASELINE),
+            "train.schedule=power",
+            "train.power.a=64",
+            "train.power.c=2048",
+            "train.power.b=nan",
+        ],
         "train.power.b",
     ),
     ("train.py", [str(BASELINE), "run.stop_at_step=201"], "run.stop_at_step"),
@@ -377,12 +463,20 @@ NEWCOMER = [
 ]
 
 
-@pytest.mark.parametrize("script,args,key", NEWCOMER, ids=[f"{s} {' '.join(a[1:])}" for s, a, _ in NEWCOMER])
+@pytest.mark.parametrize(
+    "script,args,key", NEWCOMER, ids=[f"{s} {' '.join(a[1:])}" for s, a, _ in NEWCOMER]
+)
 def test_what_a_new_user_tried_is_refused_in_one_line(work, script, args, key):
-    extra = [f"run.save_folder={work / 'run'}", f"data.work_dir={work / 'cache'}"] if script == "train.py" else []
+    extra = (
+        [f"run.save_folder={work / 'run'}", f"data.work_dir={work / 'cache'}"]
+        if script == "train.py"
+        else []
+    )
     result = run_in_process(script, *args, *extra, cwd=work, timeout=60)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and result.stdout == "" and len(lines) == 1 and key in lines[0], result.stderr
+    assert result.returncode == 2 and result.stdout == "" and len(lines) == 1 and key in lines[0], (
+        result.stderr
+    )
 
 
 def test_a_yaml_section_set_to_a_value_names_the_file_and_the_key(tmp_path, work):
@@ -392,9 +486,13 @@ def test_a_yaml_section_set_to_a_value_names_the_file_and_the_key(tmp_path, work
     assert line == f"{config}: train: '5' is not a section (a mapping of keys)"
 
 
-@pytest.mark.parametrize("script,args,key", [NEWCOMER[0], NEWCOMER[-3]], ids=["train.py", "search.py"])
+@pytest.mark.parametrize(
+    "script,args,key", [NEWCOMER[0], NEWCOMER[-3]], ids=["train.py", "search.py"]
+)
 def test_a_fresh_process_refuses_in_one_line(tmp_path, script, args, key):
-    result = run_script(script, *args, *([f"run.save_folder={tmp_path / 'run'}"] if script == "train.py" else []))
+    result = run_script(
+        script, *args, *([f"run.save_folder={tmp_path / 'run'}"] if script == "train.py" else [])
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and key in lines[0], result.stderr
     assert not (tmp_path / "run").exists()
@@ -426,7 +524,9 @@ def _token_files(root: Path) -> dict:
     return files
 
 
-@pytest.mark.parametrize("case", ["missing", "folder", "empty", "1001 bytes", "one token short of a sequence", "uint16"])
+@pytest.mark.parametrize(
+    "case", ["missing", "folder", "empty", "1001 bytes", "one token short of a sequence", "uint16"]
+)
 def test_a_bad_token_file_is_one_line_naming_it(tmp_path, work, case):
     path = _token_files(tmp_path / "data")[case]
     line, seconds = _load([*NUMPY, f"data.paths=[{path}]"], work=work)
@@ -438,7 +538,9 @@ def test_token_files_short_of_one_global_batch_are_refused(tmp_path, work):
     path = tmp_path / "tokens.npy"
     path.write_bytes(bytes(4 * 128 * 15))  # 15 instances; the demo's global batch is 16
     line, _ = _load([*NUMPY, f"data.paths=[{path}]"], work=work)
-    assert line is not None and "data.paths" in line and "fewer than one global batch of 16" in line, line
+    assert (
+        line is not None and "data.paths" in line and "fewer than one global batch of 16" in line
+    ), line
     path.write_bytes(bytes(4 * 128 * 16))
     assert _load([*NUMPY, f"data.paths=[{path}]"], work=work)[0] is None
 
@@ -455,7 +557,12 @@ def test_a_folder_that_is_a_file_or_under_one_is_refused(tmp_path, work, key):
 def _paths_of(tmp_path: Path) -> dict:
     file = tmp_path / "file.txt"
     file.write_text("x\n")
-    return {"file": file, "under a file": file / "sub", "missing": tmp_path / "missing", "folder": tmp_path}
+    return {
+        "file": file,
+        "under a file": file / "sub",
+        "missing": tmp_path / "missing",
+        "folder": tmp_path,
+    }
 
 
 # (script, arguments with {file}, {under a file}, {missing}, {folder}, the argument the line names)
@@ -468,7 +575,11 @@ PATHS = [
     ("demo.py", ["--out", "{under a file}"], "--out"),
     ("export_hf.py", ["{folder}", "{file}"], "OUT_DIR"),
     ("data_order.py", ["manifest", "--paths-file", "{missing}"], "--paths-file"),
-    ("data_order.py", ["indices", "--paths-file", "{folder}", "--out", "{missing}"], "--paths-file"),
+    (
+        "data_order.py",
+        ["indices", "--paths-file", "{folder}", "--out", "{missing}"],
+        "--paths-file",
+    ),
     ("data_order.py", ["materialize", "--instances", "1", "--out", "{file}"], "--out"),
     ("data_order.py", ["indices", "--out", "{folder}"], "--out"),
     ("data_order.py", ["verify", "--out", "{missing}"], "--out"),
@@ -495,7 +606,9 @@ def test_the_demo_corpus_cache_does_not_depend_on_the_working_folder(tmp_path, w
     here = load_and_resolve(BASELINE, [f"run.save_folder={work / 'run'}"], Layout.plan(1, 1))
     assert demo_cache(here) == REPO / ".cache" / "demo-corpus"
     elsewhere = load_and_resolve(
-        BASELINE, [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"], Layout.plan(1, 1)
+        BASELINE,
+        [f"run.save_folder={work / 'run'}", f"data.demo_cache={tmp_path / 'c'}"],
+        Layout.plan(1, 1),
     )
     assert demo_cache(elsewhere) == tmp_path / "c"
 
@@ -509,7 +622,9 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
 
     run = tmp_path / "run"
     run.mkdir()
-    other = load_and_resolve(BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1))
+    other = load_and_resolve(
+        BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1)
+    )
     (run / "config.yaml").write_text(spec_to_yaml(other))
     # a complete checkpoint beside the record, as OLMo-core's Checkpointer.dir_is_checkpoint knows one
     # (a record without one binds nothing: tests/test_run_record.py)
@@ -517,17 +632,34 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
         (run / "step2" / name).parent.mkdir(parents=True, exist_ok=True)
         (run / "step2" / name).write_text("")
     before = sorted(p.name for p in run.iterdir())
-    result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and result.stdout == "" and "holds a run with another config (changed: train.lr" in lines[-1], (
-        result.stderr
+    result = run_in_process(
+        "train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work
     )
+    lines = result.stderr.strip().splitlines()
+    assert (
+        result.returncode == 2
+        and result.stdout == ""
+        and "holds a run with another config (changed: train.lr" in lines[-1]
+    ), result.stderr
     (run / "config.yaml").unlink()
-    holder = {"host": socket.gethostname(), "pid": os.getppid(), "slurm_job": None, "since": "then"}  # a live process
+    holder = {
+        "host": socket.gethostname(),
+        "pid": os.getppid(),
+        "slurm_job": None,
+        "since": "then",
+    }  # a live process
     (run / ".lock").write_text(json.dumps(holder))
-    result = run_in_process("train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work)
-    assert result.returncode == 2 and f"is in use by pid {os.getppid()}" in result.stderr.strip().splitlines()[-1], result.stderr
-    assert before == ["config.yaml", "step2"] and sorted(p.name for p in run.iterdir()) == [".lock", "step2"]  # nothing written
+    result = run_in_process(
+        "train.py", str(BASELINE), f"run.save_folder={run}", "--dry-run", cwd=work
+    )
+    assert (
+        result.returncode == 2
+        and f"is in use by pid {os.getppid()}" in result.stderr.strip().splitlines()[-1]
+    ), result.stderr
+    assert before == ["config.yaml", "step2"] and sorted(p.name for p in run.iterdir()) == [
+        ".lock",
+        "step2",
+    ]  # nothing written
 
 
 def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
@@ -538,8 +670,14 @@ def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": None, "since": "then"}))
-    result = run_script("train.py", str(BASELINE), f"run.save_folder={run}", f"data.work_dir={tmp_path / 'cache'}")
+    (run / ".lock").write_text(
+        json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "slurm_job": None, "since": "then"}
+        )
+    )
+    result = run_script(
+        "train.py", str(BASELINE), f"run.save_folder={run}", f"data.work_dir={tmp_path / 'cache'}"
+    )
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         f"error: {run} is in use by pid {os.getpid()} on {socket.gethostname()} since then; wait for it, or remove {run / '.lock'} if that process is gone"
     ], result.stderr

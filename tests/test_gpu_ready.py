@@ -17,7 +17,15 @@ from olmo_patches.train.checkpoints import load_model_state
 
 from .conftest import REPO, run_in_process, tiny_overrides
 
-CONFIGS = ["113M/baseline", "113M/hourglass", "113M/variable-width", "1B/baseline", "1B/hourglass", "1B/olmo2", "demo/baseline"]
+CONFIGS = [
+    "113M/baseline",
+    "113M/hourglass",
+    "113M/variable-width",
+    "1B/baseline",
+    "1B/hourglass",
+    "1B/olmo2",
+    "demo/baseline",
+]
 
 
 def _load(name, *extra):
@@ -67,12 +75,20 @@ def test_explicit_backends(flash, monkeypatch):
         attention_backend(spec, "cuda")
     with monkeypatch.context() as m:  # the same config loaded on a CUDA machine without flash-attn
         m.setattr(torch.cuda, "is_available", lambda: True)
-        with pytest.raises(ConfigError, match="command line: model.attention_backend=flash_2: flash_2 does not import"):
+        with pytest.raises(
+            ConfigError,
+            match="command line: model.attention_backend=flash_2: flash_2 does not import",
+        ):
             _load("113M/baseline", "model.attention_backend=flash_2")
     flash(2)
     assert attention_backend(spec, "cuda").name == "flash_2"
-    assert attention_backend(_load("113M/baseline", "model.attention_backend=torch"), "cuda").name == "torch"
-    with pytest.raises(ConfigError, match="command line: model.attention_backend=flash_2: flash attention needs"):
+    assert (
+        attention_backend(_load("113M/baseline", "model.attention_backend=torch"), "cuda").name
+        == "torch"
+    )
+    with pytest.raises(
+        ConfigError, match="command line: model.attention_backend=flash_2: flash attention needs"
+    ):
         _load("113M/baseline", "model.attention_backend=flash_2", "train.precision=fp32")
     with pytest.raises(ConfigError, match="model.attention_backend=xformers"):
         _load("113M/baseline", "model.attention_backend=xformers")
@@ -86,24 +102,40 @@ def test_backend_reaches_the_built_model_and_the_dry_run(tmp_path, demo_corpus):
 
     spec = load_and_resolve(
         REPO / "configs" / "demo" / "baseline.yaml",
-        tiny_overrides(tmp_path, "train.max_steps=1", "train.precision=bf16", "model.attention_backend=flash_2"),
+        tiny_overrides(
+            tmp_path, "train.max_steps=1", "train.precision=bf16", "model.attention_backend=flash_2"
+        ),
     )
     exp = build_experiment(spec, resolve_data(spec))
     assert exp.model.block.sequence_mixer.backend == "torch"
     model = exp.model.build()
-    assert all(isinstance(b.attention.backend, TorchAttentionBackend) for b in model.blocks.values())
-    r = run_in_process("train.py", str(REPO / "configs" / "113M" / "hourglass.yaml"), "train.hardware=none", "--dry-run")
+    assert all(
+        isinstance(b.attention.backend, TorchAttentionBackend) for b in model.blocks.values()
+    )
+    r = run_in_process(
+        "train.py",
+        str(REPO / "configs" / "113M" / "hourglass.yaml"),
+        "train.hardware=none",
+        "--dry-run",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "attention backend" in r.stdout and "torch (auto: no CUDA device)" in r.stdout
 
 
 # --- data loader workers --------------------------------------------------------------------------
 
-RUN = ["train.max_steps=6", "run.save_interval=3", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
+RUN = [
+    "train.max_steps=6",
+    "run.save_interval=3",
+    "run.ephemeral_save_interval=null",
+    "run.trace_batches=true",
+]
 
 
 def _spec(folder, *extra):
-    return load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(folder, *RUN, *extra))
+    return load_and_resolve(
+        REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(folder, *RUN, *extra)
+    )
 
 
 def test_workers_keep_the_batches_and_resume_bit_identical(tmp_path_factory, demo_corpus):
@@ -116,16 +148,27 @@ def test_workers_keep_the_batches_and_resume_bit_identical(tmp_path_factory, dem
     train(_spec(workers, "data.num_workers=2", "data.prefetch_factor=3"))
     trace = read_batch_trace(serial)
     assert sorted(trace) == [1, 2, 3, 4, 5, 6] and read_batch_trace(workers) == trace
-    losses = {s: m["train/CE loss"] for s, m in read_metrics(serial).items() if "train/CE loss" in m}
-    assert {s: m["train/CE loss"] for s, m in read_metrics(workers).items() if "train/CE loss" in m} == losses
+    losses = {
+        s: m["train/CE loss"] for s, m in read_metrics(serial).items() if "train/CE loss" in m
+    }
+    assert {
+        s: m["train/CE loss"] for s, m in read_metrics(workers).items() if "train/CE loss" in m
+    } == losses
     a, b = load_model_state(serial / "step6"), load_model_state(workers / "step6")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_worker_keys_are_checked(tmp_path):
-    for bad, key in (("data.num_workers=-1", "data.num_workers=-1"), ("data.prefetch_factor=2", "data.prefetch_factor=2")):
+    for bad, key in (
+        ("data.num_workers=-1", "data.num_workers=-1"),
+        ("data.prefetch_factor=2", "data.prefetch_factor=2"),
+    ):
         with pytest.raises(ConfigError, match=f"command line: {key}"):
-            _spec(tmp_path, bad, "data.num_workers=0" if "prefetch" in bad else "data.prefetch_factor=null")
+            _spec(
+                tmp_path,
+                bad,
+                "data.num_workers=0" if "prefetch" in bad else "data.prefetch_factor=null",
+            )
 
 
 # --- scripts/gpu_check.py: the GPU checks (tests/gpu/) and their table -------------------------------
@@ -137,9 +180,18 @@ def test_gpu_check_rehearsal(tmp_path):
     # x5: the H200 budgets on a shared 2-core machine (load average 12-15 measured: attention took 35 s of 20 x 3)
     r = run_in_process("gpu_check.py", "--rehearse", "--budget-scale", "5", "--out", str(tmp_path))
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    failed = [(s["title"], s["seconds"], r) for s in result["sections"] for r in s["rows"] if r["result"] == "FAIL"]
+    failed = [
+        (s["title"], s["seconds"], r)
+        for s in result["sections"]
+        for r in s["rows"]
+        if r["result"] == "FAIL"
+    ]
     assert r.returncode == 0, (failed, r.stderr[-3000:])
-    assert result["mode"] == "rehearsal" and result["device"] == "cpu (rehearsal)" and result["budget_scale"] == 5
+    assert (
+        result["mode"] == "rehearsal"
+        and result["device"] == "cpu (rehearsal)"
+        and result["budget_scale"] == 5
+    )
     sections = {s["title"]: s for s in result["sections"]}
     assert list(sections) == [
         "dependencies",
@@ -152,16 +204,35 @@ def test_gpu_check_rehearsal(tmp_path):
         "float8",
     ]
     deps = {r["name"]: r for r in sections.pop("dependencies")["rows"]}
-    assert deps["torchao"]["result"] == "pass" and deps["torchao"]["value"] == "0.18.0"  # the lock's
-    for name in ("flash_attn_2", "flash_attn_3", "liger", "grouped_gemm"):  # not in this venv; no CPU claim needs them
-        assert deps[name]["result"] == "missing" and deps[name]["detail"].startswith("instead: "), deps[name]
+    assert (
+        deps["torchao"]["result"] == "pass" and deps["torchao"]["value"] == "0.18.0"
+    )  # the lock's
+    for name in (
+        "flash_attn_2",
+        "flash_attn_3",
+        "liger",
+        "grouped_gemm",
+    ):  # not in this venv; no CPU claim needs them
+        assert deps[name]["result"] == "missing" and deps[name]["detail"].startswith("instead: "), (
+            deps[name]
+        )
     # the budgets on one H200 with start-up and the offline install: the whole run within 8 minutes
     from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
 
-    assert sum(s["budget_s"] for s in sections.values()) / 5 + budget(INSTALL_ESTIMATE_S) + STARTUP_ESTIMATE_S <= 8 * 60
-    assert all(s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()), sections
+    assert (
+        sum(s["budget_s"] for s in sections.values()) / 5
+        + budget(INSTALL_ESTIMATE_S)
+        + STARTUP_ESTIMATE_S
+        <= 8 * 60
+    )
+    assert all(
+        s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()
+    ), sections
     rows = {f"{s['title']}: {r['name']}": r for s in result["sections"] for r in s["rows"]}
-    assert all(r["rehearsal"] for r in rows.values()) and "pass (rehearsal)" in (tmp_path / "gpu_check.md").read_text()
+    assert (
+        all(r["rehearsal"] for r in rows.values())
+        and "pass (rehearsal)" in (tmp_path / "gpu_check.md").read_text()
+    )
     for block in [
         "baseline pre",
         "baseline post",
@@ -173,7 +244,9 @@ def test_gpu_check_rehearsal(tmp_path):
     ]:
         logits = rows[f"bf16 vs fp32: {block}: logits"]
         # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
-        assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", logits
+        assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", (
+            logits
+        )
     # The attention rows at the rehearsal's three head dims of the shipped configs: the smallest, the
     # largest and the first that is not a multiple of 8 (read here from the configs themselves).
     from olmo_patches.config import load_spec
@@ -190,7 +263,10 @@ def test_gpu_check_rehearsal(tmp_path):
     kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
     dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
     odd = next(d for d in shipped if d % 8)
-    assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (dims, shipped)
+    assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (
+        dims,
+        shipped,
+    )
     assert all(2.0**-16 < float(r["value"]) and "stands in" in r["detail"] for r in kernels)
     for block in ("baseline pre", "hourglass pre", "variable width learned"):
         for row in (
@@ -198,27 +274,47 @@ def test_gpu_check_rehearsal(tmp_path):
             "compiled vs eager: gradients (worst tensor)",
             "loss after 3 AdamW steps, compiled vs eager",
         ):
-            assert float(rows[f"compile: {block}: {row}"]["value"]) == 0.0  # aot_eager runs the eager kernels
+            assert (
+                float(rows[f"compile: {block}: {row}"]["value"]) == 0.0
+            )  # aot_eager runs the eager kernels
         assert rows[f"compile: {block}: graph breaks (first 2 steps)"]["value"] == "0"
-        assert int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2  # each block: 2 graphs
+        assert (
+            int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2
+        )  # each block: 2 graphs
         assert rows[f"compile: {block}: graphs compiled in 3 more training steps"]["value"] == "0"
     resume = sections["resume"]["rows"]
     assert [r["detail"] for r in resume] == ["bit-identical"] * 2  # one CPU process: deterministic
     for scale in ("113M", "1B"):
         for variant in ("baseline", "hourglass"):
-            assert float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", "")) > 0
-            assert rows[f"trainer: {scale} {variant} (toy): peak reserved <= estimate"]["result"] == "shown"
+            assert (
+                float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", ""))
+                > 0
+            )
+            assert (
+                rows[f"trainer: {scale} {variant} (toy): peak reserved <= estimate"]["result"]
+                == "shown"
+            )
             setting = rows[f"trainer: {scale} {variant} (toy): tokens/s"]["detail"]
-            assert setting.startswith("attention torch, loss default, float8 off, compile off, checkpointing off"), setting
+            assert setting.startswith(
+                "attention torch, loss default, float8 off, compile off, checkpointing off"
+            ), setting
         assert rows[f"trainer: {scale}: MFU hourglass / baseline"]["result"] == "shown"
-    for config in ("113M/hourglass-aligned", "1B/hourglass-aligned", "906M/hourglass-revised"):  # float8-able shapes
+    for config in (
+        "113M/hourglass-aligned",
+        "1B/hourglass-aligned",
+        "906M/hourglass-revised",
+    ):  # float8-able shapes
         assert rows[f"FFN vs FFN: {config} bf16: hourglass / baseline TFLOP/s"]["result"] == "shown"
-        assert rows[f"FFN vs FFN: {config} StackedLinear float8 vs bf16: output"]["result"] == "pass"
+        assert (
+            rows[f"FFN vs FFN: {config} StackedLinear float8 vs bf16: output"]["result"] == "pass"
+        )
     for config in ("113M/hourglass", "1B/hourglass"):  # d_h 678, d_model 3192: not multiples of 16
         assert rows[f"FFN vs FFN: {config} float8"]["value"] == "not float8-able"
     speed, loss = sections["float8"]["rows"]
     assert speed["result"] == "shown" and "torchao emulates" in speed["detail"]
-    assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", loss  # float8 really ran, close to bf16
+    assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", (
+        loss
+    )  # float8 really ran, close to bf16
 
 
 def test_gpu_tests_skip_on_cpu_saying_why():
@@ -226,7 +322,8 @@ def test_gpu_tests_skip_on_cpu_saying_why():
     r = run_in_process("gpu_check.py", "--out", "unused")
     assert (
         r.returncode == 2
-        and r.stderr.strip() == "command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes"
+        and r.stderr.strip()
+        == "command line: no CUDA device here; --rehearse runs every section on CPU at toy sizes"
     )
 
     class Reports:
@@ -237,11 +334,21 @@ def test_gpu_tests_skip_on_cpu_saying_why():
             self.reports.append(report)
 
     seen = Reports()
-    assert pytest.main(["-q", "-p", "no:cacheprovider", str(REPO / "tests" / "gpu" / "test_bf16.py")], plugins=[seen]) == 0
+    assert (
+        pytest.main(
+            ["-q", "-p", "no:cacheprovider", str(REPO / "tests" / "gpu" / "test_bf16.py")],
+            plugins=[seen],
+        )
+        == 0
+    )
     skipped = [r for r in seen.reports if r.skipped]
-    assert len(skipped) == 7 and not any(r.failed or r.passed and r.when == "call" for r in seen.reports)
+    assert len(skipped) == 7 and not any(
+        r.failed or r.passed and r.when == "call" for r in seen.reports
+    )
     assert all(
-        "needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)" in r.longrepr[2] for r in skipped
+        "needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on CPU at toy sizes)"
+        in r.longrepr[2]
+        for r in skipped
     )
 
 
@@ -283,7 +390,10 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     (folder / "test_zz_slow.py").write_text(BUDGETED)
     (folder / "test_zz_next.py").write_text(BUDGETED.replace("time.sleep(5)", "pass"))
     plugin = GpuCheck(
-        out, rehearse=True, device="cpu", sections={"test_zz_slow.py": ("slow", 1), "test_zz_next.py": ("next", 30)}
+        out,
+        rehearse=True,
+        device="cpu",
+        sections={"test_zz_slow.py": ("slow", 1), "test_zz_next.py": ("next", 30)},
     )
     code = pytest.main(
         [
@@ -300,7 +410,9 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     assert code == 1
     result = json.loads((out / "gpu_check.json").read_text())
     slow, after = result["sections"]
-    assert slow["result"] == "FAIL" and 1 <= slow["seconds"] < 4  # stopped at its budget, not after the 5 s sleep
+    assert (
+        slow["result"] == "FAIL" and 1 <= slow["seconds"] < 4
+    )  # stopped at its budget, not after the 5 s sleep
     assert [(r["name"], r["result"]) for r in slow["rows"]] == [
         ("first", "shown"),
         ("test_first (call)", "FAIL"),
@@ -308,7 +420,9 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
         ("test_raises", "FAIL"),
         ("section time", "FAIL"),
     ]
-    assert "over the section's budget of 1 s" in slow["rows"][1]["detail"] and slow["rows"][2]["detail"].startswith("not run")
+    assert "over the section's budget of 1 s" in slow["rows"][1]["detail"] and slow["rows"][2][
+        "detail"
+    ].startswith("not run")
     assert after["result"] == "FAIL" and [(r["name"], r["result"]) for r in after["rows"]] == [
         ("first", "shown"),
         ("second", "shown"),
@@ -339,7 +453,11 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     ],
 )
 def test_flash_head_dims_and_padding(flash, d, fa2, fa3):
-    from olmo_patches.nn.attention import head_dim_padding, kernel_head_dim, resolve_attention_backend
+    from olmo_patches.nn.attention import (
+        head_dim_padding,
+        kernel_head_dim,
+        resolve_attention_backend,
+    )
 
     flash(2, 3)
     choice = resolve_attention_backend("auto", [d], cuda=True, bf16=True).name
@@ -349,23 +467,38 @@ def test_flash_head_dims_and_padding(flash, d, fa2, fa3):
         assert kernel_head_dim("flash_3", d) == fa3
     padding = head_dim_padding(choice, [d])
     k = fa3 or fa2
-    assert padding == ("" if k == d else f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)")
+    assert padding == (
+        "" if k == d else f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)"
+    )
 
 
 def test_dry_run_names_the_attention_kernel_and_its_padding():
     """configs/1B/hourglass.yaml: 16 heads of 2432 / 16 = 152, a multiple of 8: flash_3 on Hopper, and
     both kernels compute it at 192 (1 - 152/192 = 21% padding)."""
-    r = run_in_process("train.py", str(REPO / "configs" / "1B" / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "8")
+    r = run_in_process(
+        "train.py",
+        str(REPO / "configs" / "1B" / "hourglass.yaml"),
+        "--dry-run",
+        "--nproc-per-node",
+        "8",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     text = " ".join(r.stdout.replace("│", " ").split())
-    assert "flash_3 on H100/H200: computes head_dim 152 as 192 (21% of its attention FLOPs padding)" in text
-    assert "padding); aligned sibling: configs/1B/hourglass-aligned.yaml" in text  # 26 heads of 128: no padding
+    assert (
+        "flash_3 on H100/H200: computes head_dim 152 as 192 (21% of its attention FLOPs padding)"
+        in text
+    )
+    assert (
+        "padding); aligned sibling: configs/1B/hourglass-aligned.yaml" in text
+    )  # 26 heads of 128: no padding
     assert "LM loss (cpu here) default (fused linear cross-entropy is a CUDA kernel)" in text
 
 
 def _cuda_spec(*extra):
     """configs/1B/hourglass.yaml as a GPU run (train.device=auto: a card; the device is passed explicitly below)."""
-    spec = load_and_resolve(REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", *extra])
+    spec = load_and_resolve(
+        REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", *extra]
+    )
     assert spec.train.device == "auto"
     return spec
 
@@ -391,10 +524,14 @@ def liger(monkeypatch):
     nn/functional/cross_entropy_loss.py sets from ``liger_kernel`` at import, else None."""
     import importlib
 
-    module = importlib.import_module("olmo_core.nn.functional.cross_entropy_loss")  # its package re-exports the function
+    module = importlib.import_module(
+        "olmo_core.nn.functional.cross_entropy_loss"
+    )  # its package re-exports the function
 
     def install(present):
-        monkeypatch.setattr(module, "_fused_linear_cross_entropy_loss", (lambda *a: None) if present else None)
+        monkeypatch.setattr(
+            module, "_fused_linear_cross_entropy_loss", (lambda *a: None) if present else None
+        )
 
     return install
 
@@ -411,16 +548,24 @@ def test_fused_linear_loss_where_its_kernel_runs(liger):
     default = memory_estimate(spec, Layout.plan(8))
     liger(True)
     assert lm_loss(spec, "cuda").name == "fused_linear" and lm_loss(spec, "cpu").name == "default"
-    assert spec.eval.downstream_tasks  # the evaluators get their logits from the default loss in eval mode (below)
+    assert (
+        spec.eval.downstream_tasks
+    )  # the evaluators get their logits from the default loss in eval mode (below)
     fused = memory_estimate(spec, Layout.plan(8))
     # The head's bytes a token: the fp32 logits (18 a logit: 8 saved, 8 fp32 gradients, 2 bf16) give way to
     # 6 a d_model (the kept bf16 input gradient, 2, and Liger's chunk of logits, about d_model a token in
     # bf16, up to 2 x from its power-of-2 chunk, 4).
     assert default.head - fused.head == 18 * V - 6 * d
     assert fused.total(1) < default.total(1)
-    print(f"1B hourglass, one sequence of {s}: {(default.total(1) - fused.total(1)) / GIB:.2f} GiB saved a rank")
-    cpu = load_and_resolve(REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", "train.device=cpu"])
-    assert memory_estimate(cpu, Layout.plan(8)).head == default.head  # a CPU run never takes the kernel
+    print(
+        f"1B hourglass, one sequence of {s}: {(default.total(1) - fused.total(1)) / GIB:.2f} GiB saved a rank"
+    )
+    cpu = load_and_resolve(
+        REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", "train.device=cpu"]
+    )
+    assert (
+        memory_estimate(cpu, Layout.plan(8)).head == default.head
+    )  # a CPU run never takes the kernel
 
 
 def test_a_cuda_run_builds_the_chosen_loss_and_optimizer(liger, monkeypatch, tmp_path):
@@ -430,7 +575,9 @@ def test_a_cuda_run_builds_the_chosen_loss_and_optimizer(liger, monkeypatch, tmp
 
     liger(True)
     monkeypatch.setattr(experiment, "device_for", lambda spec: "cuda")
-    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1"))
+    spec = load_and_resolve(
+        REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=1")
+    )
     exp = experiment.build_experiment(spec, resolve_data(spec))
     assert str(exp.model.lm_head.loss_implementation) == "fused_linear"
     assert exp.train_module.optim.fused is True
@@ -450,21 +597,29 @@ def test_the_fused_head_gives_logits_in_eval_mode(liger, monkeypatch):
     monkeypatch.setattr(
         module,
         "_fused_linear_cross_entropy_loss",
-        lambda x, w, labels, *rest: calls.append(x.shape) or (torch.tensor(1.5), torch.tensor(0.0), None),
+        lambda x, w, labels, *rest: calls.append(x.shape)
+        or (torch.tensor(1.5), torch.tensor(0.0), None),
     )
     spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", ["model.n_layers=1"])
     config = spec.model_config()
     set_lm_loss(config, "fused_linear")
     model = config.build()
     logits_in_eval(model)
-    x, labels = torch.randint(0, config.vocab_size, (2, 8)), torch.randint(0, config.vocab_size, (2, 8))
+    x, labels = (
+        torch.randint(0, config.vocab_size, (2, 8)),
+        torch.randint(0, config.vocab_size, (2, 8)),
+    )
     model.train()
     out = model(x, labels=labels)
     assert calls == [(16, config.d_model)] and out.logits is None
     model.eval()
     with torch.no_grad():
         out = model(x, labels=labels)
-    assert isinstance(out, LMOutputWithLoss) and out.logits.shape == (2, 8, config.vocab_size) and len(calls) == 1
+    assert (
+        isinstance(out, LMOutputWithLoss)
+        and out.logits.shape == (2, 8, config.vocab_size)
+        and len(calls) == 1
+    )
     model.train()
     model(x, labels=labels)
     assert len(calls) == 2
@@ -493,9 +648,22 @@ def test_without_torchao_the_run_fails_naming_it_unless_allowed(monkeypatch, tmp
     --allow-missing torchao the row reads SKIP and the run exits 0. (One quick section: the rows are written
     before any runs.)"""
     monkeypatch.setitem(sys.modules, "torchao", None)
-    r = run_in_process("gpu_check.py", "--rehearse", "--only", "bf16", "--budget-scale", "3", "--out", str(tmp_path / "a"))
+    r = run_in_process(
+        "gpu_check.py",
+        "--rehearse",
+        "--only",
+        "bf16",
+        "--budget-scale",
+        "3",
+        "--out",
+        str(tmp_path / "a"),
+    )
     row = json.loads((tmp_path / "a" / "gpu_check.json").read_text())["sections"][0]["rows"][0]
-    assert r.returncode == 1 and (row["name"], row["value"], row["result"]) == ("torchao", "missing", "FAIL"), (row, r.stderr)
+    assert r.returncode == 1 and (row["name"], row["value"], row["result"]) == (
+        "torchao",
+        "missing",
+        "FAIL",
+    ), (row, r.stderr)
     assert "--allow-missing torchao" in row["detail"] and "| torchao | missing |" in r.stdout
     r = run_in_process(
         "gpu_check.py",
@@ -510,9 +678,16 @@ def test_without_torchao_the_run_fails_naming_it_unless_allowed(monkeypatch, tmp
         str(tmp_path / "b"),
     )
     row = json.loads((tmp_path / "b" / "gpu_check.json").read_text())["sections"][0]["rows"][0]
-    assert r.returncode == 0 and (row["name"], row["result"]) == ("torchao", "SKIP"), (row, r.stderr[-2000:])
-    r = run_in_process("gpu_check.py", "--rehearse", "--allow-missing", "torch_ao", "--out", str(tmp_path / "c"))
-    assert r.returncode == 2 and "command line: --allow-missing torch_ao: one of torchao," in r.stderr
+    assert r.returncode == 0 and (row["name"], row["result"]) == ("torchao", "SKIP"), (
+        row,
+        r.stderr[-2000:],
+    )
+    r = run_in_process(
+        "gpu_check.py", "--rehearse", "--allow-missing", "torch_ao", "--out", str(tmp_path / "c")
+    )
+    assert (
+        r.returncode == 2 and "command line: --allow-missing torch_ao: one of torchao," in r.stderr
+    )
     assert not (tmp_path / "c").exists()
 
 
@@ -538,7 +713,10 @@ def test_the_ffn_check_fails_a_deliberately_slow_side():
     from .gpu.ffn import ffn_pair, judge_pair, seconds_per_step
 
     hourglass, _, weights = ffn_pair(
-        REPO / "configs" / "113M" / "hourglass-aligned.yaml", torch.device("cpu"), torch.float32, toy=True
+        REPO / "configs" / "113M" / "hourglass-aligned.yaml",
+        torch.device("cpu"),
+        torch.float32,
+        toy=True,
     )
 
     class Twice(torch.nn.Module):
@@ -547,7 +725,9 @@ def test_the_ffn_check_fails_a_deliberately_slow_side():
             self.m = m
 
         def forward(self, x):
-            for _ in range(3):  # the same forward again, its results dropped: extra copies of the work
+            for _ in range(
+                3
+            ):  # the same forward again, its results dropped: extra copies of the work
                 self.m(x.clone())
             return self.m(x)
 
@@ -556,9 +736,13 @@ def test_the_ffn_check_fails_a_deliberately_slow_side():
     rows = _Rows()
     fair = seconds_per_step({"hourglass": hourglass, "baseline": twin}, x, steps=5, repeats=5)
     fair_ratio = judge_pair(rows, "fair", fair, weights, 256, gpu_only=False)
-    slow = seconds_per_step({"hourglass": Twice(hourglass), "baseline": twin}, x, steps=5, repeats=5)
+    slow = seconds_per_step(
+        {"hourglass": Twice(hourglass), "baseline": twin}, x, steps=5, repeats=5
+    )
     slow_ratio = judge_pair(rows, "slow", slow, weights, 256, gpu_only=False)
-    assert rows.rows["slow: hourglass / baseline TFLOP/s"][0] == "FAIL" and slow_ratio < 0.95, rows.rows
+    assert rows.rows["slow: hourglass / baseline TFLOP/s"][0] == "FAIL" and slow_ratio < 0.95, (
+        rows.rows
+    )
     assert fair_ratio > slow_ratio + 0.2, (fair_ratio, slow_ratio)
 
 
@@ -581,7 +765,13 @@ def test_count_params_json_shows_an_aligned_sibling_fits_the_gpu(sibling, exact)
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["float8_able"] == {"ffn": True, "attention": True} and out["float8_unable"] == []
-    assert out["head_dim_native"] == {"flash_2": True, "flash_3": True} and out["head_dim"] in (64, 96, 128, 192, 256)
+    assert out["head_dim_native"] == {"flash_2": True, "flash_3": True} and out["head_dim"] in (
+        64,
+        96,
+        128,
+        192,
+        256,
+    )
     model = load_spec(REPO / "configs" / f"{sibling}.yaml").model_config().build(init_device="meta")
     matmuls = [
         p
@@ -590,10 +780,21 @@ def test_count_params_json_shows_an_aligned_sibling_fits_the_gpu(sibling, exact)
     ]
     assert matmuls and all(d % 16 == 0 for p in matmuls for d in p.shape)
     size = sibling.split("/")[0]
-    exact_count = json.loads(run_in_process("count_params.py", str(REPO / "configs" / size / exact), "--json").stdout)
-    assert out["exact_config"] == exact and out["exact_gap"] == out["non_embedding"] - exact_count["non_embedding"]
-    baseline = json.loads(run_in_process("count_params.py", str(REPO / "configs" / size / "baseline.yaml"), "--json").stdout)
-    assert abs(out["non_embedding"] - baseline["non_embedding"]) <= 0.003 * baseline["non_embedding"]
+    exact_count = json.loads(
+        run_in_process("count_params.py", str(REPO / "configs" / size / exact), "--json").stdout
+    )
+    assert (
+        out["exact_config"] == exact
+        and out["exact_gap"] == out["non_embedding"] - exact_count["non_embedding"]
+    )
+    baseline = json.loads(
+        run_in_process(
+            "count_params.py", str(REPO / "configs" / size / "baseline.yaml"), "--json"
+        ).stdout
+    )
+    assert (
+        abs(out["non_embedding"] - baseline["non_embedding"]) <= 0.003 * baseline["non_embedding"]
+    )
 
 
 def test_a_failed_install_still_writes_the_table(monkeypatch, tmp_path):
@@ -601,10 +802,25 @@ def test_a_failed_install_still_writes_the_table(monkeypatch, tmp_path):
     unimportable here): the table holds the install's FAIL row and the dependency rows; exit 1."""
     (tmp_path / "wheels").mkdir()
     monkeypatch.setitem(sys.modules, "pytest", None)
-    r = run_in_process("gpu_check.py", "--rehearse", "--wheelhouse", str(tmp_path / "wheels"), "--out", str(tmp_path / "out"))
+    r = run_in_process(
+        "gpu_check.py",
+        "--rehearse",
+        "--wheelhouse",
+        str(tmp_path / "wheels"),
+        "--out",
+        str(tmp_path / "out"),
+    )
     monkeypatch.undo()
     assert r.returncode == 1 and "the sections cannot run" in r.stderr, r.stderr[-2000:]
-    install, deps, *sections = json.loads((tmp_path / "out" / "gpu_check.json").read_text())["sections"]
+    install, deps, *sections = json.loads((tmp_path / "out" / "gpu_check.json").read_text())[
+        "sections"
+    ]
     assert install["result"] == "FAIL" and "no hourglass_olmo wheel" in install["rows"][0]["detail"]
-    assert [row["name"] for row in deps["rows"]] == ["torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm"]
+    assert [row["name"] for row in deps["rows"]] == [
+        "torchao",
+        "flash_attn_2",
+        "flash_attn_3",
+        "liger",
+        "grouped_gemm",
+    ]
     assert all(s["result"] == "not run" for s in sections) and len(sections) == 7

@@ -18,7 +18,9 @@ from olmo_patches.nn.accounting import breakdown
 from olmo_patches.shapes.counts import analytic_non_embedding
 
 EPS = 1e-6
-NORM = LayerNormConfig(name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False)  # float64 stays float64
+NORM = LayerNormConfig(
+    name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False
+)  # float64 stays float64
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -65,7 +67,10 @@ def test_ffn_matches_equations(placement):
     ).build(d_model)
     ref = ReferenceHourglass(d_model, d_h, K, placement)
     ref.load_into(ffn)
-    ffn, ref = ffn.double(), ref.double()  # float64: differences are then the implementations', not rounding
+    ffn, ref = (
+        ffn.double(),
+        ref.double(),
+    )  # float64: differences are then the implementations', not rounding
     x = torch.randn(2, 7, d_model, dtype=torch.float64)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     out, expected = ffn(x1), ref(x2)
@@ -74,9 +79,24 @@ def test_ffn_matches_equations(placement):
     (expected * torch.arange(out.numel()).reshape(out.shape).sin()).sum().backward()
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-10, atol=1e-10)
     for i in range(K):
-        torch.testing.assert_close(ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i], ref.W_d1[i].weight.grad, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(ffn.w3.weight.grad.view_as(ffn.w3.stacked)[i], ref.W_d2[i].weight.grad, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i], ref.W_u[i].weight.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(
+            ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i],
+            ref.W_d1[i].weight.grad,
+            rtol=1e-10,
+            atol=1e-10,
+        )
+        torch.testing.assert_close(
+            ffn.w3.weight.grad.view_as(ffn.w3.stacked)[i],
+            ref.W_d2[i].weight.grad,
+            rtol=1e-10,
+            atol=1e-10,
+        )
+        torch.testing.assert_close(
+            ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i],
+            ref.W_u[i].weight.grad,
+            rtol=1e-10,
+            atol=1e-10,
+        )
         torch.testing.assert_close(ffn.norms[i].weight.grad, ref.g[i].grad, rtol=1e-10, atol=1e-10)
 
 
@@ -85,7 +105,8 @@ def _attention(n_heads=4):
 
 
 @pytest.mark.parametrize(
-    "placement,block_type", [("pre", TransformerBlockType.default), ("post", TransformerBlockType.reordered_norm)]
+    "placement,block_type",
+    [("pre", TransformerBlockType.default), ("post", TransformerBlockType.reordered_norm)],
 )
 def test_k1_block_is_conventional_block(placement, block_type):
     """K=1, d_h = 4 d_model: the hourglass block computes OLMo-core's own SwiGLU block exactly."""
@@ -101,7 +122,11 @@ def test_k1_block_is_conventional_block(placement, block_type):
         sequence_mixer=_attention(),
         layer_norm=NORM,
         feed_forward=HourglassFeedForwardConfig(
-            hidden_size=4 * d_model, K=1, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)
+            hidden_size=4 * d_model,
+            K=1,
+            bias=False,
+            layer_norm=NORM,
+            norm_placement=NormPlacement(placement),
         ),
     ).build(d_model=d_model, block_idx=0, n_layers=1)
     with torch.no_grad():
@@ -115,7 +140,9 @@ def test_k1_block_is_conventional_block(placement, block_type):
         ffn.w2.stacked[0].copy_(ref.w2.weight)
         ffn.norms[0].weight.copy_(conventional.feed_forward_norm.weight)
     # Same parameter count: the block has no FFN norm of its own, the FFN's one norm replaces it.
-    assert sum(p.numel() for p in hourglass.parameters()) == sum(p.numel() for p in conventional.parameters())
+    assert sum(p.numel() for p in hourglass.parameters()) == sum(
+        p.numel() for p in conventional.parameters()
+    )
     x = torch.randn(2, 9, d_model)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     a, b = hourglass(x1), conventional(x2)
@@ -133,14 +160,20 @@ def test_k1_model_same_seed_same_weights_and_logits():
     hour = ModelSpec(block="hourglass", K=1, d_h=128, **kw).build(256).build()
     for m in (base, hour):
         m.init_weights(device=torch.device("cpu"))
-    assert torch.equal(base.blocks["1"].feed_forward.w2.weight, hour.blocks["1"].feed_forward.w2.stacked[0])
+    assert torch.equal(
+        base.blocks["1"].feed_forward.w2.weight, hour.blocks["1"].feed_forward.w2.stacked[0]
+    )
     x = torch.randint(0, 256, (2, 16))
     assert torch.equal(base(x), hour(x))
 
 
 @pytest.mark.parametrize(
     "block,extra",
-    [("baseline", {}), ("hourglass", dict(K=3, d_h=20)), ("hourglass", dict(K=2, d_h=24, norm_placement="post", qk_norm=True))],
+    [
+        ("baseline", {}),
+        ("hourglass", dict(K=3, d_h=20)),
+        ("hourglass", dict(K=2, d_h=24, norm_placement="post", qk_norm=True)),
+    ],
 )
 def test_num_params_against_built_model(block, extra):
     spec = ModelSpec(block=block, d_model=48, n_layers=3, n_heads=4, **extra)
@@ -149,7 +182,9 @@ def test_num_params_against_built_model(block, extra):
     assert config.num_params == model.num_params == sum(p.numel() for p in model.parameters())
     b = breakdown(model, seq_len=16)
     assert b.total == model.num_params
-    closed = analytic_non_embedding(48, 3, **({} if block == "baseline" else dict(K=extra["K"], d_h=extra["d_h"])))
+    closed = analytic_non_embedding(
+        48, 3, **({} if block == "baseline" else dict(K=extra["K"], d_h=extra["d_h"]))
+    )
     assert (b.attention, b.ffn) == (closed["attention"], closed["ffn"])
     # norms: attention norm + (1 FFN norm | K sub-MLP norms) per layer, final norm, QK norms.
     norms_per_layer = 1 + (extra.get("K", 1)) + (2 if extra.get("qk_norm") else 0)
@@ -192,20 +227,25 @@ def test_ffn_is_built_in_the_dtype_and_on_the_device_asked(dtype, device):
 
     for cfg, want in (
         (HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM), dtype),
-        (HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM, dtype=DType.bfloat16), torch.bfloat16),
+        (
+            HourglassFeedForwardConfig(
+                hidden_size=8, K=3, bias=False, layer_norm=NORM, dtype=DType.bfloat16
+            ),
+            torch.bfloat16,
+        ),
     ):
         ffn = cfg.build(16, dtype=dtype, init_device=device)
         assert {ffn.w1.weight.dtype, ffn.w2.weight.dtype, ffn.w3.weight.dtype} == {want}
         assert {p.dtype for p in ffn.norms.parameters()} == {torch.float32}
         assert {p.device.type for p in ffn.parameters()} == {device}
-        assert dict((n, tuple(p.shape)) for n, p in ffn.named_parameters() if n.startswith("w")) == {
-            "w1.weight": (24, 16),
-            "w3.weight": (24, 16),
-            "w2.weight": (48, 8),
-        }  # (K out, in)
+        assert dict(
+            (n, tuple(p.shape)) for n, p in ffn.named_parameters() if n.startswith("w")
+        ) == {"w1.weight": (24, 16), "w3.weight": (24, 16), "w2.weight": (48, 8)}  # (K out, in)
         assert (ffn.w1.stacked.shape, ffn.w2.stacked.shape) == ((3, 8, 16), (3, 16, 8))
     assert "K=3, in_features=16, out_features=8, bias=False" in repr(
-        HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM).build(16, init_device="meta")
+        HourglassFeedForwardConfig(hidden_size=8, K=3, bias=False, layer_norm=NORM).build(
+            16, init_device="meta"
+        )
     )
 
 

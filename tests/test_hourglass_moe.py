@@ -9,14 +9,21 @@ from olmo_core.nn.layer_norm import LayerNormConfig, LayerNormType
 from olmo_core.nn.lm_head import LMHeadConfig
 from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoEType
 from olmo_core.nn.moe.mlp import DroplessMoEMLP
-from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockType, TransformerConfig, TransformerType
+from olmo_core.nn.transformer import (
+    TransformerBlockConfig,
+    TransformerBlockType,
+    TransformerConfig,
+    TransformerType,
+)
 from torch.utils.flop_counter import FlopCounterMode
 
 from olmo_patches.nn.hourglass_moe import HourglassMoEBlockConfig, HourglassMoEConfig
 from olmo_patches.nn.moe import PortableDroplessMLP
 
 EPS = 1e-6
-NORM = LayerNormConfig(name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False)  # float64 stays float64
+NORM = LayerNormConfig(
+    name=LayerNormType.rms, eps=EPS, bias=False, full_precision=False
+)  # float64 stays float64
 D, E, TOP_K, K, D_H = 32, 4, 2, 2, 8
 
 
@@ -43,7 +50,9 @@ def reference(u, p, *, top_k, renormalize, alpha):
         for k in range(n_sub):
             y = rms_norm(z, p["G"][e, k])
             z = z + alpha * (F.silu(y @ p["W1"][e, k].T) * (y @ p["W3"][e, k].T)) @ p["W2"][e, k]
-        g_e = (gates * (chosen == e)).sum(-1, keepdim=True)  # 0 where e is not among the token's top-k
+        g_e = (gates * (chosen == e)).sum(
+            -1, keepdim=True
+        )  # 0 where e is not among the token's top-k
         out = out + g_e * (z - u)  # E_e(u) = z_K - u
     T = u.shape[0] * u.shape[1]
     count = F.one_hot(chosen, n_experts).sum((0, 1, 2)).to(u.dtype)  # assignments per expert
@@ -95,7 +104,9 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
 
     moe.train()
     out = moe(u1, router_input=router_norm(u1))
-    (out * weights).sum().backward()  # the aux losses reach the router through OLMo-core's attached loss
+    (
+        out * weights
+    ).sum().backward()  # the aux losses reach the router through OLMo-core's attached loss
     expected, lb, z_loss = reference(u2, p, top_k=TOP_K, renormalize=renormalize, alpha=alpha)
     ((expected * weights).sum() + 0.01 * lb + 0.001 * z_loss).backward()
 
@@ -111,7 +122,9 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
     # 1e-6 (measured 2.8e-6 and 1.5e-6); a wrong routing or a missing residual term is off by whole units.
     grad_tol = dict(rtol=1e-5, atol=1e-5)
     for name, key in (("w1", "W1"), ("w3", "W3"), ("w2", "W2")):
-        torch.testing.assert_close(getattr(mlp, name).grad.view(K, E, D_H, D).transpose(0, 1), p[key].grad, **grad_tol)
+        torch.testing.assert_close(
+            getattr(mlp, name).grad.view(K, E, D_H, D).transpose(0, 1), p[key].grad, **grad_tol
+        )
     torch.testing.assert_close(mlp.norm_weight.grad.view(E, K, D), p["G"].grad, **grad_tol)
 
 
@@ -127,7 +140,9 @@ def test_k1_experts_are_olmo_cores_swiglu_experts_of_the_normalised_input():
         ours.norm_weight.copy_(gain.repeat(E))
     rows = torch.randn(10, D)
     sizes = torch.tensor([3, 0, 5, 2])  # rows grouped by expert, one expert idle
-    torch.testing.assert_close(ours(rows, sizes), theirs(rms_norm(rows, gain), sizes), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        ours(rows, sizes), theirs(rms_norm(rows, gain), sizes), rtol=1e-6, atol=1e-6
+    )
 
 
 def _transformer(block: TransformerBlockConfig, n_layers=2, vocab=128) -> TransformerConfig:
@@ -152,9 +167,17 @@ def _blocks(K=1):
         z_loss_weight=0.001,
         scale_loss_by_num_layers=False,
     )
-    ours = TransformerBlockConfig(name=TransformerBlockType.moe, sequence_mixer=attention, layer_norm=NORM, feed_forward_moe=olmo)
+    ours = TransformerBlockConfig(
+        name=TransformerBlockType.moe,
+        sequence_mixer=attention,
+        layer_norm=NORM,
+        feed_forward_moe=olmo,
+    )
     hourglass = HourglassMoEBlockConfig(
-        name=TransformerBlockType.moe, sequence_mixer=attention, layer_norm=NORM, feed_forward_moe=_moe_config(K=K)
+        name=TransformerBlockType.moe,
+        sequence_mixer=attention,
+        layer_norm=NORM,
+        feed_forward_moe=_moe_config(K=K),
     )
     return ours, hourglass
 
@@ -166,7 +189,9 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
     olmo, ours = _transformer(olmo_block).build(), _transformer(hourglass_block).build()
     for model in (olmo, ours):
         model.init_weights(device=torch.device("cpu"))
-    for block in olmo.blocks.values():  # OLMo-core's Triton permutation does not run on CPU: same experts, torch dispatch
+    for block in (
+        olmo.blocks.values()
+    ):  # OLMo-core's Triton permutation does not run on CPU: same experts, torch dispatch
         moe = block.feed_forward_moe
         moe.experts = PortableDroplessMLP(mlp=moe.experts.mlp, top_k=moe.top_k)
     theirs_params = dict(olmo.named_parameters())
@@ -175,7 +200,9 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
             assert torch.equal(prm, torch.ones_like(prm))
         else:  # the experts' (K=1, E d_h, d_model): OLMo-core's (E d_h, d_model) with a leading 1
             theirs = theirs_params[name]
-            assert prm.shape in (theirs.shape, (1, *theirs.shape)) and torch.equal(prm.view(theirs.shape), theirs), name
+            assert prm.shape in (theirs.shape, (1, *theirs.shape)) and torch.equal(
+                prm.view(theirs.shape), theirs
+            ), name
     x = torch.randint(0, 128, (2, 12))
     a, b = ours(x), olmo(x)
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
@@ -189,9 +216,13 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
             experts = dict(ours.named_parameters())[
                 name.replace("feed_forward_norm.weight", "feed_forward_moe.experts.mlp.norm_weight")
             ]
-            torch.testing.assert_close(prm.grad + experts.grad.view(E, D).sum(0), want.grad, rtol=1e-4, atol=1e-8, msg=name)
+            torch.testing.assert_close(
+                prm.grad + experts.grad.view(E, D).sum(0), want.grad, rtol=1e-4, atol=1e-8, msg=name
+            )
         elif want is not None:
-            torch.testing.assert_close(prm.grad.view(want.shape), want.grad, rtol=1e-4, atol=1e-8, msg=name)
+            torch.testing.assert_close(
+                prm.grad.view(want.shape), want.grad, rtol=1e-4, atol=1e-8, msg=name
+            )
 
 
 def test_counts_against_the_built_module_and_the_shapes():
@@ -266,27 +297,41 @@ def _spec(folder, cache, *extra):
 
     from .conftest import REPO, tiny_overrides
 
-    run = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null", f"data.work_dir={cache}"]
+    run = [
+        "train.max_steps=4",
+        "run.save_interval=2",
+        "run.ephemeral_save_interval=null",
+        f"data.work_dir={cache}",
+    ]
     return load_and_resolve(
-        REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra)
+        REPO / "configs" / "demo" / "variable-width.yaml",
+        tiny_overrides(folder, *HOURGLASS_EXPERTS, *run, *extra),
     )
 
 
-def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(tmp_path, demo_corpus):
+def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(
+    tmp_path, demo_corpus
+):
     from olmo_patches.train import train
     from olmo_patches.train.checkpoints import load_model_state
     from olmo_patches.launch.run_folder import read_metrics
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(_spec(straight, tmp_path / "cache"))
-    train(_spec(resumed, tmp_path / "cache"), resume_from=str(straight / "step2"))  # trains steps 3 and 4
+    train(
+        _spec(resumed, tmp_path / "cache"), resume_from=str(straight / "step2")
+    )  # trains steps 3 and 4
     a, b = load_model_state(straight / "step4"), load_model_state(resumed / "step4")
     assert "blocks.0.feed_forward_moe.experts.mlp.norm_weight" in a and a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
     metrics = read_metrics(straight)
-    assert metrics[4]["train/block 01/load balancing loss"] > 0  # OLMo-core's router losses, logged per block
-    assert [metrics[s]["train/CE loss"] for s in (3, 4)] == [read_metrics(resumed)[s]["train/CE loss"] for s in (3, 4)]
+    assert (
+        metrics[4]["train/block 01/load balancing loss"] > 0
+    )  # OLMo-core's router losses, logged per block
+    assert [metrics[s]["train/CE loss"] for s in (3, 4)] == [
+        read_metrics(resumed)[s]["train/CE loss"] for s in (3, 4)
+    ]
 
 
 def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
@@ -306,7 +351,9 @@ def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
     swiglu = [3 * w * round(w * 512 / 1600) for w in widths]
     hourglass = [2 * (3 * w * round(w * 256 / 1600) + w) for w in widths]
     assert ch.num_params - cx.num_params == sum(22 * (h - s) for h, s in zip(hourglass, swiglu))
-    assert ch.num_active_params - cx.num_active_params == sum(3 * (h - s) for h, s in zip(hourglass, swiglu))
+    assert ch.num_active_params - cx.num_active_params == sum(
+        3 * (h - s) for h, s in zip(hourglass, swiglu)
+    )
 
 
 @pytest.mark.parametrize(
@@ -321,7 +368,10 @@ def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
             "command line: model.moe.expert_hidden=64: hourglass experts take their shape from model.K and model.d_h; remove it",
         ),
         (["model.K=0"], "command line: model.K=0: must be >= 1"),
-        (["model.moe.experts=swiglu"], "model.moe.expert_hidden=None: must be >= 1 for swiglu experts"),
+        (
+            ["model.moe.experts=swiglu"],
+            "model.moe.expert_hidden=None: must be >= 1 for swiglu experts",
+        ),
     ],
 )
 def test_bad_hourglass_expert_configs_are_named_in_one_line(tmp_path, extra, message):

@@ -100,11 +100,16 @@ def test_the_first_loss_is_the_hf_models_loss_on_the_same_batch(place, from_hf):
     root, hf, _ = place
     _, losses = from_hf
     model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32).eval()
-    batch = torch.from_numpy(np.fromfile(root / "batch.npy", dtype=np.uint8).astype(np.int64)).view(BATCH, SEQ)
+    batch = torch.from_numpy(np.fromfile(root / "batch.npy", dtype=np.uint8).astype(np.int64)).view(
+        BATCH, SEQ
+    )
     with torch.no_grad():
         reference = model(input_ids=batch, labels=batch).loss.item()
     assert abs(reference - np.log(VOCAB)) > 0.1  # not the loss any small initialization gives
-    assert abs(losses[1]["train/CE loss"] - reference) < 1e-4, (losses[1]["train/CE loss"], reference)
+    assert abs(losses[1]["train/CE loss"] - reference) < 1e-4, (
+        losses[1]["train/CE loss"],
+        reference,
+    )
 
 
 def test_a_run_checkpoint_of_the_same_shape_starts_a_fresh_run(place, from_hf, tmp_path):
@@ -114,8 +119,14 @@ def test_a_run_checkpoint_of_the_same_shape_starts_a_fresh_run(place, from_hf, t
     # step 1 here reads the weights after the source run's step 1, on the same batch: its step-2 loss
     assert abs(losses[1]["train/CE loss"] - first[2]["train/CE loss"]) < 1e-5
     # a fresh schedule: the warmup's learning rate again, not the source run's step-2 rate
-    assert losses[1]["optim/LR (group 0)"] == first[1]["optim/LR (group 0)"] != first[2]["optim/LR (group 0)"]
-    assert (tmp_path / "next" / "step2").is_dir() and not (tmp_path / "next" / "superseded").exists()
+    assert (
+        losses[1]["optim/LR (group 0)"]
+        == first[1]["optim/LR (group 0)"]
+        != first[2]["optim/LR (group 0)"]
+    )
+    assert (tmp_path / "next" / "step2").is_dir() and not (
+        tmp_path / "next" / "superseded"
+    ).exists()
 
 
 def _corrupt_checkpoint(source, tmp_path):
@@ -137,7 +148,11 @@ def _cut_hf(hf, tmp_path):
 
 
 BAD = [
-    ("wide", lambda place, run, tmp: place[2], "first differing weight embeddings.weight: [256, 64] there, [256, 32]"),
+    (
+        "wide",
+        lambda place, run, tmp: place[2],
+        "first differing weight embeddings.weight: [256, 64] there, [256, 32]",
+    ),
     ("missing", lambda place, run, tmp: tmp / "nothing-here", "no such folder"),
     ("corrupt", lambda place, run, tmp: _corrupt_checkpoint(run, tmp), "is corrupted (CRC-32"),
     ("cut-hf", lambda place, run, tmp: _cut_hf(place[1], tmp), "unreadable Hugging Face model"),
@@ -167,8 +182,13 @@ def test_this_projects_olmo2_shaped_export_starts_a_run(place, from_hf, tmp_path
     assert r.returncode == 0, r.stderr[-2000:]
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     assert type(model).__name__ == "Olmo2ForCausalLM"
-    batch = torch.from_numpy(np.fromfile(root / "batch.npy", dtype=np.uint8).astype(np.int64)).view(BATCH, SEQ)
+    batch = torch.from_numpy(np.fromfile(root / "batch.npy", dtype=np.uint8).astype(np.int64)).view(
+        BATCH, SEQ
+    )
     with torch.no_grad():
         reference = model(input_ids=batch, labels=batch).loss.item()
     losses = _train(root, tmp_path / "from-export", "--init-from", str(tmp_path / "export"))
-    assert abs(losses[1]["train/CE loss"] - reference) < 1e-4, (losses[1]["train/CE loss"], reference)
+    assert abs(losses[1]["train/CE loss"] - reference) < 1e-4, (
+        losses[1]["train/CE loss"],
+        reference,
+    )

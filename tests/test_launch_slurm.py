@@ -27,7 +27,12 @@ from .conftest import REPO, finish, load_weights, tiny_overrides
 
 CONFIG = "configs/1B/hourglass.yaml"
 # Values a shell would split, glob or re-parse if the script re-quoted them.
-ODD = ["run.name=my run", "run.wandb_project=a=b", "eval.validation_sets=[c4_en,wikitext_103]", "run.save_folder=/tmp/x y/*"]
+ODD = [
+    "run.name=my run",
+    "run.wandb_project=a=b",
+    "eval.validation_sets=[c4_en,wikitext_103]",
+    "run.save_folder=/tmp/x y/*",
+]
 
 
 @pytest.fixture
@@ -38,7 +43,9 @@ def slurm(tmp_path):
 def _torchrun(slurm):
     """srun's argv: its own flag, then a torchrun command parsed with torchrun's own parser."""
     argv = slurm.args("srun")
-    assert argv[:4] == ["--kill-on-bad-exit=1", "python", "-m", "olmo_patches.launch.torchrun"], argv
+    assert argv[:4] == ["--kill-on-bad-exit=1", "python", "-m", "olmo_patches.launch.torchrun"], (
+        argv
+    )
     return get_args_parser().parse_args(argv[4:])
 
 
@@ -53,7 +60,12 @@ def test_torchrun_line(slurm, nodes, gpus, procs):
     lead = int(re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", SBATCH.read_text(), re.M).group(1))
     assert t.shutdown_timeout == lead
     hsdp = ["train.data_parallel=hsdp"] if nodes > 1 else []  # HSDP exactly when multi-node
-    assert [t.training_script, *t.training_script_args] == ["scripts/train.py", CONFIG, *hsdp, "train.lr=1e-3"]
+    assert [t.training_script, *t.training_script_args] == [
+        "scripts/train.py",
+        CONFIG,
+        *hsdp,
+        "train.lr=1e-3",
+    ]
     # The pre-flight: the same arguments, checked and planned for these ranks before srun.
     plan = ["--dry-run", "--nproc-per-node", str(procs), "--nodes", str(nodes)]
     assert slurm.args("python") == ["scripts/train.py", CONFIG, *hsdp, "train.lr=1e-3", *plan]
@@ -64,7 +76,12 @@ def test_overrides_pass_through_unchanged(slurm):
     assert r.returncode == 0, r.stderr
     t = _torchrun(slurm)
     # The user's own data_parallel comes last, so it wins over the script's HSDP.
-    assert t.training_script_args == [CONFIG, "train.data_parallel=hsdp", *ODD, "train.data_parallel=fsdp"]
+    assert t.training_script_args == [
+        CONFIG,
+        "train.data_parallel=hsdp",
+        *ODD,
+        "train.data_parallel=fsdp",
+    ]
     assert slurm.args("python")[1:-5] == t.training_script_args
 
 
@@ -93,22 +110,36 @@ def _stand_in(slurm, save_s: float = 1.0, **kwargs):
     """The batch script on 2 nodes whose ranks are stand-ins that take ``save_s`` to save; returned
     once both ranks run and the script's trap is set."""
     proc = slurm.start(CONFIG, nodes=2, stand_in=True, save_s=save_s, **kwargs)
-    _wait(lambda: len(slurm._lines("rank.started")) == 2 and _catches(proc.pid, signal.SIGUSR1), proc, "no ranks, or no trap")
+    _wait(
+        lambda: len(slurm._lines("rank.started")) == 2 and _catches(proc.pid, signal.SIGUSR1),
+        proc,
+        "no ranks, or no trap",
+    )
     return proc
 
 
 def test_time_limit_passes_usr1_to_the_ranks_then_requeues(slurm):
-    proc = _stand_in(slurm, kill_wait=0.3)  # KillWait shorter than the save: a requeue before it would cut it
+    proc = _stand_in(
+        slurm, kill_wait=0.3
+    )  # KillWait shorter than the save: a requeue before it would cut it
     slurm.time_limit_warning()  # --signal=B:USR1@LEAD: the batch shell alone
-    finish(proc, timeout=30)  # the requeue ends the job: the script's own exit status is not SLURM's record
+    finish(
+        proc, timeout=30
+    )  # the requeue ends the job: the script's own exit status is not SLURM's record
     assert slurm.signals() == ["SIGUSR1"]  # srun had USR1 from the script, never a SIGTERM
-    assert slurm.rank_signals() == ["SIGUSR1", "SIGUSR1"] and slurm.saved()  # each rank, through srun's step
-    assert slurm.requeues() == ["requeue", "4242"] and slurm.steps_alive_at_requeue() == [0]  # after the save
+    assert (
+        slurm.rank_signals() == ["SIGUSR1", "SIGUSR1"] and slurm.saved()
+    )  # each rank, through srun's step
+    assert slurm.requeues() == ["requeue", "4242"] and slurm.steps_alive_at_requeue() == [
+        0
+    ]  # after the save
 
 
 def test_preemption_sigterm_reaches_the_ranks_not_srun(slurm):
     proc = _stand_in(slurm, kill_wait=0.3)
-    slurm.preempt(grace_s=20)  # SIGCONT, SIGTERM to the steps' processes; the batch step's (srun) are not
+    slurm.preempt(
+        grace_s=20
+    )  # SIGCONT, SIGTERM to the steps' processes; the batch step's (srun) are not
     r = finish(proc, timeout=30)
     assert r.returncode == 0 and not slurm.grace_expired()  # saved and done within GraceTime
     assert slurm.rank_signals() == ["SIGTERM", "SIGTERM"] and slurm.saved()
@@ -139,7 +170,9 @@ def _free_port() -> int:
 
 
 def _losses(folder):
-    return {step: m["train/CE loss"] for step, m in read_metrics(folder).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"] for step, m in read_metrics(folder).items() if "train/CE loss" in m
+    }
 
 
 @pytest.fixture(scope="module")
@@ -156,9 +189,20 @@ def _slurm_run(tmp_path, interrupt):
     slurm, folder = fake_slurm(tmp_path / "slurm"), tmp_path / "run"
     log = folder / "train.log"
     proc = slurm.start(
-        DEMO, *tiny_overrides(folder, *REAL), nodes=1, gpus="1", run=True, kill_wait=5, FAKE_RDZV_PORT=str(_free_port())
+        DEMO,
+        *tiny_overrides(folder, *REAL),
+        nodes=1,
+        gpus="1",
+        run=True,
+        kill_wait=5,
+        FAKE_RDZV_PORT=str(_free_port()),
     )
-    _wait(lambda: log.is_file() and "new run in" in log.read_text(), proc, "the run did not start", timeout=300)
+    _wait(
+        lambda: log.is_file() and "new run in" in log.read_text(),
+        proc,
+        "the run did not start",
+        timeout=300,
+    )
     interrupt(slurm)
     r = finish(proc, timeout=300)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr[-3000:]
@@ -168,7 +212,9 @@ def _slurm_run(tmp_path, interrupt):
 def _saved_at_the_step_reached_and_resumes(folder, uninterrupted):
     reached = max(_losses(folder))
     assert 1 <= reached < STEPS  # stopped early
-    assert max(step for step, _ in Checkpointer.find_checkpoints(folder)) == reached  # saved where it stopped
+    assert (
+        max(step for step, _ in Checkpointer.find_checkpoints(folder)) == reached
+    )  # saved where it stopped
     train(load_and_resolve(REPO / DEMO, tiny_overrides(folder, *REAL)))  # the requeued job
     assert _losses(folder) == _losses(uninterrupted)
     a, b = load_weights(folder / f"step{STEPS}"), load_weights(uninterrupted / f"step{STEPS}")
@@ -189,34 +235,59 @@ def test_preemption_saves_within_grace_time_and_resumes(tmp_path, uninterrupted)
         slurm.scancel("--signal=TERM")  # a second SIGTERM while the ranks stop and save
 
     slurm, folder, r = _slurm_run(tmp_path, preempt)
-    assert r.returncode == 0 and not slurm.grace_expired()  # every torchrun exited 0: srun, then the script
+    assert (
+        r.returncode == 0 and not slurm.grace_expired()
+    )  # every torchrun exited 0: srun, then the script
     assert slurm.signals() == [] and slurm.requeues() == []
     _saved_at_the_step_reached_and_resumes(folder, uninterrupted)
 
 
 def test_signal_lead_covers_a_step_and_a_save(tmp_path):
-    spec = load_and_resolve(REPO / "configs/8B/hourglass-revised.yaml", [f"run.save_folder={tmp_path}"])
+    spec = load_and_resolve(
+        REPO / "configs/8B/hourglass-revised.yaml", [f"run.save_folder={tmp_path}"]
+    )
     n = count(spec)
     # A lower bound on one step on 8 RTX 6000 Ada (364.2 TFLOP/s dense bf16) at 40% MFU: 6 FLOPs per
     # non-embedding weight per token; one save: fp32 weights and AdamW's two moments at 97 MiB/s (the
     # write+fsync docs/running.md measured), never the 1 GiB/s once assumed.
-    step = 6 * n.non_embedding * spec.train.global_batch_size * spec.data.sequence_length / (8 * 364.2e12 * 0.4)
+    step = (
+        6
+        * n.non_embedding
+        * spec.train.global_batch_size
+        * spec.data.sequence_length
+        / (8 * 364.2e12 * 0.4)
+    )
     save = 12 * n.total / (97 * 2**20)
     lead, how = signal_lead(spec, Layout(world_size=8, local=8, nodes=1))
     assert step + save + 60 <= lead < step + save + 60 + 60 and lead % 30 == 0
-    assert lead > 300 and how.startswith(f"--signal=B:USR1@{lead}:")  # more than the script's default
+    assert lead > 300 and how.startswith(
+        f"--signal=B:USR1@{lead}:"
+    )  # more than the script's default
     assert "97 MiB/s" in how
     # A run that measured its own last save (SAVE/save_rate.json): its rate, here 1 GiB in 4 s.
     (tmp_path / "save_rate.json").write_text('{"step": 250, "bytes": 1073741824, "seconds": 4.0}')
     measured, how = signal_lead(spec, Layout(world_size=8, local=8, nodes=1))
     save = 12 * n.total / (2**30 / 4)
-    assert step + save + 60 <= measured < step + save + 60 + 60 and "256 MiB/s, measured at step 250" in how
+    assert (
+        step + save + 60 <= measured < step + save + 60 + 60
+        and "256 MiB/s, measured at step 250" in how
+    )
 
 
 def test_a_run_records_its_save_rate(tmp_path, demo_corpus):
     """Each save leaves its bytes and seconds in the run folder (what the lead above reads)."""
-    train(load_and_resolve(REPO / DEMO, tiny_overrides(tmp_path, "train.max_steps=2", "run.save_interval=1")))
+    train(
+        load_and_resolve(
+            REPO / DEMO, tiny_overrides(tmp_path, "train.max_steps=2", "run.save_interval=1")
+        )
+    )
     record = json.loads((tmp_path / "save_rate.json").read_text())
-    files = sum(p.stat().st_size for p in (tmp_path / "step2").rglob("*") if p.is_file() and p.name != "manifest.json")
+    files = sum(
+        p.stat().st_size
+        for p in (tmp_path / "step2").rglob("*")
+        if p.is_file() and p.name != "manifest.json"
+    )
     assert record["step"] == 2 and 0 < record["seconds"] < 60
-    assert abs(record["bytes"] - files) <= 2**16  # the checkpoint's files (the config and manifest: a few KB, written after)
+    assert (
+        abs(record["bytes"] - files) <= 2**16
+    )  # the checkpoint's files (the config and manifest: a few KB, written after)

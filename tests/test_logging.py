@@ -28,10 +28,15 @@ PROGRESS = re.compile(
 @pytest.fixture(scope="module")
 def stopped_and_resumed(tmp_path_factory):
     run = tmp_path_factory.mktemp("logging") / "run"
-    args = [str(BASELINE), *tiny_overrides(run, f"train.max_steps={STEPS}", "run.wandb_project=hourglass-test")]
+    args = [
+        str(BASELINE),
+        *tiny_overrides(run, f"train.max_steps={STEPS}", "run.wandb_project=hourglass-test"),
+    ]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WANDB_MODE", "offline")
-        mp.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # any network call would fail: there must be none
+        mp.setenv(
+            "WANDB_BASE_URL", "http://127.0.0.1:9"
+        )  # any network call would fail: there must be none
         mp.delenv("WANDB_API_KEY", raising=False)
         first = run_script("train.py", *args, f"run.stop_at_step={STOP}")
         assert first.returncode == 0, first.stderr[-3000:]
@@ -57,7 +62,9 @@ def test_console_progress_line(stopped_and_resumed):
     run, _, resumed = stopped_and_resumed
     metrics = read_metrics(run)
     lines = _progress(resumed)
-    assert [int(p["step"]) for p in lines] == list(range(STOP + 2, STEPS + 1))  # step STOP+1 has no speed yet
+    assert [int(p["step"]) for p in lines] == list(
+        range(STOP + 2, STEPS + 1)
+    )  # step STOP+1 has no speed yet
     for p in lines:
         assert int(p["total"]) == STEPS
         assert float(p["loss"]) == pytest.approx(metrics[int(p["step"])]["train/CE loss"], abs=1e-4)
@@ -112,7 +119,10 @@ def _history(run_file):
         if kind == "run":
             run_id = record.run.run_id
         elif kind == "history":
-            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
             history[items.pop("_step")] = items
     return run_id, history
 
@@ -121,7 +131,10 @@ def test_wandb_offline_history_and_resume(stopped_and_resumed):
     run, _, _ = stopped_and_resumed
     run_id = (run / "wandb_id").read_text().strip()
     folders = sorted((run / "wandb" / "wandb").glob("offline-run-*"))
-    assert [f.name.rsplit("-", 1)[1] for f in folders] == [run_id, run_id]  # the resumed run kept its id
+    assert [f.name.rsplit("-", 1)[1] for f in folders] == [
+        run_id,
+        run_id,
+    ]  # the resumed run kept its id
     metrics = read_metrics(run)
     logged = {}
     for folder in folders:

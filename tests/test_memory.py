@@ -31,7 +31,11 @@ BLOCKS = {
     "baseline post": ["model.norm_placement=post"],
     "olmo2": ["model.norm_placement=post", "model.qk_norm=true", "model.n_kv_heads=2"],
     "hourglass": ["model.block=hourglass", "model.K=2", "model.d_h=24"],
-    "variable width": ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[64,32,32,64]"],
+    "variable width": [
+        "model.block=variable_width",
+        "model.widths.schedule=list",
+        "model.widths.values=[64,32,32,64]",
+    ],
     "variable width hourglass": [
         "model.block=variable_width",
         "model.widths.schedule=list",
@@ -49,7 +53,12 @@ MOE = [
     "model.moe.top_k=2",
     "model.moe.expert_hidden=16",
 ]
-MODES = ["full", "selected_blocks:2", "selected_modules:blocks.*.feed_forward", "selected_modules:blocks.*.attention,blocks.3"]
+MODES = [
+    "full",
+    "selected_blocks:2",
+    "selected_modules:blocks.*.feed_forward",
+    "selected_modules:blocks.*.attention,blocks.3",
+]
 SEQ = 16
 
 
@@ -65,29 +74,40 @@ def _model(overrides, seed=0):
 def _grads(model, ids):
     loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
     loss.backward()
-    return {n.replace("._checkpoint_wrapped_module", ""): p.grad.clone() for n, p in model.named_parameters()}
+    return {
+        n.replace("._checkpoint_wrapped_module", ""): p.grad.clone()
+        for n, p in model.named_parameters()
+    }
 
 
 def _checkpointed(model, mode: str):
     """The model as OLMo-core's train module prepares it: its own parallelize_model with the spec's ac_config."""
     spec = load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={mode}"])
     ac = spec.train.activation_checkpointing
-    return parallelize_model(model, world_mesh=None, device=torch.device("cpu"), ac_config=ac.build())
+    return parallelize_model(
+        model, world_mesh=None, device=torch.device("cpu"), ac_config=ac.build()
+    )
 
 
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 def test_every_mode_keeps_the_gradients(block):
     _, config, model = _model(BLOCKS[block])
-    ids = torch.randint(0, config.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, config.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(0)
+    )
     reference = _grads(copy.deepcopy(model), ids)
     for mode in MODES:
         checkpointed = _checkpointed(copy.deepcopy(model), mode)
-        wrapped = [n for n, _ in checkpointed.named_modules() if n.endswith("_checkpoint_wrapped_module")]
+        wrapped = [
+            n for n, _ in checkpointed.named_modules() if n.endswith("_checkpoint_wrapped_module")
+        ]
         assert wrapped, mode  # something was checkpointed
         grads = _grads(checkpointed, ids)
         assert grads.keys() == reference.keys()
         for name, g in grads.items():
-            torch.testing.assert_close(g, reference[name], rtol=0, atol=1e-7, msg=f"{block} {mode} {name}")
+            torch.testing.assert_close(
+                g, reference[name], rtol=0, atol=1e-7, msg=f"{block} {mode} {name}"
+            )
 
 
 def test_moe_checkpoints_what_olmo_core_allows():
@@ -96,7 +116,9 @@ def test_moe_checkpoints_what_olmo_core_allows():
     if not hasattr(moe, "PortableDroplessMoE"):
         pytest.fail("nn/moe.py lost its CPU MoE")
     _, config, model = _model(MOE)
-    ids = torch.randint(0, config.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, config.vocab_size, (2, SEQ + 1), generator=torch.Generator().manual_seed(0)
+    )
     reference = _grads(copy.deepcopy(model), ids)
     grads = _grads(_checkpointed(copy.deepcopy(model), "selected_modules:blocks.*.attention"), ids)
     for name, g in grads.items():
@@ -104,9 +126,14 @@ def test_moe_checkpoints_what_olmo_core_allows():
     for mode, match in (
         ("true", r"=full: OLMo-core cannot checkpoint MoE blocks whole"),
         ("selected_blocks:2", r"=selected_blocks:2: OLMo-core cannot checkpoint MoE blocks whole"),
-        ("selected_modules:blocks.*.feed_forward_moe", r"\.modules=blocks\.\*\.feed_forward_moe: matches an MoE module"),
+        (
+            "selected_modules:blocks.*.feed_forward_moe",
+            r"\.modules=blocks\.\*\.feed_forward_moe: matches an MoE module",
+        ),
     ):
-        with pytest.raises(ConfigError, match=rf"command line: train\.activation_checkpointing{match}"):
+        with pytest.raises(
+            ConfigError, match=rf"command line: train\.activation_checkpointing{match}"
+        ):
             load_and_resolve(DEMO, [*SMALL, *MOE, f"train.activation_checkpointing={mode}"])
 
 
@@ -122,19 +149,27 @@ def test_moe_checkpoints_what_olmo_core_allows():
     ],
 )
 def test_mode_shorthands(value, want):
-    ac = load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={value}"]).train.activation_checkpointing
+    ac = load_and_resolve(
+        DEMO, [*SMALL, f"train.activation_checkpointing={value}"]
+    ).train.activation_checkpointing
     assert str(ac) == want
 
 
 def test_mode_mappings_in_files_and_overrides(tmp_path):
     base = tmp_path / "base.yaml"
-    base.write_text(f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: selected_blocks, block_interval: 2}}\n")
+    base.write_text(
+        f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: selected_blocks, block_interval: 2}}\n"
+    )
     assert str(load_and_resolve(base, SMALL).train.activation_checkpointing) == "selected_blocks:2"
-    child = tmp_path / "child.yaml"  # a later shorthand replaces the whole mode (no block_interval left over)
+    child = (
+        tmp_path / "child.yaml"
+    )  # a later shorthand replaces the whole mode (no block_interval left over)
     child.write_text(f"extends: {base}\ntrain:\n  activation_checkpointing: true\n")
     ac = load_and_resolve(child, SMALL).train.activation_checkpointing
     assert (ac.mode, ac.block_interval) == ("full", None)
-    ac = load_and_resolve(base, [*SMALL, "train.activation_checkpointing.block_interval=4"]).train.activation_checkpointing
+    ac = load_and_resolve(
+        base, [*SMALL, "train.activation_checkpointing.block_interval=4"]
+    ).train.activation_checkpointing
     assert str(ac) == "selected_blocks:4"
     off = tmp_path / "off.yaml"  # YAML reads off as false
     off.write_text(f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: off}}\n")
@@ -145,12 +180,21 @@ def test_mode_mappings_in_files_and_overrides(tmp_path):
     "value, match",
     [
         ("bogus", r"train\.activation_checkpointing\.mode=bogus: choose one of off, full"),
-        ("selected_blocks", r"train\.activation_checkpointing\.block_interval=None: mode selected_blocks needs it"),
+        (
+            "selected_blocks",
+            r"train\.activation_checkpointing\.block_interval=None: mode selected_blocks needs it",
+        ),
         ("selected_blocks:0", r"train\.activation_checkpointing\.block_interval=0: must be >= 1"),
         ("selected_blocks:two", r"train\.activation_checkpointing\.block_interval"),
-        ("selected_modules:blocks.*.mlp", r"train\.activation_checkpointing\.modules=blocks\.\*\.mlp: matches no module"),
+        (
+            "selected_modules:blocks.*.mlp",
+            r"train\.activation_checkpointing\.modules=blocks\.\*\.mlp: matches no module",
+        ),
         ("budget:1.5", r"train\.activation_checkpointing\.budget=1\.5: must be in \[0, 1\]"),
-        ("budget:0.5", r"train\.activation_checkpointing=budget:0\.5: the compiler's budget needs train\.compile=true"),
+        (
+            "budget:0.5",
+            r"train\.activation_checkpointing=budget:0\.5: the compiler's budget needs train\.compile=true",
+        ),
         ("full:2", r"train\.activation_checkpointing\.mode=full:2: choose one of"),
     ],
 )
@@ -180,7 +224,9 @@ def _saved_bytes(fn, params) -> int:
     return sum(saved.values())
 
 
-@pytest.mark.parametrize("block", ["baseline", "olmo2", "hourglass", "variable width", "variable width hourglass"])
+@pytest.mark.parametrize(
+    "block", ["baseline", "olmo2", "hourglass", "variable width", "variable width hourglass"]
+)
 def test_saved_tensors_per_block_match_the_estimate(block):
     """Each block in bf16 (FSDP2's compute dtype) at 1 and 3 sequences: the bytes per token (the
     slope) are the estimate's A_l, and what does not grow with the batch is the hourglass's weight
@@ -192,7 +238,9 @@ def test_saved_tensors_per_block_match_the_estimate(block):
         w = layer.width
         measured = {}
         for batch in (1, 3):
-            stream = getattr(module, "stream_width", config.d_model)  # variable width: the stream is max w_l wide
+            stream = getattr(
+                module, "stream_width", config.d_model
+            )  # variable width: the stream is max w_l wide
             x = torch.randn(batch, SEQ, stream, dtype=torch.bfloat16, requires_grad=True)
             measured[batch] = _saved_bytes(lambda: module(x), model.parameters())
         per_token = (measured[3] - measured[1]) / (2 * SEQ)
@@ -200,7 +248,12 @@ def test_saved_tensors_per_block_match_the_estimate(block):
         head_dim = spec.model.d_model // spec.model.n_heads
         fixed = measured[1] - per_token * SEQ
         rope = 2 * 4 * SEQ * head_dim
-        assert layer.weight_copy <= fixed <= layer.weight_copy + rope + 64 * w, (block, i, fixed, layer.weight_copy)
+        assert layer.weight_copy <= fixed <= layer.weight_copy + rope + 64 * w, (
+            block,
+            i,
+            fixed,
+            layer.weight_copy,
+        )
         assert (layer.weight_copy > 0) == ("hourglass" in block)
 
 
@@ -233,7 +286,9 @@ def test_checkpointing_modes_order_the_estimate():
     total = {m: est.total(1, ActivationCheckpointing(m)) for m in ("off", "full")}
     for n in (2, 4):
         total[n] = est.total(1, ActivationCheckpointing("selected_blocks", block_interval=n))
-    ffn = est.total(1, ActivationCheckpointing("selected_modules", modules=["blocks.*.feed_forward"]))
+    ffn = est.total(
+        1, ActivationCheckpointing("selected_modules", modules=["blocks.*.feed_forward"])
+    )
     assert total["full"] < total[2] < total[4] < total["off"] and total["full"] < ffn < total["off"]
     half = est.total(1, ActivationCheckpointing("budget", budget=0.5))
     assert half == pytest.approx((total["full"] + total["off"]) / 2)
@@ -271,5 +326,13 @@ def test_a_run_recorded_with_a_boolean_resumes_with_any_mode():
         "  activation_checkpointing: false\n",
     )
     assert "activation_checkpointing: false" in recorded
-    assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=selected_blocks:2"])) == []
-    assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.lr=0.1"])) == [f"train.lr: {spec.train.lr} -> 0.1"]
+    assert (
+        changed_keys(
+            recorded,
+            load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=selected_blocks:2"]),
+        )
+        == []
+    )
+    assert changed_keys(recorded, load_and_resolve(DEMO, [*SMALL, "train.lr=0.1"])) == [
+        f"train.lr: {spec.train.lr} -> 0.1"
+    ]

@@ -39,7 +39,9 @@ def test_one_progress_line_per_logged_step(tmp_path):
     from tests.conftest import Records
 
     callback = ProgressCallback(metrics_log_interval=1)
-    callback.trainer = SimpleNamespace(training_progress=SimpleNamespace(bps=None, total_steps=4), save_folder=str(tmp_path))
+    callback.trainer = SimpleNamespace(
+        training_progress=SimpleNamespace(bps=None, total_steps=4), save_folder=str(tmp_path)
+    )
     records = Records()
     logger = logging.getLogger("olmo_patches.train.progress")
     logger.addHandler(records)
@@ -51,6 +53,6 @@ def test_one_progress_line_per_logged_step(tmp_path):
     finally:
         logger.removeHandler(records)
         logger.setLevel(old)
-    assert len(records.messages) == 4 and [m.split()[1].split("/")[0] for m in records.messages] == ["1", "2", "3", "4"], (
-        records.messages
-    )
+    assert len(records.messages) == 4 and [
+        m.split()[1].split("/")[0] for m in records.messages
+    ] == ["1", "2", "3", "4"], records.messages

@@ -43,7 +43,10 @@ def _overrides(root, tmp_path, *extra, ratios=(5, 3, 2)):
         f"data.work_dir={tmp_path / 'cache'}",
     ]
     for (name, sizes), ratio in zip(FILES.items(), ratios):
-        out += [f"data.mixture.{name}.ratio={ratio}", f"data.mixture.{name}.paths=[{root}/{name}-*.npy]"]
+        out += [
+            f"data.mixture.{name}.ratio={ratio}",
+            f"data.mixture.{name}.paths=[{root}/{name}-*.npy]",
+        ]
     return out + list(extra)
 
 
@@ -64,7 +67,9 @@ def _order(root, tmp_path, *extra, n=None):
     names = []
     for x in instances:
         ids = x[x != 0]
-        found = {name for name, (low, high) in RANGES.items() if ((ids >= low) & (ids < high)).all()}
+        found = {
+            name for name, (low, high) in RANGES.items() if ((ids >= low) & (ids < high)).all()
+        }
         assert len(found) == 1, x  # an instance comes from one source's file
         names.append(found.pop())
     return names, instances
@@ -87,7 +92,9 @@ def test_shares_match_the_ratios_within_sampling_error(sources, tmp_path):
 
 def test_the_same_seed_gives_the_same_order(sources, tmp_path):
     first_names, first = _order(sources, tmp_path / "a", n=600)
-    again_names, again = _order(sources, tmp_path / "b", n=600)  # rebuilt from nothing (another cache)
+    again_names, again = _order(
+        sources, tmp_path / "b", n=600
+    )  # rebuilt from nothing (another cache)
     assert first_names == again_names and all(np.array_equal(x, y) for x, y in zip(first, again))
     other_names, other = _order(sources, tmp_path / "c", "data.order_seed=7", n=600)
     assert not all(np.array_equal(x, y) for x, y in zip(first, other))
@@ -99,18 +106,27 @@ def test_a_ratio_a_source_cannot_supply_is_refused(sources, tmp_path):
 
     # math holds 24,000 tokens; 30% of 96,000 is 28,800: 1.2 passes
     spec = load_spec(BASELINE, _overrides(sources, tmp_path, ratios=(5, 2, 3)))
-    with pytest.raises(ConfigError, match=r"^data.mixture.math.ratio: 0.3 of 96,000 tokens is 28,800, 1.20 passes"):
+    with pytest.raises(
+        ConfigError, match=r"^data.mixture.math.ratio: 0.3 of 96,000 tokens is 28,800, 1.20 passes"
+    ):
         check_sources(spec)
-    allowed = load_spec(BASELINE, _overrides(sources, tmp_path, "data.mixture.math.max_repetition=1.5", ratios=(5, 2, 3)))
+    allowed = load_spec(
+        BASELINE,
+        _overrides(sources, tmp_path, "data.mixture.math.max_repetition=1.5", ratios=(5, 2, 3)),
+    )
     rows = check_sources(allowed)
     assert [(s.name, s.tokens, needed) for s, needed, _ in rows] == [
         ("web", 60_000, 48_000),
         ("code", 32_000, 19_200),
         ("math", 24_000, 28_800),
     ]
-    r = run_in_process("train.py", str(BASELINE), *_overrides(sources, tmp_path, ratios=(5, 2, 3)), "--dry-run")
+    r = run_in_process(
+        "train.py", str(BASELINE), *_overrides(sources, tmp_path, ratios=(5, 2, 3)), "--dry-run"
+    )
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and "data.mixture.math.ratio" in lines[-1] and "Traceback" not in r.stderr, r.stderr
+    assert (
+        r.returncode == 2 and "data.mixture.math.ratio" in lines[-1] and "Traceback" not in r.stderr
+    ), r.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -126,7 +142,10 @@ def test_the_dry_run_prints_each_source(sources, tmp_path):
     r = run_in_process("train.py", str(BASELINE), *_overrides(sources, tmp_path), "--dry-run")
     assert r.returncode == 0, r.stderr[-2000:]
     table = r.stdout[r.stdout.index("data.mixture") :]
-    for name, tokens, ratio, read in (("web", "60,000", "0.500", "48,000"), ("math", "24,000", "0.200", "19,200")):
+    for name, tokens, ratio, read in (
+        ("web", "60,000", "0.500", "48,000"),
+        ("math", "24,000", "0.200", "19,200"),
+    ):
         row = next(line for line in table.splitlines() if f" {name} " in line)
         assert tokens in row and ratio in row and read in row, row
     assert not (tmp_path / "run").exists()

@@ -22,22 +22,39 @@ SEQUENCES, SEQ = 8, 32
 # (steps 2-3); the per-micro-batch cases are asserted on step 1's loss and gradients alone.
 STEPS = {"global_batch": 3, "micro_batch": 1, "data_parallel": 1}
 MICRO = (1, 2)  # sequences a rank's micro-batch (4 ranks take 2 each: one micro-batch, or two)
-EXPERTS = {"swiglu": ["model.moe.expert_hidden=32"], "hourglass": ["model.moe.experts=hourglass", "model.K=2", "model.d_h=16"]}
-CASES = [("swiglu", "global_batch"), ("hourglass", "global_batch"), ("swiglu", "micro_batch"), ("swiglu", "data_parallel")]
+EXPERTS = {
+    "swiglu": ["model.moe.expert_hidden=32"],
+    "hourglass": ["model.moe.experts=hourglass", "model.K=2", "model.d_h=16"],
+}
+CASES = [
+    ("swiglu", "global_batch"),
+    ("hourglass", "global_batch"),
+    ("swiglu", "micro_batch"),
+    ("swiglu", "data_parallel"),
+]
 
 
 def _spec(tmp, experts: str, balance: str):
     from olmo_patches.launch.layout import Layout, load_and_resolve
 
-    moe = ["model.moe.num_experts=4", "model.moe.top_k=2", f"model.moe.load_balance={balance}", *EXPERTS[experts]]
+    moe = [
+        "model.moe.num_experts=4",
+        "model.moe.top_k=2",
+        f"model.moe.load_balance={balance}",
+        *EXPERTS[experts],
+    ]
     widths = ["model.widths.schedule=list", "model.widths.values=[48,32]"]
     return load_and_resolve(
-        REPO / "configs" / "demo" / "variable-width.yaml", tiny_overrides(tmp, *moe, *widths), layout=Layout.plan(1)
+        REPO / "configs" / "demo" / "variable-width.yaml",
+        tiny_overrides(tmp, *moe, *widths),
+        layout=Layout.plan(1),
     )
 
 
 def _batch(step: int, vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (SEQUENCES, SEQ), generator=torch.Generator().manual_seed(100 + step))
+    return torch.randint(
+        0, vocab, (SEQUENCES, SEQ), generator=torch.Generator().manual_seed(100 + step)
+    )
 
 
 def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -> dict:
@@ -48,7 +65,10 @@ def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -
     from olmo_core.distributed import parallel
     from olmo_core.distributed.parallel import DataParallelType
     from olmo_core.optim import AdamWConfig
-    from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
+    from olmo_core.train.train_module import (
+        TransformerDataParallelConfig,
+        TransformerTrainModuleConfig,
+    )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.tensor import DTensor
 
@@ -61,11 +81,18 @@ def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -
     parallel._WORLD_MESH = None  # OLMo-core builds one world mesh a process (tests/_train_each.py)
     dp = None
     if world > 1:
-        dp = TransformerDataParallelConfig(name=DataParallelType.fsdp, param_dtype=DType.float32, reduce_dtype=DType.float32)
+        dp = TransformerDataParallelConfig(
+            name=DataParallelType.fsdp, param_dtype=DType.float32, reduce_dtype=DType.float32
+        )
     module = TransformerTrainModuleConfig(
-        rank_microbatch_size=micro * SEQ, max_sequence_length=SEQ, optim=AdamWConfig(lr=3e-3), dp_config=dp
+        rank_microbatch_size=micro * SEQ,
+        max_sequence_length=SEQ,
+        optim=AdamWConfig(lr=3e-3),
+        dp_config=dp,
     ).build(config.build(init_device="meta"), device=torch.device("cpu"))
-    set_model_state_dict(module.model, reference.state_dict(), options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(
+        module.model, reference.state_dict(), options=StateDictOptions(full_state_dict=True)
+    )
     count_experts_first(module)
     metrics: dict = {}
     module.record_metric = lambda name, value, *a, **k: metrics.__setitem__(name, value)
@@ -87,7 +114,11 @@ def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -
         out["ce"].append(mean(metrics["CE"]))
         if step == 1:
             out["lb"] = mean(
-                sum(v for k, v in metrics.items() if k.startswith("block ") and k.endswith("balancing loss unscaled"))
+                sum(
+                    v
+                    for k, v in metrics.items()
+                    if k.startswith("block ") and k.endswith("balancing loss unscaled")
+                )
             )
             out["grads"] = {
                 n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
@@ -101,7 +132,9 @@ def _rank(rank: int, world: int, port: int, tmp: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     results = {(e, b, m): _train(Path(tmp), e, b, m, world, rank) for e, b in CASES for m in MICRO}
     if rank == 0:
         torch.save(results, f"{tmp}/results.{world}.pt")
@@ -121,7 +154,9 @@ def runs(tmp_path_factory):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.start_processes(_rank, args=(world, port, str(tmp)), nprocs=world, start_method="forkserver")
+        mp.start_processes(
+            _rank, args=(world, port, str(tmp)), nprocs=world, start_method="forkserver"
+        )
         out[world] = torch.load(tmp / f"results.{world}.pt")
     return out
 
@@ -135,7 +170,10 @@ def _spread(runs, experts: str, balance: str) -> dict:
         for micro in MICRO:
             r = runs[world][(experts, balance, micro)]
             worst["lb"] = max(worst["lb"], abs(r["lb"] - ref["lb"]))
-            worst["grad"] = max(worst["grad"], *((r["grads"][n] - g).abs().max().item() for n, g in ref["grads"].items()))
+            worst["grad"] = max(
+                worst["grad"],
+                *((r["grads"][n] - g).abs().max().item() for n, g in ref["grads"].items()),
+            )
             worst["ce"] = max(worst["ce"], *(abs(a - b) / b for a, b in zip(r["ce"], ref["ce"])))
     return worst
 
@@ -149,7 +187,9 @@ def test_global_batch_balance_is_the_same_at_any_world_size_and_micro_batch(runs
     assert runs[1][(experts, "global_batch", 2)]["lb"] > 1.0  # E sum f P >= 1, a real loss
 
 
-@pytest.mark.parametrize("experts, balance", [("swiglu", "micro_batch"), ("swiglu", "data_parallel")])
+@pytest.mark.parametrize(
+    "experts, balance", [("swiglu", "micro_batch"), ("swiglu", "data_parallel")]
+)
 def test_per_micro_batch_balance_depends_on_the_split(runs, experts, balance):
     worst = _spread(runs, experts, balance)
     print(f"{experts} {balance}: {worst}")
@@ -167,7 +207,9 @@ def test_global_batch_loss_is_its_equation_over_the_step(tmp_path, runs):
     for block in model.blocks.values():
         router = block.feed_forward_moe.router
         router.register_forward_hook(
-            lambda m, i, o: logits.append(torch.nn.functional.linear(i[0], m.weight.view(m.num_experts, -1)))
+            lambda m, i, o: logits.append(
+                torch.nn.functional.linear(i[0], m.weight.view(m.num_experts, -1))
+            )
         )
     model.eval()
     with torch.no_grad():

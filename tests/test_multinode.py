@@ -23,7 +23,12 @@ from .conftest import REPO, child_env, finish, run_script, start, tiny_overrides
 
 HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
 # 6 steps of 4 sequences; a checkpoint at each stop; every rank records its instances.
-RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
+RUN = [
+    "train.max_steps=6",
+    "run.save_interval=2",
+    "run.ephemeral_save_interval=null",
+    "run.trace_batches=true",
+]
 # The collectives' timeout (OLMo-core's process group): what a rank left waiting for a peer waited.
 COLLECTIVE_TIMEOUT_S = 900
 MICRO = "train.micro_batch_size=1"  # divides every rank's batch: no info line lowering it
@@ -73,11 +78,19 @@ def _two_nodes(per_node: int, args0: list, args1: list, timeout: int = 600):
 
 
 def _losses(run_dir):
-    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"]
+        for step, m in read_metrics(run_dir).items()
+        if "train/CE loss" in m
+    }
 
 
 def _train_args(folder, *extra):
-    return ["scripts/train.py", str(HOURGLASS), *tiny_overrides(folder, *RUN, *extra, block="hourglass")]
+    return [
+        "scripts/train.py",
+        str(HOURGLASS),
+        *tiny_overrides(folder, *RUN, *extra, block="hourglass"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +109,11 @@ def resumed(tmp_path_factory, demo_corpus):
     node = _train_args(folder, "train.data_parallel=hsdp", "run.stop_at_step=2")
     (hsdp0, hsdp1), _ = _two_nodes(2, node, node)
     log = (folder / "train.log").read_text() if (folder / "train.log").is_file() else ""
-    fsdp = run_script("train.py", *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:], torchrun=2)
+    fsdp = run_script(
+        "train.py",
+        *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:],
+        torchrun=2,
+    )
     one = load_and_resolve(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass"))
     train(one)
     return folder, hsdp0, hsdp1, log, fsdp
@@ -161,7 +178,9 @@ def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
 
 def test_a_refusal_on_rank_1_ends_rank_0_through_the_process_groups_store(tmp_path):
     """The same under a launcher whose store is the process group's (rank 0's), not torchrun's."""
-    r = run_script("tests/_fail_on_rank.py", "--own-store", "1", *_train_args(tmp_path)[1:], torchrun=2)
+    r = run_script(
+        "tests/_fail_on_rank.py", "--own-store", "1", *_train_args(tmp_path)[1:], torchrun=2
+    )
     assert r.returncode == 1  # plain torchrun: a failed worker
     # Printed by rank 1 (local rank 1): only the store tells it that it is the first on its node,
     # and rank 0 then ends on that line, not on its own error (a collective cut off).
@@ -225,7 +244,11 @@ def _two_wrapped_nodes(tmp_path, per_node: int):
     other = start(args)
     log = tmp_path / "train.log"
     while not (log.is_file() and "step 2/" in log.read_text()):
-        if time.monotonic() > deadline + 300 or store.poll() is not None or other.poll() is not None:
+        if (
+            time.monotonic() > deadline + 300
+            or store.poll() is not None
+            or other.poll() is not None
+        ):
             for p in (store, other):
                 os.killpg(p.pid, 9)
             pytest.fail(f"no run: {finish(store).stderr[-2000:]} {finish(other).stderr[-2000:]}")

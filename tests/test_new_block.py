@@ -24,12 +24,18 @@ PLUGIN = {"HOURGLASS_BLOCKS": "tests._parallel_block"}
 
 
 def _losses(run_dir):
-    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"]
+        for step, m in read_metrics(run_dir).items()
+        if "train/CE loss" in m
+    }
 
 
 def test_registered_and_refused_elsewhere():
     assert "parallel" in BLOCKS
-    r = run([sys.executable, "scripts/count_params.py", str(BASELINE), "model.block=parallel", *TINY])  # not imported: unknown
+    r = run(
+        [sys.executable, "scripts/count_params.py", str(BASELINE), "model.block=parallel", *TINY]
+    )  # not imported: unknown
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
         "model.block=parallel: choose one of baseline, hourglass, variable_width (olmo_patches/blocks/)"
     )
@@ -44,7 +50,9 @@ def test_forward_is_the_parallel_equation():
     block = model.blocks["0"]
     x = torch.randn(2, 8, 32, dtype=torch.float64)
     n = block.attention_norm(x)
-    torch.testing.assert_close(block(x), x + block.attention(n) + block.feed_forward(n), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        block(x), x + block.attention(n) + block.feed_forward(n), rtol=0, atol=1e-12
+    )
     assert not hasattr(block, "feed_forward_norm")
 
 
@@ -55,9 +63,15 @@ def test_counts_and_dry_run():
     assert r.returncode == 0, r.stderr
     c = json.loads(r.stdout)
     d, L, d_ff = 32, 2, 4 * 32
-    assert (c["attention"], c["ffn"], c["non_embedding"]) == (4 * d * d * L, 3 * d * d_ff * L, 4 * d * d * L + 3 * d * d_ff * L)
+    assert (c["attention"], c["ffn"], c["non_embedding"]) == (
+        4 * d * d * L,
+        3 * d * d_ff * L,
+        4 * d * d * L + 3 * d * d_ff * L,
+    )
     assert c["norm"] == d * (L + 1)
-    r = run_in_process("train.py", str(BASELINE), *TINY, *PARALLEL, "train.max_steps=2", "--dry-run")
+    r = run_in_process(
+        "train.py", str(BASELINE), *TINY, *PARALLEL, "train.max_steps=2", "--dry-run"
+    )
     assert r.returncode == 0 and "parallel" in r.stdout, r.stderr
 
 
@@ -70,8 +84,14 @@ def straight(tmp_path_factory, demo_corpus):
 
 def test_trains_and_resumes_exactly(straight, tmp_path):
     resumed = tmp_path / "resumed"
-    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *PARALLEL)))
-    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", *PARALLEL)))  # resumes from step2
+    train(
+        load_and_resolve(
+            BASELINE, tiny_overrides(resumed, "train.max_steps=4", "run.stop_at_step=2", *PARALLEL)
+        )
+    )
+    train(
+        load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=4", *PARALLEL))
+    )  # resumes from step2
     losses = _losses(straight)
     assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
     assert losses == _losses(resumed)
@@ -80,8 +100,20 @@ def test_trains_and_resumes_exactly(straight, tmp_path):
 
 
 def test_fsdp_on_two_gloo_ranks_matches_one_process(straight, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "scripts/train.py"]
-    r = run([*cmd, str(BASELINE), *tiny_overrides(tmp_path, "train.max_steps=4", *PARALLEL)], timeout=600, **PLUGIN)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "scripts/train.py",
+    ]
+    r = run(
+        [*cmd, str(BASELINE), *tiny_overrides(tmp_path, "train.max_steps=4", *PARALLEL)],
+        timeout=600,
+        **PLUGIN,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     one, two = _losses(straight), _losses(tmp_path)
     assert sorted(two) == [1, 2, 3, 4]
@@ -103,6 +135,14 @@ def test_sweep_report_has_its_row(straight, tmp_path):
     )
     members = load_sweep([str(config.parent)], [*TINY, f"data.work_dir={straight / 'cache'}"])
     report(members, tmp_path / "report", figures=True)
-    rows = [line for line in (tmp_path / "report" / "sweep.md").read_text().splitlines() if "tiny-parallel" in line]
-    val = [m["eval/lm/val/PPL"] for m in read_metrics(straight).values() if "eval/lm/val/PPL" in m][-1]
-    assert len(rows) == 1 and "done" in rows[0] and "4/4" in rows[0] and f"{val:.2f}" in rows[0], rows
+    rows = [
+        line
+        for line in (tmp_path / "report" / "sweep.md").read_text().splitlines()
+        if "tiny-parallel" in line
+    ]
+    val = [m["eval/lm/val/PPL"] for m in read_metrics(straight).values() if "eval/lm/val/PPL" in m][
+        -1
+    ]
+    assert len(rows) == 1 and "done" in rows[0] and "4/4" in rows[0] and f"{val:.2f}" in rows[0], (
+        rows
+    )

@@ -42,7 +42,9 @@ def test_sha256_file_is_the_files_digest(tmp_path):
     f = tmp_path / "blob"
     f.write_bytes(data)
     assert sha256_file(f) == hashlib.sha256(data).hexdigest()
-    assert sha256_file(f, block=1000) == hashlib.sha256(data).hexdigest()  # several blocks, a short last one
+    assert (
+        sha256_file(f, block=1000) == hashlib.sha256(data).hexdigest()
+    )  # several blocks, a short last one
     (tmp_path / "empty").write_bytes(b"")
     assert sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
 
@@ -57,12 +59,17 @@ def test_paths_file_checked_against_its_sha256sum(tmp_path):
     changed = hashlib.sha256(listed.read_bytes()).hexdigest()
     with pytest.raises(DataOrderError) as e:
         read_paths_file(listed)
-    assert str(e.value) == f"{listed} has sha256 {changed}, but list.txt.sha256 pins {digest}: the file list changed"
+    assert (
+        str(e.value)
+        == f"{listed} has sha256 {changed}, but list.txt.sha256 pins {digest}: the file list changed"
+    )
     with pytest.raises(DataOrderError) as e:
         read_paths_file(tmp_path / "nope.txt")
     assert str(e.value) == f"paths file not found: {tmp_path / 'nope.txt'}"
     (tmp_path / "list.txt.sha256").unlink()
-    (tmp_path / "list.txt.SHA256").write_text("0" * 64 + "  list.txt\n")  # only the exact name counts
+    (tmp_path / "list.txt.SHA256").write_text(
+        "0" * 64 + "  list.txt\n"
+    )  # only the exact name counts
     assert read_paths_file(listed) == ["a.npy", "c.npy"]
 
 
@@ -81,16 +88,27 @@ def test_rebase_onto_a_url_or_a_folder(tmp_path):
         "http://127.0.0.1:8000/mirrorX/a/p0.npy",
         "http://127.0.0.1:8000/mirrorX/b/c/p1.npy",
     ]
-    assert rebase(paths, "s3://bucket/olmo") == ["s3://bucket/olmo/a/p0.npy", "s3://bucket/olmo/b/c/p1.npy"]
+    assert rebase(paths, "s3://bucket/olmo") == [
+        "s3://bucket/olmo/a/p0.npy",
+        "s3://bucket/olmo/b/c/p1.npy",
+    ]
     local = tmp_path / "mirror"
-    assert rebase(paths, f"{local}/../mirror/") == [f"{local}/a/p0.npy", f"{local}/b/c/p1.npy"]  # resolved
+    assert rebase(paths, f"{local}/../mirror/") == [
+        f"{local}/a/p0.npy",
+        f"{local}/b/c/p1.npy",
+    ]  # resolved
     # The origin with or without its trailing slash; an origin ending in X keeps its X.
     assert rebase(["http://dataX/a.npy"], "http://m", origin="http://dataX/") == ["http://m/a.npy"]
     assert rebase(["http://dataX/a.npy"], "http://m", origin="http://dataX") == ["http://m/a.npy"]
     with pytest.raises(DataOrderError) as e:
         rebase([*paths, "http://elsewhere.org/x.npy"], "http://m/")
-    assert str(e.value) == f"http://elsewhere.org/x.npy is not under {ORIGIN}/: cannot rebase it onto http://m"
-    with pytest.raises(DataOrderError):  # a sibling host sharing the origin's prefix is not under it
+    assert (
+        str(e.value)
+        == f"http://elsewhere.org/x.npy is not under {ORIGIN}/: cannot rebase it onto http://m"
+    )
+    with pytest.raises(
+        DataOrderError
+    ):  # a sibling host sharing the origin's prefix is not under it
         rebase(["http://olmo-data.org.evil/x.npy"], "http://m")
 
 
@@ -120,7 +138,9 @@ def test_layout_locates_ids_at_file_boundaries_and_skips_empty_files():
     files, offsets = layout.locate([0, 1, 2, 3, 4, 5])
     assert files.tolist() == [0, 0, 2, 2, 2, 3]
     assert offsets.tolist() == [0, 8, 0, 8, 16, 0] and offsets.dtype == np.int64
-    files, offsets = layout.locate(np.array([4, 0], dtype=np.uint64))  # exact integers whatever the ids' dtype
+    files, offsets = layout.locate(
+        np.array([4, 0], dtype=np.uint64)
+    )  # exact integers whatever the ids' dtype
     assert files.tolist() == [2, 0] and offsets.tolist() == [16, 0] and offsets.dtype == np.int64
     files, offsets = layout.locate(np.array([], dtype=np.uint32))
     assert files.size == 0 and offsets.size == 0

@@ -20,7 +20,18 @@ def wheel(tmp_path_factory):
     """The wheel pip builds from this checkout, offline (this venv's setuptools: --no-build-isolation)."""
     out = tmp_path_factory.mktemp("dist")
     r = run_elsewhere(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", out, REPO],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            out,
+            REPO,
+        ],
         cwd=out,
         env=dict(os.environ),
         timeout=600,
@@ -41,9 +52,17 @@ def test_wheel_carries_data_types_and_commands(wheel):
             "scripts/train.py",
         ):
             assert z.read(f"olmo_patches/_data/{rel}") == (REPO / rel).read_bytes(), rel
-        shipped = {n.removeprefix("olmo_patches/_data/") for n in names if n.startswith("olmo_patches/_data/configs/")}
-        assert shipped == {str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*") if p.is_file()}
-        assert "olmo_patches/py.typed" in names and "olmo_patches/report/paper_results.yaml" in names
+        shipped = {
+            n.removeprefix("olmo_patches/_data/")
+            for n in names
+            if n.startswith("olmo_patches/_data/configs/")
+        }
+        assert shipped == {
+            str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*") if p.is_file()
+        }
+        assert (
+            "olmo_patches/py.typed" in names and "olmo_patches/report/paper_results.yaml" in names
+        )
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         text = z.read(entry_points).decode()
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
@@ -70,8 +89,14 @@ def test_unpacked_wheel_finds_its_own_data(wheel, tmp_path):
     assert Path(root) == site / "olmo_patches" / "_data"
     assert Path(config) == site / "olmo_patches" / "_data" / "configs" / "demo" / "baseline.yaml"
     assert missing == "nope.yaml"  # as given: the loader names the missing file
-    r = run_elsewhere([sys.executable, "-m", "olmo_patches", "nope"], cwd=elsewhere, env=env, timeout=120)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("command line: unknown command 'nope'")
+    r = run_elsewhere(
+        [sys.executable, "-m", "olmo_patches", "nope"], cwd=elsewhere, env=env, timeout=120
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr.count("\n") == 1
+        and r.stderr.startswith("command line: unknown command 'nope'")
+    )
 
 
 def test_checkout_reads_its_own_folders(tmp_path, monkeypatch):
@@ -82,4 +107,6 @@ def test_checkout_reads_its_own_folders(tmp_path, monkeypatch):
     assert find_config("configs/demo/baseline.yaml") == REPO / "configs" / "demo" / "baseline.yaml"
     (tmp_path / "configs" / "demo").mkdir(parents=True)
     (tmp_path / "configs" / "demo" / "baseline.yaml").write_text("x: 1\n")
-    assert find_config("configs/demo/baseline.yaml") == Path("configs/demo/baseline.yaml")  # the working folder's first
+    assert find_config("configs/demo/baseline.yaml") == Path(
+        "configs/demo/baseline.yaml"
+    )  # the working folder's first

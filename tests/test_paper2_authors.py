@@ -27,7 +27,11 @@ MODES = {"move_up": "carry_forward", "zero": "zero", "linear": "learned"}
 # an x schedule: w_1 > h, narrowing, widening refilled by carry-forward, w_L > h.
 N_EXPERTS, TOP_K, EXPERT_HIDDEN, AUX_COEF = 4, 2, 16, 0.01
 MOE_WIDTHS = [64, 32, 16, 32, 48]
-MOE = (f"model.moe.num_experts={N_EXPERTS}", f"model.moe.top_k={TOP_K}", f"model.moe.expert_hidden={EXPERT_HIDDEN}")
+MOE = (
+    f"model.moe.num_experts={N_EXPERTS}",
+    f"model.moe.top_k={TOP_K}",
+    f"model.moe.expert_hidden={EXPERT_HIDDEN}",
+)
 
 
 def _spec(mode, widths=WIDTHS, h=H, extra=()):
@@ -55,7 +59,9 @@ def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
     config.init_seed = seed
     model = config.build(init_device="meta")
     model.init_weights(device=torch.device("cpu"), max_seq_len=T)
-    for m in model.modules():  # float64 end to end: OLMo-core's RMSNorm and RoPE otherwise compute in float32
+    for m in (
+        model.modules()
+    ):  # float64 end to end: OLMo-core's RMSNorm and RoPE otherwise compute in float32
         if hasattr(m, "full_precision"):
             m.full_precision = False
     return model
@@ -112,11 +118,15 @@ def _authors_moe(a, p):
     y = 0
     for j in range(TOP_K):
         e = idx[:, j]
-        up, gate = torch.einsum("niw,nw->ni", p["c_fc"][e], u).chunk(2, dim=-1)  # glu.py: x[0] * silu(x[1])
+        up, gate = torch.einsum("niw,nw->ni", p["c_fc"][e], u).chunk(
+            2, dim=-1
+        )  # glu.py: x[0] * silu(x[1])
         y = y + g[:, j : j + 1] * torch.einsum("nwi,ni->nw", p["c_proj"][e], up * F.silu(gate))
     probs = logits.softmax(-1)  # moe.py:393-416: over all E
     freq = torch.bincount(idx.flatten(), minlength=N_EXPERTS).to(probs.dtype)  # no gradient
-    switch = N_EXPERTS * (F.normalize(probs.sum(0), p=1, dim=0) * F.normalize(freq, p=1, dim=0)).sum()
+    switch = (
+        N_EXPERTS * (F.normalize(probs.sum(0), p=1, dim=0) * F.normalize(freq, p=1, dim=0)).sum()
+    )
     z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
     return y.view(a.shape), switch + 0.1 * z
 
@@ -149,7 +159,13 @@ def _authors_forward(W, ids, widths, mode, pad_output=False, aux=None):
         hist.append(x)
     y = _rmsnorm(x, W["ln_f"])
     # WVM:732-742: the output resize turns zero into move_up
-    y = _resize(y, h, "move_up" if mode == "zero" and not pad_output else mode, hist, W.get("linear_for_unembed"))
+    y = _resize(
+        y,
+        h,
+        "move_up" if mode == "zero" and not pad_output else mode,
+        hist,
+        W.get("linear_for_unembed"),
+    )
     return (y @ W["lm_head"].T) / M_WIDTH  # LME main.py:110-118
 
 
@@ -167,19 +183,30 @@ def _weights(model, widths):
             ln_1=P[b + "attention_norm.weight"],
             ln_2=P[b + "feed_forward_norm.weight"],
         )
-        if b + "feed_forward_moe.router.weight" in P:  # OLMo-core stores (E I, w) flat; lm-engine (E, 2I, w) and (E, w, I)
+        if (
+            b + "feed_forward_moe.router.weight" in P
+        ):  # OLMo-core stores (E I, w) flat; lm-engine (E, 2I, w) and (E, w, I)
             m, w = b + "feed_forward_moe.", widths[l]
             blk["gate"] = P[m + "router.weight"].view(N_EXPERTS, w)
-            w1, w2, w3 = (P[m + f"experts.mlp.{n}"].view(N_EXPERTS, -1, w) for n in ("w1", "w2", "w3"))
+            w1, w2, w3 = (
+                P[m + f"experts.mlp.{n}"].view(N_EXPERTS, -1, w) for n in ("w1", "w2", "w3")
+            )
             blk["c_fc"] = torch.cat((w3, w1), dim=1)  # [up; gate] per expert
             blk["c_proj"] = w2.transpose(1, 2)
         else:
             blk["mlp_proj"] = P[b + "feed_forward.w2.weight"]
-            blk["c_fc"] = torch.cat((P[b + "feed_forward.w3.weight"], P[b + "feed_forward.w1.weight"]))  # [up; gate]
+            blk["c_fc"] = torch.cat(
+                (P[b + "feed_forward.w3.weight"], P[b + "feed_forward.w1.weight"])
+            )  # [up; gate]
         if b + "resize.weight" in P:
             blk["linear"] = P[b + "resize.weight"]
         blocks.append(blk)
-    W = dict(wte=P["embeddings.weight"], ln_f=P["lm_head.norm.weight"], lm_head=P["lm_head.w_out.weight"], blocks=blocks)
+    W = dict(
+        wte=P["embeddings.weight"],
+        ln_f=P["lm_head.norm.weight"],
+        lm_head=P["lm_head.w_out.weight"],
+        blocks=blocks,
+    )
     if "lm_head.norm.resize.weight" in P:
         W["linear_for_unembed"] = P["lm_head.norm.resize.weight"]
     return P, W
@@ -201,7 +228,9 @@ def test_logits_and_gradients_match_the_authors_model_in_float64(mode):
     for n, p in model.named_parameters():
         gscale = P[n].grad.abs().max().item() + 1e-30
         assert (p.grad - P[n].grad).abs().max().item() <= 1e-10 * gscale, n
-    if mode == "zero":  # the output fill is live: dims [w_L, h) of the logits' input come from layer 4
+    if (
+        mode == "zero"
+    ):  # the output fill is live: dims [w_L, h) of the logits' input come from layer 4
         assert model.blocks["3"].attention.w_q.weight.grad.abs().sum() > 0
         assert P["blocks.3.feed_forward.w2.weight"].grad[WIDTHS[-1] : H].abs().sum() > 0
 
@@ -214,7 +243,9 @@ def test_zero_mode_output_is_not_zero_padding():
     with torch.no_grad():
         ours = model(ids)
         padded = _authors_forward(W, ids, WIDTHS, "zero", pad_output=True)
-    assert (ours - padded).abs().max() > 1e-4  # 1e8 times the agreement with the authors' model above
+    assert (
+        ours - padded
+    ).abs().max() > 1e-4  # 1e8 times the agreement with the authors' model above
 
 
 def test_mup_init_stds_match_lm_engine():
@@ -228,10 +259,21 @@ def test_mup_init_stds_match_lm_engine():
     for l, w in enumerate(widths):
         blk = model.blocks[str(l)]
         s_l = 0.1 * math.sqrt(h / w) / math.sqrt(8)
-        for name in ("attention.w_q", "attention.w_k", "attention.w_v", "feed_forward.w1", "feed_forward.w3"):
-            assert blk.get_submodule(name).weight.std().item() == pytest.approx(s_l, rel=0.05), (l, name)
+        for name in (
+            "attention.w_q",
+            "attention.w_k",
+            "attention.w_v",
+            "feed_forward.w1",
+            "feed_forward.w3",
+        ):
+            assert blk.get_submodule(name).weight.std().item() == pytest.approx(s_l, rel=0.05), (
+                l,
+                name,
+            )
         for name in ("attention.w_out", "feed_forward.w2"):
-            assert blk.get_submodule(name).weight.std().item() == pytest.approx(s_l / math.sqrt(2 * L), rel=0.05), (l, name)
+            assert blk.get_submodule(name).weight.std().item() == pytest.approx(
+                s_l / math.sqrt(2 * L), rel=0.05
+            ), (l, name)
         for name in ("attention_norm", "feed_forward_norm"):
             assert torch.equal(blk.get_submodule(name).weight, torch.ones(w))
     # Not truncated: a plain normal reaches past 3 std in a 256 x 1024 matrix.
@@ -252,7 +294,9 @@ def test_paper2_configs_use_the_authors_rope_theta():
 def test_paper2_configs_decay_as_lm_engine():
     """LME normalization.py:91-92 marks every norm gain no-decay, nothing else (embedding.py, main.py:33-36):
     the embedding, the untied LM head, the muP matrices, the router and the experts decay at 0.1."""
-    assert len(PAPER2_CONFIGS) == 16 + 36  # the paper's runs and its r_l x r_d grid (ablations/r_l-r_d: 3 sizes x 4 x 3)
+    assert (
+        len(PAPER2_CONFIGS) == 16 + 36
+    )  # the paper's runs and its r_l x r_d grid (ablations/r_l-r_d: 3 sizes x 4 x 3)
     for path in PAPER2_CONFIGS:
         t = load_and_resolve(path).train
         assert (t.decay_embeddings, t.decay_norms, t.weight_decay) == (True, False, 0.1), path
@@ -273,14 +317,20 @@ def test_paper2_configs_decay_as_lm_engine():
     )
     config = spec.model.build(64)
     model = config.build(init_device="meta")
-    opt = AdamWConfig(lr=0.01, weight_decay=spec.train.weight_decay, group_overrides=optim_groups(spec, config)).build(model)
+    opt = AdamWConfig(
+        lr=0.01, weight_decay=spec.train.weight_decay, group_overrides=optim_groups(spec, config)
+    ).build(model)
     decay = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     norms = 0
     for name, p in model.named_parameters():
-        is_norm = name.endswith("norm.weight") or name.endswith("norm_weight")  # block, final and experts' gains
+        is_norm = name.endswith("norm.weight") or name.endswith(
+            "norm_weight"
+        )  # block, final and experts' gains
         norms += is_norm
         assert decay[id(p)] == (0.0 if is_norm else 0.1), name
-    assert norms == 4 * 3 + 1  # attention_norm, feed_forward_norm, the experts' gains per block; lm_head.norm
+    assert (
+        norms == 4 * 3 + 1
+    )  # attention_norm, feed_forward_norm, the experts' gains per block; lm_head.norm
 
 
 # --- the 3B MoE (moe_1b3b.yml; LME mlp_blocks/moe.py) ---------------------------------------------------
@@ -289,7 +339,9 @@ def test_paper2_configs_decay_as_lm_engine():
 def _aux(model):
     """Our aux loss of the last forward: OLMo-core's per-router losses times their weights, summed."""
     routers = [b.feed_forward_moe.router for b in model.blocks.values()]
-    return sum(r.lb_loss_weight * r.load_balancing_loss + r.z_loss_weight * r.z_loss for r in routers)
+    return sum(
+        r.lb_loss_weight * r.load_balancing_loss + r.z_loss_weight * r.z_loss for r in routers
+    )
 
 
 def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
@@ -297,7 +349,9 @@ def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
     computes its logits in float32 (OLMo-core's MoELinearRouter), so the agreement is float32's."""
     model = _model("move_up", widths=MOE_WIDTHS, extra=MOE).double()
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
-    logits = model(ids)  # training mode: the aux losses ride on the experts' input (attach_auxiliary_loss)
+    logits = model(
+        ids
+    )  # training mode: the aux losses ride on the experts' input (attach_auxiliary_loss)
     F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)).backward()
 
     P, W = _weights(model, MOE_WIDTHS)
@@ -315,18 +369,30 @@ def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
     # The aux loss is live: without it the routers' gradients would be off by far more than the tolerance.
     P2, W2 = _weights(model, MOE_WIDTHS)
     F.cross_entropy(
-        _authors_forward(W2, ids, MOE_WIDTHS, "move_up", aux=[])[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1)
+        _authors_forward(W2, ids, MOE_WIDTHS, "move_up", aux=[])[:, :-1].reshape(-1, V),
+        ids[:, 1:].reshape(-1),
     ).backward()
     router = "blocks.2.feed_forward_moe.router.weight"
     assert (P2[router].grad - P[router].grad).abs().max() > 1e-3 * P[router].grad.abs().max()
     # I_l = round(w_l 16 / 32) experts of the authors' size (WVC:432).
-    assert [b.feed_forward_moe.experts.mlp.hidden_size for b in model.blocks.values()] == [32, 16, 8, 16, 24]
+    assert [b.feed_forward_moe.experts.mlp.hidden_size for b in model.blocks.values()] == [
+        32,
+        16,
+        8,
+        16,
+        24,
+    ]
 
 
 def test_moe_mup_init_and_lr_groups_match_lm_engine():
     """LME moe.py:176-220: router and c_fc std s_l, c_proj s_l / sqrt(2 L); all three in the muP group (lr / 8)."""
     h, widths = 64, [128, 32, 64, 128]
-    spec = _spec("move_up", widths=widths, h=h, extra=(*MOE, "model.moe.num_experts=32", "model.moe.expert_hidden=64"))
+    spec = _spec(
+        "move_up",
+        widths=widths,
+        h=h,
+        extra=(*MOE, "model.moe.num_experts=32", "model.moe.expert_hidden=64"),
+    )
     model = spec.model.build(V).build(init_device="meta")
     model.init_weights(device=torch.device("cpu"), max_seq_len=T)
     L = len(widths)

@@ -11,9 +11,16 @@ from olmo_patches.report.counts import count
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(
-    p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
+    p
+    for p in (ROOT / "configs").rglob("*.yaml")
+    if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
 )
-SIZES = {"113M": 113.2e6, "403M": 402.7e6, "906M": 906.0e6, "1B": 1073.7e6}  # paper 1, to the rounding shown
+SIZES = {
+    "113M": 113.2e6,
+    "403M": 402.7e6,
+    "906M": 906.0e6,
+    "1B": 1073.7e6,
+}  # paper 1, to the rounding shown
 TOKENS = {"113M": 2.5e9, "403M": 7e9, "906M": 18e9, "1B": 21e9}  # paper 1 (docs/papers.md)
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs match their baselines within 0.3%
 UNMATCHED = "k-sweep-unmatched"  # the paper's K ablation: parameters grow with K by design
@@ -31,8 +38,14 @@ def rel(p: Path) -> str:
 def closed_form(spec) -> int:
     """Independent of the code under test: paper 1's counting, L (4 d^2 + FFN)."""
     m = spec.model
-    ffn = 3 * m.K * m.d_model * m.resolved_d_h if m.block == "hourglass" else 3 * m.d_model * m.resolved_d_ff
-    head_dim = m.head_dim or m.d_model // m.n_heads  # Q, O: n_heads head_dim wide; K, V: n_kv_heads head_dim
+    ffn = (
+        3 * m.K * m.d_model * m.resolved_d_h
+        if m.block == "hourglass"
+        else 3 * m.d_model * m.resolved_d_ff
+    )
+    head_dim = (
+        m.head_dim or m.d_model // m.n_heads
+    )  # Q, O: n_heads head_dim wide; K, V: n_kv_heads head_dim
     attention = 2 * m.d_model * head_dim * (m.n_heads + (m.n_kv_heads or m.n_heads))
     return m.n_layers * (attention + ffn)
 
@@ -49,8 +62,14 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         # hourglass experts (K sub-MLPs of d_h): the 3 K d_h w weights of a hidden r w = K d_h.
         m = spec.model
         w, h, L, e = m.resolved_widths, m.d_model, m.n_layers, m.moe
-        hidden = (m.K * m.d_h if e.experts == "hourglass" else e.expert_hidden) if e is not None else 0
-        K, G, out = (16, 0, 4) if e is None else (4 + 3 * e.num_experts * hidden / h, e.num_experts, e.num_experts * hidden / h)
+        hidden = (
+            (m.K * m.d_h if e.experts == "hourglass" else e.expert_hidden) if e is not None else 0
+        )
+        K, G, out = (
+            (16, 0, 4)
+            if e is None
+            else (4 + 3 * e.num_experts * hidden / h, e.num_experts, e.num_experts * hidden / h)
+        )
         waste = 3 * max(w[0] - h, 0) * w[0] + out * w[-1] * max(w[-1] - h, 0)
         target = L * (K * h * h + G * h)
         # Paper 2's r_l / r_d grid off its optimum: at 200M (h 640) a multiple of 32 is 5% of h, and the
@@ -61,16 +80,24 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         return
     assert b.non_embedding == closed_form(spec)
     size = rel(path).split("/")[0]
-    if size not in SIZES or path.name.endswith("-revised.yaml"):  # the authors' later runs: test_attention_width.py
+    if size not in SIZES or path.name.endswith(
+        "-revised.yaml"
+    ):  # the authors' later runs: test_attention_width.py
         return
     budget = closed_form(load_and_resolve(ROOT / "configs" / size / "baseline.yaml"))
-    if UNMATCHED in path.parts:  # K=1 below the budget, K=8 well above (test_k_sweep_as_the_paper_...)
+    if (
+        UNMATCHED in path.parts
+    ):  # K=1 below the budget, K=8 well above (test_k_sweep_as_the_paper_...)
         return
-    tolerance = ALIGNED_TOLERANCE if path.name.endswith("-aligned.yaml") else 1e-5  # the paper: 0.001%
+    tolerance = (
+        ALIGNED_TOLERANCE if path.name.endswith("-aligned.yaml") else 1e-5
+    )  # the paper: 0.001%
     if rel(path) in AT_AUTHORS_TOLERANCE or AUTHORS_FOLDERS & set(path.parts):
         tolerance = AUTHORS_TOLERANCE
         assert spec.model.resolved_head_dim % 8 == 0  # head dims flash-attention kernels like
-    assert abs(b.non_embedding - budget) <= tolerance * budget, f"{rel(path)}: {b.non_embedding} vs {budget}"
+    assert abs(b.non_embedding - budget) <= tolerance * budget, (
+        f"{rel(path)}: {b.non_embedding} vs {budget}"
+    )
     assert spec.train.max_tokens == TOKENS[size]
 
 
@@ -103,7 +130,10 @@ def test_baselines_give_the_spec_counts(size):
 
 
 def test_controlled_113M_ffn_equals_baseline_exactly():
-    base, hg = (count(load_and_resolve(ROOT / "configs/113M" / f)) for f in ("baseline.yaml", "hourglass-K8-dh384.yaml"))
+    base, hg = (
+        count(load_and_resolve(ROOT / "configs/113M" / f))
+        for f in ("baseline.yaml", "hourglass-K8-dh384.yaml")
+    )
     assert hg.ffn == base.ffn == 12 * 768 * 768 * 12 and hg.attention == base.attention
 
 
@@ -111,7 +141,8 @@ def test_k_sweep_as_the_paper_parameters_grow_with_K():
     """The paper's K ablation (val PPL 40.153 at K=1 to 32.832 at K=8) grows K on the reallocation shape
     (K=4, L=6: the 35.101 run), not on the controlled one (K=8 there is the 36.179 run)."""
     specs = sorted(
-        (load_and_resolve(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")), key=lambda s: s.model.K
+        (load_and_resolve(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")),
+        key=lambda s: s.model.K,
     )
     assert [s.model.K for s in specs] == list(range(1, 9))
     ffn = [count(s).ffn for s in specs]
@@ -127,7 +158,8 @@ def test_k_sweep_as_the_paper_parameters_grow_with_K():
 
 
 @pytest.mark.parametrize(
-    "name,K,L,attention,ffn", [("hourglass-K4-L6.yaml", 4, 6, 45e6, 68e6), ("hourglass.yaml", 2, 8, 66e6, 47e6)]
+    "name,K,L,attention,ffn",
+    [("hourglass-K4-L6.yaml", 4, 6, 45e6, 68e6), ("hourglass.yaml", 2, 8, 66e6, 47e6)],
 )
 def test_the_papers_splits(name, K, L, attention, ffn):
     """The reallocation run (K=4, L=6: attention about 45M, FFN about 68M) and the headline run (66M/47M,
@@ -148,17 +180,25 @@ def test_sweeps_sample_the_papers_floors():
     the d_h/d_model sweep runs at L=12 with points between 0.4 and 0.55."""
 
     def shapes(folder):
-        return [load_and_resolve(p).model for p in sorted((ROOT / "configs/113M/ablations" / folder).glob("*.yaml"))]
+        return [
+            load_and_resolve(p).model
+            for p in sorted((ROOT / "configs/113M/ablations" / folder).glob("*.yaml"))
+        ]
 
     for folder, floor in (("width-depth-K2", 180), ("width-depth-K4", 110)):
         ratios = sorted(m.d_model / m.n_layers for m in shapes(folder))
         assert any(abs(r / floor - 1) < 0.05 for r in ratios), (folder, ratios)
-        assert sum(r < floor * 0.95 for r in ratios) >= 2 and sum(r > floor * 1.05 for r in ratios) >= 2, (folder, ratios)
+        assert (
+            sum(r < floor * 0.95 for r in ratios) >= 2
+            and sum(r > floor * 1.05 for r in ratios) >= 2
+        ), (folder, ratios)
         assert ratios[0] < 100 and ratios[-1] > 250  # the paper's 50-300 range, both ends of the U
     dh = shapes("d_h-ratio")
     assert {m.n_layers for m in dh} == {12} and {m.K for m in dh} == {4}
     ratios = sorted(m.d_h / m.d_model for m in dh)
-    assert sum(0.4 <= r <= 0.55 for r in ratios) >= 2 and ratios[0] < 0.15 and ratios[-1] > 0.75, ratios
+    assert sum(0.4 <= r <= 0.55 for r in ratios) >= 2 and ratios[0] < 0.15 and ratios[-1] > 0.75, (
+        ratios
+    )
 
 
 SWEEP_FOLDERS = ["d_h-ratio", "k-sweep", "width-depth-K2", "width-depth-K4"]  # d_model varies
@@ -173,11 +213,20 @@ def test_every_sweep_has_one_head_rule(folder):
     assert paths
     for p in paths:
         m = load_and_resolve(p).model
-        assert m.head_dim == 64 and abs(m.n_heads * 64 - m.d_model) <= 32, (rel(p), m.n_heads, m.head_dim, m.d_model)
+        assert m.head_dim == 64 and abs(m.n_heads * 64 - m.d_model) <= 32, (
+            rel(p),
+            m.n_heads,
+            m.head_dim,
+            m.d_model,
+        )
     k4 = load_and_resolve(ROOT / "configs/113M/hourglass-K4-L6.yaml").model
     for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml"):
         m = load_and_resolve(p).model
-        assert (m.d_model, m.n_heads, m.head_dim, m.n_layers) == (k4.d_model, k4.n_heads, k4.head_dim, 6) == (1368, 19, None, 6)
+        assert (
+            (m.d_model, m.n_heads, m.head_dim, m.n_layers)
+            == (k4.d_model, k4.n_heads, k4.head_dim, 6)
+            == (1368, 19, None, 6)
+        )
 
 
 def test_d_h_ratio_sweep_has_the_papers_optimum():
@@ -203,7 +252,10 @@ def test_sweep_folders_reproduce_from_one_command(tmp_path):
     for name in ("base.yaml", "113M/baseline.yaml"):  # the sweep's baseline and what it extends
         (tmp_path / "configs" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / "configs" / name, tmp_path / "configs" / name)
-    shutil.copytree(ROOT / "configs/113M/ablations/k-sweep-unmatched", tmp_path / "configs/113M/ablations/k-sweep-unmatched")
+    shutil.copytree(
+        ROOT / "configs/113M/ablations/k-sweep-unmatched",
+        tmp_path / "configs/113M/ablations/k-sweep-unmatched",
+    )
     folder = "configs/113M/ablations/k-sweep-unmatched"
     for p in (tmp_path / folder).glob("*.yaml"):
         p.write_text("stale\n")
@@ -211,7 +263,9 @@ def test_sweep_folders_reproduce_from_one_command(tmp_path):
     r = run_in_process("make_sweeps.py", folder, "--root", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     shipped = {p.name: p.read_text() for p in (ROOT / folder).glob("*.yaml")}
-    assert {p.name: p.read_text() for p in (tmp_path / folder).glob("*.yaml")} == shipped and len(shipped) == 8
+    assert {p.name: p.read_text() for p in (tmp_path / folder).glob("*.yaml")} == shipped and len(
+        shipped
+    ) == 8
 
 
 def test_paper2_width_grid_brackets_the_optimum():
@@ -238,7 +292,10 @@ def test_paper2_width_grid_brackets_the_optimum():
 def test_generated_configs_say_how():
     for p in (ROOT / "configs/113M/ablations").rglob("*.yaml"):
         head = p.read_text().splitlines()[:2]
-        assert head[0].startswith("# Generated by scripts/search.py") and "python scripts/search.py" in head[1], p
+        assert (
+            head[0].startswith("# Generated by scripts/search.py")
+            and "python scripts/search.py" in head[1]
+        ), p
     for p in (ROOT / "configs/paper2/ablations").rglob("*.yaml"):
         assert p.read_text().startswith("# Generated by scripts/make_sweeps.py"), p
 
@@ -247,11 +304,27 @@ def test_olmo2_config_is_the_stage1_recipe():
     s = load_and_resolve(ROOT / "configs/1B/olmo2.yaml")
     m, t, d = s.model, s.train, s.data
     assert (m.d_model, m.n_layers, m.n_heads, m.ffn_ratio * m.d_model) == (2048, 16, 16, 8192)
-    assert m.norm_placement == "post" and m.qk_norm and not m.tie_embeddings and m.rope_theta == 500_000
+    assert (
+        m.norm_placement == "post"
+        and m.qk_norm
+        and not m.tie_embeddings
+        and m.rope_theta == 500_000
+    )
     assert (t.lr, t.warmup_steps, t.schedule_tokens, t.final_lr_ratio) == (4e-4, 4000, 5e12, 0.1)
-    assert (t.betas, t.eps, t.weight_decay, t.z_loss, t.max_grad_norm) == ([0.9, 0.95], 1e-8, 0.1, 1e-5, 1.0)
+    assert (t.betas, t.eps, t.weight_decay, t.z_loss, t.max_grad_norm) == (
+        [0.9, 0.95],
+        1e-8,
+        0.1,
+        1e-5,
+        1.0,
+    )
     # The pinned list equals OLMo-core's OLMoE-mix-0824 (tests/test_data_order.py checks that).
-    assert (t.global_batch_size, d.sequence_length, d.order_seed, d.source) == (512, 4096, 6198, "olmo2_stage1")
+    assert (t.global_batch_size, d.sequence_length, d.order_seed, d.source) == (
+        512,
+        4096,
+        6198,
+        "olmo2_stage1",
+    )
     assert d.instance_filter
     assert t.max_tokens == 21e9
 
@@ -271,7 +344,10 @@ def test_plan_steps_and_gpu_hours():
 
     console = Console(width=200, record=True)
     console.print(plan_table(spec))
-    assert f"1,193 x 512 x 4096 = {1193 * 512 * 4096:,} (budget 2,500,000,000)" in console.export_text()
+    assert (
+        f"1,193 x 512 x 4096 = {1193 * 512 * 4096:,} (budget 2,500,000,000)"
+        in console.export_text()
+    )
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=rel)
@@ -290,7 +366,9 @@ def test_attention_runs_at_every_width(path):
     with torch.no_grad():
         for width, block in widths.items():
             # weights left uninitialised (meta, then empty memory): the input is zeros, only shapes matter
-            attention = block.sequence_mixer.build(width, layer_idx=0, n_layers=1, init_device="meta").to_empty(device="cpu")
+            attention = block.sequence_mixer.build(
+                width, layer_idx=0, n_layers=1, init_device="meta"
+            ).to_empty(device="cpu")
             x = torch.zeros(1, 4, width)
             assert attention(x).shape == x.shape
 
@@ -307,7 +385,14 @@ def test_paper2_parameter_match_at_the_optimum_and_across_the_grid():
         waste = 3 * max(w[0] - h, 0) * w[0] + 4 * w[-1] * max(w[-1] - h, 0)
         return round(100 * ((sum(16 * x * x for x in w) - waste) / (16 * L * h * h) - 1), 2)
 
-    assert [off(ROOT / "configs/paper2" / s / "x.yaml") for s in ("200M", "500M", "1B", "2B")] == [0.28, -0.73, 0.19, -0.19]
+    assert [off(ROOT / "configs/paper2" / s / "x.yaml") for s in ("200M", "500M", "1B", "2B")] == [
+        0.28,
+        -0.73,
+        0.19,
+        -0.19,
+    ]
     grid = ROOT / "configs/paper2/ablations/r_l-r_d"
-    worst = [max((off(p) for p in (grid / s).glob("*.yaml")), key=abs) for s in ("200M", "500M", "1B")]
+    worst = [
+        max((off(p) for p in (grid / s).glob("*.yaml")), key=abs) for s in ("200M", "500M", "1B")
+    ]
     assert worst == [1.91, -0.81, -0.50]

@@ -19,7 +19,12 @@ from olmo_patches.train import train
 from .conftest import REPO, tiny_overrides
 
 H, HEADS, T, B, VOCAB = 64, 4, 24, 2, 256
-WIDTHS = [96, 32, 48, 128]  # wide-narrow-wide, first and last wider than h (both waste terms present)
+WIDTHS = [
+    96,
+    32,
+    48,
+    128,
+]  # wide-narrow-wide, first and last wider than h (both waste terms present)
 
 VARIANTS = {
     "baseline-pre": dict(block="baseline"),
@@ -28,7 +33,11 @@ VARIANTS = {
     "hourglass-post": dict(block="hourglass", K=3, d_h=24, norm_placement="post"),
     **{
         f"vw-{ffn}-{resize}": dict(
-            block="variable_width", ffn=ffn, K=2, d_h_ratio=0.5, widths=WidthSpec(schedule="list", values=WIDTHS, resize=resize)
+            block="variable_width",
+            ffn=ffn,
+            K=2,
+            d_h_ratio=0.5,
+            widths=WidthSpec(schedule="list", values=WIDTHS, resize=resize),
         )
         for ffn in ("swiglu", "hourglass")
         for resize in ("carry_forward", "zero", "learned")
@@ -54,13 +63,21 @@ def _matmul_flops(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn().float().square().sum().backward()
     counts = counter.get_flop_counts().get("Global", {})
-    assert not any("attention" in str(op) for op in counts)  # otherwise the scores would count twice
+    assert not any(
+        "attention" in str(op) for op in counts
+    )  # otherwise the scores would count twice
     return sum(v for op, v in counts.items() if str(op).split(".")[1] in ("mm", "addmm", "bmm"))
 
 
 def _block_inputs(model) -> list:
     """Each block's input shape in a real forward (variable-width blocks see the stream or y_l-1)."""
-    shapes, hooks = [], [b.register_forward_pre_hook(lambda m, a: shapes.append(a[0].shape)) for b in model.blocks.values()]
+    shapes, hooks = (
+        [],
+        [
+            b.register_forward_pre_hook(lambda m, a: shapes.append(a[0].shape))
+            for b in model.blocks.values()
+        ],
+    )
     model(torch.randint(0, VOCAB, (B, T)))
     for h in hooks:
         h.remove()
@@ -74,7 +91,11 @@ def test_block_flops_match_flop_counter(variant):
         width = block.attention.n_heads * block.attention.head_dim
         measured = _matmul_flops(lambda: block(torch.randn(shape, requires_grad=True)))
         predicted = (block.num_flops_per_token(T) - _attention_scores(width)) * B * T
-        assert measured == pytest.approx(predicted, rel=0.01), (variant, type(block).__name__, width)
+        assert measured == pytest.approx(predicted, rel=0.01), (
+            variant,
+            type(block).__name__,
+            width,
+        )
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -111,7 +132,10 @@ def test_blocks_compile_without_graph_breaks(variant):
     for block, shape in zip(model.blocks.values(), _block_inputs(model)):
         torch._dynamo.reset()
         explanation = torch._dynamo.explain(block)(torch.randn(shape))
-        assert explanation.graph_break_count == 0, (variant, [str(r.reason) for r in explanation.break_reasons])
+        assert explanation.graph_break_count == 0, (
+            variant,
+            [str(r.reason) for r in explanation.break_reasons],
+        )
         assert explanation.graph_count == 1
 
 
@@ -122,14 +146,26 @@ def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
     extra = (
         ["model.block=hourglass", "model.K=2", "model.d_h=16"]
         if block == "hourglass"
-        else ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,16,32]", "model.n_layers=3"]
+        else [
+            "model.block=variable_width",
+            "model.widths.schedule=list",
+            "model.widths.values=[48,16,32]",
+            "model.n_layers=3",
+        ]
     )
-    spec = load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", tiny_overrides(tmp_path, "train.max_steps=2", *extra))
+    spec = load_and_resolve(
+        REPO / "configs" / "demo" / "baseline.yaml",
+        tiny_overrides(tmp_path, "train.max_steps=2", *extra),
+    )
     train(spec)
     last = [
-        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "throughput/total tokens" in line
+        json.loads(line)
+        for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+        if "throughput/total tokens" in line
     ][-1]
-    trainer_flops_per_token = last["throughput/total petaflops"] * 1e15 / last["throughput/total tokens"]
+    trainer_flops_per_token = (
+        last["throughput/total petaflops"] * 1e15 / last["throughput/total tokens"]
+    )
     # Counted here from the shapes: 6 FLOPs per matmul weight and token (forward + backward), 12 per
     # head dimension and causal (query, key) pair (QK^T and AV), the LM head and its norm; V = 4096 (demo).
     s, V, d = 32, 4096, 32
@@ -137,7 +173,9 @@ def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
         layers = [(32, 3 * 2 * 32 * 16)] * 2
     else:  # widths 48, 16, 32 with SwiGLU hidden 4 w
         layers = [(w, 3 * w * 4 * w) for w in (48, 16, 32)]
-    want = sum(6 * (4 * w * w + ffn) + 12 * w * (s * (s + 1) // 2) // s for w, ffn in layers) + 6 * (V * d + d)
+    want = sum(
+        6 * (4 * w * w + ffn) + 12 * w * (s * (s + 1) // 2) // s for w, ffn in layers
+    ) + 6 * (V * d + d)
     assert trainer_flops_per_token == pytest.approx(want, rel=1e-6)
 
 
@@ -158,7 +196,10 @@ def _fsdp_collectives(rank: int, port: int, out: str) -> None:
 
         return wrapper
 
-    group.foreach_all_gather, group.foreach_reduce = counted("all_gather", gather), counted("reduce_scatter", reduce)
+    group.foreach_all_gather, group.foreach_reduce = (
+        counted("all_gather", gather),
+        counted("reduce_scatter", reduce),
+    )
     counts = {}
     for variant in ("baseline-pre", "hourglass-pre"):
         model = _model(variant)

@@ -57,7 +57,10 @@ def test_500m_schedule_matches_lm_engine_at_every_step():
     spec = load_and_resolve(P500)
     sched = _scheduler(spec)
     assert type(sched).__name__ == "PowerScheduler"
-    groups = [{"lr": LR}, {"lr": LR / 8}]  # lm-engine's "normal" group 0 and the muP group at lr / m_width
+    groups = [
+        {"lr": LR},
+        {"lr": LR / 8},
+    ]  # lm-engine's "normal" group 0 and the muP group at lr / m_width
     ref = _lm_engine_lrs([LR, LR / 8], STEPS, W, A, B_EXP, C)
     worst = 0.0
     for step in range(1, STEPS + 1):  # OLMo-core sets the lr after incrementing global_step
@@ -81,14 +84,22 @@ def test_paper2_configs_use_power_and_others_cosine():
             t = load_and_resolve(REPO / "configs" / "paper2" / size / f"{name}.yaml").train
             assert t.schedule == "power" and t.global_batch_size == batch
             assert (t.power.a, t.power.b, t.power.c) == (4 * batch, -0.566, batch * 4096)
-    for path in (BASELINE, REPO / "configs" / "1B" / "baseline.yaml", REPO / "configs" / "113M" / "variable-width.yaml"):
+    for path in (
+        BASELINE,
+        REPO / "configs" / "1B" / "baseline.yaml",
+        REPO / "configs" / "113M" / "variable-width.yaml",
+    ):
         spec = load_and_resolve(path)
-        assert spec.train.schedule == "cosine" and type(_scheduler(spec)).__name__ == "CosWithWarmup"
+        assert (
+            spec.train.schedule == "cosine" and type(_scheduler(spec)).__name__ == "CosWithWarmup"
+        )
 
 
 def test_power_without_a_fails_at_load():
     # the command line made train.power (its c) without a: the line names it
-    with pytest.raises(ConfigError, match=r"^command line: train\.power\.a=None: schedule=power needs a value > 0"):
+    with pytest.raises(
+        ConfigError, match=r"^command line: train\.power\.a=None: schedule=power needs a value > 0"
+    ):
         load_and_resolve(BASELINE, ["train.schedule=power", "train.power.c=128"])
     with pytest.raises(ConfigError, match=r"train\.schedule=linear: choose one of cosine, power"):
         load_and_resolve(BASELINE, ["train.schedule=linear"])
@@ -96,7 +107,13 @@ def test_power_without_a_fails_at_load():
 
 def test_train_stop_and_resume_with_power(tmp_path, demo_corpus):
     """The schedule is a function of the step: a run stopped at step 2 resumes on the same lr curve."""
-    power = ["train.schedule=power", "train.lr=0.01", "train.power.a=0.1", "train.power.c=128", "train.max_steps=4"]
+    power = [
+        "train.schedule=power",
+        "train.lr=0.01",
+        "train.power.a=0.1",
+        "train.power.c=128",
+        "train.max_steps=4",
+    ]
     train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *power, "run.stop_at_step=2")))
     assert 2 in read_metrics(tmp_path) and 3 not in read_metrics(tmp_path)
     train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *power)))  # resumes from step2
@@ -106,5 +123,9 @@ def test_train_stop_and_resume_with_power(tmp_path, demo_corpus):
     # update i uses n = i - 1: 0, half the warmup's end, P(2), P(3) with P(n) = (a / lr0) (128 n)^b.
     p2, p3 = 0.1 / 0.01 * 256**-0.566, 0.1 / 0.01 * 384**-0.566
     assert p3 < p2 < 1
-    assert [m[s][key] for s in (1, 2, 3, 4)] == pytest.approx([0.0, 0.5 * p2 * 0.01, p2 * 0.01, p3 * 0.01], rel=1e-6)
-    assert (tmp_path / "step4").is_dir() and all(math.isfinite(m[s]["train/CE loss"]) for s in (3, 4))
+    assert [m[s][key] for s in (1, 2, 3, 4)] == pytest.approx(
+        [0.0, 0.5 * p2 * 0.01, p2 * 0.01, p3 * 0.01], rel=1e-6
+    )
+    assert (tmp_path / "step4").is_dir() and all(
+        math.isfinite(m[s]["train/CE loss"]) for s in (3, 4)
+    )

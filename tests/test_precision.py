@@ -20,12 +20,21 @@ from olmo_patches.launch.run_folder import read_metrics
 from .conftest import REPO, Records, load_weights, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
-VARIABLE_WIDTH = ["model.block=variable_width", "model.widths.schedule=list", "model.widths.values=[48,48]"]
+VARIABLE_WIDTH = [
+    "model.block=variable_width",
+    "model.widths.schedule=list",
+    "model.widths.values=[48,48]",
+]
 BLOCKS = {
     "baseline": [],
     "hourglass": ["model.block=hourglass", "model.K=2", "model.d_h=16"],
     "variable_width": VARIABLE_WIDTH,
-    "moe": [*VARIABLE_WIDTH, "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=16"],
+    "moe": [
+        *VARIABLE_WIDTH,
+        "model.moe.num_experts=4",
+        "model.moe.top_k=2",
+        "model.moe.expert_hidden=16",
+    ],
 }
 RUN = ["train.max_steps=3", "run.save_interval=2", "run.ephemeral_save_interval=null"]
 BF16_TOLERANCE = 0.02  # relative, the issue's
@@ -46,14 +55,18 @@ class Probe(Callback):
 
     def pre_train(self):
         model = self.trainer.train_module.model
-        self.compiled = all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks.values())
+        self.compiled = all(
+            getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks.values()
+        )
         if self.hook_dtypes:
             for m in model.modules():
                 if isinstance(m, torch.nn.Linear):
                     m.register_forward_hook(lambda mod, args, out: self.linear_out.add(out.dtype))
 
 
-def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[dict, Probe, list[str]]:
+def _train(
+    folder, block, *extra, resume_from=None, hook_dtypes=True
+) -> tuple[dict, Probe, list[str]]:
     """(CE loss per step, the probe, OLMo-core's log lines) of one run; no in-loop evaluation (under
     compile it would compile every block again, for no_grad)."""
     probe, records = Probe(hook_dtypes=hook_dtypes), Records()
@@ -67,7 +80,9 @@ def _train(folder, block, *extra, resume_from=None, hook_dtypes=True) -> tuple[d
         )
     finally:
         olmo_core_log.removeHandler(records)
-    losses = {s: m["train/CE loss"] for s, m in read_metrics(folder).items() if "train/CE loss" in m}
+    losses = {
+        s: m["train/CE loss"] for s, m in read_metrics(folder).items() if "train/CE loss" in m
+    }
     return losses, probe, records.messages
 
 
@@ -80,9 +95,16 @@ def runs(request, tmp_path_factory, demo_corpus):
     out = {"block": block, "root": root}
     out["fp32"] = _train(root / "fp32", block, "train.precision=fp32")
     out["bf16"] = _train(root / "bf16", block, "train.precision=bf16")
-    out["resumed"] = _train(root / "resumed", block, "train.precision=bf16", resume_from=str(root / "bf16" / "step2"))
+    out["resumed"] = _train(
+        root / "resumed", block, "train.precision=bf16", resume_from=str(root / "bf16" / "step2")
+    )
     out["compiled"] = _train(
-        root / "compiled", block, "train.precision=fp32", "train.compile=true", *COMPILED_EXTRA.get(block, []), hook_dtypes=False
+        root / "compiled",
+        block,
+        "train.precision=fp32",
+        "train.compile=true",
+        *COMPILED_EXTRA.get(block, []),
+        hook_dtypes=False,
     )
     return out
 
@@ -98,7 +120,10 @@ def test_bf16_computes_in_bf16_within_2_percent_of_fp32(runs):
 
 def test_bf16_checkpoints_hold_fp32_weights_and_resume_exactly(runs):
     root = runs["root"]
-    straight, resumed = load_weights(root / "bf16" / "step3"), load_weights(root / "resumed" / "step3")
+    straight, resumed = (
+        load_weights(root / "bf16" / "step3"),
+        load_weights(root / "resumed" / "step3"),
+    )
     assert straight.keys() == resumed.keys()
     assert {w.dtype for w in straight.values()} == {torch.float32}
     for key in straight:
@@ -123,7 +148,10 @@ def test_compile_runs_on_cpu_with_eager_losses(runs):
         (
             ["train.precision=bf16"],
             1,
-            {"precision": "bf16 compute (torch.autocast), no gradient reduction", "compile": "off (eager)"},
+            {
+                "precision": "bf16 compute (torch.autocast), no gradient reduction",
+                "compile": "off (eager)",
+            },
         ),
         (
             ["train.precision=fp32", "train.compile=true"],
@@ -133,7 +161,10 @@ def test_compile_runs_on_cpu_with_eager_losses(runs):
         (
             ["train.precision=bf16", "train.data_parallel=fsdp", "train.compile=true"],
             2,
-            {"precision": "bf16 compute (FSDP mixed precision), fp32 gradient reduction", "compile": "inductor), before FSDP"},
+            {
+                "precision": "bf16 compute (FSDP mixed precision), fp32 gradient reduction",
+                "compile": "inductor), before FSDP",
+            },
         ),
         (
             ["train.precision=bf16", "train.data_parallel=ddp"],
@@ -149,7 +180,9 @@ def test_dry_run_says_what_the_cpu_run_does(tmp_path, overrides, world_size, wan
     from olmo_patches.launch.layout import Layout
     from olmo_patches.report.plan import device_rows
 
-    spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, "train.device=cpu", *overrides), Layout.plan(world_size))
+    spec = load_and_resolve(
+        BASELINE, tiny_overrides(tmp_path, "train.device=cpu", *overrides), Layout.plan(world_size)
+    )
     rows = {label.split(" (")[0]: value for label, value in device_rows(spec, world_size)}
     assert rows["attention backend"].startswith("torch")
     for key, text in want.items():

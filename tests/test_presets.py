@@ -15,7 +15,11 @@ from olmo_patches.launch.memory import estimate
 from .conftest import REPO, run_script
 
 OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
-PAPER = sorted(p for p in [*REPO.glob("configs/*/*.yaml"), *REPO.glob("configs/paper2/*/*.yaml")] if "demo" not in p.parts)
+PAPER = sorted(
+    p
+    for p in [*REPO.glob("configs/*/*.yaml"), *REPO.glob("configs/paper2/*/*.yaml")]
+    if "demo" not in p.parts
+)
 
 
 @pytest.fixture
@@ -38,16 +42,26 @@ def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
     P = 2 * V * d + L * block + d  # embeddings, LM head, blocks, final norm
     assert P == 1_484_916_736
     static = 16 * P / 8 + 16 * V * d  # the LM head (V d) is the largest FSDP unit
-    A = 2 * _norm(d) + 2 * d + 8 * d + 4 * n_h + 2 * _norm(d) + 2 * d + 8 * H  # norms, attention, QK-norm, SwiGLU
+    A = (
+        2 * _norm(d) + 2 * d + 8 * d + 4 * n_h + 2 * _norm(d) + 2 * d + 8 * H
+    )  # norms, attention, QK-norm, SwiGLU
     per_seq = s * (L * A + _norm(d) + 2 * d + 18 * V)
     spec = load_and_resolve(OLMO2_1B, ["train.hardware=h100"])
     est = estimate(spec.model.build(vocab_size(spec)), s, shards=8)
-    assert est.static == pytest.approx(static) and est.total(1) - est.static == pytest.approx(per_seq)
+    assert est.static == pytest.approx(static) and est.total(1) - est.static == pytest.approx(
+        per_seq
+    )
     for card, want in (("rtx6000ada", 2), ("h100", 2), ("b200", 8)):
         usable = 0.85 * CARDS[card].memory_gib * GIB
-        assert static + want * per_seq <= usable < static + 2 * want * per_seq  # the largest divisor of 64 that fits
+        assert (
+            static + want * per_seq <= usable < static + 2 * want * per_seq
+        )  # the largest divisor of 64 that fits
         t = load_and_resolve(OLMO2_1B, [f"train.hardware={card}"]).train
-        assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (want, "off", True)
+        assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (
+            want,
+            "off",
+            True,
+        )
 
 
 @functools.cache
@@ -63,15 +77,24 @@ def _memory_model(path):
     for block in model.blocks.values():
         att = block.attention
         w, a = att.w_q.in_features, att.w_q.out_features
-        attention = 2 * w + 8 * a + 4 * att.n_heads + (_norm(a) + _norm(att.w_k.out_features) if att.q_norm is not None else 0)
+        attention = (
+            2 * w
+            + 8 * a
+            + 4 * att.n_heads
+            + (_norm(a) + _norm(att.w_k.out_features) if att.q_norm is not None else 0)
+        )
         copy = 0
-        if hasattr(block, "feed_forward_moe"):  # MoE: each token through its top-k experts of hidden I_l, no norms of their own
+        if hasattr(
+            block, "feed_forward_moe"
+        ):  # MoE: each token through its top-k experts of hidden I_l, no norms of their own
             mlp = block.feed_forward_moe.experts.mlp  # hourglass experts: K sub-MLPs of d_h each
             K, H = block.feed_forward_moe.top_k * getattr(mlp, "K", 1), mlp.hidden_size
             ffn, norms = K * (2 * w + 8 * H), 2 * _norm(w)
         else:
             w1 = getattr(block.feed_forward.w1, "stacked", block.feed_forward.w1.weight)
-            if w1.ndim == 3:  # hourglass (K, d_h, w): a norm per sub-MLP, and the [W_d1; W_d2] copy in bf16
+            if (
+                w1.ndim == 3
+            ):  # hourglass (K, d_h, w): a norm per sub-MLP, and the [W_d1; W_d2] copy in bf16
                 K, H = w1.shape[0], w1.shape[1]
                 ffn, norms, copy = K * (_norm(w) + 2 * w + 8 * H), _norm(w), 2 * 2 * K * H * w
             else:
@@ -81,7 +104,14 @@ def _memory_model(path):
     units = max([sum(p.numel() for p in b.parameters()) for b in model.blocks.values()] + [V * d])
     static = 16 * P / 8 + 16 * units
     head = _norm(d) + 2 * d + 18 * V
-    return static, tuple(layers), head, spec.data.sequence_length, spec.train.global_batch_size // 8, spec.model.moe is not None
+    return (
+        static,
+        tuple(layers),
+        head,
+        spec.data.sequence_length,
+        spec.train.global_batch_size // 8,
+        spec.model.moe is not None,
+    )
 
 
 def _total(path, micro, mode, n=None):
@@ -93,8 +123,12 @@ def _total(path, micro, mode, n=None):
         kept = sum(A - att + 2 * w for A, att, w, _ in layers) + max(att for _, att, _, _ in layers)
         return static + sum(c for *_, c in layers) + micro * s * (kept + head)
     ckpt = [i % n == 0 for i in range(len(layers))]
-    kept = sum(2 * w if c else A for (A, _, w, _), c in zip(layers, ckpt)) + max(A for (A, *_), c in zip(layers, ckpt) if c)
-    copies = sum(copy for (*_, copy), c in zip(layers, ckpt) if not c) + max(copy for *_, copy in layers)
+    kept = sum(2 * w if c else A for (A, _, w, _), c in zip(layers, ckpt)) + max(
+        A for (A, *_), c in zip(layers, ckpt) if c
+    )
+    copies = sum(copy for (*_, copy), c in zip(layers, ckpt) if not c) + max(
+        copy for *_, copy in layers
+    )
     return static + copies + micro * s * (kept + head)
 
 
@@ -105,10 +139,19 @@ def _expected_preset(path, memory_gib: float):
     modes = (
         [("off", None, "off"), ("attention", None, "selected_modules:blocks.*.attention")]
         if moe
-        else [("off", None, "off"), ("blocks", 4, "selected_blocks:4"), ("blocks", 2, "selected_blocks:2"), ("blocks", 1, "full")]
+        else [
+            ("off", None, "off"),
+            ("blocks", 4, "selected_blocks:4"),
+            ("blocks", 2, "selected_blocks:2"),
+            ("blocks", 1, "full"),
+        ]
     )
     for mode, n, name in modes:
-        fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0 and _total(path, m, mode, n) <= 0.85 * memory_gib * 2**30]
+        fits = [
+            m
+            for m in range(1, per_rank + 1)
+            if per_rank % m == 0 and _total(path, m, mode, n) <= 0.85 * memory_gib * 2**30
+        ]
         if fits:
             return max(fits), name
     return None
@@ -124,7 +167,9 @@ def test_every_paper_config_gets_the_memory_models_preset(eight_ranks, card):
     for path in PAPER:
         spec = load_and_resolve(path, [f"train.hardware={card}"])
         t = spec.train
-        assert (t.micro_batch_size, str(t.activation_checkpointing)) == _expected_preset(path, CARD_GIB[card]), path
+        assert (t.micro_batch_size, str(t.activation_checkpointing)) == _expected_preset(
+            path, CARD_GIB[card]
+        ), path
         assert t.compile is True and t.global_batch_size // 8 % t.micro_batch_size == 0, path
 
 
@@ -146,7 +191,12 @@ def test_checkpointing_when_nothing_else_fits(eight_ranks):
         ("NVIDIA H100 PCIe", 79.2, "h100", 79.2),
         ("NVIDIA B200", 178.4, "b200", 178.4),
         ("Quadro RTX 6000", 23.6, None, 23.6),  # Turing, not the Ada card
-        ("NVIDIA H200", 139.7, "h200", 139.7),  # never more than the device reports (141 GB nominal)
+        (
+            "NVIDIA H200",
+            139.7,
+            "h200",
+            139.7,
+        ),  # never more than the device reports (141 GB nominal)
         ("NVIDIA A100-SXM4-80GB", 79.3, None, 79.3),  # not a preset: sized by its own memory
     ],
 )
@@ -178,31 +228,53 @@ def test_peaks_by_exact_model(name, peak):
 def test_auto_detects_the_gpu(eight_ranks, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(total_memory=80 * GIB))
-    auto, h100 = (load_and_resolve(OLMO2_1B, [f"train.hardware={h}"]).train for h in ("auto", "h100"))
-    assert (auto.micro_batch_size, str(auto.activation_checkpointing), auto.compile) == (2, "off", True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i=0: SimpleNamespace(total_memory=80 * GIB)
+    )
+    auto, h100 = (
+        load_and_resolve(OLMO2_1B, [f"train.hardware={h}"]).train for h in ("auto", "h100")
+    )
+    assert (auto.micro_batch_size, str(auto.activation_checkpointing), auto.compile) == (
+        2,
+        "off",
+        True,
+    )
     assert (h100.micro_batch_size, h100.compile) == (auto.micro_batch_size, auto.compile)
     cpu = load_and_resolve(OLMO2_1B, ["train.device=cpu"]).train  # a CPU run takes no GPU preset
-    assert (cpu.micro_batch_size, str(cpu.activation_checkpointing), cpu.compile) == (64, "off", False)
+    assert (cpu.micro_batch_size, str(cpu.activation_checkpointing), cpu.compile) == (
+        64,
+        "off",
+        False,
+    )
 
 
 def test_no_preset_without_a_gpu(eight_ranks):
     for hardware in ("auto", "none"):
         t = load_and_resolve(OLMO2_1B, [f"train.hardware={hardware}"]).train
-        assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (512 // 8, "off", False)
+        assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (
+            512 // 8,
+            "off",
+            False,
+        )
 
 
 def test_explicit_values_win(eight_ranks, tmp_path):
-    t = load_and_resolve(OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]).train
+    t = load_and_resolve(
+        OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]
+    ).train
     assert (t.micro_batch_size, t.compile, str(t.activation_checkpointing)) == (2, False, "off")
     # A file's value wins too; the preset still fills the rest around it: 16 sequences of 4096 do not
     # fit 48 GB without checkpointing, so it turns checkpointing on (every block: nothing less fits 16).
     child = tmp_path / "child.yaml"
-    child.write_text(f"extends: {OLMO2_1B}\ntrain:\n  micro_batch_size: 16\n  hardware: rtx6000ada\n")
+    child.write_text(
+        f"extends: {OLMO2_1B}\ntrain:\n  micro_batch_size: 16\n  hardware: rtx6000ada\n"
+    )
     t = load_and_resolve(child).train
     assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (16, "full", True)
     # Explicit checkpointing sizes the micro-batch with it; null on the command line hands a key back.
-    t = load_and_resolve(child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]).train
+    t = load_and_resolve(
+        child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]
+    ).train
     assert str(t.activation_checkpointing) == "full" and t.micro_batch_size > 2
 
 
@@ -210,7 +282,9 @@ def test_bad_preset_fails_at_load_in_one_line():
     with pytest.raises(ConfigError) as e:
         load_and_resolve(OLMO2_1B, ["train.hardware=a100"])
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("command line: train.hardware=a100:") and "h100" in msg
+    assert (
+        "\n" not in msg and msg.startswith("command line: train.hardware=a100:") and "h100" in msg
+    )
     r = run_script("train.py", str(OLMO2_1B), "train.hardware=a100", "--dry-run", timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "train.hardware=a100" in lines[0]

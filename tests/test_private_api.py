@@ -30,7 +30,11 @@ BASE_LIBRARIES = ("torch", "olmo_core")
 # (file, function or class, what) -> why no public way serves.
 LISTED = {
     # The standard library, public: a console command runs a script's main() with its arguments.
-    ("commands.py", "run_command", "setattr sys.argv"): "sys.argv is public; scripts' main() reads it",
+    (
+        "commands.py",
+        "run_command",
+        "setattr sys.argv",
+    ): "sys.argv is public; scripts' main() reads it",
     ("launch/layout.py", "apply_hardware", "setattr t"): (
         "a hardware preset's values set on this library's own spec (train section), by key"
     ),
@@ -45,9 +49,11 @@ LISTED = {
         "omegaconf: a null node's dataclass type (its object_type) has no public accessor"
     ),
     # transformers: the exported model reads its attention backend as transformers' own models do.
-    ("export/modeling_hourglass_olmo.py", "Attention.forward", "use self.config._attn_implementation"): (
-        "transformers' models read the backend chosen at load (attn_implementation=) from it"
-    ),
+    (
+        "export/modeling_hourglass_olmo.py",
+        "Attention.forward",
+        "use self.config._attn_implementation",
+    ): ("transformers' models read the backend chosen at load (attn_implementation=) from it"),
     # torch.
     ("train/run.py", "_set_default_backend", "use pg._set_default_backend"): (
         "torch's init_process_group leaves a cpu:gloo group's default backend unset once a backend "
@@ -98,9 +104,11 @@ LISTED = {
         "a save checked for non-finite values first, out of space turned into one line; OLMo-core "
         "has no pre-save hook nor a hook for a failed save"
     ),
-    ("train/resume.py", "ResumeCheckpointerCallback._save_checkpoint", "use super()._save_checkpoint"): (
-        "the override above calls OLMo-core's own save"
-    ),
+    (
+        "train/resume.py",
+        "ResumeCheckpointerCallback._save_checkpoint",
+        "use super()._save_checkpoint",
+    ): ("the override above calls OLMo-core's own save"),
     ("train/resume.py", "ResumeCheckpointerCallback", "override _schedule_for_removal"): (
         "keep ephemeral_keep ephemeral checkpoints; OLMo-core keeps exactly one"
     ),
@@ -140,7 +148,9 @@ class _Finder(ast.NodeVisitor):
         for item in node.body:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names.add(item.name)
-            targets = item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+            targets = (
+                item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)]
+            )
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
         qualname = ".".join([*self.scope, node.name])
         self.defined[qualname] = {n for n in names if _private(n)}
@@ -158,7 +168,11 @@ class _Finder(ast.NodeVisitor):
         root = owner
         while isinstance(root, ast.Attribute):
             root = root.value
-        if isinstance(node.ctx, ast.Store) and isinstance(root, ast.Name) and root.id in self.imported:
+        if (
+            isinstance(node.ctx, ast.Store)
+            and isinstance(root, ast.Name)
+            and root.id in self.imported
+        ):
             self._add(f"setattr {text}")
         self.generic_visit(node)
 

@@ -54,7 +54,9 @@ def test_a_server_that_stops_answering_holds_olmo_cores_read(server):
     the server lets it go)."""
     server.stall[NAME] = 1
     result = {}
-    held = threading.Thread(target=lambda: result.update(data=get_bytes_range(server.url(NAME), START, LENGTH)))
+    held = threading.Thread(
+        target=lambda: result.update(data=get_bytes_range(server.url(NAME), START, LENGTH))
+    )
     held.start()
     while server.count() < 1:
         held.join(0.01)

@@ -26,7 +26,9 @@ def _snapshot(folder):
 
 
 def _losses(folder):
-    return {step: m["train/CE loss"] for step, m in read_metrics(folder).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"] for step, m in read_metrics(folder).items() if "train/CE loss" in m
+    }
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def finished(tmp_path_factory, demo_corpus):
 
 def test_rerunning_a_finished_run_is_a_noop(finished):
     before, metrics = _snapshot(finished), (finished / METRICS_FILE).read_text()
-    train(load_and_resolve(BASELINE, tiny_overrides(finished, *RUN)))  # in process: no FileExistsError saving step4 again
+    train(
+        load_and_resolve(BASELINE, tiny_overrides(finished, *RUN))
+    )  # in process: no FileExistsError saving step4 again
     assert _snapshot(finished) == before
     r = run_script("train.py", str(BASELINE), *tiny_overrides(finished, *RUN))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -58,7 +62,13 @@ def test_rerunning_a_run_stopped_at_a_saved_step_saves_nothing(tmp_path, demo_co
 
 
 def test_resume_from_on_the_command_line(tmp_path, finished):
-    r = run_in_process("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), "--resume-from", str(finished / "step2"))
+    r = run_in_process(
+        "train.py",
+        str(BASELINE),
+        *tiny_overrides(tmp_path, *RUN),
+        "--resume-from",
+        str(finished / "step2"),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert _losses(tmp_path) == {step: loss for step, loss in _losses(finished).items() if step > 2}
     a, b = load_weights(finished / "step4"), load_weights(tmp_path / "step4")

@@ -34,7 +34,12 @@ from . import _signal_at_step
 from .conftest import REPO, run, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
-RUN = ["train.max_steps=6", "run.save_interval=2", "run.ephemeral_save_interval=null", "run.trace_batches=true"]
+RUN = [
+    "train.max_steps=6",
+    "run.save_interval=2",
+    "run.ephemeral_save_interval=null",
+    "run.trace_batches=true",
+]
 
 
 def _spec(folder, *extra):
@@ -42,7 +47,11 @@ def _spec(folder, *extra):
 
 
 def _losses(run_dir):
-    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"]
+        for step, m in read_metrics(run_dir).items()
+        if "train/CE loss" in m
+    }
 
 
 def _all_loss_records(run_dir):
@@ -81,14 +90,18 @@ def test_sigterm_saves_a_checkpoint_and_resume_is_bit_identical(tmp_path, straig
         training.build_experiment = original
     saved = sorted(step for step, _ in Checkpointer.find_checkpoints(tmp_path))
     stopped = max(_losses(tmp_path))
-    assert 3 <= stopped < 6 and saved[-1] == stopped  # the stop step was checkpointed on the way out
+    assert (
+        3 <= stopped < 6 and saved[-1] == stopped
+    )  # the stop step was checkpointed on the way out
     train(_spec(tmp_path))
     assert _losses(tmp_path) == _losses(straight)
     _assert_same_weights(straight / "step6", tmp_path / "step6")
 
 
 def test_sigkill_mid_save_never_resumes_from_the_cut_checkpoint(tmp_path, straight):
-    r = run_script("tests/_signal_at_step.py", "SIGKILL", "5", str(BASELINE), *tiny_overrides(tmp_path, *RUN))
+    r = run_script(
+        "tests/_signal_at_step.py", "SIGKILL", "5", str(BASELINE), *tiny_overrides(tmp_path, *RUN)
+    )
     assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
     # Make step4 look cut off mid-write, as a SIGKILL during its save leaves it: the model's files
     # and the final metadata are missing; a stale temporary folder is left beside it.
@@ -98,12 +111,16 @@ def test_sigkill_mid_save_never_resumes_from_the_cut_checkpoint(tmp_path, straig
     (tmp_path / "step6-tmp" / "train").mkdir(parents=True)
     assert Checkpointer.latest_checkpoint(tmp_path).endswith("step2")
     train(_spec(tmp_path))  # prunes step4 and step6-tmp, resumes from step2, saves step4 again
-    assert Checkpointer.dir_is_checkpoint(tmp_path / "step4") and not (tmp_path / "step6-tmp").exists()
+    assert (
+        Checkpointer.dir_is_checkpoint(tmp_path / "step4") and not (tmp_path / "step6-tmp").exists()
+    )
     assert _losses(tmp_path) == _losses(straight)
     # The steps logged after step 2 before the kill were dropped at the resume and redone: one record each.
     reference = _losses(straight)
     records = _all_loss_records(tmp_path)
-    assert [step for step, _ in records] == [1, 2, 3, 4, 5, 6] and all(loss == reference[step] for step, loss in records)
+    assert [step for step, _ in records] == [1, 2, 3, 4, 5, 6] and all(
+        loss == reference[step] for step, loss in records
+    )
     _assert_same_weights(straight / "step6", tmp_path / "step6")
 
 
@@ -126,11 +143,15 @@ def test_one_process_resumed_with_two_sees_the_same_instances(tmp_path, straight
     assert Checkpointer.latest_checkpoint(tmp_path).endswith("step3")
     r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), torchrun=2)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted((tmp_path / "batches").glob("rank*.jsonl")) == [tmp_path / "batches" / f"rank{i}.jsonl" for i in (0, 1)]
+    assert sorted((tmp_path / "batches").glob("rank*.jsonl")) == [
+        tmp_path / "batches" / f"rank{i}.jsonl" for i in (0, 1)
+    ]
     got, want = read_batch_trace(tmp_path), read_batch_trace(straight)
     assert sorted(want) == [1, 2, 3, 4, 5, 6] and len(want[1]) == 4  # 4 instances a step
     assert got == want  # same instance indices and the same tokens, step by step
-    for step, loss in _losses(straight).items():  # and the same losses, up to the all-reduce's rounding
+    for step, loss in _losses(
+        straight
+    ).items():  # and the same losses, up to the all-reduce's rounding
         assert _losses(tmp_path)[step] == pytest.approx(loss, rel=1e-4), step
 
 
@@ -166,8 +187,13 @@ def _steps(folder):
     return sorted(step for step, _ in Checkpointer.find_checkpoints(folder))
 
 
-def test_nonfinite_loss_stops_the_run_keeps_the_last_finite_checkpoint_and_resumes(tmp_path, straight):
-    with pytest.raises(NonFiniteError, match=rf"step 5: non-finite CE loss=nan.*last good checkpoint: {tmp_path}/step4"):
+def test_nonfinite_loss_stops_the_run_keeps_the_last_finite_checkpoint_and_resumes(
+    tmp_path, straight
+):
+    with pytest.raises(
+        NonFiniteError,
+        match=rf"step 5: non-finite CE loss=nan.*last good checkpoint: {tmp_path}/step4",
+    ):
         _train_with(tmp_path, _signal_at_step.SignalAtStep("NAN", 5))
     assert _steps(tmp_path) == [0, 2, 4]  # step 5 was never saved, nothing was deleted
     assert all(_finite(tmp_path / f"step{s}") for s in (0, 2, 4))
@@ -191,12 +217,16 @@ class _PoisonAfterStep(Callback):
 
 
 def test_a_nonfinite_checkpoint_is_never_written(tmp_path):
-    with pytest.raises(NonFiniteError, match=rf"step 4: non-finite weights.*last good checkpoint: {tmp_path}/step2"):
+    with pytest.raises(
+        NonFiniteError, match=rf"step 4: non-finite weights.*last good checkpoint: {tmp_path}/step2"
+    ):
         _train_with(tmp_path, _PoisonAfterStep(at=4))
     assert _steps(tmp_path) == [0, 2]
 
 
-def test_restart_after_an_older_version_saved_nonfinite_weights(tmp_path, straight, monkeypatch, caplog):
+def test_restart_after_an_older_version_saved_nonfinite_weights(
+    tmp_path, straight, monkeypatch, caplog
+):
     import olmo_patches.train.resume as resume
 
     with monkeypatch.context() as m:  # an older version: no check before a save, no manifest
@@ -206,7 +236,10 @@ def test_restart_after_an_older_version_saved_nonfinite_weights(tmp_path, straig
     assert _steps(tmp_path) == [0, 2, 4] and not _finite(tmp_path / "step4")
     with caplog.at_level("WARNING"):
         train(_spec(tmp_path))
-    assert any("Resuming from step 2" in r.getMessage() and "non-finite" in r.getMessage() for r in caplog.records)
+    assert any(
+        "Resuming from step 2" in r.getMessage() and "non-finite" in r.getMessage()
+        for r in caplog.records
+    )
     assert not _finite(tmp_path / "rejected" / "step4")  # moved aside, not deleted
     assert _losses(tmp_path) == _losses(straight)
     _assert_same_weights(straight / "step6", tmp_path / "step6")
@@ -226,37 +259,66 @@ def test_damaged_checkpoints_fall_back_to_the_newest_good_one(tmp_path, straight
     (tmp_path / "step2" / "train" / "rank0.pt").unlink()  # the one before: a deleted file
     with caplog.at_level("WARNING"):
         train(_spec(tmp_path))
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Resuming" in r.getMessage()]
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "Resuming" in r.getMessage()
+    ]
     assert len(warnings) == 1 and warnings[0].startswith("Resuming from step 0")
     assert cut.name in warnings[0] and "step2/train/rank0.pt missing" in warnings[0], warnings[0]
-    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == ["step2", "step4"]  # kept aside
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == [
+        "step2",
+        "step4",
+    ]  # kept aside
     assert _losses(tmp_path) == _losses(straight)
     _assert_same_weights(straight / "step6", tmp_path / "step6")
 
 
 def test_a_corrupted_checkpoint_of_the_right_size_is_rejected(tmp_path, straight, caplog):
     _copy_run(straight, tmp_path, [0, 2, 4])
-    shard = max((tmp_path / "step4" / "model_and_optim").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard = max(
+        (tmp_path / "step4" / "model_and_optim").glob("*.distcp"), key=lambda p: p.stat().st_size
+    )
     data = bytearray(shard.read_bytes())
-    data[len(data) // 3 : len(data) // 3 + 1024] = os.urandom(1024)  # random bytes inside, size kept
+    data[len(data) // 3 : len(data) // 3 + 1024] = os.urandom(
+        1024
+    )  # random bytes inside, size kept
     shard.write_bytes(bytes(data))
     with caplog.at_level("WARNING"):
         train(_spec(tmp_path))
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "Resuming" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith("Resuming from step 2") and "corrupted" in warnings[0], warnings
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "Resuming" in r.getMessage()
+    ]
+    assert (
+        len(warnings) == 1
+        and warnings[0].startswith("Resuming from step 2")
+        and "corrupted" in warnings[0]
+    ), warnings
     assert [p.name for p in (tmp_path / "rejected").iterdir()] == ["step4"]
-    assert _losses(tmp_path) == {s: v for s, v in _losses(straight).items() if s > 2}  # steps 3-6 redone
+    assert _losses(tmp_path) == {
+        s: v for s, v in _losses(straight).items() if s > 2
+    }  # steps 3-6 redone
     _assert_same_weights(straight / "step6", tmp_path / "step6")
     manifest = json.loads((tmp_path / "step6" / "manifest.json").read_text())["files"]
     assert all(len(e["crc32"]) == 8 for e in manifest.values()) and "train/rank0.pt" in manifest
     checked = run_in_process("verify_checkpoints.py", tmp_path)  # on demand: all good now
-    assert checked.returncode == 0 and checked.stdout.splitlines() == [f"{tmp_path}/step{s}: ok" for s in (6, 4, 2, 0)]
+    assert checked.returncode == 0 and checked.stdout.splitlines() == [
+        f"{tmp_path}/step{s}: ok" for s in (6, 4, 2, 0)
+    ]
     checked = run_in_process("verify_checkpoints.py", tmp_path / "rejected" / "step4")
-    assert checked.returncode == 1 and checked.stdout.strip().endswith("when saved)") and shard.name in checked.stdout
+    assert (
+        checked.returncode == 1
+        and checked.stdout.strip().endswith("when saved)")
+        and shard.name in checked.stdout
+    )
 
 
 def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, demo_corpus):
-    spec = _spec(tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2")
+    spec = _spec(
+        tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2"
+    )
     train(spec)
     # permanent every 2 (OLMo-core alone would keep the last 3), ephemeral every step: the newest 2 kept
     assert _steps(tmp_path) == [0, 2, 4, 5, 6, 7, 8]
@@ -266,7 +328,10 @@ def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, de
     # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and metadata)
     assert n == 7 and 0 <= written - estimate < n * 2**20
     manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
-    assert manifest["files"]["train/rank0.pt"]["bytes"] == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
+    assert (
+        manifest["files"]["train/rank0.pt"]["bytes"]
+        == (tmp_path / "step8" / "train" / "rank0.pt").stat().st_size
+    )
 
 
 def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp_path, straight):
@@ -280,8 +345,12 @@ def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp
         f"wait for it, or remove {tmp_path / '.lock'} if that process is gone"
     )
     holder.release()
-    dead_pid = int(run([sys.executable, "-c", "import os; print(os.getpid())"]).stdout)  # exited by now
-    (tmp_path / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead_pid, "since": "then"}))
+    dead_pid = int(
+        run([sys.executable, "-c", "import os; print(os.getpid())"]).stdout
+    )  # exited by now
+    (tmp_path / ".lock").write_text(
+        json.dumps({"host": socket.gethostname(), "pid": dead_pid, "since": "then"})
+    )
     train(_spec(tmp_path))  # the dead process's lock is taken over
     assert not (tmp_path / ".lock").exists()
 
@@ -290,21 +359,45 @@ def test_a_changed_config_is_refused_and_an_allowed_change_accepted(tmp_path, st
     _copy_run(straight, tmp_path, [0, 2, 4, 6])
     recorded = (tmp_path / "config.yaml").read_bytes()
     before = sorted(p.name for p in tmp_path.iterdir())
-    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN, "model.d_model=64", "train.lr=1e-3"), timeout=120)
+    r = run_script(
+        "train.py",
+        str(BASELINE),
+        *tiny_overrides(tmp_path, *RUN, "model.d_model=64", "train.lr=1e-3"),
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert "(changed: model.d_model: 32 -> 64; train.lr: 0.003 -> 0.001)" in line and "run.name" in line, line
-    assert (tmp_path / "config.yaml").read_bytes() == recorded and sorted(p.name for p in tmp_path.iterdir()) == before
-    shutil.rmtree(tmp_path / "step6")  # resume at step 4 with changes that do not change what is trained
-    train(_spec(tmp_path, "run.log_interval=2", "train.micro_batch_size=1", "run.save_interval=3", "eval.max_batches=1"))
+    assert (
+        "(changed: model.d_model: 32 -> 64; train.lr: 0.003 -> 0.001)" in line
+        and "run.name" in line
+    ), line
+    assert (tmp_path / "config.yaml").read_bytes() == recorded and sorted(
+        p.name for p in tmp_path.iterdir()
+    ) == before
+    shutil.rmtree(
+        tmp_path / "step6"
+    )  # resume at step 4 with changes that do not change what is trained
+    train(
+        _spec(
+            tmp_path,
+            "run.log_interval=2",
+            "train.micro_batch_size=1",
+            "run.save_interval=3",
+            "eval.max_batches=1",
+        )
+    )
     assert _steps(tmp_path) == [0, 2, 4, 6] and (tmp_path / "config.yaml").read_bytes() == recorded
 
 
 def test_resume_from_records_a_deliberate_change(tmp_path, straight):
     _copy_run(straight, tmp_path, [0, 2, 4, 6])
-    train(_spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"), resume_from=str(tmp_path / "step6"))
+    train(
+        _spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"), resume_from=str(tmp_path / "step6")
+    )
     assert "lr: 0.0001" in (tmp_path / "config.1.yaml").read_text() and _steps(tmp_path)[-1] == 7
-    train(_spec(tmp_path, "train.max_steps=7", "train.lr=1e-4"))  # reruns compare with the newest record
+    train(
+        _spec(tmp_path, "train.max_steps=7", "train.lr=1e-4")
+    )  # reruns compare with the newest record
 
 
 def test_skip_step_adamw_is_olmo_cores(tmp_path, demo_corpus):
@@ -314,4 +407,7 @@ def test_skip_step_adamw_is_olmo_cores(tmp_path, demo_corpus):
 
     spec = _spec(tmp_path, "train.optimizer=skip_step_adamw")
     optim = build_experiment(spec, resolve_data(spec)).train_module.optim
-    assert type(optim) is SkipStepAdamWConfig and (optim.rolling_interval_length, optim.sigma_factor) == (128, 6)
+    assert type(optim) is SkipStepAdamWConfig and (
+        optim.rolling_interval_length,
+        optim.sigma_factor,
+    ) == (128, 6)

@@ -50,15 +50,25 @@ def test_prune_incomplete_removes_only_cut_off_saves(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
         removed = prune_incomplete(tmp_path)
     assert removed == [tmp_path / "step4", tmp_path / "step6-tmp"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["STEP10", "a-notes", "step", "step2", "step8"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "STEP10",
+        "a-notes",
+        "step",
+        "step2",
+        "step8",
+    ]
     messages = [r.getMessage() for r in caplog.records]
-    assert messages == [f"Removing incomplete checkpoint folder '{p}' (a save was cut off)" for p in removed]
+    assert messages == [
+        f"Removing incomplete checkpoint folder '{p}' (a save was cut off)" for p in removed
+    ]
 
 
 def test_prune_incomplete_of_a_missing_or_clean_folder_removes_nothing(tmp_path):
     assert prune_incomplete(tmp_path / "missing") == []
     _checkpoint(tmp_path, 0)
-    assert prune_incomplete(str(tmp_path)) == [] and (tmp_path / "step0" / ".metadata.json").is_file()
+    assert (
+        prune_incomplete(str(tmp_path)) == [] and (tmp_path / "step0" / ".metadata.json").is_file()
+    )
 
 
 # --- load_explicit --------------------------------------------------------------------------------
@@ -93,7 +103,8 @@ def test_load_explicit_moves_newer_checkpoints_aside(tmp_path, caplog):
     assert (aside / "step8" / ".metadata.json").is_file()
     assert sorted(p.name for p in save.iterdir()) == sorted([aside.name, "step2", "step4"])
     assert sorted(r.getMessage() for r in caplog.records) == [
-        f"Moving '{save / f'step{s}'}' (newer than the resume point, step 4) to '{aside}'" for s in (6, 8)
+        f"Moving '{save / f'step{s}'}' (newer than the resume point, step 4) to '{aside}'"
+        for s in (6, 8)
     ]
 
 
@@ -116,7 +127,9 @@ def test_load_explicit_from_a_folder_takes_its_newest_complete_checkpoint(tmp_pa
     _checkpoint(other, 3)
     _checkpoint(other, 7)
     _checkpoint(other, 9, complete=False)
-    trainer = _Trainer(tmp_path / "new-run")  # a save folder that does not exist yet: nothing to move
+    trainer = _Trainer(
+        tmp_path / "new-run"
+    )  # a save folder that does not exist yet: nothing to move
     assert load_explicit(trainer, other) == str(other / "step7")
     assert trainer.loaded == [(str(other / "step7"), FULL_STATE)]
     assert not (tmp_path / "new-run").exists()
@@ -150,11 +163,16 @@ def test_post_checkpoint_saved_writes_a_manifest_for_a_local_checkpoint_only(tmp
     ManifestWriter.wait_all()
     manifest = json.loads((d / "manifest.json").read_text())
     entry = {
-        name: {"bytes": (d / name).stat().st_size, "crc32": f"{zlib.crc32((d / name).read_bytes()):08x}"}
+        name: {
+            "bytes": (d / name).stat().st_size,
+            "crc32": f"{zlib.crc32((d / name).read_bytes()):08x}",
+        }
         for name in (".metadata.json", "model_and_optim/.metadata", "train/rank0.pt")
     }
     assert manifest == {"files": entry, "finite": True}
-    cb.post_checkpoint_saved("gs://bucket/run/step3")  # remote: no manifest (writing one locally would fail)
+    cb.post_checkpoint_saved(
+        "gs://bucket/run/step3"
+    )  # remote: no manifest (writing one locally would fail)
     assert cb._saved == []
 
 
@@ -162,7 +180,9 @@ def test_post_checkpoint_saved_writes_a_manifest_for_a_local_checkpoint_only(tmp
 def test_ephemeral_checkpoints_are_held_back(keep, removed):
     """OLMo-core hands over an ephemeral checkpoint for removal when the next is saved; the newest
     keep - 1 of those are held back (OLMo-core's own removal list: _checkpoints_to_remove)."""
-    cb = ResumeCheckpointerCallback(save_interval=10, ephemeral_save_interval=1, ephemeral_keep=keep)
+    cb = ResumeCheckpointerCallback(
+        save_interval=10, ephemeral_save_interval=1, ephemeral_keep=keep
+    )
     for path in ("a", "b", "c"):
         cb._schedule_for_removal(path)
     assert cb._checkpoints_to_remove == removed
@@ -178,17 +198,28 @@ def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
         load_and_resolve(
             BASELINE,
             tiny_overrides(
-                tmp_path, "train.max_steps=5", "run.save_interval=2", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2"
+                tmp_path,
+                "train.max_steps=5",
+                "run.save_interval=2",
+                "run.ephemeral_save_interval=1",
+                "run.ephemeral_keep=2",
             ),
         )
     )
-    steps = sorted(int(p.name[4:]) for p in tmp_path.glob("step*") if (p / ".metadata.json").is_file())
+    steps = sorted(
+        int(p.name[4:]) for p in tmp_path.glob("step*") if (p / ".metadata.json").is_file()
+    )
     assert steps == [0, 2, 3, 4, 5]
-    for step in steps:  # OLMo-core's metadata records which saves are ephemeral; each has its manifest
+    for (
+        step
+    ) in steps:  # OLMo-core's metadata records which saves are ephemeral; each has its manifest
         meta = json.loads((tmp_path / f"step{step}" / ".metadata.json").read_text())
         assert meta["ephemeral"] is (step in (3, 5)), (step, meta)
         files = json.loads((tmp_path / f"step{step}" / "manifest.json").read_text())["files"]
-        assert files["train/rank0.pt"]["bytes"] == (tmp_path / f"step{step}" / "train" / "rank0.pt").stat().st_size
+        assert (
+            files["train/rank0.pt"]["bytes"]
+            == (tmp_path / f"step{step}" / "train" / "rank0.pt").stat().st_size
+        )
 
 
 # --- NonFiniteGuardCallback: no host sync per step -------------------------------------------------
@@ -220,12 +251,17 @@ def _guarded(tmp_path, monkeypatch, values):
     for name in ("cpu", "item", "tolist", "__bool__"):  # every way a value reaches the host
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(
-            torch.Tensor, name, lambda t, *a, _o=original, **k: (reads.append(trainer.global_step), _o(t, *a, **k))[1]
+            torch.Tensor,
+            name,
+            lambda t, *a, _o=original, **k: (reads.append(trainer.global_step), _o(t, *a, **k))[1],
         )
     for step in range(1, 13):
         trainer.global_step = loader.batches_processed = step
         loss, norm = values(step)
-        trainer._metrics[step] = {"train/CE loss": torch.tensor(loss), "optim/total grad norm": torch.tensor(norm)}
+        trainer._metrics[step] = {
+            "train/CE loss": torch.tensor(loss),
+            "optim/total grad norm": torch.tensor(norm),
+        }
         guard.post_train_batch()
         yield step, guard, set(reads)
 
@@ -235,14 +271,18 @@ def test_the_guard_reads_the_host_only_where_the_trainer_collects(tmp_path, monk
     assert reads == COLLECTED
 
 
-def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_collection(tmp_path, monkeypatch):
+def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_collection(
+    tmp_path, monkeypatch
+):
     from olmo_patches.train.safety import NonFiniteError, check_before_save
 
     def values(step):
         return (float("nan") if step == 7 else 2.0, float("inf") if step >= 8 else 1.0)
 
     seen = []
-    with pytest.raises(NonFiniteError, match=r"^step 7: non-finite CE loss=nan; last good checkpoint: none"):
+    with pytest.raises(
+        NonFiniteError, match=r"^step 7: non-finite CE loss=nan; last good checkpoint: none"
+    ):
         for step, guard, _ in _guarded(tmp_path, monkeypatch, values):
             seen.append(step)
             if step == 8:  # a save after step 8: the guard's unread steps first
@@ -250,7 +290,9 @@ def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_coll
                 check_before_save(guard.trainer)
     assert seen[-1] == 8
     steps = _guarded(tmp_path, monkeypatch, values)
-    with pytest.raises(NonFiniteError, match=r"^step 7: non-finite CE loss=nan"):  # no save: at step 10
+    with pytest.raises(
+        NonFiniteError, match=r"^step 7: non-finite CE loss=nan"
+    ):  # no save: at step 10
         for step, _, _ in steps:
             assert step < 10
 

@@ -19,13 +19,19 @@ RUN = ["train.max_steps=2", "run.save_interval=2", "run.ephemeral_save_interval=
 
 
 def _files(folder):
-    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()
+    }
 
 
-def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(tmp_path, demo_corpus, monkeypatch):
+def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(
+    tmp_path, demo_corpus, monkeypatch
+):
     spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN))
 
-    def unreachable(*args, **kwargs):  # as OLMo-core's OLMoNetworkError from a data URL nothing listens on
+    def unreachable(
+        *args, **kwargs
+    ):  # as OLMo-core's OLMoNetworkError from a data URL nothing listens on
         raise ConnectionError("data URL unreachable")
 
     with monkeypatch.context() as m:
@@ -47,13 +53,17 @@ def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(tmp_path
     finally:
         progress.removeHandler(records)
     assert (tmp_path / "step2").is_dir()
-    assert (tmp_path / "config.yaml").read_text() == spec_to_yaml(spec) and not (tmp_path / "config.1.yaml").exists()
+    assert (tmp_path / "config.yaml").read_text() == spec_to_yaml(spec) and not (
+        tmp_path / "config.1.yaml"
+    ).exists()
     replaced = [m for m in records.messages if "holds no checkpoint" in m]
     assert len(replaced) == 1 and "train.lr" in replaced[0], records.messages
 
     # Checkpointed now: another config is refused as before, nothing written.
     before = {k: v for k, v in _files(tmp_path).items() if k not in ("train.log", ".lock.guard")}
-    with pytest.raises(RunFolderError, match=r"holds a run with another config \(changed: train.lr"):
+    with pytest.raises(
+        RunFolderError, match=r"holds a run with another config \(changed: train.lr"
+    ):
         train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN, "train.lr=0.001")))
     after = {k: v for k, v in _files(tmp_path).items() if k not in ("train.log", ".lock.guard")}
     assert after == before
@@ -70,7 +80,9 @@ def test_a_record_beside_checkpoints_set_aside_is_kept(tmp_path, aside):
     other = load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN, "train.lr=0.001"))
     (tmp_path / "config.yaml").write_text(spec_to_yaml(spec))
     assert not holds_checkpoints(tmp_path)
-    assert check_config(other, checkpointed=holds_checkpoints(tmp_path))  # no checkpoint: replaced later
+    assert check_config(
+        other, checkpointed=holds_checkpoints(tmp_path)
+    )  # no checkpoint: replaced later
     (tmp_path / aside / "step2").mkdir(parents=True)
     with pytest.raises(RunFolderError, match="another config"):
         check_config(other, checkpointed=holds_checkpoints(tmp_path))

@@ -18,7 +18,10 @@ from .conftest import run_script
 def test_a_missing_file_is_named_with_the_rank(tmp_path):
     with pytest.raises(ConfigError) as e:
         require_data([str(tmp_path / "part-0.npy")])
-    assert str(e.value) == f"data file {tmp_path / 'part-0.npy'}: missing on rank 0 (node 0, {socket.gethostname()})"
+    assert (
+        str(e.value)
+        == f"data file {tmp_path / 'part-0.npy'}: missing on rank 0 (node 0, {socket.gethostname()})"
+    )
 
 
 def test_a_file_gone_after_the_start_is_named(monkeypatch):
@@ -30,7 +33,10 @@ def test_a_file_gone_after_the_start_is_named(monkeypatch):
         except OSError as x:
             raise OLMoThreadError("generator thread data thread 1 failed") from x
     except OLMoThreadError as e:
-        assert exit_line(e) == ("rank 3 cannot read /data/gone/part-7.npy (FileNotFoundError: No such file or directory)", 2)
+        assert exit_line(e) == (
+            "rank 3 cannot read /data/gone/part-7.npy (FileNotFoundError: No such file or directory)",
+            2,
+        )
 
 
 def test_every_rank_must_read_the_same_files(tmp_path):
@@ -49,7 +55,9 @@ def test_every_rank_must_read_the_same_files(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     host = socket.gethostname()
-    assert [l for l in r.stdout.splitlines() if l.split(":")[0] in ("same", "missing", "spelling")] == [
+    assert [
+        l for l in r.stdout.splitlines() if l.split(":")[0] in ("same", "missing", "spelling")
+    ] == [
         "same: ok",
         f"missing: data file {data / 'c.npy'}: missing on rank 1 (node 0, {host})",
         f"spelling: data paths differ between ranks: rank 1 (node 0, {host}) reads {link_a} where rank 0 reads {a}; "

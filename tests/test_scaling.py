@@ -38,7 +38,11 @@ BATCH, SEQ, NOISE = 4, 64, 0.0005  # NOISE: the sd of ln L
 
 
 def _config(family, d, L):
-    base = ["model.block=variable_width", "model.widths.schedule=constant"] if family == "baseline" else []
+    base = (
+        ["model.block=variable_width", "model.widths.schedule=constant"]
+        if family == "baseline"
+        else []
+    )
     path = DEMO / ("baseline.yaml" if family == "baseline" else "variable-width.yaml")
     return load_and_resolve(
         path,
@@ -63,12 +67,17 @@ def synthetic(tmp_path_factory):
             spec = _config(family, d, L)
             m = spec.model
             fwd = authors_forward(m.resolved_widths, m.d_model, vocab_size(spec), SEQ)
-            C = 3 * fwd * steps * BATCH / PF_DAY  # training FLOPs: 3 x forward per sequence x sequences
+            C = (
+                3 * fwd * steps * BATCH / PF_DAY
+            )  # training FLOPs: 3 x forward per sequence x sequences
             loss = a * C**b * math.exp(rng.normal(0, NOISE))
             folder = root / spec.run.name
             folder.mkdir()
             (folder / "config.yaml").write_text(spec_to_yaml(spec))
-            lines = [{"step": steps // 2, "eval/lm/val/CE loss": loss + 1.0}, {"step": steps, "eval/lm/val/CE loss": loss}]
+            lines = [
+                {"step": steps // 2, "eval/lm/val/CE loss": loss + 1.0},
+                {"step": steps, "eval/lm/val/CE loss": loss},
+            ]
             (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
             truth[spec.run.name] = (C, loss)
     return root, truth
@@ -83,15 +92,22 @@ def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
         r = fit[family]
         a_hat, b_hat, a_err, b_err = (float(r[k]) for k in ("a", "b", "a std err", "b std err"))
         assert abs(b_hat - b) < 0.003 and abs(a_hat / a - 1) < 0.05, (family, a_hat, b_hat)
-        assert 0 < b_err < 0.01 and abs(b_hat - b) < 4 * b_err and abs(a_hat - a) < 4 * a_err, family
-    assert fit["baseline"]["paper"] == "a 3.16, b -0.0498" and fit["x"]["paper"] == "a 3.12, b -0.0503"
+        assert 0 < b_err < 0.01 and abs(b_hat - b) < 4 * b_err and abs(a_hat - a) < 4 * a_err, (
+            family
+        )
+    assert (
+        fit["baseline"]["paper"] == "a 3.16, b -0.0498" and fit["x"]["paper"] == "a 3.12, b -0.0503"
+    )
     assert fit["x"]["a, b (OLMo-core's count)"] and "C range (PF-days, authors' count)" in fit["x"]
     # Matched loss at the largest baseline run's loss, against the true laws: C = (L / a)^(1/b).
     target = truth["baseline-d192"][1]
     (cb, bb), (cx, bx) = LAWS["baseline"], LAWS["x"]
     want = (target / cx) ** (1 / bx) / (target / cb) ** (1 / bb)
     rows = {r["family"]: r for r in tables["matched_loss"]}
-    assert rows["baseline"]["C / baseline's"] == "100.0%" and rows["x"]["target loss"] == f"{target:.4f}"
+    assert (
+        rows["baseline"]["C / baseline's"] == "100.0%"
+        and rows["x"]["target loss"] == f"{target:.4f}"
+    )
     got = float(rows["x"]["C / baseline's"].rstrip("%")) / 100
     # ln C(L) = (ln L - ln a) / b magnifies ln a's error by 1 / |b| ~ 20: within 4 of the fits' errors.
     err = math.hypot(*(float(rows[f]["ln C std err"]) for f in ("baseline", "x")))
@@ -99,9 +115,9 @@ def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
     assert want < 0.8 and rows["x"]["paper"].startswith("77.8% FLOPs, 85.1% mean width")
     # The same solve on mean width: the baseline's runs are constant width (d_model), 100% of themselves.
     assert rows["baseline"]["mean width (KV cache) / baseline's"] == "100.0%"
-    assert rows["baseline"]["mean width at target"] != "one width" and rows["x"]["mean width (KV cache) / baseline's"].endswith(
-        "%"
-    )
+    assert rows["baseline"]["mean width at target"] != "one width" and rows["x"][
+        "mean width (KV cache) / baseline's"
+    ].endswith("%")
 
 
 def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
@@ -123,10 +139,17 @@ def test_the_papers_own_table_gives_its_printed_coefficients_in_pf_days():
         (1600, 40, 1024, 25000, 2.751, 2.726, -2.5),
     ]
     for unit, (a_base, a_x) in ((PF_DAY, (3.16, 3.12)), (1e20, (3.14, 3.10))):
-        C = [3 * authors_forward([h] * L, h, 100263, 4096) * B * S / unit for h, L, B, S, *_ in rows]
+        C = [
+            3 * authors_forward([h] * L, h, 100263, 4096) * B * S / unit for h, L, B, S, *_ in rows
+        ]
         base = fit_power_law(C, [r[4] for r in rows])
         x = fit_power_law([c * (1 + r[6] / 100) for c, r in zip(C, rows)], [r[5] for r in rows])
-        assert (round(base.a, 2), round(base.b, 4), round(x.a, 2), round(x.b, 4)) == (a_base, -0.0498, a_x, -0.0503), unit
+        assert (round(base.a, 2), round(base.b, 4), round(x.a, 2), round(x.b, 4)) == (
+            a_base,
+            -0.0498,
+            a_x,
+            -0.0503,
+        ), unit
         # The matched-loss ratio does not depend on the unit: 77.6% (the paper: 77.8%).
         assert round(x.compute_at(2.751) / base.compute_at(2.751), 3) == 0.776
     # The printed (rounded) constants themselves give 75.5%, not 77.8%.
@@ -135,7 +158,9 @@ def test_the_papers_own_table_gives_its_printed_coefficients_in_pf_days():
 
 def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
     root, _ = synthetic
-    r = run_in_process("make_tables.py", str(root), "--out", str(tmp_path), "--target-loss", "6.0", "--no-figures")
+    r = run_in_process(
+        "make_tables.py", str(root), "--out", str(tmp_path), "--target-loss", "6.0", "--no-figures"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| x |" in (tmp_path / "scaling_fit.md").read_text()
     (png,) = scaling_figure(load_runs([root]), tmp_path, paper_results())
@@ -163,23 +188,29 @@ def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
     from olmo_patches.report.scaling import paper_matched_loss
 
     rows = [
-        dict(h=h, n_layers=L, batch=B, steps=S, baseline=b, x=x, flops=f, mean_width=w) for h, L, B, S, b, x, f, w in PAPER2_DENSE
+        dict(h=h, n_layers=L, batch=B, steps=S, baseline=b, x=x, flops=f, mean_width=w)
+        for h, L, B, S, b, x, f, w in PAPER2_DENSE
     ]
     got = paper_matched_loss(rows, 100263, 4096)
     assert got["target_loss"] == 2.751
     assert got["flops_fraction"] == pytest.approx(0.778, abs=0.003)
     assert got["mean_width_fraction"] == pytest.approx(0.851, abs=0.0006)
     base, x = got["flops"]
-    assert (round(base.a, 2), round(base.b, 4), round(x.a, 2), round(x.b, 4)) == (3.16, -0.0498, 3.12, -0.0503)
+    assert (round(base.a, 2), round(base.b, 4), round(x.a, 2), round(x.b, 4)) == (
+        3.16,
+        -0.0498,
+        3.12,
+        -0.0503,
+    )
 
     # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then W = (L / a)^(1/b).
     def width_at(ws, ls):
         b, ln_a = np.polyfit(np.log(ws), np.log(ls), 1)
         return math.exp((math.log(2.751) - ln_a) / b)
 
-    by_hand = width_at([r[0] * (1 + r[7]) for r in PAPER2_DENSE], [r[5] for r in PAPER2_DENSE]) / width_at(
-        [r[0] for r in PAPER2_DENSE], [r[4] for r in PAPER2_DENSE]
-    )
+    by_hand = width_at(
+        [r[0] * (1 + r[7]) for r in PAPER2_DENSE], [r[5] for r in PAPER2_DENSE]
+    ) / width_at([r[0] for r in PAPER2_DENSE], [r[4] for r in PAPER2_DENSE])
     assert got["mean_width_fraction"] == pytest.approx(by_hand, rel=1e-9)
 
 
@@ -188,13 +219,19 @@ def test_make_tables_prints_the_papers_matched_loss(tmp_path):
     on the authors' count the refitted a, b beside the printed ones, 77.6% of the FLOPs (the paper:
     77.8%; its printed constants give 75.5%), 85.1% of the mean width, beside the equal-size 2B row."""
     (tmp_path / "runs").mkdir()
-    r = run_in_process("make_tables.py", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-figures")
+    r = run_in_process(
+        "make_tables.py", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-figures"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     md = (tmp_path / "out" / "matched_loss_paper.md").read_text()
-    flops, width = (line for line in md.splitlines() if line.startswith(("| training FLOPs", "| mean width")))
+    flops, width = (
+        line for line in md.splitlines() if line.startswith(("| training FLOPs", "| mean width"))
+    )
     assert "| L = a C^b (C in PF-days, authors' count) |" in flops, md
     assert "| 3.1603, -0.04979 | 3.16, -0.0498 | 3.1249, -0.05033 | 3.12, -0.0503 |" in flops, md
-    assert "| 77.6% | 77.8% | 75.5% | 97.5% |" in flops and "| 85.1% | 85.1% |  | 89.1% |" in width, md
+    assert (
+        "| 77.6% | 77.8% | 75.5% | 97.5% |" in flops and "| 85.1% | 85.1% |  | 89.1% |" in width
+    ), md
 
 
 # Paper 2's dense sizes with their steps and losses (its table, written here).
@@ -218,10 +255,15 @@ def test_run_report_on_the_papers_shapes_counts_the_authors_flops(tmp_path):
             folder = tmp_path / spec.run.name
             folder.mkdir()
             (folder / "config.yaml").write_text(spec_to_yaml(spec))
-            (folder / "metrics.jsonl").write_text(json.dumps({"step": steps, "eval/lm/val/CE loss": loss}) + "\n")
+            (folder / "metrics.jsonl").write_text(
+                json.dumps({"step": steps, "eval/lm/val/CE loss": loss}) + "\n"
+            )
     tables = scaling_tables(load_runs([tmp_path]), paper_results())
     fit = {r["family"]: r for r in tables["scaling_fit"]}
-    assert (round(float(fit["baseline"]["a"]), 2), round(float(fit["baseline"]["b"]), 4)) == (3.16, -0.0498)
+    assert (round(float(fit["baseline"]["a"]), 2), round(float(fit["baseline"]["b"]), 4)) == (
+        3.16,
+        -0.0498,
+    )
     assert (round(float(fit["x"]["a"]), 2), round(float(fit["x"]["b"]), 4)) == (3.12, -0.0503)
     x = next(r for r in tables["matched_loss"] if r["family"] == "x")
     assert x["target loss"] == "2.7510" and x["C / baseline's"] == "77.6%"

@@ -24,7 +24,9 @@ import torch
 from .conftest import REPO
 
 CONFIGS = sorted(
-    p for p in (REPO / "configs").rglob("*.yaml") if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
+    p
+    for p in (REPO / "configs").rglob("*.yaml")
+    if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
 )
 # (data parallelism, ranks that shard, float8); HSDP: 2 replicas of that many. DDP replicates whatever the
 # rank count; float8 tensorwise (all-gathered in float8 under FSDP) and HSDP at an odd and an even count.
@@ -37,7 +39,9 @@ LAUNCHES = [
     ("ddp", 2, "off"),
 ]
 EVEN = 1.10  # a rank's share of the FFN and attention weights: at most 10% over an even split
-STATES = 0.05  # the memory model's 16 P / W against 16 x the elements a rank holds (FSDP2's padding)
+STATES = (
+    0.05  # the memory model's 16 P / W against 16 x the elements a rank holds (FSDP2's padding)
+)
 
 
 @dataclass
@@ -155,7 +159,9 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
                     where = f"{name} {mode} x{shards} float8={float8}"
                     spec = copy.deepcopy(entry.spec)
                     spec.train.data_parallel, spec.train.global_batch_size = mode, world * 64
-                    fit_world_size(spec, layout)  # the launch's check (dry run, SLURM pre-flight, each rank)
+                    fit_world_size(
+                        spec, layout
+                    )  # the launch's check (dry run, SLURM pre-flight, each rank)
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         _, model = _parallelize(entry, mode, world, float8)
@@ -171,7 +177,11 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
                             sum(p.numel() for p in weights),
                             _float8_params(block),
                         )
-                    outside = sum(_local(p) for n, p in model.named_parameters() if not n.startswith("blocks."))
+                    outside = sum(
+                        _local(p)
+                        for n, p in model.named_parameters()
+                        if not n.startswith("blocks.")
+                    )
                     held = outside + sum(per_block[s][0] for s in entry.blocks)
                     weights_held = sum(per_block[s][1] for s in entry.blocks)
                     weights_all = sum(per_block[s][2] for s in entry.blocks)
@@ -183,14 +193,20 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
                     states = memory_estimate(spec, layout).states
                     if _narrowest(entry) >= 10 * split:
                         assert share <= EVEN, (where, share)
-                        assert abs(16 * held - states) <= STATES * states, (where, 16 * held, states)
+                        assert abs(16 * held - states) <= STATES * states, (
+                            where,
+                            16 * held,
+                            states,
+                        )
                         worst["share"] = max(worst["share"], share - 1)
                         worst["states"] = max(worst["states"], abs(16 * held / states - 1))
                     else:
                         narrow.append(where)
                     if float8 != "off":  # the matmuls float8 converted, as the dry run counts them
                         spec.train.float8 = float8
-                        converted = _float8_params(model) - sum(_float8_params(b) for b in model.blocks.values())
+                        converted = _float8_params(model) - sum(
+                            _float8_params(b) for b in model.blocks.values()
+                        )
                         converted += sum(per_block[s][3] for s in entry.blocks)
                         assert converted == float8_report(spec)["float8_params"], where
             finally:
@@ -205,19 +221,41 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
     )
 
 
-def test_hourglass_experts_plan_at_any_rank_count_and_a_refusal_names_the_file_that_set_the_key(tmp_path):
+def test_hourglass_experts_plan_at_any_rank_count_and_a_refusal_names_the_file_that_set_the_key(
+    tmp_path,
+):
     """The dry run of the 3B-MoE hourglass experts (22 experts, K=2) plans FSDP over 64 ranks, the experts'
     (K E d_h, d_model) matrices split by rows; over 3 ranks the global batch (1024 sequences) does not
     split: one line naming the file that sets it, relative to the working folder, exit 2, nothing written."""
     from .conftest import run_in_process
 
     config = REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml"
-    r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "64")
+    r = run_in_process(
+        "train.py",
+        config,
+        f"run.save_folder={tmp_path / 'run'}",
+        "--dry-run",
+        "--nproc-per-node",
+        "64",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     text = " ".join(r.stdout.replace("│", " ").split())  # the plan table's cells, unwrapped
-    assert "FSDP2 shards over 64 ranks" in text and "hourglass experts' (K E d_h, d_model) weights: rows" in text, text[-3000:]
-    r = run_in_process("train.py", config, f"run.save_folder={tmp_path / 'run'}", "--dry-run", "--nproc-per-node", "3", cwd=REPO)
+    assert (
+        "FSDP2 shards over 64 ranks" in text
+        and "hourglass experts' (K E d_h, d_model) weights: rows" in text
+    ), text[-3000:]
+    r = run_in_process(
+        "train.py",
+        config,
+        f"run.save_folder={tmp_path / 'run'}",
+        "--dry-run",
+        "--nproc-per-node",
+        "3",
+        cwd=REPO,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith("config error: configs/paper2/2B/baseline.yaml: train.global_batch_size=1024: "), line
+    assert line.startswith(
+        "config error: configs/paper2/2B/baseline.yaml: train.global_batch_size=1024: "
+    ), line
     assert not (tmp_path / "run").exists()

@@ -55,7 +55,9 @@ def _losses(folder):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, demo_corpus):
     root = tmp_path_factory.mktemp("widths")
-    r = train_each([[str(HOURGLASS_113M), *_overrides(root / "fsdp3", "train.data_parallel=fsdp")]], torchrun=3)
+    r = train_each(
+        [[str(HOURGLASS_113M), *_overrides(root / "fsdp3", "train.data_parallel=fsdp")]], torchrun=3
+    )
     train(load_and_resolve(HOURGLASS_113M, _overrides(root / "one"), layout=Layout.plan(1)))
     return root, r
 
@@ -64,7 +66,12 @@ def test_the_113M_hourglass_widths_train_over_three_fsdp_ranks_as_one_process(ru
     root, r = runs
     assert r.returncode == 0, r.stderr[-3000:]
     spec = load_and_resolve(HOURGLASS_113M, _overrides(root / "x"), layout=Layout.plan(3))
-    assert (spec.model.d_model, spec.model.d_h, spec.model.K, spec.model.n_heads) == (1440, 678, 2, 20)  # the shipped widths
+    assert (spec.model.d_model, spec.model.d_h, spec.model.K, spec.model.n_heads) == (
+        1440,
+        678,
+        2,
+        20,
+    )  # the shipped widths
     one, three = _losses(root / "one"), _losses(root / "fsdp3")
     assert sorted(one) == sorted(three) and {s for s, _ in one} == {
         0,

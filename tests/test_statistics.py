@@ -13,7 +13,13 @@ import pytest
 from scipy import stats as sps
 
 from olmo_patches.config import load_spec, spec_to_yaml
-from olmo_patches.report.stats import matched_loss_ratio, mean_interval, noise_floor, paired_difference, tokens_to_reach
+from olmo_patches.report.stats import (
+    matched_loss_ratio,
+    mean_interval,
+    noise_floor,
+    paired_difference,
+    tokens_to_reach,
+)
 
 from .conftest import REPO, run_in_process
 
@@ -48,7 +54,9 @@ def test_t_interval_matches_the_textbook_formula():
 def test_interval_covers_the_true_gap_in_95_percent_of_cases():
     rng = np.random.default_rng(1)
     gap = 0.055
-    covered = sum(paired_difference(*_draws(rng, gap, DEMO_SD, 0.03)).diff.covers(gap) for _ in range(CASES))
+    covered = sum(
+        paired_difference(*_draws(rng, gap, DEMO_SD, 0.03)).diff.covers(gap) for _ in range(CASES)
+    )
     # binomial: 0.95 +- 3 x sqrt(0.95 x 0.05 / 2000) = 0.95 +- 0.015; a normal (z) interval at 5
     # seeds would cover about 88%
     assert 0.935 <= covered / CASES <= 0.965, covered / CASES
@@ -68,7 +76,10 @@ def test_baseline_against_itself_is_not_distinguishable():
 def test_planted_one_percent_gap_is_detected_at_the_t_tests_power():
     rng = np.random.default_rng(3)
     gap = 0.01 * DEMO_LOSS
-    found = [paired_difference(*_draws(rng, gap, DEMO_SD)).verdict == "distinguishable" for _ in range(CASES)]
+    found = [
+        paired_difference(*_draws(rng, gap, DEMO_SD)).verdict == "distinguishable"
+        for _ in range(CASES)
+    ]
     # reference: the paired t-test's power, noncentral t with 4 df, noncentrality gap / (sd sqrt(2) / sqrt(5))
     delta = gap / (DEMO_SD * math.sqrt(2) / math.sqrt(SEEDS))
     power = 1 - sps.nct.cdf(T_975_4, SEEDS - 1, delta) + sps.nct.cdf(-T_975_4, SEEDS - 1, delta)
@@ -105,7 +116,9 @@ def test_matched_loss_ratio_recovers_a_known_compute_multiplier():
     rng = np.random.default_rng(5)
     t = np.linspace(1e5, 1e6, 91)
     base = {s: 2.5 + 40 / np.sqrt(t) + 0.0003 * rng.standard_normal() for s in range(SEEDS)}
-    member = {s: 2.5 + 40 / np.sqrt(1.25 * t) + 0.0003 * rng.standard_normal() for s in range(SEEDS)}
+    member = {
+        s: 2.5 + 40 / np.sqrt(1.25 * t) + 0.0003 * rng.standard_normal() for s in range(SEEDS)
+    }
     ratio = matched_loss_ratio(member, base, t)
     assert ratio.mean == pytest.approx(0.8, abs=0.03)
     assert ratio.lo < 0.8 < ratio.hi and ratio.hi - ratio.lo < 0.2
@@ -123,7 +136,10 @@ def test_matched_loss_ratio_without_a_curve_is_none_not_an_error():
 def _configs(root):
     cfg = root / "configs"
     cfg.mkdir()
-    shapes = {"syn-base": "model: {block: baseline}", "syn-hg": "model: {block: hourglass, K: 2, d_h: 64}"}
+    shapes = {
+        "syn-base": "model: {block: baseline}",
+        "syn-hg": "model: {block: hourglass, K: 2, d_h: 64}",
+    }
     for name, model in shapes.items():
         (cfg / f"{name}.yaml").write_text(
             f"extends: {REPO / 'configs/demo/baseline.yaml'}\n{model}\n"
@@ -140,7 +156,14 @@ def _write_run(config, overrides, final, rng):
     (folder / "config.yaml").write_text(spec_to_yaml(spec))
     lines = []
     for step in (50, 100, 150, 200):
-        lines.append({"step": step, "eval/lm/val/CE loss": final + 3.0 * (200 / step - 1) ** 0.5 / 10 + 1e-4 * rng.random()})
+        lines.append(
+            {
+                "step": step,
+                "eval/lm/val/CE loss": final
+                + 3.0 * (200 / step - 1) ** 0.5 / 10
+                + 1e-4 * rng.random(),
+            }
+        )
     lines[-1]["eval/lm/val/CE loss"] = final
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return folder
@@ -187,17 +210,30 @@ def test_report_gives_intervals_paired_differences_and_the_noise_floor(synthetic
     base, hg = finals["syn-base"], finals["syn-hg"]
     d = hg - base
     half = T_975_4 * d.std(ddof=1) / math.sqrt(5)
-    assert rows["syn-hg"]["diff to baseline [95%]"].startswith(f"{d.mean():.4f} [{d.mean() - half:.4f}, {d.mean() + half:.4f}]")
+    assert rows["syn-hg"]["diff to baseline [95%]"].startswith(
+        f"{d.mean():.4f} [{d.mean() - half:.4f}, {d.mean() + half:.4f}]"
+    )
     assert rows["syn-hg"]["verdict"] == "distinguishable"
     half_b = T_975_4 * base.std(ddof=1) / math.sqrt(5)
-    assert rows["syn-base"]["val loss [95%]"] == f"{base.mean():.4f} [{base.mean() - half_b:.4f}, {base.mean() + half_b:.4f}]"
-    assert rows["syn-base"]["val PPL [95%]"].startswith(f"{math.exp(base.mean()):.2f} [{math.exp(base.mean() - half_b):.2f}")
-    assert rows["syn-base"]["seeds"] == "5" and rows["syn-base"]["diff to baseline [95%]"] == "baseline"
+    assert (
+        rows["syn-base"]["val loss [95%]"]
+        == f"{base.mean():.4f} [{base.mean() - half_b:.4f}, {base.mean() + half_b:.4f}]"
+    )
+    assert rows["syn-base"]["val PPL [95%]"].startswith(
+        f"{math.exp(base.mean()):.2f} [{math.exp(base.mean() - half_b):.2f}"
+    )
+    assert (
+        rows["syn-base"]["seeds"] == "5"
+        and rows["syn-base"]["diff to baseline [95%]"] == "baseline"
+    )
     floor = _csv(out / "noise_floor.csv")["syn-base"]
     gaps = [abs(a - b) for i, a in enumerate(base) for b in base[i + 1 :]]
     assert floor["seed pairs"] == "10" and floor["largest gap"] == f"{max(gaps):.4f}"
     notes = (out / "comparison_notes.md").read_text()
-    assert "5 seed(s), offsets 0, 1, 2, 3, 4 added to train.seed (init) and data.order_seed (data order)" in notes
+    assert (
+        "5 seed(s), offsets 0, 1, 2, 3, 4 added to train.seed (init) and data.order_seed (data order)"
+        in notes
+    )
     assert "Baseline: syn-base" in notes
 
 
@@ -208,7 +244,9 @@ def test_report_refuses_seeds_of_another_shape(synthetic_sweep, tmp_path):
     seed2.write_text(good.replace("d_h: 64", "d_h: 32"))
     try:
         out = tmp_path / "report"
-        r = run_in_process("sweep.py", "report", str(cfg), "--seeds", "5", "--out", str(out), "--no-figures")
+        r = run_in_process(
+            "sweep.py", "report", str(cfg), "--seeds", "5", "--out", str(out), "--no-figures"
+        )
     finally:
         seed2.write_text(good)
     lines = r.stderr.strip().splitlines()
@@ -221,27 +259,48 @@ def test_lr_sweep_finds_each_members_best_lr_and_the_comparison_says_which_it_us
     """Planted optima: the baseline's at its config's LR (x1), the hourglass's at x2 (the grid's edge)."""
     cfg = _configs(tmp_path)
     rng = np.random.default_rng(7)
-    planted = {"syn-base": {0.5: 5.53, 1.0: 5.50, 2.0: 5.56}, "syn-hg": {0.5: 5.70, 1.0: 5.60, 2.0: 5.45}}
+    planted = {
+        "syn-base": {0.5: 5.53, 1.0: 5.50, 2.0: 5.56},
+        "syn-hg": {0.5: 5.70, 1.0: 5.60, 2.0: 5.45},
+    }
     for name, by_lr in planted.items():
         for x, loss in by_lr.items():
             for s in range(3):
                 final = loss + 0.005 * rng.standard_normal()
                 _write_run(cfg / f"{name}.yaml", _seed_overrides(name, tmp_path, s, x), final, rng)
     common = ["--seeds", "3", "--lr-grid", "0.5,2", "--no-figures"]
-    r = run_in_process("sweep.py", "report", str(cfg), *common, "--out", str(tmp_path / "config-lr"))
+    r = run_in_process(
+        "sweep.py", "report", str(cfg), *common, "--out", str(tmp_path / "config-lr")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     sweep = _csv(tmp_path / "config-lr" / "lr_sweep.csv")
-    assert (sweep["syn-base"]["best LR"], sweep["syn-base"]["best / config"], sweep["syn-base"]["note"]) == ("0.003", "x1", "")
+    assert (
+        sweep["syn-base"]["best LR"],
+        sweep["syn-base"]["best / config"],
+        sweep["syn-base"]["note"],
+    ) == ("0.003", "x1", "")
     assert (sweep["syn-hg"]["best LR"], sweep["syn-hg"]["log2 distance"]) == ("0.006", "+1.00")
     assert "edge" in sweep["syn-hg"]["note"]
     at_config = _csv(tmp_path / "config-lr" / "comparison.csv")
     assert at_config["syn-hg"]["LR"] == "0.003 (config)"
-    assert float(at_config["syn-hg"]["diff to baseline [95%]"].split()[0]) == pytest.approx(0.10, abs=0.02)
-    r = run_in_process("sweep.py", "report", str(cfg), *common, "--best-lr", "--out", str(tmp_path / "best-lr"))
+    assert float(at_config["syn-hg"]["diff to baseline [95%]"].split()[0]) == pytest.approx(
+        0.10, abs=0.02
+    )
+    r = run_in_process(
+        "sweep.py", "report", str(cfg), *common, "--best-lr", "--out", str(tmp_path / "best-lr")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     best = _csv(tmp_path / "best-lr" / "comparison.csv")
-    assert best["syn-hg"]["LR"] == "0.006 (own best, x2)" and best["syn-base"]["LR"] == "0.003 (own best, x1)"
+    assert (
+        best["syn-hg"]["LR"] == "0.006 (own best, x2)"
+        and best["syn-base"]["LR"] == "0.003 (own best, x1)"
+    )
     # at its own best, the hourglass wins: 5.45 - 5.50
-    assert float(best["syn-hg"]["diff to baseline [95%]"].split()[0]) == pytest.approx(-0.05, abs=0.02)
+    assert float(best["syn-hg"]["diff to baseline [95%]"].split()[0]) == pytest.approx(
+        -0.05, abs=0.02
+    )
     assert best["syn-hg"]["verdict"] == "distinguishable"
-    assert "each member at its own best LR" in (tmp_path / "best-lr" / "comparison_notes.md").read_text()
+    assert (
+        "each member at its own best LR"
+        in (tmp_path / "best-lr" / "comparison_notes.md").read_text()
+    )

@@ -10,7 +10,14 @@ import sys
 
 import pytest
 
-from olmo_patches.launch.sweep import SlurmInfo, launch_local, launch_slurm, load_sweep, sweep_status, take_claim
+from olmo_patches.launch.sweep import (
+    SlurmInfo,
+    launch_local,
+    launch_slurm,
+    load_sweep,
+    sweep_status,
+    take_claim,
+)
 from olmo_patches.report.sweep import report
 
 from .conftest import REPO, TINY, run, run_in_process, run_script, start
@@ -22,7 +29,10 @@ def _write_configs(root):
     """Two tiny configs (a baseline and an hourglass), each with its own run folder."""
     cfg = root / "configs"
     cfg.mkdir()
-    blocks = {"tiny-sweep-a": "model: {block: baseline}", "tiny-sweep-b": "model: {block: hourglass, K: 2, d_h: 16}"}
+    blocks = {
+        "tiny-sweep-a": "model: {block: baseline}",
+        "tiny-sweep-b": "model: {block: hourglass, K: 2, d_h: 16}",
+    }
     for name, model in blocks.items():
         (cfg / f"{name}.yaml").write_text(
             f"extends: {REPO / 'configs/demo/baseline.yaml'}\n{model}\n"
@@ -32,7 +42,10 @@ def _write_configs(root):
 
 
 def _sets(root):
-    tiny = [o for o in TINY if not o.startswith("eval.interval")] + ["eval.interval=2", f"data.work_dir={root / 'cache'}"]
+    tiny = [o for o in TINY if not o.startswith("eval.interval")] + [
+        "eval.interval=2",
+        f"data.work_dir={root / 'cache'}",
+    ]
     return [a for o in tiny for a in ("--set", o)]
 
 
@@ -55,19 +68,33 @@ def local_sweep(tmp_path_factory, demo_corpus):
     """The sweep launched three times: stopped at step 2, resumed to the end, relaunched."""
     root = tmp_path_factory.mktemp("sweep")
     cfg, sets = _write_configs(root), _sets(root)
-    first = run_in_process("sweep.py", "launch", "--local", str(cfg), *sets, "--set", "run.stop_at_step=2")  # its runs: processes
+    first = run_in_process(
+        "sweep.py", "launch", "--local", str(cfg), *sets, "--set", "run.stop_at_step=2"
+    )  # its runs: processes
     after_first = {n: sorted(p.name for p in (root / "runs" / n).glob("step*")) for n in NAMES}
     second = run_script("sweep.py", "launch", "--local", str(cfg / "*.yaml"), *sets, timeout=900)
     logs = {n: (root / "runs" / n / "sweep.log").read_text() for n in NAMES}
     said = []  # the relaunch in-process: it only checks, nothing trains
     failed = launch_local(load_sweep([str(cfg)], sets[1::2]), sets[1::2], say=said.append)
     return dict(
-        root=root, cfg=cfg, sets=sets, first=first, after_first=after_first, second=second, logs=logs, third=(failed, said)
+        root=root,
+        cfg=cfg,
+        sets=sets,
+        first=first,
+        after_first=after_first,
+        second=second,
+        logs=logs,
+        third=(failed, said),
     )
 
 
 def test_local_sweep_stops_resumes_and_is_idempotent(local_sweep):
-    root, first, second, third = local_sweep["root"], local_sweep["first"], local_sweep["second"], local_sweep["third"]
+    root, first, second, third = (
+        local_sweep["root"],
+        local_sweep["first"],
+        local_sweep["second"],
+        local_sweep["third"],
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     for name in NAMES:
         # Stopped at step 2 with a complete checkpoint, not at the end.
@@ -77,9 +104,14 @@ def test_local_sweep_stops_resumes_and_is_idempotent(local_sweep):
         folder = root / "runs" / name
         assert f"{name}: resuming from step 2" in second.stdout
         # each run's progress on the terminal, as in its log
-        assert any(line.startswith(f"{name} | ") and "step 4/4 | loss" in line for line in second.stdout.splitlines())
+        assert any(
+            line.startswith(f"{name} | ") and "step 4/4 | loss" in line
+            for line in second.stdout.splitlines()
+        )
         # OLMo-core loaded the stopped run's checkpoint, and steps 1-2 were not trained again.
-        assert f"Loading checkpoint from '{folder / 'step2'}'" in (folder / "train.log").read_text()  # OLMo-core's log
+        assert (
+            f"Loading checkpoint from '{folder / 'step2'}'" in (folder / "train.log").read_text()
+        )  # OLMo-core's log
         assert _complete(folder, 4)
         assert _steps(folder) == {1: 1, 2: 1, 3: 1, 4: 1}
     # Relaunch: nothing trains again, no run's log grows.
@@ -96,7 +128,10 @@ def test_status_and_report_have_both_runs(local_sweep, tmp_path):
     report(members, out, figures=True)
     md = (out / "sweep.md").read_text()
     for name in NAMES:
-        metrics = [json.loads(line) for line in (root / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+        metrics = [
+            json.loads(line)
+            for line in (root / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        ]
         last_val = [m["eval/lm/val/CE loss"] for m in metrics if "eval/lm/val/CE loss" in m][-1]
         row = next(line for line in md.splitlines() if f"| {name} |" in line)
         # state, steps of total, tokens (4 steps x 4 sequences x 32 tokens), exp(last validation loss)
@@ -112,10 +147,17 @@ def test_failed_run_shows_its_last_error_line(tmp_path):
     cfg = _write_configs(tmp_path)
     bad = tmp_path / "runs" / "tiny-sweep-a"
     bad.mkdir(parents=True)
-    (bad / "sweep.log").write_text("Traceback (most recent call last):\n  File x\nRuntimeError: out of memory\n[rank0] exiting\n")
-    (bad / "sweep-last.json").write_text(json.dumps({"exit": 1, "error": "RuntimeError: out of memory"}))
+    (bad / "sweep.log").write_text(
+        "Traceback (most recent call last):\n  File x\nRuntimeError: out of memory\n[rank0] exiting\n"
+    )
+    (bad / "sweep-last.json").write_text(
+        json.dumps({"exit": 1, "error": "RuntimeError: out of memory"})
+    )
     states = {s.member.name: (s.state, s.error) for s in sweep_status(load_sweep([str(cfg)]))}
-    assert states == {"tiny-sweep-a": ("failed", "RuntimeError: out of memory"), "tiny-sweep-b": ("not started", "")}
+    assert states == {
+        "tiny-sweep-a": ("failed", "RuntimeError: out of memory"),
+        "tiny-sweep-b": ("not started", ""),
+    }
 
 
 def test_a_live_claim_is_never_taken_twice(tmp_path):
@@ -124,7 +166,9 @@ def test_a_live_claim_is_never_taken_twice(tmp_path):
     folder.mkdir(parents=True)
     holder = start([sys.executable, "-c", "import time; time.sleep(60)"], capture=False)
     try:
-        (folder / "sweep-claim.json").write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid}))
+        (folder / "sweep-claim.json").write_text(
+            json.dumps({"host": socket.gethostname(), "pid": holder.pid})
+        )
         assert not take_claim(folder, SlurmInfo({}, {}))
         assert sweep_status(load_sweep([str(cfg)]))[0].state == "running"
     finally:
@@ -161,10 +205,14 @@ def test_a_requeued_jobs_lock_is_taken_over_another_jobs_refused(tmp_path, monke
     from olmo_patches.launch.run_folder import Lock, RunFolderError
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    (tmp_path / ".lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "4242", "since": "then"}))
+    (tmp_path / ".lock").write_text(
+        json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "4242", "since": "then"})
+    )
     Lock(tmp_path).acquire()
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
-    (tmp_path / ".lock").write_text(json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "77", "since": "then"}))
+    (tmp_path / ".lock").write_text(
+        json.dumps({"host": "node-elsewhere", "pid": 1, "slurm_job": "77", "since": "then"})
+    )
     with pytest.raises(RunFolderError, match="is in use by pid 1 on node-elsewhere since then"):
         Lock(tmp_path).acquire()
 
@@ -186,7 +234,12 @@ def test_slurm_array_submission_and_status(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     members = load_sweep([str(cfg)], ["train.lr=1e-3"])
 
-    assert launch_slurm(members, ["train.lr=1e-3"], nodes=2, gpus_per_node=4, sbatch_args=["--time=1:00:00"]) == "4242"
+    assert (
+        launch_slurm(
+            members, ["train.lr=1e-3"], nodes=2, gpus_per_node=4, sbatch_args=["--time=1:00:00"]
+        )
+        == "4242"
+    )
     args = (state / "sbatch.args").read_text().splitlines()
     assert args[:6] == [
         "--parsable",
@@ -202,7 +255,10 @@ def test_slurm_array_submission_and_status(tmp_path, monkeypatch):
 
     # Queued: both running; a second launch submits nothing.
     (state / "squeue").write_text("4242_0 RUNNING\n4242_1 PENDING\n999 RUNNING\n")
-    assert [(s.state, s.slurm_job) for s in sweep_status(members)] == [("running", "4242_0"), ("running", "4242_1")]
+    assert [(s.state, s.slurm_job) for s in sweep_status(members)] == [
+        ("running", "4242_0"),
+        ("running", "4242_1"),
+    ]
     (state / "sbatch.args").unlink()
     assert launch_slurm(members, ["train.lr=1e-3"], nodes=2, gpus_per_node=4) is None
     assert not (state / "sbatch.args").exists()
@@ -228,7 +284,9 @@ def test_array_element_runs_its_manifest_line(tmp_path):
     bin_dir.mkdir()
     _fake(bin_dir, "srun", f'printf "%s\\n" "$@" > {tmp_path}/srun.args')
     _fake(bin_dir, "scontrol", "echo node7")
-    _fake(bin_dir, "python", "exit 0")  # the script's pre-flight dry run (tests/test_launch_slurm.py checks it)
+    _fake(
+        bin_dir, "python", "exit 0"
+    )  # the script's pre-flight dry run (tests/test_launch_slurm.py checks it)
     manifest = tmp_path / "manifest.txt"
     manifest.write_text("configs/a.yaml train.lr=1e-3\nconfigs/b.yaml 'train.lr=2e-3'\n")
     r = run(
@@ -257,12 +315,21 @@ def test_demo_ablations_are_the_papers_two_sweeps():
     def non_embedding(m):
         return m.n_layers * (4 * m.d_model**2 + 3 * m.K * m.d_model * m.d_h)
 
-    k = sorted((load_and_resolve(p).model for p in (REPO / "configs/demo/ablations/k-sweep").glob("*.yaml")), key=lambda m: m.K)
+    k = sorted(
+        (
+            load_and_resolve(p).model
+            for p in (REPO / "configs/demo/ablations/k-sweep").glob("*.yaml")
+        ),
+        key=lambda m: m.K,
+    )
     assert [m.K for m in k] == [1, 2, 4, 8]
     assert {(m.d_model, m.n_layers, m.d_h) for m in k} == {(128, 4, 64)}
     counts = [non_embedding(m) for m in k]
     assert counts == sorted(set(counts))
-    wd = [load_and_resolve(p).model for p in (REPO / "configs/demo/ablations/width-depth-K4").glob("*.yaml")]
+    wd = [
+        load_and_resolve(p).model
+        for p in (REPO / "configs/demo/ablations/width-depth-K4").glob("*.yaml")
+    ]
     assert len(wd) >= 5 and all(m.K == 4 and m.block == "hourglass" for m in wd)
     assert all(abs(non_embedding(m) - 16 * 4 * 128**2) <= 1e-3 * 16 * 4 * 128**2 for m in wd)
     ratios = [m.d_model / m.n_layers for m in wd]

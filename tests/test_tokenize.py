@@ -21,7 +21,11 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 def _docs(n: int, seed: int = 0) -> list:
     rng = random.Random(seed)
     words = ["".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 7))) for _ in range(400)]
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 60))) + rng.choice(["", ".", " é\n"]) for _ in range(n)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(3, 60)))
+        + rng.choice(["", ".", " é\n"])
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -54,33 +58,59 @@ def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
 
     root, docs, tok = corpus
     jsonl, parquet = tmp_path / "a.jsonl", tmp_path / "b.parquet"
-    jsonl.write_text("".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs[:300])))
-    pq.write_table(pa.table({"text": docs[300:], "n": list(range(300))}), parquet, row_group_size=64)
+    jsonl.write_text(
+        "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs[:300]))
+    )
+    pq.write_table(
+        pa.table({"text": docs[300:], "n": list(range(300))}), parquet, row_group_size=64
+    )
     out = tmp_path / "tokens"
-    _tokenize(jsonl, parquet, "--out", out, "--tokenizer", root / "tokenizer.json", "--shard-tokens", 3000, "--workers", 2)
+    _tokenize(
+        jsonl,
+        parquet,
+        "--out",
+        out,
+        "--tokenizer",
+        root / "tokenizer.json",
+        "--shard-tokens",
+        3000,
+        "--workers",
+        2,
+    )
 
     manifest = json.loads((out / "manifest.json").read_text())
     vocab, eos = tok.get_vocab_size(), tok.token_to_id("<|endoftext|>")
-    tokenizer = TokenizerConfig(vocab_size=vocab, eos_token_id=eos, pad_token_id=tok.token_to_id("<|pad|>"))
+    tokenizer = TokenizerConfig(
+        vocab_size=vocab, eos_token_id=eos, pad_token_id=tok.token_to_id("<|pad|>")
+    )
     config = NumpyFSLDatasetConfig(
         paths=[str(out / f["path"]) for f in manifest["files"]],
         sequence_length=16,
         tokenizer=tokenizer,
         work_dir=str(tmp_path / "w"),
     )
-    assert manifest["dtype"] == np.dtype(config.get_dtype()).name == "uint16"  # OLMo-core's choice for 400 tokens
+    assert (
+        manifest["dtype"] == np.dtype(config.get_dtype()).name == "uint16"
+    )  # OLMo-core's choice for 400 tokens
 
     # the library's ids of each document, then EOS: the reference
     reference = [tok.encode(d, add_special_tokens=False).ids + [eos] for d in docs]
     files = [out / f["path"] for f in manifest["files"]]
     assert len(files) > 3 and sum(f["documents"] for f in manifest["files"]) == len(docs)
     read_docs = []
-    for f in files:  # OLMo-core's document boundaries (EOS) over each file, as its datasets find them
+    for (
+        f
+    ) in files:  # OLMo-core's document boundaries (EOS) over each file, as its datasets find them
         array = np.fromfile(f, dtype=np.uint16)
-        read_docs += [array[s:e].tolist() for s, e in iter_document_indices(f, eos_token_id=eos, dtype=np.uint16)]
+        read_docs += [
+            array[s:e].tolist()
+            for s, e in iter_document_indices(f, eos_token_id=eos, dtype=np.uint16)
+        ]
     assert read_docs == reference
 
-    dataset = config.build()  # OLMo-core's fixed-length instances: each file's tokens in 16-token rows
+    dataset = (
+        config.build()
+    )  # OLMo-core's fixed-length instances: each file's tokens in 16-token rows
     dataset.prepare()
     instances = [dataset[i]["input_ids"].tolist() for i in range(len(dataset))]
     expected, start_doc = [], 0
@@ -102,23 +132,34 @@ def test_a_killed_run_resumes_to_the_same_bytes(corpus, tmp_path):
     killed = tmp_path / "killed"
     proc = start([*_python(), source, "--out", killed, *common, "--workers", 1])
     deadline = time.time() + 120
-    while time.time() < deadline and not (len(list(killed.glob("part-*.npy"))) >= 2 and list(killed.glob("*.npy.tmp"))):
+    while time.time() < deadline and not (
+        len(list(killed.glob("part-*.npy"))) >= 2 and list(killed.glob("*.npy.tmp"))
+    ):
         time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGKILL)  # the job and its workers, as a lost node
     finish(proc)
     partial = list(killed.glob("*.npy.tmp"))
-    assert partial and not (killed / "manifest.json").exists(), "killed after the end: nothing was cut off"
+    assert partial and not (killed / "manifest.json").exists(), (
+        "killed after the end: nothing was cut off"
+    )
     first = {p.name: p.read_bytes() for p in killed.glob("part-*.npy")}
     _tokenize(source, "--out", killed, *common, "--workers", 1)  # the rerun
     whole = tmp_path / "whole"
     _tokenize(source, "--out", whole, *common, "--workers", 2)
     names = sorted(p.name for p in whole.iterdir())
-    assert names == sorted(p.name for p in killed.iterdir()) and not any(n.endswith(".tmp") for n in names)
+    assert names == sorted(p.name for p in killed.iterdir()) and not any(
+        n.endswith(".tmp") for n in names
+    )
     for name in names:
         assert (whole / name).read_bytes() == (killed / name).read_bytes(), name
-    assert all(first[n] == (whole / n).read_bytes() for n in first)  # finished shards were kept as they were
+    assert all(
+        first[n] == (whole / n).read_bytes() for n in first
+    )  # finished shards were kept as they were
     r = _tokenize(source, "--out", killed, *common)  # a third run: nothing to do, nothing changed
-    assert "tokens" in r.stderr and (killed / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
+    assert (
+        "tokens" in r.stderr
+        and (killed / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
+    )
 
 
 def _python() -> list:
@@ -145,7 +186,15 @@ def test_a_bad_input_is_one_line_and_nothing_written(corpus, tmp_path, name, con
     good.write_text(json.dumps({"text": docs[0]}) + "\n")
     (tmp_path / name).write_bytes(content)
     out = tmp_path / "out"
-    r = run_in_process("tokenize_data.py", good, tmp_path / name, "--out", out, "--tokenizer", root / "tokenizer.json")
+    r = run_in_process(
+        "tokenize_data.py",
+        good,
+        tmp_path / name,
+        "--out",
+        out,
+        "--tokenizer",
+        root / "tokenizer.json",
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith(str(tmp_path / name)) and why in lines[0], lines[0]
@@ -159,11 +208,22 @@ def test_a_tokenizer_that_does_not_fit_the_config_is_refused(corpus, tmp_path):
     out = tmp_path / "out"
     base = REPO / "configs" / "113M" / "baseline.yaml"
     r = run_in_process(
-        "tokenize_data.py", good, "--out", out, "--config", base, "--set", f"data.tokenizer_file={root / 'tokenizer.json'}"
+        "tokenize_data.py",
+        good,
+        "--out",
+        out,
+        "--config",
+        base,
+        "--set",
+        f"data.tokenizer_file={root / 'tokenizer.json'}",
     )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
-    assert "tokenizer.json" in lines[0] and f"{tok.get_vocab_size()} tokens" in lines[0] and "100278" in lines[0], lines[0]
+    assert (
+        "tokenizer.json" in lines[0]
+        and f"{tok.get_vocab_size()} tokens" in lines[0]
+        and "100278" in lines[0]
+    ), lines[0]
     assert not out.exists()
 
 
@@ -176,20 +236,39 @@ def test_training_checks_the_manifest_against_the_config_tokenizer(corpus, tmp_p
     out = tmp_path / "tokens"
     _tokenize(tmp_path / "a.jsonl", "--out", out, "--tokenizer", root / "tokenizer.json")
     base = REPO / "configs" / "demo" / "baseline.yaml"
-    fits = load_spec(base, ["data.source=numpy", f"data.paths=[{out}]", f"data.demo_vocab_size={tok.get_vocab_size()}"])
+    fits = load_spec(
+        base,
+        [
+            "data.source=numpy",
+            f"data.paths=[{out}]",
+            f"data.demo_vocab_size={tok.get_vocab_size()}",
+        ],
+    )
     data = resolve_data(fits)
     assert data.dtype == "uint16" and data.train_paths == [str(out / "part-00000.npy")]
     check_sources(fits)
-    other = load_spec(base, ["data.source=numpy", f"data.paths=[{out}]", "data.demo_vocab_size=512"])
+    other = load_spec(
+        base, ["data.source=numpy", f"data.paths=[{out}]", "data.demo_vocab_size=512"]
+    )
     with pytest.raises(
-        ConfigError, match=r"tokenized with file \(400 tokens, eos 0\), not the config's data.tokenizer=demo \(512"
+        ConfigError,
+        match=r"tokenized with file \(400 tokens, eos 0\), not the config's data.tokenizer=demo \(512",
     ):
         check_sources(other)
     from olmo_patches.launch.layout import Layout, load_and_resolve
 
-    overrides = ["data.source=numpy", f"data.paths=[{out}]", "data.demo_vocab_size=512", f"run.save_folder={tmp_path / 'r'}"]
-    with pytest.raises(ConfigError, match=rf"^command line: data.paths={out}: tokenized with file \(400 tokens"):
-        load_and_resolve(base, overrides, Layout.plan(1, 1))  # as the config loads, before anything runs
+    overrides = [
+        "data.source=numpy",
+        f"data.paths=[{out}]",
+        "data.demo_vocab_size=512",
+        f"run.save_folder={tmp_path / 'r'}",
+    ]
+    with pytest.raises(
+        ConfigError, match=rf"^command line: data.paths={out}: tokenized with file \(400 tokens"
+    ):
+        load_and_resolve(
+            base, overrides, Layout.plan(1, 1)
+        )  # as the config loads, before anything runs
 
 
 def test_a_datasets_folder_and_a_text_folder_give_the_jsonl_tokens(corpus, tmp_path):
@@ -204,6 +283,12 @@ def test_a_datasets_folder_and_a_text_folder_give_the_jsonl_tokens(corpus, tmp_p
         (tmp_path / "texts" / f"{i:03d}.txt").write_text(d)
     outs = {}
     for name in ("a.jsonl", "ds", "texts"):
-        _tokenize(tmp_path / name, "--out", tmp_path / f"out-{name}", "--tokenizer", root / "tokenizer.json")
+        _tokenize(
+            tmp_path / name,
+            "--out",
+            tmp_path / f"out-{name}",
+            "--tokenizer",
+            root / "tokenizer.json",
+        )
         outs[name] = (tmp_path / f"out-{name}" / "part-00000.npy").read_bytes()
     assert outs["ds"] == outs["a.jsonl"] == outs["texts"] and len(outs["ds"]) > 0

@@ -17,7 +17,11 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 
 
 def _losses(run_dir):
-    return {step: m["train/CE loss"] for step, m in read_metrics(run_dir).items() if "train/CE loss" in m}
+    return {
+        step: m["train/CE loss"]
+        for step, m in read_metrics(run_dir).items()
+        if "train/CE loss" in m
+    }
 
 
 @pytest.mark.parametrize("block", ["baseline", "hourglass"])
@@ -37,15 +41,23 @@ def test_two_steps_through_trainer(tmp_path, demo_corpus, block):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # The checkpoint's model has the shape the config asked for.
     key = "blocks.0.feed_forward.w1.weight"
-    assert after[key].shape == ((32 * 4, 32) if block == "baseline" else (2 * 16, 32))  # hourglass: (K d_h, d_model)
+    assert after[key].shape == (
+        (32 * 4, 32) if block == "baseline" else (2 * 16, 32)
+    )  # hourglass: (K d_h, d_model)
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path, demo_corpus):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(load_and_resolve(BASELINE, tiny_overrides(straight, "train.max_steps=6")))
-    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=6", "run.stop_at_step=3")))
+    train(
+        load_and_resolve(
+            BASELINE, tiny_overrides(resumed, "train.max_steps=6", "run.stop_at_step=3")
+        )
+    )
     assert sorted(_losses(resumed)) == [1, 2, 3] and not (resumed / "step6").exists()
-    train(load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=6")))  # resumes from step3
+    train(
+        load_and_resolve(BASELINE, tiny_overrides(resumed, "train.max_steps=6"))
+    )  # resumes from step3
     assert _losses(straight) == _losses(resumed)
     a, b = load_weights(straight / "step6"), load_weights(resumed / "step6")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -71,11 +83,23 @@ def two_ranks(tmp_path_factory, demo_corpus):
     """The run under torchrun with 2 ranks over gloo, once per data-parallel mode: one launch
     (tests/_train_each.py), each mode its own run and folder."""
     root = tmp_path_factory.mktemp("two")
-    runs = [[str(BASELINE), *tiny_overrides(root / p, *GLOO, f"train.data_parallel={p}", block="hourglass")] for p in PARALLEL]
+    runs = [
+        [
+            str(BASELINE),
+            *tiny_overrides(root / p, *GLOO, f"train.data_parallel={p}", block="hourglass"),
+        ]
+        for p in PARALLEL
+    ]
     runs += [
         [
             str(BASELINE),
-            *tiny_overrides(root / f"{p}-bf16", *GLOO, f"train.data_parallel={p}", "train.precision=bf16", block="hourglass"),
+            *tiny_overrides(
+                root / f"{p}-bf16",
+                *GLOO,
+                f"train.data_parallel={p}",
+                "train.precision=bf16",
+                block="hourglass",
+            ),
         ]
         for p in BF16_PARALLEL
     ]
@@ -98,7 +122,11 @@ def test_two_gloo_processes_match_one(two_ranks, one_process, parallel):
 @pytest.fixture(scope="module")
 def one_process_bf16(tmp_path_factory, demo_corpus):
     folder = tmp_path_factory.mktemp("one-bf16")
-    train(load_and_resolve(BASELINE, tiny_overrides(folder, *GLOO, "train.precision=bf16", block="hourglass")))
+    train(
+        load_and_resolve(
+            BASELINE, tiny_overrides(folder, *GLOO, "train.precision=bf16", block="hourglass")
+        )
+    )
     return folder
 
 
@@ -110,11 +138,17 @@ def test_bf16_on_two_gloo_processes(two_ranks, one_process, one_process_bf16, pa
     and checkpoint fp32 weights."""
     root, r = two_ranks
     assert r.returncode == 0, r.stderr[-3000:]
-    fp32, bf16, ranks = _losses(one_process), _losses(one_process_bf16), _losses(root / f"{parallel}-bf16")
+    fp32, bf16, ranks = (
+        _losses(one_process),
+        _losses(one_process_bf16),
+        _losses(root / f"{parallel}-bf16"),
+    )
     assert sorted(ranks) == [1, 2, 3] and ranks != fp32
     for step in ranks:
         assert ranks[step] == pytest.approx(bf16[step], rel=1e-4), step
-    assert {w.dtype for w in load_weights(root / f"{parallel}-bf16" / "step3").values()} == {torch.float32}
+    assert {w.dtype for w in load_weights(root / f"{parallel}-bf16" / "step3").values()} == {
+        torch.float32
+    }
 
 
 def test_mup_hidden_matrices_get_lr_over_m_width():
@@ -124,7 +158,9 @@ def test_mup_hidden_matrices_get_lr_over_m_width():
     from olmo_patches.config import vocab_size
     from olmo_patches.train.optimizer import optim_groups
 
-    spec = load_and_resolve(REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"])
+    spec = load_and_resolve(
+        REPO / "configs" / "paper2" / "200M" / "x.yaml", ["model.n_layers=4", "model.d_model=64"]
+    )
     config = spec.model.build(vocab_size(spec))
     model = config.build(init_device="meta")
     optim = AdamWConfig(lr=spec.train.lr, group_overrides=optim_groups(spec, config)).build(model)

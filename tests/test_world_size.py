@@ -26,7 +26,9 @@ def _train_py(*argv: str) -> tuple[int, str, str]:
 
 def test_micro_batch_above_the_per_rank_batch_is_lowered():
     # The demo: global 16 = micro 16, right for one process; two ranks take 16 / 2 = 8 each.
-    assert load_and_resolve(DEMO / "baseline.yaml", layout=Layout.plan(1)).train.micro_batch_size == 16
+    assert (
+        load_and_resolve(DEMO / "baseline.yaml", layout=Layout.plan(1)).train.micro_batch_size == 16
+    )
     logger, records = logging.getLogger("olmo_patches.launch"), Records()
     logger.addHandler(records)
     level, logger.level = logger.level, logging.INFO
@@ -44,8 +46,16 @@ def test_micro_batch_above_the_per_rank_batch_is_lowered():
 @pytest.mark.parametrize(
     "overrides, layout, key",
     [
-        (["train.global_batch_size=16"], Layout.plan(3), "train.global_batch_size=16"),  # 16 / 3 ranks
-        (["train.global_batch_size=16"], Layout.plan(8, 4), "train.global_batch_size=16"),  # fewer sequences than ranks
+        (
+            ["train.global_batch_size=16"],
+            Layout.plan(3),
+            "train.global_batch_size=16",
+        ),  # 16 / 3 ranks
+        (
+            ["train.global_batch_size=16"],
+            Layout.plan(8, 4),
+            "train.global_batch_size=16",
+        ),  # fewer sequences than ranks
         (
             ["train.global_batch_size=24", "train.micro_batch_size=4"],
             Layout.plan(4),
@@ -69,40 +79,61 @@ def test_layout_from_torchrun_environment(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.delenv("NUM_NODES", raising=False)
     assert Layout.from_env() == Layout(16, 8, 2)
-    assert load_and_resolve(DEMO / "baseline.yaml").train.micro_batch_size == 1  # 16 sequences / 16 ranks
-    assert load_and_resolve(DEMO / "baseline.yaml", ["train.data_parallel=hsdp"]).train.data_parallel == "hsdp"
+    assert (
+        load_and_resolve(DEMO / "baseline.yaml").train.micro_batch_size == 1
+    )  # 16 sequences / 16 ranks
+    assert (
+        load_and_resolve(DEMO / "baseline.yaml", ["train.data_parallel=hsdp"]).train.data_parallel
+        == "hsdp"
+    )
 
 
 def test_dry_run_plans_the_preset_per_rank():
     """OLMo-2 1B on B200s: 512 sequences over 8 ranks gives 64 per rank (docs/running.md's table:
     micro-batch 8); over 16 nodes x 8 = 128 ranks, 4 per rank, so the micro-batch is at most 4."""
-    code, out, _ = _train_py(str(OLMO2_1B), "train.hardware=b200", "--dry-run", "--nproc-per-node", "8")
+    code, out, _ = _train_py(
+        str(OLMO2_1B), "train.hardware=b200", "--dry-run", "--nproc-per-node", "8"
+    )
     assert code == 0 and "micro_batch_size: 8\n" in out
-    code, out, _ = _train_py(str(OLMO2_1B), "--dry-run", "--nproc-per-node", "8", "--nodes", "16", "train.hardware=b200")
+    code, out, _ = _train_py(
+        str(OLMO2_1B), "--dry-run", "--nproc-per-node", "8", "--nodes", "16", "train.hardware=b200"
+    )
     assert code == 0 and "micro_batch_size: 4\n" in out and "128 ranks (16 nodes x 8)" in out
 
 
 def test_dry_run_refuses_an_impossible_launch(tmp_path):
     # The file that sets the key, named relative to the working folder (from another folder: to the package's).
-    r = run_in_process("train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=REPO)
+    r = run_in_process(
+        "train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=REPO
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
         "config error: configs/demo/baseline.yaml: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"
     ]
-    elsewhere = run_in_process("train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=tmp_path)
+    elsewhere = run_in_process(
+        "train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=tmp_path
+    )
     assert elsewhere.stderr == r.stderr
-    code, _, err = _train_py(str(DEMO / "hourglass.yaml"), "--nproc-per-node", "2")  # a plan needs --dry-run
+    code, _, err = _train_py(
+        str(DEMO / "hourglass.yaml"), "--nproc-per-node", "2"
+    )  # a plan needs --dry-run
     assert code == 2 and "--dry-run" in err
 
 
 def test_only_rank_0_prints_the_error(monkeypatch, capsys, tmp_path):
     """Every rank checks the same config and exits 2; one line in all, from rank 0."""
-    bad = ["train.global_batch_size=15", "train.micro_batch_size=5", f"run.save_folder={tmp_path / 'run'}"]
+    bad = [
+        "train.global_batch_size=15",
+        "train.micro_batch_size=5",
+        f"run.save_folder={tmp_path / 'run'}",
+    ]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     for rank in ("0", "1"):
         monkeypatch.setenv("RANK", rank)
-        monkeypatch.setenv("LOCAL_RANK", rank)  # as torchrun sets it (an in-process run before may leave LOCAL_RANK=0)
+        monkeypatch.setenv(
+            "LOCAL_RANK", rank
+        )  # as torchrun sets it (an in-process run before may leave LOCAL_RANK=0)
         with pytest.raises(SystemExit) as e:
             load_or_exit(str(DEMO / "baseline.yaml"), bad)
         assert e.value.code == 2
@@ -136,7 +167,15 @@ def under_torchrun(tmp_path_factory, demo_corpus):
     each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
     root = tmp_path_factory.mktemp("torchrun")
     return root, train_each(
-        [[str(DEMO / f"{n}.yaml"), *SHRINK, f"data.work_dir={root / n / 'cache'}", f"run.save_folder={root / n}"] for n in NAMES]
+        [
+            [
+                str(DEMO / f"{n}.yaml"),
+                *SHRINK,
+                f"data.work_dir={root / n / 'cache'}",
+                f"run.save_folder={root / n}",
+            ]
+            for n in NAMES
+        ]
     )
 
 
@@ -146,7 +185,9 @@ def test_demo_config_under_torchrun_matches_one_process(tmp_path, under_torchrun
     global batch is the same)."""
     root, r = under_torchrun
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == len(NAMES)  # rank 0's info line, once a run
+    assert r.stderr.count("train.micro_batch_size=16 > the per-rank batch 8") == len(
+        NAMES
+    )  # rank 0's info line, once a run
     one, two = tmp_path / "one", root / name
     train(
         load_and_resolve(

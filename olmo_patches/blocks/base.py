@@ -23,7 +23,9 @@ class BlockKind:
 
     name: str = ""  # the value of model.block
     label: str = ""  # its name in tables and figures
-    knobs: Tuple[str, ...] = ()  # model keys only this kind reads (set under another kind: warned as ignored)
+    knobs: Tuple[
+        str, ...
+    ] = ()  # model keys only this kind reads (set under another kind: warned as ignored)
 
     def reads(self, m) -> Tuple[str, ...]:
         """The knobs this model ``m`` of the kind reads (some depend on another knob's value)."""
@@ -40,7 +42,9 @@ class BlockKind:
         """The key that sets one FFN matrix's hidden size, and that size (the matrix-size check)."""
         return ("model.d_ff" if m.d_ff is not None else "model.ffn_ratio"), m.resolved_d_ff
 
-    olmo2_layers: bool = False  # its layers are transformers' Olmo2 layers (export as Olmo2ForCausalLM)
+    olmo2_layers: bool = (
+        False  # its layers are transformers' Olmo2 layers (export as Olmo2ForCausalLM)
+    )
 
     def export_ffn(self, m) -> str:
         """The FFN form of its Hugging Face export (export/modeling_hourglass_olmo.py's ``block``):

@@ -16,7 +16,11 @@ def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
     """d_h (given, or d_h_ratio d_model rounded) of K sub-MLPs: positive, given once, given for K > 1
     (``experts``: the sub-MLPs of hourglass MoE experts, which have no default d_h)."""
     if experts and m.d_h is None and m.d_h_ratio is None:
-        fail("model.d_h", None, "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h")
+        fail(
+            "model.d_h",
+            None,
+            "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h",
+        )
     if m.d_h is not None and m.d_h_ratio is not None:
         fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")
     if m.resolved_d_h < 1:
@@ -24,7 +28,11 @@ def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
             fail("model.d_h_ratio", m.d_h_ratio, f"gives d_h = {m.resolved_d_h}; it must be >= 1")
         fail("model.d_h", m.resolved_d_h, "must be >= 1")
     if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
-        fail("model.d_h", None, f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)")
+        fail(
+            "model.d_h",
+            None,
+            f"give d_h or d_h_ratio for K={m.K} (the default 4 d_model is the K=1 FFN)",
+        )
 
 
 def hourglass_layers(m, config: "TransformerConfig") -> "TransformerConfig":
@@ -41,7 +49,11 @@ def hourglass_layers(m, config: "TransformerConfig") -> "TransformerConfig":
         sequence_mixer=block.sequence_mixer,
         layer_norm=block.layer_norm,
         feed_forward=hg.HourglassFeedForwardConfig(
-            hidden_size=m.resolved_d_h, K=m.K, bias=False, layer_norm=block.layer_norm, norm_placement=m.norm_placement
+            hidden_size=m.resolved_d_h,
+            K=m.K,
+            bias=False,
+            layer_norm=block.layer_norm,
+            norm_placement=m.norm_placement,
         ),
     )
     return config

@@ -81,7 +81,9 @@ class VariableWidth(BlockKind):
         hourglass = _hourglass_ffn(m)
         if hourglass:
             config = hourglass_layers(m, config)
-        if (e := m.moe) is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
+        if (
+            e := m.moe
+        ) is not None:  # every layer: OLMo-core's MoE at w_l (nn/moe.py), no dense FFN
             moe = (HourglassMoEConfig if e.experts == "hourglass" else LayerMoEConfig).authors(
                 num_experts=e.num_experts,
                 top_k=e.top_k,
@@ -101,11 +103,17 @@ class VariableWidth(BlockKind):
             resize=w.resize,
             ffn_hidden_ratio=(m.resolved_d_h if hourglass else m.resolved_d_ff) / m.d_model,
             ffn_hidden_multiple=m.d_h_multiple if hourglass else 1,
-            mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range) if w.init == "mup" else None,
+            mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range)
+            if w.init == "mup"
+            else None,
         )
 
     def describe(self, m) -> str:
-        ffn = f"MoE {m.moe.num_experts} {m.moe.experts} experts top-{m.moe.top_k}" if m.moe is not None else m.ffn
+        ffn = (
+            f"MoE {m.moe.num_experts} {m.moe.experts} experts top-{m.moe.top_k}"
+            if m.moe is not None
+            else m.ffn
+        )
         if _hourglass_experts(m):
             ffn += f" (K {m.K}, d_h {m.resolved_d_h} at h)"
         return f"{ffn}, widths {self.widths(m)}"
@@ -145,9 +153,17 @@ class VariableWidth(BlockKind):
 def _check_moe(m, fail: Callable) -> None:
     e = m.moe
     if m.ffn != "swiglu":
-        fail("model.ffn", m.ffn, "the MoE replaces the FFN; give the experts' kind as model.moe.experts")
+        fail(
+            "model.ffn",
+            m.ffn,
+            "the MoE replaces the FFN; give the experts' kind as model.moe.experts",
+        )
     if m.norm_placement != "pre":
-        fail("model.norm_placement", m.norm_placement, "the variable-width MoE block is pre-norm (the authors' lm-engine block)")
+        fail(
+            "model.norm_placement",
+            m.norm_placement,
+            "the variable-width MoE block is pre-norm (the authors' lm-engine block)",
+        )
     if e.num_experts < 1:
         fail("model.moe.num_experts", e.num_experts, "must be >= 1")
     if not 1 <= e.top_k <= e.num_experts:
@@ -169,7 +185,11 @@ def _check_moe(m, fail: Callable) -> None:
 def _check_widths(m, fail: Callable) -> None:
     w = m.widths
     if m.tie_embeddings:
-        fail("model.tie_embeddings", m.tie_embeddings, "a variable-width model needs untied embeddings")
+        fail(
+            "model.tie_embeddings",
+            m.tie_embeddings,
+            "a variable-width model needs untied embeddings",
+        )
     if w.schedule == "list" and (w.values is None or len(w.values) != m.n_layers):
         fail("model.widths.values", w.values, f"schedule=list needs n_layers={m.n_layers} widths")
     try:
@@ -179,13 +199,25 @@ def _check_widths(m, fail: Callable) -> None:
         fail(key, getattr(w, key.rsplit(".", 1)[1]), " ".join(str(e).split()))  # on one line
     key = "model.widths.values" if w.schedule == "list" else "model.widths.multiple"
     step = 1 if m.head_dim is not None else 2 * m.n_heads  # explicit head_dim: any width w_l
-    why = "positive" if m.head_dim is not None else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
+    why = (
+        "positive"
+        if m.head_dim is not None
+        else f"a positive multiple of 2 model.n_heads={step} (even head_dim for RoPE)"
+    )
     for layer, width in enumerate(widths, start=1):
         if width < 1 or width % step:
-            fail(key, w.values if w.schedule == "list" else w.multiple, f"w_{layer}={width} is not {why}")
+            fail(
+                key,
+                w.values if w.schedule == "list" else w.multiple,
+                f"w_{layer}={width} is not {why}",
+            )
     if m.moe is not None and expert_hidden_size(min(widths), m.moe_hidden, m.d_model) < 1:
         key = "model.d_h" if m.moe.experts == "hourglass" else "model.moe.expert_hidden"
-        fail(key, m.moe_hidden, f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0")
+        fail(
+            key,
+            m.moe_hidden,
+            f"the narrowest layer (w={min(widths)}) would get experts of hidden size 0",
+        )
 
 
 VARIABLE_WIDTH = register(VariableWidth())

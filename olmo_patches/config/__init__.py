@@ -8,7 +8,15 @@
 """
 
 from .load import coerce_shorthands, load_spec, spec_to_yaml
-from .spec import ConfigError, ExperimentSpec, ModelSpec, RoPEScalingSpec, WidthSpec, tokenizer_config, vocab_size
+from .spec import (
+    ConfigError,
+    ExperimentSpec,
+    ModelSpec,
+    RoPEScalingSpec,
+    WidthSpec,
+    tokenizer_config,
+    vocab_size,
+)
 
 __all__ = [
     "ConfigError",

@@ -47,12 +47,24 @@ HEADS = ["--attn-fraction", "1.0", "--head-dim", str(HEAD_DIM)]  # n_heads = rou
 
 # folder -> scripts/search.py arguments after BUDGET (the folder's --write is added by the caller)
 SWEEPS: dict[str, list[str]] = {
-    "configs/113M/ablations/k-sweep-unmatched": ["--K", *_K, "--d-model", "1368", "--layers", "6", "--d-h", "694"],
+    "configs/113M/ablations/k-sweep-unmatched": [
+        "--K",
+        *_K,
+        "--d-model",
+        "1368",
+        "--layers",
+        "6",
+        "--d-h",
+        "694",
+    ],
     "configs/113M/ablations/k-sweep": [
         *"--K 1 2 3 4 5 6 7 8 --layers 12 --layer-slack 2 --d-h-ratio 0.5 --heads8".split(),
         *HEADS,
     ],
-    "configs/113M/ablations/width-depth-K2": [*"--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --heads8".split(), *HEADS],
+    "configs/113M/ablations/width-depth-K2": [
+        *"--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --heads8".split(),
+        *HEADS,
+    ],
     "configs/113M/ablations/width-depth-K4": [
         *"--K 4 --layers 5 6 7 8 9 10 11 12 13 14 16 --d-h-ratio 0.5 --heads8".split(),
         *HEADS,

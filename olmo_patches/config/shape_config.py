@@ -18,7 +18,9 @@ def config_name(s: Shape) -> str:
     )
 
 
-def write_config(s: Shape, out_dir: Path, baseline: Path, budget: int, command: str, tolerance: float = TOLERANCE) -> Path:
+def write_config(
+    s: Shape, out_dir: Path, baseline: Path, budget: int, command: str, tolerance: float = TOLERANCE
+) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{config_name(s)}.yaml"
     base_name = baseline.parent.name

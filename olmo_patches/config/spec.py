@@ -19,7 +19,16 @@ from omegaconf import MISSING
 from ..blocks import block_of
 from ..shapes.choices import NormPlacement, ResizeMode, StrEnum
 from ..shapes.widths import MoEShape, schedule_widths
-from .validate import check_across, check_data, check_depth, check_eval, check_every_value, check_model, check_run, check_train
+from .validate import (
+    check_across,
+    check_data,
+    check_depth,
+    check_eval,
+    check_every_value,
+    check_model,
+    check_run,
+    check_train,
+)
 
 if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
     from olmo_core.data import TokenizerConfig
@@ -37,7 +46,9 @@ class Experts(StrEnum):
 
 
 class LoadBalance(StrEnum):
-    global_batch = "global_batch"  # tokens per expert counted over every rank and micro-batch of the step
+    global_batch = (
+        "global_batch"  # tokens per expert counted over every rank and micro-batch of the step
+    )
     data_parallel = "data_parallel"  # over the ranks' micro-batches of one pass (lm-engine)
     micro_batch = "micro_batch"  # over this rank's micro-batch (OLMo-core's local_batch)
 
@@ -168,11 +179,17 @@ class MoESpec:
 
     num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
     top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
-    expert_hidden: Optional[int] = None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    expert_hidden: Optional[int] = (
+        None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    )
     lb_loss_weight: float = 0.01  # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
     z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
-    experts: Experts = Experts.swiglu  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
-    load_balance: LoadBalance = LoadBalance.global_batch  # global_batch (any world size) | data_parallel | micro_batch
+    experts: Experts = (
+        Experts.swiglu
+    )  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
+    load_balance: LoadBalance = (
+        LoadBalance.global_batch
+    )  # global_batch (any world size) | data_parallel | micro_batch
 
 
 @dataclass
@@ -201,7 +218,9 @@ class ModelSpec:
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
     n_heads: int = MISSING  # attention (query) heads
-    head_dim: Optional[int] = None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
+    head_dim: Optional[int] = (
+        None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
+    )
     n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
     ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
     d_ff: Optional[int] = None  # ... or this explicit hidden size
@@ -209,7 +228,9 @@ class ModelSpec:
     d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
     d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
-    norm_placement: NormPlacement = NormPlacement.pre  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    norm_placement: NormPlacement = (
+        NormPlacement.pre
+    )  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
     qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
     rope_theta: int = 500_000
     norm_eps: float = 1e-6  # RMSNorm epsilon
@@ -217,10 +238,18 @@ class ModelSpec:
     rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
-    ffn: Ffn = Ffn.swiglu  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
-    widths: WidthSpec = field(default_factory=WidthSpec)  # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
-    moe: Optional[MoESpec] = None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
-    attention_backend: AttentionBackend = AttentionBackend.auto  # auto | torch | flash_2/3/4 | te (nn/attention.py)
+    ffn: Ffn = (
+        Ffn.swiglu
+    )  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
+    widths: WidthSpec = field(
+        default_factory=WidthSpec
+    )  # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
+    moe: Optional[MoESpec] = (
+        None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
+    )
+    attention_backend: AttentionBackend = (
+        AttentionBackend.auto
+    )  # auto | torch | flash_2/3/4 | te (nn/attention.py)
 
     def validate(self, fail) -> None:
         """Every check that reads only the model (widths, MoE and RoPE scaling too): config/validate.py."""
@@ -308,7 +337,9 @@ class ModelSpec:
             qk_norm=self.qk_norm,
             layer_norm_eps=self.norm_eps,
             rope_theta=self.rope_theta,
-            block_name=TransformerBlockType.reordered_norm if post else TransformerBlockType.default,
+            block_name=TransformerBlockType.reordered_norm
+            if post
+            else TransformerBlockType.default,
             feed_forward=FeedForwardConfig(hidden_size=self.resolved_d_ff, bias=False),
             tie_word_embeddings=self.tie_embeddings,
             init_std=self.init_std,
@@ -320,7 +351,9 @@ class ModelSpec:
 class MixSource:
     """One source of data.mixture: its token files and its share of the training tokens."""
 
-    ratio: float = MISSING  # share of the training tokens (the sources' ratios are divided by their sum)
+    ratio: float = (
+        MISSING  # share of the training tokens (the sources' ratios are divided by their sum)
+    )
     paths: List[str] = field(default_factory=list)  # token files or globs ...
     manifest: Optional[str] = None  # ... or an hourglass-tokenize folder (its manifest.json)
     max_repetition: float = 1.0  # most passes over the source's tokens (1: none repeated)
@@ -333,20 +366,30 @@ class DataSpec:
     # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
     source: DataSource = DataSource.demo
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
-    base: Optional[str] = None  # olmo2_stage1: a mirror for http://olmo-data.org in the pinned list (folder or URL)
+    base: Optional[str] = (
+        None  # olmo2_stage1: a mirror for http://olmo-data.org in the pinned list (folder or URL)
+    )
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
-    mixture: Dict[str, MixSource] = field(default_factory=dict)  # numpy: or named sources mixed by ratio
+    mixture: Dict[str, MixSource] = field(
+        default_factory=dict
+    )  # numpy: or named sources mixed by ratio
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
-    instance_filter: bool = False  # OLMo-2's repetition filter (loss masked on degenerate instances)
+    instance_filter: bool = (
+        False  # OLMo-2's repetition filter (loss masked on degenerate instances)
+    )
     tokenizer: Tokenizer = Tokenizer.demo  # demo (trained on the demo corpus) | dolma2
     tokenizer_file: Optional[str] = None  # a local tokenizer JSON (else the Hugging Face hub)
     sequence_length: int = 4096  # tokens per instance, in [2, 2^20]
     order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
     work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
     demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
-    demo_cache: Optional[str] = None  # null: the checkout's .cache/demo-corpus, else the user's cache folder (default_demo_cache)
-    num_workers: Optional[int] = None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
+    demo_cache: Optional[str] = (
+        None  # null: the checkout's .cache/demo-corpus, else the user's cache folder (default_demo_cache)
+    )
+    num_workers: Optional[int] = (
+        None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
+    )
     prefetch_factor: Optional[int] = None  # batches each worker reads ahead (null: torch's 2)
 
     def validate(self, fail) -> None:
@@ -360,7 +403,11 @@ def default_demo_cache() -> Path:
     checkout = Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file() and (checkout / "olmo_patches").is_dir():
         return checkout / ".cache" / "demo-corpus"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hourglass-olmo" / "demo-corpus"
+    return (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "hourglass-olmo"
+        / "demo-corpus"
+    )
 
 
 def demo_cache(spec: "ExperimentSpec") -> Path:
@@ -382,9 +429,15 @@ class ActivationCheckpointing:
     """OLMo-core's activation checkpointing (recompute in backward: TransformerActivationCheckpointingConfig), in its names."""
 
     mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
-    block_interval: Optional[int] = None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
-    modules: Optional[List[str]] = None  # selected_modules: module-name globs, e.g. blocks.*.feed_forward
-    budget: Optional[float] = None  # budget: activation memory kept, 0 (recompute all) .. 1 (none); needs train.compile
+    block_interval: Optional[int] = (
+        None  # selected_blocks: blocks 0, n, 2n, ... are recomputed in backward
+    )
+    modules: Optional[List[str]] = (
+        None  # selected_modules: module-name globs, e.g. blocks.*.feed_forward
+    )
+    budget: Optional[float] = (
+        None  # budget: activation memory kept, 0 (recompute all) .. 1 (none); needs train.compile
+    )
 
     @property
     def enabled(self) -> bool:
@@ -418,9 +471,15 @@ def coerce_activation_checkpointing(value: Any) -> Any:
     file or the command line replaces an earlier mode whole); a mapping or null as it is."""
     if isinstance(value, bool):
         return asdict(ActivationCheckpointing("full" if value else "off"))
-    if isinstance(value, str):  # MODE or MODE:ARG; the schema converts ARG or names it, validate names a bad MODE
+    if isinstance(
+        value, str
+    ):  # MODE or MODE:ARG; the schema converts ARG or names it, validate names a bad MODE
         mode, _, arg = value.partition(":")
-        key = {"selected_blocks": "block_interval", "selected_modules": "modules", "budget": "budget"}.get(mode)
+        key = {
+            "selected_blocks": "block_interval",
+            "selected_modules": "modules",
+            "budget": "budget",
+        }.get(mode)
         if arg and key is None:
             mode = value
         return {
@@ -436,7 +495,9 @@ def coerce_activation_checkpointing(value: Any) -> Any:
 class TrainSpec:
     seed: int = 6198  # init seed and the seed of every RNG, in [0, 2^32)
     global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together (x sequence_length at most 2^32 tokens)
-    micro_batch_size: Optional[int] = None  # sequences per forward/backward on one rank (null: train.hardware's)
+    micro_batch_size: Optional[int] = (
+        None  # sequences per forward/backward on one rank (null: train.hardware's)
+    )
     max_tokens: Optional[int] = None  # training length in tokens ...
     max_steps: Optional[int] = None  # ... or in steps
     lr: float = 4e-4  # peak learning rate
@@ -445,24 +506,42 @@ class TrainSpec:
     weight_decay: float = 0.1  # AdamW's decoupled weight decay ...
     decay_embeddings: bool = False  # ... on the embedding (tied: also the LM head) (OLMo-2: off)
     decay_norms: bool = True  # ... on 1-D tensors: every norm gain, QK norms included (OLMo-2: on)
-    warmup_steps: Optional[int] = None  # linear warmup in steps (past the end of training: a one-line warning) ...
+    warmup_steps: Optional[int] = (
+        None  # linear warmup in steps (past the end of training: a one-line warning) ...
+    )
     warmup_tokens: Optional[int] = None  # ... or in tokens
-    schedule_tokens: Optional[int] = None  # cosine horizon if not the training length (OLMo-2: 5e12)
+    schedule_tokens: Optional[int] = (
+        None  # cosine horizon if not the training length (OLMo-2: 5e12)
+    )
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
-    schedule: LRSchedule = LRSchedule.cosine  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    schedule: LRSchedule = (
+        LRSchedule.cosine
+    )  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
     power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
-    schedule_lag: int = 0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
+    schedule_lag: int = (
+        0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
+    )
     z_loss: Optional[float] = 1e-5  # z-loss multiplier (None: off)
     max_grad_norm: Optional[float] = 1.0  # clip the gradient norm to this (null: no clipping)
     optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw
     precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: Float8 = Float8.off  # torchao float8 matmuls: off | tensorwise | rowwise | rowwise_with_gw_hp (nn/float8.py)
-    activation_checkpointing: Optional[ActivationCheckpointing] = None  # bool | MODE[:ARG] | {mode: ...} (null: train.hardware's)
-    hardware: Hardware = Hardware.auto  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
-    data_parallel: DataParallel = DataParallel.fsdp  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
+    float8: Float8 = (
+        Float8.off
+    )  # torchao float8 matmuls: off | tensorwise | rowwise | rowwise_with_gw_hp (nn/float8.py)
+    activation_checkpointing: Optional[ActivationCheckpointing] = (
+        None  # bool | MODE[:ARG] | {mode: ...} (null: train.hardware's)
+    )
+    hardware: Hardware = (
+        Hardware.auto
+    )  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
+    data_parallel: DataParallel = (
+        DataParallel.fsdp
+    )  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
-    init_from: Optional[str] = None  # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
+    init_from: Optional[str] = (
+        None  # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
+    )
 
     def validate(self, fail) -> None:
         """Every check that reads only the train section (train.power, train.activation_checkpointing too)."""
@@ -473,11 +552,19 @@ class TrainSpec:
 class EvalSpec:
     interval: int = 1000  # in-loop validation every N steps (and at the end)
     max_batches: Optional[int] = None  # cap the validation batches (None: the whole set)
-    validation_sets: List[str] = field(default_factory=list)  # v3-small-ppl-validation names (olmo_patches.evals)
-    validation_base_dir: Optional[str] = None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
-    downstream_tasks: List[str] = field(default_factory=list)  # olmo_eval task labels, e.g. arc_easy
+    validation_sets: List[str] = field(
+        default_factory=list
+    )  # v3-small-ppl-validation names (olmo_patches.evals)
+    validation_base_dir: Optional[str] = (
+        None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
+    )
+    downstream_tasks: List[str] = field(
+        default_factory=list
+    )  # olmo_eval task labels, e.g. arc_easy
     downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
-    downstream_sequence_length: Optional[int] = None  # tasks' context; longer ones cut from the left (null: data.sequence_length)
+    downstream_sequence_length: Optional[int] = (
+        None  # tasks' context; longer ones cut from the left (null: data.sequence_length)
+    )
 
     def validate(self, fail) -> None:
         """Every check that reads only the eval section (also the evaluate command's, on its flags)."""
@@ -492,9 +579,13 @@ class RunSpec:
     ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
     ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
-    stop_at_step: Optional[int] = None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past end: refused)
+    stop_at_step: Optional[int] = (
+        None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past end: refused)
+    )
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
-    trace_batches: bool = False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
+    trace_batches: bool = (
+        False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
+    )
 
     def validate(self, fail) -> None:
         """Every check that reads only the run section."""

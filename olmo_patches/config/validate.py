@@ -14,14 +14,24 @@ from ..blocks import BLOCKS, block_of
 
 log = logging.getLogger(__name__)
 
-_MAX_NUMBER = 2**53  # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
+_MAX_NUMBER = (
+    2**53
+)  # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
 _MAX_SEED = 2**32  # numpy's seed range, which OLMo-core's seed_all passes the seed to
-_MAX_SEQUENCE = 2**20  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
+_MAX_SEQUENCE = (
+    2**20
+)  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
 _MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
 _MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
-_LARGEST_CARD = 180 * 2**30  # bytes: the largest card of launch/cards.py (b200), the size check's bound
-_STATE_BYTES = 16  # fp32 weights, fp32 gradients, AdamW's two fp32 moments, per parameter (launch/memory.py)
-_KEPT_BYTES = 2  # a checkpointed block's bf16 input, per token and per unit of its width (launch/memory.py)
+_LARGEST_CARD = (
+    180 * 2**30
+)  # bytes: the largest card of launch/cards.py (b200), the size check's bound
+_STATE_BYTES = (
+    16  # fp32 weights, fp32 gradients, AdamW's two fp32 moments, per parameter (launch/memory.py)
+)
+_KEPT_BYTES = (
+    2  # a checkpointed block's bf16 input, per token and per unit of its width (launch/memory.py)
+)
 
 
 def check_every_value(spec, fail, node: Any = None, prefix: str = "") -> None:
@@ -36,29 +46,47 @@ def check_every_value(spec, fail, node: Any = None, prefix: str = "") -> None:
         for item in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(item, bool) or item is None:
                 continue
-            if isinstance(item, (int, float)) and not (math.isfinite(item) and abs(item) <= _MAX_NUMBER):
+            if isinstance(item, (int, float)) and not (
+                math.isfinite(item) and abs(item) <= _MAX_NUMBER
+            ):
                 fail(key, value, "must be a finite number of magnitude at most 2^53")
             if isinstance(item, str) and not item.strip():
-                fail(key, repr(value), "must not be empty" + (" (null: unset)" if f.default is None else ""))
+                fail(
+                    key,
+                    repr(value),
+                    "must not be empty" + (" (null: unset)" if f.default is None else ""),
+                )
 
 
 def _check_numbers(fail, *checks: tuple[str, Any, bool, str]) -> None:
     """Each ``(key, value, ok, why)``: a number in its range (null: unset, not checked)."""
     for key, value, ok, why in checks:
-        if value is not None and (not ok or (isinstance(value, float) and not math.isfinite(value))):
+        if value is not None and (
+            not ok or (isinstance(value, float) and not math.isfinite(value))
+        ):
             fail(key, value, why)
 
 
 def check_model(m, fail) -> None:
     """The model (a ModelSpec): sizes, head and FFN shapes, the hourglass bottleneck, the MoE, the widths, RoPE scaling."""
-    for key, value in (("model.d_model", m.d_model), ("model.n_layers", m.n_layers), ("model.n_heads", m.n_heads)):
+    for key, value in (
+        ("model.d_model", m.d_model),
+        ("model.n_layers", m.n_layers),
+        ("model.n_heads", m.n_heads),
+    ):
         if value < 1:
             fail(key, value, "must be >= 1")
     _check_knobs(m, fail)
     where = fail.where
-    if m.head_dim is None and m.d_model % m.n_heads and where("model.d_model") == "command line" != where("model.n_heads"):
+    if (
+        m.head_dim is None
+        and m.d_model % m.n_heads
+        and where("model.d_model") == "command line" != where("model.n_heads")
+    ):
         fail(
-            "model.d_model", m.d_model, f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)"
+            "model.d_model",
+            m.d_model,
+            f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)",
         )  # the key changed last
     _check_attention(m, fail)
     if m.ffn_ratio < 1:
@@ -66,7 +94,9 @@ def check_model(m, fail) -> None:
     kind = block_of(m)
     if m.moe is not None and "moe" not in kind.reads(m):
         readers = " or ".join(k.name for k in BLOCKS.values() if "moe" in k.knobs)
-        fail("model.moe", "{...}", f"a mixture of experts needs model.block={readers}, not {m.block}")
+        fail(
+            "model.moe", "{...}", f"a mixture of experts needs model.block={readers}, not {m.block}"
+        )
     kind.check(m, fail)
     _check_numbers(
         fail,
@@ -86,8 +116,14 @@ def _check_knobs(m, fail) -> None:
     if m.vocab_size is not None and m.vocab_size < 1:
         fail("model.vocab_size", m.vocab_size, "must be >= 1")
     if (r := m.rope_scaling) is not None and r.original_max_position_embeddings < 1:
-        fail("model.rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings, "must be >= 1")
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(m)}
+        fail(
+            "model.rope_scaling.original_max_position_embeddings",
+            r.original_max_position_embeddings,
+            "must be >= 1",
+        )
+    defaults = {
+        f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(m)
+    }
     read = block_of(m).reads(m)
     for k in dict.fromkeys(k for kind in BLOCKS.values() for k in kind.knobs if k not in read):
         if getattr(m, k) != defaults[k]:
@@ -99,7 +135,11 @@ def _check_attention(m, fail) -> None:
     """Head size, GQA groups, FFN size and RoPE scaling."""
     if m.head_dim is None:
         if m.d_model % m.n_heads:
-            fail("model.n_heads", m.n_heads, f"does not divide model.d_model={m.d_model} (or set model.head_dim)")
+            fail(
+                "model.n_heads",
+                m.n_heads,
+                f"does not divide model.d_model={m.d_model} (or set model.head_dim)",
+            )
         if (m.d_model // m.n_heads) % 2:
             fail(
                 "model.n_heads",
@@ -107,9 +147,13 @@ def _check_attention(m, fail) -> None:
                 f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even",
             )
     elif m.head_dim < 2 or m.head_dim % 2:
-        fail("model.head_dim", m.head_dim, "must be even and >= 2 (RoPE rotates pairs of dimensions)")
+        fail(
+            "model.head_dim", m.head_dim, "must be even and >= 2 (RoPE rotates pairs of dimensions)"
+        )
     if m.n_kv_heads is not None and (m.n_kv_heads < 1 or m.n_heads % m.n_kv_heads):
-        fail("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads} (GQA groups)")
+        fail(
+            "model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads={m.n_heads} (GQA groups)"
+        )
     if m.d_ff is not None and m.d_ff < 1:
         fail("model.d_ff", m.d_ff, "must be >= 1")
     if (r := m.rope_scaling) is not None:
@@ -117,7 +161,9 @@ def _check_attention(m, fail) -> None:
             fail("model.rope_scaling.factor", r.factor, "must be >= 1")
         if not 1 <= r.low_freq_factor:
             fail("model.rope_scaling.low_freq_factor", r.low_freq_factor, "must be >= 1")
-        if not r.low_freq_factor < r.high_freq_factor:  # blamed on the one moved from its default (4, 1)
+        if (
+            not r.low_freq_factor < r.high_freq_factor
+        ):  # blamed on the one moved from its default (4, 1)
             if r.high_freq_factor != 4.0 and r.low_freq_factor == 1.0:
                 fail(
                     "model.rope_scaling.high_freq_factor",
@@ -136,18 +182,32 @@ def check_data(d, fail) -> None:
     if not 0 <= d.order_seed < _MAX_SEED:
         fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
     if d.demo_vocab_size < 2:
-        fail("data.demo_vocab_size", d.demo_vocab_size, "must be >= 2 (the end-of-text and padding tokens)")
+        fail(
+            "data.demo_vocab_size",
+            d.demo_vocab_size,
+            "must be >= 2 (the end-of-text and padding tokens)",
+        )
     if not 2 <= d.sequence_length:
         fail("data.sequence_length", d.sequence_length, "must be >= 2")
     if d.sequence_length > _MAX_SEQUENCE:
         fail("data.sequence_length", d.sequence_length, "must be at most 2^20")
     if d.base is not None and d.source != "olmo2_stage1":
-        fail("data.base", d.base, f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}")
+        fail(
+            "data.base",
+            d.base,
+            f"a mirror of the pinned list applies to data.source=olmo2_stage1, not {d.source}",
+        )
     if d.source == "prefix" and not d.prefix_dir:
         fail("data.prefix_dir", d.prefix_dir, "a prefix data source needs the materialized folder")
     if d.source == "numpy" and not d.paths and not d.mix and not d.mixture:
-        fail("data.source", d.source, "a numpy data source needs data.paths, data.mix or data.mixture")
-    if d.source != "numpy" and (d.source == "demo") != (d.tokenizer == "demo"):  # numpy: either tokenizer
+        fail(
+            "data.source",
+            d.source,
+            "a numpy data source needs data.paths, data.mix or data.mixture",
+        )
+    if d.source != "numpy" and (d.source == "demo") != (
+        d.tokenizer == "demo"
+    ):  # numpy: either tokenizer
         fail(
             "data.tokenizer",
             d.tokenizer,
@@ -157,7 +217,11 @@ def check_data(d, fail) -> None:
     if d.num_workers is not None and d.num_workers < 0:
         fail("data.num_workers", d.num_workers, "must be >= 0")
     if d.prefetch_factor is not None and (d.prefetch_factor < 1 or d.num_workers == 0):
-        fail("data.prefetch_factor", d.prefetch_factor, "must be >= 1, and needs data.num_workers > 0")
+        fail(
+            "data.prefetch_factor",
+            d.prefetch_factor,
+            "must be >= 1, and needs data.num_workers > 0",
+        )
 
 
 def _check_mixture(d, fail) -> None:
@@ -165,13 +229,19 @@ def _check_mixture(d, fail) -> None:
     if not d.mixture:
         return
     if d.source != "numpy" or d.paths or d.mix:
-        fail("data.mixture", ", ".join(d.mixture), "needs data.source=numpy and neither data.paths nor data.mix")
+        fail(
+            "data.mixture",
+            ", ".join(d.mixture),
+            "needs data.source=numpy and neither data.paths nor data.mix",
+        )
     for name, s in d.mixture.items():
         key = f"data.mixture.{name}"
         if not (math.isfinite(s.ratio) and s.ratio >= 0):
             fail(f"{key}.ratio", s.ratio, "must be a finite number >= 0")
         if bool(s.paths) == bool(s.manifest):
-            fail(f"{key}.paths", list(s.paths), "give the source paths or a manifest, one of the two")
+            fail(
+                f"{key}.paths", list(s.paths), "give the source paths or a manifest, one of the two"
+            )
         if not (math.isfinite(s.max_repetition) and s.max_repetition >= 1):
             fail(f"{key}.max_repetition", s.max_repetition, "must be a finite number >= 1")
     if not sum(s.ratio for s in d.mixture.values()) > 0:
@@ -186,7 +256,11 @@ def check_train(t, fail) -> None:
     if (t.max_tokens is None) == (t.max_steps is None):
         cli = t.max_tokens is not None and fail.where("train.max_tokens") == "command line"
         key = "train.max_tokens" if cli else "train.max_steps"
-        fail(key, getattr(t, key.split(".")[1]), "give exactly one of train.max_tokens and train.max_steps")
+        fail(
+            key,
+            getattr(t, key.split(".")[1]),
+            "give exactly one of train.max_tokens and train.max_steps",
+        )
     if t.global_batch_size < 1:
         fail("train.global_batch_size", t.global_batch_size, "must be >= 1")
     if t.micro_batch_size is not None and t.micro_batch_size < 1:
@@ -201,7 +275,11 @@ def check_train(t, fail) -> None:
                 fail(f"train.power.{key}", value, "schedule=power needs a value > 0")
         if t.warmup_tokens is not None or t.schedule_tokens is not None:
             key = "train.warmup_tokens" if t.warmup_tokens is not None else "train.schedule_tokens"
-            fail(key, getattr(t, key.split(".")[1]), "schedule=power counts steps: give train.warmup_steps, no token horizon")
+            fail(
+                key,
+                getattr(t, key.split(".")[1]),
+                "schedule=power counts steps: give train.warmup_steps, no token horizon",
+            )
     if len(t.betas) != 2:
         fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
     if not all(0 <= beta < 1 for beta in t.betas):
@@ -218,19 +296,48 @@ def check_train(t, fail) -> None:
             t.max_grad_norm is None or t.max_grad_norm > 0,
             "must be > 0 (null: no clipping)",
         ),
-        ("train.z_loss", t.z_loss, t.z_loss is None or t.z_loss >= 0, "must be finite and >= 0 (null: off)"),
+        (
+            "train.z_loss",
+            t.z_loss,
+            t.z_loss is None or t.z_loss >= 0,
+            "must be finite and >= 0 (null: off)",
+        ),
         ("train.max_steps", t.max_steps, t.max_steps is None or t.max_steps >= 1, "must be >= 1"),
-        ("train.max_tokens", t.max_tokens, t.max_tokens is None or t.max_tokens >= 1, "must be >= 1"),
-        ("train.schedule_tokens", t.schedule_tokens, t.schedule_tokens is None or t.schedule_tokens >= 1, "must be >= 1"),
-        ("train.warmup_steps", t.warmup_steps, t.warmup_steps is None or t.warmup_steps >= 0, "must be >= 0"),
-        ("train.warmup_tokens", t.warmup_tokens, t.warmup_tokens is None or t.warmup_tokens >= 0, "must be >= 0"),
+        (
+            "train.max_tokens",
+            t.max_tokens,
+            t.max_tokens is None or t.max_tokens >= 1,
+            "must be >= 1",
+        ),
+        (
+            "train.schedule_tokens",
+            t.schedule_tokens,
+            t.schedule_tokens is None or t.schedule_tokens >= 1,
+            "must be >= 1",
+        ),
+        (
+            "train.warmup_steps",
+            t.warmup_steps,
+            t.warmup_steps is None or t.warmup_steps >= 0,
+            "must be >= 0",
+        ),
+        (
+            "train.warmup_tokens",
+            t.warmup_tokens,
+            t.warmup_tokens is None or t.warmup_tokens >= 0,
+            "must be >= 0",
+        ),
     )
     if t.activation_checkpointing is not None:
         _check_checkpointing(t.activation_checkpointing, fail)
 
 
 AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
-AC_EXAMPLE = {"selected_blocks": "2", "selected_modules": "blocks.*.feed_forward", "budget": "0.5"}  # in the error line
+AC_EXAMPLE = {
+    "selected_blocks": "2",
+    "selected_modules": "blocks.*.feed_forward",
+    "budget": "0.5",
+}  # in the error line
 
 
 def _check_checkpointing(ac, fail) -> None:
@@ -250,7 +357,11 @@ def _check_checkpointing(ac, fail) -> None:
             f"mode {ac.mode} needs it (e.g. {ac.mode}:{AC_EXAMPLE[ac.mode]})",
         )
     if ac.mode == "selected_blocks" and ac.block_interval < 1:  # type: ignore[operator]
-        fail(f"{key}.block_interval", ac.block_interval, "must be >= 1 (blocks 0, n, 2n, ... are checkpointed)")
+        fail(
+            f"{key}.block_interval",
+            ac.block_interval,
+            "must be >= 1 (blocks 0, n, 2n, ... are checkpointed)",
+        )
     if ac.mode == "budget" and not 0 <= ac.budget <= 1:  # type: ignore[operator]
         fail(f"{key}.budget", ac.budget, "must be in [0, 1] (0: recompute everything, 1: nothing)")
 
@@ -262,7 +373,12 @@ def check_eval(e, fail) -> None:
     _check_numbers(
         fail,
         ("eval.interval", e.interval, e.interval >= 1, "must be >= 1"),
-        ("eval.max_batches", e.max_batches, e.max_batches is None or e.max_batches >= 1, "must be >= 1 (null: the whole set)"),
+        (
+            "eval.max_batches",
+            e.max_batches,
+            e.max_batches is None or e.max_batches >= 1,
+            "must be >= 1 (null: the whole set)",
+        ),
         (
             "eval.downstream_interval",
             e.downstream_interval,
@@ -274,7 +390,9 @@ def check_eval(e, fail) -> None:
         fail("eval.validation_sets", unknown, f"unknown; choose from {', '.join(VALIDATION_SETS)}")
     if e.downstream_sequence_length is not None and e.downstream_sequence_length < 2:
         fail(
-            "eval.downstream_sequence_length", e.downstream_sequence_length, "must be >= 2 (a context token and an answer token)"
+            "eval.downstream_sequence_length",
+            e.downstream_sequence_length,
+            "must be >= 2 (a context token and an answer token)",
         )
 
 
@@ -285,9 +403,17 @@ def check_run(r, fail) -> None:
         ("run.log_interval", r.log_interval, r.log_interval >= 1, "must be >= 1"),
         ("run.save_interval", r.save_interval, r.save_interval >= 1, "must be >= 1"),
         ("run.ephemeral_keep", r.ephemeral_keep, r.ephemeral_keep >= 1, "must be >= 1"),
-        ("run.stop_at_step", r.stop_at_step, r.stop_at_step is None or r.stop_at_step >= 1, "must be >= 1"),
+        (
+            "run.stop_at_step",
+            r.stop_at_step,
+            r.stop_at_step is None or r.stop_at_step >= 1,
+            "must be >= 1",
+        ),
     )
-    if r.ephemeral_save_interval is not None and not 1 <= r.ephemeral_save_interval < r.save_interval:
+    if (
+        r.ephemeral_save_interval is not None
+        and not 1 <= r.ephemeral_save_interval < r.save_interval
+    ):
         fail(
             "run.ephemeral_save_interval",
             r.ephemeral_save_interval,
@@ -346,7 +472,9 @@ def counted_params(m, vocab: int) -> int:
     """The parameters the size check counts for a model ``m`` (a ModelSpec) of ``vocab`` ids: the
     embedding, an untied LM head, each layer's floor of attention and FFN matrices (its kind's
     ``layer_params_floor``; no norms)."""
-    return vocab * m.d_model * (1 if m.tie_embeddings else 2) + m.n_layers * block_of(m).layer_params_floor(m)
+    return vocab * m.d_model * (1 if m.tie_embeddings else 2) + m.n_layers * block_of(
+        m
+    ).layer_params_floor(m)
 
 
 def check_size(spec, fail, vocab: int) -> None:
@@ -357,7 +485,13 @@ def check_size(spec, fail, vocab: int) -> None:
     states = _STATE_BYTES * params / g
     kept = _KEPT_BYTES * s * m.n_layers * (m.d_model if block_of(m).constant_width else 1)
     if states + kept > _LARGEST_CARD:
-        keys = ("model.n_layers", "model.d_model", "model.vocab_size", "train.global_batch_size", "data.sequence_length")
+        keys = (
+            "model.n_layers",
+            "model.d_model",
+            "model.vocab_size",
+            "train.global_batch_size",
+            "data.sequence_length",
+        )
         key = _size_key(fail, keys)
         fail(
             key,
@@ -387,11 +521,21 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
         )
     r, steps = spec.run, spec.steps
     if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
-        fail("run.stop_at_step", r.stop_at_step, f"past the end of training ({steps} steps); drop it to train to the end")
+        fail(
+            "run.stop_at_step",
+            r.stop_at_step,
+            f"past the end of training ({steps} steps); drop it to train to the end",
+        )
     if m.vocab_size is not None and m.vocab_size < tokenizer_size:
-        fail("model.vocab_size", m.vocab_size, f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens")
+        fail(
+            "model.vocab_size",
+            m.vocab_size,
+            f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens",
+        )
     hidden_key, hidden = block_of(m).ffn_hidden(m)
-    vocab_key = "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"  # dolma2's is fixed
+    vocab_key = (
+        "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"
+    )  # dolma2's is fixed
     for key, rows, cols in (
         ("model.d_model", m.d_model, m.d_model),
         (hidden_key, m.d_model, hidden),
@@ -399,15 +543,27 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
     ):
         if rows * cols > _MAX_MATRIX:
             section, name = key.split(".")
-            fail(key, getattr(m if section == "model" else d, name), f"a {rows} x {cols} weight matrix is over 2^40 elements")
+            fail(
+                key,
+                getattr(m if section == "model" else d, name),
+                f"a {rows} x {cols} weight matrix is over 2^40 elements",
+            )
     check_size(spec, fail, vocab)
     if m.attention_backend.startswith("flash_") and t.precision == "fp32":
-        fail("model.attention_backend", m.attention_backend, "flash attention needs train.precision=bf16")
+        fail(
+            "model.attention_backend",
+            m.attention_backend,
+            "flash attention needs train.precision=bf16",
+        )
     if (ac := t.activation_checkpointing) is None:
         return
     key = "train.activation_checkpointing"
     if m.moe is not None and ac.mode in ("full", "selected_blocks"):
-        fail(key, ac, "OLMo-core cannot checkpoint MoE blocks whole; use selected_modules:blocks.*.attention, false or null")
+        fail(
+            key,
+            ac,
+            "OLMo-core cannot checkpoint MoE blocks whole; use selected_modules:blocks.*.attention, false or null",
+        )
     if ac.mode == "selected_modules":
         from olmo_core.nn.moe import MoEBase
 
@@ -415,6 +571,14 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
         for glob in ac.modules:  # type: ignore[union-attr]
             matched = [n for n in names if fnmatch(n, glob)]
             if not matched:
-                fail(f"{key}.modules", glob, "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)")
+                fail(
+                    f"{key}.modules",
+                    glob,
+                    "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)",
+                )
             if any(isinstance(names[n], MoEBase) for n in matched):
-                fail(f"{key}.modules", glob, "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention")
+                fail(
+                    f"{key}.modules",
+                    glob,
+                    "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention",
+                )

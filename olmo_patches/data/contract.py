@@ -23,11 +23,15 @@ import numpy as np
 
 __all__ = ["CACHE", "TokenMax", "max_token", "unreachable", "tokenizer_vocab"]
 
-CACHE = "token-max.json"  # in data.work_dir: {resolved path: {size, mtime_ns, dtype, max, position}}
+CACHE = (
+    "token-max.json"  # in data.work_dir: {resolved path: {size, mtime_ns, dtype, max, position}}
+)
 CHUNK_TOKENS = 1 << 24  # tokens per vectorised max (64 MiB of uint32): memory stays flat
 SHOW_PROGRESS_BYTES = 1 << 30  # a scan reading more than this shows a progress bar
 HEAD_TIMEOUT_S = 3.0  # one HEAD per URL; a server silent this long is named as unreachable
-HEAD_WORKERS = 32  # HEADs in flight at once (a mix of thousands of files: about 1 s per 1,000 at 30 ms)
+HEAD_WORKERS = (
+    32  # HEADs in flight at once (a mix of thousands of files: about 1 s per 1,000 at 30 ms)
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,11 @@ class TokenMax:
 
 def _key(path: Path, dtype: np.dtype) -> tuple[str, dict]:
     st = path.stat()
-    return str(path.resolve()), {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "dtype": dtype.name}
+    return str(path.resolve()), {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "dtype": dtype.name,
+    }
 
 
 def _read_cache(cache: Optional[Path]) -> dict:
@@ -82,7 +90,9 @@ def scan(path: Path, dtype: np.dtype, advance: Callable[[int], None] = lambda n:
     return TokenMax(best, where)
 
 
-def max_token(paths: Sequence[str], dtype: np.dtype, cache_dir: Optional[Path]) -> dict[str, TokenMax]:
+def max_token(
+    paths: Sequence[str], dtype: np.dtype, cache_dir: Optional[Path]
+) -> dict[str, TokenMax]:
     """Each local token file's largest id, from the cache in ``cache_dir`` where the file's size and
     modification time match, else scanned (a rich progress bar when the scans read over 1 GiB)."""
     cache = cache_dir / CACHE if cache_dir is not None else None
@@ -116,7 +126,13 @@ class _Progress:
         if self.total < SHOW_PROGRESS_BYTES:
             return lambda n: None
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TransferSpeedColumn,
+        )
 
         columns = (TextColumn("token ids"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
         self.bar = Progress(*columns, console=Console(stderr=True), transient=True)
@@ -170,7 +186,9 @@ def tokenizer_vocab(path: str) -> int:
     model = data.get("model") if isinstance(data, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     if not isinstance(vocab, (dict, list)):
-        raise ValueError("not a tokenizers JSON file (no model.vocab: save it with tokenizers' Tokenizer.save)")
+        raise ValueError(
+            "not a tokenizers JSON file (no model.vocab: save it with tokenizers' Tokenizer.save)"
+        )
     ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
     ids += [t.get("id", -1) for t in data.get("added_tokens") or [] if isinstance(t, dict)]
     if not all(isinstance(i, int) for i in ids):

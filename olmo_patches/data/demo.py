@@ -23,7 +23,14 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 __all__ = ["DemoCorpus", "prepare_demo_corpus", "cached_demo_corpus", "load_tokenizer"]
@@ -70,7 +77,9 @@ def prepare_demo_corpus(
     ``source_dir`` defaults to the running interpreter's stdlib (tests pass a small folder).
     ``max_train_tokens`` caps the training split (``None``: no cap).
     """
-    source, files, settings, key, root = _build_key(cache_dir, vocab_size, val_fraction, max_train_tokens, source_dir)
+    source, files, settings, key, root = _build_key(
+        cache_dir, vocab_size, val_fraction, max_train_tokens, source_dir
+    )
     cache_dir = Path(cache_dir)
     if (corpus := _load(root, key)) is not None:
         log.info(f"Using the cached demo corpus in {root}")
@@ -95,11 +104,15 @@ def prepare_demo_corpus(
         shutil.rmtree(tmp, ignore_errors=True)
     corpus = _load(root, key)
     assert corpus is not None
-    log.info(f"Demo corpus: {corpus.n_train_tokens:,d} train / {corpus.n_val_tokens:,d} val tokens, vocab {corpus.vocab_size}")
+    log.info(
+        f"Demo corpus: {corpus.n_train_tokens:,d} train / {corpus.n_val_tokens:,d} val tokens, vocab {corpus.vocab_size}"
+    )
     return corpus
 
 
-def cached_demo_corpus(cache_dir: str | Path = ".cache/demo-corpus", *, vocab_size: int = 4096) -> DemoCorpus | None:
+def cached_demo_corpus(
+    cache_dir: str | Path = ".cache/demo-corpus", *, vocab_size: int = 4096
+) -> DemoCorpus | None:
     """The demo corpus :func:`prepare_demo_corpus` would return, if it is built already (nothing is written)."""
     _, _, _, key, root = _build_key(cache_dir, vocab_size)
     return _load(root, key)
@@ -202,7 +215,13 @@ def _train_tokenizer(docs: dict[str, str], vocab_size: int) -> Tokenizer:
 
 
 def _encode(
-    tokenizer: Tokenizer, docs: dict[str, str], eos: int, dtype: np.dtype, max_tokens: int | None, progress: Progress, name: str
+    tokenizer: Tokenizer,
+    docs: dict[str, str],
+    eos: int,
+    dtype: np.dtype,
+    max_tokens: int | None,
+    progress: Progress,
+    name: str,
 ) -> list[tuple[str, np.ndarray]]:
     """(path, token ids + eos) per document, in order; the last one is cut at ``max_tokens``."""
     items = list(docs.items())
@@ -269,7 +288,9 @@ def _build(folder: Path, key: str, settings: dict, files: dict[str, bytes]) -> N
         eos, pad = tokenizer.token_to_id(EOS_TOKEN), tokenizer.token_to_id(PAD_TOKEN)
         dtype = np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
         tokenizer.encode_special_tokens = True  # a literal "<|endoftext|>" in a source is text
-        train = _encode(tokenizer, train_docs, eos, dtype, settings["max_train_tokens"], progress, "train")
+        train = _encode(
+            tokenizer, train_docs, eos, dtype, settings["max_train_tokens"], progress, "train"
+        )
         val = _encode(tokenizer, val_docs, eos, dtype, None, progress, "val")
 
     manifest = {

@@ -76,8 +76,14 @@ def read_paths_file(path: Path) -> list[str]:
         expected = checksum_file.read_text().split()[0]
         actual = sha256_file(path)
         if actual != expected:
-            raise DataOrderError(f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file list changed")
-    paths = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            raise DataOrderError(
+                f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file list changed"
+            )
+    paths = [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not paths:
         raise DataOrderError(f"paths file {path} lists no files")
     return paths
@@ -162,7 +168,13 @@ def shuffled_indices(num_instances: int, seed: int, epoch: int = 0) -> np.ndarra
 
 
 def write_global_indices(
-    out: Path, num_instances: int, seed: int, *, epoch: int = 0, world_size: int = 1, npy_header: bool = False
+    out: Path,
+    num_instances: int,
+    seed: int,
+    *,
+    epoch: int = 0,
+    world_size: int = 1,
+    npy_header: bool = False,
 ) -> int:
     """Write the order to ``out`` exactly as the old trainer writes ``global_indices.npy``.
 

@@ -31,7 +31,15 @@ from typing import Any, Callable, Optional
 import numpy as np
 from rich.progress import BarColumn, DownloadColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from .order import TOKEN_BYTES, TOKEN_DTYPE, DataOrderError, Layout, rebase, sha256_file, shuffled_indices
+from .order import (
+    TOKEN_BYTES,
+    TOKEN_DTYPE,
+    DataOrderError,
+    Layout,
+    rebase,
+    sha256_file,
+    shuffled_indices,
+)
 from .remote import RangeReader, progress_bar
 
 INDEX = "index.json"
@@ -80,7 +88,9 @@ def _read_index(out_dir: Path) -> Optional[dict[str, Any]]:
     try:
         index = json.loads(path.read_text())
     except ValueError:
-        raise DataOrderError(f"{path} is not valid JSON; delete the prefix directory and start again") from None
+        raise DataOrderError(
+            f"{path} is not valid JSON; delete the prefix directory and start again"
+        ) from None
     if index.get("format") != FORMAT:
         raise DataOrderError(f"{path} is not a {FORMAT} index")
     return index
@@ -92,7 +102,9 @@ def _write_index(out_dir: Path, index: dict[str, Any]) -> None:
     os.replace(tmp, out_dir / INDEX)
 
 
-def _prefix_order(out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]) -> np.ndarray:
+def _prefix_order(
+    out_dir: Path, spec: PrefixSpec, layout: Layout, sha256: Optional[str]
+) -> np.ndarray:
     """The first N instance ids: order.npy if it matches its recorded sha256, else built anew."""
     path = out_dir / ORDER
     if sha256 is not None and path.is_file() and sha256_file(path) == sha256:
@@ -126,7 +138,9 @@ def materialize(
     sources = rebase(spec.paths, base)
     layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
     if spec.num_instances > layout.num_instances:
-        raise DataOrderError(f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}")
+        raise DataOrderError(
+            f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}"
+        )
     if spec.num_instances <= 0 or spec.chunk_instances <= 0:
         raise DataOrderError("num_instances and chunk_instances must be positive")
 
@@ -153,7 +167,9 @@ def materialize(
                     if stop.is_set():
                         return
                     fi = int(file_idx[i])
-                    data = reader.read(sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi])
+                    data = reader.read(
+                        sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi]
+                    )
                     f.write(data)
                     advance(len(data))
                 f.flush()
@@ -161,7 +177,11 @@ def materialize(
             digest = sha256_file(tmp)
             os.replace(tmp, final)
             with lock:
-                index["chunks"][final.name] = {"start": start, "count": stop_at - start, "sha256": digest}
+                index["chunks"][final.name] = {
+                    "start": start,
+                    "count": stop_at - start,
+                    "sha256": digest,
+                }
                 _write_index(out_dir, index)
         finally:
             tmp.unlink(missing_ok=True)
@@ -178,11 +198,19 @@ def _open_index(out_dir: Path, spec: PrefixSpec) -> dict[str, Any]:
     spec_json = json.loads(json.dumps(asdict(spec)))  # tuples -> lists, as stored
     index = _read_index(out_dir)
     if index is None:
-        index = {"format": FORMAT, "spec": spec_json, "order_sha256": None, "chunks": {}, "complete": False}
+        index = {
+            "format": FORMAT,
+            "spec": spec_json,
+            "order_sha256": None,
+            "chunks": {},
+            "complete": False,
+        }
         _write_index(out_dir, index)
     elif index["spec"] != spec_json:
         changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
-        raise DataOrderError(f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory")
+        raise DataOrderError(
+            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory"
+        )
     return index
 
 
@@ -198,10 +226,18 @@ def _parts_to_do(out_dir: Path, spec: PrefixSpec, index: dict[str, Any]) -> list
     return todo
 
 
-def _run_parts(todo, fetch, stop: threading.Event, total: int, title: str, progress: bool, workers: int) -> None:
+def _run_parts(
+    todo, fetch, stop: threading.Event, total: int, title: str, progress: bool, workers: int
+) -> None:
     """``fetch(k, advance)`` for every part ``k`` of ``todo`` on ``workers`` threads, under one
     progress bar of ``total`` bytes; the first error stops the others and is raised."""
-    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        "{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with progress_bar(progress, *columns) as bar:
         task = bar.add_task(title, total=total)
 
@@ -222,7 +258,11 @@ def _run_parts(todo, fetch, stop: threading.Event, total: int, title: str, progr
 
 
 def verify_prefix(
-    out_dir: Path, *, reader: Optional[RangeReader] = None, sample: int = 0, base: Optional[str] = None
+    out_dir: Path,
+    *,
+    reader: Optional[RangeReader] = None,
+    sample: int = 0,
+    base: Optional[str] = None,
 ) -> list[str]:
     """Problems with a prefix directory (empty list: all good).
 
@@ -242,7 +282,9 @@ def verify_prefix(
         if entry is None or not path.is_file():
             problems.append(f"{name}: missing")
         elif path.stat().st_size != (stop - start) * spec.seq_len * TOKEN_BYTES:
-            problems.append(f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}")
+            problems.append(
+                f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}"
+            )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from index.json")
     if sample and not problems:
@@ -250,7 +292,9 @@ def verify_prefix(
         sources = rebase(spec.paths, base)
         layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
         order = np.load(out_dir / ORDER)
-        picks = np.random.default_rng().choice(spec.num_instances, size=min(sample, spec.num_instances), replace=False)
+        picks = np.random.default_rng().choice(
+            spec.num_instances, size=min(sample, spec.num_instances), replace=False
+        )
         file_idx, token_off = layout.locate(order[picks])
         n = spec.seq_len * TOKEN_BYTES
         for pos, fi, off in zip(picks, file_idx, token_off):
@@ -267,7 +311,9 @@ def prefix_index(out_dir: Path) -> dict[str, Any]:
     """The index of a finished prefix (one-line error if there is none)."""
     index = _read_index(Path(out_dir))
     if index is None or not index["complete"]:
-        raise DataOrderError(f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)")
+        raise DataOrderError(
+            f"{out_dir} holds no finished prefix (run: scripts/data_order.py materialize)"
+        )
     return index
 
 
@@ -287,4 +333,6 @@ def prefix_dataset(out_dir: Path, **dataset_kwargs: Any):
     from olmo_core.data import NumpyFSLDataset
 
     seq_len = prefix_index(Path(out_dir))["spec"]["seq_len"]
-    return NumpyFSLDataset(*prefix_paths(out_dir), sequence_length=seq_len, dtype=TOKEN_DTYPE, **dataset_kwargs)
+    return NumpyFSLDataset(
+        *prefix_paths(out_dir), sequence_length=seq_len, dtype=TOKEN_DTYPE, **dataset_kwargs
+    )

@@ -94,14 +94,18 @@ class RangeReader:
         if _is_other_url(path):
             from olmo_core.io import get_bytes_range, get_file_size
 
-            if expect_size is not None and (actual := get_file_size(path)) != expect_size:  # before the read
+            if (
+                expect_size is not None and (actual := get_file_size(path)) != expect_size
+            ):  # before the read
                 raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
             data = get_bytes_range(path, start, length)
         else:
             local = _local(path)
             try:
                 if expect_size is not None and (actual := os.stat(local).st_size) != expect_size:
-                    raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
+                    raise DataOrderError(
+                        f"{path} is {actual} bytes, the manifest says {expect_size}"
+                    )
                 with open(local, "rb") as f:
                     f.seek(start)
                     data = f.read(length)
@@ -117,11 +121,15 @@ class RangeReader:
         def check(status: int, headers: dict[str, str], body: bytes) -> None:
             # A 200 would be the whole file: the server ignored the range.
             if status != 206:
-                raise DataOrderError(f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206")
+                raise DataOrderError(
+                    f"GET {url} bytes={start}-{start + length - 1}: HTTP {status}, expected 206"
+                )
             match = _CONTENT_RANGE.fullmatch(headers.get("content-range", ""))
             total = match.group(3) if match else None
             if expect_size is not None and total not in (None, "*") and int(total) != expect_size:
-                raise DataOrderError(f"{url} is {total} bytes, the manifest says {expect_size}: rebuild the manifest")
+                raise DataOrderError(
+                    f"{url} is {total} bytes, the manifest says {expect_size}: rebuild the manifest"
+                )
             if len(body) != length:
                 raise _Retry(f"got {len(body)} of {length} bytes at offset {start}")
 
@@ -151,7 +159,9 @@ class RangeReader:
             except _RETRYABLE as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 self._drop_connection(url)
-        raise DataOrderError(f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}")
+        raise DataOrderError(
+            f"{method} {url} failed after {self.retry.attempts} attempts, last: {last}"
+        )
 
     def _send(self, url: str, method: str, headers: dict[str, str]):
         parts = urlsplit(url)
@@ -188,7 +198,9 @@ def progress_bar(enabled: bool, *columns: str | ProgressColumn) -> Progress:
 # -- the size manifest -------------------------------------------------------------------
 
 
-def fetch_sizes(paths: Sequence[str], reader: RangeReader, workers: int = 32, progress: bool = True) -> list[int]:
+def fetch_sizes(
+    paths: Sequence[str], reader: RangeReader, workers: int = 32, progress: bool = True
+) -> list[int]:
     """Byte size of every file (HEAD for URLs), in parallel; duplicates are asked once."""
     unique = list(dict.fromkeys(paths))
     with progress_bar(progress) as bar:
@@ -213,7 +225,9 @@ def save_manifest(path: Path, paths: Sequence[str], sizes: Sequence[int]) -> Non
     """Write ``{"files": [[path, size], ...]}`` atomically."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"files": [[p, int(s)] for p, s in zip(paths, sizes)]}, indent=0) + "\n")
+    tmp.write_text(
+        json.dumps({"files": [[p, int(s)] for p, s in zip(paths, sizes)]}, indent=0) + "\n"
+    )
     os.replace(tmp, path)
 
 
@@ -228,6 +242,11 @@ def load_manifest(path: Path, paths: Sequence[str]) -> list[int]:
         raise DataOrderError(f"manifest {path} is not a valid manifest ({exc})") from None
     listed = [f[0] for f in files]
     if listed != list(paths):
-        first = next((i for i, (a, b) in enumerate(zip(listed, paths)) if a != b), min(len(listed), len(paths)))
-        raise DataOrderError(f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it")
+        first = next(
+            (i for i, (a, b) in enumerate(zip(listed, paths)) if a != b),
+            min(len(listed), len(paths)),
+        )
+        raise DataOrderError(
+            f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it"
+        )
     return [int(f[1]) for f in files]

@@ -26,7 +26,15 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["InputError", "TokenizerInfo", "dtype_for", "find_inputs", "read_manifest", "scan", "tokenize"]
+__all__ = [
+    "InputError",
+    "TokenizerInfo",
+    "dtype_for",
+    "find_inputs",
+    "read_manifest",
+    "scan",
+    "tokenize",
+]
 
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
@@ -50,7 +58,9 @@ class TokenizerInfo:
     bos_token_id: Optional[int] = None  # starts every document when set
 
     @classmethod
-    def from_file(cls, path: str, eos: str = "<|endoftext|>", bos: Optional[str] = None) -> "TokenizerInfo":
+    def from_file(
+        cls, path: str, eos: str = "<|endoftext|>", bos: Optional[str] = None
+    ) -> "TokenizerInfo":
         """The tokenizer of a tokenizers JSON file, its EOS (and BOS) given as token strings."""
         from tokenizers import Tokenizer
 
@@ -59,8 +69,13 @@ class TokenizerInfo:
         try:
             tok = Tokenizer.from_file(str(path))
         except Exception as e:  # noqa: BLE001 (the library's own error, kept to one line)
-            raise InputError(f"{path}: not a tokenizers JSON file ({' '.join(str(e).split())[:120]})") from None
-        ids = {flag: tok.token_to_id(token) if token else None for flag, token in (("--eos", eos), ("--bos", bos))}
+            raise InputError(
+                f"{path}: not a tokenizers JSON file ({' '.join(str(e).split())[:120]})"
+            ) from None
+        ids = {
+            flag: tok.token_to_id(token) if token else None
+            for flag, token in (("--eos", eos), ("--bos", bos))
+        }
         for flag, token in (("--eos", eos), ("--bos", bos)):
             if token is not None and ids[flag] is None:
                 raise InputError(f"{path}: no token {token!r} ({flag})")
@@ -94,7 +109,11 @@ def _sha256(path: Path) -> str:
 def _kind(path: Path) -> str:
     name = path.name.lower()
     if path.is_dir():
-        return "hf" if (path / "dataset_info.json").is_file() or (path / "state.json").is_file() else "folder"
+        return (
+            "hf"
+            if (path / "dataset_info.json").is_file() or (path / "state.json").is_file()
+            else "folder"
+        )
     if name.endswith(".parquet"):
         return "parquet"
     if name.endswith(tuple(s + ".gz" for s in JSONL)):
@@ -128,7 +147,9 @@ def _utf8(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+        raise InputError(
+            f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+        ) from None
 
 
 def iter_texts(path: str, kind: str, field: str) -> Iterator[str]:
@@ -149,7 +170,9 @@ def iter_texts(path: str, kind: str, field: str) -> Iterator[str]:
                     if not isinstance(doc, dict) or field not in doc:
                         raise InputError(f"{where}: no {field!r} field (--text-field)")
                     if not isinstance(doc[field], str):
-                        raise InputError(f"{where}: {field!r} is {type(doc[field]).__name__}, not text")
+                        raise InputError(
+                            f"{where}: {field!r} is {type(doc[field]).__name__}, not text"
+                        )
                     n += 1
                     yield doc[field]
             except (OSError, EOFError) as e:  # a truncated or corrupt gzip stream
@@ -160,28 +183,40 @@ def iter_texts(path: str, kind: str, field: str) -> Iterator[str]:
         try:
             pf = pq.ParquetFile(path)
         except Exception as e:  # noqa: BLE001 (pyarrow's ArrowInvalid and friends)
-            raise InputError(f"{path}: not a parquet file ({' '.join(str(e).split())[:120]})") from None
+            raise InputError(
+                f"{path}: not a parquet file ({' '.join(str(e).split())[:120]})"
+            ) from None
         if field not in pf.schema_arrow.names:
-            raise InputError(f"{path}: no {field!r} column (--text-field; it has {', '.join(pf.schema_arrow.names)})")
+            raise InputError(
+                f"{path}: no {field!r} column (--text-field; it has {', '.join(pf.schema_arrow.names)})"
+            )
         for batch in pf.iter_batches(columns=[field], batch_size=1024):
             for text in batch.column(0).to_pylist():
                 n += 1
                 if not isinstance(text, str):
-                    raise InputError(f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text")
+                    raise InputError(
+                        f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text"
+                    )
                 yield text
     elif kind == "hf":
         try:
             import datasets
         except ImportError:
-            raise InputError(f"{path}: a Hugging Face datasets folder needs the datasets package") from None
+            raise InputError(
+                f"{path}: a Hugging Face datasets folder needs the datasets package"
+            ) from None
         ds = datasets.load_from_disk(path)
         if field not in ds.column_names:
-            raise InputError(f"{path}: no {field!r} column (--text-field; it has {', '.join(ds.column_names)})")
+            raise InputError(
+                f"{path}: no {field!r} column (--text-field; it has {', '.join(ds.column_names)})"
+            )
         for batch in ds.select_columns([field]).iter(batch_size=1024):
             for text in batch[field]:
                 n += 1
                 if not isinstance(text, str):
-                    raise InputError(f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text")
+                    raise InputError(
+                        f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text"
+                    )
                 yield text
     else:  # a plain text file: one document
         raw = Path(path).read_bytes()
@@ -189,7 +224,9 @@ def iter_texts(path: str, kind: str, field: str) -> Iterator[str]:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             line = raw.count(b"\n", 0, e.start) + 1
-            raise InputError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+            raise InputError(
+                f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
+            ) from None
         if text:
             n += 1
             yield text
@@ -228,7 +265,9 @@ def _encode(texts: List[str]) -> Tuple[np.ndarray, np.ndarray]:
     w = _worker
     encodings = w["tok"].encode_batch(texts, add_special_tokens=False)
     extra = 1 + (w["bos"] is not None)
-    lengths = np.fromiter((len(e.ids) + extra for e in encodings), dtype=np.int64, count=len(encodings))
+    lengths = np.fromiter(
+        (len(e.ids) + extra for e in encodings), dtype=np.int64, count=len(encodings)
+    )
     out = np.empty(int(lengths.sum()), dtype=w["dtype"])
     ends = np.cumsum(lengths)
     starts = ends - lengths
@@ -255,8 +294,15 @@ class _Shard:
 class _Writer:
     """Appends documents to the current shard (a temporary file), renaming it when full."""
 
-    def __init__(self, out: Path, shard_tokens: int, settings: dict, shards: List[_Shard], first_doc: int):
-        self.out, self.shard_tokens, self.settings, self.shards = out, shard_tokens, settings, shards
+    def __init__(
+        self, out: Path, shard_tokens: int, settings: dict, shards: List[_Shard], first_doc: int
+    ):
+        self.out, self.shard_tokens, self.settings, self.shards = (
+            out,
+            shard_tokens,
+            settings,
+            shards,
+        )
         self.doc, self.written = first_doc, 0  # this run's documents and tokens
         self._open()
 
@@ -292,8 +338,12 @@ class _Writer:
         self.f.close()
         if self.docs:
             os.replace(self.tmp, self.out / self.name)
-            self.shards.append(_Shard(self.name, self.tokens, self.docs, self.hash.hexdigest(), self.doc))
-            _write_json(self.out / PROGRESS, dict(self.settings, shards=[asdict(s) for s in self.shards]))
+            self.shards.append(
+                _Shard(self.name, self.tokens, self.docs, self.hash.hexdigest(), self.doc)
+            )
+            _write_json(
+                self.out / PROGRESS, dict(self.settings, shards=[asdict(s) for s in self.shards])
+            )
         else:
             self.tmp.unlink()
 
@@ -307,11 +357,14 @@ def _write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def _settings(inputs, counts, tokenizer: TokenizerInfo, name: str, field: str, shard_tokens: int) -> dict:
+def _settings(
+    inputs, counts, tokenizer: TokenizerInfo, name: str, field: str, shard_tokens: int
+) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "inputs": [
-            {"path": str(Path(p).resolve()), "kind": k, "bytes": _size(p), "documents": n} for (p, k), n in zip(inputs, counts)
+            {"path": str(Path(p).resolve()), "kind": k, "bytes": _size(p), "documents": n}
+            for (p, k), n in zip(inputs, counts)
         ],
         "text_field": field,
         "shard_tokens": shard_tokens,
@@ -322,7 +375,11 @@ def _settings(inputs, counts, tokenizer: TokenizerInfo, name: str, field: str, s
 
 def _size(path: str) -> int:
     p = Path(path)
-    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+    return (
+        sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        if p.is_dir()
+        else p.stat().st_size
+    )
 
 
 def _same_run(old: dict, new: dict) -> List[str]:
@@ -356,31 +413,46 @@ def tokenize(
         if earlier.is_file():
             old = json.loads(earlier.read_text())
             if changed := _same_run(old, settings):
-                raise InputError(f"{out}: holds another tokenization (changed: {', '.join(changed)}); use another --out")
+                raise InputError(
+                    f"{out}: holds another tokenization (changed: {', '.join(changed)}); use another --out"
+                )
             if earlier.name == MANIFEST:
                 return old
             shards = [_Shard(**s) for s in old["shards"]]
             break
     for s in shards:  # a finished shard is kept only as it was recorded
-        if not (out / s.file).is_file() or (out / s.file).stat().st_size != s.tokens * tokenizer.dtype.itemsize:
-            raise InputError(f"{out / s.file}: not the recorded {s.tokens} tokens; remove {out} and rerun")
+        if (
+            not (out / s.file).is_file()
+            or (out / s.file).stat().st_size != s.tokens * tokenizer.dtype.itemsize
+        ):
+            raise InputError(
+                f"{out / s.file}: not the recorded {s.tokens} tokens; remove {out} and rerun"
+            )
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # a shard cut off by a crash: redone from its first document
         stale.unlink()
     first = shards[-1].next_document if shards else 0
     total = sum(counts)
-    task = progress.add_task("tokenizing", total=total, completed=first, tokens=0) if progress is not None else None
+    task = (
+        progress.add_task("tokenizing", total=total, completed=first, tokens=0)
+        if progress is not None
+        else None
+    )
     writer = _Writer(out, shard_tokens, settings, shards, first)
     dtype = tokenizer.dtype.name
     init = (tokenizer.file, tokenizer.eos_token_id, tokenizer.bos_token_id, dtype)
-    ctx = multiprocessing.get_context("spawn")  # fresh workers: no thread of this process (rich's) forked
+    ctx = multiprocessing.get_context(
+        "spawn"
+    )  # fresh workers: no thread of this process (rich's) forked
     if progress is not None:  # a rich Progress, shown once the checks have passed
         progress.start()
     try:
         with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
             pending: deque = deque()
             for batch in _batches(_documents(inputs, field, first), batch_docs):
-                pending.append(pool.apply_async(_encode, (batch,)))  # a bounded window, written in order
+                pending.append(
+                    pool.apply_async(_encode, (batch,))
+                )  # a bounded window, written in order
                 if len(pending) >= 2 * workers:
                     _write(writer, pending.popleft().get(), progress, task)
             while pending:
@@ -391,7 +463,10 @@ def tokenize(
             progress.stop()
     manifest = dict(
         settings,
-        files=[{"path": s.file, "tokens": s.tokens, "documents": s.documents, "sha256": s.sha256} for s in shards],
+        files=[
+            {"path": s.file, "tokens": s.tokens, "documents": s.documents, "sha256": s.sha256}
+            for s in shards
+        ],
         tokens=sum(s.tokens for s in shards),
         documents=total,
     )
@@ -430,7 +505,9 @@ def read_manifest(path: str) -> Tuple[dict, List[str]]:
         itemsize = np.dtype(manifest["dtype"]).itemsize
         entries = manifest["files"]
         tokenizer = manifest["tokenizer"]
-        assert isinstance(tokenizer["vocab_size"], int) and isinstance(tokenizer["eos_token_id"], int)
+        assert isinstance(tokenizer["vocab_size"], int) and isinstance(
+            tokenizer["eos_token_id"], int
+        )
     except (ValueError, KeyError, TypeError, AssertionError) as e:
         raise InputError(f"{file}: not a tokenize manifest ({type(e).__name__}: {e})") from None
     paths = []
@@ -443,17 +520,29 @@ def read_manifest(path: str) -> Tuple[dict, List[str]]:
 
 
 def other_tokenizer(
-    manifest: dict, name: str, vocab_size: int, eos: int, bos: Optional[int], tokenizer_file: Optional[str] = None
+    manifest: dict,
+    name: str,
+    vocab_size: int,
+    eos: int,
+    bos: Optional[int],
+    tokenizer_file: Optional[str] = None,
 ) -> Optional[str]:
     """Why ``manifest``'s tokens are not the tokenizer ``name`` (its size and special ids, its
     dtype, the checksum of ``tokenizer_file`` when given), or None."""
     got = manifest["tokenizer"]
-    mine, theirs = (vocab_size, eos, bos), (got["vocab_size"], got["eos_token_id"], got.get("bos_token_id"))
+    mine, theirs = (
+        (vocab_size, eos, bos),
+        (got["vocab_size"], got["eos_token_id"], got.get("bos_token_id")),
+    )
     if mine != theirs:
         return f"tokenized with {got.get('name')} ({_ids(*theirs)}), not the config's {name} ({_ids(*mine)})"
     if manifest["dtype"] != dtype_for(vocab_size).name:
         return f"dtype {manifest['dtype']}, the vocabulary's is {dtype_for(vocab_size).name}"
-    if tokenizer_file and Path(tokenizer_file).is_file() and _sha256(Path(tokenizer_file)) != got["sha256"]:
+    if (
+        tokenizer_file
+        and Path(tokenizer_file).is_file()
+        and _sha256(Path(tokenizer_file)) != got["sha256"]
+    ):
         return f"tokenized with another tokenizer file than {tokenizer_file}"
     return None
 

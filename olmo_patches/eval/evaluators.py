@@ -27,29 +27,50 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from olmo_core.data import DataMix, NumpyPaddedFSLDatasetConfig, TokenizerConfig
 from olmo_core.exceptions import OLMoConfigurationError
-from olmo_core.train.callbacks import DownstreamEvaluatorCallbackConfig, EvaluatorCallback, LMEvaluatorCallbackConfig
+from olmo_core.train.callbacks import (
+    DownstreamEvaluatorCallbackConfig,
+    EvaluatorCallback,
+    LMEvaluatorCallbackConfig,
+)
 from olmo_core.train.callbacks.evaluator_callback import DownstreamEvaluator
 from olmo_core.train.train_module import EvalBatchSpec
 from torch.utils.data import DataLoader, DistributedSampler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["validation_files", "lm_evaluator", "downstream_evaluator", "downstream_evaluators", "check_downstream_fit"]
+__all__ = [
+    "validation_files",
+    "lm_evaluator",
+    "downstream_evaluator",
+    "downstream_evaluators",
+    "check_downstream_fit",
+]
 
 
 def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[str]]:
     """(paths, labels) of the named v3-small-ppl-validation sets, in the order given."""
-    paths, labels = DataMix.v3_small_ppl_validation.build(base_dir, TokenizerConfig.dolma2().identifier or "")
-    by_name = {label.removesuffix("-validation"): (path, label) for path, label in zip(paths, labels)}
+    paths, labels = DataMix.v3_small_ppl_validation.build(
+        base_dir, TokenizerConfig.dolma2().identifier or ""
+    )
+    by_name = {
+        label.removesuffix("-validation"): (path, label) for path, label in zip(paths, labels)
+    }
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise ValueError(f"eval.validation_sets: unknown set(s) {', '.join(unknown)}; choose from {', '.join(by_name)}")
+        raise ValueError(
+            f"eval.validation_sets: unknown set(s) {', '.join(unknown)}; choose from {', '.join(by_name)}"
+        )
     chosen = [by_name[n] for n in names]
     return [p for p, _ in chosen], [label for _, label in chosen]
 
 
 def lm_evaluator(
-    paths: list[str], labels: list[str], interval: int, max_batches: Optional[int], dataset_kwargs: dict, on_startup: bool = False
+    paths: list[str],
+    labels: list[str],
+    interval: int,
+    max_batches: Optional[int],
+    dataset_kwargs: dict,
+    on_startup: bool = False,
 ) -> Optional[LMEvaluatorCallbackConfig]:
     """Loss and perplexity per label on token files (None when there are none)."""
     if not paths:
@@ -57,7 +78,9 @@ def lm_evaluator(
     from olmo_core.train import Duration
 
     return LMEvaluatorCallbackConfig(
-        eval_dataset=NumpyPaddedFSLDatasetConfig(paths=paths, metadata=[{"label": label} for label in labels], **dataset_kwargs),
+        eval_dataset=NumpyPaddedFSLDatasetConfig(
+            paths=paths, metadata=[{"label": label} for label in labels], **dataset_kwargs
+        ),
         eval_interval=interval,
         eval_on_startup=on_startup,
         eval_on_finish=True,
@@ -68,16 +91,24 @@ def lm_evaluator(
 def _olmo_eval_tokenizer(tokenizer: TokenizerConfig):
     """ai2-olmo-eval's tokenizer for a run's ``TokenizerConfig`` (as OLMo-core's callback builds it)."""
     if tokenizer.identifier is None:
-        raise OLMoConfigurationError("downstream tasks need a tokenizer identifier (a file or a hub id)")
-    return _hf_tokenizer(tokenizer.identifier, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+        raise OLMoConfigurationError(
+            "downstream tasks need a tokenizer identifier (a file or a hub id)"
+        )
+    return _hf_tokenizer(
+        tokenizer.identifier, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id
+    )
 
 
 @functools.lru_cache(maxsize=4)
-def _hf_tokenizer(identifier: str, pad_token_id: int, eos_token_id: int, bos_token_id: Optional[int]):
+def _hf_tokenizer(
+    identifier: str, pad_token_id: int, eos_token_id: int, bos_token_id: Optional[int]
+):
     """One tokenizer object per identity and special ids in a process, so that _built_task's cache hits."""
     from olmo_eval import HFTokenizer
 
-    return HFTokenizer(identifier, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
+    return HFTokenizer(
+        identifier, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -99,11 +130,17 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
     module's: queries longer are cut from the left, documents whose continuation alone is longer are
     skipped. ``limit`` keeps the first N documents (quick checks)."""
 
-    def __init__(self, *, sequence_length: int, rank_batch_tokens: int, limit: Optional[int] = None, **kwargs):
+    def __init__(
+        self, *, sequence_length: int, rank_batch_tokens: int, limit: Optional[int] = None, **kwargs
+    ):
         self.sequence_length, self.limit = sequence_length, limit
         self.truncated = self.skipped = 0
-        padded = 128 * math.ceil(sequence_length / 128)  # ai2-olmo-eval pads queries to a multiple of 128 tokens
-        batch_spec = EvalBatchSpec(max(rank_batch_tokens, padded), max_sequence_length=sequence_length)
+        padded = 128 * math.ceil(
+            sequence_length / 128
+        )  # ai2-olmo-eval pads queries to a multiple of 128 tokens
+        batch_spec = EvalBatchSpec(
+            max(rank_batch_tokens, padded), max_sequence_length=sequence_length
+        )
         super().__init__(batch_spec=batch_spec, **kwargs)
 
     def _build_data_loader(self) -> DataLoader:
@@ -114,14 +151,18 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         L = self.sequence_length
         task = _task(self.label, self.tokenizer, L)
         kept, self.skipped = _fitting(task, self.label, L, self.limit)
-        task.samples = kept  # before anything reads task.max_sequence_length, which is computed once
+        task.samples = (
+            kept  # before anything reads task.max_sequence_length, which is computed once
+        )
         self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
         if self.skipped or self.truncated:
             log.warning(
                 f"'{self.label}' at sequence length {L}: {self.truncated} of {len(kept)} instances cut from the left, "
                 f"{self.skipped} of {len({s['doc_id'] for s in kept}) + self.skipped} documents skipped (a continuation longer than {L} tokens)"
             )
-        self.metric = ICLMetric(metric_type=task.metric_type).to(self.device or get_default_device())
+        self.metric = ICLMetric(metric_type=task.metric_type).to(
+            self.device or get_default_device()
+        )
         sampler = None
         if is_distributed():
             sampler = DistributedSampler(
@@ -131,8 +172,12 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
                 num_replicas=get_world_size(self.dp_process_group),
                 rank=get_rank(self.dp_process_group),
             )
-        batch_size = self.batch_spec.rank_batch_size // task.max_sequence_length  # >= 1: the spec holds L padded
-        return DataLoader(task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler)  # type: ignore[arg-type]
+        batch_size = (
+            self.batch_spec.rank_batch_size // task.max_sequence_length
+        )  # >= 1: the spec holds L padded
+        return DataLoader(
+            task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler
+        )  # type: ignore[arg-type]
 
     def compute_metrics(self) -> Dict[str, torch.Tensor]:
         out = super().compute_metrics()
@@ -148,14 +193,18 @@ def _fitting(task, label: str, L: int, limit: Optional[int] = None) -> Tuple[lis
     too_long = {s["doc_id"] for s in samples if len(s["continuation"]) > L}
     kept = [s for s in samples if s["doc_id"] not in too_long]
     if not kept:
-        shortest = min(max(len(s["continuation"]) for s in samples if s["doc_id"] == d) for d in too_long)
+        shortest = min(
+            max(len(s["continuation"]) for s in samples if s["doc_id"] == d) for d in too_long
+        )
         raise OLMoConfigurationError(
             f"eval.downstream_sequence_length={L}: no '{label}' document fits (the shortest needs {shortest} tokens)"
         )
     return kept, len(too_long)
 
 
-def check_downstream_fit(tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int) -> None:
+def check_downstream_fit(
+    tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int
+) -> None:
     """OLMoConfigurationError for a task none of whose documents fits ``sequence_length`` tokens: checked
     before a run writes anything (the evaluators, built later inside the Trainer, would find it then)."""
     hf = _olmo_eval_tokenizer(tokenizer)
@@ -226,5 +275,9 @@ def downstream_evaluator(
     if not tasks:
         return None
     return DownstreamEvaluatorConfig(
-        tasks=tasks, tokenizer=tokenizer, eval_interval=interval, eval_on_finish=True, sequence_length=sequence_length
+        tasks=tasks,
+        tokenizer=tokenizer,
+        eval_interval=interval,
+        eval_on_finish=True,
+        sequence_length=sequence_length,
     )

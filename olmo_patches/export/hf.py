@@ -33,7 +33,12 @@ MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 def is_olmo2_shape(spec: ExperimentSpec) -> bool:
     m = spec.model
     # transformers' Olmo2 has no Llama-3.1 RoPE scaling
-    return block_of(m).olmo2_layers and m.norm_placement == "post" and m.qk_norm and m.rope_scaling is None
+    return (
+        block_of(m).olmo2_layers
+        and m.norm_placement == "post"
+        and m.qk_norm
+        and m.rope_scaling is None
+    )
 
 
 def to_olmo2_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -160,13 +165,17 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same order.
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     custom = {
-        k: v.reshape(shapes[k]) if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel() else v
+        k: v.reshape(shapes[k])
+        if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel()
+        else v
         for k, v in to_custom_names(state).items()
     }
     missing, unexpected = model.load_state_dict(custom, strict=False)
     tied = ["lm_head.weight"] if spec.model.tie_embeddings else []
     if unexpected or not set(missing) <= set(tied):
-        raise ValueError(f"the checkpoint does not fit the exported model: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"the checkpoint does not fit the exported model: missing {missing}, unexpected {unexpected}"
+        )
     if tied:
         model.tie_weights()
     return model
@@ -195,12 +204,18 @@ def _check_tokenizer(path: Path, ids: Dict[str, int], vocab: int) -> Dict[str, s
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # not JSON, or JSON that is not a tokenizer
-        raise ValueError(f"--tokenizer {path}: not a tokenizer JSON ({' '.join(str(e).split())[:200]})") from None
+        raise ValueError(
+            f"--tokenizer {path}: not a tokenizer JSON ({' '.join(str(e).split())[:200]})"
+        ) from None
     if (n := tok.get_vocab_size()) > vocab:
-        raise ValueError(f"--tokenizer {path}: vocabulary {n} does not fit the model's {vocab} embeddings")
+        raise ValueError(
+            f"--tokenizer {path}: vocabulary {n} does not fit the model's {vocab} embeddings"
+        )
     for name, text in SPECIAL_TOKENS.items():
         if (got := tok.token_to_id(text)) != ids[name + "_id"]:
-            raise ValueError(f"--tokenizer {path}: {text} is id {got}, the model was trained with {name}_id {ids[name + '_id']}")
+            raise ValueError(
+                f"--tokenizer {path}: {text} is id {got}, the model was trained with {name}_id {ids[name + '_id']}"
+            )
     return {"bos_token": tok.id_to_token(ids["bos_token_id"]), **SPECIAL_TOKENS}
 
 
@@ -249,7 +264,10 @@ def _how_to_load(kind: str) -> tuple[str, str]:
         "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
         "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)"
     )
-    return load, "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend"
+    return (
+        load,
+        "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend",
+    )
 
 
 def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) -> str:
@@ -312,7 +330,9 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
 def _exportable(config_path: Path) -> ExperimentSpec:
     spec = load_spec(config_path)
     if spec.model.moe is not None:
-        raise ValueError(f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model")
+        raise ValueError(
+            f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model"
+        )
     return spec
 
 
@@ -349,20 +369,28 @@ def export_hf(
             f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
         )
     if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
-        raise ValueError(f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)")
+        raise ValueError(
+            f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
+        )
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out}: a file, not a folder")
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
     spec = _exportable(config_path)
     # another model's checkpoint (its vocabulary too) is refused by its metadata, before any weight is read
     check_checkpoint_fits(
-        checkpoint, spec, f"--config {config_path}: CHECKPOINT {checkpoint}" if config else f"CHECKPOINT {checkpoint}"
+        checkpoint,
+        spec,
+        f"--config {config_path}: CHECKPOINT {checkpoint}"
+        if config
+        else f"CHECKPOINT {checkpoint}",
     )
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
     max_len = spec.data.sequence_length
     ids = token_ids(spec)
-    specials = _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
+    specials = (
+        _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
+    )
     kind = "olmo2" if is_olmo2_shape(spec) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, max_len)
     model.config.update(ids)
@@ -379,6 +407,10 @@ def export_hf(
     (out / "README.md").write_text(model_card(spec, kind, checkpoint, vocab))
     if tokenizer_file is not None:
         shutil.copy(tokenizer_file, out / "tokenizer.json")
-        tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **(specials or {})}
+        tok_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": max_len,
+            **(specials or {}),
+        }
         (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))
     return kind

@@ -32,7 +32,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 # The KV cache's argument and output field: "cache" from transformers 5.24 on, "past_key_values" before.
-CACHE = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+CACHE = (
+    "cache"
+    if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {})
+    else "past_key_values"
+)
 
 
 class HourglassOlmoConfig(PretrainedConfig):
@@ -59,7 +63,9 @@ class HourglassOlmoConfig(PretrainedConfig):
         norm_eps: float = 1e-6,
         tie_word_embeddings: bool = False,
         widths: Optional[List[int]] = None,  # variable width: w_1..w_L (None: every layer d_model)
-        hidden_sizes: Optional[List[int]] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
+        hidden_sizes: Optional[
+            List[int]
+        ] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
         resize: str = "carry_forward",  # variable width: carry_forward | zero | learned
         embed_scale: float = 1.0,  # muP: embeddings x m_emb
         residual_scale: float = 1.0,  # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
@@ -73,9 +79,17 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.rope_theta, self.norm_eps, self.llama3_rope = rope_theta, norm_eps, llama3_rope
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
-        self.embed_scale, self.residual_scale, self.logit_scale = embed_scale, residual_scale, logit_scale
+        self.embed_scale, self.residual_scale, self.logit_scale = (
+            embed_scale,
+            residual_scale,
+            logit_scale,
+        )
         self.attention_scale_power = attention_scale_power
-        self.hidden_size, self.num_hidden_layers, self.num_attention_heads = d_model, n_layers, n_heads
+        self.hidden_size, self.num_hidden_layers, self.num_attention_heads = (
+            d_model,
+            n_layers,
+            n_heads,
+        )
         self.num_key_value_heads = n_kv_heads or n_heads
         kwargs.pop("layer_shapes", None)  # derived below (a saved config.json holds it too)
         # Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x head_dim),
@@ -128,7 +142,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _inv_freq(theta: float, head_dim: int, scaling: Optional[dict], device) -> torch.Tensor:
     """RoPE frequencies; Llama-3.1 scaling divides the low ones by ``factor``, blending in between."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim)
+    )
     if not scaling:
         return inv_freq
     factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
@@ -162,7 +178,9 @@ def eager_attention_forward(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def causal_mask(implementation: str, T: int, past: int, dtype: torch.dtype, device) -> Optional[torch.Tensor]:
+def causal_mask(
+    implementation: str, T: int, past: int, dtype: torch.dtype, device
+) -> Optional[torch.Tensor]:
     """The mask the attention function gets: None where the function applies causality itself (flash
     attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
     ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt), else an
@@ -170,7 +188,9 @@ def causal_mask(implementation: str, T: int, past: int, dtype: torch.dtype, devi
     if T == 1 or "flash" in implementation or (implementation != "eager" and past == 0):
         return None
     allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(past)
-    return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )[None, None]
 
 
 class Attention(nn.Module):
@@ -185,7 +205,11 @@ class Attention(nn.Module):
         self.config, self.layer_idx = c, layer
         self.n_heads, self.n_kv_heads = c.n_heads, c.n_kv_heads or c.n_heads
         self.num_key_value_groups = self.n_heads // self.n_kv_heads
-        self.head_dim, self.theta, self.llama3_rope = c.head_dim or d // c.n_heads, c.rope_theta, c.llama3_rope
+        self.head_dim, self.theta, self.llama3_rope = (
+            c.head_dim or d // c.n_heads,
+            c.rope_theta,
+            c.llama3_rope,
+        )
         self.scale = self.head_dim**-c.attention_scale_power
         q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.w_q, self.w_out = nn.Linear(d, q_width, bias=False), nn.Linear(q_width, d, bias=False)
@@ -193,7 +217,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(q_width, c.norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(kv_width, c.norm_eps) if c.qk_norm else None
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
@@ -202,7 +228,9 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
         inv_freq = _inv_freq(self.theta, self.head_dim, self.llama3_rope, x.device)
-        freqs = position_ids.to(x.device, torch.float)[..., None] * inv_freq  # (B or 1, T, head_dim / 2)
+        freqs = (
+            position_ids.to(x.device, torch.float)[..., None] * inv_freq
+        )  # (B or 1, T, head_dim / 2)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         sin, cos = emb.sin(), emb.cos()
         qf, kf = q.float(), k.float()
@@ -211,7 +239,11 @@ class Attention(nn.Module):
         if cache is not None:  # the n_kv_heads heads, before they are shared: GQA caches each once
             k, v = cache.update(k, v, self.layer_idx)
         implementation = self.config._attn_implementation or "eager"
-        attend = eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+        attend = (
+            eager_attention_forward
+            if implementation == "eager"
+            else ALL_ATTENTION_FUNCTIONS[implementation]
+        )
         kwargs.pop("attention_mask", None)
         mask = causal_mask(implementation, T, past, q.dtype, x.device)
         y, _ = attend(self, q, k, v, mask, dropout=0.0, scaling=self.scale, **kwargs)
@@ -267,7 +299,13 @@ class Block(nn.Module):
         widths = c.layer_widths
         d, hidden = widths[layer], c.layer_hidden_sizes[layer]
         in_width = widths[layer - 1] if layer else c.d_model
-        self.width, self.in_width, self.stream_width, self.mode, self.index = d, in_width, c.stream_width, c.resize, layer
+        self.width, self.in_width, self.stream_width, self.mode, self.index = (
+            d,
+            in_width,
+            c.stream_width,
+            c.resize,
+            layer,
+        )
         self.alpha = c.residual_scale
         self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
         self.attention = Attention(c, d, layer)
@@ -277,9 +315,13 @@ class Block(nn.Module):
         else:
             self.feed_forward = SwiGLU(d, hidden)
             self.feed_forward_norm = RMSNorm(d, c.norm_eps)
-        self.resize = nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
+        self.resize = (
+            nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
+        )
 
-    def layer(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs) -> torch.Tensor:
+    def layer(
+        self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
+    ) -> torch.Tensor:
         """The block at its own width; residual branches x alpha (muP's m_residual, else 1)."""
         if self.post:
             attn = self.attention_norm(self.attention(x, position_ids, cache, **kwargs))
@@ -288,12 +330,23 @@ class Block(nn.Module):
         h = torch.add(x, attn, alpha=self.alpha)
         if self.hourglass:
             return self.feed_forward(h)
-        ffn = self.feed_forward_norm(self.feed_forward(h)) if self.post else self.feed_forward(self.feed_forward_norm(h))
+        ffn = (
+            self.feed_forward_norm(self.feed_forward(h))
+            if self.post
+            else self.feed_forward(self.feed_forward_norm(h))
+        )
         return torch.add(h, ffn, alpha=self.alpha)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
+    ) -> torch.Tensor:
         if self.mode == "learned":  # x is y_{l-1} (or the embedding)
-            return self.layer(self.resize(x) if self.resize is not None else x[..., : self.width], position_ids, cache, **kwargs)
+            return self.layer(
+                self.resize(x) if self.resize is not None else x[..., : self.width],
+                position_ids,
+                cache,
+                **kwargs,
+            )
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
         inp = x[..., : self.width]
@@ -302,7 +355,9 @@ class Block(nn.Module):
         y = self.layer(inp, position_ids, cache, **kwargs)
         if self.width == self.stream_width:
             return y
-        return torch.cat((y, x[..., self.width :]), dim=-1)  # the stream carries forward in both modes
+        return torch.cat(
+            (y, x[..., self.width :]), dim=-1
+        )  # the stream carries forward in both modes
 
 
 class OutputNorm(RMSNorm):
@@ -312,8 +367,17 @@ class OutputNorm(RMSNorm):
     def __init__(self, c: HourglassOlmoConfig):
         last = c.layer_widths[-1]
         super().__init__(last, c.norm_eps)
-        self.last_width, self.d_model, self.mode, self.logit_scale = last, c.d_model, c.resize, c.logit_scale
-        self.resize = nn.Linear(last, c.d_model, bias=False) if self.mode == "learned" and last < c.d_model else None
+        self.last_width, self.d_model, self.mode, self.logit_scale = (
+            last,
+            c.d_model,
+            c.resize,
+            c.logit_scale,
+        )
+        self.resize = (
+            nn.Linear(last, c.d_model, bias=False)
+            if self.mode == "learned" and last < c.d_model
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x[..., : self.last_width])
@@ -430,11 +494,20 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)})
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, use_cache=None, **kwargs):
+    def prepare_inputs_for_generation(
+        self, input_ids, attention_mask=None, use_cache=None, **kwargs
+    ):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None:  # only the tokens the cache has not seen
             input_ids = input_ids[:, cache.get_seq_length() :]
-        return {"input_ids": input_ids, "attention_mask": attention_mask, CACHE: cache, "use_cache": use_cache}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            CACHE: cache,
+            "use_cache": use_cache,
+        }

@@ -21,16 +21,22 @@ class Card:
     name: str
     memory_gib: float
     device_name: str = ""  # torch.cuda.get_device_name of this card, exactly
-    bf16_flops: Optional[float] = None  # dense bf16 tensor-core FLOP/s (datasheet, no sparsity): MFU, GPU-hours
+    bf16_flops: Optional[float] = (
+        None  # dense bf16 tensor-core FLOP/s (datasheet, no sparsity): MFU, GPU-hours
+    )
 
 
 # The one table of the GPUs this project plans for (vendor datasheets): memory for the presets, peak
 # for MFU (the trainer's and the benchmark's) and for the dry run's GPU-hours.
 CARDS = {
-    "rtx6000ada": Card("rtx6000ada", 48.0, "NVIDIA RTX 6000 Ada Generation", 364.2e12),  # the paper's GPU; 1457 FP8 sparse / 4
+    "rtx6000ada": Card(
+        "rtx6000ada", 48.0, "NVIDIA RTX 6000 Ada Generation", 364.2e12
+    ),  # the paper's GPU; 1457 FP8 sparse / 4
     "h100": Card("h100", 80.0, "NVIDIA H100 80GB HBM3", 989.4e12),  # SXM5: 1979 TFLOP/s sparse / 2
     "h200": Card("h200", 141.0, "NVIDIA H200", 989.5e12),  # SXM, the H100's die
-    "b200": Card("b200", 180.0, "NVIDIA B200", 2250e12),  # the paper's other GPU (HGX B200, per GPU)
+    "b200": Card(
+        "b200", 180.0, "NVIDIA B200", 2250e12
+    ),  # the paper's other GPU (HGX B200, per GPU)
 }
 # Every model known by its exact device name, each at its own datasheet memory and peak: the presets, the
 # lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at their own peak),
@@ -85,4 +91,6 @@ def detect() -> Optional[Card]:
 
     if not torch.cuda.is_available():
         return None
-    return card_for_device(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB)
+    return card_for_device(
+        torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory / GIB
+    )

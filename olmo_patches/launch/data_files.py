@@ -10,7 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config.spec import ExperimentSpec, failer, tokenizer_vocab, vocab_size
-from ..data.contract import HEAD_TIMEOUT_S, max_token, tokenizer_vocab as tokenizer_file_ids, unreachable
+from ..data.contract import (
+    HEAD_TIMEOUT_S,
+    max_token,
+    tokenizer_vocab as tokenizer_file_ids,
+    unreachable,
+)
 from ..data.tokenize import MANIFEST, InputError, dtype_for, other_tokenizer, read_manifest
 
 __all__ = ["check_data_files"]
@@ -101,7 +106,9 @@ def _validation_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
     from ..eval.evaluators import validation_files
 
     paths, _ = validation_files(list(e.validation_sets), base)
-    return [("eval.validation_sets", p) for p in paths if Path(p).is_file()]  # URLs: not HEAD-checked
+    return [
+        ("eval.validation_sets", p) for p in paths if Path(p).is_file()
+    ]  # URLs: not HEAD-checked
 
 
 def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], dtype) -> None:
@@ -117,7 +124,11 @@ def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], d
     try:
         found = max_token([p for _, p in local], dtype, cache)
     except OSError as e:
-        fail(next((k for k, p in local if p == e.filename), "data.paths"), e.filename, f"cannot read: {e.strerror}")
+        fail(
+            next((k for k, p in local if p == e.filename), "data.paths"),
+            e.filename,
+            f"cannot read: {e.strerror}",
+        )
     for key, path in local:
         if (top := found[path]).max >= vocab:
             fail(
@@ -132,13 +143,21 @@ def _check_tokenizer_file(spec: ExperimentSpec, fail) -> None:
     """data.tokenizer_file: a tokenizers JSON whose ids fit the model's vocabulary."""
     file = spec.data.tokenizer_file
     if not Path(file).is_file():
-        fail("data.tokenizer_file", file, "a folder, not a tokenizer JSON" if Path(file).is_dir() else "no such file")
+        fail(
+            "data.tokenizer_file",
+            file,
+            "a folder, not a tokenizer JSON" if Path(file).is_dir() else "no such file",
+        )
     try:
         ids = tokenizer_file_ids(file)
     except (OSError, ValueError) as e:
         fail("data.tokenizer_file", file, getattr(e, "strerror", None) or str(e))
     if ids > vocab_size(spec):
-        fail("data.tokenizer_file", file, f"{ids} token ids, more than model.vocab_size={vocab_size(spec)}")
+        fail(
+            "data.tokenizer_file",
+            file,
+            f"{ids} token ids, more than model.vocab_size={vocab_size(spec)}",
+        )
 
 
 def _manifest_files(spec: ExperimentSpec, fail) -> list:
@@ -153,11 +172,15 @@ def _manifest_files(spec: ExperimentSpec, fail) -> list:
             manifest, files = read_manifest(path)
         except InputError as e:
             fail("data.paths", path, str(e))
-        from ..config.spec import tokenizer_config  # OLMo-core's special ids (torch): a manifest only
+        from ..config.spec import (
+            tokenizer_config,
+        )  # OLMo-core's special ids (torch): a manifest only
 
         tok = tokenizer_config(spec)
         ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
-        if why := other_tokenizer(manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file):
+        if why := other_tokenizer(
+            manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file
+        ):
             fail("data.paths", path, why)
         out.extend(files)
     return out

@@ -11,12 +11,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from ..config.load import load_spec, where_set
-from ..config.spec import ActivationCheckpointing, ConfigError, ExperimentSpec, demo_cache, failer, one_line
+from ..config.spec import (
+    ActivationCheckpointing,
+    ConfigError,
+    ExperimentSpec,
+    demo_cache,
+    failer,
+    one_line,
+)
 from .cards import CARDS, detect, no_cuda_driver
 from .data_files import check_data_files
 from .ranks import Layout
 
-if TYPE_CHECKING:  # the model's modules import torch and OLMo-core: imported once the pure checks pass
+if (
+    TYPE_CHECKING
+):  # the model's modules import torch and OLMo-core: imported once the pure checks pass
     from ..nn.attention import BackendChoice
     from .memory import MemoryEstimate
 
@@ -33,7 +42,9 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
     where = where_set(spec)
     layout = layout or Layout.from_env()
     before = asdict(spec.train)
-    check_machine(spec, where)  # these two import no torch (a manifest aside): a refusal in about a second
+    check_machine(
+        spec, where
+    )  # these two import no torch (a manifest aside): a refusal in about a second
     fit_world_size(spec, layout, where)
     check_devices(spec, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
@@ -43,7 +54,9 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
     return spec
 
 
-def load_and_resolve(path, overrides: Optional[list] = None, layout: Optional[Layout] = None) -> ExperimentSpec:
+def load_and_resolve(
+    path, overrides: Optional[list] = None, layout: Optional[Layout] = None
+) -> ExperimentSpec:
     """``config.load_spec`` then :func:`resolve`: a config as it runs here, on ``layout``'s ranks."""
     return resolve(load_spec(path, overrides), layout)
 
@@ -78,7 +91,9 @@ def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
     tasks the installed ai2-olmo-eval knows."""
     t, m = spec.train, spec.model
     fail = failer(where)
-    flash = m.attention_backend.startswith("flash_")  # nn.attention.FLASH, without importing OLMo-core
+    flash = m.attention_backend.startswith(
+        "flash_"
+    )  # nn.attention.FLASH, without importing OLMo-core
     cuda = False
     if t.device != "cpu" or flash:
         import torch
@@ -115,7 +130,11 @@ def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:
         from olmo_eval import list_tasks
 
         if unknown := [n for n in spec.eval.downstream_tasks if n not in list_tasks()]:
-            fail("eval.downstream_tasks", unknown, "not an ai2-olmo-eval task (olmo_eval.list_tasks())")
+            fail(
+                "eval.downstream_tasks",
+                unknown,
+                "not an ai2-olmo-eval task (olmo_eval.list_tasks())",
+            )
 
 
 def _check_prefix(spec: ExperimentSpec, fail) -> None:
@@ -124,20 +143,40 @@ def _check_prefix(spec: ExperimentSpec, fail) -> None:
 
     d, t = spec.data, spec.train
     if not Path(d.prefix_dir).is_dir():
-        fail("data.prefix_dir", d.prefix_dir, "no such folder (run: scripts/data_order.py materialize)")
+        fail(
+            "data.prefix_dir",
+            d.prefix_dir,
+            "no such folder (run: scripts/data_order.py materialize)",
+        )
     try:
         prefix = prefix_index(Path(d.prefix_dir))["spec"]
     except DataOrderError as e:
         fail("data.prefix_dir", d.prefix_dir, one_line(e))
     if prefix["seq_len"] != d.sequence_length:
-        fail("data.sequence_length", d.sequence_length, f"the prefix in {d.prefix_dir} has {prefix['seq_len']}-token instances")
+        fail(
+            "data.sequence_length",
+            d.sequence_length,
+            f"the prefix in {d.prefix_dir} has {prefix['seq_len']}-token instances",
+        )
     if prefix["seed"] != d.order_seed:
-        fail("data.order_seed", d.order_seed, f"the prefix in {d.prefix_dir} was made with order seed {prefix['seed']}")
-    tokens = t.max_tokens if t.max_tokens is not None else (t.max_steps or 0) * t.global_batch_size * d.sequence_length
+        fail(
+            "data.order_seed",
+            d.order_seed,
+            f"the prefix in {d.prefix_dir} was made with order seed {prefix['seed']}",
+        )
+    tokens = (
+        t.max_tokens
+        if t.max_tokens is not None
+        else (t.max_steps or 0) * t.global_batch_size * d.sequence_length
+    )
     held = prefix["num_instances"] * prefix["seq_len"]
     if tokens > held:
         key = "train.max_tokens" if t.max_tokens is not None else "train.max_steps"
-        fail(key, getattr(t, key.split(".")[1]), f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}")
+        fail(
+            key,
+            getattr(t, key.split(".")[1]),
+            f"the run needs {tokens:,} tokens, the prefix in {d.prefix_dir} holds {held:,}",
+        )
 
 
 def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "config") -> None:
@@ -152,15 +191,23 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
     g, n = t.global_batch_size, layout.world_size
     fail = failer(where)
     if g % n:
-        fail("train.global_batch_size", g, f"is not divisible by the {layout}: each rank takes a whole number of sequences")
+        fail(
+            "train.global_batch_size",
+            g,
+            f"is not divisible by the {layout}: each rank takes a whole number of sequences",
+        )
     per_rank = g // n
     m = t.micro_batch_size
     if m is not None and m > per_rank:
-        log.info(f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / {layout}): using {per_rank}")
+        log.info(
+            f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / {layout}): using {per_rank}"
+        )
         t.micro_batch_size = per_rank
     elif m is not None and per_rank % m:
         fail(
-            "train.micro_batch_size", m, f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})"
+            "train.micro_batch_size",
+            m,
+            f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})",
         )
     if t.data_parallel == "hsdp" and n > 1 and layout.nodes * layout.local != n:
         fail(
@@ -170,7 +217,9 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
         )
 
 
-def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None) -> None:
+def apply_hardware(
+    spec: ExperimentSpec, where=lambda key: "config", layout: Optional[Layout] = None
+) -> None:
     """Fill the train keys left at null from ``train.hardware`` (presets.py for this
     model), per rank of ``layout`` (after :func:`fit_world_size`)."""
     from .presets import Settings, choose
@@ -180,7 +229,9 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
         return
     layout = layout or Layout.from_env()
     per_rank = t.global_batch_size // layout.world_size
-    card = None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
+    card = (
+        None if t.device == "cpu" else detect() if t.hardware == "auto" else CARDS.get(t.hardware)
+    )
     if card is None:  # none, a CPU run, or auto without a GPU
         settings = Settings(t.micro_batch_size or per_rank, ActivationCheckpointing("off"), False)
     else:
@@ -188,17 +239,26 @@ def apply_hardware(spec: ExperimentSpec, where=lambda key: "config", layout: Opt
         try:
             settings = choose(est, card, per_rank, t.micro_batch_size, t.activation_checkpointing)
         except ValueError as e:
-            raise ConfigError(f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}") from None
+            raise ConfigError(
+                f"{where('train.hardware')}: train.hardware={t.hardware}: {spec.run.name} {e}"
+            ) from None
     filled = {
-        k: getattr(settings, k) for k in ("micro_batch_size", "activation_checkpointing", "compile") if getattr(t, k) is None
+        k: getattr(settings, k)
+        for k in ("micro_batch_size", "activation_checkpointing", "compile")
+        if getattr(t, k) is None
     }
     for key, value in filled.items():
         setattr(t, key, value)
     if card is not None:  # without a card nothing is chosen: no preset line
-        log.info(f"train.hardware={t.hardware} -> {card.name} ({layout}): " + ", ".join(f"{k}={v}" for k, v in filled.items()))
+        log.info(
+            f"train.hardware={t.hardware} -> {card.name} ({layout}): "
+            + ", ".join(f"{k}={v}" for k, v in filled.items())
+        )
     ac = t.activation_checkpointing
     if ac is not None and ac.mode == "budget" and not t.compile:  # OLMo-core refuses it at build
-        failer(where)("train.activation_checkpointing", ac, "the compiler's budget needs train.compile=true")
+        failer(where)(
+            "train.activation_checkpointing", ac, "the compiler's budget needs train.compile=true"
+        )
 
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
@@ -206,9 +266,13 @@ def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     from ..nn.lm_loss import lm_loss, set_lm_loss
     from .memory import estimate, with_float8
 
-    shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(spec.train.data_parallel, 1)
+    shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(
+        spec.train.data_parallel, 1
+    )
     model = spec.model_config()
-    set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)  # a card means CUDA
+    set_lm_loss(
+        model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name
+    )  # a card means CUDA
     est = estimate(model, spec.data.sequence_length, shards)
     return with_float8(est, model) if spec.train.float8 != "off" else est
 
@@ -219,14 +283,19 @@ def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
     try:
         return resolve_backend(spec, device)
     except ValueError as e:
-        raise ConfigError(f"config: model.attention_backend={spec.model.attention_backend}: {e}") from None
+        raise ConfigError(
+            f"config: model.attention_backend={spec.model.attention_backend}: {e}"
+        ) from None
 
 
 def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
     from ..nn.attention import resolve_attention_backend
 
     return resolve_attention_backend(
-        spec.model.attention_backend, spec.model.head_dims, cuda=device == "cuda", bf16=spec.train.precision == "bf16"
+        spec.model.attention_backend,
+        spec.model.head_dims,
+        cuda=device == "cuda",
+        bf16=spec.train.precision == "bf16",
     )
 
 

@@ -57,10 +57,21 @@ from olmo_core.nn.transformer import TransformerConfig
 
 from ..config.spec import ActivationCheckpointing
 
-__all__ = ["Layer", "MemoryEstimate", "estimate", "with_float8", "FSDP_BYTES", "LOGIT_BYTES", "FUSED_HEAD_BYTES", "OFF"]
+__all__ = [
+    "Layer",
+    "MemoryEstimate",
+    "estimate",
+    "with_float8",
+    "FSDP_BYTES",
+    "LOGIT_BYTES",
+    "FUSED_HEAD_BYTES",
+    "OFF",
+]
 
 FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (module docstring)
-LOGIT_BYTES = 18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
+LOGIT_BYTES = (
+    18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
+)
 FUSED_HEAD_BYTES = 6  # fused linear cross-entropy, per d_model a token: 2 the kept input gradient, 4 the logit chunk
 
 
@@ -89,7 +100,9 @@ class MemoryEstimate:
     layers: tuple[Layer, ...]  # each block, in order
     head: float  # bytes per token: final norm, head input, logits
     sequence_length: int
-    residual_bytes: int  # a checkpointed block's input: 2 (bf16 under FSDP) or 4 (fp32 under autocast)
+    residual_bytes: (
+        int  # a checkpointed block's input: 2 (bf16 under FSDP) or 4 (fp32 under autocast)
+    )
     moe: bool = False
     float8_weights: float = 0.0  # float8: the running block's float8 weight copies (with_float8)
     float8_inputs: float = 0.0  # float8: bytes per token of the widest matmul input's float8 cast
@@ -102,12 +115,18 @@ class MemoryEstimate:
         """Per layer: bytes per token kept until backward, bytes per token while recomputed, weight copies kept."""
         kept, recomputed, copies = [], [], []
         for i, layer in enumerate(self.layers):
-            block = ac.mode == "full" or (ac.mode == "selected_blocks" and i % (ac.block_interval or 1) == 0)
+            block = ac.mode == "full" or (
+                ac.mode == "selected_blocks" and i % (ac.block_interval or 1) == 0
+            )
             parts = {"attention": layer.attention, "feed_forward": layer.feed_forward}
             if ac.mode == "selected_modules":
                 globs = ac.modules or []
                 block = any(fnmatch(f"blocks.{i}", g) for g in globs)
-                parts = {k: v for k, v in parts.items() if any(fnmatch(f"blocks.{i}.{k}", g) for g in globs)}
+                parts = {
+                    k: v
+                    for k, v in parts.items()
+                    if any(fnmatch(f"blocks.{i}.{k}", g) for g in globs)
+                }
             if block:
                 kept.append(self.residual_bytes * layer.width)
                 recomputed.append(layer.saved)
@@ -124,8 +143,13 @@ class MemoryEstimate:
 
     def terms(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> dict[str, float]:
         """The estimate's terms in bytes for a micro-batch in mode ``ac`` (their sum: :meth:`total`)."""
-        if ac.mode == "budget":  # inductor's budget: this fraction of the saving between full and none
-            none, full = self.terms(micro_batch), self.terms(micro_batch, ActivationCheckpointing("full"))
+        if (
+            ac.mode == "budget"
+        ):  # inductor's budget: this fraction of the saving between full and none
+            none, full = (
+                self.terms(micro_batch),
+                self.terms(micro_batch, ActivationCheckpointing("full")),
+            )
             b = 1.0 if ac.budget is None else ac.budget
             return {k: full[k] + b * (none[k] - full[k]) for k in none}
         kept, recomputed, copies = self._kept(ac)
@@ -152,7 +176,9 @@ def _norm(w: int) -> int:
 
 def _blocks_and_widths(config: TransformerConfig) -> tuple[list, list[int]]:
     """Each block's config and width w_l (d_model for every block of a constant-width model)."""
-    return config.resolved_block_configs, list(getattr(config, "widths", [config.d_model] * config.n_layers))
+    return config.resolved_block_configs, list(
+        getattr(config, "widths", [config.d_model] * config.n_layers)
+    )
 
 
 def _ffn_terms(ffn, w: int) -> tuple[int, int, int, float]:
@@ -162,7 +188,12 @@ def _ffn_terms(ffn, w: int) -> tuple[int, int, int, float]:
     micro-batch (``saved_weight_copy(w)``; else none). nn/hourglass.py's config states all four."""
     own_norms = getattr(ffn, "layer_norm", None) is not None
     copy = getattr(ffn, "saved_weight_copy", None)
-    return getattr(ffn, "K", 1), ffn.hidden_size, _norm(w) if own_norms else 0, copy(w) if copy else 0
+    return (
+        getattr(ffn, "K", 1),
+        ffn.hidden_size,
+        _norm(w) if own_norms else 0,
+        copy(w) if copy else 0,
+    )
 
 
 def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
@@ -173,18 +204,32 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     layers = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
-        if moe is not None:  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
-            K, hidden, mlp_norm, copy = moe.router.top_k * getattr(moe, "K", 1), moe.hidden_size, 0, 0
+        if (
+            moe is not None
+        ):  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
+            K, hidden, mlp_norm, copy = (
+                moe.router.top_k * getattr(moe, "K", 1),
+                moe.hidden_size,
+                0,
+                0,
+            )
         else:
             assert ffn is not None
             K, hidden, mlp_norm, copy = _ffn_terms(ffn, w)
         mixer = block.sequence_mixer
         head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
         n_kv = getattr(mixer, "n_kv_heads", None) or mixer.n_heads
-        qk_norm = _norm(head_dim * mixer.n_heads) + _norm(head_dim * n_kv) if getattr(mixer, "qk_norm", None) else 0
+        qk_norm = (
+            _norm(head_dim * mixer.n_heads) + _norm(head_dim * n_kv)
+            if getattr(mixer, "qk_norm", None)
+            else 0
+        )
         layers.append(
             Layer(
-                attention=2 * w + 8 * head_dim * mixer.n_heads + 4 * mixer.n_heads + qk_norm,  # K, V repeated to n_heads
+                attention=2 * w
+                + 8 * head_dim * mixer.n_heads
+                + 4 * mixer.n_heads
+                + qk_norm,  # K, V repeated to n_heads
                 feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
                 norms=_norm(w) * (1 if mlp_norm else 2),
                 width=w,
@@ -198,7 +243,9 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
         states=16 * config.num_params / shards,
         buffers=FSDP_BYTES * max(units) if fsdp else 2 * config.num_params,
         layers=tuple(layers),
-        head=_norm(config.d_model) + 2 * config.d_model + (FUSED_HEAD_BYTES * config.d_model if fused else LOGIT_BYTES * vocab),
+        head=_norm(config.d_model)
+        + 2 * config.d_model
+        + (FUSED_HEAD_BYTES * config.d_model if fused else LOGIT_BYTES * vocab),
         sequence_length=sequence_length,
         residual_bytes=2 if fsdp else 4,
         moe=any(block.feed_forward_moe is not None for block in blocks),

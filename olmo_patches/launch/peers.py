@@ -61,7 +61,9 @@ def _launch_store(env, timeout_s: float = 30) -> Optional[dist.Store]:
     None: gone."""
     try:
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+        store = dist.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout
+        )
     except (RuntimeError, KeyError, ValueError):  # its host is gone
         return None
     return dist.PrefixStore(f"olmo_patches/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
@@ -91,14 +93,20 @@ def announce(line: str, code: int) -> Tuple[str, int, bool]:
     if (_store := _store or _connect()) is None:
         return line, code, os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0"
     try:
-        if code == 1 and _LOST_PEER.search(line):  # a peer went away: wait a little for its own line
+        if code == 1 and _LOST_PEER.search(
+            line
+        ):  # a peer went away: wait a little for its own line
             deadline = time.monotonic() + LOST_PEER_WAIT_S
             while not _store.check([_FAILURE]) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        first_code, first = _store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)
+        first_code, first = (
+            _store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)
+        )
         _announced = first, int(first_code), True  # printed here if the store goes before the count
         _announced = first, int(first_code), _store.add(f"printed/{_node()}", 1) == 1
-    except RuntimeError:  # the store went with its host: print here (the first failure, if it was read)
+    except (
+        RuntimeError
+    ):  # the store went with its host: print here (the first failure, if it was read)
         _announced = _announced or (line, code, True)
     return _announced
 
@@ -108,14 +116,20 @@ def watch() -> None:
     torchrun its store is the one); a new run forgets the last one's failure."""
     global _store, _stop
     _forget()
-    if _stop is not None or os.environ.get("WORLD_SIZE", "1") == "1" or (store := _connect()) is None:
+    if (
+        _stop is not None
+        or os.environ.get("WORLD_SIZE", "1") == "1"
+        or (store := _connect()) is None
+    ):
         return
     _store, _stop = store, threading.Event()
     # The local torchrun, whose end this rank watches for.
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     parent = os.getppid() if agent else None
     global _thread
-    _thread = threading.Thread(target=_watch, args=(store, _stop, parent), name="olmo_patches.peers", daemon=True)
+    _thread = threading.Thread(
+        target=_watch, args=(store, _stop, parent), name="olmo_patches.peers", daemon=True
+    )
     _thread.start()
 
 
@@ -151,7 +165,9 @@ def _end(store: Optional[dist.Store], line: str, code: int) -> None:
     prints = os.environ.get("LOCAL_RANK", "0") == "0"
     try:
         if store is not None:
-            first_code, line = store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)
+            first_code, line = (
+                store.compare_set(_FAILURE, "", f"{code} {line}").decode().split(" ", 1)
+            )
             code, prints = int(first_code), store.add(f"printed/{_node()}", 1) == 1
     except RuntimeError:  # the store went with its host
         pass
@@ -163,8 +179,14 @@ def _end(store: Optional[dist.Store], line: str, code: int) -> None:
 def _watch(store: dist.Store, stop: threading.Event, parent: Optional[int]) -> None:
     host = socket.gethostname()
     while not stop.wait(POLL_S):
-        if parent is not None and os.getppid() != parent and not stop.is_set():  # the local torchrun is gone
-            _end(store, f"node {_node()} ({host}) lost: its torchrun (pid {parent}) ended; its {_ranks()} stop", 1)
+        if (
+            parent is not None and os.getppid() != parent and not stop.is_set()
+        ):  # the local torchrun is gone
+            _end(
+                store,
+                f"node {_node()} ({host}) lost: its torchrun (pid {parent}) ended; its {_ranks()} stop",
+                1,
+            )
         try:
             if _announced is not None or not store.check([_FAILURE]):
                 continue

@@ -32,7 +32,11 @@ def preset_modes(est: MemoryEstimate) -> list[ActivationCheckpointing]:
     """The modes a preset tries, least recompute first (OLMo-core cannot checkpoint whole MoE blocks)."""
     if est.moe:
         return [OFF, ActivationCheckpointing("selected_modules", modules=["blocks.*.attention"])]
-    return [OFF, *(ActivationCheckpointing("selected_blocks", block_interval=n) for n in (4, 2)), ActivationCheckpointing("full")]
+    return [
+        OFF,
+        *(ActivationCheckpointing("selected_blocks", block_interval=n) for n in (4, 2)),
+        ActivationCheckpointing("full"),
+    ]
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,11 @@ def choose(
         ac = next((m for m in modes if _fits(est, card, micro_batch_size, m)), modes[-1])
         return Settings(micro_batch_size, ac, True)
     for ac in modes:
-        fitting = [m for m in range(1, per_rank_batch + 1) if per_rank_batch % m == 0 and _fits(est, card, m, ac)]
+        fitting = [
+            m
+            for m in range(1, per_rank_batch + 1)
+            if per_rank_batch % m == 0 and _fits(est, card, m, ac)
+        ]
         if fitting:
             return Settings(max(fitting), ac, True)
     raise ValueError(

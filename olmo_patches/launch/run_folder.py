@@ -89,7 +89,9 @@ EARLIER = {"model.moe.load_balance": "micro_batch"}
 
 def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
     """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
-    recorded = coerce_shorthands(OmegaConf.create(recorded_yaml))  # e.g. activation_checkpointing: false
+    recorded = coerce_shorthands(
+        OmegaConf.create(recorded_yaml)
+    )  # e.g. activation_checkpointing: false
     for key, value in EARLIER.items():  # the run as it ran, not as the new default would run it
         section, name = key.rsplit(".", 1)
         if isinstance(node := OmegaConf.select(recorded, section), DictConfig) and name not in node:
@@ -114,7 +116,9 @@ def _recorded(folder: Path) -> List[Path]:
     return first + sorted(numbered, key=lambda p: int(p.name.split(".")[1]))
 
 
-def check_config(spec: ExperimentSpec, deliberate: bool = False, checkpointed: bool = True) -> List[str]:
+def check_config(
+    spec: ExperimentSpec, deliberate: bool = False, checkpointed: bool = True
+) -> List[str]:
     """Refuse a start whose config changes the recorded run (unless ``deliberate``, or the folder holds
     no complete checkpoint: ``checkpointed`` False); returns the changes."""
     folder = Path(spec.save_folder)
@@ -130,16 +134,22 @@ def check_config(spec: ExperimentSpec, deliberate: bool = False, checkpointed: b
     return changes
 
 
-def record_config(spec: ExperimentSpec, changes: List[str], checkpointed: bool = True) -> Optional[str]:
+def record_config(
+    spec: ExperimentSpec, changes: List[str], checkpointed: bool = True
+) -> Optional[str]:
     """Write config.yaml at a run's first start, config.N.yaml after a deliberate change; a record
     without a complete checkpoint (``checkpointed`` False) is replaced by config.yaml. Returns the
     line saying a record was replaced (None otherwise)."""
     folder = Path(spec.save_folder)
     recorded = _recorded(folder)
     replaced = None
-    if recorded and not checkpointed:  # a start that ended before its first checkpoint: its record goes
+    if (
+        recorded and not checkpointed
+    ):  # a start that ended before its first checkpoint: its record goes
         if changes:
-            replaced = f"{folder} holds no checkpoint: its recorded config replaced ({'; '.join(changes)})"
+            replaced = (
+                f"{folder} holds no checkpoint: its recorded config replaced ({'; '.join(changes)})"
+            )
         for old in recorded:
             old.unlink()
         recorded, changes = [], []
@@ -202,7 +212,11 @@ def drop_record(path: Path, guard: Path) -> None:
     """Remove ``path`` if it is still this process's record (its host and pid)."""
     with guarded(guard):
         holder = read_record(path)
-        if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        if (
+            holder is not None
+            and holder.get("pid") == os.getpid()
+            and holder.get("host") == socket.gethostname()
+        ):
             path.unlink()
 
 
@@ -239,22 +253,30 @@ class Lock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise RunFolderError(f"run.save_folder {self.path.parent}: cannot create it ({e.strerror})") from None
+            raise RunFolderError(
+                f"run.save_folder {self.path.parent}: cannot create it ({e.strerror})"
+            ) from None
         try:
             taken, holder = take_record(self.path, self.guard, self.me, self._stale)
         except PermissionError as e:
-            raise RunFolderError(f"run.save_folder {self.path.parent}: cannot write there ({e.strerror})") from None
+            raise RunFolderError(
+                f"run.save_folder {self.path.parent}: cannot write there ({e.strerror})"
+            ) from None
         if not taken:
             raise self._busy(holder)  # type: ignore[arg-type]
         if holder is not None:
-            log.warning(f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
+            log.warning(
+                f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)"
+            )
 
     def release(self) -> None:
         if self.guard.exists():  # never taken (a refused start): nothing to drop, nothing written
             drop_record(self.path, self.guard)
 
 
-METRICS_FILE = "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
+METRICS_FILE = (
+    "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
+)
 
 
 def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:

@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
-from olmo_core.distributed.utils import OLMO_SHARED_FS_ENV_VAR, barrier, broadcast_object, get_rank, get_world_size
+from olmo_core.distributed.utils import (
+    OLMO_SHARED_FS_ENV_VAR,
+    barrier,
+    broadcast_object,
+    get_rank,
+    get_world_size,
+)
 
 from ..config import ConfigError
 
@@ -66,7 +72,13 @@ def require_shared(folders: Dict[str, Path]) -> None:
     seen = [_look(folder / name) for folder in folders.values()]
     answers: list = [None] * world
     dist.all_gather_object(
-        answers, (seen, os.environ.get("GROUP_RANK", "?"), socket.gethostname(), [str(f) for f in folders.values()])
+        answers,
+        (
+            seen,
+            os.environ.get("GROUP_RANK", "?"),
+            socket.gethostname(),
+            [str(f) for f in folders.values()],
+        ),
     )
     if get_rank() == 0:  # every rank has looked
         for folder in folders.values():
@@ -75,7 +87,9 @@ def require_shared(folders: Dict[str, Path]) -> None:
         blind = sorted({(node, host) for s, node, host, _ in answers if not s[i]})
         if blind:
             if get_rank() == 0:
-                for path in sorted(made, key=lambda p: len(p.parts), reverse=True):  # what was made here, if empty
+                for path in sorted(
+                    made, key=lambda p: len(p.parts), reverse=True
+                ):  # what was made here, if empty
                     try:
                         path.rmdir()
                     except OSError:
@@ -93,7 +107,9 @@ def _read(path: str) -> Tuple[Optional[int], Optional[str]]:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
-        return None, "missing" if isinstance(e, FileNotFoundError) else f"unreadable ({type(e).__name__}: {e.strerror})"
+        return None, "missing" if isinstance(
+            e, FileNotFoundError
+        ) else f"unreadable ({type(e).__name__}: {e.strerror})"
     try:
         return os.fstat(fd).st_size, None
     finally:
@@ -107,7 +123,12 @@ def require_data(paths: Sequence[str]) -> None:
     read = [_read(p) for p in local]
     rank, node, host = get_rank(), os.environ.get("GROUP_RANK", "0"), socket.gethostname()
     problem = next(
-        (f"data file {p}: {why} on rank {rank} (node {node}, {host})" for p, (_, why) in zip(local, read) if why), None
+        (
+            f"data file {p}: {why} on rank {rank} (node {node}, {host})"
+            for p, (_, why) in zip(local, read)
+            if why
+        ),
+        None,
     )
     digest = hashlib.sha256(repr((local, [size for size, _ in read])).encode()).hexdigest()
     answers: list = [(problem, digest)]
@@ -124,7 +145,10 @@ def require_data(paths: Sequence[str]) -> None:
     for r, (paths_r, sizes_r, node_r, host_r) in enumerate(everything):
         where = f"rank {r} (node {node_r}, {host_r})"
         if paths_r != paths0:
-            i = next((i for i, (a, b) in enumerate(zip(paths0, paths_r)) if a != b), min(len(paths0), len(paths_r)))
+            i = next(
+                (i for i, (a, b) in enumerate(zip(paths0, paths_r)) if a != b),
+                min(len(paths0), len(paths_r)),
+            )
             mine = paths_r[i] if i < len(paths_r) else "nothing"
             theirs = paths0[i] if i < len(paths0) else "nothing"
             raise ConfigError(

@@ -44,7 +44,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root
-from .run_folder import METRICS_FILE, drop_record, guarded, pid_alive, read_metrics, read_record, take_record, write_record
+from .run_folder import (
+    METRICS_FILE,
+    drop_record,
+    guarded,
+    pid_alive,
+    read_metrics,
+    read_record,
+    take_record,
+    write_record,
+)
 
 __all__ = [
     "Member",
@@ -61,11 +70,18 @@ __all__ = [
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
-CLAIM, CLAIM_LOCK, LOG, LAST = "sweep-claim.json", ".sweep-claim.lock", "sweep.log", "sweep-last.json"
+CLAIM, CLAIM_LOCK, LOG, LAST = (
+    "sweep-claim.json",
+    ".sweep-claim.lock",
+    "sweep.log",
+    "sweep-last.json",
+)
 # sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
-SLURM_LIVE = set("PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split())
+SLURM_LIVE = set(
+    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split()
+)
 
 
 @dataclass(frozen=True)
@@ -84,10 +100,15 @@ class Variants:
             suffix += f"-lr{lr_scale:g}x"
         if seed:
             own += [f"train.seed={spec.train.seed + seed}"] if "init" in self.vary else []
-            own += [f"data.order_seed={spec.data.order_seed + seed}"] if "order" in self.vary else []
+            own += (
+                [f"data.order_seed={spec.data.order_seed + seed}"] if "order" in self.vary else []
+            )
             suffix += f"-seed{seed}"
         if suffix:
-            own += [f"run.name={spec.run.name}{suffix}", f"run.save_folder={spec.save_folder}{suffix}"]
+            own += [
+                f"run.name={spec.run.name}{suffix}",
+                f"run.save_folder={spec.save_folder}{suffix}",
+            ]
         return own
 
     def describe(self) -> str:
@@ -145,14 +166,20 @@ def expand_configs(patterns: Sequence[str]) -> List[Path]:
         elif path.is_file():
             matches = [path]
         else:
-            matches = sorted(Path(m) for m in glob.glob(p, recursive=True) if m.endswith((".yaml", ".yml")))
+            matches = sorted(
+                Path(m) for m in glob.glob(p, recursive=True) if m.endswith((".yaml", ".yml"))
+            )
         if not matches:
-            raise ConfigError(f"command line: {p}: no config file, folder of configs or glob matching one")
+            raise ConfigError(
+                f"command line: {p}: no config file, folder of configs or glob matching one"
+            )
         found += [m for m in matches if m not in found]
     return found
 
 
-def load_sweep(patterns: Sequence[str], overrides: Sequence[str] = (), variants: Variants = Variants()) -> List[Member]:
+def load_sweep(
+    patterns: Sequence[str], overrides: Sequence[str] = (), variants: Variants = Variants()
+) -> List[Member]:
     """Every run of every config loaded and checked (ConfigError on the first bad one); two runs may
     not share a run folder."""
     members = []
@@ -167,7 +194,9 @@ def load_sweep(patterns: Sequence[str], overrides: Sequence[str] = (), variants:
     for m in members:
         folder = m.folder.resolve()
         if folder in seen:
-            raise ConfigError(f"{m.config}: run.save_folder: {m.folder} is also the run folder of {seen[folder]}")
+            raise ConfigError(
+                f"{m.config}: run.save_folder: {m.folder} is also the run folder of {seen[folder]}"
+            )
         seen[folder] = m.config
     return members
 
@@ -186,9 +215,13 @@ class SlurmInfo:
     def query(cls, jobs: Sequence[str]) -> "SlurmInfo":
         if not jobs:
             return cls({}, {})
-        queue = _parse_states(_call(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"]), " ")
+        queue = _parse_states(
+            _call(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", "%i %T"]), " "
+        )
         arrays = sorted({j.split("_")[0] for j in jobs})
-        accounting = _parse_states(_call(["sacct", "-n", "-P", "-X", "-j", ",".join(arrays), "-o", "JobID,State"]), "|")
+        accounting = _parse_states(
+            _call(["sacct", "-n", "-P", "-X", "-j", ",".join(arrays), "-o", "JobID,State"]), "|"
+        )
         return cls(queue, accounting)
 
     def live(self, job: str) -> Optional[bool]:
@@ -239,7 +272,9 @@ def claim_alive(claim: Optional[dict], slurm: SlurmInfo) -> bool:
 def take_claim(folder: Path, slurm: SlurmInfo) -> bool:
     """Claim the run for this process unless a live claim holds it; True when taken."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-    return take_record(folder / CLAIM, folder / CLAIM_LOCK, me, lambda claim: not claim_alive(claim, slurm))[0]
+    return take_record(
+        folder / CLAIM, folder / CLAIM_LOCK, me, lambda claim: not claim_alive(claim, slurm)
+    )[0]
 
 
 def release_claim(folder: Path) -> None:
@@ -278,7 +313,9 @@ def _checkpoint_step(folder: Path) -> int:
     """The step of the latest complete checkpoint (-1: none)."""
     if not folder.is_dir():
         return -1
-    from olmo_core.train.checkpoint import Checkpointer  # imports torch: once the sweep's configs have loaded
+    from olmo_core.train.checkpoint import (
+        Checkpointer,
+    )  # imports torch: once the sweep's configs have loaded
 
     return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
 
@@ -318,7 +355,9 @@ def _slurm_error(job: str, log_dir: Path) -> str:
 
 def _slurm_for(members: Sequence[Member]) -> SlurmInfo:
     """SLURM's view of the jobs that claimed these runs."""
-    return SlurmInfo.query([c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")])
+    return SlurmInfo.query(
+        [c["slurm_job"] for m in members if (c := read_claim(m.folder)) and c.get("slurm_job")]
+    )
 
 
 def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) -> List[RunStatus]:
@@ -329,7 +368,9 @@ def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) 
 # --- launching ------------------------------------------------------------------------------------
 
 
-def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partial(print, flush=True)) -> int:
+def launch_local(
+    members: Sequence[Member], overrides: Sequence[str], say=partial(print, flush=True)
+) -> int:
     """Train each unfinished run in turn (a stopped or failed one resumes from its latest checkpoint),
     each in its own process, output appended to its ``sweep.log`` and shown (``say``), each line after
     the run's name. SIGINT/SIGTERM are passed to the
@@ -357,12 +398,22 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
                 say(f"{m.name}: claimed by another launch, skipped")
                 continue
             try:
-                say(f"{m.name}: {'resuming from step ' + str(s.step) if s.step else 'starting'} ({m.folder / LOG})")
+                say(
+                    f"{m.name}: {'resuming from step ' + str(s.step) if s.step else 'starting'} ({m.folder / LOG})"
+                )
                 start = time.time()
-                with open(m.folder / LOG, "a") as log:  # the run's lines (its progress) to its log and, named, to the terminal
+                with open(
+                    m.folder / LOG, "a"
+                ) as log:  # the run's lines (its progress) to its log and, named, to the terminal
                     child[:] = [
                         subprocess.Popen(
-                            [sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides, *m.overrides],
+                            [
+                                sys.executable,
+                                str(TRAIN_SCRIPT),
+                                str(m.config),
+                                *overrides,
+                                *m.overrides,
+                            ],
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT,
                             text=True,
@@ -376,12 +427,18 @@ def launch_local(members: Sequence[Member], overrides: Sequence[str], say=partia
                     rc = child[0].wait()
                     child.clear()
                 error = last_error_line(m.folder / LOG) if rc != 0 else ""
-                write_record(m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)})
+                write_record(
+                    m.folder / LAST,
+                    {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)},
+                )
             finally:
                 release_claim(m.folder)
             state = run_status(m, _slurm_for([m])).state
             failed += state == "failed"
-            say(f"{m.name}: {state} after {time.time() - start:.0f} s" + (f": {error}" if error else ""))
+            say(
+                f"{m.name}: {state} after {time.time() - start:.0f} s"
+                + (f": {error}" if error else "")
+            )
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -415,7 +472,9 @@ def launch_slurm(
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
         manifest = log_dir / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
-        manifest.write_text("".join(shlex.join([str(m.config), *overrides, *m.overrides]) + "\n" for m in todo))
+        manifest.write_text(
+            "".join(shlex.join([str(m.config), *overrides, *m.overrides]) + "\n" for m in todo)
+        )
         cmd = [
             "sbatch",
             "--parsable",
@@ -431,9 +490,13 @@ def launch_slurm(
         try:
             out = subprocess.run(cmd, capture_output=True, text=True)
         except FileNotFoundError:
-            raise RuntimeError("sbatch: command not found (launch --slurm runs where SLURM is)") from None
+            raise RuntimeError(
+                "sbatch: command not found (launch --slurm runs where SLURM is)"
+            ) from None
         if out.returncode != 0:
-            raise RuntimeError(f"sbatch failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
+            raise RuntimeError(
+                f"sbatch failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}"
+            )
         array = out.stdout.strip().split(";")[0]
     except BaseException:
         for m in todo:
@@ -441,6 +504,9 @@ def launch_slurm(
         raise
     for i, m in enumerate(todo):
         with guarded(m.folder / CLAIM_LOCK):  # this process's claim passes to the job's element
-            write_record(m.folder / CLAIM, {"slurm_job": f"{array}_{i}", "manifest": str(manifest), "since": time.time()})
+            write_record(
+                m.folder / CLAIM,
+                {"slurm_job": f"{array}_{i}", "manifest": str(manifest), "since": time.time()},
+            )
         say(f"{m.name}: submitted as {array}_{i}")
     return array

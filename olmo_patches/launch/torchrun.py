@@ -78,7 +78,9 @@ def _environ(pid: int) -> Dict[str, str]:
     return dict(e.decode(errors="replace").split("=", 1) for e in raw.split(b"\0") if b"=" in e)
 
 
-_envs: Dict[int, Dict[str, str]] = {}  # this node's workers' environments, by pid (read while they live)
+_envs: Dict[
+    int, Dict[str, str]
+] = {}  # this node's workers' environments, by pid (read while they live)
 _announced = threading.Event()  # a killed worker's line is in the launch's store (and printed here)
 # A worker of this node failed (its line is printed: by it, or announced).
 _failed = threading.Event()
@@ -141,9 +143,17 @@ def _killed(pid: int, env: Dict[str, str], signum: int) -> None:
 def failure_line(error) -> tuple[str, int]:
     """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
     rank, failure = error.get_first_failure()
-    how = f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    how = (
+        f"killed by {signal.Signals(-failure.exitcode).name}"
+        if failure.exitcode < 0
+        else f"exit code {failure.exitcode}"
+    )
     try:
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        message = (
+            failure.message
+            if isinstance(failure.message, str)
+            else failure.message.get("message", "")
+        )
     except AttributeError:
         message = ""
     last = message.strip().splitlines()[-1] if message and message.strip() else ""
@@ -182,7 +192,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     stop = threading.Event()
-    threading.Thread(target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True).start()
+    threading.Thread(
+        target=_watch_workers, args=(stop,), name="olmo_patches.launch.torchrun", daemon=True
+    ).start()
     try:
         torchrun(args)
     except ChildFailedError as e:

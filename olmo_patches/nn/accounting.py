@@ -31,7 +31,9 @@ class ParamBreakdown:
     flops_per_token: int  # OLMo-core's training FLOPs per token (forward + backward)
     resize: int = 0  # learned resize projections (variable-width ablation; not in non_embedding)
     inactive: int = 0  # MoE: the expert weights a token does not use, (E - k) / E of each layer's
-    kv_cache_per_token: int = 0  # K and V elements a token leaves in the inference cache, summed over layers
+    kv_cache_per_token: int = (
+        0  # K and V elements a token leaves in the inference cache, summed over layers
+    )
 
     @property
     def non_embedding(self) -> int:

@@ -41,7 +41,10 @@ ATTENTION_BACKENDS = ("auto", *(b.value for b in AttentionBackendName))
 # HEADDIM_SWITCH; FA3: hopper/flash_api.cpp round_up_headdim), whose tiles compute over that width.
 FLASH_MAX_HEAD_DIM = 256
 FLASH_HEAD_DIM_MULTIPLE = 8
-FLASH_KERNEL_HEAD_DIMS = {"flash_2": (32, 64, 96, 128, 192, 256), "flash_3": (64, 96, 128, 192, 256)}
+FLASH_KERNEL_HEAD_DIMS = {
+    "flash_2": (32, 64, 96, 128, 192, 256),
+    "flash_3": (64, 96, 128, 192, 256),
+}
 FLASH = ("flash_2", "flash_3", "flash_4")
 
 
@@ -87,7 +90,10 @@ def head_dim_padding(name: str, dims: Sequence[int]) -> str:
     if not padded:
         return ""
     if len(padded) <= 3:
-        text = ", ".join(f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)" for d, k in padded)
+        text = ", ".join(
+            f"head_dim {d} as {k} ({1 - d / k:.0%} of its attention FLOPs padding)"
+            for d, k in padded
+        )
     else:
         shares = [1 - d / k for d, k in padded]
         text = f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to {max(shares):.0%} each)"
@@ -97,21 +103,29 @@ def head_dim_padding(name: str, dims: Sequence[int]) -> str:
 
 
 def _installed(name: str) -> bool:
-    return {"flash_2": flash_attn_api.has_flash_attn_2, "flash_3": flash_attn_api.has_flash_attn_3}[name]()
+    return {"flash_2": flash_attn_api.has_flash_attn_2, "flash_3": flash_attn_api.has_flash_attn_3}[
+        name
+    ]()
 
 
-def resolve_attention_backend(requested: str, dims: Sequence[int], *, cuda: bool, bf16: bool) -> BackendChoice:
+def resolve_attention_backend(
+    requested: str, dims: Sequence[int], *, cuda: bool, bf16: bool
+) -> BackendChoice:
     """The backend a run uses: ``requested`` on a device that can run it, else ``torch`` (see the module).
     Raises ValueError for a flash backend requested on a CUDA machine that cannot run it."""
     if requested != "auto":
         if requested != "torch" and not cuda:
-            return BackendChoice("torch", f"{requested} requested, no CUDA device: OLMo-core's fallback")
+            return BackendChoice(
+                "torch", f"{requested} requested, no CUDA device: OLMo-core's fallback"
+            )
         if requested in ("flash_2", "flash_3") and not _installed(requested):
             raise ValueError(
                 f"{requested} does not import here (or not on this GPU); pip install 'hourglass-olmo[gpu]' or use auto"
             )
         if requested in ("flash_2", "flash_3") and not _flash_fits(requested, dims):
-            raise ValueError(f"head_dim {sorted(set(dims))} is outside {requested}'s limits; use auto or torch")
+            raise ValueError(
+                f"head_dim {sorted(set(dims))} is outside {requested}'s limits; use auto or torch"
+            )
         return BackendChoice(requested, "requested")
     if not cuda:
         return BackendChoice("torch", "auto: no CUDA device")
@@ -121,7 +135,9 @@ def resolve_attention_backend(requested: str, dims: Sequence[int], *, cuda: bool
         if _installed(name) and _flash_fits(name, dims):
             return BackendChoice(name, f"auto: CUDA, bf16, head_dim {sorted(set(dims))}")
     if not _installed("flash_2"):
-        return BackendChoice("torch", "auto: flash-attn does not import (pip install 'hourglass-olmo[gpu]')")
+        return BackendChoice(
+            "torch", "auto: flash-attn does not import (pip install 'hourglass-olmo[gpu]')"
+        )
     return BackendChoice("torch", f"auto: head_dim {sorted(set(dims))} outside flash-attn's limits")
 
 
@@ -147,7 +163,12 @@ def on_gpu(requested: str, dims: Sequence[int], *, bf16: bool) -> str:
     for name, gpus in where:
         padding = head_dim_padding(name, dims)
         out.append(
-            f"{name} on {gpus}: " + (f"computes {padding}" if padding else f"no head-dim padding (head_dim {sorted(set(dims))})")
+            f"{name} on {gpus}: "
+            + (
+                f"computes {padding}"
+                if padding
+                else f"no head-dim padding (head_dim {sorted(set(dims))})"
+            )
         )
     return "; ".join(out)
 

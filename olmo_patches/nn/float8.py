@@ -29,7 +29,11 @@ __all__ = ["RECIPES", "ShapeFloat8Config", "float8_matmuls", "has_float8_matmuls
 
 log = logging.getLogger(__name__)
 
-RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's recipes (OLMo-core's AOFloat8LinearRecipe)
+RECIPES = (
+    "tensorwise",
+    "rowwise",
+    "rowwise_with_gw_hp",
+)  # torchao's recipes (OLMo-core's AOFloat8LinearRecipe)
 LM_HEAD = "lm_head.w_out"  # OLMo-core's Transformer.apply_fp8 keeps it in high precision
 
 
@@ -61,7 +65,9 @@ class ShapeFloat8Config(Float8Config):
     :class:`StackedLinear`; applied by OLMo-core's train module before compile, activation
     checkpointing and FSDP."""
 
-    emulate: bool = False  # torchao's emulation: float8 rounding, high-precision GEMMs (CPU, pre-SM89 GPUs)
+    emulate: bool = (
+        False  # torchao's emulation: float8 rounding, high-precision GEMMs (CPU, pre-SM89 GPUs)
+    )
 
     def linear_config(self) -> "Float8LinearConfig":
         from torchao.float8 import Float8LinearConfig
@@ -72,11 +78,15 @@ class ShapeFloat8Config(Float8Config):
             config = (self.ao if self.ao is not None else AOFloat8LinearConfig()).to_ao_type()
         return replace(config, emulate=True) if self.emulate else config
 
-    def apply_float8_linear(self, model: nn.Module, *, modules_to_ignore: Optional[Set[str]] = None):
+    def apply_float8_linear(
+        self, model: nn.Module, *, modules_to_ignore: Optional[Set[str]] = None
+    ):
         if not self.enabled:
             return
         if self.ao_mx is not None:  # MX formats (SM100): OLMo-core's own path, nn.Linear only
-            raise ValueError("train.float8: MX formats are not wired for the hourglass's stacked weights")
+            raise ValueError(
+                "train.float8: MX formats are not wired for the hourglass's stacked weights"
+            )
         from torchao.float8 import convert_to_float8_training
 
         ignore = set(modules_to_ignore or ()) | set(self.modules_to_ignore or ())
@@ -88,9 +98,13 @@ class ShapeFloat8Config(Float8Config):
                 f"stay in high precision (a dim not a multiple of 16), e.g. {matmuls['skipped'][0]}"
             )
         config = self.linear_config()
-        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}  # torchao#1871, as OLMo-core
+        frozen = {
+            n for n, p in model.named_parameters() if not p.requires_grad
+        }  # torchao#1871, as OLMo-core
         convert_to_float8_training(
-            model, config=config, module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn in convertible
+            model,
+            config=config,
+            module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn in convertible,
         )
         for name, m in model.named_modules():
             if isinstance(m, StackedLinear) and name in convertible:

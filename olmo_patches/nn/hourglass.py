@@ -51,12 +51,16 @@ class StackedLinear(nn.Module):
     bias = None
     float8 = None  # (torchao Float8LinearConfig, LinearMMConfig) once converted
 
-    def __init__(self, K: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str):
+    def __init__(
+        self, K: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str
+    ):
         super().__init__()
         self.K = K
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(K * out_features, in_features, dtype=dtype, device=device))
+        self.weight = nn.Parameter(
+            torch.empty(K * out_features, in_features, dtype=dtype, device=device)
+        )
         self._register_load_state_dict_pre_hook(self._fold_stacked)
 
     @property
@@ -78,7 +82,10 @@ class StackedLinear(nn.Module):
         from torchao.float8.float8_linear import Float8Linear
 
         # Float8Linear builds its GEMM configs (emulation, fast accumulation, padding) from the config.
-        self.float8 = (config, Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config)
+        self.float8 = (
+            config,
+            Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config,
+        )
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x w^T for one sub-MLP's weight ``w`` (a slice of :attr:`weight`), in float8 once converted."""
@@ -117,8 +124,12 @@ class HourglassFeedForward(nn.Module):
         self.w1 = StackedLinear(K, d_model, d_h, dtype=dtype, device=init_device)  # W_d1 (gate)
         self.w3 = StackedLinear(K, d_model, d_h, dtype=dtype, device=init_device)  # W_d2 (value)
         self.w2 = StackedLinear(K, d_h, d_model, dtype=dtype, device=init_device)  # W_u
-        self.norms = nn.ModuleList(layer_norm.build(d_model, init_device=init_device) for _ in range(K))
-        self.residual_alpha = 1.0  # a: each sub-MLP's residual branch x a (muP's m_residual; set by the block)
+        self.norms = nn.ModuleList(
+            layer_norm.build(d_model, init_device=init_device) for _ in range(K)
+        )
+        self.residual_alpha = (
+            1.0  # a: each sub-MLP's residual branch x a (muP's m_residual; set by the block)
+        )
 
     @staticmethod
     def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -145,7 +156,9 @@ class HourglassFeedForward(nn.Module):
         # autograd keeps until backward: saved_weight_copy), split with unbind: its backward is one stack, where indexing
         # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
         # instead measured no faster (docs/performance.md) and would break OLMo-core's w1/w3 init.
-        w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(0)  # K x (2 d_h, d_model)
+        w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(
+            0
+        )  # K x (2 d_h, d_model)
         w_up = self.w2.stacked.unbind(0)  # K x (d_model, d_h)
         for i, norm in enumerate(self.norms):
             if self.norm_placement == NormPlacement.pre:
@@ -191,12 +204,16 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
         if self.bias:
             raise OLMoConfigurationError("the hourglass FFN has no biases (bias must be false)")
         if self.layer_norm is None:
-            raise OLMoConfigurationError("the hourglass FFN needs a layer_norm config for its K norms")
+            raise OLMoConfigurationError(
+                "the hourglass FFN needs a layer_norm config for its K norms"
+            )
 
     def num_params(self, d_model: int) -> int:
         self.validate_shape()
         assert self.layer_norm is not None
-        return hourglass_ffn_params(d_model, self.K, self.hidden_size) + self.K * self.layer_norm.num_params(d_model)
+        return hourglass_ffn_params(
+            d_model, self.K, self.hidden_size
+        ) + self.K * self.layer_norm.num_params(d_model)
 
     def saved_weight_copy(self, d_model: int) -> int:
         """Bytes of the bf16 [W_d1; W_d2] copy forward() concatenates and autograd keeps until backward

@@ -15,7 +15,10 @@ from olmo_core.nn.attention.base import SequenceMixerConfig
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.block import TransformerBlock, TransformerBlockBase
-from olmo_core.nn.transformer.config import TransformerBlockConfig, TransformerDataParallelWrappingStrategy
+from olmo_core.nn.transformer.config import (
+    TransformerBlockConfig,
+    TransformerDataParallelWrappingStrategy,
+)
 from torch.distributed import DeviceMesh
 
 from .hourglass import HourglassFeedForwardConfig, NormPlacement
@@ -53,7 +56,13 @@ class HourglassBlock(TransformerBlockBase):
         self.residual_alpha = residual_alpha
         self.norm_placement = self.feed_forward.norm_placement
 
-    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        loss_div_factor: Optional[Union[torch.Tensor, float]] = None,
+        **kwargs,
+    ) -> torch.Tensor:
         del loss_div_factor
         if self.norm_placement == NormPlacement.pre:
             a = self.attention(self.attention_norm(x), **kwargs)
@@ -77,13 +86,17 @@ class HourglassBlock(TransformerBlockBase):
     ):
         # OLMo-core's per-block wrapping (the whole FFN, all K sub-MLPs, is one FSDP unit); the stacked
         # weights are (K out, in) matrices, sharded on their rows as every matrix (nn/hourglass.py).
-        TransformerBlock.apply_fsdp(self, dp_mesh, prefetch_factor, wrapping_strategy, **fsdp_kwargs)
+        TransformerBlock.apply_fsdp(
+            self, dp_mesh, prefetch_factor, wrapping_strategy, **fsdp_kwargs
+        )
 
     # Context parallelism as OLMo-core's own block: it only touches `attention`.
     apply_cp = TransformerBlock.apply_cp
 
     def num_flops_per_token(self, seq_len: int) -> int:
-        return self.attention.num_flops_per_token(seq_len) + self.feed_forward.num_flops_per_token(seq_len)
+        return self.attention.num_flops_per_token(seq_len) + self.feed_forward.num_flops_per_token(
+            seq_len
+        )
 
 
 @dataclass
@@ -98,7 +111,13 @@ class HourglassBlockConfig(TransformerBlockConfig):
         return self.feed_forward
 
     def build(  # type: ignore[override]
-        self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ) -> HourglassBlock:
         ffn = self._check()
         assert self.layer_norm is not None  # _check() raised otherwise

@@ -88,7 +88,9 @@ def hourglass_moe_counts(d_model: int, *, num_experts: int, top_k: int, K: int, 
 class HourglassExperts(MoEMLPBase):
     """E experts, each K residual hourglass sub-MLPs: maps u (rows grouped by expert) to E_e(u) = z_K - u."""
 
-    gmm = DroplessMoEMLP.gmm  # OLMo-core's grouped GEMM, or its per-expert loop without grouped_gemm
+    gmm = (
+        DroplessMoEMLP.gmm
+    )  # OLMo-core's grouped GEMM, or its per-expert loop without grouped_gemm
 
     def __init__(
         self,
@@ -104,19 +106,31 @@ class HourglassExperts(MoEMLPBase):
     ):
         super().__init__(d_model=d_model, hidden_size=hidden_size, num_experts=num_experts)
         self.K = K
-        self.residual_alpha = residual_alpha  # a: each sub-MLP's residual branch x a (set by the block)
+        self.residual_alpha = (
+            residual_alpha  # a: each sub-MLP's residual branch x a (set by the block)
+        )
         shape = (K * num_experts * hidden_size, d_model)  # K blocks of E d_h rows
         self.w1 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d1 (gate)
-        self.w2 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_u (transposed)
+        self.w2 = nn.Parameter(
+            torch.empty(shape, device=init_device, dtype=dtype)
+        )  # W_u (transposed)
         self.w3 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d2 (value)
-        self.norm_weight = nn.Parameter(torch.empty(num_experts * K * d_model, device=init_device, dtype=dtype))
+        self.norm_weight = nn.Parameter(
+            torch.empty(num_experts * K * d_model, device=init_device, dtype=dtype)
+        )
         # The model's norm without its gain: the gains are per expert and sub-MLP (norm_weight).
-        self.normalize = replace(layer_norm, elementwise_affine=False, bias=False).build(d_model, init_device=init_device)
+        self.normalize = replace(layer_norm, elementwise_affine=False, bias=False).build(
+            d_model, init_device=init_device
+        )
         self._gmm = gmm
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for w in (self.w1, self.w2, self.w3):  # OLMo-core's expert default; the model's init replaces it
+        for w in (
+            self.w1,
+            self.w2,
+            self.w3,
+        ):  # OLMo-core's expert default; the model's init replaces it
             nn.init.kaiming_uniform_(w, a=math.sqrt(5))
         nn.init.ones_(self.norm_weight)
 
@@ -135,7 +149,9 @@ class HourglassExperts(MoEMLPBase):
         self.ep_mesh, self.ep_pg = mesh, mesh.get_group()
         self.num_local_experts = self.num_experts // mesh.size()
         for name in ("w1", "w2", "w3", "norm_weight"):  # along the experts
-            self.register_parameter(name, nn.Parameter(distribute_tensor(getattr(self, name), mesh, [Shard(0)])))
+            self.register_parameter(
+                name, nn.Parameter(distribute_tensor(getattr(self, name), mesh, [Shard(0)]))
+            )
 
     def forward(self, x: torch.Tensor, batch_size_per_expert: torch.Tensor) -> torch.Tensor:
         """:param x: (N, d_model), rows grouped by expert; ``batch_size_per_expert``: rows of each local expert."""
@@ -144,7 +160,9 @@ class HourglassExperts(MoEMLPBase):
         gains = get_local_tensor(self.norm_weight).view(-1, K, d)
         # Each row's expert, to pick its norm gains.
         expert = torch.repeat_interleave(
-            torch.arange(gains.shape[0], device=x.device), batch_size_per_expert.to(x.device), output_size=x.shape[0]
+            torch.arange(gains.shape[0], device=x.device),
+            batch_size_per_expert.to(x.device),
+            output_size=x.shape[0],
         )
         z, out = x, None
         for k in range(K):
@@ -227,20 +245,30 @@ class HourglassMoEConfig(LayerMoEConfig):
         if self.K < 1:
             raise OLMoConfigurationError(f"hourglass experts need K >= 1, got K={self.K}")
         if self.hidden_size < 1:
-            raise OLMoConfigurationError(f"hourglass experts need d_h >= 1, got d_h={self.hidden_size}")
+            raise OLMoConfigurationError(
+                f"hourglass experts need d_h >= 1, got d_h={self.hidden_size}"
+            )
         if self.layer_norm is None:
-            raise OLMoConfigurationError("hourglass experts need a layer_norm config for their K norms")
+            raise OLMoConfigurationError(
+                "hourglass experts need a layer_norm config for their K norms"
+            )
         if self.layer_norm.bias or self.layer_norm.elementwise_affine is False:
             raise OLMoConfigurationError(
                 "hourglass experts' norms have a gain and no bias (layer_norm: bias false, elementwise_affine true)"
             )
         if self.shared_mlp is not None or self.latent_moe is not None:
-            raise OLMoConfigurationError("hourglass experts support neither a shared MLP nor a latent MoE")
+            raise OLMoConfigurationError(
+                "hourglass experts support neither a shared MLP nor a latent MoE"
+            )
 
     def _counts(self, d_model: int) -> dict:
         self.validate_shape()
         return hourglass_moe_counts(
-            d_model, num_experts=self.num_experts, top_k=self.router.top_k, K=self.K, d_h=self.hidden_size
+            d_model,
+            num_experts=self.num_experts,
+            top_k=self.router.top_k,
+            K=self.K,
+            d_h=self.hidden_size,
         )
 
     def num_params(self, d_model: int) -> int:
@@ -250,10 +278,19 @@ class HourglassMoEConfig(LayerMoEConfig):
         return self._counts(d_model)["active"]
 
     def build(  # type: ignore[override]
-        self, d_model: int, *, n_layers: int = 1, init_device: str = "cpu", cache: Optional[BufferCache] = None
+        self,
+        d_model: int,
+        *,
+        n_layers: int = 1,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ) -> HourglassMoE:
         self.validate_shape()
-        return HourglassMoE(**self._module_kwargs(d_model, n_layers, init_device, cache, drop=("name", "capacity_factor")))
+        return HourglassMoE(
+            **self._module_kwargs(
+                d_model, n_layers, init_device, cache, drop=("name", "capacity_factor")
+            )
+        )
 
 
 class HourglassMoEBlock(ScaledMoETransformerBlock):
@@ -264,9 +301,17 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
         super().__init__(residual_alpha=residual_alpha, **kwargs)
         self.feed_forward_moe.experts.mlp.residual_alpha = residual_alpha
 
-    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        loss_div_factor: Optional[Union[torch.Tensor, float]] = None,
+        **kwargs,
+    ) -> torch.Tensor:
         u = x + self.residual_alpha * self.dropout(self.attention(self.attention_norm(x), **kwargs))
-        moe = self.feed_forward_moe(u, router_input=self.feed_forward_norm(u), loss_div_factor=loss_div_factor)
+        moe = self.feed_forward_moe(
+            u, router_input=self.feed_forward_norm(u), loss_div_factor=loss_div_factor
+        )
         return u + self.dropout(moe)
 
 
@@ -275,10 +320,20 @@ class HourglassMoEBlockConfig(TransformerBlockConfig):
     """OLMo-core's MoE block config (``name: moe``) built as :class:`HourglassMoEBlock` (a constant-width model)."""
 
     def build(  # type: ignore[override]
-        self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ) -> HourglassMoEBlock:
-        if self.name != TransformerBlockType.moe or not isinstance(self.feed_forward_moe, HourglassMoEConfig):
-            raise OLMoConfigurationError("an hourglass-expert block needs name: moe and an HourglassMoEConfig")
+        if self.name != TransformerBlockType.moe or not isinstance(
+            self.feed_forward_moe, HourglassMoEConfig
+        ):
+            raise OLMoConfigurationError(
+                "an hourglass-expert block needs name: moe and an HourglassMoEConfig"
+            )
         assert self.layer_norm is not None
         return HourglassMoEBlock(
             d_model=d_model,

@@ -45,7 +45,9 @@ def lm_loss(spec, device: str) -> LossChoice:
         return LossChoice("default", "fused linear cross-entropy is a CUDA kernel")
     if not fused_linear_installed():
         return LossChoice("default", "liger-kernel does not import (pip install liger-kernel)")
-    return LossChoice("fused_linear", "Liger-Kernel's fused linear cross-entropy: no (tokens, V) logits")
+    return LossChoice(
+        "fused_linear", "Liger-Kernel's fused linear cross-entropy: no (tokens, V) logits"
+    )
 
 
 def set_lm_loss(config, name: str) -> None:

@@ -45,7 +45,14 @@ import torch.distributed as dist
 from olmo_core.config import StrEnum
 from olmo_core.data.utils import get_labels, split_batch
 from olmo_core.nn.buffer_cache import BufferCache
-from olmo_core.nn.moe import DroplessMoE, MoEBase, MoEConfig, MoELinearRouter, MoERouterConfig, MoEType
+from olmo_core.nn.moe import (
+    DroplessMoE,
+    MoEBase,
+    MoEConfig,
+    MoELinearRouter,
+    MoERouterConfig,
+    MoEType,
+)
 from olmo_core.nn.moe.mlp import DroplessMoEMLP
 from olmo_core.nn.moe.parallel_mlp import ParallelDroplessMLP
 from olmo_core.nn.transformer.block import MoETransformerBlock
@@ -87,8 +94,12 @@ class BalancedRouter(MoELinearRouter):
     def __init__(self, *, load_balance: str = "micro_batch", **kwargs):
         super().__init__(**kwargs)
         self.load_balance = LoadBalance(load_balance)
-        self.tally: Optional[torch.Tensor] = None  # counts routed without gradients (count_experts_first)
-        self.step_counts: Optional[torch.Tensor] = None  # the step's counts, every rank and micro-batch
+        self.tally: Optional[torch.Tensor] = (
+            None  # counts routed without gradients (count_experts_first)
+        )
+        self.step_counts: Optional[torch.Tensor] = (
+            None  # the step's counts, every rank and micro-batch
+        )
         self.step_ranks = 1  # the ranks step_counts was summed over
         self._logits: Optional[torch.Tensor] = None
 
@@ -96,14 +107,23 @@ class BalancedRouter(MoELinearRouter):
         self._logits = super().get_expert_logits(x)
         return self._logits
 
-    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None):
+    def forward(
+        self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None
+    ):
         if self.load_balance == LoadBalance.micro_batch or self.lb_loss_weight is None:
             return super().forward(x, loss_div_factor=loss_div_factor)
         if self.tp_mesh is not None or self.cp_mesh is not None:
-            raise NotImplementedError("load_balance other than micro_batch with tensor or context parallelism")
-        weight, self.lb_loss_weight = self.lb_loss_weight, None  # OLMo-core's forward without its loss
+            raise NotImplementedError(
+                "load_balance other than micro_batch with tensor or context parallelism"
+            )
+        weight, self.lb_loss_weight = (
+            self.lb_loss_weight,
+            None,
+        )  # OLMo-core's forward without its loss
         try:
-            expert_weights, expert_indices, counts, aux_loss = super().forward(x, loss_div_factor=loss_div_factor)
+            expert_weights, expert_indices, counts, aux_loss = super().forward(
+                x, loss_div_factor=loss_div_factor
+            )
         finally:
             self.lb_loss_weight = weight
         logits, self._logits = self._logits, None
@@ -113,20 +133,32 @@ class BalancedRouter(MoELinearRouter):
             return expert_weights, expert_indices, counts, aux_loss
         assert logits is not None
         with torch.autocast(enabled=False, device_type=x.device.type):
-            lb_loss = self._balance_loss(logits.float().view(-1, self.num_experts), counts, loss_div_factor)
+            lb_loss = self._balance_loss(
+                logits.float().view(-1, self.num_experts), counts, loss_div_factor
+            )
         self.load_balancing_loss += lb_loss.detach()
         aux_loss = weight * lb_loss if aux_loss is None else aux_loss + weight * lb_loss
         return expert_weights, expert_indices, counts, aux_loss
 
-    def _balance_loss(self, logits: torch.Tensor, counts: torch.Tensor, loss_div_factor) -> torch.Tensor:
+    def _balance_loss(
+        self, logits: torch.Tensor, counts: torch.Tensor, loss_div_factor
+    ) -> torch.Tensor:
         """This micro-batch's term of E sum_e f_e P_e."""
         E, k = self.num_experts, self.top_k
-        scores = logits.softmax(dim=-1) if self.gating_function == "softmax" else logits.sigmoid() + 1e-7
-        scores = scores / scores.sum(dim=-1, keepdim=True)  # sigmoid gating normalised, as OLMo-core's
-        if self.load_balance == LoadBalance.data_parallel:  # lm-engine: f over the ranks, P the rank's
+        scores = (
+            logits.softmax(dim=-1) if self.gating_function == "softmax" else logits.sigmoid() + 1e-7
+        )
+        scores = scores / scores.sum(
+            dim=-1, keepdim=True
+        )  # sigmoid gating normalised, as OLMo-core's
+        if (
+            self.load_balance == LoadBalance.data_parallel
+        ):  # lm-engine: f over the ranks, P the rank's
             total, _ = _all_reduced(counts, self.group)
             f = (total.double() / total.sum()).to(scores.dtype)
-            share = 1.0 if loss_div_factor is None else scores.shape[0] / loss_div_factor  # as OLMo-core's
+            share = (
+                1.0 if loss_div_factor is None else scores.shape[0] / loss_div_factor
+            )  # as OLMo-core's
             return E * torch.dot(f, scores.mean(dim=0)) * share
         # global_batch: a rank's term is W E sum_e C_e sum_t p_te / (k T^2) (C_e the step's counts over
         # W ranks, T its tokens): the ranks' mean of the gradients is then that of E sum_e f_e P_e.
@@ -163,7 +195,9 @@ def count_experts_first(train_module) -> None:
     routers = [
         m
         for m in train_module.model.modules()
-        if isinstance(m, BalancedRouter) and m.load_balance == LoadBalance.global_batch and m.lb_loss_weight
+        if isinstance(m, BalancedRouter)
+        and m.load_balance == LoadBalance.global_batch
+        and m.lb_loss_weight
     ]
     if not routers:
         return
@@ -172,17 +206,29 @@ def count_experts_first(train_module) -> None:
         router.group = group
 
     def counted_train_batch(batch: Dict[str, Any], dry_run: bool = False):
-        micro_batches = split_batch(batch, max(train_module.rank_microbatch_size // batch["input_ids"].shape[1], 1))
+        micro_batches = split_batch(
+            batch, max(train_module.rank_microbatch_size // batch["input_ids"].shape[1], 1)
+        )
         try:
             if len(micro_batches) > 1:
                 for router in routers:
-                    router.tally = torch.zeros(router.num_experts, dtype=torch.long, device=train_module.device)
+                    router.tally = torch.zeros(
+                        router.num_experts, dtype=torch.long, device=train_module.device
+                    )
                 train_module._set_model_mode("train")
                 with torch.no_grad():
                     for micro_batch in micro_batches:
-                        micro_batch.setdefault("labels", get_labels(micro_batch, train_module.label_ignore_index))
+                        micro_batch.setdefault(
+                            "labels", get_labels(micro_batch, train_module.label_ignore_index)
+                        )
                         input_ids, labels, kwargs = train_module._prepare_batch(micro_batch)
-                        train_module.model_forward(input_ids, labels=labels, loss_reduction="sum", return_logits=False, **kwargs)
+                        train_module.model_forward(
+                            input_ids,
+                            labels=labels,
+                            loss_reduction="sum",
+                            return_logits=False,
+                            **kwargs,
+                        )
                 counts, ranks = _all_reduced(torch.stack([r.tally for r in routers]), group)
                 for router, c in zip(routers, counts):
                     router.step_counts, router.step_ranks = c, ranks
@@ -217,27 +263,45 @@ class LayerMoEConfig(MoEConfig):
             num_experts=num_experts,
             hidden_size=hidden_size,
             # k = 1: weight 1, as lm-engine's
-            router=BalancedRouterConfig(top_k=top_k, normalize_expert_weights=1.0, load_balance=load_balance),
+            router=BalancedRouterConfig(
+                top_k=top_k, normalize_expert_weights=1.0, load_balance=load_balance
+            ),
             lb_loss_weight=lb_loss_weight or None,
             z_loss_weight=z_loss_weight or None,
             scale_loss_by_num_layers=False,
         )
 
     def build(  # type: ignore[override]
-        self, d_model: int, *, n_layers: int = 1, init_device: str = "cpu", cache: Optional[BufferCache] = None
+        self,
+        d_model: int,
+        *,
+        n_layers: int = 1,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ) -> MoEBase:
         """THE place a layer's MoE is built: width ``d_model`` = w_l, expert hidden ``hidden_size`` = I_l
         (OLMo-core's ``MoEConfig.build``; a subclass builds its own kind of experts)."""
         return PortableDroplessMoE(**self._module_kwargs(d_model, n_layers, init_device, cache))
 
     def _module_kwargs(
-        self, d_model: int, n_layers: int, init_device: str, cache: Optional[BufferCache], drop: tuple = ("name",)
+        self,
+        d_model: int,
+        n_layers: int,
+        init_device: str,
+        cache: Optional[BufferCache],
+        drop: tuple = ("name",),
     ) -> dict:
         """OLMo-core's MoE constructor arguments for a layer of width ``d_model`` (this config's fields less ``drop``)."""
         kwargs = self.as_dict(exclude_none=True, recurse=False)
         for key in drop:
             kwargs.pop(key, None)
-        kwargs.update(d_model=d_model, n_layers=n_layers, init_device=init_device, dtype=kwargs.pop("dtype").as_pt(), cache=cache)
+        kwargs.update(
+            d_model=d_model,
+            n_layers=n_layers,
+            init_device=init_device,
+            dtype=kwargs.pop("dtype").as_pt(),
+            cache=cache,
+        )
         return kwargs
 
 
@@ -268,7 +332,9 @@ class PortableDroplessMLP(ParallelDroplessMLP):
                 top_k=top_k,
             )
         x = x.view(-1, x.shape[-1])
-        token = indices.long() // top_k  # indices: positions in the flattened (T, k) assignments, by expert
+        token = (
+            indices.long() // top_k
+        )  # indices: positions in the flattened (T, k) assignments, by expert
         y = self.mlp(x[token], batch_size_per_expert)
         if expert_weights is not None:
             y = y * expert_weights[indices.long()].unsqueeze(-1).to(y.dtype)
@@ -289,7 +355,11 @@ class PortableDroplessMoE(DroplessMoE):
         cache: Optional[BufferCache] = None,
     ) -> ParallelDroplessMLP:
         mlp = DroplessMoEMLP(
-            d_model=d_model, num_experts=num_experts, hidden_size=hidden_size, dtype=dtype, init_device=init_device
+            d_model=d_model,
+            num_experts=num_experts,
+            hidden_size=hidden_size,
+            dtype=dtype,
+            init_device=init_device,
         )
         return PortableDroplessMLP(mlp=mlp, top_k=self.router.top_k, cache=cache)
 
@@ -302,7 +372,15 @@ class ScaledMoETransformerBlock(MoETransformerBlock):
         super().__init__(**kwargs)
         self.residual_alpha = residual_alpha
 
-    def forward(self, x: torch.Tensor, *, loss_div_factor: Optional[Union[torch.Tensor, float]] = None, **kwargs) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        loss_div_factor: Optional[Union[torch.Tensor, float]] = None,
+        **kwargs,
+    ) -> torch.Tensor:
         a = self.residual_alpha
         h = x + a * self.dropout(self.attention(self.attention_norm(x), **kwargs))
-        return h + a * self.dropout(self.feed_forward_moe(self.feed_forward_norm(h), loss_div_factor=loss_div_factor))
+        return h + a * self.dropout(
+            self.feed_forward_moe(self.feed_forward_norm(h), loss_div_factor=loss_div_factor)
+        )

@@ -63,7 +63,12 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.layer_norm import LayerNormType, RMSNorm
 from olmo_core.nn.lm_head import LMHead, LMHeadConfig, LMHeadType
-from olmo_core.nn.transformer import Transformer, TransformerBlockConfig, TransformerConfig, TransformerType
+from olmo_core.nn.transformer import (
+    Transformer,
+    TransformerBlockConfig,
+    TransformerConfig,
+    TransformerType,
+)
 from olmo_core.nn.transformer.block import ReorderedNormTransformerBlock, TransformerBlock
 from olmo_core.nn.transformer.config import TransformerBlockType
 from olmo_core.nn.transformer.init import _apply_init
@@ -109,12 +114,23 @@ class _Resizing:
     resize_mode: ResizeMode
     resize: Optional[nn.Linear]
 
-    def __init__(self, *, width: int, in_width: int, stream_width: int, resize: ResizeMode, init_device: str = "cpu", **kwargs):
+    def __init__(
+        self,
+        *,
+        width: int,
+        in_width: int,
+        stream_width: int,
+        resize: ResizeMode,
+        init_device: str = "cpu",
+        **kwargs,
+    ):
         super().__init__(d_model=width, init_device=init_device, **kwargs)  # type: ignore[call-arg]
         self.width, self.in_width, self.stream_width = width, in_width, stream_width
         self.resize_mode = ResizeMode(resize)
         learned = self.resize_mode == ResizeMode.learned and in_width < width
-        self.resize = nn.Linear(in_width, width, bias=False, device=init_device) if learned else None
+        self.resize = (
+            nn.Linear(in_width, width, bias=False, device=init_device) if learned else None
+        )
 
     def forward(self, x: torch.Tensor, **kwargs) -> torch.Tensor:
         if self.resize_mode == ResizeMode.learned:  # x is y_l-1 (or the embedding)
@@ -123,12 +139,16 @@ class _Resizing:
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
         inp = x[..., : self.width]
-        if self.resize_mode == ResizeMode.zero and self.in_width < self.width:  # new dims read zeros
+        if (
+            self.resize_mode == ResizeMode.zero and self.in_width < self.width
+        ):  # new dims read zeros
             inp = F.pad(inp[..., : self.in_width], (0, self.width - self.in_width))
         y = super().forward(inp, **kwargs)  # type: ignore[misc]
         if self.width == self.stream_width:
             return y
-        return torch.cat((y, x[..., self.width :]), dim=-1)  # the stream carries forward in both modes
+        return torch.cat(
+            (y, x[..., self.width :]), dim=-1
+        )  # the stream carries forward in both modes
 
     def num_flops_per_token(self, seq_len: int) -> int:
         extra = 6 * self.resize.weight.numel() if self.resize is not None else 0
@@ -170,14 +190,27 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         return isinstance(self.feed_forward, HourglassFeedForwardConfig)
 
     def build(  # type: ignore[override]
-        self, *, d_model: int, block_idx: int, n_layers: int, init_device: str = "cpu", cache: Optional[BufferCache] = None
+        self,
+        *,
+        d_model: int,
+        block_idx: int,
+        n_layers: int,
+        init_device: str = "cpu",
+        cache: Optional[BufferCache] = None,
     ):
-        del d_model, cache  # own width; own RoPE cache (OLMo-core's cache key ignores the head size)
+        del (
+            d_model,
+            cache,
+        )  # own width; own RoPE cache (OLMo-core's cache key ignores the head size)
         assert self.layer_norm is not None
         kwargs: dict = dict(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm)
-        if self.feed_forward_moe is not None:  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
+        if (
+            self.feed_forward_moe is not None
+        ):  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
             hourglass_experts = isinstance(self.feed_forward_moe, HourglassMoEConfig)
-            cls: type = VariableWidthHourglassMoEBlock if hourglass_experts else VariableWidthMoEBlock
+            cls: type = (
+                VariableWidthHourglassMoEBlock if hourglass_experts else VariableWidthMoEBlock
+            )
             kwargs.update(
                 feed_forward_moe=self.feed_forward_moe,
                 dropout=self.dropout or 0.0,
@@ -188,7 +221,11 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
             kwargs["residual_alpha"] = self.attention_residual_alpha or 1.0
         else:
             kwargs["feed_forward"] = self.feed_forward
-            cls = VariableWidthReorderedNormBlock if self.name == TransformerBlockType.reordered_norm else VariableWidthBlock
+            cls = (
+                VariableWidthReorderedNormBlock
+                if self.name == TransformerBlockType.reordered_norm
+                else VariableWidthBlock
+            )
             for key in ("dropout", "attention_residual_alpha", "feed_forward_residual_alpha"):
                 if getattr(self, key) is not None:
                     kwargs[key] = getattr(self, key)
@@ -213,9 +250,13 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         w = self.width
         ffn = self.feed_forward_moe if self.feed_forward_moe is not None else self.feed_forward
         assert ffn is not None
-        params = self.sequence_mixer.num_params(w) + self.layer_norm.num_params(w) + ffn.num_params(w)
+        params = (
+            self.sequence_mixer.num_params(w) + self.layer_norm.num_params(w) + ffn.num_params(w)
+        )
         if not self.is_hourglass:
-            params += self.layer_norm.num_params(w)  # the FFN's norm (the hourglass FFN owns its K norms)
+            params += self.layer_norm.num_params(
+                w
+            )  # the FFN's norm (the hourglass FFN owns its K norms)
         if self.resize == ResizeMode.learned and self.in_width < w:
             params += self.in_width * w
         return params
@@ -229,12 +270,23 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
 class OutputNorm(RMSNorm):
     """RMSNorm over the last layer's first w_L dims, then to h dims; the LM head's ``norm``."""
 
-    def __init__(self, *, last_width: int, d_model: int, resize: ResizeMode, logit_scale: float, init_device: str, **kwargs):
+    def __init__(
+        self,
+        *,
+        last_width: int,
+        d_model: int,
+        resize: ResizeMode,
+        logit_scale: float,
+        init_device: str,
+        **kwargs,
+    ):
         super().__init__(size=last_width, init_device=init_device, **kwargs)
         self.last_width, self.d_model, self.resize_mode = last_width, d_model, ResizeMode(resize)
         self.logit_scale = logit_scale
         learned = self.resize_mode == ResizeMode.learned and last_width < d_model
-        self.resize = nn.Linear(last_width, d_model, bias=False, device=init_device) if learned else None
+        self.resize = (
+            nn.Linear(last_width, d_model, bias=False, device=init_device) if learned else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = super().forward(x[..., : self.last_width])
@@ -256,10 +308,16 @@ class VariableWidthLMHeadConfig(LMHeadConfig):
     logit_scale: float = 1.0  # muP: 1 / m_width
 
     def _resize_params(self, d_model: int) -> int:
-        return self.last_width * d_model if self.resize == ResizeMode.learned and self.last_width < d_model else 0
+        return (
+            self.last_width * d_model
+            if self.resize == ResizeMode.learned and self.last_width < d_model
+            else 0
+        )
 
     def num_params(self, d_model: int, vocab_size: int) -> int:
-        params = d_model * vocab_size + (vocab_size if self.bias else 0) + self._resize_params(d_model)
+        params = (
+            d_model * vocab_size + (vocab_size if self.bias else 0) + self._resize_params(d_model)
+        )
         if self.layer_norm is not None:
             params += self.layer_norm.num_params(self.last_width)
         return params
@@ -299,7 +357,9 @@ class VariableWidthTransformerConfig(TransformerConfig):
 
     widths: List[int] = field(default_factory=list)  # w_1..w_L
     resize: ResizeMode = ResizeMode.carry_forward
-    ffn_hidden_ratio: float = 4.0  # FFN hidden (SwiGLU) or d_h (hourglass) per layer: ratio x w_l ...
+    ffn_hidden_ratio: float = (
+        4.0  # FFN hidden (SwiGLU) or d_h (hourglass) per layer: ratio x w_l ...
+    )
     ffn_hidden_multiple: int = 1  # ... rounded to this multiple
     mup: Optional[MuPConfig] = None  # None: OLMo-core's init (init_method, init_std)
 
@@ -308,13 +368,19 @@ class VariableWidthTransformerConfig(TransformerConfig):
         if self.name != TransformerType.default or self.block_overrides or self.block_pattern:
             raise OLMoConfigurationError("a variable-width model builds its own per-layer blocks")
         if len(self.widths) != self.n_layers:
-            raise OLMoConfigurationError(f"widths has {len(self.widths)} entries for n_layers={self.n_layers}")
+            raise OLMoConfigurationError(
+                f"widths has {len(self.widths)} entries for n_layers={self.n_layers}"
+            )
         assert isinstance(self.block, TransformerBlockConfig)
         mixer = self.block.sequence_mixer
-        n_heads = 1 if getattr(mixer, "head_dim", None) else getattr(mixer, "n_heads", 1)  # head_dim: any w_l
+        n_heads = (
+            1 if getattr(mixer, "head_dim", None) else getattr(mixer, "n_heads", 1)
+        )  # head_dim: any w_l
         for l, w in enumerate(self.widths, start=1):
             if w < 1 or w % n_heads:
-                raise OLMoConfigurationError(f"w_{l}={w} is not a positive multiple of n_heads={n_heads}")
+                raise OLMoConfigurationError(
+                    f"w_{l}={w} is not a positive multiple of n_heads={n_heads}"
+                )
         if self.tie_word_embeddings:
             raise OLMoConfigurationError("a variable-width model needs untied embeddings")
         if self.mup is not None:
@@ -357,8 +423,12 @@ class VariableWidthTransformerConfig(TransformerConfig):
                     name=template.name,
                     sequence_mixer=template.sequence_mixer,
                     layer_norm=template.layer_norm,
-                    feed_forward=replace(ffn, hidden_size=self._hidden(w)) if ffn is not None else None,
-                    feed_forward_moe=replace(moe, hidden_size=expert_hidden_size(w, moe.hidden_size, self.d_model))
+                    feed_forward=replace(ffn, hidden_size=self._hidden(w))
+                    if ffn is not None
+                    else None,
+                    feed_forward_moe=replace(
+                        moe, hidden_size=expert_hidden_size(w, moe.hidden_size, self.d_model)
+                    )
                     if moe is not None
                     else None,
                     dropout=template.dropout,
@@ -376,7 +446,10 @@ class VariableWidthTransformerConfig(TransformerConfig):
 
     @property
     def is_moe(self) -> bool:
-        return isinstance(self.block, TransformerBlockConfig) and self.block.feed_forward_moe is not None
+        return (
+            isinstance(self.block, TransformerBlockConfig)
+            and self.block.feed_forward_moe is not None
+        )
 
     def build(self, *, init_device: str = "cpu") -> "VariableWidthTransformer":  # type: ignore[override]
         cls = VariableWidthMoETransformer if self.is_moe else VariableWidthTransformer
@@ -419,8 +492,12 @@ class VariableWidthTransformer(Transformer):
 
     @torch.no_grad()
     def init_weights(self, **kwargs) -> torch.Generator:  # type: ignore[override]
-        generator = super().init_weights(**kwargs)  # OLMo-core's init of every block at its own width
-        for module in self.modules():  # learned resize projections: nn.Linear's default distribution
+        generator = super().init_weights(
+            **kwargs
+        )  # OLMo-core's init of every block at its own width
+        for (
+            module
+        ) in self.modules():  # learned resize projections: nn.Linear's default distribution
             if isinstance(resize := getattr(module, "resize", None), nn.Linear):
                 bound = resize.in_features**-0.5
                 _apply_init(nn.init.uniform_, resize.weight, a=-bound, b=bound, generator=generator)
@@ -442,7 +519,9 @@ class VariableWidthTransformer(Transformer):
             std = m.init_range / math.sqrt(m.m_width) * math.sqrt(self.d_model / w)
             for name, p in block.named_parameters():  # the MoE router's weight is stored flat (1-D)
                 if (p.dim() >= 2 or name.endswith("router.weight")) and "resize" not in name:
-                    normal(p, std / math.sqrt(2 * self.n_layers) if name.endswith(out_proj) else std)
+                    normal(
+                        p, std / math.sqrt(2 * self.n_layers) if name.endswith(out_proj) else std
+                    )
         normal(self.lm_head.w_out.weight, m.init_range)
 
 

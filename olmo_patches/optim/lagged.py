@@ -23,5 +23,7 @@ class LaggedScheduler(Scheduler):
     inner: Scheduler = field(default_factory=CosWithWarmup)
     lag: int = 1  # in the inner schedule's units
 
-    def get_lr(self, initial_lr: Union[float, torch.Tensor], current: int, t_max: int) -> Union[float, torch.Tensor]:
+    def get_lr(
+        self, initial_lr: Union[float, torch.Tensor], current: int, t_max: int
+    ) -> Union[float, torch.Tensor]:
         return self.inner.get_lr(initial_lr, max(current - self.lag, 0), t_max)

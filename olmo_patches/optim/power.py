@@ -56,6 +56,8 @@ class PowerScheduler(Scheduler):
             return n * self._power(self.warmup) / self.warmup
         return self._power(n)
 
-    def get_lr(self, initial_lr: Union[float, torch.Tensor], current: int, t_max: int) -> Union[float, torch.Tensor]:
+    def get_lr(
+        self, initial_lr: Union[float, torch.Tensor], current: int, t_max: int
+    ) -> Union[float, torch.Tensor]:
         del t_max  # the power law runs to the last step
         return initial_lr * self.factor(max(current - 1, 0))

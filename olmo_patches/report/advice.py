@@ -33,7 +33,11 @@ def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
     from ..nn.hourglass import StackedLinear
 
     # A stacked hourglass weight's matmuls are its K (out, in) maps, not its (K out, in) storage.
-    maps = {f"{n}.weight": m.stacked.shape for n, m in model.named_modules() if isinstance(m, StackedLinear)}
+    maps = {
+        f"{n}.weight": m.stacked.shape
+        for n, m in model.named_modules()
+        if isinstance(m, StackedLinear)
+    }
     for name, p in model.named_parameters():
         shape = maps.get(name, p.shape)
         for d in shape[-2:] if len(shape) >= 2 else ():
@@ -50,7 +54,8 @@ def _over_http(spec: ExperimentSpec) -> bool:
     if d.source == "olmo2_stage1":
         return d.base is None or d.base.startswith(remote)
     return d.source == "numpy" and (
-        any(p.startswith(remote) for p in d.paths) or bool(d.mix and d.mix_base_dir.startswith(remote))
+        any(p.startswith(remote) for p in d.paths)
+        or bool(d.mix and d.mix_base_dir.startswith(remote))
     )
 
 
@@ -68,7 +73,9 @@ def long_warmup(spec: ExperimentSpec) -> Optional[str]:
     per_step = t.global_batch_size * spec.data.sequence_length
     steps = spec.steps
     key, warmup = (
-        ("train.warmup_steps", t.warmup_steps) if t.warmup_steps is not None else ("train.warmup_tokens", t.warmup_tokens)
+        ("train.warmup_steps", t.warmup_steps)
+        if t.warmup_steps is not None
+        else ("train.warmup_tokens", t.warmup_tokens)
     )
     warmup_steps = (warmup or 0) if key == "train.warmup_steps" else (warmup or 0) / per_step
     if steps and warmup_steps > steps:

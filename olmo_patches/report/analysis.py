@@ -93,7 +93,11 @@ def _eigenvalues(Z: torch.Tensor, centre: bool = True) -> torch.Tensor:
 
 
 def matrix_entropy(
-    Z: torch.Tensor, centre: bool = True, pooling: str = "pooled", normaliser: str = "layer", h: Optional[int] = None
+    Z: torch.Tensor,
+    centre: bool = True,
+    pooling: str = "pooled",
+    normaliser: str = "layer",
+    h: Optional[int] = None,
 ) -> tuple[float, float]:
     """(H, normalised H) of the representations Z (..., d): H = -sum p ln p, p = the Gram's
     eigenvalues over their sum; normalised by ln min(N - 1, d) (ln min(N, d) uncentred) or,
@@ -118,11 +122,16 @@ def participation_ratio(Z: torch.Tensor, centre: bool = True, pooling: str = "po
     """(sum lambda)^2 / sum lambda^2 of the Gram eigenvalues of the representations Z (..., d),
     centred with ``centre``; ``pooling="per_prompt"``: averaged over Z's prompts (Z: prompts x seq x
     d)."""
-    prs = [float(lam.sum() ** 2 / (lam**2).sum()) for lam in (_eigenvalues(M, centre) for M in _matrices(Z, pooling))]
+    prs = [
+        float(lam.sum() ** 2 / (lam**2).sum())
+        for lam in (_eigenvalues(M, centre) for M in _matrices(Z, pooling))
+    ]
     return sum(prs) / len(prs)
 
 
-def dead_units(A: torch.Tensor, threshold: float = THRESHOLD, pooling: str = "pooled") -> tuple[float, float]:
+def dead_units(
+    A: torch.Tensor, threshold: float = THRESHOLD, pooling: str = "pooled"
+) -> tuple[float, float]:
     """(dead fraction, utilisation) of hidden activations A (..., units): active where |a| >
     threshold x RMS(A) (the whole batch's); dead: active on no token (``pooling="per_prompt"``: on
     no token of a prompt, the fraction averaged over the prompts of A, prompts x seq x units);
@@ -170,7 +179,9 @@ class Analysis:
     conventions: Dict[str, object] = field(default_factory=lambda: asdict(Conventions()))
 
 
-def _hidden_hooks(block: torch.nn.Module, record: Callable[[torch.Tensor], None]) -> List[Callable[[], None]]:
+def _hidden_hooks(
+    block: torch.nn.Module, record: Callable[[torch.Tensor], None]
+) -> List[Callable[[], None]]:
     """Capture a block's FFN hidden activations: OLMo-core's FeedForward (the input of w2), the
     FFN modules that record their own (``record_hidden``: the hourglass's sub-MLPs). Returns undo
     callables."""
@@ -178,7 +189,9 @@ def _hidden_hooks(block: torch.nn.Module, record: Callable[[torch.Tensor], None]
 
     undo = []
     for module in block.modules():
-        if hasattr(module, "record_hidden"):  # an FFN that reads its hidden units itself (nn/hourglass.py)
+        if hasattr(
+            module, "record_hidden"
+        ):  # an FFN that reads its hidden units itself (nn/hourglass.py)
             undo.append(module.record_hidden(record))
         elif isinstance(module, FeedForward):
             handle = module.w2.register_forward_pre_hook(lambda _m, args: record(args[0]))
@@ -207,7 +220,9 @@ def analyze_model(
     hidden: Dict[int, List[torch.Tensor]] = {i: [] for i in range(len(blocks))}
     undo: List[Callable[[], None]] = []
     for i, b in enumerate(blocks):
-        undo.append(b.register_forward_hook(lambda _m, _a, out, i=i: outputs.__setitem__(i, out)).remove)
+        undo.append(
+            b.register_forward_hook(lambda _m, _a, out, i=i: outputs.__setitem__(i, out)).remove
+        )
         undo += _hidden_hooks(b, hidden[i].append)
     try:
         logits = model(inputs)
@@ -230,18 +245,24 @@ def analyze_model(
         else:
             units = dead = util = None
         lens = target_probability(model.lm_head(out), targets)
-        result.layers.append(LayerStats(i + 1, width, units, dead, util, H, H_norm, PR, PR / width, lens))
+        result.layers.append(
+            LayerStats(i + 1, width, units, dead, util, H, H_norm, PR, PR / width, lens)
+        )
     result.final_target_probability = target_probability(logits, targets)
     return result
 
 
-def validation_batch(path: str | Path, dtype: str, batch: int, seq: int, offset: int = 0) -> torch.Tensor:
+def validation_batch(
+    path: str | Path, dtype: str, batch: int, seq: int, offset: int = 0
+) -> torch.Tensor:
     """``batch`` consecutive windows of seq + 1 tokens from a token file (numpy raw, ``dtype``)."""
     data = np.memmap(path, dtype=np.dtype(dtype), mode="r")
     need = batch * (seq + 1)
     if offset + need > len(data):
         raise ValueError(f"{path}: {len(data):,} tokens, fewer than batch x (seq + 1) = {need:,}")
-    return torch.from_numpy(np.array(data[offset : offset + need], dtype=np.int64)).view(batch, seq + 1)
+    return torch.from_numpy(np.array(data[offset : offset + need], dtype=np.int64)).view(
+        batch, seq + 1
+    )
 
 
 def checkpoint_spec(checkpoint: str | Path):
@@ -257,7 +278,9 @@ def checkpoint_spec(checkpoint: str | Path):
     if not path.is_dir():
         raise ValueError(f"CHECKPOINT={checkpoint}: no such folder")
     if (latest := latest_complete(path)) is None:
-        raise ValueError(f"CHECKPOINT={checkpoint}: neither a checkpoint (stepN) nor a run folder with one")
+        raise ValueError(
+            f"CHECKPOINT={checkpoint}: neither a checkpoint (stepN) nor a run folder with one"
+        )
     path = Path(latest)
     config = path.parent / "config.yaml"
     if not config.is_file():

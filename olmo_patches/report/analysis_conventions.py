@@ -20,7 +20,9 @@ class Conventions:
 
     def __post_init__(self):
         if self.pooling not in POOLINGS or self.normaliser not in NORMALISERS:
-            raise ValueError(f"pooling={self.pooling} (one of {POOLINGS}), normaliser={self.normaliser} (one of {NORMALISERS})")
+            raise ValueError(
+                f"pooling={self.pooling} (one of {POOLINGS}), normaliser={self.normaliser} (one of {NORMALISERS})"
+            )
 
 
 POOLINGS = ("pooled", "per_prompt")

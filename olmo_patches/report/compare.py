@@ -51,7 +51,11 @@ def val_curve(run: Run) -> Tuple[np.ndarray, np.ndarray]:
     per_token = run.config["train"]["global_batch_size"] * run.config["data"]["sequence_length"]
     tokens, losses = [], []
     for step in sorted(run.metrics):
-        sets = {m.group(1).removesuffix("-validation"): v for k, v in run.metrics[step].items() if (m := _LM.match(k))}
+        sets = {
+            m.group(1).removesuffix("-validation"): v
+            for k, v in run.metrics[step].items()
+            if (m := _LM.match(k))
+        }
         chosen = [v for k, v in sets.items() if k in PAPER_VALIDATION_SETS] or list(sets.values())
         if chosen:
             tokens.append(step * per_token)
@@ -59,7 +63,9 @@ def val_curve(run: Run) -> Tuple[np.ndarray, np.ndarray]:
     return np.array(tokens, dtype=float), np.array(losses, dtype=float)
 
 
-def _by_member(members: Sequence[Member], runs: Dict[str, Run]) -> Dict[str, Dict[float, Dict[int, Run]]]:
+def _by_member(
+    members: Sequence[Member], runs: Dict[str, Run]
+) -> Dict[str, Dict[float, Dict[int, Run]]]:
     """{member: {LR scale: {seed: run}}} for the runs with a validation loss."""
     out: Dict[str, Dict[float, Dict[int, Run]]] = defaultdict(lambda: defaultdict(dict))
     for m in members:
@@ -78,7 +84,9 @@ def best_lr_scales(grouped: Dict[str, Dict[float, Dict[int, Run]]]) -> Dict[str,
     """{member: the LR scale with the lowest mean final validation loss over seeds}."""
     best = {}
     for group, scales in grouped.items():
-        means = {x: float(np.mean([r.val_loss() for r in seeds.values()])) for x, seeds in scales.items()}
+        means = {
+            x: float(np.mean([r.val_loss() for r in seeds.values()])) for x, seeds in scales.items()
+        }
         best[group] = min(means, key=means.__getitem__)
     return best
 
@@ -92,14 +100,20 @@ def lr_sweep_rows(members: Sequence[Member], grouped, variants: Variants) -> Lis
         row = {"member": group, "config LR": f"{config_lr[group]:.3g}"}
         for x in variants.lr_scales:
             seeds = scales.get(x, {})
-            row[f"x{x:g}"] = f"{np.mean([r.val_loss() for r in seeds.values()]):.4f} ({len(seeds)})" if seeds else "not run"
+            row[f"x{x:g}"] = (
+                f"{np.mean([r.val_loss() for r in seeds.values()]):.4f} ({len(seeds)})"
+                if seeds
+                else "not run"
+            )
         b = best[group]
         row.update(
             {
                 "best LR": f"{config_lr[group] * b:.3g}",
                 "best / config": f"x{b:g}",
                 "log2 distance": f"{math.log2(b):+.2f}",
-                "note": "at the grid's edge: the best may lie beyond" if b in edges and len(scales) > 1 else "",
+                "note": "at the grid's edge: the best may lie beyond"
+                if b in edges and len(scales) > 1
+                else "",
             }
         )
         rows.append(row)
@@ -150,10 +164,24 @@ def comparison_rows(
             "val PPL [95%]": mean.exp().text(2),
         }
         if group == baseline:
-            row.update({"diff to baseline [95%]": "baseline", "p": "", "verdict": "", "tokens ratio": "", "FLOPs ratio": ""})
+            row.update(
+                {
+                    "diff to baseline [95%]": "baseline",
+                    "p": "",
+                    "verdict": "",
+                    "tokens ratio": "",
+                    "FLOPs ratio": "",
+                }
+            )
         elif not loss.keys() & base_loss.keys():
             row.update(
-                {"diff to baseline [95%]": "no seed in common", "p": "", "verdict": "", "tokens ratio": "", "FLOPs ratio": ""}
+                {
+                    "diff to baseline [95%]": "no seed in common",
+                    "p": "",
+                    "verdict": "",
+                    "tokens ratio": "",
+                    "FLOPs ratio": "",
+                }
             )
         else:
             paired = stats.paired_difference(loss, base_loss)
@@ -180,7 +208,11 @@ def _scaled(i: stats.Interval, k: float) -> stats.Interval:
 
 
 def comparison_tables(
-    members: Sequence[Member], runs: Dict[str, Run], variants: Variants, baseline: str, use_best_lr: bool
+    members: Sequence[Member],
+    runs: Dict[str, Run],
+    variants: Variants,
+    baseline: str,
+    use_best_lr: bool,
 ) -> Dict[str, List[dict]]:
     """``comparison``, ``noise_floor`` and ``lr_sweep`` (empty where the sweep has nothing for them)."""
     grouped = _by_member(members, runs)
@@ -195,7 +227,11 @@ def comparison_tables(
                 "largest gap": f"{floor.largest:.4f}",
             }
         ]
-    return {"comparison": rows, "noise_floor": noise, "lr_sweep": lr_sweep_rows(members, grouped, variants)}
+    return {
+        "comparison": rows,
+        "noise_floor": noise,
+        "lr_sweep": lr_sweep_rows(members, grouped, variants),
+    }
 
 
 def comparison_notes(variants: Variants, baseline: str, use_best_lr: bool) -> str:
@@ -217,7 +253,9 @@ def comparison_notes(variants: Variants, baseline: str, use_best_lr: bool) -> st
     )
 
 
-def val_curves_figure(members: Sequence[Member], runs: Dict[str, Run], out: Path, use_best_lr: bool) -> List[Path]:
+def val_curves_figure(
+    members: Sequence[Member], runs: Dict[str, Run], out: Path, use_best_lr: bool
+) -> List[Path]:
     """Mean validation loss per member against tokens, with the 95% t-band over seeds."""
     from .figures import plt, save_figure
 
@@ -231,17 +269,25 @@ def val_curves_figure(members: Sequence[Member], runs: Dict[str, Run], out: Path
             continue
         x = val_curve(seeds[min(seeds)])[0]
         curves = np.array(list(_curves(seeds, x).values()))
-        bands = [stats.mean_interval(c[~np.isnan(c)]) if np.any(~np.isnan(c)) else None for c in curves.T]
+        bands = [
+            stats.mean_interval(c[~np.isnan(c)]) if np.any(~np.isnan(c)) else None for c in curves.T
+        ]
         keep = [i for i, b in enumerate(bands) if b is not None]
         xs, mid = x[keep], np.array([bands[i].mean for i in keep])
         ax.plot(xs, mid, label=f"{group} ({len(seeds)} seeds)")
         if len(seeds) > 1:
-            ax.fill_between(xs, [bands[i].lo for i in keep], [bands[i].hi for i in keep], alpha=0.25)
+            ax.fill_between(
+                xs, [bands[i].lo for i in keep], [bands[i].hi for i in keep], alpha=0.25
+            )
         plotted = True
     if not plotted:
         plt.close(fig)
         return []
-    ax.set(xlabel="tokens", ylabel="validation loss", title=f"Validation loss, mean and {stats.LEVEL:.0%} band over seeds")
+    ax.set(
+        xlabel="tokens",
+        ylabel="validation loss",
+        title=f"Validation loss, mean and {stats.LEVEL:.0%} band over seeds",
+    )
     ax.legend(fontsize="small")
     out.mkdir(parents=True, exist_ok=True)
     return [save_figure(fig, out / "val_curves.png")]

@@ -53,14 +53,18 @@ def gpu_report(spec: ExperimentSpec) -> dict:
     skipped = set(float8_matmuls(model)["skipped"])
     groups: dict[str, list[str]] = {"ffn": [], "attention": []}
     for name in (*float8_matmuls(model)["float8"], *skipped):
-        group = "ffn" if ".feed_forward." in name else "attention" if ".attention." in name else None
+        group = (
+            "ffn" if ".feed_forward." in name else "attention" if ".attention." in name else None
+        )
         if group:
             groups[group].append(name)
     dims = head_dims(spec.model_config())
     return {
         "float8_able": {g: bool(names) and not skipped & set(names) for g, names in groups.items()},
         "float8_unable": sorted(skipped),
-        "head_dim_native": {k: all(kernel_head_dim(k, d) == d for d in dims) for k in FLASH_KERNEL_HEAD_DIMS},
+        "head_dim_native": {
+            k: all(kernel_head_dim(k, d) == d for d in dims) for k in FLASH_KERNEL_HEAD_DIMS
+        },
     }
 
 
@@ -71,7 +75,9 @@ def aligned_sibling(name: str) -> str | None:
 
     size, _, stem = name.partition("-")
     path = f"configs/{size}/{stem.removesuffix('-exact')}-aligned.yaml"
-    return path if stem and not stem.endswith("-aligned") and (data_root() / path).is_file() else None
+    return (
+        path if stem and not stem.endswith("-aligned") and (data_root() / path).is_file() else None
+    )
 
 
 def exact_gap(config) -> dict:
@@ -85,18 +91,33 @@ def exact_gap(config) -> dict:
     if not path.stem.endswith("-aligned"):
         return {}
     stem = path.stem.removesuffix("-aligned")
-    exact = next((p for p in (path.with_name(f"{stem}-exact.yaml"), path.with_name(f"{stem}.yaml")) if p.is_file()), None)
+    exact = next(
+        (
+            p
+            for p in (path.with_name(f"{stem}-exact.yaml"), path.with_name(f"{stem}.yaml"))
+            if p.is_file()
+        ),
+        None,
+    )
     if exact is None:
         return {}
     this, other = count(load_spec(path)).non_embedding, count(load_spec(exact)).non_embedding
-    return {"exact_config": exact.name, "exact_gap": this - other, "exact_gap_relative": (this - other) / other}
+    return {
+        "exact_config": exact.name,
+        "exact_gap": this - other,
+        "exact_gap_relative": (this - other) / other,
+    }
 
 
 def attention_report(spec: ExperimentSpec) -> dict:
     """Heads, head size, key/value heads and the attention width (n_heads x head_dim; per layer for a
     variable-width model whose head size follows w_l)."""
     m = spec.model
-    report = {"n_heads": m.n_heads, "head_dim": m.resolved_head_dim, "n_kv_heads": m.resolved_n_kv_heads}
+    report = {
+        "n_heads": m.n_heads,
+        "head_dim": m.resolved_head_dim,
+        "n_kv_heads": m.resolved_n_kv_heads,
+    }
     widths = m.layer_widths
     if m.head_dim is None and widths != [m.d_model] * m.n_layers:
         return {
@@ -105,7 +126,11 @@ def attention_report(spec: ExperimentSpec) -> dict:
             "attention_width": widths,
             "kv_width": [w // m.n_heads * m.resolved_n_kv_heads for w in widths],
         }
-    return {**report, "attention_width": m.n_heads * m.resolved_head_dim, "kv_width": m.resolved_n_kv_heads * m.resolved_head_dim}
+    return {
+        **report,
+        "attention_width": m.n_heads * m.resolved_head_dim,
+        "kv_width": m.resolved_n_kv_heads * m.resolved_head_dim,
+    }
 
 
 def width_report(spec: ExperimentSpec) -> dict:
@@ -129,7 +154,9 @@ def width_report(spec: ExperimentSpec) -> dict:
     this, base = count(spec), count(constant)
 
     def paper_ratio(active: bool) -> float:
-        return paper_flops(widths, h, V, seq, moe, active) / paper_flops([h] * L, h, V, seq, moe, active)
+        return paper_flops(widths, h, V, seq, moe, active) / paper_flops(
+            [h] * L, h, V, seq, moe, active
+        )
 
     report = {
         "widths": widths,
@@ -142,7 +169,9 @@ def width_report(spec: ExperimentSpec) -> dict:
         if m.moe.experts == "hourglass":  # type: ignore[union-attr]
             report["expert_K"] = m.K  # sub-MLPs per expert
         report.update(
-            expert_hidden=[expert_hidden_size(w, m.moe_hidden, h) for w in widths],  # hourglass experts: d_h of each sub-MLP
+            expert_hidden=[
+                expert_hidden_size(w, m.moe_hidden, h) for w in widths
+            ],  # hourglass experts: d_h of each sub-MLP
             paper_total_flops_ratio=paper_ratio(False),
             baseline_total=base.total,
             baseline_active=base.active,
@@ -167,7 +196,9 @@ def param_table(spec: ExperimentSpec) -> Table:
     table.add_column("parameters")
     table.add_column("count", justify="right")
     table.add_column("share of non-embedding", justify="right")
-    embedding = "embedding (tied with the head)" if m.tie_embeddings else "embedding (input + untied head)"
+    embedding = (
+        "embedding (tied with the head)" if m.tie_embeddings else "embedding (input + untied head)"
+    )
     for name, value in ((embedding, b.embedding), ("attention", b.attention), ("FFN", b.ffn)):
         share = f"{value / b.non_embedding:.1%}" if name in ("attention", "FFN") else ""
         table.add_row(name, f"{value:,}", share)
@@ -177,8 +208,12 @@ def param_table(spec: ExperimentSpec) -> Table:
     table.add_row("non-embedding (attention + FFN)", f"{b.non_embedding:,}", "")
     table.add_row("total", f"{b.total:,}", "")
     if b.inactive:
-        table.add_row(f"active (top-{m.moe.top_k} of {m.moe.num_experts} experts)", f"{b.active:,}", "")  # type: ignore[union-attr]
-    table.add_row(f"FLOPs per token (train, seq {spec.data.sequence_length})", f"{b.flops_per_token:,}", "")
+        table.add_row(
+            f"active (top-{m.moe.top_k} of {m.moe.num_experts} experts)", f"{b.active:,}", ""
+        )  # type: ignore[union-attr]
+    table.add_row(
+        f"FLOPs per token (train, seq {spec.data.sequence_length})", f"{b.flops_per_token:,}", ""
+    )
     if spec.train.float8 != "off":
         table.add_row(*float8_row(spec), "")
     return table
@@ -192,4 +227,7 @@ def float8_row(spec: ExperimentSpec) -> tuple[str, str]:
         if f["float8_skipped"]
         else ""
     )
-    return f"float8 ({f['float8']}) matmul parameters", f"{f['float8_params']:,} in {f['float8_modules']} modules{skipped}"
+    return (
+        f"float8 ({f['float8']}) matmul parameters",
+        f"{f['float8_params']:,} in {f['float8_modules']} modules{skipped}",
+    )

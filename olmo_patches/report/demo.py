@@ -40,12 +40,18 @@ TRAIN_LOSS, TPS = "train/CE loss", "throughput/device/TPS"
 class VariantResult:
     name: str
     block: str
-    val_loss: Optional[float]  # validation CE loss at the end of training (nats per token); None: none yet
+    val_loss: Optional[
+        float
+    ]  # validation CE loss at the end of training (nats per token); None: none yet
     val_ppl: Optional[float]
-    first_val_loss: Optional[float]  # validation loss at initialisation, to show how far training moved it
+    first_val_loss: Optional[
+        float
+    ]  # validation loss at initialisation, to show how far training moved it
     tokens_per_second: float  # median per-step training throughput (evaluation excluded)
     non_embedding_params: int
-    matched_params: int  # what the paper matches: non-embedding, or for variable width sum 16 w_l^2 - waste
+    matched_params: (
+        int  # what the paper matches: non-embedding, or for variable width sum 16 w_l^2 - waste
+    )
     attention_params: int
     ffn_params: int
     train_tokens: int
@@ -70,7 +76,9 @@ def summarize(spec: ExperimentSpec, run_dir: Path) -> VariantResult:
         raise RuntimeError(f"{run_dir}: no validation loss in the metrics file")
     last, first = (vals[-1], vals[0]) if vals else ({}, {})
     # Skip the first logged interval: it includes start-up and allocator warm-up.
-    tps = [metrics[s][TPS] for s in steps if TPS in metrics.get(s, {})][1:] or [metrics.get(steps[-1], {}).get(TPS, 0.0)]
+    tps = [metrics[s][TPS] for s in steps if TPS in metrics.get(s, {})][1:] or [
+        metrics.get(steps[-1], {}).get(TPS, 0.0)
+    ]
     b = count(spec)
     matched = block_of(spec.model).matched_params(spec.model, b.non_embedding)
     seq, batch = spec.data.sequence_length, spec.train.global_batch_size
@@ -97,7 +105,9 @@ def _f(x: Optional[float], fmt: str) -> str:
 
 
 def _table(results: list[VariantResult]) -> Table:
-    base = next((r for r in results if r.finished), None)  # the ratios' reference: a finished variant
+    base = next(
+        (r for r in results if r.finished), None
+    )  # the ratios' reference: a finished variant
     table = Table(
         title="Demo: validation on held-out stdlib files (lower is better)",
         caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by the rounding "
@@ -124,10 +134,13 @@ def _table(results: list[VariantResult]) -> Table:
             f"{r.steps}/{r.planned_steps}" + ("" if r.finished else " [bold red]UNFINISHED[/]"),
             f"{r.non_embedding_params:,}",
             f"{r.attention_params / 1e3:,.0f}k / {r.ffn_params / 1e3:,.0f}k",
-            f"{(r.matched_params - base.matched_params) / base.matched_params:+.4%}" if compared else "-",
+            f"{(r.matched_params - base.matched_params) / base.matched_params:+.4%}"
+            if compared
+            else "-",
             _f(r.val_loss, ".4f"),
             _f(r.val_ppl, ".2f"),
-            f"{r.tokens_per_second:,.0f}" + (f" ({r.tokens_per_second / base.tokens_per_second:.2f}x)" if compared else ""),
+            f"{r.tokens_per_second:,.0f}"
+            + (f" ({r.tokens_per_second / base.tokens_per_second:.2f}x)" if compared else ""),
             f"{_f(r.first_val_loss, '.2f')} -> {_f(r.val_loss, '.2f')}",
         )
     return table
@@ -138,9 +151,19 @@ def _plot(runs: list[tuple[VariantResult, Path]], path: Path) -> None:
     for i, (r, run_dir) in enumerate(runs):
         metrics = read_metrics(run_dir)
         steps = sorted(s for s in metrics if TRAIN_LOSS in metrics[s])
-        color, name = f"C{i}", r.name if r.finished else f"{r.name} (UNFINISHED, {r.steps}/{r.planned_steps} steps)"
+        color, name = (
+            f"C{i}",
+            r.name if r.finished else f"{r.name} (UNFINISHED, {r.steps}/{r.planned_steps} steps)",
+        )
         style = "-" if r.finished else ":"
-        ax.plot(steps, [metrics[s][TRAIN_LOSS] for s in steps], style, color=color, alpha=0.6, label=f"{name} train")
+        ax.plot(
+            steps,
+            [metrics[s][TRAIN_LOSS] for s in steps],
+            style,
+            color=color,
+            alpha=0.6,
+            label=f"{name} train",
+        )
         val_steps = sorted(s for s in metrics if VAL_LOSS in metrics[s])
         val = [metrics[s][VAL_LOSS] for s in val_steps]
         ax.plot(val_steps, val, "o" + style, color=color, label=f"{name} validation")
@@ -150,7 +173,9 @@ def _plot(runs: list[tuple[VariantResult, Path]], path: Path) -> None:
     save_figure(fig, path)
 
 
-def compare(specs: list[ExperimentSpec], out_dir: Path, console: Console | None = None) -> list[VariantResult]:
+def compare(
+    specs: list[ExperimentSpec], out_dir: Path, console: Console | None = None
+) -> list[VariantResult]:
     """Compare the runs of ``specs``: a table on the console, summary.json and loss_curves.png in
     ``out_dir``; an unfinished run is marked in each and left out of the comparison."""
     console = console or rich_console()
@@ -158,18 +183,28 @@ def compare(specs: list[ExperimentSpec], out_dir: Path, console: Console | None 
     runs = [(spec.run.name, Path(spec.save_folder)) for spec in specs]
     olmo_core_log = logging.getLogger("olmo_core")
     level = olmo_core_log.level
-    olmo_core_log.setLevel(logging.WARNING)  # count() builds each model: no printout on the terminal
+    olmo_core_log.setLevel(
+        logging.WARNING
+    )  # count() builds each model: no printout on the terminal
     try:
         results = [summarize(spec, run_dir) for spec, (_, run_dir) in zip(specs, runs)]
     finally:
         olmo_core_log.setLevel(level)
-    (out_dir / "summary.json").write_text(json.dumps({r.name: asdict(r) for r in results}, indent=2) + "\n")
+    (out_dir / "summary.json").write_text(
+        json.dumps({r.name: asdict(r) for r in results}, indent=2) + "\n"
+    )
     _plot([(r, run_dir) for r, (_, run_dir) in zip(results, runs)], out_dir / "loss_curves.png")
     console.print(_table(results))
-    if unfinished := [f"{r.name} ({r.steps}/{r.planned_steps} steps)" for r in results if not r.finished]:
-        console.print(f"[bold red]UNFINISHED, left out of the comparison:[/] {', '.join(unfinished)}")
+    if unfinished := [
+        f"{r.name} ({r.steps}/{r.planned_steps} steps)" for r in results if not r.finished
+    ]:
+        console.print(
+            f"[bold red]UNFINISHED, left out of the comparison:[/] {', '.join(unfinished)}"
+        )
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'loss_curves.png'}")
-    disk = sum(f.stat().st_size for _, run_dir in runs for f in run_dir.glob("step*/**/*") if f.is_file())
+    disk = sum(
+        f.stat().st_size for _, run_dir in runs for f in run_dir.glob("step*/**/*") if f.is_file()
+    )
     console.print(
         f"checkpoints: {disk / 2**20:,.1f} MiB in {', '.join(str(d) for _, d in runs)} (step*/; the log of each run: train.log)"
     )

@@ -45,7 +45,9 @@ def save_figure(fig, path: Path, dpi: int = 120) -> Path:
 def u_curve(runs: Dict[str, Run], out: Path) -> List[Path]:
     by_k: Dict[int, list] = defaultdict(list)
     for r in _hourglass(runs):
-        by_k[int(r.model.get("K", 1))].append((r.model["d_model"] / r.model["n_layers"], r.val_loss()))
+        by_k[int(r.model.get("K", 1))].append(
+            (r.model["d_model"] / r.model["n_layers"], r.val_loss())
+        )
     if not by_k:
         return []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -53,7 +55,11 @@ def u_curve(runs: Dict[str, Run], out: Path) -> List[Path]:
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"K={k}")
     ax.axvspan(100, 250, color="0.9", label="paper: best d_model/L")
-    ax.set(xlabel="d_model / L", ylabel="validation loss", title="Width/depth: validation loss vs d_model/L")
+    ax.set(
+        xlabel="d_model / L",
+        ylabel="validation loss",
+        title="Width/depth: validation loss vs d_model/L",
+    )
     ax.legend()
     return [save_figure(fig, out / "u_curve.png")]
 
@@ -117,13 +123,22 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    lo, hi = min(p[0] for pts in points.values() for p in pts), max(p[0] for pts in points.values() for p in pts)
+    lo, hi = (
+        min(p[0] for pts in points.values() for p in pts),
+        max(p[0] for pts in points.values() for p in pts),
+    )
     grid = np.geomspace(lo / 2, hi * 2, 50)
     for f, pts in points.items():
         (dots,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label=f"{f} runs")
         if f in fitted:
             law = fitted[f]
-            ax.plot(grid, law.loss(grid), "-", color=dots.get_color(), label=f"{f}: L = {law.a:.3g} C^{law.b:.4f}")
+            ax.plot(
+                grid,
+                law.loss(grid),
+                "-",
+                color=dots.get_color(),
+                label=f"{f}: L = {law.a:.3g} C^{law.b:.4f}",
+            )
     ref = paper["variable_width"]["scaling"]
     for f, style in (("baseline", "k--"), ("x", "k:")):  # the paper's fits, C in PF-days
         a, b = ref[f + "_a"], ref[f + "_b"]
@@ -144,7 +159,13 @@ def make_figures(runs: Dict[str, Run], out: Path) -> List[Path]:
     return [
         *u_curve(runs, out),
         *_scatter(runs, out, lambda r: int(r.model.get("K", 1)), "K", "ppl_vs_K.png"),
-        *_scatter(runs, out, lambda r: _d_h(r) / r.model["d_model"], "d_h / d_model", "ppl_vs_dh_ratio.png"),
+        *_scatter(
+            runs,
+            out,
+            lambda r: _d_h(r) / r.model["d_model"],
+            "d_h / d_model",
+            "ppl_vs_dh_ratio.png",
+        ),
         *loss_curves(runs, out),
         *param_split_figure(runs, out),
     ]

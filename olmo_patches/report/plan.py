@@ -42,9 +42,7 @@ __all__ = [
 ]
 
 
-ASSUMED_MFU = (
-    0.40  # model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at 0.1-1B, bf16, FSDP)
-)
+ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at 0.1-1B, bf16, FSDP)
 # Checkpoint write rate for the signal lead when the run has not measured its own (SAVE/save_rate.json):
 # 97 MiB/s, the write+fsync measured by benchmarks/bench_checkpoint_manifest.py (docs/running.md), a
 # conservative figure for a shared folder written by all ranks together.
@@ -113,7 +111,9 @@ def data_passes(spec: ExperimentSpec, tokens: int) -> str:
     held = data_tokens(spec)
     if held is None:
         why = (
-            "the demo corpus is built at the run's start" if spec.data.source == "demo" else "its size is read at the run's start"
+            "the demo corpus is built at the run's start"
+            if spec.data.source == "demo"
+            else "its size is read at the run's start"
         )
         return f"not known here ({why}; the start line says)"
     passes = tokens / held
@@ -129,7 +129,9 @@ def mixture_table(rows) -> Table:
         table.add_column(column, justify="left" if column == "source" else "right")
     for source, needed, passes in rows:
         ratio, most = f"{source.ratio:.3f}", f"{source.max_repetition:g}"
-        table.add_row(source.name, f"{source.tokens:,}", ratio, f"{needed:,}", f"{passes:.2f}", most)
+        table.add_row(
+            source.name, f"{source.tokens:,}", ratio, f"{needed:,}", f"{passes:.2f}", most
+        )
     return table
 
 
@@ -138,7 +140,11 @@ def plan(spec: ExperimentSpec) -> RunPlan:
     per_step = t.global_batch_size * seq
     steps = spec.steps or 0
     tokens = t.max_tokens if t.max_tokens is not None else steps * per_step
-    warmup = t.warmup_steps if t.warmup_steps is not None else math.ceil((t.warmup_tokens or 0) / per_step)
+    warmup = (
+        t.warmup_steps
+        if t.warmup_steps is not None
+        else math.ceil((t.warmup_tokens or 0) / per_step)
+    )
     b = count(spec)  # builds the model (meta): once
     return RunPlan(
         tokens=tokens,
@@ -164,7 +170,13 @@ def checkpoint_disk(spec: ExperimentSpec, p: RunPlan) -> tuple[int, int]:
     if r.ephemeral_save_interval:
         ephemeral = min(
             r.ephemeral_keep,
-            len([s for s in range(r.ephemeral_save_interval, last + 1, r.ephemeral_save_interval) if s not in permanent]),
+            len(
+                [
+                    s
+                    for s in range(r.ephemeral_save_interval, last + 1, r.ephemeral_save_interval)
+                    if s not in permanent
+                ]
+            ),
         )
     n = len(permanent) + ephemeral
     return n, n * p.params * CHECKPOINT_BYTES_PER_PARAM
@@ -180,7 +192,9 @@ def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
     p = plan(spec)
     card = min(CARDS.values(), key=lambda c: c.bf16_flops or 0)
     assert card.bf16_flops is not None
-    step = p.flops_per_token * p.tokens_per_step / (layout.world_size * card.bf16_flops * ASSUMED_MFU)
+    step = (
+        p.flops_per_token * p.tokens_per_step / (layout.world_size * card.bf16_flops * ASSUMED_MFU)
+    )
     size = p.params * CHECKPOINT_BYTES_PER_PARAM
     if (measured := measured_save_rate(spec.save_folder)) is not None:
         rate = measured["bytes"] / measured["seconds"]
@@ -196,7 +210,9 @@ def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
     return lead, how
 
 
-def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = None) -> list[tuple[str, str]]:
+def preset_rows(
+    config: str, overrides: list[str], layout: Optional[Layout] = None
+) -> list[tuple[str, str]]:
     """What train.hardware would choose on each GPU preset (micro-batch, activation checkpointing,
     compile), as rows for the plan; a preset the model does not fit says so."""
     from ..config import ConfigError
@@ -205,10 +221,17 @@ def preset_rows(config: str, overrides: list[str], layout: Optional[Layout] = No
     rows = []
     for name in CARDS:
         try:
-            spec = load_and_resolve(config, [*overrides, f"train.hardware={name}", "train.device=auto"], layout)
+            spec = load_and_resolve(
+                config, [*overrides, f"train.hardware={name}", "train.device=auto"], layout
+            )
             t = spec.train
             assert t.micro_batch_size is not None and t.activation_checkpointing is not None
-            gib = memory_estimate(spec, layout or Layout.from_env()).total(t.micro_batch_size, t.activation_checkpointing) / GIB
+            gib = (
+                memory_estimate(spec, layout or Layout.from_env()).total(
+                    t.micro_batch_size, t.activation_checkpointing
+                )
+                / GIB
+            )
             value = (
                 f"{t.micro_batch_size} sequences, activation checkpointing {t.activation_checkpointing}, "
                 f"compile {'on' if t.compile else 'off'}, estimate {gib:.1f} GiB"
@@ -224,10 +247,17 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     and the settings that device ignores, with why."""
     t, device = spec.train, device_for(spec)
     ignored = []
-    if t.device == "cpu" and t.hardware not in ("auto", "none"):  # train.device=auto applies it (launch/layout.py)
-        ignored.append(f"train.hardware={t.hardware} (train.device=cpu: the keys left null take train.hardware=none's values)")
+    if t.device == "cpu" and t.hardware not in (
+        "auto",
+        "none",
+    ):  # train.device=auto applies it (launch/layout.py)
+        ignored.append(
+            f"train.hardware={t.hardware} (train.device=cpu: the keys left null take train.hardware=none's values)"
+        )
     if device == "cpu" or t.precision != "bf16":
-        ignored.append("MFU (OLMo-core's speed monitor has a peak FLOP/s for a known GPU in bf16 only)")
+        ignored.append(
+            "MFU (OLMo-core's speed monitor has a peak FLOP/s for a known GPU in bf16 only)"
+        )
     return [
         (
             f"precision ({device} here, {world_size} rank{'s' if world_size > 1 else ''})",
@@ -238,17 +268,30 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
         (f"attention backend ({device} here)", str(attention_backend(spec, device))),
         (
             "attention kernel (a CUDA node with flash-attn)",
-            _with_sibling(spec, on_gpu(spec.model.attention_backend, spec.model.head_dims, bf16=t.precision == "bf16")),
+            _with_sibling(
+                spec,
+                on_gpu(
+                    spec.model.attention_backend, spec.model.head_dims, bf16=t.precision == "bf16"
+                ),
+            ),
         ),
         (f"LM loss ({device} here)", str(lm_loss(spec, device))),
-        *([("LM loss (a CUDA node, this install)", str(lm_loss(spec, "cuda")))] if device != "cuda" else []),
+        *(
+            [("LM loss (a CUDA node, this install)", str(lm_loss(spec, "cuda")))]
+            if device != "cuda"
+            else []
+        ),
         (f"ignored ({device} here)", "; ".join(ignored) or "nothing"),
     ]
 
 
 def _with_sibling(spec: ExperimentSpec, text: str) -> str:
     """``text`` (head-dim padding, float8 skips) naming the config's aligned sibling, where one exists."""
-    sibling = aligned_sibling(spec.run.name) if "padding" in text or "kept high precision" in text else None
+    sibling = (
+        aligned_sibling(spec.run.name)
+        if "padding" in text or "kept high precision" in text
+        else None
+    )
     return f"{text}; aligned sibling: {sibling}" if sibling else text
 
 
@@ -265,7 +308,10 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
     total = sum(math.prod(s) for _, s in shapes)
     held = sum(padded_share(s, shards) for _, s in shapes)
     stacked = []
-    if any(isinstance(module, StackedLinear) and "feed_forward." in n for n, module in model.named_modules()):
+    if any(
+        isinstance(module, StackedLinear) and "feed_forward." in n
+        for n, module in model.named_modules()
+    ):
         stacked.append("hourglass FFN (K out, in) weights: rows")
     if spec.model.moe is not None and spec.model.moe.experts == "hourglass":
         stacked.append("hourglass experts' (K E d_h, d_model) weights: rows")
@@ -273,7 +319,9 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
     return f"FSDP2 shards over {shards} ranks", "; ".join([line, *stacked])
 
 
-def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tuple[str, str]] = ()) -> Table:
+def plan_table(
+    spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tuple[str, str]] = ()
+) -> Table:
     p = plan(spec)
     table = Table(title=f"{spec.run.name}: run plan")
     table.add_column("", no_wrap=True)
@@ -282,19 +330,35 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     # max_tokens), beside the budget when it is not a whole number of steps.
     trained = p.steps * p.tokens_per_step
     budget = f" (budget {p.tokens:,})" if trained != p.tokens else ""
-    table.add_row("tokens", f"{p.steps:,} x {p.global_batch_sequences} x {spec.data.sequence_length} = {trained:,}{budget}")
+    table.add_row(
+        "tokens",
+        f"{p.steps:,} x {p.global_batch_sequences} x {spec.data.sequence_length} = {trained:,}{budget}",
+    )
     table.add_row("passes over the data", data_passes(spec, p.tokens))
     table.add_row("steps", f"{p.steps:,}")
     table.add_row("warmup steps", f"{p.warmup_steps:,}")
-    table.add_row("global batch", f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens")
+    table.add_row(
+        "global batch",
+        f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens",
+    )
     per_rank = p.global_batch_sequences // layout.world_size
-    table.add_row("ranks", f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}")
-    table.add_row("per-rank batch", f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches")
+    table.add_row(
+        "ranks",
+        f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}",
+    )
+    table.add_row(
+        "per-rank batch",
+        f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches",
+    )
     if (row := shard_row(spec, layout)) is not None:
         table.add_row(*row)
     device = device_for(spec)
-    table.add_row(f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences")
-    resolved = getattr(spec, "resolved", {})  # launch.layout.resolve: what the machine and the ranks decided
+    table.add_row(
+        f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences"
+    )
+    resolved = getattr(
+        spec, "resolved", {}
+    )  # launch.layout.resolve: what the machine and the ranks decided
     table.add_row(
         f"resolved at launch ({device}, {layout.world_size} ranks)",
         ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)",
@@ -307,7 +371,9 @@ def plan_table(spec: ExperimentSpec, layout: Layout = Layout(), presets: list[tu
     table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
     if spec.train.float8 != "off":
         label, value = float8_row(spec)
-        table.add_row(label, _with_sibling(spec, value) if "kept high precision" in value else value)
+        table.add_row(
+            label, _with_sibling(spec, value) if "kept high precision" in value else value
+        )
     table.add_row("total FLOPs", f"{p.total_flops:.3e}")
     table.add_row(
         f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)",

@@ -129,7 +129,11 @@ def authors_flops_per_token(spec) -> float:
         return own
     b = count(spec)
     attention_width = m.n_heads * m.resolved_head_dim
-    forward = 2 * (b.non_embedding - b.inactive) + 2 * m.d_model * V + 4 * s * attention_width * m.n_layers
+    forward = (
+        2 * (b.non_embedding - b.inactive)
+        + 2 * m.d_model * V
+        + 4 * s * attention_width * m.n_layers
+    )
     return 3.0 * forward
 
 
@@ -185,7 +189,9 @@ def _paper_fit(ref: dict, f: str) -> str:
     return f"a {ref[f + '_a']}, b {ref[f + '_b']}" if f in ("baseline", "x") else ""
 
 
-def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[float] = None) -> Dict[str, List[dict]]:
+def scaling_tables(
+    runs: Dict[str, Run], paper: dict, target_loss: Optional[float] = None
+) -> Dict[str, List[dict]]:
     """``scaling_fit`` (a, b and their standard errors per family on the authors' count, the paper's
     fit beside, and a, b on OLMo-core's count) and ``matched_loss`` (each family's C at the target
     loss and its ratio to the baseline's on both counts, the paper's x ratio beside); both empty
@@ -206,7 +212,9 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
                 "b": f"{law.b:.5f}",
                 "b std err": _err(law.b_err, 5),
                 "paper": _paper_fit(ref, f),
-                "a, b (OLMo-core's count)": f"{olmo.a:.4g}, {olmo.b:.5f}" if olmo is not None else "",
+                "a, b (OLMo-core's count)": f"{olmo.a:.4g}, {olmo.b:.5f}"
+                if olmo is not None
+                else "",
             }
         )
     if target_loss is None and "baseline" in points:
@@ -218,7 +226,9 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
         def ratio(laws: Dict[str, PowerLaw], f: str) -> str:
             if f not in laws or "baseline" not in laws:
                 return "no baseline fit" if f in laws else "n/a"
-            return f"{laws[f].compute_at(target_loss) / laws['baseline'].compute_at(target_loss):.1%}"
+            return (
+                f"{laws[f].compute_at(target_loss) / laws['baseline'].compute_at(target_loss):.1%}"
+            )
 
         for f, law in fitted.items():
             C = law.compute_at(target_loss)
@@ -245,7 +255,9 @@ def scaling_tables(runs: Dict[str, Run], paper: dict, target_loss: Optional[floa
     return {"scaling_fit": fit_rows, "matched_loss": rows}
 
 
-def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, target_loss: Optional[float] = None) -> dict:
+def paper_matched_loss(
+    rows: Sequence[dict], vocab_size: int, seq_len: int, target_loss: Optional[float] = None
+) -> dict:
     """Paper 2's matched-loss figures from its own table. ``rows``: the dense sizes, each with h,
     n_layers, batch (sequences), steps, baseline and x (final losses), flops and mean_width (x's
     change vs the baseline at that size, e.g. -0.025). C = 3 x the authors' forward FLOPs per
@@ -254,7 +266,14 @@ def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, targ
     width at ``target_loss`` (default: the largest baseline's loss, the paper's 2B 2.751)."""
     from ..shapes.widths import paper_flops
 
-    C = [3 * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len) * r["batch"] * r["steps"] / PF_DAY for r in rows]
+    C = [
+        3
+        * paper_flops([r["h"]] * r["n_layers"], r["h"], vocab_size, seq_len)
+        * r["batch"]
+        * r["steps"]
+        / PF_DAY
+        for r in rows
+    ]
     base_c = fit_power_law(C, [r["baseline"] for r in rows])
     x_c = fit_power_law([c * (1 + r["flops"]) for c, r in zip(C, rows)], [r["x"] for r in rows])
     base_w = fit_power_law([r["h"] for r in rows], [r["baseline"] for r in rows])
@@ -268,7 +287,11 @@ def paper_matched_loss(rows: Sequence[dict], vocab_size: int, seq_len: int, targ
         "mean_width": (base_w, x_w),
         "flops_fraction": x_c.compute_at(target_loss) / base_c.compute_at(target_loss),
         "mean_width_fraction": x_w.compute_at(target_loss) / base_w.compute_at(target_loss),
-        "equal_size": {"size": largest.get("size", ""), "flops": 1 + largest["flops"], "mean_width": 1 + largest["mean_width"]},
+        "equal_size": {
+            "size": largest.get("size", ""),
+            "flops": 1 + largest["flops"],
+            "mean_width": 1 + largest["mean_width"],
+        },
     }
 
 
@@ -283,7 +306,11 @@ def paper_matched_loss_rows(paper: dict) -> List[dict]:
     paper's stated one and beside what the printed (rounded) a, b give, and the equal-size change at
     its largest dense size."""
     vw = paper["variable_width"]
-    dense = [dict(r, flops=_fraction(r["flops"]), mean_width=_fraction(r["mean_width"])) for r in vw["sizes"] if "h" in r]
+    dense = [
+        dict(r, flops=_fraction(r["flops"]), mean_width=_fraction(r["mean_width"]))
+        for r in vw["sizes"]
+        if "h" in r
+    ]
     got = paper_matched_loss(dense, vw["vocab_size"], vw["sequence_length"])
     ref, eq, L = vw["scaling"], got["equal_size"], got["target_loss"]
     printed = {
@@ -293,7 +320,12 @@ def paper_matched_loss_rows(paper: dict) -> List[dict]:
     out = []
     for key, label, stated, fit in (
         ("flops", "training FLOPs", ref["x_flops_fraction"], f"L = a C^b (C in {C_LABEL})"),
-        ("mean_width", "mean width (KV cache per token)", ref["x_mean_width_fraction"], "L = a W^b (W: mean layer width)"),
+        (
+            "mean_width",
+            "mean width (KV cache per token)",
+            ref["x_mean_width_fraction"],
+            "L = a W^b (W: mean layer width)",
+        ),
     ):
         base, x = got[key]
         flops = key == "flops"  # the paper prints the FLOPs fits only
@@ -302,14 +334,22 @@ def paper_matched_loss_rows(paper: dict) -> List[dict]:
                 "quantity": label,
                 "fit": fit,
                 "baseline a, b": f"{base.a:.4f}, {base.b:.5f}",
-                "paper baseline a, b": _paper_fit(ref, "baseline").replace("a ", "").replace("b ", "") if flops else "not given",
+                "paper baseline a, b": _paper_fit(ref, "baseline")
+                .replace("a ", "")
+                .replace("b ", "")
+                if flops
+                else "not given",
                 "x a, b": f"{x.a:.4f}, {x.b:.5f}",
-                "paper x a, b": _paper_fit(ref, "x").replace("a ", "").replace("b ", "") if flops else "not given",
+                "paper x a, b": _paper_fit(ref, "x").replace("a ", "").replace("b ", "")
+                if flops
+                else "not given",
                 "target loss": f"{L:.3f}",
                 "x / baseline at the target": f"{got[key + '_fraction']:.1%}",
                 "paper": f"{stated:.1%}",
                 "paper's printed a, b at the target": (
-                    f"{printed['x'].compute_at(L) / printed['baseline'].compute_at(L):.1%}" if flops else ""
+                    f"{printed['x'].compute_at(L) / printed['baseline'].compute_at(L):.1%}"
+                    if flops
+                    else ""
                 ),
                 f"equal size ({eq['size']})": f"{eq[key]:.1%}",
             }

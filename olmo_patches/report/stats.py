@@ -104,7 +104,9 @@ def mean_interval(x: Sequence[float], level: float = LEVEL) -> Interval:
     return Interval(mean, mean - half, mean + half, n)
 
 
-def paired_difference(member: Mapping[int, float], baseline: Mapping[int, float], level: float = LEVEL) -> Paired:
+def paired_difference(
+    member: Mapping[int, float], baseline: Mapping[int, float], level: float = LEVEL
+) -> Paired:
     """member - baseline, paired by seed (the seeds both have)."""
     seeds = tuple(sorted(member.keys() & baseline.keys()))
     if not seeds:
@@ -146,7 +148,9 @@ def _ratio(member: np.ndarray, baseline: np.ndarray, tokens: np.ndarray) -> floa
     """Tokens the mean member curve needs for the mean baseline's final loss, over the baseline's."""
     m, b = member.mean(axis=0), baseline.mean(axis=0)
     base = tokens_to_reach(tokens, b, b[-1])
-    return tokens_to_reach(tokens, m, b[-1]) / base if base > 0 else math.nan  # reached at 0 tokens: no ratio
+    return (
+        tokens_to_reach(tokens, m, b[-1]) / base if base > 0 else math.nan
+    )  # reached at 0 tokens: no ratio
 
 
 def matched_loss_ratio(

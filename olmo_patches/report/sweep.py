@@ -12,7 +12,15 @@ from ..launch.sweep import Member, RunStatus, Variants, sweep_status
 from .compare import check_seed_folders, comparison_notes, comparison_tables, val_curves_figure
 from .figures import make_figures, scaling_figure
 from .scaling import scaling_tables
-from .tables import Run, _fmt, ablation_configs, build_tables, load_runs, paper_results, write_tables
+from .tables import (
+    Run,
+    _fmt,
+    ablation_configs,
+    build_tables,
+    load_runs,
+    paper_results,
+    write_tables,
+)
 
 __all__ = ["report", "status_rows", "seed_counts"]
 
@@ -50,7 +58,10 @@ def seed_counts(statuses: Sequence[RunStatus]) -> List[dict]:
         )
         row["seeds"] += 1
         row[s.state] += 1
-    return [{"config": g, "LR x": f"{x:g}", **{k: str(v) for k, v in row.items()}} for (g, x), row in counts.items()]
+    return [
+        {"config": g, "LR x": f"{x:g}", **{k: str(v) for k, v in row.items()}}
+        for (g, x), row in counts.items()
+    ]
 
 
 def report(
@@ -75,8 +86,14 @@ def report(
     configs = [m.config for m in members]
     tables = build_tables(runs, sweep_configs=configs)
     tables = {k: rows for k, rows in tables.items() if any(r.get("run") in runs for r in rows)}
-    tables.update({k: rows for k, rows in scaling_tables(runs, paper_results(), target_loss).items() if rows})
-    compared = {k: rows for k, rows in comparison_tables(members, runs, variants, baseline, use_best_lr).items() if rows}
+    tables.update(
+        {k: rows for k, rows in scaling_tables(runs, paper_results(), target_loss).items() if rows}
+    )
+    compared = {
+        k: rows
+        for k, rows in comparison_tables(members, runs, variants, baseline, use_best_lr).items()
+        if rows
+    }
     tables = {"sweep": status_rows(sweep_status(members, slurm_log_dir)), **compared, **tables}
     written = write_tables(tables, out)
     notes = comparison_notes(variants, baseline, use_best_lr)

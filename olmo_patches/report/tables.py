@@ -83,11 +83,16 @@ class Run:
     def val_losses(self) -> Dict[str, float]:
         """{validation set: CE loss} at each set's last evaluation."""
         keys = {m.group(1) for step in self.metrics.values() for k in step if (m := _LM.match(k))}
-        return {label.removesuffix("-validation"): self.last(f"eval/lm/{label}/CE loss") for label in sorted(keys)}  # type: ignore[misc]
+        return {
+            label.removesuffix("-validation"): self.last(f"eval/lm/{label}/CE loss")
+            for label in sorted(keys)
+        }  # type: ignore[misc]
 
     def val_loss(self) -> Optional[float]:
         losses = self.val_losses()
-        chosen = [v for k, v in losses.items() if k in PAPER_VALIDATION_SETS] or list(losses.values())
+        chosen = [v for k, v in losses.items() if k in PAPER_VALIDATION_SETS] or list(
+            losses.values()
+        )
         return sum(chosen) / len(chosen) if chosen else None
 
     def val_ppl(self) -> Optional[float]:
@@ -113,7 +118,11 @@ def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
     """Runs by name; a folder without config.yaml is searched one level down (a runs/ root)."""
     runs: Dict[str, Run] = {}
     for p in map(Path, paths):
-        folders = [p] if (p / "config.yaml").exists() else sorted(q.parent for q in p.glob("*/config.yaml"))
+        folders = (
+            [p]
+            if (p / "config.yaml").exists()
+            else sorted(q.parent for q in p.glob("*/config.yaml"))
+        )
         for folder in folders:
             config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=False)
             run = Run(folder, config, read_metrics(folder))  # type: ignore[arg-type]
@@ -154,13 +163,24 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     for r in paper["hourglass"]["validation_ppl"]:
         run = runs.get(r["run"])
         ours = run.val_ppl() if run else None
-        row = {"size": r["size"], "variant": r["variant"], "run": r["run"], "steps": run.last_step if run else ""}
+        row = {
+            "size": r["size"],
+            "variant": r["variant"],
+            "run": r["run"],
+            "steps": run.last_step if run else "",
+        }
         row.update(
-            {"val PPL": _fmt(ours), "paper": _fmt(r.get("ppl")) if "ppl" in r else NO_NUMBER, "diff": _diff(ours, r.get("ppl"))}
+            {
+                "val PPL": _fmt(ours),
+                "paper": _fmt(r.get("ppl")) if "ppl" in r else NO_NUMBER,
+                "diff": _diff(ours, r.get("ppl")),
+            }
         )
         for name in PAPER_VALIDATION_SETS:
             loss = run.val_losses().get(name) if run else None
-            row[f"PPL {name}"] = _fmt(math.exp(loss)) if loss is not None else ("" if run else NOT_RUN)
+            row[f"PPL {name}"] = (
+                _fmt(math.exp(loss)) if loss is not None else ("" if run else NOT_RUN)
+            )
         rows.append(row)
     return rows
 
@@ -242,17 +262,25 @@ def paper_finding(kind: str, spec: dict, shape: Dict[str, Any]) -> str:
         lo, hi = spec["best_range"]
         best = spec["best_d_model_per_L"].get(shape.get("K"))
         where = "inside" if lo <= float(shape["d_model/L"]) <= hi else "outside"
-        return f"{where} the best range {lo}-{hi}" + (f" (K={shape['K']}: best near {best})" if best else "")
+        return f"{where} the best range {lo}-{hi}" + (
+            f" (K={shape['K']}: best near {best})" if best else ""
+        )
     return NO_NUMBER
 
 
-def ablation_table(runs: Dict[str, Run], kind: str, spec: dict, configs: Optional[List[Path]] = None) -> List[dict]:
+def ablation_table(
+    runs: Dict[str, Run], kind: str, spec: dict, configs: Optional[List[Path]] = None
+) -> List[dict]:
     """One row per config of the ablation (``configs``, default the folders of ``spec["configs"]``,
     in file order), with the paper's number or finding beside the run's; the difference only for
     the paper's own configs (a demo-scale run is compared by trend, not value)."""
     rows = []
     if configs is None:  # the repo's folder(s) of the ablation, each sorted by file name
-        configs = [path for folder in _folders(spec["configs"]) for path in sorted((REPO / folder).glob("*.yaml"))]
+        configs = [
+            path
+            for folder in _folders(spec["configs"])
+            for path in sorted((REPO / folder).glob("*.yaml"))
+        ]
     for path in configs:
         if (name := _config_name(path)) is None:
             continue
@@ -295,13 +323,26 @@ def _shape_from_name(name: str) -> Dict[str, Any]:
     if not m:
         return {}
     K, L, d, dh = map(int, m.groups())
-    return {"K": K, "L": L, "d_model": d, "d_h": dh, "d_h/d_model": f"{dh / d:.3f}", "d_model/L": f"{d / L:.0f}"}
+    return {
+        "K": K,
+        "L": L,
+        "d_model": d,
+        "d_h": dh,
+        "d_h/d_model": f"{dh / d:.3f}",
+        "d_model/L": f"{d / L:.0f}",
+    }
 
 
 def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
     """Every hourglass run given, whatever its name: the points the figures plot."""
     return [
-        {"run": name, **_shape(run), "steps": run.last_step, "val loss": _fmt(run.val_loss(), 4), "val PPL": _fmt(run.val_ppl())}
+        {
+            "run": name,
+            **_shape(run),
+            "steps": run.last_step,
+            "val loss": _fmt(run.val_loss(), 4),
+            "val PPL": _fmt(run.val_ppl()),
+        }
         for name, run in sorted(runs.items())
         if run.stacks_ffn
     ]
@@ -328,7 +369,9 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         ours = run.val_loss() if run else None
         base = runs.get(base_run).val_loss() if base_run in runs and run_name != base_run else None
         gap = ours - base if ours is not None and base is not None else None
-        paper_gap = paper_loss - base_paper if paper_loss is not None and run_name != base_run else None
+        paper_gap = (
+            paper_loss - base_paper if paper_loss is not None and run_name != base_run else None
+        )
         return {
             "size": size,
             "variant": variant,
@@ -344,13 +387,24 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
 
     for r in vw["sizes"]:
         base = (r["baseline_run"], r["baseline"])
-        rows.append(row(r["size"], "baseline", *base, *base, **{"paper FLOPs": "", "paper mean width": ""}))
         rows.append(
-            row(r["size"], "x", r["x_run"], r["x"], *base, **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]})
+            row(r["size"], "baseline", *base, *base, **{"paper FLOPs": "", "paper mean width": ""})
+        )
+        rows.append(
+            row(
+                r["size"],
+                "x",
+                r["x_run"],
+                r["x"],
+                *base,
+                **{"paper FLOPs": r["flops"], "paper mean width": r["mean_width"]},
+            )
         )
     base_500 = next(r for r in vw["ablations_500M"] if r["variant"] == "constant width")
     for r in vw["ablations_500M"]:
-        rows.append(row("500M", r["variant"], r["run"], r.get("loss"), base_500["run"], base_500["loss"]))
+        rows.append(
+            row("500M", r["variant"], r["run"], r.get("loss"), base_500["run"], base_500["loss"])
+        )
     # The hourglass paper's sizes trained with the variable-width block, against their baselines.
     for r in paper["hourglass"]["validation_ppl"]:
         if r["variant"] == "variable-width":
@@ -369,13 +423,17 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     return rows
 
 
-def build_tables(runs: Dict[str, Run], sweep_configs: Optional[List[Path]] = None) -> Dict[str, List[dict]]:
+def build_tables(
+    runs: Dict[str, Run], sweep_configs: Optional[List[Path]] = None
+) -> Dict[str, List[dict]]:
     """Every table; with ``sweep_configs`` the ablation tables list the sweep's configs of each
     ablation (e.g. the demo-scale sweeps) instead of the 113M folders."""
     paper = paper_results()
     abl = paper["hourglass"]["ablations"]
     abl["K"]["reported_by_K"] = {int(k): v for k, v in abl["K"]["reported_by_K"].items()}
-    abl["width_depth"]["best_d_model_per_L"] = {int(k): v for k, v in abl["width_depth"]["best_d_model_per_L"].items()}
+    abl["width_depth"]["best_d_model_per_L"] = {
+        int(k): v for k, v in abl["width_depth"]["best_d_model_per_L"].items()
+    }
     groups = ablation_configs(sweep_configs) if sweep_configs is not None else {}
     tables = {
         "validation_ppl": validation_table(runs, paper),
@@ -416,9 +474,13 @@ def write_tables(tables: Dict[str, List[dict]], out: Path) -> List[Path]:
     """NAME.md and NAME.csv per table, and tables.md with all of them (with the notes)."""
     out.mkdir(parents=True, exist_ok=True)
     paper = paper_results()
-    notes = {f"ablation_{kind}": spec["note"] for kind, spec in paper["hourglass"]["ablations"].items()}
+    notes = {
+        f"ablation_{kind}": spec["note"] for kind, spec in paper["hourglass"]["ablations"].items()
+    }
     written: List[Path] = []
-    sections = [f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"]
+    sections = [
+        f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"
+    ]
     for name, rows in tables.items():
         (out / f"{name}.md").write_text(to_markdown(rows))
         (out / f"{name}.csv").write_text(to_csv(rows))

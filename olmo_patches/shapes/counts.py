@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["attention_params", "swiglu_ffn_params", "hourglass_ffn_params", "analytic_non_embedding"]
+__all__ = [
+    "attention_params",
+    "swiglu_ffn_params",
+    "hourglass_ffn_params",
+    "analytic_non_embedding",
+]
 
 
-def attention_params(d_model: int, attention_width: Optional[int] = None, kv_width: Optional[int] = None) -> int:
+def attention_params(
+    d_model: int, attention_width: Optional[int] = None, kv_width: Optional[int] = None
+) -> int:
     """2 d_model (a + a_kv): a = ``attention_width`` and a_kv = ``kv_width`` default to d_model (MHA)."""
     a = attention_width if attention_width is not None else d_model
     return 2 * d_model * (a + (kv_width if kv_width is not None else a))

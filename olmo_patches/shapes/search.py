@@ -58,16 +58,33 @@ __all__ = [
     "rank_key",
 ]
 
-TOLERANCE = 1e-5  # the paper: every variant within 0.001% of its baseline's non-embedding parameters
-D_MODEL_ALIGN = (128, 64, 32, 16, 8, 4, 2)  # d_model rungs; below 8 the head dim cannot be a multiple of 8
+TOLERANCE = (
+    1e-5  # the paper: every variant within 0.001% of its baseline's non-embedding parameters
+)
+D_MODEL_ALIGN = (
+    128,
+    64,
+    32,
+    16,
+    8,
+    4,
+    2,
+)  # d_model rungs; below 8 the head dim cannot be a multiple of 8
 D_H_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)
 # (d_model, d_h) rungs, most hardware-friendly first: d_model a multiple of 8 first (head dims that are
 # multiples of 8, as flash-attention wants), then by the smaller of the two multiples, then d_model's.
-LADDER = sorted(((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN), key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1]))
+LADDER = sorted(
+    ((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN),
+    key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1]),
+)
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs: within +-0.3% of their baselines
-ALIGNED_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0)  # d_model % 8, d_h % 64
+ALIGNED_LADDER = tuple(
+    (a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0
+)  # d_model % 8, d_h % 64
 SPLIT_TOLERANCE = 4e-4  # the tightest of the authors' revised configs (0.04%; they range to 0.29%)
-HEADS8_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0)  # d_model % 8: head dims multiples of 8
+HEADS8_LADDER = tuple(
+    (a, b) for a, b in LADDER if a % 8 == 0
+)  # d_model % 8: head dims multiples of 8
 
 
 @dataclass(frozen=True)
@@ -122,7 +139,9 @@ class Shape:
 
     def flops_per_token(self, seq_len: int, vocab_size: int) -> int:
         """OLMo-core's training FLOPs per token (6 per weight, causal attention, LM head), norms excluded."""
-        return 6 * (self.non_embedding + vocab_size * self.d_model) + 6 * self.n_layers * self.attention_width * (seq_len + 1)
+        return 6 * (
+            self.non_embedding + vocab_size * self.d_model
+        ) + 6 * self.n_layers * self.attention_width * (seq_len + 1)
 
 
 @functools.lru_cache(maxsize=None)  # the solver asks about the same d_model values ~10^6 times
@@ -165,12 +184,17 @@ def solve(
     Search order: each d_model window in turn (relative to the continuous solution d*), each L
     nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
     """
-    layers = sorted(range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1), key=lambda L: (abs(L - n_layers), L))
+    layers = sorted(
+        range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1),
+        key=lambda L: (abs(L - n_layers), L),
+    )
     for window in windows:
         for L in layers:
             if heads8:
                 attention = dict(attn_fraction=attn_fraction, head_dim=head_dim, kv_group=kv_group)
-                shape = _solve_heads8(budget, K, L, d_h_ratio, tolerance, window, ratio_slack, **attention)
+                shape = _solve_heads8(
+                    budget, K, L, d_h_ratio, tolerance, window, ratio_slack, **attention
+                )
                 if shape is not None:
                     return shape
                 continue
@@ -193,7 +217,13 @@ def solve(
 
 
 def solve_split(
-    budget: int, *, K: int, n_layers: int, attention: float, tolerance: float = SPLIT_TOLERANCE, window: float = 0.05
+    budget: int,
+    *,
+    K: int,
+    n_layers: int,
+    attention: float,
+    tolerance: float = SPLIT_TOLERANCE,
+    window: float = 0.05,
 ) -> Optional[Shape]:
     """The MHA hourglass shape whose attention parameters are nearest ``attention`` (d_model nearest
     sqrt(attention / 4 L)), with d_model % 8 and a head dim that is a multiple of 8, and d_h the
@@ -231,7 +261,9 @@ def _per_layer(K: int, r: float, attn_fraction: Optional[float] = None, kv_group
     return 2 * f * (1 + 1 / kv_group) + 3 * K * r
 
 
-def attention_heads(d_model: int, attn_fraction: Optional[float] = None, head_dim: int = 64, kv_group: int = 1) -> Optional[dict]:
+def attention_heads(
+    d_model: int, attn_fraction: Optional[float] = None, head_dim: int = 64, kv_group: int = 1
+) -> Optional[dict]:
     """Shape keywords of the attention for d_model (None: no valid head count)."""
     if attn_fraction is None:
         n_heads = choose_heads(d_model)
@@ -239,7 +271,11 @@ def attention_heads(d_model: int, attn_fraction: Optional[float] = None, head_di
             return None
         return dict(n_heads=n_heads, n_kv_heads=n_heads // kv_group if kv_group > 1 else None)
     n_heads = max(1, round(attn_fraction * d_model / (head_dim * kv_group))) * kv_group
-    return dict(n_heads=n_heads, fixed_head_dim=head_dim, n_kv_heads=n_heads // kv_group if kv_group > 1 else None)
+    return dict(
+        n_heads=n_heads,
+        fixed_head_dim=head_dim,
+        n_kv_heads=n_heads // kv_group if kv_group > 1 else None,
+    )
 
 
 def _solve_rungs(
@@ -262,7 +298,9 @@ def _solve_rungs(
         for d_model in range(lo + (-lo) % a_d, hi + 1, a_d):
             if (attention := attention_heads(d_model, attn_fraction, head_dim, kv_group)) is None:
                 continue
-            exact = _exact_d_h(budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention)
+            exact = _exact_d_h(
+                budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention
+            )
             d_h = int(round(exact / a_h)) * a_h
             if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
                 continue
@@ -299,11 +337,15 @@ def _solve_heads8(
         attention = attention_heads(d_model, attn_fraction, head_dim, kv_group)
         if attention is None or Shape(K, d_model, L, 0, **attention).head_dim % 8:
             continue
-        d_h = round(_exact_d_h(budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention))
+        d_h = round(
+            _exact_d_h(budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention)
+        )
         if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
             continue
         shape = Shape(K, d_model, L, d_h, rounding="d_model % 8, d_h % 1", **attention)
-        if abs(shape.mismatch(budget)) <= tolerance and (best is None or abs(shape.d_h_ratio - r) < abs(best.d_h_ratio - r)):
+        if abs(shape.mismatch(budget)) <= tolerance and (
+            best is None or abs(shape.d_h_ratio - r) < abs(best.d_h_ratio - r)
+        ):
             best = shape
     return best
 
@@ -320,7 +362,11 @@ def optimal_width_depth(K: int) -> float:
 def rank_key(shape: Shape) -> tuple:
     """The paper's findings as a sort key: d_h/d_model >= 0.4 first (below is clearly worse), then the
     distance of d_model/L from the K's U-curve optimum (log scale), then fewer FLOPs (smaller d_model)."""
-    return (shape.d_h_ratio < 0.4 - 1e-9, abs(math.log(shape.width_depth / optimal_width_depth(shape.K))), shape.d_model)
+    return (
+        shape.d_h_ratio < 0.4 - 1e-9,
+        abs(math.log(shape.width_depth / optimal_width_depth(shape.K))),
+        shape.d_model,
+    )
 
 
 def enumerate_shapes(
@@ -361,7 +407,14 @@ def enumerate_shapes(
                     )
                     if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
                         continue
-                    key = (shape.K, shape.n_layers, shape.d_model, shape.d_h, shape.n_heads, shape.head_dim)
+                    key = (
+                        shape.K,
+                        shape.n_layers,
+                        shape.d_model,
+                        shape.d_h,
+                        shape.n_heads,
+                        shape.head_dim,
+                    )
                     if key not in seen:
                         seen.add(key)
                         yield shape

@@ -102,7 +102,9 @@ def _layer_terms(moe: Optional[MoEShape], experts: Optional[int] = None) -> tupl
     return 4 + 3 * n * moe.ratio, moe.num_experts, n * moe.ratio
 
 
-def _weights(widths: List[float], h: int, moe: Optional[MoEShape], experts: Optional[int] = None) -> float:
+def _weights(
+    widths: List[float], h: int, moe: Optional[MoEShape], experts: Optional[int] = None
+) -> float:
     """sum (c2 w_l^2 + c1 w_l) - waste: 3 (w_1 - h) w_1 if w_1 > h, out w_L (w_L - h) if w_L > h."""
     c2, c1, out = _layer_terms(moe, experts)
     waste = 0.0
@@ -126,7 +128,9 @@ def paper_active_params(widths: List[float], h: int, moe: MoEShape) -> float:
     return paper_params(widths, h, moe) - (1 - k / E) * sum(3 * E * r * w * w for w in widths)
 
 
-def _solve_b(kind: str, steps: List[float], h: int, L: int, moe: Optional[MoEShape] = None) -> float:
+def _solve_b(
+    kind: str, steps: List[float], h: int, L: int, moe: Optional[MoEShape] = None
+) -> float:
     """b such that paper_params(widths(b)) = L (c2 h^2 + c1 h): a quadratic per case of the piecewise waste."""
     c2, c1, out = _layer_terms(moe)
     m = _continuous(kind, 1.0, steps)  # widths are linear in b
@@ -162,7 +166,9 @@ def solve_schedule(
     if not 0 < r_d < 1:
         raise ValueError(f"r_d must be in (0, 1), got {r_d}")
     if L < 2 or (shape in ("x", "3") and not 1 < _extreme_layer(shape, L, r_l) < L):
-        raise ValueError(f"shape {shape} needs its extreme layer inside 1 < k < L (L={L}, r_l={r_l})")
+        raise ValueError(
+            f"shape {shape} needs its extreme layer inside 1 < k < L (L={L}, r_l={r_l})"
+        )
     k = _extreme_layer(shape, L, r_l)
 
     def min_width(q: float) -> float:
@@ -176,7 +182,9 @@ def solve_schedule(
     steps = _steps(kind, shape, L, k, (lo + hi) / 2)
     b = _solve_b(kind, steps, h, L, moe)
     # The authors' rounding: integer b, regenerate, round each width to the multiple (Python round).
-    widths = [int(round(w / multiple)) * multiple for w in _continuous(kind, float(round(b)), steps)]
+    widths = [
+        int(round(w / multiple)) * multiple for w in _continuous(kind, float(round(b)), steps)
+    ]
     return Schedule(widths=widths, b=b, steps=steps, kind=kind)
 
 
@@ -200,12 +208,19 @@ def schedule_widths(
             raise ValueError(f"an explicit width list needs {L} widths, got {widths}")
         return list(widths)
     if schedule in ("geometric", "arithmetic"):
-        return solve_schedule(h, L, kind=schedule, shape=shape, r_l=r_l, r_d=r_d, multiple=multiple, moe=moe).widths
+        return solve_schedule(
+            h, L, kind=schedule, shape=shape, r_l=r_l, r_d=r_d, multiple=multiple, moe=moe
+        ).widths
     raise ValueError(f"unknown schedule {schedule}; choose one of {', '.join(SCHEDULES)}")
 
 
 def paper_flops(
-    widths: List[int], h: int, vocab_size: int, seq_len: int, moe: Optional[MoEShape] = None, active: bool = True
+    widths: List[int],
+    h: int,
+    vocab_size: int,
+    seq_len: int,
+    moe: Optional[MoEShape] = None,
+    active: bool = True,
 ) -> float:
     """Forward FLOPs per sequence as the paper (authors' ``compute_metrics``) counts them.
 

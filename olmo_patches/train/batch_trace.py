@@ -32,7 +32,10 @@ class BatchTraceCallback(Callback):
         record = {
             "step": self.step,  # the trainer increments global_step before pre_step
             "indices": indices,
-            "tokens": {str(i): hashlib.sha1(row.tobytes()).hexdigest()[:16] for i, row in zip(indices, tokens)},
+            "tokens": {
+                str(i): hashlib.sha1(row.tobytes()).hexdigest()[:16]
+                for i, row in zip(indices, tokens)
+            },
         }
         path = Path(self.trainer.save_folder) / TRACE_DIR / f"rank{get_rank()}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,4 +54,7 @@ def read_batch_trace(run_dir: str | Path) -> Dict[int, List[Tuple[int, str]]]:
                 steps[int(record["step"])] = record["tokens"]  # a rank's later record wins
         for step, tokens in steps.items():
             merged[step].update(tokens)
-    return {step: sorted((int(i), h) for i, h in tokens.items()) for step, tokens in sorted(merged.items())}
+    return {
+        step: sorted((int(i), h) for i, h in tokens.items())
+        for step, tokens in sorted(merged.items())
+    }

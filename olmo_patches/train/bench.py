@@ -46,9 +46,14 @@ __all__ = ["run_bench", "format_results", "as_json"]
 REPO = data_root()  # configs/ of the checkout or the installed wheel
 
 
-def measured_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048, tries: int = 10) -> float:
+def measured_matmul_flops(
+    device: torch.device, dtype: torch.dtype, n: int = 2048, tries: int = 10
+) -> float:
     """The best FLOP/s of an n x n x n matmul on this device: the CPU's stand-in for a datasheet peak."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a, b = (
+        torch.randn(n, n, device=device, dtype=dtype),
+        torch.randn(n, n, device=device, dtype=dtype),
+    )
     best = 0.0
     for _ in range(tries + 2):
         _sync(device)
@@ -69,7 +74,9 @@ def peak_flops_per_second(device: torch.device, dtype: torch.dtype) -> tuple[flo
         peak = get_device_peak_flops_per_second(name, using_half_precision=half)
         if peak is not None:
             return float(peak), f"{name}: OLMo-core's datasheet table (dense bf16)"
-    return measured_matmul_flops(device, dtype), f"measured: best 2048^3 {str(dtype).split('.')[-1]} matmul on this {device.type}"
+    return measured_matmul_flops(
+        device, dtype
+    ), f"measured: best 2048^3 {str(dtype).split('.')[-1]} matmul on this {device.type}"
 
 
 def _sync(device: torch.device) -> None:
@@ -93,7 +100,10 @@ class BenchResult:
     peak_mem_mb: Optional[float]
     mfu: float  # percent of the peak
     ratio: float = 1.0  # tokens/s / baseline's: median of per-repeat paired ratios
-    ratio_quartiles: tuple = (1.0, 1.0)  # first and third quartiles of the paired ratios (the noise)
+    ratio_quartiles: tuple = (
+        1.0,
+        1.0,
+    )  # first and third quartiles of the paired ratios (the noise)
     flops_ratio: float = 1.0  # flops_per_token / baseline's
     per_flop_ratio: float = 1.0  # ratio x flops_ratio: model FLOP/s relative to the baseline's
     extra: dict = field(default_factory=dict)
@@ -104,7 +114,10 @@ def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[
     spec = load_spec(REPO / config if not Path(config).is_absolute() else config)
     model_config = spec.model_config()
     backend = resolve_attention_backend(
-        spec.model.attention_backend, head_dims(model_config), cuda=device.type == "cuda", bf16=dtype == torch.bfloat16
+        spec.model.attention_backend,
+        head_dims(model_config),
+        cuda=device.type == "cuda",
+        bf16=dtype == torch.bfloat16,
     )
     set_attention_backend(model_config, backend.name)
     model = model_config.build(init_device="cpu")
@@ -122,11 +135,17 @@ def to_float8(model: nn.Module, recipe: str, device: torch.device) -> nn.Module:
 
     from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 
-    model.apply_fp8(ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(recipe), emulate=not has_float8_matmuls(device)))  # type: ignore[operator]
+    model.apply_fp8(
+        ShapeFloat8Config(
+            ao_recipe=AOFloat8LinearRecipe(recipe), emulate=not has_float8_matmuls(device)
+        )
+    )  # type: ignore[operator]
     return model
 
 
-def _train_step(model: nn.Module, ids: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+def _train_step(
+    model: nn.Module, ids: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None
+) -> None:
     logits = model(ids[:, :-1])
     F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
     if optimizer is not None:
@@ -155,7 +174,14 @@ def _cpu_peak_bytes(model: nn.Module, ids: torch.Tensor) -> int:
 
 
 def _build_variants(
-    sc, names: List[str], device, dtype, seq_len: int, optimizer: bool, float8: Optional[str], compiled: bool
+    sc,
+    names: List[str],
+    device,
+    dtype,
+    seq_len: int,
+    optimizer: bool,
+    float8: Optional[str],
+    compiled: bool,
 ) -> tuple[Dict[str, nn.Module], Dict[str, Optional[torch.optim.Optimizer]], Dict[str, dict]]:
     """Each variant's model (compiled as the trainer compiles it; a float8 twin converted), its AdamW
     (or None) and its counts."""
@@ -181,7 +207,13 @@ def _build_variants(
 
 
 def _time_interleaved(
-    models: Dict[str, nn.Module], optimizers: dict, ids: torch.Tensor, device, repeats: int, steps: int, log
+    models: Dict[str, nn.Module],
+    optimizers: dict,
+    ids: torch.Tensor,
+    device,
+    repeats: int,
+    steps: int,
+    log,
 ) -> tuple[Dict[str, List[float]], Dict[str, Optional[float]]]:
     """Tokens/s of each model per repeat, the models taking turns (each repeat starts one further
     along), and each one's peak memory in MiB."""
@@ -201,7 +233,9 @@ def _time_interleaved(
             _sync(device)
             tps[name].append(steps * batch * seq_len / (time.perf_counter() - t))
             if device.type == "cuda":
-                own = torch.cuda.max_memory_allocated(device) - resident + _param_bytes(models[name])
+                own = (
+                    torch.cuda.max_memory_allocated(device) - resident + _param_bytes(models[name])
+                )
                 mem[name] = max(mem[name] or 0.0, own / 2**20)
         log(f"repeat {r + 1}/{repeats}: " + ", ".join(f"{n} {tps[n][-1]:.0f}" for n in names))
     if device.type != "cuda":
@@ -214,7 +248,9 @@ def _paired(tps: Dict[str, List[float]], name: str, other: str) -> List[float]:
     return [a / b for a, b in zip(tps[name], tps[other])]
 
 
-def _result(sc, name: str, base: str, info: dict, tps: dict, mem: dict, peak: float, run: dict) -> BenchResult:
+def _result(
+    sc, name: str, base: str, info: dict, tps: dict, mem: dict, peak: float, run: dict
+) -> BenchResult:
     """Variant ``name``'s result: its median tokens/s, MFU, and its tokens/s over ``base``'s paired by
     repeat (median and quartiles)."""
     med, paired = statistics.median(tps[name]), _paired(tps, name, base)
@@ -267,7 +303,9 @@ def run_bench(
     names += [n + FLOAT8 for n in names] if float8 else []
     peak, peak_source = peak_flops_per_second(device, dtype)
     machine = dict(
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x {torch.get_num_threads()} threads",
+        device=torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu x {torch.get_num_threads()} threads",
         dtype=str(dtype).split(".")[-1],
         torch=torch.__version__,
         peak_flops_per_second=peak,
@@ -278,7 +316,9 @@ def run_bench(
     results: List[BenchResult] = []
     for compiled in compile_modes:
         torch.compiler.reset()
-        models, optimizers, info = _build_variants(sc, names, device, dtype, seq_len, optimizer, float8, compiled)
+        models, optimizers, info = _build_variants(
+            sc, names, device, dtype, seq_len, optimizer, float8, compiled
+        )
         vocab = min(m.vocab_size for m in models.values())  # type: ignore[misc]
         ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(device)
         for name, model in models.items():
@@ -301,7 +341,9 @@ def format_results(results: List[BenchResult], machine: dict) -> str:
         f"MFU peak {machine['peak_flops_per_second'] / 1e12:.3f} TFLOP/s ({machine['peak_source']})"
     ]
     if results:  # the trainer's attention backend here, and whether the step includes AdamW's
-        lines.append(f"attention {results[0].extra.get('attention')}, optimizer {results[0].extra.get('optimizer')}")
+        lines.append(
+            f"attention {results[0].extra.get('attention')}, optimizer {results[0].extra.get('optimizer')}"
+        )
     head = (
         f"{'scale':6} {'variant':22} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
         f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}"
@@ -314,7 +356,11 @@ def format_results(results: List[BenchResult], machine: dict) -> str:
             f"{r.flops_per_token / 1e9:9.4f} {r.tokens_per_s:9.0f} {r.ratio:6.3f} "
             f"({r.ratio_quartiles[0]:.3f}-{r.ratio_quartiles[1]:.3f}) {r.flops_ratio:6.3f} "
             f"{r.per_flop_ratio:8.3f} {r.mfu:6.1f} {mem}"
-            + (f"  float8/high precision {r.extra['float8_ratio']:.3f}" if "float8_ratio" in r.extra else "")
+            + (
+                f"  float8/high precision {r.extra['float8_ratio']:.3f}"
+                if "float8_ratio" in r.extra
+                else ""
+            )
         )
     lines.append(
         "ratio: tokens/s over the baseline's (median of paired repeats, IQR: their quartiles); FLOPs: model "

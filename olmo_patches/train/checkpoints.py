@@ -10,7 +10,14 @@ import torch
 from olmo_core.aliases import PathOrStr
 from olmo_core.train.checkpoint import Checkpointer
 
-__all__ = ["latest_complete", "holds_checkpoints", "checkpoint_step", "checkpoint_shapes", "load_model_state", "load_optim_state"]
+__all__ = [
+    "latest_complete",
+    "holds_checkpoints",
+    "checkpoint_step",
+    "checkpoint_shapes",
+    "load_model_state",
+    "load_optim_state",
+]
 
 
 def latest_complete(folder: PathOrStr) -> Optional[str]:
@@ -63,7 +70,9 @@ def _metadata(checkpoint: PathOrStr):
     from olmo_core.distributed.checkpoint import get_checkpoint_metadata
 
     root = Path(checkpoint)
-    model_dir = root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
+    model_dir = (
+        root / "model_and_optim" if (root / "model_and_optim" / ".metadata").exists() else root
+    )
     return model_dir, get_checkpoint_metadata(model_dir)
 
 

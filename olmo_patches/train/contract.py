@@ -27,11 +27,18 @@ def model_shapes(spec: ExperimentSpec) -> dict[str, torch.Size]:
 def _same(there: Sequence[int], here: Sequence[int]) -> bool:
     # an hourglass weight of the earlier stacked layout, (K, out, in) for (K out, in): the same
     # elements in the same order, which a resume converts (stacked_layout.py)
-    stacked = len(there) == 3 and len(here) == 2 and there[0] * there[1] == here[0] and there[2] == here[1]
+    stacked = (
+        len(there) == 3
+        and len(here) == 2
+        and there[0] * there[1] == here[0]
+        and there[2] == here[1]
+    )
     return list(there) == list(here) or stacked
 
 
-def first_difference(there: Mapping[str, Sequence[int]], here: Mapping[str, Sequence[int]]) -> Optional[str]:
+def first_difference(
+    there: Mapping[str, Sequence[int]], here: Mapping[str, Sequence[int]]
+) -> Optional[str]:
     """How the weights ``there`` (name: shape) differ from the config's model's ``here``, the first
     difference in the model's order; None when every weight fits."""
     for key, shape in here.items():
@@ -66,7 +73,11 @@ def _short(value) -> str:
 
 
 def check_checkpoint_fits(
-    checkpoint: str | Path, spec: ExperimentSpec, where: str, error: type = ConfigError, unreadable_ok: bool = False
+    checkpoint: str | Path,
+    spec: ExperimentSpec,
+    where: str,
+    error: type = ConfigError,
+    unreadable_ok: bool = False,
 ) -> None:
     """``error`` (one line, starting with ``where``) unless the weights of ``checkpoint`` (a step
     folder) have the shapes of ``spec``'s model; metadata that cannot be read is an ``error`` too,
@@ -76,6 +87,8 @@ def check_checkpoint_fits(
     except Exception as e:  # noqa: BLE001 (a cut or foreign .metadata: DCP's or pickle's error)
         if unreadable_ok:
             return
-        raise error(f"{where}: unreadable checkpoint metadata ({type(e).__name__}: {' '.join(str(e).split())[:120]})") from None
+        raise error(
+            f"{where}: unreadable checkpoint metadata ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+        ) from None
     if (why := first_difference(there, model_shapes(spec))) is not None:
         raise error(f"{where}: {written_by(checkpoint)}; {why}")

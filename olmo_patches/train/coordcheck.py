@@ -65,7 +65,9 @@ def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
 
 
 def axes_of(spec: ExperimentSpec) -> List[str]:
-    return ["width", "depth"] + (["K"] if "K" in block_of(spec.model).knobs else [])  # a kind that stacks K
+    return ["width", "depth"] + (
+        ["K"] if "K" in block_of(spec.model).knobs else []
+    )  # a kind that stacks K
 
 
 def _kind(name: str) -> Optional[str]:
@@ -78,11 +80,15 @@ def _kind(name: str) -> Optional[str]:
     if len(parts) == 2 and parts[0] == "blocks":
         return "block"
     if len(parts) == 3 and parts[0] == "blocks":
-        return {"attention": "attention", "feed_forward": "ffn", "feed_forward_moe": "ffn"}.get(parts[2])
+        return {"attention": "attention", "feed_forward": "ffn", "feed_forward_moe": "ffn"}.get(
+            parts[2]
+        )
     return None
 
 
-def _scales_per_step(spec: ExperimentSpec, steps: int, batch: int, seq: int, seed: int) -> List[Dict[str, float]]:
+def _scales_per_step(
+    spec: ExperimentSpec, steps: int, batch: int, seq: int, seed: int
+) -> List[Dict[str, float]]:
     """{kind: mean |x|} of each step's forward (step 0: at init), then that step's update."""
     config = spec.model_config()
     config.init_seed = spec.train.seed
@@ -100,7 +106,11 @@ def _scales_per_step(spec: ExperimentSpec, steps: int, batch: int, seq: int, see
 
         return record
 
-    handles = [mod.register_forward_hook(hook(kind)) for name, mod in model.named_modules() if (kind := _kind(name))]
+    handles = [
+        mod.register_forward_hook(hook(kind))
+        for name, mod in model.named_modules()
+        if (kind := _kind(name))
+    ]
     gen = torch.Generator().manual_seed(seed)
     vocab = config.vocab_size
     out = []
@@ -109,7 +119,9 @@ def _scales_per_step(spec: ExperimentSpec, steps: int, batch: int, seq: int, see
             ids = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
             sums.clear()
             logits = model(ids[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)
+            )
             out.append({k: float(np.mean(v)) for k, v in sums.items()})
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -149,10 +161,16 @@ class CoordCheck:
         s = slopes[kind]
         shrink = [f"{k} as {axis}^{v:+.2f}" for k, v in slopes.items() if v <= -FLAT]
         if s >= FLAT:
-            text = f"grows with {axis}: {kind} scales as {axis}^{s:+.2f} (x{4**s:.2f} from x1 to x4)"
+            text = (
+                f"grows with {axis}: {kind} scales as {axis}^{s:+.2f} (x{4**s:.2f} from x1 to x4)"
+            )
         else:
             text = f"flat in {axis}: no sublayer's scale grows (largest slope {s:+.2f}, {kind})"
-        return text + (f"; shrinks: {', '.join(shrink)}" if shrink else "") + f"; after {self.steps} steps"
+        return (
+            text
+            + (f"; shrinks: {', '.join(shrink)}" if shrink else "")
+            + f"; after {self.steps} steps"
+        )
 
     def summary(self) -> str:
         """What the width axis says about the parametrisation, then every axis's verdict."""
@@ -172,7 +190,10 @@ class CoordCheck:
                 a: {
                     "slopes": self.slopes(a),
                     "verdict": self.verdict(a),
-                    "runs": {str(m): {"overrides": self.overrides[a][m], "scales": s} for m, s in runs.items()},
+                    "runs": {
+                        str(m): {"overrides": self.overrides[a][m], "scales": s}
+                        for m, s in runs.items()
+                    },
                 }
                 for a, runs in self.scales.items()
             },
@@ -212,7 +233,9 @@ def plot(check: CoordCheck, path) -> None:
     import matplotlib.pyplot as plt
 
     axes = list(check.scales)
-    fig, grid = plt.subplots(len(axes), len(KINDS), figsize=(3 * len(KINDS), 2.6 * len(axes)), squeeze=False)
+    fig, grid = plt.subplots(
+        len(axes), len(KINDS), figsize=(3 * len(KINDS), 2.6 * len(axes)), squeeze=False
+    )
     for row, axis in zip(grid, axes):
         for ax, kind in zip(row, KINDS):
             for m, steps in sorted(check.scales[axis].items()):

@@ -12,7 +12,14 @@ from typing import Iterator, Optional
 
 from ..config import ConfigError, ExperimentSpec
 
-__all__ = ["DiskFullError", "check_room", "checkpoint_bytes", "full_error", "CHECKPOINT_BYTES_PER_PARAM", "disk_full_error"]
+__all__ = [
+    "DiskFullError",
+    "check_room",
+    "checkpoint_bytes",
+    "full_error",
+    "CHECKPOINT_BYTES_PER_PARAM",
+    "disk_full_error",
+]
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # "No space left on device", "Disk quota exceeded"
 
@@ -21,7 +28,9 @@ class DiskFullError(OSError):
     """A save that ran out of space: the message is one line (folder, bytes needed, bytes left)."""
 
 
-CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
+CHECKPOINT_BYTES_PER_PARAM = (
+    12  # fp32 weights + AdamW's two fp32 moments (the trainer state is a few KB)
+)
 
 
 def checkpoint_bytes(spec: ExperimentSpec) -> int:
@@ -46,7 +55,9 @@ def check_room(spec: ExperimentSpec) -> None:
         return
     need, free = checkpoint_bytes(spec), free_bytes(folder)
     if free < need:
-        raise ConfigError(f"run.save_folder={folder}: {_size(free)} free on its disk, one checkpoint needs about {_size(need)}")
+        raise ConfigError(
+            f"run.save_folder={folder}: {_size(free)} free on its disk, one checkpoint needs about {_size(need)}"
+        )
 
 
 def _chain(e: BaseException) -> Iterator[BaseException]:
@@ -89,4 +100,10 @@ def disk_full_error(folder: Path, path: str, need: int, cause: OSError) -> DiskF
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+    return (
+        f"{n / 2**30:,.2f} GiB"
+        if n >= 2**30
+        else f"{n / 2**20:,.1f} MiB"
+        if n >= 2**20
+        else f"{n:,} bytes"
+    )

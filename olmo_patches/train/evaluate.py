@@ -76,7 +76,9 @@ class EvalChoice:
     validation_sets: Optional[List[str]] = None  # v3-small-ppl-validation names; [] for none
     sequence_length: Optional[int] = None  # the downstream tasks' context
     limit: Optional[int] = None  # first N documents of each task
-    batch_size: Optional[int] = None  # sequences per downstream batch (default: the run's micro-batch, else 8)
+    batch_size: Optional[int] = (
+        None  # sequences per downstream batch (default: the run's micro-batch, else 8)
+    )
 
 
 _fail = failer(lambda key: "command line")
@@ -93,7 +95,9 @@ def _olmo_forward(model) -> Forward:
 def _hf_forward(model) -> Forward:
     def forward(input_ids, labels):
         logits = model(input_ids=input_ids).logits.float()
-        ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none")
+        ce = F.cross_entropy(
+            logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="none"
+        )
         return logits, ce.view_as(labels)
 
     return forward
@@ -116,7 +120,9 @@ def _evaluators(
                 " ".join(choice.validation_sets),
                 f"v3-small-ppl-validation is dolma2 tokens, this run's tokenizer is {spec.data.tokenizer}",
             )
-        data = DataSources(data.tokenizer, data.train_paths, [], data.dtype)  # named sets replace the corpus's own split
+        data = DataSources(
+            data.tokenizer, data.train_paths, [], data.dtype
+        )  # named sets replace the corpus's own split
     _check_choice(spec, choice)
     seq, micro = spec.data.sequence_length, spec.train.micro_batch_size or 8
     callbacks = eval_callbacks(spec, data)
@@ -127,7 +133,9 @@ def _evaluators(
         dataset = lm.eval_dataset.build()  # type: ignore[attr-defined]
         collator = DataCollator(pad_token_id=data.tokenizer.pad_token_id)
         out.append(
-            LMEvaluator.from_numpy_dataset(dataset, name="lm", global_batch_size=micro * seq, collator=collator, device=device)
+            LMEvaluator.from_numpy_dataset(
+                dataset, name="lm", global_batch_size=micro * seq, collator=collator, device=device
+            )
         )
         duration = lm.eval_duration  # type: ignore[attr-defined]
     if (ds := callbacks.get("downstream_evaluator")) is not None:
@@ -166,7 +174,11 @@ def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
 def _step_dir(checkpoint: Path, step: Optional[int]) -> Path:
     """A step folder, or a run folder with ``step`` (default: its latest complete checkpoint)."""
     if not checkpoint.is_dir():
-        _fail("CHECKPOINT", checkpoint, "a file, not a checkpoint or run folder" if checkpoint.exists() else "no such folder")
+        _fail(
+            "CHECKPOINT",
+            checkpoint,
+            "a file, not a checkpoint or run folder" if checkpoint.exists() else "no such folder",
+        )
     if step is not None and not Checkpointer.dir_is_checkpoint(checkpoint):
         path = checkpoint / f"step{step}"
         if not Checkpointer.dir_is_checkpoint(path):
@@ -193,7 +205,11 @@ def from_checkpoint(
     spec = load_and_resolve(config_path)
     spec.train.device = device
     # before the model and the data: another model's checkpoint is refused by its metadata alone
-    where = f"command line: --config={config_path}: CHECKPOINT {path}" if config else f"command line: CHECKPOINT={path}"
+    where = (
+        f"command line: --config={config_path}: CHECKPOINT {path}"
+        if config
+        else f"command line: CHECKPOINT={path}"
+    )
     check_checkpoint_fits(path, spec, where)
     model = spec.model.build(vocab_size=vocab_size(spec)).build(init_device="cpu")
     model.load_state_dict(load_model_state(path))
@@ -201,13 +217,19 @@ def from_checkpoint(
     model.to(device).eval()
     evaluators, duration = _evaluators(spec, data, choice, torch.device(device))
     config = OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec)))
-    return EvalTarget(spec.run.name, checkpoint_step(path), _olmo_forward(model), evaluators, duration, config)  # type: ignore[arg-type]
+    return EvalTarget(
+        spec.run.name, checkpoint_step(path), _olmo_forward(model), evaluators, duration, config
+    )  # type: ignore[arg-type]
 
 
 def _hf_tokenizer(model_dir: Path, hf_config) -> TokenizerConfig:
     tokenizer_file = model_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
-        _fail("--hf", model_dir, "no tokenizer.json in the model folder (export with --tokenizer, or pass --config)")
+        _fail(
+            "--hf",
+            model_dir,
+            "no tokenizer.json in the model folder (export with --tokenizer, or pass --config)",
+        )
     eos = hf_config.eos_token_id
     if eos is None:
         _fail("--hf", model_dir, "config.json has no eos_token_id")
@@ -236,30 +258,53 @@ def from_hf(
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         _fail("--hf", model_dir, "not a Hugging Face model folder (no config.json)")
-    remote = "auto_map" in json.loads((model_dir / "config.json").read_text())  # our exports' modeling file
-    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=remote, local_files_only=True, dtype=torch.float32)
+    remote = "auto_map" in json.loads(
+        (model_dir / "config.json").read_text()
+    )  # our exports' modeling file
+    hf_config = AutoConfig.from_pretrained(
+        model_dir, trust_remote_code=remote, local_files_only=True
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, trust_remote_code=remote, local_files_only=True, dtype=torch.float32
+    )
     model.to(device).eval()
-    if config is not None:  # the run's tokenizer and validation data, as its checkpoint is evaluated
+    if (
+        config is not None
+    ):  # the run's tokenizer and validation data, as its checkpoint is evaluated
         spec = load_and_resolve(config)
         data = resolve_data(spec)
     else:
         spec = ExperimentSpec()
         spec.run.name = name or model_dir.name
         spec.data.sequence_length = hf_config.max_position_embeddings
-        spec.data.source, spec.data.tokenizer = "numpy", "dolma2"  # named validation sets are dolma2 tokens
+        spec.data.source, spec.data.tokenizer = (
+            "numpy",
+            "dolma2",
+        )  # named validation sets are dolma2 tokens
         spec.eval.validation_base_dir = validation_base_dir
         spec.eval.downstream_tasks = []
         data = DataSources(_hf_tokenizer(model_dir, hf_config), [], [])
     spec.run.name = name or spec.run.name
     evaluators, duration = _evaluators(spec, data, choice, torch.device(device))
-    shape = {"d_model": hf_config.hidden_size, "n_layers": hf_config.num_hidden_layers, "n_heads": hf_config.num_attention_heads}
-    record = {"run": {"name": spec.run.name}, "model": {"block": "hf", **shape}, "hf": {"path": str(model_dir.resolve())}}
+    shape = {
+        "d_model": hf_config.hidden_size,
+        "n_layers": hf_config.num_hidden_layers,
+        "n_heads": hf_config.num_attention_heads,
+    }
+    record = {
+        "run": {"name": spec.run.name},
+        "model": {"block": "hf", **shape},
+        "hf": {"path": str(model_dir.resolve())},
+    }
     return EvalTarget(spec.run.name, step, _hf_forward(model), evaluators, duration, record)
 
 
 def evaluate(
-    target: EvalTarget, *, device: str = "cpu", bf16: bool = False, progress: Optional[Progress] = None
+    target: EvalTarget,
+    *,
+    device: str = "cpu",
+    bf16: bool = False,
+    progress: Optional[Progress] = None,
 ) -> Dict[str, float]:
     """Every evaluator of ``target`` once: {metric name: value}, named as in training. ``progress``
     (a rich Progress) gets one bar per evaluator: batches done of its total, instances, time left."""
@@ -284,7 +329,9 @@ def evaluate(
             with torch.no_grad(), autocast:
                 logits, ce_loss = target.forward(batch["input_ids"], get_labels(batch))
                 evaluator.update_metrics(batch, ce_loss, logits)
-            if isinstance(evaluator, LMEvaluator) and target.lm_duration.due(step=steps, tokens=tokens, epoch=1):
+            if isinstance(evaluator, LMEvaluator) and target.lm_duration.due(
+                step=steps, tokens=tokens, epoch=1
+            ):
                 break
         for metric, value in evaluator.compute_metrics().items():
             metrics[f"eval/{evaluator.name}/{metric}"] = float(value)

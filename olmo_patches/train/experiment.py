@@ -13,8 +13,17 @@ from typing import Dict
 
 import torch
 from olmo_core.config import Config
-from olmo_core.data import InstanceFilterConfig, NumpyDataLoaderConfig, NumpyFSLDatasetConfig, TokenizerConfig
-from olmo_core.data.source_mixture import SourceMixtureConfig, SourceMixtureDatasetConfig, SourceMixtureList
+from olmo_core.data import (
+    InstanceFilterConfig,
+    NumpyDataLoaderConfig,
+    NumpyFSLDatasetConfig,
+    TokenizerConfig,
+)
+from olmo_core.data.source_mixture import (
+    SourceMixtureConfig,
+    SourceMixtureDatasetConfig,
+    SourceMixtureList,
+)
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.train import Duration, TrainerConfig
@@ -23,7 +32,12 @@ from olmo_core.train.train_module import TransformerTrainModuleConfig
 
 from ..config import ConfigError, ExperimentSpec
 from ..data.order import olmo_core_seed
-from ..eval.evaluators import check_downstream_fit, downstream_evaluator, lm_evaluator, validation_files
+from ..eval.evaluators import (
+    check_downstream_fit,
+    downstream_evaluator,
+    lm_evaluator,
+    validation_files,
+)
 from ..launch.cards import known_card
 from ..launch.layout import attention_backend, data_workers
 from ..nn.attention import set_attention_backend
@@ -31,7 +45,14 @@ from ..nn.lm_loss import lm_loss, set_lm_loss
 from .batch_trace import BatchTraceCallback
 from .metrics import MetricsFileCallback
 from .optimizer import lagged, optimizer, scheduler
-from .precision import autocast, data_parallel, describe_compile, float8_config, olmo_core_compiles, precision_of
+from .precision import (
+    autocast,
+    data_parallel,
+    describe_compile,
+    float8_config,
+    olmo_core_compiles,
+    precision_of,
+)
 from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback
 from .safety import NonFiniteGuardCallback
@@ -89,7 +110,11 @@ class Experiment(Config):
 
 def _dataset_kwargs(spec: ExperimentSpec, data: DataSources) -> dict:
     """OLMo-core numpy dataset arguments shared by training and validation."""
-    kwargs: dict = dict(sequence_length=spec.data.sequence_length, tokenizer=data.tokenizer, work_dir=spec.data.work_dir)
+    kwargs: dict = dict(
+        sequence_length=spec.data.sequence_length,
+        tokenizer=data.tokenizer,
+        work_dir=spec.data.work_dir,
+    )
     if data.dtype is not None:
         kwargs["dtype"] = data.dtype
     return kwargs
@@ -97,7 +122,11 @@ def _dataset_kwargs(spec: ExperimentSpec, data: DataSources) -> dict:
 
 def _eval_tokenizer(spec: ExperimentSpec, data: DataSources) -> TokenizerConfig:
     """The run's tokenizer, identified by the local file when data.tokenizer_file is set."""
-    return replace(data.tokenizer, identifier=spec.data.tokenizer_file) if spec.data.tokenizer_file else data.tokenizer
+    return (
+        replace(data.tokenizer, identifier=spec.data.tokenizer_file)
+        if spec.data.tokenizer_file
+        else data.tokenizer
+    )
 
 
 def check_downstream(spec: ExperimentSpec) -> None:
@@ -105,7 +134,9 @@ def check_downstream(spec: ExperimentSpec) -> None:
     if spec.eval.downstream_tasks:
         try:
             check_downstream_fit(
-                list(spec.eval.downstream_tasks), _eval_tokenizer(spec, resolve_data(spec)), downstream_length(spec)
+                list(spec.eval.downstream_tasks),
+                _eval_tokenizer(spec, resolve_data(spec)),
+                downstream_length(spec),
             )
         except OLMoConfigurationError as e:
             raise ConfigError(" ".join(str(e).split())) from None
@@ -116,15 +147,27 @@ def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, Callbac
     e, out = spec.eval, {}
     if data.val_paths:  # the corpus's own validation split, evaluated from initialisation on
         lm_eval = lm_evaluator(
-            data.val_paths, ["val"] * len(data.val_paths), e.interval, e.max_batches, _dataset_kwargs(spec, data), True
+            data.val_paths,
+            ["val"] * len(data.val_paths),
+            e.interval,
+            e.max_batches,
+            _dataset_kwargs(spec, data),
+            True,
         )
     else:  # v3-small-ppl-validation
-        paths, labels = validation_files(list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir)
-        lm_eval = lm_evaluator(paths, labels, e.interval, e.max_batches, _dataset_kwargs(spec, data))
+        paths, labels = validation_files(
+            list(e.validation_sets), e.validation_base_dir or spec.data.mix_base_dir
+        )
+        lm_eval = lm_evaluator(
+            paths, labels, e.interval, e.max_batches, _dataset_kwargs(spec, data)
+        )
     if lm_eval is not None:
         out["lm_evaluator"] = lm_eval
     downstream = downstream_evaluator(
-        list(e.downstream_tasks), _eval_tokenizer(spec, data), e.downstream_interval or e.interval, downstream_length(spec)
+        list(e.downstream_tasks),
+        _eval_tokenizer(spec, data),
+        e.downstream_interval or e.interval,
+        downstream_length(spec),
     )
     if downstream is not None:
         out["downstream_evaluator"] = downstream
@@ -136,7 +179,9 @@ def mixture_config(spec: ExperimentSpec, data: DataSources) -> SourceMixtureData
     data.order_seed (the loader then shuffles the instances with the run's data order seed)."""
     seq = spec.data.sequence_length
     sources = [
-        SourceMixtureConfig(s.name, target_ratio=s.ratio, paths=s.paths, max_repetition_ratio=s.max_repetition)
+        SourceMixtureConfig(
+            s.name, target_ratio=s.ratio, paths=s.paths, max_repetition_ratio=s.max_repetition
+        )
         for s in data.mixture
     ]
     return SourceMixtureDatasetConfig(
@@ -149,7 +194,9 @@ def mixture_config(spec: ExperimentSpec, data: DataSources) -> SourceMixtureData
     )
 
 
-def _model(spec: ExperimentSpec, data: DataSources, device: str, world_size: int) -> TransformerConfig:
+def _model(
+    spec: ExperimentSpec, data: DataSources, device: str, world_size: int
+) -> TransformerConfig:
     """The model's config at the tokenizer's padded vocabulary, with the run's seed, attention
     backend and LM loss (each choice logged)."""
     t = spec.train
@@ -167,13 +214,20 @@ def _model(spec: ExperimentSpec, data: DataSources, device: str, world_size: int
     return model
 
 
-def _data(spec: ExperimentSpec, data: DataSources, device: str) -> tuple[NumpyFSLDatasetConfig, OrderedDataLoaderConfig]:
+def _data(
+    spec: ExperimentSpec, data: DataSources, device: str
+) -> tuple[NumpyFSLDatasetConfig, OrderedDataLoaderConfig]:
     """The training set (a mixture, an OLMo-core DataMix or token files) and its loader."""
     t, d = spec.train, spec.data
     # OLMo-2 Stage 1's repetition filter: the loss is masked on instances with a token n-gram
     # (period 1..13) repeated 32 times or more. It masks, so the order is unchanged.
-    instance_filter = InstanceFilterConfig(repetition_max_period=13, repetition_min_period=1, repetition_max_count=32)
-    train_kwargs = dict(_dataset_kwargs(spec, data), instance_filter_config=instance_filter if d.instance_filter else None)
+    instance_filter = InstanceFilterConfig(
+        repetition_max_period=13, repetition_min_period=1, repetition_max_count=32
+    )
+    train_kwargs = dict(
+        _dataset_kwargs(spec, data),
+        instance_filter_config=instance_filter if d.instance_filter else None,
+    )
     if data.mixture:
         dataset = NumpyFSLDatasetConfig.from_src_mix(mixture_config(spec, data), **train_kwargs)
     elif d.mix and not data.train_paths:
@@ -195,7 +249,9 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
     """OLMo-core's trainer with the run's callbacks: verified checkpoints, the non-finite guard,
     stop signals, the recorded config, the metrics file, progress, evals, wandb."""
     t = spec.train
-    duration = Duration.tokens(t.max_tokens) if t.max_tokens is not None else Duration.steps(t.max_steps)  # type: ignore[arg-type]
+    duration = (
+        Duration.tokens(t.max_tokens) if t.max_tokens is not None else Duration.steps(t.max_steps)
+    )  # type: ignore[arg-type]
     trainer = TrainerConfig(
         save_folder=spec.save_folder,
         device=device,
@@ -217,13 +273,24 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         ),
     )
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
-    trainer = trainer.with_callback("stop_on_signal", StopOnSignalCallback())  # SIGTERM/SIGUSR1: save and stop (stop.py)
+    trainer = trainer.with_callback(
+        "stop_on_signal", StopOnSignalCallback()
+    )  # SIGTERM/SIGUSR1: save and stop (stop.py)
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
-    trainer = trainer.with_callback("console", ProgressCallback(metrics_log_interval=spec.run.log_interval))
-    if device == "cuda" and t.precision == "bf16" and (card := known_card(torch.cuda.get_device_name())) and card.bf16_flops:
+    trainer = trainer.with_callback(
+        "console", ProgressCallback(metrics_log_interval=spec.run.log_interval)
+    )
+    if (
+        device == "cuda"
+        and t.precision == "bf16"
+        and (card := known_card(torch.cuda.get_device_name()))
+        and card.bf16_flops
+    ):
         # The peak of launch/cards.py: OLMo-core's own table lacks some (H200: it would use an A100's, MFU x3.2).
-        trainer = trainer.with_callback("speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops)))
+        trainer = trainer.with_callback(
+            "speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops))
+        )
     if spec.run.trace_batches:
         trainer = trainer.with_callback("batch_trace", BatchTraceCallback())
     for name, callback in eval_callbacks(spec, data).items():
@@ -236,7 +303,9 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
 def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int = 1) -> Experiment:
     t, seq = spec.train, spec.data.sequence_length
     device = device_for(spec)
-    assert t.micro_batch_size is not None, "resolve the spec first (launch.layout.resolve fills the micro-batch)"
+    assert t.micro_batch_size is not None, (
+        "resolve the spec first (launch.layout.resolve fills the micro-batch)"
+    )
     model = _model(spec, data, device, world_size)
     dataset, data_loader = _data(spec, data, device)
     train_module = TransformerTrainModuleConfig(
@@ -249,7 +318,9 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         compile_model=olmo_core_compiles(spec, device),
         float8_config=float8_config(spec, device, world_size),
         dp_config=data_parallel(spec, world_size),
-        ac_config=t.activation_checkpointing.build() if t.activation_checkpointing is not None else None,
+        ac_config=t.activation_checkpointing.build()
+        if t.activation_checkpointing is not None
+        else None,
         autocast_precision=autocast(spec, world_size),
     )
     return Experiment(model, dataset, data_loader, train_module, _trainer(spec, data, device))

@@ -25,7 +25,11 @@ def init_state(source: str) -> Dict[str, torch.Tensor]:
     """The full weights at ``source``, keyed as OLMo-core's Transformer; ConfigError (one line) for a
     folder that is missing, neither kind, or unreadable."""
     checkpoint = _checkpoint(source)
-    return _from_hf(Path(source), f"train.init_from={source}") if checkpoint is None else load_model_state(checkpoint)
+    return (
+        _from_hf(Path(source), f"train.init_from={source}")
+        if checkpoint is None
+        else load_model_state(checkpoint)
+    )
 
 
 def _checkpoint(source: str) -> Optional[str]:
@@ -33,12 +37,16 @@ def _checkpoint(source: str) -> Optional[str]:
     (one line) for a folder that is missing, neither kind, or damaged."""
     where, path = f"train.init_from={source}", Path(source)
     if not path.is_dir():
-        raise ConfigError(f"{where}: {'a file, not a folder' if path.exists() else 'no such folder'}")
+        raise ConfigError(
+            f"{where}: {'a file, not a folder' if path.exists() else 'no such folder'}"
+        )
     checkpoint = latest_complete(path)  # a checkpoint holds a config.json too: asked first
     if checkpoint is None:
         if (path / "config.json").is_file():
             return None
-        raise ConfigError(f"{where}: neither a complete checkpoint nor a Hugging Face folder (config.json)")
+        raise ConfigError(
+            f"{where}: neither a complete checkpoint nor a Hugging Face folder (config.json)"
+        )
     if (why := verify(checkpoint)) is not None:
         raise ConfigError(f"{where}: {why}")
     return checkpoint
@@ -49,7 +57,9 @@ def _from_hf(path: Path, where: str) -> Dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32
+        )
         config = model.config
         return convert_state_from_hf(config, model.state_dict(), model_type=config.model_type)
     except Exception as e:  # noqa: BLE001 (a cut or foreign file: transformers' or safetensors' error)
@@ -67,7 +77,9 @@ def check_init_from(spec: ExperimentSpec) -> None:
     source = spec.train.init_from
     checkpoint = _checkpoint(source)
     if checkpoint is None:
-        shapes = {k: v.shape for k, v in _from_hf(Path(source), f"train.init_from={source}").items()}
+        shapes = {
+            k: v.shape for k, v in _from_hf(Path(source), f"train.init_from={source}").items()
+        }
     else:
         shapes = checkpoint_shapes(checkpoint)
     if (why := first_difference(shapes, model_shapes(spec))) is not None:
@@ -81,9 +93,13 @@ def load_init_weights(model: torch.nn.Module, source: str) -> None:
 
     state = init_state(source)
     for name, param in model.state_dict().items():
-        full = state[name].to(param.dtype).reshape(param.shape)  # an earlier stacked layout's (K, out, in)
+        full = (
+            state[name].to(param.dtype).reshape(param.shape)
+        )  # an earlier stacked layout's (K, out, in)
         if isinstance(param, DTensor):
-            param.copy_(distribute_tensor(full.to(param.device), param.device_mesh, param.placements))
+            param.copy_(
+                distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
+            )
         else:
             param.copy_(full)
     log.info(f"weights from {source}")

@@ -30,7 +30,9 @@ class MetricsFileCallback(Callback):
             return
         step = self.trainer.global_step  # the checkpoint resumed from (0: a new run, nothing kept)
         lines = path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if step and line.strip() and json.loads(line)["step"] <= step]
+        kept = [
+            line for line in lines if step and line.strip() and json.loads(line)["step"] <= step
+        ]
         if len(kept) != len(lines):
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(kept))
@@ -52,7 +54,12 @@ class MetricsFileCallback(Callback):
             if last.strip() and json.loads(last).get("step") == step:
                 record = {**json.loads(last), **record}
                 f.truncate(start)  # "a" mode: the write goes to the (new) end
-            f.write((json.dumps({"step": step, **{k: v for k, v in record.items() if k != "step"}}) + "\n").encode())
+            f.write(
+                (
+                    json.dumps({"step": step, **{k: v for k, v in record.items() if k != "step"}})
+                    + "\n"
+                ).encode()
+            )
 
 
 def _last_line_start(f, end: int) -> int:

@@ -24,11 +24,17 @@ def optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGr
     no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
     if not spec.train.decay_norms:
         no_decay += [
-            n for n, p in model.build(init_device="meta").named_parameters() if p.ndim == 1 and not n.endswith("router.weight")
+            n
+            for n, p in model.build(init_device="meta").named_parameters()
+            if p.ndim == 1 and not n.endswith("router.weight")
         ]
     groups = [OptimGroupOverride(params=no_decay, opts=dict(weight_decay=0.0))] if no_decay else []
-    for params, lr_multiplier in block_of(spec.model).optim_groups(spec.model):  # the block's own learning rates
-        groups.append(OptimGroupOverride(params=params, opts=dict(lr=spec.train.lr * lr_multiplier)))
+    for params, lr_multiplier in block_of(spec.model).optim_groups(
+        spec.model
+    ):  # the block's own learning rates
+        groups.append(
+            OptimGroupOverride(params=params, opts=dict(lr=spec.train.lr * lr_multiplier))
+        )
     return groups
 
 
@@ -40,10 +46,16 @@ def scheduler(spec: ExperimentSpec) -> Scheduler:
         assert p.a is not None and p.c is not None  # validate()
         return PowerScheduler(a=p.a, b=p.b, c=p.c, lr0=t.lr, warmup=t.warmup_steps or 0)
     warmup = t.warmup_tokens if t.warmup_tokens is not None else t.warmup_steps
-    units = SchedulerUnits.tokens if t.warmup_tokens is not None or t.schedule_tokens else SchedulerUnits.steps
+    units = (
+        SchedulerUnits.tokens
+        if t.warmup_tokens is not None or t.schedule_tokens
+        else SchedulerUnits.steps
+    )
     if units == SchedulerUnits.tokens and t.warmup_steps is not None:
         warmup = t.warmup_steps * t.global_batch_size * spec.data.sequence_length
-    return CosWithWarmup(units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens)
+    return CosWithWarmup(
+        units=units, warmup=warmup or 0, alpha_f=t.final_lr_ratio, t_max=t.schedule_tokens
+    )
 
 
 def lagged(scheduler: Scheduler, spec: ExperimentSpec) -> Scheduler:
@@ -51,7 +63,11 @@ def lagged(scheduler: Scheduler, spec: ExperimentSpec) -> Scheduler:
     t = spec.train
     if not t.schedule_lag:
         return scheduler
-    per_step = t.global_batch_size * spec.data.sequence_length if scheduler.units == SchedulerUnits.tokens else 1
+    per_step = (
+        t.global_batch_size * spec.data.sequence_length
+        if scheduler.units == SchedulerUnits.tokens
+        else 1
+    )
     return LaggedScheduler(units=scheduler.units, inner=scheduler, lag=t.schedule_lag * per_step)
 
 
@@ -61,7 +77,11 @@ def optimizer(spec: ExperimentSpec, model, device: str):
     default. SkipStepAdamW is OLMo-core's own (foreach kernels, its default)."""
     t = spec.train
     kwargs = dict(
-        lr=t.lr, betas=(t.betas[0], t.betas[1]), eps=t.eps, weight_decay=t.weight_decay, group_overrides=optim_groups(spec, model)
+        lr=t.lr,
+        betas=(t.betas[0], t.betas[1]),
+        eps=t.eps,
+        weight_decay=t.weight_decay,
+        group_overrides=optim_groups(spec, model),
     )
     if t.optimizer == "skip_step_adamw":
         return SkipStepAdamWConfig(**kwargs)

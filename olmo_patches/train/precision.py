@@ -55,7 +55,11 @@ class Precision:
     how: str  # which mechanism gives the compute dtype
 
     def __str__(self) -> str:
-        reduce = f"{self.reduce} gradient reduction" if self.reduce else "no gradient reduction (1 process)"
+        reduce = (
+            f"{self.reduce} gradient reduction"
+            if self.reduce
+            else "no gradient reduction (1 process)"
+        )
         return f"{self.param} parameters and master weights, {self.compute} compute ({self.how}), {reduce}"
 
 
@@ -70,13 +74,17 @@ def data_parallel(spec: ExperimentSpec, world_size: int) -> Optional[Transformer
         return None
     bf16 = spec.train.precision == "bf16" and _fsdp(spec, world_size)
     return TransformerDataParallelConfig(
-        name=DataParallelType(spec.train.data_parallel), param_dtype=DType.bfloat16 if bf16 else None, reduce_dtype=DType.float32
+        name=DataParallelType(spec.train.data_parallel),
+        param_dtype=DType.bfloat16 if bf16 else None,
+        reduce_dtype=DType.float32,
     )
 
 
 def autocast(spec: ExperimentSpec, world_size: int) -> Optional[DType]:
     """bf16 autocast where FSDP's mixed precision does not apply: one process, or DDP."""
-    return DType.bfloat16 if spec.train.precision == "bf16" and not _fsdp(spec, world_size) else None
+    return (
+        DType.bfloat16 if spec.train.precision == "bf16" and not _fsdp(spec, world_size) else None
+    )
 
 
 def precision_of(spec: ExperimentSpec, world_size: int) -> Precision:
@@ -84,11 +92,17 @@ def precision_of(spec: ExperimentSpec, world_size: int) -> Precision:
     reduce = "fp32" if world_size > 1 else None
     if spec.train.precision == "fp32":
         return Precision("fp32", "fp32", reduce, "no autocast")
-    how = f"{spec.train.data_parallel.upper()} mixed precision" if _fsdp(spec, world_size) else "torch.autocast"
+    how = (
+        f"{spec.train.data_parallel.upper()} mixed precision"
+        if _fsdp(spec, world_size)
+        else "torch.autocast"
+    )
     return Precision("fp32", "bf16", reduce, how)
 
 
-def float8_config(spec: ExperimentSpec, device: str, world_size: int) -> Optional[ShapeFloat8Config]:
+def float8_config(
+    spec: ExperimentSpec, device: str, world_size: int
+) -> Optional[ShapeFloat8Config]:
     """OLMo-core's Float8Config for train.float8 (nn/float8.py), emulated where there are no float8
     matmuls; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's recommended)."""
     from olmo_core.float8 import AOFloat8LinearConfig, AOFloat8LinearRecipe
@@ -100,7 +114,10 @@ def float8_config(spec: ExperimentSpec, device: str, world_size: int) -> Optiona
     if emulate:
         log.info(f"train.float8={f8}: no float8 matmuls on {device}, using torchao's emulation")
     if f8 == "tensorwise":
-        return ShapeFloat8Config(ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=_fsdp(spec, world_size)), emulate=emulate)
+        return ShapeFloat8Config(
+            ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=_fsdp(spec, world_size)),
+            emulate=emulate,
+        )
     return ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(f8), emulate=emulate)
 
 
@@ -109,14 +126,18 @@ def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
     set only for activation checkpointing's ``budget`` mode, which OLMo-core's train module refuses
     without it (its parallelize_model then skips compiling on CPU, and compile_on_cpu compiles)."""
     ac = spec.train.activation_checkpointing
-    return bool(spec.train.compile) and (device != "cpu" or (ac is not None and ac.mode == "budget"))
+    return bool(spec.train.compile) and (
+        device != "cpu" or (ac is not None and ac.mode == "budget")
+    )
 
 
 def describe_compile(spec: ExperimentSpec, world_size: int) -> str:
     """What train.compile does, on any device, for the run's log and the dry run."""
     if not spec.train.compile:
         return "off (eager)"
-    return "torch.compile per block (inductor)" + (f", before {spec.train.data_parallel.upper()}" if world_size > 1 else "")
+    return "torch.compile per block (inductor)" + (
+        f", before {spec.train.data_parallel.upper()}" if world_size > 1 else ""
+    )
 
 
 # parallelize_model calls one of these right after where it compiles on CUDA (init_weights always).

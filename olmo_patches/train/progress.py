@@ -33,7 +33,14 @@ from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ProgressCallback", "OfflineAwareWandBCallback", "wandb_callback", "announce", "quiet_start", "quiet_console"]
+__all__ = [
+    "ProgressCallback",
+    "OfflineAwareWandBCallback",
+    "wandb_callback",
+    "announce",
+    "quiet_start",
+    "quiet_console",
+]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -42,7 +49,12 @@ MFU = "throughput/device/MFU (actual avg)"
 
 
 def format_progress(
-    step: int, total: Optional[int], metrics: Dict[str, float], *, world_size: int = 1, seconds_left: Optional[float] = None
+    step: int,
+    total: Optional[int],
+    metrics: Dict[str, float],
+    *,
+    world_size: int = 1,
+    seconds_left: Optional[float] = None,
 ) -> str:
     """One progress line from a step's metrics (tokens/s summed over ranks)."""
     parts = [f"step {step}/{total if total is not None else '?'}"]
@@ -68,7 +80,9 @@ class ProgressCallback(ConsoleLoggerCallback):
     def post_step(self):
         pass  # everything is printed from log_metrics, once the step's metrics are reduced
 
-    _printed: int = -1  # the last step with a line: OLMo-core logs a save step's and the last step's metrics twice
+    _printed: int = (
+        -1
+    )  # the last step with a line: OLMo-core logs a save step's and the last step's metrics twice
 
     def log_metrics(self, step: int, metrics: Dict[str, float]):
         if get_rank() != 0 or not self._should_log_metrics(step) or step <= self._printed:
@@ -78,7 +92,15 @@ class ProgressCallback(ConsoleLoggerCallback):
         seconds_left = None
         if progress.bps and progress.total_steps is not None:
             seconds_left = max(progress.total_steps - step, 0) / progress.bps
-        log.info(format_progress(step, progress.total_steps, metrics, world_size=get_world_size(), seconds_left=seconds_left))
+        log.info(
+            format_progress(
+                step,
+                progress.total_steps,
+                metrics,
+                world_size=get_world_size(),
+                seconds_left=seconds_left,
+            )
+        )
 
 
 def announce(line: str) -> None:
@@ -142,7 +164,9 @@ def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]
     if not project:
         return None
     if importlib.util.find_spec("wandb") is None:
-        log.info("run.wandb_project is set but wandb is not installed: logging to metrics.jsonl only")
+        log.info(
+            "run.wandb_project is set but wandb is not installed: logging to metrics.jsonl only"
+        )
         return None
     return OfflineAwareWandBCallback(name=name, project=project, enabled=True)
 
@@ -202,12 +226,18 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
     printout, its per-step metrics, the data and checkpoint steps) goes to ``SAVE/train.log``, after
     the start-up lines ``kept`` by :func:`quiet_start`."""
     root = logging.getLogger()
-    consoles = [h for h in root.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+    consoles = [
+        h
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
     keep = _ProgressOrWarning()
     file = None
     if get_rank() == 0:
         file = logging.FileHandler(save_folder / LOG_FILE)
-        early = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")  # made before OLMo-core's fields
+        early = logging.Formatter(
+            "%(asctime)s %(name)s %(levelname)s %(message)s"
+        )  # made before OLMo-core's fields
         file.setFormatter(consoles[0].formatter if consoles else early)
         file.stream.writelines(early.format(record) + "\n" for record in kept)
         root.addHandler(file)
@@ -225,8 +255,12 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
 
 class _ProgressOrWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if "NonFiniteError" in str(record.msg):  # the trainer's two-line report; scripts/train.py prints one
+        if "NonFiniteError" in str(
+            record.msg
+        ):  # the trainer's two-line report; scripts/train.py prints one
             return False
-        if str(record.msg).startswith("No checkpoint found in save folder"):  # announce() said "new run"
+        if str(record.msg).startswith(
+            "No checkpoint found in save folder"
+        ):  # announce() said "new run"
             return False
         return record.levelno >= logging.WARNING or record.name == __name__

@@ -88,7 +88,9 @@ def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
 SAVE_RATE = "save_rate.json"  # {"step", "bytes", "seconds"} of the run's last save
 
 
-def record_save_rate(save_folder: PathOrStr, checkpoint: PathOrStr, step: int, seconds: float) -> None:
+def record_save_rate(
+    save_folder: PathOrStr, checkpoint: PathOrStr, step: int, seconds: float
+) -> None:
     """Record a save just done: its checkpoint's bytes (a local folder) and the seconds it took."""
     size = sum(p.stat().st_size for p in Path(checkpoint).rglob("*") if p.is_file())
     tmp = Path(save_folder) / f"{SAVE_RATE}.tmp"
@@ -116,7 +118,9 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
     ephemeral_keep: int = 1  # ephemeral checkpoints kept (OLMo-core keeps the newest one)
     _held: List[str] = field(default_factory=list)  # ephemeral ones OLMo-core let go, kept a while
     _saved: List[str] = field(default_factory=list)  # saved, their manifest not yet started
-    _save_started: List[float] = field(default_factory=list)  # each save's start (time.monotonic), oldest first
+    _save_started: List[float] = field(
+        default_factory=list
+    )  # each save's start (time.monotonic), oldest first
 
     def post_checkpoint_loaded(self, path: PathOrStr):
         self._latest_checkpoint_step = self.trainer.global_step
@@ -134,7 +138,9 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
             folder = Path(self.trainer.save_folder)
             if get_rank() == 0:
                 prune_incomplete(folder)
-            raise disk_full_error(folder, f"step{self.step}", checkpoint_bytes_of(self.trainer), cause) from None
+            raise disk_full_error(
+                folder, f"step{self.step}", checkpoint_bytes_of(self.trainer), cause
+            ) from None
         self._record_saved()
         return path
 
@@ -144,7 +150,12 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
             self._saved.append(str(path))
             if started is not None and not is_url(self.trainer.save_folder):
                 try:
-                    record_save_rate(self.trainer.save_folder, path, self.trainer.global_step, time.monotonic() - started)
+                    record_save_rate(
+                        self.trainer.save_folder,
+                        path,
+                        self.trainer.global_step,
+                        time.monotonic() - started,
+                    )
                 except OSError as e:  # a record, never a reason to stop the run
                     log.warning(f"save rate not recorded: {e}")
 
@@ -177,7 +188,9 @@ def checkpoint_bytes_of(trainer) -> int:
     latest = latest_complete(trainer.save_folder)
     if latest is not None:
         return sum(f.stat().st_size for f in Path(latest).rglob("*") if f.is_file())
-    return CHECKPOINT_BYTES_PER_PARAM * sum(p.numel() for p in trainer.train_module.model.parameters())
+    return CHECKPOINT_BYTES_PER_PARAM * sum(
+        p.numel() for p in trainer.train_module.model.parameters()
+    )
 
 
 def check_resume_from(resume_from: PathOrStr, spec: ExperimentSpec) -> None:
@@ -188,7 +201,9 @@ def check_resume_from(resume_from: PathOrStr, spec: ExperimentSpec) -> None:
         return
     path = Path(resume_from)
     if not path.is_dir():
-        raise RunFolderError(f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}")
+        raise RunFolderError(
+            f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}"
+        )
     if (latest := latest_complete(path)) is None:
         raise RunFolderError(
             f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})"
@@ -222,7 +237,9 @@ def load_explicit(trainer, resume_from: PathOrStr) -> str:
         for other_step, other in Checkpointer.find_checkpoints(save_folder):
             if other_step > step and Path(other).resolve() != Path(path).resolve():
                 aside.mkdir(exist_ok=True)
-                log.warning(f"Moving '{other}' (newer than the resume point, step {step}) to '{aside}'")
+                log.warning(
+                    f"Moving '{other}' (newer than the resume point, step {step}) to '{aside}'"
+                )
                 Path(other).rename(aside / Path(other).name)
     barrier()
     trainer.load_checkpoint(path, load_trainer_state=True, load_optim_state=True)

@@ -47,7 +47,11 @@ log = logging.getLogger(__name__)
 __all__ = ["train", "exit_line"]
 
 
-def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Optional[dict[str, Callback]] = None) -> Path:
+def train(
+    spec: ExperimentSpec,
+    resume_from: Optional[str] = None,
+    callbacks: Optional[dict[str, Callback]] = None,
+) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
@@ -57,8 +61,12 @@ def train(spec: ExperimentSpec, resume_from: Optional[str] = None, callbacks: Op
     (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     """
-    if not hasattr(spec, "resolved"):  # resolved once, at launch: the machine's choices are the launch's
-        raise TypeError("train() takes a spec resolved at launch (launch.layout.resolve, load_and_resolve)")
+    if not hasattr(
+        spec, "resolved"
+    ):  # resolved once, at launch: the machine's choices are the launch's
+        raise TypeError(
+            "train() takes a spec resolved at launch (launch.layout.resolve, load_and_resolve)"
+        )
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
@@ -138,7 +146,9 @@ def _start_process_group(spec: ExperimentSpec, device: str) -> list[logging.LogR
     return start_lines
 
 
-def _take_folder(spec: ExperimentSpec, lock: Lock, refused: Optional[ConfigError], resume_from: Optional[str]) -> None:
+def _take_folder(
+    spec: ExperimentSpec, lock: Lock, refused: Optional[ConfigError], resume_from: Optional[str]
+) -> None:
     """Every node sees the folder; rank 0 locks it and picks the checkpoint to resume from (the
     config is recorded once the run is built: :func:`_fit`); a refusal on rank 0 is raised on every
     rank."""
@@ -163,7 +173,11 @@ def _plan_line(spec: ExperimentSpec, trainer, dataset) -> str:
     t, seq = spec.train, spec.data.sequence_length
     steps = trainer.max_steps
     tokens = steps * t.global_batch_size * seq if steps is not None else None
-    line = f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})" if tokens else "until train.max_tokens"
+    line = (
+        f"{steps} steps of {t.global_batch_size} x {seq} tokens ({_count(tokens)})"
+        if tokens
+        else "until train.max_tokens"
+    )
     data_tokens = len(dataset) * seq
     if tokens and tokens > data_tokens:
         line += f", {tokens / data_tokens:.1f} passes over the data's {_count(data_tokens)} tokens"
@@ -196,7 +210,9 @@ def _fit(
     checkpoint: a start that fails while building leaves no record."""
     data = resolve_data(spec)
     mixed = [p for source in data.mixture for p in source.paths]
-    require_data([*data.train_paths, *mixed, *data.val_paths])  # every rank reads the same token files
+    require_data(
+        [*data.train_paths, *mixed, *data.val_paths]
+    )  # every rank reads the same token files
     exp = build_experiment(spec, data, world_size=get_world_size())
     exp.trainer.callbacks.update(callbacks or {})
     model = exp.model.build(init_device="meta")
@@ -204,8 +220,12 @@ def _fit(
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights resume
-    count_experts_first(train_module)  # model.moe.load_balance=global_batch: the step's counts first
+    load_earlier_stacked_layout(
+        train_module
+    )  # checkpoints with (K, out, in) hourglass weights resume
+    count_experts_first(
+        train_module
+    )  # model.moe.load_balance=global_batch: the step's counts first
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
     try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
@@ -218,9 +238,13 @@ def _fit(
     if resume_from is not None:
         loaded: Optional[str] = load_explicit(trainer, resume_from)
     else:  # what fit() would load, loaded first to see whether the run is already finished
-        trainer.maybe_load_checkpoint(spec.save_folder, load_trainer_state=True, load_optim_state=True)
+        trainer.maybe_load_checkpoint(
+            spec.save_folder, load_trainer_state=True, load_optim_state=True
+        )
         loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
-    if not loaded and spec.train.init_from:  # a new run: another model's weights, this run's optimizer
+    if (
+        not loaded and spec.train.init_from
+    ):  # a new run: another model's weights, this run's optimizer
         load_init_weights(train_module.model, spec.train.init_from)
     start = f" from the weights of {spec.train.init_from}" if spec.train.init_from else ""
     announce(
@@ -236,7 +260,9 @@ def _fit(
         announce(replaced)
     trainer.fit()
     if trainer.is_canceled:
-        log.warning(f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume")
+        log.warning(
+            f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume"
+        )
     return Path(spec.save_folder)
 
 
@@ -256,7 +282,9 @@ def exit_line(e: Exception) -> tuple[str, int]:
     """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
     if isinstance(e, RunFolderError):
         return f"error: {e}", 2
-    if isinstance(e, ConfigError):  # found while building the run (a downstream task that cannot fit)
+    if isinstance(
+        e, ConfigError
+    ):  # found while building the run (a downstream task that cannot fit)
         return f"config error: {e}", 2
     if isinstance(e, NonFiniteError):
         return f"diverged: {e}", 3

@@ -68,7 +68,14 @@ def _last_good(trainer) -> str:
     good: Optional[str] = None
     if get_rank() == 0:
         ManifestWriter.wait_all()
-        good = next((p for _, p in checkpoints_in(trainer.save_folder) if verify(p, load_weights=False) is None), None)
+        good = next(
+            (
+                p
+                for _, p in checkpoints_in(trainer.save_folder)
+                if verify(p, load_weights=False) is None
+            ),
+            None,
+        )
     if is_distributed():
         good = broadcast_object(good)
     return good or "none (rerun starts from scratch)"
@@ -77,7 +84,14 @@ def _last_good(trainer) -> str:
 def assert_finite_params(trainer) -> None:
     """Raise :class:`NonFiniteError` (on every rank) when a model weight is not finite."""
     model = trainer.train_module.model
-    bad = next((n for n, p in model.named_parameters() if not torch.isfinite(get_local_tensor(p.detach())).all()), None)
+    bad = next(
+        (
+            n
+            for n, p in model.named_parameters()
+            if not torch.isfinite(get_local_tensor(p.detach())).all()
+        ),
+        None,
+    )
     finite = torch.tensor(int(bad is None), device=next(model.parameters()).device)
     if is_distributed():
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -99,15 +113,21 @@ class NonFiniteGuardCallback(Callback):
     Runs before the checkpointer (higher priority), so the step that diverged is never saved."""
 
     priority: ClassVar[int] = 2
-    _pending: List[Tuple[int, torch.Tensor]] = field(default_factory=list)  # (step, [loss, grad norm]) unread
+    _pending: List[Tuple[int, torch.Tensor]] = field(
+        default_factory=list
+    )  # (step, [loss, grad norm]) unread
     _started: bool = False  # the first step is checked (OLMo-core collects metrics there too)
 
     def post_train_batch(self):
         metrics = self.trainer._metrics.get(self.step, {})
         if any(k in metrics for k in _GUARDED):
-            values = [metrics[k].detach().float().reshape(()) if k in metrics else None for k in _GUARDED]
+            values = [
+                metrics[k].detach().float().reshape(()) if k in metrics else None for k in _GUARDED
+            ]
             zero = next(v for v in values if v is not None).new_zeros(())
-            self._pending.append((self.step, torch.stack([zero if v is None else v for v in values])))
+            self._pending.append(
+                (self.step, torch.stack([zero if v is None else v for v in values]))
+            )
         if self._collects_now():
             self.check()
         self._started = True
@@ -115,9 +135,17 @@ class NonFiniteGuardCallback(Callback):
     def _collects_now(self) -> bool:
         """Whether the trainer reduces metrics after this step (OLMo-core's _fit_epoch)."""
         t, dl = self.trainer, self.trainer.data_loader
-        last = min(s for s in (t.max_steps, t.hard_stop and t.convert_duration_to_steps(t.hard_stop)) if s)
+        last = min(
+            s for s in (t.max_steps, t.hard_stop and t.convert_duration_to_steps(t.hard_stop)) if s
+        )
         epoch_end = dl.total_batches is not None and dl.batches_processed >= dl.total_batches
-        return not self._started or self.step % t.metrics_collect_interval == 0 or self.step >= last or epoch_end or t.is_canceled
+        return (
+            not self._started
+            or self.step % t.metrics_collect_interval == 0
+            or self.step >= last
+            or epoch_end
+            or t.is_canceled
+        )
 
     def check(self) -> None:
         """Raise :class:`NonFiniteError` (on every rank) at the first pending step whose values are not
@@ -130,11 +158,17 @@ class NonFiniteGuardCallback(Callback):
         finite = torch.isfinite(values).all(dim=1).to(torch.int32)
         if is_distributed():
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        host = torch.cat([finite[:, None].to(values.dtype), values], dim=1).cpu().tolist()  # the one sync
+        host = (
+            torch.cat([finite[:, None].to(values.dtype), values], dim=1).cpu().tolist()
+        )  # the one sync
         bad = next((i for i, row in enumerate(host) if not row[0]), None)
         if bad is None:
             return
-        what = ", ".join(f"{k.split('/')[-1]}={v}" for k, v in zip(_GUARDED, host[bad][1:]) if not math.isfinite(v))
+        what = ", ".join(
+            f"{k.split('/')[-1]}={v}"
+            for k, v in zip(_GUARDED, host[bad][1:])
+            if not math.isfinite(v)
+        )
         raise NonFiniteError(
             f"step {steps[bad]}: non-finite {what or 'loss on another rank'}; last good checkpoint: {_last_good(self.trainer)}"
         )
@@ -179,7 +213,9 @@ class ManifestWriter:
 
     @classmethod
     def start(cls, checkpoint: PathOrStr) -> None:
-        thread = threading.Thread(target=write_manifest, args=(checkpoint,), name=f"manifest {checkpoint}")
+        thread = threading.Thread(
+            target=write_manifest, args=(checkpoint,), name=f"manifest {checkpoint}"
+        )
         thread.start()
         cls._threads.append(thread)
 
@@ -189,9 +225,13 @@ class ManifestWriter:
             cls._threads.pop(0).join()
 
 
-def _check_files(path: Path, recorded: Dict[str, Union[int, Dict[str, Union[int, str]]]]) -> Optional[str]:
+def _check_files(
+    path: Path, recorded: Dict[str, Union[int, Dict[str, Union[int, str]]]]
+) -> Optional[str]:
     for name, entry in recorded.items():
-        size, crc = (entry, None) if isinstance(entry, int) else (entry["bytes"], entry.get("crc32"))
+        size, crc = (
+            (entry, None) if isinstance(entry, int) else (entry["bytes"], entry.get("crc32"))
+        )
         f = path / name
         if not f.is_file():
             return f"{f} missing"
@@ -247,7 +287,9 @@ def checkpoints_in(save_folder: PathOrStr) -> List[tuple[int, str]]:
 
 def checkpoints_at(path: Path) -> List[Tuple[int, str]]:
     """The checkpoint at ``path`` itself, or every complete checkpoint of a run folder (:func:`checkpoints_in`)."""
-    return [(0, str(path))] if (path / Checkpointer.METADATA_FNAME).is_file() else checkpoints_in(path)
+    return (
+        [(0, str(path))] if (path / Checkpointer.METADATA_FNAME).is_file() else checkpoints_in(path)
+    )
 
 
 def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
@@ -261,7 +303,9 @@ def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
         why = verify(path)
         if why is None:
             if rejected:
-                log.warning(f"Resuming from step {step} ({path}): {'; '.join(rejected)} (moved to {folder / 'rejected'})")
+                log.warning(
+                    f"Resuming from step {step} ({path}): {'; '.join(rejected)} (moved to {folder / 'rejected'})"
+                )
             return path
         aside = folder / "rejected"
         aside.mkdir(exist_ok=True)
@@ -272,5 +316,7 @@ def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
         Path(path).rename(target)
         rejected.append(why)
     if rejected:
-        log.warning(f"No good checkpoint: {'; '.join(rejected)} (moved to {folder / 'rejected'}); starting from scratch")
+        log.warning(
+            f"No good checkpoint: {'; '.join(rejected)} (moved to {folder / 'rejected'}); starting from scratch"
+        )
     return None

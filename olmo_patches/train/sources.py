@@ -39,7 +39,9 @@ class DataSources:
     train_paths: list[str]  # empty when a named mix is used
     val_paths: list[str]
     dtype: Optional[str] = None  # numpy dtype of the token files (None: OLMo-core infers it)
-    mixture: List[MixtureSource] = field(default_factory=list)  # data.mixture's sources (train_paths empty)
+    mixture: List[MixtureSource] = field(
+        default_factory=list
+    )  # data.mixture's sources (train_paths empty)
 
 
 def resolve_data(spec: ExperimentSpec) -> DataSources:
@@ -63,7 +65,9 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
     if d.source == "olmo2_stage1":
         from ..data.order import TOKEN_DTYPE, load_pinned_list
 
-        return DataSources(TokenizerConfig.dolma2(), load_pinned_list(d.base), [], np.dtype(TOKEN_DTYPE).name)
+        return DataSources(
+            TokenizerConfig.dolma2(), load_pinned_list(d.base), [], np.dtype(TOKEN_DTYPE).name
+        )
     if d.source == "prefix":
         from ..data.prefix import prefix_paths
 
@@ -81,7 +85,9 @@ def _is_manifest(entry: str) -> bool:
     return not is_url(entry) and (entry.endswith(MANIFEST) or (Path(entry) / MANIFEST).is_file())
 
 
-def _token_files(spec: ExperimentSpec, key: str, entries: List[str]) -> Tuple[List[str], Optional[str]]:
+def _token_files(
+    spec: ExperimentSpec, key: str, entries: List[str]
+) -> Tuple[List[str], Optional[str]]:
     """Token files of ``entries`` (files, globs, or hourglass-tokenize folders / manifests, each
     checked against the config's tokenizer) and the manifests' dtype (None: none given)."""
     paths: List[str] = []
@@ -98,7 +104,9 @@ def _token_files(spec: ExperimentSpec, key: str, entries: List[str]) -> Tuple[Li
         dtypes.add(manifest["dtype"])
         paths.extend(files)
     if len(dtypes) > 1:
-        raise ConfigError(f"{key}: manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize them alike")
+        raise ConfigError(
+            f"{key}: manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize them alike"
+        )
     return paths, dtypes.pop() if dtypes else None
 
 
@@ -106,7 +114,9 @@ def _check_tokenizer(spec: ExperimentSpec, where: str, manifest: dict) -> None:
     """ConfigError unless ``manifest``'s tokens were made by the config's tokenizer (data/tokenize.py)."""
     tok = tokenizer_config(spec)
     ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
-    if why := other_tokenizer(manifest, f"data.tokenizer={spec.data.tokenizer}", *ids, spec.data.tokenizer_file):
+    if why := other_tokenizer(
+        manifest, f"data.tokenizer={spec.data.tokenizer}", *ids, spec.data.tokenizer_file
+    ):
         raise ConfigError(f"{where}: {why}")
 
 
@@ -130,11 +140,15 @@ def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optiona
         tokens = sum(get_file_size(f) // dtype.itemsize for f in expanded)
         sources.append(MixtureSource(name, expanded, tokens, s.ratio / total, s.max_repetition))
     if len(dtypes) > 1:
-        raise ConfigError(f"data.mixture: sources of different dtypes ({', '.join(sorted(dtypes))}): tokenize them alike")
+        raise ConfigError(
+            f"data.mixture: sources of different dtypes ({', '.join(sorted(dtypes))}): tokenize them alike"
+        )
     return sources, dtypes.pop() if dtypes else None
 
 
-def mixture_plan(spec: ExperimentSpec, sources: List[MixtureSource]) -> List[Tuple[MixtureSource, int, float]]:
+def mixture_plan(
+    spec: ExperimentSpec, sources: List[MixtureSource]
+) -> List[Tuple[MixtureSource, int, float]]:
     """(source, tokens the run reads from it, passes over it) for the run's length; ConfigError, one
     line, for a source that cannot supply its share within its max_repetition."""
     steps = spec.steps or 0

@@ -21,7 +21,12 @@ from torch.distributed.tensor import DTensor
 __all__ = ["load_earlier_stacked_layout"]
 
 
-def _folded(metadata: Metadata, state: Dict[str, Any], prefix: str, out: List[Tuple[Dict[str, Any], str, Any]]) -> None:
+def _folded(
+    metadata: Metadata,
+    state: Dict[str, Any],
+    prefix: str,
+    out: List[Tuple[Dict[str, Any], str, Any]],
+) -> None:
     """Swap each tensor saved as (K, out, in) and wanted as (K out, in) for a whole tensor of the saved size."""
     for key, value in list(state.items()):
         fqn = f"{prefix}{key}"
@@ -32,7 +37,9 @@ def _folded(metadata: Metadata, state: Dict[str, Any], prefix: str, out: List[Tu
         if not (isinstance(value, torch.Tensor) and isinstance(saved, TensorStorageMetadata)):
             continue
         if len(saved.size) == 3 and value.ndim == 2 and saved.size.numel() == value.numel():
-            state[key] = torch.empty(saved.size, dtype=saved.properties.dtype or value.dtype)  # read whole (replicated)
+            state[key] = torch.empty(
+                saved.size, dtype=saved.properties.dtype or value.dtype
+            )  # read whole (replicated)
             out.append((state, key, value))
 
 
@@ -43,7 +50,9 @@ def _rows_of(whole: torch.Tensor, target: Any) -> Any:
         return flat.to(target.device, target.dtype)
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
+    shape, offset = compute_local_shape_and_global_offset(
+        target.shape, target.device_mesh, target.placements
+    )
     local = flat[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
     return DTensor.from_local(
         local.to(target.to_local().device, target.dtype).contiguous(),

@@ -32,7 +32,12 @@ BLOCK_TYPES = {
     "baseline pre": [],
     "baseline post": ["model.norm_placement=post"],
     "hourglass pre": ["model.block=hourglass", "model.K=2", "model.d_h=32"],
-    "hourglass post": ["model.block=hourglass", "model.K=2", "model.d_h=32", "model.norm_placement=post"],
+    "hourglass post": [
+        "model.block=hourglass",
+        "model.K=2",
+        "model.d_h=32",
+        "model.norm_placement=post",
+    ],
     **{
         f"variable width {mode}": [
             "model.block=variable_width",
@@ -66,7 +71,9 @@ def small_spec(overrides: list[str], device: torch.device) -> ExperimentSpec:
     )
 
 
-def build(spec: ExperimentSpec, device: torch.device, backend: str = "torch", seed: int = 0) -> torch.nn.Module:
+def build(
+    spec: ExperimentSpec, device: torch.device, backend: str = "torch", seed: int = 0
+) -> torch.nn.Module:
     config = spec.model.build(vocab_size(spec))
     set_attention_backend(config, backend)
     torch.manual_seed(seed)
@@ -75,17 +82,25 @@ def build(spec: ExperimentSpec, device: torch.device, backend: str = "torch", se
     return model.to(device)
 
 
-def token_ids(spec: ExperimentSpec, device: torch.device, seq: int, seed: int, batch: int = 2) -> torch.Tensor:
-    return torch.randint(0, vocab_size(spec), (batch, seq + 1), generator=torch.Generator().manual_seed(seed)).to(device)
+def token_ids(
+    spec: ExperimentSpec, device: torch.device, seq: int, seed: int, batch: int = 2
+) -> torch.Tensor:
+    return torch.randint(
+        0, vocab_size(spec), (batch, seq + 1), generator=torch.Generator().manual_seed(seed)
+    ).to(device)
 
 
-def forward_backward(model: torch.nn.Module, ids: torch.Tensor, bf16: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def forward_backward(
+    model: torch.nn.Module, ids: torch.Tensor, bf16: bool
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Logits (fp32) and every parameter's gradient of the next-token loss, under bf16 autocast or not."""
     model.zero_grad(set_to_none=True)
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(ids[:, :-1])
     F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
-    return logits.detach().float(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    return logits.detach().float(), [
+        p.grad.detach().clone() for p in model.parameters() if p.grad is not None
+    ]
 
 
 def compare(rows, name: str, got, ref, detail: str = "") -> None:
@@ -93,14 +108,22 @@ def compare(rows, name: str, got, ref, detail: str = "") -> None:
     err = rel(got[0], ref[0])
     rows.judge(f"{name}: logits", f"{err:.2e}", err <= BF16_TOL, f"<= {BF16_TOL:.2e}", detail)
     err = max(rel(g, r) for g, r in zip(got[1], ref[1]))
-    rows.judge(f"{name}: gradients (worst tensor)", f"{err:.2e}", err <= 2 * BF16_TOL, f"<= {2 * BF16_TOL:.2e}", detail)
+    rows.judge(
+        f"{name}: gradients (worst tensor)",
+        f"{err:.2e}",
+        err <= 2 * BF16_TOL,
+        f"<= {2 * BF16_TOL:.2e}",
+        detail,
+    )
 
 
 @functools.cache
 def shipped_head_dims() -> tuple[int, ...]:
     """Every head dim of every config under configs/ (variable width: each layer's w_l / n_heads)."""
     dims: set[int] = set()
-    for path in sorted((REPO / "configs").rglob("*/*.yaml")):  # configs/base*.yaml are bases, not runs
+    for path in sorted(
+        (REPO / "configs").rglob("*/*.yaml")
+    ):  # configs/base*.yaml are bases, not runs
         dims.update(head_dims(load_spec(path).model_config()))  # a pure load: no machine checks
     return tuple(sorted(dims))
 
@@ -136,7 +159,9 @@ def synthetic_tokens(folder: Path, vocab: int, tokens: int) -> str:
     return str(path)
 
 
-def run_overrides(folder: Path, tokens_file: str, seq: int, batch: int, steps: int, device: torch.device) -> list[str]:
+def run_overrides(
+    folder: Path, tokens_file: str, seq: int, batch: int, steps: int, device: torch.device
+) -> list[str]:
     return [
         "data.source=numpy",
         "data.tokenizer=dolma2",
@@ -145,7 +170,9 @@ def run_overrides(folder: Path, tokens_file: str, seq: int, batch: int, steps: i
     ]
 
 
-def demo_overrides(folder: Path, seq: int, batch: int, steps: int, device: torch.device) -> list[str]:
+def demo_overrides(
+    folder: Path, seq: int, batch: int, steps: int, device: torch.device
+) -> list[str]:
     """A short run in ``folder``: the config's own data (the demo corpus for configs/demo/), no evals or saves."""
     return [
         f"run.save_folder={folder}",
@@ -175,16 +202,31 @@ class Timed:
 
 
 def timed_run(
-    config: Path, overrides: list[str], folder: Path, device: torch.device, *, seq: int, batch: int, steps: int, warmup: int
+    config: Path,
+    overrides: list[str],
+    folder: Path,
+    device: torch.device,
+    *,
+    seq: int,
+    batch: int,
+    steps: int,
+    warmup: int,
 ) -> Timed:
     """``steps`` Trainer steps of ``config`` on synthetic tokens (no checkpoints); tokens/s over the steps after ``warmup``."""
     tokens_file = synthetic_tokens(folder.parent, 100_000, (steps + 1) * batch * (seq + 1))
-    spec = load_and_resolve(config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides])
+    spec = load_and_resolve(
+        config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides]
+    )
     timer = StepTimer(device)
     torch._dynamo.reset()  # each run compiles its own shapes: no automatic dynamic shapes from the run before
-    train(spec, callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)})
+    train(
+        spec,
+        callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)},
+    )
     times = timer.times[warmup - 1 :]
     tps = (len(times) - 1) * batch * seq / (times[-1] - times[0])
-    losses = [m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m]
+    losses = [
+        m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m
+    ]
     peak = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
     return Timed(spec, tps, losses, peak)

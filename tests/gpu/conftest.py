@@ -18,7 +18,11 @@ NEEDS_GPU = "needs a CUDA GPU (python scripts/gpu_check.py --rehearse runs it on
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("gpu") and not torch.cuda.is_available() and not item.config.stash.get(REHEARSE, False):
+    if (
+        item.get_closest_marker("gpu")
+        and not torch.cuda.is_available()
+        and not item.config.stash.get(REHEARSE, False)
+    ):
         pytest.skip(NEEDS_GPU)
 
 
@@ -28,7 +32,9 @@ class Env:
 
     device: torch.device
     rehearse: bool
-    allow_missing: frozenset  # dependencies whose checks are SKIP rows when missing (--allow-missing)
+    allow_missing: (
+        frozenset  # dependencies whose checks are SKIP rows when missing (--allow-missing)
+    )
     work: Path
 
     @property
@@ -46,7 +52,10 @@ class Env:
             return
         if name in self.allow_missing:
             pytest.skip(f"SKIP: {name} missing (--allow-missing {name}): {claim} not checked")
-        pytest.fail(f"{name} missing ({why}): {claim} needs it; --allow-missing {name} to run without it", pytrace=False)
+        pytest.fail(
+            f"{name} missing ({why}): {claim} needs it; --allow-missing {name} to run without it",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +81,43 @@ class Rows:
         self.item.user_properties.append(("gpu_check_row", asdict(row)))
         return row
 
-    def judge(self, name: str, value: str, ok: bool, threshold: str, detail: str = "", gpu_only: bool = False) -> Row:
+    def judge(
+        self,
+        name: str,
+        value: str,
+        ok: bool,
+        threshold: str,
+        detail: str = "",
+        gpu_only: bool = False,
+    ) -> Row:
         if gpu_only and self.env.rehearse:
-            return self.show(name, value, detail or f"not judged in a rehearsal (on a GPU: {threshold})", threshold)
-        return self._add(Row(self.section, self.item.name, name, value, threshold, "pass" if ok else "FAIL", detail))
+            return self.show(
+                name,
+                value,
+                detail or f"not judged in a rehearsal (on a GPU: {threshold})",
+                threshold,
+            )
+        return self._add(
+            Row(
+                self.section,
+                self.item.name,
+                name,
+                value,
+                threshold,
+                "pass" if ok else "FAIL",
+                detail,
+            )
+        )
 
     def show(self, name: str, value: str, detail: str = "", threshold: str = "") -> Row:
         return self._add(Row(self.section, self.item.name, name, value, threshold, "shown", detail))
 
     def check(self) -> None:
-        failed = [f"{r.name}: {r.value} (threshold {r.threshold})" for r in self.rows if r.result == "FAIL"]
+        failed = [
+            f"{r.name}: {r.value} (threshold {r.threshold})"
+            for r in self.rows
+            if r.result == "FAIL"
+        ]
         if failed:
             raise RowsFailed("; ".join(failed))
 

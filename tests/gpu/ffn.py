@@ -29,23 +29,38 @@ FFN_RATIO = 0.95  # hourglass / baseline achieved TFLOP/s at equal FLOPs
 class SwiGLUResidual(nn.Module):
     """h + FFN(norm(h)): the baseline block's FFN half."""
 
-    def __init__(self, d_model: int, hidden: int, norm: nn.Module, *, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        norm: nn.Module,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         super().__init__()
         self.norm = norm
-        self.ffn = FeedForwardConfig(hidden_size=hidden, bias=False).build(d_model, dtype=dtype, init_device=str(device))
+        self.ffn = FeedForwardConfig(hidden_size=hidden, bias=False).build(
+            d_model, dtype=dtype, init_device=str(device)
+        )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.ffn(self.norm(h))
 
 
-def ffn_pair(config: Path, device: torch.device, dtype: torch.dtype, toy: bool = False) -> tuple[nn.Module, nn.Module, int]:
+def ffn_pair(
+    config: Path, device: torch.device, dtype: torch.dtype, toy: bool = False
+) -> tuple[nn.Module, nn.Module, int]:
     """(hourglass FFN, baseline SwiGLU of equal FLOPs, matmul weights of each) at ``config``'s shape;
     ``toy``: d_model and d_h cut 16-fold (to multiples of 16), K kept."""
     spec = load_spec(config)
     block = spec.model_config().block
     ff, d_model = block.feed_forward, spec.model.d_model
     if toy:
-        ff, d_model = replace(ff, hidden_size=16 * -(-ff.hidden_size // 256)), 16 * -(-d_model // 256)
+        ff, d_model = (
+            replace(ff, hidden_size=16 * -(-ff.hidden_size // 256)),
+            16 * -(-d_model // 256),
+        )
     hourglass = ff.build(d_model, dtype=dtype, init_device=str(device))
     norm = block.layer_norm.build(d_model, init_device=str(device))
     baseline = SwiGLUResidual(d_model, ff.K * ff.hidden_size, norm, dtype=dtype, device=device)
@@ -64,7 +79,9 @@ def to_float8(module: nn.Module, emulate: bool) -> nn.Module:
 
     from olmo_patches.nn.float8 import ShapeFloat8Config
 
-    ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe("tensorwise"), emulate=emulate).apply_float8_linear(module)
+    ShapeFloat8Config(
+        ao_recipe=AOFloat8LinearRecipe("tensorwise"), emulate=emulate
+    ).apply_float8_linear(module)
     return module
 
 
@@ -98,13 +115,22 @@ def seconds_per_step(
 
 
 def judge_pair(
-    rows, label: str, seconds: dict[str, float], weights: int, tokens: int, *, gpu_only: bool, detail: str = ""
+    rows,
+    label: str,
+    seconds: dict[str, float],
+    weights: int,
+    tokens: int,
+    *,
+    gpu_only: bool,
+    detail: str = "",
 ) -> float:
     """Rows: each side's achieved TFLOP/s (6 FLOPs per weight per token) and the judged ratio."""
     flops = 6 * weights * tokens
     tflops = {name: flops / s / 1e12 for name, s in seconds.items()}
     for name, value in tflops.items():
-        rows.show(f"{label}: {name} TFLOP/s", f"{value:.3g}", f"{seconds[name] * 1e3:.3f} ms a step")
+        rows.show(
+            f"{label}: {name} TFLOP/s", f"{value:.3g}", f"{seconds[name] * 1e3:.3f} ms a step"
+        )
     ratio = tflops["hourglass"] / tflops["baseline"]
     rows.judge(
         f"{label}: hourglass / baseline TFLOP/s",
@@ -122,7 +148,9 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def float8_error(bf16: nn.Module, float8: nn.Module, x: torch.Tensor) -> tuple[float, Optional[float]]:
+def float8_error(
+    bf16: nn.Module, float8: nn.Module, x: torch.Tensor
+) -> tuple[float, Optional[float]]:
     """(output, input gradient) relative errors of ``float8`` against ``bf16`` (the same weights), on
     the FFN's own contribution: FFN(x) - x, not x itself, which the residual carries exactly."""
     outs = []

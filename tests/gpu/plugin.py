@@ -53,10 +53,13 @@ class GpuCheck(Table):
         scale = f" (x {self.budget_scale:g}: --budget-scale)" if self.budget_scale != 1 else ""
         lines = [f"gpu_check {mode}: budgets (s){scale}, enforced per section"]
         lines += [
-            f"  {s.title:<20} {s.budget_s:>5.0f}" + (f"  (took {s.seconds:.0f})" if s.started else "")
+            f"  {s.title:<20} {s.budget_s:>5.0f}"
+            + (f"  (took {s.seconds:.0f})" if s.started else "")
             for s in (*self.extra, *self.sections.values())
         ]
-        lines.append(f"  {'total':<20} {sum(s.budget_s for s in (*self.extra, *self.sections.values())):>5.0f}")
+        lines.append(
+            f"  {'total':<20} {sum(s.budget_s for s in (*self.extra, *self.sections.values())):>5.0f}"
+        )
         return lines
 
     def _section(self, item) -> Optional[Section]:
@@ -69,7 +72,11 @@ class GpuCheck(Table):
             if section.started is None:
                 section.started = time.perf_counter()
             if section.over:
-                item.add_marker(pytest.mark.skip(reason=f"not run: the section's {section.budget_s:.0f} s budget was spent"))
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f"not run: the section's {section.budget_s:.0f} s budget was spent"
+                    )
+                )
         self.outcomes[item.nodeid] = []
         yield
         if section is None:
@@ -155,18 +162,34 @@ class GpuCheck(Table):
         rows = [Row(**r) for k, r in item.user_properties if k == "gpu_check_row"]
         for report in self.outcomes.get(item.nodeid, []):
             if report.skipped:
-                reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                reason = (
+                    report.longrepr[2]
+                    if isinstance(report.longrepr, tuple)
+                    else str(report.longrepr)
+                )
                 reason = reason.removeprefix("Skipped: ")
                 # a SKIP the run was allowed (--allow-missing); any other skip in this run is a FAIL
                 result = "SKIP" if reason.startswith("SKIP:") else "FAIL"
-                rows.append(Row(section.title, test, test, result=result, detail=reason.removeprefix("SKIP: ")))
+                rows.append(
+                    Row(
+                        section.title,
+                        test,
+                        test,
+                        result=result,
+                        detail=reason.removeprefix("SKIP: "),
+                    )
+                )
             elif "RowsFailed" not in report.longreprtext:
                 text = report.longreprtext
                 last = [line for line in text.splitlines() if line.startswith("E ")]
                 why = (last[-1][1:].strip() if last else text.strip().splitlines()[-1])[:300]
-                if "OverBudget" in text:  # raised inside a library (dynamo wraps it): say what stopped the test
+                if (
+                    "OverBudget" in text
+                ):  # raised inside a library (dynamo wraps it): say what stopped the test
                     why = f"over the section's budget of {section.budget_s:.0f} s"
-                rows.append(Row(section.title, test, f"{test} ({report.when})", result="FAIL", detail=why))
+                rows.append(
+                    Row(section.title, test, f"{test} ({report.when})", result="FAIL", detail=why)
+                )
         section.rows += rows
 
     def _finish(self, section: Section) -> None:

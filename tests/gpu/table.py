@@ -31,7 +31,9 @@ ESTIMATES = {
     "test_float8.py": ("float8", 50),
 }
 INSTALL_ESTIMATE_S = 30  # pip --no-deps of the wheelhouse's 50-odd wheels, no resolution
-STARTUP_ESTIMATE_S = 15  # Python, torch and pytest imports, collection, before the first section's clock
+STARTUP_ESTIMATE_S = (
+    15  # Python, torch and pytest imports, collection, before the first section's clock
+)
 RUN_LIMIT_S = 8 * 60  # what one acceptance run may take by estimate, budgets and start-up together
 
 
@@ -39,13 +41,17 @@ def budget(estimate: float) -> float:
     return 5 * -(-estimate * BUDGET_MARGIN // 5)
 
 
-SECTIONS = {f: (title, budget(estimate)) for f, (title, estimate) in ESTIMATES.items()}  # file -> (title, budget s)
+SECTIONS = {
+    f: (title, budget(estimate)) for f, (title, estimate) in ESTIMATES.items()
+}  # file -> (title, budget s)
 
 
 @dataclass(frozen=True)
 class Dependency:
     name: str  # as --allow-missing names it
-    modules: tuple[str, ...]  # any of these importing makes it present (OLMo-core's own import order)
+    modules: tuple[
+        str, ...
+    ]  # any of these importing makes it present (OLMo-core's own import order)
     dists: tuple[str, ...]  # distributions to read the version from
     instead: str  # what runs without it
 
@@ -54,7 +60,12 @@ DEPENDENCIES = {
     d.name: d
     for d in (
         Dependency("torchao", ("torchao",), ("torchao",), "nothing: train.float8 cannot run"),
-        Dependency("flash_attn_2", ("flash_attn",), ("flash-attn", "flash_attn"), "torch SDPA (attention backend torch)"),
+        Dependency(
+            "flash_attn_2",
+            ("flash_attn",),
+            ("flash-attn", "flash_attn"),
+            "torch SDPA (attention backend torch)",
+        ),
         Dependency(
             "flash_attn_3",
             ("flash_attn_3.flash_attn_interface", "flash_attn_interface"),
@@ -67,7 +78,12 @@ DEPENDENCIES = {
             ("liger-kernel", "liger_kernel"),
             "OLMo-core's default loss: the fp32 logits over the 100k vocabulary, then cross-entropy",
         ),
-        Dependency("grouped_gemm", ("grouped_gemm",), ("grouped_gemm", "grouped-gemm"), "OLMo-core's MoE experts one at a time"),
+        Dependency(
+            "grouped_gemm",
+            ("grouped_gemm",),
+            ("grouped_gemm", "grouped-gemm"),
+            "OLMo-core's MoE experts one at a time",
+        ),
     )
 }
 
@@ -78,7 +94,9 @@ def needed_by(name: str, *, cuda: bool, hopper: bool) -> str:
     return {
         "torchao": "float8: StackedLinear and the trainer in float8",
         "flash_attn_2": "attention kernels: flash-attn 2 at every shipped head dim" if cuda else "",
-        "flash_attn_3": "attention kernels: auto picks flash_3 on H100/H200" if cuda and hopper else "",
+        "flash_attn_3": "attention kernels: auto picks flash_3 on H100/H200"
+        if cuda and hopper
+        else "",
     }.get(name, "")
 
 
@@ -146,10 +164,18 @@ def dependency_section(allowed: frozenset[str], *, cuda: bool, hopper: bool) -> 
         elif not need:
             result, detail = "missing", f"instead: {dep.instead} ({why})"
         elif dep.name in allowed:
-            result, detail = "SKIP", f"--allow-missing {dep.name}: {need} not judged; instead: {dep.instead}"
+            result, detail = (
+                "SKIP",
+                f"--allow-missing {dep.name}: {need} not judged; instead: {dep.instead}",
+            )
         else:
-            result, detail = "FAIL", f"{need} needs it ({why}); --allow-missing {dep.name} to run without it"
-        section.rows.append(Row("dependencies", "", dep.name, version or "missing", "", result, detail))
+            result, detail = (
+                "FAIL",
+                f"{need} needs it ({why}); --allow-missing {dep.name} to run without it",
+            )
+        section.rows.append(
+            Row("dependencies", "", dep.name, version or "missing", "", result, detail)
+        )
     return section
 
 
@@ -206,7 +232,11 @@ class Table:
 
     def to_markdown(self) -> str:
         data = self.to_json()
-        mode = " (rehearsal: CPU, toy sizes; speed and memory rows not judged)" if self.rehearse else ""
+        mode = (
+            " (rehearsal: CPU, toy sizes; speed and memory rows not judged)"
+            if self.rehearse
+            else ""
+        )
         mode += f" (budgets x {self.budget_scale:g})" if self.budget_scale != 1 else ""
         lines = [
             f"gpu_check on {data['device']}, torch {data['torch']}, {data['date']}{mode}: {data['seconds']:.0f} s of a "
@@ -215,8 +245,15 @@ class Table:
             "| section | budget s | time s | result |",
             "|---|---|---|---|",
         ]
-        lines += [f"| {s['title']} | {s['budget_s']:.0f} | {s['seconds']:.1f} | {s['result']} |" for s in data["sections"]]
-        lines += ["", "| section | check | value | threshold | result | detail |", "|---|---|---|---|---|---|"]
+        lines += [
+            f"| {s['title']} | {s['budget_s']:.0f} | {s['seconds']:.1f} | {s['result']} |"
+            for s in data["sections"]
+        ]
+        lines += [
+            "",
+            "| section | check | value | threshold | result | detail |",
+            "|---|---|---|---|---|---|",
+        ]
         for s in data["sections"]:
             for r in s["rows"]:
                 result = r["result"] + (" (rehearsal)" if self.rehearse else "")

@@ -10,7 +10,15 @@ import pytest
 from olmo_patches.nn.attention import resolve_attention_backend
 
 from .table import DEPENDENCIES, probe
-from ._common import BF16_TOL, build, compare, forward_backward, shipped_head_dims, small_spec, token_ids
+from ._common import (
+    BF16_TOL,
+    build,
+    compare,
+    forward_backward,
+    shipped_head_dims,
+    small_spec,
+    token_ids,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -31,9 +39,13 @@ def test_flash_attn_imports(env, rows):
     fa3 = probe(DEPENDENCIES["flash_attn_3"])[0] is not None
     choice = resolve_attention_backend("auto", [128], cuda=True, bf16=True)
     expected = "flash_3" if env.hopper and fa3 else "flash_2"
-    rows.judge("auto's kernel (head_dim 128)", choice.name, choice.name == expected, expected, str(choice))
+    rows.judge(
+        "auto's kernel (head_dim 128)", choice.name, choice.name == expected, expected, str(choice)
+    )
     rows.check()
-    if env.hopper and not fa3:  # flash-attn 2 checked above; flash-attn 3 a SKIP (allowed) or a FAIL
+    if (
+        env.hopper and not fa3
+    ):  # flash-attn 2 checked above; flash-attn 3 a SKIP (allowed) or a FAIL
         env.need("flash_attn_3", "the kernel auto picks on H100/H200")
 
 
@@ -42,11 +54,19 @@ def test_every_shipped_head_dim(env, rows):
     rows.show("head dims checked", str(len(dims)), f"{dims[0]} to {dims[-1]}")
     for head_dim in dims:
         choice = resolve_attention_backend("auto", [head_dim], cuda=env.cuda, bf16=True)
-        spec = small_spec(["model.n_heads=2", f"model.head_dim={head_dim}", "model.n_layers=1"], env.device)
+        spec = small_spec(
+            ["model.n_heads=2", f"model.head_dim={head_dim}", "model.n_layers=1"], env.device
+        )
         ids = token_ids(spec, env.device, 64 if env.rehearse else 1024, seed=2)
         ref = forward_backward(build(spec, env.device), ids, bf16=False)
         got = forward_backward(build(spec, env.device, backend=choice.name), ids, bf16=True)
         detail = "CPU: torch SDPA in bf16 stands in for the kernel" if not env.cuda else str(choice)
-        compare(rows, f"{choice.name} (bf16) vs torch SDPA (fp32), head_dim {head_dim}", got, ref, detail)
+        compare(
+            rows,
+            f"{choice.name} (bf16) vs torch SDPA (fp32), head_dim {head_dim}",
+            got,
+            ref,
+            detail,
+        )
     assert BF16_TOL > 0
     rows.check()

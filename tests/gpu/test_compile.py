@@ -56,14 +56,29 @@ def test_compiled_block_against_eager(block, env, rows):
     ids = token_ids(spec, env.device, 64 if env.rehearse else 1024, seed=3)
     backend = "inductor" if env.cuda else "aot_eager (CPU stand-in for inductor)"
     compare(
-        rows, f"{block}: compiled vs eager", forward_backward(compiled, ids, bf16), forward_backward(eager, ids, bf16), backend
+        rows,
+        f"{block}: compiled vs eager",
+        forward_backward(compiled, ids, bf16),
+        forward_backward(eager, ids, bf16),
+        backend,
     )
     forward_backward(compiled, ids, bf16)  # the second call: every block's RoPE cache is filled now
     graphs, breaks = _graphs()
-    rows.judge(f"{block}: graph breaks (first 2 steps)", str(breaks), breaks == 0, "0", f"{graphs} graphs compiled")
+    rows.judge(
+        f"{block}: graph breaks (first 2 steps)",
+        str(breaks),
+        breaks == 0,
+        "0",
+        f"{graphs} graphs compiled",
+    )
     _train(compiled, ids, 3, bf16)
     recompiled = _graphs()[0] - graphs
-    rows.judge(f"{block}: graphs compiled in 3 more training steps", str(recompiled), recompiled == 0, "0 (steady state)")
+    rows.judge(
+        f"{block}: graphs compiled in 3 more training steps",
+        str(recompiled),
+        recompiled == 0,
+        "0 (steady state)",
+    )
     _train(eager, ids, 3, bf16)
     loss, ref_loss = _loss(compiled, ids, bf16), _loss(eager, ids, bf16)
     err = abs(loss - ref_loss) / ref_loss

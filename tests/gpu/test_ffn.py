@@ -18,7 +18,13 @@ from ._common import REPO
 from .ffn import ffn_pair, float8_error, judge_pair, seconds_per_step, to_float8
 
 pytestmark = pytest.mark.gpu
-CONFIGS = ("113M/hourglass", "113M/hourglass-aligned", "1B/hourglass", "1B/hourglass-aligned", "906M/hourglass-revised")
+CONFIGS = (
+    "113M/hourglass",
+    "113M/hourglass-aligned",
+    "1B/hourglass",
+    "1B/hourglass-aligned",
+    "906M/hourglass-revised",
+)
 # float8 e4m3 keeps 3 significant bits (unit roundoff 2^-4); both matmul operands rounded, three matmuls
 # in a row and K sub-MLPs in series: four roundoffs on the FFN's output
 FLOAT8_TOL = 4 * 2.0**-4
@@ -41,18 +47,46 @@ def test_hourglass_ffn_against_swiglu(config, env, rows):
     pair = {"hourglass": compiled(hourglass), "baseline": compiled(baseline)}
     bf16 = seconds_per_step(pair, x, steps=steps, repeats=repeats)
     judge_pair(rows, f"{config} bf16", bf16, weights, tokens, gpu_only=True, detail=shape)
-    if not _float8_able(ffn_pair(path, torch.device("meta"), torch.bfloat16)[0]):  # the shipped shape
-        rows.show(f"{config} float8", "not float8-able", f"{shape}: a dim not a multiple of 16; see its aligned sibling")
+    if not _float8_able(
+        ffn_pair(path, torch.device("meta"), torch.bfloat16)[0]
+    ):  # the shipped shape
+        rows.show(
+            f"{config} float8",
+            "not float8-able",
+            f"{shape}: a dim not a multiple of 16; see its aligned sibling",
+        )
         rows.check()
         return
     env.need("torchao", "float8 on StackedLinear")
     emulate = not has_float8_matmuls(env.device)
-    h8, b8 = to_float8(copy.deepcopy(hourglass), emulate), to_float8(copy.deepcopy(baseline), emulate)
-    f8 = seconds_per_step({"hourglass": compiled(h8), "baseline": compiled(b8)}, x, steps=steps, repeats=repeats)
-    judge_pair(rows, f"{config} float8", f8, weights, tokens, gpu_only=True, detail=shape + (", emulated" if emulate else ""))
+    h8, b8 = (
+        to_float8(copy.deepcopy(hourglass), emulate),
+        to_float8(copy.deepcopy(baseline), emulate),
+    )
+    f8 = seconds_per_step(
+        {"hourglass": compiled(h8), "baseline": compiled(b8)}, x, steps=steps, repeats=repeats
+    )
+    judge_pair(
+        rows,
+        f"{config} float8",
+        f8,
+        weights,
+        tokens,
+        gpu_only=True,
+        detail=shape + (", emulated" if emulate else ""),
+    )
     out, grad = float8_error(hourglass, h8, x)
-    rows.judge(f"{config} StackedLinear float8 vs bf16: output", f"{out:.2e}", out <= FLOAT8_TOL, f"<= {FLOAT8_TOL}")
-    rows.show(f"{config} StackedLinear float8 vs bf16: input gradient", f"{grad:.2e}", "e5m2 gradients: shown")
+    rows.judge(
+        f"{config} StackedLinear float8 vs bf16: output",
+        f"{out:.2e}",
+        out <= FLOAT8_TOL,
+        f"<= {FLOAT8_TOL}",
+    )
+    rows.show(
+        f"{config} StackedLinear float8 vs bf16: input gradient",
+        f"{grad:.2e}",
+        "e5m2 gradients: shown",
+    )
     rows.show(
         f"{config} StackedLinear float8 / bf16 speed",
         f"{bf16['hourglass'] / f8['hourglass']:.3f}",

@@ -35,7 +35,12 @@ def test_float8_against_bf16(env, rows):
     if env.rehearse:
         overrides, seq, batch, steps, warmup = TOY, 32, 4, 3, 1
     else:
-        overrides = ["model.n_layers=8", "train.compile=true", "train.micro_batch_size=2", "train.activation_checkpointing=false"]
+        overrides = [
+            "model.n_layers=8",
+            "train.compile=true",
+            "train.micro_batch_size=2",
+            "train.activation_checkpointing=false",
+        ]
         seq, batch, steps, warmup = 4096, 2, 8, 3
     common = ["train.hardware=none", "train.precision=bf16", *overrides]
     runs = {
@@ -54,7 +59,14 @@ def test_float8_against_bf16(env, rows):
     ratio = runs["tensorwise"].tokens_per_s / runs["off"].tokens_per_s
     detail = f"{runs['tensorwise'].tokens_per_s:,.0f} / {runs['off'].tokens_per_s:,.0f} tokens/s"
     if has_float8_matmuls(env.device):
-        rows.judge("tokens/s float8 / bf16", f"{ratio:.3f}", ratio >= SPEEDUP, f">= {SPEEDUP}", detail, gpu_only=True)
+        rows.judge(
+            "tokens/s float8 / bf16",
+            f"{ratio:.3f}",
+            ratio >= SPEEDUP,
+            f">= {SPEEDUP}",
+            detail,
+            gpu_only=True,
+        )
     else:
         rows.show(
             "tokens/s float8 / bf16",

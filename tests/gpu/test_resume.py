@@ -32,12 +32,25 @@ def test_stopped_and_resumed_equals_uninterrupted(env, rows):
         folder = folders[name] = env.work / f"resume-{name}"
         overrides = [*demo_overrides(folder, seq, batch, 4, env.device), *extra]
         if name == "resumed":
-            train(load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", [*overrides, "run.stop_at_step=2"]))
+            train(
+                load_and_resolve(
+                    REPO / "configs" / "demo" / "baseline.yaml", [*overrides, "run.stop_at_step=2"]
+                )
+            )
         train(load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", overrides))
-    losses = {n: {s: m["train/CE loss"] for s, m in read_metrics(f).items() if "train/CE loss" in m} for n, f in folders.items()}
+    losses = {
+        n: {s: m["train/CE loss"] for s, m in read_metrics(f).items() if "train/CE loss" in m}
+        for n, f in folders.items()
+    }
     steps = sorted(losses["straight"])
-    assert steps == [1, 2, 3, 4] and sorted(losses["resumed"]) == steps, (steps, sorted(losses["resumed"]))
-    worst = max(abs(losses["resumed"][s] - losses["straight"][s]) / abs(losses["straight"][s]) for s in steps)
+    assert steps == [1, 2, 3, 4] and sorted(losses["resumed"]) == steps, (
+        steps,
+        sorted(losses["resumed"]),
+    )
+    worst = max(
+        abs(losses["resumed"][s] - losses["straight"][s]) / abs(losses["straight"][s])
+        for s in steps
+    )
     exact = all(losses["resumed"][s] == losses["straight"][s] for s in steps)
     rows.judge(
         "loss at steps 1-4, stopped at 2 and resumed vs uninterrupted (worst)",

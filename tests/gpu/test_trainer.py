@@ -54,7 +54,14 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
         overrides = ["train.precision=bf16"]
         seq, batch, steps, warmup = 4096, SCALES[scale], 6, 2
     run = timed_run(
-        config, overrides, env.work / f"{scale}-{variant}", env.device, seq=seq, batch=batch, steps=steps, warmup=warmup
+        config,
+        overrides,
+        env.work / f"{scale}-{variant}",
+        env.device,
+        seq=seq,
+        batch=batch,
+        steps=steps,
+        warmup=warmup,
     )
     t = run.spec.train
     assert t.micro_batch_size is not None and t.activation_checkpointing is not None
@@ -79,7 +86,12 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
         f"{card.name if card else 'no datasheet peak for this device'}; of the FLOPs: attention "
         f"{attention / flops:.0%}, LM head {head / flops:.0%}",
     )
-    est = memory_estimate(run.spec, Layout.from_env()).total(t.micro_batch_size, t.activation_checkpointing) / GIB
+    est = (
+        memory_estimate(run.spec, Layout.from_env()).total(
+            t.micro_batch_size, t.activation_checkpointing
+        )
+        / GIB
+    )
     reserved = run.peak_reserved_gib
     value = f"{reserved:.2f} GiB" if reserved is not None else "-"
     rows.judge(
@@ -87,7 +99,9 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
         value,
         reserved is not None and reserved <= est,
         f"<= {est:.2f} GiB",
-        "head and loss compiled; the estimate's logits term was measured eager" if t.compile else "eager, as estimated",
+        "head and loss compiled; the estimate's logits term was measured eager"
+        if t.compile
+        else "eager, as estimated",
         gpu_only=True,
     )
     rows.judge(
