@@ -7,6 +7,12 @@ of rows (dicts) written as markdown and CSV; a row whose run is missing says "no
 Validation PPL of a run = exp(mean CE loss over the paper's four validation sets) at the run's
 last evaluation; where none of the four were evaluated (e.g. the demo's single "val" set), the
 mean over the sets that were.
+
+Seeds (:func:`group_seeds`): the runs ``NAME-seedS`` (``scripts/sweep.py --seeds``; ``NAME`` is
+seed 0) are one :class:`SeedGroup` known as ``NAME``. Its cells give the mean over seeds with its
+95% Student-t interval (report/stats.py; PPL: exp of the loss's, the geometric mean), and a
+``seeds`` column appears in a table with such a row. Seeds whose recorded configs differ beyond
+the seeds (and the keys a rerun may change) are refused, never pooled.
 """
 
 from __future__ import annotations
@@ -17,19 +23,24 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
+import numpy as np
 import yaml
 from omegaconf import OmegaConf
 
 from ..blocks import get_block
+from ..config import ConfigError
 from ..eval.names import PAPER_VALIDATION_SETS
-from ..launch.run_folder import read_metrics
+from ..launch.run_folder import MAY_CHANGE, read_metrics
 from ..resources import data_root
+from . import stats
 
 __all__ = [
     "Run",
+    "SeedGroup",
     "load_runs",
+    "group_seeds",
     "paper_results",
     "build_tables",
     "ablation_configs",
@@ -45,6 +56,8 @@ NOT_RUN = "not run"
 NO_NUMBER = "no number reported"
 _LM = re.compile(r"^eval/lm/(.+)/CE loss$")
 _DOWNSTREAM = re.compile(r"^eval/downstream/(.+) \((.+)\)$")
+_SEED = re.compile(r"^(.+)-seed(\d+)$")  # a sweep's seed run: NAME-seedS (launch/sweep.py)
+SEED_KEYS = ("train.seed", "data.order_seed")  # what a seed offset changes
 
 
 def paper_results() -> dict:
@@ -114,6 +127,56 @@ class Run:
         return None
 
 
+@dataclass
+class SeedGroup(Run):
+    """One config trained at several seeds: ``seeds`` {offset: run}, the first's path and config.
+    Its numbers are means over the seeds that have them; ``last_step`` is the fewest steps any
+    seed ran."""
+
+    group: str = ""
+    seeds: Dict[int, Run] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.group
+
+    @property
+    def last_step(self) -> int:
+        return min(r.last_step for r in self.seeds.values())
+
+    def _mean(self, value: Callable[[Run], Optional[float]]) -> Optional[float]:
+        found = [v for r in self.seeds.values() if (v := value(r)) is not None]
+        return float(np.mean(found)) if found else None
+
+    def val_losses(self) -> Dict[str, float]:
+        sets = sorted({k for r in self.seeds.values() for k in r.val_losses()})
+        return {k: self._mean(lambda r: r.val_losses().get(k)) for k in sets}  # type: ignore
+
+    def val_loss(self) -> Optional[float]:
+        return self._mean(Run.val_loss)
+
+    def downstream(self, task: str, metric: str) -> Optional[float]:
+        """The mean accuracy; ppl: exp of the mean CE loss (the geometric mean PPL)."""
+        if metric != "ppl":
+            return self._mean(lambda r: r.downstream(task, metric))
+        loss = self._mean(lambda r: _log(r.downstream(task, metric)))
+        return math.exp(loss) if loss is not None else None
+
+    def interval(self, value: Callable[[Run], Optional[float]], log: bool = False):
+        """The mean of ``value`` over seeds with its t-interval (log: of ln value, exp'd), or
+        None."""
+        found = [v for r in self.seeds.values() if (v := value(r)) is not None]
+        if not found:
+            return None
+        if log:
+            return stats.mean_interval(np.log(found)).exp()
+        return stats.mean_interval(found)
+
+
+def _log(x: Optional[float]) -> Optional[float]:
+    return math.log(x) if x is not None else None
+
+
 def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
     """Runs by name; a folder without config.yaml is searched one level down (a runs/ root)."""
     runs: Dict[str, Run] = {}
@@ -130,11 +193,92 @@ def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
     return runs
 
 
+def _recipe(config: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """A recorded config's flat keys that make the run what it is: all but the seeds and the keys a
+    rerun may change (launch/run_folder.py MAY_CHANGE: the name and folder among them)."""
+    out: Dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_recipe(v, key + "."))
+        elif key not in SEED_KEYS and not any(
+            key == m or key.startswith(m if m.endswith(".") else m + ".") for m in MAY_CHANGE
+        ):
+            out[key] = v
+    return out
+
+
+def _check_seeds(base: str, seeds: Dict[int, Run]) -> None:
+    """ConfigError naming the first seed folder whose recorded config is not seed 0's."""
+    first = seeds[min(seeds)]
+    want = _recipe(first.config)
+    for s, run in sorted(seeds.items()):
+        got = _recipe(run.config)
+        changes = [
+            f"{k}: {got.get(k)} -> {want.get(k)}"
+            for k in sorted(want.keys() | got.keys())
+            if got.get(k) != want.get(k)
+        ]
+        if changes:
+            raise ConfigError(
+                f"{run.path / 'config.yaml'}: seed {s} of {base} was trained with another config "
+                f"than {first.path.name} ({'; '.join(changes)}); the seeds of one config must "
+                "share it"
+            )
+
+
+def group_seeds(runs: Dict[str, Run]) -> Dict[str, Run]:
+    """Runs by name, the seeds of one config (NAME, NAME-seed1, ...) as one :class:`SeedGroup`
+    named NAME; a run alone stays as it is. ConfigError (nothing pooled) when a seed's recorded
+    config differs from its group's beyond the seeds, or two runs are the same seed of one name."""
+    by_base: Dict[str, Dict[int, Run]] = {}
+    for name, run in runs.items():
+        m = _SEED.match(name)
+        base, seed = (m.group(1), int(m.group(2))) if m else (name, 0)
+        if seed in by_base.setdefault(base, {}):
+            raise ConfigError(
+                f"{run.path}: seed {seed} of {base} again (also {by_base[base][seed].path})"
+            )
+        by_base[base][seed] = run
+    out: Dict[str, Run] = {}
+    for base, seeds in by_base.items():
+        if len(seeds) == 1:
+            ((_, run),) = seeds.items()
+            out[run.name] = run
+            continue
+        _check_seeds(base, seeds)
+        first = seeds[min(seeds)]
+        out[base] = SeedGroup(
+            first.path, first.config, group=base, seeds=dict(sorted(seeds.items()))
+        )
+    return out
+
+
 # --- rows ----------------------------------------------------------------------------------------
 
 
 def _fmt(x: Optional[float], digits: int = 3) -> str:
     return NOT_RUN if x is None else f"{x:.{digits}f}"
+
+
+def _cell(
+    run: Optional[Run], value: Callable[[Run], Optional[float]], digits: int = 3, log: bool = False
+) -> str:
+    """A run's number, or a seed group's mean [95% interval] over its seeds (``log``: the interval
+    of ln value, exp'd: a PPL's from its loss's, around the geometric mean)."""
+    if isinstance(run, SeedGroup):
+        interval = run.interval(value, log)
+        return NOT_RUN if interval is None else interval.text(digits)
+    return _fmt(value(run) if run else None, digits)
+
+
+def _set_ppl(name: str) -> Callable[[Run], Optional[float]]:
+    """A run's PPL on one validation set, or None."""
+    return lambda r: _exp(r.val_losses().get(name))
+
+
+def _exp(x: Optional[float]) -> Optional[float]:
+    return math.exp(x) if x is not None else None
 
 
 def _diff(ours: Optional[float], paper: Optional[float]) -> str:
@@ -171,7 +315,7 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         }
         row.update(
             {
-                "val PPL": _fmt(ours),
+                "val PPL": _cell(run, Run.val_ppl, log=True),
                 "paper": _fmt(r.get("ppl")) if "ppl" in r else NO_NUMBER,
                 "diff": _diff(ours, r.get("ppl")),
             }
@@ -179,21 +323,24 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         for name in PAPER_VALIDATION_SETS:
             loss = run.val_losses().get(name) if run else None
             row[f"PPL {name}"] = (
-                _fmt(math.exp(loss)) if loss is not None else ("" if run else NOT_RUN)
+                _cell(run, _set_ppl(name), log=True)
+                if loss is not None
+                else ("" if run else NOT_RUN)
             )
         rows.append(row)
     return rows
 
 
 def downstream_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
-    """Every (task, size) cell of the paper's downstream evaluation, hourglass and baseline: the paper's
-    number where its text gives one, "no number reported" elsewhere."""
+    """Every (task, size) cell of the paper's downstream evaluation, hourglass and baseline: the
+    paper's number where its text gives one, "no number reported" elsewhere."""
     size_runs = {r["size"]: {} for r in paper["hourglass"]["validation_ppl"]}
     for r in paper["hourglass"]["validation_ppl"]:
         size_runs[r["size"]][r["variant"]] = r["run"]
     reported = {(t["task"], t["size"]): t for t in paper["hourglass"]["downstream"]}
     rows = []
     for t in paper["hourglass"]["downstream_tasks"]:
+        log = t["metric"] == "ppl"  # a PPL's interval from its loss's
         for size in size_runs:
             cell = reported.get((t["task"], size), {})
             for variant in ("hourglass", "baseline"):
@@ -207,7 +354,7 @@ def downstream_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
                         "metric": t["metric"],
                         "variant": variant,
                         "run": name,
-                        "ours": _fmt(ours),
+                        "ours": _cell(run, lambda r: r.downstream(t["task"], t["metric"]), log=log),
                         "paper": _fmt(cell[variant]) if variant in cell else NO_NUMBER,
                         "diff": _diff(ours, cell.get(variant)),
                     }
@@ -224,7 +371,7 @@ def controlled_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
             {
                 "run": r["run"],
                 **_shape(run),
-                "val PPL": _fmt(ours),
+                "val PPL": _cell(run, Run.val_ppl, log=True),
                 "paper": _fmt(r["ppl"]),
                 "diff": _diff(ours, r["ppl"]),
                 "note": r["note"],
@@ -238,7 +385,8 @@ def _folders(folders: Any) -> List[str]:
 
 
 def _in_folders(config: Path, folders: List[str]) -> bool:
-    """Whether a config lies in one of the repo's folders (matched by trailing path: copies match too)."""
+    """Whether a config lies in one of the repo's folders (matched by trailing path: copies match
+    too)."""
     parts = config.resolve().parent.parts
     return any(parts[-len(Path(f).parts) :] == Path(f).parts for f in folders)
 
@@ -298,7 +446,7 @@ def ablation_table(
                 "run": name,
                 **shape,
                 "steps": run.last_step if run else "",
-                "val PPL": _fmt(ours),
+                "val PPL": _cell(run, Run.val_ppl, log=True),
                 "paper": finding,
                 "diff": _diff(ours, reported),
             }
@@ -340,8 +488,8 @@ def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
             "run": name,
             **_shape(run),
             "steps": run.last_step,
-            "val loss": _fmt(run.val_loss(), 4),
-            "val PPL": _fmt(run.val_ppl()),
+            "val loss": _cell(run, Run.val_loss, 4),
+            "val PPL": _cell(run, Run.val_ppl, log=True),
         }
         for name, run in sorted(runs.items())
         if run.stacks_ffn
@@ -356,6 +504,26 @@ def _data(run: Optional[Run]) -> str:
     return f"{data.get('source', '?')}, {data.get('tokenizer', '?')}"
 
 
+def _gap(run: Optional[Run], base: Optional[Run]) -> tuple:
+    """(run's val loss - its baseline's, its text): with seeds on both sides, the mean difference
+    paired by seed offset, with its t-interval (report/stats.py), and the seeds it pairs."""
+    ours, theirs = (r.val_loss() if r else None for r in (run, base))
+    if ours is None or theirs is None:
+        return None, ""
+    if not (isinstance(run, SeedGroup) and isinstance(base, SeedGroup)):
+        return ours - theirs, _diff(ours, theirs)
+    losses = [
+        {s: v for s, r in g.seeds.items() if (v := r.val_loss()) is not None} for g in (run, base)
+    ]
+    if not losses[0].keys() & losses[1].keys():
+        return ours - theirs, f"{_diff(ours, theirs)} (no seed in common)"
+    d = stats.paired_difference(*losses)
+    seeds = ",".join(map(str, d.seeds))
+    if d.diff.n < 2:
+        return d.diff.mean, f"{d.diff.mean:+.3f} (seed {seeds})"
+    return d.diff.mean, f"{d.diff.mean:+.3f} [{d.diff.lo:+.3f}, {d.diff.hi:+.3f}] (seeds {seeds})"
+
+
 def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     """Paper 2's rows beside the runs. Its data (DCLM, cl100k) differ from the runs' (OLMo-2's mix,
     dolma2), so absolute losses do not compare: each x row's ``diff`` is the run's gap to its own
@@ -366,9 +534,7 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
 
     def row(size, variant, run_name, paper_loss, base_run, base_paper, **extra):
         run = runs.get(run_name)
-        ours = run.val_loss() if run else None
-        base = runs.get(base_run).val_loss() if base_run in runs and run_name != base_run else None
-        gap = ours - base if ours is not None and base is not None else None
+        gap = _gap(run, runs.get(base_run) if run_name != base_run else None)
         paper_gap = (
             paper_loss - base_paper if paper_loss is not None and run_name != base_run else None
         )
@@ -377,11 +543,11 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
             "variant": variant,
             "run": run_name,
             "data (run / paper)": f"{_data(run) or '-'} / {vw['data']}",
-            "val loss": _fmt(ours),
+            "val loss": _cell(run, Run.val_loss),
             "paper": _fmt(paper_loss) if paper_loss is not None else NO_NUMBER,
-            "gap to own baseline": _diff(gap, 0.0),
+            "gap to own baseline": gap[1],
             "paper gap": _diff(paper_gap, 0.0) if paper_gap is not None else "",
-            "diff": _diff(gap, paper_gap),
+            "diff": _diff(gap[0], paper_gap),
             **extra,
         }
 
@@ -405,22 +571,24 @@ def variable_width_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
         rows.append(
             row("500M", r["variant"], r["run"], r.get("loss"), base_500["run"], base_500["loss"])
         )
-    # The hourglass paper's sizes trained with the variable-width block, against their baselines.
-    for r in paper["hourglass"]["validation_ppl"]:
-        if r["variant"] == "variable-width":
-            run = runs.get(r["run"])
-            rows.append(
-                {
-                    "size": r["size"],
-                    "variant": "variable-width (hourglass paper's sizes)",
-                    "run": r["run"],
-                    "data (run / paper)": f"{_data(run) or '-'} / -",
-                    "val loss": _fmt(run.val_loss() if run else None),
-                    "paper": NO_NUMBER,
-                    "diff": "",
-                }
-            )
-    return rows
+    return rows + _hourglass_sizes_variable_width(runs, paper)
+
+
+def _hourglass_sizes_variable_width(runs: Dict[str, Run], paper: dict) -> List[dict]:
+    """The hourglass paper's sizes trained with the variable-width block (no paper number)."""
+    return [
+        {
+            "size": r["size"],
+            "variant": "variable-width (hourglass paper's sizes)",
+            "run": r["run"],
+            "data (run / paper)": f"{_data(runs.get(r['run'])) or '-'} / -",
+            "val loss": _cell(runs.get(r["run"]), Run.val_loss),
+            "paper": NO_NUMBER,
+            "diff": "",
+        }
+        for r in paper["hourglass"]["validation_ppl"]
+        if r["variant"] == "variable-width"
+    ]
 
 
 def build_tables(
@@ -446,7 +614,25 @@ def build_tables(
         )
     tables["variable_width"] = variable_width_table(runs, paper)
     tables["hourglass_runs"] = hourglass_runs_table(runs)
-    return tables
+    return {name: _with_seeds(rows, runs) for name, rows in tables.items()}
+
+
+def _with_seeds(rows: List[dict], runs: Dict[str, Run]) -> List[dict]:
+    """A ``seeds`` column after ``run`` in a table with a seed group's row (1 for a single run);
+    a table without one is left as it is."""
+    if not any(isinstance(runs.get(r.get("run")), SeedGroup) for r in rows):
+        return rows
+    out = []
+    for row in rows:
+        run = runs.get(row["run"])
+        n = len(run.seeds) if isinstance(run, SeedGroup) else (1 if run else "")
+        new: dict = {}
+        for k, v in row.items():
+            new[k] = v
+            if k == "run":
+                new["seeds"] = n
+        out.append(new)
+    return out
 
 
 # --- output --------------------------------------------------------------------------------------
@@ -479,7 +665,8 @@ def write_tables(tables: Dict[str, List[dict]], out: Path) -> List[Path]:
     }
     written: List[Path] = []
     sections = [
-        f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; {paper['variable_width']['paper']}.\n"
+        f"# Tables\n\nReported numbers: {paper['hourglass']['paper']}; "
+        f"{paper['variable_width']['paper']}.\n"
     ]
     for name, rows in tables.items():
         (out / f"{name}.md").write_text(to_markdown(rows))
