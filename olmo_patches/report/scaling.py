@@ -34,18 +34,27 @@ equal-size rows. :func:`paper_matched_loss` repeats both solves on the paper's o
 (docs/variable_width.md): a 3.160, b -0.04979 (baseline) and a 3.125, b -0.05033 (x) in PF-days (the
 paper: 3.16, -0.0498 and 3.12, -0.0503), 77.6% of the FLOPs (the paper: 77.8%; its rounded constants
 give 75.5%) and 85.1% of the mean width.
+
+Seeds: the seeds of one config (:func:`~olmo_patches.report.tables.group_seeds`) are one point at
+their mean loss. Where a family's points have several seeds, a, b and the matched-loss FLOPs and
+width ratios get a 95% percentile bootstrap over seeds (:func:`~olmo_patches.report.stats.
+bootstrap_means`, a numpy resample, 2000 draws): the unit is one seed's run, resampled with
+replacement within its config, every config on its own; the fits are redone on the resampled mean
+losses, each point's C and the target loss held. Where every point has one seed, the tables give
+the standard errors above only, and say so.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..blocks import get_block
-from .tables import Run
+from . import stats
+from .tables import Run, SeedGroup
 
 __all__ = [
     "fit_power_law",
@@ -60,7 +69,8 @@ __all__ = [
     "authors_flops_per_token",
 ]
 
-PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day: C's unit in every fit (paper 2's: its table refits to its a, b)
+# FLOPs in a petaFLOP/s-day: C's unit in every fit (paper 2's: its table refits to its a, b)
+PF_DAY = 8.64e19
 C_LABEL = "PF-days, authors' count"  # the unit and FLOP count of C in the tables' column names
 
 
@@ -89,7 +99,8 @@ class PowerLaw:
         return math.exp((math.log(L) - math.log(self.a)) / self.b)
 
     def compute_log_err(self, L: float) -> float:
-        """Standard error of ln C(L): ln C = (ln L - ln a) / b, gradient (-1/b, -ln C / b) on (ln a, b)."""
+        """Standard error of ln C(L): ln C = (ln L - ln a) / b, gradient (-1/b, -ln C / b) on
+        (ln a, b)."""
         g = np.array([-1.0 / self.b, -math.log(self.compute_at(L)) / self.b])
         return float(math.sqrt(g @ self.cov @ g))
 
@@ -153,20 +164,40 @@ def run_compute_and_width(run: Run) -> tuple[float, float, float]:
 
 
 class Point(NamedTuple):
-    C: float  # training FLOPs so far, PF-days, the authors' count
-    L: float  # validation loss
+    C: float  # training FLOPs so far, PF-days, the authors' count (a seed group: the seeds' mean)
+    L: float  # validation loss (a seed group: the mean over its seeds)
     run: str
     W: float  # mean layer width
     C_olmo: float  # training FLOPs so far, PF-days, OLMo-core's count
+    seeds: Tuple[float, ...] = ()  # a seed group's final validation loss of each seed
+
+
+def _point(run: Run) -> Optional[Point]:
+    """A run's point, or a seed group's: the mean loss and compute over its seeds with a loss (C
+    of each in proportion to its steps), None without one."""
+    seeds = run.seeds if isinstance(run, SeedGroup) else {0: run}
+    done = [r for r in seeds.values() if r.val_loss() is not None and r.last_step > 0]
+    if not done:
+        return None
+    C, C_olmo, width = run_compute_and_width(done[0])
+    steps = np.array([r.last_step for r in done], dtype=float) / done[0].last_step
+    losses = tuple(float(r.val_loss()) for r in done)  # type: ignore[arg-type]
+    return Point(
+        C * steps.mean(),
+        float(np.mean(losses)),
+        run.name,
+        width,
+        C_olmo * steps.mean(),
+        losses if isinstance(run, SeedGroup) else (),
+    )
 
 
 def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[Point]]:
-    """{family: [Point, ...] by C} for the runs with a validation loss."""
+    """{family: [Point, ...] by C} for the runs (and seed groups) with a validation loss."""
     points: Dict[str, List[Point]] = {}
-    for name, run in sorted(runs.items()):
-        if (loss := run.val_loss()) is not None and run.last_step > 0:
-            C, C_olmo, width = run_compute_and_width(run)
-            points.setdefault(family(run), []).append(Point(C, loss, name, width, C_olmo))
+    for _, run in sorted(runs.items()):
+        if (point := _point(run)) is not None:
+            points.setdefault(family(run), []).append(point)
     return {f: sorted(p) for f, p in points.items()}
 
 
@@ -189,70 +220,155 @@ def _paper_fit(ref: dict, f: str) -> str:
     return f"a {ref[f + '_a']}, b {ref[f + '_b']}" if f in ("baseline", "x") else ""
 
 
+ONE_SEED = "one seed per point: std errors only"  # a family's bootstrap cell without seeds
+BOOT = "95%, bootstrap over seeds"  # the bootstrap columns' label
+
+
+def _seeded(pts: Sequence[Point]) -> bool:
+    return any(len(p.seeds) > 1 for p in pts)
+
+
+def _samples(pts: Sequence[Point]) -> List[Sequence[float]]:
+    """Each point's seeds' losses (one loss for a single run): the bootstrap's samples."""
+    return [p.seeds or (p.L,) for p in pts]
+
+
+def _bracket(x: float, lo: float, hi: float, fmt: str) -> str:
+    return f"{x:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def fit_rows(points: Dict[str, List[Point]], ref: dict) -> List[dict]:
+    """``scaling_fit``: a, b and their standard errors per family; where a family's points have
+    several seeds, their bootstrap intervals over seeds (stats.bootstrap_means)."""
+    fitted, fitted_olmo = fits(points), fits(points, x="C_olmo")
+    seeded = any(_seeded(p) for p in points.values())
+    rows = []
+    for f, law in fitted.items():
+        olmo, pts = fitted_olmo.get(f), points[f]
+        row = {
+            "family": f,
+            "runs": ", ".join(p.run for p in pts),
+            f"C range ({C_LABEL})": f"{pts[0].C:.3g}-{pts[-1].C:.3g}",
+            "a": f"{law.a:.4g}",
+            "a std err": _err(law.a_err, 4),
+            "b": f"{law.b:.5f}",
+            "b std err": _err(law.b_err, 5),
+            "paper": _paper_fit(ref, f),
+            "a, b (OLMo-core's count)": f"{olmo.a:.4g}, {olmo.b:.5f}" if olmo is not None else "",
+        }
+        if seeded:
+            row["seeds per point"] = ", ".join(str(len(p.seeds) or 1) for p in pts)
+            row[f"a [{BOOT}]"] = row[f"b [{BOOT}]"] = ONE_SEED
+            if _seeded(pts):
+                C = [p.C for p in pts]
+                (a, b), lo, hi = stats.bootstrap_means(
+                    _samples(pts), lambda m: _ab(fit_power_law(C, m))
+                )
+                row[f"a [{BOOT}]"] = _bracket(a, lo[0], hi[0], ".4g")
+                row[f"b [{BOOT}]"] = _bracket(b, lo[1], hi[1], ".5f")
+        rows.append(row)
+    return rows
+
+
+def _ab(law: PowerLaw) -> Tuple[float, float]:
+    return law.a, law.b
+
+
+def _ratios(points: Dict[str, List[Point]], f: str, target: float):
+    """(point, lo, hi) of family f's C and mean width at ``target`` over the baseline's: both
+    families' fits redone on each resample of their points' seeds; the target held."""
+    base, pts = points["baseline"], points[f]
+    widths = all(len({p.W for p in q}) >= 2 for q in (base, pts))
+
+    def ratios(means: np.ndarray) -> Tuple[float, float]:
+        lb, lf = means[: len(base)], means[len(base) :]
+        c = _at(pts, lf, "C", target) / _at(base, lb, "C", target)
+        w = _at(pts, lf, "W", target) / _at(base, lb, "W", target) if widths else math.nan
+        return c, w
+
+    return stats.bootstrap_means(_samples(base) + _samples(pts), ratios)
+
+
+def _at(pts: Sequence[Point], losses: np.ndarray, x: str, target: float) -> float:
+    return fit_power_law([getattr(p, x) for p in pts], losses).compute_at(target)
+
+
+def matched_rows(
+    points: Dict[str, List[Point]], ref: dict, target_loss: Optional[float]
+) -> List[dict]:
+    """``matched_loss``: each family's C at the target loss and its ratio to the baseline's on both
+    counts, and the mean width's; where seeds exist, the ratios' bootstrap intervals over seeds."""
+    fitted = fits(points)
+    if target_loss is None and "baseline" in points:
+        target_loss = points["baseline"][-1].L
+    if target_loss is None or not fitted:
+        return []
+    laws = {"C": fitted, "C_olmo": fits(points, x="C_olmo"), "W": fits(points, x="W")}
+
+    def ratio(x: str, f: str) -> str:
+        if f not in laws[x] or "baseline" not in laws[x]:
+            return "no baseline fit" if f in laws[x] else "n/a"
+        at = {g: laws[x][g].compute_at(target_loss) for g in (f, "baseline")}
+        return f"{at[f] / at['baseline']:.1%}"
+
+    rows = []
+    for f, law in fitted.items():
+        err = law.compute_log_err(target_loss) if law.n > 2 else math.nan
+        w = laws["W"][f].compute_at(target_loss) if f in laws["W"] else None
+        rows.append(
+            {
+                "family": f,
+                "target loss": f"{target_loss:.4f}",
+                f"C at target ({C_LABEL})": f"{law.compute_at(target_loss):.4g}",
+                "ln C std err": _err(err, 3),
+                "C / baseline's": ratio("C", f),
+                "mean width at target": f"{w:.1f}" if w is not None else "one width",
+                "mean width (KV cache) / baseline's": ratio("W", f),
+                "paper": _paper_ratio(ref) if f == "x" else "",
+                "C / baseline's (OLMo-core's count)": ratio("C_olmo", f),
+            }
+        )
+    if any(_seeded(p) for p in points.values()):
+        for row in rows:
+            row.update(_ratio_cells(points, row["family"], target_loss, laws))
+    return rows
+
+
+def _paper_ratio(ref: dict) -> str:
+    return (
+        f"{ref['x_flops_fraction']:.1%} FLOPs, {ref['x_mean_width_fraction']:.1%} mean width "
+        "(x, at the 2B baseline's loss)"
+    )
+
+
+def _ratio_cells(points, f: str, target: float, laws) -> Dict[str, str]:
+    """The matched-loss ratios' bootstrap cells of family f's row."""
+    keys = (f"C / baseline's [{BOOT}]", f"mean width / baseline's [{BOOT}]")
+    if f == "baseline" or "baseline" not in laws["C"]:
+        return dict.fromkeys(keys, "")
+    if not (_seeded(points[f]) or _seeded(points["baseline"])):
+        return dict.fromkeys(keys, "one seed per point: see ln C std err")
+    (c, w), lo, hi = _ratios(points, f, target)
+    width = _bracket(w, lo[1], hi[1], ".1%") if not math.isnan(w) else "n/a"
+    return {keys[0]: _bracket(c, lo[0], hi[0], ".1%"), keys[1]: width}
+
+
 def scaling_tables(
     runs: Dict[str, Run], paper: dict, target_loss: Optional[float] = None
 ) -> Dict[str, List[dict]]:
     """``scaling_fit`` (a, b and their standard errors per family on the authors' count, the paper's
     fit beside, and a, b on OLMo-core's count) and ``matched_loss`` (each family's C at the target
     loss and its ratio to the baseline's on both counts, the paper's x ratio beside); both empty
-    without two runs of a family. C in PF-days."""
+    without two runs of a family. C in PF-days. A seed group (tables.group_seeds) is one point, its
+    mean loss; where a family's points have several seeds both tables add percentile bootstrap
+    intervals over seeds (:func:`~olmo_patches.report.stats.bootstrap_means`: each point's seeds
+    resampled with replacement, the fits redone; the target loss held)."""
     points = scaling_points(runs)
-    fitted, fitted_olmo = fits(points), fits(points, x="C_olmo")
     ref = paper["variable_width"]["scaling"]
-    fit_rows = []
-    for f, law in fitted.items():
-        olmo = fitted_olmo.get(f)
-        fit_rows.append(
-            {
-                "family": f,
-                "runs": ", ".join(p.run for p in points[f]),
-                f"C range ({C_LABEL})": f"{points[f][0].C:.3g}-{points[f][-1].C:.3g}",
-                "a": f"{law.a:.4g}",
-                "a std err": _err(law.a_err, 4),
-                "b": f"{law.b:.5f}",
-                "b std err": _err(law.b_err, 5),
-                "paper": _paper_fit(ref, f),
-                "a, b (OLMo-core's count)": f"{olmo.a:.4g}, {olmo.b:.5f}"
-                if olmo is not None
-                else "",
-            }
-        )
-    if target_loss is None and "baseline" in points:
-        target_loss = points["baseline"][-1].L
-    rows = []
-    if target_loss is not None and fitted:
-        widths = fits(points, x="W")
-
-        def ratio(laws: Dict[str, PowerLaw], f: str) -> str:
-            if f not in laws or "baseline" not in laws:
-                return "no baseline fit" if f in laws else "n/a"
-            return (
-                f"{laws[f].compute_at(target_loss) / laws['baseline'].compute_at(target_loss):.1%}"
-            )
-
-        for f, law in fitted.items():
-            C = law.compute_at(target_loss)
-            err = law.compute_log_err(target_loss) if law.n > 2 else math.nan
-            w = widths[f].compute_at(target_loss) if f in widths else None
-            rows.append(
-                {
-                    "family": f,
-                    "target loss": f"{target_loss:.4f}",
-                    f"C at target ({C_LABEL})": f"{C:.4g}",
-                    "ln C std err": _err(err, 3),
-                    "C / baseline's": ratio(fitted, f),
-                    "mean width at target": f"{w:.1f}" if w is not None else "one width",
-                    "mean width (KV cache) / baseline's": ratio(widths, f),
-                    "paper": (
-                        f"{ref['x_flops_fraction']:.1%} FLOPs, {ref['x_mean_width_fraction']:.1%} mean width "
-                        "(x, at the 2B baseline's loss)"
-                    )
-                    if f == "x"
-                    else "",
-                    "C / baseline's (OLMo-core's count)": ratio(fitted_olmo, f),
-                }
-            )
-    return {"scaling_fit": fit_rows, "matched_loss": rows}
+    return {
+        "scaling_fit": fit_rows(points, ref),
+        "matched_loss": matched_rows(points, ref, target_loss),
+    }
 
 
 def paper_matched_loss(

@@ -18,6 +18,11 @@ validation loss L_s is one draw. The tests, all at ``LEVEL`` (95%), assume:
   bootstrap over seeds resampled with replacement, member and baseline together
   (``scipy.stats.bootstrap``, paired). With 5 seeds the bootstrap's interval is rough (it cannot be
   wider than what 5 seeds show): treat it as a range, not an exact 95%.
+- **Scaling fits over seeds** (:func:`bootstrap_means`): a statistic of several configs' mean
+  losses (a fit's a and b, a matched-loss ratio) with a percentile bootstrap whose unit is one
+  seed's run: each config's seeds are resampled with replacement, independently of the other
+  configs' (a numpy resample), and the statistic recomputed from the resampled means; a config
+  of one seed stays fixed. Same caveat: with a few seeds per config, a range.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ __all__ = [
     "noise_floor",
     "tokens_to_reach",
     "matched_loss_ratio",
+    "bootstrap_means",
 ]
 
 LEVEL = 0.95  # confidence level of every interval and test
@@ -131,8 +137,8 @@ def noise_floor(baseline: Mapping[int, float]) -> Optional[NoiseFloor]:
 
 
 def tokens_to_reach(tokens: Sequence[float], loss: Sequence[float], target: float) -> float:
-    """The first point where the curve reaches ``target``, linearly interpolated between evaluations;
-    NaN when it never does."""
+    """The first point where the curve reaches ``target``, linearly interpolated between
+    evaluations; NaN when it never does."""
     t, y = np.asarray(tokens, dtype=float), np.asarray(loss, dtype=float)
     below = np.nonzero(y <= target)[0]
     if below.size == 0:
@@ -145,7 +151,8 @@ def tokens_to_reach(tokens: Sequence[float], loss: Sequence[float], target: floa
 
 
 def _ratio(member: np.ndarray, baseline: np.ndarray, tokens: np.ndarray) -> float:
-    """Tokens the mean member curve needs for the mean baseline's final loss, over the baseline's."""
+    """Tokens the mean member curve needs for the mean baseline's final loss, over the
+    baseline's."""
     m, b = member.mean(axis=0), baseline.mean(axis=0)
     base = tokens_to_reach(tokens, b, b[-1])
     return (
@@ -186,3 +193,26 @@ def matched_loss_ratio(
     )  # fmt: skip
     lo, hi = res.confidence_interval
     return Interval(point, float(lo), float(hi), len(seeds))
+
+
+def bootstrap_means(
+    samples: Sequence[Sequence[float]],
+    statistic: Callable[[np.ndarray], Sequence[float]],
+    level: float = LEVEL,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(point, lo, hi) of ``statistic`` (a vector) of the samples' means: the percentile
+    bootstrap, each sample (one config's seeds) resampled with replacement on its own, a sample of
+    one value fixed. NaN bounds where no sample has 2 values or a resample's statistic is NaN."""
+    arrays = [np.asarray(x, dtype=float) for x in samples]
+    point = np.asarray(statistic(np.array([a.mean() for a in arrays])), dtype=float)
+    if all(a.size < 2 for a in arrays):
+        return point, np.full_like(point, math.nan), np.full_like(point, math.nan)
+    rng = np.random.default_rng(seed)
+    means = np.stack(  # (resamples, samples): each sample's mean in each resample
+        [a[rng.integers(0, a.size, (resamples, a.size))].mean(axis=1) for a in arrays], axis=1
+    )
+    reps = np.array([statistic(m) for m in means], dtype=float)
+    lo, hi = np.percentile(reps, [50 * (1 - level), 50 * (1 + level)], axis=0)
+    return point, lo, hi
