@@ -35,11 +35,11 @@ equal-size rows. :func:`paper_matched_loss` repeats both solves on the paper's o
 paper: 3.16, -0.0498 and 3.12, -0.0503), 77.6% of the FLOPs (the paper: 77.8%; its rounded constants
 give 75.5%) and 85.1% of the mean width.
 
-Seeds: the seeds of one config (:func:`~olmo_patches.report.tables.group_seeds`) are one point at
-their mean loss. Where a family's points have several seeds, a, b and the matched-loss FLOPs and
-width ratios get a 95% percentile bootstrap over seeds (:func:`~olmo_patches.report.stats.
-bootstrap_means`, a numpy resample, 2000 draws): the unit is one seed's run, resampled with
-replacement within its config, every config on its own; the fits are redone on the resampled mean
+Seeds: the seeds of one config (tables.py ``group_seeds``) are one point at their mean loss.
+Where a family's points have several seeds, a, b and the matched-loss FLOPs and width ratios get
+a 95% percentile bootstrap over seeds (stats.py ``bootstrap_means``, a numpy resample, 2000
+draws): the unit is one seed's run, resampled with replacement within its config, every config on
+its own; the fits are redone on the resampled mean
 losses, each point's C and the target loss held. Where every point has one seed, the tables give
 the standard errors above only, and say so.
 """
