@@ -2,11 +2,13 @@
 
 - ``u_curve.png``: validation loss against d_model/L, one line per K (hourglass runs).
 - ``ppl_vs_K.png``, ``ppl_vs_dh_ratio.png``: validation PPL against K and against d_h/d_model.
-- ``loss_curves.png``: training loss against tokens, one line per run.
+- ``loss_curves.png``: training loss against tokens, one line per run; the seeds of one config
+  (tables.py ``group_seeds``): their mean, with a band from the lowest seed to the highest.
 - ``param_split.png``: attention / FFN non-embedding parameters per run (stacked bars).
 - ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family
   (PF-days, the authors' count: report/scaling.py), the fitted L = a C^b of each, and the paper's
-  two fits.
+  two fits; a seed group's point is its mean loss, with a bar from its lowest seed to its highest.
+The other figures plot a seed group at its mean.
 A figure with no points to plot is not written.
 """
 
@@ -14,14 +16,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .tables import Run  # noqa: E402
+from .tables import Run, SeedGroup  # noqa: E402
 
 __all__ = ["make_figures", "scaling_figure", "save_figure"]
 
@@ -74,16 +77,43 @@ def _scatter(runs: Dict[str, Run], out: Path, x_of, xlabel: str, name: str) -> L
     return [save_figure(fig, out / name)]
 
 
+def _train_curve(run: Run, steps: List[int]) -> Tuple[List[float], List[float]]:
+    """(tokens, training CE loss) of a run at ``steps``."""
+    return (
+        [run.metrics[s].get("throughput/total tokens", s) for s in steps],
+        [run.metrics[s]["train/CE loss"] for s in steps],
+    )
+
+
+def _logged(run: Run) -> List[int]:
+    return sorted(s for s, m in run.metrics.items() if "train/CE loss" in m)
+
+
+def _seed_curves(ax, name: str, group: SeedGroup) -> bool:
+    """A seed group's mean training loss over its seeds, at the steps every seed logged, with a
+    band from the lowest seed's to the highest's (min-max)."""
+    steps = sorted(set.intersection(*(set(_logged(r)) for r in group.seeds.values())))
+    if not steps:
+        return False
+    x = _train_curve(next(iter(group.seeds.values())), steps)[0]
+    y = np.array([_train_curve(r, steps)[1] for r in group.seeds.values()])
+    label = f"{name} (mean of {len(y)} seeds, band min-max)"
+    (line,) = ax.plot(x, y.mean(axis=0), label=label)
+    ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=line.get_color(), alpha=0.25)
+    return True
+
+
 def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
+    """Training loss against tokens, one line per run; a seed group's: the mean over its seeds
+    with a min-max band (:func:`_seed_curves`)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     plotted = False
     for name, r in sorted(runs.items()):
-        steps = sorted(s for s, m in r.metrics.items() if "train/CE loss" in m)
-        if not steps:
-            continue
-        x = [r.metrics[s].get("throughput/total tokens", s) for s in steps]
-        ax.plot(x, [r.metrics[s]["train/CE loss"] for s in steps], label=name)
-        plotted = True
+        if isinstance(r, SeedGroup):
+            plotted = _seed_curves(ax, name, r) or plotted
+        elif steps := _logged(r):
+            ax.plot(*_train_curve(r, steps), label=name)
+            plotted = True
     if not plotted:
         plt.close(fig)
         return []
@@ -120,8 +150,6 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
     fitted = fits(points)
     if not fitted:
         return []
-    import numpy as np
-
     fig, ax = plt.subplots(figsize=(6, 4))
     lo, hi = (
         min(p[0] for pts in points.values() for p in pts),
@@ -130,6 +158,9 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
     grid = np.geomspace(lo / 2, hi * 2, 50)
     for f, pts in points.items():
         (dots,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", label=f"{f} runs")
+        for p in pts:  # a seed group: its lowest to its highest seed
+            if len(p.seeds) > 1:
+                ax.plot([p.C, p.C], [min(p.seeds), max(p.seeds)], "-", color=dots.get_color())
         if f in fitted:
             law = fitted[f]
             ax.plot(
