@@ -17,6 +17,7 @@ from .tables import (
     _fmt,
     ablation_configs,
     build_tables,
+    group_seeds,
     load_runs,
     paper_results,
     write_tables,
@@ -75,19 +76,24 @@ def report(
     use_best_lr: bool = False,
 ) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
-    sweep's configs, paper beside run), the scaling fits where a family has runs at 2+ budgets
-    (report/scaling.py), the comparison over seeds against ``baseline`` (default: the first
-    config) at each config's LR or each member's best (``use_best_lr``), and the figures, for all
-    runs and per ablation. A member whose seeds' folders hold another config: ConfigError, nothing
-    written."""
+    sweep's configs, paper beside run; a config's seeds as one row, tables.group_seeds), the
+    scaling fits where a family has runs at 2+ budgets (report/scaling.py), the comparison over
+    seeds against ``baseline`` (default: the first config) at each config's LR or each member's
+    best (``use_best_lr``), and the figures, for all runs and per ablation. A member whose seeds'
+    folders hold another config: ConfigError, nothing written."""
     check_seed_folders(members)
     baseline = baseline or (members[0].group or members[0].name)
     runs = load_runs([m.folder for m in members if (m.folder / "config.yaml").exists()])
+    grouped = group_seeds(runs)  # each config's seeds as one row: mean and interval over seeds
     configs = [m.config for m in members]
-    tables = build_tables(runs, sweep_configs=configs)
-    tables = {k: rows for k, rows in tables.items() if any(r.get("run") in runs for r in rows)}
+    tables = build_tables(grouped, sweep_configs=configs)
+    tables = {k: rows for k, rows in tables.items() if any(r.get("run") in grouped for r in rows)}
     tables.update(
-        {k: rows for k, rows in scaling_tables(runs, paper_results(), target_loss).items() if rows}
+        {
+            k: rows
+            for k, rows in scaling_tables(grouped, paper_results(), target_loss).items()
+            if rows
+        }
     )
     compared = {
         k: rows
@@ -100,11 +106,11 @@ def report(
     (out / "comparison_notes.md").write_text(notes)
     written.append(out / "comparison_notes.md")
     if figures:
-        written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())
+        written += make_figures(grouped, out) + scaling_figure(grouped, out, paper_results())
         written += val_curves_figure(members, runs, out, use_best_lr)
-        by_config = {m.config: m.name for m in members}
+        by_config = {m.config: m.group or m.name for m in members}  # at the config's own LR
         for group, paths in ablation_configs(configs).items():
-            subset = {by_config[p]: runs[by_config[p]] for p in paths if by_config[p] in runs}
+            subset = {by_config[p]: grouped[by_config[p]] for p in paths if by_config[p] in grouped}
             if subset:
                 written += make_figures(subset, out / group)
     return written
