@@ -262,16 +262,21 @@ def fit_rows(points: Dict[str, List[Point]], ref: dict) -> List[dict]:
             if _seeded(pts):
                 C = [p.C for p in pts]
                 (a, b), lo, hi = stats.bootstrap_means(
-                    _samples(pts), lambda m: _ab(fit_power_law(C, m))
+                    _samples(pts), lambda m: np.stack(_fit_many(C, m), axis=-1)
                 )
-                row[f"a [{BOOT}]"] = _bracket(a, lo[0], hi[0], ".4g")
+                row[f"a [{BOOT}]"] = _bracket(a, lo[0], hi[0], ".5g")
                 row[f"b [{BOOT}]"] = _bracket(b, lo[1], hi[1], ".5f")
         rows.append(row)
     return rows
 
 
-def _ab(law: PowerLaw) -> Tuple[float, float]:
-    return law.a, law.b
+def _fit_many(x: Sequence[float], losses: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(a, b) of L = a x^b for each row of ``losses`` (..., points): :func:`fit_power_law`'s
+    least squares in log space, in closed form."""
+    lx, ly = np.log(np.asarray(x, dtype=float)), np.log(losses)
+    dx = lx - lx.mean()
+    b = (ly - ly.mean(axis=-1, keepdims=True)) @ dx / (dx @ dx)
+    return np.exp(ly.mean(axis=-1) - b * lx.mean()), b
 
 
 def _ratios(points: Dict[str, List[Point]], f: str, target: float):
@@ -280,17 +285,19 @@ def _ratios(points: Dict[str, List[Point]], f: str, target: float):
     base, pts = points["baseline"], points[f]
     widths = all(len({p.W for p in q}) >= 2 for q in (base, pts))
 
-    def ratios(means: np.ndarray) -> Tuple[float, float]:
-        lb, lf = means[: len(base)], means[len(base) :]
+    def ratios(means: np.ndarray) -> np.ndarray:
+        lb, lf = means[..., : len(base)], means[..., len(base) :]
         c = _at(pts, lf, "C", target) / _at(base, lb, "C", target)
-        w = _at(pts, lf, "W", target) / _at(base, lb, "W", target) if widths else math.nan
-        return c, w
+        w = _at(pts, lf, "W", target) / _at(base, lb, "W", target) if widths else c * math.nan
+        return np.stack([c, w], axis=-1)
 
     return stats.bootstrap_means(_samples(base) + _samples(pts), ratios)
 
 
-def _at(pts: Sequence[Point], losses: np.ndarray, x: str, target: float) -> float:
-    return fit_power_law([getattr(p, x) for p in pts], losses).compute_at(target)
+def _at(pts: Sequence[Point], losses: np.ndarray, x: str, target: float) -> np.ndarray:
+    """X(target) = (target / a)^(1/b) of each row's fit (PowerLaw.compute_at)."""
+    a, b = _fit_many([getattr(p, x) for p in pts], losses)
+    return np.exp((math.log(target) - np.log(a)) / b)
 
 
 def matched_rows(

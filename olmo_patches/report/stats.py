@@ -197,14 +197,15 @@ def matched_loss_ratio(
 
 def bootstrap_means(
     samples: Sequence[Sequence[float]],
-    statistic: Callable[[np.ndarray], Sequence[float]],
+    statistic: Callable[[np.ndarray], np.ndarray],
     level: float = LEVEL,
     resamples: int = 2000,
     seed: int = 0,
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(point, lo, hi) of ``statistic`` (a vector) of the samples' means: the percentile
     bootstrap, each sample (one config's seeds) resampled with replacement on its own, a sample of
-    one value fixed. NaN bounds where no sample has 2 values or a resample's statistic is NaN."""
+    one value fixed. ``statistic`` maps means (..., samples) to (..., k), vectorized over the
+    leading axes. NaN bounds where no sample has 2 values or a resample's statistic is NaN."""
     arrays = [np.asarray(x, dtype=float) for x in samples]
     point = np.asarray(statistic(np.array([a.mean() for a in arrays])), dtype=float)
     if all(a.size < 2 for a in arrays):
@@ -213,6 +214,5 @@ def bootstrap_means(
     means = np.stack(  # (resamples, samples): each sample's mean in each resample
         [a[rng.integers(0, a.size, (resamples, a.size))].mean(axis=1) for a in arrays], axis=1
     )
-    reps = np.array([statistic(m) for m in means], dtype=float)
-    lo, hi = np.percentile(reps, [50 * (1 - level), 50 * (1 + level)], axis=0)
+    lo, hi = np.percentile(statistic(means), [50 * (1 - level), 50 * (1 + level)], axis=0)
     return point, lo, hi
