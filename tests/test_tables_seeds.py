@@ -26,7 +26,9 @@ GAP = 0.05  # the hourglass's planted gap to the baseline, nats
 X_GAP = -0.03  # paper 2's x against its baseline, nats
 
 
-def _write_run(root: Path, name: str, seed: int, shape: list, final: float) -> Path:
+def _write_run(
+    root: Path, name: str, seed: int, shape: list, final: float, last: int = 200
+) -> Path:
     """The run of seed offset ``seed`` as a sweep names it (NAME, NAME-seedS; launch/sweep.py),
     its config as training records it and its curves: validation ending at ``final``, training
     loss 0.1 above it at every logged step."""
@@ -41,10 +43,10 @@ def _write_run(root: Path, name: str, seed: int, shape: list, final: float) -> P
     lines = [
         {
             "step": step,
-            "eval/lm/val/CE loss": final + 0.3 * (200 / step - 1),
-            "train/CE loss": final + 0.1 + 0.3 * (200 / step - 1),
+            "eval/lm/val/CE loss": final + 0.3 * (last / step - 1),
+            "train/CE loss": final + 0.1 + 0.3 * (last / step - 1),
         }
-        for step in (50, 100, 150, 200)
+        for step in (last // 4, last // 2, 3 * last // 4, last)
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return folder
@@ -251,6 +253,30 @@ def test_bootstrap_over_seeds_covers_the_true_exponent_and_ratio():
     assert fit["x"]["seeds per point"] == "5, 5, 5, 5"
     _, lo, hi = _bracket(fit["x"]["a [95%, bootstrap over seeds]"])
     assert lo < float(fit["x"]["a"]) < hi
+
+
+def test_make_tables_fits_seed_groups_at_their_mean_loss(tmp_path):
+    """Four budgets of one config (100-800 steps, so C in proportion), 3 seeds each: the fit's b is
+    the least-squares slope of ln(mean loss) on ln(steps) (numpy's polyfit here), inside its
+    bootstrap interval, and the seeds are counted per point."""
+    rng = np.random.default_rng(14)
+    steps, means = [100, 200, 400, 800], []
+    for n in steps:
+        losses = 4.0 * n**-0.1 * np.exp(0.003 * rng.standard_normal(3))
+        means.append(losses.mean())
+        for s, loss in enumerate(losses):
+            _write_run(tmp_path / "runs", f"budget-{n}", s, [], float(loss), last=n)
+    out = tmp_path / "tables"
+    r = run_in_process("make_tables.py", str(tmp_path / "runs"), "--out", str(out), "--no-figures")
+    assert r.returncode == 0, r.stderr[-3000:]
+    fit = _rows(out / "scaling_fit.csv", "family")["baseline"]
+    slope = np.polyfit(np.log(steps), np.log(means), 1)[0]
+    b, lo, hi = _bracket(fit["b [95%, bootstrap over seeds]"])
+    assert fit["b"] == f"{slope:.5f}" and b == pytest.approx(slope, abs=1e-5) and lo < b < hi
+    assert fit["seeds per point"] == "3, 3, 3, 3" and hi - lo < 0.02
+    assert fit["runs"] == "budget-100, budget-200, budget-400, budget-800"
+    matched = _rows(out / "matched_loss.csv", "family")["baseline"]
+    assert matched["C / baseline's [95%, bootstrap over seeds]"] == ""  # the baseline itself
 
 
 def test_one_seed_per_point_keeps_the_standard_errors_and_says_so():
