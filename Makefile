@@ -45,11 +45,13 @@ install-check:
 
 # The offline install of scripts/gpu_check.py --wheelhouse (docs/gpu_checks.md): the wheels of what the
 # acceptance run imports, at the lock's versions, for CPython WHEEL_PYTHON on glibc x86_64, and the
-# project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8]' and pytest for this Python
+# project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8,liger]' and pytest for this
+# Python
 # (--dry-run --report: metadata only); left out are the node's torch and its stack (NODE_HAS: torch's own
 # requirements) and what the run never imports (NOT_IMPORTED: OLMo-core's pandas, the project's
-# matplotlib for figures, their dependencies; gpu_check.py installs with --no-deps). flash-attn, Liger and
-# grouped_gemm have no wheel for the node's torch here: their rows say so (--allow-missing).
+# matplotlib for figures, their dependencies; gpu_check.py installs with --no-deps). Liger's wheel is
+# pure Python (the node's torch brings its triton); flash-attn and grouped_gemm have no wheel for the
+# node's torch here: their rows say so (--allow-missing).
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
 WHEEL_MIB ?= 56
@@ -60,7 +62,7 @@ NOT_IMPORTED = pandas pytz tzdata matplotlib contourpy cycler fonttools kiwisolv
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --report $(WHEELHOUSE)/resolved.json \
-		-c $(LOCK) '.[float8]' pytest
+		-c $(LOCK) '.[float8,liger]' pytest
 	$(BIN)/python -c "import json, sys; print(*(f\"{m['name']}=={m['version']}\" for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
 		if m['name'].lower().replace('_', '-') not in sys.argv[2:] and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" \
 		$(WHEELHOUSE)/resolved.json $(NODE_HAS) $(NOT_IMPORTED) > $(WHEELHOUSE)/requirements.txt

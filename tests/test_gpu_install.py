@@ -4,7 +4,7 @@ run imports, at most 56 MiB), a fresh venv that already holds torch (as a GPU no
 folder alone (no index, no other find-links, no pip configuration), torch left as it was, every section on
 CPU; then torchao uninstalled: the run exits 1 naming it, and with --allow-missing torchao exits 0, its row SKIP.
 
-Slow: pip downloads the wheelhouse (55 wheels, 54 MiB) and installs torch and it into the venv."""
+Slow: pip downloads the wheelhouse (56 wheels, 54 MiB) and installs torch and it into the venv."""
 
 import json
 import os
