@@ -362,37 +362,15 @@ def export_hf(
     an earlier export's files in ``out_dir`` (EXPORT_FILES) are removed first, so that none of them
     (another model's tokenizer, say) is left beside this one; other files stay."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
-    if config is not None:  # an explicit config is checked before the checkpoint
-        _exportable(Path(config))
-    if not checkpoint.is_dir():
-        raise ValueError(
-            f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
-        )
-    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
-        raise ValueError(
-            f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
-        )
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"OUT_DIR {out}: a file, not a folder")
-    config_path = Path(config) if config else checkpoint.parent / "config.yaml"
-    spec = _exportable(config_path)
-    # another model's checkpoint (its vocabulary too) is refused by its metadata, before any weight is read
-    check_checkpoint_fits(
-        checkpoint,
-        spec,
-        f"--config {config_path}: CHECKPOINT {checkpoint}"
-        if config
-        else f"CHECKPOINT {checkpoint}",
-    )
+    spec = _checked_sources(checkpoint, out, config)
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
-    max_len = spec.data.sequence_length
     ids = token_ids(spec)
     specials = (
         _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
     )
     kind = "olmo2" if is_olmo2_shape(spec) else "custom"
-    model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, max_len)
+    model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, spec.data.sequence_length)
     model.config.update(ids)
     from transformers import GenerationConfig
 
@@ -406,11 +384,40 @@ def export_hf(
         shutil.copy(MODELING, out / MODELING.name)
     (out / "README.md").write_text(model_card(spec, kind, checkpoint, vocab))
     if tokenizer_file is not None:
-        shutil.copy(tokenizer_file, out / "tokenizer.json")
-        tok_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": max_len,
-            **(specials or {}),
-        }
-        (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))
+        _write_tokenizer(out, Path(tokenizer_file), spec.data.sequence_length, specials)
     return kind
+
+
+def _checked_sources(checkpoint: Path, out: Path, config: Optional[str | Path]):
+    """The spec to export, once the checkpoint, the output folder and the config are checked
+    (another model's checkpoint, its vocabulary too, is refused by its metadata before any weight
+    is read)."""
+    if config is not None:  # an explicit config is checked before the checkpoint
+        _exportable(Path(config))
+    if not checkpoint.is_dir():
+        what = "a file, not a checkpoint folder" if checkpoint.exists() else "no such folder"
+        raise ValueError(f"CHECKPOINT {checkpoint}: {what}")
+    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
+        raise ValueError(
+            f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT_DIR {out}: a file, not a folder")
+    config_path = Path(config) if config else checkpoint.parent / "config.yaml"
+    spec = _exportable(config_path)
+    where = (
+        f"--config {config_path}: CHECKPOINT {checkpoint}" if config else f"CHECKPOINT {checkpoint}"
+    )
+    check_checkpoint_fits(checkpoint, spec, where)
+    return spec
+
+
+def _write_tokenizer(out: Path, tokenizer_file: Path, max_len: int, specials: Optional[dict]):
+    """The tokenizer beside the model, as ``AutoTokenizer`` loads it."""
+    shutil.copy(tokenizer_file, out / "tokenizer.json")
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        **(specials or {}),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))

@@ -57,18 +57,19 @@ class HourglassOlmoConfig(PretrainedConfig):
         norm_placement: str = "pre",  # pre: x + f(norm(x)) | post: x + norm(f(x))
         qk_norm: bool = False,
         rope_theta: float = 500000.0,
-        # Llama-3.1 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
-        # (not "rope_scaling", which transformers 5 rewrites into its own rope_parameters)
+        # Llama-3.1 RoPE scaling: factor, low_freq_factor, high_freq_factor,
+        # original_max_position_embeddings (not "rope_scaling", which transformers 5 rewrites
+        # into its own rope_parameters)
         llama3_rope: Optional[dict] = None,
         norm_eps: float = 1e-6,
         tie_word_embeddings: bool = False,
         widths: Optional[List[int]] = None,  # variable width: w_1..w_L (None: every layer d_model)
-        hidden_sizes: Optional[
-            List[int]
-        ] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
+        # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
+        hidden_sizes: Optional[List[int]] = None,
         resize: str = "carry_forward",  # variable width: carry_forward | zero | learned
         embed_scale: float = 1.0,  # muP: embeddings x m_emb
-        residual_scale: float = 1.0,  # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
+        # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
+        residual_scale: float = 1.0,
         logit_scale: float = 1.0,  # muP: 1 / m_width, after the output norm
         attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
@@ -79,33 +80,30 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.rope_theta, self.norm_eps, self.llama3_rope = rope_theta, norm_eps, llama3_rope
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
-        self.embed_scale, self.residual_scale, self.logit_scale = (
-            embed_scale,
-            residual_scale,
-            logit_scale,
-        )
-        self.attention_scale_power = attention_scale_power
-        self.hidden_size, self.num_hidden_layers, self.num_attention_heads = (
-            d_model,
-            n_layers,
-            n_heads,
-        )
-        self.num_key_value_heads = n_kv_heads or n_heads
+        self.embed_scale, self.residual_scale = embed_scale, residual_scale
+        self.logit_scale, self.attention_scale_power = logit_scale, attention_scale_power
+        # transformers' names
+        self.hidden_size, self.num_hidden_layers = d_model, n_layers
+        self.num_attention_heads, self.num_key_value_heads = n_heads, n_kv_heads or n_heads
         kwargs.pop("layer_shapes", None)  # derived below (a saved config.json holds it too)
-        # Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x head_dim),
-        # for a serving engine that sizes caches per layer; every layer is full causal attention.
-        self.layer_shapes = [
+        self.layer_shapes = self._layer_shapes()
+        kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
+        super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _layer_shapes(self) -> List[dict]:
+        """Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x
+        head_dim), for a serving engine that sizes caches per layer; every layer is full causal
+        attention."""
+        return [
             {
                 "width": w,
-                "num_attention_heads": n_heads,
-                "num_key_value_heads": n_kv_heads or n_heads,
-                "head_dim": head_dim or w // n_heads,
+                "num_attention_heads": self.n_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim or w // self.n_heads,
                 "ffn_hidden": f,
             }
             for w, f in zip(self.layer_widths, self.layer_hidden_sizes)
         ]
-        kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
-        super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     @property
     def layer_widths(self) -> List[int]:
