@@ -143,11 +143,7 @@ def comparison_rows(
     scale = {g: best[g] if use_best_lr else 1.0 for g in grouped}
     if baseline not in grouped or scale[baseline] not in grouped[baseline]:
         return [], None
-    base = grouped[baseline][scale[baseline]]
-    base_loss = {s: r.val_loss() for s, r in base.items()}
-    x = val_curve(base[min(base)])[0]
-    base_curves = _curves(base, x)
-    base_fpt = _flops_per_token(base[min(base)])
+    base = _Baseline(grouped[baseline][scale[baseline]])
     rows = []
     for group, scales in grouped.items():
         seeds = scales.get(scale[group])
@@ -156,51 +152,61 @@ def comparison_rows(
         loss = {s: r.val_loss() for s, r in seeds.items()}
         mean = stats.mean_interval(list(loss.values()))
         lr = config_lr[group] * scale[group]
+        how = f"own best, x{scale[group]:g}" if use_best_lr else "config"
         row = {
             "member": group,
-            "LR": f"{lr:.3g} ({'own best, x' + format(scale[group], 'g') if use_best_lr else 'config'})",
+            "LR": f"{lr:.3g} ({how})",
             "seeds": str(len(loss)),
             "val loss [95%]": mean.text(4),
             "val PPL [95%]": mean.exp().text(2),
         }
         if group == baseline:
-            row.update(
-                {
-                    "diff to baseline [95%]": "baseline",
-                    "p": "",
-                    "verdict": "",
-                    "tokens ratio": "",
-                    "FLOPs ratio": "",
-                }
-            )
-        elif not loss.keys() & base_loss.keys():
-            row.update(
-                {
-                    "diff to baseline [95%]": "no seed in common",
-                    "p": "",
-                    "verdict": "",
-                    "tokens ratio": "",
-                    "FLOPs ratio": "",
-                }
-            )
+            row.update(_no_comparison("baseline"))
+        elif not loss.keys() & base.loss.keys():
+            row.update(_no_comparison("no seed in common"))
         else:
-            paired = stats.paired_difference(loss, base_loss)
-            ratio = stats.matched_loss_ratio(_curves(seeds, x), base_curves, x)
-            fpt = _flops_per_token(seeds[min(seeds)]) / base_fpt
-            reached = not math.isnan(ratio.mean)
-            row.update(
-                {
-                    "diff to baseline [95%]": f"{paired.diff.text(4)} (seeds {','.join(map(str, paired.seeds))})",
-                    "p": "" if math.isnan(paired.p) else f"{paired.p:.3g}",
-                    "verdict": paired.verdict,
-                    "tokens ratio": ratio.text(3)
-                    if reached
-                    else "none: baseline's final loss not reached (or reached at 0 tokens)",
-                    "FLOPs ratio": _scaled(ratio, fpt).text(3) if reached else "",
-                }
-            )
+            row.update(base.compared(seeds, loss))
         rows.append(row)
-    return rows, stats.noise_floor(base_loss)
+    return rows, stats.noise_floor(base.loss)
+
+
+class _Baseline:
+    """The baseline's seeds at its learning rate: what every other member is compared with."""
+
+    def __init__(self, seeds: dict):
+        self.loss = {s: r.val_loss() for s, r in seeds.items()}
+        self.x = val_curve(seeds[min(seeds)])[0]
+        self.curves = _curves(seeds, self.x)
+        self.flops_per_token = _flops_per_token(seeds[min(seeds)])
+
+    def compared(self, seeds: dict, loss: dict) -> dict:
+        """A member's columns against the baseline: the paired difference over the seeds in
+        common, and the tokens (FLOPs) it needs to reach the baseline's final loss."""
+        paired = stats.paired_difference(loss, self.loss)
+        ratio = stats.matched_loss_ratio(_curves(seeds, self.x), self.curves, self.x)
+        fpt = _flops_per_token(seeds[min(seeds)]) / self.flops_per_token
+        reached = not math.isnan(ratio.mean)
+        return {
+            "diff to baseline [95%]": (
+                f"{paired.diff.text(4)} (seeds {','.join(map(str, paired.seeds))})"
+            ),
+            "p": "" if math.isnan(paired.p) else f"{paired.p:.3g}",
+            "verdict": paired.verdict,
+            "tokens ratio": ratio.text(3)
+            if reached
+            else "none: baseline's final loss not reached (or reached at 0 tokens)",
+            "FLOPs ratio": _scaled(ratio, fpt).text(3) if reached else "",
+        }
+
+
+def _no_comparison(why: str) -> dict:
+    return {
+        "diff to baseline [95%]": why,
+        "p": "",
+        "verdict": "",
+        "tokens ratio": "",
+        "FLOPs ratio": "",
+    }
 
 
 def _scaled(i: stats.Interval, k: float) -> stats.Interval:

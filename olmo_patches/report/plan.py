@@ -326,69 +326,96 @@ def plan_table(
     table = Table(title=f"{spec.run.name}: run plan")
     table.add_column("", no_wrap=True)
     table.add_column("value", justify="right", overflow="fold")
-    # What the run trains: whole steps of the global batch (OLMo-core stops at the step that reaches
-    # max_tokens), beside the budget when it is not a whole number of steps.
+    rows = [
+        *_batch_rows(spec, layout, p),
+        *_machine_rows(spec, layout, p, presets),
+        *_cost_rows(spec, layout, p),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def _batch_rows(spec: ExperimentSpec, layout: Layout, p: RunPlan) -> list[tuple[str, str]]:
+    """The tokens, steps and batches, globally and per rank."""
+    seq = spec.data.sequence_length
+    # What the run trains: whole steps of the global batch (OLMo-core stops at the step that
+    # reaches max_tokens), beside the budget when it is not a whole number of steps.
     trained = p.steps * p.tokens_per_step
     budget = f" (budget {p.tokens:,})" if trained != p.tokens else ""
-    table.add_row(
-        "tokens",
-        f"{p.steps:,} x {p.global_batch_sequences} x {spec.data.sequence_length} = {trained:,}{budget}",
-    )
-    table.add_row("passes over the data", data_passes(spec, p.tokens))
-    table.add_row("steps", f"{p.steps:,}")
-    table.add_row("warmup steps", f"{p.warmup_steps:,}")
-    table.add_row(
-        "global batch",
-        f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens",
-    )
     per_rank = p.global_batch_sequences // layout.world_size
-    table.add_row(
-        "ranks",
-        f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}",
-    )
-    table.add_row(
-        "per-rank batch",
-        f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches",
-    )
+    data_parallel = spec.train.data_parallel if layout.world_size > 1 else "none"
+    rows = [
+        ("tokens", f"{p.steps:,} x {p.global_batch_sequences} x {seq} = {trained:,}{budget}"),
+        ("passes over the data", data_passes(spec, p.tokens)),
+        ("steps", f"{p.steps:,}"),
+        ("warmup steps", f"{p.warmup_steps:,}"),
+        ("global batch", f"{p.global_batch_sequences} x {seq} = {p.tokens_per_step:,} tokens"),
+        ("ranks", f"{layout}, data parallel {data_parallel}"),
+        (
+            "per-rank batch",
+            f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches",
+        ),
+    ]
     if (row := shard_row(spec, layout)) is not None:
-        table.add_row(*row)
+        rows.append(row)
+    return rows
+
+
+def _machine_rows(
+    spec: ExperimentSpec, layout: Layout, p: RunPlan, presets: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """What this machine and the launch decided, and the presets that apply."""
     device = device_for(spec)
-    table.add_row(
-        f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences"
-    )
-    resolved = getattr(
-        spec, "resolved", {}
-    )  # launch.layout.resolve: what the machine and the ranks decided
-    table.add_row(
-        f"resolved at launch ({device}, {layout.world_size} ranks)",
-        ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)",
-    )
-    for label, value in presets:
-        table.add_row(label, value)
-    for label, value in device_rows(spec, layout.world_size):
-        table.add_row(label, value)
-    table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
-    table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
+    # launch.layout.resolve: what the machine and the ranks decided
+    resolved = getattr(spec, "resolved", {})
+    return [
+        (
+            f"micro-batch per process, this machine ({device})",
+            f"{p.micro_batch_sequences} sequences",
+        ),
+        (
+            f"resolved at launch ({device}, {layout.world_size} ranks)",
+            ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)",
+        ),
+        *presets,
+        *device_rows(spec, layout.world_size),
+        (f"data loader workers per rank ({device} here)", str(data_workers(spec, device))),
+    ]
+
+
+def _cost_rows(spec: ExperimentSpec, layout: Layout, p: RunPlan) -> list[tuple[str, str]]:
+    """FLOPs, KV cache, GPU-hours, checkpoint disk, the SLURM signal lead and the data files."""
+    rows = [("FLOPs per token (train)", f"{p.flops_per_token:,}")]
     if spec.train.float8 != "off":
         label, value = float8_row(spec)
-        table.add_row(
-            label, _with_sibling(spec, value) if "kept high precision" in value else value
+        rows.append(
+            (label, _with_sibling(spec, value) if "kept high precision" in value else value)
         )
-    table.add_row("total FLOPs", f"{p.total_flops:.3e}")
-    table.add_row(
-        f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)",
-        f"{p.kv_cache_per_token * 2 * spec.data.sequence_length / 2**20:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)",
+    rows.append(("total FLOPs", f"{p.total_flops:.3e}"))
+    seq = spec.data.sequence_length
+    kv_mib = p.kv_cache_per_token * 2 * seq / 2**20
+    rows.append(
+        (
+            f"KV cache per sequence (bf16, {seq} tokens)",
+            f"{kv_mib:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)",
+        )
     )
     for card in CARDS.values():
         assert card.bf16_flops is not None
-        label = f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})"
-        table.add_row(label, f"{p.gpu_hours(card.bf16_flops):,.1f}")
+        label = (
+            f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
+            f"MFU {ASSUMED_MFU:.0%})"
+        )
+        rows.append((label, f"{p.gpu_hours(card.bf16_flops):,.1f}"))
     n, size = checkpoint_disk(spec, p)
-    table.add_row(
-        "checkpoint disk at the end",
-        f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x {CHECKPOINT_BYTES_PER_PARAM} bytes)",
+    rows.append(
+        (
+            "checkpoint disk at the end",
+            f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x "
+            f"{CHECKPOINT_BYTES_PER_PARAM} bytes)",
+        )
     )
-    table.add_row("SLURM signal lead (scripts/launch_slurm.sbatch)", signal_lead(spec, layout)[1])
-    for i, f in enumerate(p.first_files):
-        table.add_row(f"data file {i + 1}", f)
-    return table
+    rows.append(("SLURM signal lead (scripts/launch_slurm.sbatch)", signal_lead(spec, layout)[1]))
+    rows.extend((f"data file {i + 1}", f) for i, f in enumerate(p.first_files))
+    return rows
