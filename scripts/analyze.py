@@ -75,7 +75,7 @@ def _check_before_torch(args) -> None:
             refuse_alike(f"analyze: config error: {e}")
 
 
-def main() -> None:
+def _parser() -> ArgumentParser:
     parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -102,6 +102,12 @@ def main() -> None:
         help="a raw numpy token file for the batch (default: the run's validation data)",
     )
     parser.add_argument("--dtype", default="uint32", help="with --tokens: its numpy dtype")
+    _convention_args(parser)
+    return parser
+
+
+def _convention_args(parser: ArgumentParser) -> None:
+    """The conventions where the metrics' definitions differ (the module docstring)."""
     parser.add_argument(
         "--threshold",
         type=at_least(0, float),
@@ -124,7 +130,32 @@ def main() -> None:
         default="layer",
         help="entropy over ln min(N - 1, w_l) (layer) or ln h (fixed)",
     )
-    args = parser.parse_args()
+
+
+def _batch(args, checkpoint: str, spec):
+    """The checkpoint's validation batch: --tokens, else its run's local validation file."""
+    from olmo_patches.report.analysis import validation_batch
+    from olmo_patches.train.sources import resolve_data
+
+    seq = args.seq or min(spec.data.sequence_length, 512)
+    if args.tokens is not None:
+        source, dtype = args.tokens, args.dtype
+    else:
+        data = resolve_data(spec)
+        if not data.val_paths or not Path(data.val_paths[0]).is_file():
+            refuse(
+                f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation "
+                "file; pass --tokens FILE --dtype"
+            )
+        source, dtype = data.val_paths[0], data.dtype or "uint32"
+    try:
+        return validation_batch(source, dtype, args.batch, seq), seq
+    except ValueError as e:
+        refuse(f"analyze: command line: --batch/--seq: {e}")
+
+
+def main() -> None:
+    args = _parser().parse_args()
     _check_before_torch(args)
     pooling = "per_prompt" if args.per_prompt else "pooled"
     conventions = Conventions(
@@ -135,9 +166,8 @@ def main() -> None:
         analyze_model,
         checkpoint_spec,
         load_checkpoint_model,
+        write_json,
     )
-    from olmo_patches.report.analysis import validation_batch, write_json
-    from olmo_patches.train.sources import resolve_data
 
     found = []  # every checkpoint against its config, before any model loads
     for checkpoint in args.checkpoints:
@@ -148,34 +178,21 @@ def main() -> None:
     analyses = []
     for i, (checkpoint, (spec, path)) in enumerate(zip(args.checkpoints, found)):
         model = load_checkpoint_model(spec, path)
-        seq = args.seq or min(spec.data.sequence_length, 512)
-        if args.tokens is not None:
-            source, dtype = args.tokens, args.dtype
-        else:
-            data = resolve_data(spec)
-            if not data.val_paths or not Path(data.val_paths[0]).is_file():
-                refuse(
-                    f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation file; pass --tokens FILE --dtype"
-                )
-            source, dtype = data.val_paths[0], data.dtype or "uint32"
-        try:
-            tokens = validation_batch(source, dtype, args.batch, seq)
-        except ValueError as e:
-            refuse(f"analyze: command line: --batch/--seq: {e}")
+        tokens, seq = _batch(args, checkpoint, spec)
         name = args.names[i] if args.names else spec.run.name
-        block = spec.model.block
         a = analyze_model(
             model,
             tokens,
             name=name,
             checkpoint=str(path),
-            block=block,
+            block=spec.model.block,
             threshold=args.threshold,
             conventions=conventions,
         )
         analyses.append(a)
         print(
-            f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, p(next token) {a.final_target_probability:.4f}"
+            f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, "
+            f"p(next token) {a.final_target_probability:.4f}"
         )
     print(write_json(analyses, args.out / "analysis.json"))
     print(

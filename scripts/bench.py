@@ -47,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch", type=at_least(1), default=None, help="sequences per step (default: the scale's)"
     )
+    _timing_args(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the table"
+    )
+    return parser
+
+
+def _timing_args(parser: ArgumentParser) -> None:
+    """How each variant is timed: repeats, steps, precision, threads, optimizer, float8."""
     parser.add_argument(
         "--repeats", type=at_least(1), default=10, help="interleaved repeats (median)"
     )
@@ -79,12 +88,9 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         const="tensorwise",
         default=None,
-        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)",
+        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated "
+        "without float8 matmuls)",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object instead of the table"
-    )
-    return parser
 
 
 def main() -> None:

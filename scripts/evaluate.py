@@ -65,8 +65,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--config",
-        help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)",
+        help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer "
+        "and data)",
     )
+    _data_args(parser)
+    _output_args(parser)
+    return parser
+
+
+def _data_args(parser: ArgumentParser) -> None:
+    """What the model is evaluated on, and how."""
     parser.add_argument(
         "--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)"
     )
@@ -97,20 +105,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)"
     )
+
+
+def _output_args(parser: ArgumentParser) -> None:
+    """Where the metrics go."""
     parser.add_argument(
         "--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)"
     )
     parser.add_argument(
         "--out",
         metavar="FILE.json|FILE.jsonl|FOLDER",
-        help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
+        help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the "
+        "run's metrics.jsonl)",
     )
     parser.add_argument(
         "--force",
         action="store_true",
         help="--out: replace another run's FILE.json, or append to another run's metrics",
     )
-    return parser
 
 
 def _config_path(args) -> Optional[Path]:

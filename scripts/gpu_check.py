@@ -139,6 +139,47 @@ def _checked_sections(args: argparse.Namespace) -> list:
     return only
 
 
+def _install_section(wheelhouse: Path, ok: bool, detail: str, seconds: float, scale: float):
+    """The offline install as a section of its own, judged against its budget."""
+    from tests.gpu.table import INSTALL_ESTIMATE_S, Row, Section, budget
+
+    limit = budget(INSTALL_ESTIMATE_S) * scale
+    section = Section(
+        "", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True
+    )
+    result = "pass" if ok and seconds <= limit else "FAIL"
+    command = f"pip install --no-index --no-deps --find-links {wheelhouse}"
+    section.rows.append(
+        Row("offline install", "", command, f"{seconds:.1f} s", f"<= {limit:.0f} s", result, detail)
+    )
+    return section
+
+
+def _run_sections(args: argparse.Namespace, plugin, sections: dict) -> None:
+    """pytest over the sections' files with only this run's plugin; exit 1 if a row fails."""
+    import pytest
+
+    if not args.rehearse:
+        # inductor's kernel cache kept for a second try, compiled by a pool of workers
+        # (tests/conftest.py)
+        os.environ.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor")
+        )
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
+    # only this run's plugin: nothing the node happens to hold
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    files = [str(REPO / "tests" / "gpu" / f) for f in sections]
+    code = pytest.main(
+        ["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files],
+        plugins=[plugin],
+    )
+    plugin.write()
+    print((args.out / "gpu_check.md").read_text())
+    if plugin.failed or code not in (0, 5):
+        print("gpu_check: FAIL rows above", file=sys.stderr)
+        sys.exit(1)
+
+
 def main() -> None:
     args = _parser().parse_args()
     only = _checked_sections(args)
@@ -148,17 +189,10 @@ def main() -> None:
         ok, detail = install(args.wheelhouse)
         seconds = time.perf_counter() - start
     sys.path.insert(0, str(REPO))  # this checkout's tests/ and olmo_patches/
-    from tests.gpu.table import (
-        INSTALL_ESTIMATE_S,
-        SECTIONS,
-        Row,
-        Section,
-        Table,
-        budget,
-        dependency_section,
-    )
+    from tests.gpu.table import SECTIONS, Table, dependency_section
 
-    import torch  # the node's own: after the install, as torch looks for numpy once, when it is imported
+    # the node's own torch: after the install, as torch looks for numpy once, when it is imported
+    import torch
 
     if not args.rehearse and not torch.cuda.is_available():
         print(
@@ -169,24 +203,7 @@ def main() -> None:
     cuda = not args.rehearse
     extra = []
     if args.wheelhouse is not None:
-        limit = budget(INSTALL_ESTIMATE_S) * args.budget_scale
-        section = Section(
-            "", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True
-        )
-        result = "pass" if ok and seconds <= limit else "FAIL"
-        command = f"pip install --no-index --no-deps --find-links {args.wheelhouse}"
-        section.rows.append(
-            Row(
-                "offline install",
-                "",
-                command,
-                f"{seconds:.1f} s",
-                f"<= {limit:.0f} s",
-                result,
-                detail,
-            )
-        )
-        extra.append(section)
+        extra.append(_install_section(args.wheelhouse, ok, detail, seconds, args.budget_scale))
     allowed = frozenset(args.allow_missing)
     hopper = cuda and torch.cuda.get_device_capability(0)[0] == 9
     extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper))
@@ -198,7 +215,7 @@ def main() -> None:
         device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra)
     )
     try:
-        import pytest
+        import pytest  # noqa: F401 (the sections' runner: its absence is reported here)
 
         from tests.gpu.plugin import GpuCheck
     except ImportError as e:  # a failed install: the table still says what is there
@@ -214,24 +231,7 @@ def main() -> None:
         **table,
     )
     plugin.write()
-    if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
-        os.environ.setdefault(
-            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor")
-        )
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = (
-        "1"  # only this run's plugin: nothing the node happens to hold
-    )
-    files = [str(REPO / "tests" / "gpu" / f) for f in sections]
-    code = pytest.main(
-        ["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files],
-        plugins=[plugin],
-    )
-    plugin.write()
-    print((args.out / "gpu_check.md").read_text())
-    if plugin.failed or code not in (0, 5):
-        print("gpu_check: FAIL rows above", file=sys.stderr)
-        sys.exit(1)
+    _run_sections(args, plugin, sections)
 
 
 if __name__ == "__main__":
