@@ -1,4 +1,5 @@
-"""Per-layer analyses of checkpoints on a validation batch (paper 2's Figures 5-9), variants overlaid.
+"""Per-layer analyses of checkpoints on a validation batch (paper 2's Figures 5-9), variants
+overlaid.
 
     python scripts/analyze.py CHECKPOINT [CHECKPOINT ...] --out DIR [--batch 8] [--seq 128]
                               [--tokens FILE --dtype uint32] [--names a b ...] [--threshold 0.01]
@@ -20,8 +21,8 @@ h of every layer (fixed). The analysis module's docstring gives the reasons for 
 analysis.json records the conventions used.
 
 --out is a new or empty folder, or one holding only an earlier analysis (analysis.json and
-analysis.png, replaced); a folder with anything else is written into only with --force. What needs no
-model (the arguments, --out, each checkpoint's folder and config.yaml) is checked before torch is
+analysis.png, replaced); a folder with anything else is written into only with --force. What needs
+no model (the arguments, --out, each checkpoint's folder and config.yaml) is checked before torch is
 imported, and every checkpoint's weights against its config's model (their shapes, from its
 metadata) before any model loads.
 """
@@ -41,7 +42,8 @@ def _check_before_torch(args) -> None:
     one line, exit 2, before torch is imported."""
     if args.names and len(args.names) != len(args.checkpoints):
         refuse_alike(
-            f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints"
+            f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} "
+            "checkpoints"
         )
     if args.tokens is not None and not args.tokens.is_file():
         refuse_alike(f"analyze: command line: --tokens={args.tokens}: no such file")
@@ -52,13 +54,15 @@ def _check_before_torch(args) -> None:
         and (others := sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS))
     ):
         refuse_alike(
-            f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to write into it"
+            f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to "
+            "write into it"
         )
     for checkpoint in args.checkpoints:
         path = Path(checkpoint)
         if not path.is_dir():
             refuse_alike(
-                f"analyze: command line: CHECKPOINT={checkpoint}: {'not a folder' if path.exists() else 'no such folder'}"
+                f"analyze: command line: CHECKPOINT={checkpoint}: "
+                f"{'not a folder' if path.exists() else 'no such folder'}"
             )
         config = (
             path / "config.yaml"
@@ -67,7 +71,8 @@ def _check_before_torch(args) -> None:
         )
         if not config.is_file():
             refuse_alike(
-                f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it ({config})"
+                f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it "
+                f"({config})"
             )
         try:
             load_spec(config, ["train.hardware=none", "train.device=cpu"])

@@ -8,7 +8,8 @@
 
 Without --paths-file the pinned list data_order/olmo2-1b-stage1.txt is used (and its
 sha256 checked). --base reads the files from a mirror: the same relative paths under a local
-folder or URL instead of http://olmo-data.org; manifests and prefixes stay mirror-independent. Errors are one line on stderr and a non-zero exit.
+folder or URL instead of http://olmo-data.org; manifests and prefixes stay mirror-independent.
+Errors are one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ def check_paths(args: argparse.Namespace) -> None:
             Path(path).is_dir() or not Path(path).exists()
         ):  # /dev/null is a file to read
             refuse(
-                f"data_order.py {args.command}: {name} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
+                f"data_order.py {args.command}: {name} {path}: "
+                f"{'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
             )
     if getattr(args, "paths_file", None) is not None:
         try:

@@ -1,19 +1,23 @@
-"""The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section printed
-up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it comes
-(tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every shipped head
-dim, compile per block family, resume exactness on the demo corpus, the hourglass FFN against a SwiGLU of
-equal FLOPs (bf16 and float8), trainer tokens/s and MFU (information) and peak reserved memory against the
-estimate for 113M and 1B, float8 / bf16 in the trainer (docs/gpu_checks.md: the command and what each judges).
-Every dependency (torchao, flash-attn 2 and 3, Liger, grouped_gemm) is a row first: its version, or missing
-and what ran instead; missing and needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
+"""The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section
+printed up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it
+comes (tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every
+shipped head dim, compile per block family, resume exactness on the demo corpus, the hourglass FFN
+against a SwiGLU of equal FLOPs (bf16 and float8), trainer tokens/s and MFU (information) and peak
+reserved memory against the estimate for 113M and 1B, float8 / bf16 in the trainer
+(docs/gpu_checks.md: the command and what each judges). Every dependency (torchao, flash-attn 2 and
+3, Liger, grouped_gemm) is a row first: its version, or missing and what ran instead; missing and
+needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
 
-    python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/   # a node with a CUDA torch and nothing else
-    python scripts/gpu_check.py --out gpu_check/                             # the project installed already
-    python scripts/gpu_check.py --rehearse --out /tmp/gc                     # every section on CPU at toy sizes
+    # a node with a CUDA torch and nothing else
+    python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/
+    # the project installed already
+    python scripts/gpu_check.py --out gpu_check/
+    # every section on CPU at toy sizes
+    python scripts/gpu_check.py --rehearse --out /tmp/gc
 
---wheelhouse FOLDER (make wheelhouse) first installs the project and what the run imports from FOLDER with
-pip --no-index --no-deps, keeping the node's torch (a section of its own, with its budget); a failed install
-still writes the table. Exit 1 if a row fails.
+--wheelhouse FOLDER (make wheelhouse) first installs the project and what the run imports from
+FOLDER with pip --no-index --no-deps, keeping the node's torch (a section of its own, with its
+budget); a failed install still writes the table. Exit 1 if a row fails.
 """
 
 import argparse
@@ -37,14 +41,15 @@ DEPENDENCY_NAMES = (
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
-    """pip install --no-index --no-deps of the wheelhouse's requirements.txt (what the acceptance run
-    imports, make wheelhouse) and the project's wheel; the node's torch and its stack stay."""
+    """pip install --no-index --no-deps of the wheelhouse's requirements.txt (what the acceptance
+    run imports, make wheelhouse) and the project's wheel; the node's torch and its stack stay."""
     project = sorted(wheelhouse.glob("hourglass_olmo-*.whl"))
     listed = wheelhouse / "requirements.txt"
     if not project or not listed.is_file():
         return (
             False,
-            f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes both)",
+            f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes "
+            "both)",
         )
     cmd = [
         sys.executable,
@@ -98,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"a dependency that may be missing: its checks become SKIP rows, not FAILs ({', '.join(DEPENDENCY_NAMES)})",
+        help="a dependency that may be missing: its checks become SKIP rows, not FAILs "
+        f"({', '.join(DEPENDENCY_NAMES)})",
     )
     parser.add_argument(
         "--budget-scale",
@@ -119,13 +125,15 @@ def _checked_sections(args: argparse.Namespace) -> list:
         sys.exit(2)
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
         print(
-            f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes one)",
+            f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes "
+            "one)",
             file=sys.stderr,
         )
         sys.exit(2)
     if unknown := set(args.allow_missing) - set(DEPENDENCY_NAMES):
         print(
-            f"command line: --allow-missing {sorted(unknown)[0]}: one of {', '.join(DEPENDENCY_NAMES)}",
+            f"command line: --allow-missing {sorted(unknown)[0]}: one of "
+            f"{', '.join(DEPENDENCY_NAMES)}",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -1,8 +1,8 @@
 """Hourglass shapes matched to a parameter budget: solve, rank, print, optionally write configs.
 
-    python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30] [--write DIR]
-                                    [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4] [--aligned]
-                                    [--attention 45M] [--heads8]
+    python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30]
+                             [--write DIR] [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4]
+                             [--aligned] [--attention 45M] [--heads8]
 
 BUDGET is a baseline config (its non-embedding parameters, paper definition) or a count
 (113246208, 113.2M). Without --layers every L whose solved d_model/L lies in 50..300 is tried.
@@ -11,10 +11,11 @@ grow with K). --write DIR writes one YAML per shape, extending the baseline conf
 then be a config), each saying that it was generated and by which command. --attn-fraction frees the
 attention width (n_heads x --head-dim near that fraction of d_model, the authors' revised shapes);
 --kv-group G makes every G query heads share a key/value head (GQA). --aligned keeps the shapes GPU
-matmuls like (d_model % 8, d_h % 64, head dims % 8) within the authors' 0.3% instead of the paper's 0.001%.
---attention N solves for the paper's reported attention/FFN split instead of a d_h/d_model (with --K and
---layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --heads8 keeps only head dims that are
-multiples of 8 (d_model % 8). Both default to the authors' tightest tolerance, 0.04%.
+matmuls like (d_model % 8, d_h % 64, head dims % 8) within the authors' 0.3% instead of the paper's
+0.001%. --attention N solves for the paper's reported attention/FFN split instead of a d_h/d_model
+(with --K and --layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --heads8 keeps
+only head dims that are multiples of 8 (d_model % 8). Both default to the authors' tightest
+tolerance, 0.04%.
 """
 
 import argparse

@@ -1,7 +1,8 @@
 """Tokenize text into OLMo-core token files (docs/your_data.md).
 
     python scripts/tokenize_data.py INPUT... --out DIR --config CONFIG [--set key=value ...]
-    python scripts/tokenize_data.py INPUT... --out DIR --tokenizer tokenizer.json [--eos TOKEN] [--bos TOKEN]
+    python scripts/tokenize_data.py INPUT... --out DIR --tokenizer tokenizer.json
+                                    [--eos TOKEN] [--bos TOKEN]
 
 INPUT: .jsonl / .jsonl.gz files (one JSON object a line, the text in --text-field), .parquet files
 (the --text-field column), a Hugging Face datasets folder (save_to_disk; needs the datasets
@@ -105,8 +106,7 @@ def _output_args(parser: ArgumentParser) -> None:
 
 
 def _tokenizer_and_inputs(args) -> tuple:
-    """(the tokenizer, its name, the inputs), checked before anything is written: one line,
-    exit 2."""
+    """(tokenizer, its name, inputs), checked before anything is written: one line, exit 2."""
     if args.config:
         file, name, expected = config_tokenizer(args)
     else:

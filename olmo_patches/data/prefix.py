@@ -226,7 +226,8 @@ def _open_index(out_dir: Path, spec: PrefixSpec) -> dict[str, Any]:
     elif index["spec"] != spec_json:
         changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
         raise DataOrderError(
-            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory"
+            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new "
+            "directory"
         )
     return index
 
@@ -300,7 +301,8 @@ def verify_prefix(
             problems.append(f"{name}: missing")
         elif path.stat().st_size != (stop - start) * spec.seq_len * TOKEN_BYTES:
             problems.append(
-                f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}"
+                f"{name}: {path.stat().st_size} bytes, expected "
+                f"{(stop - start) * spec.seq_len * TOKEN_BYTES}"
             )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from index.json")

@@ -103,7 +103,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# ---- inputs ---------------------------------------------------------------------------------------
+# ---- inputs --------------------------------------------------------------------------------------
 
 
 def _kind(path: Path) -> str:
@@ -153,8 +153,7 @@ def _utf8(raw: bytes, where: str) -> str:
 
 
 def iter_texts(path: str, kind: str, field: str) -> Iterator[str]:
-    """The documents of one input, in order; a bad one raises :class:`InputError` naming file
-    and line."""
+    """The documents of one input, in order; a bad one: :class:`InputError` naming file and line."""
     reader = {
         "jsonl": _jsonl_texts,
         "jsonl.gz": _jsonl_texts,
@@ -261,7 +260,7 @@ def _documents(inputs: Sequence[Tuple[str, str]], field: str, skip: int) -> Iter
             n += 1
 
 
-# ---- workers --------------------------------------------------------------------------------------
+# ---- workers -------------------------------------------------------------------------------------
 
 _worker: dict = {}
 
@@ -292,7 +291,7 @@ def _encode(texts: List[str]) -> Tuple[np.ndarray, np.ndarray]:
     return out, lengths
 
 
-# ---- shards ---------------------------------------------------------------------------------------
+# ---- shards --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -571,7 +570,10 @@ def other_tokenizer(
         (got["vocab_size"], got["eos_token_id"], got.get("bos_token_id")),
     )
     if mine != theirs:
-        return f"tokenized with {got.get('name')} ({_ids(*theirs)}), not the config's {name} ({_ids(*mine)})"
+        return (
+            f"tokenized with {got.get('name')} ({_ids(*theirs)}), "
+            f"not the config's {name} ({_ids(*mine)})"
+        )
     if manifest["dtype"] != dtype_for(vocab_size).name:
         return f"dtype {manifest['dtype']}, the vocabulary's is {dtype_for(vocab_size).name}"
     if (

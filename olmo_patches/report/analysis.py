@@ -267,9 +267,9 @@ def validation_batch(
 
 def checkpoint_spec(checkpoint: str | Path):
     """(spec, step folder) of a checkpoint (RUN/stepN) or a run folder (its latest complete
-    checkpoint), the spec from the run folder's config.yaml, whose model the checkpoint's weights must
-    fit (their shapes, from its metadata). Raises ValueError (a ConfigError for a misfit) naming what
-    is missing or differs."""
+    checkpoint), the spec from the run folder's config.yaml, whose model the checkpoint's weights
+    must fit (their shapes, from its metadata). Raises ValueError (a ConfigError for a misfit)
+    naming what is missing or differs."""
     from ..config import load_spec
     from ..train.checkpoints import latest_complete
     from ..train.contract import check_checkpoint_fits

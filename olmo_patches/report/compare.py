@@ -1,4 +1,5 @@
-"""A sweep's members compared over seeds: is a gap real (report/stats.py), and at which learning rate.
+"""A sweep's members compared over seeds: is a gap real (report/stats.py), and at which learning
+rate.
 
 A member is one config of the sweep (its ``run.name``, the group of its runs); its runs are its seed
 offsets at each LR scale (launch/sweep.py :class:`~olmo_patches.launch.sweep.Variants`). Tables:
@@ -46,8 +47,8 @@ def check_seed_folders(members: Sequence[Member]) -> None:
 
 
 def val_curve(run: Run) -> Tuple[np.ndarray, np.ndarray]:
-    """(tokens, validation loss) at each evaluation: the mean over the paper's validation sets, or over
-    the sets evaluated where none of them were (as ``Run.val_loss``)."""
+    """(tokens, validation loss) at each evaluation: the mean over the paper's validation sets, or
+    over the sets evaluated where none of them were (as ``Run.val_loss``)."""
     per_token = run.config["train"]["global_batch_size"] * run.config["data"]["sequence_length"]
     tokens, losses = [], []
     for step in sorted(run.metrics):
@@ -220,7 +221,7 @@ def comparison_tables(
     baseline: str,
     use_best_lr: bool,
 ) -> Dict[str, List[dict]]:
-    """``comparison``, ``noise_floor`` and ``lr_sweep`` (empty where the sweep has nothing for them)."""
+    """``comparison``, ``noise_floor`` and ``lr_sweep`` (empty where the sweep has none)."""
     grouped = _by_member(members, runs)
     rows, floor = comparison_rows(members, grouped, baseline, use_best_lr)
     noise = []
@@ -242,19 +243,24 @@ def comparison_tables(
 
 def comparison_notes(variants: Variants, baseline: str, use_best_lr: bool) -> str:
     """What the comparison tables assume, for the report beside them."""
+    lr = (
+        "each member at its own best LR of the grid"
+        if use_best_lr
+        else "each config its own train.lr"
+    )
     return (
         f"# Comparison over seeds\n\n"
         f"- Runs: {variants.describe()}.\n"
-        f"- Baseline: {baseline}. LR: {'each member at its own best LR of the grid' if use_best_lr else 'each config its own train.lr'}.\n"
-        f"- val loss: final validation loss, mean over seeds with a Student-t {stats.LEVEL:.0%} interval "
-        f"(normal, independent seeds); PPL: exp of the loss's interval.\n"
+        f"- Baseline: {baseline}. LR: {lr}.\n"
+        f"- val loss: final validation loss, mean over seeds with a Student-t {stats.LEVEL:.0%} "
+        "interval (normal, independent seeds); PPL: exp of the loss's interval.\n"
         f"- diff to baseline: member - baseline paired by seed offset (same init and data order), "
         f"paired t-interval; 'distinguishable' when it excludes 0 (p < {1 - stats.LEVEL:.2f}). "
         f"'not distinguishable' is not 'equal': the interval bounds the gap the seeds can hide.\n"
         f"- noise floor: |gap| between the baseline's own seeds, every pair.\n"
-        f"- tokens / FLOPs ratio: tokens (FLOPs) a member's mean validation curve needs to reach the "
-        f"baseline's mean final loss, over the baseline's; paired percentile bootstrap over seeds "
-        f"(rough with few seeds).\n"
+        "- tokens / FLOPs ratio: tokens (FLOPs) a member's mean validation curve needs to reach "
+        "the baseline's mean final loss, over the baseline's; paired percentile bootstrap over "
+        "seeds (rough with few seeds).\n"
         f"- See docs/statistics.md.\n"
     )
 
