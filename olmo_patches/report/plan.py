@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-# model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at
+# Model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at
 # 0.1-1B, bf16, FSDP)
 ASSUMED_MFU = 0.40
 # Checkpoint write rate for the signal lead when the run has not measured its own
