@@ -34,7 +34,12 @@ from olmo_patches.data.order import (  # noqa: E402
     rebase,
     write_global_indices,
 )
-from olmo_patches.data.prefix import PrefixSpec, instances_for_tokens, materialize, verify_prefix  # noqa: E402
+from olmo_patches.data.prefix import (  # noqa: E402
+    PrefixSpec,
+    instances_for_tokens,
+    materialize,
+    verify_prefix,
+)
 from olmo_patches.data.remote import (
     RangeReader,
     RetryPolicy,

@@ -104,9 +104,10 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
     built = m.build(vocab_size=vocab)
     kwargs: dict = {}
     if isinstance(built, VariableWidthTransformerConfig):
+        blocks = built.resolved_block_configs
         kwargs = dict(
             widths=list(built.widths),
-            hidden_sizes=[b.feed_forward.hidden_size for b in built.resolved_block_configs],  # type: ignore[union-attr]
+            hidden_sizes=[b.feed_forward.hidden_size for b in blocks],  # type: ignore[union-attr]
             resize=str(built.resize),
         )
         if built.mup is not None:

@@ -112,7 +112,8 @@ def matrix_entropy(
         p = p[p > 0]
         H = float(-(p * p.log()).sum())
         N, d = M.shape
-        most = math.log(h) if normaliser == "fixed" else math.log(min(N - 1 if centre else N, d))  # type: ignore[arg-type]
+        n = N - 1 if centre else N
+        most = math.log(h if normaliser == "fixed" else min(n, d))  # type: ignore[arg-type]
         Hs.append(H)
         normed.append(H / most if most > 0 else 0.0)
     return sum(Hs) / len(Hs), sum(normed) / len(normed)
