@@ -289,15 +289,6 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
     m, d = spec.model, spec.data
     counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
     shape = _architecture(spec, vocab)
-    step = _step(checkpoint)
-    tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
-    source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
-    steps = (
-        f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens "
-        f"({tokens:,} tokens)"
-        if step is not None
-        else "unknown steps"
-    )
     load, serve = _how_to_load(kind)
     what = (
         "transformers Olmo2ForCausalLM"
@@ -323,8 +314,7 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
             "",
             "## Training",
             "",
-            f"- data: {source}; sequence length {d.sequence_length}",
-            f"- {steps}, checkpoint `{checkpoint.name}`",
+            *_training(spec, checkpoint),
             "",
             "## How to load",
             "",
@@ -344,6 +334,24 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
             "",
         ]
     )
+
+
+def _training(spec: ExperimentSpec, checkpoint: Path) -> list[str]:
+    """The model card's training lines: the data and the steps up to the checkpoint."""
+    d = spec.data
+    step = _step(checkpoint)
+    tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
+    source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
+    steps = (
+        f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens "
+        f"({tokens:,} tokens)"
+        if step is not None
+        else "unknown steps"
+    )
+    return [
+        f"- data: {source}; sequence length {d.sequence_length}",
+        f"- {steps}, checkpoint `{checkpoint.name}`",
+    ]
 
 
 def _exportable(config_path: Path) -> ExperimentSpec:
