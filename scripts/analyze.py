@@ -1,4 +1,5 @@
-"""Per-layer analyses of checkpoints on a validation batch (paper 2's Figures 5-9), variants overlaid.
+"""Per-layer analyses of checkpoints on a validation batch (paper 2's Figures 5-9), variants
+overlaid.
 
     python scripts/analyze.py CHECKPOINT [CHECKPOINT ...] --out DIR [--batch 8] [--seq 128]
                               [--tokens FILE --dtype uint32] [--names a b ...] [--threshold 0.01]
@@ -20,8 +21,8 @@ h of every layer (fixed). The analysis module's docstring gives the reasons for 
 analysis.json records the conventions used.
 
 --out is a new or empty folder, or one holding only an earlier analysis (analysis.json and
-analysis.png, replaced); a folder with anything else is written into only with --force. What needs no
-model (the arguments, --out, each checkpoint's folder and config.yaml) is checked before torch is
+analysis.png, replaced); a folder with anything else is written into only with --force. What needs
+no model (the arguments, --out, each checkpoint's folder and config.yaml) is checked before torch is
 imported, and every checkpoint's weights against its config's model (their shapes, from its
 metadata) before any model loads.
 """
@@ -41,7 +42,8 @@ def _check_before_torch(args) -> None:
     one line, exit 2, before torch is imported."""
     if args.names and len(args.names) != len(args.checkpoints):
         refuse_alike(
-            f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} checkpoints"
+            f"analyze: command line: --names: {len(args.names)} names for {len(args.checkpoints)} "
+            "checkpoints"
         )
     if args.tokens is not None and not args.tokens.is_file():
         refuse_alike(f"analyze: command line: --tokens={args.tokens}: no such file")
@@ -52,13 +54,15 @@ def _check_before_torch(args) -> None:
         and (others := sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS))
     ):
         refuse_alike(
-            f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to write into it"
+            f"analyze: command line: --out {out}: holds other files ({others[0]}, ...); --force to "
+            "write into it"
         )
     for checkpoint in args.checkpoints:
         path = Path(checkpoint)
         if not path.is_dir():
             refuse_alike(
-                f"analyze: command line: CHECKPOINT={checkpoint}: {'not a folder' if path.exists() else 'no such folder'}"
+                f"analyze: command line: CHECKPOINT={checkpoint}: "
+                f"{'not a folder' if path.exists() else 'no such folder'}"
             )
         config = (
             path / "config.yaml"
@@ -67,7 +71,8 @@ def _check_before_torch(args) -> None:
         )
         if not config.is_file():
             refuse_alike(
-                f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it ({config})"
+                f"analyze: command line: CHECKPOINT={checkpoint}: no config.yaml beside it "
+                f"({config})"
             )
         try:
             load_spec(config, ["train.hardware=none", "train.device=cpu"])
@@ -75,7 +80,7 @@ def _check_before_torch(args) -> None:
             refuse_alike(f"analyze: config error: {e}")
 
 
-def main() -> None:
+def _parser() -> ArgumentParser:
     parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -102,6 +107,12 @@ def main() -> None:
         help="a raw numpy token file for the batch (default: the run's validation data)",
     )
     parser.add_argument("--dtype", default="uint32", help="with --tokens: its numpy dtype")
+    _convention_args(parser)
+    return parser
+
+
+def _convention_args(parser: ArgumentParser) -> None:
+    """The conventions where the metrics' definitions differ (the module docstring)."""
     parser.add_argument(
         "--threshold",
         type=at_least(0, float),
@@ -124,7 +135,32 @@ def main() -> None:
         default="layer",
         help="entropy over ln min(N - 1, w_l) (layer) or ln h (fixed)",
     )
-    args = parser.parse_args()
+
+
+def _batch(args, checkpoint: str, spec):
+    """The checkpoint's validation batch: --tokens, else its run's local validation file."""
+    from olmo_patches.report.analysis import validation_batch
+    from olmo_patches.train.sources import resolve_data
+
+    seq = args.seq or min(spec.data.sequence_length, 512)
+    if args.tokens is not None:
+        source, dtype = args.tokens, args.dtype
+    else:
+        data = resolve_data(spec)
+        if not data.val_paths or not Path(data.val_paths[0]).is_file():
+            refuse(
+                f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation "
+                "file; pass --tokens FILE --dtype"
+            )
+        source, dtype = data.val_paths[0], data.dtype or "uint32"
+    try:
+        return validation_batch(source, dtype, args.batch, seq), seq
+    except ValueError as e:
+        refuse(f"analyze: command line: --batch/--seq: {e}")
+
+
+def main() -> None:
+    args = _parser().parse_args()
     _check_before_torch(args)
     pooling = "per_prompt" if args.per_prompt else "pooled"
     conventions = Conventions(
@@ -135,9 +171,8 @@ def main() -> None:
         analyze_model,
         checkpoint_spec,
         load_checkpoint_model,
+        write_json,
     )
-    from olmo_patches.report.analysis import validation_batch, write_json
-    from olmo_patches.train.sources import resolve_data
 
     found = []  # every checkpoint against its config, before any model loads
     for checkpoint in args.checkpoints:
@@ -148,34 +183,21 @@ def main() -> None:
     analyses = []
     for i, (checkpoint, (spec, path)) in enumerate(zip(args.checkpoints, found)):
         model = load_checkpoint_model(spec, path)
-        seq = args.seq or min(spec.data.sequence_length, 512)
-        if args.tokens is not None:
-            source, dtype = args.tokens, args.dtype
-        else:
-            data = resolve_data(spec)
-            if not data.val_paths or not Path(data.val_paths[0]).is_file():
-                refuse(
-                    f"analyze: {checkpoint}: data.source={spec.data.source}: no local validation file; pass --tokens FILE --dtype"
-                )
-            source, dtype = data.val_paths[0], data.dtype or "uint32"
-        try:
-            tokens = validation_batch(source, dtype, args.batch, seq)
-        except ValueError as e:
-            refuse(f"analyze: command line: --batch/--seq: {e}")
+        tokens, seq = _batch(args, checkpoint, spec)
         name = args.names[i] if args.names else spec.run.name
-        block = spec.model.block
         a = analyze_model(
             model,
             tokens,
             name=name,
             checkpoint=str(path),
-            block=block,
+            block=spec.model.block,
             threshold=args.threshold,
             conventions=conventions,
         )
         analyses.append(a)
         print(
-            f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, p(next token) {a.final_target_probability:.4f}"
+            f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, "
+            f"p(next token) {a.final_target_probability:.4f}"
         )
     print(write_json(analyses, args.out / "analysis.json"))
     print(

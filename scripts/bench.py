@@ -1,10 +1,12 @@
 """Training throughput (forward + backward), peak memory and MFU of parameter-matched variants.
 
-    python scripts/bench.py [--scale demo,113M] [--compile on,off] [--repeats 5] [--steps 2] [--optimizer] [--json]
+    python scripts/bench.py [--scale demo,113M] [--compile on,off] [--repeats 5] [--steps 2]
+                            [--optimizer] [--json]
 
 Variants of a scale run interleaved (a rotated order per repeat) and every ratio is to the baseline
 measured in the same run. Defaults: on a CPU the demo scale, fp32; on a GPU the 113M and 1B shapes
-at their configs' sequence length (4096) in bf16. See docs/performance.md and olmo_patches/train/bench.py.
+at their configs' sequence length (4096) in bf16. See docs/performance.md and
+olmo_patches/train/bench.py.
 """
 
 import argparse
@@ -47,6 +49,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--batch", type=at_least(1), default=None, help="sequences per step (default: the scale's)"
     )
+    _timing_args(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of the table"
+    )
+    return parser
+
+
+def _timing_args(parser: ArgumentParser) -> None:
+    """How each variant is timed: repeats, steps, precision, threads, optimizer, float8."""
     parser.add_argument(
         "--repeats", type=at_least(1), default=10, help="interleaved repeats (median)"
     )
@@ -79,12 +90,9 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         const="tensorwise",
         default=None,
-        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated without float8 matmuls)",
+        help="also time each variant with train.float8=RECIPE (default tensorwise; emulated "
+        "without float8 matmuls)",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print one JSON object instead of the table"
-    )
-    return parser
 
 
 def main() -> None:
@@ -100,7 +108,8 @@ def main() -> None:
     known = {n for s in _list(args.scale or "113M,1B,demo") for n in SCALES[s].configs}
     if unknown := [v for v in _list(args.variants or "") if v not in known]:
         refuse(
-            f"bench: --variants: unknown variant {unknown[0]!r}; the scales' variants are {', '.join(sorted(known))}"
+            f"bench: --variants: unknown variant {unknown[0]!r}; the scales' variants are "
+            f"{', '.join(sorted(known))}"
         )
     import torch
 

@@ -1,6 +1,9 @@
-"""Markdown table of the hourglass paper's shipped configs under configs/ (sizes and their ablations).
+"""Markdown table of the hourglass paper's shipped configs under configs/ (sizes and their
+ablations).
 
-python scripts/config_table.py [ROOT]   # default: the checkout's (or the installed package's) configs/; skips configs/demo
+python scripts/config_table.py [ROOT]
+
+ROOT: default the checkout's (or the installed package's) configs/; configs/demo is skipped.
 """
 
 import argparse
@@ -12,7 +15,7 @@ from olmo_patches.resources import data_path
 
 
 def baseline_of(path: Path, root: Path) -> Path:
-    """The size folder's baseline.yaml (configs/<size>/...); baseline-revised.yaml for the authors' revised runs."""
+    """The size folder's baseline.yaml; baseline-revised.yaml for the authors' revised runs."""
     name = "baseline-revised.yaml" if path.name.endswith("-revised.yaml") else "baseline.yaml"
     return root / path.relative_to(root).parts[0] / name
 
@@ -35,8 +38,8 @@ def main() -> None:
         if p.stem not in ("base", "base-revised", "base-paper2")
         and p.relative_to(root).parts[0] != "demo"
     )
-    # every config and its baseline loaded (a bad one refused) before torch is imported; the hourglass
-    # paper's constant-width runs only (variable width has its own table)
+    # every config and its baseline loaded (a bad one refused) before torch is imported; the
+    # hourglass paper's constant-width runs only (variable width has its own table)
     specs = {path: load_or_exit(str(path)) for path in paths}
     paths = [p for p in paths if "widths" not in block_of(specs[p].model).knobs]
     for base in sorted({baseline_of(p, root) for p in paths} - set(specs)):
@@ -47,7 +50,8 @@ def main() -> None:
 
     budgets: dict[Path, int] = {}
     print(
-        "| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs baseline | tokens | steps |"
+        "| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs "
+        "baseline | tokens | steps |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
@@ -60,11 +64,14 @@ def main() -> None:
         p = plan(spec)
         hourglass = "K" in kind.knobs
         print(
-            f"| {path.relative_to(root)} | {m.d_model} | {m.n_layers} | {m.K if hourglass else '-'} "
-            f"| {m.resolved_d_h if hourglass else f'{m.resolved_d_ff} (SwiGLU)'} | {m.n_heads} x {m.resolved_head_dim}"
+            f"| {path.relative_to(root)} | {m.d_model} | {m.n_layers} | "
+            f"{m.K if hourglass else '-'} "
+            f"| {m.resolved_d_h if hourglass else f'{m.resolved_d_ff} (SwiGLU)'} | {m.n_heads} x "
+            f"{m.resolved_head_dim}"
             f"{f' (kv {m.n_kv_heads})' if m.resolved_n_kv_heads != m.n_heads else ''} "
             f"| {b.attention:,} | {b.ffn:,} | {b.non_embedding:,} | {b.total:,} "
-            f"| {(b.non_embedding - budgets[base]) / budgets[base]:+.2e} | {p.tokens / 1e9:g}B | {p.steps:,} |"
+            f"| {(b.non_embedding - budgets[base]) / budgets[base]:+.2e} | {p.tokens / 1e9:g}B | "
+            f"{p.steps:,} |"
         )
 
 

@@ -57,7 +57,8 @@ def main() -> None:
 
     if args.axes and "K" in args.axes and "K" not in block_of(spec.model).knobs:
         refuse_alike(
-            f"--axes {','.join(args.axes)}: K needs an hourglass model (model.block is {spec.model.block})"
+            f"--axes {','.join(args.axes)}: K needs an hourglass model (model.block is "
+            f"{spec.model.block})"
         )
     out = out_arg("--out", args.out or Path("coordcheck") / spec.run.name)
 

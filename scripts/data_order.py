@@ -8,7 +8,8 @@
 
 Without --paths-file the pinned list data_order/olmo2-1b-stage1.txt is used (and its
 sha256 checked). --base reads the files from a mirror: the same relative paths under a local
-folder or URL instead of http://olmo-data.org; manifests and prefixes stay mirror-independent. Errors are one line on stderr and a non-zero exit.
+folder or URL instead of http://olmo-data.org; manifests and prefixes stay mirror-independent.
+Errors are one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ from olmo_patches.data.order import (  # noqa: E402
     rebase,
     write_global_indices,
 )
-from olmo_patches.data.prefix import PrefixSpec, instances_for_tokens, materialize, verify_prefix  # noqa: E402
+from olmo_patches.data.prefix import (  # noqa: E402
+    PrefixSpec,
+    instances_for_tokens,
+    materialize,
+    verify_prefix,
+)
 from olmo_patches.data.remote import (
     RangeReader,
     RetryPolicy,
@@ -114,33 +120,49 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser, paths: bool = True) -> None:
-        if paths:
-            p.add_argument(
-                "--paths-file", default=str(PINNED_LIST), help="token files, one path or URL a line"
-            )
-            p.add_argument(
-                "--manifest", default=None, help="size manifest (JSON) to use instead of asking"
-            )
-        p.add_argument(
-            "--base",
-            default=None,
-            help=f"a mirror (local folder or URL) replacing {PINNED_ORIGIN} in the listed paths",
-        )
-        p.add_argument("--workers", type=at_least(1), default=32, help="parallel connections")
-        p.add_argument("--retries", type=at_least(1), default=5, help="attempts per request")
-        p.add_argument(
-            "--timeout", type=at_least(0.001, float), default=60.0, help="seconds per request"
-        )
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-
     p = sub.add_parser("manifest", help="byte size of every file")
-    common(p)
+    _common(p)
     p.add_argument("--out", default=None, help=f"default: {PINNED_MANIFEST}")
+    _indices_args(sub.add_parser("indices", help="the global order as the old trainer writes it"))
+    _materialize_args(
+        sub.add_parser("materialize", help="the first instances in training order, to local disk")
+    )
+    p = sub.add_parser("verify", help="check a materialized prefix")
+    _common(p, paths=False)
+    p.add_argument(
+        "--sample",
+        type=at_least(0),
+        default=0,
+        help="also compare this many instances with the remote files",
+    )
+    p.add_argument("--out", required=True)
+    return parser
 
-    p = sub.add_parser("indices", help="the global order as the old trainer writes it")
-    common(p)
+
+def _common(p: argparse.ArgumentParser, paths: bool = True) -> None:
+    """Every command's options: the listed files (``paths``), the mirror and the requests."""
+    if paths:
+        p.add_argument(
+            "--paths-file", default=str(PINNED_LIST), help="token files, one path or URL a line"
+        )
+        p.add_argument(
+            "--manifest", default=None, help="size manifest (JSON) to use instead of asking"
+        )
+    p.add_argument(
+        "--base",
+        default=None,
+        help=f"a mirror (local folder or URL) replacing {PINNED_ORIGIN} in the listed paths",
+    )
+    p.add_argument("--workers", type=at_least(1), default=32, help="parallel connections")
+    p.add_argument("--retries", type=at_least(1), default=5, help="attempts per request")
+    p.add_argument(
+        "--timeout", type=at_least(0.001, float), default=60.0, help="seconds per request"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _indices_args(p: argparse.ArgumentParser) -> None:
+    _common(p)
     p.add_argument("--seq-len", type=at_least(1), default=SEQ_LEN)
     p.add_argument(
         "--seed",
@@ -161,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("materialize", help="the first instances in training order, to local disk")
-    common(p)
+
+def _materialize_args(p: argparse.ArgumentParser) -> None:
+    _common(p)
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument(
         "--tokens",
@@ -178,17 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True)
 
-    p = sub.add_parser("verify", help="check a materialized prefix")
-    common(p, paths=False)
-    p.add_argument(
-        "--sample",
-        type=at_least(0),
-        default=0,
-        help="also compare this many instances with the remote files",
-    )
-    p.add_argument("--out", required=True)
-    return parser
-
 
 def check_paths(args: argparse.Namespace) -> None:
     """The files and folders the command reads and writes, before any request: one line, exit 2."""
@@ -200,7 +212,8 @@ def check_paths(args: argparse.Namespace) -> None:
             Path(path).is_dir() or not Path(path).exists()
         ):  # /dev/null is a file to read
             refuse(
-                f"data_order.py {args.command}: {name} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
+                f"data_order.py {args.command}: {name} {path}: "
+                f"{'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
             )
     if getattr(args, "paths_file", None) is not None:
         try:

@@ -1,20 +1,25 @@
-"""Evaluate one checkpoint after the fact with the in-loop evaluators (OLMo-core's), on CPU or one GPU.
+"""Evaluate one checkpoint after the fact with the in-loop evaluators (OLMo-core's), on CPU or one
+GPU.
 
-    python scripts/evaluate.py RUN/stepN [--tasks arc_easy piqa] [--validation-sets ...] [--out FILE.json|FILE.jsonl|FOLDER]
-    python scripts/evaluate.py RUN --step N ...                  # a run folder and a step (default: latest)
-    python scripts/evaluate.py --hf DIR [--config RUN/config.yaml] --tasks arc_easy --out runs/NAME/metrics.jsonl
+    python scripts/evaluate.py RUN/stepN [--tasks arc_easy piqa] [--validation-sets ...]
+                               [--out FILE.json|FILE.jsonl|FOLDER]
+    python scripts/evaluate.py RUN --step N ...   # a run folder and a step (default: latest)
+    python scripts/evaluate.py --hf DIR [--config RUN/config.yaml] --tasks arc_easy
+                               --out runs/NAME/metrics.jsonl
 
 Defaults are the run's own evaluators (config.yaml's eval section). The metrics are appended, at the
 checkpoint's step, to --out (default: the run's metrics.jsonl), where scripts/make_tables.py reads
 them: a path ending in .jsonl is that file, one ending in .json is written as one JSON record (name,
-step, metrics), anything else is a folder (its metrics.jsonl); a new folder also gets a config.yaml. --hf loads a Hugging Face model folder offline and
-tokenizes with its tokenizer.json, or with the run's tokenizer and validation data given --config.
+step, metrics), anything else is a folder (its metrics.jsonl); a new folder also gets a config.yaml.
+--hf loads a Hugging Face model folder offline and tokenizes with its tokenizer.json, or with the
+run's tokenizer and validation data given --config.
 
---out never mixes two runs: an existing FILE.json is replaced when it holds the same run's record (its
-name), else only with --force; a FILE.jsonl or FOLDER whose folder holds another run's config.yaml
-(another run.name than the evaluated one, see --name) is appended to only with --force. What needs no model (the arguments, the checkpoint's
-folder, the config, --out, the device) is checked before torch is imported; the checkpoint's weights
-against the config's model (their shapes, from the checkpoint's metadata) before the model loads.
+--out never mixes two runs: an existing FILE.json is replaced when it holds the same run's record
+(its name), else only with --force; a FILE.jsonl or FOLDER whose folder holds another run's
+config.yaml (another run.name than the evaluated one, see --name) is appended to only with --force.
+What needs no model (the arguments, the checkpoint's folder, the config, --out, the device) is
+checked before torch is imported; the checkpoint's weights against the config's model (their shapes,
+from the checkpoint's metadata) before the model loads.
 """
 
 import argparse
@@ -65,8 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--config",
-        help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer and data)",
+        help="the run's config.yaml (default: beside the checkpoint; with --hf: its tokenizer "
+        "and data)",
     )
+    _data_args(parser)
+    _output_args(parser)
+    return parser
+
+
+def _data_args(parser: ArgumentParser) -> None:
+    """What the model is evaluated on, and how."""
     parser.add_argument(
         "--tasks", nargs="*", help="ai2-olmo-eval tasks (default: the run's eval.downstream_tasks)"
     )
@@ -97,24 +110,28 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 autocast (the in-loop default on GPU)"
     )
+
+
+def _output_args(parser: ArgumentParser) -> None:
+    """Where the metrics go."""
     parser.add_argument(
         "--name", help="run name in a new --out folder (default: the run's, or the --hf folder's)"
     )
     parser.add_argument(
         "--out",
         metavar="FILE.json|FILE.jsonl|FOLDER",
-        help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the run's metrics.jsonl)",
+        help="FILE.jsonl or FOLDER/metrics.jsonl: appended; FILE.json: written (default: the "
+        "run's metrics.jsonl)",
     )
     parser.add_argument(
         "--force",
         action="store_true",
         help="--out: replace another run's FILE.json, or append to another run's metrics",
     )
-    return parser
 
 
 def _config_path(args) -> Optional[Path]:
-    """The config to evaluate with: --config, else the run folder's (beside a stepN folder); None for --hf alone."""
+    """The config: --config, else the run folder's (beside a stepN folder); None for --hf alone."""
     if args.config or args.hf:
         return Path(args.config) if args.config else None
     checkpoint = Path(args.checkpoint)
@@ -138,8 +155,9 @@ def _check_out(out: Path, name: str, force: bool) -> None:
             theirs = None
         if theirs != name:
             refuse_alike(
-                f"evaluate: command line: --out {out}: holds {f'run {theirs}' if theirs else 'something'}'s record, "
-                f"not {name}'s (a .json is written whole); --force to replace it"
+                f"evaluate: command line: --out {out}: holds "
+                f"{f'run {theirs}' if theirs else 'something'}'s record, not {name}'s (a .json is "
+                "written whole); --force to replace it"
             )
         return
     recorded = (out.parent if out.suffix == ".jsonl" else out) / "config.yaml"
@@ -149,8 +167,8 @@ def _check_out(out: Path, name: str, force: bool) -> None:
         return  # no config.yaml (one is written): a new folder or a plain metrics file
     if theirs is not None and theirs != name:
         refuse_alike(
-            f"evaluate: command line: --out {out}: holds run {theirs}'s metrics ({recorded}), not {name}'s; "
-            "give another --out, or --force to add to them"
+            f"evaluate: command line: --out {out}: holds run {theirs}'s metrics ({recorded}), not "
+            f"{name}'s; give another --out, or --force to add to them"
         )
 
 
@@ -167,7 +185,8 @@ def _check_before_torch(parser: argparse.ArgumentParser, args) -> None:
     if not where.is_dir():
         kind = "CHECKPOINT" if args.checkpoint else "--hf"
         refuse_alike(
-            f"evaluate: command line: {kind}={where}: {'a file, not a folder' if where.exists() else 'no such folder'}"
+            f"evaluate: command line: {kind}={where}: "
+            f"{'a file, not a folder' if where.exists() else 'no such folder'}"
         )
     name = args.name
     if (config := _config_path(args)) is not None:
@@ -239,7 +258,8 @@ def main() -> None:
     for name, value in metrics.items():
         console().print(f"{name} = {value:.4f}", highlight=False)
     console().print(
-        f"{target.name} step {target.step}: {len(metrics)} metrics in {time.monotonic() - start:.1f} s -> {out}",
+        f"{target.name} step {target.step}: {len(metrics)} metrics in "
+        f"{time.monotonic() - start:.1f} s -> {out}",
         highlight=False,
     )
 

@@ -1,16 +1,17 @@
 """Export a checkpoint to a Hugging Face model folder.
 
-    python scripts/export_hf.py CHECKPOINT OUT_DIR [--config RUN/config.yaml] [--tokenizer FILE] [--force]
+    python scripts/export_hf.py CHECKPOINT OUT_DIR [--config RUN/config.yaml] [--tokenizer FILE]
+                                [--force]
 
 OLMo-2-shaped baselines become Olmo2ForCausalLM; hourglass and pre-norm models carry their own
 modeling code (load with trust_remote_code=True).
 
 OUT_DIR is a new or empty folder; one that holds anything is written into only with --force, which
 first removes an earlier export's files there (config, weights, modeling code, card, tokenizer) and
-leaves the others; never a run folder (OUT_DIR holding CHECKPOINT, or inside it). What needs no model (the arguments, the
-checkpoint's folder, the config, OUT_DIR) is checked before torch is imported; the checkpoint's
-weights against the config's model (their shapes, from the checkpoint's metadata) before any weight
-is read.
+leaves the others; never a run folder (OUT_DIR holding CHECKPOINT, or inside it). What needs no
+model (the arguments, the checkpoint's folder, the config, OUT_DIR) is checked before torch is
+imported; the checkpoint's weights against the config's model (their shapes, from the checkpoint's
+metadata) before any weight is read.
 """
 
 import argparse
@@ -21,11 +22,12 @@ from olmo_patches.config import ConfigError, load_spec
 
 
 def _check_before_torch(args) -> None:
-    """The checkpoint's folder, OUT_DIR's rule (the module docstring) and the config: one line, exit 2."""
+    """The checkpoint folder, OUT_DIR's rule (module docstring) and the config: one line, exit 2."""
     checkpoint, out = Path(args.checkpoint), out_arg("OUT_DIR", args.out_dir)
     if not checkpoint.is_dir():
         refuse_alike(
-            f"export_hf: CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
+            f"export_hf: CHECKPOINT {checkpoint}: "
+            f"{'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
         )
     if not any(
         (checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")
@@ -36,16 +38,19 @@ def _check_before_torch(args) -> None:
     here, there = out.resolve(), checkpoint.resolve()
     if here == there or here in there.parents or there in here.parents:
         refuse_alike(
-            f"export_hf: OUT_DIR {out}: holds CHECKPOINT {checkpoint} or lies inside it; export elsewhere"
+            f"export_hf: OUT_DIR {out}: holds CHECKPOINT {checkpoint} or lies inside it; export "
+            "elsewhere"
         )
     if not args.force and out.is_dir() and any(out.iterdir()):
         refuse_alike(
-            f"export_hf: OUT_DIR {out}: not empty ({len(list(out.iterdir()))} entries); --force to write into it"
+            f"export_hf: OUT_DIR {out}: not empty ({len(list(out.iterdir()))} entries); --force to "
+            "write into it"
         )
     config = Path(args.config) if args.config else checkpoint.parent / "config.yaml"
     if not config.is_file():
         refuse_alike(
-            f"export_hf: {'--config' if args.config else 'CHECKPOINT'} {config}: no such file (the run's config.yaml)"
+            f"export_hf: {'--config' if args.config else 'CHECKPOINT'} {config}: no such file (the "
+            "run's config.yaml)"
         )
     try:
         load_spec(config)
@@ -64,7 +69,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--tokenizer",
-        help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and ids)",
+        help="the run's tokenizer JSON to ship with the model (checked against its vocabulary and "
+        "ids)",
     )
     parser.add_argument(
         "--force",
@@ -86,9 +92,8 @@ def main() -> None:
         )
     except (ConfigError, ValueError, FileNotFoundError) as e:
         refuse(f"export_hf: {e}")
-    print(
-        f"wrote {args.out_dir} ({'Olmo2ForCausalLM' if kind == 'olmo2' else 'custom modeling code, trust_remote_code=True'})"
-    )
+    what = "Olmo2ForCausalLM" if kind == "olmo2" else "custom modeling code, trust_remote_code=True"
+    print(f"wrote {args.out_dir} ({what})")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
-"""The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section printed
-up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it comes
-(tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every shipped head
-dim, compile per block family, resume exactness on the demo corpus, the hourglass FFN against a SwiGLU of
-equal FLOPs (bf16 and float8), trainer tokens/s and MFU (information) and peak reserved memory against the
-estimate for 113M and 1B, float8 / bf16 in the trainer (docs/gpu_checks.md: the command and what each judges).
-Every dependency (torchao, flash-attn 2 and 3, Liger, grouped_gemm) is a row first: its version, or missing
-and what ran instead; missing and needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
+"""The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section
+printed up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it
+comes (tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every
+shipped head dim, compile per block family, resume exactness on the demo corpus, the hourglass FFN
+against a SwiGLU of equal FLOPs (bf16 and float8), trainer tokens/s and MFU (information) and peak
+reserved memory against the estimate for 113M and 1B, float8 / bf16 in the trainer
+(docs/gpu_checks.md: the command and what each judges). Every dependency (torchao, flash-attn 2 and
+3, Liger, grouped_gemm) is a row first: its version, or missing and what ran instead; missing and
+needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
 
-    python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/   # a node with a CUDA torch and nothing else
-    python scripts/gpu_check.py --out gpu_check/                             # the project installed already
-    python scripts/gpu_check.py --rehearse --out /tmp/gc                     # every section on CPU at toy sizes
+    # a node with a CUDA torch and nothing else
+    python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/
+    # the project installed already
+    python scripts/gpu_check.py --out gpu_check/
+    # every section on CPU at toy sizes
+    python scripts/gpu_check.py --rehearse --out /tmp/gc
 
---wheelhouse FOLDER (make wheelhouse) first installs the project and what the run imports from FOLDER with
-pip --no-index --no-deps, keeping the node's torch (a section of its own, with its budget); a failed install
-still writes the table. Exit 1 if a row fails.
+--wheelhouse FOLDER (make wheelhouse) first installs the project and what the run imports from
+FOLDER with pip --no-index --no-deps, keeping the node's torch (a section of its own, with its
+budget); a failed install still writes the table. Exit 1 if a row fails.
 """
 
 import argparse
@@ -37,14 +41,15 @@ DEPENDENCY_NAMES = (
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
-    """pip install --no-index --no-deps of the wheelhouse's requirements.txt (what the acceptance run
-    imports, make wheelhouse) and the project's wheel; the node's torch and its stack stay."""
+    """pip install --no-index --no-deps of the wheelhouse's requirements.txt (what the acceptance
+    run imports, make wheelhouse) and the project's wheel; the node's torch and its stack stay."""
     project = sorted(wheelhouse.glob("hourglass_olmo-*.whl"))
     listed = wheelhouse / "requirements.txt"
     if not project or not listed.is_file():
         return (
             False,
-            f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes both)",
+            f"{wheelhouse}: no hourglass_olmo wheel or requirements.txt (make wheelhouse writes "
+            "both)",
         )
     cmd = [
         sys.executable,
@@ -98,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"a dependency that may be missing: its checks become SKIP rows, not FAILs ({', '.join(DEPENDENCY_NAMES)})",
+        help="a dependency that may be missing: its checks become SKIP rows, not FAILs "
+        f"({', '.join(DEPENDENCY_NAMES)})",
     )
     parser.add_argument(
         "--budget-scale",
@@ -119,13 +125,15 @@ def _checked_sections(args: argparse.Namespace) -> list:
         sys.exit(2)
     if args.wheelhouse is not None and not args.wheelhouse.is_dir():
         print(
-            f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes one)",
+            f"command line: --wheelhouse {args.wheelhouse}: not a folder (make wheelhouse writes "
+            "one)",
             file=sys.stderr,
         )
         sys.exit(2)
     if unknown := set(args.allow_missing) - set(DEPENDENCY_NAMES):
         print(
-            f"command line: --allow-missing {sorted(unknown)[0]}: one of {', '.join(DEPENDENCY_NAMES)}",
+            f"command line: --allow-missing {sorted(unknown)[0]}: one of "
+            f"{', '.join(DEPENDENCY_NAMES)}",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -139,6 +147,47 @@ def _checked_sections(args: argparse.Namespace) -> list:
     return only
 
 
+def _install_section(wheelhouse: Path, ok: bool, detail: str, seconds: float, scale: float):
+    """The offline install as a section of its own, judged against its budget."""
+    from tests.gpu.table import INSTALL_ESTIMATE_S, Row, Section, budget
+
+    limit = budget(INSTALL_ESTIMATE_S) * scale
+    section = Section(
+        "", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True
+    )
+    result = "pass" if ok and seconds <= limit else "FAIL"
+    command = f"pip install --no-index --no-deps --find-links {wheelhouse}"
+    section.rows.append(
+        Row("offline install", "", command, f"{seconds:.1f} s", f"<= {limit:.0f} s", result, detail)
+    )
+    return section
+
+
+def _run_sections(args: argparse.Namespace, plugin, sections: dict) -> None:
+    """pytest over the sections' files with only this run's plugin; exit 1 if a row fails."""
+    import pytest
+
+    if not args.rehearse:
+        # inductor's kernel cache kept for a second try, compiled by a pool of workers
+        # (tests/conftest.py)
+        os.environ.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor")
+        )
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
+    # only this run's plugin: nothing the node happens to hold
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    files = [str(REPO / "tests" / "gpu" / f) for f in sections]
+    code = pytest.main(
+        ["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files],
+        plugins=[plugin],
+    )
+    plugin.write()
+    print((args.out / "gpu_check.md").read_text())
+    if plugin.failed or code not in (0, 5):
+        print("gpu_check: FAIL rows above", file=sys.stderr)
+        sys.exit(1)
+
+
 def main() -> None:
     args = _parser().parse_args()
     only = _checked_sections(args)
@@ -148,17 +197,10 @@ def main() -> None:
         ok, detail = install(args.wheelhouse)
         seconds = time.perf_counter() - start
     sys.path.insert(0, str(REPO))  # this checkout's tests/ and olmo_patches/
-    from tests.gpu.table import (
-        INSTALL_ESTIMATE_S,
-        SECTIONS,
-        Row,
-        Section,
-        Table,
-        budget,
-        dependency_section,
-    )
+    from tests.gpu.table import SECTIONS, Table, dependency_section
 
-    import torch  # the node's own: after the install, as torch looks for numpy once, when it is imported
+    # the node's own torch: after the install, as torch looks for numpy once, when it is imported
+    import torch
 
     if not args.rehearse and not torch.cuda.is_available():
         print(
@@ -169,24 +211,7 @@ def main() -> None:
     cuda = not args.rehearse
     extra = []
     if args.wheelhouse is not None:
-        limit = budget(INSTALL_ESTIMATE_S) * args.budget_scale
-        section = Section(
-            "", "offline install", limit, seconds, started=0.0, over=seconds > limit, finished=True
-        )
-        result = "pass" if ok and seconds <= limit else "FAIL"
-        command = f"pip install --no-index --no-deps --find-links {args.wheelhouse}"
-        section.rows.append(
-            Row(
-                "offline install",
-                "",
-                command,
-                f"{seconds:.1f} s",
-                f"<= {limit:.0f} s",
-                result,
-                detail,
-            )
-        )
-        extra.append(section)
+        extra.append(_install_section(args.wheelhouse, ok, detail, seconds, args.budget_scale))
     allowed = frozenset(args.allow_missing)
     hopper = cuda and torch.cuda.get_device_capability(0)[0] == 9
     extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper))
@@ -198,7 +223,7 @@ def main() -> None:
         device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra)
     )
     try:
-        import pytest
+        import pytest  # noqa: F401 (the sections' runner: its absence is reported here)
 
         from tests.gpu.plugin import GpuCheck
     except ImportError as e:  # a failed install: the table still says what is there
@@ -214,24 +239,7 @@ def main() -> None:
         **table,
     )
     plugin.write()
-    if not args.rehearse:  # inductor's kernel cache kept for a second try, compiled by a pool of workers (tests/conftest.py)
-        os.environ.setdefault(
-            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gpu_check-inductor")
-        )
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(min(32, os.cpu_count() or 1)))
-    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = (
-        "1"  # only this run's plugin: nothing the node happens to hold
-    )
-    files = [str(REPO / "tests" / "gpu" / f) for f in sections]
-    code = pytest.main(
-        ["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-o", "addopts=", *files],
-        plugins=[plugin],
-    )
-    plugin.write()
-    print((args.out / "gpu_check.md").read_text())
-    if plugin.failed or code not in (0, 5):
-        print("gpu_check: FAIL rows above", file=sys.stderr)
-        sys.exit(1)
+    _run_sections(args, plugin, sections)
 
 
 if __name__ == "__main__":

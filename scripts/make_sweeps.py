@@ -1,11 +1,12 @@
-"""Rewrite the papers' sweep folders: paper 1's from their scripts/search.py commands, paper 2's r_l / r_d
-grid from olmo_patches/config/paper_sweeps.py's WIDTH_GRID.
+"""Rewrite the papers' sweep folders: paper 1's from their scripts/search.py commands, paper 2's
+r_l / r_d grid from olmo_patches/config/paper_sweeps.py's WIDTH_GRID.
 
     python scripts/make_sweeps.py [FOLDER ...] [--root DIR]
 
-Each folder's YAML files are replaced by what scripts/search.py --write gives now. FOLDER: only those
-(as listed in olmo_patches/config/paper_sweeps.py); --root DIR: a copy of the repository's configs/ lies under
-DIR and is rewritten instead (a check that the shipped folders reproduce: diff -r the two).
+Each folder's YAML files are replaced by what scripts/search.py --write gives now. FOLDER: only
+those (as listed in olmo_patches/config/paper_sweeps.py); --root DIR: a copy of the repository's
+configs/ lies under DIR and is rewritten instead (a check that the shipped folders reproduce:
+diff -r the two).
 """
 
 import argparse
@@ -37,7 +38,8 @@ def main() -> None:
     for f in args.folders:
         if f.rstrip("/") not in {**SWEEPS, **WIDTH_GRID}:
             refuse(
-                f"make_sweeps: command line: FOLDER={f}: not a sweep (olmo_patches/config/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})"
+                f"make_sweeps: command line: FOLDER={f}: not a sweep "
+                f"(olmo_patches/config/paper_sweeps.py lists {', '.join({**SWEEPS, **WIDTH_GRID})})"
             )
     env = dict(
         os.environ,
@@ -51,7 +53,8 @@ def main() -> None:
             refuse(f"make_sweeps: command line: --root={args.root}: no {BASELINE_113M} there")
         for old in out.glob("*.yaml"):
             old.unlink()
-        # Run from the root with relative paths: each config names the command as typed in the repository.
+        # Run from the root with relative paths: each config names the command as typed in the
+        # repository.
         cmd = [
             sys.executable,
             str(ROOT / "scripts/search.py"),

@@ -1,8 +1,8 @@
 """Hourglass shapes matched to a parameter budget: solve, rank, print, optionally write configs.
 
-    python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30] [--write DIR]
-                                    [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4] [--aligned]
-                                    [--attention 45M] [--heads8]
+    python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30]
+                             [--write DIR] [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4]
+                             [--aligned] [--attention 45M] [--heads8]
 
 BUDGET is a baseline config (its non-embedding parameters, paper definition) or a count
 (113246208, 113.2M). Without --layers every L whose solved d_model/L lies in 50..300 is tried.
@@ -11,13 +11,15 @@ grow with K). --write DIR writes one YAML per shape, extending the baseline conf
 then be a config), each saying that it was generated and by which command. --attn-fraction frees the
 attention width (n_heads x --head-dim near that fraction of d_model, the authors' revised shapes);
 --kv-group G makes every G query heads share a key/value head (GQA). --aligned keeps the shapes GPU
-matmuls like (d_model % 8, d_h % 64, head dims % 8) within the authors' 0.3% instead of the paper's 0.001%.
---attention N solves for the paper's reported attention/FFN split instead of a d_h/d_model (with --K and
---layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --heads8 keeps only head dims that are
-multiples of 8 (d_model % 8). Both default to the authors' tightest tolerance, 0.04%.
+matmuls like (d_model % 8, d_h % 64, head dims % 8) within the authors' 0.3% instead of the paper's
+0.001%. --attention N solves for the paper's reported attention/FFN split instead of a d_h/d_model
+(with --K and --layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --heads8 keeps
+only head dims that are multiples of 8 (d_model % 8). Both default to the authors' tightest
+tolerance, 0.04%.
 """
 
 import argparse
+import itertools
 import shlex
 import sys
 from pathlib import Path
@@ -71,75 +73,80 @@ def parse_count(text: str) -> float:
 def shapes(args, budget: int, misses: list[str]) -> list[Shape]:
     """The shapes of the grid searched; each grid point that has none is added to ``misses``."""
     Ks = args.K or list(range(1, 11))
-    ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
     fractions = tuple(args.attn_fraction or (None,))
     attention = dict(head_dim=args.head_dim, kv_group=args.kv_group)
-    solving = dict(
-        tolerance=args.tolerance,
-        aligned=args.aligned,
-        heads8=args.heads8,
-        ratio_slack=args.ratio_slack,
-    )
     if args.attention is not None:  # the paper's split: d_model from the attention count
-        if not (args.K and args.layers):
-            refuse("search: --attention needs --K and --layers")
-        found = [
-            (
-                K,
-                L,
-                solve_split(
-                    budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance
-                ),
-            )
-            for K in args.K
-            for L in args.layers
-        ]
-        misses += [
-            f"K={K}, L={L}, attention {args.attention:,.0f}" for K, L, s in found if s is None
-        ]
-        return [s for _, _, s in found if s is not None]
+        return _split_shapes(args, budget, misses)
     if args.d_model:  # fixed dimensions: no solving
-        if not (args.layers and args.d_h):
-            refuse("search: --d-model needs --layers and --d-h")
-        heads = [
-            h for f in fractions if (h := attention_heads(args.d_model, f, **attention)) is not None
-        ]
-        if not heads:
-            refuse(f"search: --d-model={args.d_model}: no valid head count")
-        return [
-            Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h)
-            for K in Ks
-            for L in args.layers
-            for h in heads
-        ]
+        return _fixed_shapes(args, Ks, fractions, attention)
+    return _solved_shapes(args, budget, misses, Ks, fractions, attention)
+
+
+def _split_shapes(args, budget: int, misses: list[str]) -> list[Shape]:
+    """The paper's attention/FFN split: d_model from the attention count, per K and L."""
+    if not (args.K and args.layers):
+        refuse("search: --attention needs --K and --layers")
+    found = [
+        (
+            K,
+            L,
+            solve_split(
+                budget, K=K, n_layers=L, attention=args.attention, tolerance=args.tolerance
+            ),
+        )
+        for K in args.K
+        for L in args.layers
+    ]
+    misses += [f"K={K}, L={L}, attention {args.attention:,.0f}" for K, L, s in found if s is None]
+    return [s for _, _, s in found if s is not None]
+
+
+def _fixed_shapes(args, Ks: list[int], fractions: tuple, attention: dict) -> list[Shape]:
+    """--d-model and --d-h as given (no solving), per K, L and attention fraction."""
+    if not (args.layers and args.d_h):
+        refuse("search: --d-model needs --layers and --d-h")
+    heads = [
+        h for f in fractions if (h := attention_heads(args.d_model, f, **attention)) is not None
+    ]
+    if not heads:
+        refuse(f"search: --d-model={args.d_model}: no valid head count")
+    return [
+        Shape(K, args.d_model, L, args.d_h, rounding="fixed", **h)
+        for K in Ks
+        for L in args.layers
+        for h in heads
+    ]
+
+
+def _solved_shapes(
+    args, budget: int, misses: list[str], Ks: list[int], fractions: tuple, attention: dict
+) -> list[Shape]:
+    """d_model and d_h solved for the budget at each K, d_h/d_model and fraction (and L)."""
+    ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
+    solving = dict(tolerance=args.tolerance, aligned=args.aligned, heads8=args.heads8)
     if not args.layers:
-        solving.pop("ratio_slack")
         return list(
             enumerate_shapes(
                 budget, Ks=Ks, d_h_ratios=ratios, attn_fractions=fractions, **solving, **attention
             )
         )
     found: dict[tuple, Shape] = {}
-    for K in Ks:
-        for r in ratios:
-            for f in fractions:
-                for L in args.layers:
-                    s = solve(
-                        budget,
-                        K=K,
-                        n_layers=L,
-                        d_h_ratio=r,
-                        layer_slack=args.layer_slack,
-                        attn_fraction=f,
-                        **solving,
-                        **attention,
-                    )
-                    if s is None:
-                        misses.append(f"K={K}, L={L}, d_h/d_model={r}")
-                    else:
-                        found.setdefault(
-                            (s.K, s.n_layers, s.d_model, s.d_h, s.n_heads, s.head_dim), s
-                        )
+    for K, r, f, L in itertools.product(Ks, ratios, fractions, args.layers):
+        s = solve(
+            budget,
+            K=K,
+            n_layers=L,
+            d_h_ratio=r,
+            layer_slack=args.layer_slack,
+            attn_fraction=f,
+            ratio_slack=args.ratio_slack,
+            **solving,
+            **attention,
+        )
+        if s is None:
+            misses.append(f"K={K}, L={L}, d_h/d_model={r}")
+        else:
+            found.setdefault((s.K, s.n_layers, s.d_model, s.d_h, s.n_heads, s.head_dim), s)
     return list(found.values())
 
 
@@ -221,11 +228,35 @@ def _parser() -> argparse.ArgumentParser:
         "--d-model", type=at_least(1), help="fix d_model (with --layers and --d-h): no solving"
     )
     parser.add_argument("--d-h", type=at_least(1), help="fix d_h (with --d-model)")
+    _attention_args(parser)
+    parser.add_argument(
+        "--tolerance",
+        type=at_least(0, float, most=1),
+        help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 "
+        "with --attention, --heads8)",
+    )
+    parser.add_argument(
+        "--sort",
+        choices=("rank", "flops", "attention"),
+        default="rank",
+        help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention "
+        "share",
+    )
+    parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
+    parser.add_argument(
+        "--write", type=Path, help="write each shape as a config extending BUDGET into this folder"
+    )
+    return parser
+
+
+def _attention_args(parser: ArgumentParser) -> None:
+    """The attention's shape and the constraints on the dimensions."""
     parser.add_argument(
         "--attn-fraction",
         type=fraction,
         nargs="+",
-        help="attention width n_heads x --head-dim near these fractions of d_model, in (0, 1] (default: MHA at d_model)",
+        help="attention width n_heads x --head-dim near these fractions of d_model, in (0, 1] "
+        "(default: MHA at d_model)",
     )
     parser.add_argument(
         "--head-dim", type=at_least(2), default=64, help="head size with --attn-fraction (even)"
@@ -244,29 +275,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--attention",
         type=parse_count,
-        help="solve for this many attention parameters (45M: the paper's split) instead of --d-h-ratio",
+        help="solve for this many attention parameters (45M: the paper's split) instead of "
+        "--d-h-ratio",
     )
     parser.add_argument(
         "--heads8",
         action="store_true",
         help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4",
     )
-    parser.add_argument(
-        "--tolerance",
-        type=at_least(0, float, most=1),
-        help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 with --attention, --heads8)",
-    )
-    parser.add_argument(
-        "--sort",
-        choices=("rank", "flops", "attention"),
-        default="rank",
-        help="rank: olmo_patches.shapes.search.rank_key (the paper's findings); flops; attention share",
-    )
-    parser.add_argument("--top", type=at_least(1), default=40, help="rows to print")
-    parser.add_argument(
-        "--write", type=Path, help="write each shape as a config extending BUDGET into this folder"
-    )
-    return parser
 
 
 def main() -> None:
@@ -293,12 +309,13 @@ def main() -> None:
         )
     for miss in misses:
         print(f"search: no shape for {miss} within {args.tolerance:g}", file=sys.stderr)
-    key = {
-        "rank": rank_key,
-        "flops": lambda s: s.flops_per_token(seq, vocab),
-        "attention": lambda s: s.attention,
-    }[args.sort]
-    rows.sort(key=key)
+    rows.sort(
+        key={
+            "rank": rank_key,
+            "flops": lambda s: s.flops_per_token(seq, vocab),
+            "attention": lambda s: s.attention,
+        }[args.sort]
+    )
     Console(width=220).print(table(rows[: args.top], budget, vocab, seq))
     if args.write:
         if baseline is None:

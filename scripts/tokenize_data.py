@@ -1,7 +1,8 @@
 """Tokenize text into OLMo-core token files (docs/your_data.md).
 
     python scripts/tokenize_data.py INPUT... --out DIR --config CONFIG [--set key=value ...]
-    python scripts/tokenize_data.py INPUT... --out DIR --tokenizer tokenizer.json [--eos TOKEN] [--bos TOKEN]
+    python scripts/tokenize_data.py INPUT... --out DIR --tokenizer tokenizer.json
+                                    [--eos TOKEN] [--bos TOKEN]
 
 INPUT: .jsonl / .jsonl.gz files (one JSON object a line, the text in --text-field), .parquet files
 (the --text-field column), a Hugging Face datasets folder (save_to_disk; needs the datasets
@@ -45,16 +46,14 @@ def config_tokenizer(args) -> tuple:
         file = d.tokenizer_file
     else:
         refuse_alike(
-            f"{args.config}: data.tokenizer_file: dolma2 needs a local tokenizer.json (nothing is downloaded)"
+            f"{args.config}: data.tokenizer_file: dolma2 needs a local tokenizer.json (nothing is "
+            "downloaded)"
         )
-    return (
-        file,
-        str(d.tokenizer),
-        tokenizer_vocab(spec),
-    )  # model.vocab_size holds it (checked at load)
+    # model.vocab_size holds it (checked at load)
+    return file, str(d.tokenizer), tokenizer_vocab(spec)
 
 
-def main() -> None:
+def _parser() -> ArgumentParser:
     parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -86,6 +85,12 @@ def main() -> None:
     parser.add_argument(
         "--text-field", default="text", help="the jsonl field / parquet column holding the text"
     )
+    _output_args(parser)
+    return parser
+
+
+def _output_args(parser: ArgumentParser) -> None:
+    """The shards and the workers that write them."""
     parser.add_argument(
         "--shard-tokens",
         type=at_least(1),
@@ -98,9 +103,10 @@ def main() -> None:
     parser.add_argument(
         "--batch-docs", type=at_least(1), default=256, help="documents per worker task"
     )
-    args = parser.parse_args()
-    out = out_arg("--out", args.out)
 
+
+def _tokenizer_and_inputs(args) -> tuple:
+    """(tokenizer, its name, inputs), checked before anything is written: one line, exit 2."""
     if args.config:
         file, name, expected = config_tokenizer(args)
     else:
@@ -111,10 +117,13 @@ def main() -> None:
             raise InputError(
                 f"{file}: {info.vocab_size} tokens, but data.tokenizer={name} has {expected}"
             )
-        inputs = find_inputs(args.inputs)
+        return info, name, find_inputs(args.inputs)
     except InputError as e:
         refuse_alike(str(e))
 
+
+def _progress():
+    """A rich progress bar on stderr: documents done of all, tokens and tokens/s, time left."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -138,6 +147,13 @@ def main() -> None:
         TokensPerSecond(),
         TimeRemainingColumn(),
     )
+    return Progress(*columns, console=Console(stderr=True))
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    out = out_arg("--out", args.out)
+    info, name, inputs = _tokenizer_and_inputs(args)
     start = time.perf_counter()
     try:
         manifest = tokenize(
@@ -149,14 +165,15 @@ def main() -> None:
             shard_tokens=args.shard_tokens,
             workers=args.workers,
             batch_docs=args.batch_docs,
-            progress=Progress(*columns, console=Console(stderr=True)),
+            progress=_progress(),
         )
     except InputError as e:
         refuse_alike(str(e))
     seconds = time.perf_counter() - start
     print(
-        f"{out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents in {len(manifest['files'])} shards "
-        f"({manifest['dtype']}, tokenizer {manifest['tokenizer']['sha256'][:12]}); {seconds:.1f} s",
+        f"{out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents in "
+        f"{len(manifest['files'])} shards ({manifest['dtype']}, tokenizer "
+        f"{manifest['tokenizer']['sha256'][:12]}); {seconds:.1f} s",
         file=sys.stderr,
     )
 

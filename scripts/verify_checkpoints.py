@@ -29,7 +29,8 @@ def main() -> None:
     folder = Path(args.run_folder)
     if not folder.is_dir():
         refuse(
-            f"verify_checkpoints: RUN_FOLDER {folder}: {'not a folder' if folder.exists() else 'no such folder'}"
+            f"verify_checkpoints: RUN_FOLDER {folder}: "
+            f"{'not a folder' if folder.exists() else 'no such folder'}"
         )
     found = checkpoints_at(folder)
     if not found:

@@ -1,11 +1,11 @@
 """What a run's data must agree with before anything is written: every id of every local token file
-below the vocabulary (a full scan, cached), every HTTP(S) token file answering, a tokenizer file that
-is a tokenizers JSON. numpy and the standard library only: no torch.
+below the vocabulary (a full scan, cached), every HTTP(S) token file answering, a tokenizer file
+that is a tokenizers JSON. numpy and the standard library only: no torch.
 
 The scan is a vectorised max over a memory map, ``CHUNK_TOKENS`` at a time (a file of any size is
-never loaded whole), about the speed of reading the file (benchmarks/bench_token_scan.py). Its result
-is kept in ``CACHE`` in the run's ``data.work_dir``, keyed by the file's resolved path, size and
-modification time: a rerun reads no token file again, and a rewritten file is scanned again.
+never loaded whole), about the speed of reading the file (benchmarks/bench_token_scan.py). Its
+result is kept in ``CACHE`` in the run's ``data.work_dir``, keyed by the file's resolved path, size
+and modification time: a rerun reads no token file again, and a rewritten file is scanned again.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _write_cache(cache: Optional[Path], entries: dict) -> None:
 
 
 def scan(path: Path, dtype: np.dtype, advance: Callable[[int], None] = lambda n: None) -> TokenMax:
-    """The largest id of ``path`` read as ``dtype`` tokens (a whole number of them), chunk by chunk."""
+    """The largest id of ``path`` read as whole ``dtype`` tokens, chunk by chunk."""
     n = path.stat().st_size // dtype.itemsize
     if n == 0:
         return TokenMax(-1, -1)
@@ -117,7 +117,7 @@ def max_token(
 
 
 class _Progress:
-    """``advance(bytes)`` of a rich progress bar on stderr for a long scan; a no-op for a short one."""
+    """``advance(bytes)`` of a rich progress bar on stderr for a long scan; no-op for short ones."""
 
     def __init__(self, total: int):
         self.total, self.bar = total, None
@@ -154,15 +154,17 @@ def _head(url: str, timeout: float) -> Optional[str]:
         return f"HTTP {e.code} {e.reason}"
     except URLError as e:
         reason = e.reason
-        return f"unreachable ({reason.strerror if isinstance(reason, OSError) and reason.strerror else reason})"
+        if isinstance(reason, OSError) and reason.strerror:
+            reason = reason.strerror
+        return f"unreachable ({reason})"
     except (OSError, ValueError) as e:  # a timeout mid-reply, a malformed URL
         return f"unreachable ({type(e).__name__}: {' '.join(str(e).split()) or 'no answer'})"
 
 
 def unreachable(urls: Sequence[str], timeout: float = HEAD_TIMEOUT_S) -> Optional[tuple[str, str]]:
-    """The first (in the given order) HTTP(S) URL of ``urls`` that does not answer, and why; None when
-    every one does. One HEAD each, ``HEAD_WORKERS`` at a time; other schemes (s3, gs, r2, weka) are
-    not checked here (OLMo-core's clients need their credentials)."""
+    """The first (in the given order) HTTP(S) URL of ``urls`` that does not answer, and why; None
+    when every one does. One HEAD each, ``HEAD_WORKERS`` at a time; other schemes (s3, gs, r2, weka)
+    are not checked here (OLMo-core's clients need their credentials)."""
     http = [u for u in dict.fromkeys(urls) if u.startswith(("http://", "https://"))]
     if not http:
         return None
@@ -175,8 +177,8 @@ def unreachable(urls: Sequence[str], timeout: float = HEAD_TIMEOUT_S) -> Optiona
 
 
 def tokenizer_vocab(path: str) -> int:
-    """The number of ids of a tokenizers JSON file (its model's vocabulary and added tokens), read as
-    JSON; a ValueError in one line when it is not one."""
+    """The number of ids of a tokenizers JSON file (its model's vocabulary and added tokens), read
+    as JSON; a ValueError in one line when it is not one."""
     try:
         data = json.loads(Path(path).read_bytes())
     except UnicodeDecodeError:

@@ -105,7 +105,8 @@ def prepare_demo_corpus(
     corpus = _load(root, key)
     assert corpus is not None
     log.info(
-        f"Demo corpus: {corpus.n_train_tokens:,d} train / {corpus.n_val_tokens:,d} val tokens, vocab {corpus.vocab_size}"
+        f"Demo corpus: {corpus.n_train_tokens:,d} train / {corpus.n_val_tokens:,d} val tokens, "
+        f"vocab {corpus.vocab_size}"
     )
     return corpus
 
@@ -113,7 +114,7 @@ def prepare_demo_corpus(
 def cached_demo_corpus(
     cache_dir: str | Path = ".cache/demo-corpus", *, vocab_size: int = 4096
 ) -> DemoCorpus | None:
-    """The demo corpus :func:`prepare_demo_corpus` would return, if it is built already (nothing is written)."""
+    """The corpus :func:`prepare_demo_corpus` would return, if built already (writes nothing)."""
     _, _, _, key, root = _build_key(cache_dir, vocab_size)
     return _load(root, key)
 

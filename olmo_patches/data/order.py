@@ -36,8 +36,8 @@ OLD_TRAINER_SEED = 6198  # allenai/OLMo configs/official-0425/OLMo2-1B-stage1.ya
 
 
 def olmo_core_seed(old_trainer_seed: int) -> int:
-    """OLMo-core's loader seed giving the old trainer's order: both shuffle with PCG64(seed + epoch),
-    but OLMo-core's first epoch is 1 and the old trainer's 0."""
+    """OLMo-core's loader seed giving the old trainer's order: both shuffle with PCG64(seed +
+    epoch), but OLMo-core's first epoch is 1 and the old trainer's 0."""
     return old_trainer_seed - 1
 
 
@@ -77,7 +77,8 @@ def read_paths_file(path: Path) -> list[str]:
         actual = sha256_file(path)
         if actual != expected:
             raise DataOrderError(
-                f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file list changed"
+                f"{path} has sha256 {actual}, but {checksum_file.name} pins {expected}: the file "
+                "list changed"
             )
     paths = [
         line.strip()
@@ -91,7 +92,7 @@ def read_paths_file(path: Path) -> list[str]:
 
 def rebase(paths: Sequence[str], base: Optional[str], origin: str = PINNED_ORIGIN) -> list[str]:
     """The same relative paths under a mirror ``base`` (a local folder, or a URL of any scheme
-    OLMo-core's IO reads: http(s), s3, gs, ...) instead of ``origin``; unchanged when base is None."""
+    OLMo-core's IO reads: http(s), s3, gs, ...) instead of ``origin``; unchanged without one."""
     if base is None:
         return list(paths)
     if "://" not in base:
@@ -106,7 +107,7 @@ def rebase(paths: Sequence[str], base: Optional[str], origin: str = PINNED_ORIGI
 
 
 def load_pinned_list(base: Optional[str] = None) -> list[str]:
-    """The 1122 OLMo-2 1B Stage 1 files, checked against their pinned sha256; under ``base`` if given."""
+    """The 1122 OLMo-2 1B Stage 1 files, checked against their pinned sha256; under ``base``."""
     return rebase(read_paths_file(PINNED_LIST), base)
 
 

@@ -137,12 +137,7 @@ def materialize(
     reader = reader or RangeReader()
     sources = rebase(spec.paths, base)
     layout = Layout.from_sizes(spec.paths, spec.sizes, spec.seq_len)
-    if spec.num_instances > layout.num_instances:
-        raise DataOrderError(
-            f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}"
-        )
-    if spec.num_instances <= 0 or spec.chunk_instances <= 0:
-        raise DataOrderError("num_instances and chunk_instances must be positive")
+    _check_request(spec, layout)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     index = _open_index(out_dir, spec)
@@ -155,42 +150,64 @@ def materialize(
 
     lock = threading.Lock()
     stop = threading.Event()
-    instance_bytes = spec.seq_len * TOKEN_BYTES
 
     def fetch_chunk(k: int, advance: Callable[[int], None]) -> None:
-        start, stop_at = spec.chunk_range(k)
-        final = out_dir / part_name(k)
-        tmp = out_dir / f".{final.name}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                for i in range(start, stop_at):
-                    if stop.is_set():
-                        return
-                    fi = int(file_idx[i])
-                    data = reader.read(
-                        sources[fi], int(token_off[i]) * TOKEN_BYTES, instance_bytes, spec.sizes[fi]
-                    )
-                    f.write(data)
-                    advance(len(data))
-                f.flush()
-                os.fsync(f.fileno())
-            digest = sha256_file(tmp)
-            os.replace(tmp, final)
-            with lock:
-                index["chunks"][final.name] = {
-                    "start": start,
-                    "count": stop_at - start,
-                    "sha256": digest,
-                }
-                _write_index(out_dir, index)
-        finally:
-            tmp.unlink(missing_ok=True)
+        def read(i: int) -> bytes:
+            fi = int(file_idx[i])
+            offset = int(token_off[i]) * TOKEN_BYTES
+            return reader.read(sources[fi], offset, spec.seq_len * TOKEN_BYTES, spec.sizes[fi])
 
-    total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo) * instance_bytes
+        record = _write_part(out_dir, spec, k, read, stop, advance)
+        if record is not None:
+            with lock:
+                index["chunks"][part_name(k)] = record
+                _write_index(out_dir, index)
+
+    total = sum(spec.chunk_range(k)[1] - spec.chunk_range(k)[0] for k in todo)
+    total *= spec.seq_len * TOKEN_BYTES
     _run_parts(todo, fetch_chunk, stop, total, f"{len(todo)} parts -> {out_dir}", progress, workers)
     index["complete"] = True
     _write_index(out_dir, index)
     return index
+
+
+def _check_request(spec: PrefixSpec, layout: Layout) -> None:
+    if spec.num_instances > layout.num_instances:
+        raise DataOrderError(
+            f"asked for {spec.num_instances} instances, the mix has {layout.num_instances}"
+        )
+    if spec.num_instances <= 0 or spec.chunk_instances <= 0:
+        raise DataOrderError("num_instances and chunk_instances must be positive")
+
+
+def _write_part(
+    out_dir: Path,
+    spec: PrefixSpec,
+    k: int,
+    read: Callable[[int], bytes],
+    stop: threading.Event,
+    advance: Callable[[int], None],
+) -> Optional[dict[str, Any]]:
+    """Write part ``k`` (instances ``read(i)`` in order) atomically; its index record, or None
+    when ``stop`` was set before it was complete (nothing is left behind)."""
+    start, stop_at = spec.chunk_range(k)
+    final = out_dir / part_name(k)
+    tmp = out_dir / f".{final.name}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            for i in range(start, stop_at):
+                if stop.is_set():
+                    return None
+                data = read(i)
+                f.write(data)
+                advance(len(data))
+            f.flush()
+            os.fsync(f.fileno())
+        digest = sha256_file(tmp)
+        os.replace(tmp, final)
+        return {"start": start, "count": stop_at - start, "sha256": digest}
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _open_index(out_dir: Path, spec: PrefixSpec) -> dict[str, Any]:
@@ -209,7 +226,8 @@ def _open_index(out_dir: Path, spec: PrefixSpec) -> dict[str, Any]:
     elif index["spec"] != spec_json:
         changed = [k for k in spec_json if index["spec"].get(k) != spec_json[k]]
         raise DataOrderError(
-            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new directory"
+            f"{out_dir} holds a prefix made with different {', '.join(changed)}; use a new "
+            "directory"
         )
     return index
 
@@ -283,7 +301,8 @@ def verify_prefix(
             problems.append(f"{name}: missing")
         elif path.stat().st_size != (stop - start) * spec.seq_len * TOKEN_BYTES:
             problems.append(
-                f"{name}: {path.stat().st_size} bytes, expected {(stop - start) * spec.seq_len * TOKEN_BYTES}"
+                f"{name}: {path.stat().st_size} bytes, expected "
+                f"{(stop - start) * spec.seq_len * TOKEN_BYTES}"
             )
         elif sha256_file(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from index.json")

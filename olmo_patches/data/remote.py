@@ -247,6 +247,7 @@ def load_manifest(path: Path, paths: Sequence[str]) -> list[int]:
             min(len(listed), len(paths)),
         )
         raise DataOrderError(
-            f"manifest {path} does not match the file list (first difference at entry {first}): rebuild it"
+            f"manifest {path} does not match the file list (first difference at entry {first}): "
+            "rebuild it"
         )
     return [int(f[1]) for f in files]

@@ -103,7 +103,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# ---- inputs ---------------------------------------------------------------------------------------
+# ---- inputs --------------------------------------------------------------------------------------
 
 
 def _kind(path: Path) -> str:
@@ -153,85 +153,97 @@ def _utf8(raw: bytes, where: str) -> str:
 
 
 def iter_texts(path: str, kind: str, field: str) -> Iterator[str]:
-    """The documents of one input, in order; a bad one raises :class:`InputError` naming file and line."""
+    """The documents of one input, in order; a bad one: :class:`InputError` naming file and line."""
+    reader = {
+        "jsonl": _jsonl_texts,
+        "jsonl.gz": _jsonl_texts,
+        "parquet": _parquet_texts,
+        "hf": _hf_texts,
+    }.get(kind, _text_file)
     n = 0
-    if kind in ("jsonl", "jsonl.gz"):
-        opener = gzip.open if kind == "jsonl.gz" else open
-        with opener(path, "rb") as f:
-            try:
-                for line_no, raw in enumerate(f, 1):
-                    if not raw.strip():
-                        continue
-                    where = f"{path}:{line_no}"
-                    try:
-                        doc = json.loads(_utf8(raw, where))
-                    except json.JSONDecodeError as e:
-                        raise InputError(f"{where}: not a JSON line ({e.msg})") from None
-                    if not isinstance(doc, dict) or field not in doc:
-                        raise InputError(f"{where}: no {field!r} field (--text-field)")
-                    if not isinstance(doc[field], str):
-                        raise InputError(
-                            f"{where}: {field!r} is {type(doc[field]).__name__}, not text"
-                        )
-                    n += 1
-                    yield doc[field]
-            except (OSError, EOFError) as e:  # a truncated or corrupt gzip stream
-                raise InputError(f"{path}: unreadable ({' '.join(str(e).split())})") from None
-    elif kind == "parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            pf = pq.ParquetFile(path)
-        except Exception as e:  # noqa: BLE001 (pyarrow's ArrowInvalid and friends)
-            raise InputError(
-                f"{path}: not a parquet file ({' '.join(str(e).split())[:120]})"
-            ) from None
-        if field not in pf.schema_arrow.names:
-            raise InputError(
-                f"{path}: no {field!r} column (--text-field; it has {', '.join(pf.schema_arrow.names)})"
-            )
-        for batch in pf.iter_batches(columns=[field], batch_size=1024):
-            for text in batch.column(0).to_pylist():
-                n += 1
-                if not isinstance(text, str):
-                    raise InputError(
-                        f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text"
-                    )
-                yield text
-    elif kind == "hf":
-        try:
-            import datasets
-        except ImportError:
-            raise InputError(
-                f"{path}: a Hugging Face datasets folder needs the datasets package"
-            ) from None
-        ds = datasets.load_from_disk(path)
-        if field not in ds.column_names:
-            raise InputError(
-                f"{path}: no {field!r} column (--text-field; it has {', '.join(ds.column_names)})"
-            )
-        for batch in ds.select_columns([field]).iter(batch_size=1024):
-            for text in batch[field]:
-                n += 1
-                if not isinstance(text, str):
-                    raise InputError(
-                        f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text"
-                    )
-                yield text
-    else:  # a plain text file: one document
-        raw = Path(path).read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            line = raw.count(b"\n", 0, e.start) + 1
-            raise InputError(
-                f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
-            ) from None
-        if text:
-            n += 1
-            yield text
+    for text in reader(path, kind, field):
+        n += 1
+        yield text
     if n == 0:
         raise InputError(f"{path}: empty input file (no documents)")
+
+
+def _jsonl_texts(path: str, kind: str, field: str) -> Iterator[str]:
+    opener = gzip.open if kind == "jsonl.gz" else open
+    with opener(path, "rb") as f:
+        try:
+            for line_no, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                where = f"{path}:{line_no}"
+                try:
+                    doc = json.loads(_utf8(raw, where))
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{where}: not a JSON line ({e.msg})") from None
+                if not isinstance(doc, dict) or field not in doc:
+                    raise InputError(f"{where}: no {field!r} field (--text-field)")
+                if not isinstance(doc[field], str):
+                    raise InputError(f"{where}: {field!r} is {type(doc[field]).__name__}, not text")
+                yield doc[field]
+        except (OSError, EOFError) as e:  # a truncated or corrupt gzip stream
+            raise InputError(f"{path}: unreadable ({' '.join(str(e).split())})") from None
+
+
+def _parquet_texts(path: str, kind: str, field: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 (pyarrow's ArrowInvalid and friends)
+        raise InputError(f"{path}: not a parquet file ({' '.join(str(e).split())[:120]})") from None
+    _check_column(path, field, pf.schema_arrow.names)
+    batches = pf.iter_batches(columns=[field], batch_size=1024)
+    yield from _column_texts(path, field, (b.column(0).to_pylist() for b in batches))
+
+
+def _hf_texts(path: str, kind: str, field: str) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise InputError(
+            f"{path}: a Hugging Face datasets folder needs the datasets package"
+        ) from None
+    ds = datasets.load_from_disk(path)
+    _check_column(path, field, ds.column_names)
+    batches = ds.select_columns([field]).iter(batch_size=1024)
+    yield from _column_texts(path, field, (b[field] for b in batches))
+
+
+def _check_column(path: str, field: str, names: Sequence[str]) -> None:
+    if field not in names:
+        raise InputError(f"{path}: no {field!r} column (--text-field; it has {', '.join(names)})")
+
+
+def _column_texts(path: str, field: str, batches: Iterator[list]) -> Iterator[str]:
+    """A table column's values, in batches, each checked to be text (rows numbered from 1)."""
+    n = 0
+    for batch in batches:
+        for text in batch:
+            n += 1
+            if not isinstance(text, str):
+                raise InputError(
+                    f"{path}:{n}: row {n}'s {field!r} is {type(text).__name__}, not text"
+                )
+            yield text
+
+
+def _text_file(path: str, kind: str, field: str) -> Iterator[str]:
+    """A plain text file: one document."""
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise InputError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        ) from None
+    if text:
+        yield text
 
 
 def scan(inputs: Sequence[Tuple[str, str]], field: str) -> List[int]:
@@ -248,7 +260,7 @@ def _documents(inputs: Sequence[Tuple[str, str]], field: str, skip: int) -> Iter
             n += 1
 
 
-# ---- workers --------------------------------------------------------------------------------------
+# ---- workers -------------------------------------------------------------------------------------
 
 _worker: dict = {}
 
@@ -279,7 +291,7 @@ def _encode(texts: List[str]) -> Tuple[np.ndarray, np.ndarray]:
     return out, lengths
 
 
-# ---- shards ---------------------------------------------------------------------------------------
+# ---- shards --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -408,13 +420,43 @@ def tokenize(
     tokenization (other inputs, tokenizer or settings) is refused; one holding this one resumes."""
     counts = scan(inputs, field)
     settings = _settings(inputs, counts, tokenizer, name, field, shard_tokens)
+    earlier = _earlier_run(out, settings, tokenizer)
+    if isinstance(earlier, dict):  # finished: its manifest
+        return earlier
+    shards = earlier
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.tmp"):  # a shard cut off by a crash: redone from its first document
+        stale.unlink()
+    first = shards[-1].next_document if shards else 0
+    total = sum(counts)
+    writer = _Writer(out, shard_tokens, settings, shards, first)
+    docs = _documents(inputs, field, first)
+    _encode_all(docs, writer, tokenizer, workers, batch_docs, progress, total, first)
+    manifest = dict(
+        settings,
+        files=[
+            {"path": s.file, "tokens": s.tokens, "documents": s.documents, "sha256": s.sha256}
+            for s in shards
+        ],
+        tokens=sum(s.tokens for s in shards),
+        documents=total,
+    )
+    _write_json(out / MANIFEST, manifest)
+    (out / PROGRESS).unlink()
+    return manifest
+
+
+def _earlier_run(out: Path, settings: dict, tokenizer: TokenizerInfo):
+    """What ``out`` holds of this tokenization: its manifest when finished, else the shards
+    finished so far (checked against their records); another tokenization is refused."""
     shards: List[_Shard] = []
     for earlier in (out / MANIFEST, out / PROGRESS):
         if earlier.is_file():
             old = json.loads(earlier.read_text())
             if changed := _same_run(old, settings):
                 raise InputError(
-                    f"{out}: holds another tokenization (changed: {', '.join(changed)}); use another --out"
+                    f"{out}: holds another tokenization (changed: {', '.join(changed)}); "
+                    "use another --out"
                 )
             if earlier.name == MANIFEST:
                 return old
@@ -428,31 +470,36 @@ def tokenize(
             raise InputError(
                 f"{out / s.file}: not the recorded {s.tokens} tokens; remove {out} and rerun"
             )
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.tmp"):  # a shard cut off by a crash: redone from its first document
-        stale.unlink()
-    first = shards[-1].next_document if shards else 0
-    total = sum(counts)
+    return shards
+
+
+def _encode_all(
+    docs: Iterator[str],
+    writer: _Writer,
+    tokenizer: TokenizerInfo,
+    workers: int,
+    batch_docs: int,
+    progress,
+    total: int,
+    first: int,
+) -> None:
+    """Encode ``docs`` over ``workers`` processes and write them in order, then close the shard."""
     task = (
         progress.add_task("tokenizing", total=total, completed=first, tokens=0)
         if progress is not None
         else None
     )
-    writer = _Writer(out, shard_tokens, settings, shards, first)
     dtype = tokenizer.dtype.name
     init = (tokenizer.file, tokenizer.eos_token_id, tokenizer.bos_token_id, dtype)
-    ctx = multiprocessing.get_context(
-        "spawn"
-    )  # fresh workers: no thread of this process (rich's) forked
+    # fresh workers: no thread of this process (rich's) forked
+    ctx = multiprocessing.get_context("spawn")
     if progress is not None:  # a rich Progress, shown once the checks have passed
         progress.start()
     try:
         with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
-            pending: deque = deque()
-            for batch in _batches(_documents(inputs, field, first), batch_docs):
-                pending.append(
-                    pool.apply_async(_encode, (batch,))
-                )  # a bounded window, written in order
+            pending: deque = deque()  # a bounded window, written in order
+            for batch in _batches(docs, batch_docs):
+                pending.append(pool.apply_async(_encode, (batch,)))
                 if len(pending) >= 2 * workers:
                     _write(writer, pending.popleft().get(), progress, task)
             while pending:
@@ -461,18 +508,6 @@ def tokenize(
     finally:
         if progress is not None:
             progress.stop()
-    manifest = dict(
-        settings,
-        files=[
-            {"path": s.file, "tokens": s.tokens, "documents": s.documents, "sha256": s.sha256}
-            for s in shards
-        ],
-        tokens=sum(s.tokens for s in shards),
-        documents=total,
-    )
-    _write_json(out / MANIFEST, manifest)
-    (out / PROGRESS).unlink()
-    return manifest
 
 
 def _batches(docs: Iterator[str], n: int) -> Iterator[List[str]]:
@@ -535,7 +570,10 @@ def other_tokenizer(
         (got["vocab_size"], got["eos_token_id"], got.get("bos_token_id")),
     )
     if mine != theirs:
-        return f"tokenized with {got.get('name')} ({_ids(*theirs)}), not the config's {name} ({_ids(*mine)})"
+        return (
+            f"tokenized with {got.get('name')} ({_ids(*theirs)}), "
+            f"not the config's {name} ({_ids(*mine)})"
+        )
     if manifest["dtype"] != dtype_for(vocab_size).name:
         return f"dtype {manifest['dtype']}, the vocabulary's is {dtype_for(vocab_size).name}"
     if (

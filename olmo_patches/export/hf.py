@@ -104,9 +104,10 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
     built = m.build(vocab_size=vocab)
     kwargs: dict = {}
     if isinstance(built, VariableWidthTransformerConfig):
+        blocks = built.resolved_block_configs
         kwargs = dict(
             widths=list(built.widths),
-            hidden_sizes=[b.feed_forward.hidden_size for b in built.resolved_block_configs],  # type: ignore[union-attr]
+            hidden_sizes=[b.feed_forward.hidden_size for b in blocks],  # type: ignore[union-attr]
             resize=str(built.resize),
         )
         if built.mup is not None:
@@ -138,15 +139,16 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
     )
     config.auto_map = {
         "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
-        "AutoModel": "modeling_hourglass_olmo.HourglassOlmoModel",  # what vLLM's Transformers backend builds
+        # what vLLM's Transformers backend builds
+        "AutoModel": "modeling_hourglass_olmo.HourglassOlmoModel",
         "AutoModelForCausalLM": "modeling_hourglass_olmo.HourglassOlmoForCausalLM",
     }
     return config
 
 
 def to_custom_names(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """OLMo-core parameter names -> the modeling file's: ``model.`` before each, but the output norm
-    (``lm_head.norm`` -> ``model.norm``) and the output projection (``lm_head.w_out`` -> ``lm_head``)."""
+    """OLMo-core parameter names -> the modeling file's: ``model.`` before each, but the output
+    norm (``lm_head.norm`` -> ``model.norm``) and projection (``lm_head.w_out`` -> ``lm_head``)."""
     out = {}
     for key, value in state.items():
         if key.startswith("lm_head.norm."):
@@ -162,7 +164,8 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     from .modeling_hourglass_olmo import HourglassOlmoForCausalLM
 
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
-    # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same order.
+    # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same
+    # order.
     shapes = {k: v.shape for k, v in model.state_dict().items()}
     custom = {
         k: v.reshape(shapes[k])
@@ -174,7 +177,8 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     tied = ["lm_head.weight"] if spec.model.tie_embeddings else []
     if unexpected or not set(missing) <= set(tied):
         raise ValueError(
-            f"the checkpoint does not fit the exported model: missing {missing}, unexpected {unexpected}"
+            f"the checkpoint does not fit the exported model: missing {missing}, unexpected "
+            f"{unexpected}"
         )
     if tied:
         model.tie_weights()
@@ -182,23 +186,24 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
 
 
 def custom_model(spec: ExperimentSpec, state: Dict[str, torch.Tensor]):
-    """The custom-code export of any shape (uniform ones too), in memory, with OLMo-core's ``state``."""
+    """The custom-code export of any shape (uniform too), in memory, with OLMo-core's ``state``."""
     return _custom(spec, state, state["embeddings.weight"].shape[0], spec.data.sequence_length)
 
 
-# The special tokens of both tokenizers (dolma2 and the demo's) by name, as tokenizer_config.json names them.
+# The special tokens of both tokenizers (dolma2 and the demo's) by name, as tokenizer_config.json
+# names them.
 SPECIAL_TOKENS = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>"}
 
 
 def token_ids(spec: ExperimentSpec) -> Dict[str, int]:
-    """bos, eos and pad ids of the run's tokenizer; no BOS token of its own: bos = eos (OLMo-2's HF config)."""
+    """bos, eos and pad ids of the run's tokenizer; no BOS token: bos = eos (OLMo-2's HF config)."""
     tok = tokenizer_config(spec)
     bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     return dict(bos_token_id=bos, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
 
 def _check_tokenizer(path: Path, ids: Dict[str, int], vocab: int) -> Dict[str, str]:
-    """The special tokens' strings of a tokenizer JSON that fits the model; ValueError (one line) if not."""
+    """The special tokens of a tokenizer JSON that fits the model; ValueError (one line) if not."""
     from tokenizers import Tokenizer
 
     try:
@@ -214,7 +219,8 @@ def _check_tokenizer(path: Path, ids: Dict[str, int], vocab: int) -> Dict[str, s
     for name, text in SPECIAL_TOKENS.items():
         if (got := tok.token_to_id(text)) != ids[name + "_id"]:
             raise ValueError(
-                f"--tokenizer {path}: {text} is id {got}, the model was trained with {name}_id {ids[name + '_id']}"
+                f"--tokenizer {path}: {text} is id {got}, the model was trained with {name}_id "
+                f"{ids[name + '_id']}"
             )
     return {"bos_token": tok.id_to_token(ids["bos_token_id"]), **SPECIAL_TOKENS}
 
@@ -237,8 +243,9 @@ def _architecture(spec: ExperimentSpec, vocab: int) -> list[str]:
     block = block_of(m)
     shape = [
         f"- block: {block.label}" + (f" ({more})" if (more := block.describe(m)) else ""),
-        f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} key/value heads), "
-        f"{m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary {vocab}",
+        f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} "
+        f"key/value heads), {m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary "
+        f"{vocab}",
     ]
     if (widths := m.layer_widths) != [m.d_model] * m.n_layers:
         shape.append(
@@ -253,46 +260,48 @@ def _how_to_load(kind: str) -> tuple[str, str]:
     if kind == "olmo2":
         load = (
             "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' Olmo2ForCausalLM\n"
+            "model = AutoModelForCausalLM.from_pretrained(FOLDER)  # transformers' "
+            "Olmo2ForCausalLM\n"
             "tokenizer = AutoTokenizer.from_pretrained(FOLDER)"
         )
         return load, "vllm serve FOLDER  # vLLM's own Olmo2ForCausalLM"
     load = (
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # modeling_hourglass_olmo.py\n"
+        "model = AutoModelForCausalLM.from_pretrained(FOLDER, trust_remote_code=True)  # "
+        "modeling_hourglass_olmo.py\n"
         "# attn_implementation='eager' | 'sdpa' | 'flash_attention_2' | any registered function\n"
-        "# transformers >= 5 reads config.json before the tokenizer: without trust_remote_code=True a terminal asks\n"
+        "# transformers >= 5 reads config.json before the tokenizer: without "
+        "trust_remote_code=True a terminal asks\n"
         "tokenizer = AutoTokenizer.from_pretrained(FOLDER, trust_remote_code=True)"
     )
     return (
         load,
-        "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers backend",
+        "vllm serve FOLDER --trust-remote-code --model-impl transformers  # vLLM's Transformers "
+        "backend",
     )
 
 
 def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) -> str:
-    """The export's README.md: architecture, parameters, training data and steps, the config, how to load."""
+    """The export's README.md: architecture, parameters, data and steps, the config, how to load."""
     from ..config import spec_to_yaml
     from ..nn.accounting import breakdown
 
     m, d = spec.model, spec.data
     counts = breakdown(m.build(vocab_size=vocab).build(init_device="meta"), d.sequence_length)
     shape = _architecture(spec, vocab)
-    step = _step(checkpoint)
-    tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
-    source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
-    steps = (
-        f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens ({tokens:,} tokens)"
-        if step is not None
-        else "unknown steps"
-    )
     load, serve = _how_to_load(kind)
+    what = (
+        "transformers Olmo2ForCausalLM"
+        if kind == "olmo2"
+        else "custom-code (modeling_hourglass_olmo.py)"
+    )
     return "\n".join(
         [
             f"# {spec.run.name}",
             "",
-            f"A {'transformers Olmo2ForCausalLM' if kind == 'olmo2' else 'custom-code (modeling_hourglass_olmo.py)'} export of an "
-            "hourglass-olmo checkpoint (OLMo-core), written by `hourglass-export` (scripts/export_hf.py).",
+            f"A {what} export of an "
+            "hourglass-olmo checkpoint (OLMo-core), written by `hourglass-export` "
+            "(scripts/export_hf.py).",
             "",
             "## Architecture",
             "",
@@ -300,12 +309,12 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
             "",
             "## Parameters",
             "",
-            f"- total {counts.total:,}; non-embedding (attention and FFN weight matrices, as the papers count) {counts.non_embedding:,}",
+            f"- total {counts.total:,}; non-embedding (attention and FFN weight matrices, as the "
+            f"papers count) {counts.non_embedding:,}",
             "",
             "## Training",
             "",
-            f"- data: {source}; sequence length {d.sequence_length}",
-            f"- {steps}, checkpoint `{checkpoint.name}`",
+            *_training(spec, checkpoint),
             "",
             "## How to load",
             "",
@@ -325,6 +334,24 @@ def model_card(spec: ExperimentSpec, kind: str, checkpoint: Path, vocab: int) ->
             "",
         ]
     )
+
+
+def _training(spec: ExperimentSpec, checkpoint: Path) -> list[str]:
+    """The model card's training lines: the data and the steps up to the checkpoint."""
+    d = spec.data
+    step = _step(checkpoint)
+    tokens = step * spec.train.global_batch_size * d.sequence_length if step is not None else None
+    source = DATA.get(d.source, f"token files ({d.mix or ', '.join(d.paths) or 'numpy'})")
+    steps = (
+        f"{step:,} steps of {spec.train.global_batch_size} x {d.sequence_length} tokens "
+        f"({tokens:,} tokens)"
+        if step is not None
+        else "unknown steps"
+    )
+    return [
+        f"- data: {source}; sequence length {d.sequence_length}",
+        f"- {steps}, checkpoint `{checkpoint.name}`",
+    ]
 
 
 def _exportable(config_path: Path) -> ExperimentSpec:
@@ -362,37 +389,15 @@ def export_hf(
     an earlier export's files in ``out_dir`` (EXPORT_FILES) are removed first, so that none of them
     (another model's tokenizer, say) is left beside this one; other files stay."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
-    if config is not None:  # an explicit config is checked before the checkpoint
-        _exportable(Path(config))
-    if not checkpoint.is_dir():
-        raise ValueError(
-            f"CHECKPOINT {checkpoint}: {'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
-        )
-    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
-        raise ValueError(
-            f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
-        )
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"OUT_DIR {out}: a file, not a folder")
-    config_path = Path(config) if config else checkpoint.parent / "config.yaml"
-    spec = _exportable(config_path)
-    # another model's checkpoint (its vocabulary too) is refused by its metadata, before any weight is read
-    check_checkpoint_fits(
-        checkpoint,
-        spec,
-        f"--config {config_path}: CHECKPOINT {checkpoint}"
-        if config
-        else f"CHECKPOINT {checkpoint}",
-    )
+    spec = _checked_sources(checkpoint, out, config)
     state = load_model_state(checkpoint)
     vocab = state["embeddings.weight"].shape[0]
-    max_len = spec.data.sequence_length
     ids = token_ids(spec)
     specials = (
         _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
     )
     kind = "olmo2" if is_olmo2_shape(spec) else "custom"
-    model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, max_len)
+    model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, spec.data.sequence_length)
     model.config.update(ids)
     from transformers import GenerationConfig
 
@@ -406,11 +411,40 @@ def export_hf(
         shutil.copy(MODELING, out / MODELING.name)
     (out / "README.md").write_text(model_card(spec, kind, checkpoint, vocab))
     if tokenizer_file is not None:
-        shutil.copy(tokenizer_file, out / "tokenizer.json")
-        tok_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": max_len,
-            **(specials or {}),
-        }
-        (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))
+        _write_tokenizer(out, Path(tokenizer_file), spec.data.sequence_length, specials)
     return kind
+
+
+def _checked_sources(checkpoint: Path, out: Path, config: Optional[str | Path]):
+    """The spec to export, once the checkpoint, the output folder and the config are checked
+    (another model's checkpoint, its vocabulary too, is refused by its metadata before any
+    weight is read)."""
+    if config is not None:  # an explicit config is checked before the checkpoint
+        _exportable(Path(config))
+    if not checkpoint.is_dir():
+        what = "a file, not a checkpoint folder" if checkpoint.exists() else "no such folder"
+        raise ValueError(f"CHECKPOINT {checkpoint}: {what}")
+    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
+        raise ValueError(
+            f"CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT_DIR {out}: a file, not a folder")
+    config_path = Path(config) if config else checkpoint.parent / "config.yaml"
+    spec = _exportable(config_path)
+    where = (
+        f"--config {config_path}: CHECKPOINT {checkpoint}" if config else f"CHECKPOINT {checkpoint}"
+    )
+    check_checkpoint_fits(checkpoint, spec, where)
+    return spec
+
+
+def _write_tokenizer(out: Path, tokenizer_file: Path, max_len: int, specials: Optional[dict]):
+    """The tokenizer beside the model, as ``AutoTokenizer`` loads it."""
+    shutil.copy(tokenizer_file, out / "tokenizer.json")
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        **(specials or {}),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=1))

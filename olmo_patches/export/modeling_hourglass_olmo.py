@@ -1,16 +1,16 @@
 """Hugging Face modeling code for models trained with hourglass-olmo (copied into each export).
 
 Plain PyTorch, no OLMo-core needed: load with ``AutoModelForCausalLM.from_pretrained(DIR,
-trust_remote_code=True)`` (``AutoModel``: the model without its output projection, whose hidden states
-are the output norm's). Parameter names are OLMo-core's under ``model.``, but for the output norm
-(``model.norm``) and the output projection (``lm_head``). Attention goes through transformers'
-attention interface: ``attn_implementation`` = ``eager`` (here), ``sdpa``, ``flash_attention_2`` or any
-function registered with ``AttentionInterface.register`` (a serving engine's, e.g. vLLM's
+trust_remote_code=True)`` (``AutoModel``: the model without its output projection, whose hidden
+states are the output norm's). Parameter names are OLMo-core's under ``model.``, but for the output
+norm (``model.norm``) and the output projection (``lm_head``). Attention goes through transformers'
+attention interface: ``attn_implementation`` = ``eager`` (here), ``sdpa``, ``flash_attention_2`` or
+any function registered with ``AttentionInterface.register`` (a serving engine's, e.g. vLLM's
 Transformers backend). Covers the blocks
 this project trains: the conventional SwiGLU FFN and the hourglass FFN (K stacked wide-narrow-wide
 sub-MLPs, each with its own norm and residual), pre-norm (the papers' equations) or post-norm
-(OLMo-2's reordered norm), with or without QK-norm, RoPE (optionally Llama-3.1 scaled), grouped-query
-attention, a head size apart from d_model / n_heads, untied or tied LM head; and
+(OLMo-2's reordered norm), with or without QK-norm, RoPE (optionally Llama-3.1 scaled),
+grouped-query attention, a head size apart from d_model / n_heads, untied or tied LM head; and
 variable-width models (paper 2): layer l at its own width w_l inside a stream max(h, max w_l) wide,
 resized by ``carry_forward``, ``zero`` or ``learned`` (see ``Block``), with the paper's muP forward
 multipliers. A uniform model is the special case w_l = d_model. Generation keeps a KV cache
@@ -31,7 +31,8 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-# The KV cache's argument and output field: "cache" from transformers 5.24 on, "past_key_values" before.
+# The KV cache's argument and output field: "cache" from transformers 5.24 on, "past_key_values"
+# before.
 CACHE = (
     "cache"
     if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {})
@@ -57,18 +58,19 @@ class HourglassOlmoConfig(PretrainedConfig):
         norm_placement: str = "pre",  # pre: x + f(norm(x)) | post: x + norm(f(x))
         qk_norm: bool = False,
         rope_theta: float = 500000.0,
-        # Llama-3.1 RoPE scaling: factor, low_freq_factor, high_freq_factor, original_max_position_embeddings
-        # (not "rope_scaling", which transformers 5 rewrites into its own rope_parameters)
+        # Llama-3.1 RoPE scaling: factor, low_freq_factor, high_freq_factor,
+        # original_max_position_embeddings (not "rope_scaling", which transformers 5 rewrites
+        # into its own rope_parameters)
         llama3_rope: Optional[dict] = None,
         norm_eps: float = 1e-6,
         tie_word_embeddings: bool = False,
         widths: Optional[List[int]] = None,  # variable width: w_1..w_L (None: every layer d_model)
-        hidden_sizes: Optional[
-            List[int]
-        ] = None,  # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
+        # per layer: SwiGLU hidden or d_h (None: ffn_hidden / d_h)
+        hidden_sizes: Optional[List[int]] = None,
         resize: str = "carry_forward",  # variable width: carry_forward | zero | learned
         embed_scale: float = 1.0,  # muP: embeddings x m_emb
-        residual_scale: float = 1.0,  # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
+        # muP: every residual branch (attention, SwiGLU, each hourglass sub-MLP) x m_residual
+        residual_scale: float = 1.0,
         logit_scale: float = 1.0,  # muP: 1 / m_width, after the output norm
         attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
@@ -79,33 +81,29 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.rope_theta, self.norm_eps, self.llama3_rope = rope_theta, norm_eps, llama3_rope
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
-        self.embed_scale, self.residual_scale, self.logit_scale = (
-            embed_scale,
-            residual_scale,
-            logit_scale,
-        )
-        self.attention_scale_power = attention_scale_power
-        self.hidden_size, self.num_hidden_layers, self.num_attention_heads = (
-            d_model,
-            n_layers,
-            n_heads,
-        )
-        self.num_key_value_heads = n_kv_heads or n_heads
+        self.embed_scale, self.residual_scale = embed_scale, residual_scale
+        self.logit_scale, self.attention_scale_power = logit_scale, attention_scale_power
+        # transformers' names
+        self.hidden_size, self.num_hidden_layers = d_model, n_layers
+        self.num_attention_heads, self.num_key_value_heads = n_heads, n_kv_heads or n_heads
         kwargs.pop("layer_shapes", None)  # derived below (a saved config.json holds it too)
-        # Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x head_dim),
-        # for a serving engine that sizes caches per layer; every layer is full causal attention.
-        self.layer_shapes = [
+        self.layer_shapes = self._layer_shapes()
+        kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
+        super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _layer_shapes(self) -> List[dict]:
+        """Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x
+        head_dim), for a serving engine that sizes caches per layer (all full causal attention)."""
+        return [
             {
                 "width": w,
-                "num_attention_heads": n_heads,
-                "num_key_value_heads": n_kv_heads or n_heads,
-                "head_dim": head_dim or w // n_heads,
+                "num_attention_heads": self.n_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim or w // self.n_heads,
                 "ffn_hidden": f,
             }
             for w, f in zip(self.layer_widths, self.layer_hidden_sizes)
         ]
-        kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
-        super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     @property
     def layer_widths(self) -> List[int]:
@@ -141,7 +139,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _inv_freq(theta: float, head_dim: int, scaling: Optional[dict], device) -> torch.Tensor:
-    """RoPE frequencies; Llama-3.1 scaling divides the low ones by ``factor``, blending in between."""
+    """RoPE frequencies; Llama-3.1 scaling divides the low ones by ``factor``, blends the middle."""
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float) / head_dim)
     )
@@ -166,8 +164,8 @@ def eager_attention_forward(
     dropout: float = 0.0,
     **kwargs,
 ):
-    """softmax(q k^T scaling + mask) v, the key/value heads shared by ``num_key_value_groups`` queries each;
-    returns (B, T, heads, head_dim) and the weights, as transformers' attention functions do."""
+    """softmax(q k^T scaling + mask) v, the key/value heads shared by ``num_key_value_groups``
+    queries each; returns (B, T, heads, head_dim) and the weights, as transformers' do."""
     key = key.repeat_interleave(module.num_key_value_groups, dim=1)
     value = value.repeat_interleave(module.num_key_value_groups, dim=1)
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -194,9 +192,9 @@ def causal_mask(
 
 
 class Attention(nn.Module):
-    """n_heads query heads and n_kv_heads key/value heads (each shared by n_heads / n_kv_heads queries)
-    of head_dim each: d -> n_heads head_dim -> d, whatever d. The attention itself is the function
-    ``config._attn_implementation`` names."""
+    """n_heads query heads and n_kv_heads key/value heads (each shared by n_heads / n_kv_heads
+    queries) of head_dim each: d -> n_heads head_dim -> d, whatever d. The attention itself is the
+    function ``config._attn_implementation`` names."""
 
     is_causal = True
 
@@ -268,7 +266,7 @@ class _Stacked(nn.Module):
 
 
 class HourglassFFN(nn.Module):
-    """h_{i+1} = h_i + a MLP_i(norm_i(h_i)) (pre) or h_i + a norm_i(MLP_i(h_i)) (post); returns h_K."""
+    """h_{i+1} = h_i + a MLP_i(norm_i(h_i)) (pre) or h_i + a norm_i(MLP_i(h_i)) (post) -> h_K."""
 
     def __init__(self, c: HourglassOlmoConfig, d: int, d_h: int):
         super().__init__()
@@ -291,8 +289,9 @@ class HourglassFFN(nn.Module):
 
 class Block(nn.Module):
     """Layer l at width w_l. In a stream S = max(h, max w) wide (carry_forward, zero) it reads
-    s[:w_l] (zero: dims past w_{l-1} read as zeros) and writes y_l there; the other dims keep their value.
-    learned: no stream; it reads y_{l-1} truncated to w_l, or projected by ``resize`` when wider."""
+    s[:w_l] (zero: dims past w_{l-1} read as zeros) and writes y_l there; the other dims keep
+    their value. learned: no stream; it reads y_{l-1} truncated to w_l, or projected by
+    ``resize`` when wider."""
 
     def __init__(self, c: HourglassOlmoConfig, layer: int):
         super().__init__()
@@ -361,8 +360,9 @@ class Block(nn.Module):
 
 
 class OutputNorm(RMSNorm):
-    """RMSNorm over the last layer's w_L dims, then to h dims: truncated when w_L >= h, else extended
-    by the stream's dims [w_L, h) (carry_forward and zero) or ``resize`` (learned); x logit_scale."""
+    """RMSNorm over the last layer's w_L dims, then to h dims: truncated when w_L >= h, else
+    extended by the stream's dims [w_L, h) (carry_forward and zero) or ``resize`` (learned);
+    times logit_scale."""
 
     def __init__(self, c: HourglassOlmoConfig):
         last = c.layer_widths[-1]
@@ -394,30 +394,32 @@ class HourglassOlmoPreTrainedModel(PreTrainedModel):
     config_class = HourglassOlmoConfig
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
-    # attention through ALL_ATTENTION_FUNCTIONS: transformers' sdpa and flash kernels, and any registered function
+    # attention through ALL_ATTENTION_FUNCTIONS: transformers' sdpa and flash kernels, and any
+    # registered function
     _supports_attention_backend = True
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flash_attn_2 = True  # transformers 4.x's name
 
     def _init_weights(self, module):
-        """A fresh model (``from_config``): normal(0, 0.02) matrices, unit norms; a loaded one keeps its weights."""
+        """A fresh model (``from_config``): normal(0, 0.02) matrices, unit norms; loaded: kept."""
         if isinstance(module, (nn.Linear, nn.Embedding, _Stacked)):
             nn.init.normal_(module.weight, std=0.02)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 
 
-# What transformers may pass a model's forward besides the tensors; the rest of **kwargs goes to attention.
+# What transformers may pass a model's forward besides the tensors; the rest of **kwargs goes to
+# attention.
 _NOT_ATTENTION = tuple(
-    "output_attentions output_hidden_states return_dict use_cache cache_position token_type_ids logits_to_keep "
-    "num_items_in_batch".split()
+    "output_attentions output_hidden_states return_dict use_cache cache_position token_type_ids "
+    "logits_to_keep num_items_in_batch".split()
 )
 
 
 class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
-    """OLMo-core's Transformer without its output projection (``AutoModel``): the embeddings, the blocks
-    and the output norm (x logit_scale); its hidden states are what the LM head projects."""
+    """OLMo-core's Transformer without its output projection (``AutoModel``): the embeddings, the
+    blocks and the output norm (x logit_scale); its hidden states are what the LM head projects."""
 
     def __init__(self, config: HourglassOlmoConfig):
         super().__init__(config)
@@ -442,7 +444,8 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
         use_cache: Optional[bool] = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        # Left padding is not supported (positions count from the cache): pass unpadded or right-padded inputs.
+        # Left padding is not supported (positions count from the cache): pass unpadded or
+        # right-padded inputs.
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         if use_cache and cache is None:

@@ -1,4 +1,5 @@
-"""What a valid config will cost on GPUs, as one-line warnings (the dry run and a run's start print them):
+"""What a valid config will cost on GPUs, as one-line warnings (the dry run and a run's start print
+them):
 
 - a matmul dimension (a weight's rows or columns, the head dim) that is not a multiple of 8: tensor
   cores pad it or fall back (the exact 0.001% shapes; ``scripts/search.py --aligned`` gives shapes
@@ -21,13 +22,13 @@ from .plan import ASSUMED_MFU
 __all__ = ["advice"]
 
 MATMUL_ALIGN = 8  # bf16 tensor-core tiles (and flash-attention head dims) want multiples of 8
-# benchmarks/bench_loader.py, HTTP +20 ms per request, 4 workers per rank (docs/performance.md: 73 at
-# 4 and 8 workers, 84 without workers): the most one rank's loader was measured to read remotely.
+# benchmarks/bench_loader.py, HTTP +20 ms per request, 4 workers per rank (docs/performance.md: 73
+# at 4 and 8 workers, 84 without workers): the most one rank's loader was measured to read remotely.
 HTTP_INSTANCES_PER_S = 73.0
 
 
 def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
-    """Matmul dimensions not a multiple of MATMUL_ALIGN -> where the first one is (a weight or head_dim)."""
+    """Matmul dims not a multiple of MATMUL_ALIGN -> where the first one is (weight or head_dim)."""
     model = spec.model_config().build(init_device="meta")
     found: dict[int, str] = {}
     from ..nn.hourglass import StackedLinear
@@ -79,7 +80,10 @@ def long_warmup(spec: ExperimentSpec) -> Optional[str]:
     )
     warmup_steps = (warmup or 0) if key == "train.warmup_steps" else (warmup or 0) / per_step
     if steps and warmup_steps > steps:
-        return f"warning: {key}={warmup} ends after the run's {steps} steps: the learning rate never reaches train.lr"
+        return (
+            f"warning: {key}={warmup} ends after the run's {steps} steps: the learning rate never "
+            "reaches train.lr"
+        )
     return None
 
 
@@ -88,15 +92,16 @@ def advice(spec: ExperimentSpec) -> List[str]:
     if dims := unaligned_dims(spec):
         where = ", ".join(f"{d} ({name})" for d, name in sorted(dims.items()))
         lines.append(
-            f"warning: matmul dimensions not a multiple of {MATMUL_ALIGN} (GPU tensor cores pad them): {where}; "
-            "aligned shapes within 0.3%: scripts/search.py --aligned"
+            f"warning: matmul dimensions not a multiple of {MATMUL_ALIGN} (GPU tensor cores pad "
+            f"them): {where}; aligned shapes within 0.3%: scripts/search.py --aligned"
         )
     if _over_http(spec):
         need, card = http_need(spec)
         if need > HTTP_INSTANCES_PER_S:
             lines.append(
-                f"warning: data.source={spec.data.source} over HTTP: one rank needs {need:.0f} instances/s "
-                f"({card}, MFU {ASSUMED_MFU:.0%}), {HTTP_INSTANCES_PER_S:.0f} measured (benchmarks/bench_loader.py); "
-                "materialize a prefix (docs/data_order.md) or set data.base to a local mirror"
+                f"warning: data.source={spec.data.source} over HTTP: one rank needs {need:.0f} "
+                f"instances/s ({card}, MFU {ASSUMED_MFU:.0%}), {HTTP_INSTANCES_PER_S:.0f} measured "
+                "(benchmarks/bench_loader.py); materialize a prefix (docs/data_order.md) or set "
+                "data.base to a local mirror"
             )
     return lines

@@ -112,7 +112,8 @@ def matrix_entropy(
         p = p[p > 0]
         H = float(-(p * p.log()).sum())
         N, d = M.shape
-        most = math.log(h) if normaliser == "fixed" else math.log(min(N - 1 if centre else N, d))  # type: ignore[arg-type]
+        n = N - 1 if centre else N
+        most = math.log(h if normaliser == "fixed" else min(n, d))  # type: ignore[arg-type]
         Hs.append(H)
         normed.append(H / most if most > 0 else 0.0)
     return sum(Hs) / len(Hs), sum(normed) / len(normed)
@@ -267,9 +268,9 @@ def validation_batch(
 
 def checkpoint_spec(checkpoint: str | Path):
     """(spec, step folder) of a checkpoint (RUN/stepN) or a run folder (its latest complete
-    checkpoint), the spec from the run folder's config.yaml, whose model the checkpoint's weights must
-    fit (their shapes, from its metadata). Raises ValueError (a ConfigError for a misfit) naming what
-    is missing or differs."""
+    checkpoint), the spec from the run folder's config.yaml, whose model the checkpoint's weights
+    must fit (their shapes, from its metadata). Raises ValueError (a ConfigError for a misfit)
+    naming what is missing or differs."""
     from ..config import load_spec
     from ..train.checkpoints import latest_complete
     from ..train.contract import check_checkpoint_fits

@@ -1,5 +1,6 @@
 """The per-layer analyses' conventions where the definitions in use differ (analysis.py's docstring
-gives the reasons for the defaults), without torch: a command line parses them before torch loads."""
+gives the reasons for the defaults), without torch: a command line parses them before torch is
+imported."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class Conventions:
     def __post_init__(self):
         if self.pooling not in POOLINGS or self.normaliser not in NORMALISERS:
             raise ValueError(
-                f"pooling={self.pooling} (one of {POOLINGS}), normaliser={self.normaliser} (one of {NORMALISERS})"
+                f"pooling={self.pooling} (one of {POOLINGS}), normaliser={self.normaliser} (one of "
+                f"{NORMALISERS})"
             )
 
 

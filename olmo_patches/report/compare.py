@@ -1,4 +1,5 @@
-"""A sweep's members compared over seeds: is a gap real (report/stats.py), and at which learning rate.
+"""A sweep's members compared over seeds: is a gap real (report/stats.py), and at which learning
+rate.
 
 A member is one config of the sweep (its ``run.name``, the group of its runs); its runs are its seed
 offsets at each LR scale (launch/sweep.py :class:`~olmo_patches.launch.sweep.Variants`). Tables:
@@ -46,8 +47,8 @@ def check_seed_folders(members: Sequence[Member]) -> None:
 
 
 def val_curve(run: Run) -> Tuple[np.ndarray, np.ndarray]:
-    """(tokens, validation loss) at each evaluation: the mean over the paper's validation sets, or over
-    the sets evaluated where none of them were (as ``Run.val_loss``)."""
+    """(tokens, validation loss) at each evaluation: the mean over the paper's validation sets, or
+    over the sets evaluated where none of them were (as ``Run.val_loss``)."""
     per_token = run.config["train"]["global_batch_size"] * run.config["data"]["sequence_length"]
     tokens, losses = [], []
     for step in sorted(run.metrics):
@@ -143,11 +144,7 @@ def comparison_rows(
     scale = {g: best[g] if use_best_lr else 1.0 for g in grouped}
     if baseline not in grouped or scale[baseline] not in grouped[baseline]:
         return [], None
-    base = grouped[baseline][scale[baseline]]
-    base_loss = {s: r.val_loss() for s, r in base.items()}
-    x = val_curve(base[min(base)])[0]
-    base_curves = _curves(base, x)
-    base_fpt = _flops_per_token(base[min(base)])
+    base = _Baseline(grouped[baseline][scale[baseline]])
     rows = []
     for group, scales in grouped.items():
         seeds = scales.get(scale[group])
@@ -156,51 +153,61 @@ def comparison_rows(
         loss = {s: r.val_loss() for s, r in seeds.items()}
         mean = stats.mean_interval(list(loss.values()))
         lr = config_lr[group] * scale[group]
+        how = f"own best, x{scale[group]:g}" if use_best_lr else "config"
         row = {
             "member": group,
-            "LR": f"{lr:.3g} ({'own best, x' + format(scale[group], 'g') if use_best_lr else 'config'})",
+            "LR": f"{lr:.3g} ({how})",
             "seeds": str(len(loss)),
             "val loss [95%]": mean.text(4),
             "val PPL [95%]": mean.exp().text(2),
         }
         if group == baseline:
-            row.update(
-                {
-                    "diff to baseline [95%]": "baseline",
-                    "p": "",
-                    "verdict": "",
-                    "tokens ratio": "",
-                    "FLOPs ratio": "",
-                }
-            )
-        elif not loss.keys() & base_loss.keys():
-            row.update(
-                {
-                    "diff to baseline [95%]": "no seed in common",
-                    "p": "",
-                    "verdict": "",
-                    "tokens ratio": "",
-                    "FLOPs ratio": "",
-                }
-            )
+            row.update(_no_comparison("baseline"))
+        elif not loss.keys() & base.loss.keys():
+            row.update(_no_comparison("no seed in common"))
         else:
-            paired = stats.paired_difference(loss, base_loss)
-            ratio = stats.matched_loss_ratio(_curves(seeds, x), base_curves, x)
-            fpt = _flops_per_token(seeds[min(seeds)]) / base_fpt
-            reached = not math.isnan(ratio.mean)
-            row.update(
-                {
-                    "diff to baseline [95%]": f"{paired.diff.text(4)} (seeds {','.join(map(str, paired.seeds))})",
-                    "p": "" if math.isnan(paired.p) else f"{paired.p:.3g}",
-                    "verdict": paired.verdict,
-                    "tokens ratio": ratio.text(3)
-                    if reached
-                    else "none: baseline's final loss not reached (or reached at 0 tokens)",
-                    "FLOPs ratio": _scaled(ratio, fpt).text(3) if reached else "",
-                }
-            )
+            row.update(base.compared(seeds, loss))
         rows.append(row)
-    return rows, stats.noise_floor(base_loss)
+    return rows, stats.noise_floor(base.loss)
+
+
+class _Baseline:
+    """The baseline's seeds at its learning rate: what every other member is compared with."""
+
+    def __init__(self, seeds: dict):
+        self.loss = {s: r.val_loss() for s, r in seeds.items()}
+        self.x = val_curve(seeds[min(seeds)])[0]
+        self.curves = _curves(seeds, self.x)
+        self.flops_per_token = _flops_per_token(seeds[min(seeds)])
+
+    def compared(self, seeds: dict, loss: dict) -> dict:
+        """A member's columns against the baseline: the paired difference over the seeds in
+        common, and the tokens (FLOPs) it needs to reach the baseline's final loss."""
+        paired = stats.paired_difference(loss, self.loss)
+        ratio = stats.matched_loss_ratio(_curves(seeds, self.x), self.curves, self.x)
+        fpt = _flops_per_token(seeds[min(seeds)]) / self.flops_per_token
+        reached = not math.isnan(ratio.mean)
+        return {
+            "diff to baseline [95%]": (
+                f"{paired.diff.text(4)} (seeds {','.join(map(str, paired.seeds))})"
+            ),
+            "p": "" if math.isnan(paired.p) else f"{paired.p:.3g}",
+            "verdict": paired.verdict,
+            "tokens ratio": ratio.text(3)
+            if reached
+            else "none: baseline's final loss not reached (or reached at 0 tokens)",
+            "FLOPs ratio": _scaled(ratio, fpt).text(3) if reached else "",
+        }
+
+
+def _no_comparison(why: str) -> dict:
+    return {
+        "diff to baseline [95%]": why,
+        "p": "",
+        "verdict": "",
+        "tokens ratio": "",
+        "FLOPs ratio": "",
+    }
 
 
 def _scaled(i: stats.Interval, k: float) -> stats.Interval:
@@ -214,7 +221,7 @@ def comparison_tables(
     baseline: str,
     use_best_lr: bool,
 ) -> Dict[str, List[dict]]:
-    """``comparison``, ``noise_floor`` and ``lr_sweep`` (empty where the sweep has nothing for them)."""
+    """``comparison``, ``noise_floor`` and ``lr_sweep`` (empty where the sweep has none)."""
     grouped = _by_member(members, runs)
     rows, floor = comparison_rows(members, grouped, baseline, use_best_lr)
     noise = []
@@ -236,19 +243,24 @@ def comparison_tables(
 
 def comparison_notes(variants: Variants, baseline: str, use_best_lr: bool) -> str:
     """What the comparison tables assume, for the report beside them."""
+    lr = (
+        "each member at its own best LR of the grid"
+        if use_best_lr
+        else "each config its own train.lr"
+    )
     return (
         f"# Comparison over seeds\n\n"
         f"- Runs: {variants.describe()}.\n"
-        f"- Baseline: {baseline}. LR: {'each member at its own best LR of the grid' if use_best_lr else 'each config its own train.lr'}.\n"
-        f"- val loss: final validation loss, mean over seeds with a Student-t {stats.LEVEL:.0%} interval "
-        f"(normal, independent seeds); PPL: exp of the loss's interval.\n"
+        f"- Baseline: {baseline}. LR: {lr}.\n"
+        f"- val loss: final validation loss, mean over seeds with a Student-t {stats.LEVEL:.0%} "
+        "interval (normal, independent seeds); PPL: exp of the loss's interval.\n"
         f"- diff to baseline: member - baseline paired by seed offset (same init and data order), "
         f"paired t-interval; 'distinguishable' when it excludes 0 (p < {1 - stats.LEVEL:.2f}). "
         f"'not distinguishable' is not 'equal': the interval bounds the gap the seeds can hide.\n"
         f"- noise floor: |gap| between the baseline's own seeds, every pair.\n"
-        f"- tokens / FLOPs ratio: tokens (FLOPs) a member's mean validation curve needs to reach the "
-        f"baseline's mean final loss, over the baseline's; paired percentile bootstrap over seeds "
-        f"(rough with few seeds).\n"
+        "- tokens / FLOPs ratio: tokens (FLOPs) a member's mean validation curve needs to reach "
+        "the baseline's mean final loss, over the baseline's; paired percentile bootstrap over "
+        "seeds (rough with few seeds).\n"
         f"- See docs/statistics.md.\n"
     )
 

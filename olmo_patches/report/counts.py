@@ -29,8 +29,9 @@ def count(spec: ExperimentSpec) -> ParamBreakdown:
 
 
 def float8_report(spec: ExperimentSpec) -> dict:
-    """train.float8's matmuls (nn/float8.py): ``float8_params``, the weights of the matmuls that run in
-    float8; the modules converted and those left in high precision (a dim not a multiple of 16)."""
+    """train.float8's matmuls (nn/float8.py): ``float8_params``, the weights of the matmuls that
+    run in float8; the modules converted and those left in high precision (a dim not a multiple
+    of 16)."""
     model = spec.model_config().build(init_device="meta")
     modules = dict(model.named_modules())
     m = float8_matmuls(model)
@@ -44,9 +45,10 @@ def float8_report(spec: ExperimentSpec) -> dict:
 
 
 def gpu_report(spec: ExperimentSpec) -> dict:
-    """Whether the shape suits GPU kernels, whatever train.float8 says: ``float8_able`` per matmul group
-    (every FFN / attention matmul has both dims multiples of 16, nn/float8.py), and per flash-attention
-    kernel whether every head dim is one it runs without padding (``head_dim_native``)."""
+    """Whether the shape suits GPU kernels, whatever train.float8 says: ``float8_able`` per matmul
+    group (every FFN / attention matmul has both dims multiples of 16, nn/float8.py), and per
+    flash-attention kernel whether every head dim is one it runs without padding
+    (``head_dim_native``)."""
     from ..nn.attention import FLASH_KERNEL_HEAD_DIMS, head_dims, kernel_head_dim
 
     model = spec.model_config().build(init_device="meta")
@@ -70,7 +72,7 @@ def gpu_report(spec: ExperimentSpec) -> dict:
 
 def aligned_sibling(name: str) -> str | None:
     """The aligned sibling (configs/SIZE/STEM-aligned.yaml) of the shipped config whose run.name is
-    ``name`` (SIZE-STEM, an ``-exact`` suffix dropped), relative to the data root; None if there is none."""
+    ``name`` (SIZE-STEM, an ``-exact`` suffix dropped), relative to the data root; else None."""
     from ..resources import data_root
 
     size, _, stem = name.partition("-")
@@ -81,8 +83,9 @@ def aligned_sibling(name: str) -> str | None:
 
 
 def exact_gap(config) -> dict:
-    """For an aligned sibling (configs/SIZE/STEM-aligned.yaml): its exact config (STEM-exact.yaml, else
-    STEM.yaml) and the non-embedding parameter gap, this config's minus the exact one's; {} otherwise."""
+    """For an aligned sibling (configs/SIZE/STEM-aligned.yaml): its exact config (STEM-exact.yaml,
+    else STEM.yaml) and the non-embedding parameter gap, this config's minus the exact one's;
+    otherwise {}."""
     from pathlib import Path
 
     from ..config import load_spec
@@ -110,8 +113,8 @@ def exact_gap(config) -> dict:
 
 
 def attention_report(spec: ExperimentSpec) -> dict:
-    """Heads, head size, key/value heads and the attention width (n_heads x head_dim; per layer for a
-    variable-width model whose head size follows w_l)."""
+    """Heads, head size, key/value heads and the attention width (n_heads x head_dim; per layer for
+    a variable-width model whose head size follows w_l)."""
     m = spec.model
     report = {
         "n_heads": m.n_heads,
@@ -134,14 +137,16 @@ def attention_report(spec: ExperimentSpec) -> dict:
 
 
 def width_report(spec: ExperimentSpec) -> dict:
-    """A variable-width model's widths and its FLOPs against the constant-width baseline (same h, L, V, seq).
+    """A variable-width model's widths and its FLOPs against the constant-width baseline (same h, L,
+    V, seq).
 
-    ``flops_ratio``: OLMo-core's training FLOPs per token of the built models (causal attention, every
-    computed matmul; an MoE's k active experts); ``paper_flops_ratio``: the paper's count
+    ``flops_ratio``: OLMo-core's training FLOPs per token of the built models (causal attention,
+    every computed matmul; an MoE's k active experts); ``paper_flops_ratio``: the paper's count
     (:func:`variable_width.paper_flops`; an MoE's k active experts). With an MoE also
     ``paper_total_flops_ratio`` (every expert computed: the FLOPs of the total parameters), the
-    baseline's built ``baseline_total`` / ``baseline_active`` parameters, and the authors' solver counts
-    (embeddings 2 V h included) ``paper_params`` / ``paper_active_params`` and the baseline's.
+    baseline's built ``baseline_total`` / ``baseline_active`` parameters, and the authors' solver
+    counts (embeddings 2 V h included) ``paper_params`` / ``paper_active_params`` and the
+    baseline's.
     """
     from dataclasses import replace
 
@@ -189,7 +194,10 @@ def param_table(spec: ExperimentSpec) -> Table:
     a = attention_report(spec)
     shape = f"{m.block}: d_model {m.d_model}, L {m.n_layers}, heads {m.n_heads}"
     if m.head_dim is not None or m.n_kv_heads is not None:
-        shape += f" x {a['head_dim']} (attention width {a['attention_width']}), kv heads {a['n_kv_heads']}"
+        shape += (
+            f" x {a['head_dim']} (attention width {a['attention_width']}), "
+            f"kv heads {a['n_kv_heads']}"
+        )
     if more := block_of(m).describe(m):
         shape += f", {more}"
     table = Table(title=f"{spec.run.name} ({shape})")
@@ -223,7 +231,8 @@ def float8_row(spec: ExperimentSpec) -> tuple[str, str]:
     """The parameters whose matmuls run in float8, for the count and the dry run."""
     f = float8_report(spec)
     skipped = (
-        f" ({len(f['float8_skipped'])} matmuls, {f['float8_skipped_params']:,} params kept high precision: a dim not a multiple of 16)"
+        f" ({len(f['float8_skipped'])} matmuls, {f['float8_skipped_params']:,} params kept high "
+        "precision: a dim not a multiple of 16)"
         if f["float8_skipped"]
         else ""
     )

@@ -1,8 +1,9 @@
-"""The embedded default job's comparison of the demo variants, once scripts/demo.py has trained them.
+"""The embedded default job's comparison of the demo variants, once scripts/demo.py has trained
+them.
 
 It reads each run's metrics file. Output: a table on the console, ``summary.json`` (one entry per
-variant) and ``loss_curves.png`` in the output folder. A variant that did not reach its planned steps
-is listed as unfinished and left out of the comparison: the ratios are taken against the first
+variant) and ``loss_curves.png`` in the output folder. A variant that did not reach its planned
+steps is listed as unfinished and left out of the comparison: the ratios are taken against the first
 finished variant, and none is given for an unfinished one.
 """
 
@@ -110,9 +111,10 @@ def _table(results: list[VariantResult]) -> Table:
     )  # the ratios' reference: a finished variant
     table = Table(
         title="Demo: validation on held-out stdlib files (lower is better)",
-        caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by the rounding "
-        "of w_l to model.widths.multiple). val loss moved: at initialisation -> at the end. UNFINISHED: "
-        "fewer steps than planned, left out of the comparison (no mismatch or ratio).",
+        caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by "
+        "the rounding of w_l to model.widths.multiple). val loss moved: at initialisation "
+        "-> at the end. UNFINISHED: fewer steps than planned, left out of the comparison "
+        "(no mismatch or ratio).",
     )
     cols = (
         "variant",
@@ -206,6 +208,7 @@ def compare(
         f.stat().st_size for _, run_dir in runs for f in run_dir.glob("step*/**/*") if f.is_file()
     )
     console.print(
-        f"checkpoints: {disk / 2**20:,.1f} MiB in {', '.join(str(d) for _, d in runs)} (step*/; the log of each run: train.log)"
+        f"checkpoints: {disk / 2**20:,.1f} MiB in {', '.join(str(d) for _, d in runs)} (step*/; "
+        "the log of each run: train.log)"
     )
     return results

@@ -1,8 +1,8 @@
 """What a run will do, before it does it: tokens, steps, batches, first data files, GPU-hours.
 
-GPU-hours = FLOPs per token (OLMo-core's count for the built model: 6 per weight plus causal attention)
-x tokens / (peak dense bf16 FLOP/s x MFU) / 3600. The peaks are the vendors' dense (no sparsity) bf16
-tensor figures; MFU is an assumption, stated in the table.
+GPU-hours = FLOPs per token (OLMo-core's count for the built model: 6 per weight plus causal
+attention) x tokens / (peak dense bf16 FLOP/s x MFU) / 3600. The peaks are the vendors' dense (no
+sparsity) bf16 tensor figures; MFU is an assumption, stated in the table.
 """
 
 from __future__ import annotations
@@ -42,10 +42,13 @@ __all__ = [
 ]
 
 
-ASSUMED_MFU = 0.40  # model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at 0.1-1B, bf16, FSDP)
-# Checkpoint write rate for the signal lead when the run has not measured its own (SAVE/save_rate.json):
-# 97 MiB/s, the write+fsync measured by benchmarks/bench_checkpoint_manifest.py (docs/running.md), a
-# conservative figure for a shared folder written by all ranks together.
+# Model FLOPs utilization assumed for every card of launch/cards.py (typical of OLMo-core at
+# 0.1-1B, bf16, FSDP)
+ASSUMED_MFU = 0.40
+# Checkpoint write rate for the signal lead when the run has not measured its own
+# (SAVE/save_rate.json): 97 MiB/s, the write+fsync measured by
+# benchmarks/bench_checkpoint_manifest.py (docs/running.md), a conservative figure for a shared
+# folder written by all ranks together.
 SAVE_BYTES_PER_S = 97 * 2**20
 SIGNAL_MARGIN_S = 60  # on top of a step and a save: stopping the processes, the requeue
 
@@ -123,7 +126,8 @@ def data_passes(spec: ExperimentSpec, tokens: int) -> str:
 
 
 def mixture_table(rows) -> Table:
-    """data.mixture's sources: tokens held, ratio, tokens the run reads, passes (train.sources.mixture_plan)."""
+    """data.mixture's sources: tokens held, ratio, tokens the run reads, passes
+    (train.sources.mixture_plan)."""
     table = Table(title="data.mixture (OLMo-core's source mixture)")
     for column in ("source", "tokens", "ratio", "tokens read", "passes", "max_repetition"):
         table.add_column(column, justify="left" if column == "source" else "right")
@@ -183,9 +187,9 @@ def checkpoint_disk(spec: ExperimentSpec, p: RunPlan) -> tuple[int, int]:
 
 
 def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
-    """(seconds, how) for SLURM's time-limit signal (``--signal=B:USR1@N``): the run stops at the next
-    step and saves, so N >= one step (on the slowest preset card at ASSUMED_MFU) + one save (the
-    checkpoint at the rate the run measured at its last save, SAVE/save_rate.json, else at
+    """(seconds, how) for SLURM's time-limit signal (``--signal=B:USR1@N``): the run stops at the
+    next step and saves, so N >= one step (on the slowest preset card at ASSUMED_MFU) + one save
+    (the checkpoint at the rate the run measured at its last save, SAVE/save_rate.json, else at
     SAVE_BYTES_PER_S) + SIGNAL_MARGIN_S, rounded up to 30 s."""
     from ..train.resume import SAVE_RATE, measured_save_rate
 
@@ -204,8 +208,9 @@ def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
     save = size / rate
     lead = 30 * math.ceil((step + save + SIGNAL_MARGIN_S) / 30)
     how = (
-        f"--signal=B:USR1@{lead}: a step {step:,.0f} s ({layout.world_size} x {card.name}, MFU {ASSUMED_MFU:.0%}) "
-        f"+ a save {save:,.0f} s ({size / 2**30:,.1f} GiB at {rate / 2**20:,.0f} MiB/s, {source}) + {SIGNAL_MARGIN_S} s"
+        f"--signal=B:USR1@{lead}: a step {step:,.0f} s ({layout.world_size} x {card.name}, MFU "
+        f"{ASSUMED_MFU:.0%}) + a save {save:,.0f} s ({size / 2**30:,.1f} GiB at "
+        f"{rate / 2**20:,.0f} MiB/s, {source}) + {SIGNAL_MARGIN_S} s"
     )
     return lead, how
 
@@ -233,8 +238,9 @@ def preset_rows(
                 / GIB
             )
             value = (
-                f"{t.micro_batch_size} sequences, activation checkpointing {t.activation_checkpointing}, "
-                f"compile {'on' if t.compile else 'off'}, estimate {gib:.1f} GiB"
+                f"{t.micro_batch_size} sequences, activation checkpointing "
+                f"{t.activation_checkpointing}, compile {'on' if t.compile else 'off'}, estimate "
+                f"{gib:.1f} GiB"
             )
         except ConfigError as e:
             value = str(e).split(": ", 2)[-1]
@@ -252,7 +258,8 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
         "none",
     ):  # train.device=auto applies it (launch/layout.py)
         ignored.append(
-            f"train.hardware={t.hardware} (train.device=cpu: the keys left null take train.hardware=none's values)"
+            f"train.hardware={t.hardware} (train.device=cpu: the keys left null take "
+            "train.hardware=none's values)"
         )
     if device == "cpu" or t.precision != "bf16":
         ignored.append(
@@ -286,7 +293,7 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
 
 
 def _with_sibling(spec: ExperimentSpec, text: str) -> str:
-    """``text`` (head-dim padding, float8 skips) naming the config's aligned sibling, where one exists."""
+    """``text`` (head-dim padding, float8 skips) naming the config's aligned sibling, if any."""
     sibling = (
         aligned_sibling(spec.run.name)
         if "padding" in text or "kept high precision" in text
@@ -296,8 +303,8 @@ def _with_sibling(spec: ExperimentSpec, text: str) -> str:
 
 
 def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]:
-    """FSDP/HSDP: the parameters each rank holds (FSDP2 pads every rank's piece to the largest), and how
-    the hourglass's K-stacked weights split (nn/shards.py); None without sharding."""
+    """FSDP/HSDP: the parameters each rank holds (FSDP2 pads every rank's piece to the largest), and
+    how the hourglass's K-stacked weights split (nn/shards.py); None without sharding."""
     from ..nn.shards import padded_share
 
     shards = {"fsdp": layout.world_size, "hsdp": layout.local}.get(spec.train.data_parallel, 1)
@@ -315,7 +322,8 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
         stacked.append("hourglass FFN (K out, in) weights: rows")
     if spec.model.moe is not None and spec.model.moe.experts == "hourglass":
         stacked.append("hourglass experts' (K E d_h, d_model) weights: rows")
-    line = f"{held:,} parameters a rank ({held * shards / total - 1:+.2%} padding over {total:,} / {shards})"
+    padding = held * shards / total - 1
+    line = f"{held:,} parameters a rank ({padding:+.2%} padding over {total:,} / {shards})"
     return f"FSDP2 shards over {shards} ranks", "; ".join([line, *stacked])
 
 
@@ -326,69 +334,96 @@ def plan_table(
     table = Table(title=f"{spec.run.name}: run plan")
     table.add_column("", no_wrap=True)
     table.add_column("value", justify="right", overflow="fold")
-    # What the run trains: whole steps of the global batch (OLMo-core stops at the step that reaches
-    # max_tokens), beside the budget when it is not a whole number of steps.
+    rows = [
+        *_batch_rows(spec, layout, p),
+        *_machine_rows(spec, layout, p, presets),
+        *_cost_rows(spec, layout, p),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def _batch_rows(spec: ExperimentSpec, layout: Layout, p: RunPlan) -> list[tuple[str, str]]:
+    """The tokens, steps and batches, globally and per rank."""
+    seq = spec.data.sequence_length
+    # What the run trains: whole steps of the global batch (OLMo-core stops at the step that
+    # reaches max_tokens), beside the budget when it is not a whole number of steps.
     trained = p.steps * p.tokens_per_step
     budget = f" (budget {p.tokens:,})" if trained != p.tokens else ""
-    table.add_row(
-        "tokens",
-        f"{p.steps:,} x {p.global_batch_sequences} x {spec.data.sequence_length} = {trained:,}{budget}",
-    )
-    table.add_row("passes over the data", data_passes(spec, p.tokens))
-    table.add_row("steps", f"{p.steps:,}")
-    table.add_row("warmup steps", f"{p.warmup_steps:,}")
-    table.add_row(
-        "global batch",
-        f"{p.global_batch_sequences} x {spec.data.sequence_length} = {p.tokens_per_step:,} tokens",
-    )
     per_rank = p.global_batch_sequences // layout.world_size
-    table.add_row(
-        "ranks",
-        f"{layout}, data parallel {spec.train.data_parallel if layout.world_size > 1 else 'none'}",
-    )
-    table.add_row(
-        "per-rank batch",
-        f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches",
-    )
+    data_parallel = spec.train.data_parallel if layout.world_size > 1 else "none"
+    rows = [
+        ("tokens", f"{p.steps:,} x {p.global_batch_sequences} x {seq} = {trained:,}{budget}"),
+        ("passes over the data", data_passes(spec, p.tokens)),
+        ("steps", f"{p.steps:,}"),
+        ("warmup steps", f"{p.warmup_steps:,}"),
+        ("global batch", f"{p.global_batch_sequences} x {seq} = {p.tokens_per_step:,} tokens"),
+        ("ranks", f"{layout}, data parallel {data_parallel}"),
+        (
+            "per-rank batch",
+            f"{per_rank} sequences = {per_rank // p.micro_batch_sequences} micro-batches",
+        ),
+    ]
     if (row := shard_row(spec, layout)) is not None:
-        table.add_row(*row)
+        rows.append(row)
+    return rows
+
+
+def _machine_rows(
+    spec: ExperimentSpec, layout: Layout, p: RunPlan, presets: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """What this machine and the launch decided, and the presets that apply."""
     device = device_for(spec)
-    table.add_row(
-        f"micro-batch per process, this machine ({device})", f"{p.micro_batch_sequences} sequences"
-    )
-    resolved = getattr(
-        spec, "resolved", {}
-    )  # launch.layout.resolve: what the machine and the ranks decided
-    table.add_row(
-        f"resolved at launch ({device}, {layout.world_size} ranks)",
-        ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)",
-    )
-    for label, value in presets:
-        table.add_row(label, value)
-    for label, value in device_rows(spec, layout.world_size):
-        table.add_row(label, value)
-    table.add_row(f"data loader workers per rank ({device} here)", str(data_workers(spec, device)))
-    table.add_row("FLOPs per token (train)", f"{p.flops_per_token:,}")
+    # launch.layout.resolve: what the machine and the ranks decided
+    resolved = getattr(spec, "resolved", {})
+    return [
+        (
+            f"micro-batch per process, this machine ({device})",
+            f"{p.micro_batch_sequences} sequences",
+        ),
+        (
+            f"resolved at launch ({device}, {layout.world_size} ranks)",
+            ", ".join(f"{k}={v}" for k, v in resolved.items()) or "nothing (every key set)",
+        ),
+        *presets,
+        *device_rows(spec, layout.world_size),
+        (f"data loader workers per rank ({device} here)", str(data_workers(spec, device))),
+    ]
+
+
+def _cost_rows(spec: ExperimentSpec, layout: Layout, p: RunPlan) -> list[tuple[str, str]]:
+    """FLOPs, KV cache, GPU-hours, checkpoint disk, the SLURM signal lead and the data files."""
+    rows = [("FLOPs per token (train)", f"{p.flops_per_token:,}")]
     if spec.train.float8 != "off":
         label, value = float8_row(spec)
-        table.add_row(
-            label, _with_sibling(spec, value) if "kept high precision" in value else value
+        rows.append(
+            (label, _with_sibling(spec, value) if "kept high precision" in value else value)
         )
-    table.add_row("total FLOPs", f"{p.total_flops:.3e}")
-    table.add_row(
-        f"KV cache per sequence (bf16, {spec.data.sequence_length} tokens)",
-        f"{p.kv_cache_per_token * 2 * spec.data.sequence_length / 2**20:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)",
+    rows.append(("total FLOPs", f"{p.total_flops:.3e}"))
+    seq = spec.data.sequence_length
+    kv_mib = p.kv_cache_per_token * 2 * seq / 2**20
+    rows.append(
+        (
+            f"KV cache per sequence (bf16, {seq} tokens)",
+            f"{kv_mib:,.1f} MiB ({p.kv_cache_per_token:,} K and V elements per token)",
+        )
     )
     for card in CARDS.values():
         assert card.bf16_flops is not None
-        label = f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, MFU {ASSUMED_MFU:.0%})"
-        table.add_row(label, f"{p.gpu_hours(card.bf16_flops):,.1f}")
+        label = (
+            f"GPU-hours, {card.device_name} ({card.bf16_flops / 1e12:.0f} TFLOP/s bf16, "
+            f"MFU {ASSUMED_MFU:.0%})"
+        )
+        rows.append((label, f"{p.gpu_hours(card.bf16_flops):,.1f}"))
     n, size = checkpoint_disk(spec, p)
-    table.add_row(
-        "checkpoint disk at the end",
-        f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x {CHECKPOINT_BYTES_PER_PARAM} bytes)",
+    rows.append(
+        (
+            "checkpoint disk at the end",
+            f"{size / 2**30:,.2f} GiB ({n} checkpoints x {p.params:,} params x "
+            f"{CHECKPOINT_BYTES_PER_PARAM} bytes)",
+        )
     )
-    table.add_row("SLURM signal lead (scripts/launch_slurm.sbatch)", signal_lead(spec, layout)[1])
-    for i, f in enumerate(p.first_files):
-        table.add_row(f"data file {i + 1}", f)
-    return table
+    rows.append(("SLURM signal lead (scripts/launch_slurm.sbatch)", signal_lead(spec, layout)[1]))
+    rows.extend((f"data file {i + 1}", f) for i, f in enumerate(p.first_files))
+    return rows
