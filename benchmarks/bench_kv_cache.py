@@ -10,10 +10,10 @@ fit of loss on mean width reaches the 2B baseline's loss at 85.1% of its mean wi
 Each config's OLMo-core model (seeded init; neither measure depends on the weights) goes through the
 custom-code export (olmo_patches/export/hf.py ``custom_model``, the same modeling file for every
 shape) and generates greedily with transformers' KV cache (``DynamicCache``) from a random prompt.
-Measured: the bytes of the cache's key and value tensors at the end, against batch x cached tokens x
-K and V elements per token x bytes per element from OLMo-core's count (``count_params.py --json``'s
-kv_cache_per_token), and new tokens per second, median over --repeats rounds that visit the shapes
-in turn.
+Measured: the bytes of the cache's key and value tensors at the end, against
+batch x cached tokens x K and V elements per token x bytes per element from OLMo-core's count
+(``count_params.py --json``'s kv_cache_per_token), and new tokens per second, median over --repeats
+rounds that visit the shapes in turn.
 
     python benchmarks/bench_kv_cache.py [--batch 4] [--prompt 64] [--new 64] [--repeats 3] \\
         [--dtype fp32]

@@ -2,9 +2,9 @@
 
 :func:`breakdown` classifies the parameters of a built model (meta device is fine) by name: exact by
 construction, it is what ``count_params`` prints. The papers' closed form (norms excluded, no
-biases) is the other, independent view: ``olmo_patches.shapes.counts`` (attention 2 d_model (a +
-a_kv), SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h); the shape solvers use it and tests
-hold it against :func:`breakdown`.
+biases) is the other, independent view: ``olmo_patches.shapes.counts`` (attention
+2 d_model (a + a_kv), SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h); the shape solvers
+use it and tests hold it against :func:`breakdown`.
 
 "Non-embedding" follows the papers: attention + FFN weight matrices, without the embeddings, the
 LM head and the norms (OLMo-core's own ``num_non_embedding_params`` keeps the head and norms).

@@ -91,8 +91,8 @@ def hourglass_moe_counts(d_model: int, *, num_experts: int, top_k: int, K: int, 
 
 
 class HourglassExperts(MoEMLPBase):
-    """E experts, each K residual hourglass sub-MLPs: maps u (rows grouped by expert) to E_e(u) =
-    z_K - u."""
+    """E experts, each K residual hourglass sub-MLPs: maps u (rows grouped by expert) to
+    E_e(u) = z_K - u."""
 
     gmm = (
         DroplessMoEMLP.gmm
@@ -310,8 +310,8 @@ class HourglassMoEConfig(LayerMoEConfig):
 
 class HourglassMoEBlock(ScaledMoETransformerBlock):
     """u = x + a Attn(norm(x)); z' = u + HourglassMoE(u), its router reading feed_forward_norm(u).
-    The residual multiplier a scales each sub-MLP residual inside the experts (every residual branch
-    x a)."""
+    The residual multiplier a scales each sub-MLP residual inside the experts (every residual
+    branch x a)."""
 
     def __init__(self, *, residual_alpha: float = 1.0, **kwargs):
         super().__init__(residual_alpha=residual_alpha, **kwargs)

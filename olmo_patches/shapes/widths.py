@@ -97,9 +97,9 @@ class MoEShape:
 
 def _layer_terms(moe: Optional[MoEShape], experts: Optional[int] = None) -> tuple:
     """The authors' per-layer weights (``solve_hparams.py:284-291, 197-246``), in units of w^2 and
-    w: (c2, c1, out): c2 w^2 + c1 w per layer, out w_L (w_L - h) output waste. Dense: 4 attention +
-    3 x 4 SwiGLU, 16, 0, 4. MoE with ``experts`` of its experts counted (default E, every expert; k:
-    those a token uses): 4 + 3 n r, the E w router, n r."""
+    w: (c2, c1, out): c2 w^2 + c1 w per layer, out w_L (w_L - h) output waste. Dense:
+    4 attention + 3 x 4 SwiGLU, 16, 0, 4. MoE with ``experts`` of its experts counted (default E,
+    every expert; k: those a token uses): 4 + 3 n r, the E w router, n r."""
     if moe is None:
         return 16, 0, 4
     n = moe.num_experts if experts is None else experts
