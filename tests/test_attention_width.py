@@ -51,8 +51,8 @@ def llama31_inv_freq(theta: float, head_dim: int, scaling) -> list:
 
 
 def reference_attention(x, Wq, Wk, Wv, Wo, gq, gk, *, H, G, hd, theta, scaling, eps):
-    """o_t = W_o [softmax_s<=t(q_t,h . k_s,g(h) / sqrt(hd)) v_s,g(h)]_h, g(h) = h // (H / G); q =
-    RoPE(norm(W_q x)), k = RoPE(norm(W_k x)) with full-width RMSNorm gains g_q (H hd) and g_k (G
+    """o_t = W_o [softmax_s<=t(q_t,h . k_s,g(h) / sqrt(hd)) v_s,g(h)]_h, g(h) = h // (H / G);
+    q = RoPE(norm(W_q x)), k = RoPE(norm(W_k x)) with full-width RMSNorm gains g_q (H hd) and g_k (G
     hd); RoPE rotates halves."""
     B, T, _ = x.shape
     rms = lambda y, g: y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + eps) * g  # noqa: E731

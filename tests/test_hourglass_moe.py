@@ -396,8 +396,8 @@ def test_bad_hourglass_expert_configs_are_named_in_one_line(tmp_path, extra, mes
 
 def test_mup_init_and_multiplier_reach_the_hourglass_experts(tmp_path):
     """Under muP every sub-MLP residual is x m_residual, and the experts' weights get the paper's
-    std: init_range / sqrt(m_width) sqrt(h / w_l), with w2 (the output projection) a further /
-    sqrt(2 L)."""
+    std: init_range / sqrt(m_width) sqrt(h / w_l), with w2 (the output projection) a
+    further / sqrt(2 L)."""
     from olmo_patches.config import vocab_size
 
     spec = _spec(tmp_path, tmp_path / "cache", "model.widths.init=mup")

@@ -1,7 +1,7 @@
 """Fast unit tests of data/order.py, one function at a time (with test_data_order.py's in-process
 tests, the mutation-testing set of that module: `bash tests/mutation.sh order`). References are
-written here: the old OLMo trainer's order is arange(N, uint32) shuffled by numpy's PCG64(seed +
-epoch) (the OLMo-2 recipe, docs/papers.md), its seed 6198 (allenai/OLMo
+written here: the old OLMo trainer's order is arange(N, uint32) shuffled by numpy's
+PCG64(seed + epoch) (the OLMo-2 recipe, docs/papers.md), its seed 6198 (allenai/OLMo
 configs/official-0425/OLMo2-1B-stage1.yaml)."""
 
 import hashlib

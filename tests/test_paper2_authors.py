@@ -24,8 +24,8 @@ WIDTHS = [48, 16, 32, 64, 24]
 # our code.
 M_EMB, M_RES, M_WIDTH, INIT_RANGE, EPS, THETA = 12.0, 0.22, 8.0, 0.1, 1e-5, 10000
 MODES = {"move_up": "carry_forward", "zero": "zero", "linear": "learned"}
-# The MoE (moe_1b3b.yml's kind, tiny): E experts, top-k, expert hidden at h (I_l = round(w_l 16 /
-# 32)); an x schedule: w_1 > h, narrowing, widening refilled by carry-forward, w_L > h.
+# The MoE (moe_1b3b.yml's kind, tiny): E experts, top-k, expert hidden at h (I_l = round(w_l
+# 16 / 32)); an x schedule: w_1 > h, narrowing, widening refilled by carry-forward, w_L > h.
 N_EXPERTS, TOP_K, EXPERT_HIDDEN, AUX_COEF = 4, 2, 16, 0.01
 MOE_WIDTHS = [64, 32, 16, 32, 48]
 MOE = (

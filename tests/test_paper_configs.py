@@ -60,8 +60,8 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         # waste = 3 (w_1 - h) w_1 [w_1 > h] + 4 w_L (w_L - h) [w_L > h]; rounding each w_l to a
         # multiple of 32 leaves it within 1% (the paper's own rounding). An MoE (the authors'
         # solver): per layer (4 + 3 E r) w^2 + E w (every expert of hidden r w, the router), output
-        # waste E r; hourglass experts (K sub-MLPs of d_h): the 3 K d_h w weights of a hidden r w =
-        # K d_h.
+        # waste E r; hourglass experts (K sub-MLPs of d_h): the 3 K d_h w weights of a hidden r
+        # w = K d_h.
         m = spec.model
         w, h, L, e = m.resolved_widths, m.d_model, m.n_layers, m.moe
         hidden = (

@@ -25,8 +25,8 @@ PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day, paper 2's unit of C
 def authors_forward(widths, h, V, s):
     """Paper 2's forward FLOPs per sequence (the authors' compute_metrics, docs/variable_width.md):
     per layer 32 s w^2 + 4 s^2 w, the head 2 s h V, minus the first layer's QKV and the last layer's
-    down-projection slices that only meet zeros or are cut off: 6 s w_1 (w_1 - h) and 8 s w_L (w_L -
-    h) where w > h."""
+    down-projection slices that only meet zeros or are cut off: 6 s w_1 (w_1 - h) and 8 s w_L
+    (w_L - h) where w > h."""
     waste = 6 * s * widths[0] * max(widths[0] - h, 0) + 8 * s * widths[-1] * max(widths[-1] - h, 0)
     return sum(32 * s * w * w + 4 * s * s * w for w in widths) + 2 * s * h * V - waste
 
@@ -134,8 +134,8 @@ def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
 def test_the_papers_own_table_gives_its_printed_coefficients_in_pf_days():
     """The paper's four dense rows (paper 2, docs/papers.md, written here), C = 3 x the authors'
     forward FLOPs per sequence x sequences in PF-days, x at the reported FLOPs change: the printed a
-    3.16, b -0.0498 and a 3.12, b -0.0503 to their printed digits; in 1e20 FLOPs a comes out 3.14 /
-    3.10, so the unit is pinned."""
+    3.16, b -0.0498 and a 3.12, b -0.0503 to their printed digits; in 1e20 FLOPs a comes out
+    3.14 / 3.10, so the unit is pinned."""
     rows = [
         (640, 16, 128, 19080, 3.452, 3.430, -3.2),
         (960, 24, 256, 23844, 3.138, 3.099, -3.7),
@@ -207,8 +207,8 @@ def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
         -0.0503,
     )
 
-    # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then W =
-    # (L / a)^(1/b).
+    # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then
+    # W = (L / a)^(1/b).
     def width_at(ws, ls):
         b, ln_a = np.polyfit(np.log(ws), np.log(ls), 1)
         return math.exp((math.log(2.751) - ln_a) / b)

@@ -121,8 +121,8 @@ def compare(rows, name: str, got, ref, detail: str = "") -> None:
 
 @functools.cache
 def shipped_head_dims() -> tuple[int, ...]:
-    """Every head dim of every config under configs/ (variable width: each layer's w_l /
-    n_heads)."""
+    """Every head dim of every config under configs/ (variable width: each layer's
+    w_l / n_heads)."""
     dims: set[int] = set()
     for path in sorted(
         (REPO / "configs").rglob("*/*.yaml")
