@@ -1,10 +1,14 @@
 # The commands. Each creates .venv and installs what it needs on first use.
 #   make demo   train the demo variants on the embedded corpus and print the comparison; after an
-#               interruption it continues the unfinished variants (make demo DEMO_ARGS=--fresh: start over)
+#               interruption it continues the unfinished variants
+#               (make demo DEMO_ARGS=--fresh: start over)
 #   make test   run the test suite
-#   make wheelhouse [WHEEL_PYTHON=3.12]   what the GPU run imports, <= 56 MiB, for an offline GPU node (docs/gpu_checks.md)
-#   make lock   refresh requirements/lock.txt (the exact versions make installs) from pyproject.toml's ranges
-#   make install-check   the wheel beside a current Hugging Face stack: nothing moves down; commands from another folder (minutes)
+#   make wheelhouse [WHEEL_PYTHON=3.12]   what the GPU run imports, <= 56 MiB, for an offline GPU
+#               node (docs/gpu_checks.md)
+#   make lock   refresh requirements/lock.txt (the exact versions make installs) from
+#               pyproject.toml's ranges
+#   make install-check   the wheel beside a current Hugging Face stack: nothing moves down;
+#               commands from another folder (minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -29,58 +33,70 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
-# the suite on every core; `make test-slow`: the tests marked slow (minutes of pip: the offline install's rehearsal)
+# the suite on every core; `make test-slow`: the tests marked slow (minutes of pip: the offline
+# install's rehearsal)
 test: install
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
 
-# the one style (CI runs ruff format --check .)
+# the one style (CI runs ruff format --check . and ruff check .); ruff check names the lines over
+# 100 columns that the formatter cannot wrap (comments, docstrings, strings): wrap those by hand
 format: install
 	$(BIN)/ruff format .
+	$(BIN)/ruff check .
 
 install-check:
 	bash .ci/install_check
 
-# The offline install of scripts/gpu_check.py --wheelhouse (docs/gpu_checks.md): the wheels of what the
-# acceptance run imports, at the lock's versions, for CPython WHEEL_PYTHON on glibc x86_64, and the
-# project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8,liger]' and pytest for this
-# Python
-# (--dry-run --report: metadata only); left out are the node's torch and its stack (NODE_HAS: torch's own
-# requirements) and what the run never imports (NOT_IMPORTED: OLMo-core's pandas, the project's
-# matplotlib for figures, their dependencies; gpu_check.py installs with --no-deps). Liger's wheel is
-# pure Python (the node's torch brings its triton); flash-attn and grouped_gemm have no wheel for the
-# node's torch here: their rows say so (--allow-missing).
+# The offline install of scripts/gpu_check.py --wheelhouse (docs/gpu_checks.md): the wheels of what
+# the acceptance run imports, at the lock's versions, for CPython WHEEL_PYTHON on glibc x86_64, and
+# the project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8,liger]' and pytest
+# for this Python (--dry-run --report: metadata only); left out are the node's torch and its stack
+# (NODE_HAS: torch's own requirements) and what the run never imports (NOT_IMPORTED: OLMo-core's
+# pandas, the project's matplotlib for figures, their dependencies; gpu_check.py installs with
+# --no-deps). Liger's wheel is pure Python (the node's torch brings its triton); flash-attn and
+# grouped_gemm have no wheel for the node's torch here: their rows say so (--allow-missing).
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
 WHEEL_MIB ?= 56
-WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp --abi cp$(subst .,,$(WHEEL_PYTHON)) \
-	--abi abi3 --abi none $(foreach p,manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1,--platform $(p)_x86_64)
-NODE_HAS = torch triton pytorch-triton hourglass-olmo sympy mpmath networkx jinja2 markupsafe fsspec setuptools typing-extensions
-NOT_IMPORTED = pandas pytz tzdata matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing hf-xet
+MANYLINUX = manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1
+WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementation cp \
+	--abi cp$(subst .,,$(WHEEL_PYTHON)) --abi abi3 --abi none \
+	$(foreach p,$(MANYLINUX),--platform $(p)_x86_64)
+NODE_HAS = torch triton pytorch-triton hourglass-olmo sympy mpmath networkx jinja2 markupsafe \
+	fsspec setuptools typing-extensions
+NOT_IMPORTED = pandas pytz tzdata matplotlib contourpy cycler fonttools kiwisolver pillow \
+	pyparsing hf-xet
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
-	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed --report $(WHEELHOUSE)/resolved.json \
-		-c $(LOCK) '.[float8,liger]' pytest
-	$(BIN)/python -c "import json, sys; print(*(f\"{m['name']}=={m['version']}\" for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
-		if m['name'].lower().replace('_', '-') not in sys.argv[2:] and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" \
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed \
+		--report $(WHEELHOUSE)/resolved.json -c $(LOCK) '.[float8,liger]' pytest
+	$(BIN)/python -c "import json, sys; print(*(f\"{m['name']}=={m['version']}\" \
+		for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
+		if m['name'].lower().replace('_', '-') not in sys.argv[2:] \
+		and not m['name'].startswith(('nvidia-', 'cuda-'))), sep='\n')" \
 		$(WHEELHOUSE)/resolved.json $(NODE_HAS) $(NOT_IMPORTED) > $(WHEELHOUSE)/requirements.txt
-	$(BIN)/python -m pip download --quiet --no-deps $(WHEEL_TARGET) --dest $(WHEELHOUSE) -r $(WHEELHOUSE)/requirements.txt
+	$(BIN)/python -m pip download --quiet --no-deps $(WHEEL_TARGET) --dest $(WHEELHOUSE) \
+		-r $(WHEELHOUSE)/requirements.txt
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) .
 	rm $(WHEELHOUSE)/resolved.json
-	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs printf '$(WHEELHOUSE): %s wheels, '; du -sh $(WHEELHOUSE) | cut -f1
-	@test $$(du -sm $(WHEELHOUSE) | cut -f1) -le $(WHEEL_MIB) || { echo "$(WHEELHOUSE): over $(WHEEL_MIB) MiB"; exit 1; }
+	@ls $(WHEELHOUSE)/*.whl | wc -l | xargs printf '$(WHEELHOUSE): %s wheels, '; \
+		du -sh $(WHEELHOUSE) | cut -f1
+	@test $$(du -sm $(WHEELHOUSE) | cut -f1) -le $(WHEEL_MIB) || \
+		{ echo "$(WHEELHOUSE): over $(WHEEL_MIB) MiB"; exit 1; }
 
-# The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh venv;
-# and einops, flash-attn's one dependency besides torch (the gpu extra is built on the node: its
-# dependencies come from the wheelhouse, at the lock's versions).
+# The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh
+# venv; and einops, flash-attn's one dependency besides torch (the gpu extra is built on the node:
+# its dependencies come from the wheelhouse, at the lock's versions).
 lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --upgrade pip
 	.lock-venv/bin/pip install --quiet torch==2.13.0
 	.lock-venv/bin/pip install --quiet -c requirements/lock.in -e '.[$(EXTRAS)]' einops
-	(echo '# make lock: every package make installs, exactly (torch first, from the Makefile). Edit pyproject.toml, not this.'; \
+	(echo '# make lock: every package make installs, exactly (torch first, from the Makefile). '\
+'Edit pyproject.toml, not this.'; \
 	 .lock-venv/bin/pip freeze --exclude-editable | sed 's/+cpu$$//') > $(LOCK)
 	rm -rf .lock-venv

@@ -9,8 +9,9 @@ import sys
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-# Caps that come with OLMo-core 3.0.0 itself (its requirements and cached-path's, which it requires):
-# installing the project beside a newer version moves these down whatever the project asks for.
+# Caps that come with OLMo-core 3.0.0 itself (its requirements and cached-path's, which it
+# requires): installing the project beside a newer version moves these down whatever the project
+# asks for.
 OLMO_CORE_CAPS = {
     "huggingface-hub": "cached-path 1.8.10 (OLMo-core's) requires huggingface-hub < 2",
     "rich": "cached-path 1.8.10 (OLMo-core's) requires rich < 14",
@@ -44,7 +45,8 @@ def main(before_path, after_path):
             print(f"moved up: {name} {old} -> {new}")
     added = sorted(set(after) - set(before))
     print(
-        f"{len(before)} packages before, {len(added)} added, {len(bad)} moved down beyond OLMo-core's caps"
+        f"{len(before)} packages before, {len(added)} added, "
+        f"{len(bad)} moved down beyond OLMo-core's caps"
     )
     for line in bad:
         print(f"MOVED DOWN: {line}")

@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""What FSDP2's all-gather costs after the collective, per placement of a weight: the copy out of the
-all-gather buffer into the unsharded weight (torch 2.13, ``_fsdp_collectives.foreach_all_gather_copy_out``).
+"""What FSDP2's all-gather costs after the collective, per placement of a weight: the copy out of
+the all-gather buffer into the unsharded weight (torch 2.13,
+``_fsdp_collectives.foreach_all_gather_copy_out``).
 
-A dim-0 shard (every matrix, and the hourglass FFN's (K out, in) weights) is copied once, rank by rank,
-into the unsharded weight. A shard on dim 1 or 2 (a (K, rows, cols) stack split on rows or columns,
-as the hourglass experts' are) is copied into a full-size temporary first, then chunk-concatenated
-into the weight: one more full-size allocation and one more full copy. The benchmark runs those
-copies on CPU for a weight of the given shape and prints their times and ratios side by side.
+A dim-0 shard (every matrix, and the hourglass FFN's (K out, in) weights) is copied once, rank by
+rank, into the unsharded weight. A shard on dim 1 or 2 (a (K, rows, cols) stack split on rows or
+columns, as the hourglass experts' are) is copied into a full-size temporary first, then
+chunk-concatenated into the weight: one more full-size allocation and one more full copy. The
+benchmark runs those copies on CPU for a weight of the given shape and prints their times and ratios
+side by side.
 
     python benchmarks/bench_allgather_copy.py [--shape 2 2752 3192] [--ranks 8] [--repeats 20]
 """
@@ -45,7 +47,8 @@ def main() -> None:
     W, dtype = args.ranks, getattr(torch, args.dtype)
     torch.manual_seed(0)
     print(
-        f"weight (K={K}, {rows}, {cols}) {args.dtype}, {W} ranks, median of {args.repeats}, {torch.get_num_threads()} threads"
+        f"weight (K={K}, {rows}, {cols}) {args.dtype}, {W} ranks, median of {args.repeats},"
+        f" {torch.get_num_threads()} threads"
     )
     results = {}
     for dim in (0, 1, 2):
@@ -78,10 +81,10 @@ def main() -> None:
             if dim == 0
             else f", plus a {temp.numel() * temp.element_size() / 2**20:.0f} MiB temporary"
         )
-        print(
-            f"dim {dim} ({'(K out, in) rows' if dim == 0 else 'stacked ' + ('rows' if dim == 1 else 'columns')}): "
-            f"{results[dim] * 1e3:7.2f} ms{extra}"
+        placement = (
+            "(K out, in) rows" if dim == 0 else "stacked " + ("rows" if dim == 1 else "columns")
         )
+        print(f"dim {dim} ({placement}): {results[dim] * 1e3:7.2f} ms{extra}")
     if 0 in results:
         print(
             "ratio to dim 0: "

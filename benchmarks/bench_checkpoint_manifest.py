@@ -4,7 +4,8 @@
 like a checkpoint shard, measured side by side with the write itself (the save). Prints MiB/s, the
 checksum's time as a share of the save's, and both extrapolated to a 1B-parameter checkpoint
 (12 bytes a parameter: fp32 weights + AdamW's moments). The run computes the CRCs in a background
-thread (safety.ManifestWriter), so the share is disk and CPU time on rank 0, not time the step waits.
+thread (safety.ManifestWriter), so the share is disk and CPU time on rank 0, not time the step
+waits.
 
     python benchmarks/bench_checkpoint_manifest.py [--mib 512]
 """
@@ -60,7 +61,8 @@ def main() -> None:
     one_b = ONE_B_CHECKPOINT / 2**30
     print(f"{size / 2**20:.0f} MiB file; 1B-param checkpoint: {one_b:.1f} GiB")
     print(
-        f"{'save (write + fsync)':28s} {size / save_s / 2**20:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * save_s:6.1f} s"
+        f"{'save (write + fsync)':28s} {size / save_s / 2**20:10.0f} MiB/s"
+        f"   1B: {ONE_B_CHECKPOINT / size * save_s:6.1f} s"
     )
     print(
         f"{'sizes (os.stat, one file)':28s} {stat_s * 1e6:10.1f} us per file (independent of size)"
@@ -68,7 +70,8 @@ def main() -> None:
     for name, seconds in timings.items():
         rate = size / seconds / 2**20
         print(
-            f"{name:28s} {rate:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * seconds:6.1f} s = {seconds / save_s:.2f} x the save"
+            f"{name:28s} {rate:10.0f} MiB/s   1B: {ONE_B_CHECKPOINT / size * seconds:6.1f} s"
+            f" = {seconds / save_s:.2f} x the save"
         )
 
 

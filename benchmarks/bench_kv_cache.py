@@ -8,13 +8,15 @@ fit of loss on mean width reaches the 2B baseline's loss at 85.1% of its mean wi
 (olmo_patches/report/scaling.py, ``paper_matched_loss``); an equal-size pair does not measure it.
 
 Each config's OLMo-core model (seeded init; neither measure depends on the weights) goes through the
-custom-code export (olmo_patches/export/hf.py ``custom_model``, the same modeling file for every shape)
-and generates greedily with transformers' KV cache (``DynamicCache``) from a random prompt. Measured:
-the bytes of the cache's key and value tensors at the end, against batch x cached tokens x K and V
-elements per token x bytes per element from OLMo-core's count (``count_params.py --json``'s kv_cache_per_token), and
-new tokens per second, median over --repeats rounds that visit the shapes in turn.
+custom-code export (olmo_patches/export/hf.py ``custom_model``, the same modeling file for every
+shape) and generates greedily with transformers' KV cache (``DynamicCache``) from a random prompt.
+Measured: the bytes of the cache's key and value tensors at the end, against
+batch x cached tokens x K and V elements per token x bytes per element from OLMo-core's count
+(``count_params.py --json``'s kv_cache_per_token), and new tokens per second, median over --repeats
+rounds that visit the shapes in turn.
 
-    python benchmarks/bench_kv_cache.py [--batch 4] [--prompt 64] [--new 64] [--repeats 3] [--dtype fp32]
+    python benchmarks/bench_kv_cache.py [--batch 4] [--prompt 64] [--new 64] [--repeats 3] \\
+        [--dtype fp32]
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ CONFIGS = {
     "x": "configs/demo/variable-width.yaml",
     "hourglass": "configs/demo/hourglass.yaml",
 }
-PAPER_EQUAL_SIZE = (
-    -0.109
-)  # paper 2's 2B row: x's mean width (KV cache per token) vs the baseline's, equal size
-PAPER_MATCHED_LOSS = 0.851  # paper 2: x's mean width at the 2B baseline's loss, fitted per family (the abstract's 15%)
+# paper 2's 2B row: x's mean width (KV cache per token) vs the baseline's, equal size
+PAPER_EQUAL_SIZE = -0.109
+# paper 2: x's mean width at the 2B baseline's loss, fitted per family (the abstract's 15%)
+PAPER_MATCHED_LOSS = 0.851
 
 
 def exported(config: str, dtype: torch.dtype):
@@ -78,7 +80,7 @@ def generate(hf, prompt: torch.Tensor, new: int):
     return time.perf_counter() - start, out.past_key_values
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -97,7 +99,11 @@ def main() -> None:
         default="fp32",
         help="fp32: CPU bf16 matmuls are slow; the bytes halve at bf16",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
     models = {name: exported(path, dtype) for name, path in CONFIGS.items()}
@@ -111,30 +117,30 @@ def main() -> None:
             seconds, cache = generate(hf, prompt, args.new)
             times[name].append(seconds)
             caches[name] = cache_bytes(cache)
-    tokens = (
-        args.prompt + args.new - 1
-    )  # the last generated token is never fed back, so never cached
-    base_bytes, base_rate = (
-        caches["baseline"],
-        args.batch * args.new / statistics.median(times["baseline"]),
+    tokens = args.prompt + args.new - 1  # the last generated token is never fed back: not cached
+    base_bytes = caches["baseline"]
+    base_rate = args.batch * args.new / statistics.median(times["baseline"])
+    print(
+        f"KV cache and cached generation, demo scale, CPU ({torch.get_num_threads()} threads),"
+        f" {args.dtype}, batch {args.batch}, {args.prompt} prompt + {args.new} new tokens,"
+        f" median of {args.repeats}"
     )
     print(
-        f"KV cache and cached generation, demo scale, CPU ({torch.get_num_threads()} threads), {args.dtype}, "
-        f"batch {args.batch}, {args.prompt} prompt + {args.new} new tokens, median of {args.repeats}"
-    )
-    print(
-        f"{'shape':10} {'K+V per token (count)':>22} {'cache MiB':>10} {'= count':>8} {'vs baseline':>12} {'new tokens/s':>13} {'vs baseline':>12}"
+        f"{'shape':10} {'K+V per token (count)':>22} {'cache MiB':>10} {'= count':>8}"
+        f" {'vs baseline':>12} {'new tokens/s':>13} {'vs baseline':>12}"
     )
     for name, (hf, per_token) in models.items():
         counted = args.batch * tokens * per_token * (2 if dtype == torch.bfloat16 else 4)
         rate = args.batch * args.new / statistics.median(times[name])
         print(
-            f"{name:10} {per_token:>22,} {caches[name] / 2**20:>10.2f} {str(caches[name] == counted):>8} "
+            f"{name:10} {per_token:>22,} {caches[name] / 2**20:>10.2f}"
+            f" {str(caches[name] == counted):>8} "
             f"{caches[name] / base_bytes - 1:>+12.1%} {rate:>13.1f} {rate / base_rate:>11.2f}x"
         )
     print(
-        f"equal size (this table): paper 2's x caches {PAPER_EQUAL_SIZE:+.1%} vs its baseline at 2B (-10.0% to -11.0% "
-        f"at 200M-2B); at matched loss (not measured here) {PAPER_MATCHED_LOSS - 1:+.1%} (the abstract's 15%)"
+        f"equal size (this table): paper 2's x caches {PAPER_EQUAL_SIZE:+.1%} vs its baseline"
+        " at 2B (-10.0% to -11.0% at 200M-2B); at matched loss (not measured here)"
+        f" {PAPER_MATCHED_LOSS - 1:+.1%} (the abstract's 15%)"
     )
 
 

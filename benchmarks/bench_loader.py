@@ -12,7 +12,8 @@ with the MFU the dry run assumes (report/plan.py ASSUMED_MFU, 40%), the H100's d
 (launch/cards.py) and the config's FLOPs per token (OLMo-core's count); one rank's loader must
 deliver 1/8 of it.
 
-    python benchmarks/bench_loader.py [--batches 16] [--batch 16] [--latency-ms 20] [--workers 0,1,4,8]
+    python benchmarks/bench_loader.py [--batches 16] [--batch 16] [--latency-ms 20] \\
+        [--workers 0,1,4,8]
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def serve(folder: str, latency_s: float) -> None:
 def measure(
     paths: list[str], workers: int, batch: int, batches: int, work: Path
 ) -> tuple[float, float]:
-    """(seconds to the first batch, steady instances/s) for one loader. The steady rate is timed over
-    ``batches`` batches after the 2 x workers that the workers read ahead during start-up
+    """(seconds to the first batch, steady instances/s) for one loader. The steady rate is timed
+    over ``batches`` batches after the 2 x workers that the workers read ahead during start-up
     (torch's default prefetch of 2 batches each), so it is the workers' reading rate."""
     from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
 
@@ -106,8 +107,9 @@ def need() -> dict[str, float]:
         spec = load_spec(REPO / "configs" / scale / "baseline.yaml", ["train.hardware=none"])
         per_gpu = ASSUMED_MFU * CARDS["h100"].bf16_flops / count(spec).flops_per_token
         print(
-            f"{scale}: {count(spec).flops_per_token / 1e9:.2f} GFLOP/token -> {per_gpu:,.0f} tokens/s per H100 at "
-            f"{ASSUMED_MFU:.0%} MFU -> {8 * per_gpu / SEQ:,.0f} instances/s for 8 GPUs, {per_gpu / SEQ:,.0f} per rank"
+            f"{scale}: {count(spec).flops_per_token / 1e9:.2f} GFLOP/token -> {per_gpu:,.0f}"
+            f" tokens/s per H100 at {ASSUMED_MFU:.0%} MFU -> {8 * per_gpu / SEQ:,.0f} instances/s"
+            f" for 8 GPUs, {per_gpu / SEQ:,.0f} per rank"
         )
         out[scale] = per_gpu / SEQ
     return out
@@ -155,7 +157,9 @@ def main() -> None:
                 f"HTTP +{args.latency_ms:g} ms": [f"{base}/{p.name}" for p in files],
             }
             print(
-                f"\n| source | workers | start-up s | instances/s | x 113M rank need ({per_rank['113M']:.0f}/s) | x 1B rank need ({per_rank['1B']:.0f}/s) |"
+                "\n| source | workers | start-up s | instances/s"
+                f" | x 113M rank need ({per_rank['113M']:.0f}/s)"
+                f" | x 1B rank need ({per_rank['1B']:.0f}/s) |"
             )
             print("|---|---|---|---|---|---|")
             for label, paths in sources.items():
@@ -163,7 +167,8 @@ def main() -> None:
                     with tempfile.TemporaryDirectory(dir=tmp) as work:
                         startup, rate = measure(paths, w, args.batch, args.batches, Path(work))
                     print(
-                        f"| {label} | {w} | {startup:.1f} | {rate:,.0f} | {rate / per_rank['113M']:.1f} | {rate / per_rank['1B']:.1f} |",
+                        f"| {label} | {w} | {startup:.1f} | {rate:,.0f}"
+                        f" | {rate / per_rank['113M']:.1f} | {rate / per_rank['1B']:.1f} |",
                         flush=True,
                     )
         finally:

@@ -1,5 +1,5 @@
-"""The token-id check's full scan (olmo_patches/data/contract.py) against reading the same bytes, side
-by side, and the cached rerun.
+"""The token-id check's full scan (olmo_patches/data/contract.py) against reading the same bytes,
+side by side, and the cached rerun.
 
     python benchmarks/bench_token_scan.py [--megabytes 1024] [--repeats 3] [--dir DIR]
 
@@ -7,9 +7,9 @@ A file of random uint32 ids (--megabytes of them) is written once under --dir (d
 temporary folder) and removed at the end. Two references: reading the file in the scan's chunk size
 into one reused buffer (``readinto``: a copy of every byte, no arithmetic), and the naive check,
 ``np.fromfile(path).max()`` (the whole file in memory at once). The scan is ``max_token`` without a
-cache (memory map, vectorised max per chunk, first position of the largest id). All run with the file
-in the page cache (each is run once before timing). Printed: MB/s of each (the best of --repeats), the
-ratios, and the rerun through the cache (size and mtime read, no token read).
+cache (memory map, vectorised max per chunk, first position of the largest id). All run with the
+file in the page cache (each is run once before timing). Printed: MB/s of each (the best of
+--repeats), the ratios, and the rerun through the cache (size and mtime read, no token read).
 """
 
 from __future__ import annotations
@@ -80,15 +80,18 @@ def main() -> None:
         cached_s = _best(lambda: contract.max_token([str(path)], dtype, cache), args.repeats)
         print(f"token file: {size_mb:,.0f} MB of uint32 ids")
         print(
-            f"read (readinto, {contract.CHUNK_TOKENS * 4 >> 20} MiB blocks): {size_mb / read_s:,.0f} MB/s ({read_s:.3f} s)"
+            f"read (readinto, {contract.CHUNK_TOKENS * 4 >> 20} MiB blocks):"
+            f" {size_mb / read_s:,.0f} MB/s ({read_s:.3f} s)"
         )
         print(f"scan (max_token, no cache):      {size_mb / scan_s:,.0f} MB/s ({scan_s:.3f} s)")
         print(f"np.fromfile(...).max():          {size_mb / naive_s:,.0f} MB/s ({naive_s:.3f} s)")
         print(
-            f"scan time / read time: {scan_s / read_s:.2f}x; scan time / np.fromfile max time: {scan_s / naive_s:.2f}x"
+            f"scan time / read time: {scan_s / read_s:.2f}x;"
+            f" scan time / np.fromfile max time: {scan_s / naive_s:.2f}x"
         )
         print(
-            f"cached rerun: {cached_s * 1e3:.2f} ms ({scan_s / cached_s:,.0f}x faster than the scan)"
+            f"cached rerun: {cached_s * 1e3:.2f} ms"
+            f" ({scan_s / cached_s:,.0f}x faster than the scan)"
         )
 
 

@@ -3,11 +3,11 @@
     python benchmarks/bench_tokenize.py [--megabytes 8] [--workers N] [--repeats 3]
 
 The text is the demo corpus's (the interpreter's standard library source, one document a file, as a
-jsonl) and the tokenizer the demo BPE (4096 tokens; built once into the demo cache). The reference is
-``Tokenizer.encode_batch`` over all the documents in memory (Rust threads on every core), without
+jsonl) and the tokenizer the demo BPE (4096 tokens; built once into the demo cache). The reference
+is ``Tokenizer.encode_batch`` over all the documents in memory (Rust threads on every core), without
 EOS or writing; hourglass-tokenize is the whole job: reading and checking the jsonl, encoding in
---workers processes, EOS, shards with checksums, the manifest. Printed: tokens/s of each (the best of
---repeats) and their ratio.
+--workers processes, EOS, shards with checksums, the manifest. Printed: tokens/s of each (the best
+of --repeats) and their ratio.
 """
 
 from __future__ import annotations
@@ -81,13 +81,15 @@ def main() -> None:
             ours.append(manifest["tokens"] / (time.perf_counter() - start))
     mb = sum(len(d.encode()) for d in docs) / 2**20
     print(
-        f"{len(docs):,} documents, {mb:.1f} MiB, {tokens:,} tokens (+{len(docs):,} EOS); {os.cpu_count()} cores"
+        f"{len(docs):,} documents, {mb:.1f} MiB, {tokens:,} tokens (+{len(docs):,} EOS);"
+        f" {os.cpu_count()} cores"
     )
     print(
         f"tokenizers encode_batch (in memory, every core):        {max(library):>12,.0f} tokens/s"
     )
     print(
-        f"hourglass-tokenize, {args.workers} workers (jsonl in, shards out): {max(ours):>12,.0f} tokens/s"
+        f"hourglass-tokenize, {args.workers} workers (jsonl in, shards out):"
+        f" {max(ours):>12,.0f} tokens/s"
     )
     print(f"ratio: {max(ours) / max(library):.2f}")
 

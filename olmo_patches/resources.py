@@ -18,7 +18,8 @@ BUNDLED = "_data"  # the wheel's folder inside the package (setup.py)
 
 
 def data_root() -> Path:
-    """The folder holding configs/, data_order/ and scripts/: the checkout's, else the wheel's copy."""
+    """The folder holding configs/, data_order/ and scripts/: the checkout's, else the wheel's
+    copy."""
     package = Path(str(resources.files("olmo_patches")))
     checkout = package.parent
     if (checkout / "configs").is_dir() and (checkout / "scripts").is_dir():

@@ -2,10 +2,10 @@
 python on PATH (tests/_fake_slurm_bin.py says what each does and which SLURM source or manual page
 it follows), each recording its argv (NUL-separated) in the log folder.
 
-:class:`FakeSlurm` starts the batch script as slurmd would (SLURM_* variables, its own process group)
-and plays slurmctld's part: ``time_limit_warning`` (``--signal=B:USR1@LEAD``: the batch shell alone),
-``preempt`` (GraceTime: SIGCONT and SIGTERM to the steps, then at its end the job ends: SIGTERM to
-every process, batch script included, SIGKILL after KillWait) and ``scancel``.
+:class:`FakeSlurm` starts the batch script as slurmd would (SLURM_* variables, its own process
+group) and plays slurmctld's part: ``time_limit_warning`` (``--signal=B:USR1@LEAD``: the batch shell
+alone), ``preempt`` (GraceTime: SIGCONT and SIGTERM to the steps, then at its end the job ends:
+SIGTERM to every process, batch script included, SIGKILL after KillWait) and ``scancel``.
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ class FakeSlurm:
         kill_wait: float = 30.0,
         **env: str,
     ):
-        """``sbatch --nodes NODES scripts/launch_slurm.sbatch ARGS`` as SLURM runs the batch step. srun
-        runs its command (``run``; ``stand_in``: a stand-in rank that takes ``save_s`` to save) or
-        only records it; a job's end kills what is left ``kill_wait`` s after its SIGTERM."""
+        """``sbatch --nodes NODES scripts/launch_slurm.sbatch ARGS`` as SLURM runs the batch step.
+        srun runs its command (``run``; ``stand_in``: a stand-in rank that takes ``save_s`` to save)
+        or only records it; a job's end kills what is left ``kill_wait`` s after its SIGTERM."""
         self.kill_wait = kill_wait
         self.job = str(self.log)
         variables = dict(
@@ -127,13 +127,14 @@ class FakeSlurm:
         return fake.processes(self.job) if self.job else []
 
     def time_limit_warning(self) -> None:
-        """``--signal=B:USR1@LEAD`` at its time: USR1 to the batch shell alone (sbatch(1), --signal)."""
+        """``--signal=B:USR1@LEAD`` at its time: USR1 to the batch shell alone (sbatch(1),
+        --signal)."""
         self.scancel("--batch", "--signal=USR1")
 
     def preempt(self, grace_s: float) -> threading.Thread:
-        """Preemption with GraceTime (slurm.conf(5) GraceTime; src/interfaces/preempt.c): SIGCONT and
-        SIGTERM to the tasks (every step, not the batch script) now; at the new end time, the job
-        ends (SIGCONT and SIGTERM to all of it, SIGKILL KillWait s later)."""
+        """Preemption with GraceTime (slurm.conf(5) GraceTime; src/interfaces/preempt.c): SIGCONT
+        and SIGTERM to the tasks (every step, not the batch script) now; at the new end time, the
+        job ends (SIGCONT and SIGTERM to all of it, SIGKILL KillWait s later)."""
         self.scancel("--signal=CONT")
         self.scancel("--signal=TERM")
 

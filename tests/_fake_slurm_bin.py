@@ -10,20 +10,20 @@ container is an environment variable every descendant inherits: ``FAKE_SLURM_STE
 
 Semantics, with their sources (SchedMD/slurm: doc/man/man1/*.1, doc/man/man5/slurm.conf.5, src/):
 
-- ``srun CMD``: one task a node (``--ntasks-per-node=1``), each with SLURM_PROCID/SLURM_NODEID. Its own
-  SIGTERM, SIGHUP or SIGQUIT: "srun: forcing job termination" and SIGKILL to every process of the
-  step; SIGINT: a status line, a second within 1 s: SIGINT then SIGKILL to the step; SIGCONT: noted;
-  any other signal (USR1, USR2): passed to every process of the step (src/srun/signals.c,
-  ``_forward_signal``). ``--kill-on-bad-exit=1``: a task that exits non-zero ends the step (SIGKILL).
-  When the tasks have ended, what is left of the step is killed (the step's container ends with it).
-  Exit: the highest task exit code, 128 + n for a task ended by signal n (srun(1), RETURN VALUE).
-  ``FAKE_SRUN_RUN`` unset: srun only records its argv.
+- ``srun CMD``: one task a node (``--ntasks-per-node=1``), each with SLURM_PROCID/SLURM_NODEID. Its
+  own SIGTERM, SIGHUP or SIGQUIT: "srun: forcing job termination" and SIGKILL to every process of
+  the step; SIGINT: a status line, a second within 1 s: SIGINT then SIGKILL to the step; SIGCONT:
+  noted; any other signal (USR1, USR2): passed to every process of the step (src/srun/signals.c,
+  ``_forward_signal``). ``--kill-on-bad-exit=1``: a task that exits non-zero ends the step
+  (SIGKILL). When the tasks have ended, what is left of the step is killed (the step's container
+  ends with it). Exit: the highest task exit code, 128 + n for a task ended by signal n (srun(1),
+  RETURN VALUE). ``FAKE_SRUN_RUN`` unset: srun only records its argv.
 - ``scancel --signal=SIG JOB``: every process of every step, not the batch script; ``--batch``: the
   batch shell alone, not its children; ``--full``: the batch shell, its children (srun among them)
   and every step (scancel(1), -b/-f). Without --signal: the job ends (below).
-- ``scontrol requeue JOB``: the job ends at once, as any end of a running job: SIGCONT and SIGTERM to
-  every process of the job (batch script included), SIGKILL KillWait s later (slurm.conf(5) KillWait);
-  ``scontrol show hostnames``: node001..nodeN.
+- ``scontrol requeue JOB``: the job ends at once, as any end of a running job: SIGCONT and SIGTERM
+  to every process of the job (batch script included), SIGKILL KillWait s later (slurm.conf(5)
+  KillWait); ``scontrol show hostnames``: node001..nodeN.
 - ``python``: the batch script's pre-flight ``scripts/train.py ... --dry-run`` is recorded and exits
   ``FAKE_PYTHON_EXIT``; any other command runs the real Python (``FAKE_REAL_PYTHON``; the nodes
   are this machine: a rendezvous endpoint becomes 127.0.0.1:``FAKE_RDZV_PORT``), or, with

@@ -1,6 +1,6 @@
 """A block kind that is not the papers', from this one file: the parallel block (GPT-J; PaLM,
-Chowdhery et al. 2022, §2 "Parallel Layers"): attention and the SwiGLU FFN read the same normed input,
-one norm per layer,
+Chowdhery et al. 2022, §2 "Parallel Layers"): attention and the SwiGLU FFN read the same normed
+input, one norm per layer,
 
     y = x + Attn(norm(x)) + FFN(norm(x)).
 
@@ -33,7 +33,8 @@ class ParallelBlock(TransformerBlockBase):
     ):
         super().__init__(n_layers=n_layers)
         self.d_model, self.block_idx = d_model, block_idx
-        # `attention`, `attention_norm` and `feed_forward`: the names OLMo-core's init, FSDP and checkpoints use
+        # `attention`, `attention_norm` and `feed_forward`: the names OLMo-core's init, FSDP and
+        # checkpoints use
         self.attention = sequence_mixer.build(
             d_model, layer_idx=block_idx, n_layers=n_layers, init_device=init_device, cache=cache
         )

@@ -1,6 +1,6 @@
 """Under torchrun with 2 ranks: olmo_patches.launch.shared_fs.require_data on rank-dependent paths
-(test helper). For each case NAME given as NAME=RANK0PATHS;RANK1PATHS (paths comma-separated), rank 0
-prints "NAME: ok" or "NAME: LINE"."""
+(test helper). For each case NAME given as NAME=RANK0PATHS;RANK1PATHS (paths comma-separated), rank
+0 prints "NAME: ok" or "NAME: LINE"."""
 
 import os
 import sys

@@ -24,9 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf-modules-")
 atexit.register(shutil.rmtree, os.environ["HF_MODULES_CACHE"], ignore_errors=True)
 
-# torch.compile (inductor) on CPU: one kernel cache for the test run's compiled runs, and kernels built
-# in the compiling process (no pool of workers, each importing torch, on a 2-core machine). A GPU run of
-# scripts/gpu_check.py sets both first: a cache kept for a second try, and a pool of compile workers.
+# torch.compile (inductor) on CPU: one kernel cache for the test run's compiled runs, and kernels
+# built in the compiling process (no pool of workers, each importing torch, on a 2-core machine). A
+# GPU run of scripts/gpu_check.py sets both first: a cache kept for a second try, and a pool of
+# compile workers.
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
     atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
@@ -52,9 +53,9 @@ TINY = [
 
 
 # make test runs the suite on every core (pytest-xdist, --dist loadfile: a file's tests, and so its
-# module fixtures, stay on one worker). Files go to the workers in this order, the slowest first (the
-# file totals of --durations, docs/performance.md), so that no worker is left alone with a long file at
-# the end; the rest follow in collection order.
+# module fixtures, stay on one worker). Files go to the workers in this order, the slowest first
+# (the file totals of --durations, docs/performance.md), so that no worker is left alone with a long
+# file at the end; the rest follow in collection order.
 SLOW_FIRST = (
     "test_gpu_install.py",
     "test_doc_commands.py",
@@ -122,7 +123,8 @@ def tiny_overrides(tmp_path: Path, *extra: str, block: str = "baseline") -> list
     ]
 
 
-# torch.distributed's rendezvous variables, which in-process runs leave behind: a child must not inherit them.
+# torch.distributed's rendezvous variables, which in-process runs leave behind: a child must not
+# inherit them.
 DIST_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -161,8 +163,9 @@ def start(cmd: list, capture: bool = True, **extra_env: str) -> subprocess.Popen
 def run_elsewhere(
     cmd: list, cwd: Path, env: dict, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """A process that must not run this checkout (pip building the wheel, an unpacked or installed copy):
-    its working folder and whole environment are the caller's; its process group killed on a timeout."""
+    """A process that must not run this checkout (pip building the wheel, an unpacked or installed
+    copy): its working folder and whole environment are the caller's; its process group killed on a
+    timeout."""
     proc = subprocess.Popen(
         [str(c) for c in cmd],
         cwd=cwd,
@@ -224,16 +227,18 @@ def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.
 
 
 class ScriptTimeout(BaseException):
-    """A script run in process ran over its time (a BaseException: no script's handler swallows it)."""
+    """A script run in process ran over its time (a BaseException: no script's handler swallows
+    it)."""
 
 
 def run_in_process(
     script: str, *args: str, cwd: Path | None = None, timeout: int = 900
 ) -> subprocess.CompletedProcess:
     """A script's ``__main__`` run in this process as ``python SCRIPT ARGS`` would run it (sys.argv,
-    working folder, child_env()'s environment for the processes it starts, stdout, stderr, exit code),
-    without a fresh interpreter's 5-10 s of imports: for tests of what a script does. Tests of the
-    process itself (its one-line errors and exit codes, the checkout it imports, torchrun) use run_script."""
+    working folder, child_env()'s environment for the processes it starts, stdout, stderr, exit
+    code), without a fresh interpreter's 5-10 s of imports: for tests of what a script does. Tests
+    of the process itself (its one-line errors and exit codes, the checkout it imports, torchrun)
+    use run_script."""
     path = script_path(script)
     out, err = io.StringIO(), io.StringIO()
     old_argv, old_cwd, old_env, code = sys.argv, Path.cwd(), dict(os.environ), 0
@@ -242,8 +247,9 @@ def run_in_process(
     def expired(signum, frame):
         raise ScriptTimeout(f"{script} {' '.join(map(str, args))}: over {timeout} s")
 
-    # a script's stop signals: scripts/train.py ignores SIGTERM and SIGUSR1 as its process ends (train/stop.py);
-    # here the process goes on, and a child started later would inherit them ignored (bash could not trap them)
+    # a script's stop signals: scripts/train.py ignores SIGTERM and SIGUSR1 as its process ends
+    # (train/stop.py); here the process goes on, and a child started later would inherit them
+    # ignored (bash could not trap them)
     old_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     old_alarm = signal.signal(signal.SIGALRM, expired)
     signal.alarm(
@@ -315,7 +321,8 @@ def _forget_peers() -> None:
 @pytest.fixture(autouse=True)
 def _fresh_rendezvous_port():
     """An in-process run picks a free MASTER_PORT and leaves it in os.environ; dropped after each
-    test, the next run picks a port free at that moment (pytest-xdist workers train side by side)."""
+    test, the next run picks a port free at that moment (pytest-xdist workers train side by
+    side)."""
     os.environ.pop("MASTER_PORT", None)
     yield
     os.environ.pop("MASTER_PORT", None)

@@ -18,8 +18,8 @@ def test_unaligned_matmul_dims_are_named_once():
 
 
 def test_http_data_slower_than_a_rank_needs(tmp_path):
-    # 113M baseline on a B200: 40% x 2250 TFLOP/s / (OLMo-core's ~1.37 GFLOP/token x 4096) ~ 160 instances/s
-    # per rank, twice the 73 measured over HTTP; the 1B on an H100 needs ~11.
+    # 113M baseline on a B200: 40% x 2250 TFLOP/s / (OLMo-core's ~1.37 GFLOP/token x 4096) ~ 160
+    # instances/s per rank, twice the 73 measured over HTTP; the 1B on an H100 needs ~11.
     b200 = advice(load_and_resolve(CONFIGS / "113M/baseline.yaml", ["train.hardware=b200"]))
     assert len(b200) == 1 and "over HTTP" in b200[0] and "73 measured" in b200[0]
     need = float(b200[0].split("needs ")[1].split()[0])
@@ -39,14 +39,16 @@ def test_the_dry_run_prints_each_warning_once():
 
 
 def test_a_warmup_longer_than_the_run_is_one_warning():
-    # 20 warmup steps of 3 (steps), then 5 steps of 1,000 warmup tokens at 2 x 32 tokens a step (15.6 steps).
+    # 20 warmup steps of 3 (steps), then 5 steps of 1,000 warmup tokens at 2 x 32 tokens a step
+    # (15.6 steps).
     lines = advice(
         load_and_resolve(
             CONFIGS / "demo/baseline.yaml", ["train.max_steps=3", "train.warmup_steps=20"]
         )
     )
     assert lines == [
-        "warning: train.warmup_steps=20 ends after the run's 3 steps: the learning rate never reaches train.lr"
+        "warning: train.warmup_steps=20 ends after the run's 3 steps: "
+        "the learning rate never reaches train.lr"
     ]
     tokens = [
         "train.max_steps=5",
@@ -57,7 +59,8 @@ def test_a_warmup_longer_than_the_run_is_one_warning():
         "data.sequence_length=32",
     ]
     assert advice(load_and_resolve(CONFIGS / "demo/baseline.yaml", tokens)) == [
-        "warning: train.warmup_tokens=1000 ends after the run's 5 steps: the learning rate never reaches train.lr"
+        "warning: train.warmup_tokens=1000 ends after the run's 5 steps: "
+        "the learning rate never reaches train.lr"
     ]
     assert (
         advice(
@@ -70,8 +73,8 @@ def test_a_warmup_longer_than_the_run_is_one_warning():
 
 
 def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
-    """report/plan.data_passes: tokens trained over the corpus's training tokens (its manifest's count);
-    before the corpus is built, that it is not known yet, and the look writes nothing."""
+    """report/plan.data_passes: tokens trained over the corpus's training tokens (its manifest's
+    count); before the corpus is built, that it is not known yet, and the look writes nothing."""
     from olmo_patches.report.plan import data_passes
 
     held = demo_corpus.n_train_tokens
@@ -82,8 +85,8 @@ def test_the_plan_says_how_often_a_run_reads_its_data(tmp_path, demo_corpus):
     )
     tokens = steps * 16 * 128
     assert (
-        data_passes(spec, tokens)
-        == f"{tokens / held:.2f} ({tokens:,} of {held:,} tokens): the run reads its data {tokens / held:.1f} times"
+        data_passes(spec, tokens) == f"{tokens / held:.2f} ({tokens:,} of {held:,} tokens): "
+        f"the run reads its data {tokens / held:.1f} times"
     )
     assert data_passes(spec, held // 2).startswith("0.50 (")  # half a pass: no warning
     unbuilt = load_and_resolve(

@@ -1,5 +1,6 @@
-"""Paper 2's per-layer analyses (report/analysis.py): each metric against a float64 reference written from
-its definition on tensors with a known answer; the hooks on built models; scripts/analyze.py end to end."""
+"""Paper 2's per-layer analyses (report/analysis.py): each metric against a float64 reference
+written from its definition on tensors with a known answer; the hooks on built models;
+scripts/analyze.py end to end."""
 
 import json
 import math
@@ -26,7 +27,8 @@ DEMO = REPO / "configs" / "demo"
 
 
 def rank_r(N: int, d: int, r: int, seed: int = 0, spectrum=None) -> np.ndarray:
-    """N x d, centred columns, rank r: U diag(s) V^T with U's columns orthonormal and orthogonal to the ones vector."""
+    """N x d, centred columns, rank r: U diag(s) V^T with U's columns orthonormal and orthogonal to
+    the ones vector."""
     rng = np.random.default_rng(seed)
     M = rng.normal(size=(N, r))
     M -= M.mean(axis=0)
@@ -46,7 +48,8 @@ def test_rank_r_stream_has_participation_ratio_r_and_entropy_log_r(r):
 
 
 def test_entropy_and_participation_ratio_against_the_covariance_eigenvalues():
-    """An unequal spectrum: the definitions written out on numpy's covariance eigenvalues (float64)."""
+    """An unequal spectrum: the definitions written out on numpy's covariance eigenvalues
+    (float64)."""
     Z = rank_r(300, 32, 8, seed=1, spectrum=[5, 4, 3, 2, 1, 0.5, 0.25, 0.1])
     Zc = Z - Z.mean(axis=0)
     lam = np.clip(np.linalg.eigvalsh(Zc.T @ Zc), 0, None)
@@ -281,8 +284,8 @@ def test_pooling_across_prompts_against_per_prompt():
     H, H_norm = matrix_entropy(Z, pooling="per_prompt")
     assert H == pytest.approx(0, abs=1e-9) and H_norm == pytest.approx(0, abs=1e-9)
     assert participation_ratio(Z, pooling="per_prompt") == pytest.approx(1, rel=1e-9)
-    # Dead units: unit 0 fires on prompt 0 only, unit 1 on neither: pooled 1 of 4 dead; per prompt 2 of
-    # 4 on prompt 1 and 1 of 4 on prompt 0, so 3/8. Utilisation is the same mean either way.
+    # Dead units: unit 0 fires on prompt 0 only, unit 1 on neither: pooled 1 of 4 dead; per prompt 2
+    # of 4 on prompt 1 and 1 of 4 on prompt 0, so 3/8. Utilisation is the same mean either way.
     A = np.ones((2, seq, 4))
     A[1, :, 0] = 0.0
     A[:, :, 1] = 0.0

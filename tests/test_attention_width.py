@@ -1,5 +1,5 @@
-"""Attention width apart from d_model (model.head_dim), GQA (model.n_kv_heads), Llama-3.1 RoPE scaling,
-and the authors' revised 906M / 3B / 8B configs (Hourglass_LM on Megatron-Bridge)."""
+"""Attention width apart from d_model (model.head_dim), GQA (model.n_kv_heads), Llama-3.1 RoPE
+scaling, and the authors' revised 906M / 3B / 8B configs (Hourglass_LM on Megatron-Bridge)."""
 
 import json
 import math
@@ -23,7 +23,7 @@ SCALING = RoPEScalingSpec(
 )
 
 
-# --- a reference from the equations ----------------------------------------------------------------
+# --- a reference from the equations ---------------------------------------------------------------
 
 
 def llama31_inv_freq(theta: float, head_dim: int, scaling) -> list:
@@ -51,8 +51,9 @@ def llama31_inv_freq(theta: float, head_dim: int, scaling) -> list:
 
 
 def reference_attention(x, Wq, Wk, Wv, Wo, gq, gk, *, H, G, hd, theta, scaling, eps):
-    """o_t = W_o [softmax_s<=t(q_t,h . k_s,g(h) / sqrt(hd)) v_s,g(h)]_h, g(h) = h // (H / G); q = RoPE(norm(W_q x)),
-    k = RoPE(norm(W_k x)) with full-width RMSNorm gains g_q (H hd) and g_k (G hd); RoPE rotates halves."""
+    """o_t = W_o [softmax_s<=t(q_t,h . k_s,g(h) / sqrt(hd)) v_s,g(h)]_h, g(h) = h // (H / G);
+    q = RoPE(norm(W_q x)), k = RoPE(norm(W_k x)) with full-width RMSNorm gains g_q (H hd) and g_k (G
+    hd); RoPE rotates halves."""
     B, T, _ = x.shape
     rms = lambda y, g: y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + eps) * g  # noqa: E731
     q, k, v = x @ Wq.T, x @ Wk.T, x @ Wv.T
@@ -87,7 +88,8 @@ def _randomize(module, seed=0):
             )
 
 
-ATTENTION = {  # d_model 32: the attention is 4 x 12 = 48 wide (> d_model), 4 x 4 = 16 (< d_model), GQA 4:2, 4:1
+# d_model 32: the attention is 4 x 12 = 48 wide (> d_model), 4 x 4 = 16 (< d_model), GQA 4:2, 4:1
+ATTENTION = {
     "wide": dict(n_heads=4, head_dim=12),
     "narrow-gqa": dict(n_heads=4, head_dim=4, n_kv_heads=2),
     "wide-mqa-qknorm": dict(n_heads=4, head_dim=12, n_kv_heads=1, qk_norm=True),
@@ -112,7 +114,8 @@ def _spec(block: str, attention: dict, **kw) -> ModelSpec:
 @pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("block", BLOCKS)
 def test_attention_matches_the_equations(block, attention):
-    """OLMo-core's attention inside each block type, outputs and gradients, against the reference."""
+    """OLMo-core's attention inside each block type, outputs and gradients, against the
+    reference."""
     spec = _spec(block, ATTENTION[attention])
     model = spec.build(V).build(init_device="cpu")
     layer = model.blocks["1"]
@@ -152,8 +155,9 @@ def test_attention_matches_the_equations(block, attention):
 
 
 def test_default_head_dim_and_kv_heads_give_olmo_cores_own_block_bit_for_bit():
-    """head_dim = d_model / n_heads and n_kv_heads = n_heads: the same model as OLMo-core's llama_like
-    without them (baseline), and the same as leaving them null (hourglass), bit for bit."""
+    """head_dim = d_model / n_heads and n_kv_heads = n_heads: the same model as OLMo-core's
+    llama_like without them (baseline), and the same as leaving them null (hourglass), bit for
+    bit."""
     x = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(0))
     ours = (
         ModelSpec(d_model=32, n_layers=2, n_heads=4, head_dim=8, n_kv_heads=4, qk_norm=True)
@@ -231,7 +235,8 @@ def test_bad_attention_shapes_fail_at_load_with_one_line(override, message):
 
 
 def test_head_dim_frees_the_head_count_from_d_model():
-    """With head_dim set, n_heads need not divide d_model (the authors' 3B hourglass: 24 heads on 3696)."""
+    """With head_dim set, n_heads need not divide d_model (the authors' 3B hourglass: 24 heads on
+    3696)."""
     spec = load_and_resolve(
         REPO / "configs" / "demo" / "hourglass.yaml", ["model.n_heads=3", "model.head_dim=8"]
     )
@@ -245,10 +250,11 @@ def test_head_dim_frees_the_head_count_from_d_model():
     )
 
 
-# --- the authors' revised configs ------------------------------------------------------------------
+# --- the authors' revised configs -----------------------------------------------------------------
 
-# From their YAMLs (Hourglass_LM @1f0ae80, hourglass_lm/pretraining_script/conf/): num_layers, hidden_size,
-# num_attention_heads, num_query_groups, kv_channels (unset: hidden / heads), num_mlp_layers, mlp_intermediate_sizes.
+# From their YAMLs (Hourglass_LM @1f0ae80, hourglass_lm/pretraining_script/conf/): num_layers,
+# hidden_size, num_attention_heads, num_query_groups, kv_channels (unset: hidden / heads),
+# num_mlp_layers, mlp_intermediate_sizes.
 THEIRS = {
     "906M/baseline": dict(
         L=24, d=1536, H=16, G=16, kv=96, K=1, dh=6144, iters=4297, lr=2.5e-4, warmup=25
@@ -281,8 +287,9 @@ MEGATRON_TOTAL = {
 
 
 def megatron_params(L, d, H, G, kv, K, dh, vocab=100352, **_):
-    """Their patched Megatron's model: embedding (tied) + L x [input RMSNorm d, QKV d (H + 2G) kv, q/k norms
-    over the packed H kv and G kv, out-proj H kv d, K x (RMSNorm d, fc1 d 2 d_h, fc2 d_h d)] + final RMSNorm d."""
+    """Their patched Megatron's model: embedding (tied) + L x [input RMSNorm d, QKV d (H + 2G) kv,
+    q/k norms over the packed H kv and G kv, out-proj H kv d, K x (RMSNorm d, fc1 d 2 d_h, fc2 d_h
+    d)] + final RMSNorm d."""
     layer = d + d * (H + 2 * G) * kv + H * kv + G * kv + H * kv * d + K * (d + 2 * d * dh + dh * d)
     return vocab * d + L * layer + d
 
@@ -324,8 +331,9 @@ def test_revised_config_is_their_run_with_their_parameter_count(name):
 
 @pytest.mark.parametrize("units", ["steps", "tokens"])
 def test_revised_schedule_is_megatrons(units):
-    """Megatron-LM's OptimizerParamScheduler, written out: update n (1..N) runs at f(n - 1), f(k) = lr k / W
-    up to W, then min_lr + (lr - min_lr) (1 + cos(pi (k - W) / (N - W))) / 2 (min_lr 6e-5 absolute)."""
+    """Megatron-LM's OptimizerParamScheduler, written out: update n (1..N) runs at f(n - 1), f(k) =
+    lr k / W up to W, then min_lr + (lr - min_lr) (1 + cos(pi (k - W) / (N - W))) / 2 (min_lr 6e-5
+    absolute)."""
     from olmo_core.optim import CosWithWarmup
     from olmo_core.optim.scheduler import SchedulerUnits
 
@@ -356,7 +364,8 @@ def test_revised_schedule_is_megatrons(units):
 
 
 def test_revised_weight_decay_groups():
-    """Decay 0.033 on every matrix and the tied embedding; none on any norm gain (QK norms included)."""
+    """Decay 0.033 on every matrix and the tied embedding; none on any norm gain (QK norms
+    included)."""
     from olmo_patches.train.optimizer import optim_groups
 
     spec = load_and_resolve(

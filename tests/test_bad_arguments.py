@@ -1,6 +1,7 @@
 """Every script's bad arguments: one line on stderr naming the argument and the value, exit 2, no
 traceback, nothing written (as tests/test_bad_inputs.py checks for config keys). Each runs in
-process (run_in_process: argv, stdout, stderr and the exit code as the interpreter would give them)."""
+process (run_in_process: argv, stdout, stderr and the exit code as the interpreter would give
+them)."""
 
 import sys
 from pathlib import Path
@@ -163,8 +164,8 @@ def test_bad_argument_exits_2_with_one_line_and_writes_nothing(places, script, a
     assert list(Path(places["work"]).iterdir()) == []
 
 
-# Every script, generated from scripts/: an option it does not have is argparse's usage error, one line
-# (a missing required argument may be named first).
+# Every script, generated from scripts/: an option it does not have is argparse's usage error, one
+# line (a missing required argument may be named first).
 SCRIPTS = sorted(p.name for p in (REPO / "scripts").glob("*.py"))
 
 
@@ -179,8 +180,8 @@ def test_an_unknown_option_exits_2_with_one_line(places, script):
     assert list(Path(places["work"]).iterdir()) == []
 
 
-# A bad input to each script (a missing or unreadable file, a value that cannot work), at least one a
-# script; (script, arguments, what the line must name).
+# A bad input to each script (a missing or unreadable file, a value that cannot work), at least one
+# a script; (script, arguments, what the line must name).
 INPUTS = [
     ("analyze.py", ["{work}/missing/step5", "--out", "{work}/o"], "CHECKPOINT"),
     ("bench.py", ["--scale", "demo", "--variants", "nope"], "--variants"),

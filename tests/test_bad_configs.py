@@ -1,4 +1,5 @@
-"""Bad configs fail before any work: one line naming file, key and value; exit 2; nothing written."""
+"""Bad configs fail before any work: one line naming file, key and value; exit 2; nothing
+written."""
 
 from pathlib import Path
 

@@ -1,5 +1,6 @@
-"""The block registry is the one place that names a block kind: outside olmo_patches/blocks/ (and the
-modules of nn/ it builds), no library module or script compares model.block with a kind's name."""
+"""The block registry is the one place that names a block kind: outside olmo_patches/blocks/ (and
+the modules of nn/ it builds), no library module or script compares model.block with a kind's
+name."""
 
 import ast
 
@@ -48,15 +49,16 @@ def test_the_check_finds_a_comparison(tmp_path):
     """The check itself can fail: it finds both spellings the library used."""
     f = tmp_path / "m.py"
     f.write_text(
-        'if m.block == "hourglass":\n    pass\nx = m.get("block") in ("baseline", "x")\ny = e.experts == "hourglass"\n'
+        'if m.block == "hourglass":\n    pass\nx = m.get("block") in ("baseline", "x")\n'
+        'y = e.experts == "hourglass"\n'
     )
     assert list(_comparisons_with_a_kind(f)) == [1, 3]  # not line 4: an expert kind
 
 
 def test_head_dims_without_a_model_config_match_the_built_config():
-    """The launch reads every layer's head size off the spec (model.head_dims, from the kind's widths),
-    without building OLMo-core's config: the same sizes as the built config's attention, for every
-    shipped config."""
+    """The launch reads every layer's head size off the spec (model.head_dims, from the kind's
+    widths), without building OLMo-core's config: the same sizes as the built config's attention,
+    for every shipped config."""
     from olmo_patches.config import load_spec
     from olmo_patches.nn.attention import head_dims
 

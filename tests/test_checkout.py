@@ -13,7 +13,10 @@ def test_a_child_imports_this_checkout_and_sees_a_module_only_it_has():
     marker = REPO / "olmo_patches" / f"{name}.py"
     marker.write_text(f"CHECKOUT = {str(REPO)!r}\n")
     try:
-        code = f"import olmo_patches, olmo_patches.{name} as m; print(olmo_patches.__file__); print(m.CHECKOUT)"
+        code = (
+            f"import olmo_patches, olmo_patches.{name} as m; "
+            "print(olmo_patches.__file__); print(m.CHECKOUT)"
+        )
         r = run([sys.executable, "-c", code], timeout=60)
     finally:
         marker.unlink()

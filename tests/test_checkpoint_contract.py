@@ -1,9 +1,9 @@
-"""A checkpoint against a config: every command that takes both refuses another model's checkpoint in
-one line (exit 2, nothing written) naming the first differing weight, both shapes and the config the
-checkpoint was written with, and accepts its own. The matrix: checkpoints of the demo's three blocks
-(baseline, hourglass, variable width; tiny) against the same three configs, for train --resume-from,
-evaluate, export_hf and analyze (verify_checkpoints takes no config). Also: export_hf into a folder
-that is not empty, evaluate's --out and --device, analyze's --out.
+"""A checkpoint against a config: every command that takes both refuses another model's checkpoint
+in one line (exit 2, nothing written) naming the first differing weight, both shapes and the config
+the checkpoint was written with, and accepts its own. The matrix: checkpoints of the demo's three
+blocks (baseline, hourglass, variable width; tiny) against the same three configs, for train
+--resume-from, evaluate, export_hf and analyze (verify_checkpoints takes no config). Also: export_hf
+into a folder that is not empty, evaluate's --out and --device, analyze's --out.
 
 The reference shapes are the papers' FFN equations at the tiny sizes: SwiGLU's W_1 is (4 d_model,
 d_model) (hidden 4 d_model, configs/demo/baseline.yaml), the hourglass's first K sub-MLPs' input
@@ -37,7 +37,8 @@ COMMANDS = ("train", "evaluate", "export_hf", "analyze")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, demo_corpus):
-    """One tiny run of each block, two steps (its checkpoint: RUN/step2, its config: RUN/config.yaml)."""
+    """One tiny run of each block, two steps (its checkpoint: RUN/step2, its config:
+    RUN/config.yaml)."""
     root = tmp_path_factory.mktemp("contract")
     for name, (config, extra) in BLOCKS.items():
         block = "hourglass" if name == "hourglass" else "baseline"
@@ -49,12 +50,14 @@ def runs(tmp_path_factory, demo_corpus):
 
 
 def _tree(root):
-    """Every file and folder under root with its size and mtime: what a refusal must leave as it was."""
+    """Every file and folder under root with its size and mtime: what a refusal must leave as it
+    was."""
     return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
 def _mixed(runs, a: str, b: str):
-    """A run folder holding a's checkpoint and b's config.yaml (analyze reads the config beside it)."""
+    """A run folder holding a's checkpoint and b's config.yaml (analyze reads the config beside
+    it)."""
     folder = runs / f"mixed-{a}-{b}"
     if not folder.exists():
         shutil.copytree(runs / a / "step2", folder / "step2")
@@ -116,7 +119,8 @@ def test_another_models_checkpoint_is_one_line_and_nothing_written(runs, tmp_pat
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("block", BLOCKS)
 def test_its_own_checkpoint_is_accepted(runs, tmp_path, command, block):
-    """The matching pair passes the contract and the command does its work (train: --dry-run's plan)."""
+    """The matching pair passes the contract and the command does its work (train: --dry-run's
+    plan)."""
     args = _command(command, runs, block, block, tmp_path / "out")
     if command == "train":
         args.append("--dry-run")
@@ -201,7 +205,8 @@ def test_export_into_the_run_folder_is_refused(runs):
     [
         (
             "tpu",
-            "evaluate.py: error: argument --device: 'tpu' is not a device here (one of cpu, cuda, cuda:N, mps)",
+            "evaluate.py: error: argument --device: 'tpu' is not a device here (one of cpu, cuda, "
+            "cuda:N, mps)",
         ),
         ("cuda:x", "evaluate.py: error: argument --device: 'cuda:x' is not a device here"),
         ("cuda", "evaluate: command line: --device cuda: CUDA is not available on this machine"),
@@ -251,8 +256,8 @@ def test_analyze_out_holding_other_files(runs, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["table.csv"]
 
 
-# A script's refusal of what needs no model, in a fresh interpreter: the script run as __main__, then
-# whether torch was imported (the test process itself has imported it already).
+# A script's refusal of what needs no model, in a fresh interpreter: the script run as __main__,
+# then whether torch was imported (the test process itself has imported it already).
 BEFORE_TORCH = """
 import runpy, sys
 for argv in {cases!r}:

@@ -1,6 +1,6 @@
 """Loading a config is pure: the same spec on a login node and on a GPU node, with no model built
-and no machine read. What depends on the machine is `launch.layout.resolve`'s (tests/test_world_size.py,
-tests/test_presets.py)."""
+and no machine read. What depends on the machine is `launch.layout.resolve`'s
+(tests/test_world_size.py, tests/test_presets.py)."""
 
 import ast
 import sys
@@ -37,10 +37,12 @@ def test_every_shipped_config_loads_the_same_with_and_without_cuda(monkeypatch):
 
 
 def test_loading_every_shipped_config_imports_no_torch():
-    """A config is read and checked before torch is imported: a refusal takes a fraction of a second."""
+    """A config is read and checked before torch is imported: a refusal takes a fraction of a
+    second."""
     code = (
         "import sys; from pathlib import Path; from olmo_patches.config import load_spec\n"
-        f"paths = [p for p in Path({str(REPO / 'configs')!r}).rglob('*.yaml') if p.name not in {BASES!r}]\n"
+        f"paths = [p for p in Path({str(REPO / 'configs')!r}).rglob('*.yaml') if p.name not in "
+        f"{BASES!r}]\n"
         "[load_spec(p) for p in paths]\n"
         "print(len(paths), sorted(m for m in ('torch', 'olmo_core', 'numpy') if m in sys.modules))"
     )

@@ -33,7 +33,8 @@ DEMO_VOCAB = 4096  # the demo tokenizer's ids (configs/demo/base.yaml's data.dem
 
 
 def _smallest_dtype(vocab: int) -> np.dtype:
-    """OLMo-core's NumpyDatasetConfig.get_dtype: the smallest unsigned type holding ids below ``vocab``."""
+    """OLMo-core's NumpyDatasetConfig.get_dtype: the smallest unsigned type holding ids below
+    ``vocab``."""
     return np.dtype(np.uint8 if vocab <= 2**8 else np.uint16 if vocab <= 2**16 else np.uint32)
 
 
@@ -56,7 +57,7 @@ def _refused_in_one_line(r, run: Path, *named: str) -> str:
     return lines[0]
 
 
-# ---- token ids against the vocabulary -------------------------------------------------------------
+# ---- token ids against the vocabulary ------------------------------------------------------------
 
 
 def test_an_id_beyond_the_vocabulary_after_the_first_4096_tokens_is_refused_before_the_run(
@@ -193,7 +194,7 @@ def test_the_scan_is_cached_by_size_and_mtime_and_a_changed_file_is_scanned_agai
     assert len(scans) == 5
 
 
-# ---- the tokenizer file -----------------------------------------------------------------------------
+# ---- the tokenizer file --------------------------------------------------------------------------
 
 
 def _word_level(path: Path, n: int) -> None:
@@ -253,7 +254,7 @@ def test_tokenizer_ids_are_counted_as_the_tokenizers_library_counts_them(tmp_pat
     )
 
 
-# ---- token files at a URL ---------------------------------------------------------------------------
+# ---- token files at a URL ------------------------------------------------------------------------
 
 
 def _closed_port() -> int:
@@ -298,7 +299,7 @@ def test_urls_are_asked_at_once_and_other_schemes_are_not_asked(monkeypatch):
     assert sorted(asked) == sorted(urls)  # each once; s3, gs and local paths not asked
 
 
-# ---- sizes ------------------------------------------------------------------------------------------
+# ---- sizes ---------------------------------------------------------------------------------------
 
 
 def test_an_impossible_layer_count_is_refused_at_load_without_torch():
@@ -358,16 +359,17 @@ def test_the_size_check_counts_no_more_parameters_than_olmo_core_builds(config):
 
 
 def test_the_size_rule_at_8b(tmp_path):
-    """16 bytes a parameter over the global batch's GPUs, plus 2 bytes a token a layer a unit of width:
-    8B (about 8.0e9 parameters, 32 layers of 4096) on one GPU is 119 GiB + 1 GiB and loads; twice as
-    deep it is 2 x 119 + 2 GiB and is refused."""
+    """16 bytes a parameter over the global batch's GPUs, plus 2 bytes a token a layer a unit of
+    width: 8B (about 8.0e9 parameters, 32 layers of 4096) on one GPU is 119 GiB + 1 GiB and loads;
+    twice as deep it is 2 x 119 + 2 GiB and is refused."""
     from olmo_patches.config import load_spec
 
     config = REPO / "configs" / "8B" / "baseline-revised.yaml"
     load_spec(config, ["train.global_batch_size=1"])
     with pytest.raises(
         ConfigError,
-        match=r"model.n_layers=64: 15,\d{3},\d{3},\d{3} parameters need 2\d\d GiB a GPU even on 1 GPUs",
+        match=r"model.n_layers=64: 15,\d{3},\d{3},\d{3} parameters need "
+        r"2\d\d GiB a GPU even on 1 GPUs",
     ):
         load_spec(config, ["train.global_batch_size=1", "model.n_layers=64"])
 

@@ -1,8 +1,8 @@
 """The exact OLMo-2 1B data order and the ordered prefix, checked offline.
 
 A synthetic mix of raw uint32 token files is served by a local HTTP server (Range support,
-scripted faults). References are written here in plain numpy from the documented definition (docs/data_order.md)
-(section 4), independent of the code under test.
+scripted faults). References are written here in plain numpy from the documented definition
+(docs/data_order.md) (section 4), independent of the code under test.
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ from olmo_patches.data.remote import (  # noqa: E402
     save_manifest,
 )
 
-# The recipe's seed (the OLMo-2 recipe, docs/papers.md, allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml), and
-# OLMo-core's loader seed for the same order: it shuffles with PCG64(seed + epoch) from epoch 1, the
-# old trainer from epoch 0 (olmo_core/data/data_loader.py: get_rng(seed + epoch), reshuffle() starts at epoch 1).
+# The recipe's seed (the OLMo-2 recipe, docs/papers.md, allenai/OLMo
+# configs/official-0425/OLMo2-1B-stage1.yaml), and OLMo-core's loader seed for the same order: it
+# shuffles with PCG64(seed + epoch) from epoch 1, the old trainer from epoch 0
+# (olmo_core/data/data_loader.py: get_rng(seed + epoch), reshuffle() starts at epoch 1).
 OLD_TRAINER_SEED = 6198
 OLMO_CORE_SEED = 6197
 SEQ = 64  # tokens per instance in these tests (4096 for real)
@@ -66,7 +67,7 @@ LISTED = ["a/p0.npy", "a/p1.npy", "b/tiny.npy", "b/p2.npy", "a/p1.npy", "c/p3.np
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, timeout_s=10)
 
 
-# -- independent reference (the OLMo-2 recipe, docs/papers.md, plain numpy) ---------------------------------
+# -- independent reference (the OLMo-2 recipe, docs/papers.md, plain numpy) ------------------------
 
 
 def ref_order(token_files: list[np.ndarray], seq: int, seed: int) -> np.ndarray:
@@ -480,7 +481,8 @@ def test_training_config_reads_the_same_batches_from_prefix_and_remote(
                 f"data.work_dir={tmp_path / source}",
                 f"train.global_batch_size={BATCH}",
                 f"train.micro_batch_size={BATCH}",
-                f"train.max_tokens={n_batches * BATCH * SEQ}",  # what the prefix holds (checked at load)
+                # what the prefix holds (checked at load)
+                f"train.max_tokens={n_batches * BATCH * SEQ}",
             ],
         )
         exp = build_experiment(spec, resolve_data(spec))
@@ -620,7 +622,8 @@ def test_layout_keeps_its_paths_and_names_a_size_mismatch():
     "epoch,world_size,npy_header", [(0, 1, False), (1, 3, False), (0, 2, True)]
 )
 def test_global_indices_file_as_the_old_trainer_writes_it(tmp_path, epoch, world_size, npy_header):
-    """Raw uint32 (or a .npy), arange(N) shuffled by PCG64(seed + epoch), cut to whole multiples of the world size."""
+    """Raw uint32 (or a .npy), arange(N) shuffled by PCG64(seed + epoch), cut to whole multiples of
+    the world size."""
     n = 1001
     ref = np.arange(n, dtype=np.uint32)
     np.random.Generator(np.random.PCG64(OLD_TRAINER_SEED + epoch)).shuffle(ref)

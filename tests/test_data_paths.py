@@ -1,10 +1,12 @@
-"""The data paths through OLMo-core's Trainer (in process, tiny model): data.source=olmo2_stage1 from a
-loopback HTTP mirror of the pinned list, a named OLMo-core data.mix, and OLMo-2's repetition filter.
+"""The data paths through OLMo-core's Trainer (in process, tiny model): data.source=olmo2_stage1
+from a loopback HTTP mirror of the pinned list, a named OLMo-core data.mix, and OLMo-2's repetition
+filter.
 
-Each test trains a few steps with train() and records, from inside the Trainer (an OLMo-core callback),
-the batches its data loader yields and the metrics it logs. The references are written here in numpy
-and plain PyTorch from the documented rules (the order: the OLMo-2 recipe, docs/papers.md and docs/data_order.md; the
-filter: OLMo-2's repetition rule; the loss: OLMo-core's masking), not taken from olmo_patches.
+Each test trains a few steps with train() and records, from inside the Trainer (an OLMo-core
+callback), the batches its data loader yields and the metrics it logs. The references are written
+here in numpy and plain PyTorch from the documented rules (the order: the OLMo-2 recipe,
+docs/papers.md and docs/data_order.md; the filter: OLMo-2's repetition rule; the loss: OLMo-core's
+masking), not taken from olmo_patches.
 """
 
 from __future__ import annotations
@@ -34,29 +36,36 @@ PINNED = (
     REPO / "data_order" / "olmo2-1b-stage1.txt"
 )  # read as data: its relative paths lay out the mirror
 ORIGIN = "http://olmo-data.org/"
-# The old trainer shuffles arange(N, uint32) with PCG64(6198 + epoch 0); OLMo-core's loader, given seed
-# 6197, with PCG64(6197 + epoch 1): the same generator (the OLMo-2 recipe, docs/papers.md).
+# The old trainer shuffles arange(N, uint32) with PCG64(6198 + epoch 0); OLMo-core's loader, given
+# seed 6197, with PCG64(6197 + epoch 1): the same generator (the OLMo-2 recipe, docs/papers.md).
 ORDER_PCG64_SEED = 6198
 SEQ = 32  # TINY's data.sequence_length
 BATCH = 4  # TINY's train.global_batch_size
 DOLMA2_VOCAB = 100_278  # dolma2's tokens; every synthetic id is below it
-# The demo config pins the demo's vocabulary; no z-loss (a second pass over dolma2's 100k logits, not tested here).
+# The demo config pins the demo's vocabulary; no z-loss (a second pass over dolma2's 100k logits,
+# not tested here).
 DOLMA2 = ["data.tokenizer=dolma2", "model.vocab_size=null", "train.z_loss=null"]
-# OLMo-core's OLMoE-mix-0824-dev (olmo_core/data/mixes/OLMoE-mix-0824-dev.txt): four sources, one file
-# each, in this order; {TOKENIZER} is dolma2's "allenai/dolma2-tokenizer". Instances given to each.
+# OLMo-core's OLMoE-mix-0824-dev (olmo_core/data/mixes/OLMoE-mix-0824-dev.txt): four sources, one
+# file each, in this order; {TOKENIZER} is dolma2's "allenai/dolma2-tokenizer". Instances given to
+# each.
 MIX = "OLMoE-mix-0824-dev"
 MIX_FILES = {
-    "preprocessed/proof-pile-2/v0_decontaminated/algebraic-stack/train/allenai/dolma2-tokenizer/part-00-00000.npy": 6,
-    "preprocessed/starcoder/v1-decon-100_to_20k-2star-top_token_030/allenai/dolma2-tokenizer/part-099-00000.npy": 3,
-    "preprocessed/dclm/text_openhermes_reddit_eli5_vs_rw_v2_bigram_200k_train/allenai/dolma2-tokenizer/part-000-00000.npy": 2,
-    "preprocessed/olmo-mix/danyh-compiled-v1_7/documents/wiki/allenai/dolma2-tokenizer/part-1-00000.npy": 1,
+    "preprocessed/proof-pile-2/v0_decontaminated/algebraic-stack/train/"
+    "allenai/dolma2-tokenizer/part-00-00000.npy": 6,
+    "preprocessed/starcoder/v1-decon-100_to_20k-2star-top_token_030/"
+    "allenai/dolma2-tokenizer/part-099-00000.npy": 3,
+    "preprocessed/dclm/text_openhermes_reddit_eli5_vs_rw_v2_bigram_200k_train/"
+    "allenai/dolma2-tokenizer/part-000-00000.npy": 2,
+    "preprocessed/olmo-mix/danyh-compiled-v1_7/documents/wiki/"
+    "allenai/dolma2-tokenizer/part-1-00000.npy": 1,
 }
 
 
 @dataclass
 class Probe(Callback):
-    """Records, inside the Trainer, each step's batch as the data loader yields it and the logged metrics;
-    ``reference(model, batch)``, if given, is computed before the step (the weights the loss is taken at)."""
+    """Records, inside the Trainer, each step's batch as the data loader yields it and the logged
+    metrics; ``reference(model, batch)``, if given, is computed before the step (the weights the
+    loss is taken at)."""
 
     reference: Optional[Callable[[torch.nn.Module, Dict[str, Any]], torch.Tensor]] = None
     batches: Dict[int, Dict[str, Any]] = field(default_factory=dict)
@@ -81,7 +90,8 @@ def _tokens(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def _ordered(files: Dict[str, bytes], listed: list[str]):
     """The reference order over ``listed`` (raw uint32 files, each cut into SEQ-token instances, its
-    remainder dropped, instances numbered file after file): (shuffled global ids, ids -> tokens, file of each id)."""
+    remainder dropped, instances numbered file after file): (shuffled global ids, ids -> tokens,
+    file of each id)."""
     arrays = [np.frombuffer(files[name], dtype=np.uint32) for name in listed]
     counts = [len(a) // SEQ for a in arrays]
     instances = np.concatenate([a[: c * SEQ].reshape(c, SEQ) for a, c in zip(arrays, counts)])
@@ -94,7 +104,8 @@ def _ordered(files: Dict[str, bytes], listed: list[str]):
 @pytest.fixture(scope="module")
 def mirror():
     """A loopback HTTP server holding every file of the pinned list under its relative path: 0-2
-    instances of SEQ tokens each plus a remainder, and the mix's four files with MIX_FILES instances."""
+    instances of SEQ tokens each plus a remainder, and the mix's four files with MIX_FILES
+    instances."""
     rng = np.random.default_rng(18)
     names = list(dict.fromkeys(line.removeprefix(ORIGIN) for line in PINNED.read_text().split()))
     files = {name: _tokens(rng, (i % 3) * SEQ + i % 7).tobytes() for i, name in enumerate(names)}
@@ -114,9 +125,9 @@ def _check_batches(probe: Probe, order: np.ndarray, instances: np.ndarray, steps
 
 
 def test_olmo2_stage1_from_an_http_mirror_through_the_trainer(tmp_path, mirror):
-    """data.source=olmo2_stage1 with data.base on a loopback mirror: the real pinned list (its checksum
-    checked as in production), 1122 entries with its five repeated files; the Trainer's first two batches
-    are the reference order's instances, read over HTTP."""
+    """data.source=olmo2_stage1 with data.base on a loopback mirror: the real pinned list (its
+    checksum checked as in production), 1122 entries with its five repeated files; the Trainer's
+    first two batches are the reference order's instances, read over HTTP."""
     server, files = mirror
     listed = [line.removeprefix(ORIGIN) for line in PINNED.read_text().split()]
     assert len(listed) == 1122 and len(set(listed)) == 1117
@@ -141,8 +152,8 @@ def test_olmo2_stage1_from_an_http_mirror_through_the_trainer(tmp_path, mirror):
 
 
 def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
-    """data.source=numpy with data.mix (an OLMo-core DataMix) and data.mix_base_dir: over one epoch (3
-    steps of 4 of the 12 instances) the Trainer sees each source's instances exactly once, in the
+    """data.source=numpy with data.mix (an OLMo-core DataMix) and data.mix_base_dir: over one epoch
+    (3 steps of 4 of the 12 instances) the Trainer sees each source's instances exactly once, in the
     reference order: 6, 3, 2 and 1 of 12, the mix's files' sizes."""
     server, files = mirror
     listed = list(MIX_FILES)
@@ -167,7 +178,7 @@ def test_named_data_mix_trains_on_each_source_in_proportion(tmp_path, mirror):
     assert np.bincount(file_of[seen], minlength=4).tolist() == [6, 3, 2, 1]
 
 
-# -- OLMo-2's repetition filter ---------------------------------------------------------------------
+# -- OLMo-2's repetition filter --------------------------------------------------------------------
 
 FILTER_SEQ = 64
 MAX_PERIOD, MAX_COUNT = (
@@ -191,7 +202,8 @@ def filtered(x: np.ndarray) -> bool:
 
 
 def _filter_corpus(rng: np.random.Generator) -> list[np.ndarray]:
-    """Eight instances of FILTER_SEQ tokens: four degenerate, four clean (two of those just short)."""
+    """Eight instances of FILTER_SEQ tokens: four degenerate, four clean (two of those just
+    short)."""
 
     def pattern(gram: np.ndarray, times: int, at: int) -> np.ndarray:
         x = _tokens(rng, FILTER_SEQ)
@@ -225,7 +237,8 @@ def test_repetition_filter_masks_the_loss_inside_a_training_run(tmp_path):
     """data.instance_filter=true: in the Trainer's batch (the whole 8-instance corpus) exactly the
     instances the rule flags carry instance_mask False, and the step's CE loss is OLMo-core's masked
     loss computed here: the kept instances' summed cross-entropy over all the batch's label tokens,
-    a masked instance counting FILTER_SEQ tokens of zero loss (olmo_core train_module.train_batch)."""
+    a masked instance counting FILTER_SEQ tokens of zero loss (olmo_core
+    train_module.train_batch)."""
     corpus = _filter_corpus(np.random.default_rng(2))
     expected = np.array([filtered(x) for x in corpus])
     assert expected.tolist() == [True, False, True, False, True, False, False, True]

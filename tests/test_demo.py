@@ -1,5 +1,5 @@
-"""The embedded default job end to end, on tiny variants: training (scripts/demo.py's loop), then the
-comparison's table, summary.json and loss curves."""
+"""The embedded default job end to end, on tiny variants: training (scripts/demo.py's loop), then
+the comparison's table, summary.json and loss curves."""
 
 import io
 import json
@@ -43,7 +43,8 @@ def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
         assert entry["tokens_per_second"] > 0 and entry["train_tokens"] == 3 * 4 * 32
         # The first validation is at initialisation: near ln(vocab) for a fresh model.
         assert entry["first_val_loss"] == pytest.approx(8.3, abs=0.5)
-    # tiny_overrides' hourglass (K=2, d_h=16) and baseline (hidden 128) differ; both are counted exactly.
+    # tiny_overrides' hourglass (K=2, d_h=16) and baseline (hidden 128) differ; both are counted
+    # exactly.
     assert summary["demo-baseline"]["non_embedding_params"] == 2 * (4 * 32 * 32 + 3 * 32 * 128)
     assert summary["demo-hourglass"]["non_embedding_params"] == 2 * (4 * 32 * 32 + 3 * 2 * 32 * 16)
     png = (tmp_path / "out" / "loss_curves.png").read_bytes()
@@ -104,7 +105,8 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(
     assert max(read_metrics(first)) == 4 and (first / "step4").is_dir()
     stopped_at = max(int(p.name[4:]) for p in second.glob("step*"))
     assert 2 <= stopped_at < 4 and not (tmp_path / "out" / "summary.json").exists()
-    # The summary of the folders as they are: the second variant marked and left out of the comparison.
+    # The summary of the folders as they are: the second variant marked and left out of the
+    # comparison.
     specs = [load_and_resolve(c, overrides) for c in configs]
     table = io.StringIO()
     compare(specs, tmp_path / "partial", Console(file=table, width=250))
@@ -163,11 +165,11 @@ README_DEMO_ROW = re.compile(
 
 def test_the_readmes_demo_figures_are_those_of_the_committed_demo_summary():
     """The README's demo row against docs/demo/summary.json, the summary a full `make demo` wrote
-    (the README names the command). The full demo takes 15-40 minutes on 2 shared CPU cores, too long
-    for any suite, so the summary is committed and this test reads both files: it fails when one is
-    edited without the other, and (the demo being deterministic: fixed seeds, fp32 on CPU) a fresh
-    `make demo` reproduces the committed losses. The summary's steps and tokens are checked against
-    the demo configs, so a changed config fails here until the demo is run again."""
+    (the README names the command). The full demo takes 15-40 minutes on 2 shared CPU cores, too
+    long for any suite, so the summary is committed and this test reads both files: it fails when
+    one is edited without the other, and (the demo being deterministic: fixed seeds, fp32 on CPU) a
+    fresh `make demo` reproduces the committed losses. The summary's steps and tokens are checked
+    against the demo configs, so a changed config fails here until the demo is run again."""
     summary = json.loads((REPO / "docs" / "demo" / "summary.json").read_text())
     rows = [
         m

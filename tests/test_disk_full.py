@@ -1,8 +1,9 @@
 """Out of space (errno ENOSPC 28, "No space left on device", or EDQUOT 122, "Disk quota exceeded",
 as write(2) reports them) during a save and at the start: one line naming the folder, the bytes the
-save needs and what is left; the partial save removed; every good checkpoint kept. The disk is a fake:
-OLMo-core's checkpoint writer (olmo_core.distributed.checkpoint.filesystem._write_items, which writes
-each .distcp file) raises ENOSPC after writing part of its file, as a full disk does mid-write."""
+save needs and what is left; the partial save removed; every good checkpoint kept. The disk is a
+fake: OLMo-core's checkpoint writer (olmo_core.distributed.checkpoint.filesystem._write_items, which
+writes each .distcp file) raises ENOSPC after writing part of its file, as a full disk does
+mid-write."""
 
 import errno
 import os
@@ -83,8 +84,8 @@ def test_a_run_folder_without_room_for_one_checkpoint_is_refused_before_anything
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_out_of_space_is_found_however_the_checkpoint_writer_wraps_it(code):
     """As torch.distributed.checkpoint reports a rank's failure (CheckpointException: rank ->
-    (exception, stack)) and as OLMo-core's writer threads pass it on (a new error whose text holds the
-    original traceback)."""
+    (exception, stack)) and as OLMo-core's writer threads pass it on (a new error whose text holds
+    the original traceback)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     original = OSError(code, os.strerror(code))

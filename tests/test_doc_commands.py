@@ -65,7 +65,8 @@ COMMANDS = [
     Row(
         r"python scripts/train\.py (my_run\.yaml|\S+ .*--init-from)",
         "parse",
-        why="your tokens and weights (tests/test_mixture.py, tests/test_init_from.py run small ones)",
+        why="your tokens and weights (tests/test_mixture.py, "
+        "tests/test_init_from.py run small ones)",
     ),
     Row(
         r"make (demo|test)$",
@@ -75,7 +76,8 @@ COMMANDS = [
     Row(r"python scripts/train\.py configs/demo/\S+\.yaml", "run", TINY_TRAIN),
     Row(r"python scripts/train\.py \S+ .*--dry-run", "run"),
     Row(r"python scripts/count_params\.py ", "run"),
-    # one K and one d_h/d_model given: quick as written (the shrink's K=4 would ask for another shape)
+    # one K and one d_h/d_model given: quick as written (the shrink's K=4 would ask for another
+    # shape)
     Row(
         r"python scripts/search\.py \S+ --K \d+ --layers \d+ --d-h-ratio [\d.]+ --aligned$",
         "run",
@@ -90,7 +92,8 @@ COMMANDS = [
     Row(
         r"python scripts/make_sweeps\.py",
         "parse",
-        why="rewrites configs/113M/ablations (minutes); tests/test_paper_configs.py runs one folder",
+        why="rewrites configs/113M/ablations (minutes); "
+        "tests/test_paper_configs.py runs one folder",
     ),
     Row(r"python scripts/config_table\.py", "run"),
     Row(
@@ -205,7 +208,8 @@ def row_for(cmd: DocCommand) -> Row:
         if re.match(row.match, cmd.text):
             return row
     raise AssertionError(
-        f"{cmd}\n  is documented but not covered: add a Row to COMMANDS in tests/test_doc_commands.py "
+        f"{cmd}\n  is documented but not covered: add a Row to COMMANDS in "
+        "tests/test_doc_commands.py "
         f"saying how to run it on CPU (run + shrink) or why it is only parsed (parse / gpu)"
     )
 
@@ -226,8 +230,10 @@ def test_collector_reads_fenced_and_indented_blocks(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text(
         "Text with python inline.\n\n```bash\npython scripts/a.py --x 1   # comment\n```\n\n"
-        "```yaml\npython: not a command\n```\n\n    torchrun --nproc-per-node 2 \\\n        scripts/train.py c.yaml\n"
-        "    sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'\n\n  python indented two: prose\n"
+        "```yaml\npython: not a command\n```\n\n    torchrun --nproc-per-node 2 \\\n"
+        "        scripts/train.py c.yaml\n"
+        "    sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'\n\n"
+        "  python indented two: prose\n"
     )
     assert [(c.line, c.text) for c in doc_commands([doc])] == [
         (4, "python scripts/a.py --x 1"),
@@ -244,8 +250,8 @@ def test_a_command_without_a_row_names_the_fix():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, demo_corpus):
     """A scratch folder that looks like the repo root to a command: its scripts and data list linked
-    in, its configs copied (search.py --write regenerates some), the demo corpus cache shared; what a
-    command writes stays here."""
+    in, its configs copied (search.py --write regenerates some), the demo corpus cache shared; what
+    a command writes stays here."""
     root = tmp_path_factory.mktemp("docs")
     shutil.copytree(REPO / "configs", root / "configs")
     for name in ("scripts", "data_order", "olmo_patches", "benchmarks"):
@@ -289,7 +295,8 @@ def _check_parse(words: list[str], cwd: Path) -> None:
         paths = [w for w in words[1:] if w.startswith("tests/")]
         assert all((REPO / w.split("::")[0]).exists() for w in paths), paths
         # Flags and -k/-m expressions parse on any collection: where the command names no file, one
-        # light file stands for the suite (collecting every file imports OLMo-core and transformers).
+        # light file stands for the suite (collecting every file imports OLMo-core and
+        # transformers).
         light = [] if paths else ["tests/test_layout.py"]
         args = [w for w in words[1:] if w not in ("-n", "auto")]
         r = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args, *light])
@@ -309,7 +316,8 @@ def _check_parse(words: list[str], cwd: Path) -> None:
 
 
 def _plan(train_argv: list[str], nproc: int, nodes: int, cwd: Path) -> None:
-    """scripts/train.py's part of a launch, planned for its ranks: the config loads and fits them."""
+    """scripts/train.py's part of a launch, planned for its ranks: the config loads and fits
+    them."""
     assert train_argv[0] == "scripts/train.py", train_argv
     code, out = _script(
         [*train_argv, "--dry-run", "--nproc-per-node", str(nproc), "--nodes", str(nodes)], cwd

@@ -1,5 +1,5 @@
-"""A downstream task that cannot fit eval.downstream_sequence_length is refused before the run writes
-anything (it used to surface inside the Trainer's build, after config.yaml was recorded)."""
+"""A downstream task that cannot fit eval.downstream_sequence_length is refused before the run
+writes anything (it used to surface inside the Trainer's build, after config.yaml was recorded)."""
 
 import pytest
 
@@ -14,7 +14,8 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 
 def test_a_task_that_cannot_fit_is_refused_in_one_line_with_nothing_written(tmp_path, demo_corpus):
     folder = tmp_path / "run"
-    # every COPA answer is a sentence: longer than 3 tokens of the demo tokenizer, so no document can be scored
+    # every COPA answer is a sentence: longer than 3 tokens of the demo tokenizer, so no document
+    # can be scored
     spec = load_and_resolve(
         BASELINE,
         tiny_overrides(

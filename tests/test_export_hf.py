@@ -24,8 +24,9 @@ VARIANTS = {
         ["model.norm_placement=post", "model.qk_norm=true", "model.K=3"],
         "custom",
     ),
-    # Attention width apart from d_model (2 x 24 = 48 on d_model 32), GQA, Llama-3.1 RoPE scaling (the
-    # authors' revised recipe; old context 16 so that the 24-token test sequence spans all three bands).
+    # Attention width apart from d_model (2 x 24 = 48 on d_model 32), GQA, Llama-3.1 RoPE scaling
+    # (the authors' revised recipe; old context 16 so that the 24-token test sequence spans all
+    # three bands).
     "olmo2-gqa-head_dim": (
         "baseline",
         [
@@ -89,8 +90,8 @@ VW_VARIANTS = {
 
 
 def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
-    """Train 2 steps, export with the script (in this process), then: logits = OLMo-core's forward (float32, < 1e-4),
-    and greedy generate() = the argmax continuation of OLMo-core's model."""
+    """Train 2 steps, export with the script (in this process), then: logits = OLMo-core's forward
+    (float32, < 1e-4), and greedy generate() = the argmax continuation of OLMo-core's model."""
     run = tmp_path / "run"
     spec = load_and_resolve(
         config,
@@ -108,7 +109,8 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "modeling_hourglass_olmo.py").exists() == (kind == "custom")
-    # The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own file.
+    # The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own
+    # file.
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -146,7 +148,8 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     _check_model_card(out, spec, kind, reference)
     if kind == "custom":
         _check_attention_implementations(out, ids, want)
-    # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of one forward.
+    # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of
+    # one forward.
     with torch.no_grad():
         out = hf(ids[:, :16], use_cache=True)
         steps = [out.logits] + [
@@ -161,7 +164,8 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
 
 
 def _check_model_card(out, spec, kind, reference):
-    """README.md: the architecture, the parameter count (OLMo-core's model's), the steps, the config, how to load."""
+    """README.md: the architecture, the parameter count (OLMo-core's model's), the steps, the
+    config, how to load."""
     card = (out / "README.md").read_text()
     total = sum(
         p.numel() for p in reference.parameters()
@@ -175,9 +179,10 @@ def _check_model_card(out, spec, kind, reference):
 
 
 def _check_attention_implementations(out, ids, want):
-    """transformers' attention interface: eager and sdpa give OLMo-core's logits (and each other's), also
-    from a cached prefix (an explicit mask); AutoModel (what vLLM's Transformers backend builds) from the
-    config alone. References: OLMo-core's forward; transformers' AutoModel.from_config documentation."""
+    """transformers' attention interface: eager and sdpa give OLMo-core's logits (and each other's),
+    also from a cached prefix (an explicit mask); AutoModel (what vLLM's Transformers backend
+    builds) from the config alone. References: OLMo-core's forward; transformers'
+    AutoModel.from_config documentation."""
     from transformers import AutoConfig, AutoModel
 
     logits = {}
@@ -208,8 +213,8 @@ def _check_attention_implementations(out, ids, want):
 
 
 def test_a_registered_attention_function_is_called(tmp_path):
-    """AttentionInterface.register (transformers' documented way in for a serving engine's attention):
-    the export calls it once per layer and forward, and its logits are sdpa's."""
+    """AttentionInterface.register (transformers' documented way in for a serving engine's
+    attention): the export calls it once per layer and forward, and its logits are sdpa's."""
     import shutil
 
     from transformers import AttentionInterface
@@ -256,9 +261,8 @@ def test_export_matches_olmo_core(tmp_path, demo_corpus, variant):
     block, extra, kind = VARIANTS[variant]
     overrides = tiny_overrides(tmp_path / "run", *extra, block=block)
     _export_and_check(tmp_path, demo_corpus, BASELINE, overrides, kind)
-    if (
-        kind == "olmo2"
-    ):  # and back into OLMo-core through its own converter (olmo_core.nn.hf): the same weights, logits
+    # and back into OLMo-core through its own converter (olmo_core.nn.hf): the same weights, logits
+    if kind == "olmo2":
         from olmo_core.nn.hf.checkpoint import load_hf_model
 
         model = (

@@ -92,8 +92,8 @@ def test_every_attention_and_ffn_matmul_converts(tmp_path, shape):
 
 
 def test_stacked_sub_mlps_are_torchaos_float8_linears():
-    """The hourglass FFN in float8 = the equations with each W_d1_i, W_d2_i, W_u_i a torchao Float8Linear
-    (emulated: bit-equal casts and matmuls), forward and gradients."""
+    """The hourglass FFN in float8 = the equations with each W_d1_i, W_d2_i, W_u_i a torchao
+    Float8Linear (emulated: bit-equal casts and matmuls), forward and gradients."""
     from olmo_core.nn.layer_norm import LayerNormConfig
 
     from olmo_patches.nn.hourglass import HourglassFeedForward
@@ -148,7 +148,8 @@ RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=
 
 
 def _check_close(fp32_run, f8_run, steps=(2, 4)):
-    """4 steps: float8 (emulated) losses within 5% of fp32's, not identical; every checkpoint finite."""
+    """4 steps: float8 (emulated) losses within 5% of fp32's, not identical; every checkpoint
+    finite."""
     fp32, f8 = _losses(fp32_run), _losses(f8_run)
     assert len(fp32) == len(f8) == 4 and fp32 != f8
     assert all(abs(a - b) <= 0.05 * a for a, b in zip(fp32, f8)), (fp32, f8)
@@ -160,7 +161,8 @@ def _check_close(fp32_run, f8_run, steps=(2, 4)):
 
 @pytest.fixture(scope="module")
 def hourglass_runs(tmp_path_factory, demo_corpus):
-    """The tiny hourglass (K=2), 4 steps in fp32 and in float8 (tensorwise), checkpoints at 2 and 4."""
+    """The tiny hourglass (K=2), 4 steps in fp32 and in float8 (tensorwise), checkpoints at 2 and
+    4."""
     root = tmp_path_factory.mktemp("float8")
     train(_spec(root / "fp32", "hourglass", *RUN))
     train(_spec(root / "f8", "hourglass", *RUN, "train.float8=tensorwise"))
@@ -206,8 +208,8 @@ def test_fsdp_two_ranks_with_float8_all_gather(tmp_path, hourglass_runs):
 def test_hf_export_of_a_float8_run_is_its_high_precision_weights(
     tmp_path, demo_corpus, hourglass_runs
 ):
-    """The checkpoint of a float8 run holds the high-precision weights: the exported model's logits are
-    OLMo-core's (no float8) forward with them."""
+    """The checkpoint of a float8 run holds the high-precision weights: the exported model's logits
+    are OLMo-core's (no float8) forward with them."""
     from transformers import AutoModelForCausalLM
 
     step = hourglass_runs / "f8" / "step4"
@@ -234,7 +236,8 @@ def test_hf_export_of_a_float8_run_is_its_high_precision_weights(
         (
             REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml",
             "rowwise",
-            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
+            "float8 MoE experts are not supported (torchao converts nn.Linear, "
+            "not OLMo-core's grouped experts)",
         ),
     ],
 )
@@ -260,7 +263,8 @@ def test_float8_without_torchao_is_one_line(tmp_path, monkeypatch):
 
 
 def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
-    """d_h = 24 (not a multiple of 16): the stacked FFN weights stay in high precision, named and counted."""
+    """d_h = 24 (not a multiple of 16): the stacked FFN weights stay in high precision, named and
+    counted."""
     from olmo_patches.report.counts import count, float8_report
 
     spec = load_and_resolve(
@@ -282,9 +286,9 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
 
 
 def test_memory_model_counts_float8s_weight_and_input_casts():
-    """memory.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1 byte
-    for each of the forward and transposed float8 copies of one block's weights, + 1 byte per element
-    of the widest matmul input per token; the float8 path keeps no [W_d1; W_d2] copy."""
+    """memory.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1
+    byte for each of the forward and transposed float8 copies of one block's weights, + 1 byte per
+    element of the widest matmul input per token; the float8 path keeps no [W_d1; W_d2] copy."""
     from olmo_patches.launch.memory import estimate, with_float8
 
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")

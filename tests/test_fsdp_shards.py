@@ -1,6 +1,6 @@
-"""FSDP2 shards of the K-stacked weights: 4 gloo ranks, the demo hourglass with K=2 and hourglass experts
-with K=2. Each rank's local share of every FFN parameter is checked (a K-wise split would leave ranks 2
-and 3 with nothing), and the sharded model computes the unsharded model's loss."""
+"""FSDP2 shards of the K-stacked weights: 4 gloo ranks, the demo hourglass with K=2 and hourglass
+experts with K=2. Each rank's local share of every FFN parameter is checked (a K-wise split would
+leave ranks 2 and 3 with nothing), and the sharded model computes the unsharded model's loss."""
 
 import json
 import socket

@@ -27,7 +27,9 @@ from olmo_patches.config import spec as spec_module
 from .conftest import REPO, run_in_process, run_script
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
-SECONDS = 5.0  # one load, refusal included: the bound on time per case (milliseconds on an idle core; a loaded 2-core CI box)
+# one load, refusal included: the bound on time per case (milliseconds on an idle core; a loaded
+# 2-core CI box)
+SECONDS = 5.0
 
 
 def _comments() -> dict:
@@ -183,7 +185,8 @@ def test_the_walk_covers_every_section():
 
 
 def test_every_context_loads(work, demo_paths):
-    """The settings each key is tried in are themselves good (else every refusal would be theirs)."""
+    """The settings each key is tried in are themselves good (else every refusal would be
+    theirs)."""
     for extra in {tuple(v) for v in CONTEXT.values()}:
         line, _ = _load([*_paths(list(extra), demo_paths)], work=work)
         assert line is None, line
@@ -202,7 +205,8 @@ def _paths(extra: list, path: str) -> list:
 
 
 def first_of_each_kind(values: list) -> list:
-    """A word, a non-finite or huge number, a negative, a wrong shape: one of each (the rest are drawn below)."""
+    """A word, a non-finite or huge number, a negative, a wrong shape: one of each (the rest are
+    drawn below)."""
     kinds = [
         lambda v: v[:1].isalpha() or v.startswith("'") or v == "not-a-choice",
         lambda v: v in ("nan", "-inf", "1e23", "99999999999999999999999"),
@@ -270,7 +274,8 @@ def _yaml(key: str, value: str) -> str:
 def test_every_key_refuses_a_bad_value_in_a_file(
     tmp_path, work, demo_paths, key, kind, default, comment
 ):
-    """The first must-refuse value, written in a config that extends the demo's: the line blames that file."""
+    """The first must-refuse value, written in a config that extends the demo's: the line blames
+    that file."""
     value = must_refuse(kind, default, comment)[0]
     config = tmp_path / "bad.yaml"
     config.write_text(f"extends: {BASELINE}\n{_yaml(key, value)}")
@@ -319,9 +324,10 @@ def test_any_word_is_refused_by_a_number_or_a_choice(tmp_path_factory, key_kind,
     _check(line, seconds, key, "command line", not legal, f"{key}={word}")
 
 
-# --- the scripts' arguments ------------------------------------------------------------------------
+# --- the scripts' arguments -----------------------------------------------------------------------
 
-# Every script that takes arguments (gpu_check.py runs before the project's dependencies exist: plain argparse)
+# Every script that takes arguments (gpu_check.py runs before the project's dependencies exist:
+# plain argparse)
 SCRIPTS = sorted(
     p.name
     for p in (REPO / "scripts").glob("*.py")
@@ -334,7 +340,8 @@ class _Parsed(BaseException):
 
 
 def _parsers(script: str) -> list:
-    """(argv prefix, parser) of the script's parser and each subcommand's, captured as main() parses."""
+    """(argv prefix, parser) of the script's parser and each subcommand's, captured as main()
+    parses."""
     found = []
 
     def capture(self, *args, **kwargs):
@@ -421,7 +428,7 @@ def test_a_negative_budget_is_a_value_not_an_unknown_option(work):
     assert "required" not in result.stderr and "-5e6" in result.stderr, result.stderr
 
 
-# --- what a new user tried: in process, and two through a fresh interpreter -------------------------
+# --- what a new user tried: in process, and two through a fresh interpreter -----------------------
 
 NEWCOMER = [
     ("train.py", [str(BASELINE), "train.global_batch_size=1e23"], "train.global_batch_size"),
@@ -498,7 +505,7 @@ def test_a_fresh_process_refuses_in_one_line(tmp_path, script, args, key):
     assert not (tmp_path / "run").exists()
 
 
-# --- files and folders ------------------------------------------------------------------------------
+# --- files and folders ----------------------------------------------------------------------------
 
 NUMPY = [
     "data.source=numpy",
@@ -508,7 +515,8 @@ NUMPY = [
 
 
 def _token_files(root: Path) -> dict:
-    """Bad token files, each as a user might give one: OLMo-core would read 0 instances from most."""
+    """Bad token files, each as a user might give one: OLMo-core would read 0 instances from
+    most."""
     import numpy as np
 
     root.mkdir()
@@ -600,7 +608,8 @@ def test_a_path_of_the_wrong_kind_is_one_line_before_any_work(tmp_path, work, sc
 
 
 def test_the_demo_corpus_cache_does_not_depend_on_the_working_folder(tmp_path, work):
-    """data.demo_cache=null: the same cache from any folder, the checkout's (found from the package)."""
+    """data.demo_cache=null: the same cache from any folder, the checkout's (found from the
+    package)."""
     from olmo_patches.config.spec import demo_cache
 
     here = load_and_resolve(BASELINE, [f"run.save_folder={work / 'run'}"], Layout.plan(1, 1))
@@ -626,8 +635,8 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
         BASELINE, [f"run.save_folder={run}", "train.lr=1e-3"], Layout.plan(1, 1)
     )
     (run / "config.yaml").write_text(spec_to_yaml(other))
-    # a complete checkpoint beside the record, as OLMo-core's Checkpointer.dir_is_checkpoint knows one
-    # (a record without one binds nothing: tests/test_run_record.py)
+    # a complete checkpoint beside the record, as OLMo-core's Checkpointer.dir_is_checkpoint knows
+    # one (a record without one binds nothing: tests/test_run_record.py)
     for name in ("train/rank0.pt", "model_and_optim/.metadata", ".metadata.json"):
         (run / "step2" / name).parent.mkdir(parents=True, exist_ok=True)
         (run / "step2" / name).write_text("")
@@ -679,24 +688,28 @@ def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
         "train.py", str(BASELINE), f"run.save_folder={run}", f"data.work_dir={tmp_path / 'cache'}"
     )
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"error: {run} is in use by pid {os.getpid()} on {socket.gethostname()} since then; wait for it, or remove {run / '.lock'} if that process is gone"
+        f"error: {run} is in use by pid {os.getpid()} on {socket.gethostname()} since then; "
+        f"wait for it, or remove {run / '.lock'} if that process is gone"
     ], result.stderr
 
 
-# --- a quiet terminal ------------------------------------------------------------------------------
+# --- a quiet terminal -----------------------------------------------------------------------------
 
 
 def test_json_output_is_the_json_alone(tmp_path):
-    """count_params --json with float8 (torchao imported: its kernel probes, torch's Enum deprecation) and
-    with an MoE (OLMo-core's grouped_gemm note at build), one after the other in one fresh interpreter
-    (as a user's, without pytest's warning capture): stdout two JSON objects, stderr empty."""
+    """count_params --json with float8 (torchao imported: its kernel probes, torch's Enum
+    deprecation) and with an MoE (OLMo-core's grouped_gemm note at build), one after the other in
+    one fresh interpreter (as a user's, without pytest's warning capture): stdout two JSON objects,
+    stderr empty."""
     import json
 
     from .conftest import run
 
     runs = [[str(BASELINE), "train.float8=tensorwise", "--json"], [str(BASELINE), *MOE, "--json"]]
+    script = str(REPO / "scripts" / "count_params.py")
     code = "import runpy, sys\n" + "".join(
-        f"sys.argv = {['count_params.py', *argv]!r}\nrunpy.run_path({str(REPO / 'scripts' / 'count_params.py')!r}, run_name='__main__')\n"
+        f"sys.argv = {['count_params.py', *argv]!r}\n"
+        f"runpy.run_path({script!r}, run_name='__main__')\n"
         for argv in runs
     )
     result = run([sys.executable, "-c", code])

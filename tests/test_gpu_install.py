@@ -1,8 +1,9 @@
-"""The GPU acceptance run's offline install, rehearsed on CPU: `make wheelhouse` for this Python (what the
-run imports, at most 56 MiB), a fresh venv that already holds torch (as a GPU node's Python does), then
-`scripts/gpu_check.py --wheelhouse --rehearse` in that venv: pip install --no-index --no-deps from the
-folder alone (no index, no other find-links, no pip configuration), torch left as it was, every section on
-CPU; then torchao uninstalled: the run exits 1 naming it, and with --allow-missing torchao exits 0, its row SKIP.
+"""The GPU acceptance run's offline install, rehearsed on CPU: `make wheelhouse` for this Python
+(what the run imports, at most 56 MiB), a fresh venv that already holds torch (as a GPU node's
+Python does), then `scripts/gpu_check.py --wheelhouse --rehearse` in that venv: pip install
+--no-index --no-deps from the folder alone (no index, no other find-links, no pip configuration),
+torch left as it was, every section on CPU; then torchao uninstalled: the run exits 1 naming it, and
+with --allow-missing torchao exits 0, its row SKIP.
 
 Slow: pip downloads the wheelhouse (56 wheels, 54 MiB) and installs torch and it into the venv."""
 
@@ -53,14 +54,16 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
     assert sum(p.stat().st_size for p in wheelhouse.iterdir()) <= WHEELHOUSE_MIB * 2**20
     print(r.stdout.strip().splitlines()[-1])
 
-    # The node: a Python with torch and nothing of this project (torch from this machine's usual source).
+    # The node: a Python with torch and nothing of this project (torch from this machine's usual
+    # source).
     assert run([sys.executable, "-m", "venv", venv]).returncode == 0
     python = venv / "bin" / "python"
     r = run([python, "-m", "pip", "install", "--quiet", "torch==2.13.0"], timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     probe = [
         "-c",
-        "import importlib.metadata as m, torch; print(torch.__version__, m.distribution('torch')._path)",
+        "import importlib.metadata as m, torch; print(torch.__version__, "
+        "m.distribution('torch')._path)",
     ]
     torch_before = run([python, *probe]).stdout
 
@@ -71,7 +74,8 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
     }
     gpu_check = [python, "scripts/gpu_check.py", "--rehearse", "--budget-scale", "5"]
     r = run([*gpu_check, "--wheelhouse", wheelhouse, "--out", out], timeout=1800, **offline)
-    # budgets x5: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has many already)
+    # budgets x5: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has
+    # many already)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert (
         run([python, *probe]).stdout == torch_before

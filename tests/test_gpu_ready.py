@@ -41,7 +41,8 @@ def _head_dims(spec):
 
 @pytest.fixture
 def flash(monkeypatch):
-    """Make OLMo-core see flash-attn 2 (and optionally 3) as imported; which module it is never matters here."""
+    """Make OLMo-core see flash-attn 2 (and optionally 3) as imported; which module it is never
+    matters here."""
 
     def install(*versions):
         monkeypatch.setattr(flash_attn_api, "flash_attn_2", torch if 2 in versions else None)
@@ -95,7 +96,8 @@ def test_explicit_backends(flash, monkeypatch):
 
 
 def test_backend_reaches_the_built_model_and_the_dry_run(tmp_path, demo_corpus):
-    """A flash config built on a CPU: the Attention modules run torch SDPA (OLMo-core's fallback)."""
+    """A flash config built on a CPU: the Attention modules run torch SDPA (OLMo-core's
+    fallback)."""
     from olmo_core.nn.attention.backend import TorchAttentionBackend
 
     from olmo_patches.train import build_experiment, resolve_data
@@ -171,13 +173,14 @@ def test_worker_keys_are_checked(tmp_path):
             )
 
 
-# --- scripts/gpu_check.py: the GPU checks (tests/gpu/) and their table -------------------------------
+# --- scripts/gpu_check.py: the GPU checks (tests/gpu/) and their table ----------------------------
 
 
 def test_gpu_check_rehearsal(tmp_path):
-    """Every section of tests/gpu/ on CPU at toy sizes through the same code: each row marked rehearsal,
-    each section inside its budget, the numerical rows judged, speed and memory shown."""
-    # x5: the H200 budgets on a shared 2-core machine (load average 12-15 measured: attention took 35 s of 20 x 3)
+    """Every section of tests/gpu/ on CPU at toy sizes through the same code: each row marked
+    rehearsal, each section inside its budget, the numerical rows judged, speed and memory shown."""
+    # x5: the H200 budgets on a shared 2-core machine (load average 12-15 measured: attention took
+    # 35 s of 20 x 3)
     r = run_in_process("gpu_check.py", "--rehearse", "--budget-scale", "5", "--out", str(tmp_path))
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     failed = [
@@ -243,12 +246,13 @@ def test_gpu_check_rehearsal(tmp_path):
         "variable width learned",
     ]:
         logits = rows[f"bf16 vs fp32: {block}: logits"]
-        # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs (2^-8 each).
+        # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs
+        # (2^-8 each).
         assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", (
             logits
         )
-    # The attention rows at the rehearsal's three head dims of the shipped configs: the smallest, the
-    # largest and the first that is not a multiple of 8 (read here from the configs themselves).
+    # The attention rows at the rehearsal's three head dims of the shipped configs: the smallest,
+    # the largest and the first that is not a multiple of 8 (read here from the configs themselves).
     from olmo_patches.config import load_spec
     from olmo_patches.nn.attention import head_dims
 
@@ -374,14 +378,16 @@ def test_raises(rows):
 
 
 def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
-    """A section past its budget: the test running is stopped, the rest of that section is not run (FAIL
-    rows), and the next section still runs; an exception is its test's row. Rows written as they come."""
+    """A section past its budget: the test running is stopped, the rest of that section is not run
+    (FAIL rows), and the next section still runs; an exception is its test's row. Rows written as
+    they come."""
     import runpy
 
     from .gpu.plugin import GpuCheck
     from .gpu.table import DEPENDENCIES, SECTIONS
 
-    # scripts/gpu_check.py's --only names are the sections' files, its --allow-missing names the dependencies
+    # scripts/gpu_check.py's --only names are the sections' files, its --allow-missing names the
+    # dependencies
     script = runpy.run_path(str(REPO / "scripts" / "gpu_check.py"))
     assert script["SECTION_NAMES"] == tuple(f[5:-3] for f in SECTIONS)
     assert script["DEPENDENCY_NAMES"] == tuple(DEPENDENCIES)
@@ -433,11 +439,11 @@ def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     assert "| next | 30 |" in (out / "gpu_check.md").read_text()
 
 
-# flash-attn's kernels, from its source (github.com/Dao-AILab/flash-attention): flash-attn 2 pads a head
-# dim to a multiple of 8 in Python (flash_attn_interface.py, FlashAttnFunc.forward) and dispatches to the
-# kernel compiled for the next of 32/64/96/128/192/256 (csrc/flash_attn/src/static_switch.h,
-# HEADDIM_SWITCH); flash-attn 3 takes multiples of 8 up to 256 (hopper/flash_api.cpp mha_fwd) and runs
-# its 64/96/128/192/256 kernel (round_up_headdim).
+# flash-attn's kernels, from its source (github.com/Dao-AILab/flash-attention): flash-attn 2 pads a
+# head dim to a multiple of 8 in Python (flash_attn_interface.py, FlashAttnFunc.forward) and
+# dispatches to the kernel compiled for the next of 32/64/96/128/192/256
+# (csrc/flash_attn/src/static_switch.h, HEADDIM_SWITCH); flash-attn 3 takes multiples of 8 up to 256
+# (hopper/flash_api.cpp mha_fwd) and runs its 64/96/128/192/256 kernel (round_up_headdim).
 @pytest.mark.parametrize(
     "d, fa2, fa3",
     [
@@ -473,8 +479,8 @@ def test_flash_head_dims_and_padding(flash, d, fa2, fa3):
 
 
 def test_dry_run_names_the_attention_kernel_and_its_padding():
-    """configs/1B/hourglass.yaml: 16 heads of 2432 / 16 = 152, a multiple of 8: flash_3 on Hopper, and
-    both kernels compute it at 192 (1 - 152/192 = 21% padding)."""
+    """configs/1B/hourglass.yaml: 16 heads of 2432 / 16 = 152, a multiple of 8: flash_3 on Hopper,
+    and both kernels compute it at 192 (1 - 152/192 = 21% padding)."""
     r = run_in_process(
         "train.py",
         str(REPO / "configs" / "1B" / "hourglass.yaml"),
@@ -495,7 +501,8 @@ def test_dry_run_names_the_attention_kernel_and_its_padding():
 
 
 def _cuda_spec(*extra):
-    """configs/1B/hourglass.yaml as a GPU run (train.device=auto: a card; the device is passed explicitly below)."""
+    """configs/1B/hourglass.yaml as a GPU run (train.device=auto: a card; the device is passed
+    explicitly below)."""
     spec = load_and_resolve(
         REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", *extra]
     )
@@ -504,8 +511,9 @@ def _cuda_spec(*extra):
 
 
 def test_adamw_is_fused_on_cuda_only():
-    """torch.optim.AdamW(fused=True) on CUDA (one kernel for every update); on a CPU torch's default (fused is
-    CUDA-only there: torch/optim/adamw.py); OLMo-core's SkipStepAdamW has no fused kernel."""
+    """torch.optim.AdamW(fused=True) on CUDA (one kernel for every update); on a CPU torch's default
+    (fused is CUDA-only there: torch/optim/adamw.py); OLMo-core's SkipStepAdamW has no fused
+    kernel."""
     from olmo_core.optim import AdamWConfig, SkipStepAdamWConfig
     from olmo_patches.train.optimizer import optimizer
 
@@ -520,8 +528,9 @@ def test_adamw_is_fused_on_cuda_only():
 
 @pytest.fixture
 def liger(monkeypatch):
-    """Make OLMo-core see Liger-Kernel's fused linear cross-entropy as imported (or not): the function its
-    nn/functional/cross_entropy_loss.py sets from ``liger_kernel`` at import, else None."""
+    """Make OLMo-core see Liger-Kernel's fused linear cross-entropy as imported (or not): the
+    function its nn/functional/cross_entropy_loss.py sets from ``liger_kernel`` at import, else
+    None."""
     import importlib
 
     module = importlib.import_module(
@@ -552,13 +561,14 @@ def test_fused_linear_loss_where_its_kernel_runs(liger):
         spec.eval.downstream_tasks
     )  # the evaluators get their logits from the default loss in eval mode (below)
     fused = memory_estimate(spec, Layout.plan(8))
-    # The head's bytes a token: the fp32 logits (18 a logit: 8 saved, 8 fp32 gradients, 2 bf16) give way to
-    # 6 a d_model (the kept bf16 input gradient, 2, and Liger's chunk of logits, about d_model a token in
-    # bf16, up to 2 x from its power-of-2 chunk, 4).
+    # The head's bytes a token: the fp32 logits (18 a logit: 8 saved, 8 fp32 gradients, 2 bf16) give
+    # way to 6 a d_model (the kept bf16 input gradient, 2, and Liger's chunk of logits, about
+    # d_model a token in bf16, up to 2 x from its power-of-2 chunk, 4).
     assert default.head - fused.head == 18 * V - 6 * d
     assert fused.total(1) < default.total(1)
     print(
-        f"1B hourglass, one sequence of {s}: {(default.total(1) - fused.total(1)) / GIB:.2f} GiB saved a rank"
+        f"1B hourglass, one sequence of {s}: {(default.total(1) - fused.total(1)) / GIB:.2f} GiB "
+        "saved a rank"
     )
     cpu = load_and_resolve(
         REPO / "configs" / "1B" / "hourglass.yaml", ["train.hardware=none", "train.device=cpu"]
@@ -626,9 +636,9 @@ def test_the_fused_head_gives_logits_in_eval_mode(liger, monkeypatch):
 
 
 def test_the_padding_of_a_variable_width_model_is_summed_over_its_layers():
-    """configs/113M/variable-width.yaml (head dims 20 to 112): flash-attn 2's kernel for each, from its
-    source (pad to a multiple of 8, then the next of 32/64/96/128/192/256), and the share of all layers'
-    attention FLOPs (n_heads x head dim a layer, the same n_heads) spent on padding."""
+    """configs/113M/variable-width.yaml (head dims 20 to 112): flash-attn 2's kernel for each, from
+    its source (pad to a multiple of 8, then the next of 32/64/96/128/192/256), and the share of all
+    layers' attention FLOPs (n_heads x head dim a layer, the same n_heads) spent on padding."""
     from olmo_patches.config import load_spec
     from olmo_patches.nn.attention import head_dim_padding, head_dims
 
@@ -639,14 +649,15 @@ def test_the_padding_of_a_variable_width_model_is_summed_over_its_layers():
     assert len(padded) > 3
     assert head_dim_padding("flash_2", dims) == (
         f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to "
-        f"{max(shares):.0%} each); {1 - sum(dims) / sum(kernel[d] for d in dims):.0%} of all layers' attention FLOPs"
+        f"{max(shares):.0%} each); {1 - sum(dims) / sum(kernel[d] for d in dims):.0%} of all "
+        "layers' attention FLOPs"
     )
 
 
 def test_without_torchao_the_run_fails_naming_it_unless_allowed(monkeypatch, tmp_path):
     """torchao made unimportable (sys.modules holds None): its row FAILs and the run exits 1; with
-    --allow-missing torchao the row reads SKIP and the run exits 0. (One quick section: the rows are written
-    before any runs.)"""
+    --allow-missing torchao the row reads SKIP and the run exits 0. (One quick section: the rows are
+    written before any runs.)"""
     monkeypatch.setitem(sys.modules, "torchao", None)
     r = run_in_process(
         "gpu_check.py",
@@ -705,9 +716,10 @@ class _Rows:
 
 
 def test_the_ffn_check_fails_a_deliberately_slow_side():
-    """tests/gpu/ffn.py's side-by-side timing and its judged ratio on CPU: the hourglass FFN against an
-    identical copy of itself (equal work: near 1), then against itself with its forward run 3 more times
-    (extra copies of the work on one side): that ratio falls under 0.95 and the row FAILs."""
+    """tests/gpu/ffn.py's side-by-side timing and its judged ratio on CPU: the hourglass FFN against
+    an identical copy of itself (equal work: near 1), then against itself with its forward run 3
+    more times (extra copies of the work on one side): that ratio falls under 0.95 and the row
+    FAILs."""
     import copy
 
     from .gpu.ffn import ffn_pair, judge_pair, seconds_per_step
@@ -755,10 +767,11 @@ def test_the_ffn_check_fails_a_deliberately_slow_side():
     ],
 )
 def test_count_params_json_shows_an_aligned_sibling_fits_the_gpu(sibling, exact):
-    """count_params --json on each aligned sibling: every FFN and attention matmul float8-able (both dims
-    multiples of 16, checked here on the built model's weights), a head dim flash-attention 2 and 3 run
-    without padding (their kernels' head dims, from flash-attn's source: test_flash_head_dims_and_padding),
-    and its non-embedding parameters' gap to the exact config, within the authors' 0.3% of the baseline."""
+    """count_params --json on each aligned sibling: every FFN and attention matmul float8-able (both
+    dims multiples of 16, checked here on the built model's weights), a head dim flash-attention 2
+    and 3 run without padding (their kernels' head dims, from flash-attn's source:
+    test_flash_head_dims_and_padding), and its non-embedding parameters' gap to the exact config,
+    within the authors' 0.3% of the baseline."""
     from olmo_patches.config import load_spec
 
     r = run_in_process("count_params.py", str(REPO / "configs" / f"{sibling}.yaml"), "--json")

@@ -221,8 +221,9 @@ def test_model_flops_match_flop_counter(block, extra):
 
 @pytest.mark.parametrize("dtype,device", [(torch.bfloat16, "meta"), (torch.float64, "cpu")])
 def test_ffn_is_built_in_the_dtype_and_on_the_device_asked(dtype, device):
-    """The K-stacked matrices in the dtype given (a config dtype wins), everything on the device given; the K
-    norms are built as OLMo-core builds a block's norms (their own config's dtype, fp32 here)."""
+    """The K-stacked matrices in the dtype given (a config dtype wins), everything on the device
+    given; the K norms are built as OLMo-core builds a block's norms (their own config's dtype, fp32
+    here)."""
     from olmo_core.config import DType
 
     for cfg, want in (
@@ -250,7 +251,8 @@ def test_ffn_is_built_in_the_dtype_and_on_the_device_asked(dtype, device):
 
 
 def test_stacked_weights_reset_to_olmo_cores_std():
-    """reset_parameters draws every stacked matrix from OLMo-core's init_linear at std 0.02 (truncated at 3 std)."""
+    """reset_parameters draws every stacked matrix from OLMo-core's init_linear at std 0.02
+    (truncated at 3 std)."""
     ffn = HourglassFeedForwardConfig(hidden_size=256, K=2, bias=False, layer_norm=NORM).build(256)
     for w in (ffn.w1, ffn.w2, ffn.w3):
         w.reset_parameters()

@@ -1,5 +1,6 @@
-"""Hourglass experts (an MoE whose routed experts are hourglass stacks) against plain PyTorch written from
-the equations, against OLMo-core's own MoE for K=1, and their counts against the built module."""
+"""Hourglass experts (an MoE whose routed experts are hourglass stacks) against plain PyTorch
+written from the equations, against OLMo-core's own MoE for K=1, and their counts against the built
+module."""
 
 import pytest
 import torch
@@ -77,7 +78,8 @@ def _moe_config(*, K=K, top_k=TOP_K, renormalize=False, lb=0.01, z=0.001):
 
 @pytest.mark.parametrize("renormalize,alpha", [(False, 1.0), (True, 0.22)])
 def test_moe_matches_equations_in_float64(renormalize, alpha):
-    """Outputs, every gradient (the aux losses' included) and both aux losses, against the reference."""
+    """Outputs, every gradient (the aux losses' included) and both aux losses, against the
+    reference."""
     torch.manual_seed(0)
     moe = _moe_config(renormalize=renormalize).build(D).double()
     moe.experts.mlp.residual_alpha = alpha  # as the block sets it (muP's m_residual)
@@ -110,7 +112,8 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
     expected, lb, z_loss = reference(u2, p, top_k=TOP_K, renormalize=renormalize, alpha=alpha)
     ((expected * weights).sum() + 0.01 * lb + 0.001 * z_loss).backward()
 
-    # OLMo-core's router computes its logits, gates and aux losses in float32: that is the error floor.
+    # OLMo-core's router computes its logits, gates and aux losses in float32: that is the error
+    # floor.
     tol = dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, expected, **tol)
     torch.testing.assert_close(moe.router.load_balancing_loss.double(), lb.detach(), **tol)
@@ -118,8 +121,9 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
     torch.testing.assert_close(u1.grad, u2.grad, **tol)
     torch.testing.assert_close(moe.router.weight.grad.view(E, D), p["Wr"].grad, **tol)
     torch.testing.assert_close(router_norm.weight.grad, p["gr"].grad, **tol)
-    # An expert's weight and norm gradients sum their tokens' float32 gates times float64 activations: a few
-    # 1e-6 (measured 2.8e-6 and 1.5e-6); a wrong routing or a missing residual term is off by whole units.
+    # An expert's weight and norm gradients sum their tokens' float32 gates times float64
+    # activations: a few 1e-6 (measured 2.8e-6 and 1.5e-6); a wrong routing or a missing residual
+    # term is off by whole units.
     grad_tol = dict(rtol=1e-5, atol=1e-5)
     for name, key in (("w1", "W1"), ("w3", "W3"), ("w2", "W2")):
         torch.testing.assert_close(
@@ -129,7 +133,8 @@ def test_moe_matches_equations_in_float64(renormalize, alpha):
 
 
 def test_k1_experts_are_olmo_cores_swiglu_experts_of_the_normalised_input():
-    """E_e(u) = z_1 - u = SwiGLU_e(norm_e(u)): OLMo-core's DroplessMoEMLP on norm(u), with the same weights."""
+    """E_e(u) = z_1 - u = SwiGLU_e(norm_e(u)): OLMo-core's DroplessMoEMLP on norm(u), with the same
+    weights."""
     torch.manual_seed(0)
     ours = _moe_config(K=1).build(D).experts.mlp
     theirs = DroplessMoEMLP(d_model=D, hidden_size=D_H, num_experts=E)
@@ -183,8 +188,9 @@ def _blocks(K=1):
 
 
 def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
-    """K=1, same init seed: the same initial weights (every norm gain 1), the same logits and gradients as
-    OLMo-core's MoE transformer with SwiGLU experts of hidden d_h (its dispatch run by PortableDroplessMLP)."""
+    """K=1, same init seed: the same initial weights (every norm gain 1), the same logits and
+    gradients as OLMo-core's MoE transformer with SwiGLU experts of hidden d_h (its dispatch run by
+    PortableDroplessMLP)."""
     olmo_block, hourglass_block = _blocks(K=1)
     olmo, ours = _transformer(olmo_block).build(), _transformer(hourglass_block).build()
     for model in (olmo, ours):
@@ -211,8 +217,8 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
     for name, prm in ours.named_parameters():
         want = theirs_params.get(name)
         if name.endswith("feed_forward_norm.weight"):
-            # OLMo-core's FFN norm gain feeds the router and every expert; ours, the router only, the
-            # experts having their own gains (all equal here): its gradient is the sum of both.
+            # OLMo-core's FFN norm gain feeds the router and every expert; ours, the router only,
+            # the experts having their own gains (all equal here): its gradient is the sum of both.
             experts = dict(ours.named_parameters())[
                 name.replace("feed_forward_norm.weight", "feed_forward_moe.experts.mlp.norm_weight")
             ]
@@ -226,7 +232,8 @@ def test_k1_model_is_olmo_cores_moe_model_at_the_same_seed():
 
 
 def test_counts_against_the_built_module_and_the_shapes():
-    """d=32, E=4, top-2, K=2, d_h=8: router 32*4 = 128; one expert K (3 d d_h + d) = 2 (768 + 32) = 1600."""
+    """d=32, E=4, top-2, K=2, d_h=8: router 32*4 = 128; one expert K (3 d d_h + d) = 2 (768 + 32) =
+    1600."""
     cfg = _moe_config()
     moe = cfg.build(D)
     assert sum(p.numel() for p in moe.parameters()) == cfg.num_params(D) == 128 + 4 * 1600 == 6528
@@ -236,8 +243,8 @@ def test_counts_against_the_built_module_and_the_shapes():
 
 
 def test_moe_flops_match_flop_counter():
-    """Matmul FLOPs of a forward + backward, measured by PyTorch's FlopCounterMode: dropless routing sends
-    exactly top_k rows per token, so they equal the per-token count."""
+    """Matmul FLOPs of a forward + backward, measured by PyTorch's FlopCounterMode: dropless routing
+    sends exactly top_k rows per token, so they equal the per-token count."""
     moe = _moe_config(lb=None, z=None).build(D)
     tokens = 3 * 20
     with FlopCounterMode(display=False) as counter:
@@ -248,12 +255,14 @@ def test_moe_flops_match_flop_counter():
 
 @pytest.mark.parametrize("K", [1, 2])
 def test_model_counts_against_the_built_model(K):
-    """OLMo-core's TransformerConfig counts (total and active) with hourglass experts equal the built model."""
+    """OLMo-core's TransformerConfig counts (total and active) with hourglass experts equal the
+    built model."""
     _, block = _blocks(K=K)
     config = _transformer(block, n_layers=3)
     model = config.build()
     assert config.num_params == sum(p.numel() for p in model.parameters())
-    # Per layer: attention 4 d^2 + 2 norms d + router d E + E (inactive: E - top_k) experts of K (3 d d_h + d).
+    # Per layer: attention 4 d^2 + 2 norms d + router d E + E (inactive: E - top_k) experts of K (3
+    # d d_h + d).
     expert = K * (3 * D * D_H + D)
     layer = 4 * D * D + 2 * D + D * E
     embed_head = 2 * 128 * D + D
@@ -337,7 +346,8 @@ def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identicall
 def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
     """configs/paper2/3B-MoE/x-hourglass-experts.yaml: x.yaml's widths; per layer, 22 experts of K=2
     sub-MLPs of d_h_l = round(w_l 256 / 1600) (+ their 2 norm gains) instead of one SwiGLU of
-    I_l = round(w_l 512 / 1600); the counts differ by exactly that (OLMo-core's config counts, no build)."""
+    I_l = round(w_l 512 / 1600); the counts differ by exactly that (OLMo-core's config counts, no
+    build)."""
     from olmo_patches.config import vocab_size
     from olmo_patches.launch.layout import load_and_resolve
 
@@ -361,11 +371,13 @@ def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
     [
         (
             ["model.d_h=null"],
-            "command line: model.d_h=None: hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h",
+            "command line: model.d_h=None: hourglass experts need model.d_h (or model.d_h_ratio): "
+            "each sub-MLP's bottleneck at width h",
         ),
         (
             ["model.moe.expert_hidden=64"],
-            "command line: model.moe.expert_hidden=64: hourglass experts take their shape from model.K and model.d_h; remove it",
+            "command line: model.moe.expert_hidden=64: hourglass experts take their shape from "
+            "model.K and model.d_h; remove it",
         ),
         (["model.K=0"], "command line: model.K=0: must be >= 1"),
         (
@@ -383,8 +395,9 @@ def test_bad_hourglass_expert_configs_are_named_in_one_line(tmp_path, extra, mes
 
 
 def test_mup_init_and_multiplier_reach_the_hourglass_experts(tmp_path):
-    """Under muP every sub-MLP residual is x m_residual, and the experts' weights get the paper's std:
-    init_range / sqrt(m_width) sqrt(h / w_l), with w2 (the output projection) a further / sqrt(2 L)."""
+    """Under muP every sub-MLP residual is x m_residual, and the experts' weights get the paper's
+    std: init_range / sqrt(m_width) sqrt(h / w_l), with w2 (the output projection) a
+    further / sqrt(2 L)."""
     from olmo_patches.config import vocab_size
 
     spec = _spec(tmp_path, tmp_path / "cache", "model.widths.init=mup")
@@ -400,8 +413,8 @@ def test_mup_init_and_multiplier_reach_the_hourglass_experts(tmp_path):
 
 
 def test_count_params_reports_the_hourglass_experts(tmp_path):
-    """count_params' numbers (report/counts.py) for the tiny config, against counts written from the shapes:
-    w = 48, 32; d_h,l = round(w 16 / 32) = 24, 16; E = 4, top-2, K = 2."""
+    """count_params' numbers (report/counts.py) for the tiny config, against counts written from the
+    shapes: w = 48, 32; d_h,l = round(w 16 / 32) = 24, 16; E = 4, top-2, K = 2."""
     from olmo_patches.config import vocab_size
     from olmo_patches.report.counts import count, width_report
 

@@ -1,8 +1,8 @@
 """--init-from (train.init_from): a new run from another model's weights. The reference is a tiny
-Hugging Face OLMo-2 model built here (transformers' Olmo2ForCausalLM): the new run's first loss is that
-model's loss on the same batch, computed by transformers. The data is one global batch, so every step
-reads the same four instances: a run started from another run's step-1 checkpoint has as its first loss
-that run's step-2 loss. A bad target is one line, exit 2, nothing written."""
+Hugging Face OLMo-2 model built here (transformers' Olmo2ForCausalLM): the new run's first loss is
+that model's loss on the same batch, computed by transformers. The data is one global batch, so
+every step reads the same four instances: a run started from another run's step-1 checkpoint has as
+its first loss that run's step-2 loss. A bad target is one line, exit 2, nothing written."""
 
 import json
 import shutil
@@ -116,7 +116,8 @@ def test_a_run_checkpoint_of_the_same_shape_starts_a_fresh_run(place, from_hf, t
     root, _, _ = place
     source, first = from_hf
     losses = _train(root, tmp_path / "next", "--init-from", str(source / "step1"))
-    # step 1 here reads the weights after the source run's step 1, on the same batch: its step-2 loss
+    # step 1 here reads the weights after the source run's step 1, on the same batch: its step-2
+    # loss
     assert abs(losses[1]["train/CE loss"] - first[2]["train/CE loss"]) < 1e-5
     # a fresh schedule: the warmup's learning rate again, not the source run's step-2 rate
     assert (

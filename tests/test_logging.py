@@ -21,7 +21,8 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 STEPS, STOP = 80, 3
 PROGRESS = re.compile(
     r"^(?P<time>\S+ \S+)\s.*\bstep (?P<step>\d+)/(?P<total>\d+) \| loss (?P<loss>[\d.]+)"
-    r"(?: \| val [\d.]+)? \| (?P<tps>[\d,]+) tok/s(?: \| (?:(?P<h>\d+)h(?P<hm>\d\d)m|(?P<m>\d+)m(?P<s>\d\d)s) left)?$"
+    r"(?: \| val [\d.]+)? \| (?P<tps>[\d,]+) tok/s(?: \| "
+    r"(?:(?P<h>\d+)h(?P<hm>\d\d)m|(?P<m>\d+)m(?P<s>\d\d)s) left)?$"
 )
 
 
@@ -78,12 +79,13 @@ def test_console_progress_line(stopped_and_resumed):
 
 
 def _records(run_file):
-    """The records of a wandb run file, read by the format it is written in, not by wandb's code (its
-    Python reader, wandb.sdk.internal.datastore, is in 0.22.3 and gone in 0.31.0; the file is the same): a
-    7-byte header (":W&B", magic, version), then LevelDB's log format
+    """The records of a wandb run file, read by the format it is written in, not by wandb's code
+    (its Python reader, wandb.sdk.internal.datastore, is in 0.22.3 and gone in 0.31.0; the file is
+    the same): a 7-byte header (":W&B", magic, version), then LevelDB's log format
     (github.com/google/leveldb/blob/main/doc/log_format.md): 32 KiB blocks of chunks, each a
     little-endian crc32, length and type (1 full, 2 first, 3 middle, 4 last) and its data; a block's
-    last 6 bytes or fewer are zero padding. The crc32 is zlib's, seeded with the type byte's, as wandb writes it."""
+    last 6 bytes or fewer are zero padding. The crc32 is zlib's, seeded with the type byte's, as
+    wandb writes it."""
     import struct
     import zlib
 

@@ -1,6 +1,7 @@
-"""Activation checkpointing modes (train.activation_checkpointing) and the memory model (launch/memory.py):
-gradients equal to no checkpointing per block type, the saved tensors and the loss's bytes measured
-by torch against the estimate, and the preset choosing a mode where the estimate says it must."""
+"""Activation checkpointing modes (train.activation_checkpointing) and the memory model
+(launch/memory.py): gradients equal to no checkpointing per block type, the saved tensors and the
+loss's bytes measured by torch against the estimate, and the preset choosing a mode where the
+estimate says it must."""
 
 import copy
 
@@ -81,7 +82,8 @@ def _grads(model, ids):
 
 
 def _checkpointed(model, mode: str):
-    """The model as OLMo-core's train module prepares it: its own parallelize_model with the spec's ac_config."""
+    """The model as OLMo-core's train module prepares it: its own parallelize_model with the spec's
+    ac_config."""
     spec = load_and_resolve(DEMO, [*SMALL, f"train.activation_checkpointing={mode}"])
     ac = spec.train.activation_checkpointing
     return parallelize_model(
@@ -158,7 +160,8 @@ def test_mode_shorthands(value, want):
 def test_mode_mappings_in_files_and_overrides(tmp_path):
     base = tmp_path / "base.yaml"
     base.write_text(
-        f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: selected_blocks, block_interval: 2}}\n"
+        f"extends: {DEMO}\ntrain:\n  activation_checkpointing: {{mode: selected_blocks, "
+        "block_interval: 2}\n"
     )
     assert str(load_and_resolve(base, SMALL).train.activation_checkpointing) == "selected_blocks:2"
     child = (
@@ -193,7 +196,8 @@ def test_mode_mappings_in_files_and_overrides(tmp_path):
         ("budget:1.5", r"train\.activation_checkpointing\.budget=1\.5: must be in \[0, 1\]"),
         (
             "budget:0.5",
-            r"train\.activation_checkpointing=budget:0\.5: the compiler's budget needs train\.compile=true",
+            r"train\.activation_checkpointing=budget:0\.5: "
+            r"the compiler's budget needs train\.compile=true",
         ),
         ("full:2", r"train\.activation_checkpointing\.mode=full:2: choose one of"),
     ],
@@ -205,11 +209,12 @@ def test_bad_modes_fail_in_one_line(value, match):
     assert e.match(match)
 
 
-# --- the memory model against torch's own accounting -------------------------------------------------
+# --- the memory model against torch's own accounting ----------------------------------------------
 
 
 def _saved_bytes(fn, params) -> int:
-    """Bytes of the distinct storages autograd saves for backward while ``fn`` runs, parameters excluded."""
+    """Bytes of the distinct storages autograd saves for backward while ``fn`` runs, parameters
+    excluded."""
     weights = {p.untyped_storage().data_ptr() for p in params}
     saved: dict[int, int] = {}
 
@@ -259,7 +264,8 @@ def test_saved_tensors_per_block_match_the_estimate(block):
 
 def test_loss_saves_what_the_estimate_counts():
     """OLMo-core's fp32 cross-entropy with z-loss on bf16 logits saves 8 bytes per logit (the fp32
-    logits and their log-softmax); the estimate's 18 add the backward's two fp32 gradients and their bf16 cast."""
+    logits and their log-softmax); the estimate's 18 add the backward's two fp32 gradients and their
+    bf16 cast."""
     V, N = 1024, 64
     logits = torch.randn(N, V, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, V, (N,))
@@ -315,14 +321,16 @@ def test_preset_checkpoints_where_the_estimate_says_it_must(monkeypatch):
 
 
 def test_a_run_recorded_with_a_boolean_resumes_with_any_mode():
-    """A run folder's config.yaml from before the modes (``activation_checkpointing: false``) against
-    a restart in another mode: the mode may change between restarts, nothing else counts as changed."""
+    """A run folder's config.yaml from before the modes (``activation_checkpointing: false``)
+    against a restart in another mode: the mode may change between restarts, nothing else counts as
+    changed."""
     from olmo_patches.config import spec_to_yaml
     from olmo_patches.launch.run_folder import changed_keys
 
     spec = load_and_resolve(DEMO, [*SMALL, "train.activation_checkpointing=false"])
     recorded = spec_to_yaml(spec).replace(
-        "  activation_checkpointing:\n    mode: 'off'\n    block_interval: null\n    modules: null\n    budget: null\n",
+        "  activation_checkpointing:\n    mode: 'off'\n    block_interval: null\n"
+        "    modules: null\n    budget: null\n",
         "  activation_checkpointing: false\n",
     )
     assert "activation_checkpointing: false" in recorded

@@ -1,6 +1,6 @@
-"""metrics.jsonl: one record per step. OLMo-core's Trainer calls log_metrics for a step more than once
-(at a save step and the last step its own metrics again, an evaluation's after the step's): the file
-merges them into that step's one record, later values winning, as a dict update does."""
+"""metrics.jsonl: one record per step. OLMo-core's Trainer calls log_metrics for a step more than
+once (at a save step and the last step its own metrics again, an evaluation's after the step's): the
+file merges them into that step's one record, later values winning, as a dict update does."""
 
 from types import SimpleNamespace
 
@@ -32,7 +32,8 @@ def test_one_record_per_step_holding_every_metric_logged_for_it(tmp_path):
 
 
 def test_one_progress_line_per_logged_step(tmp_path):
-    """The console's progress line: once for a step OLMo-core logs twice (a save step, the last step)."""
+    """The console's progress line: once for a step OLMo-core logs twice (a save step, the last
+    step)."""
     import logging
 
     from olmo_patches.train.progress import ProgressCallback

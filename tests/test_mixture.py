@@ -1,7 +1,7 @@
 """data.mixture: named sources mixed by ratio through OLMo-core's source-mixture dataset and read in
 the run's order by OLMo-core's data loader. Each source's tokens lie in its own id range, so every
-instance names its source; the shares are checked against the ratios within sampling error, the order
-against a rebuild with the same seed; the refusals are one line naming the key."""
+instance names its source; the shares are checked against the ratios within sampling error, the
+order against a rebuild with the same seed; the refusals are one line naming the key."""
 
 import numpy as np
 import pytest
@@ -51,7 +51,8 @@ def _overrides(root, tmp_path, *extra, ratios=(5, 3, 2)):
 
 
 def _order(root, tmp_path, *extra, n=None):
-    """The sources of the instances in the order the run's data loader reads them, and the instances."""
+    """The sources of the instances in the order the run's data loader reads them, and the
+    instances."""
     from olmo_patches.launch.layout import Layout, load_and_resolve
     from olmo_patches.train.experiment import build_experiment
     from olmo_patches.train.sources import resolve_data
@@ -81,7 +82,8 @@ def test_shares_match_the_ratios_within_sampling_error(sources, tmp_path):
     total = len(names)
     assert total == STEPS * BATCH
     for name, p in ratios.items():
-        # the whole run: OLMo-core apportions instances per file (Hamilton), so within a few instances
+        # the whole run: OLMo-core apportions instances per file (Hamilton), so within a few
+        # instances
         assert abs(names.count(name) - p * total) <= 2 * len(FILES[name]), (name, names.count(name))
     n = 2000  # the first 2,000 instances of the shuffled order: a sample without replacement
     for name, p in ratios.items():

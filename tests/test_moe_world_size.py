@@ -1,6 +1,6 @@
 """The load-balancing loss at any world size and micro-batch size, on gloo through OLMo-core's train
-module: a tiny variable-width MoE (SwiGLU experts, and hourglass experts with K=2) trained on the same
-8 sequences a step at 1, 2 and 4 ranks, each at micro-batches of 1 and 2 sequences.
+module: a tiny variable-width MoE (SwiGLU experts, and hourglass experts with K=2) trained on the
+same 8 sequences a step at 1, 2 and 4 ranks, each at micro-batches of 1 and 2 sequences.
 
 With model.moe.load_balance=global_batch the step-1 load-balancing loss and every gradient agree to
 1e-6 and the losses of 3 steps to the dense configs' tolerance (test_world_size.py); with
@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 from .conftest import REPO, tiny_overrides
 
 SEQUENCES, SEQ = 8, 32
-# Steps a case trains: global_batch's losses must still agree after the optimizer has moved the weights
-# (steps 2-3); the per-micro-batch cases are asserted on step 1's loss and gradients alone.
+# Steps a case trains: global_batch's losses must still agree after the optimizer has moved the
+# weights (steps 2-3); the per-micro-batch cases are asserted on step 1's loss and gradients alone.
 STEPS = {"global_batch": 3, "micro_batch": 1, "data_parallel": 1}
 MICRO = (1, 2)  # sequences a rank's micro-batch (4 ranks take 2 each: one micro-batch, or two)
 EXPERTS = {
@@ -58,8 +58,9 @@ def _batch(step: int, vocab: int) -> torch.Tensor:
 
 
 def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -> dict:
-    """Steps 1..STEPS[balance] through OLMo-core's train module (FSDP over ``world`` gloo ranks): the
-    step-1 load-balancing loss (summed over layers) and full gradients, and each step's CE loss."""
+    """Steps 1..STEPS[balance] through OLMo-core's train module (FSDP over ``world`` gloo ranks):
+    the step-1 load-balancing loss (summed over layers) and full gradients, and each step's CE
+    loss."""
     import torch.distributed as dist
     from olmo_core.config import DType
     from olmo_core.distributed import parallel
@@ -162,8 +163,8 @@ def runs(tmp_path_factory):
 
 
 def _spread(runs, experts: str, balance: str) -> dict:
-    """The largest differences from 1 process at micro-batch 2 over the other layouts: load-balancing
-    loss, gradients (max abs), each step's loss (relative)."""
+    """The largest differences from 1 process at micro-batch 2 over the other layouts:
+    load-balancing loss, gradients (max abs), each step's loss (relative)."""
     ref = runs[1][(experts, balance, 2)]
     worst = {"lb": 0.0, "grad": 0.0, "ce": 0.0}
     for world in (1, 2, 4):
@@ -198,7 +199,8 @@ def test_per_micro_batch_balance_depends_on_the_split(runs, experts, balance):
 
 def test_global_batch_loss_is_its_equation_over_the_step(tmp_path, runs):
     """E sum_e f_e P_e with f_e the fraction of the k T assignments to e and P_e the mean softmax
-    probability over the step's 8 x 32 tokens, per layer, from the routers' own logits (one process)."""
+    probability over the step's 8 x 32 tokens, per layer, from the routers' own logits (one
+    process)."""
     config = _spec(tmp_path, "swiglu", "global_batch").model_config()
     torch.manual_seed(0)
     model = config.build(init_device="cpu")

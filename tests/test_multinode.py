@@ -289,8 +289,8 @@ def test_a_rank_killed_outright_ends_every_process_one_line_a_node(tmp_path, dem
 
 
 def test_a_lost_node_ends_every_process_within_60_s_one_line_a_node(tmp_path, demo_corpus):
-    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's both
-    end, each node printing one line that names the lost node and rank."""
+    """Node 1's torchrun killed outright mid-run (a lost machine): its orphaned rank and node 0's
+    both end, each node printing one line that names the lost node and rank."""
     host, lost, workers = _two_wrapped_nodes(tmp_path, per_node=1)
     (orphan,) = _children(lost.pid)
     env = _environ(orphan)

@@ -37,7 +37,8 @@ def test_registered_and_refused_elsewhere():
         [sys.executable, "scripts/count_params.py", str(BASELINE), "model.block=parallel", *TINY]
     )  # not imported: unknown
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
-        "model.block=parallel: choose one of baseline, hourglass, variable_width (olmo_patches/blocks/)"
+        "model.block=parallel: choose one of baseline, hourglass, variable_width "
+        "(olmo_patches/blocks/)"
     )
 
 

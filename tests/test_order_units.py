@@ -1,7 +1,8 @@
-"""Fast unit tests of data/order.py, one function at a time (with test_data_order.py's in-process tests,
-the mutation-testing set of that module: `bash tests/mutation.sh order`). References are written
-here: the old OLMo trainer's order is arange(N, uint32) shuffled by numpy's PCG64(seed + epoch)
-(the OLMo-2 recipe, docs/papers.md), its seed 6198 (allenai/OLMo configs/official-0425/OLMo2-1B-stage1.yaml)."""
+"""Fast unit tests of data/order.py, one function at a time (with test_data_order.py's in-process
+tests, the mutation-testing set of that module: `bash tests/mutation.sh order`). References are
+written here: the old OLMo trainer's order is arange(N, uint32) shuffled by numpy's
+PCG64(seed + epoch) (the OLMo-2 recipe, docs/papers.md), its seed 6198 (allenai/OLMo
+configs/official-0425/OLMo2-1B-stage1.yaml)."""
 
 import hashlib
 
@@ -60,8 +61,8 @@ def test_paths_file_checked_against_its_sha256sum(tmp_path):
     with pytest.raises(DataOrderError) as e:
         read_paths_file(listed)
     assert (
-        str(e.value)
-        == f"{listed} has sha256 {changed}, but list.txt.sha256 pins {digest}: the file list changed"
+        str(e.value) == f"{listed} has sha256 {changed}, but list.txt.sha256 pins {digest}: "
+        "the file list changed"
     )
     with pytest.raises(DataOrderError) as e:
         read_paths_file(tmp_path / "nope.txt")
@@ -124,7 +125,8 @@ def test_instance_counts_drop_each_files_remainder():
     counts = instance_counts([0, 31, 32, 63, 64, 32 * 5 + 1], seq)
     assert counts.tolist() == [0, 0, 1, 1, 2, 5] and counts.dtype == np.int64
     assert instance_counts([10, 20, 21], 5, itemsize=2).tolist() == [1, 2, 2]
-    # int64 whatever the sizes' dtype (a uint64 array, as from a binary table, would make the starts float)
+    # int64 whatever the sizes' dtype (a uint64 array, as from a binary table, would make the starts
+    # float)
     assert instance_counts(np.array([64, 96], dtype=np.uint64), seq).dtype == np.int64
 
 
@@ -168,8 +170,8 @@ def test_shuffled_indices_default_epoch_and_sizes():
 
 
 def test_write_global_indices_defaults_are_the_old_trainers(tmp_path):
-    """Epoch 0, one process (no cut), raw uint32 without a .npy header; parents created; rewriting an
-    existing file in an existing folder replaces it and leaves no temporary behind."""
+    """Epoch 0, one process (no cut), raw uint32 without a .npy header; parents created; rewriting
+    an existing file in an existing folder replaces it and leaves no temporary behind."""
     out = tmp_path / "a" / "b" / "global_indices.npy"
     assert write_global_indices(out, 1001, SEED) == 1001
     raw = out.read_bytes()

@@ -1,7 +1,8 @@
 """The package as pip builds it: the wheel carries configs/, data_order/ and scripts/ (as
 olmo_patches/_data/), py.typed and the hourglass-* commands; an unpacked wheel, away from any
 checkout, finds its own copies. The full path (a fresh venv beside a current Hugging Face stack, the
-commands and a 2-step demo from another folder) is .ci/install_check: minutes of pip, run by .ci/run.
+commands and a 2-step demo from another folder) is .ci/install_check: minutes of pip, run by
+.ci/run.
 """
 
 import os
@@ -17,7 +18,8 @@ from .conftest import REPO, run_elsewhere
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """The wheel pip builds from this checkout, offline (this venv's setuptools: --no-build-isolation)."""
+    """The wheel pip builds from this checkout, offline (this venv's setuptools:
+    --no-build-isolation)."""
     out = tmp_path_factory.mktemp("dist")
     r = run_elsewhere(
         [
@@ -72,8 +74,8 @@ def test_wheel_carries_data_types_and_commands(wheel):
 
 
 def test_unpacked_wheel_finds_its_own_data(wheel, tmp_path):
-    """Away from the checkout (another folder, only the unpacked wheel on the path): the wheel's copies;
-    ``python -m olmo_patches`` with an unknown command: one line, exit 2."""
+    """Away from the checkout (another folder, only the unpacked wheel on the path): the wheel's
+    copies; ``python -m olmo_patches`` with an unknown command: one line, exit 2."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     elsewhere = tmp_path / "elsewhere"
@@ -81,7 +83,8 @@ def test_unpacked_wheel_finds_its_own_data(wheel, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(site)}
     code = (
         "import olmo_patches.resources as r; "
-        "print(r.data_root()); print(r.find_config('configs/demo/baseline.yaml')); print(r.find_config('nope.yaml'))"
+        "print(r.data_root()); print(r.find_config('configs/demo/baseline.yaml')); "
+        "print(r.find_config('nope.yaml'))"
     )
     r = run_elsewhere([sys.executable, "-c", code], cwd=elsewhere, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -20,11 +20,12 @@ H, HEADS, V, T, B = 32, 2, 64, 8, 2
 # w_1 > h, a narrowing, a widening refilled from layer 1, a widening past every earlier width,
 # and w_L < h (the output fill).
 WIDTHS = [48, 16, 32, 64, 24]
-# The authors' numbers (moe_1b3b.yml / dense_*.yml; lm-engine defaults), written here, not read from our code.
+# The authors' numbers (moe_1b3b.yml / dense_*.yml; lm-engine defaults), written here, not read from
+# our code.
 M_EMB, M_RES, M_WIDTH, INIT_RANGE, EPS, THETA = 12.0, 0.22, 8.0, 0.1, 1e-5, 10000
 MODES = {"move_up": "carry_forward", "zero": "zero", "linear": "learned"}
-# The MoE (moe_1b3b.yml's kind, tiny): E experts, top-k, expert hidden at h (I_l = round(w_l 16 / 32));
-# an x schedule: w_1 > h, narrowing, widening refilled by carry-forward, w_L > h.
+# The MoE (moe_1b3b.yml's kind, tiny): E experts, top-k, expert hidden at h (I_l = round(w_l
+# 16 / 32)); an x schedule: w_1 > h, narrowing, widening refilled by carry-forward, w_L > h.
 N_EXPERTS, TOP_K, EXPERT_HIDDEN, AUX_COEF = 4, 2, 16, 0.01
 MOE_WIDTHS = [64, 32, 16, 32, 48]
 MOE = (
@@ -67,7 +68,7 @@ def _model(mode, widths=WIDTHS, h=H, seed=0, extra=()):
     return model
 
 
-# --- the reference (from the authors' width_varying_model.py:615-746 and lm-engine's modules) ----------------
+# --- the reference (from the authors' width_varying_model.py:615-746 and lm-engine's modules) -----
 
 
 def _rmsnorm(x, g):  # LME normalization.py: nn.RMSNorm(eps=1e-5)
@@ -85,7 +86,8 @@ def _rope(x):  # LME rope.py: inv_freq in float32, cat(freqs, freqs), x cos + ro
 
 
 def _fill(cands, lo, hi):
-    """WVM _expand_using_closest_layers: dims [lo, hi) from the newest candidate wider than each dim."""
+    """WVM _expand_using_closest_layers: dims [lo, hi) from the newest candidate wider than each
+    dim."""
     cur, parts = lo, []
     for c in cands:
         if cur == hi:
@@ -132,9 +134,9 @@ def _authors_moe(a, p):
 
 
 def _authors_forward(W, ids, widths, mode, pad_output=False, aux=None):
-    """W: the authors' tensors by role (see _weights). Returns logits (B, T, V). ``pad_output``: zero
-    padding at the output instead of the authors' fill (what the project did before). MoE layers
-    append their aux_l to ``aux``."""
+    """W: the authors' tensors by role (see _weights). Returns logits (B, T, V). ``pad_output``:
+    zero padding at the output instead of the authors' fill (what the project did before). MoE
+    layers append their aux_l to ``aux``."""
     h = W["wte"].shape[1]
     e = W["wte"][ids] * M_EMB  # LME base.py:249-260
     hist, x = [e], e
@@ -236,7 +238,8 @@ def test_logits_and_gradients_match_the_authors_model_in_float64(mode):
 
 
 def test_zero_mode_output_is_not_zero_padding():
-    """w_L < h: zero padding at the output (the project before) gives other logits than the authors'."""
+    """w_L < h: zero padding at the output (the project before) gives other logits than the
+    authors'."""
     model = _model("zero").double()
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(2))
     _, W = _weights(model, WIDTHS)
@@ -249,8 +252,9 @@ def test_zero_mode_output_is_not_zero_padding():
 
 
 def test_mup_init_stds_match_lm_engine():
-    """LME attention.py:118-131, mlp.py:33-46, embedding.py, main.py: plain normal; block in-projections
-    0.1 / sqrt(8) * sqrt(h / w_l) (WVM:50-52), out-projections a further / sqrt(2 L), L the model's depth."""
+    """LME attention.py:118-131, mlp.py:33-46, embedding.py, main.py: plain normal; block
+    in-projections 0.1 / sqrt(8) * sqrt(h / w_l) (WVM:50-52), out-projections a further / sqrt(2 L),
+    L the model's depth."""
     h, widths = 128, [256, 64, 128, 256, 256, 192]
     L = len(widths)
     model = _model("move_up", widths=widths, h=h)
@@ -292,8 +296,9 @@ def test_paper2_configs_use_the_authors_rope_theta():
 
 
 def test_paper2_configs_decay_as_lm_engine():
-    """LME normalization.py:91-92 marks every norm gain no-decay, nothing else (embedding.py, main.py:33-36):
-    the embedding, the untied LM head, the muP matrices, the router and the experts decay at 0.1."""
+    """LME normalization.py:91-92 marks every norm gain no-decay, nothing else (embedding.py,
+    main.py:33-36): the embedding, the untied LM head, the muP matrices, the router and the experts
+    decay at 0.1."""
     assert (
         len(PAPER2_CONFIGS) == 16 + 36
     )  # the paper's runs and its r_l x r_d grid (ablations/r_l-r_d: 3 sizes x 4 x 3)
@@ -333,11 +338,12 @@ def test_paper2_configs_decay_as_lm_engine():
     )  # attention_norm, feed_forward_norm, the experts' gains per block; lm_head.norm
 
 
-# --- the 3B MoE (moe_1b3b.yml; LME mlp_blocks/moe.py) ---------------------------------------------------
+# --- the 3B MoE (moe_1b3b.yml; LME mlp_blocks/moe.py) ---------------------------------------------
 
 
 def _aux(model):
-    """Our aux loss of the last forward: OLMo-core's per-router losses times their weights, summed."""
+    """Our aux loss of the last forward: OLMo-core's per-router losses times their weights,
+    summed."""
     routers = [b.feed_forward_moe.router for b in model.blocks.values()]
     return sum(
         r.lb_loss_weight * r.load_balancing_loss + r.z_loss_weight * r.z_loss for r in routers
@@ -345,8 +351,9 @@ def _aux(model):
 
 
 def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
-    """OLMo-core's router, losses and experts at each w_l against lm-engine's MoE in float64. The router
-    computes its logits in float32 (OLMo-core's MoELinearRouter), so the agreement is float32's."""
+    """OLMo-core's router, losses and experts at each w_l against lm-engine's MoE in float64. The
+    router computes its logits in float32 (OLMo-core's MoELinearRouter), so the agreement is
+    float32's."""
     model = _model("move_up", widths=MOE_WIDTHS, extra=MOE).double()
     ids = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(3))
     logits = model(
@@ -366,7 +373,8 @@ def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
     for n, p in model.named_parameters():
         gscale = P[n].grad.abs().max().item() + 1e-30
         assert (p.grad - P[n].grad).abs().max().item() <= 1e-5 * gscale, n
-    # The aux loss is live: without it the routers' gradients would be off by far more than the tolerance.
+    # The aux loss is live: without it the routers' gradients would be off by far more than the
+    # tolerance.
     P2, W2 = _weights(model, MOE_WIDTHS)
     F.cross_entropy(
         _authors_forward(W2, ids, MOE_WIDTHS, "move_up", aux=[])[:, :-1].reshape(-1, V),
@@ -385,7 +393,8 @@ def test_moe_logits_gradients_and_aux_loss_match_the_authors_model():
 
 
 def test_moe_mup_init_and_lr_groups_match_lm_engine():
-    """LME moe.py:176-220: router and c_fc std s_l, c_proj s_l / sqrt(2 L); all three in the muP group (lr / 8)."""
+    """LME moe.py:176-220: router and c_fc std s_l, c_proj s_l / sqrt(2 L); all three in the muP
+    group (lr / 8)."""
     h, widths = 64, [128, 32, 64, 128]
     spec = _spec(
         "move_up",

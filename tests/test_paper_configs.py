@@ -1,4 +1,5 @@
-"""Every shipped config loads and builds; the paper's sizes and matching hold (paper 1, docs/papers.md)."""
+"""Every shipped config loads and builds; the paper's sizes and matching hold (paper 1,
+docs/papers.md)."""
 
 import math
 from pathlib import Path
@@ -24,8 +25,8 @@ SIZES = {
 TOKENS = {"113M": 2.5e9, "403M": 7e9, "906M": 18e9, "1B": 21e9}  # paper 1 (docs/papers.md)
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs match their baselines within 0.3%
 UNMATCHED = "k-sweep-unmatched"  # the paper's K ablation: parameters grow with K by design
-# The paper's splits and the sweeps at head dims % 8: within the tightest of the authors' revised configs
-# (0.04%; they range to 0.29%) instead of the paper's 0.001%.
+# The paper's splits and the sweeps at head dims % 8: within the tightest of the authors' revised
+# configs (0.04%; they range to 0.29%) instead of the paper's 0.001%.
 AUTHORS_TOLERANCE = 4e-4
 AT_AUTHORS_TOLERANCE = {"113M/hourglass.yaml", "113M/hourglass-K4-L6.yaml"}
 AUTHORS_FOLDERS = {"width-depth-K2", "width-depth-K4", "d_h-ratio", "k-sweep"}
@@ -57,9 +58,10 @@ def test_config_loads_builds_and_matches_its_baseline(path):
     if spec.model.block == "variable_width":
         # The variable-width paper's rule, written out here: sum_l 16 w_l^2 - waste = 16 L h^2, with
         # waste = 3 (w_1 - h) w_1 [w_1 > h] + 4 w_L (w_L - h) [w_L > h]; rounding each w_l to a
-        # multiple of 32 leaves it within 1% (the paper's own rounding). An MoE (the authors' solver):
-        # per layer (4 + 3 E r) w^2 + E w (every expert of hidden r w, the router), output waste E r;
-        # hourglass experts (K sub-MLPs of d_h): the 3 K d_h w weights of a hidden r w = K d_h.
+        # multiple of 32 leaves it within 1% (the paper's own rounding). An MoE (the authors'
+        # solver): per layer (4 + 3 E r) w^2 + E w (every expert of hidden r w, the router), output
+        # waste E r; hourglass experts (K sub-MLPs of d_h): the 3 K d_h w weights of a hidden r
+        # w = K d_h.
         m = spec.model
         w, h, L, e = m.resolved_widths, m.d_model, m.n_layers, m.moe
         hidden = (
@@ -72,8 +74,9 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         )
         waste = 3 * max(w[0] - h, 0) * w[0] + out * w[-1] * max(w[-1] - h, 0)
         target = L * (K * h * h + G * h)
-        # Paper 2's r_l / r_d grid off its optimum: at 200M (h 640) a multiple of 32 is 5% of h, and the
-        # rounded widths land up to 1.9% from the target (the authors' solver rounds the same way).
+        # Paper 2's r_l / r_d grid off its optimum: at 200M (h 640) a multiple of 32 is 5% of h, and
+        # the rounded widths land up to 1.9% from the target (the authors' solver rounds the same
+        # way).
         tolerance = 0.02 if "ablations" in path.parts else 0.01
         assert abs(sum(K * x * x + G * x for x in w) - waste - target) <= tolerance * target
         assert b.attention == sum(4 * x * x for x in w)
@@ -111,8 +114,8 @@ def test_config_loads_builds_and_matches_its_baseline(path):
     ],
 )
 def test_each_hourglass_has_an_aligned_sibling(exact, sibling):
-    """Beside each exact shape, one GPU matmuls like: d_model, d_h and head_dim multiples of 8, d_h of 64,
-    the same K and L, within the authors' 0.3% of the baseline's non-embedding parameters."""
+    """Beside each exact shape, one GPU matmuls like: d_model, d_h and head_dim multiples of 8, d_h
+    of 64, the same K and L, within the authors' 0.3% of the baseline's non-embedding parameters."""
     e = load_and_resolve(ROOT / "configs" / exact).model
     aligned = load_and_resolve(ROOT / "configs" / sibling)
     m = aligned.model
@@ -138,8 +141,8 @@ def test_controlled_113M_ffn_equals_baseline_exactly():
 
 
 def test_k_sweep_as_the_paper_parameters_grow_with_K():
-    """The paper's K ablation (val PPL 40.153 at K=1 to 32.832 at K=8) grows K on the reallocation shape
-    (K=4, L=6: the 35.101 run), not on the controlled one (K=8 there is the 36.179 run)."""
+    """The paper's K ablation (val PPL 40.153 at K=1 to 32.832 at K=8) grows K on the reallocation
+    shape (K=4, L=6: the 35.101 run), not on the controlled one (K=8 there is the 36.179 run)."""
     specs = sorted(
         (load_and_resolve(p) for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml")),
         key=lambda s: s.model.K,
@@ -162,9 +165,10 @@ def test_k_sweep_as_the_paper_parameters_grow_with_K():
     [("hourglass-K4-L6.yaml", 4, 6, 45e6, 68e6), ("hourglass.yaml", 2, 8, 66e6, 47e6)],
 )
 def test_the_papers_splits(name, K, L, attention, ffn):
-    """The reallocation run (K=4, L=6: attention about 45M, FFN about 68M) and the headline run (66M/47M,
-    K=2 at the paper's K=2 optimum d_model/L 180): each within 0.5M of the paper's split, within 0.1% of
-    the baseline's non-embedding parameters, at a head dim that is a multiple of 8."""
+    """The reallocation run (K=4, L=6: attention about 45M, FFN about 68M) and the headline run
+    (66M/47M, K=2 at the paper's K=2 optimum d_model/L 180): each within 0.5M of the paper's split,
+    within 0.1% of the baseline's non-embedding parameters, at a head dim that is a multiple of
+    8."""
     spec = load_and_resolve(ROOT / "configs/113M" / name)
     b, m = count(spec), spec.model
     assert (m.K, m.n_layers) == (K, L)
@@ -176,8 +180,8 @@ def test_the_papers_splits(name, K, L, attention, ffn):
 
 
 def test_sweeps_sample_the_papers_floors():
-    """The U-curves have points at and on both sides of their floors (K=2 near d_model/L 180, K=4 near 110);
-    the d_h/d_model sweep runs at L=12 with points between 0.4 and 0.55."""
+    """The U-curves have points at and on both sides of their floors (K=2 near d_model/L 180, K=4
+    near 110); the d_h/d_model sweep runs at L=12 with points between 0.4 and 0.55."""
 
     def shapes(folder):
         return [
@@ -206,9 +210,9 @@ SWEEP_FOLDERS = ["d_h-ratio", "k-sweep", "width-depth-K2", "width-depth-K4"]  # 
 
 @pytest.mark.parametrize("folder", SWEEP_FOLDERS)
 def test_every_sweep_has_one_head_rule(folder):
-    """Heads of 64 dimensions in every config of the sweeps whose points differ in d_model, n_heads the
-    nearest whole number to d_model / 64 (attention width within 32 of d_model); the K ablation, which
-    changes only K, keeps the reallocation run's d_model and heads at every point."""
+    """Heads of 64 dimensions in every config of the sweeps whose points differ in d_model, n_heads
+    the nearest whole number to d_model / 64 (attention width within 32 of d_model); the K ablation,
+    which changes only K, keeps the reallocation run's d_model and heads at every point."""
     paths = sorted((ROOT / "configs/113M/ablations" / folder).glob("*.yaml"))
     assert paths
     for p in paths:
@@ -230,8 +234,8 @@ def test_every_sweep_has_one_head_rule(folder):
 
 
 def test_d_h_ratio_sweep_has_the_papers_optimum():
-    """Paper 1: at K=4, L=12 the best d_h/d_model is near 0.4; the sweep has a point within 0.005 of 0.40,
-    matched within the authors' 0.04% (closed form, written here)."""
+    """Paper 1: at K=4, L=12 the best d_h/d_model is near 0.4; the sweep has a point within 0.005 of
+    0.40, matched within the authors' 0.04% (closed form, written here)."""
     near = []
     for p in (ROOT / "configs/113M/ablations/d_h-ratio").glob("*.yaml"):
         spec = load_and_resolve(p)
@@ -244,7 +248,8 @@ def test_d_h_ratio_sweep_has_the_papers_optimum():
 
 
 def test_sweep_folders_reproduce_from_one_command(tmp_path):
-    """scripts/make_sweeps.py rewrites a sweep folder byte for byte (here the K sweep, fixed shapes: fast)."""
+    """scripts/make_sweeps.py rewrites a sweep folder byte for byte (here the K sweep, fixed shapes:
+    fast)."""
     import shutil
 
     from .conftest import run_in_process
@@ -269,8 +274,8 @@ def test_sweep_folders_reproduce_from_one_command(tmp_path):
 
 
 def test_paper2_width_grid_brackets_the_optimum():
-    """Paper 2's Figure 3 grid at 200M, 500M and 1B: r_l and r_d on both sides of the optimum (0.75, 0.3),
-    each config the size's x config with only r_l and r_d changed."""
+    """Paper 2's Figure 3 grid at 200M, 500M and 1B: r_l and r_d on both sides of the optimum (0.75,
+    0.3), each config the size's x config with only r_l and r_d changed."""
     grid = ROOT / "configs/paper2/ablations/r_l-r_d"
     for size in ("200M", "500M", "1B"):
         x = load_and_resolve(ROOT / "configs/paper2" / size / "x.yaml").model
@@ -365,7 +370,8 @@ def test_attention_runs_at_every_width(path):
         widths.setdefault(getattr(block, "width", None) or config.d_model, block)
     with torch.no_grad():
         for width, block in widths.items():
-            # weights left uninitialised (meta, then empty memory): the input is zeros, only shapes matter
+            # weights left uninitialised (meta, then empty memory): the input is zeros, only shapes
+            # matter
             attention = block.sequence_mixer.build(
                 width, layer_idx=0, n_layers=1, init_device="meta"
             ).to_empty(device="cpu")
@@ -374,10 +380,10 @@ def test_attention_runs_at_every_width(path):
 
 
 def test_paper2_parameter_match_at_the_optimum_and_across_the_grid():
-    """Paper 2's parameter rule (sum_l 16 w_l^2 - waste = 16 L h^2, waste as in the config test above) after
-    the widths are rounded to multiples of 32: the x configs (r_l 0.75, r_d 0.3) land +0.28%, -0.73%,
-    +0.19%, -0.19% from it at 200M-2B; the r_l / r_d grid's worst is +1.91% (200M), -0.81% (500M), -0.50% (1B)
-    (docs/variable_width.md states these)."""
+    """Paper 2's parameter rule (sum_l 16 w_l^2 - waste = 16 L h^2, waste as in the config test
+    above) after the widths are rounded to multiples of 32: the x configs (r_l 0.75, r_d 0.3) land
+    +0.28%, -0.73%, +0.19%, -0.19% from it at 200M-2B; the r_l / r_d grid's worst is +1.91% (200M),
+    -0.81% (500M), -0.50% (1B) (docs/variable_width.md states these)."""
 
     def off(path) -> float:
         m = load_and_resolve(path).model

@@ -1,7 +1,7 @@
 """Honest MFU and compile-friendliness; speed itself is measured by scripts/bench.py, not here.
 
-- every block's ``num_flops_per_token`` equals the weight-matmul FLOPs torch's FlopCounterMode counts
-  in its forward + backward, plus the attention-score term written here from its definition;
+- every block's ``num_flops_per_token`` equals the weight-matmul FLOPs torch's FlopCounterMode
+  counts in its forward + backward, plus the attention-score term written here from its definition;
 - the trainer's FLOP count (what OLMo-core's SpeedMonitorCallback turns into MFU) is the model's;
 - the hourglass and variable-width blocks trace under torch.compile without graph breaks.
 """
@@ -70,7 +70,8 @@ def _matmul_flops(fn) -> int:
 
 
 def _block_inputs(model) -> list:
-    """Each block's input shape in a real forward (variable-width blocks see the stream or y_l-1)."""
+    """Each block's input shape in a real forward (variable-width blocks see the stream or
+    y_l-1)."""
     shapes, hooks = (
         [],
         [
@@ -141,8 +142,8 @@ def test_blocks_compile_without_graph_breaks(variant):
 
 @pytest.mark.parametrize("block", ["hourglass", "variable_width"])
 def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
-    """OLMo-core's SpeedMonitorCallback (MFU = its FLOP/s / the device peak) counts the model's FLOPs,
-    checked against a count written here (885,312 and 1,149,696 per token)."""
+    """OLMo-core's SpeedMonitorCallback (MFU = its FLOP/s / the device peak) counts the model's
+    FLOPs, checked against a count written here (885,312 and 1,149,696 per token)."""
     extra = (
         ["model.block=hourglass", "model.K=2", "model.d_h=16"]
         if block == "hourglass"
@@ -167,7 +168,8 @@ def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
         last["throughput/total petaflops"] * 1e15 / last["throughput/total tokens"]
     )
     # Counted here from the shapes: 6 FLOPs per matmul weight and token (forward + backward), 12 per
-    # head dimension and causal (query, key) pair (QK^T and AV), the LM head and its norm; V = 4096 (demo).
+    # head dimension and causal (query, key) pair (QK^T and AV), the LM head and its norm; V = 4096
+    # (demo).
     s, V, d = 32, 4096, 32
     if block == "hourglass":  # 2 layers of width 32: attention 4 d^2, K=2 sub-MLPs of d_h=16
         layers = [(32, 3 * 2 * 32 * 16)] * 2
@@ -180,7 +182,8 @@ def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
 
 
 def _fsdp_collectives(rank: int, port: int, out: str) -> None:
-    """One rank of a 2-process gloo FSDP2 step: count the all-gathers and reduce-scatters per variant."""
+    """One rank of a 2-process gloo FSDP2 step: count the all-gathers and reduce-scatters per
+    variant."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group

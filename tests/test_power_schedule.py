@@ -1,6 +1,6 @@
-"""lm-engine's power LR schedule (the variable-width paper's runs) as an OLMo-core scheduler: its lr at
-every step against lm-engine's formula driven by torch's LambdaLR as lm-engine drives it, the paper-2
-configs' numbers, and a train / stop / resume run."""
+"""lm-engine's power LR schedule (the variable-width paper's runs) as an OLMo-core scheduler: its lr
+at every step against lm-engine's formula driven by torch's LambdaLR as lm-engine drives it, the
+paper-2 configs' numbers, and a train / stop / resume run."""
 
 import math
 
@@ -18,12 +18,14 @@ from .conftest import REPO, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 P500 = REPO / "configs" / "paper2" / "500M" / "baseline.yaml"
-# The authors' 500M run (dense_500m.yml): lr 0.01, 23844 steps, 8% warmup, a = 4 x 256, c = 256 x 4096.
+# The authors' 500M run (dense_500m.yml): lr 0.01, 23844 steps, 8% warmup, a = 4 x 256, c = 256 x
+# 4096.
 LR, STEPS, W, A, B_EXP, C = 0.01, 23844, 1908, 1024, -0.566, 256 * 4096
 
 
 def _lm_engine_lrs(base_lrs, steps, warmup, a, b, c):
-    """The lr of each optimizer update 1..steps, as lm-engine's PowerScheduler (a LambdaLR) gives it."""
+    """The lr of each optimizer update 1..steps, as lm-engine's PowerScheduler (a LambdaLR) gives
+    it."""
     lr0 = base_lrs[0]
     max_warm = min(1, a / lr0 * (warmup * c) ** b)
 
@@ -36,7 +38,9 @@ def _lm_engine_lrs(base_lrs, steps, warmup, a, b, c):
     opt = torch.optim.SGD([{"params": [p], "lr": lr} for p, lr in zip(params, base_lrs)])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
     out = []
-    opt.step()  # lm-engine pretrain.py: optimizer.step() then lr_scheduler.step(); the updates themselves do not matter here
+    # lm-engine pretrain.py: optimizer.step() then lr_scheduler.step(); the updates themselves do
+    # not matter here
+    opt.step()
     for _ in range(steps):
         out.append([g["lr"] for g in opt.param_groups])
         sched.step()
@@ -106,7 +110,8 @@ def test_power_without_a_fails_at_load():
 
 
 def test_train_stop_and_resume_with_power(tmp_path, demo_corpus):
-    """The schedule is a function of the step: a run stopped at step 2 resumes on the same lr curve."""
+    """The schedule is a function of the step: a run stopped at step 2 resumes on the same lr
+    curve."""
     power = [
         "train.schedule=power",
         "train.lr=0.01",
@@ -119,8 +124,9 @@ def test_train_stop_and_resume_with_power(tmp_path, demo_corpus):
     train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *power)))  # resumes from step2
     m = read_metrics(tmp_path)
     key = next(k for k in m[1] if k.startswith("optim/LR"))
-    # tiny_overrides: warmup 2 steps, 4 x 32 tokens per step (c = 128), lr0 = 0.01, a = 0.1, b = -0.566;
-    # update i uses n = i - 1: 0, half the warmup's end, P(2), P(3) with P(n) = (a / lr0) (128 n)^b.
+    # tiny_overrides: warmup 2 steps, 4 x 32 tokens per step (c = 128), lr0 = 0.01, a = 0.1, b =
+    # -0.566; update i uses n = i - 1: 0, half the warmup's end, P(2), P(3) with P(n) = (a / lr0)
+    # (128 n)^b.
     p2, p3 = 0.1 / 0.01 * 256**-0.566, 0.1 / 0.01 * 384**-0.566
     assert p3 < p2 < 1
     assert [m[s][key] for s in (1, 2, 3, 4)] == pytest.approx(

@@ -1,9 +1,10 @@
 """bf16 and compile on CPU as on the cluster, for each block type, through OLMo-core's Trainer.
 
-bf16: one process trains under bf16 autocast (its Linear layers return bf16), with losses that differ
-from fp32 by less than 2% (the issue's tolerance), fp32 weights in its checkpoints and a bit-exact
-resume. compile: OLMo-core's per-block inductor compile runs on CPU (no "Skipping model compilation"),
-with eager's losses within 1e-4. Two gloo ranks under FSDP2's bf16 policy: tests/test_training.py.
+bf16: one process trains under bf16 autocast (its Linear layers return bf16), with losses that
+differ from fp32 by less than 2% (the issue's tolerance), fp32 weights in its checkpoints and a
+bit-exact resume. compile: OLMo-core's per-block inductor compile runs on CPU (no "Skipping model
+compilation"), with eager's losses within 1e-4. Two gloo ranks under FSDP2's bf16 policy:
+tests/test_training.py.
 """
 
 import logging
@@ -39,15 +40,16 @@ BLOCKS = {
 RUN = ["train.max_steps=3", "run.save_interval=2", "run.ephemeral_save_interval=null"]
 BF16_TOLERANCE = 0.02  # relative, the issue's
 COMPILE_TOLERANCE = 1e-4  # absolute, the issue's
-# One block's compiled run also checkpoints in OLMo-core's budget mode, which needs compile (its train
-# module refuses budget without compile_model): the min-cut recomputes, the losses stay eager's.
+# One block's compiled run also checkpoints in OLMo-core's budget mode, which needs compile (its
+# train module refuses budget without compile_model): the min-cut recomputes, the losses stay
+# eager's.
 COMPILED_EXTRA = {"hourglass": ["train.activation_checkpointing=budget:0.5"]}
 
 
 @dataclass
 class Probe(Callback):
-    """Inside the Trainer: the dtypes the model's Linear layers return (eager runs only: a hook's side
-    effect has no place in a compiled graph), and whether every block was compiled."""
+    """Inside the Trainer: the dtypes the model's Linear layers return (eager runs only: a hook's
+    side effect has no place in a compiled graph), and whether every block was compiled."""
 
     hook_dtypes: bool = True
     linear_out: set = field(default_factory=set)
@@ -88,9 +90,10 @@ def _train(
 
 @pytest.fixture(scope="module", params=list(BLOCKS))
 def runs(request, tmp_path_factory, demo_corpus):
-    """Per block type: fp32, bf16, bf16 resumed from the bf16 run's step 2, and fp32 compiled (in fp32
-    inductor's fusions leave eager's losses within about 1e-6; in bf16, where a fused kernel skips
-    eager's roundings to bf16 between ops, within 7.1e-5 here: too near the tolerance for a test)."""
+    """Per block type: fp32, bf16, bf16 resumed from the bf16 run's step 2, and fp32 compiled (in
+    fp32 inductor's fusions leave eager's losses within about 1e-6; in bf16, where a fused kernel
+    skips eager's roundings to bf16 between ops, within 7.1e-5 here: too near the tolerance for a
+    test)."""
     block, root = request.param, tmp_path_factory.mktemp(request.param)
     out = {"block": block, "root": root}
     out["fp32"] = _train(root / "fp32", block, "train.precision=fp32")
@@ -176,7 +179,8 @@ def test_compile_runs_on_cpu_with_eager_losses(runs):
 )
 def test_dry_run_says_what_the_cpu_run_does(tmp_path, overrides, world_size, want):
     """The dry run's rows for this CPU: the dtypes and compile the runs above measured (bf16 Linear
-    outputs under autocast, compiled blocks), where it used to print train.compile=true for an eager run."""
+    outputs under autocast, compiled blocks), where it used to print train.compile=true for an eager
+    run."""
     from olmo_patches.launch.layout import Layout
     from olmo_patches.report.plan import device_rows
 

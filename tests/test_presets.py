@@ -35,8 +35,8 @@ def _norm(w):
 
 
 def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
-    """The docstring's formula with OLMo-2 1B's numbers written out (d 2048, L 16, 16 heads, SwiGLU 8192,
-    V 100352, s 4096, QK-norm, untied), and the micro-batch each card gets from it."""
+    """The docstring's formula with OLMo-2 1B's numbers written out (d 2048, L 16, 16 heads, SwiGLU
+    8192, V 100352, s 4096, QK-norm, untied), and the micro-batch each card gets from it."""
     d, L, n_h, H, V, s = 2048, 16, 16, 8192, 100352, 4096
     block = 4 * d * d + 3 * d * H + 4 * d  # attention, SwiGLU, q/k norms and the two block norms
     P = 2 * V * d + L * block + d  # embeddings, LM head, blocks, final norm
@@ -66,10 +66,10 @@ def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
 
 @functools.cache
 def _memory_model(path):
-    """(static bytes, per-layer (A_l bytes per token, attention's part, w_l, weight copy), head bytes per
-    token, sequence length, per-rank batch, MoE) of the docstring's memory model for 8 ranks, computed
-    here from the built model's own modules (parameter counts and weight shapes), not through
-    memory.estimate()."""
+    """(static bytes, per-layer (A_l bytes per token, attention's part, w_l, weight copy), head
+    bytes per token, sequence length, per-rank batch, MoE) of the docstring's memory model for 8
+    ranks, computed here from the built model's own modules (parameter counts and weight shapes),
+    not through memory.estimate()."""
     spec = load_and_resolve(path)
     model = spec.model.build(vocab_size(spec)).build(init_device="meta")
     P = sum(p.numel() for p in model.parameters())
@@ -115,7 +115,8 @@ def _memory_model(path):
 
 
 def _total(path, micro, mode, n=None):
-    """The model's bytes at a micro-batch in mode off | blocks (every n-th block, n=1: full) | attention."""
+    """The model's bytes at a micro-batch in mode off | blocks (every n-th block, n=1: full) |
+    attention."""
     static, layers, head, s, _, _ = _memory_model(path)
     if mode == "off":
         return static + sum(c for *_, c in layers) + micro * s * (sum(A for A, *_ in layers) + head)
@@ -133,8 +134,9 @@ def _total(path, micro, mode, n=None):
 
 
 def _expected_preset(path, memory_gib: float):
-    """(micro-batch, mode): the first mode (off, every 4th block, every 2nd, every block; MoE: off, attention)
-    in which one sequence fits 85% of the card, and the largest divisor of the per-rank batch that fits in it."""
+    """(micro-batch, mode): the first mode (off, every 4th block, every 2nd, every block; MoE: off,
+    attention) in which one sequence fits 85% of the card, and the largest divisor of the per-rank
+    batch that fits in it."""
     *_, per_rank, moe = _memory_model(path)
     modes = (
         [("off", None, "off"), ("attention", None, "selected_modules:blocks.*.attention")]
@@ -157,7 +159,8 @@ def _expected_preset(path, memory_gib: float):
     return None
 
 
-# The cards' memory (vendor datasheets), written here: RTX 6000 Ada 48 GB, H100 80 GB, H200 141 GB, B200 180 GB.
+# The cards' memory (vendor datasheets), written here: RTX 6000 Ada 48 GB, H100 80 GB, H200 141 GB,
+# B200 180 GB.
 CARD_GIB = {"rtx6000ada": 48.0, "h100": 80.0, "h200": 141.0, "b200": 180.0}
 
 
@@ -263,15 +266,17 @@ def test_explicit_values_win(eight_ranks, tmp_path):
         OLMO2_1B, ["train.hardware=h100", "train.micro_batch_size=2", "train.compile=false"]
     ).train
     assert (t.micro_batch_size, t.compile, str(t.activation_checkpointing)) == (2, False, "off")
-    # A file's value wins too; the preset still fills the rest around it: 16 sequences of 4096 do not
-    # fit 48 GB without checkpointing, so it turns checkpointing on (every block: nothing less fits 16).
+    # A file's value wins too; the preset still fills the rest around it: 16 sequences of 4096 do
+    # not fit 48 GB without checkpointing, so it turns checkpointing on (every block: nothing less
+    # fits 16).
     child = tmp_path / "child.yaml"
     child.write_text(
         f"extends: {OLMO2_1B}\ntrain:\n  micro_batch_size: 16\n  hardware: rtx6000ada\n"
     )
     t = load_and_resolve(child).train
     assert (t.micro_batch_size, str(t.activation_checkpointing), t.compile) == (16, "full", True)
-    # Explicit checkpointing sizes the micro-batch with it; null on the command line hands a key back.
+    # Explicit checkpointing sizes the micro-batch with it; null on the command line hands a key
+    # back.
     t = load_and_resolve(
         child, ["train.micro_batch_size=null", "train.activation_checkpointing=true"]
     ).train

@@ -71,10 +71,12 @@ LISTED = {
         "OLMo-core's LMHead fixes its loss at build (fused: no logits); its evaluators need logits"
     ),
     ("nn/moe.py", "count_experts_first.counted_train_batch", "use train_module._prepare_batch"): (
-        "the global-batch load balance routes the step's micro-batches first, as OLMo-core's train_batch prepares them"
+        "the global-batch load balance routes the step's micro-batches first, "
+        "as OLMo-core's train_batch prepares them"
     ),
     ("nn/moe.py", "count_experts_first.counted_train_batch", "use train_module._set_model_mode"): (
-        "the routing pass runs in the train module's own mode handling (OLMo-core has no public setter)"
+        "the routing pass runs in the train module's own mode handling "
+        "(OLMo-core has no public setter)"
     ),
     ("nn/moe.py", "PortableDroplessMoE", "override _init_parallel_mlp"): (
         "OLMo-core's DroplessMoE builds its experts there and nowhere else (no expert config)"
@@ -118,7 +120,8 @@ LISTED = {
         "use super()._schedule_for_removal",
     ): "the override above hands OLMo-core the checkpoints to remove",
     ("train/safety.py", "NonFiniteGuardCallback.post_train_batch", "use self.trainer._metrics"): (
-        "OLMo-core's Trainer: the step's loss and grad norm tensors before they are reduced and logged; no public accessor"
+        "OLMo-core's Trainer: the step's loss and grad norm tensors before they are reduced and "
+        "logged; no public accessor"
     ),
 }
 

@@ -52,7 +52,8 @@ def test_rerunning_a_finished_run_is_a_noop(finished):
 
 def test_rerunning_a_run_stopped_at_a_saved_step_saves_nothing(tmp_path, demo_corpus):
     """A run resumed at the step it stops at (run.stop_at_step) does not save that step again:
-    ResumeCheckpointerCallback knows the step it loaded (OLMo-core's would raise FileExistsError)."""
+    ResumeCheckpointerCallback knows the step it loaded (OLMo-core's would raise
+    FileExistsError)."""
     overrides = tiny_overrides(tmp_path, *RUN, "run.stop_at_step=2")
     train(load_and_resolve(BASELINE, overrides))
     assert (tmp_path / "step2").is_dir() and not (tmp_path / "step4").exists()

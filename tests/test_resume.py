@@ -115,7 +115,8 @@ def test_sigkill_mid_save_never_resumes_from_the_cut_checkpoint(tmp_path, straig
         Checkpointer.dir_is_checkpoint(tmp_path / "step4") and not (tmp_path / "step6-tmp").exists()
     )
     assert _losses(tmp_path) == _losses(straight)
-    # The steps logged after step 2 before the kill were dropped at the resume and redone: one record each.
+    # The steps logged after step 2 before the kill were dropped at the resume and redone: one
+    # record each.
     reference = _losses(straight)
     records = _all_loss_records(tmp_path)
     assert [step for step, _ in records] == [1, 2, 3, 4, 5, 6] and all(
@@ -166,7 +167,7 @@ def test_prune_incomplete_keeps_complete_checkpoints(tmp_path, straight):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step2"]
 
 
-# --- faults: divergence, a damaged checkpoint, a second process, a changed config -------------------
+# --- faults: divergence, a damaged checkpoint, a second process, a changed config -----------------
 
 
 def _train_with(folder, callback, *extra, **kw):
@@ -320,12 +321,14 @@ def test_permanent_checkpoints_are_kept_and_ephemeral_ones_replaced(tmp_path, de
         tmp_path, "train.max_steps=8", "run.ephemeral_save_interval=1", "run.ephemeral_keep=2"
     )
     train(spec)
-    # permanent every 2 (OLMo-core alone would keep the last 3), ephemeral every step: the newest 2 kept
+    # permanent every 2 (OLMo-core alone would keep the last 3), ephemeral every step: the newest 2
+    # kept
     assert _steps(tmp_path) == [0, 2, 4, 5, 6, 7, 8]
     # the dry run's estimate of their disk, against the bytes OLMo-core wrote
     n, estimate = checkpoint_disk(spec, plan(spec))
     written = sum(f.stat().st_size for f in tmp_path.glob("step*/**/*") if f.is_file())
-    # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and metadata)
+    # (weights and AdamW's moments; each checkpoint also holds under 1 MiB of trainer state and
+    # metadata)
     assert n == 7 and 0 <= written - estimate < n * 2**20
     manifest = json.loads((tmp_path / "step8" / "manifest.json").read_text())
     assert (
@@ -341,7 +344,8 @@ def test_a_second_process_on_a_folder_is_refused_and_a_stale_lock_taken_over(tmp
     r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
-        f"error: {tmp_path} is in use by pid {os.getpid()} on {socket.gethostname()} since {holder.me['since']}; "
+        f"error: {tmp_path} is in use by pid {os.getpid()} on {socket.gethostname()} since "
+        f"{holder.me['since']}; "
         f"wait for it, or remove {tmp_path / '.lock'} if that process is gone"
     )
     holder.release()

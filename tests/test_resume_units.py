@@ -1,8 +1,9 @@
-"""Fast, in-process unit tests of train/resume.py, one function at a time (the mutation-testing set of
-that module: `bash tests/mutation.sh resume`). The checkpoint layout is OLMo-core 3.0.0's, written here
-from its definition (Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the trainer state,
-holding global_step), model_and_optim/.metadata (DCP) and .metadata.json (written last). The end-to-end
-behaviour (real saves, resumes, signals) is tested in test_resume.py and test_rerun.py."""
+"""Fast, in-process unit tests of train/resume.py, one function at a time (the mutation-testing set
+of that module: `bash tests/mutation.sh resume`). The checkpoint layout is OLMo-core 3.0.0's,
+written here from its definition (Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the
+trainer state, holding global_step), model_and_optim/.metadata (DCP) and .metadata.json (written
+last). The end-to-end behaviour (real saves, resumes, signals) is tested in test_resume.py and
+test_rerun.py."""
 
 import json
 import logging
@@ -145,7 +146,7 @@ def test_load_explicit_without_a_checkpoint_fails_and_loads_nothing(tmp_path):
     assert trainer.loaded == []
 
 
-# --- ResumeCheckpointerCallback: its methods called directly ----------------------------------------
+# --- ResumeCheckpointerCallback: its methods called directly --------------------------------------
 
 
 def test_post_checkpoint_loaded_records_the_step_and_path():
@@ -159,7 +160,8 @@ def test_post_checkpoint_saved_writes_a_manifest_for_a_local_checkpoint_only(tmp
     d = _checkpoint(tmp_path, 3)
     cb = ResumeCheckpointerCallback(save_interval=2)
     cb.post_checkpoint_saved(str(d))
-    cb._record_saved()  # once every callback has written into the checkpoint: in a background thread
+    # once every callback has written into the checkpoint: in a background thread
+    cb._record_saved()
     ManifestWriter.wait_all()
     manifest = json.loads((d / "manifest.json").read_text())
     entry = {
@@ -188,12 +190,13 @@ def test_ephemeral_checkpoints_are_held_back(keep, removed):
     assert cb._checkpoints_to_remove == removed
 
 
-# --- the callback inside one tiny in-process run ---------------------------------------------------
+# --- the callback inside one tiny in-process run --------------------------------------------------
 
 
 def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
     """5 steps, permanent every 2, ephemeral every step, the newest 2 ephemeral ones kept: OLMo-core
-    saves step 0 at the start; 1 and 3 are ephemeral, handed over for removal when 3 and 5 are saved."""
+    saves step 0 at the start; 1 and 3 are ephemeral, handed over for removal when 3 and 5 are
+    saved."""
     train(
         load_and_resolve(
             BASELINE,
@@ -222,7 +225,7 @@ def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
         )
 
 
-# --- NonFiniteGuardCallback: no host sync per step -------------------------------------------------
+# --- NonFiniteGuardCallback: no host sync per step ------------------------------------------------
 
 # OLMo-core 3.0.0's _fit_epoch reduces metrics (a host sync) after the first step, every
 # metrics_collect_interval steps and at the end: with 5 and 12 steps, after steps 1, 5, 10 and 12.
@@ -230,7 +233,8 @@ COLLECTED = {1, 5, 10, 12}
 
 
 def _guarded(tmp_path, monkeypatch, values):
-    """Run the guard over 12 steps of (loss, grad norm) ``values(step)``; the steps it read the host on."""
+    """Run the guard over 12 steps of (loss, grad norm) ``values(step)``; the steps it read the host
+    on."""
     from olmo_patches.train.safety import NonFiniteGuardCallback
 
     loader = SimpleNamespace(total_batches=100, batches_processed=0)

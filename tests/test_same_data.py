@@ -1,7 +1,8 @@
 """Every rank reads the same token files: a file missing on one rank, of another size there, or the
 data given under another spelling on one node (OLMo-core names its index caches by a hash of the
-paths) stops every rank with one line naming the file and the rank (olmo_patches/launch/shared_fs.py);
-a file that goes after the start is named in the run's last line (exit 2)."""
+paths) stops every rank with one line naming the file and the rank
+(olmo_patches/launch/shared_fs.py); a file that goes after the start is named in the run's last line
+(exit 2)."""
 
 import socket
 
@@ -19,13 +20,14 @@ def test_a_missing_file_is_named_with_the_rank(tmp_path):
     with pytest.raises(ConfigError) as e:
         require_data([str(tmp_path / "part-0.npy")])
     assert (
-        str(e.value)
-        == f"data file {tmp_path / 'part-0.npy'}: missing on rank 0 (node 0, {socket.gethostname()})"
+        str(e.value) == f"data file {tmp_path / 'part-0.npy'}: missing on rank 0 (node 0, "
+        f"{socket.gethostname()})"
     )
 
 
 def test_a_file_gone_after_the_start_is_named(monkeypatch):
-    # OLMo-core's data thread re-raises the reader's error (olmo_core.utils: "raise OLMoThreadError(...) from x").
+    # OLMo-core's data thread re-raises the reader's error (olmo_core.utils: "raise
+    # OLMoThreadError(...) from x").
     monkeypatch.setenv("RANK", "3")
     try:
         try:
@@ -34,7 +36,8 @@ def test_a_file_gone_after_the_start_is_named(monkeypatch):
             raise OLMoThreadError("generator thread data thread 1 failed") from x
     except OLMoThreadError as e:
         assert exit_line(e) == (
-            "rank 3 cannot read /data/gone/part-7.npy (FileNotFoundError: No such file or directory)",
+            "rank 3 cannot read /data/gone/part-7.npy (FileNotFoundError: "
+            "No such file or directory)",
             2,
         )
 
@@ -60,6 +63,7 @@ def test_every_rank_must_read_the_same_files(tmp_path):
     ] == [
         "same: ok",
         f"missing: data file {data / 'c.npy'}: missing on rank 1 (node 0, {host})",
-        f"spelling: data paths differ between ranks: rank 1 (node 0, {host}) reads {link_a} where rank 0 reads {a}; "
+        "spelling: data paths differ between ranks: rank 1 (node 0, "
+        f"{host}) reads {link_a} where rank 0 reads {a}; "
         "give every node the same data paths, spelled the same",
     ]

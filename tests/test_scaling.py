@@ -1,6 +1,7 @@
-"""Scaling fits (report/scaling.py): L = a C^b recovered from run folders whose losses follow a known
-law, the matched-loss FLOPs ratio against the one the true laws give, and the paper's own table. C is
-in PF-days (8.64e19 FLOPs) on the authors' count, both written here from paper 2's definition."""
+"""Scaling fits (report/scaling.py): L = a C^b recovered from run folders whose losses follow a
+known law, the matched-loss FLOPs ratio against the one the true laws give, and the paper's own
+table. C is in PF-days (8.64e19 FLOPs) on the authors' count, both written here from paper 2's
+definition."""
 
 import json
 import math
@@ -24,14 +25,14 @@ PF_DAY = 8.64e19  # FLOPs in a petaFLOP/s-day, paper 2's unit of C
 def authors_forward(widths, h, V, s):
     """Paper 2's forward FLOPs per sequence (the authors' compute_metrics, docs/variable_width.md):
     per layer 32 s w^2 + 4 s^2 w, the head 2 s h V, minus the first layer's QKV and the last layer's
-    down-projection slices that only meet zeros or are cut off: 6 s w_1 (w_1 - h) and 8 s w_L (w_L -
-    h) where w > h."""
+    down-projection slices that only meet zeros or are cut off: 6 s w_1 (w_1 - h) and 8 s w_L
+    (w_L - h) where w > h."""
     waste = 6 * s * widths[0] * max(widths[0] - h, 0) + 8 * s * widths[-1] * max(widths[-1] - h, 0)
     return sum(32 * s * w * w + 4 * s * s * w for w in widths) + 2 * s * h * V - waste
 
 
-# The true laws, C in PF-days (the authors' count): a baseline and an x family that needs fewer FLOPs
-# for a loss.
+# The true laws, C in PF-days (the authors' count): a baseline and an x family that needs fewer
+# FLOPs for a loss.
 LAWS = {"baseline": (3.16, -0.0498), "x": (3.10, -0.0500)}
 SIZES = [(64, 4, 100), (96, 4, 200), (128, 5, 400), (192, 6, 800)]  # d_model, n_layers, steps
 BATCH, SEQ, NOISE = 4, 64, 0.0005  # NOISE: the sd of ln L
@@ -60,7 +61,8 @@ def _config(family, d, L):
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    """Run folders (config.yaml, metrics.jsonl) of both families, losses on the laws with lognormal noise."""
+    """Run folders (config.yaml, metrics.jsonl) of both families, losses on the laws with lognormal
+    noise."""
     root, rng, truth = tmp_path_factory.mktemp("scaling"), np.random.default_rng(0), {}
     for family, (a, b) in LAWS.items():
         for d, L, steps in SIZES:
@@ -109,11 +111,13 @@ def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
         and rows["x"]["target loss"] == f"{target:.4f}"
     )
     got = float(rows["x"]["C / baseline's"].rstrip("%")) / 100
-    # ln C(L) = (ln L - ln a) / b magnifies ln a's error by 1 / |b| ~ 20: within 4 of the fits' errors.
+    # ln C(L) = (ln L - ln a) / b magnifies ln a's error by 1 / |b| ~ 20: within 4 of the fits'
+    # errors.
     err = math.hypot(*(float(rows[f]["ln C std err"]) for f in ("baseline", "x")))
     assert abs(math.log(got / want)) < 4 * err and err < 0.1 and got == pytest.approx(want, rel=0.1)
     assert want < 0.8 and rows["x"]["paper"].startswith("77.8% FLOPs, 85.1% mean width")
-    # The same solve on mean width: the baseline's runs are constant width (d_model), 100% of themselves.
+    # The same solve on mean width: the baseline's runs are constant width (d_model), 100% of
+    # themselves.
     assert rows["baseline"]["mean width (KV cache) / baseline's"] == "100.0%"
     assert rows["baseline"]["mean width at target"] != "one width" and rows["x"][
         "mean width (KV cache) / baseline's"
@@ -130,8 +134,8 @@ def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():
 def test_the_papers_own_table_gives_its_printed_coefficients_in_pf_days():
     """The paper's four dense rows (paper 2, docs/papers.md, written here), C = 3 x the authors'
     forward FLOPs per sequence x sequences in PF-days, x at the reported FLOPs change: the printed a
-    3.16, b -0.0498 and a 3.12, b -0.0503 to their printed digits; in 1e20 FLOPs a comes out 3.14 /
-    3.10, so the unit is pinned."""
+    3.16, b -0.0498 and a 3.12, b -0.0503 to their printed digits; in 1e20 FLOPs a comes out
+    3.14 / 3.10, so the unit is pinned."""
     rows = [
         (640, 16, 128, 19080, 3.452, 3.430, -3.2),
         (960, 24, 256, 23844, 3.138, 3.099, -3.7),
@@ -171,8 +175,8 @@ def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
     assert "L = a C^b" in help_text and "--target-loss" in help_text
 
 
-# Paper 2's four dense rows, written here: h, L, batch (sequences), steps, baseline loss, x loss, x's FLOPs
-# and mean width vs the baseline (fractions).
+# Paper 2's four dense rows, written here: h, L, batch (sequences), steps, baseline loss, x loss,
+# x's FLOPs and mean width vs the baseline (fractions).
 PAPER2_DENSE = [
     (640, 16, 128, 19080, 3.452, 3.430, -0.032, -0.100),
     (960, 24, 256, 23844, 3.138, 3.099, -0.037, -0.110),
@@ -203,7 +207,8 @@ def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
         -0.0503,
     )
 
-    # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then W = (L / a)^(1/b).
+    # The width solve by hand: least squares of ln L on ln W per family (numpy's polyfit), then
+    # W = (L / a)^(1/b).
     def width_at(ws, ls):
         b, ln_a = np.polyfit(np.log(ws), np.log(ls), 1)
         return math.exp((math.log(2.751) - ln_a) / b)
@@ -217,7 +222,8 @@ def test_matched_loss_flops_and_mean_width_from_the_papers_rows():
 def test_make_tables_prints_the_papers_matched_loss(tmp_path):
     """The scaling report on the paper's own rows (paper_results.yaml), no runs needed: in PF-days
     on the authors' count the refitted a, b beside the printed ones, 77.6% of the FLOPs (the paper:
-    77.8%; its printed constants give 75.5%), 85.1% of the mean width, beside the equal-size 2B row."""
+    77.8%; its printed constants give 75.5%), 85.1% of the mean width, beside the equal-size 2B
+    row."""
     (tmp_path / "runs").mkdir()
     r = run_in_process(
         "make_tables.py", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--no-figures"

@@ -8,7 +8,8 @@ import json
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
 DEMO = REPO / "configs" / "demo"
-# tiny_overrides' hourglass: d_model 32, 2 layers, K=2, d_h=16. Per layer attention 4 d^2, hourglass FFN 3 K d d_h.
+# tiny_overrides' hourglass: d_model 32, 2 layers, K=2, d_h=16. Per layer attention 4 d^2, hourglass
+# FFN 3 K d d_h.
 D, L, K, D_H = 32, 2, 2, 16
 
 
@@ -37,7 +38,8 @@ def test_train_dry_run_prints_the_resolved_config_and_writes_nothing(tmp_path):
         and "d_h: 16" in r.stdout
         and f"{L * 3 * K * D * D_H:,}" in r.stdout
     )
-    # K and V per token: 2 d_model per layer (MHA at head_dim d_model / n_heads); bf16 = 2 bytes, 32 tokens.
+    # K and V per token: 2 d_model per layer (MHA at head_dim d_model / n_heads); bf16 = 2 bytes, 32
+    # tokens.
     assert (
         "KV cache per sequence (bf16, 32 tokens)" in r.stdout
         and f"({L * 2 * D} K and V elements per token)" in r.stdout
@@ -57,7 +59,8 @@ def test_config_table_rows(tmp_path):
         "113M/baseline.yaml",
         "113M/hourglass.yaml",
     ]
-    # The paper's 113.2M baseline: 12 layers of 16 d_model^2 (d_model 768), exactly on its own budget.
+    # The paper's 113.2M baseline: 12 layers of 16 d_model^2 (d_model 768), exactly on its own
+    # budget.
     assert f"| {12 * 16 * 768 * 768:,} |" in rows[0] and "| +0.00e+00 |" in rows[0]
 
 
@@ -127,7 +130,8 @@ def test_bench_data_order_on_tiny_sizes():
 
 
 def test_a_script_run_in_process_logs_to_its_own_stderr():
-    """config/'s info lines reach the stderr of each in-process run, not the first run's captured one."""
+    """config/'s info lines reach the stderr of each in-process run, not the first run's captured
+    one."""
     for _ in range(2):
         r = run_in_process(
             "train.py", "configs/demo/baseline.yaml", "--dry-run", "--nproc-per-node", "2"

@@ -29,7 +29,8 @@ def built(shape: Shape, vocab: int = 1024):
 
 
 def test_reallocation_113M_K4_L6_near_reported_split():
-    """Paper 1: (K=4, L=6) with attention about 45M and FFN about 68M; d_model about 1370, d_h about 690."""
+    """Paper 1: (K=4, L=6) with attention about 45M and FFN about 68M; d_model about 1370, d_h about
+    690."""
     s = solve(B113, K=4, n_layers=6, d_h_ratio=0.5)
     assert s is not None and (s.K, s.n_layers) == (4, 6)
     assert abs(s.non_embedding - B113) <= TOLERANCE * B113
@@ -99,8 +100,8 @@ def test_bad_budget_is_one_line_error():
 
 
 def test_attention_width_and_gqa_solve_against_olmo_core_model():
-    """Attention width 0.6 d_model in heads of 96, 4 query heads per key/value head: OLMo-core's built
-    model has the solver's attention and FFN counts, and they meet the budget."""
+    """Attention width 0.6 d_model in heads of 96, 4 query heads per key/value head: OLMo-core's
+    built model has the solver's attention and FFN counts, and they meet the budget."""
     s = solve(B113, K=4, n_layers=6, d_h_ratio=0.5, attn_fraction=0.6, head_dim=96, kv_group=4)
     assert (
         s is not None
@@ -149,8 +150,8 @@ def test_cli_writes_attention_width_configs(tmp_path):
 
 
 def test_aligned_rungs_trade_the_budget_for_multiples_of_64():
-    """The 113M headline hourglass (K=2, L=9): exact, d_h is odd (621); aligned, d_h % 64 and head dims
-    % 8 within the authors' 0.3%, and the shape OLMo-core builds has those widths."""
+    """The 113M headline hourglass (K=2, L=9): exact, d_h is odd (621); aligned, d_h % 64 and head
+    dims % 8 within the authors' 0.3%, and the shape OLMo-core builds has those widths."""
     exact = solve(B113, K=2, n_layers=9, d_h_ratio=0.475)
     assert exact is not None and exact.d_h % 2 == 1
     s = solve(B113, K=2, n_layers=9, d_h_ratio=0.475, tolerance=3e-3, aligned=True)
@@ -161,9 +162,10 @@ def test_aligned_rungs_trade_the_budget_for_multiples_of_64():
 
 
 def test_split_solves_the_papers_reported_splits():
-    """The paper reports splits, not shapes: (K=4, L=6) at attention about 45M / FFN 68M, and the headline
-    run at 66M / 47M (K=2, L=8: d_model/L 180). Solved from the attention count: within 0.5M of each, head
-    dims multiples of 8, within the authors' 0.04%; OLMo-core's built model has the solver's counts."""
+    """The paper reports splits, not shapes: (K=4, L=6) at attention about 45M / FFN 68M, and the
+    headline run at 66M / 47M (K=2, L=8: d_model/L 180). Solved from the attention count: within
+    0.5M of each, head dims multiples of 8, within the authors' 0.04%; OLMo-core's built model has
+    the solver's counts."""
     for K, L, attention, ffn in ((4, 6, 45e6, 68e6), (2, 8, 66e6, 47e6)):
         s = solve_split(B113, K=K, n_layers=L, attention=attention)
         assert s is not None and abs(s.attention - attention) <= 0.5e6 and abs(s.ffn - ffn) <= 0.5e6
@@ -180,8 +182,8 @@ def test_split_solves_the_papers_reported_splits():
 
 
 def test_heads8_sweep_gets_its_ratios():
-    """At L=12 (K=4) the paper's 0.001% has few shapes; at 0.04% with head dims % 8 each target d_h/d_model
-    gets a shape within 10% of it."""
+    """At L=12 (K=4) the paper's 0.001% has few shapes; at 0.04% with head dims % 8 each target
+    d_h/d_model gets a shape within 10% of it."""
     for r in (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.8):
         s = solve(B113, K=4, n_layers=12, d_h_ratio=r, tolerance=4e-4, heads8=True)
         assert s is not None and s.n_layers == 12 and s.head_dim % 8 == 0, r

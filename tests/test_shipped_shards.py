@@ -1,13 +1,13 @@
-"""Every shipped config through the trainer's own parallel path at the world sizes a user launches, in
-one process: torch's fake process group (``torch.testing._internal.distributed.fake_pg``: collectives
-that do nothing, any world size), OLMo-core's ``build_world_mesh`` and ``parallelize_model`` (what its
-train module calls, with the data-parallel and float8 configs train/experiment.py passes), the models
-on the meta device.
+"""Every shipped config through the trainer's own parallel path at the world sizes a user launches,
+in one process: torch's fake process group (``torch.testing._internal.distributed.fake_pg``:
+collectives that do nothing, any world size), OLMo-core's ``build_world_mesh`` and
+``parallelize_model`` (what its train module calls, with the data-parallel and float8 configs
+train/experiment.py passes), the models on the meta device.
 
-A model's blocks of the same shapes shard alike, so each distinct block (by its parameters' names and
-shapes) is parallelized once, in the first config that has it; a config's totals count each of its
-blocks from that. "A rank's share": the elements FSDP2 allocates on it, read off rank 0's local shard
-(torch.chunk's first piece, which FSDP2 pads every rank's to: ``_fsdp_param.py``).
+A model's blocks of the same shapes shard alike, so each distinct block (by its parameters' names
+and shapes) is parallelized once, in the first config that has it; a config's totals count each of
+its blocks from that. "A rank's share": the elements FSDP2 allocates on it, read off rank 0's local
+shard (torch.chunk's first piece, which FSDP2 pads every rank's to: ``_fsdp_param.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ CONFIGS = sorted(
     for p in (REPO / "configs").rglob("*.yaml")
     if p.name not in ("base.yaml", "base-revised.yaml", "base-paper2.yaml")
 )
-# (data parallelism, ranks that shard, float8); HSDP: 2 replicas of that many. DDP replicates whatever the
-# rank count; float8 tensorwise (all-gathered in float8 under FSDP) and HSDP at an odd and an even count.
+# (data parallelism, ranks that shard, float8); HSDP: 2 replicas of that many. DDP replicates
+# whatever the rank count; float8 tensorwise (all-gathered in float8 under FSDP) and HSDP at an odd
+# and an even count.
 LAUNCHES = [
     *(("fsdp", n, "off") for n in (2, 3, 4, 8, 12, 16, 64)),
     ("fsdp", 3, "tensorwise"),
@@ -123,8 +124,9 @@ def _float8_params(model) -> int:
 
 
 def _narrowest(entry: Config) -> int:
-    """The fewest rows of the config's query, attention-output and FFN matrices (rows: the dimension FSDP2
-    splits a matrix on; the key and value matrices of grouped-query attention are a small part)."""
+    """The fewest rows of the config's query, attention-output and FFN matrices (rows: the dimension
+    FSDP2 splits a matrix on; the key and value matrices of grouped-query attention are a small
+    part)."""
     return min(
         shape[0]
         for sig in entry.blocks
@@ -136,8 +138,9 @@ def _narrowest(entry: Config) -> int:
 
 
 def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch):
-    # FakeStore has no add(), which the store barrier of init_process_group and new_group (the meshes) needs
-    # when OLMo-core's init_distributed has turned it on (TORCH_DIST_INIT_BARRIER=1, left by an in-process run).
+    # FakeStore has no add(), which the store barrier of init_process_group and new_group (the
+    # meshes) needs when OLMo-core's init_distributed has turned it on (TORCH_DIST_INIT_BARRIER=1,
+    # left by an in-process run).
     monkeypatch.setenv("TORCH_DIST_INIT_BARRIER", "0")
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -154,7 +157,8 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
             os.environ["NUM_NODES"] = str(layout.nodes)  # OLMo-core's HSDP replicas: one per node
             try:
                 dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-                per_block: dict = {}  # block signature -> (elements rank 0 holds, of them FFN/attention, float8 elements)
+                # block signature -> (elements rank 0 holds, of them FFN/attention, float8 elements)
+                per_block: dict = {}
                 for name, entry in shipped.items():
                     where = f"{name} {mode} x{shards} float8={float8}"
                     spec = copy.deepcopy(entry.spec)
@@ -187,9 +191,10 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
                     weights_all = sum(per_block[s][2] for s in entry.blocks)
                     split = shards if mode != "ddp" else 1
                     share = weights_held / (weights_all / split)
-                    # Any dim-0 split of an n-row matrix over W ranks pads up to W / n: held to 10% where the
-                    # narrowest width has 10 rows a rank (a 120-wide demo model on 64 ranks has 2).
-                    # the memory model's static bytes (16 P / W: fp32 weight, gradient, two AdamW moments)
+                    # Any dim-0 split of an n-row matrix over W ranks pads up to W / n: held to 10%
+                    # where the narrowest width has 10 rows a rank (a 120-wide demo model on 64
+                    # ranks has 2). the memory model's static bytes (16 P / W: fp32 weight,
+                    # gradient, two AdamW moments)
                     states = memory_estimate(spec, layout).states
                     if _narrowest(entry) >= 10 * split:
                         assert share <= EVEN, (where, share)
@@ -216,7 +221,8 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
         logging.disable(logging.NOTSET)
         os.environ.pop("NUM_NODES", None)
     print(
-        f"fewer than 10 rows a rank: {len(narrow)} {sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "
+        f"fewer than 10 rows a rank: {len(narrow)} "
+        f"{sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "
         f"worst share +{worst['share']:.1%}, worst states {worst['states']:.1%}"
     )
 
@@ -224,9 +230,10 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
 def test_hourglass_experts_plan_at_any_rank_count_and_a_refusal_names_the_file_that_set_the_key(
     tmp_path,
 ):
-    """The dry run of the 3B-MoE hourglass experts (22 experts, K=2) plans FSDP over 64 ranks, the experts'
-    (K E d_h, d_model) matrices split by rows; over 3 ranks the global batch (1024 sequences) does not
-    split: one line naming the file that sets it, relative to the working folder, exit 2, nothing written."""
+    """The dry run of the 3B-MoE hourglass experts (22 experts, K=2) plans FSDP over 64 ranks, the
+    experts' (K E d_h, d_model) matrices split by rows; over 3 ranks the global batch (1024
+    sequences) does not split: one line naming the file that sets it, relative to the working
+    folder, exit 2, nothing written."""
     from .conftest import run_in_process
 
     config = REPO / "configs" / "paper2" / "3B-MoE" / "x-hourglass-experts.yaml"

@@ -1,9 +1,10 @@
-"""A shipped config's exact widths through the real parallel path on gloo: configs/113M/hourglass.yaml
-(d_model 1440, d_h 678, K 2, 20 heads of 72), its depth cut to 2, the demo's data and vocabulary,
-16-token sequences: FSDP over 3 ranks (an odd count: 678 rows a sub-MLP, K d_h = 1356 and 1440 split
-unevenly and FSDP2 pads them) trains one step with one process's losses (the validation loss after the
-step carries the reduced gradients and the sharded AdamW update). The shard shares at every shipped shape
-and rank count are tests/test_shipped_shards.py's (a fake process group); this runs the collectives."""
+"""A shipped config's exact widths through the real parallel path on gloo:
+configs/113M/hourglass.yaml (d_model 1440, d_h 678, K 2, 20 heads of 72), its depth cut to 2, the
+demo's data and vocabulary, 16-token sequences: FSDP over 3 ranks (an odd count: 678 rows a sub-MLP,
+K d_h = 1356 and 1440 split unevenly and FSDP2 pads them) trains one step with one process's losses
+(the validation loss after the step carries the reduced gradients and the sharded AdamW update). The
+shard shares at every shipped shape and rank count are tests/test_shipped_shards.py's (a fake
+process group); this runs the collectives."""
 
 import pytest
 
@@ -39,8 +40,9 @@ CUT = [
 ]
 
 
-# Micro-batch 6 = the global batch: 3 ranks lower it to their 2 (docs/running.md), and the validation
-# batch (a micro-batch a rank) is 6 sequences in both runs, so eval.max_batches=1 reads the same ones.
+# Micro-batch 6 = the global batch: 3 ranks lower it to their 2 (docs/running.md), and the
+# validation batch (a micro-batch a rank) is 6 sequences in both runs, so eval.max_batches=1 reads
+# the same ones.
 
 
 def _overrides(folder, *extra):

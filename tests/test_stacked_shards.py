@@ -1,8 +1,8 @@
-"""The hourglass's stacked weights under FSDP2 at shapes no rank count divides: the demo hourglass with
-d_h = 63 over 2 gloo ranks trains as one process does, and a checkpoint whose stacked weights are
-(K, out, in) tensors (the earlier layout) resumes, in one process bit for bit and over 2 FSDP ranks
-within 1e-5 of the run it was cut from; so does one of a tiny MoE whose hourglass experts' weights are
-(K, E d_h, d_model) tensors (their earlier layout; global-batch load balancing)."""
+"""The hourglass's stacked weights under FSDP2 at shapes no rank count divides: the demo hourglass
+with d_h = 63 over 2 gloo ranks trains as one process does, and a checkpoint whose stacked weights
+are (K, out, in) tensors (the earlier layout) resumes, in one process bit for bit and over 2 FSDP
+ranks within 1e-5 of the run it was cut from; so does one of a tiny MoE whose hourglass experts'
+weights are (K, E d_h, d_model) tensors (their earlier layout; global-batch load balancing)."""
 
 import re
 import shutil
@@ -40,8 +40,8 @@ def _losses(folder):
 
 def _to_earlier_layout(step_dir, pattern=r"feed_forward\.w[123]\.weight", k=K):
     """Rewrite a checkpoint's stacked hourglass tensors (weights and AdamW moments) as (K, out, in),
-    the earlier layout's shape: every entry read back whole (OLMo-core's reader, DCP's load-everything
-    planner) and saved again by torch's distributed checkpoint."""
+    the earlier layout's shape: every entry read back whole (OLMo-core's reader, DCP's
+    load-everything planner) and saved again by torch's distributed checkpoint."""
     import torch.distributed.checkpoint as dcp
 
     from olmo_patches.train.safety import write_manifest
@@ -132,8 +132,8 @@ def runs(tmp_path_factory, demo_corpus):
 
 
 def test_an_odd_bottleneck_trains_over_two_fsdp_ranks_as_one_process(runs):
-    """d_h = 63: no dimension of the (K, 63, 128) stack divides by 2; the (K 63, 128) matrix's rows are
-    padded by FSDP2 as any matrix's are, and the run trains as one process does."""
+    """d_h = 63: no dimension of the (K, 63, 128) stack divides by 2; the (K 63, 128) matrix's rows
+    are padded by FSDP2 as any matrix's are, and the run trains as one process does."""
     root, _, _, r = runs
     assert r.returncode == 0, r.stderr[-3000:]
     one, two = _losses(root / "one"), _losses(root / "fsdp")
@@ -160,8 +160,9 @@ def test_a_checkpoint_of_the_earlier_layout_resumes(runs):
 
 
 def test_a_checkpoint_of_the_earlier_expert_layout_resumes_at_another_world_size(runs):
-    """Hourglass experts saved as (K, E d_h, d_model) tensors resume into (K E d_h, d_model) matrices: in
-    one process bit for bit, over 2 FSDP ranks within the dense configs' 1e-5 (global-batch balance)."""
+    """Hourglass experts saved as (K, E d_h, d_model) tensors resume into (K E d_h, d_model)
+    matrices: in one process bit for bit, over 2 FSDP ranks within the dense configs' 1e-5
+    (global-batch balance)."""
     root, _, folded, r = runs
     assert len(folded) == 2 * 3 * 3, (
         folded

@@ -80,7 +80,8 @@ def test_planted_one_percent_gap_is_detected_at_the_t_tests_power():
         paired_difference(*_draws(rng, gap, DEMO_SD)).verdict == "distinguishable"
         for _ in range(CASES)
     ]
-    # reference: the paired t-test's power, noncentral t with 4 df, noncentrality gap / (sd sqrt(2) / sqrt(5))
+    # reference: the paired t-test's power, noncentral t with 4 df, noncentrality gap / (sd sqrt(2)
+    # / sqrt(5))
     delta = gap / (DEMO_SD * math.sqrt(2) / math.sqrt(SEEDS))
     power = 1 - sps.nct.cdf(T_975_4, SEEDS - 1, delta) + sps.nct.cdf(-T_975_4, SEEDS - 1, delta)
     rate = sum(found) / CASES
@@ -111,8 +112,9 @@ def test_tokens_to_reach_interpolates_between_evaluations():
 
 
 def test_matched_loss_ratio_recovers_a_known_compute_multiplier():
-    """Loss L(t) = 2.5 + 40 / sqrt(t): a member that learns as if it had seen 1.25 x the tokens reaches
-    the baseline's final loss at 1 / 1.25 = 0.8 of its tokens; the bootstrap interval covers 0.8."""
+    """Loss L(t) = 2.5 + 40 / sqrt(t): a member that learns as if it had seen 1.25 x the tokens
+    reaches the baseline's final loss at 1 / 1.25 = 0.8 of its tokens; the bootstrap interval covers
+    0.8."""
     rng = np.random.default_rng(5)
     t = np.linspace(1e5, 1e6, 91)
     base = {s: 2.5 + 40 / np.sqrt(t) + 0.0003 * rng.standard_normal() for s in range(SEEDS)}
@@ -149,7 +151,8 @@ def _configs(root):
 
 
 def _write_run(config, overrides, final, rng):
-    """A run folder as training leaves it: config.yaml and a validation curve ending at ``final``."""
+    """A run folder as training leaves it: config.yaml and a validation curve ending at
+    ``final``."""
     spec = load_spec(config, overrides)
     folder = Path(spec.save_folder)
     folder.mkdir(parents=True)
@@ -231,8 +234,8 @@ def test_report_gives_intervals_paired_differences_and_the_noise_floor(synthetic
     assert floor["seed pairs"] == "10" and floor["largest gap"] == f"{max(gaps):.4f}"
     notes = (out / "comparison_notes.md").read_text()
     assert (
-        "5 seed(s), offsets 0, 1, 2, 3, 4 added to train.seed (init) and data.order_seed (data order)"
-        in notes
+        "5 seed(s), offsets 0, 1, 2, 3, 4 added to train.seed (init) and data.order_seed "
+        "(data order)" in notes
     )
     assert "Baseline: syn-base" in notes
 
@@ -256,7 +259,8 @@ def test_report_refuses_seeds_of_another_shape(synthetic_sweep, tmp_path):
 
 
 def test_lr_sweep_finds_each_members_best_lr_and_the_comparison_says_which_it_used(tmp_path):
-    """Planted optima: the baseline's at its config's LR (x1), the hourglass's at x2 (the grid's edge)."""
+    """Planted optima: the baseline's at its config's LR (x1), the hourglass's at x2 (the grid's
+    edge)."""
     cfg = _configs(tmp_path)
     rng = np.random.default_rng(7)
     planted = {

@@ -134,7 +134,8 @@ def test_status_and_report_have_both_runs(local_sweep, tmp_path):
         ]
         last_val = [m["eval/lm/val/CE loss"] for m in metrics if "eval/lm/val/CE loss" in m][-1]
         row = next(line for line in md.splitlines() if f"| {name} |" in line)
-        # state, steps of total, tokens (4 steps x 4 sequences x 32 tokens), exp(last validation loss)
+        # state, steps of total, tokens (4 steps x 4 sequences x 32 tokens), exp(last validation
+        # loss)
         assert f"| done | 4/4 | 512 | {math.exp(last_val):.2f} |" in row
     assert "tiny-sweep-b" in (out / "hourglass_runs.md").read_text()
     assert (out / "loss_curves.png").stat().st_size > 1000
@@ -148,7 +149,8 @@ def test_failed_run_shows_its_last_error_line(tmp_path):
     bad = tmp_path / "runs" / "tiny-sweep-a"
     bad.mkdir(parents=True)
     (bad / "sweep.log").write_text(
-        "Traceback (most recent call last):\n  File x\nRuntimeError: out of memory\n[rank0] exiting\n"
+        "Traceback (most recent call last):\n  File x\nRuntimeError: out of memory\n"
+        "[rank0] exiting\n"
     )
     (bad / "sweep-last.json").write_text(
         json.dumps({"exit": 1, "error": "RuntimeError: out of memory"})
@@ -187,8 +189,8 @@ def _race(args):
 
 
 def test_racing_launches_take_a_claim_once(tmp_path):
-    """Four processes claim one run at the same instant: exactly one gets it (filelock's guard), and the
-    record names that process."""
+    """Four processes claim one run at the same instant: exactly one gets it (filelock's guard), and
+    the record names that process."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -200,8 +202,8 @@ def test_racing_launches_take_a_claim_once(tmp_path):
 
 
 def test_a_requeued_jobs_lock_is_taken_over_another_jobs_refused(tmp_path, monkeypatch):
-    """A run folder's .lock left by this SLURM job on another node (a requeue) is taken over; one held
-    by another job on another node is not (its pid cannot be checked from here)."""
+    """A run folder's .lock left by this SLURM job on another node (a requeue) is taken over; one
+    held by another job on another node is not (its pid cannot be checked from here)."""
     from olmo_patches.launch.run_folder import Lock, RunFolderError
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
@@ -263,7 +265,8 @@ def test_slurm_array_submission_and_status(tmp_path, monkeypatch):
     assert launch_slurm(members, ["train.lr=1e-3"], nodes=2, gpus_per_node=4) is None
     assert not (state / "sbatch.args").exists()
 
-    # Ended: element 0 failed (its log's error line), element 1 was cancelled after writing its config.
+    # Ended: element 0 failed (its log's error line), element 1 was cancelled after writing its
+    # config.
     (state / "squeue").write_text("")
     (state / "sacct").write_text("4242_0|FAILED\n4242_1|CANCELLED by 1000\n")
     (tmp_path / "logs" / "hourglass-olmo-4242_0.out").write_text(
@@ -279,7 +282,8 @@ def test_slurm_array_submission_and_status(tmp_path, monkeypatch):
 
 
 def test_array_element_runs_its_manifest_line(tmp_path):
-    """scripts/launch_slurm.sbatch --array MANIFEST: element i trains line i (fake srun/scontrol)."""
+    """scripts/launch_slurm.sbatch --array MANIFEST: element i trains line i (fake
+    srun/scontrol)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _fake(bin_dir, "srun", f'printf "%s\\n" "$@" > {tmp_path}/srun.args')
@@ -308,8 +312,8 @@ def test_array_element_runs_its_manifest_line(tmp_path):
 
 def test_demo_ablations_are_the_papers_two_sweeps():
     """K sweep: d_model, L and d_h fixed, parameters growing with K; width/depth: K=4 at the demo
-    baseline's budget (the paper's counting: 16 L d^2 = 16 x 4 x 128^2), d_model/L on both sides of the
-    paper's best range 100-250."""
+    baseline's budget (the paper's counting: 16 L d^2 = 16 x 4 x 128^2), d_model/L on both sides of
+    the paper's best range 100-250."""
     from olmo_patches.launch.layout import load_and_resolve
 
     def non_embedding(m):

@@ -1,5 +1,5 @@
-"""Seeds and learning rates in a sweep: each is a run of its own (name, folder, seeds, LR), launched,
-resumed and counted as any run."""
+"""Seeds and learning rates in a sweep: each is a run of its own (name, folder, seeds, LR),
+launched, resumed and counted as any run."""
 
 import json
 import os
@@ -21,7 +21,8 @@ def _config(root):
     cfg = root / "configs"
     cfg.mkdir()
     (cfg / "s.yaml").write_text(
-        f"extends: {REPO / 'configs/demo/baseline.yaml'}\nrun: {{name: s, save_folder: {root / 'runs' / 's'}}}\n"
+        f"extends: {REPO / 'configs/demo/baseline.yaml'}\n"
+        f"run: {{name: s, save_folder: {root / 'runs' / 's'}}}\n"
         "train: {max_steps: 2}\n"
     )
     return cfg
@@ -68,7 +69,8 @@ def test_a_seed_trains_with_its_seeds_and_status_counts_it(tmp_path, demo_corpus
     assert not (tmp_path / "runs" / "s").exists()  # seed 0 was not asked for
     again = run_in_process("sweep.py", "launch", "--local", str(cfg), "--seed-list", "1", *sets)
     assert "s-seed1: done, skipped" in again.stdout
-    # the trained folder's recorded (resolved) config is the member's at that seed: the report takes it
+    # the trained folder's recorded (resolved) config is the member's at that seed: the report takes
+    # it
     out = tmp_path / "report"
     reported = run_in_process(
         "sweep.py", "report", str(cfg), "--seed-list", "1", *sets, "--out", str(out), "--no-figures"
@@ -121,11 +123,14 @@ def test_slurm_manifest_carries_each_runs_seed_and_lr(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     assert lines == [
         [str(cfg / "s.yaml"), "train.z_loss=0"],
-        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.seed={DEMO_SEED + 1}", f"data.order_seed={DEMO_SEED + 1}",
-         "run.name=s-seed1", f"run.save_folder={runs / 's'}-seed1"],
-        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.lr={2 * DEMO_LR}", "run.name=s-lr2x", f"run.save_folder={runs / 's'}-lr2x"],
-        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.lr={2 * DEMO_LR}", f"train.seed={DEMO_SEED + 1}",
-         f"data.order_seed={DEMO_SEED + 1}", "run.name=s-lr2x-seed1", f"run.save_folder={runs / 's'}-lr2x-seed1"],
+        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.seed={DEMO_SEED + 1}",
+         f"data.order_seed={DEMO_SEED + 1}", "run.name=s-seed1",
+         f"run.save_folder={runs / 's'}-seed1"],
+        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.lr={2 * DEMO_LR}", "run.name=s-lr2x",
+         f"run.save_folder={runs / 's'}-lr2x"],
+        [str(cfg / "s.yaml"), "train.z_loss=0", f"train.lr={2 * DEMO_LR}",
+         f"train.seed={DEMO_SEED + 1}", f"data.order_seed={DEMO_SEED + 1}", "run.name=s-lr2x-seed1",
+         f"run.save_folder={runs / 's'}-lr2x-seed1"],
     ]  # fmt: skip
     claims = [
         json.loads((runs / n / "sweep-claim.json").read_text())["slurm_job"]

@@ -61,7 +61,8 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     assert sorted(runs) == sorted(RUNS)
     tables = build_tables(runs)
     paper = paper_results()
-    # The baseline's PPL is exp of its last validation CE loss, read independently from metrics.jsonl.
+    # The baseline's PPL is exp of its last validation CE loss, read independently from
+    # metrics.jsonl.
     metrics = read_metrics(runs_root / "113M-baseline")
     last_val = [
         m["eval/lm/val/CE loss"] for _, m in sorted(metrics.items()) if "eval/lm/val/CE loss" in m
@@ -95,14 +96,15 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
         _row(k_rows, K=4)["paper"].startswith("35.101 (the reallocation run")
         and _row(k_rows, K=2)["paper"] == NO_NUMBER
     )
-    # The d_h/d_model sweep (names with the attention width, -a1024): its 0.399 point reads as the paper's
-    # best band, 0.372 and below as clearly worse.
+    # The d_h/d_model sweep (names with the attention width, -a1024): its 0.399 point reads as the
+    # paper's best band, 0.372 and below as clearly worse.
     dh = {r["d_h/d_model"]: r["paper"] for r in tables["ablation_d_h_ratio"]}
     assert dh["0.399"].startswith("0.38-0.42: about 0.4: best") and dh["0.284"].endswith(
         "clearly worse"
     ), dh
     # Downstream was not evaluated in the tiny runs: shown as not run beside the paper's 0.453.
-    # Every (task, size) cell: 7 tasks x 4 sizes x 2 variants; the paper's text gives 4 cells, each variant.
+    # Every (task, size) cell: 7 tasks x 4 sizes x 2 variants; the paper's text gives 4 cells, each
+    # variant.
     rows = tables["downstream"]
     assert len(rows) == 7 * 4 * 2 and sum(r["paper"] != NO_NUMBER for r in rows) == 8
     assert _row(rows, task="PIQA", size="403M", variant="hourglass")["paper"] == NO_NUMBER
@@ -158,9 +160,9 @@ def test_write_tables_marks_every_paper_row_not_run_without_runs(tmp_path):
 
 
 def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
-    """Paper 2 trained on DCLM with cl100k, the runs on OLMo-2's mix with dolma2: the x row's diff is the
-    run's gap to its own baseline minus the paper's gap (2B: 2.726 - 2.751 = -0.025), and each row names
-    both sides' data."""
+    """Paper 2 trained on DCLM with cl100k, the runs on OLMo-2's mix with dolma2: the x row's diff
+    is the run's gap to its own baseline minus the paper's gap (2B: 2.726 - 2.751 = -0.025), and
+    each row names both sides' data."""
     from olmo_patches.report.tables import Run, variable_width_table
 
     def run(name, loss):

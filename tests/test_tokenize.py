@@ -1,7 +1,8 @@
 """hourglass-tokenize (scripts/tokenize_data.py): text -> OLMo-core token files. The references are
-the tokenizers library's own encoding of each document plus the EOS id, read back through OLMo-core's
-numpy dataset, and OLMo-core's own choice of dtype; a killed run resumed is byte-identical to one that
-ran through; each bad input is one line naming the file (and line), exit 2, nothing written."""
+the tokenizers library's own encoding of each document plus the EOS id, read back through
+OLMo-core's numpy dataset, and OLMo-core's own choice of dtype; a killed run resumed is
+byte-identical to one that ran through; each bad input is one line naming the file (and line), exit
+2, nothing written."""
 
 import gzip
 import json
@@ -252,7 +253,8 @@ def test_training_checks_the_manifest_against_the_config_tokenizer(corpus, tmp_p
     )
     with pytest.raises(
         ConfigError,
-        match=r"tokenized with file \(400 tokens, eos 0\), not the config's data.tokenizer=demo \(512",
+        match=r"tokenized with file \(400 tokens, eos 0\), "
+        r"not the config's data.tokenizer=demo \(512",
     ):
         check_sources(other)
     from olmo_patches.launch.layout import Layout, load_and_resolve

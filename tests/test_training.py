@@ -1,4 +1,5 @@
-"""Training through OLMo-core's own Trainer on CPU: steps, exact resume (two gloo processes: test_world_size.py)."""
+"""Training through OLMo-core's own Trainer on CPU: steps, exact resume (two gloo processes:
+test_world_size.py)."""
 
 import gc
 import json
@@ -68,7 +69,8 @@ GLOO = ["train.max_steps=3", "run.save_interval=1000", "run.ephemeral_save_inter
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, demo_corpus):
-    """The hourglass reference run in one process (bit-equal to a child: one thread each, see conftest)."""
+    """The hourglass reference run in one process (bit-equal to a child: one thread each, see
+    conftest)."""
     folder = tmp_path_factory.mktemp("one")
     train(load_and_resolve(BASELINE, tiny_overrides(folder, *GLOO, block="hourglass")))
     return folder
@@ -133,9 +135,9 @@ def one_process_bf16(tmp_path_factory, demo_corpus):
 @pytest.mark.parametrize("parallel", BF16_PARALLEL)
 def test_bf16_on_two_gloo_processes(two_ranks, one_process, one_process_bf16, parallel):
     """train.precision=bf16 over gloo: FSDP2 all-gathers bf16 copies of fp32 parameters and
-    reduce-scatters fp32 gradients, DDP runs under bf16 autocast; both train as one bf16 process does
-    (within 1e-4: FSDP rounds the weights where autocast rounds each matmul's inputs), not as fp32,
-    and checkpoint fp32 weights."""
+    reduce-scatters fp32 gradients, DDP runs under bf16 autocast; both train as one bf16 process
+    does (within 1e-4: FSDP rounds the weights where autocast rounds each matmul's inputs), not as
+    fp32, and checkpoint fp32 weights."""
     root, r = two_ranks
     assert r.returncode == 0, r.stderr[-3000:]
     fp32, bf16, ranks = (

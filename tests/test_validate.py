@@ -1,6 +1,6 @@
-"""validate()'s checks that no other test reaches: each bad value, given on the command line, fails at
-load in one line naming where the key was set (the command line, or the file when the problem is a
-value the file left in place), the key and the value."""
+"""validate()'s checks that no other test reaches: each bad value, given on the command line, fails
+at load in one line naming where the key was set (the command line, or the file when the problem is
+a value the file left in place), the key and the value."""
 
 import pytest
 

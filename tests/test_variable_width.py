@@ -1,5 +1,6 @@
 """Variable-width transformers (paper 2): the schedule solver against the paper's numbers, the model
-against a plain-PyTorch reference that applies the resizing rule layer by layer, counts, training."""
+against a plain-PyTorch reference that applies the resizing rule layer by layer, counts,
+training."""
 
 import dataclasses
 import math
@@ -37,7 +38,7 @@ PAPER = {
 }
 
 
-# --- the schedule ----------------------------------------------------------------------------------
+# --- the schedule ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", PAPER)
@@ -205,7 +206,8 @@ def test_moe_solver_matches_the_authors_widths_and_counts():
     assert w == MOE_3B
     assert [int(round(x * I / h)) for x in w] == MOE_3B_I
     # The authors' counts, written here: per layer (4 + 3 E r) w^2 + E w, waste 3 w_1 (w_1 - h) and
-    # E r w_L (w_L - h); active: minus (1 - k / E) of 3 E r w^2; FLOPs (8 + 6 k r) s w^2 + 2 E s w + 4 s^2 w.
+    # E r w_L (w_L - h); active: minus (1 - k / E) of 3 E r w^2; FLOPs (8 + 6 k r) s w^2 + 2 E s w +
+    # 4 s^2 w.
     r = I / h
 
     def params(ws, active=False):
@@ -261,11 +263,12 @@ def test_continuous_schedule_is_parameter_matched_with_bottleneck(kind, shape):
         assert diffs[0] == pytest.approx(diffs[1])
 
 
-# --- the model against a plain-PyTorch reference -----------------------------------------------------
+# --- the model against a plain-PyTorch reference --------------------------------------------------
 
 H, HEADS, VOCAB_TINY, T = 32, 2, 64, 12
-# w_1 > h (zero-initialised dims), a narrowing, a widening that carries dims [16, 32) from layer 1, a
-# widening past every earlier width (dims [48, 64) never written: zeros), and w_L < h at the output.
+# w_1 > h (zero-initialised dims), a narrowing, a widening that carries dims [16, 32) from layer 1,
+# a widening past every earlier width (dims [48, 64) never written: zeros), and w_L < h at the
+# output.
 WIDTHS = [48, 16, 32, 64, 24]
 
 
@@ -356,7 +359,9 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
                 f_in @ P[p + "feed_forward.w3.weight"].T,
             )
             y = u + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"].T)
-        else:  # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm (muP: each branch x m_res)
+        # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm (muP: each branch
+        # x m_res)
+        else:
             y = u
             for i in range(K):
                 n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
@@ -431,8 +436,9 @@ def test_mup_init_stds():
 
 
 def test_mup_hourglass_ffn_init_and_lr_groups():
-    """muP's hidden-matrix rules reach every hidden matrix, the K sub-MLPs' too: std 0.1 sqrt(h / w_l) / sqrt(8)
-    (W_u: a further / sqrt(2 L), lm-engine's c_proj rule), lr / 8; the K norm gains stay 1 at lr."""
+    """muP's hidden-matrix rules reach every hidden matrix, the K sub-MLPs' too: std 0.1 sqrt(h /
+    w_l) / sqrt(8) (W_u: a further / sqrt(2 L), lm-engine's c_proj rule), lr / 8; the K norm gains
+    stay 1 at lr."""
     from olmo_core.optim import AdamWConfig
 
     from olmo_patches.train.optimizer import optim_groups
@@ -460,8 +466,9 @@ def test_mup_hourglass_ffn_init_and_lr_groups():
 
 
 def test_kv_cache_per_token_of_the_2b_shapes():
-    """count_params --json: K and V elements cached per token = sum over layers of 2 n_kv_heads head_dim,
-    head_dim = w_l / 16 (16 heads at every width), from the authors' 2B widths written above."""
+    """count_params --json: K and V elements cached per token = sum over layers of 2 n_kv_heads
+    head_dim, head_dim = w_l / 16 (16 heads at every width), from the authors' 2B widths written
+    above."""
     import json
 
     from .conftest import run_in_process
@@ -513,8 +520,9 @@ MOE = ["model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_hidden=
 
 def _megablocks_kernels():
     """megablocks' gather / scatter / scatter_wgrad (olmo_core/kernels/moe.py: Triton, CUDA only) in
-    plain PyTorch, so that OLMo-core's own dispatch (ops.moe's autograd functions) runs on a CPU. Rows
-    are the k T (token, expert) pairs in expert order; ``indices`` their positions in the (T, k) table."""
+    plain PyTorch, so that OLMo-core's own dispatch (ops.moe's autograd functions) runs on a CPU.
+    Rows are the k T (token, expert) pairs in expert order; ``indices`` their positions in the (T,
+    k) table."""
 
     def gather(x, indices, bin_ids, weights, bins, top_k):
         out = x[indices.long() // top_k]
@@ -535,9 +543,10 @@ def _megablocks_kernels():
 
 
 def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
-    """A constant schedule with model.moe (OLMo-core's init) is OLMo-core's MoETransformer built from its own
-    TransformerConfig (MoE blocks, the same MoEConfig): same weights give the same logits, loss, aux losses and
-    gradients, bit for bit with OLMo-core's load balancing (micro_batch; global_batch: tests/test_moe_world_size.py)."""
+    """A constant schedule with model.moe (OLMo-core's init) is OLMo-core's MoETransformer built
+    from its own TransformerConfig (MoE blocks, the same MoEConfig): same weights give the same
+    logits, loss, aux losses and gradients, bit for bit with OLMo-core's load balancing
+    (micro_batch; global_batch: tests/test_moe_world_size.py)."""
     import olmo_core.ops.moe as moe_ops
     from olmo_core.nn.lm_head import LMHeadConfig
     from olmo_core.nn.moe import MoEConfig, MoERouterConfig, MoEType
@@ -545,7 +554,8 @@ def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
 
     spec = _spec(widths=[H, H, H], extra=[*MOE, "model.moe.load_balance=micro_batch"])
     config, ours = _build(spec, seed=5)
-    moe = MoEConfig(  # the authors' routing in OLMo-core's terms: renormalised top-2, losses summed over layers
+    # the authors' routing in OLMo-core's terms: renormalised top-2, losses summed over layers
+    moe = MoEConfig(
         name=MoEType.dropless,
         num_experts=4,
         hidden_size=16,
@@ -581,7 +591,8 @@ def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
             )
         )
     (la, lossa, ma, ga), (lb, lossb, mb, gb) = outs
-    # Bit-equal: with k = 2 each token's two weighted expert outputs are summed in either order exactly.
+    # Bit-equal: with k = 2 each token's two weighted expert outputs are summed in either order
+    # exactly.
     assert (
         torch.equal(la, lb)
         and lossa == lossb
@@ -593,12 +604,14 @@ def test_constant_schedule_moe_is_olmo_cores_moe_transformer(monkeypatch):
 
 
 def test_moe_counts_equal_the_built_model():
-    """count_params of a tiny MoE: total = every parameter of the built model; active from the shapes."""
+    """count_params of a tiny MoE: total = every parameter of the built model; active from the
+    shapes."""
     spec = _spec(widths=[64, 32, 16, 48], extra=MOE)
     config, model = _build(spec)
     b = count(spec)
     assert config.num_params == b.total == sum(p.numel() for p in model.parameters())
-    # Active: each layer's experts are 4 x 3 x w_l x I_l with I_l = round(w_l 16 / 32); a token uses 2 of 4.
+    # Active: each layer's experts are 4 x 3 x w_l x I_l with I_l = round(w_l 16 / 32); a token uses
+    # 2 of 4.
     experts = sum(3 * 4 * w * int(round(w * 16 / 32)) for w in [64, 32, 16, 48])
     assert b.active == b.total - experts // 2 == config.num_active_params
     report = width_report(spec)
@@ -632,7 +645,8 @@ def test_moe_counts_equal_the_built_model():
         ),
         (
             "model.moe.expert_hidden=1",
-            r"model\.moe\.expert_hidden=1: the narrowest layer \(w=16\) would get experts of hidden size 0",
+            r"model\.moe\.expert_hidden=1: the narrowest layer \(w=16\) would get experts of "
+            r"hidden size 0",
         ),
     ],
 )
@@ -678,7 +692,7 @@ def test_activation_checkpointing_and_compile_keep_the_numbers(monkeypatch):
         )
 
 
-# --- counts ------------------------------------------------------------------------------------------
+# --- counts ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("resize", ["carry_forward", "zero", "learned"])
@@ -725,7 +739,7 @@ def test_count_params_reports_widths_and_flops_ratio():
     assert abs(count(spec).non_embedding - waste - base.non_embedding) / base.non_embedding < 0.01
 
 
-# --- config errors -----------------------------------------------------------------------------------
+# --- config errors --------------------------------------------------------------------------------
 
 
 def test_width_not_divisible_by_heads_fails_at_load():
@@ -758,7 +772,7 @@ def test_width_not_divisible_by_heads_fails_at_load():
         )
 
 
-# --- training ----------------------------------------------------------------------------------------
+# --- training -------------------------------------------------------------------------------------
 
 
 def _losses(run_dir):

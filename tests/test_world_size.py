@@ -39,7 +39,8 @@ def test_micro_batch_above_the_per_rank_batch_is_lowered():
         logger.setLevel(level)
     assert (t.global_batch_size, t.micro_batch_size) == (16, 8)
     assert [m for m in records.messages if "micro_batch_size" in m] == [
-        "train.micro_batch_size=16 > the per-rank batch 8 (16 sequences / 2 ranks (1 node x 2)): using 8"
+        "train.micro_batch_size=16 > the per-rank batch 8 (16 sequences / 2 ranks (1 node x 2)): "
+        "using 8"
     ]
 
 
@@ -102,13 +103,15 @@ def test_dry_run_plans_the_preset_per_rank():
 
 
 def test_dry_run_refuses_an_impossible_launch(tmp_path):
-    # The file that sets the key, named relative to the working folder (from another folder: to the package's).
+    # The file that sets the key, named relative to the working folder (from another folder: to the
+    # package's).
     r = run_in_process(
         "train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=REPO
     )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        "config error: configs/demo/baseline.yaml: train.global_batch_size=16: is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"
+        "config error: configs/demo/baseline.yaml: train.global_batch_size=16: "
+        "is not divisible by the 3 ranks (1 node x 3): each rank takes a whole number of sequences"
     ]
     elsewhere = run_in_process(
         "train.py", str(DEMO / "hourglass.yaml"), "--dry-run", "--nproc-per-node", "3", cwd=tmp_path
@@ -142,14 +145,16 @@ def test_only_rank_0_prints_the_error(monkeypatch, capsys, tmp_path):
             []
             if rank == "1"
             else [
-                "config error: command line: train.global_batch_size=15: is not divisible by the 2 ranks (1 node x 2): "
+                "config error: command line: train.global_batch_size=15: "
+                "is not divisible by the 2 ranks (1 node x 2): "
                 "each rank takes a whole number of sequences"
             ]
         )
     assert not (tmp_path / "run").exists()
 
 
-# The demo's shape and batches unchanged (global 16 = micro 16); shorter sequences, 3 steps, 2 eval batches.
+# The demo's shape and batches unchanged (global 16 = micro 16); shorter sequences, 3 steps, 2 eval
+# batches.
 SHRINK = ["data.sequence_length=32", "train.max_steps=3", "eval.interval=3", "eval.max_batches=2"]
 
 
@@ -163,8 +168,8 @@ NAMES = ["baseline", "hourglass", "variable-width"]
 
 @pytest.fixture(scope="module")
 def under_torchrun(tmp_path_factory, demo_corpus):
-    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2, for
-    each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
+    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2,
+    for each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
     root = tmp_path_factory.mktemp("torchrun")
     return root, train_each(
         [

@@ -1,7 +1,7 @@
 """Block kinds: one module per transformer shape, and the registry every other part reads
 (base.py). The papers' kinds register themselves here; a kind of your own registers itself when its
-module is imported: name the module in ``HOURGLASS_BLOCKS`` (comma-separated import paths), and every
-command, every torchrun rank and every resume imports it before reading a config
+module is imported: name the module in ``HOURGLASS_BLOCKS`` (comma-separated import paths), and
+every command, every torchrun rank and every resume imports it before reading a config
 (docs/adding_a_block.md)."""
 
 import importlib

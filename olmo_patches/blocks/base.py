@@ -3,9 +3,9 @@
 A block kind owns what one transformer shape means: which of ``model``'s keys it reads, its checks,
 its layers' widths w_1..w_L, its OLMo-core build, its label in reports, the learning-rate groups it
 needs. Everything else asks :func:`block_of` (or :func:`get_block` for a recorded config) and never
-names a kind: a new shape is one module that subclasses :class:`BlockKind` and calls :func:`register`
-(docs/adding_a_block.md). Loading a config imports no torch: a kind imports OLMo-core inside
-:meth:`BlockKind.build` only.
+names a kind: a new shape is one module that subclasses :class:`BlockKind` and calls
+:func:`register` (docs/adding_a_block.md). Loading a config imports no torch: a kind imports
+OLMo-core inside :meth:`BlockKind.build` only.
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ class BlockKind:
         return None
 
     def family(self, model: Mapping[str, Any]) -> str:
-        """The curve a recorded config's run belongs to in scaling fits (a constant-width variant of a
-        kind is the baseline)."""
+        """The curve a recorded config's run belongs to in scaling fits (a constant-width variant of
+        a kind is the baseline)."""
         return self.name
 
     def optim_groups(self, m) -> List[Tuple[List[str], float]]:
@@ -99,7 +99,8 @@ BLOCKS: Dict[str, BlockKind] = {}
 
 
 def register(kind: BlockKind) -> BlockKind:
-    """Add ``kind`` to the registry under ``kind.name`` (a second kind of the same name is refused)."""
+    """Add ``kind`` to the registry under ``kind.name`` (a second kind of the same name is
+    refused)."""
     if not kind.name or kind.name in BLOCKS and type(BLOCKS[kind.name]) is not type(kind):
         raise ValueError(f"block kind {kind.name!r}: empty or already registered")
     BLOCKS[kind.name] = kind

@@ -13,13 +13,14 @@ if TYPE_CHECKING:
 
 
 def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
-    """d_h (given, or d_h_ratio d_model rounded) of K sub-MLPs: positive, given once, given for K > 1
-    (``experts``: the sub-MLPs of hourglass MoE experts, which have no default d_h)."""
+    """d_h (given, or d_h_ratio d_model rounded) of K sub-MLPs: positive, given once, given for
+    K > 1 (``experts``: the sub-MLPs of hourglass MoE experts, which have no default d_h)."""
     if experts and m.d_h is None and m.d_h_ratio is None:
         fail(
             "model.d_h",
             None,
-            "hourglass experts need model.d_h (or model.d_h_ratio): each sub-MLP's bottleneck at width h",
+            "hourglass experts need model.d_h (or model.d_h_ratio):"
+            " each sub-MLP's bottleneck at width h",
         )
     if m.d_h is not None and m.d_h_ratio is not None:
         fail("model.d_h_ratio", m.d_h_ratio, "give d_h or d_h_ratio, not both")

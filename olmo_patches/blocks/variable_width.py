@@ -1,7 +1,8 @@
-"""Paper 2's variable-width transformer: layer l runs at its own width w_l inside one residual stream
-of width d_model = h, resized without parameters (carry-forward, §3); its FFN a SwiGLU or an
+"""Paper 2's variable-width transformer: layer l runs at its own width w_l inside one residual
+stream of width d_model = h, resized without parameters (carry-forward, §3); its FFN a SwiGLU or an
 hourglass stack scaled with w_l, or a mixture of experts (the paper's 3B MoE). The module is
-nn/variable_width.py, its MoE nn/moe.py and nn/hourglass_moe.py; the width schedules shapes/widths.py."""
+nn/variable_width.py, its MoE nn/moe.py and nn/hourglass_moe.py; the width schedules
+shapes/widths.py."""
 
 from __future__ import annotations
 
@@ -123,8 +124,8 @@ class VariableWidth(BlockKind):
         return round(paper_params(self.widths(m), m.d_model))
 
     def authors_flops_per_token(self, m, vocab: int, seq: int) -> Optional[float]:
-        """Paper 2's count (its compute_metrics, 3 x the forward) for the authors' layers: SwiGLU 4 w_l
-        (or their SwiGLU experts), heads that follow w_l."""
+        """Paper 2's count (its compute_metrics, 3 x the forward) for the authors' layers: SwiGLU 4
+        w_l (or their SwiGLU experts), heads that follow w_l."""
         authors = m.ffn == "swiglu" and m.resolved_d_ff == 4 * m.d_model and m.head_dim is None
         if not authors or (m.moe is not None and m.moe.experts != "swiglu"):
             return None

@@ -1,10 +1,10 @@
 """Parameter and FLOP accounting.
 
 :func:`breakdown` classifies the parameters of a built model (meta device is fine) by name: exact by
-construction, it is what ``count_params`` prints. The papers' closed form (norms excluded, no biases)
-is the other, independent view: ``olmo_patches.shapes.counts`` (attention 2 d_model (a + a_kv),
-SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h); the shape solvers use it and tests hold it
-against :func:`breakdown`.
+construction, it is what ``count_params`` prints. The papers' closed form (norms excluded, no
+biases) is the other, independent view: ``olmo_patches.shapes.counts`` (attention
+2 d_model (a + a_kv), SwiGLU FFN 3 d_model d_ff, hourglass FFN 3 K d_model d_h); the shape solvers
+use it and tests hold it against :func:`breakdown`.
 
 "Non-embedding" follows the papers: attention + FFN weight matrices, without the embeddings, the
 LM head and the norms (OLMo-core's own ``num_non_embedding_params`` keeps the head and norms).
@@ -94,5 +94,6 @@ def breakdown(model: nn.Module, seq_len: int) -> ParamBreakdown:
 
 
 def kv_cache_per_token(model: nn.Module) -> int:
-    """sum over layers of 2 n_kv_heads head_dim (K and V; each layer's own head_dim, GQA's shared heads once)."""
+    """sum over layers of 2 n_kv_heads head_dim (K and V; each layer's own head_dim, GQA's shared
+    heads once)."""
     return sum(2 * b.attention.n_kv_heads * b.attention.head_dim for b in model.blocks.values())  # type: ignore[union-attr, operator]

@@ -4,8 +4,8 @@ OLMo-core 3.0.0 offers ``torch`` (PyTorch SDPA, every device), ``flash_2`` (flas
 newer), ``flash_3`` (flash-attn 3 from flash-attn's ``hopper/``, SM 9.0), ``flash_4`` (flash-attn's
 CUTE kernels, Blackwell) and ``te`` (Transformer Engine). Left unset, OLMo-core itself picks
 ``torch`` (flash_2 only for sliding-window attention). ``auto`` here picks flash attention where it
-can run: a CUDA device, bf16 compute, the package importing (OLMo-core's own checks, which include the
-device's compute capability for flash_3) and every layer's head_dim within the kernel's limits;
+can run: a CUDA device, bf16 compute, the package importing (OLMo-core's own checks, which include
+the device's compute capability for flash_3) and every layer's head_dim within the kernel's limits;
 anything else resolves to ``torch``. An explicit flash backend on a machine without CUDA falls back
 to ``torch``, as OLMo-core does, so a GPU config can still be tested on a CPU.
 """
@@ -32,13 +32,14 @@ __all__ = [
 ]
 
 ATTENTION_BACKENDS = ("auto", *(b.value for b in AttentionBackendName))
-# flash-attn (github.com/Dao-AILab/flash-attention): both kernels take head_dim <= 256 in multiples of 8
-# (csrc/flash_attn/flash_api.cpp mha_fwd: "head_size <= 256", "head_size % 8 == 0"; hopper/flash_api.cpp
-# mha_fwd: "head_size % alignment == 0", alignment 8 for bf16/fp16, and "head_size <= max_headdim", 256).
-# flash-attn 2's Python interface pads any other head_dim to the next multiple of 8 (flash_attn_interface.py,
-# FlashAttnFunc.forward: F.pad(q, [0, 8 - head_size_og % 8])); flash-attn 3's does not, so it refuses them.
-# Each then runs the kernel compiled for the next of its head dims (FA2: csrc/flash_attn/src/static_switch.h
-# HEADDIM_SWITCH; FA3: hopper/flash_api.cpp round_up_headdim), whose tiles compute over that width.
+# flash-attn (github.com/Dao-AILab/flash-attention): both kernels take head_dim <= 256 in multiples
+# of 8 (csrc/flash_attn/flash_api.cpp mha_fwd: "head_size <= 256", "head_size % 8 == 0";
+# hopper/flash_api.cpp mha_fwd: "head_size % alignment == 0", alignment 8 for bf16/fp16, and
+# "head_size <= max_headdim", 256). flash-attn 2's Python interface pads any other head_dim to the
+# next multiple of 8 (flash_attn_interface.py, FlashAttnFunc.forward: F.pad(q, [0, 8 - head_size_og
+# % 8])); flash-attn 3's does not, so it refuses them. Each then runs the kernel compiled for the
+# next of its head dims (FA2: csrc/flash_attn/src/static_switch.h HEADDIM_SWITCH; FA3:
+# hopper/flash_api.cpp round_up_headdim), whose tiles compute over that width.
 FLASH_MAX_HEAD_DIM = 256
 FLASH_HEAD_DIM_MULTIPLE = 8
 FLASH_KERNEL_HEAD_DIMS = {
@@ -73,8 +74,8 @@ def _flash_fits(name: str, dims: Sequence[int]) -> bool:
 
 
 def kernel_head_dim(name: str, d: int) -> int:
-    """The head dim ``name``'s kernel computes over for a head_dim ``d`` (see the constants above); ``d``
-    itself for torch SDPA and the backends not modelled here."""
+    """The head dim ``name``'s kernel computes over for a head_dim ``d`` (see the constants above);
+    ``d`` itself for torch SDPA and the backends not modelled here."""
     dims = FLASH_KERNEL_HEAD_DIMS.get(name)
     if dims is None:
         return d
@@ -83,9 +84,9 @@ def kernel_head_dim(name: str, d: int) -> int:
 
 
 def head_dim_padding(name: str, dims: Sequence[int]) -> str:
-    """For the dry run: the head dims (``dims``: every layer's) that ``name``'s kernel computes over a
-    wider one, and the share of the attention FLOPs (QK^T and PV, linear in the head dim) spent on the
-    padding: each head dim's, and over all layers when they differ; "" when none."""
+    """For the dry run: the head dims (``dims``: every layer's) that ``name``'s kernel computes over
+    a wider one, and the share of the attention FLOPs (QK^T and PV, linear in the head dim) spent on
+    the padding: each head dim's, and over all layers when they differ; "" when none."""
     padded = [(d, k) for d in sorted(set(dims)) if (k := kernel_head_dim(name, d)) != d]
     if not padded:
         return ""
@@ -96,9 +97,13 @@ def head_dim_padding(name: str, dims: Sequence[int]) -> str:
         )
     else:
         shares = [1 - d / k for d, k in padded]
-        text = f"{len(padded)} of {len(set(dims))} head dims padded ({min(shares):.0%} to {max(shares):.0%} each)"
+        text = (
+            f"{len(padded)} of {len(set(dims))} head dims padded"
+            f" ({min(shares):.0%} to {max(shares):.0%} each)"
+        )
     if len(set(dims)) > 1:
-        text += f"; {1 - sum(dims) / sum(kernel_head_dim(name, d) for d in dims):.0%} of all layers' attention FLOPs"
+        waste = 1 - sum(dims) / sum(kernel_head_dim(name, d) for d in dims)
+        text += f"; {waste:.0%} of all layers' attention FLOPs"
     return text
 
 
@@ -111,8 +116,9 @@ def _installed(name: str) -> bool:
 def resolve_attention_backend(
     requested: str, dims: Sequence[int], *, cuda: bool, bf16: bool
 ) -> BackendChoice:
-    """The backend a run uses: ``requested`` on a device that can run it, else ``torch`` (see the module).
-    Raises ValueError for a flash backend requested on a CUDA machine that cannot run it."""
+    """The backend a run uses: ``requested`` on a device that can run it, else ``torch`` (see the
+    module). Raises ValueError for a flash backend requested on a CUDA machine that cannot run
+    it."""
     if requested != "auto":
         if requested != "torch" and not cuda:
             return BackendChoice(
@@ -120,7 +126,8 @@ def resolve_attention_backend(
             )
         if requested in ("flash_2", "flash_3") and not _installed(requested):
             raise ValueError(
-                f"{requested} does not import here (or not on this GPU); pip install 'hourglass-olmo[gpu]' or use auto"
+                f"{requested} does not import here (or not on this GPU);"
+                " pip install 'hourglass-olmo[gpu]' or use auto"
             )
         if requested in ("flash_2", "flash_3") and not _flash_fits(requested, dims):
             raise ValueError(
@@ -142,9 +149,9 @@ def resolve_attention_backend(
 
 
 def on_gpu(requested: str, dims: Sequence[int], *, bf16: bool) -> str:
-    """What a CUDA node with flash-attn installed runs (``auto``: flash_3 on H100/H200, flash_2 on the
-    other GPUs, as resolve_attention_backend picks there), with any head-dim padding and its cost: for
-    the dry run on a machine without that GPU."""
+    """What a CUDA node with flash-attn installed runs (``auto``: flash_3 on H100/H200, flash_2 on
+    the other GPUs, as resolve_attention_backend picks there), with any head-dim padding and its
+    cost: for the dry run on a machine without that GPU."""
     if requested == "auto":
         if not bf16:
             return "torch SDPA (fp32 compute)"

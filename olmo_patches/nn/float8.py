@@ -6,10 +6,10 @@ torchao converts ``nn.Linear`` modules: attention (every head_dim and GQA shape)
 each variable-width layer at its own width, the learned resizes. The hourglass FFN keeps its K
 sub-MLPs stacked (one (K out, in) weight per w1/w3/w2, nn/hourglass.py); converting a
 :class:`StackedLinear` runs each sub-MLP's matmul through torchao's own float8 matmul
-(``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls), with its own scales. The LM
-head (OLMo-core ignores ``lm_head.w_out``), embeddings and MoE router are not linears here and stay
-in high precision. A matmul whose dims are not multiples of 16 (float8 GEMMs need them) stays in
-high precision, as OLMo-core's own filter does, and is counted by :func:`float8_matmuls`.
+(``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls), with its own scales. The
+LM head (OLMo-core ignores ``lm_head.w_out``), embeddings and MoE router are not linears here and
+stay in high precision. A matmul whose dims are not multiples of 16 (float8 GEMMs need them) stays
+in high precision, as OLMo-core's own filter does, and is counted by :func:`float8_matmuls`.
 """
 
 import logging
@@ -94,7 +94,8 @@ class ShapeFloat8Config(Float8Config):
         convertible = set(matmuls["float8"]) - ignore
         if matmuls["skipped"]:
             log.warning(
-                f"float8: {len(matmuls['skipped'])} of {len(matmuls['skipped']) + len(matmuls['float8'])} matmul modules "
+                f"float8: {len(matmuls['skipped'])} of"
+                f" {len(matmuls['skipped']) + len(matmuls['float8'])} matmul modules "
                 f"stay in high precision (a dim not a multiple of 16), e.g. {matmuls['skipped'][0]}"
             )
         config = self.linear_config()

@@ -17,9 +17,10 @@ The weights of all K sub-MLPs are stored stacked, as ``w1`` (W_d1), ``w3`` (W_d2
 (W_u), with the names and fan-in that OLMo-core's ``InitMethod.init_feed_forward`` expects. With
 K=1 the stacked tensors have the conventional FFN's element order, so the same seed gives the
 conventional FFN's initial weights. Each stacked weight is one (K out, in) matrix, the K (out, in)
-matrices one under the other (:attr:`StackedLinear.stacked` views it as (K, out, in)), so FSDP2 shards
-its K out rows as it shards any matrix (dim 0, the last rank padded): every rank holds an even share
-whatever K, out and the world size are (docs/performance.md: the placements and their all-gather cost).
+matrices one under the other (:attr:`StackedLinear.stacked` views it as (K, out, in)), so FSDP2
+shards its K out rows as it shards any matrix (dim 0, the last rank padded): every rank holds an
+even share whatever K, out and the world size are (docs/performance.md: the placements and their
+all-gather cost).
 """
 
 from dataclasses import dataclass
@@ -41,8 +42,9 @@ __all__ = ["StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"
 
 
 class StackedLinear(nn.Module):
-    """K bias-free linear maps of the same shape, stored as one (K out_features, in_features) weight:
-    map i is rows [i out_features, (i + 1) out_features); :attr:`stacked` is the (K, out, in) view.
+    """K bias-free linear maps of the same shape, stored as one (K out_features, in_features)
+    weight: map i is rows [i out_features, (i + 1) out_features); :attr:`stacked` is the (K, out,
+    in) view.
 
     Duck-types ``nn.Linear`` for OLMo-core's initializers (``weight``, ``bias``, ``in_features``).
     After :meth:`to_float8` (nn/float8.py) each sub-MLP's matmul :meth:`linear` runs in float8.
@@ -69,7 +71,8 @@ class StackedLinear(nn.Module):
         return self.weight.view(self.K, self.out_features, self.in_features)
 
     def _fold_stacked(self, state_dict, prefix, *args, **kwargs) -> None:
-        # A (K, out, in) weight (the earlier layout; the same elements in the same order) loads as (K out, in).
+        # A (K, out, in) weight (the earlier layout; the same elements in the same order) loads as
+        # (K out, in).
         w = state_dict.get(prefix + "weight")
         if isinstance(w, torch.Tensor) and w.ndim == 3 and not isinstance(w, DTensor):
             state_dict[prefix + "weight"] = w.reshape(-1, w.shape[-1])
@@ -78,17 +81,20 @@ class StackedLinear(nn.Module):
         init_linear(self, std=0.02)  # type: ignore[arg-type]
 
     def to_float8(self, config) -> None:
-        """Run :meth:`linear` through torchao's float8 matmul with ``config`` (a Float8LinearConfig)."""
+        """Run :meth:`linear` through torchao's float8 matmul with ``config`` (a
+        Float8LinearConfig)."""
         from torchao.float8.float8_linear import Float8Linear
 
-        # Float8Linear builds its GEMM configs (emulation, fast accumulation, padding) from the config.
+        # Float8Linear builds its GEMM configs (emulation, fast accumulation, padding) from the
+        # config.
         self.float8 = (
             config,
             Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config,
         )
 
     def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x w^T for one sub-MLP's weight ``w`` (a slice of :attr:`weight`), in float8 once converted."""
+        """x w^T for one sub-MLP's weight ``w`` (a slice of :attr:`weight`), in float8 once
+        converted."""
         if self.float8 is None:
             return F.linear(x, w)
         from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
@@ -101,7 +107,10 @@ class StackedLinear(nn.Module):
     def extra_repr(self) -> str:
         K = self.K
         f8 = ", float8" if self.float8 is not None else ""
-        return f"K={K}, in_features={self.in_features}, out_features={self.out_features}, bias=False{f8}"
+        return (
+            f"K={K}, in_features={self.in_features}, out_features={self.out_features},"
+            f" bias=False{f8}"
+        )
 
 
 class HourglassFeedForward(nn.Module):
@@ -138,8 +147,8 @@ class HourglassFeedForward(nn.Module):
         return F.linear(F.silu(gate) * value, w_up)
 
     def record_hidden(self, record: Callable[[torch.Tensor], None]) -> Callable[[], None]:
-        """Hand each sub-MLP's hidden units, SiLU(W_d1_i x) * W_d2_i x, to ``record`` as forward runs
-        (report/analysis.py's dead units); returns the undo."""
+        """Hand each sub-MLP's hidden units, SiLU(W_d1_i x) * W_d2_i x, to ``record`` as forward
+        runs (report/analysis.py's dead units); returns the undo."""
 
         def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
             gate, value = F.linear(x, w_down).chunk(2, dim=-1)
@@ -152,10 +161,11 @@ class HourglassFeedForward(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.w1.float8 is not None or self.w3.float8 is not None or self.w2.float8 is not None:
             return self._forward_float8(h)
-        # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights that
-        # autograd keeps until backward: saved_weight_copy), split with unbind: its backward is one stack, where indexing
-        # weight[i] K times would build K zero-filled (K, out, in) gradients. Storing the fused matrix
-        # instead measured no faster (docs/performance.md) and would break OLMo-core's w1/w3 init.
+        # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights
+        # that autograd keeps until backward: saved_weight_copy), split with unbind: its backward is
+        # one stack, where indexing weight[i] K times would build K zero-filled (K, out, in)
+        # gradients. Storing the fused matrix instead measured no faster (docs/performance.md) and
+        # would break OLMo-core's w1/w3 init.
         w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(
             0
         )  # K x (2 d_h, d_model)
@@ -216,8 +226,8 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
         ) + self.K * self.layer_norm.num_params(d_model)
 
     def saved_weight_copy(self, d_model: int) -> int:
-        """Bytes of the bf16 [W_d1; W_d2] copy forward() concatenates and autograd keeps until backward
-        (2 K d_h d_model weights; launch/memory.py counts it per block)."""
+        """Bytes of the bf16 [W_d1; W_d2] copy forward() concatenates and autograd keeps until
+        backward (2 K d_h d_model weights; launch/memory.py counts it per block)."""
         return 2 * 2 * self.K * self.hidden_size * d_model
 
     def build(  # type: ignore[override]

@@ -15,10 +15,8 @@ from olmo_core.nn.attention.base import SequenceMixerConfig
 from olmo_core.nn.buffer_cache import BufferCache
 from olmo_core.nn.layer_norm import LayerNormConfig
 from olmo_core.nn.transformer.block import TransformerBlock, TransformerBlockBase
-from olmo_core.nn.transformer.config import (
-    TransformerBlockConfig,
-    TransformerDataParallelWrappingStrategy,
-)
+from olmo_core.nn.transformer.config import TransformerBlockConfig
+from olmo_core.nn.transformer.config import TransformerDataParallelWrappingStrategy as Wrapping
 from torch.distributed import DeviceMesh
 
 from .hourglass import HourglassFeedForwardConfig, NormPlacement
@@ -27,8 +25,8 @@ __all__ = ["HourglassBlock", "HourglassBlockConfig"]
 
 
 class HourglassBlock(TransformerBlockBase):
-    """u = z + a Attn(norm(z)) (or z + a norm(Attn(z)) with post norms); z' = HourglassFFN(u), each of
-    its K sub-MLP branches also x a (a = 1, or muP's m_residual)."""
+    """u = z + a Attn(norm(z)) (or z + a norm(Attn(z)) with post norms); z' = HourglassFFN(u), each
+    of its K sub-MLP branches also x a (a = 1, or muP's m_residual)."""
 
     def __init__(
         self,
@@ -81,11 +79,12 @@ class HourglassBlock(TransformerBlockBase):
         self,
         dp_mesh: Optional[DeviceMesh] = None,
         prefetch_factor: int = 0,
-        wrapping_strategy: TransformerDataParallelWrappingStrategy = TransformerDataParallelWrappingStrategy.full,
+        wrapping_strategy: Wrapping = Wrapping.full,
         **fsdp_kwargs,
     ):
-        # OLMo-core's per-block wrapping (the whole FFN, all K sub-MLPs, is one FSDP unit); the stacked
-        # weights are (K out, in) matrices, sharded on their rows as every matrix (nn/hourglass.py).
+        # OLMo-core's per-block wrapping (the whole FFN, all K sub-MLPs, is one FSDP unit); the
+        # stacked weights are (K out, in) matrices, sharded on their rows as every matrix
+        # (nn/hourglass.py).
         TransformerBlock.apply_fsdp(
             self, dp_mesh, prefetch_factor, wrapping_strategy, **fsdp_kwargs
         )
@@ -101,7 +100,8 @@ class HourglassBlock(TransformerBlockBase):
 
 @dataclass
 class HourglassBlockConfig(TransformerBlockConfig):
-    """Block config for :class:`HourglassBlock`; ``feed_forward`` must be an hourglass FFN config."""
+    """Block config for :class:`HourglassBlock`; ``feed_forward`` must be an hourglass FFN
+    config."""
 
     def _check(self) -> HourglassFeedForwardConfig:
         if not isinstance(self.feed_forward, HourglassFeedForwardConfig):

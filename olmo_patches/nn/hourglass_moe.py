@@ -1,38 +1,41 @@
 """Hourglass experts: an MoE whose routed experts are stacks of K hourglass sub-MLPs (new here).
 
 Paper 1 (arXiv:2602.06471) replaces a layer's FFN by K residual wide-narrow-wide SwiGLU sub-MLPs
-and names MoE as future work; paper 2's MoE (and OLMo-core's) uses narrow-wide-narrow SwiGLU experts.
-Here each of the E routed experts is its own hourglass stack at the layer's width d_model (= w_l in a
-variable-width model), with its own K norms and K residuals, inside OLMo-core's dropless MoE (its
-router, load-balancing and z losses, token dispatch, expert/FSDP sharding):
+and names MoE as future work; paper 2's MoE (and OLMo-core's) uses narrow-wide-narrow SwiGLU
+experts. Here each of the E routed experts is its own hourglass stack at the layer's width d_model
+(= w_l in a variable-width model), with its own K norms and K residuals, inside OLMo-core's dropless
+MoE (its router, load-balancing and z losses, token dispatch, expert/FSDP sharding):
 
-    u      = x + a Attn(norm(x))                          (the block's attention sublayer)
-    g, S   = top-k of softmax(W_r norm_r(u))              (OLMo-core's router; norm_r = the block's FFN norm)
+    u      = x + a Attn(norm(x))                (the block's attention sublayer)
+    g, S   = top-k of softmax(W_r norm_r(u))    (OLMo-core's router; norm_r: the block's FFN norm)
     z_e,0  = u
-    z_e,k  = z_e,k-1 + a W2_e,k (SiLU(W1_e,k norm_e,k(z_e,k-1)) * W3_e,k norm_e,k(z_e,k-1))   k = 1..K
-    E_e(u) = z_e,K - u                                    (the sum of the expert's K sub-MLP outputs)
+    z_e,k  = z_e,k-1 + a W2_e,k (SiLU(W1_e,k norm_e,k(z_e,k-1)) * W3_e,k norm_e,k(z_e,k-1))
+                                                (k = 1..K)
+    E_e(u) = z_e,K - u                          (the sum of the expert's K sub-MLP outputs)
     z'     = u + sum_{e in S} g_e E_e(u)
 
 W1_e,k, W3_e,k: d_h x d_model (the two down projections W_d1, W_d2), W2_e,k: d_model x d_h (the up
 projection W_u), no biases; norm_e,k: the model's norm with its own gain; a: the block's residual
-multiplier (1, or muP's m_residual on every residual branch, here each sub-MLP's). The experts read the un-normalised stream u, as paper 1's stack does (its
-block has no pre-FFN norm); the block keeps its FFN norm as the router's input norm, so the module
-names, the init and OLMo-core's parameter count of the block are OLMo-core's MoE block's. With K=1 and
-every norm_e,1 equal to norm_r this is exactly OLMo-core's MoE block with SwiGLU experts of hidden d_h.
+multiplier (1, or muP's m_residual on every residual branch, here each sub-MLP's). The experts read
+the un-normalised stream u, as paper 1's stack does (its block has no pre-FFN norm); the block keeps
+its FFN norm as the router's input norm, so the module names, the init and OLMo-core's parameter
+count of the block are OLMo-core's MoE block's. With K=1 and every norm_e,1 equal to norm_r this is
+exactly OLMo-core's MoE block with SwiGLU experts of hidden d_h.
 
-Parameters of the MoE: router d_model E + E K (3 d_model d_h + d_model); active per token: the router
-+ top_k K (3 d_model d_h + d_model). Training FLOPs per token: 6 (d_model E + top_k K 3 d_model d_h)
-(norms not counted, as OLMo-core counts its blocks).
+Parameters of the MoE: router d_model E + E K (3 d_model d_h + d_model); active per token: the
+router + top_k K (3 d_model d_h + d_model). Training FLOPs per token: 6 (d_model E + top_k K 3
+d_model d_h) (norms not counted, as OLMo-core counts its blocks).
 
-Weights are stored sub-MLP-major: ``w1``, ``w3`` and ``w2`` (used untransposed) are (K E d_h, d_model)
-matrices, so sub-MLP k's E expert matrices (rows [k E d_h, (k + 1) E d_h), viewed (E, d_h, d_model)) are
-one contiguous block, as grouped_gemm needs. OLMo-core's MoE init (``w1``/``w2``/``w3``, fan-in d_model
-and d_h) applies unchanged; K=1 has OLMo-core's element order, so the same seed gives OLMo-core's initial
-expert weights. FSDP2 shards them as any matrix (dim 0, the last rank padded), so every rank holds an
-even share at any world size (nn/shards.py); checkpoints of the earlier (K, E d_h, d_model) tensors hold
-the same elements in the same order and resume (train/stacked_layout.py). Expert parallelism shards the
-rows by expert, which is one block of rows only for K=1. The E K gains are one flat ``norm_weight`` (E K d_model),
-expert-major, sharded with the experts.
+Weights are stored sub-MLP-major: ``w1``, ``w3`` and ``w2`` (used untransposed) are (K E d_h,
+d_model) matrices, so sub-MLP k's E expert matrices (rows [k E d_h, (k + 1) E d_h), viewed (E, d_h,
+d_model)) are one contiguous block, as grouped_gemm needs. OLMo-core's MoE init
+(``w1``/``w2``/``w3``, fan-in d_model and d_h) applies unchanged; K=1 has OLMo-core's element order,
+so the same seed gives OLMo-core's initial expert weights. FSDP2 shards them as any matrix (dim 0,
+the last rank padded), so every rank holds an even share at any world size (nn/shards.py);
+checkpoints of the earlier (K, E d_h, d_model) tensors hold the same elements in the same order and
+resume (train/stacked_layout.py). Expert parallelism shards the rows by expert, which is one block
+of rows only for K=1. The E K gains are one flat ``norm_weight`` (E K d_model), expert-major,
+sharded with the experts.
 """
 
 from __future__ import annotations
@@ -71,9 +74,11 @@ __all__ = [
 
 
 def hourglass_moe_counts(d_model: int, *, num_experts: int, top_k: int, K: int, d_h: int) -> dict:
-    """Closed form of one hourglass-expert MoE (router + experts with their norm gains; not the block's norms).
+    """Closed form of one hourglass-expert MoE (router + experts with their norm gains; not the
+    block's norms).
 
-    Returns {'total', 'active', 'flops_per_token'}; training FLOPs at 6 per weight, norms not counted.
+    Returns {'total', 'active', 'flops_per_token'}; training FLOPs at 6 per weight, norms not
+    counted.
     """
     weights = hourglass_ffn_params(d_model, K, d_h)  # one expert's matrices, 3 K d_model d_h
     expert = weights + K * d_model  # and its K norm gains
@@ -86,7 +91,8 @@ def hourglass_moe_counts(d_model: int, *, num_experts: int, top_k: int, K: int, 
 
 
 class HourglassExperts(MoEMLPBase):
-    """E experts, each K residual hourglass sub-MLPs: maps u (rows grouped by expert) to E_e(u) = z_K - u."""
+    """E experts, each K residual hourglass sub-MLPs: maps u (rows grouped by expert) to
+    E_e(u) = z_K - u."""
 
     gmm = (
         DroplessMoEMLP.gmm
@@ -135,16 +141,21 @@ class HourglassExperts(MoEMLPBase):
         nn.init.ones_(self.norm_weight)
 
     def extra_repr(self) -> str:
-        return f"num_experts={self.num_experts}, K={self.K}, d_model={self.d_model}, d_h={self.hidden_size}"
+        return (
+            f"num_experts={self.num_experts}, K={self.K}, d_model={self.d_model},"
+            f" d_h={self.hidden_size}"
+        )
 
     def _shard_experts(self, mesh: DeviceMesh):
         if self.num_experts % mesh.size() != 0:
             raise OLMoConfigurationError(
-                f"'num_experts' ({self.num_experts}) must be divisible by the expert parallel shard degree ({mesh.size()})."
+                f"'num_experts' ({self.num_experts}) must be divisible by the expert parallel"
+                f" shard degree ({mesh.size()})."
             )
         if self.K != 1:
             raise OLMoConfigurationError(
-                f"expert parallelism needs hourglass experts with K=1 (an expert's rows), not K={self.K}"
+                "expert parallelism needs hourglass experts with K=1 (an expert's rows),"
+                f" not K={self.K}"
             )
         self.ep_mesh, self.ep_pg = mesh, mesh.get_group()
         self.num_local_experts = self.num_experts // mesh.size()
@@ -154,7 +165,8 @@ class HourglassExperts(MoEMLPBase):
             )
 
     def forward(self, x: torch.Tensor, batch_size_per_expert: torch.Tensor) -> torch.Tensor:
-        """:param x: (N, d_model), rows grouped by expert; ``batch_size_per_expert``: rows of each local expert."""
+        """:param x: (N, d_model), rows grouped by expert; ``batch_size_per_expert``: rows of each
+        local expert."""
         K, d_h, d = self.K, self.hidden_size, self.d_model
         w1, w2, w3 = (get_local_tensor(w).view(K, -1, d_h, d) for w in (self.w1, self.w2, self.w3))
         gains = get_local_tensor(self.norm_weight).view(-1, K, d)
@@ -180,7 +192,8 @@ class HourglassExperts(MoEMLPBase):
 
 
 class HourglassMoE(DroplessMoE):
-    """OLMo-core's dropless MoE with :class:`HourglassExperts`; the router may read a normalised copy of u."""
+    """OLMo-core's dropless MoE with :class:`HourglassExperts`; the router may read a normalised
+    copy of u."""
 
     def _init_parallel_mlp(  # type: ignore[override]
         self,
@@ -212,7 +225,8 @@ class HourglassMoE(DroplessMoE):
         router_input: Optional[torch.Tensor] = None,
         loss_div_factor: Optional[Union[torch.Tensor, float]] = None,
     ) -> torch.Tensor:
-        """sum_{e in S} g_e E_e(x); the router reads ``router_input`` (norm_r(x) in a block), else x."""
+        """sum_{e in S} g_e E_e(x); the router reads ``router_input`` (norm_r(x) in a block), else
+        x."""
         expert_weights, expert_indices, batch_size_per_expert, router_aux_loss = self.router(
             x if router_input is None else router_input, loss_div_factor=loss_div_factor
         )
@@ -254,7 +268,8 @@ class HourglassMoEConfig(LayerMoEConfig):
             )
         if self.layer_norm.bias or self.layer_norm.elementwise_affine is False:
             raise OLMoConfigurationError(
-                "hourglass experts' norms have a gain and no bias (layer_norm: bias false, elementwise_affine true)"
+                "hourglass experts' norms have a gain and no bias"
+                " (layer_norm: bias false, elementwise_affine true)"
             )
         if self.shared_mlp is not None or self.latent_moe is not None:
             raise OLMoConfigurationError(
@@ -294,8 +309,9 @@ class HourglassMoEConfig(LayerMoEConfig):
 
 
 class HourglassMoEBlock(ScaledMoETransformerBlock):
-    """u = x + a Attn(norm(x)); z' = u + HourglassMoE(u), its router reading feed_forward_norm(u). The
-    residual multiplier a scales each sub-MLP residual inside the experts (every residual branch x a)."""
+    """u = x + a Attn(norm(x)); z' = u + HourglassMoE(u), its router reading feed_forward_norm(u).
+    The residual multiplier a scales each sub-MLP residual inside the experts (every residual
+    branch x a)."""
 
     def __init__(self, *, residual_alpha: float = 1.0, **kwargs):
         super().__init__(residual_alpha=residual_alpha, **kwargs)
@@ -317,7 +333,8 @@ class HourglassMoEBlock(ScaledMoETransformerBlock):
 
 @dataclass
 class HourglassMoEBlockConfig(TransformerBlockConfig):
-    """OLMo-core's MoE block config (``name: moe``) built as :class:`HourglassMoEBlock` (a constant-width model)."""
+    """OLMo-core's MoE block config (``name: moe``) built as :class:`HourglassMoEBlock` (a
+    constant-width model)."""
 
     def build(  # type: ignore[override]
         self,

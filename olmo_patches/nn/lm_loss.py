@@ -1,15 +1,15 @@
 """Which of OLMo-core's LM-head losses a run computes (``LMHeadConfig.loss_implementation``).
 
-``default`` projects every token to its V logits and takes the cross-entropy in fp32: the logits, their
-log-softmax and their gradients are the largest activation of a small model (launch/memory.py,
+``default`` projects every token to its V logits and takes the cross-entropy in fp32: the logits,
+their log-softmax and their gradients are the largest activation of a small model (launch/memory.py,
 LOGIT_BYTES per logit). ``fused_linear`` is Liger-Kernel's fused linear cross-entropy (OLMo-core's
 ``nn.functional.fused_linear_cross_entropy_loss``, imported when ``liger_kernel`` is installed: the
 ``gpu`` extra): it projects a chunk of tokens at a time and computes the input's gradient in the
 forward, so no (tokens, V) tensor lives to the backward. It is a Triton kernel (CUDA only). So a run
-takes ``fused_linear`` on CUDA with the kernel importing, else ``default``. The fused loss returns no
-logits, which OLMo-core's downstream evaluators need ("Downstream evaluators require full logits"):
-:func:`logits_in_eval` has the head compute the default loss in eval mode (no backward there, so
-nothing to save), the fused one in training.
+takes ``fused_linear`` on CUDA with the kernel importing, else ``default``. The fused loss returns
+no logits, which OLMo-core's downstream evaluators need ("Downstream evaluators require full
+logits"): :func:`logits_in_eval` has the head compute the default loss in eval mode (no backward
+there, so nothing to save), the fused one in training.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class LossChoice:
 
 
 def fused_linear_installed() -> bool:
-    """OLMo-core imported Liger-Kernel's fused linear cross-entropy (its module-level try/except)."""
+    """OLMo-core imported Liger-Kernel's fused linear cross-entropy (its module-level
+    try/except)."""
     return getattr(olmo_ce, "_fused_linear_cross_entropy_loss", None) is not None
 
 
@@ -57,7 +58,8 @@ def set_lm_loss(config, name: str) -> None:
 
 def logits_in_eval(model) -> None:
     """On a built model whose head computes the fused loss: the default loss (with logits) while the
-    model is in eval mode (OLMo-core's evaluators; ``model.eval()``), the fused one while it trains."""
+    model is in eval mode (OLMo-core's evaluators; ``model.eval()``), the fused one while it
+    trains."""
     head = model.lm_head
     fused = head.loss_implementation
     if fused != LMLossImplementation.fused_linear:

@@ -1,24 +1,26 @@
 """A mixture of experts at one layer's width (paper 2's 3B MoE), from OLMo-core's own MoE.
 
 Each layer l of a variable-width model gets OLMo-core's dropless MoE at width w_l: its linear router
-(bias-free, w_l -> E, reading the layer's normalised input ln_2(h')), softmax over the E logits, top-k,
-the k weights renormalised to sum 1 (= lm-engine's softmax over the k selected logits,
-``normalized_topk``), dropless SwiGLU experts of hidden I_l = round(w_l expert_hidden / h), no shared
-expert, and OLMo-core's load-balancing loss and router z-loss. The block is OLMo-core's
-:class:`MoETransformerBlock` with the residual multiplier on both branches (lm-engine's ``m_residual``).
+(bias-free, w_l -> E, reading the layer's normalised input ln_2(h')), softmax over the E logits,
+top-k, the k weights renormalised to sum 1 (= lm-engine's softmax over the k selected logits,
+``normalized_topk``), dropless SwiGLU experts of hidden I_l = round(w_l expert_hidden / h), no
+shared expert, and OLMo-core's load-balancing loss and router z-loss. The block is OLMo-core's
+:class:`MoETransformerBlock` with the residual multiplier on both branches (lm-engine's
+``m_residual``).
 
-The authors' aux loss (lm-engine ``mlp_blocks/moe.py:284-292, 393-416``; ``model_wrapper/pretraining.py``),
-per layer, summed over layers, times ``router_aux_loss_coef`` 0.01:
+The authors' aux loss (lm-engine ``mlp_blocks/moe.py:284-292, 393-416``;
+``model_wrapper/pretraining.py``), per layer, summed over layers, times ``router_aux_loss_coef``
+0.01:
 
     aux_l = E sum_e P_e f_e + 0.1 mean_t logsumexp(logits_t)^2
 
 (P_e the mean full-softmax probability, f_e the fraction of the k T assignments). OLMo-core's
-``local_batch`` load-balancing loss is (E / k) sum_e count_e P_e / T = E sum_e f_e P_e, and its z-loss is
-mean_t logsumexp^2: so ``lb_loss_weight`` 0.01 and ``z_loss_weight`` 0.001 with
-``scale_loss_by_num_layers=False`` (summed, not averaged, over layers) give the authors' loss. OLMo-core
-divides by the rank's batch tokens (``loss_div_factor``) where the authors divide by grad-accumulation
-steps: equal for equal micro-batches. OLMo-core's router also computes its logits in float32
-(lm-engine's ``gate`` runs in the training dtype).
+``local_batch`` load-balancing loss is (E / k) sum_e count_e P_e / T = E sum_e f_e P_e, and its
+z-loss is mean_t logsumexp^2: so ``lb_loss_weight`` 0.01 and ``z_loss_weight`` 0.001 with
+``scale_loss_by_num_layers=False`` (summed, not averaged, over layers) give the authors' loss.
+OLMo-core divides by the rank's batch tokens (``loss_div_factor``) where the authors divide by
+grad-accumulation steps: equal for equal micro-batches. OLMo-core's router also computes its logits
+in float32 (lm-engine's ``gate`` runs in the training dtype).
 
 What the counts f (and the mean P) are taken over, ``load_balance`` (:class:`BalancedRouter`):
 
@@ -26,12 +28,13 @@ What the counts f (and the mean P) are taken over, ``load_balance`` (:class:`Bal
   global batch is split over ranks and micro-batches.
 - ``data_parallel``: f over the micro-batches of one pass on every data-parallel rank, P the rank's
   own (lm-engine ``lm_engine/modeling_utils/mlp_blocks/moe/module.py:317-340`` at commit 36bad91:
-  ``expert_frequency`` all-reduced over the data-parallel group in each forward): depends on the split.
-- ``global_batch``: f and P over the T tokens of the whole step, every rank and micro-batch (global-batch
-  load balance, Qiu et al. 2025, arXiv:2501.11873), so the loss and its gradient are the same at any
-  world size and micro-batch size. With several micro-batches a rank first routes them all without
-  gradients (one forward pass more, :func:`count_experts_first`) and the counts are all-reduced; with
-  one, they are all-reduced in the forward.
+  ``expert_frequency`` all-reduced over the data-parallel group in each forward): depends on the
+  split.
+- ``global_batch``: f and P over the T tokens of the whole step, every rank and micro-batch
+  (global-batch load balance, Qiu et al. 2025, arXiv:2501.11873), so the loss and its gradient are
+  the same at any world size and micro-batch size. With several micro-batches a rank first routes
+  them all without gradients (one forward pass more, :func:`count_experts_first`) and the counts are
+  all-reduced; with one, they are all-reduced in the forward.
 """
 
 from __future__ import annotations
@@ -160,8 +163,9 @@ class BalancedRouter(MoELinearRouter):
                 1.0 if loss_div_factor is None else scores.shape[0] / loss_div_factor
             )  # as OLMo-core's
             return E * torch.dot(f, scores.mean(dim=0)) * share
-        # global_batch: a rank's term is W E sum_e C_e sum_t p_te / (k T^2) (C_e the step's counts over
-        # W ranks, T its tokens): the ranks' mean of the gradients is then that of E sum_e f_e P_e.
+        # global_batch: a rank's term is W E sum_e C_e sum_t p_te / (k T^2) (C_e the step's counts
+        # over W ranks, T its tokens): the ranks' mean of the gradients is then that of E sum_e f_e
+        # P_e.
         if self.step_counts is not None:
             total, ranks = self.step_counts, self.step_ranks
         else:
@@ -189,9 +193,9 @@ class BalancedRouterConfig(MoERouterConfig):
 def count_experts_first(train_module) -> None:
     """Let OLMo-core's train module balance the experts over the global batch (its ``train_batch``
     wrapped on the instance): before a step of several micro-batches, each rank routes them all
-    without gradients, and every layer's counts are all-reduced over the data-parallel group, so each
-    micro-batch's load-balancing term uses the step's counts. A model without global_batch routers
-    is left as it is."""
+    without gradients, and every layer's counts are all-reduced over the data-parallel group, so
+    each micro-batch's load-balancing term uses the step's counts. A model without global_batch
+    routers is left as it is."""
     routers = [
         m
         for m in train_module.model.modules()
@@ -242,8 +246,8 @@ def count_experts_first(train_module) -> None:
 
 @dataclass
 class LayerMoEConfig(MoEConfig):
-    """OLMo-core's ``MoEConfig`` for one layer (``hidden_size`` = I_l) with SwiGLU experts (a subclass
-    per other kind of expert: hourglass_moe.HourglassMoEConfig)."""
+    """OLMo-core's ``MoEConfig`` for one layer (``hidden_size`` = I_l) with SwiGLU experts (a
+    subclass per other kind of expert: hourglass_moe.HourglassMoEConfig)."""
 
     @classmethod
     def authors(
@@ -279,8 +283,8 @@ class LayerMoEConfig(MoEConfig):
         init_device: str = "cpu",
         cache: Optional[BufferCache] = None,
     ) -> MoEBase:
-        """THE place a layer's MoE is built: width ``d_model`` = w_l, expert hidden ``hidden_size`` = I_l
-        (OLMo-core's ``MoEConfig.build``; a subclass builds its own kind of experts)."""
+        """THE place a layer's MoE is built: width ``d_model`` = w_l, expert hidden ``hidden_size``
+        = I_l (OLMo-core's ``MoEConfig.build``; a subclass builds its own kind of experts)."""
         return PortableDroplessMoE(**self._module_kwargs(d_model, n_layers, init_device, cache))
 
     def _module_kwargs(
@@ -291,7 +295,8 @@ class LayerMoEConfig(MoEConfig):
         cache: Optional[BufferCache],
         drop: tuple = ("name",),
     ) -> dict:
-        """OLMo-core's MoE constructor arguments for a layer of width ``d_model`` (this config's fields less ``drop``)."""
+        """OLMo-core's MoE constructor arguments for a layer of width ``d_model`` (this config's
+        fields less ``drop``)."""
         kwargs = self.as_dict(exclude_none=True, recurse=False)
         for key in drop:
             kwargs.pop(key, None)
@@ -306,9 +311,10 @@ class LayerMoEConfig(MoEConfig):
 
 
 class PortableDroplessMLP(ParallelDroplessMLP):
-    """OLMo-core's dropless expert dispatch; without its Triton kernels (a CPU, or no ``triton``) the
-    permutation is plain PyTorch indexing: each of the k T (token, expert) pairs in expert order, then
-    the weighted outputs summed back per token (megablocks' ``gather`` / ``scatter``)."""
+    """OLMo-core's dropless expert dispatch; without its Triton kernels (a CPU, or no ``triton``)
+    the permutation is plain PyTorch indexing: each of the k T (token, expert) pairs in expert
+    order, then the weighted outputs summed back per token (megablocks' ``gather`` /
+    ``scatter``)."""
 
     def permute_and_compute(  # type: ignore[override]
         self,
@@ -342,7 +348,8 @@ class PortableDroplessMLP(ParallelDroplessMLP):
 
 
 class PortableDroplessMoE(DroplessMoE):
-    """OLMo-core's ``DroplessMoE`` whose dispatch also runs without Triton (:class:`PortableDroplessMLP`)."""
+    """OLMo-core's ``DroplessMoE`` whose dispatch also runs without Triton
+    (:class:`PortableDroplessMLP`)."""
 
     def _init_parallel_mlp(  # type: ignore[override]
         self,
@@ -365,8 +372,8 @@ class PortableDroplessMoE(DroplessMoE):
 
 
 class ScaledMoETransformerBlock(MoETransformerBlock):
-    """OLMo-core's pre-norm MoE block with the residual multiplier on both branches (lm-engine layer.py:45-72):
-    h = x + alpha Attn(ln_1 x); out = h + alpha MoE(ln_2 h)."""
+    """OLMo-core's pre-norm MoE block with the residual multiplier on both branches (lm-engine
+    layer.py:45-72): h = x + alpha Attn(ln_1 x); out = h + alpha MoE(ln_2 h)."""
 
     def __init__(self, *, residual_alpha: float = 1.0, **kwargs):
         super().__init__(**kwargs)

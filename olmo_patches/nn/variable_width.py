@@ -8,17 +8,18 @@ The width schedule w_1..w_L is solved in ``shapes/widths.py``.
 The residual stream and resizing (the exact rule)
 -------------------------------------------------
 Let S = max(h, max_l w_l). s_0 = [embedding (h dims), 0 ... 0] is S wide. Layer l reads
-x_l = s_l-1[:w_l] (a slice, no copy), computes y_l = Block_l(x_l) (its own residuals, all w_l wide), and
+x_l = s_l-1[:w_l] (a slice, no copy), computes y_l = Block_l(x_l) (its own residuals, all w_l
+wide), and
 
-- ``carry_forward`` (default, the authors' ``move_up``): s_l = [y_l, s_l-1[w_l:]]. Dimensions a layer
-  does not have keep the value of the most recent layer that wrote them (or the embedding, for dims
-  < h), and dims that no layer ever had are zero. So a widening layer l (w_l > w_l-1) reads dims
-  [w_l-1, w_l) from the most recent layer that was that wide.
+- ``carry_forward`` (default, the authors' ``move_up``): s_l = [y_l, s_l-1[w_l:]]. Dimensions a
+  layer does not have keep the value of the most recent layer that wrote them (or the embedding, for
+  dims < h), and dims that no layer ever had are zero. So a widening layer l (w_l > w_l-1) reads
+  dims [w_l-1, w_l) from the most recent layer that was that wide.
 - ``zero``: a widening layer reads zeros in [w_l-1, w_l): x_l = [y_l-1, 0] (x_l = y_l-1[:w_l] when
   narrowing). The stream still carries forward (s_l = [y_l, s_l-1[w_l:]]) for the output below.
 - ``learned``: no stream; x_l = y_l-1[:w_l] when shrinking and x_l = P_l y_l-1 (a bias-free learned
-  w_l x w_l-1 projection, ``resize``) when widening (y_0 = the embedding, h wide). Dims a narrower layer
-  dropped are lost.
+  w_l x w_l-1 projection, ``resize``) when widening (y_0 = the embedding, h wide). Dims a narrower
+  layer dropped are lost.
 
 Output: RMSNorm over the first w_L dims of the last layer's output, then to h dims: truncate when
 w_L >= h; when w_L < h, carry_forward and zero both append s_L[w_L:h] (un-normalised; the authors'
@@ -26,27 +27,29 @@ output resize turns zero into move_up, width_varying_model.py:735), learned proj
 matrix. Then the untied h x V LM head.
 
 Interaction with the zero-initialised dims: with carry_forward or zero and w_1 > h, layer 1's input
-has zeros in [h, w_1). RMSNorm over w_1 counts them (rms over w_1 dims, so the embedding is scaled by
-sqrt(w_1 / h) relative to a width-h norm), and layer 1's Q/K/V columns for those dims get exactly zero
-gradient (the "input waste" the solver subtracts). In learned mode, the projection of the zero padding
-does not arise: P_1 maps the h-dim embedding to w_1 dims, and every dim of x_1 is a learned mix.
+has zeros in [h, w_1). RMSNorm over w_1 counts them (rms over w_1 dims, so the embedding is scaled
+by sqrt(w_1 / h) relative to a width-h norm), and layer 1's Q/K/V columns for those dims get exactly
+zero gradient (the "input waste" the solver subtracts). In learned mode, the projection of the zero
+padding does not arise: P_1 maps the h-dim embedding to w_1 dims, and every dim of x_1 is a learned
+mix.
 
 Each layer at its own width: n_heads fixed (head_dim = w_l / n_heads, or a fixed ``head_dim``: every
 layer's attention is then n_heads x head_dim wide whatever w_l), RMSNorm over w_l, RoPE over
 head_dim (each block has its own RoPE buffer cache: OLMo-core's cache key omits the head size), and
-either SwiGLU (hidden ``ffn_hidden_ratio`` w_l), the hourglass FFN (d_h scaled with w_l) or a mixture
-of experts (OLMo-core's MoE at w_l with experts of hidden round(w_l expert_hidden / h); ``moe.py``).
-With an MoE the solver matches the baseline's total parameters, per layer (4 + 3 E r) w_l^2 + E w_l
-(every expert, the router; r = expert_hidden / h) with output waste E r w_L (w_L - h), as the authors'
-solver does for their 3B MoE. Hourglass experts (``hourglass_moe.py``, new here: K sub-MLPs of
-round(w_l d_h / h)) count as r = K d_h / h.
+either SwiGLU (hidden ``ffn_hidden_ratio`` w_l), the hourglass FFN (d_h scaled with w_l) or a
+mixture of experts (OLMo-core's MoE at w_l with experts of hidden round(w_l expert_hidden / h);
+``moe.py``). With an MoE the solver matches the baseline's total parameters, per layer (4 + 3 E r)
+w_l^2 + E w_l (every expert, the router; r = expert_hidden / h) with output waste E r w_L (w_L - h),
+as the authors' solver does for their 3B MoE. Hourglass experts (``hourglass_moe.py``, new here: K
+sub-MLPs of round(w_l d_h / h)) count as r = K d_h / h.
 
 Initialisation: OLMo-core's (``init_method``, ``init_std``), or the paper's muP-style one
 (:class:`MuPConfig`): embedding std = init_range, block weights std = init_range / sqrt(m_width) *
 sqrt(h / w_l), the attention and FFN output projections (w_out, w2) a further / sqrt(2 L) with L the
-model's depth (lm-engine's c_proj), LM head std = init_range (plain normal, as lm-engine); forward multipliers: embedding x
-m_emb, every residual branch x m_residual, logits / m_width, attention scores 1 / head_dim. Learned
-resize projections use PyTorch's nn.Linear default U(+-1/sqrt(fan_in)) (the authors' nn.Linear).
+model's depth (lm-engine's c_proj), LM head std = init_range (plain normal, as lm-engine); forward
+multipliers: embedding x m_emb, every residual branch x m_residual, logits / m_width, attention
+scores 1 / head_dim. Learned resize projections use PyTorch's nn.Linear default U(+-1/sqrt(fan_in))
+(the authors' nn.Linear).
 """
 
 from __future__ import annotations
@@ -97,7 +100,8 @@ __all__ = [
 
 @dataclass
 class MuPConfig(Config):
-    """The paper's muP-style multipliers and init (paper 2, docs/papers.md, the authors' configs)."""
+    """The paper's muP-style multipliers and init (paper 2, docs/papers.md, the authors'
+    configs)."""
 
     m_width: float = 8.0  # logits / m_width; block init std / sqrt(m_width)
     m_emb: float = 12.0  # embedding output x m_emb
@@ -164,7 +168,8 @@ class VariableWidthReorderedNormBlock(_Resizing, ReorderedNormTransformerBlock):
 
 
 class VariableWidthHourglassBlock(_Resizing, HourglassBlock):
-    """Attention + hourglass FFN at width w_l inside the wide stream (a shape neither paper tried)."""
+    """Attention + hourglass FFN at width w_l inside the wide stream (a shape neither paper
+    tried)."""
 
 
 class VariableWidthMoEBlock(_Resizing, ScaledMoETransformerBlock):
@@ -177,7 +182,8 @@ class VariableWidthHourglassMoEBlock(_Resizing, HourglassMoEBlock):
 
 @dataclass
 class VariableWidthBlockConfig(TransformerBlockConfig):
-    """One layer: the template block's modules at ``width``; reads ``in_width`` dims in learned mode."""
+    """One layer: the template block's modules at ``width``; reads ``in_width`` dims in learned
+    mode."""
 
     width: int = 0
     in_width: int = 0
@@ -294,14 +300,17 @@ class OutputNorm(RMSNorm):
             y = y[..., : self.d_model]
         elif self.resize is not None:
             y = self.resize(y)
-        else:  # carry forward, also in zero mode (the authors' output resize, WVM:735): dims [w_L, h) of the stream
+        else:
+            # carry forward, also in zero mode (the authors' output resize, WVM:735): dims
+            # [w_L, h) of the stream
             y = torch.cat((y, x[..., self.last_width : self.d_model]), dim=-1)
         return y * self.logit_scale if self.logit_scale != 1.0 else y
 
 
 @dataclass
 class VariableWidthLMHeadConfig(LMHeadConfig):
-    """OLMo-core's LM head (h x V) whose norm is an :class:`OutputNorm` over the last layer's width."""
+    """OLMo-core's LM head (h x V) whose norm is an :class:`OutputNorm` over the last layer's
+    width."""
 
     last_width: int = 0
     resize: ResizeMode = ResizeMode.carry_forward
@@ -353,7 +362,8 @@ class VariableWidthLMHeadConfig(LMHeadConfig):
 
 @dataclass
 class VariableWidthTransformerConfig(TransformerConfig):
-    """OLMo-core's ``TransformerConfig`` with per-layer widths; ``d_model`` is h, ``block`` the template."""
+    """OLMo-core's ``TransformerConfig`` with per-layer widths; ``d_model`` is h, ``block`` the
+    template."""
 
     widths: List[int] = field(default_factory=list)  # w_1..w_L
     resize: ResizeMode = ResizeMode.carry_forward
@@ -513,7 +523,8 @@ class VariableWidthTransformer(Transformer):
             _apply_init(nn.init.normal_, weight, mean=0.0, std=std, generator=generator)
 
         normal(self.embeddings.weight, m.init_range)
-        # lm-engine's c_proj (attention, MLP, experts): / sqrt(2 L) (LME attention.py:128-131, mlp.py:44-46, moe.py:212-220)
+        # lm-engine's c_proj (attention, MLP, experts): / sqrt(2 L) (LME attention.py:128-131,
+        # mlp.py:44-46, moe.py:212-220)
         out_proj = ("attention.w_out.weight", "feed_forward.w2.weight", "experts.mlp.w2")
         for block, w in zip(self.blocks.values(), self.widths):
             std = m.init_range / math.sqrt(m.m_width) * math.sqrt(self.d_model / w)

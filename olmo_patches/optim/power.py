@@ -1,4 +1,5 @@
-"""lm-engine's power learning-rate schedule (the variable-width paper's runs), as an OLMo-core scheduler.
+"""lm-engine's power learning-rate schedule (the variable-width paper's runs), as an OLMo-core
+scheduler.
 
 lm-engine ``optimization/scheduler.py`` (``PowerScheduler``, a torch ``LambdaLR``) multiplies every
 param group's base lr by
@@ -8,11 +9,12 @@ param group's base lr by
               = P(n)         otherwise   (no constant phase, no decay-to-min, no floor)
 
 with lr0 the lr of the optimizer's first group (the base lr), c the tokens per step (so n c is the
-tokens seen) and n counted from 0: lm-engine's update i (1-based) uses n = i - 1, so the first update
-has lr 0. OLMo-core increments ``global_step`` before it sets the lr, so n = global_step - 1 here.
-(n c = 0 happens only without warmup; lm-engine then divides by zero, here the cap 1 applies.)
+tokens seen) and n counted from 0: lm-engine's update i (1-based) uses n = i - 1, so the first
+update has lr 0. OLMo-core increments ``global_step`` before it sets the lr, so n = global_step - 1
+here. (n c = 0 happens only without warmup; lm-engine then divides by zero, here the cap 1 applies.)
 OLMo-core's own ``PowerLR`` is another curve (peak = lr at W, then lr (n / W)^b, a linear decay
-tail), hence this class. The schedule is a function of the step alone: checkpoints need no scheduler state and resume as is.
+tail), hence this class. The schedule is a function of the step alone: checkpoints need no scheduler
+state and resume as is.
 """
 
 from __future__ import annotations

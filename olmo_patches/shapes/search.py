@@ -20,10 +20,10 @@ Heads always divide d_model with an even head dimension (RoPE rotates pairs of d
 multiple of 8 where one exists (flash-attention), nearest 64 below d_model 2048 and 128 from there
 (GPT-2 small / OLMo-2 1B); rungs that allow a multiple of 8 come first.
 
-Exact matching forces shapes GPU matmuls dislike (113M: d_h 621; 403M: head dim 218). ``aligned=True``
-keeps only the rungs with d_model % 8 and d_h % 64 (so head dims are multiples of 8) and trades the
-budget for them within :data:`ALIGNED_TOLERANCE`, the authors' own +-0.3% (their revised configs
-match their baselines to 0.04-0.29%).
+Exact matching forces shapes GPU matmuls dislike (113M: d_h 621; 403M: head dim 218).
+``aligned=True`` keeps only the rungs with d_model % 8 and d_h % 64 (so head dims are multiples
+of 8) and trades the budget for them within :data:`ALIGNED_TOLERANCE`, the authors' own +-0.3%
+(their revised configs match their baselines to 0.04-0.29%).
 
 The paper reports attention/FFN splits, not shapes (113M: K=4, L=6 at about 45M/68M; the headline
 K=2 run at 66M/47M). :func:`solve_split` takes the attention count as the target instead of
@@ -71,8 +71,9 @@ D_MODEL_ALIGN = (
     2,
 )  # d_model rungs; below 8 the head dim cannot be a multiple of 8
 D_H_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)
-# (d_model, d_h) rungs, most hardware-friendly first: d_model a multiple of 8 first (head dims that are
-# multiples of 8, as flash-attention wants), then by the smaller of the two multiples, then d_model's.
+# (d_model, d_h) rungs, most hardware-friendly first: d_model a multiple of 8 first (head dims that
+# are multiples of 8, as flash-attention wants), then by the smaller of the two multiples, then
+# d_model's.
 LADDER = sorted(
     ((a, b) for a in D_MODEL_ALIGN for b in D_H_ALIGN),
     key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1]),
@@ -89,7 +90,8 @@ HEADS8_LADDER = tuple(
 
 @dataclass(frozen=True)
 class Shape:
-    """One hourglass shape (constant width; MHA at head_dim d_model / n_heads unless fixed_head_dim, n_kv_heads)."""
+    """One hourglass shape (constant width; MHA at head_dim d_model / n_heads unless fixed_head_dim,
+    n_kv_heads)."""
 
     K: int
     d_model: int
@@ -138,7 +140,8 @@ class Shape:
         return (self.non_embedding - budget) / budget
 
     def flops_per_token(self, seq_len: int, vocab_size: int) -> int:
-        """OLMo-core's training FLOPs per token (6 per weight, causal attention, LM head), norms excluded."""
+        """OLMo-core's training FLOPs per token (6 per weight, causal attention, LM head), norms
+        excluded."""
         return 6 * (
             self.non_embedding + vocab_size * self.d_model
         ) + 6 * self.n_layers * self.attention_width * (seq_len + 1)
@@ -147,7 +150,8 @@ class Shape:
 @functools.lru_cache(maxsize=None)  # the solver asks about the same d_model values ~10^6 times
 def choose_heads(d_model: int) -> Optional[int]:
     """Heads for d_model: head dim in [48, 256], even (RoPE rotates pairs), a multiple of 8 where
-    d_model allows (flash-attention), nearest 64 (d_model < 2048) or 128 (GPT-2 small / OLMo-2 1B)."""
+    d_model allows (flash-attention), nearest 64 (d_model < 2048) or 128 (GPT-2 small / OLMo-2
+    1B)."""
     target = 64 if d_model < 2048 else 128
     step = 8 if d_model % 8 == 0 else 2
     dims = [h for h in range(48, 257, step) if d_model % h == 0]
@@ -173,12 +177,12 @@ def solve(
     heads8: bool = False,
 ) -> Optional[Shape]:
     """The hourglass shape with K given, L = ``n_layers`` (or within ``layer_slack`` of it, nearest
-    first), d_h/d_model within ``ratio_slack`` (relative) of ``d_h_ratio``, and the budget met within
-    ``tolerance``. None when there is none. ``attn_fraction``: attention width near that fraction of
-    d_model in heads of ``head_dim`` (None: MHA at d_model / n_heads); ``kv_group``: query heads per
-    key/value head (GQA; 1: MHA); ``aligned``: only the :data:`ALIGNED_LADDER` rungs (pass
-    ``tolerance=ALIGNED_TOLERANCE`` with it); ``heads8``: only d_model % 8 and head dims that are
-    multiples of 8, d_h any integer, the d_h/d_model nearest the target winning (pass
+    first), d_h/d_model within ``ratio_slack`` (relative) of ``d_h_ratio``, and the budget met
+    within ``tolerance``. None when there is none. ``attn_fraction``: attention width near that
+    fraction of d_model in heads of ``head_dim`` (None: MHA at d_model / n_heads); ``kv_group``:
+    query heads per key/value head (GQA; 1: MHA); ``aligned``: only the :data:`ALIGNED_LADDER` rungs
+    (pass ``tolerance=ALIGNED_TOLERANCE`` with it); ``heads8``: only d_model % 8 and head dims that
+    are multiples of 8, d_h any integer, the d_h/d_model nearest the target winning (pass
     ``tolerance=SPLIT_TOLERANCE`` with it).
 
     Search order: each d_model window in turn (relative to the continuous solution d*), each L
@@ -246,8 +250,8 @@ def solve_split(
 
 
 def _exact_d_h(budget: int, K: int, d_model: int, L: int, attention: Optional[int] = None) -> float:
-    """The d_h that meets the budget exactly: (N - attention) / (3 K d_model L), attention (default MHA's
-    4 d_model^2 L) and FFN from :mod:`.counts`."""
+    """The d_h that meets the budget exactly: (N - attention) / (3 K d_model L), attention (default
+    MHA's 4 d_model^2 L) and FFN from :mod:`.counts`."""
     if attention is None:
         attention = attention_params(d_model) * L
     return (budget - attention) / (hourglass_ffn_params(d_model, K, 1) * L)
@@ -255,8 +259,8 @@ def _exact_d_h(budget: int, K: int, d_model: int, L: int, attention: Optional[in
 
 def _per_layer(K: int, r: float, attn_fraction: Optional[float] = None, kv_group: int = 1) -> float:
     """N / (d_model^2 L) in the continuous limit, d_h = r d_model and attention width f d_model (f =
-    ``attn_fraction``, 1 for MHA): 2 f (1 + 1/g) + 3 K r. Floats for the solvers' starting point d*; the
-    exact integer counts are :mod:`.counts`'."""
+    ``attn_fraction``, 1 for MHA): 2 f (1 + 1/g) + 3 K r. Floats for the solvers' starting point d*;
+    the exact integer counts are :mod:`.counts`'."""
     f = 1.0 if attn_fraction is None else attn_fraction
     return 2 * f * (1 + 1 / kv_group) + 3 * K * r
 
@@ -351,7 +355,8 @@ def _solve_heads8(
 
 
 def optimal_width_depth(K: int) -> float:
-    """The paper's U-curve optimum of d_model/L: about 180 at K=2, 110 at K=4 (linear between, flat outside)."""
+    """The paper's U-curve optimum of d_model/L: about 180 at K=2, 110 at K=4 (linear between, flat
+    outside)."""
     if K <= 2:
         return 180.0
     if K >= 4:
@@ -360,8 +365,9 @@ def optimal_width_depth(K: int) -> float:
 
 
 def rank_key(shape: Shape) -> tuple:
-    """The paper's findings as a sort key: d_h/d_model >= 0.4 first (below is clearly worse), then the
-    distance of d_model/L from the K's U-curve optimum (log scale), then fewer FLOPs (smaller d_model)."""
+    """The paper's findings as a sort key: d_h/d_model >= 0.4 first (below is clearly worse), then
+    the distance of d_model/L from the K's U-curve optimum (log scale), then fewer FLOPs (smaller
+    d_model)."""
     return (
         shape.d_h_ratio < 0.4 - 1e-9,
         abs(math.log(shape.width_depth / optimal_width_depth(shape.K))),

@@ -1,5 +1,5 @@
-"""What the GPU checks share: small models of every block type, a forward and backward under bf16 autocast
-or fp32, relative errors, and timed OLMo-core Trainer runs on synthetic tokens."""
+"""What the GPU checks share: small models of every block type, a forward and backward under bf16
+autocast or fp32, relative errors, and timed OLMo-core Trainer runs on synthetic tokens."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train.resume import ResumeCheckpointerCallback
 
 REPO = Path(__file__).resolve().parents[2]
-# bf16 keeps 8 significant bits: unit roundoff u = 2^-8. A few roundings per matmul input, accumulated
-# in fp32, over a couple of layers: 16 u for logits, twice that for a parameter's gradient.
+# bf16 keeps 8 significant bits: unit roundoff u = 2^-8. A few roundings per matmul input,
+# accumulated in fp32, over a couple of layers: 16 u for logits, twice that for a parameter's
+# gradient.
 BF16_TOL = 16 * 2.0**-8
 
 # Every block type of olmo_patches/nn/ as ModelSpec overrides on top of the demo model.
@@ -93,7 +94,8 @@ def token_ids(
 def forward_backward(
     model: torch.nn.Module, ids: torch.Tensor, bf16: bool
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Logits (fp32) and every parameter's gradient of the next-token loss, under bf16 autocast or not."""
+    """Logits (fp32) and every parameter's gradient of the next-token loss, under bf16 autocast or
+    not."""
     model.zero_grad(set_to_none=True)
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(ids[:, :-1])
@@ -119,7 +121,8 @@ def compare(rows, name: str, got, ref, detail: str = "") -> None:
 
 @functools.cache
 def shipped_head_dims() -> tuple[int, ...]:
-    """Every head dim of every config under configs/ (variable width: each layer's w_l / n_heads)."""
+    """Every head dim of every config under configs/ (variable width: each layer's
+    w_l / n_heads)."""
     dims: set[int] = set()
     for path in sorted(
         (REPO / "configs").rglob("*/*.yaml")
@@ -128,11 +131,12 @@ def shipped_head_dims() -> tuple[int, ...]:
     return tuple(sorted(dims))
 
 
-# --- Trainer runs -----------------------------------------------------------------------------------
+# --- Trainer runs ---------------------------------------------------------------------------------
 
 
 class StepTimer(Callback):
-    """Wall time after every step (device synchronised) and the peak memory the caching allocator held."""
+    """Wall time after every step (device synchronised) and the peak memory the caching allocator
+    held."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -150,7 +154,8 @@ class StepTimer(Callback):
 
 
 def synthetic_tokens(folder: Path, vocab: int, tokens: int) -> str:
-    """Uniform tokens in an OLMo-core numpy token file, written whole before it is renamed into place."""
+    """Uniform tokens in an OLMo-core numpy token file, written whole before it is renamed into
+    place."""
     path = folder / f"synthetic-{vocab}-{tokens}.npy"
     if not path.exists():
         part = folder / f".{path.name}.{os.getpid()}"
@@ -173,7 +178,8 @@ def run_overrides(
 def demo_overrides(
     folder: Path, seq: int, batch: int, steps: int, device: torch.device
 ) -> list[str]:
-    """A short run in ``folder``: the config's own data (the demo corpus for configs/demo/), no evals or saves."""
+    """A short run in ``folder``: the config's own data (the demo corpus for configs/demo/), no
+    evals or saves."""
     return [
         f"run.save_folder={folder}",
         f"data.work_dir={folder / 'cache'}",
@@ -189,8 +195,10 @@ def demo_overrides(
         "run.log_interval=1",
         "run.ephemeral_save_interval=null",
         "run.wandb_project=null",
+        # no loader processes to start per run: a local file read in process keeps up
+        # (docs/performance.md)
         "data.num_workers=0",
-    ]  # no loader processes to start per run: a local file read in process keeps up (docs/performance.md)
+    ]
 
 
 @dataclass
@@ -212,13 +220,15 @@ def timed_run(
     steps: int,
     warmup: int,
 ) -> Timed:
-    """``steps`` Trainer steps of ``config`` on synthetic tokens (no checkpoints); tokens/s over the steps after ``warmup``."""
+    """``steps`` Trainer steps of ``config`` on synthetic tokens (no checkpoints); tokens/s over the
+    steps after ``warmup``."""
     tokens_file = synthetic_tokens(folder.parent, 100_000, (steps + 1) * batch * (seq + 1))
     spec = load_and_resolve(
         config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides]
     )
     timer = StepTimer(device)
-    torch._dynamo.reset()  # each run compiles its own shapes: no automatic dynamic shapes from the run before
+    # each run compiles its own shapes: no automatic dynamic shapes from the run before
+    torch._dynamo.reset()
     train(
         spec,
         callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)},

@@ -1,6 +1,7 @@
-"""The GPU checks' fixtures. Every test here is marked ``gpu`` (as OLMo-core's ``requires_gpu``): without a
-CUDA device it is skipped with the reason, unless scripts/gpu_check.py --rehearse runs it on CPU at toy
-sizes through the same code (its rows marked "rehearsal"; speed and memory rows shown, not judged)."""
+"""The GPU checks' fixtures. Every test here is marked ``gpu`` (as OLMo-core's ``requires_gpu``):
+without a CUDA device it is skipped with the reason, unless scripts/gpu_check.py --rehearse runs it
+on CPU at toy sizes through the same code (its rows marked "rehearsal"; speed and memory rows shown,
+not judged)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class Env:
         return self.cuda and torch.cuda.get_device_capability(self.device)[0] == 9
 
     def need(self, name: str, claim: str) -> None:
-        """Go on only if dependency ``name`` imports: else a SKIP (allowed by --allow-missing) or a FAIL."""
+        """Go on only if dependency ``name`` imports: else a SKIP (allowed by --allow-missing) or a
+        FAIL."""
         version, why = probe(DEPENDENCIES[name])
         if version is not None:
             return

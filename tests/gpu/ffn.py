@@ -51,8 +51,8 @@ class SwiGLUResidual(nn.Module):
 def ffn_pair(
     config: Path, device: torch.device, dtype: torch.dtype, toy: bool = False
 ) -> tuple[nn.Module, nn.Module, int]:
-    """(hourglass FFN, baseline SwiGLU of equal FLOPs, matmul weights of each) at ``config``'s shape;
-    ``toy``: d_model and d_h cut 16-fold (to multiples of 16), K kept."""
+    """(hourglass FFN, baseline SwiGLU of equal FLOPs, matmul weights of each) at ``config``'s
+    shape; ``toy``: d_model and d_h cut 16-fold (to multiples of 16), K kept."""
     spec = load_spec(config)
     block = spec.model_config().block
     ff, d_model = block.feed_forward, spec.model.d_model
@@ -73,8 +73,8 @@ def ffn_pair(
 
 
 def to_float8(module: nn.Module, emulate: bool) -> nn.Module:
-    """module's matmuls (nn.Linear and StackedLinear, dims multiples of 16) in float8, tensorwise, as
-    train.float8=tensorwise converts them (nn/float8.py)."""
+    """module's matmuls (nn.Linear and StackedLinear, dims multiples of 16) in float8, tensorwise,
+    as train.float8=tensorwise converts them (nn/float8.py)."""
     from olmo_core.float8 import AOFloat8LinearRecipe
 
     from olmo_patches.nn.float8 import ShapeFloat8Config
@@ -96,7 +96,8 @@ def seconds_per_step(
     modules: dict[str, Callable], x: torch.Tensor, *, steps: int, repeats: int, warmup: int = 2
 ) -> dict[str, float]:
     """Median seconds of one forward+backward per module, timed interleaved (``repeats`` rounds of
-    ``steps`` steps each, one module after the other), after ``warmup`` untimed steps each (compiles)."""
+    ``steps`` steps each, one module after the other), after ``warmup`` untimed steps each
+    (compiles)."""
     grad = torch.randn_like(x)
     sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
     for m in modules.values():
@@ -151,8 +152,8 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def float8_error(
     bf16: nn.Module, float8: nn.Module, x: torch.Tensor
 ) -> tuple[float, Optional[float]]:
-    """(output, input gradient) relative errors of ``float8`` against ``bf16`` (the same weights), on
-    the FFN's own contribution: FFN(x) - x, not x itself, which the residual carries exactly."""
+    """(output, input gradient) relative errors of ``float8`` against ``bf16`` (the same weights),
+    on the FFN's own contribution: FFN(x) - x, not x itself, which the residual carries exactly."""
     outs = []
     for m in (bf16, float8):
         xi = x.detach().clone().requires_grad_(True)

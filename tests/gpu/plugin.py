@@ -1,13 +1,14 @@
-"""The GPU acceptance run's table: a pytest plugin that gives each section (a test file of tests/gpu/)
-a time budget, enforces it, and writes every row to OUT/gpu_check.json and OUT/gpu_check.md after
-each test, so a run cut short still leaves its rows (scripts/gpu_check.py passes it to pytest).
+"""The GPU acceptance run's table: a pytest plugin that gives each section (a test file of
+tests/gpu/) a time budget, enforces it, and writes every row to OUT/gpu_check.json and
+OUT/gpu_check.md after each test, so a run cut short still leaves its rows (scripts/gpu_check.py
+passes it to pytest).
 
-A row is one judged or shown figure of a test (the ``rows`` fixture of tests/gpu/conftest.py). A test
-that raises adds a FAIL row with the error's last line; a test skipped for a dependency the run may miss
-(``--allow-missing``) a SKIP row naming it, any other skip a FAIL row with its reason (no silent pass).
-Budgets: the section's setup, calls and teardowns together; when they run past it, SIGALRM raises
-:class:`OverBudget` in the test running, the section gets a FAIL row, its remaining tests are not run
-(a FAIL row each) and the next section starts.
+A row is one judged or shown figure of a test (the ``rows`` fixture of tests/gpu/conftest.py). A
+test that raises adds a FAIL row with the error's last line; a test skipped for a dependency the run
+may miss (``--allow-missing``) a SKIP row naming it, any other skip a FAIL row with its reason (no
+silent pass). Budgets: the section's setup, calls and teardowns together; when they run past it,
+SIGALRM raises :class:`OverBudget` in the test running, the section gets a FAIL row, its remaining
+tests are not run (a FAIL row each) and the next section starts.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class RowsFailed(AssertionError):
 
 
 class GpuCheck(Table):
-    """The plugin: :class:`Table` filled from pytest. ``allow_missing``: the dependencies whose checks
-    are SKIP rows, not FAILs, when they do not import (scripts/gpu_check.py --allow-missing)."""
+    """The plugin: :class:`Table` filled from pytest. ``allow_missing``: the dependencies whose
+    checks are SKIP rows, not FAILs, when they do not import (scripts/gpu_check.py
+    --allow-missing)."""
 
     def __init__(self, out: Path, *, allow_missing: frozenset = frozenset(), **kwargs):
         super().__init__(out, **kwargs)
@@ -58,7 +60,8 @@ class GpuCheck(Table):
             for s in (*self.extra, *self.sections.values())
         ]
         lines.append(
-            f"  {'total':<20} {sum(s.budget_s for s in (*self.extra, *self.sections.values())):>5.0f}"
+            f"  {'total':<20} "
+            f"{sum(s.budget_s for s in (*self.extra, *self.sections.values())):>5.0f}"
         )
         return lines
 

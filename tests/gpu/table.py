@@ -76,7 +76,8 @@ DEPENDENCIES = {
             "liger",
             ("liger_kernel.ops.fused_linear_cross_entropy",),
             ("liger-kernel", "liger_kernel"),
-            "OLMo-core's default loss: the fp32 logits over the 100k vocabulary, then cross-entropy",
+            "OLMo-core's default loss: the fp32 logits over the 100k vocabulary, "
+            "then cross-entropy",
         ),
         Dependency(
             "grouped_gemm",
@@ -90,7 +91,8 @@ DEPENDENCIES = {
 
 def needed_by(name: str, *, cuda: bool, hopper: bool) -> str:
     """The judged claim of this run that needs dependency ``name`` ("" none): float8 everywhere (a
-    rehearsal emulates it), the flash kernels on CUDA only (flash-attn 3 on Hopper, where ``auto`` picks it)."""
+    rehearsal emulates it), the flash kernels on CUDA only (flash-attn 3 on Hopper, where ``auto``
+    picks it)."""
     return {
         "torchao": "float8: StackedLinear and the trainer in float8",
         "flash_attn_2": "attention kernels: flash-attn 2 at every shipped head dim" if cuda else "",
@@ -239,7 +241,8 @@ class Table:
         )
         mode += f" (budgets x {self.budget_scale:g})" if self.budget_scale != 1 else ""
         lines = [
-            f"gpu_check on {data['device']}, torch {data['torch']}, {data['date']}{mode}: {data['seconds']:.0f} s of a "
+            f"gpu_check on {data['device']}, torch {data['torch']}, {data['date']}{mode}: "
+            f"{data['seconds']:.0f} s of a "
             f"{data['budget_s']:.0f} s budget",
             "",
             "| section | budget s | time s | result |",

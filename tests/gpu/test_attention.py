@@ -1,9 +1,11 @@
-"""The attention kernel at every head dim of every shipped config (configs/*/*.yaml, variable width: each
-layer's w_l / n_heads): the backend the trainer picks (``auto``: flash-attn 3 or 2 where it runs) in bf16
-against torch SDPA in fp32, logits and gradients of a one-layer model. On CUDA a flash-attn that does not
-import is a FAIL row, flash-attn 3 on Hopper too (``--allow-missing flash_attn_2`` / ``flash_attn_3``: a SKIP
-row, and the head dims run what ``auto`` picks without it, torch SDPA's CUDA kernels at worst). A rehearsal runs three head dims (the smallest, the largest and the first
-that is not a multiple of 8) with torch SDPA in bf16 standing in for the kernel."""
+"""The attention kernel at every head dim of every shipped config (configs/*/*.yaml, variable width:
+each layer's w_l / n_heads): the backend the trainer picks (``auto``: flash-attn 3 or 2 where it
+runs) in bf16 against torch SDPA in fp32, logits and gradients of a one-layer model. On CUDA a
+flash-attn that does not import is a FAIL row, flash-attn 3 on Hopper too
+(``--allow-missing flash_attn_2`` / ``flash_attn_3``: a SKIP row, and the head dims run what
+``auto`` picks without it, torch SDPA's CUDA kernels at worst). A rehearsal runs three head dims
+(the smallest, the largest and the first that is not a multiple of 8) with torch SDPA in bf16
+standing in for the kernel."""
 
 import pytest
 

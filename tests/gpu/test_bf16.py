@@ -1,5 +1,6 @@
-"""bf16 against fp32 per block type: bf16 autocast and fp32 on the same weights, logits and every parameter
-gradient as relative errors (tolerances in _common.BF16_TOL). On a CPU, torch's CPU bf16 kernels run."""
+"""bf16 against fp32 per block type: bf16 autocast and fp32 on the same weights, logits and every
+parameter gradient as relative errors (tolerances in _common.BF16_TOL). On a CPU, torch's CPU bf16
+kernels run."""
 
 import pytest
 

@@ -1,9 +1,10 @@
-"""Compile per block as the trainer does (OLMo-core's apply_compile: inductor; in a rehearsal aot_eager
-stands in, inductor's C++ build taking minutes on a CPU) for the three block families, against eager:
-logits, gradients, the loss after 3 AdamW steps; the graphs dynamo compiled and its graph breaks over the
-first two steps (a block compiles twice: its RoPE cache is empty on the first call; a variable-width model
-once more per width), and the graphs compiled in the 3 training steps after them (steady state: judged 0;
-a graph compiled there is a guard failing step after step, and past dynamo's recompile limit a block runs eager)."""
+"""Compile per block as the trainer does (OLMo-core's apply_compile: inductor; in a rehearsal
+aot_eager stands in, inductor's C++ build taking minutes on a CPU) for the three block families,
+against eager: logits, gradients, the loss after 3 AdamW steps; the graphs dynamo compiled and its
+graph breaks over the first two steps (a block compiles twice: its RoPE cache is empty on the first
+call; a variable-width model once more per width), and the graphs compiled in the 3 training steps
+after them (steady state: judged 0; a graph compiled there is a guard failing step after step, and
+past dynamo's recompile limit a block runs eager)."""
 
 import copy
 

@@ -25,8 +25,8 @@ CONFIGS = (
     "1B/hourglass-aligned",
     "906M/hourglass-revised",
 )
-# float8 e4m3 keeps 3 significant bits (unit roundoff 2^-4); both matmul operands rounded, three matmuls
-# in a row and K sub-MLPs in series: four roundoffs on the FFN's output
+# float8 e4m3 keeps 3 significant bits (unit roundoff 2^-4); both matmul operands rounded, three
+# matmuls in a row and K sub-MLPs in series: four roundoffs on the FFN's output
 FLOAT8_TOL = 4 * 2.0**-4
 
 

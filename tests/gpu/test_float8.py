@@ -1,13 +1,15 @@
-"""float8 (train.float8=tensorwise) against bf16: Trainer tokens/s and the first steps' losses, same data.
+"""float8 (train.float8=tensorwise) against bf16: Trainer tokens/s and the first steps' losses, same
+data.
 
-The setting is one where a gain is expected on one GPU: the revised 8B's shapes (d_model 4096, d_ff 14336,
-32 heads of 128: every matmul float8-aligned) cut to 8 layers, sequence 4096, micro-batch 2 (8192 tokens per
-step: every converted GEMM has M = 8192, K and N >= 4096), compile on, no activation checkpointing. torchao's
-float8 training benchmarks report gains from such large GEMMs under compile; here about two thirds of the
-matmul FLOPs convert (the LM head stays bf16, as OLMo-core keeps it), so the judged mark is 1.10x. (OLMo-core's 1.20x,
-55k -> 65k tokens/s at 1B, is an 8-GPU FSDP run whose weight all-gathers also move float8: not a one-GPU
-target.) Without float8 tensor cores (a CPU rehearsal, GPUs before SM89) torchao emulates: speed shown.
-float8 on the hourglass's StackedLinear, against bf16 and against a SwiGLU: tests/gpu/test_ffn.py."""
+The setting is one where a gain is expected on one GPU: the revised 8B's shapes (d_model 4096, d_ff
+14336, 32 heads of 128: every matmul float8-aligned) cut to 8 layers, sequence 4096, micro-batch 2
+(8192 tokens per step: every converted GEMM has M = 8192, K and N >= 4096), compile on, no
+activation checkpointing. torchao's float8 training benchmarks report gains from such large GEMMs
+under compile; here about two thirds of the matmul FLOPs convert (the LM head stays bf16, as
+OLMo-core keeps it), so the judged mark is 1.10x. (OLMo-core's 1.20x, 55k -> 65k tokens/s at 1B, is
+an 8-GPU FSDP run whose weight all-gathers also move float8: not a one-GPU target.) Without float8
+tensor cores (a CPU rehearsal, GPUs before SM89) torchao emulates: speed shown. float8 on the
+hourglass's StackedLinear, against bf16 and against a SwiGLU: tests/gpu/test_ffn.py."""
 
 import pytest
 

@@ -1,8 +1,8 @@
-"""Resume exactness: a run stopped (checkpointed) at step 2 and resumed to step 4 against the uninterrupted
-run, the loss at every step and AdamW's state at step 4 (exp_avg, exp_avg_sq, step of every parameter),
-on the demo corpus's real tokens (its BPE over Python's standard library), so a resumed run that read the
-wrong batches shows in its loss. Bit-identity is reported; GPU backward kernels are not deterministic, so
-the pass mark is BF16_TOL."""
+"""Resume exactness: a run stopped (checkpointed) at step 2 and resumed to step 4 against the
+uninterrupted run, the loss at every step and AdamW's state at step 4 (exp_avg, exp_avg_sq, step of
+every parameter), on the demo corpus's real tokens (its BPE over Python's standard library), so a
+resumed run that read the wrong batches shows in its loss. Bit-identity is reported; GPU backward
+kernels are not deterministic, so the pass mark is BF16_TOL."""
 
 import pytest
 import torch

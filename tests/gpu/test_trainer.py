@@ -1,14 +1,15 @@
-"""OLMo-core Trainer steps for the 113M and 1B baseline and hourglass configs on synthetic tokens, bf16, with
-the hardware preset's micro-batch, compile and activation checkpointing: information rows, not the
-hourglass claim (tests/gpu/test_ffn.py measures the FFNs alone). Each run's row names what it measured:
-the attention kernel, the LM loss kernel, float8, compile and activation checkpointing. Shown: tokens/s,
-MFU (OLMo-core's FLOPs per token over the card's dense bf16 peak in launch/cards.py) with the attention
-(weights and SDPA) and LM-head shares of those FLOPs, and hourglass / baseline MFU and tokens/s. Judged:
-the peak memory the caching allocator reserved against the memory model's estimate (launch/memory.py
-estimate, for the same model, sequence, micro-batch and checkpointing mode): reserved <= estimate (the preset
-fits) and estimate <= 1.5 x reserved (not so loose that presets waste the card). The estimate's logits term
-was measured eager; the row says when the run compiled its head.
-A rehearsal runs the same configs at toy sizes on the CPU in fp32 (no preset, no compile): figures shown."""
+"""OLMo-core Trainer steps for the 113M and 1B baseline and hourglass configs on synthetic tokens,
+bf16, with the hardware preset's micro-batch, compile and activation checkpointing: information
+rows, not the hourglass claim (tests/gpu/test_ffn.py measures the FFNs alone). Each run's row names
+what it measured: the attention kernel, the LM loss kernel, float8, compile and activation
+checkpointing. Shown: tokens/s, MFU (OLMo-core's FLOPs per token over the card's dense bf16 peak in
+launch/cards.py) with the attention (weights and SDPA) and LM-head shares of those FLOPs, and
+hourglass / baseline MFU and tokens/s. Judged: the peak memory the caching allocator reserved
+against the memory model's estimate (launch/memory.py estimate, for the same model, sequence,
+micro-batch and checkpointing mode): reserved <= estimate (the preset fits) and estimate <= 1.5 x
+reserved (not so loose that presets waste the card). The estimate's logits term was measured eager;
+the row says when the run compiled its head. A rehearsal runs the same configs at toy sizes on the
+CPU in fp32 (no preset, no compile): figures shown."""
 
 from dataclasses import dataclass
 
@@ -75,8 +76,10 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
     what = f"{scale} {variant}" + (" (toy)" if env.rehearse else "")
     device = env.device.type
     setting = (
-        f"attention {attention_backend(run.spec, device).name}, loss {lm_loss(run.spec, device).name}, "
-        f"float8 {t.float8}, compile {'on' if t.compile else 'off'}, checkpointing {t.activation_checkpointing}, "
+        f"attention {attention_backend(run.spec, device).name}, "
+        f"loss {lm_loss(run.spec, device).name}, "
+        f"float8 {t.float8}, compile {'on' if t.compile else 'off'}, "
+        f"checkpointing {t.activation_checkpointing}, "
         f"micro-batch {t.micro_batch_size}"
     )
     rows.show(f"{what}: tokens/s", f"{run.tokens_per_s:,.0f}", setting)
@@ -122,6 +125,7 @@ def test_trainer_steps(scale, env, rows):
     rows.show(
         f"{scale}: MFU hourglass / baseline",
         "-" if ratio is None else f"{ratio:.3f}",
-        f"tokens/s hourglass / baseline {tps:.3f}; information: the FFN claim is the FFN vs FFN section",
+        f"tokens/s hourglass / baseline {tps:.3f}; information: "
+        "the FFN claim is the FFN vs FFN section",
     )
     rows.check()
