@@ -34,24 +34,31 @@ __all__ = [
 
 
 def load_or_exit(
-    path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None
+    path: str,
+    overrides: Optional[List[str]] = None,
+    layout: Optional["Layout"] = None,
+    data: bool = False,
 ) -> ExperimentSpec:
     """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on a
     bad one print one line naming file, key and value and exit 2. The config is read and checked
     before torch is imported (a refusal takes about a second); what depends on the machine after. A
     relative path missing from the working folder is looked up among the package's configs
-    (``configs/demo/baseline.yaml`` from anywhere)."""
+    (``configs/demo/baseline.yaml`` from anywhere). ``data``: a script that reads the run's data
+    also checks its data files (launch/data_files.py), before torch, on the first rank of each
+    node: each node prints its line and ends on its own (where rank 0 alone refused before the
+    rendezvous, the other nodes' torchrun lost its store and printed a traceback, no line)."""
     _config_log(_rank0())
     try:
         spec = load_spec(find_config(path), overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
-    from .launch.data_files import check_data_files  # numpy and the standard library: torch not yet
+    if data and os.environ.get("LOCAL_RANK", "0") == "0":  # the node's other ranks: ended with it
+        from .launch.data_files import check_data_files  # numpy and the standard library
 
-    try:
-        check_data_files(spec)  # token ids, URLs, the tokenizer file
-    except ConfigError as e:
-        refuse_alike(f"config error: {e}")
+        try:
+            check_data_files(spec)  # token ids, URLs, the tokenizer file
+        except ConfigError as e:
+            refuse_alike(f"config error: {e}")
     from .launch.layout import resolve
 
     try:

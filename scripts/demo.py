@@ -47,9 +47,8 @@ def main() -> None:
     paths = args.configs or sorted(
         DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem)
     )
-    specs = [
-        load_or_exit(str(p), args.overrides) for p in paths
-    ]  # every config checked before any training
+    # Every config and its data checked before any training.
+    specs = [load_or_exit(str(p), args.overrides, data=True) for p in paths]
 
     from olmo_patches.report.demo import compare, saved_step
     from olmo_patches.train import exit_line, stop, train
@@ -66,7 +65,7 @@ def main() -> None:
             continue
         console().rule(f"[bold]{i}/{len(specs)}: {name}")
         try:
-            train(spec)
+            train(spec, data_checked=True)
         except KeyboardInterrupt:  # outside the steps (a build, an evaluation): nothing saved
             refuse(
                 f"interrupted in {name}: rerun the same command to resume (--fresh: start over)",

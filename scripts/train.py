@@ -69,9 +69,8 @@ def main() -> None:
             )
         args.overrides.append(f"train.init_from={args.init_from}")
     args.config = str(find_config(args.config))  # configs/... from any folder once installed
-    spec = load_or_exit(
-        args.config, args.overrides, layout
-    )  # a bad config is refused here, before torch is imported
+    # A bad config or bad data is refused here, before torch is imported (the dry run too).
+    spec = load_or_exit(args.config, args.overrides, layout, data=True)
     from olmo_patches.config import ConfigError, spec_to_yaml
     from olmo_patches.launch.peers import announce
     from olmo_patches.launch.run_folder import Lock, check_config
@@ -118,7 +117,7 @@ def main() -> None:
         return
     stop.install()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:
-        train(spec, resume_from=args.resume_from)
+        train(spec, resume_from=args.resume_from, data_checked=True)
         stop.ignore()  # saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL)
     except (
         Exception

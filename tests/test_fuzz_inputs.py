@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from olmo_patches.config import ConfigError, ExperimentSpec
+from olmo_patches.launch.data_files import check_data_files
 from olmo_patches.launch.layout import Layout, load_and_resolve
 from olmo_patches.config import spec as spec_module
 
@@ -148,8 +149,8 @@ def _load(overrides: list, path: Path = BASELINE, work: Path = Path("."), key: s
         if k != key
     ]
     start = time.perf_counter()
-    try:
-        load_and_resolve(path, [*base, *overrides], Layout.plan(1, 1))
+    try:  # what scripts/train.py checks before torch: the config, the machine, the data files
+        check_data_files(load_and_resolve(path, [*base, *overrides], Layout.plan(1, 1)))
         return None, time.perf_counter() - start
     except ConfigError as e:
         return str(e), time.perf_counter() - start

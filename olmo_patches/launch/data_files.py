@@ -1,14 +1,19 @@
-"""A run's data files against its config, before anything is written and before torch is imported
-(cli.load_or_exit runs it right after the config loads; launch.layout.check_machine again): local
-token files whole tokens of the tokenizer's dtype, at least a sequence each and a global batch in all,
-every id of every token file (data.paths, data.mixture's sources, local validation sets) below the
-vocabulary (a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, and
-data.tokenizer_file a tokenizers JSON whose ids fit the model."""
+"""A run's data files against its config, before anything is written: local token files whole
+tokens of the tokenizer's dtype, at least a sequence each and a global batch in all, every id of
+every token file (data.paths, data.mixture's sources, local validation sets) below the vocabulary
+(a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, and
+data.tokenizer_file a tokenizers JSON whose ids fit the model.
+
+Only what reads the data runs it: ``cli.load_or_exit(..., data=True)`` in scripts/train.py and
+scripts/demo.py (the first rank of each node, before torch is imported), and ``train.train`` (rank 0,
+before anything is written) for a spec whose launch did not. Loading, resolving, counting and
+searching configs read no data file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..config.load import where_set
 from ..config.spec import ExperimentSpec, failer, tokenizer_vocab, vocab_size
 from ..data.contract import (
     HEAD_TIMEOUT_S,
@@ -23,14 +28,11 @@ __all__ = ["check_data_files"]
 
 def check_data_files(spec: ExperimentSpec, fail=None) -> None:
     """What the data files must agree with (the module's list): a ConfigError in one line."""
-    if getattr(spec, "data_files_checked", False):  # at load already: no second HEAD per URL
-        return
-    fail = fail or failer(getattr(spec, "where", lambda key: "config"))
+    fail = fail or failer(where_set(spec))
     if spec.data.tokenizer_file is not None:
         _check_tokenizer_file(spec, fail)
     if spec.data.source == "numpy":
         _check_token_files(spec, fail)
-    spec.data_files_checked = True  # type: ignore[attr-defined]  # not a key
 
 
 def _check_token_files(spec: ExperimentSpec, fail) -> None:

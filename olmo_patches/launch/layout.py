@@ -1,7 +1,9 @@
 """What a loaded spec becomes on this machine, for these ranks (:func:`resolve`, called at launch and
-by the dry run): the checks that read the machine (CUDA, flash attention, torchao, local files, the
-installed eval tasks), the per-rank batch arithmetic, the hardware preset's choices, the attention
-backend and the loader's workers. Loading a config (``config.load_spec``) is pure; this is not."""
+by the dry run): the checks that read the machine (CUDA, flash attention, torchao, the folders it
+writes, a data prefix, the installed eval tasks), the per-rank batch arithmetic, the hardware
+preset's choices, the attention backend and the loader's workers. Loading a config
+(``config.load_spec``) is pure; this is not. The data files are checked by what reads them
+(launch/data_files.py), not here."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from ..config.spec import (
     one_line,
 )
 from .cards import CARDS, detect, no_cuda_driver
-from .data_files import check_data_files
 from .ranks import Layout
 
 if (
@@ -42,9 +43,7 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
     where = where_set(spec)
     layout = layout or Layout.from_env()
     before = asdict(spec.train)
-    check_machine(
-        spec, where
-    )  # these two import no torch (a manifest aside): a refusal in about a second
+    check_machine(spec, where)  # these two import no torch: a refusal in about a second
     fit_world_size(spec, layout, where)
     check_devices(spec, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
@@ -63,17 +62,14 @@ def load_and_resolve(
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """What a spec needs of this machine that is read without torch: a CUDA driver for
-    train.device=cuda, the data files (launch/data_files.py: token files of whole tokens, ids below the
-    vocabulary and a global batch, URLs that answer, the tokenizer file; skipped when load_or_exit
-    checked them), folders it writes in that are not files, a prefix that matches the run (the rest:
-    :func:`check_devices`)."""
+    train.device=cuda, a data.base folder, folders it writes in that are not files, a prefix that
+    matches the run (the rest: :func:`check_devices`; the data files: launch/data_files.py)."""
     d, t = spec.data, spec.train
     fail = failer(where)
     if t.device == "cuda" and (why := no_cuda_driver()):  # else torch's own check (check_devices)
         fail("train.device", t.device, f"CUDA is not available on this machine ({why})")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
-    check_data_files(spec, fail)  # also at load, before torch (cli.load_or_exit)
     for key, folder in (
         ("run.save_folder", spec.save_folder),
         ("data.work_dir", d.work_dir),

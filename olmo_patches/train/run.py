@@ -26,6 +26,7 @@ from olmo_core.train.callbacks import Callback
 from ..config import ConfigError, ExperimentSpec
 from ..config.spec import one_line
 from ..launch import peers
+from ..launch.data_files import check_data_files
 from ..launch.layout import data_workers
 from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
@@ -51,6 +52,7 @@ def train(
     spec: ExperimentSpec,
     resume_from: Optional[str] = None,
     callbacks: Optional[dict[str, Callback]] = None,
+    data_checked: bool = False,
 ) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
@@ -60,6 +62,8 @@ def train(
     length or a local folder not every node sees, and :class:`NonFiniteError` when the run diverges
     (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
+    Rank 0 checks the data files first (launch/data_files.py), unless ``data_checked``: the launch
+    did (``cli.load_or_exit(..., data=True)``, before torch).
     """
     if not hasattr(
         spec, "resolved"
@@ -74,7 +78,9 @@ def train(
     # Before the process group: the demo corpus is built by rank 0 alone.
     start_lines: list[logging.LogRecord] = []
     with quiet_start(start_lines):  # what the checks log (the model's printout): train.log only
-        refused, record = _check_before_writing(spec, resume_from) if rank0 else (None, None)
+        refused, record = (
+            _check_before_writing(spec, resume_from, data_checked) if rank0 else (None, None)
+        )
     start_lines += _start_process_group(spec, device)
     # OLMo-core's ("spawn"), restored after the run.
     start_method = multiprocessing.get_start_method(allow_none=True)
@@ -108,12 +114,14 @@ def train(
 
 
 def _check_before_writing(
-    spec: ExperimentSpec, resume_from: Optional[str]
+    spec: ExperimentSpec, resume_from: Optional[str], data_checked: bool
 ) -> tuple[Optional[ConfigError], Optional[tuple[list[str], bool]]]:
     """Rank 0's checks that need no process group: the refusal (nothing written yet), and what
     record_config takes once the run is built (the config's changes from the folder's recorded one,
     and whether the folder holds a complete checkpoint)."""
     try:
+        if not data_checked:
+            check_data_files(spec)  # token ids below the vocabulary, URLs, the tokenizer file
         if resume_from is not None:
             check_resume_from(resume_from, spec)
         check_downstream(spec)
@@ -124,7 +132,7 @@ def _check_before_writing(
         if resume_from is None:
             check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
         check_room(spec)  # one checkpoint's room on the run folder's disk
-    except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
+    except ConfigError as e:  # RunFolderError, bad data, a downstream task that cannot fit
         return e, None
     return None, (changes, checkpointed)
 
