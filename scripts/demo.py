@@ -51,11 +51,12 @@ def main() -> None:
     specs = [load_or_exit(str(p), args.overrides, data=True) for p in paths]
 
     from olmo_patches.report.demo import compare, saved_step
-    from olmo_patches.train import exit_line, stop, train
+    from olmo_patches.train import exit_line, train
+    from olmo_patches.train.life import ignore_stop_signals, install_stop_signals, stop_requested
 
     if args.fresh:
         _move_aside([Path(spec.save_folder) for spec in specs])
-    stop.install()  # SIGTERM/SIGUSR1 between steps: save and stop (Ctrl-C too, inside OLMo-core's fit())
+    install_stop_signals()  # SIGTERM/SIGUSR1 between steps: save and stop (Ctrl-C too, inside OLMo-core's fit())
     for i, spec in enumerate(specs, 1):
         name, planned = spec.run.name, spec.steps
         if (done := saved_step(spec.save_folder)) >= planned:
@@ -74,15 +75,15 @@ def main() -> None:
         except Exception as e:  # a folder of another config, a divergence: train.py's line and code
             line, code = exit_line(e)
             refuse(f"{name}: {line} (--fresh moves the demo's runs aside and starts over)", code)
-        if (reached := saved_step(spec.save_folder)) < planned or stop.requested():
+        if (reached := saved_step(spec.save_folder)) < planned or stop_requested():
             print(
                 f"stopped in {name} at step {max(reached, 0)}/{planned} (saved): "
                 "rerun the same command to resume (--fresh: start over)",
                 file=sys.stderr,
             )
-            stop.ignore()
+            ignore_stop_signals()
             raise SystemExit(0)
-    stop.ignore()  # trained: a late signal does not cut the comparison's table short
+    ignore_stop_signals()  # trained: a late signal does not cut the comparison's table short
     compare(specs, Path(args.out))
 
 

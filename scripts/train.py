@@ -78,9 +78,9 @@ def main() -> None:
     from olmo_patches.report.console import console as rich_console
     from olmo_patches.report.counts import param_table
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
-    from olmo_patches.train import exit_line, stop, train
+    from olmo_patches.train import exit_line, train
     from olmo_patches.train.checkpoints import holds_checkpoints
-    from olmo_patches.train.disk import check_room
+    from olmo_patches.train.life import check_room, ignore_stop_signals, install_stop_signals
     from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
     from olmo_patches.train.init_from import check_init_from
     from olmo_patches.train.sources import check_sources
@@ -115,10 +115,10 @@ def main() -> None:
         if mixture:
             console.print(mixture_table(mixture))
         return
-    stop.install()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
+    install_stop_signals()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:
         train(spec, resume_from=args.resume_from, data_checked=True)
-        stop.ignore()  # saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL)
+        ignore_stop_signals()  # saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL)
     except (
         Exception
     ) as e:  # train() announced it (peers.py); refuse() prints the launch's first failure

@@ -7,7 +7,7 @@ and exits 1 with a traceback, whether or not the workers saved and exited 0 (so
 SIGUSR1 ends it at once (the default action). Here, as torchrun otherwise:
 
 - SIGTERM and SIGUSR1 are passed to the workers (each time one arrives: a worker saves once,
-  olmo_patches/train/stop.py) and torchrun goes on watching them: once they have saved and exited 0,
+  olmo_patches/train/life.py) and torchrun goes on watching them: once they have saved and exited 0,
   it exits 0. Under SLURM every process of the step gets the signal from slurmstepd as well, so
   each worker may see it twice. torchrun keeps its own handling of SIGINT, SIGHUP and SIGQUIT
   (its ``--signals-to-handle``, unless given).

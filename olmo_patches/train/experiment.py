@@ -57,7 +57,7 @@ from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback
 from .safety import NonFiniteGuardCallback
 from .sources import DataSources, resolve_data
-from .stop import StopOnSignalCallback
+from .life import StopOnSignalCallback
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
     trainer = trainer.with_callback(
         "stop_on_signal", StopOnSignalCallback()
-    )  # SIGTERM/SIGUSR1: save and stop (stop.py)
+    )  # SIGTERM/SIGUSR1: save and stop (life.py)
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback(

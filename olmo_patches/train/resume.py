@@ -47,7 +47,7 @@ from olmo_core.train.checkpoint import Checkpointer
 from ..config import ExperimentSpec
 from .checkpoints import checkpoint_step, latest_complete
 from .contract import check_checkpoint_fits
-from .disk import CHECKPOINT_BYTES_PER_PARAM, disk_full_error, full_error
+from .life import CHECKPOINT_BYTES_PER_PARAM, disk_full_error, full_error
 from ..launch.run_folder import RunFolderError
 from .safety import ManifestWriter, check_before_save
 
@@ -184,7 +184,7 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
 
 
 def checkpoint_bytes_of(trainer) -> int:
-    """This run's checkpoint size: the newest complete one on disk, else as :func:`disk.checkpoint_bytes` counts it."""
+    """This run's checkpoint size: the newest complete one on disk, else as :func:`life.checkpoint_bytes` counts it."""
     latest = latest_complete(trainer.save_folder)
     if latest is not None:
         return sum(f.stat().st_size for f in Path(latest).rglob("*") if f.is_file())

@@ -1,7 +1,6 @@
-"""One training run's life on OLMo-core's Trainer: refuse what cannot run before anything is written,
-start the process group, take the run folder, build (experiment.py), resume, fit, and end cleanly,
-or with one line and an exit code (:func:`exit_line`: 2 refused, 3 diverged, 4 out of space,
-1 otherwise).
+"""One training run's course on OLMo-core's Trainer: refuse what cannot run before anything is
+written, start the process group, take the run folder, build (experiment.py), resume, fit, and end
+cleanly, or with one line and an exit code (life.py: stop signals, disk space, :func:`exit_line`).
 
 Works alone or under torchrun (CPU: gloo). An error on one rank ends the others (launch/peers.py).
 """
@@ -24,22 +23,21 @@ from olmo_core.train import prepare_training_environment, teardown_training_envi
 from olmo_core.train.callbacks import Callback
 
 from ..config import ConfigError, ExperimentSpec
-from ..config.spec import one_line
 from ..launch import peers
 from ..launch.data_files import check_data_files
 from ..launch.layout import data_workers
-from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
+from ..launch.run_folder import Lock, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
 from ..nn.moe import count_experts_first
 from .checkpoints import holds_checkpoints, latest_complete
-from .disk import DiskFullError, check_room
 from .experiment import build_experiment, check_downstream, device_for
 from .precision import compile_on_cpu
 from .progress import announce, quiet_console, quiet_start
 from .resume import check_own_checkpoint, check_resume_from, load_explicit, prune_incomplete
 from .init_from import check_init_from, load_init_weights
-from .safety import NonFiniteError, select_resume_checkpoint
+from .life import check_room, exit_line
+from .safety import select_resume_checkpoint
 from .sources import check_sources, resolve_data
 from .stacked_layout import load_earlier_stacked_layout
 
@@ -272,32 +270,3 @@ def _fit(
             f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume"
         )
     return Path(spec.save_folder)
-
-
-def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
-    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
-    thread raises OLMoThreadError from the reader's error), else None."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.filename:
-            return f"{e.filename} ({type(e).__name__}: {e.strerror or e})"
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def exit_line(e: Exception) -> tuple[str, int]:
-    """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
-    if isinstance(e, RunFolderError):
-        return f"error: {e}", 2
-    if isinstance(
-        e, ConfigError
-    ):  # found while building the run (a downstream task that cannot fit)
-        return f"config error: {e}", 2
-    if isinstance(e, NonFiniteError):
-        return f"diverged: {e}", 3
-    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
-        return f"rank {os.environ.get('RANK', '0')} cannot read {unread}", 2
-    if isinstance(e, DiskFullError):
-        return f"error: {e.strerror}", 4
-    return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
