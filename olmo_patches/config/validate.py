@@ -284,6 +284,13 @@ def check_train(t, fail) -> None:
         fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
     if not all(0 <= beta < 1 for beta in t.betas):
         fail("train.betas", list(t.betas), "each beta must be in [0, 1)")
+    _check_train_numbers(t, fail)
+    if t.activation_checkpointing is not None:
+        _check_checkpointing(t.activation_checkpointing, fail)
+
+
+def _check_train_numbers(t, fail) -> None:
+    """The train section's numbers: finite, and in their domain."""
     _check_numbers(
         fail,
         ("train.lr", t.lr, t.lr > 0, "must be finite and > 0"),
@@ -328,8 +335,6 @@ def check_train(t, fail) -> None:
             "must be >= 0",
         ),
     )
-    if t.activation_checkpointing is not None:
-        _check_checkpointing(t.activation_checkpointing, fail)
 
 
 AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
@@ -555,7 +560,14 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
             m.attention_backend,
             "flash attention needs train.precision=bf16",
         )
-    if (ac := t.activation_checkpointing) is None:
+    _check_checkpointing_against_model(spec, fail)
+
+
+def _check_checkpointing_against_model(spec, fail) -> None:
+    """train.activation_checkpointing against the model: no whole MoE blocks, and module globs
+    that match modules of the model (built on the meta device), none of them an MoE."""
+    m, ac = spec.model, spec.train.activation_checkpointing
+    if ac is None:
         return
     key = "train.activation_checkpointing"
     if m.moe is not None and ac.mode in ("full", "selected_blocks"):

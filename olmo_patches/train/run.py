@@ -43,7 +43,7 @@ from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train", "exit_line"]
+__all__ = ["train"]
 
 
 def train(
@@ -63,12 +63,8 @@ def train(
     Rank 0 checks the data files first (launch/data_files.py), unless ``data_checked``: the launch
     did (``cli.load_or_exit(..., data=True)``, before torch).
     """
-    if not hasattr(
-        spec, "resolved"
-    ):  # resolved once, at launch: the machine's choices are the launch's
-        raise TypeError(
-            "train() takes a spec resolved at launch (launch.layout.resolve, load_and_resolve)"
-        )
+    if not hasattr(spec, "resolved"):  # resolved once, at launch: the machine's choices are its
+        raise TypeError("train() takes a spec resolved at launch (launch.layout.resolve)")
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
@@ -80,13 +76,7 @@ def train(
             _check_before_writing(spec, resume_from, data_checked) if rank0 else (None, None)
         )
     start_lines += _start_process_group(spec, device)
-    # OLMo-core's ("spawn"), restored after the run.
-    start_method = multiprocessing.get_start_method(allow_none=True)
-    if device == "cpu" and data_workers(spec, device) == 0:
-        # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
-        # dataset preparation's pools, which would each start a fresh interpreter (5-10 s of
-        # imports a pool on a CPU run): the platform's default (fork on Linux) starts them at once.
-        multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+    start_method = _fork_without_workers(spec, device)
     # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over the
     # ~400k objects of the imported modules. Collected once and frozen, those are skipped for the run
     # (unless the caller froze objects itself: then its freeze is left as it is).
@@ -109,6 +99,17 @@ def train(
         if rank0:
             lock.release()
         teardown_training_environment()
+
+
+def _fork_without_workers(spec: ExperimentSpec, device: str) -> Optional[str]:
+    """OLMo-core's start method ("spawn"), to restore after the run. It chose "spawn" for its
+    loader workers; with none (a CPU run), the only processes are its dataset preparation's pools,
+    which would each start a fresh interpreter (5-10 s of imports a pool on a CPU run): the
+    platform's default (fork on Linux) starts them at once."""
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    if device == "cpu" and data_workers(spec, device) == 0:
+        multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+    return start_method
 
 
 def _check_before_writing(
@@ -214,49 +215,14 @@ def _fit(
     """Build everything through OLMo-core and run its Trainer; rank 0 (``record``: its changes and
     whether the folder was checkpointed) records the config once all is built, before the first
     checkpoint: a start that fails while building leaves no record."""
-    data = resolve_data(spec)
-    mixed = [p for source in data.mixture for p in source.paths]
-    require_data(
-        [*data.train_paths, *mixed, *data.val_paths]
-    )  # every rank reads the same token files
-    exp = build_experiment(spec, data, world_size=get_world_size())
-    exp.trainer.callbacks.update(callbacks or {})
-    model = exp.model.build(init_device="meta")
-    logits_in_eval(model)  # the fused loss trains; the evaluators get logits
-    if spec.train.compile and device == "cpu":
-        compile_on_cpu(model)
-    train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(
-        train_module
-    )  # checkpoints with (K, out, in) hourglass weights resume
-    count_experts_first(
-        train_module
-    )  # model.moe.load_balance=global_batch: the step's counts first
-    dataset = exp.dataset.build()
-    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-    try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
-        trainer = exp.trainer.build(train_module, data_loader)
-    except OLMoConfigurationError as e:
-        raise ConfigError(" ".join(str(e).split())) from None
-    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
-        if name in trainer.callbacks:
-            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
-    if resume_from is not None:
-        loaded: Optional[str] = load_explicit(trainer, resume_from)
-    else:  # what fit() would load, loaded first to see whether the run is already finished
-        trainer.maybe_load_checkpoint(
-            spec.save_folder, load_trainer_state=True, load_optim_state=True
-        )
-        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
-    if (
-        not loaded and spec.train.init_from
-    ):  # a new run: another model's weights, this run's optimizer
-        load_init_weights(train_module.model, spec.train.init_from)
+    trainer, dataset = _build(spec, device, callbacks)
+    loaded = _load(spec, trainer, resume_from)
     start = f" from the weights of {spec.train.init_from}" if spec.train.init_from else ""
+    plan = _plan_line(spec, trainer, dataset)
     announce(
-        f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
+        f"resuming from step {trainer.global_step} ({loaded}); {plan}"
         if loaded
-        else f"new run in {spec.save_folder}{start}; {_plan_line(spec, trainer, dataset)}"
+        else f"new run in {spec.save_folder}{start}; {plan}"
     )
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         # No evaluation, nothing written.
@@ -267,6 +233,49 @@ def _fit(
     trainer.fit()
     if trainer.is_canceled:
         log.warning(
-            f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume"
+            f"Stopped at step {trainer.global_step}: checkpoint saved, "
+            "rerun the same command to resume"
         )
     return Path(spec.save_folder)
+
+
+def _build(spec: ExperimentSpec, device: str, callbacks: Optional[dict[str, Callback]]):
+    """The run's Trainer and dataset, built through OLMo-core (experiment.py) on every rank."""
+    data = resolve_data(spec)
+    mixed = [p for source in data.mixture for p in source.paths]
+    # Every rank reads the same token files.
+    require_data([*data.train_paths, *mixed, *data.val_paths])
+    exp = build_experiment(spec, data, world_size=get_world_size())
+    exp.trainer.callbacks.update(callbacks or {})
+    model = exp.model.build(init_device="meta")
+    logits_in_eval(model)  # the fused loss trains; the evaluators get logits
+    if spec.train.compile and device == "cpu":
+        compile_on_cpu(model)
+    train_module = exp.train_module.build(model, device=torch.device(device))
+    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights
+    count_experts_first(train_module)  # model.moe.load_balance=global_batch: the counts first
+    dataset = exp.dataset.build()
+    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
+    try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
+        trainer = exp.trainer.build(train_module, data_loader)
+    except OLMoConfigurationError as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
+        if name in trainer.callbacks:
+            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    return trainer, dataset
+
+
+def _load(spec: ExperimentSpec, trainer, resume_from: Optional[str]) -> Optional[str]:
+    """The checkpoint the run resumes from, loaded (None: a new run, which takes
+    train.init_from's weights if set, and this run's optimizer)."""
+    if resume_from is not None:
+        loaded: Optional[str] = load_explicit(trainer, resume_from)
+    else:  # what fit() would load, loaded first to see whether the run is already finished
+        trainer.maybe_load_checkpoint(
+            spec.save_folder, load_trainer_state=True, load_optim_state=True
+        )
+        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
+    if not loaded and spec.train.init_from:
+        load_init_weights(trainer.train_module.model, spec.train.init_from)
+    return loaded
