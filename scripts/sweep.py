@@ -1,7 +1,9 @@
-"""Launch, track and report a sweep of configs (olmo_patches/launch/sweep.py, olmo_patches/report/sweep.py).
+"""Launch, track and report a sweep of configs (olmo_patches/launch/sweep.py,
+olmo_patches/report/sweep.py).
 
     python scripts/sweep.py launch --local CONFIGS... [--set key=value ...]
-    python scripts/sweep.py launch --slurm CONFIGS... [--nodes 2] [--gpus-per-node 8] [--sbatch-arg=--time=24:00:00]
+    python scripts/sweep.py launch --slurm CONFIGS... [--nodes 2] [--gpus-per-node 8]
+                                   [--sbatch-arg=--time=24:00:00]
     python scripts/sweep.py status CONFIGS... [--set key=value ...]
     python scripts/sweep.py report CONFIGS... --out DIR [--baseline NAME] [--best-lr]
 
@@ -216,9 +218,15 @@ def _report(args: argparse.Namespace, members: list, variants) -> None:
 
     try:
         written = report(
-            members, args.out, args.slurm_logs, figures=not args.no_figures, target_loss=args.target_loss,
-            variants=variants, baseline=args.baseline, use_best_lr=args.best_lr,
-        )  # fmt: skip
+            members,
+            args.out,
+            args.slurm_logs,
+            figures=not args.no_figures,
+            target_loss=args.target_loss,
+            variants=variants,
+            baseline=args.baseline,
+            use_best_lr=args.best_lr,
+        )
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

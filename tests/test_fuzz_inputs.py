@@ -32,17 +32,21 @@ SECONDS = 5.0  # one load, refusal included: the bound on time per case (millise
 
 
 def _comments() -> dict:
-    """Each dataclass field's trailing comment in config/spec.py, by (class, field)."""
+    """Each dataclass field's comment in config/spec.py, by (class, field): the comment on one of
+    its lines, else the comment lines right above it."""
     source = Path(spec_module.__file__).read_text().splitlines()
     found = {}
     for node in ast.walk(ast.parse("\n".join(source))):
         if isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    line = source[item.lineno - 1]
-                    found[(node.name, item.target.id)] = (
-                        line.split("  # ", 1)[1] if "  # " in line else ""
-                    )
+                    lines = source[item.lineno - 1 : item.end_lineno]
+                    trailing = [x.split("  # ", 1)[1] for x in lines if "  # " in x]
+                    above, i = [], item.lineno - 2
+                    while source[i].strip().startswith("# "):
+                        above.insert(0, source[i].strip()[2:])
+                        i -= 1
+                    found[(node.name, item.target.id)] = (trailing or [" ".join(above)])[0]
     return found
 
 

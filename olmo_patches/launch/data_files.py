@@ -5,8 +5,8 @@ every token file (data.paths, data.mixture's sources, local validation sets) bel
 data.tokenizer_file a tokenizers JSON whose ids fit the model.
 
 Only what reads the data runs it: ``cli.load_or_exit(..., data=True)`` in scripts/train.py and
-scripts/demo.py (the first rank of each node, before torch is imported), and ``train.train`` (rank 0,
-before anything is written) for a spec whose launch did not. Loading, resolving, counting and
+scripts/demo.py (the first rank of each node, before torch is imported), and ``train.train`` (rank
+0, before anything is written) for a spec whose launch did not. Loading, resolving, counting and
 searching configs read no data file."""
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ def check_data_files(spec: ExperimentSpec, fail=None) -> None:
 
 
 def _check_token_files(spec: ExperimentSpec, fail) -> None:
-    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the smallest
-    unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one sequence;
-    together at least one global batch: an empty dataset would have OLMo-core enumerate epochs without
-    end. Then every id of every file of the run below the vocabulary (:func:`_check_token_ids`)."""
+    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the
+    smallest unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one
+    sequence; together at least one global batch: an empty dataset would have OLMo-core enumerate
+    epochs without end. Then every id of every file of the run below the vocabulary
+    (:func:`_check_token_ids`)."""
     d, t = spec.data, spec.train
     dtype = dtype_for(tokenizer_vocab(spec))
     instances, local = 0, True
@@ -58,20 +59,23 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
             fail(
                 "data.paths",
                 path,
-                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})",
+                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids "
+                f"are read as {dtype.name})",
             )
         if size // dtype.itemsize < d.sequence_length:
             fail(
                 "data.paths",
                 path,
-                f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}",
+                f"{size // dtype.itemsize} tokens, fewer than one sequence of "
+                f"data.sequence_length={d.sequence_length}",
             )
         instances += size // dtype.itemsize // d.sequence_length
     if local and d.paths and instances < t.global_batch_size:
         fail(
             "data.paths",
             d.paths,
-            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
+            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of "
+            f"{t.global_batch_size}",
         )
     keyed = [("data.paths", p) for p in files] + _mixture_files(spec) + _validation_files(spec)
     _check_token_ids(spec, fail, keyed, dtype)
@@ -104,7 +108,8 @@ def _validation_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
     e = spec.eval
     base = e.validation_base_dir or spec.data.mix_base_dir
     if spec.data.source == "demo" or not e.validation_sets or "://" in base:
-        return []  # none local (a URL base: not asked; the table of sets needs OLMo-core, hence torch)
+        # none local (a URL base: not asked; the table of sets needs OLMo-core, hence torch)
+        return []
     from ..eval.evaluators import validation_files
 
     paths, _ = validation_files(list(e.validation_sets), base)
@@ -137,7 +142,8 @@ def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], d
                 key,
                 path,
                 f"token id {top.max} at token {top.position} >= the vocabulary's {vocab} "
-                f"(data.tokenizer={d.tokenizer}, model.vocab_size={vocab_size(spec)}; {dtype.name} tokens)",
+                f"(data.tokenizer={d.tokenizer}, model.vocab_size={vocab_size(spec)}; {dtype.name} "
+                "tokens)",
             )
 
 

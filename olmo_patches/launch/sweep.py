@@ -80,7 +80,8 @@ CLAIM, CLAIM_LOCK, LOG, LAST = (
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 SLURM_LIVE = set(
-    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split()
+    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD "
+    "REQUEUE_FED".split()
 )
 
 
@@ -151,7 +152,8 @@ class Member:
 
 
 def _in_run_folder(path: Path) -> bool:
-    """A file training or a sweep wrote into a run folder (its config.yaml), not a config of the sweep."""
+    """A file training or a sweep wrote into a run folder (its config.yaml), not a config of the
+    sweep."""
     return any((path.parent / marker).exists() for marker in (METRICS_FILE, LOG, CLAIM_LOCK))
 
 
@@ -206,7 +208,8 @@ def load_sweep(
 
 @dataclass
 class SlurmInfo:
-    """Job states from squeue (live jobs) and sacct (ended ones); None where the command is absent."""
+    """Job states from squeue (live jobs) and sacct (ended ones); None where the command is
+    absent."""
 
     queue: Optional[Dict[str, str]]
     accounting: Optional[Dict[str, str]]
@@ -371,10 +374,10 @@ def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) 
 def launch_local(
     members: Sequence[Member], overrides: Sequence[str], say=partial(print, flush=True)
 ) -> int:
-    """Train each unfinished run in turn (a stopped or failed one resumes from its latest checkpoint),
-    each in its own process, output appended to its ``sweep.log`` and shown (``say``), each line
-    after the run's name. SIGINT/SIGTERM are passed to the running training (it saves a checkpoint)
-    and end the sweep. Returns the number of failed runs."""
+    """Train each unfinished run in turn (a stopped or failed one resumes from its latest
+    checkpoint), each in its own process, output appended to its ``sweep.log`` and shown (``say``),
+    each line after the run's name. SIGINT/SIGTERM are passed to the running training (it saves a
+    checkpoint) and end the sweep. Returns the number of failed runs."""
     failed = 0
     stop: List[int] = []
     child: List[subprocess.Popen] = []  # the training running now, for the signals

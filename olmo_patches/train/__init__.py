@@ -1,7 +1,7 @@
 """Running an experiment on OLMo-core's Trainer: a spec's data sources (sources), optimizer
 (optimizer) and OLMo-core configs (experiment), the run's course (run) and how it ends: stop
-signals, disk space, its exit line (life); resume and checkpoint safety, progress, metrics, the batch
-trace. Imports config and the layers below it."""
+signals, disk space, its exit line (life); resume and checkpoint safety, progress, metrics, the
+batch trace. Imports config and the layers below it."""
 
 from .experiment import Experiment, OrderedDataLoaderConfig, build_experiment, device_for
 from .life import exit_line

@@ -136,7 +136,8 @@ def checkpoint_bytes(spec: ExperimentSpec) -> int:
 
 
 def free_bytes(folder: Path) -> int:
-    """Bytes free to this user on the disk that holds ``folder`` (or its nearest existing parent)."""
+    """Bytes free to this user on the disk that holds ``folder`` (or its nearest existing
+    parent)."""
     for path in (folder, *folder.parents):
         if path.exists():
             return shutil.disk_usage(path).free
@@ -176,8 +177,8 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
 
 
 def full_error(e: BaseException) -> Optional[OSError]:
-    """The out-of-space OSError behind ``e``, if that is what it is (an exception object, or the text
-    of one that OLMo-core's writer threads pass on as "Original error: <traceback>")."""
+    """The out-of-space OSError behind ``e``, if that is what it is (an exception object, or the
+    text of one that OLMo-core's writer threads pass on as "Original error: <traceback>")."""
     chain = list(_chain(e))
     if found := next((x for x in chain if isinstance(x, OSError) and x.errno in FULL), None):
         return found
@@ -192,7 +193,8 @@ def disk_full_error(folder: Path, path: str, need: int, cause: OSError) -> DiskF
     return DiskFullError(
         cause.errno,
         f"{cause.strerror} saving {Path(path).name} to {folder}: the save needs about "
-        f"{_size(need)}, {_size(free)} left; the partial save was removed, earlier checkpoints kept",
+        f"{_size(need)}, {_size(free)} left; the partial save was removed, earlier checkpoints "
+        "kept",
     )
 
 
@@ -206,8 +208,8 @@ def _size(n: int) -> str:
 
 
 def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
-    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
-    thread raises OLMoThreadError from the reader's error), else None."""
+    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's
+    data thread raises OLMoThreadError from the reader's error), else None."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))

@@ -56,9 +56,9 @@ def train(
 
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
     Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
-    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its sequence
-    length or a local folder not every node sees, and :class:`NonFiniteError` when the run diverges
-    (its last good checkpoint kept). An error on one rank ends the others (peers.py).
+    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its
+    sequence length or a local folder not every node sees, and :class:`NonFiniteError` when the run
+    diverges (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
     Rank 0 checks the data files first (launch/data_files.py), unless ``data_checked``: the launch
     did (``cli.load_or_exit(..., data=True)``, before torch).
@@ -77,9 +77,9 @@ def train(
         )
     start_lines += _start_process_group(spec, device)
     start_method = _fork_without_workers(spec, device)
-    # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over the
-    # ~400k objects of the imported modules. Collected once and frozen, those are skipped for the run
-    # (unless the caller froze objects itself: then its freeze is left as it is).
+    # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over
+    # the ~400k objects of the imported modules. Collected once and frozen, those are skipped for
+    # the run (unless the caller froze objects itself: then its freeze is left as it is).
     froze = gc.get_freeze_count() == 0
     try:
         _take_folder(spec, lock, refused, resume_from)
@@ -196,10 +196,11 @@ def _count(n: int) -> str:
 
 
 def _set_default_backend() -> None:
-    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group does
-    when no backend plugin is registered: with one registered (torch's FAKE, which an import registers)
-    it leaves the default unset, and destroy_process_group's hook check then prints the C++ "No backend
-    of type 0 found" warning on every exit (distributed_c10d._new_process_group_helper)."""
+    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group
+    does when no backend plugin is registered: with one registered (torch's FAKE, which an import
+    registers) it leaves the default unset, and destroy_process_group's hook check then prints the
+    C++ "No backend of type 0 found" warning on every exit
+    (distributed_c10d._new_process_group_helper)."""
     pg = dist.GroupMember.WORLD if dist.is_initialized() else None
     if type(pg) is dist.ProcessGroup and "nccl" not in str(dist.get_backend_config(pg)):
         pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
