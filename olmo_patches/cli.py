@@ -34,24 +34,31 @@ __all__ = [
 
 
 def load_or_exit(
-    path: str, overrides: Optional[List[str]] = None, layout: Optional["Layout"] = None
+    path: str,
+    overrides: Optional[List[str]] = None,
+    layout: Optional["Layout"] = None,
+    data: bool = False,
 ) -> ExperimentSpec:
-    """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on a
-    bad one print one line naming file, key and value and exit 2. The config is read and checked
+    """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on
+    a bad one print one line naming file, key and value and exit 2. The config is read and checked
     before torch is imported (a refusal takes about a second); what depends on the machine after. A
     relative path missing from the working folder is looked up among the package's configs
-    (``configs/demo/baseline.yaml`` from anywhere)."""
+    (``configs/demo/baseline.yaml`` from anywhere). ``data``: a script that reads the run's data
+    also checks its data files (launch/data_files.py), before torch, on the first rank of each
+    node: each node prints its line and ends on its own (where rank 0 alone refused before the
+    rendezvous, the other nodes' torchrun lost its store and printed a traceback, no line)."""
     _config_log(_rank0())
     try:
         spec = load_spec(find_config(path), overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
-    from .launch.data_files import check_data_files  # numpy and the standard library: torch not yet
+    if data and os.environ.get("LOCAL_RANK", "0") == "0":  # the node's other ranks: ended with it
+        from .launch.data_files import check_data_files  # numpy and the standard library
 
-    try:
-        check_data_files(spec)  # token ids, URLs, the tokenizer file
-    except ConfigError as e:
-        refuse_alike(f"config error: {e}")
+        try:
+            check_data_files(spec)  # token ids, URLs, the tokenizer file
+        except ConfigError as e:
+            refuse_alike(f"config error: {e}")
     from .launch.layout import resolve
 
     try:
@@ -61,8 +68,8 @@ def load_or_exit(
 
 
 def refuse_alike(line: str) -> NoReturn:
-    """Exit 2 after one line on stderr, once a node: a refusal every rank makes alike (a bad config or
-    argument is the same on every rank), before torch is imported or a process group exists."""
+    """Exit 2 after one line on stderr, once a node: a refusal every rank makes alike (a bad config
+    or argument is the same on every rank), before torch is imported or a process group exists."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(line, file=sys.stderr)
     raise SystemExit(2) from None
@@ -131,8 +138,8 @@ MAX_NUMBER = 2**53  # no argument is larger: the largest integer a float holds e
 
 
 def at_least(low: float, kind: type = int, most: float = MAX_NUMBER) -> Callable[[str], Any]:
-    """An argparse ``type``: a finite number of ``kind`` in ``[low, most]``, e.g. ``type=at_least(1)``,
-    ``type=at_least(0, float, most=1)``."""
+    """An argparse ``type``: a finite number of ``kind`` in ``[low, most]``, e.g.
+    ``type=at_least(1)``, ``type=at_least(0, float, most=1)``."""
 
     def parse(text: str):
         try:

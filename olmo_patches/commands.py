@@ -1,6 +1,6 @@
 """The console commands (``hourglass-train`` ...) and ``python -m olmo_patches COMMAND``: each runs
-the script of the same job under scripts/ (found by :mod:`olmo_patches.resources`, in a checkout or a
-wheel) as ``__main__``, so a command and ``python scripts/NAME.py`` are the same program.
+the script of the same job under scripts/ (found by :mod:`olmo_patches.resources`, in a checkout or
+a wheel) as ``__main__``, so a command and ``python scripts/NAME.py`` are the same program.
 
 torchrun launches either form: ``torchrun --nproc-per-node N --no-python hourglass-train CONFIG`` or
 ``torchrun --nproc-per-node N -m olmo_patches train CONFIG``.
@@ -37,7 +37,8 @@ COMMANDS = {
 
 
 def run_command(name: str, argv: List[str]) -> None:
-    """Run scripts/COMMANDS[name] with ``argv`` as its arguments, as ``python scripts/FILE argv...``."""
+    """Run scripts/COMMANDS[name] with ``argv`` as its arguments, as
+    ``python scripts/FILE argv...``."""
     script = data_path("scripts", COMMANDS[name])
     sys.argv = [f"hourglass-{name}", *argv]
     runpy.run_path(str(script), run_name="__main__")
@@ -65,7 +66,8 @@ def _entry(name: str):
     return run
 
 
-# console_scripts entry points (pyproject.toml [project.scripts]): hourglass-<name> -> olmo_patches.commands:<name>
+# console_scripts entry points (pyproject.toml [project.scripts]): hourglass-<name> ->
+# olmo_patches.commands:<name>
 train = _entry("train")
 count = _entry("count")
 demo = _entry("demo")

@@ -21,6 +21,28 @@ DEMO_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
 
 
 def main() -> None:
+    args = _arguments()
+    out_arg("--out", args.out)
+    paths = args.configs or sorted(
+        DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem)
+    )
+    # Every config and its data checked before any training.
+    specs = [load_or_exit(str(p), args.overrides, data=True) for p in paths]
+
+    from olmo_patches.report.demo import compare
+    from olmo_patches.train.life import ignore_stop_signals, install_stop_signals
+
+    if args.fresh:
+        _move_aside([Path(spec.save_folder) for spec in specs])
+    # SIGTERM/SIGUSR1 between steps: save and stop (Ctrl-C too, inside OLMo-core's fit()).
+    install_stop_signals()
+    for i, spec in enumerate(specs, 1):
+        _train_variant(spec, f"{i}/{len(specs)}")
+    ignore_stop_signals()  # trained: a late signal does not cut the comparison's table short
+    compare(specs, Path(args.out))
+
+
+def _arguments() -> argparse.Namespace:
     parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -41,50 +63,38 @@ def main() -> None:
         action="store_true",
         help="move the variants' run folders aside first (FOLDER.before-TIME): a new comparison",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    out_arg("--out", args.out)
-    paths = args.configs or sorted(
-        DEMO_CONFIGS.glob("*.yaml"), key=lambda p: (p.stem != "baseline", p.stem)
-    )
-    specs = [
-        load_or_exit(str(p), args.overrides) for p in paths
-    ]  # every config checked before any training
 
-    from olmo_patches.report.demo import compare, saved_step
-    from olmo_patches.train import exit_line, stop, train
+def _train_variant(spec, which: str) -> None:
+    """One variant (``which``: "i/n") trained to its end, or kept if it got there before; a stop
+    signal saves it and ends the demo (exit 0), an error ends it with train.py's line and code."""
+    from olmo_patches.report.demo import saved_step
+    from olmo_patches.train import exit_line, train
+    from olmo_patches.train.life import ignore_stop_signals, stop_requested
 
-    if args.fresh:
-        _move_aside([Path(spec.save_folder) for spec in specs])
-    stop.install()  # SIGTERM/SIGUSR1 between steps: save and stop (Ctrl-C too, inside OLMo-core's fit())
-    for i, spec in enumerate(specs, 1):
-        name, planned = spec.run.name, spec.steps
-        if (done := saved_step(spec.save_folder)) >= planned:
-            console().print(
-                f"{i}/{len(specs)}: {name} finished (step {done}, {spec.save_folder}): kept"
-            )
-            continue
-        console().rule(f"[bold]{i}/{len(specs)}: {name}")
-        try:
-            train(spec)
-        except KeyboardInterrupt:  # outside the steps (a build, an evaluation): nothing saved
-            refuse(
-                f"interrupted in {name}: rerun the same command to resume (--fresh: start over)",
-                130,
-            )
-        except Exception as e:  # a folder of another config, a divergence: train.py's line and code
-            line, code = exit_line(e)
-            refuse(f"{name}: {line} (--fresh moves the demo's runs aside and starts over)", code)
-        if (reached := saved_step(spec.save_folder)) < planned or stop.requested():
-            print(
-                f"stopped in {name} at step {max(reached, 0)}/{planned} (saved): "
-                "rerun the same command to resume (--fresh: start over)",
-                file=sys.stderr,
-            )
-            stop.ignore()
-            raise SystemExit(0)
-    stop.ignore()  # trained: a late signal does not cut the comparison's table short
-    compare(specs, Path(args.out))
+    name, planned = spec.run.name, spec.steps
+    if (done := saved_step(spec.save_folder)) >= planned:
+        console().print(f"{which}: {name} finished (step {done}, {spec.save_folder}): kept")
+        return
+    console().rule(f"[bold]{which}: {name}")
+    try:
+        train(spec, data_checked=True)
+    except KeyboardInterrupt:  # outside the steps (a build, an evaluation): nothing saved
+        refuse(
+            f"interrupted in {name}: rerun the same command to resume (--fresh: start over)", 130
+        )
+    except Exception as e:  # a folder of another config, a divergence: train.py's line and code
+        line, code = exit_line(e)
+        refuse(f"{name}: {line} (--fresh moves the demo's runs aside and starts over)", code)
+    if (reached := saved_step(spec.save_folder)) < planned or stop_requested():
+        print(
+            f"stopped in {name} at step {max(reached, 0)}/{planned} (saved): "
+            "rerun the same command to resume (--fresh: start over)",
+            file=sys.stderr,
+        )
+        ignore_stop_signals()
+        raise SystemExit(0)
 
 
 def _move_aside(folders: list) -> None:

@@ -3,8 +3,9 @@
     python scripts/train.py CONFIG [key=value ...] [--dry-run [--nproc-per-node N [--nodes M]]]
     torchrun --nproc-per-node N scripts/train.py CONFIG [key=value ...]
 
-The config is checked for the ranks the run has (torchrun's environment) before anything is
-written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M nodes of N GPUs.
+The config and its data files are checked for the ranks the run has (torchrun's environment)
+before anything is written; --dry-run --nproc-per-node N --nodes M checks and plans a launch on M
+nodes of N GPUs.
 
 A run resumes from the newest good checkpoint in its save folder; --resume-from PATH resumes
 from PATH instead (a checkpoint or a folder of them). --init-from PATH (train.init_from) starts a
@@ -16,13 +17,14 @@ A folder holding another run's config (with a checkpoint of it: a record left by
 before its first checkpoint is replaced) or another process, or one that not every node sees: one
 line, exit 2. A non-finite loss, gradient norm or weight: one line naming the step and the last good
 checkpoint, exit 3. Out of space during a save: one line naming the folder, the bytes needed and
-left, the partial save removed and the good checkpoints kept, exit 4. A refusal or an error on any rank ends every rank within a second or so, its
-line printed once on each node.
+left, the partial save removed and the good checkpoints kept, exit 4. A refusal or an error on any
+rank ends every rank within a second or so, its line printed once on each node.
 """
 
 import argparse
 import os
 import sys
+from typing import Optional
 
 from olmo_patches.cli import ArgumentParser, at_least, load_or_exit, refuse
 from olmo_patches.launch.ranks import Layout
@@ -30,6 +32,22 @@ from olmo_patches.resources import find_config
 
 
 def main() -> None:
+    args, layout = _arguments()
+    # A bad config or bad data is refused here, before torch is imported (the dry run too).
+    spec = load_or_exit(args.config, args.overrides, layout, data=True)
+    from olmo_patches.report.advice import advice
+
+    if os.environ.get("RANK", "0") == "0":
+        for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
+            print(line, file=sys.stderr)
+    if args.dry_run:
+        _dry_run(spec, args, layout)
+    else:
+        _train(spec, args.resume_from)
+
+
+def _arguments() -> tuple[argparse.Namespace, Optional[Layout]]:
+    """The command line, and the launch a dry run plans (None: torchrun's environment)."""
     parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -59,9 +77,9 @@ def main() -> None:
     planned = args.nproc_per_node is not None or args.nodes is not None
     if planned and not args.dry_run:
         parser.error(
-            "--nproc-per-node/--nodes plan a launch with --dry-run; a real run takes its ranks from torchrun"
+            "--nproc-per-node/--nodes plan a launch with --dry-run; "
+            "a real run takes its ranks from torchrun"
         )
-    layout = Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
     if args.init_from is not None:  # the same as train.init_from=PATH: the run folder records it
         if args.resume_from is not None:
             parser.error(
@@ -69,60 +87,58 @@ def main() -> None:
             )
         args.overrides.append(f"train.init_from={args.init_from}")
     args.config = str(find_config(args.config))  # configs/... from any folder once installed
-    spec = load_or_exit(
-        args.config, args.overrides, layout
-    )  # a bad config is refused here, before torch is imported
+    return args, Layout.plan(args.nproc_per_node or 1, args.nodes or 1) if planned else None
+
+
+def _dry_run(spec, args: argparse.Namespace, layout: Optional[Layout]) -> None:
+    """What the real run would refuse before writing, refused alike (nothing written); then the
+    resolved config, the parameters and the launch's plan."""
     from olmo_patches.config import ConfigError, spec_to_yaml
-    from olmo_patches.launch.peers import announce
     from olmo_patches.launch.run_folder import Lock, check_config
-    from olmo_patches.report.advice import advice
     from olmo_patches.report.console import console as rich_console
     from olmo_patches.report.counts import param_table
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
-    from olmo_patches.train import exit_line, stop, train
+    from olmo_patches.train import exit_line
     from olmo_patches.train.checkpoints import holds_checkpoints
-    from olmo_patches.train.disk import check_room
-    from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
     from olmo_patches.train.init_from import check_init_from
+    from olmo_patches.train.life import check_room
+    from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
     from olmo_patches.train.sources import check_sources
 
-    if os.environ.get("RANK", "0") == "0":
-        for line in advice(spec):  # what the config costs on GPUs, once, before the plan or the run
-            print(line, file=sys.stderr)
-    if (
-        args.dry_run
-    ):  # what the real run would refuse before writing, refused alike (nothing written)
-        try:
-            if args.resume_from is not None:
-                check_resume_from(args.resume_from, spec)
-            checkpointed = holds_checkpoints(spec.save_folder)  # a record without any is replaced
-            check_config(spec, deliberate=args.resume_from is not None, checkpointed=checkpointed)
-            if args.resume_from is None:
-                check_own_checkpoint(spec)
-            Lock(spec.save_folder).check()
-            check_room(spec)
-            mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios
-            check_init_from(spec)
-        except ConfigError as e:
-            refuse(exit_line(e)[0])
-        console = rich_console()
-        console.print(spec_to_yaml(spec), highlight=False)
-        console.print(param_table(spec))
-        console.print(
-            plan_table(
-                spec, layout or Layout.from_env(), preset_rows(args.config, args.overrides, layout)
-            )
-        )
-        if mixture:
-            console.print(mixture_table(mixture))
-        return
-    stop.install()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:
-        train(spec, resume_from=args.resume_from)
-        stop.ignore()  # saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL)
-    except (
-        Exception
-    ) as e:  # train() announced it (peers.py); refuse() prints the launch's first failure
+        if args.resume_from is not None:
+            check_resume_from(args.resume_from, spec)
+        checkpointed = holds_checkpoints(spec.save_folder)  # a record without any is replaced
+        check_config(spec, deliberate=args.resume_from is not None, checkpointed=checkpointed)
+        if args.resume_from is None:
+            check_own_checkpoint(spec)
+        Lock(spec.save_folder).check()
+        check_room(spec)
+        mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios
+        check_init_from(spec)
+    except ConfigError as e:
+        refuse(exit_line(e)[0])
+    console = rich_console()
+    console.print(spec_to_yaml(spec), highlight=False)
+    console.print(param_table(spec))
+    presets = preset_rows(args.config, args.overrides, layout)
+    console.print(plan_table(spec, layout or Layout.from_env(), presets))
+    if mixture:
+        console.print(mixture_table(mixture))
+
+
+def _train(spec, resume_from: Optional[str]) -> None:
+    """The run, its stop signals saving and exiting 0; an error ends in its one line and code."""
+    from olmo_patches.launch.peers import announce
+    from olmo_patches.train import exit_line, train
+    from olmo_patches.train.life import ignore_stop_signals, install_stop_signals
+
+    install_stop_signals()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
+    try:
+        train(spec, resume_from=resume_from, data_checked=True)
+        # Saved and done: a late signal does not end the exit (Python's own exit restores SIG_DFL).
+        ignore_stop_signals()
+    except Exception as e:  # train() announced it (peers.py); refuse() prints the first failure
         line, code = exit_line(e)
         if code == 1 and announce(line, code)[:2] == (line, code):
             raise  # this rank's own error, not the consequence of another's: its traceback

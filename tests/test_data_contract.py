@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _http_server import FileServer  # noqa: E402
 
-from olmo_patches.config import ConfigError  # noqa: E402
+from olmo_patches.config import ConfigError, load_spec  # noqa: E402
 from olmo_patches.data import contract  # noqa: E402
+from olmo_patches.launch.data_files import check_data_files  # noqa: E402
 from olmo_patches.launch.layout import load_and_resolve  # noqa: E402
 
 from .conftest import REPO, run_in_process, tiny_overrides  # noqa: E402
@@ -45,6 +46,11 @@ def _numpy_run(tmp_path: Path, *paths: str, extra: tuple = ()) -> list[str]:
     return tiny_overrides(
         run, "data.source=numpy", f"data.paths=[{listed}]", "train.max_steps=1", work, *extra
     )
+
+
+def _check_data(overrides: list[str]) -> None:
+    """What a launch checks of the data (cli.load_or_exit(..., data=True), train()'s rank 0)."""
+    check_data_files(load_spec(BASELINE, overrides))
 
 
 def _refused_in_one_line(r, run: Path, *named: str) -> str:
@@ -103,10 +109,11 @@ def test_a_bad_token_file_is_refused_before_torch_is_imported(tmp_path):
     tokens = np.zeros(512, dtype=np.uint16)
     tokens[-1] = DEMO_VOCAB
     tokens.tofile(tmp_path / "t.npy")
+    overrides = _numpy_run(tmp_path, str(tmp_path / "t.npy"))
     code = (
         "import sys\n"
         "from olmo_patches.cli import load_or_exit\n"
-        f"try:\n    load_or_exit({BASELINE!r}, {_numpy_run(tmp_path, str(tmp_path / 't.npy'))!r})\n"
+        f"try:\n    load_or_exit({BASELINE!r}, {overrides!r}, data=True)\n"
         "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n"
     )
     r = run_command([sys.executable, "-c", code], timeout=300)
@@ -134,13 +141,13 @@ def test_a_token_file_is_refused_exactly_when_its_largest_id_reaches_the_vocabul
         extra=(f"data.demo_vocab_size={vocab}", "model.vocab_size=null"),
     )
     if top < vocab:
-        load_and_resolve(BASELINE, overrides)
+        _check_data(overrides)
     else:
         first = int(np.flatnonzero(tokens == top)[0])
         with pytest.raises(
             ConfigError, match=rf"token id {top} at token {first} >= the vocabulary's {vocab} "
         ):
-            load_and_resolve(BASELINE, overrides)
+            _check_data(overrides)
 
 
 @given(ids=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=300), chunk=st.integers(1, 64))
@@ -236,13 +243,13 @@ def test_a_tokenizer_with_more_ids_than_the_model_is_refused_and_one_that_fits_p
         ConfigError,
         match=r"data.tokenizer_file=.*big.json: 4097 token ids, more than model.vocab_size=4096",
     ):
-        load_and_resolve(BASELINE, big)
+        _check_data(big)
     fits = _numpy_run(
         tmp_path,
         str(tmp_path / "t.npy"),
         extra=(*vocab, f"data.tokenizer_file={tmp_path / 'fits.json'}"),
     )
-    load_and_resolve(BASELINE, fits)
+    _check_data(fits)
 
 
 def test_tokenizer_ids_are_counted_as_the_tokenizers_library_counts_them(tmp_path, demo_corpus):
@@ -281,7 +288,7 @@ def test_a_token_file_url_that_answers_404_is_refused_and_one_that_answers_passe
         )
         _refused_in_one_line(r, tmp_path / "run", "data.paths", server.url("gone.npy"), "HTTP 404")
         heads = server.count("HEAD")
-        load_and_resolve(BASELINE, _numpy_run(tmp_path, server.url("good.npy")))
+        _check_data(_numpy_run(tmp_path, server.url("good.npy")))
         assert server.count("HEAD") == heads + 1  # one HEAD, no GET: nothing read to check it
         assert server.count("GET") == 0
 
@@ -297,6 +304,69 @@ def test_urls_are_asked_at_once_and_other_schemes_are_not_asked(monkeypatch):
         is None
     )
     assert sorted(asked) == sorted(urls)  # each once; s3, gs and local paths not asked
+
+
+# ---- who reads the data checks it ---------------------------------------------------------------
+
+
+def _beyond_the_vocabulary(tmp_path: Path) -> Path:
+    tokens = np.arange(512, dtype=np.uint16) % DEMO_VOCAB
+    tokens[100] = DEMO_VOCAB  # the first id out of range
+    tokens.tofile(tmp_path / "bad.npy")
+    return tmp_path / "bad.npy"
+
+
+def test_loading_resolving_and_counting_read_no_data_file(tmp_path):
+    """A config's data is the business of what reads it: resolving a config (the dry run's plan for
+    each card, search, config_table) and count_params take a token file that would be refused and a
+    URL nothing listens on, and answer."""
+    url = f"http://127.0.0.1:{_closed_port()}/t.npy"
+    overrides = _numpy_run(tmp_path, str(_beyond_the_vocabulary(tmp_path)), url)
+    load_and_resolve(BASELINE, overrides)  # neither scanned nor asked
+    r = run_in_process("count_params.py", BASELINE, *overrides, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_dry_run_refuses_bad_data_and_asks_each_url_once_for_all_cards(tmp_path):
+    bad = _beyond_the_vocabulary(tmp_path)
+    r = run_in_process("train.py", BASELINE, *_numpy_run(tmp_path, str(bad)), "--dry-run")
+    _refused_in_one_line(r, tmp_path / "run", "data.paths", "bad.npy", f"token id {DEMO_VOCAB}")
+    tokens = (np.arange(512) % DEMO_VOCAB).astype(np.uint16).tobytes()
+    with FileServer({"good.npy": tokens}) as server:
+        overrides = _numpy_run(tmp_path, server.url("good.npy"))
+        plan = ["--dry-run", "--nproc-per-node", "2"]  # a plan row for every GPU preset
+        r = run_in_process("train.py", BASELINE, *overrides, *plan, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "train.hardware=h100" in r.stdout  # the per-card rows were made
+        assert (server.count("HEAD"), server.count("GET")) == (1, 0)
+    assert not (tmp_path / "run").exists()
+
+
+def test_only_the_first_rank_of_a_node_checks_the_data_at_launch(tmp_path, monkeypatch):
+    """Under torchrun every rank loads the config; the first of each node alone reads the data
+    files (its refusal ends the node's other ranks, tests/test_multinode.py)."""
+    from olmo_patches.cli import load_or_exit
+    from olmo_patches.launch.ranks import Layout
+
+    overrides = _numpy_run(tmp_path, str(_beyond_the_vocabulary(tmp_path)))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert load_or_exit(BASELINE, overrides, Layout.plan(2), data=True).data.paths
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit) as exit:
+        load_or_exit(BASELINE, overrides, Layout.plan(2), data=True)
+    assert exit.value.code == 2
+
+
+def test_train_checks_the_data_of_a_spec_its_launch_did_not(tmp_path):
+    from olmo_patches.train import train
+
+    spec = load_and_resolve(BASELINE, _numpy_run(tmp_path, str(_beyond_the_vocabulary(tmp_path))))
+    with pytest.raises(
+        ConfigError, match=rf"data.paths=.*bad.npy: token id {DEMO_VOCAB} at token 100"
+    ):
+        train(spec)
+    assert not (tmp_path / "run").exists()
 
 
 # ---- sizes ---------------------------------------------------------------------------------------

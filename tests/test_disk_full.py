@@ -15,7 +15,7 @@ import pytest
 from olmo_core.distributed.checkpoint import filesystem as olmo_fs
 
 from olmo_patches.config import load_spec
-from olmo_patches.train import disk
+from olmo_patches.train import life
 from olmo_patches.train.checkpoints import latest_complete
 from tests.conftest import REPO, run_in_process, tiny_overrides
 
@@ -40,7 +40,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(
 
     monkeypatch.setattr(olmo_fs, "_write_items", full_at_step4)
     monkeypatch.setattr(
-        disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - free[0], free[0])
+        life.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - free[0], free[0])
     )
     run = tmp_path / "run"
     result = run_in_process("train.py", str(BASELINE), *tiny_overrides(run, *RUN), cwd=tmp_path)
@@ -62,12 +62,12 @@ def test_a_run_folder_without_room_for_one_checkpoint_is_refused_before_anything
     tmp_path, monkeypatch
 ):
     spec = load_spec(BASELINE, tiny_overrides(tmp_path / "run", *RUN))
-    need = disk.checkpoint_bytes(spec)
+    need = life.checkpoint_bytes(spec)
     from olmo_patches.report.counts import count
 
     assert need == count(spec).total * 12  # fp32 weights and AdamW's two fp32 moments
     monkeypatch.setattr(
-        disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - need + 1, need - 1)
+        life.shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - need + 1, need - 1)
     )
     result = run_in_process(
         "train.py", str(BASELINE), *tiny_overrides(tmp_path / "run", *RUN), cwd=tmp_path
@@ -90,9 +90,9 @@ def test_out_of_space_is_found_however_the_checkpoint_writer_wraps_it(code):
 
     original = OSError(code, os.strerror(code))
     wrapped = CheckpointException("save failed", {0: (original, [])})
-    assert disk.full_error(wrapped) is original
+    assert life.full_error(wrapped) is original
     as_text = RuntimeError(
         f"Original error:\nTraceback ...\nOSError: [Errno {code}] {os.strerror(code)}"
     )
-    assert disk.full_error(as_text).errno == code
-    assert disk.full_error(OSError(errno.EACCES, "Permission denied")) is None
+    assert life.full_error(as_text).errno == code
+    assert life.full_error(OSError(errno.EACCES, "Permission denied")) is None

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from olmo_patches.config import ConfigError, ExperimentSpec
+from olmo_patches.launch.data_files import check_data_files
 from olmo_patches.launch.layout import Layout, load_and_resolve
 from olmo_patches.config import spec as spec_module
 
@@ -33,17 +34,21 @@ SECONDS = 5.0
 
 
 def _comments() -> dict:
-    """Each dataclass field's trailing comment in config/spec.py, by (class, field)."""
+    """Each dataclass field's comment in config/spec.py, by (class, field): the comment on one of
+    its lines, else the comment lines right above it."""
     source = Path(spec_module.__file__).read_text().splitlines()
     found = {}
     for node in ast.walk(ast.parse("\n".join(source))):
         if isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    line = source[item.lineno - 1]
-                    found[(node.name, item.target.id)] = (
-                        line.split("  # ", 1)[1] if "  # " in line else ""
-                    )
+                    lines = source[item.lineno - 1 : item.end_lineno]
+                    trailing = [x.split("  # ", 1)[1] for x in lines if "  # " in x]
+                    above, i = [], item.lineno - 2
+                    while source[i].strip().startswith("# "):
+                        above.insert(0, source[i].strip()[2:])
+                        i -= 1
+                    found[(node.name, item.target.id)] = (trailing or [" ".join(above)])[0]
     return found
 
 
@@ -150,8 +155,8 @@ def _load(overrides: list, path: Path = BASELINE, work: Path = Path("."), key: s
         if k != key
     ]
     start = time.perf_counter()
-    try:
-        load_and_resolve(path, [*base, *overrides], Layout.plan(1, 1))
+    try:  # what scripts/train.py checks before torch: the config, the machine, the data files
+        check_data_files(load_and_resolve(path, [*base, *overrides], Layout.plan(1, 1)))
         return None, time.perf_counter() - start
     except ConfigError as e:
         return str(e), time.perf_counter() - start

@@ -1,9 +1,9 @@
 """Two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1), as docs/running.md launches
 them, with no extra environment: HSDP trains as a 2x2 mesh with one process's losses, and resumes on
-FSDP x2 and then in one process; a folder not every node sees, and a refusal on one rank alone after
-start-up, end every process promptly, the line printed on every node; so do a rank killed
-outright (2 ranks a node, on the store's node or the other) and a node lost mid-run (its torchrun
-killed outright), under python -m olmo_patches.launch.torchrun."""
+FSDP x2 and then in one process; a folder not every node sees, bad data, and a refusal on one rank
+alone after start-up, end every process promptly, the line printed on every node; so do a rank
+killed outright (2 ranks a node, on the store's node or the other) and a node lost mid-run (its
+torchrun killed outright), under python -m olmo_patches.launch.torchrun."""
 
 import os
 import socket
@@ -166,6 +166,25 @@ def test_a_folder_not_every_node_sees_is_refused_on_every_node(tmp_path):
     assert gap < COLLECTIVE_TIMEOUT_S / 10
     # Nothing written.
     assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()
+
+
+def test_bad_data_is_refused_on_every_node_in_one_line(tmp_path):
+    """The first rank of each node reads the data files at launch (before torch) and refuses them;
+    the node's other rank, on its way to the rendezvous, ends with it, silent."""
+    import numpy as np
+
+    tokens = np.arange(512, dtype=np.uint16)
+    tokens[100] = 4096  # the demo tokenizer's 4096 ids: the first out of range
+    tokens.tofile(tmp_path / "bad.npy")
+    folder = tmp_path / "run"
+    node = _train_args(folder, "data.source=numpy", f"data.paths=[{tmp_path / 'bad.npy'}]")
+    results, gap = _two_nodes(2, node, node)
+    for r in results:
+        lines = [x for x in r.stderr.splitlines() if x.startswith("config error: ")]
+        assert r.returncode != 0 and len(lines) == 1, r.stderr[-3000:]
+        assert "data.paths=" in lines[0] and "token id 4096 at token 100" in lines[0], lines[0]
+    assert gap < COLLECTIVE_TIMEOUT_S / 10
+    assert not folder.exists()  # nothing written
 
 
 def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):

@@ -257,6 +257,7 @@ def test_training_checks_the_manifest_against_the_config_tokenizer(corpus, tmp_p
         r"not the config's data.tokenizer=demo \(512",
     ):
         check_sources(other)
+    from olmo_patches.launch.data_files import check_data_files
     from olmo_patches.launch.layout import Layout, load_and_resolve
 
     overrides = [
@@ -268,9 +269,8 @@ def test_training_checks_the_manifest_against_the_config_tokenizer(corpus, tmp_p
     with pytest.raises(
         ConfigError, match=rf"^command line: data.paths={out}: tokenized with file \(400 tokens"
     ):
-        load_and_resolve(
-            base, overrides, Layout.plan(1, 1)
-        )  # as the config loads, before anything runs
+        # as a launch checks its data, before anything runs
+        check_data_files(load_and_resolve(base, overrides, Layout.plan(1, 1)))
 
 
 def test_a_datasets_folder_and_a_text_folder_give_the_jsonl_tokens(corpus, tmp_path):

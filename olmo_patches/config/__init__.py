@@ -1,4 +1,5 @@
-"""YAML (omegaconf, ``extends:``, key=value overrides) -> a typed, validated spec -> OLMo-core configs.
+"""YAML (omegaconf, ``extends:``, key=value overrides) -> a typed, validated spec -> OLMo-core
+configs.
 
 - ``spec``: the dataclasses (every key a config may set, each with its one-line comment) and
   ``ModelSpec.build()`` -> OLMo-core's ``TransformerConfig``

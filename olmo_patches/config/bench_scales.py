@@ -30,9 +30,10 @@ SCALES: Dict[str, Scale] = {
         batch=16,
     ),
     # 113M shapes; short sequences so that a CPU step takes seconds (a GPU run passes --seq 4096).
-    # The hourglass is the paper's controlled K=8, d_h=384 at the baseline's d_model and L, so that the
-    # two differ only in the FFN's shape; hg_exact is the headline shape matched within 0.001% (d_h 621,
-    # head dim 72), hg_aligned its sibling within 0.3% (d_h 576, head dim 48): what exact matching costs.
+    # The hourglass is the paper's controlled K=8, d_h=384 at the baseline's d_model and L, so that
+    # the two differ only in the FFN's shape; hg_exact is the headline shape matched within 0.001%
+    # (d_h 621, head dim 72), hg_aligned its sibling within 0.3% (d_h 576, head dim 48): what exact
+    # matching costs.
     "113M": Scale(
         {
             "baseline": "configs/113M/baseline.yaml",

@@ -1,4 +1,5 @@
-"""Loading: YAML files (omegaconf, an ``extends:`` chain) and ``key=value`` overrides -> a validated spec.
+"""Loading: YAML files (omegaconf, an ``extends:`` chain) and ``key=value`` overrides -> a validated
+spec.
 
 A file may extend another (``extends: ../base.yaml``, relative to the file); the variant's keys
 override the base's, and omegaconf interpolation (``${model.d_model}``) works across the chain.
@@ -31,14 +32,16 @@ _KINDS = {
 
 
 def _line(source: str, key: str, e: OmegaConfBaseException) -> str:
-    """The one-line refusal: ``SOURCE: KEY=VALUE: choose one of ...`` for a fixed choice, else ``SOURCE: KEY: why``."""
+    """The one-line refusal: ``SOURCE: KEY=VALUE: choose one of ...`` for a fixed choice, else
+    ``SOURCE: KEY: why``."""
     if m := _NOT_ONE_OF.match(one_line(e).split(" full_key: ")[0]):
         return f"{source}: {key}={m.group(1)}: choose one of {m.group(2)}"
     return f"{source}: {key}: {_why(e)}"
 
 
 def _why(e: OmegaConfBaseException) -> str:
-    """omegaconf's reason in the project's words, without its internals (full_key, reference_type, ...)."""
+    """omegaconf's reason in the project's words, without its internals (full_key, reference_type,
+    ...)."""
     if isinstance(e, MissingMandatoryValue):
         return "required, not set"
     if isinstance(e, ConfigKeyError) and "not in" in str(e):
@@ -113,8 +116,8 @@ def _setter(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> O
 
 
 def _not_a_section(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> tuple[str, str]:
-    """The first key of ``cfg`` that sets a section of the schema (train, model.widths) to a scalar or a
-    list, or a list (train.betas) to a mapping: omegaconf's merge error names no key for it."""
+    """The first key of ``cfg`` that sets a section of the schema (train, model.widths) to a scalar
+    or a list, or a list (train.betas) to a mapping: omegaconf's merge error names no key for it."""
     for k, v in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else ():
         sub = (
             schema._get_node(k) if isinstance(schema, DictConfig) and k in schema else None
@@ -134,8 +137,9 @@ def _not_a_section(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> tup
 
 
 def coerce_shorthands(cfg: DictConfig) -> DictConfig:
-    """``cfg`` (a file, the command line, a recorded config) with the schema's shorthands written out
-    in place: ``train.activation_checkpointing: true`` and the like (spec.coerce_activation_checkpointing)."""
+    """``cfg`` (a file, the command line, a recorded config) with the schema's shorthands written
+    out in place: ``train.activation_checkpointing: true`` and the like
+    (spec.coerce_activation_checkpointing)."""
     train = cfg.get("train")
     if (
         isinstance(train, DictConfig) and train.get("float8") is False
@@ -149,7 +153,8 @@ def coerce_shorthands(cfg: DictConfig) -> DictConfig:
 
 @cache
 def _schema() -> DictConfig:
-    """ExperimentSpec as an OmegaConf schema: built once (half of a config's load), copied per load."""
+    """ExperimentSpec as an OmegaConf schema: built once (half of a config's load), copied per
+    load."""
     return OmegaConf.structured(ExperimentSpec)
 
 

@@ -1,5 +1,5 @@
-"""The experiment spec: typed dataclasses for every key a config file may set, and how a spec's model
-becomes OLMo-core's own ``TransformerConfig``.
+"""The experiment spec: typed dataclasses for every key a config file may set, and how a spec's
+model becomes OLMo-core's own ``TransformerConfig``.
 
 A config file states its intent in short keys (``model.block: hourglass``, ``model.K: 4``); each
 field's comment is its documentation.
@@ -98,7 +98,8 @@ class LRSchedule(StrEnum):
 
 class Optimizer(StrEnum):
     adamw = "adamw"
-    skip_step_adamw = "skip_step_adamw"  # OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128
+    # OLMo-core's: skips steps whose loss or grad norm is 6 std above the last 128
+    skip_step_adamw = "skip_step_adamw"
 
 
 class Precision(StrEnum):
@@ -174,16 +175,17 @@ class WidthSpec:
 
 @dataclass
 class MoESpec:
-    """A mixture of experts in place of every layer's FFN (variable_width, paper 2's 3B MoE): OLMo-core's
-    dropless MoE at each layer's width w_l (olmo_patches/nn/moe.py)."""
+    """A mixture of experts in place of every layer's FFN (variable_width, paper 2's 3B MoE):
+    OLMo-core's dropless MoE at each layer's width w_l (olmo_patches/nn/moe.py)."""
 
     num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
     top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
-    expert_hidden: Optional[int] = (
-        None  # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
-    )
-    lb_loss_weight: float = 0.01  # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
-    z_loss_weight: float = 0.001  # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
+    # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    expert_hidden: Optional[int] = None
+    # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
+    lb_loss_weight: float = 0.01
+    # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
+    z_loss_weight: float = 0.001
     experts: Experts = (
         Experts.swiglu
     )  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
@@ -194,7 +196,8 @@ class MoESpec:
 
 @dataclass
 class RoPEScalingSpec:
-    """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's StepwiseRoPEScalingConfig."""
+    """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's
+    StepwiseRoPEScalingConfig."""
 
     factor: float = 32.0  # low frequencies divided by this
     low_freq_factor: float = 1.0  # wavelengths above original / low_freq_factor: fully scaled
@@ -214,7 +217,8 @@ class RoPEScalingSpec:
 
 @dataclass
 class ModelSpec:
-    block: str = "baseline"  # a registered kind (olmo_patches/blocks/): baseline | hourglass | variable_width
+    # a registered kind (olmo_patches/blocks/): baseline | hourglass | variable_width
+    block: str = "baseline"
     d_model: int = MISSING  # d_model: width of the residual stream
     n_layers: int = MISSING  # L: number of transformer layers
     n_heads: int = MISSING  # attention (query) heads
@@ -224,7 +228,9 @@ class ModelSpec:
     n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
     ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
     d_ff: Optional[int] = None  # ... or this explicit hidden size
-    K: int = 1  # hourglass: stacked wide-narrow-wide sub-MLPs per layer (other blocks: checked, warned as ignored)
+    # hourglass: stacked wide-narrow-wide sub-MLPs per layer (other blocks: checked, warned as
+    # ignored)
+    K: int = 1
     d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
     d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
@@ -244,27 +250,28 @@ class ModelSpec:
     widths: WidthSpec = field(
         default_factory=WidthSpec
     )  # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
-    moe: Optional[MoESpec] = (
-        None  # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
-    )
+    # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
+    moe: Optional[MoESpec] = None
     attention_backend: AttentionBackend = (
         AttentionBackend.auto
     )  # auto | torch | flash_2/3/4 | te (nn/attention.py)
 
     def validate(self, fail) -> None:
-        """Every check that reads only the model (widths, MoE and RoPE scaling too): config/validate.py."""
+        """Every check that reads only the model (widths, MoE and RoPE scaling too):
+        config/validate.py."""
         check_model(self, fail)
 
     @property
     def moe_hidden(self) -> int:
-        """One expert's hidden size at width h: expert_hidden (swiglu), d_h of each of its K sub-MLPs (hourglass)."""
+        """One expert's hidden size at width h: expert_hidden (swiglu), d_h of each of its K
+        sub-MLPs (hourglass)."""
         assert self.moe is not None
         return self.resolved_d_h if self.moe.experts == "hourglass" else self.moe.expert_hidden  # type: ignore[return-value]
 
     @property
     def moe_shape(self) -> Optional[MoEShape]:
-        """The MoE as the width solver counts it (None: dense FFN); an hourglass expert's 3 K d_h w weights
-        count as a SwiGLU expert of hidden K d_h."""
+        """The MoE as the width solver counts it (None: dense FFN); an hourglass expert's 3 K d_h w
+        weights count as a SwiGLU expert of hidden K d_h."""
         e = self.moe
         if e is None:
             return None
@@ -273,8 +280,9 @@ class ModelSpec:
 
     @property
     def resolved_widths(self) -> List[int]:
-        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule); with an MoE,
-        matched to the baseline's total parameters (every expert), as the authors' solver does."""
+        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule); with
+        an MoE, matched to the baseline's total parameters (every expert), as the authors' solver
+        does."""
         w = self.widths
         return schedule_widths(
             w.schedule,
@@ -290,12 +298,14 @@ class ModelSpec:
 
     @property
     def layer_widths(self) -> List[int]:
-        """w_1..w_L as the block kind lays them out (constant-width kinds: d_model at every layer)."""
+        """w_1..w_L as the block kind lays them out (constant-width kinds: d_model at every
+        layer)."""
         return block_of(self).widths(self)
 
     @property
     def head_dims(self) -> List[int]:
-        """Every layer's head_dim: model.head_dim, else w_l / n_heads (a variable-width layer's own)."""
+        """Every layer's head_dim: model.head_dim, else w_l / n_heads (a variable-width layer's
+        own)."""
         return [self.head_dim or w // self.n_heads for w in self.layer_widths]
 
     @property
@@ -362,8 +372,8 @@ class MixSource:
 @dataclass
 class DataSpec:
     # demo: the embedded stdlib corpus | olmo2_stage1: OLMo-2 1B's Stage 1 files (data_order/'s
-    # pinned, checksummed list), shuffled as OLMo-2 was | prefix: a local materialized prefix of that
-    # order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
+    # pinned, checksummed list), shuffled as OLMo-2 was | prefix: a local materialized prefix of
+    # that order (scripts/data_order.py materialize), read in order | numpy: any token files or mix
     source: DataSource = DataSource.demo
     paths: List[str] = field(default_factory=list)  # numpy: token files (local paths or URLs)
     base: Optional[str] = (
@@ -384,9 +394,8 @@ class DataSpec:
     order_seed: int = 6198  # data order seed as the old OLMo trainer counts it (epoch 0)
     work_dir: str = ".cache/olmo-data"  # OLMo-core's dataset cache
     demo_vocab_size: int = 4096  # BPE vocabulary trained on the demo corpus
-    demo_cache: Optional[str] = (
-        None  # null: the checkout's .cache/demo-corpus, else the user's cache folder (default_demo_cache)
-    )
+    # null: the checkout's .cache/demo-corpus, else the user's cache folder (default_demo_cache)
+    demo_cache: Optional[str] = None
     num_workers: Optional[int] = (
         None  # loader processes per rank (null: 0 on CPU, CUDA_WORKERS on CUDA); order unchanged
     )
@@ -398,8 +407,9 @@ class DataSpec:
 
 
 def default_demo_cache() -> Path:
-    """Where the demo corpus is built once for every working folder: the checkout's .cache/demo-corpus
-    (this package's own checkout: an editable install), else $XDG_CACHE_HOME (or ~/.cache)/hourglass-olmo/demo-corpus."""
+    """Where the demo corpus is built once for every working folder: the checkout's
+    .cache/demo-corpus (this package's own checkout: an editable install), else $XDG_CACHE_HOME (or
+    ~/.cache)/hourglass-olmo/demo-corpus."""
     checkout = Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file() and (checkout / "olmo_patches").is_dir():
         return checkout / ".cache" / "demo-corpus"
@@ -417,7 +427,8 @@ def demo_cache(spec: "ExperimentSpec") -> Path:
 
 @dataclass
 class PowerSpec:
-    """train.schedule=power: lm-engine's lr = lr min(1, (a / lr) (n c)^b) after a linear warmup (optim/power.py)."""
+    """train.schedule=power: lm-engine's lr = lr min(1, (a / lr) (n c)^b) after a linear warmup
+    (optim/power.py)."""
 
     a: Optional[float] = None  # the authors: 4 x sequences per step
     b: float = -0.566  # the authors' exponent
@@ -426,7 +437,8 @@ class PowerSpec:
 
 @dataclass
 class ActivationCheckpointing:
-    """OLMo-core's activation checkpointing (recompute in backward: TransformerActivationCheckpointingConfig), in its names."""
+    """OLMo-core's activation checkpointing (recompute in backward:
+    TransformerActivationCheckpointingConfig), in its names."""
 
     mode: str = "full"  # off | full (every block) | selected_blocks | selected_modules | budget
     block_interval: Optional[int] = (
@@ -494,7 +506,8 @@ def coerce_activation_checkpointing(value: Any) -> Any:
 @dataclass
 class TrainSpec:
     seed: int = 6198  # init seed and the seed of every RNG, in [0, 2^32)
-    global_batch_size: int = MISSING  # sequences per optimizer step, all ranks together (x sequence_length at most 2^32 tokens)
+    # sequences per optimizer step, all ranks together (x sequence_length at most 2^32 tokens)
+    global_batch_size: int = MISSING
     micro_batch_size: Optional[int] = (
         None  # sequences per forward/backward on one rank (null: train.hardware's)
     )
@@ -539,12 +552,12 @@ class TrainSpec:
         DataParallel.fsdp
     )  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
-    init_from: Optional[str] = (
-        None  # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
-    )
+    # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
+    init_from: Optional[str] = None
 
     def validate(self, fail) -> None:
-        """Every check that reads only the train section (train.power, train.activation_checkpointing too)."""
+        """Every check that reads only the train section (train.power,
+        train.activation_checkpointing too)."""
         check_train(self, fail)
 
 
@@ -567,7 +580,8 @@ class EvalSpec:
     )
 
     def validate(self, fail) -> None:
-        """Every check that reads only the eval section (also the evaluate command's, on its flags)."""
+        """Every check that reads only the eval section (also the evaluate command's, on its
+        flags)."""
         check_eval(self, fail)
 
 
@@ -579,9 +593,8 @@ class RunSpec:
     ephemeral_save_interval: Optional[int] = 250  # checkpoints replaced by the next one
     ephemeral_keep: int = 1  # how many ephemeral checkpoints are kept (the newest ones)
     log_interval: int = 10  # collect and print metrics every N steps
-    stop_at_step: Optional[int] = (
-        None  # stop early (with a checkpoint), schedule unchanged; rerun resumes (past end: refused)
-    )
+    # stop early (with a checkpoint), schedule unchanged; rerun resumes (past end: refused)
+    stop_at_step: Optional[int] = None
     wandb_project: Optional[str] = None  # log to wandb when set and wandb is installed
     trace_batches: bool = (
         False  # record each step's instance indices in SAVE/batches/ (batch_trace.py)
@@ -606,7 +619,8 @@ class ExperimentSpec:
 
     @property
     def steps(self) -> Optional[int]:
-        """Optimizer steps: train.max_steps, or train.max_tokens in whole steps (OLMo-core stops at the ceiling)."""
+        """Optimizer steps: train.max_steps, or train.max_tokens in whole steps (OLMo-core stops at
+        the ceiling)."""
         t = self.train
         if t.max_steps is not None:
             return t.max_steps
@@ -615,9 +629,9 @@ class ExperimentSpec:
         return None
 
     def validate(self, where=lambda key: "config") -> None:
-        """Every check that the types cannot express (config/validate.py), a failure one ConfigError line
-        naming where ``key`` was set (``where(key)``: a file or "command line"): every value's domain, then
-        each section's checks, then those that read two sections."""
+        """Every check that the types cannot express (config/validate.py), a failure one ConfigError
+        line naming where ``key`` was set (``where(key)``: a file or "command line"): every value's
+        domain, then each section's checks, then those that read two sections."""
         fail = failer(where)
         check_every_value(self, fail)
         check_depth(self, fail)  # before the model's checks build a list of n_layers widths
@@ -640,7 +654,8 @@ def tokenizer_config(spec: ExperimentSpec) -> "TokenizerConfig":
     return TokenizerConfig(vocab_size=spec.data.demo_vocab_size, eos_token_id=0, pad_token_id=1)
 
 
-DOLMA2_VOCAB = 100278  # OLMo-core's TokenizerConfig.dolma2().vocab_size (known here: a config loads without torch)
+# OLMo-core's TokenizerConfig.dolma2().vocab_size (known here: a config loads without torch)
+DOLMA2_VOCAB = 100278
 PAD_MULTIPLE = 128  # OLMo-core's padded_vocab_size pads the embedding to a multiple of 128
 
 

@@ -1,6 +1,7 @@
-"""Validation: the checks that the schema's types cannot express, and every number's domain, by section:
-each section's ``validate`` in config/spec.py runs its ``check_*`` here (this module imports nothing of
-spec.py). A failure is one line naming the file (or "command line"), the key and the value."""
+"""Validation: the checks that the schema's types cannot express, and every number's domain, by
+section: each section's ``validate`` in config/spec.py runs its ``check_*`` here (this module
+imports nothing of spec.py). A failure is one line naming the file (or "command line"), the key and
+the value."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ _KEPT_BYTES = (
 
 
 def check_every_value(spec, fail, node: Any = None, prefix: str = "") -> None:
-    """Every number finite and at most 2^53 in magnitude, every string non-empty (null unsets a key), the
-    items of every list too: whatever the key, before any check that does arithmetic with it."""
+    """Every number finite and at most 2^53 in magnitude, every string non-empty (null unsets a
+    key), the items of every list too: whatever the key, before any check that does arithmetic with
+    it."""
     node = spec if node is None else node
     for f in fields(node):
         key, value = f"{prefix}{f.name}", getattr(node, f.name)
@@ -68,7 +70,8 @@ def _check_numbers(fail, *checks: tuple[str, Any, bool, str]) -> None:
 
 
 def check_model(m, fail) -> None:
-    """The model (a ModelSpec): sizes, head and FFN shapes, the hourglass bottleneck, the MoE, the widths, RoPE scaling."""
+    """The model (a ModelSpec): sizes, head and FFN shapes, the hourglass bottleneck, the MoE, the
+    widths, RoPE scaling."""
     for key, value in (
         ("model.d_model", m.d_model),
         ("model.n_layers", m.n_layers),
@@ -107,8 +110,8 @@ def check_model(m, fail) -> None:
 
 
 def _check_knobs(m, fail) -> None:
-    """The domain of every key, whether or not the block in use reads it (a sweep's override applies to
-    every run); a knob the block ignores, set away from its default, is a warning."""
+    """The domain of every key, whether or not the block in use reads it (a sweep's override applies
+    to every run); a knob the block ignores, set away from its default, is a warning."""
     if m.block not in BLOCKS:
         fail("model.block", m.block, f"choose one of {', '.join(BLOCKS)} (olmo_patches/blocks/)")
     for kind in BLOCKS.values():
@@ -144,7 +147,8 @@ def _check_attention(m, fail) -> None:
             fail(
                 "model.n_heads",
                 m.n_heads,
-                f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE needs it even",
+                f"head_dim {m.d_model // m.n_heads} = model.d_model / model.n_heads is odd; RoPE "
+                "needs it even",
             )
     elif m.head_dim < 2 or m.head_dim % 2:
         fail(
@@ -178,7 +182,8 @@ def _check_attention(m, fail) -> None:
 
 
 def check_data(d, fail) -> None:
-    """The data section (a DataSpec): every knob's domain (whether or not the source reads it), the source's keys, the loader's."""
+    """The data section (a DataSpec): every knob's domain (whether or not the source reads it), the
+    source's keys, the loader's."""
     if not 0 <= d.order_seed < _MAX_SEED:
         fail("data.order_seed", d.order_seed, "must be in [0, 2^32) (numpy's seed range)")
     if d.demo_vocab_size < 2:
@@ -211,7 +216,8 @@ def check_data(d, fail) -> None:
         fail(
             "data.tokenizer",
             d.tokenizer,
-            f"data.source={d.source} is tokenized with {'demo' if d.source == 'demo' else 'dolma2'}",
+            f"data.source={d.source} is tokenized with "
+            f"{'demo' if d.source == 'demo' else 'dolma2'}",
         )
     _check_mixture(d, fail)
     if d.num_workers is not None and d.num_workers < 0:
@@ -225,7 +231,8 @@ def check_data(d, fail) -> None:
 
 
 def _check_mixture(d, fail) -> None:
-    """data.mixture: numpy sources alone, each with token files and a ratio, the ratios' sum positive."""
+    """data.mixture: numpy sources alone, each with token files and a ratio, the ratios' sum
+    positive."""
     if not d.mixture:
         return
     if d.source != "numpy" or d.paths or d.mix:
@@ -250,7 +257,8 @@ def _check_mixture(d, fail) -> None:
 
 
 def check_train(t, fail) -> None:
-    """The train section (a TrainSpec): length, batch, schedule (train.power), optimizer, activation checkpointing."""
+    """The train section (a TrainSpec): length, batch, schedule (train.power), optimizer, activation
+    checkpointing."""
     if not 0 <= t.seed < _MAX_SEED:
         fail("train.seed", t.seed, "must be in [0, 2^32) (numpy's seed range)")
     if (t.max_tokens is None) == (t.max_steps is None):
@@ -284,6 +292,13 @@ def check_train(t, fail) -> None:
         fail("train.betas", list(t.betas), "give two betas [beta1, beta2]")
     if not all(0 <= beta < 1 for beta in t.betas):
         fail("train.betas", list(t.betas), "each beta must be in [0, 1)")
+    _check_train_numbers(t, fail)
+    if t.activation_checkpointing is not None:
+        _check_checkpointing(t.activation_checkpointing, fail)
+
+
+def _check_train_numbers(t, fail) -> None:
+    """The train section's numbers: finite, and in their domain."""
     _check_numbers(
         fail,
         ("train.lr", t.lr, t.lr > 0, "must be finite and > 0"),
@@ -328,8 +343,6 @@ def check_train(t, fail) -> None:
             "must be >= 0",
         ),
     )
-    if t.activation_checkpointing is not None:
-        _check_checkpointing(t.activation_checkpointing, fail)
 
 
 AC_MODES = ("off", "full", "selected_blocks", "selected_modules", "budget")
@@ -453,8 +466,9 @@ def check_depth(spec, fail) -> None:
         fail(
             key,
             _value(spec, key),
-            f"{m.n_layers:,} layers keep {_gib(kept)} for one sequence of {s} tokens even fully checkpointed "
-            f"({_KEPT_BYTES} bytes x {w} wide a token a layer), over the largest card's {_gib(_LARGEST_CARD)}",
+            f"{m.n_layers:,} layers keep {_gib(kept)} for one sequence of {s} tokens even fully "
+            f"checkpointed ({_KEPT_BYTES} bytes x {w} wide a token a layer), over the largest "
+            f"card's {_gib(_LARGEST_CARD)}",
         )
 
 
@@ -496,28 +510,31 @@ def check_size(spec, fail, vocab: int) -> None:
         fail(
             key,
             _value(spec, key),
-            f"{params:,} parameters need {_gib(states + kept)} a GPU even on {g} GPUs (one sequence each, "
-            f"{_STATE_BYTES} bytes a parameter sharded, inputs checkpointed), over the largest card's {_gib(_LARGEST_CARD)}",
+            f"{params:,} parameters need {_gib(states + kept)} a GPU even on {g} GPUs (one "
+            f"sequence each, {_STATE_BYTES} bytes a parameter sharded, inputs checkpointed), over "
+            f"the largest card's {_gib(_LARGEST_CARD)}",
         )
 
 
 def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
-    """The checks that read two sections: tokens per step, float8 with an MoE, stop_at_step against the
-    step count, the vocabulary (``vocab``) against the tokenizer's and every matrix's size (in Python
-    integers), flash attention's precision, and activation checkpointing against the model (built on the
-    meta device)."""
+    """The checks that read two sections: tokens per step, float8 with an MoE, stop_at_step against
+    the step count, the vocabulary (``vocab``) against the tokenizer's and every matrix's size (in
+    Python integers), flash attention's precision, and activation checkpointing against the model
+    (built on the meta device)."""
     m, t, d = spec.model, spec.train, spec.data
     if t.global_batch_size * d.sequence_length > _MAX_STEP_TOKENS:
         fail(
             "train.global_batch_size",
             t.global_batch_size,
-            f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x data.sequence_length={d.sequence_length}) is over 2^32",
+            f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x "
+            f"data.sequence_length={d.sequence_length}) is over 2^32",
         )
     if t.float8 != "off" and m.moe is not None:
         fail(
             "train.float8",
             t.float8,
-            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's grouped experts)",
+            "float8 MoE experts are not supported (torchao converts nn.Linear, not OLMo-core's "
+            "grouped experts)",
         )
     r, steps = spec.run, spec.steps
     if r.stop_at_step is not None and steps is not None and r.stop_at_step > steps:
@@ -555,14 +572,22 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
             m.attention_backend,
             "flash attention needs train.precision=bf16",
         )
-    if (ac := t.activation_checkpointing) is None:
+    _check_checkpointing_against_model(spec, fail)
+
+
+def _check_checkpointing_against_model(spec, fail) -> None:
+    """train.activation_checkpointing against the model: no whole MoE blocks, and module globs
+    that match modules of the model (built on the meta device), none of them an MoE."""
+    m, ac = spec.model, spec.train.activation_checkpointing
+    if ac is None:
         return
     key = "train.activation_checkpointing"
     if m.moe is not None and ac.mode in ("full", "selected_blocks"):
         fail(
             key,
             ac,
-            "OLMo-core cannot checkpoint MoE blocks whole; use selected_modules:blocks.*.attention, false or null",
+            "OLMo-core cannot checkpoint MoE blocks whole; use "
+            "selected_modules:blocks.*.attention, false or null",
         )
     if ac.mode == "selected_modules":
         from olmo_core.nn.moe import MoEBase
@@ -574,11 +599,13 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
                 fail(
                     f"{key}.modules",
                     glob,
-                    "matches no module of the model (e.g. blocks.*.attention, blocks.*.feed_forward)",
+                    "matches no module of the model (e.g. blocks.*.attention, "
+                    "blocks.*.feed_forward)",
                 )
             if any(isinstance(names[n], MoEBase) for n in matched):
                 fail(
                     f"{key}.modules",
                     glob,
-                    "matches an MoE module, which OLMo-core cannot checkpoint; use blocks.*.attention",
+                    "matches an MoE module, which OLMo-core cannot checkpoint; use "
+                    "blocks.*.attention",
                 )

@@ -1,5 +1,5 @@
-"""The GPUs this project plans for: each card's memory (for the hardware presets) and dense bf16 peak
-(for MFU and the dry run's GPU-hours), from the vendors' datasheets."""
+"""The GPUs this project plans for: each card's memory (for the hardware presets) and dense bf16
+peak (for MFU and the dry run's GPU-hours), from the vendors' datasheets."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ CARDS = {
         "b200", 180.0, "NVIDIA B200", 2250e12
     ),  # the paper's other GPU (HGX B200, per GPU)
 }
-# Every model known by its exact device name, each at its own datasheet memory and peak: the presets, the
-# lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at their own peak),
-# and other cards (a preset sized by their memory; MFU at their peak).
+# Every model known by its exact device name, each at its own datasheet memory and peak: the
+# presets, the lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at
+# their own peak), and other cards (a preset sized by their memory; MFU at their peak).
 MODELS = {
     card.device_name: card
     for card in (

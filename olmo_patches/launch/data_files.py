@@ -1,14 +1,19 @@
-"""A run's data files against its config, before anything is written and before torch is imported
-(cli.load_or_exit runs it right after the config loads; launch.layout.check_machine again): local
-token files whole tokens of the tokenizer's dtype, at least a sequence each and a global batch in all,
-every id of every token file (data.paths, data.mixture's sources, local validation sets) below the
-vocabulary (a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, and
-data.tokenizer_file a tokenizers JSON whose ids fit the model."""
+"""A run's data files against its config, before anything is written: local token files whole
+tokens of the tokenizer's dtype, at least a sequence each and a global batch in all, every id of
+every token file (data.paths, data.mixture's sources, local validation sets) below the vocabulary
+(a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, and
+data.tokenizer_file a tokenizers JSON whose ids fit the model.
+
+Only what reads the data runs it: ``cli.load_or_exit(..., data=True)`` in scripts/train.py and
+scripts/demo.py (the first rank of each node, before torch is imported), and ``train.train`` (rank
+0, before anything is written) for a spec whose launch did not. Loading, resolving, counting and
+searching configs read no data file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..config.load import where_set
 from ..config.spec import ExperimentSpec, failer, tokenizer_vocab, vocab_size
 from ..data.contract import (
     HEAD_TIMEOUT_S,
@@ -23,21 +28,19 @@ __all__ = ["check_data_files"]
 
 def check_data_files(spec: ExperimentSpec, fail=None) -> None:
     """What the data files must agree with (the module's list): a ConfigError in one line."""
-    if getattr(spec, "data_files_checked", False):  # at load already: no second HEAD per URL
-        return
-    fail = fail or failer(getattr(spec, "where", lambda key: "config"))
+    fail = fail or failer(where_set(spec))
     if spec.data.tokenizer_file is not None:
         _check_tokenizer_file(spec, fail)
     if spec.data.source == "numpy":
         _check_token_files(spec, fail)
-    spec.data_files_checked = True  # type: ignore[attr-defined]  # not a key
 
 
 def _check_token_files(spec: ExperimentSpec, fail) -> None:
-    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the smallest
-    unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one sequence;
-    together at least one global batch: an empty dataset would have OLMo-core enumerate epochs without
-    end. Then every id of every file of the run below the vocabulary (:func:`_check_token_ids`)."""
+    """Each local token file readable, whole tokens of the dtype OLMo-core will read it as (the
+    smallest unsigned type holding the tokenizer's ids, NumpyDatasetConfig.get_dtype), at least one
+    sequence; together at least one global batch: an empty dataset would have OLMo-core enumerate
+    epochs without end. Then every id of every file of the run below the vocabulary
+    (:func:`_check_token_ids`)."""
     d, t = spec.data, spec.train
     dtype = dtype_for(tokenizer_vocab(spec))
     instances, local = 0, True
@@ -56,20 +59,23 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
             fail(
                 "data.paths",
                 path,
-                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids are read as {dtype.name})",
+                f"{size} bytes is not a whole number of {dtype.name} tokens (this tokenizer's ids "
+                f"are read as {dtype.name})",
             )
         if size // dtype.itemsize < d.sequence_length:
             fail(
                 "data.paths",
                 path,
-                f"{size // dtype.itemsize} tokens, fewer than one sequence of data.sequence_length={d.sequence_length}",
+                f"{size // dtype.itemsize} tokens, fewer than one sequence of "
+                f"data.sequence_length={d.sequence_length}",
             )
         instances += size // dtype.itemsize // d.sequence_length
     if local and d.paths and instances < t.global_batch_size:
         fail(
             "data.paths",
             d.paths,
-            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of {t.global_batch_size}",
+            f"{instances} instances of {d.sequence_length} tokens, fewer than one global batch of "
+            f"{t.global_batch_size}",
         )
     keyed = [("data.paths", p) for p in files] + _mixture_files(spec) + _validation_files(spec)
     _check_token_ids(spec, fail, keyed, dtype)
@@ -102,7 +108,8 @@ def _validation_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
     e = spec.eval
     base = e.validation_base_dir or spec.data.mix_base_dir
     if spec.data.source == "demo" or not e.validation_sets or "://" in base:
-        return []  # none local (a URL base: not asked; the table of sets needs OLMo-core, hence torch)
+        # none local (a URL base: not asked; the table of sets needs OLMo-core, hence torch)
+        return []
     from ..eval.evaluators import validation_files
 
     paths, _ = validation_files(list(e.validation_sets), base)
@@ -135,7 +142,8 @@ def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], d
                 key,
                 path,
                 f"token id {top.max} at token {top.position} >= the vocabulary's {vocab} "
-                f"(data.tokenizer={d.tokenizer}, model.vocab_size={vocab_size(spec)}; {dtype.name} tokens)",
+                f"(data.tokenizer={d.tokenizer}, model.vocab_size={vocab_size(spec)}; {dtype.name} "
+                "tokens)",
             )
 
 

@@ -1,7 +1,9 @@
-"""What a loaded spec becomes on this machine, for these ranks (:func:`resolve`, called at launch and
-by the dry run): the checks that read the machine (CUDA, flash attention, torchao, local files, the
-installed eval tasks), the per-rank batch arithmetic, the hardware preset's choices, the attention
-backend and the loader's workers. Loading a config (``config.load_spec``) is pure; this is not."""
+"""What a loaded spec becomes on this machine, for these ranks (:func:`resolve`, called at launch
+and by the dry run): the checks that read the machine (CUDA, flash attention, torchao, the folders
+it writes, a data prefix, the installed eval tasks), the per-rank batch arithmetic, the hardware
+preset's choices, the attention backend and the loader's workers. Loading a config
+(``config.load_spec``) is pure; this is not. The data files are checked by what reads them
+(launch/data_files.py), not here."""
 
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from ..config.spec import (
     one_line,
 )
 from .cards import CARDS, detect, no_cuda_driver
-from .data_files import check_data_files
 from .ranks import Layout
 
 if (
@@ -31,20 +32,20 @@ if (
 
 log = logging.getLogger(__name__)
 
-CUDA_WORKERS = 4  # data.num_workers=null on CUDA: 15x an 8-GPU 113M rank's need from the local prefix (docs/performance.md)
+# data.num_workers=null on CUDA: 15x an 8-GPU 113M rank's need from the local prefix
+# (docs/performance.md)
+CUDA_WORKERS = 4
 
 
 def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> ExperimentSpec:
     """``spec`` (as loaded) for the ranks of ``layout`` (default: torchrun's environment) on this
     machine, in place: the machine checks, the per-rank batch, then the hardware preset's keys left
-    at null. Idempotent. What it changed is kept in ``spec.resolved`` (key -> value; the dry run prints
-    it). Raises :class:`ConfigError` with one line naming the file or the command line."""
+    at null. Idempotent. What it changed is kept in ``spec.resolved`` (key -> value; the dry run
+    prints it). Raises :class:`ConfigError` with one line naming the file or the command line."""
     where = where_set(spec)
     layout = layout or Layout.from_env()
     before = asdict(spec.train)
-    check_machine(
-        spec, where
-    )  # these two import no torch (a manifest aside): a refusal in about a second
+    check_machine(spec, where)  # these two import no torch: a refusal in about a second
     fit_world_size(spec, layout, where)
     check_devices(spec, where)
     apply_hardware(spec, where, layout)  # fills the train keys left at null
@@ -57,23 +58,21 @@ def resolve(spec: ExperimentSpec, layout: Optional[Layout] = None) -> Experiment
 def load_and_resolve(
     path, overrides: Optional[list] = None, layout: Optional[Layout] = None
 ) -> ExperimentSpec:
-    """``config.load_spec`` then :func:`resolve`: a config as it runs here, on ``layout``'s ranks."""
+    """``config.load_spec`` then :func:`resolve`: a config as it runs here, on ``layout``'s
+    ranks."""
     return resolve(load_spec(path, overrides), layout)
 
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """What a spec needs of this machine that is read without torch: a CUDA driver for
-    train.device=cuda, the data files (launch/data_files.py: token files of whole tokens, ids below the
-    vocabulary and a global batch, URLs that answer, the tokenizer file; skipped when load_or_exit
-    checked them), folders it writes in that are not files, a prefix that matches the run (the rest:
-    :func:`check_devices`)."""
+    train.device=cuda, a data.base folder, folders it writes in that are not files, a prefix that
+    matches the run (the rest: :func:`check_devices`; the data files: launch/data_files.py)."""
     d, t = spec.data, spec.train
     fail = failer(where)
     if t.device == "cuda" and (why := no_cuda_driver()):  # else torch's own check (check_devices)
         fail("train.device", t.device, f"CUDA is not available on this machine ({why})")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
-    check_data_files(spec, fail)  # also at load, before torch (cli.load_or_exit)
     for key, folder in (
         ("run.save_folder", spec.save_folder),
         ("data.work_dir", d.work_dir),
@@ -87,8 +86,8 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
 
 def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """What a spec needs of this machine that imports torch: CUDA for train.device=cuda, an explicit
-    flash backend that runs here (a login node without CUDA passes), torchao for float8, and downstream
-    tasks the installed ai2-olmo-eval knows."""
+    flash backend that runs here (a login node without CUDA passes), torchao for float8, and
+    downstream tasks the installed ai2-olmo-eval knows."""
     t, m = spec.train, spec.model
     fail = failer(where)
     flash = m.attention_backend.startswith(
@@ -182,10 +181,10 @@ def _check_prefix(spec: ExperimentSpec, fail) -> None:
 def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "config") -> None:
     """The per-rank arithmetic for ``layout``, before anything is built or written.
 
-    An explicit micro-batch larger than the per-rank batch is lowered to it (one info line): the global
-    batch and the data order are unchanged, so the result is the same up to rounding (float8: the
-    scales are per micro-batch; docs/running.md, "Same result at any world size"), and a config sized
-    for one process then runs on any number. One that does not divide the per-rank
+    An explicit micro-batch larger than the per-rank batch is lowered to it (one info line): the
+    global batch and the data order are unchanged, so the result is the same up to rounding (float8:
+    the scales are per micro-batch; docs/running.md, "Same result at any world size"), and a config
+    sized for one process then runs on any number. One that does not divide the per-rank
     batch is refused: no value is clearly right (the nearest divisor may halve the throughput)."""
     t = spec.train
     g, n = t.global_batch_size, layout.world_size
@@ -200,20 +199,23 @@ def fit_world_size(spec: ExperimentSpec, layout: Layout, where=lambda key: "conf
     m = t.micro_batch_size
     if m is not None and m > per_rank:
         log.info(
-            f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / {layout}): using {per_rank}"
+            f"train.micro_batch_size={m} > the per-rank batch {per_rank} ({g} sequences / "
+            f"{layout}): using {per_rank}"
         )
         t.micro_batch_size = per_rank
     elif m is not None and per_rank % m:
         fail(
             "train.micro_batch_size",
             m,
-            f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / {layout})",
+            f"does not divide the per-rank batch {per_rank} (train.global_batch_size={g} / "
+            f"{layout})",
         )
     if t.data_parallel == "hsdp" and n > 1 and layout.nodes * layout.local != n:
         fail(
             "train.data_parallel",
             t.data_parallel,
-            f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not {layout.nodes} equal nodes",
+            f"HSDP shards over a node's ranks and replicates across nodes: {layout} is not "
+            f"{layout.nodes} equal nodes",
         )
 
 
@@ -262,7 +264,8 @@ def apply_hardware(
 
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
-    """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all ranks, HSDP: a node's)."""
+    """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all
+    ranks, HSDP: a node's)."""
     from ..nn.lm_loss import lm_loss, set_lm_loss
     from .memory import estimate, with_float8
 
@@ -279,7 +282,8 @@ def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
 
 def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
     """The attention backend this spec runs with on ``device`` (cpu | cuda); raises ConfigError
-    for an explicit flash backend that cannot run on this CUDA machine (load_spec checks it first)."""
+    for an explicit flash backend that cannot run on this CUDA machine (load_spec checks it
+    first)."""
     try:
         return resolve_backend(spec, device)
     except ValueError as e:
@@ -300,7 +304,8 @@ def resolve_backend(spec: ExperimentSpec, device: str) -> BackendChoice:
 
 
 def data_workers(spec: ExperimentSpec, device: str) -> int:
-    """data.num_workers, or its default: 0 on CPU (no worker start-up: tests and demos), CUDA_WORKERS on CUDA."""
+    """data.num_workers, or its default: 0 on CPU (no worker start-up: tests and demos),
+    CUDA_WORKERS on CUDA."""
     if spec.data.num_workers is not None:
         return spec.data.num_workers
     return CUDA_WORKERS if device == "cuda" else 0

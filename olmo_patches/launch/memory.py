@@ -1,51 +1,54 @@
 """The memory model: bytes per GPU of a run, by term, for choosing a hardware preset (presets.py).
 
-It models what is stored; the CPU-measurable parts, the tensors each block saves for backward and the
-loss's, are checked against torch in tests/test_memory.py.
+It models what is stored; the CPU-measurable parts, the tensors each block saves for backward and
+the loss's, are checked against torch in tests/test_memory.py.
 
 Static, whatever the micro-batch:
 - states = 16 P / W: fp32 weights, fp32 grads and AdamW's two fp32 moments of all P parameters,
   sharded over W ranks (FSDP: all ranks; HSDP: a node's; DDP and one process: W = 1).
 - buffers: under FSDP2 (W > 1) FSDP_BYTES per parameter of the largest FSDP unit (a block, the LM
   head or the embedding: V d_model each, the largest at every paper size): its bf16 parameters and
-  the prefetched unit's (2 x 2), their all-gather buffers (2 x 2), its bf16 gradients (2), their fp32
-  copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2). Without
-  FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to backward: 2 P.
-- weight copies (an FFN config's ``saved_weight_copy``: the hourglass's): each hourglass block's forward
-  concatenates [W_d1; W_d2] (2 K d_h w bf16 weights) and autograd keeps the copy until that block's
-  backward; a checkpointed block keeps none (one at a time while it is recomputed).
+  the prefetched unit's (2 x 2), their all-gather buffers (2 x 2), its bf16 gradients (2), their
+  fp32 copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2).
+  Without FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to
+  backward: 2 P.
+- weight copies (an FFN config's ``saved_weight_copy``: the hourglass's): each hourglass block's
+  forward concatenates [W_d1; W_d2] (2 K d_h w bf16 weights) and autograd keeps the copy until that
+  block's backward; a checkpointed block keeps none (one at a time while it is recomputed).
 Per sequence of s tokens (a micro-batch of m sequences costs m times this):
 - each layer of width w saves A = 2 N + 2 w + 8 a + 4 n_heads + sum_k (N_k + 2 w + 8 H_k) bytes
-  per token (measured: tests/test_memory.py): OLMo-core's RMSNorm computes in fp32 and saves its fp32
-  input and output, N = 8 w + 4; the bf16 input of Q/K/V (2 w); Q, K, V and the attention output
-  (8 a for a = n_heads head_dim: OLMo-core's torch backend repeats GQA's K and V to n_heads; flash
-  keeps n_kv_heads, so there this is an upper bound), fp32 log-sum-exp per head
+  per token (measured: tests/test_memory.py): OLMo-core's RMSNorm computes in fp32 and saves its
+  fp32 input and output, N = 8 w + 4; the bf16 input of Q/K/V (2 w); Q, K, V and the attention
+  output (8 a for a = n_heads head_dim: OLMo-core's torch backend repeats GQA's K and V to n_heads;
+  flash keeps n_kv_heads, so there this is an upper bound), fp32 log-sum-exp per head
   and with QK-norm (OLMo-2) the norms of Q and K, N(a) + N(a_kv);
   each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h, each with its own norm N_k; MoE:
-  top-k experts of hidden I_l, no norm of their own) its bf16 input 2 w and w1, w3, SiLU, product 8 H.
-  The attention norm counts once (2 N: the block's two norms; an hourglass block's K FFN norms are N_k).
+  top-k experts of hidden I_l, no norm of their own) its bf16 input 2 w and w1, w3, SiLU, product 8
+  H. The attention norm counts once (2 N: the block's two norms; an hourglass block's K FFN norms
+  are N_k).
 - the head: the final norm N and the head's input 2 w, and LOGIT_BYTES per logit (V per token):
-  OLMo-core's fp32 cross-entropy with z-loss saves the fp32 logits and their log-softmax (8, measured),
-  and its backward holds two fp32 logit gradients (CE and z-loss, 8) and their bf16 cast (2).
-  Under the fused linear cross-entropy (nn/lm_loss.py: Liger-Kernel, CUDA) no logit lives to the
-  backward: FUSED_HEAD_BYTES per d_model instead, the input's bf16 gradient the forward computes and
-  keeps (2) and the chunk of logits it projects at a time, about as many logits as the micro-batch has
-  hidden values (Liger's chunk: tokens / ceil(V / d_model), rounded up to a power of 2, so at most 2 x),
-  in bf16 (4). The full (V, d_model) weight gradient it accumulates is one more head-sized unit, within
-  the FSDP buffers counted above.
+  OLMo-core's fp32 cross-entropy with z-loss saves the fp32 logits and their log-softmax (8,
+  measured), and its backward holds two fp32 logit gradients (CE and z-loss, 8) and their bf16 cast
+  (2). Under the fused linear cross-entropy (nn/lm_loss.py: Liger-Kernel, CUDA) no logit lives to
+  the backward: FUSED_HEAD_BYTES per d_model instead, the input's bf16 gradient the forward computes
+  and keeps (2) and the chunk of logits it projects at a time, about as many logits as the
+  micro-batch has hidden values (Liger's chunk: tokens / ceil(V / d_model), rounded up to a power of
+  2, so at most 2 x), in bf16 (4). The full (V, d_model) weight gradient it accumulates is one more
+  head-sized unit, within the FSDP buffers counted above.
 Activation checkpointing (train.activation_checkpointing, OLMo-core's modes):
 - a checkpointed block keeps only its input (2 w bf16 under FSDP, 4 w fp32 under autocast) and one
-  block's A at a time while it is recomputed; ``full``: every block; ``selected_blocks:n``: blocks 0,
-  n, 2n, ...; ``selected_modules``: a glob matching ``blocks.i.attention`` or ``blocks.i.feed_forward``
-  (or a whole block) keeps that module's input (2 w) instead of its part of A (finer globs are counted
-  as not checkpointed: an upper bound); ``budget:b``: the compiler's min-cut keeps b of the difference
-  between none and full (inductor's activation_memory_budget, counted as linear).
+  block's A at a time while it is recomputed; ``full``: every block; ``selected_blocks:n``: blocks
+  0, n, 2n, ...; ``selected_modules``: a glob matching ``blocks.i.attention`` or
+  ``blocks.i.feed_forward`` (or a whole block) keeps that module's input (2 w) instead of its part
+  of A (finer globs are counted as not checkpointed: an upper bound); ``budget:b``: the compiler's
+  min-cut keeps b of the difference between none and full (inductor's activation_memory_budget,
+  counted as linear).
 Float8 (train.float8, :func:`with_float8`): the master weights, gradients, moments and saved
-activations stay as above (torchao saves its matmuls' high-precision inputs and recasts in backward);
-added are the transient float8 copies of the running block's matmul weights, 1 byte each for the
-forward cast and 1 for the transposed one backward needs (2 P_block), and of the widest matmul input,
-1 byte per element per token (max_l max(w_l, H_l)); the hourglass's float8 path casts each sub-MLP's
-weights on their own, so it keeps no [W_d1; W_d2] copy.
+activations stay as above (torchao saves its matmuls' high-precision inputs and recasts in
+backward); added are the transient float8 copies of the running block's matmul weights, 1 byte each
+for the forward cast and 1 for the transposed one backward needs (2 P_block), and of the widest
+matmul input, 1 byte per element per token (max_l max(w_l, H_l)); the hourglass's float8 path casts
+each sub-MLP's weights on their own, so it keeps no [W_d1; W_d2] copy.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ FSDP_BYTES = 16  # FSDP2's backward buffers per parameter of the largest unit (m
 LOGIT_BYTES = (
     18  # fp32 cross-entropy + z-loss per logit: 8 saved, 8 fp32 gradients, 2 bf16 gradient
 )
-FUSED_HEAD_BYTES = 6  # fused linear cross-entropy, per d_model a token: 2 the kept input gradient, 4 the logit chunk
+# fused linear cross-entropy, per d_model a token: 2 the kept input gradient, 4 the logit chunk
+FUSED_HEAD_BYTES = 6
 
 
 OFF = ActivationCheckpointing("off")
@@ -112,7 +116,8 @@ class MemoryEstimate:
         return self.states + self.buffers
 
     def _kept(self, ac: ActivationCheckpointing) -> tuple[list[float], list[float], list[float]]:
-        """Per layer: bytes per token kept until backward, bytes per token while recomputed, weight copies kept."""
+        """Per layer: bytes per token kept until backward, bytes per token while recomputed, weight
+        copies kept."""
         kept, recomputed, copies = [], [], []
         for i, layer in enumerate(self.layers):
             block = ac.mode == "full" or (
@@ -142,7 +147,8 @@ class MemoryEstimate:
         return kept, recomputed, copies
 
     def terms(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> dict[str, float]:
-        """The estimate's terms in bytes for a micro-batch in mode ``ac`` (their sum: :meth:`total`)."""
+        """The estimate's terms in bytes for a micro-batch in mode ``ac`` (their sum:
+        :meth:`total`)."""
         if (
             ac.mode == "budget"
         ):  # inductor's budget: this fraction of the saving between full and none
@@ -183,8 +189,8 @@ def _blocks_and_widths(config: TransformerConfig) -> tuple[list, list[int]]:
 
 def _ffn_terms(ffn, w: int) -> tuple[int, int, int, float]:
     """A dense FFN config's terms at width w, as the config states them: its MLPs (``K``, stacked
-    sub-MLPs; else one), each one's hidden size, each one's own norm (an FFN that owns its norms has a
-    ``layer_norm``; the block's second norm counts otherwise) and the weight copy it saves per
+    sub-MLPs; else one), each one's hidden size, each one's own norm (an FFN that owns its norms has
+    a ``layer_norm``; the block's second norm counts otherwise) and the weight copy it saves per
     micro-batch (``saved_weight_copy(w)``; else none). nn/hourglass.py's config states all four."""
     own_norms = getattr(ffn, "layer_norm", None) is not None
     copy = getattr(ffn, "saved_weight_copy", None)
@@ -198,7 +204,8 @@ def _ffn_terms(ffn, w: int) -> tuple[int, int, int, float]:
 
 def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
     """The module docstring's estimate for the model of OLMo-core's ``config`` (this package's
-    blocks included) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1: none)."""
+    blocks included) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1:
+    none)."""
     vocab = config.vocab_size
     blocks, widths = _blocks_and_widths(config)
     layers = []

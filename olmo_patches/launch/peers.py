@@ -12,12 +12,12 @@ before the process group, so a rank refusing its config still stops peers waitin
 Other launchers: the process group's store, from its start on.
 
 A rank killed outright (SIGKILL, an out-of-memory kill) announces nothing itself: its node's
-``python -m olmo_patches.launch.torchrun`` announces it (:func:`announce_for`: the rank, its node, the
-signal), and a peer whose collective failed because of it (a closed connection) waits a few seconds
-for that cause before announcing its own error, so every node prints the lost rank's line, not a
-traceback. A node whose torchrun died (a SIGKILL, a lost machine) leaves its workers orphans: their
-watch sees the parent gone, announces the node lost and exits; where the lost torchrun held the
-store, the other nodes' watch sees the store gone and ends them, with one line a node.
+``python -m olmo_patches.launch.torchrun`` announces it (:func:`announce_for`: the rank, its node,
+the signal), and a peer whose collective failed because of it (a closed connection) waits a few
+seconds for that cause before announcing its own error, so every node prints the lost rank's line,
+not a traceback. A node whose torchrun died (a SIGKILL, a lost machine) leaves its workers orphans:
+their watch sees the parent gone, announces the node lost and exits; where the lost torchrun held
+the store, the other nodes' watch sees the store gone and ends them, with one line a node.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ LOST_PEER_WAIT_S = 5.0  # how long a rank whose collective lost a peer waits for
 _FAILURE = "failure"  # the first failure: "CODE LINE"
 # A collective cut off by a peer that went away: the consequence of another rank's end, not a cause.
 _LOST_PEER = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|DistBackendError|"
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+    r"DistNetworkError|DistBackendError|"
     r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:Watchdog|timeout)",
     re.IGNORECASE,
 )
@@ -141,8 +142,9 @@ def _forget() -> None:
 
 
 def stop_watching() -> None:
-    """Stop the watch thread (the run is over) and wait for it to leave the store, so no thread is inside a
-    store call when the process group and the store are torn down; :func:`announce` still reaches the store."""
+    """Stop the watch thread (the run is over) and wait for it to leave the store, so no thread is
+    inside a store call when the process group and the store are torn down; :func:`announce` still
+    reaches the store."""
     global _stop, _thread
     if _stop is not None:
         _stop.set()
@@ -184,7 +186,8 @@ def _watch(store: dist.Store, stop: threading.Event, parent: Optional[int]) -> N
         ):  # the local torchrun is gone
             _end(
                 store,
-                f"node {_node()} ({host}) lost: its torchrun (pid {parent}) ended; its {_ranks()} stop",
+                f"node {_node()} ({host}) lost: its torchrun (pid {parent}) ended; its {_ranks()} "
+                "stop",
                 1,
             )
         try:

@@ -2,16 +2,17 @@
 
 ``train.hardware`` is ``auto`` (the GPU torch sees: its name and memory), ``none`` (no GPU preset:
 no checkpointing, no compile, the whole per-rank batch in one micro-batch) or a card:
-``rtx6000ada`` (48 GB), ``h100`` (80 GB), ``h200`` (141 GB), ``b200`` (180 GB). A preset only fills the keys the config
-left at null (``train.micro_batch_size``, ``train.activation_checkpointing``, ``train.compile``):
-any value a config file or the command line sets wins, and ``key=null`` hands a key back to the
-preset. The values come from the memory estimate (memory.py) for the run's own model, so each config
-gets its own micro-batch on each card.
+``rtx6000ada`` (48 GB), ``h100`` (80 GB), ``h200`` (141 GB), ``b200`` (180 GB). A preset only fills
+the keys the config left at null (``train.micro_batch_size``, ``train.activation_checkpointing``,
+``train.compile``): any value a config file or the command line sets wins, and ``key=null`` hands a
+key back to the preset. The values come from the memory estimate (memory.py) for the run's own
+model, so each config gets its own micro-batch on each card.
 
-A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The preset
-takes the first mode of :func:`preset_modes` (least recompute first: off, every 4th block, every 2nd
-block, every block; an MoE model: off, its attention only) in which one sequence fits, then the
-largest divisor of the per-rank batch that fits in that mode. Compile is on for every GPU preset.
+A card's usable memory is 85% of it (CUDA context, NCCL buffers, allocator fragmentation). The
+preset takes the first mode of :func:`preset_modes` (least recompute first: off, every 4th block,
+every 2nd block, every block; an MoE model: off, its attention only) in which one sequence fits,
+then the largest divisor of the per-rank batch that fits in that mode. Compile is on for every GPU
+preset.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ USABLE = 0.85  # fraction of a card's memory the estimate may fill
 
 
 def preset_modes(est: MemoryEstimate) -> list[ActivationCheckpointing]:
-    """The modes a preset tries, least recompute first (OLMo-core cannot checkpoint whole MoE blocks)."""
+    """The modes a preset tries, least recompute first (OLMo-core cannot checkpoint whole MoE
+    blocks)."""
     if est.moe:
         return [OFF, ActivationCheckpointing("selected_modules", modules=["blocks.*.attention"])]
     return [
@@ -72,6 +74,7 @@ def choose(
         if fitting:
             return Settings(max(fitting), ac, True)
     raise ValueError(
-        f"does not fit {card.name} at micro-batch 1 with activation checkpointing {modes[-1]}: estimate "
-        f"{est.total(1, modes[-1]) / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} usable; use more GPUs or a bigger card"
+        f"does not fit {card.name} at micro-batch 1 with activation checkpointing {modes[-1]}: "
+        f"estimate {est.total(1, modes[-1]) / GIB:.1f} GiB of {USABLE * card.memory_gib:.1f} "
+        "usable; use more GPUs or a bigger card"
     )

@@ -59,9 +59,11 @@ LOCK, GUARD = ".lock", ".lock.guard"
 
 # Keys (or key prefixes ending in ".") that a rerun may change: they do not change what is trained.
 MAY_CHANGE = tuple(
-    "run.name run.save_folder run.stop_at_step run.save_interval run.ephemeral_save_interval run.ephemeral_keep run.log_interval "
-    "run.wandb_project run.trace_batches train.micro_batch_size train.compile train.activation_checkpointing train.hardware "
-    "train.device train.data_parallel eval. data.work_dir data.demo_cache data.mix_base_dir data.tokenizer_file".split()
+    "run.name run.save_folder run.stop_at_step run.save_interval run.ephemeral_save_interval "
+    "run.ephemeral_keep run.log_interval run.wandb_project run.trace_batches "
+    "train.micro_batch_size train.compile train.activation_checkpointing train.hardware "
+    "train.device train.data_parallel eval. data.work_dir data.demo_cache data.mix_base_dir "
+    "data.tokenizer_file".split()
 )
 
 
@@ -119,8 +121,8 @@ def _recorded(folder: Path) -> List[Path]:
 def check_config(
     spec: ExperimentSpec, deliberate: bool = False, checkpointed: bool = True
 ) -> List[str]:
-    """Refuse a start whose config changes the recorded run (unless ``deliberate``, or the folder holds
-    no complete checkpoint: ``checkpointed`` False); returns the changes."""
+    """Refuse a start whose config changes the recorded run (unless ``deliberate``, or the folder
+    holds no complete checkpoint: ``checkpointed`` False); returns the changes."""
     folder = Path(spec.save_folder)
     recorded = _recorded(folder)
     if not recorded:
@@ -128,8 +130,9 @@ def check_config(
     changes = changed_keys(recorded[-1].read_text(), spec)
     if changes and not deliberate and checkpointed:
         raise RunFolderError(
-            f"{folder} holds a run with another config (changed: {'; '.join(changes)}); start a new run with "
-            f"another run.name or run.save_folder, or pass --resume-from CHECKPOINT to change this one deliberately"
+            f"{folder} holds a run with another config (changed: {'; '.join(changes)}); start a "
+            "new run with another run.name or run.save_folder, or pass --resume-from CHECKPOINT "
+            "to change this one deliberately"
         )
     return changes
 
@@ -199,7 +202,8 @@ def guarded(guard: Path) -> Iterator[None]:
 def take_record(
     path: Path, guard: Path, me: Dict[str, Any], stale: Callable[[Dict[str, Any]], bool]
 ) -> Tuple[bool, Optional[Dict[str, Any]]]:
-    """Write ``me`` to ``path`` unless a live holder's record is there: (taken, the previous holder)."""
+    """Write ``me`` to ``path`` unless a live holder's record is there: (taken, the previous
+    holder)."""
     with guarded(guard):
         holder = read_record(path)
         if holder is not None and not stale(holder):
@@ -238,15 +242,17 @@ class Lock:
         return holder.get("host") == self.me["host"] and not pid_alive(int(holder.get("pid", 0)))
 
     def check(self) -> None:
-        """What :meth:`acquire` would refuse, read only (a dry run): the folder held by a live process."""
+        """What :meth:`acquire` would refuse, read only (a dry run): the folder held by a live
+        process."""
         holder = read_record(self.path) if self.path.is_file() else None
         if holder is not None and holder.get("pid") != os.getpid() and not self._stale(holder):
             raise self._busy(holder)
 
     def _busy(self, holder: Dict[str, Any]) -> RunFolderError:
         return RunFolderError(
-            f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
-            f"wait for it, or remove {self.path} if that process is gone"
+            f"{self.path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} "
+            f"since {holder.get('since')}; wait for it, or remove {self.path} if that process is "
+            "gone"
         )
 
     def acquire(self) -> None:
@@ -266,7 +272,8 @@ class Lock:
             raise self._busy(holder)  # type: ignore[arg-type]
         if holder is not None:
             log.warning(
-                f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} (no longer running)"
+                f"Taking over {self.path} left by pid {holder.get('pid')} on {holder.get('host')} "
+                "(no longer running)"
             )
 
     def release(self) -> None:

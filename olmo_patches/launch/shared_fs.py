@@ -96,8 +96,8 @@ def require_shared(folders: Dict[str, Path]) -> None:
                         pass
             nodes = ", ".join(f"node {node} ({host})" for node, host in blind)
             raise ConfigError(
-                f"{key}={answers[0][3][i]}: not shared by every node: {nodes} does not see what rank 0 writes there; "
-                f"use a folder on a filesystem every node mounts"
+                f"{key}={answers[0][3][i]}: not shared by every node: {nodes} does not see what "
+                "rank 0 writes there; use a folder on a filesystem every node mounts"
             )
     os.environ[OLMO_SHARED_FS_ENV_VAR] = "1"
 
@@ -152,8 +152,8 @@ def require_data(paths: Sequence[str]) -> None:
             mine = paths_r[i] if i < len(paths_r) else "nothing"
             theirs = paths0[i] if i < len(paths0) else "nothing"
             raise ConfigError(
-                f"data paths differ between ranks: {where} reads {mine} where rank 0 reads {theirs}; "
-                "give every node the same data paths, spelled the same"
+                f"data paths differ between ranks: {where} reads {mine} where rank 0 reads "
+                f"{theirs}; give every node the same data paths, spelled the same"
             )
         if sizes_r != sizes0:
             i = next(i for i, (a, b) in enumerate(zip(sizes0, sizes_r)) if a != b)

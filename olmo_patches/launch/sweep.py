@@ -80,7 +80,8 @@ CLAIM, CLAIM_LOCK, LOG, LAST = (
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 SLURM_LIVE = set(
-    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD REQUEUE_FED".split()
+    "PENDING RUNNING CONFIGURING COMPLETING REQUEUED RESIZING SUSPENDED REQUEUE_HOLD "
+    "REQUEUE_FED".split()
 )
 
 
@@ -151,7 +152,8 @@ class Member:
 
 
 def _in_run_folder(path: Path) -> bool:
-    """A file training or a sweep wrote into a run folder (its config.yaml), not a config of the sweep."""
+    """A file training or a sweep wrote into a run folder (its config.yaml), not a config of the
+    sweep."""
     return any((path.parent / marker).exists() for marker in (METRICS_FILE, LOG, CLAIM_LOCK))
 
 
@@ -206,7 +208,8 @@ def load_sweep(
 
 @dataclass
 class SlurmInfo:
-    """Job states from squeue (live jobs) and sacct (ended ones); None where the command is absent."""
+    """Job states from squeue (live jobs) and sacct (ended ones); None where the command is
+    absent."""
 
     queue: Optional[Dict[str, str]]
     accounting: Optional[Dict[str, str]]
@@ -371,13 +374,13 @@ def sweep_status(members: Sequence[Member], slurm_log_dir: Path = Path("logs")) 
 def launch_local(
     members: Sequence[Member], overrides: Sequence[str], say=partial(print, flush=True)
 ) -> int:
-    """Train each unfinished run in turn (a stopped or failed one resumes from its latest checkpoint),
-    each in its own process, output appended to its ``sweep.log`` and shown (``say``), each line after
-    the run's name. SIGINT/SIGTERM are passed to the
-    running training (it saves a checkpoint) and end the sweep. Returns the number of failed runs."""
+    """Train each unfinished run in turn (a stopped or failed one resumes from its latest
+    checkpoint), each in its own process, output appended to its ``sweep.log`` and shown (``say``),
+    each line after the run's name. SIGINT/SIGTERM are passed to the running training (it saves a
+    checkpoint) and end the sweep. Returns the number of failed runs."""
     failed = 0
     stop: List[int] = []
-    child: List[subprocess.Popen] = []
+    child: List[subprocess.Popen] = []  # the training running now, for the signals
 
     def forward(signum, _frame):
         stop.append(signum)
@@ -393,56 +396,50 @@ def launch_local(
             s = run_status(m, slurm)
             if s.state in ("done", "running"):
                 say(f"{m.name}: {s.state}, skipped")
-                continue
-            if not take_claim(m.folder, slurm):
+            elif not take_claim(m.folder, slurm):
                 say(f"{m.name}: claimed by another launch, skipped")
-                continue
-            try:
-                say(
-                    f"{m.name}: {'resuming from step ' + str(s.step) if s.step else 'starting'} ({m.folder / LOG})"
-                )
-                start = time.time()
-                with open(
-                    m.folder / LOG, "a"
-                ) as log:  # the run's lines (its progress) to its log and, named, to the terminal
-                    child[:] = [
-                        subprocess.Popen(
-                            [
-                                sys.executable,
-                                str(TRAIN_SCRIPT),
-                                str(m.config),
-                                *overrides,
-                                *m.overrides,
-                            ],
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT,
-                            text=True,
-                            bufsize=1,
-                        )
-                    ]
-                    for line in child[0].stdout:  # type: ignore[union-attr]
-                        log.write(line)
-                        log.flush()
-                        say(f"{m.name} | {line.rstrip()}")
-                    rc = child[0].wait()
-                    child.clear()
-                error = last_error_line(m.folder / LOG) if rc != 0 else ""
-                write_record(
-                    m.folder / LAST,
-                    {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)},
-                )
-            finally:
-                release_claim(m.folder)
-            state = run_status(m, _slurm_for([m])).state
-            failed += state == "failed"
-            say(
-                f"{m.name}: {state} after {time.time() - start:.0f} s"
-                + (f": {error}" if error else "")
-            )
+            else:
+                failed += _run_claimed(m, s.step, overrides, child, say) == "failed"
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     return failed
+
+
+def _run_claimed(m: Member, step: Optional[int], overrides: Sequence[str], child: list, say) -> str:
+    """One run this launch claimed, trained in its own process: its exit recorded in its
+    ``LAST`` record, its claim released. Returns its state after."""
+    say(f"{m.name}: {'resuming from step ' + str(step) if step else 'starting'} ({m.folder / LOG})")
+    start = time.time()
+    try:
+        rc = _train_logged(m, overrides, child, say)
+        error = last_error_line(m.folder / LOG) if rc != 0 else ""
+        write_record(
+            m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)}
+        )
+    finally:
+        release_claim(m.folder)
+    state = run_status(m, _slurm_for([m])).state
+    say(f"{m.name}: {state} after {time.time() - start:.0f} s" + (f": {error}" if error else ""))
+    return state
+
+
+def _train_logged(m: Member, overrides: Sequence[str], child: list, say) -> int:
+    """scripts/train.py on ``m`` in a child process (held in ``child`` while it runs), its lines
+    (its progress) appended to the run's log and, named, shown; its exit code."""
+    cmd = [sys.executable, str(TRAIN_SCRIPT), str(m.config), *overrides, *m.overrides]
+    with open(m.folder / LOG, "a") as log:
+        out = subprocess.PIPE
+        child[:] = [
+            subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        ]
+        for line in child[0].stdout:  # type: ignore[union-attr]
+            log.write(line)
+            log.flush()
+            say(f"{m.name} | {line.rstrip()}")
+        rc = child[0].wait()
+        child.clear()
+    return rc
 
 
 def launch_slurm(
@@ -475,29 +472,7 @@ def launch_slurm(
         manifest.write_text(
             "".join(shlex.join([str(m.config), *overrides, *m.overrides]) + "\n" for m in todo)
         )
-        cmd = [
-            "sbatch",
-            "--parsable",
-            f"--array=0-{len(todo) - 1}",
-            f"--nodes={nodes}",
-            f"--gpus-per-node={gpus_per_node}",
-            f"--output={log_dir}/%x-%A_%a.out",
-            *sbatch_args,
-            str(SLURM_LAUNCHER),
-            "--array",
-            str(manifest),
-        ]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True)
-        except FileNotFoundError:
-            raise RuntimeError(
-                "sbatch: command not found (launch --slurm runs where SLURM is)"
-            ) from None
-        if out.returncode != 0:
-            raise RuntimeError(
-                f"sbatch failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}"
-            )
-        array = out.stdout.strip().split(";")[0]
+        array = _sbatch_array(len(todo), manifest, nodes, gpus_per_node, log_dir, sbatch_args)
     except BaseException:
         for m in todo:
             release_claim(m.folder)
@@ -510,3 +485,37 @@ def launch_slurm(
             )
         say(f"{m.name}: submitted as {array}_{i}")
     return array
+
+
+def _sbatch_array(
+    n: int,
+    manifest: Path,
+    nodes: int,
+    gpus_per_node: int,
+    log_dir: Path,
+    sbatch_args: Sequence[str],
+) -> str:
+    """sbatch of a job array of ``n`` elements, one a line of ``manifest``: its job id."""
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--array=0-{n - 1}",
+        f"--nodes={nodes}",
+        f"--gpus-per-node={gpus_per_node}",
+        f"--output={log_dir}/%x-%A_%a.out",
+        *sbatch_args,
+        str(SLURM_LAUNCHER),
+        "--array",
+        str(manifest),
+    ]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RuntimeError(
+            "sbatch: command not found (launch --slurm runs where SLURM is)"
+        ) from None
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"sbatch failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}"
+        )
+    return out.stdout.strip().split(";")[0]

@@ -1,4 +1,5 @@
-"""torchrun for a run that stops on a signal: ``python -m olmo_patches.launch.torchrun [torchrun arguments]``.
+"""torchrun for a run that stops on a signal:
+``python -m olmo_patches.launch.torchrun [torchrun arguments]``.
 
 torchrun (torch.distributed.run) turns its own SIGTERM, SIGINT, SIGHUP and SIGQUIT into a
 ``SignalException``: it sends the signal to its workers, waits ``--shutdown-timeout`` for them,
@@ -7,7 +8,7 @@ and exits 1 with a traceback, whether or not the workers saved and exited 0 (so
 SIGUSR1 ends it at once (the default action). Here, as torchrun otherwise:
 
 - SIGTERM and SIGUSR1 are passed to the workers (each time one arrives: a worker saves once,
-  olmo_patches/train/stop.py) and torchrun goes on watching them: once they have saved and exited 0,
+  olmo_patches/train/life.py) and torchrun goes on watching them: once they have saved and exited 0,
   it exits 0. Under SLURM every process of the step gets the signal from slurmstepd as well, so
   each worker may see it twice. torchrun keeps its own handling of SIGINT, SIGHUP and SIGQUIT
   (its ``--signals-to-handle``, unless given).
@@ -63,8 +64,8 @@ def _pass_on(signum, frame) -> None:
         except ProcessLookupError:
             pass
     print(
-        f"torchrun on {socket.gethostname()}: {signal.Signals(signum).name} passed to {len(workers)} worker(s); "
-        "they save at their next step, then exit",
+        f"torchrun on {socket.gethostname()}: {signal.Signals(signum).name} passed to "
+        f"{len(workers)} worker(s); they save at their next step, then exit",
         file=sys.stderr,
         flush=True,
     )
@@ -131,7 +132,10 @@ def _killed(pid: int, env: Dict[str, str], signum: int) -> None:
         return
     node = env.get("GROUP_RANK", os.environ.get("GROUP_RANK", "?"))
     where = f"node {node}, {socket.gethostname()}, pid {pid}"
-    line = f"rank {env['RANK']} ({where}) was killed by {signal.Signals(signum).name}; every rank stops"
+    line = (
+        f"rank {env['RANK']} ({where}) was killed by {signal.Signals(signum).name}; every rank "
+        "stops"
+    )
     _announced.set()
     from .peers import announce_for
 
@@ -141,7 +145,8 @@ def _killed(pid: int, env: Dict[str, str], signum: int) -> None:
 
 
 def failure_line(error) -> tuple[str, int]:
-    """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it ended."""
+    """One line for torchrun's ``ChildFailedError``: the first failed rank, its node, how it
+    ended."""
     rank, failure = error.get_first_failure()
     how = (
         f"killed by {signal.Signals(-failure.exitcode).name}"
@@ -210,7 +215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if _failed.is_set():  # this node's workers failed first and said why
             sys.exit(1)
         print(
-            f"torchrun on {socket.gethostname()}: the rendezvous ended ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+            f"torchrun on {socket.gethostname()}: the rendezvous ended ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:200]}); "
             "the torchrun that held its store is gone; this node stops",
             file=sys.stderr,
             flush=True,

@@ -20,7 +20,7 @@ from ..launch.cards import CARDS, GIB
 from ..config.spec import demo_cache
 from ..train import device_for
 from ..train.precision import describe_compile, precision_of
-from ..train.disk import CHECKPOINT_BYTES_PER_PARAM
+from ..train.life import CHECKPOINT_BYTES_PER_PARAM
 from ..nn.attention import on_gpu
 from ..nn.hourglass import StackedLinear
 from ..nn.lm_loss import lm_loss

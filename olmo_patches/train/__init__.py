@@ -1,9 +1,11 @@
-"""Running an experiment on OLMo-core's Trainer: a spec's data sources (sources), optimizer (optimizer)
-and OLMo-core configs (experiment), the run's life and its exit line (run); resume and
-checkpoint safety, stop signals, progress, metrics, the batch trace. Imports config and the layers below it."""
+"""Running an experiment on OLMo-core's Trainer: a spec's data sources (sources), optimizer
+(optimizer) and OLMo-core configs (experiment), the run's course (run) and how it ends: stop
+signals, disk space, its exit line (life); resume and checkpoint safety, progress, metrics, the
+batch trace. Imports config and the layers below it."""
 
 from .experiment import Experiment, OrderedDataLoaderConfig, build_experiment, device_for
-from .run import exit_line, train
+from .life import exit_line
+from .run import train
 from .sources import DataSources, resolve_data
 
 __all__ = [

@@ -1,9 +1,9 @@
 """Training throughput, peak memory and MFU of the baseline, hourglass and variable-width models.
 
 One run builds every variant of a scale from its YAML config (``ModelSpec.build(...).build()``, the
-trainer's own model, with the attention backend the trainer picks on this device), then times forward +
-backward (cross-entropy on random tokens, gradients dropped after each step; ``--optimizer``: and an
-AdamW step) with the variants interleaved: repeat r runs the variants
+trainer's own model, with the attention backend the trainer picks on this device), then times
+forward + backward (cross-entropy on random tokens, gradients dropped after each step;
+``--optimizer``: and an AdamW step) with the variants interleaved: repeat r runs the variants
 in an order rotated by r, each for ``steps`` steps. The reported tokens/s is the median over
 repeats, and each ratio to the baseline is the median of the repeats' paired ratios, so slow
 drifts of a shared machine cancel.
@@ -49,7 +49,8 @@ REPO = data_root()  # configs/ of the checkout or the installed wheel
 def measured_matmul_flops(
     device: torch.device, dtype: torch.dtype, n: int = 2048, tries: int = 10
 ) -> float:
-    """The best FLOP/s of an n x n x n matmul on this device: the CPU's stand-in for a datasheet peak."""
+    """The best FLOP/s of an n x n x n matmul on this device: the CPU's stand-in for a datasheet
+    peak."""
     a, b = (
         torch.randn(n, n, device=device, dtype=dtype),
         torch.randn(n, n, device=device, dtype=dtype),
@@ -110,7 +111,8 @@ class BenchResult:
 
 
 def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, str]:
-    """The trainer's model of ``config`` and the attention backend the trainer would pick for it here."""
+    """The trainer's model of ``config`` and the attention backend the trainer would pick for it
+    here."""
     spec = load_spec(REPO / config if not Path(config).is_absolute() else config)
     model_config = spec.model_config()
     backend = resolve_attention_backend(
@@ -183,8 +185,8 @@ def _build_variants(
     float8: Optional[str],
     compiled: bool,
 ) -> tuple[Dict[str, nn.Module], Dict[str, Optional[torch.optim.Optimizer]], Dict[str, dict]]:
-    """Each variant's model (compiled as the trainer compiles it; a float8 twin converted), its AdamW
-    (or None) and its counts."""
+    """Each variant's model (compiled as the trainer compiles it; a float8 twin converted), its
+    AdamW (or None) and its counts."""
     models: Dict[str, nn.Module] = {}
     optimizers: Dict[str, Optional[torch.optim.Optimizer]] = {}
     info: Dict[str, dict] = {}
@@ -251,8 +253,8 @@ def _paired(tps: Dict[str, List[float]], name: str, other: str) -> List[float]:
 def _result(
     sc, name: str, base: str, info: dict, tps: dict, mem: dict, peak: float, run: dict
 ) -> BenchResult:
-    """Variant ``name``'s result: its median tokens/s, MFU, and its tokens/s over ``base``'s paired by
-    repeat (median and quartiles)."""
+    """Variant ``name``'s result: its median tokens/s, MFU, and its tokens/s over ``base``'s paired
+    by repeat (median and quartiles)."""
     med, paired = statistics.median(tps[name]), _paired(tps, name, base)
     ratio = statistics.median(paired)
     q1, _, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else (ratio, ratio, ratio)
@@ -293,9 +295,9 @@ def run_bench(
     float8: Optional[str] = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> tuple[List[BenchResult], dict]:
-    """Time every variant of ``scale`` interleaved (with ``optimizer``: an AdamW step in each step; with
-    ``float8``, a recipe: each also as its float8 twin, ``extra['float8_ratio']`` its tokens/s over the
-    variant's); returns (results, machine info)."""
+    """Time every variant of ``scale`` interleaved (with ``optimizer``: an AdamW step in each step;
+    with ``float8``, a recipe: each also as its float8 twin, ``extra['float8_ratio']`` its tokens/s
+    over the variant's); returns (results, machine info)."""
     sc = SCALES[scale]
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     seq_len, batch = seq_len or sc.seq_len, batch or sc.batch
@@ -342,17 +344,19 @@ def format_results(results: List[BenchResult], machine: dict) -> str:
     ]
     if results:  # the trainer's attention backend here, and whether the step includes AdamW's
         lines.append(
-            f"attention {results[0].extra.get('attention')}, optimizer {results[0].extra.get('optimizer')}"
+            f"attention {results[0].extra.get('attention')}, optimizer "
+            f"{results[0].extra.get('optimizer')}"
         )
     head = (
-        f"{'scale':6} {'variant':22} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} {'ratio':>6} {'(IQR)':>13} "
-        f"{'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}"
+        f"{'scale':6} {'variant':22} {'compile':7} {'params':>9} {'GFLOP/tok':>9} {'tok/s':>9} "
+        f"{'ratio':>6} {'(IQR)':>13} {'FLOPs':>6} {'per-FLOP':>8} {'MFU%':>6} {'mem MB':>8}"
     )
     lines += [head, "-" * len(head)]
     for r in results:
         mem = f"{r.peak_mem_mb:8.0f}" if r.peak_mem_mb is not None else f"{'-':>8}"
         lines.append(
-            f"{r.scale:6} {r.variant:22} {'on' if r.compile else 'off':7} {r.params_non_embedding / 1e6:8.2f}M "
+            f"{r.scale:6} {r.variant:22} {'on' if r.compile else 'off':7} "
+            f"{r.params_non_embedding / 1e6:8.2f}M "
             f"{r.flops_per_token / 1e9:9.4f} {r.tokens_per_s:9.0f} {r.ratio:6.3f} "
             f"({r.ratio_quartiles[0]:.3f}-{r.ratio_quartiles[1]:.3f}) {r.flops_ratio:6.3f} "
             f"{r.per_flop_ratio:8.3f} {r.mfu:6.1f} {mem}"
@@ -363,9 +367,9 @@ def format_results(results: List[BenchResult], machine: dict) -> str:
             )
         )
     lines.append(
-        "ratio: tokens/s over the baseline's (median of paired repeats, IQR: their quartiles); FLOPs: model "
-        "FLOPs/token over the baseline's; per-FLOP: ratio x FLOPs (1 = same model FLOP/s as the baseline); "
-        "params: non-embedding"
+        "ratio: tokens/s over the baseline's (median of paired repeats, IQR: their quartiles); "
+        "FLOPs: model FLOPs/token over the baseline's; per-FLOP: ratio x FLOPs (1 = same model "
+        "FLOP/s as the baseline); params: non-embedding"
     )
     return "\n".join(lines)
 

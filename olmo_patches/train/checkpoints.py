@@ -21,7 +21,8 @@ __all__ = [
 
 
 def latest_complete(folder: PathOrStr) -> Optional[str]:
-    """``folder`` itself when it is a complete checkpoint, else the latest complete checkpoint in it, or None."""
+    """``folder`` itself when it is a complete checkpoint, else the latest complete checkpoint in
+    it, or None."""
     if Checkpointer.dir_is_checkpoint(folder):
         return str(folder)
     try:
@@ -54,7 +55,8 @@ def load_model_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
 
 def load_optim_state(checkpoint: PathOrStr) -> Dict[str, torch.Tensor]:
     """The optimizer's state tensors of a trainer checkpoint (AdamW: each parameter's ``exp_avg``,
-    ``exp_avg_sq`` and ``step``), as full tensors keyed ``PARAM.NAME``; read as :func:`load_model_state` reads."""
+    ``exp_avg_sq`` and ``step``), as full tensors keyed ``PARAM.NAME``; read as
+    :func:`load_model_state` reads."""
     return _load_tensors(checkpoint, "optim.state.")
 
 
@@ -66,7 +68,8 @@ def checkpoint_shapes(checkpoint: PathOrStr) -> Dict[str, torch.Size]:
 
 
 def _metadata(checkpoint: PathOrStr):
-    """(the folder of the DCP files, their metadata): a trainer checkpoint's model_and_optim/, or a bare one."""
+    """(the folder of the DCP files, their metadata): a trainer checkpoint's model_and_optim/, or a
+    bare one."""
     from olmo_core.distributed.checkpoint import get_checkpoint_metadata
 
     root = Path(checkpoint)

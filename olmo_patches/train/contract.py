@@ -45,7 +45,10 @@ def first_difference(
         if key not in there:
             return f"no weight {key} there ({list(shape)} in this config's model)"
         if not _same(there[key], shape):
-            return f"first differing weight {key}: {list(there[key])} there, {list(shape)} in this config's model"
+            return (
+                f"first differing weight {key}: {list(there[key])} there, {list(shape)} in this "
+                "config's model"
+            )
     if extra := [k for k in there if k not in here]:
         return f"weight {extra[0]} {list(there[extra[0]])} there, not in this config's model"
     return None
@@ -88,7 +91,8 @@ def check_checkpoint_fits(
         if unreadable_ok:
             return
         raise error(
-            f"{where}: unreadable checkpoint metadata ({type(e).__name__}: {' '.join(str(e).split())[:120]})"
+            f"{where}: unreadable checkpoint metadata ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:120]})"
         ) from None
     if (why := first_difference(there, model_shapes(spec))) is not None:
         raise error(f"{where}: {written_by(checkpoint)}; {why}")

@@ -16,12 +16,12 @@ A check scales one axis of a config by x1, x2, x4 (``MULTIPLIERS``):
 
 Each run: the model the trainer builds (the config's init, optimizer groups and LR, constant, no
 warmup), a fresh batch of random token ids per step, the same batches at every multiplier. The
-scale of a sublayer kind (embedding, attention, ffn, block, logits; attention, ffn and block averaged
-over layers) against the multiplier m gives a slope, d ln(scale) / d ln(m), at the last step. The
-check is **flat** when no kind grows: every slope below ``FLAT`` = 0.2 (x4 raises no scale by 1.32x
-or more). A shrinking kind does not count against it: muP's logits start at a scale that vanishes
-with the width (readout / m_width, Tensor Programs V table 3) and reach their limit as training
-moves them; the verdict names it.
+scale of a sublayer kind (embedding, attention, ffn, block, logits; attention, ffn and block
+averaged over layers) against the multiplier m gives a slope, d ln(scale) / d ln(m), at the last
+step. The check is **flat** when no kind grows: every slope below ``FLAT`` = 0.2 (x4 raises no scale
+by 1.32x or more). A shrinking kind does not count against it: muP's logits start at a scale that
+vanishes with the width (readout / m_width, Tensor Programs V table 3) and reach their limit as
+training moves them; the verdict names it.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def _scales_per_step(
 
 @dataclass
 class CoordCheck:
-    """Per axis: the scales {multiplier: [{kind: scale} per step]} and the slopes at the last step."""
+    """Per axis: the scales {multiplier: [{kind: scale} per step]} and the slopes at the last
+    step."""
 
     config: str
     steps: int
@@ -175,7 +176,8 @@ class CoordCheck:
     def summary(self) -> str:
         """What the width axis says about the parametrisation, then every axis's verdict."""
         head = (
-            "standard-parametrisation-like: activations grow with the width (the LR that fits one width is too large for a wider one)"
+            "standard-parametrisation-like: activations grow with the width (the LR that fits one "
+            "width is too large for a wider one)"
             if self.grows("width")
             else "muP-like: no activation grows with the width"
         )

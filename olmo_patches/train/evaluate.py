@@ -1,17 +1,19 @@
-"""Post-hoc evaluation: OLMo-core's own evaluators (the in-loop ones) on one checkpoint of ours or on a
-Hugging Face model, on CPU or one GPU; the metrics go to a ``metrics.jsonl`` that the tables read.
+"""Post-hoc evaluation: OLMo-core's own evaluators (the in-loop ones) on one checkpoint of ours or
+on a Hugging Face model, on CPU or one GPU; the metrics go to a ``metrics.jsonl`` that the tables
+read.
 
 - Ours (``RUN/stepN``): the run's ``config.yaml`` gives the model, the tokenizer and the evaluators
   exactly as :func:`eval_callbacks` builds them for training; tasks, validation sets and the tasks'
   sequence length can be overridden.
-- Hugging Face (a local model folder, loaded offline): the tokenizer is the folder's ``tokenizer.json``
-  with the special ids of its ``config.json``; with ``config`` (a run's ``config.yaml``) the run's
-  own tokenizer and validation data are used instead, so an exported model is evaluated exactly as
-  its checkpoint.
+- Hugging Face (a local model folder, loaded offline): the tokenizer is the folder's
+  ``tokenizer.json`` with the special ids of its ``config.json``; with ``config`` (a run's
+  ``config.yaml``) the run's own tokenizer and validation data are used instead, so an exported
+  model is evaluated exactly as its checkpoint.
 
 The loop is OLMo-core's ``EvaluatorCallback.perform_eval`` without a Trainer: per batch
-``get_labels``, a forward pass returning logits and the per-token CE loss (``loss_reduction="none"``,
-as ``TransformerTrainModule.eval_batch``), ``update_metrics``; metric names ``eval/{evaluator}/{metric}``.
+``get_labels``, a forward pass returning logits and the per-token CE loss
+(``loss_reduction="none"``, as ``TransformerTrainModule.eval_batch``), ``update_metrics``; metric
+names ``eval/{evaluator}/{metric}``.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ def _hf_forward(model) -> Forward:
 def _evaluators(
     spec: ExperimentSpec, data: DataSources, choice: EvalChoice, device: torch.device
 ) -> Tuple[List[Evaluator], Duration]:
-    """The run's evaluator callbacks (as in training, with ``choice``'s overrides) made into evaluators."""
+    """The run's evaluator callbacks (as in training, with ``choice``'s overrides) made into
+    evaluators."""
     e = spec.eval
     if choice.tasks is not None:
         e.downstream_tasks = list(choice.tasks)
@@ -118,7 +121,8 @@ def _evaluators(
             _fail(
                 "--validation-sets",
                 " ".join(choice.validation_sets),
-                f"v3-small-ppl-validation is dolma2 tokens, this run's tokenizer is {spec.data.tokenizer}",
+                "v3-small-ppl-validation is dolma2 tokens, this run's tokenizer is "
+                f"{spec.data.tokenizer}",
             )
         data = DataSources(
             data.tokenizer, data.train_paths, [], data.dtype
@@ -129,7 +133,8 @@ def _evaluators(
     out: List[Evaluator] = []
     duration = Duration.epochs(1)
     if (lm := callbacks.get("lm_evaluator")) is not None:
-        # In-loop batches (the run's micro-batch), so that eval.max_batches covers the same instances.
+        # In-loop batches (the run's micro-batch), so that eval.max_batches covers the same
+        # instances.
         dataset = lm.eval_dataset.build()  # type: ignore[attr-defined]
         collator = DataCollator(pad_token_id=data.tokenizer.pad_token_id)
         out.append(
@@ -197,7 +202,8 @@ def from_checkpoint(
     config: Optional[str | Path] = None,
     device: str = "cpu",
 ) -> EvalTarget:
-    """One of our checkpoints (``RUN/stepN``, or ``RUN`` with ``step``), with the run's evaluators."""
+    """One of our checkpoints (``RUN/stepN``, or ``RUN`` with ``step``), with the run's
+    evaluators."""
     path = _step_dir(Path(checkpoint), step)
     config_path = Path(config) if config else path.parent / "config.yaml"
     if not config_path.is_file():
@@ -252,7 +258,8 @@ def from_hf(
     validation_base_dir: str = "http://olmo-data.org",
     device: str = "cpu",
 ) -> EvalTarget:
-    """A Hugging Face model folder, loaded with transformers offline (its own modeling code if it ships one)."""
+    """A Hugging Face model folder, loaded with transformers offline (its own modeling code if it
+    ships one)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_dir = Path(model_dir)
@@ -307,7 +314,8 @@ def evaluate(
     progress: Optional[Progress] = None,
 ) -> Dict[str, float]:
     """Every evaluator of ``target`` once: {metric name: value}, named as in training. ``progress``
-    (a rich Progress) gets one bar per evaluator: batches done of its total, instances, time left."""
+    (a rich Progress) gets one bar per evaluator: batches done of its total, instances, time
+    left."""
     metrics: Dict[str, float] = {}
     autocast = torch.autocast(device, dtype=torch.bfloat16) if bf16 else nullcontext()
     for evaluator in target.evaluators:
@@ -340,9 +348,10 @@ def evaluate(
 
 
 def write_metrics(out: str | Path, target: EvalTarget, metrics: Dict[str, float]) -> Path:
-    """One record (the target's step) to ``out``: a ``.json`` file (written: the name, the step and the
-    metrics), a ``.jsonl`` file or a folder (its ``metrics.jsonl``), appended; the folder of a metrics
-    file gets the target's ``config.yaml`` when it has none, so that ``make_tables.py`` reads it as a run."""
+    """One record (the target's step) to ``out``: a ``.json`` file (written: the name, the step and
+    the metrics), a ``.jsonl`` file or a folder (its ``metrics.jsonl``), appended; the folder of a
+    metrics file gets the target's ``config.yaml`` when it has none, so that ``make_tables.py``
+    reads it as a run."""
     out = Path(out)
     record = {"step": target.step, **metrics}
     if out.suffix == ".json":

@@ -1,5 +1,5 @@
-"""Translate an :class:`ExperimentSpec` into OLMo-core's configs: model, dataset, data loader, train module
-and Trainer with its callbacks.
+"""Translate an :class:`ExperimentSpec` into OLMo-core's configs: model, dataset, data loader, train
+module and Trainer with its callbacks.
 
 Everything built from them is OLMo-core's own machinery (its Trainer, train module, numpy datasets,
 data loader, checkpointer and evaluators); run.py builds and runs them.
@@ -57,7 +57,7 @@ from .progress import ProgressCallback, wandb_callback
 from .resume import ResumeCheckpointerCallback
 from .safety import NonFiniteGuardCallback
 from .sources import DataSources, resolve_data
-from .stop import StopOnSignalCallback
+from .life import StopOnSignalCallback
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ def _eval_tokenizer(spec: ExperimentSpec, data: DataSources) -> TokenizerConfig:
 
 
 def check_downstream(spec: ExperimentSpec) -> None:
-    """ConfigError for a downstream task that cannot fit eval.downstream_sequence_length, before a run writes anything."""
+    """ConfigError for a downstream task that cannot fit eval.downstream_sequence_length, before a
+    run writes anything."""
     if spec.eval.downstream_tasks:
         try:
             check_downstream_fit(
@@ -175,8 +176,8 @@ def eval_callbacks(spec: ExperimentSpec, data: DataSources) -> Dict[str, Callbac
 
 
 def mixture_config(spec: ExperimentSpec, data: DataSources) -> SourceMixtureDatasetConfig:
-    """data.mixture as OLMo-core's source mixture: each source's share of the run's tokens, drawn with
-    data.order_seed (the loader then shuffles the instances with the run's data order seed)."""
+    """data.mixture as OLMo-core's source mixture: each source's share of the run's tokens, drawn
+    with data.order_seed (the loader then shuffles the instances with the run's data order seed)."""
     seq = spec.data.sequence_length
     sources = [
         SourceMixtureConfig(
@@ -209,7 +210,8 @@ def _model(
     set_lm_loss(model, loss.name)
     log.info(f"LM loss: {loss}")
     log.info(
-        f"train.precision={t.precision} -> {precision_of(spec, world_size)}; train.compile={t.compile} -> {describe_compile(spec, world_size)}"
+        f"train.precision={t.precision} -> {precision_of(spec, world_size)}; "
+        f"train.compile={t.compile} -> {describe_compile(spec, world_size)}"
     )
     return model
 
@@ -237,7 +239,8 @@ def _data(
     data_loader = OrderedDataLoaderConfig(
         global_batch_size=t.global_batch_size * d.sequence_length,  # OLMo-core counts tokens
         seed=olmo_core_seed(d.order_seed),  # data.order_seed counts as the old OLMo trainer did
-        # Workers read whole batches round-robin (OLMo-core), so the order is the same for any count.
+        # Workers read whole batches round-robin (OLMo-core), so the order is the same for any
+        # count.
         num_workers=(workers := data_workers(spec, device)),
         prefetch_factor=d.prefetch_factor if workers else None,
         shuffle=d.source != "prefix",
@@ -275,7 +278,7 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
     trainer = trainer.with_callback(
         "stop_on_signal", StopOnSignalCallback()
-    )  # SIGTERM/SIGUSR1: save and stop (stop.py)
+    )  # SIGTERM/SIGUSR1: save and stop (life.py)
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback(
@@ -287,7 +290,8 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         and (card := known_card(torch.cuda.get_device_name()))
         and card.bf16_flops
     ):
-        # The peak of launch/cards.py: OLMo-core's own table lacks some (H200: it would use an A100's, MFU x3.2).
+        # The peak of launch/cards.py: OLMo-core's own table lacks some (H200: it would use an
+        # A100's, MFU x3.2).
         trainer = trainer.with_callback(
             "speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops))
         )

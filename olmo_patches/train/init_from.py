@@ -22,8 +22,8 @@ __all__ = ["check_init_from", "init_state", "load_init_weights"]
 
 
 def init_state(source: str) -> Dict[str, torch.Tensor]:
-    """The full weights at ``source``, keyed as OLMo-core's Transformer; ConfigError (one line) for a
-    folder that is missing, neither kind, or unreadable."""
+    """The full weights at ``source``, keyed as OLMo-core's Transformer; ConfigError (one line) for
+    a folder that is missing, neither kind, or unreadable."""
     checkpoint = _checkpoint(source)
     return (
         _from_hf(Path(source), f"train.init_from={source}")
@@ -64,7 +64,8 @@ def _from_hf(path: Path, where: str) -> Dict[str, torch.Tensor]:
         return convert_state_from_hf(config, model.state_dict(), model_type=config.model_type)
     except Exception as e:  # noqa: BLE001 (a cut or foreign file: transformers' or safetensors' error)
         raise ConfigError(
-            f"{where}: unreadable Hugging Face model ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+            f"{where}: unreadable Hugging Face model ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:160]})"
         ) from None
 
 

@@ -2,9 +2,9 @@
 
 It is written by rank 0 in the run folder (``metrics.jsonl``) whatever else logs (console,
 wandb), and it is what the demo summary, the tables and the figures read. A resumed run first drops
-the records past its checkpoint's step (steps a killed run logged but did not save, which the resumed
-run redoes), then appends: one record per step (what OLMo-core logs twice for a step, at a save or
-the last step, merged into it).
+the records past its checkpoint's step (steps a killed run logged but did not save, which the
+resumed run redoes), then appends: one record per step (what OLMo-core logs twice for a step, at a
+save or the last step, merged into it).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class MetricsFileCallback(Callback):
 
     def log_metrics(self, step: int, metrics: Dict[str, float]):
         """Append the step's record; a step OLMo-core logs again (its save and last steps, an
-        evaluation's metrics after the step's own) is merged into the last record, rewritten in place."""
+        evaluation's metrics after the step's own) is merged into the last record, rewritten in
+        place."""
         if get_rank() != 0:
             return
         path = Path(self.trainer.save_folder) / METRICS_FILE

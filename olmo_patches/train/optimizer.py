@@ -1,5 +1,5 @@
-"""The optimizer and learning-rate schedule of a spec, as OLMo-core configs: AdamW's parameter groups
-(weight decay, muP's learning rates), cosine or power schedule, and the schedule's lag."""
+"""The optimizer and learning-rate schedule of a spec, as OLMo-core configs: AdamW's parameter
+groups (weight decay, muP's learning rates), cosine or power schedule, and the schedule's lag."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ __all__ = ["optim_groups", "scheduler", "lagged", "optimizer"]
 
 
 def optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGroupOverride]:
-    """No weight decay on the embedding unless train.decay_embeddings (OLMo-2), nor on the 1-D tensors
-    (norm gains, read off the model's parameters; an MoE router's flat weight is a matrix) unless
-    train.decay_norms. An untied LM head's matrix is always decayed (OLMo-2 and lm-engine alike; tied, it is
-    the embedding). The block kind adds its own learning-rate groups (blocks/: the variable-width
-    paper's muP trains the hidden matrices at lr / m_width)."""
+    """No weight decay on the embedding unless train.decay_embeddings (OLMo-2), nor on the 1-D
+    tensors (norm gains, read off the model's parameters; an MoE router's flat weight is a matrix)
+    unless train.decay_norms. An untied LM head's matrix is always decayed (OLMo-2 and lm-engine
+    alike; tied, it is the embedding). The block kind adds its own learning-rate groups (blocks/:
+    the variable-width paper's muP trains the hidden matrices at lr / m_width)."""
     no_decay = [] if spec.train.decay_embeddings else ["embeddings.weight"]
     if not spec.train.decay_norms:
         no_decay += [
@@ -39,7 +39,8 @@ def optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGr
 
 
 def scheduler(spec: ExperimentSpec) -> Scheduler:
-    """Cosine with linear warmup (OLMo-2), or lm-engine's power schedule (the variable-width paper)."""
+    """Cosine with linear warmup (OLMo-2), or lm-engine's power schedule (the variable-width
+    paper)."""
     t = spec.train
     if t.schedule == "power":
         p = t.power
@@ -72,9 +73,9 @@ def lagged(scheduler: Scheduler, spec: ExperimentSpec) -> Scheduler:
 
 
 def optimizer(spec: ExperimentSpec, model, device: str):
-    """OLMo-core's optimizer config for ``spec``. AdamW on CUDA takes torch's fused kernel (one kernel
-    for every parameter's update; torch.optim.AdamW's ``fused=True``, CUDA tensors only); on a CPU, torch's
-    default. SkipStepAdamW is OLMo-core's own (foreach kernels, its default)."""
+    """OLMo-core's optimizer config for ``spec``. AdamW on CUDA takes torch's fused kernel (one
+    kernel for every parameter's update; torch.optim.AdamW's ``fused=True``, CUDA tensors only); on
+    a CPU, torch's default. SkipStepAdamW is OLMo-core's own (foreach kernels, its default)."""
     t = spec.train
     kwargs = dict(
         lr=t.lr,

@@ -1,19 +1,19 @@
 """Mixed precision and compile as the trainer applies them, the same on CPU as on GPU.
 
-bf16 (``train.precision``): FSDP2 and HSDP keep fp32 parameters (the master weights AdamW updates and
-checkpoints hold), all-gather bf16 compute copies of them and reduce-scatter the gradients in fp32.
-One process and DDP run under bf16 autocast instead: DDP would cast the parameters themselves (and
-AdamW's state) to bf16. gloo all-gathers, reduce-scatters and all-reduces bf16 (torch 2.13), so CPU
-runs take the GPU's path.
+bf16 (``train.precision``): FSDP2 and HSDP keep fp32 parameters (the master weights AdamW updates
+and checkpoints hold), all-gather bf16 compute copies of them and reduce-scatter the gradients in
+fp32. One process and DDP run under bf16 autocast instead: DDP would cast the parameters themselves
+(and AdamW's state) to bf16. gloo all-gathers, reduce-scatters and all-reduces bf16 (torch 2.13), so
+CPU runs take the GPU's path.
 
 float8 (``train.float8``): torchao's float8 matmuls through OLMo-core's Float8Config, which its
 ``parallelize_model`` applies before compile, activation checkpointing and FSDP; emulated where the
 device has no float8 matmuls (CPU, pre-SM89), with one info line.
 
 compile (``train.compile``): OLMo-core's per-block ``apply_compile`` (inductor), which its
-``parallelize_model`` applies after float8 and activation checkpointing and before FSDP/DDP, but only
-where CUDA is available ("Skipping model compilation"). On CPU :func:`compile_on_cpu` applies it at
-that same point.
+``parallelize_model`` applies after float8 and activation checkpointing and before FSDP/DDP, but
+only where CUDA is available ("Skipping model compilation"). On CPU :func:`compile_on_cpu` applies
+it at that same point.
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ class Precision:
             if self.reduce
             else "no gradient reduction (1 process)"
         )
-        return f"{self.param} parameters and master weights, {self.compute} compute ({self.how}), {reduce}"
+        return (
+            f"{self.param} parameters and master weights, {self.compute} compute ({self.how}), "
+            f"{reduce}"
+        )
 
 
 def _fsdp(spec: ExperimentSpec, world_size: int) -> bool:
@@ -88,7 +91,8 @@ def autocast(spec: ExperimentSpec, world_size: int) -> Optional[DType]:
 
 
 def precision_of(spec: ExperimentSpec, world_size: int) -> Precision:
-    """What :func:`data_parallel` and :func:`autocast` give this run, for its log and the dry run."""
+    """What :func:`data_parallel` and :func:`autocast` give this run, for its log and the dry
+    run."""
     reduce = "fp32" if world_size > 1 else None
     if spec.train.precision == "fp32":
         return Precision("fp32", "fp32", reduce, "no autocast")
@@ -104,7 +108,8 @@ def float8_config(
     spec: ExperimentSpec, device: str, world_size: int
 ) -> Optional[ShapeFloat8Config]:
     """OLMo-core's Float8Config for train.float8 (nn/float8.py), emulated where there are no float8
-    matmuls; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's recommended)."""
+    matmuls; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's
+    recommended)."""
     from olmo_core.float8 import AOFloat8LinearConfig, AOFloat8LinearRecipe
 
     f8 = spec.train.float8
@@ -122,9 +127,10 @@ def float8_config(
 
 
 def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
-    """OLMo-core's compile_model flag. On CPU :func:`compile_on_cpu` compiles instead, and the flag is
-    set only for activation checkpointing's ``budget`` mode, which OLMo-core's train module refuses
-    without it (its parallelize_model then skips compiling on CPU, and compile_on_cpu compiles)."""
+    """OLMo-core's compile_model flag. On CPU :func:`compile_on_cpu` compiles instead, and the flag
+    is set only for activation checkpointing's ``budget`` mode, which OLMo-core's train module
+    refuses without it (its parallelize_model then skips compiling on CPU, and compile_on_cpu
+    compiles)."""
     ac = spec.train.activation_checkpointing
     return bool(spec.train.compile) and (
         device != "cpu" or (ac is not None and ac.mode == "budget")
@@ -145,8 +151,9 @@ _AFTER_COMPILE = ("apply_fsdp", "apply_ddp", "init_weights")
 
 
 def compile_on_cpu(model: Transformer) -> None:
-    """Make the next of ``model``'s apply_fsdp / apply_ddp / init_weights compile it first: the point
-    where OLMo-core's parallelize_model would have called ``model.apply_compile()`` with CUDA."""
+    """Make the next of ``model``'s apply_fsdp / apply_ddp / init_weights compile it first: the
+    point where OLMo-core's parallelize_model would have called ``model.apply_compile()`` with
+    CUDA."""
 
     def compiling_first(name: str):
         method = getattr(model, name)
@@ -165,5 +172,6 @@ def compile_on_cpu(model: Transformer) -> None:
 
 
 def _compiled_here(record: logging.LogRecord) -> bool:
-    """Drops OLMo-core's "Skipping model compilation" warning where compile_on_cpu compiles instead."""
+    """Drops OLMo-core's "Skipping model compilation" warning where compile_on_cpu compiles
+    instead."""
     return not record.getMessage().startswith("Skipping model compilation")

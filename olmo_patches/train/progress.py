@@ -104,7 +104,8 @@ class ProgressCallback(ConsoleLoggerCallback):
 
 
 def announce(line: str) -> None:
-    """A line for the operator's terminal (rank 0), beside the progress lines: where a run starts from."""
+    """A line for the operator's terminal (rank 0), beside the progress lines: where a run starts
+    from."""
     log.info(line)
 
 
@@ -136,8 +137,9 @@ class OfflineAwareWandBCallback(WandBCallback):
         self._run_path = self.run.path if self.run is not None else None  # type: ignore
 
     def post_step(self):
-        """OLMo-core's cancel check, a bookkeeping op each step, asks the server: none offline. (OLMo-core
-        3.0.0's bookkeeping queue also races when one check ends as the next is submitted: a KeyError.)"""
+        """OLMo-core's cancel check, a bookkeeping op each step, asks the server: none offline.
+        (OLMo-core 3.0.0's bookkeeping queue also races when one check ends as the next is
+        submitted: a KeyError.)"""
         offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
         if not offline and os.environ.get("WANDB_API_KEY"):
             super().post_step()
@@ -160,7 +162,8 @@ class OfflineAwareWandBCallback(WandBCallback):
 
 
 def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]:
-    """A wandb callback when asked for (``run.wandb_project``) and possible (``wandb`` installed)."""
+    """A wandb callback when asked for (``run.wandb_project``) and possible (``wandb``
+    installed)."""
     if not project:
         return None
     if importlib.util.find_spec("wandb") is None:
@@ -174,18 +177,20 @@ def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]
 LOG_FILE = "train.log"
 
 
-# The loggers of OLMo-core's prepare_training_environment (env vars, the process group, the backend).
+# The loggers of OLMo-core's prepare_training_environment (env vars, the process group, the
+# backend).
 _START_LOGGERS = ("olmo_core.utils", "olmo_core.distributed.utils", "olmo_core.train")
 
 
 @contextmanager
 def quiet_start(kept: List[logging.LogRecord]):
-    """OLMo-core's start-up lines (``Setting env var ...``, ``Will skip setting env var ...``, the process
-    group) and what the checks before a run log (a meta build of the model prints it) into ``kept``
-    instead of the terminal (:func:`quiet_console` writes them to ``train.log``); errors still pass.
-    Before its logging is set up OLMo-core prints them unless a root handler takes INFO: this one
-    does. After an earlier run in the same process (the demo's variants, a local sweep) OLMo-core's
-    console handler is there already: it shows warnings and errors only, as in :func:`quiet_console`."""
+    """OLMo-core's start-up lines (``Setting env var ...``, ``Will skip setting env var ...``, the
+    process group) and what the checks before a run log (a meta build of the model prints it) into
+    ``kept`` instead of the terminal (:func:`quiet_console` writes them to ``train.log``); errors
+    still pass. Before its logging is set up OLMo-core prints them unless a root handler takes INFO:
+    this one does. After an earlier run in the same process (the demo's variants, a local sweep)
+    OLMo-core's console handler is there already: it shows warnings and errors only, as in
+    :func:`quiet_console`."""
 
     def divert(record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:

@@ -17,8 +17,9 @@ What this module adds:
   rewriting it, and could destroy the very checkpoint a finished run was resumed from).
 - :class:`ResumeCheckpointerCallback`: knows the step it resumed from, so a run resumed at its
   last step does not save that step again; checks the weights are finite before every save and
-  records each checkpoint's files and CRCs (safety.py, in a background thread); keeps every permanent checkpoint (OLMo-core keeps
-  the last 3 by default) and the last ``ephemeral_keep`` ephemeral ones (OLMo-core: 1).
+  records each checkpoint's files and CRCs (safety.py, in a background thread); keeps every
+  permanent checkpoint (OLMo-core keeps the last 3 by default) and the last ``ephemeral_keep``
+  ephemeral ones (OLMo-core: 1).
 - :func:`record_save_rate` / :func:`measured_save_rate`: the last save's bytes and seconds, in
   ``SAVE/save_rate.json`` (rank 0; the seconds from the save's start to OLMo-core's "saved", an
   async save's finalization included), from which the dry run sizes SLURM's signal lead.
@@ -47,7 +48,7 @@ from olmo_core.train.checkpoint import Checkpointer
 from ..config import ExperimentSpec
 from .checkpoints import checkpoint_step, latest_complete
 from .contract import check_checkpoint_fits
-from .disk import CHECKPOINT_BYTES_PER_PARAM, disk_full_error, full_error
+from .life import CHECKPOINT_BYTES_PER_PARAM, disk_full_error, full_error
 from ..launch.run_folder import RunFolderError
 from .safety import ManifestWriter, check_before_save
 
@@ -77,7 +78,8 @@ def prune_incomplete(save_folder: PathOrStr) -> List[Path]:
             if m is None or not path.is_dir():
                 continue
             # cut off: a temporary folder, or no completion marker (written last). A folder with its
-            # marker but a file gone is a damaged checkpoint: safety.select_resume_checkpoint moves it aside.
+            # marker but a file gone is a damaged checkpoint: safety.select_resume_checkpoint moves
+            # it aside.
             if m.group(2) or not (path / Checkpointer.METADATA_FNAME).is_file():
                 log.warning(f"Removing incomplete checkpoint folder '{path}' (a save was cut off)")
                 shutil.rmtree(path)
@@ -99,7 +101,8 @@ def record_save_rate(
 
 
 def measured_save_rate(save_folder: PathOrStr) -> Optional[dict]:
-    """The record of the run's last save (:func:`record_save_rate`), or None (none yet, a URL, unreadable)."""
+    """The record of the run's last save (:func:`record_save_rate`), or None (none yet, a URL,
+    unreadable)."""
     if is_url(save_folder):
         return None
     try:
@@ -132,7 +135,9 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
         self._save_started.append(time.monotonic())
         try:
             path = super()._save_checkpoint(save_async=save_async, ephemeral=ephemeral)
-        except BaseException as e:  # out of space (in DCP's CheckpointException, a BaseException): one line, the partial folder gone, the good ones kept
+        # out of space (in DCP's CheckpointException, a BaseException): one line, the partial folder
+        # gone, the good ones kept
+        except BaseException as e:
             if (cause := full_error(e)) is None or is_url(self.trainer.save_folder):
                 raise
             folder = Path(self.trainer.save_folder)
@@ -184,7 +189,8 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
 
 
 def checkpoint_bytes_of(trainer) -> int:
-    """This run's checkpoint size: the newest complete one on disk, else as :func:`disk.checkpoint_bytes` counts it."""
+    """This run's checkpoint size: the newest complete one on disk, else as
+    :func:`life.checkpoint_bytes` counts it."""
     latest = latest_complete(trainer.save_folder)
     if latest is not None:
         return sum(f.stat().st_size for f in Path(latest).rglob("*") if f.is_file())
@@ -194,27 +200,29 @@ def checkpoint_bytes_of(trainer) -> int:
 
 
 def check_resume_from(resume_from: PathOrStr, spec: ExperimentSpec) -> None:
-    """:class:`RunFolderError` (one line) unless ``--resume-from`` names a checkpoint or a folder with a
-    complete one whose weights fit ``spec``'s model (their shapes, from its metadata); local paths
-    only (a URL is checked when it is loaded). Before anything is written."""
+    """:class:`RunFolderError` (one line) unless ``--resume-from`` names a checkpoint or a folder
+    with a complete one whose weights fit ``spec``'s model (their shapes, from its metadata); local
+    paths only (a URL is checked when it is loaded). Before anything is written."""
     if is_url(resume_from):
         return
     path = Path(resume_from)
     if not path.is_dir():
         raise RunFolderError(
-            f"--resume-from {path}: {'a file, not a checkpoint folder' if path.exists() else 'no such folder'}"
+            f"--resume-from {path}: "
+            f"{'a file, not a checkpoint folder' if path.exists() else 'no such folder'}"
         )
     if (latest := latest_complete(path)) is None:
         raise RunFolderError(
-            f"--resume-from {path}: no complete checkpoint there (a stepN folder with {Checkpointer.METADATA_FNAME})"
+            f"--resume-from {path}: no complete checkpoint there (a stepN folder with "
+            f"{Checkpointer.METADATA_FNAME})"
         )
     check_checkpoint_fits(latest, spec, f"--resume-from {latest}", RunFolderError)
 
 
 def check_own_checkpoint(spec: ExperimentSpec) -> None:
-    """:class:`RunFolderError` (one line) when the newest complete checkpoint in the save folder, which
-    a start without ``--resume-from`` resumes from, does not fit ``spec``'s model; one whose metadata
-    cannot be read is left to the start's own check (safety.py sets it aside)."""
+    """:class:`RunFolderError` (one line) when the newest complete checkpoint in the save folder,
+    which a start without ``--resume-from`` resumes from, does not fit ``spec``'s model; one whose
+    metadata cannot be read is left to the start's own check (safety.py sets it aside)."""
     if is_url(spec.save_folder) or (latest := latest_complete(spec.save_folder)) is None:
         return
     where = f"{spec.save_folder}: its newest checkpoint {Path(latest).name}"

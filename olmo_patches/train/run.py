@@ -1,7 +1,6 @@
-"""One training run's life on OLMo-core's Trainer: refuse what cannot run before anything is written,
-start the process group, take the run folder, build (experiment.py), resume, fit, and end cleanly,
-or with one line and an exit code (:func:`exit_line`: 2 refused, 3 diverged, 4 out of space,
-1 otherwise).
+"""One training run's course on OLMo-core's Trainer: refuse what cannot run before anything is
+written, start the process group, take the run folder, build (experiment.py), resume, fit, and end
+cleanly, or with one line and an exit code (life.py: stop signals, disk space, :func:`exit_line`).
 
 Works alone or under torchrun (CPU: gloo). An error on one rank ends the others (launch/peers.py).
 """
@@ -24,49 +23,48 @@ from olmo_core.train import prepare_training_environment, teardown_training_envi
 from olmo_core.train.callbacks import Callback
 
 from ..config import ConfigError, ExperimentSpec
-from ..config.spec import one_line
 from ..launch import peers
+from ..launch.data_files import check_data_files
 from ..launch.layout import data_workers
-from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
+from ..launch.run_folder import Lock, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
 from ..nn.moe import count_experts_first
 from .checkpoints import holds_checkpoints, latest_complete
-from .disk import DiskFullError, check_room
 from .experiment import build_experiment, check_downstream, device_for
 from .precision import compile_on_cpu
 from .progress import announce, quiet_console, quiet_start
 from .resume import check_own_checkpoint, check_resume_from, load_explicit, prune_incomplete
 from .init_from import check_init_from, load_init_weights
-from .safety import NonFiniteError, select_resume_checkpoint
+from .life import check_room, exit_line
+from .safety import select_resume_checkpoint
 from .sources import check_sources, resolve_data
 from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train", "exit_line"]
+__all__ = ["train"]
 
 
 def train(
     spec: ExperimentSpec,
     resume_from: Optional[str] = None,
     callbacks: Optional[dict[str, Callback]] = None,
+    data_checked: bool = False,
 ) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
     Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
     Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
-    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its sequence
-    length or a local folder not every node sees, and :class:`NonFiniteError` when the run diverges
-    (its last good checkpoint kept). An error on one rank ends the others (peers.py).
+    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its
+    sequence length or a local folder not every node sees, and :class:`NonFiniteError` when the run
+    diverges (its last good checkpoint kept). An error on one rank ends the others (peers.py).
     ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
+    Rank 0 checks the data files first (launch/data_files.py), unless ``data_checked``: the launch
+    did (``cli.load_or_exit(..., data=True)``, before torch).
     """
-    if not hasattr(
-        spec, "resolved"
-    ):  # resolved once, at launch: the machine's choices are the launch's
-        raise TypeError(
-            "train() takes a spec resolved at launch (launch.layout.resolve, load_and_resolve)"
-        )
+    if not hasattr(spec, "resolved"):  # resolved once, at launch: the machine's choices are its
+        raise TypeError("train() takes a spec resolved at launch (launch.layout.resolve)")
     device = device_for(spec)
     save_folder = Path(spec.save_folder)
     lock = Lock(save_folder)
@@ -74,18 +72,14 @@ def train(
     # Before the process group: the demo corpus is built by rank 0 alone.
     start_lines: list[logging.LogRecord] = []
     with quiet_start(start_lines):  # what the checks log (the model's printout): train.log only
-        refused, record = _check_before_writing(spec, resume_from) if rank0 else (None, None)
+        refused, record = (
+            _check_before_writing(spec, resume_from, data_checked) if rank0 else (None, None)
+        )
     start_lines += _start_process_group(spec, device)
-    # OLMo-core's ("spawn"), restored after the run.
-    start_method = multiprocessing.get_start_method(allow_none=True)
-    if device == "cpu" and data_workers(spec, device) == 0:
-        # OLMo-core chose "spawn" for its loader workers; with none, the only processes are its
-        # dataset preparation's pools, which would each start a fresh interpreter (5-10 s of
-        # imports a pool on a CPU run): the platform's default (fork on Linux) starts them at once.
-        multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
-    # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over the
-    # ~400k objects of the imported modules. Collected once and frozen, those are skipped for the run
-    # (unless the caller froze objects itself: then its freeze is left as it is).
+    start_method = _fork_without_workers(spec, device)
+    # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over
+    # the ~400k objects of the imported modules. Collected once and frozen, those are skipped for
+    # the run (unless the caller froze objects itself: then its freeze is left as it is).
     froze = gc.get_freeze_count() == 0
     try:
         _take_folder(spec, lock, refused, resume_from)
@@ -107,13 +101,26 @@ def train(
         teardown_training_environment()
 
 
+def _fork_without_workers(spec: ExperimentSpec, device: str) -> Optional[str]:
+    """OLMo-core's start method ("spawn"), to restore after the run. It chose "spawn" for its
+    loader workers; with none (a CPU run), the only processes are its dataset preparation's pools,
+    which would each start a fresh interpreter (5-10 s of imports a pool on a CPU run): the
+    platform's default (fork on Linux) starts them at once."""
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    if device == "cpu" and data_workers(spec, device) == 0:
+        multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+    return start_method
+
+
 def _check_before_writing(
-    spec: ExperimentSpec, resume_from: Optional[str]
+    spec: ExperimentSpec, resume_from: Optional[str], data_checked: bool
 ) -> tuple[Optional[ConfigError], Optional[tuple[list[str], bool]]]:
     """Rank 0's checks that need no process group: the refusal (nothing written yet), and what
     record_config takes once the run is built (the config's changes from the folder's recorded one,
     and whether the folder holds a complete checkpoint)."""
     try:
+        if not data_checked:
+            check_data_files(spec)  # token ids below the vocabulary, URLs, the tokenizer file
         if resume_from is not None:
             check_resume_from(resume_from, spec)
         check_downstream(spec)
@@ -124,7 +131,7 @@ def _check_before_writing(
         if resume_from is None:
             check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
         check_room(spec)  # one checkpoint's room on the run folder's disk
-    except ConfigError as e:  # RunFolderError, or a downstream task that cannot fit
+    except ConfigError as e:  # RunFolderError, bad data, a downstream task that cannot fit
         return e, None
     return None, (changes, checkpointed)
 
@@ -189,10 +196,11 @@ def _count(n: int) -> str:
 
 
 def _set_default_backend() -> None:
-    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group does
-    when no backend plugin is registered: with one registered (torch's FAKE, which an import registers)
-    it leaves the default unset, and destroy_process_group's hook check then prints the C++ "No backend
-    of type 0 found" warning on every exit (distributed_c10d._new_process_group_helper)."""
+    """Name gloo the default backend of a ``cpu:gloo`` process group, as torch's init_process_group
+    does when no backend plugin is registered: with one registered (torch's FAKE, which an import
+    registers) it leaves the default unset, and destroy_process_group's hook check then prints the
+    C++ "No backend of type 0 found" warning on every exit
+    (distributed_c10d._new_process_group_helper)."""
     pg = dist.GroupMember.WORLD if dist.is_initialized() else None
     if type(pg) is dist.ProcessGroup and "nccl" not in str(dist.get_backend_config(pg)):
         pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
@@ -208,49 +216,14 @@ def _fit(
     """Build everything through OLMo-core and run its Trainer; rank 0 (``record``: its changes and
     whether the folder was checkpointed) records the config once all is built, before the first
     checkpoint: a start that fails while building leaves no record."""
-    data = resolve_data(spec)
-    mixed = [p for source in data.mixture for p in source.paths]
-    require_data(
-        [*data.train_paths, *mixed, *data.val_paths]
-    )  # every rank reads the same token files
-    exp = build_experiment(spec, data, world_size=get_world_size())
-    exp.trainer.callbacks.update(callbacks or {})
-    model = exp.model.build(init_device="meta")
-    logits_in_eval(model)  # the fused loss trains; the evaluators get logits
-    if spec.train.compile and device == "cpu":
-        compile_on_cpu(model)
-    train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(
-        train_module
-    )  # checkpoints with (K, out, in) hourglass weights resume
-    count_experts_first(
-        train_module
-    )  # model.moe.load_balance=global_batch: the step's counts first
-    dataset = exp.dataset.build()
-    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
-    try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
-        trainer = exp.trainer.build(train_module, data_loader)
-    except OLMoConfigurationError as e:
-        raise ConfigError(" ".join(str(e).split())) from None
-    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
-        if name in trainer.callbacks:
-            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
-    if resume_from is not None:
-        loaded: Optional[str] = load_explicit(trainer, resume_from)
-    else:  # what fit() would load, loaded first to see whether the run is already finished
-        trainer.maybe_load_checkpoint(
-            spec.save_folder, load_trainer_state=True, load_optim_state=True
-        )
-        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
-    if (
-        not loaded and spec.train.init_from
-    ):  # a new run: another model's weights, this run's optimizer
-        load_init_weights(train_module.model, spec.train.init_from)
+    trainer, dataset = _build(spec, device, callbacks)
+    loaded = _load(spec, trainer, resume_from)
     start = f" from the weights of {spec.train.init_from}" if spec.train.init_from else ""
+    plan = _plan_line(spec, trainer, dataset)
     announce(
-        f"resuming from step {trainer.global_step} ({loaded}); {_plan_line(spec, trainer, dataset)}"
+        f"resuming from step {trainer.global_step} ({loaded}); {plan}"
         if loaded
-        else f"new run in {spec.save_folder}{start}; {_plan_line(spec, trainer, dataset)}"
+        else f"new run in {spec.save_folder}{start}; {plan}"
     )
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         # No evaluation, nothing written.
@@ -261,35 +234,49 @@ def _fit(
     trainer.fit()
     if trainer.is_canceled:
         log.warning(
-            f"Stopped at step {trainer.global_step}: checkpoint saved, rerun the same command to resume"
+            f"Stopped at step {trainer.global_step}: checkpoint saved, "
+            "rerun the same command to resume"
         )
     return Path(spec.save_folder)
 
 
-def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
-    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's data
-    thread raises OLMoThreadError from the reader's error), else None."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.filename:
-            return f"{e.filename} ({type(e).__name__}: {e.strerror or e})"
-        e = e.__cause__ or e.__context__
-    return None
+def _build(spec: ExperimentSpec, device: str, callbacks: Optional[dict[str, Callback]]):
+    """The run's Trainer and dataset, built through OLMo-core (experiment.py) on every rank."""
+    data = resolve_data(spec)
+    mixed = [p for source in data.mixture for p in source.paths]
+    # Every rank reads the same token files.
+    require_data([*data.train_paths, *mixed, *data.val_paths])
+    exp = build_experiment(spec, data, world_size=get_world_size())
+    exp.trainer.callbacks.update(callbacks or {})
+    model = exp.model.build(init_device="meta")
+    logits_in_eval(model)  # the fused loss trains; the evaluators get logits
+    if spec.train.compile and device == "cpu":
+        compile_on_cpu(model)
+    train_module = exp.train_module.build(model, device=torch.device(device))
+    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights
+    count_experts_first(train_module)  # model.moe.load_balance=global_batch: the counts first
+    dataset = exp.dataset.build()
+    data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
+    try:  # builds the evaluators (a task that cannot fit was refused before anything was written)
+        trainer = exp.trainer.build(train_module, data_loader)
+    except OLMoConfigurationError as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
+        if name in trainer.callbacks:
+            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    return trainer, dataset
 
 
-def exit_line(e: Exception) -> tuple[str, int]:
-    """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
-    if isinstance(e, RunFolderError):
-        return f"error: {e}", 2
-    if isinstance(
-        e, ConfigError
-    ):  # found while building the run (a downstream task that cannot fit)
-        return f"config error: {e}", 2
-    if isinstance(e, NonFiniteError):
-        return f"diverged: {e}", 3
-    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
-        return f"rank {os.environ.get('RANK', '0')} cannot read {unread}", 2
-    if isinstance(e, DiskFullError):
-        return f"error: {e.strerror}", 4
-    return f"rank {os.environ.get('RANK', '0')} failed: {type(e).__name__}: {one_line(e)}", 1
+def _load(spec: ExperimentSpec, trainer, resume_from: Optional[str]) -> Optional[str]:
+    """The checkpoint the run resumes from, loaded (None: a new run, which takes
+    train.init_from's weights if set, and this run's optimizer)."""
+    if resume_from is not None:
+        loaded: Optional[str] = load_explicit(trainer, resume_from)
+    else:  # what fit() would load, loaded first to see whether the run is already finished
+        trainer.maybe_load_checkpoint(
+            spec.save_folder, load_trainer_state=True, load_optim_state=True
+        )
+        loaded = latest_complete(spec.save_folder) if trainer.checkpoint_loaded else None
+    if not loaded and spec.train.init_from:
+        load_init_weights(trainer.train_module.model, spec.train.init_from)
+    return loaded

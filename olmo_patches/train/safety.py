@@ -4,13 +4,14 @@ resume that falls back past a checkpoint that fails either check.
 - :class:`NonFiniteGuardCallback` stops the run at the first step whose loss or gradient norm is
   not finite (:class:`NonFiniteError`, one line: step, what, the last good checkpoint), reading the
   device only where the trainer syncs anyway and before a save (no host sync per step).
-- :func:`check_before_save` runs before every save (``ResumeCheckpointerCallback``): the guard's unread
-  steps, then :func:`assert_finite_params`, so a model with a non-finite weight is never written,
-  whichever save it is (permanent, ephemeral, final, SIGTERM).
-- :func:`write_manifest` records the files, sizes and CRC-32s of a saved checkpoint (``manifest.json``)
-  and that its weights were checked finite; :func:`verify` checks a checkpoint against it. The CRCs are
-  computed off the training thread (:class:`ManifestWriter`: zlib releases the GIL), at about disk
-  speed; ``benchmarks/bench_checkpoint_manifest.py`` measures their cost against the save itself.
+- :func:`check_before_save` runs before every save (``ResumeCheckpointerCallback``): the guard's
+  unread steps, then :func:`assert_finite_params`, so a model with a non-finite weight is never
+  written, whichever save it is (permanent, ephemeral, final, SIGTERM).
+- :func:`write_manifest` records the files, sizes and CRC-32s of a saved checkpoint
+  (``manifest.json``) and that its weights were checked finite; :func:`verify` checks a checkpoint
+  against it. The CRCs are computed off the training thread (:class:`ManifestWriter`: zlib releases
+  the GIL), at about disk speed; ``benchmarks/bench_checkpoint_manifest.py`` measures their cost
+  against the save itself.
 - :func:`select_resume_checkpoint` moves a checkpoint that fails (a missing, cut or corrupted file,
   non-finite weights written by an older version) to ``SAVE/rejected/`` (never deleted) with one
   warning line, so that OLMo-core's own "latest complete checkpoint" is the newest good one.
@@ -52,7 +53,8 @@ __all__ = [
 ]
 
 _STEP = re.compile(r"^step\d+$")
-MANIFEST = "manifest.json"  # in each stepN/: {"files": {relative path: {"bytes": n, "crc32": hex}}, "finite": true}
+# in each stepN/: {"files": {relative path: {"bytes": n, "crc32": hex}}, "finite": true}
+MANIFEST = "manifest.json"
 CHUNK = 16 * 2**20  # bytes read at a time for the CRC
 LOSS = "train/CE loss"
 GRAD_NORM = "optim/total grad norm"
@@ -60,11 +62,13 @@ _GUARDED = (LOSS, GRAD_NORM)
 
 
 class NonFiniteError(RuntimeError):
-    """The run diverged: one line naming the step, what was not finite and the last good checkpoint."""
+    """The run diverged: one line naming the step, what was not finite and the last good
+    checkpoint."""
 
 
 def _last_good(trainer) -> str:
-    """The newest checkpoint of the save folder that verifies (its files, without loading weights)."""
+    """The newest checkpoint of the save folder that verifies (its files, without loading
+    weights)."""
     good: Optional[str] = None
     if get_rank() == 0:
         ManifestWriter.wait_all()
@@ -97,18 +101,19 @@ def assert_finite_params(trainer) -> None:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
     if not finite.item():
         raise NonFiniteError(
-            f"step {trainer.global_step}: non-finite weights{f' ({bad})' if bad else ' (another rank)'}; "
+            f"step {trainer.global_step}: non-finite "
+            f"weights{f' ({bad})' if bad else ' (another rank)'}; "
             f"not saved; last good checkpoint: {_last_good(trainer)}"
         )
 
 
 @dataclass
 class NonFiniteGuardCallback(Callback):
-    """Stops at the first step with a non-finite loss or gradient norm, without a host sync per step:
-    each step's values stay on the device until :meth:`check` reads all pending steps at once (one
-    all-reduce, one copy to the host). It runs on the steps the trainer collects metrics (it syncs
-    there anyway, and OLMo-core's own non-finite check comes after it), at the end of training or an
-    epoch, on a cancel, and before every save (:func:`check_before_save`).
+    """Stops at the first step with a non-finite loss or gradient norm, without a host sync per
+    step: each step's values stay on the device until :meth:`check` reads all pending steps at once
+    (one all-reduce, one copy to the host). It runs on the steps the trainer collects metrics (it
+    syncs there anyway, and OLMo-core's own non-finite check comes after it), at the end of training
+    or an epoch, on a cancel, and before every save (:func:`check_before_save`).
 
     Runs before the checkpointer (higher priority), so the step that diverged is never saved."""
 
@@ -148,8 +153,8 @@ class NonFiniteGuardCallback(Callback):
         )
 
     def check(self) -> None:
-        """Raise :class:`NonFiniteError` (on every rank) at the first pending step whose values are not
-        finite on some rank."""
+        """Raise :class:`NonFiniteError` (on every rank) at the first pending step whose values are
+        not finite on some rank."""
         if not self._pending:
             return
         steps = [s for s, _ in self._pending]
@@ -170,12 +175,14 @@ class NonFiniteGuardCallback(Callback):
             if not math.isfinite(v)
         )
         raise NonFiniteError(
-            f"step {steps[bad]}: non-finite {what or 'loss on another rank'}; last good checkpoint: {_last_good(self.trainer)}"
+            f"step {steps[bad]}: non-finite {what or 'loss on another rank'}; last good "
+            f"checkpoint: {_last_good(self.trainer)}"
         )
 
 
 def check_before_save(trainer) -> None:
-    """Before any save: the guard's pending steps, then the weights (:func:`assert_finite_params`)."""
+    """Before any save: the guard's pending steps, then the weights
+    (:func:`assert_finite_params`)."""
     for callback in trainer.callbacks.values():
         if isinstance(callback, NonFiniteGuardCallback):
             callback.check()
@@ -192,7 +199,8 @@ def crc32(path: Path) -> str:
 
 
 def write_manifest(checkpoint: PathOrStr) -> None:
-    """Record the files, sizes and CRCs of a local checkpoint just saved (its weights were checked finite)."""
+    """Record the files, sizes and CRCs of a local checkpoint just saved (its weights were checked
+    finite)."""
     path = Path(checkpoint)
     files = {
         str(p.relative_to(path)): {"bytes": p.stat().st_size, "crc32": crc32(p)}
@@ -243,8 +251,8 @@ def _check_files(
 
 
 def verify(checkpoint: PathOrStr, load_weights: bool = True) -> Optional[str]:
-    """Why a complete checkpoint cannot be resumed, or None. With a manifest: every file there at its
-    size and CRC-32 (a manifest of sizes only, from 0.2: also the weights' check below). Without
+    """Why a complete checkpoint cannot be resumed, or None. With a manifest: every file there at
+    its size and CRC-32 (a manifest of sizes only, from 0.2: also the weights' check below). Without
     one (an older version, or a kill before the manifest was written): its files load and its
     weights are finite (``load_weights=False``: only OLMo-core's required files are there)."""
     path = Path(checkpoint)
@@ -273,7 +281,8 @@ def verify(checkpoint: PathOrStr, load_weights: bool = True) -> Optional[str]:
 
 
 def checkpoints_in(save_folder: PathOrStr) -> List[tuple[int, str]]:
-    """(step, path) of every complete checkpoint (a ``stepN`` with its completion marker), newest first."""
+    """(step, path) of every complete checkpoint (a ``stepN`` with its completion marker), newest
+    first."""
     folder = Path(save_folder)
     if not folder.is_dir():
         return []
@@ -286,7 +295,8 @@ def checkpoints_in(save_folder: PathOrStr) -> List[tuple[int, str]]:
 
 
 def checkpoints_at(path: Path) -> List[Tuple[int, str]]:
-    """The checkpoint at ``path`` itself, or every complete checkpoint of a run folder (:func:`checkpoints_in`)."""
+    """The checkpoint at ``path`` itself, or every complete checkpoint of a run folder
+    (:func:`checkpoints_in`)."""
     return (
         [(0, str(path))] if (path / Checkpointer.METADATA_FNAME).is_file() else checkpoints_in(path)
     )
@@ -294,7 +304,8 @@ def checkpoints_at(path: Path) -> List[Tuple[int, str]]:
 
 def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
     """Move aside (to ``SAVE/rejected/``) every checkpoint (a ``stepN`` with its completion marker)
-    newer than the newest good one; return that one (None: start from scratch). Local folders, rank 0 only."""
+    newer than the newest good one; return that one (None: start from scratch). Local folders, rank
+    0 only."""
     folder = Path(save_folder)
     if not folder.is_dir():
         return None
@@ -304,7 +315,8 @@ def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
         if why is None:
             if rejected:
                 log.warning(
-                    f"Resuming from step {step} ({path}): {'; '.join(rejected)} (moved to {folder / 'rejected'})"
+                    f"Resuming from step {step} ({path}): {'; '.join(rejected)} (moved to "
+                    f"{folder / 'rejected'})"
                 )
             return path
         aside = folder / "rejected"
@@ -317,6 +329,7 @@ def select_resume_checkpoint(save_folder: PathOrStr) -> Optional[str]:
         rejected.append(why)
     if rejected:
         log.warning(
-            f"No good checkpoint: {'; '.join(rejected)} (moved to {folder / 'rejected'}); starting from scratch"
+            f"No good checkpoint: {'; '.join(rejected)} (moved to {folder / 'rejected'}); starting "
+            "from scratch"
         )
     return None

@@ -22,7 +22,8 @@ __all__ = ["DataSources", "MixtureSource", "resolve_data", "mixture_plan"]
 
 @dataclass
 class MixtureSource:
-    """One source of data.mixture, resolved: its files, their tokens, its share of the run's tokens."""
+    """One source of data.mixture, resolved: its files, their tokens, its share of the run's
+    tokens."""
 
     name: str
     paths: List[str]
@@ -105,13 +106,15 @@ def _token_files(
         paths.extend(files)
     if len(dtypes) > 1:
         raise ConfigError(
-            f"{key}: manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize them alike"
+            f"{key}: manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize them "
+            "alike"
         )
     return paths, dtypes.pop() if dtypes else None
 
 
 def _check_tokenizer(spec: ExperimentSpec, where: str, manifest: dict) -> None:
-    """ConfigError unless ``manifest``'s tokens were made by the config's tokenizer (data/tokenize.py)."""
+    """ConfigError unless ``manifest``'s tokens were made by the config's tokenizer
+    (data/tokenize.py)."""
     tok = tokenizer_config(spec)
     ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
     if why := other_tokenizer(
@@ -141,7 +144,8 @@ def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optiona
         sources.append(MixtureSource(name, expanded, tokens, s.ratio / total, s.max_repetition))
     if len(dtypes) > 1:
         raise ConfigError(
-            f"data.mixture: sources of different dtypes ({', '.join(sorted(dtypes))}): tokenize them alike"
+            f"data.mixture: sources of different dtypes ({', '.join(sorted(dtypes))}): tokenize "
+            "them alike"
         )
     return sources, dtypes.pop() if dtypes else None
 
@@ -159,9 +163,9 @@ def mixture_plan(
         passes = needed / s.tokens if s.tokens else float("inf")
         if passes > s.max_repetition:
             raise ConfigError(
-                f"data.mixture.{s.name}.ratio: {s.ratio:.3g} of {requested:,} tokens is {needed:,}, "
-                f"{passes:.2f} passes over its {s.tokens:,}; max_repetition={s.max_repetition:g} "
-                "(raise it, lower the ratio or add data)"
+                f"data.mixture.{s.name}.ratio: {s.ratio:.3g} of {requested:,} tokens is "
+                f"{needed:,}, {passes:.2f} passes over its {s.tokens:,}; "
+                f"max_repetition={s.max_repetition:g} (raise it, lower the ratio or add data)"
             )
         plan.append((s, needed, passes))
     return plan
@@ -169,7 +173,8 @@ def mixture_plan(
 
 def check_sources(spec: ExperimentSpec) -> Optional[List[Tuple[MixtureSource, int, float]]]:
     """What resolve_data and the mixture would refuse, before a run writes anything (a ConfigError):
-    manifests against the tokenizer, the mixture's sources against their ratios. The mixture's plan."""
+    manifests against the tokenizer, the mixture's sources against their ratios. The mixture's
+    plan."""
     if spec.data.source != "numpy":
         return None
     data = resolve_data(spec)

@@ -27,7 +27,8 @@ def _folded(
     prefix: str,
     out: List[Tuple[Dict[str, Any], str, Any]],
 ) -> None:
-    """Swap each tensor saved as (K, out, in) and wanted as (K out, in) for a whole tensor of the saved size."""
+    """Swap each tensor saved as (K, out, in) and wanted as (K out, in) for a whole tensor of the
+    saved size."""
     for key, value in list(state.items()):
         fqn = f"{prefix}{key}"
         if isinstance(value, dict):
@@ -44,7 +45,8 @@ def _folded(
 
 
 def _rows_of(whole: torch.Tensor, target: Any) -> Any:
-    """``whole`` (K, out, in) as ``target``: (K out, in), this rank's part of it when ``target`` is a DTensor."""
+    """``whole`` (K, out, in) as ``target``: (K out, in), this rank's part of it when ``target`` is
+    a DTensor."""
     flat = whole.reshape(target.shape)
     if not isinstance(target, DTensor):
         return flat.to(target.device, target.dtype)
@@ -66,7 +68,8 @@ def _rows_of(whole: torch.Tensor, target: Any) -> Any:
 
 def load_earlier_stacked_layout(train_module) -> None:
     """Let ``train_module`` (OLMo-core's, for its Checkpointer) load checkpoints that hold stacked
-    weights as (K, out, in): its ``state_dict_to_load`` and ``load_state_dict`` wrapped on the instance."""
+    weights as (K, out, in): its ``state_dict_to_load`` and ``load_state_dict`` wrapped on the
+    instance."""
     to_load, load = train_module.state_dict_to_load, train_module.load_state_dict
     pending: List[Tuple[Dict[str, Any], str, Any]] = []
 
