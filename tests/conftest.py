@@ -201,10 +201,10 @@ def script_path(script: str) -> Path:
 
 
 def run_script(
-    script: str, *args: str, torchrun: int = 0, timeout: int = 300
+    script: str, *args: str, torchrun: int = 0, timeout: int = 300, **extra_env: str
 ) -> subprocess.CompletedProcess:
     """Run one of scripts/ (or tests/ helpers, given as "tests/NAME.py") in a fresh interpreter,
-    optionally under torchrun with that many processes."""
+    optionally under torchrun with that many processes, with ``extra_env`` set."""
     cmd = [sys.executable, str(script_path(script)), *args]
     if torchrun:
         cmd = [
@@ -216,7 +216,7 @@ def run_script(
             str(torchrun),
             *cmd[1:],
         ]
-    return run(cmd, timeout=timeout)
+    return run(cmd, timeout=timeout, **extra_env)
 
 
 def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train import train
 
 from . import _parallel_block  # noqa: F401  (registers "parallel", as HOURGLASS_BLOCKS does in a child)
-from .conftest import REPO, TINY, load_weights, run, run_in_process, tiny_overrides
+from .conftest import REPO, TINY, load_weights, run, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 PARALLEL = ["model.block=parallel"]
@@ -101,20 +101,8 @@ def test_trains_and_resumes_exactly(straight, tmp_path):
 
 
 def test_fsdp_on_two_gloo_ranks_matches_one_process(straight, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "scripts/train.py",
-    ]
-    r = run(
-        [*cmd, str(BASELINE), *tiny_overrides(tmp_path, "train.max_steps=4", *PARALLEL)],
-        timeout=600,
-        **PLUGIN,
-    )
+    overrides = tiny_overrides(tmp_path, "train.max_steps=4", *PARALLEL)
+    r = run_script("train.py", str(BASELINE), *overrides, torchrun=2, timeout=600, **PLUGIN)
     assert r.returncode == 0, r.stderr[-3000:]
     one, two = _losses(straight), _losses(tmp_path)
     assert sorted(two) == [1, 2, 3, 4]
