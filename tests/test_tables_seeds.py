@@ -158,6 +158,21 @@ def test_a_seed_of_another_shape_is_refused(seeded, tmp_path):
     assert not out.exists()
 
 
+def test_a_seed_recorded_before_a_key_existed_still_pools(seeded, tmp_path):
+    """A seed whose record lacks a key added since (its default then ran) is the same config, as
+    a rerun counts it (launch/run_folder.py): grouped, not refused."""
+    root, finals = seeded
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy)
+    seed3 = copy / "113M-baseline-seed3" / "config.yaml"
+    old = seed3.read_text()
+    seed3.write_text(old.replace("  qk_norm: false\n", ""))
+    assert seed3.read_text() != old  # the key is gone from the record
+    group = group_seeds(load_runs([copy]))["113M-baseline"]
+    assert sorted(group.seeds) == list(range(SEEDS))
+    assert group.val_loss() == pytest.approx(float(np.mean(finals["113M-baseline"])), abs=1e-12)
+
+
 def test_loss_curves_draw_a_seed_groups_mean_with_a_min_max_band(seeded, tmp_path, monkeypatch):
     from olmo_patches.report.figures import loss_curves, plt
 

@@ -28,7 +28,7 @@ import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
@@ -42,6 +42,7 @@ __all__ = [
     "RunFolderError",
     "MAY_CHANGE",
     "changed_keys",
+    "changed_between",
     "check_config",
     "record_config",
     "Lock",
@@ -89,26 +90,38 @@ def _may_change(key: str) -> bool:
 EARLIER = {"model.moe.load_balance": "micro_batch"}
 
 
-def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
-    """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
-    recorded = coerce_shorthands(
-        OmegaConf.create(recorded_yaml)
-    )  # e.g. activation_checkpointing: false
+def as_read_now(recorded: Any) -> Dict[str, Any]:
+    """A recorded config (YAML text or its tree), flat, as this code reads it: shorthands
+    coerced, :data:`EARLIER`'s keys at the value the run ran with, keys added since at default."""
+    tree = coerce_shorthands(OmegaConf.create(recorded))  # e.g. activation_checkpointing: false
     for key, value in EARLIER.items():  # the run as it ran, not as the new default would run it
         section, name = key.rsplit(".", 1)
-        if isinstance(node := OmegaConf.select(recorded, section), DictConfig) and name not in node:
+        if isinstance(node := OmegaConf.select(tree, section), DictConfig) and name not in node:
             node[name] = value
     try:  # a key added since the record was written counts at its default
-        recorded = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), recorded)
+        tree = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), tree)
     except OmegaConfBaseException:  # a key removed since: compare as recorded
         pass
-    old = _flat(OmegaConf.to_container(recorded))
-    new = _flat(OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec))))
+    return _flat(OmegaConf.to_container(tree))
+
+
+def _changes(old: Dict[str, Any], new: Dict[str, Any], ignore: Sequence[str]) -> List[str]:
     return [
         f"{k}: {old.get(k)} -> {new.get(k)}"
         for k in sorted(old.keys() | new.keys())
-        if old.get(k) != new.get(k) and not _may_change(k)
+        if old.get(k) != new.get(k) and not _may_change(k) and k not in ignore
     ]
+
+
+def changed_keys(recorded_yaml: str, spec: ExperimentSpec) -> List[str]:
+    """``key: old -> new`` for every key outside :data:`MAY_CHANGE` that differs."""
+    new = _flat(OmegaConf.to_container(OmegaConf.create(spec_to_yaml(spec))))
+    return _changes(as_read_now(recorded_yaml), new, ())
+
+
+def changed_between(old: Any, new: Any, ignore: Sequence[str] = ()) -> List[str]:
+    """:func:`changed_keys` between two recorded configs (YAML text or trees), ``ignore`` aside."""
+    return _changes(as_read_now(old), as_read_now(new), ignore)
 
 
 def _recorded(folder: Path) -> List[Path]:

@@ -56,6 +56,8 @@ from .run_folder import (
 )
 
 __all__ = [
+    "SEED_KEYS",
+    "seed_of",
     "Member",
     "Variants",
     "RunStatus",
@@ -85,6 +87,16 @@ SLURM_LIVE = set(
 )
 
 
+SEED_KEYS = ("train.seed", "data.order_seed")  # what a seed offset changes (--vary init, order)
+SEED_SUFFIX = "-seed"  # a seed offset's run: NAME-seedS (NAME: offset 0)
+
+
+def seed_of(name: str) -> Tuple[str, int]:
+    """(NAME, S) of a run named NAME-seedS by a sweep; (name, 0) for any other name."""
+    base, sep, seed = name.rpartition(SEED_SUFFIX)
+    return (base, int(seed)) if sep and base and seed.isdigit() else (name, 0)
+
+
 @dataclass(frozen=True)
 class Variants:
     """The runs each config of a sweep makes: seed offsets x LR scales."""
@@ -104,7 +116,7 @@ class Variants:
             own += (
                 [f"data.order_seed={spec.data.order_seed + seed}"] if "order" in self.vary else []
             )
-            suffix += f"-seed{seed}"
+            suffix += f"{SEED_SUFFIX}{seed}"
         if suffix:
             own += [
                 f"run.name={spec.run.name}{suffix}",

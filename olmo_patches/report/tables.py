@@ -22,6 +22,7 @@ import io
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -32,7 +33,8 @@ from omegaconf import OmegaConf
 from ..blocks import get_block
 from ..config import ConfigError
 from ..eval.names import PAPER_VALIDATION_SETS
-from ..launch.run_folder import MAY_CHANGE, read_metrics
+from ..launch.run_folder import changed_between, read_metrics
+from ..launch.sweep import SEED_KEYS, seed_of
 from ..resources import data_root
 from . import stats
 
@@ -56,8 +58,6 @@ NOT_RUN = "not run"
 NO_NUMBER = "no number reported"
 _LM = re.compile(r"^eval/lm/(.+)/CE loss$")
 _DOWNSTREAM = re.compile(r"^eval/downstream/(.+) \((.+)\)$")
-_SEED = re.compile(r"^(.+)-seed(\d+)$")  # a sweep's seed run: NAME-seedS (launch/sweep.py)
-SEED_KEYS = ("train.seed", "data.order_seed")  # what a seed offset changes
 
 
 def paper_results() -> dict:
@@ -83,11 +83,13 @@ class Run:
         """Its block kind stacks K sub-MLPs per layer (reads model.K): a point of the K sweeps."""
         return "K" in get_block(str(self.model.get("block", "baseline"))).knobs
 
+    @cached_property
+    def latest(self) -> Dict[str, float]:
+        """Each logged key's value at the last step that logged it (read once: tables ask often)."""
+        return {k: v for step in sorted(self.metrics) for k, v in self.metrics[step].items()}
+
     def last(self, key: str) -> Optional[float]:
-        for step in sorted(self.metrics, reverse=True):
-            if key in self.metrics[step]:
-                return self.metrics[step][key]
-        return None
+        return self.latest.get(key)
 
     @property
     def last_step(self) -> int:
@@ -95,7 +97,7 @@ class Run:
 
     def val_losses(self) -> Dict[str, float]:
         """{validation set: CE loss} at each set's last evaluation."""
-        keys = {m.group(1) for step in self.metrics.values() for k in step if (m := _LM.match(k))}
+        keys = {m.group(1) for k in self.latest if (m := _LM.match(k))}
         return {
             label.removesuffix("-validation"): self.last(f"eval/lm/{label}/CE loss")
             for label in sorted(keys)
@@ -114,11 +116,11 @@ class Run:
 
     def downstream(self, task: str, metric: str) -> Optional[float]:
         """accuracy (length-normalized where reported, else plain) or ppl (exp CE loss)."""
-        found: Dict[str, float] = {}
-        for step in self.metrics.values():
-            for k in step:
-                if (m := _DOWNSTREAM.match(k)) and m.group(1) == task:
-                    found[m.group(2)] = self.last(k)  # type: ignore[assignment]
+        found = {
+            m.group(2): v
+            for k, v in self.latest.items()
+            if (m := _DOWNSTREAM.match(k)) and m.group(1) == task
+        }
         if metric == "ppl":
             return math.exp(found["CE loss"]) if "CE loss" in found else None
         for kind in ("length-normalized accuracy", "accuracy"):
@@ -144,13 +146,21 @@ class SeedGroup(Run):
     def last_step(self) -> int:
         return min(r.last_step for r in self.seeds.values())
 
+    def _found(self, value: Callable[[Run], Optional[float]]) -> List[float]:
+        return [v for r in self.seeds.values() if (v := value(r)) is not None]
+
     def _mean(self, value: Callable[[Run], Optional[float]]) -> Optional[float]:
-        found = [v for r in self.seeds.values() if (v := value(r)) is not None]
+        found = self._found(value)
         return float(np.mean(found)) if found else None
 
+    def last(self, key: str) -> Optional[float]:
+        """The mean over seeds of each one's last value of ``key``."""
+        return self._mean(lambda r: r.last(key))
+
     def val_losses(self) -> Dict[str, float]:
-        sets = sorted({k for r in self.seeds.values() for k in r.val_losses()})
-        return {k: self._mean(lambda r: r.val_losses().get(k)) for k in sets}  # type: ignore
+        per_seed = [r.val_losses() for r in self.seeds.values()]
+        sets = sorted({k for losses in per_seed for k in losses})
+        return {k: float(np.mean([s[k] for s in per_seed if k in s])) for k in sets}
 
     def val_loss(self) -> Optional[float]:
         return self._mean(Run.val_loss)
@@ -165,7 +175,7 @@ class SeedGroup(Run):
     def interval(self, value: Callable[[Run], Optional[float]], log: bool = False):
         """The mean of ``value`` over seeds with its t-interval (log: of ln value, exp'd), or
         None."""
-        found = [v for r in self.seeds.values() if (v := value(r)) is not None]
+        found = self._found(value)
         if not found:
             return None
         if log:
@@ -193,32 +203,12 @@ def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
     return runs
 
 
-def _recipe(config: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """A recorded config's flat keys that make the run what it is: all but the seeds and the keys a
-    rerun may change (launch/run_folder.py MAY_CHANGE: the name and folder among them)."""
-    out: Dict[str, Any] = {}
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_recipe(v, key + "."))
-        elif key not in SEED_KEYS and not any(
-            key == m or key.startswith(m if m.endswith(".") else m + ".") for m in MAY_CHANGE
-        ):
-            out[key] = v
-    return out
-
-
 def _check_seeds(base: str, seeds: Dict[int, Run]) -> None:
-    """ConfigError naming the first seed folder whose recorded config is not seed 0's."""
+    """ConfigError naming the first seed folder whose recorded config is not seed 0's (compared as
+    a rerun's is: launch/run_folder.py)."""
     first = seeds[min(seeds)]
-    want = _recipe(first.config)
     for s, run in sorted(seeds.items()):
-        got = _recipe(run.config)
-        changes = [
-            f"{k}: {got.get(k)} -> {want.get(k)}"
-            for k in sorted(want.keys() | got.keys())
-            if got.get(k) != want.get(k)
-        ]
+        changes = changed_between(run.config, first.config, ignore=SEED_KEYS)
         if changes:
             raise ConfigError(
                 f"{run.path / 'config.yaml'}: seed {s} of {base} was trained with another config "
@@ -233,8 +223,7 @@ def group_seeds(runs: Dict[str, Run]) -> Dict[str, Run]:
     config differs from its group's beyond the seeds, or two runs are the same seed of one name."""
     by_base: Dict[str, Dict[int, Run]] = {}
     for name, run in runs.items():
-        m = _SEED.match(name)
-        base, seed = (m.group(1), int(m.group(2))) if m else (name, 0)
+        base, seed = seed_of(name)
         if seed in by_base.setdefault(base, {}):
             raise ConfigError(
                 f"{run.path}: seed {seed} of {base} again (also {by_base[base][seed].path})"
