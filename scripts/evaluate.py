@@ -51,6 +51,7 @@ from olmo_patches.cli import (
     refuse_alike,
 )
 from olmo_patches.config import ConfigError, load_spec
+from olmo_patches.launch.data_files import check_validation_files
 from olmo_patches.report.console import console
 
 
@@ -198,9 +199,13 @@ def _check_before_torch(parser: argparse.ArgumentParser, args) -> None:
             )
             refuse_alike(f"evaluate: command line: {given}")
         try:
-            name = name or load_spec(config).run.name
+            spec = load_spec(config)
+            if args.validation_sets is not None:  # what this evaluation reads instead
+                spec.eval.validation_sets = list(args.validation_sets)
+            check_validation_files(spec)
         except ConfigError as e:
             refuse_alike(f"evaluate: config error: {e}")
+        name = name or spec.run.name
     if args.out is not None:
         _check_out(Path(args.out), name or where.name, args.force)
 

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _http_server import FileServer  # noqa: E402
 
-from olmo_patches.config import ConfigError, load_spec  # noqa: E402
+from olmo_patches.config import ConfigError, load_spec, spec_to_yaml  # noqa: E402
 from olmo_patches.data import contract  # noqa: E402
-from olmo_patches.launch.data_files import check_data_files  # noqa: E402
+from olmo_patches.launch.data_files import check_data_files, check_validation_files  # noqa: E402
 from olmo_patches.launch.layout import load_and_resolve  # noqa: E402
 
 from .conftest import REPO, run_in_process, tiny_overrides  # noqa: E402
@@ -367,6 +367,39 @@ def test_train_checks_the_data_of_a_spec_its_launch_did_not(tmp_path):
     ):
         train(spec)
     assert not (tmp_path / "run").exists()
+
+
+def test_evaluate_checks_the_validation_sets_it_reads_not_the_training_files(tmp_path):
+    """An evaluation reads the run's local validation sets (dolma2 ids, uint32): an id beyond the
+    vocabulary deep in one is one line naming the set's file, before any model loads; the run's
+    training files, which it does not read, are not asked for (here: one that is gone)."""
+    val = tmp_path / "eval-data/perplexity/v3_small_dolma2-tokenizer/c4_en/val/part-0-00000.npy"
+    val.parent.mkdir(parents=True)
+    tokens = np.arange(20_000, dtype=np.uint32) % 100_278
+    tokens[17_000] = 100_352  # OLMo-2's padded vocabulary, model.vocab_size of the 113M configs
+    tokens.tofile(val)
+    overrides = [
+        "data.source=numpy",
+        f"data.paths=[{tmp_path / 'gone.npy'}]",
+        "eval.validation_sets=[c4_en]",
+        f"eval.validation_base_dir={tmp_path}",
+        f"data.work_dir={tmp_path / 'work'}",
+    ]
+    spec = load_spec(REPO / "configs/113M/baseline.yaml", overrides)
+    with pytest.raises(ConfigError) as e:
+        check_validation_files(spec)
+    assert "eval.validation_sets" in str(e.value) and str(val) in str(e.value)
+    assert "token id 100352 at token 17000" in str(e.value)
+    run = tmp_path / "run"  # evaluate.py on a checkpoint of that run: refused before any model
+    (run / "step1").mkdir(parents=True)
+    (run / "config.yaml").write_text(spec_to_yaml(spec))
+    r = run_in_process("evaluate.py", str(run / "step1"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and str(val) in lines[0], r.stderr[-2000:]
+    val.write_bytes(tokens[:16_000].tobytes())  # every id below the vocabulary now
+    check_validation_files(load_spec(REPO / "configs/113M/baseline.yaml", overrides))
+    with pytest.raises(ConfigError, match="gone.npy: no such file"):
+        check_data_files(spec)  # what a training run would refuse
 
 
 # ---- sizes ---------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ data.tokenizer_file a tokenizers JSON whose ids fit the model.
 
 Only what reads the data runs it: ``cli.load_or_exit(..., data=True)`` in scripts/train.py and
 scripts/demo.py (the first rank of each node, before torch is imported), and ``train.train`` (rank
-0, before anything is written) for a spec whose launch did not. Loading, resolving, counting and
-searching configs read no data file."""
+0, before anything is written) for a spec whose launch did not; scripts/evaluate.py checks what it
+reads (:func:`check_validation_files`). Loading, resolving, counting and searching configs read no
+data file."""
 
 from __future__ import annotations
 
@@ -23,16 +24,26 @@ from ..data.contract import (
 )
 from ..data.tokenize import MANIFEST, InputError, dtype_for, other_tokenizer, read_manifest
 
-__all__ = ["check_data_files"]
+__all__ = ["check_data_files", "check_validation_files"]
 
 
-def check_data_files(spec: ExperimentSpec, fail=None) -> None:
+def check_data_files(spec: ExperimentSpec) -> None:
     """What the data files must agree with (the module's list): a ConfigError in one line."""
-    fail = fail or failer(where_set(spec))
+    fail = failer(where_set(spec))
     if spec.data.tokenizer_file is not None:
         _check_tokenizer_file(spec, fail)
     if spec.data.source == "numpy":
         _check_token_files(spec, fail)
+
+
+def check_validation_files(spec: ExperimentSpec) -> None:
+    """What an evaluation reads of a run's data: data.tokenizer_file and every id of the local
+    validation sets (the training files are not read there)."""
+    fail = failer(where_set(spec))
+    if spec.data.tokenizer_file is not None:
+        _check_tokenizer_file(spec, fail)
+    if spec.data.source == "numpy" and (files := _validation_files(spec)):
+        _check_token_ids(spec, fail, files, dtype_for(tokenizer_vocab(spec)))
 
 
 def _check_token_files(spec: ExperimentSpec, fail) -> None:
