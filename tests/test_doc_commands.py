@@ -191,11 +191,20 @@ def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
                 i += 1
                 text = text[:-1].rstrip() + " " + lines[i].strip()
             i += 1
-            if code and text.split(" ", 1)[0] in COMMAND_START:
-                words = shlex.split(text, comments=True)
+            words = _command_words(text) if code else []
+            if words and words[0] in COMMAND_START:
                 name = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
                 found.append(DocCommand(name, start, " ".join(shlex.quote(w) for w in words)))
     return found
+
+
+def _command_words(text: str) -> list[str]:
+    """A shell line's command as its words, without a trailing ``&`` (run in the background)."""
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:  # not a command (prose in a code block)
+        return []
+    return words[:-1] if words[-1:] == ["&"] else words
 
 
 def _indented(lines: list[str], i: int) -> bool:
