@@ -207,16 +207,11 @@ def _size(n: int) -> str:
 # ---- the exit line ------------------------------------------------------------------------------
 
 
-def _unreadable_file(e: Optional[BaseException]) -> Optional[str]:
-    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and its causes (OLMo-core's
-    data thread raises OLMoThreadError from the reader's error), else None."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.filename:
-            return f"{e.filename} ({type(e).__name__}: {e.strerror or e})"
-        e = e.__cause__ or e.__context__
-    return None
+def _unreadable_file(e: BaseException) -> Optional[str]:
+    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and what is behind it
+    (OLMo-core's data thread raises OLMoThreadError from the reader's error), else None."""
+    x = next((x for x in _chain(e) if isinstance(x, OSError) and x.filename), None)
+    return None if x is None else f"{x.filename} ({type(x).__name__}: {x.strerror or x})"
 
 
 def exit_line(e: Exception) -> tuple[str, int]:
@@ -228,8 +223,8 @@ def exit_line(e: Exception) -> tuple[str, int]:
         return f"config error: {e}", 2
     if isinstance(e, NonFiniteError):
         return f"diverged: {e}", 3
-    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
-        return f"rank {rank} cannot read {unread}", 2
     if isinstance(e, DiskFullError):
         return f"error: {e.strerror}", 4
+    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
+        return f"rank {rank} cannot read {unread}", 2
     return f"rank {rank} failed: {type(e).__name__}: {one_line(e)}", 1
