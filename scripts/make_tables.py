@@ -87,7 +87,7 @@ def main() -> None:
     written = write_tables(tables, out)
     if not args.no_figures:
         written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())
-    print(f"{len(runs)} run(s): {', '.join(sorted(runs)) or '-'}")
+    print(f"{len(runs)} row(s) (a config's seeds one row): {', '.join(sorted(runs)) or '-'}")
     for path in written:
         print(path)
 

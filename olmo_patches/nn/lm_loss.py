@@ -45,7 +45,8 @@ def lm_loss(spec, device: str) -> LossChoice:
     if device != "cuda":
         return LossChoice("default", "fused linear cross-entropy is a CUDA kernel")
     if not fused_linear_installed():
-        return LossChoice("default", "liger-kernel does not import (pip install liger-kernel)")
+        why = "liger-kernel does not import (pip install 'hourglass-olmo[liger]')"
+        return LossChoice("default", why)
     return LossChoice(
         "fused_linear", "Liger-Kernel's fused linear cross-entropy: no (tokens, V) logits"
     )
