@@ -419,8 +419,8 @@ def _checked_sources(checkpoint: Path, out: Path, config: Optional[str | Path]):
     """The spec to export, once the checkpoint, the output folder and the config are checked
     (another model's checkpoint, its vocabulary too, is refused by its metadata before any
     weight is read)."""
-    if config is not None:  # an explicit config is checked before the checkpoint
-        _exportable(Path(config))
+    # an explicit config is checked before the checkpoint
+    spec = _exportable(Path(config)) if config is not None else None
     if not checkpoint.is_dir():
         what = "a file, not a checkpoint folder" if checkpoint.exists() else "no such folder"
         raise ValueError(f"CHECKPOINT {checkpoint}: {what}")
@@ -431,7 +431,7 @@ def _checked_sources(checkpoint: Path, out: Path, config: Optional[str | Path]):
     if out.exists() and not out.is_dir():
         raise ValueError(f"OUT_DIR {out}: a file, not a folder")
     config_path = Path(config) if config else checkpoint.parent / "config.yaml"
-    spec = _exportable(config_path)
+    spec = spec or _exportable(config_path)
     where = (
         f"--config {config_path}: CHECKPOINT {checkpoint}" if config else f"CHECKPOINT {checkpoint}"
     )
