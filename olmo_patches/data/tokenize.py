@@ -420,10 +420,9 @@ def tokenize(
     tokenization (other inputs, tokenizer or settings) is refused; one holding this one resumes."""
     counts = scan(inputs, field)
     settings = _settings(inputs, counts, tokenizer, name, field, shard_tokens)
-    earlier = _earlier_run(out, settings, tokenizer)
-    if isinstance(earlier, dict):  # finished: its manifest
-        return earlier
-    shards = earlier
+    finished, shards = _earlier_run(out, settings, tokenizer)
+    if finished is not None:
+        return finished
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # a shard cut off by a crash: redone from its first document
         stale.unlink()
@@ -446,9 +445,11 @@ def tokenize(
     return manifest
 
 
-def _earlier_run(out: Path, settings: dict, tokenizer: TokenizerInfo):
-    """What ``out`` holds of this tokenization: its manifest when finished, else the shards
-    finished so far (checked against their records); another tokenization is refused."""
+def _earlier_run(
+    out: Path, settings: dict, tokenizer: TokenizerInfo
+) -> Tuple[Optional[dict], List[_Shard]]:
+    """What ``out`` holds of this tokenization: (its manifest, []) when finished, else (None, the
+    shards finished so far, checked against their records); another tokenization is refused."""
     shards: List[_Shard] = []
     for earlier in (out / MANIFEST, out / PROGRESS):
         if earlier.is_file():
@@ -459,7 +460,7 @@ def _earlier_run(out: Path, settings: dict, tokenizer: TokenizerInfo):
                     "use another --out"
                 )
             if earlier.name == MANIFEST:
-                return old
+                return old, []
             shards = [_Shard(**s) for s in old["shards"]]
             break
     for s in shards:  # a finished shard is kept only as it was recorded
@@ -470,7 +471,7 @@ def _earlier_run(out: Path, settings: dict, tokenizer: TokenizerInfo):
             raise InputError(
                 f"{out / s.file}: not the recorded {s.tokens} tokens; remove {out} and rerun"
             )
-    return shards
+    return None, shards
 
 
 def _encode_all(
