@@ -17,9 +17,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    spec = load_or_exit(
-        args.config, args.overrides
-    )  # a bad config is refused here, before torch is imported
+    # a bad config is refused here, before torch is imported
+    spec = load_or_exit(args.config, args.overrides)
 
     from olmo_patches.blocks import block_of
     from olmo_patches.report.counts import (

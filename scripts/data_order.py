@@ -93,9 +93,8 @@ def cmd_indices(args: argparse.Namespace, reader: RangeReader) -> None:
 def cmd_materialize(args: argparse.Namespace, reader: RangeReader) -> None:
     paths = args.paths
     sizes = _sizes(args, paths, reader)
-    n = args.instances or instances_for_tokens(
-        int(args.tokens), args.seq_len, args.batch_instances
-    )  # --instances is >= 1
+    # --instances is >= 1
+    n = args.instances or instances_for_tokens(int(args.tokens), args.seq_len, args.batch_instances)
     spec = PrefixSpec(tuple(paths), tuple(sizes), args.seq_len, args.seed, n, args.chunk_instances)
     materialize(
         Path(args.out),
@@ -208,23 +207,20 @@ def check_paths(args: argparse.Namespace) -> None:
         ("--paths-file", getattr(args, "paths_file", None)),
         ("--manifest", getattr(args, "manifest", None)),
     ):
-        if path is not None and (
-            Path(path).is_dir() or not Path(path).exists()
-        ):  # /dev/null is a file to read
+        # /dev/null is a file to read
+        if path is not None and (Path(path).is_dir() or not Path(path).exists()):
             refuse(
                 f"data_order.py {args.command}: {name} {path}: "
                 f"{'a folder, not a file' if Path(path).is_dir() else 'no such file'}"
             )
     if getattr(args, "paths_file", None) is not None:
         try:
-            args.paths = read_paths_file(
-                Path(args.paths_file)
-            )  # an empty or changed list: before any request
+            # an empty or changed list: before any request
+            args.paths = read_paths_file(Path(args.paths_file))
         except (DataOrderError, OSError, UnicodeDecodeError) as e:
             refuse(f"data_order.py {args.command}: --paths-file: {' '.join(str(e).split())}")
-    if (
-        getattr(args, "paths", None) and getattr(args, "manifest", None) is None
-    ):  # local files: there
+    # local files: there
+    if getattr(args, "paths", None) and getattr(args, "manifest", None) is None:
         try:
             local = [p for p in rebase(args.paths, args.base) if "://" not in p]
         except DataOrderError as e:

@@ -29,9 +29,8 @@ def _check_before_torch(args) -> None:
             f"export_hf: CHECKPOINT {checkpoint}: "
             f"{'a file, not a checkpoint folder' if checkpoint.exists() else 'no such folder'}"
         )
-    if not any(
-        (checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")
-    ):  # DCP's metadata
+    # DCP's metadata
+    if not any((checkpoint / d / ".metadata").is_file() for d in ("model_and_optim", ".")):
         refuse_alike(
             f"export_hf: CHECKPOINT {checkpoint}: not a checkpoint (no model_and_optim/.metadata)"
         )

@@ -31,13 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # tests/gpu/test_NAME.py (tests/gpu/table.py: SECTIONS), in the order they run
 SECTION_NAMES = ("bf16", "attention", "compile", "resume", "ffn", "trainer", "float8")
-DEPENDENCY_NAMES = (
-    "torchao",
-    "flash_attn_2",
-    "flash_attn_3",
-    "liger",
-    "grouped_gemm",
-)  # table.py: DEPENDENCIES
+# table.py: DEPENDENCIES
+DEPENDENCY_NAMES = ("torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm")
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:

@@ -105,9 +105,8 @@ def _setter(key: str, chain: list[tuple[Path, DictConfig]], cli: list[str]) -> O
     ):
         return "command line"
     for path, cfg in reversed(chain):
-        node: Any = OmegaConf.to_container(
-            cfg, resolve=False
-        )  # a file sets a key, resolvable or not
+        # a file sets a key, resolvable or not
+        node: Any = OmegaConf.to_container(cfg, resolve=False)
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
@@ -119,17 +118,15 @@ def _not_a_section(cfg: DictConfig, schema: DictConfig, prefix: str = "") -> tup
     """The first key of ``cfg`` that sets a section of the schema (train, model.widths) to a scalar
     or a list, or a list (train.betas) to a mapping: omegaconf's merge error names no key for it."""
     for k, v in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else ():
-        sub = (
-            schema._get_node(k) if isinstance(schema, DictConfig) and k in schema else None
-        )  # a node, null or not
+        # a node, null or not
+        sub = schema._get_node(k) if isinstance(schema, DictConfig) and k in schema else None
         if isinstance(sub, DictConfig) and v is not None and not isinstance(v, DictConfig):
             return f"{prefix}{k}", f"'{v}' is not a section (a mapping of keys)"
         if isinstance(sub, ListConfig) and isinstance(v, DictConfig):
             return f"{prefix}{k}", "a mapping, not a list"
         if isinstance(sub, DictConfig) and isinstance(v, DictConfig):
-            if (
-                sub._is_none()
-            ):  # a null section (train.activation_checkpointing): its dataclass's keys
+            # a null section (train.activation_checkpointing): its dataclass's keys
+            if sub._is_none():
                 sub = OmegaConf.structured(sub._metadata.ref_type)
             if (found := _not_a_section(v, sub, f"{prefix}{k}."))[0]:
                 return found
@@ -141,9 +138,8 @@ def coerce_shorthands(cfg: DictConfig) -> DictConfig:
     out in place: ``train.activation_checkpointing: true`` and the like
     (spec.coerce_activation_checkpointing)."""
     train = cfg.get("train")
-    if (
-        isinstance(train, DictConfig) and train.get("float8") is False
-    ):  # YAML 1.1 reads a bare `off` as false
+    # YAML 1.1 reads a bare `off` as false
+    if isinstance(train, DictConfig) and train.get("float8") is False:
         train.float8 = "off"
     if isinstance(train, DictConfig) and "activation_checkpointing" in train:
         value = OmegaConf.to_container(train, resolve=False)["activation_checkpointing"]  # type: ignore[index]
@@ -167,9 +163,8 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
     merged: Any = copy.deepcopy(_schema())
     for source, cfg in chain:
         try:
-            merged.merge_with(
-                coerce_shorthands(cfg)
-            )  # in place: OmegaConf.merge would deep-copy the whole config per file
+            # in place: OmegaConf.merge would deep-copy the whole config per file
+            merged.merge_with(coerce_shorthands(cfg))
         except OmegaConfBaseException as e:
             key = getattr(e, "full_key", "")
             if not key and (found := _not_a_section(cfg, _schema()))[0]:

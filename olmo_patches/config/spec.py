@@ -186,12 +186,10 @@ class MoESpec:
     lb_loss_weight: float = 0.01
     # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
     z_loss_weight: float = 0.001
-    experts: Experts = (
-        Experts.swiglu
-    )  # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
-    load_balance: LoadBalance = (
-        LoadBalance.global_batch
-    )  # global_batch (any world size) | data_parallel | micro_batch
+    # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
+    experts: Experts = Experts.swiglu
+    # global_batch (any world size) | data_parallel | micro_batch
+    load_balance: LoadBalance = LoadBalance.global_batch
 
 
 @dataclass
@@ -234,9 +232,8 @@ class ModelSpec:
     d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
     d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
-    norm_placement: NormPlacement = (
-        NormPlacement.pre
-    )  # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    norm_placement: NormPlacement = NormPlacement.pre
     qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
     rope_theta: int = 500_000
     norm_eps: float = 1e-6  # RMSNorm epsilon
@@ -244,17 +241,14 @@ class ModelSpec:
     rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
     tie_embeddings: bool = False
     init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
-    ffn: Ffn = (
-        Ffn.swiglu
-    )  # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
-    widths: WidthSpec = field(
-        default_factory=WidthSpec
-    )  # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
+    # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
+    ffn: Ffn = Ffn.swiglu
+    # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
+    widths: WidthSpec = field(default_factory=WidthSpec)
     # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
     moe: Optional[MoESpec] = None
-    attention_backend: AttentionBackend = (
-        AttentionBackend.auto
-    )  # auto | torch | flash_2/3/4 | te (nn/attention.py)
+    # auto | torch | flash_2/3/4 | te (nn/attention.py)
+    attention_backend: AttentionBackend = AttentionBackend.auto
 
     def validate(self, fail) -> None:
         """Every check that reads only the model (widths, MoE and RoPE scaling too):
@@ -380,9 +374,8 @@ class DataSpec:
         None  # olmo2_stage1: a mirror for http://olmo-data.org in the pinned list (folder or URL)
     )
     mix: Optional[str] = None  # numpy: or an OLMo-core DataMix name, e.g. OLMoE-mix-0824
-    mixture: Dict[str, MixSource] = field(
-        default_factory=dict
-    )  # numpy: or named sources mixed by ratio
+    # numpy: or named sources mixed by ratio
+    mixture: Dict[str, MixSource] = field(default_factory=dict)
     mix_base_dir: str = "http://olmo-data.org"  # where the mix (and validation sets) live
     prefix_dir: Optional[str] = None  # prefix: the materialized folder
     instance_filter: bool = (
@@ -483,9 +476,8 @@ def coerce_activation_checkpointing(value: Any) -> Any:
     file or the command line replaces an earlier mode whole); a mapping or null as it is."""
     if isinstance(value, bool):
         return asdict(ActivationCheckpointing("full" if value else "off"))
-    if isinstance(
-        value, str
-    ):  # MODE or MODE:ARG; the schema converts ARG or names it, validate names a bad MODE
+    # MODE or MODE:ARG; the schema converts ARG or names it, validate names a bad MODE
+    if isinstance(value, str):
         mode, _, arg = value.partition(":")
         key = {
             "selected_blocks": "block_interval",
@@ -527,9 +519,8 @@ class TrainSpec:
         None  # cosine horizon if not the training length (OLMo-2: 5e12)
     )
     final_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of the peak
-    schedule: LRSchedule = (
-        LRSchedule.cosine
-    )  # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    # cosine (warmup, then cosine to final_lr_ratio) | power (lm-engine's, train.power)
+    schedule: LRSchedule = LRSchedule.cosine
     power: PowerSpec = field(default_factory=PowerSpec)  # schedule=power: a, b, c
     schedule_lag: int = (
         0  # update n runs at the schedule's step n - lag (Megatron: 1, the first update at lr 0)
@@ -539,18 +530,15 @@ class TrainSpec:
     optimizer: Optimizer = Optimizer.adamw  # adamw | skip_step_adamw
     precision: Precision = Precision.bf16  # bf16 (params bf16, reductions fp32) | fp32
     compile: Optional[bool] = None  # torch.compile each block (null: train.hardware's)
-    float8: Float8 = (
-        Float8.off
-    )  # torchao float8 matmuls: off | tensorwise | rowwise | rowwise_with_gw_hp (nn/float8.py)
+    # torchao float8 matmuls: off | tensorwise | rowwise | rowwise_with_gw_hp (nn/float8.py)
+    float8: Float8 = Float8.off
     activation_checkpointing: Optional[ActivationCheckpointing] = (
         None  # bool | MODE[:ARG] | {mode: ...} (null: train.hardware's)
     )
-    hardware: Hardware = (
-        Hardware.auto
-    )  # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
-    data_parallel: DataParallel = (
-        DataParallel.fsdp
-    )  # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
+    # preset for the null keys above: auto | none | rtx6000ada | h100 | h200 | b200
+    hardware: Hardware = Hardware.auto
+    # fsdp | hsdp | ddp across ranks (FSDP2 wraps each block)
+    data_parallel: DataParallel = DataParallel.fsdp
     device: Device = Device.auto  # auto (cuda when available) | cpu | cuda
     # a new run's weights: a run checkpoint (or run folder), or a Hugging Face OLMo-2 folder
     init_from: Optional[str] = None
@@ -565,15 +553,13 @@ class TrainSpec:
 class EvalSpec:
     interval: int = 1000  # in-loop validation every N steps (and at the end)
     max_batches: Optional[int] = None  # cap the validation batches (None: the whole set)
-    validation_sets: List[str] = field(
-        default_factory=list
-    )  # v3-small-ppl-validation names (olmo_patches.evals)
+    # v3-small-ppl-validation names (olmo_patches.evals)
+    validation_sets: List[str] = field(default_factory=list)
     validation_base_dir: Optional[str] = (
         None  # root of eval-data/perplexity/... (default: data.mix_base_dir)
     )
-    downstream_tasks: List[str] = field(
-        default_factory=list
-    )  # olmo_eval task labels, e.g. arc_easy
+    # olmo_eval task labels, e.g. arc_easy
+    downstream_tasks: List[str] = field(default_factory=list)
     downstream_interval: Optional[int] = None  # downstream evals every N steps (default: interval)
     downstream_sequence_length: Optional[int] = (
         None  # tasks' context; longer ones cut from the left (null: data.sequence_length)

@@ -15,18 +15,15 @@ from ..blocks import BLOCKS, block_of
 
 log = logging.getLogger(__name__)
 
-_MAX_NUMBER = (
-    2**53
-)  # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
+# no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
+_MAX_NUMBER = 2**53
 _MAX_SEED = 2**32  # numpy's seed range, which OLMo-core's seed_all passes the seed to
-_MAX_SEQUENCE = (
-    2**20
-)  # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
+# tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
+_MAX_SEQUENCE = 2**20
 _MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
 _MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
-_LARGEST_CARD = (
-    180 * 2**30
-)  # bytes: the largest card of launch/cards.py (b200), the size check's bound
+# bytes: the largest card of launch/cards.py (b200), the size check's bound
+_LARGEST_CARD = 180 * 2**30
 _STATE_BYTES = (
     16  # fp32 weights, fp32 gradients, AdamW's two fp32 moments, per parameter (launch/memory.py)
 )
@@ -86,11 +83,12 @@ def check_model(m, fail) -> None:
         and m.d_model % m.n_heads
         and where("model.d_model") == "command line" != where("model.n_heads")
     ):
+        # the key changed last
         fail(
             "model.d_model",
             m.d_model,
             f"not a multiple of model.n_heads={m.n_heads} (or set model.head_dim)",
-        )  # the key changed last
+        )
     _check_attention(m, fail)
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
@@ -165,9 +163,8 @@ def _check_attention(m, fail) -> None:
             fail("model.rope_scaling.factor", r.factor, "must be >= 1")
         if not 1 <= r.low_freq_factor:
             fail("model.rope_scaling.low_freq_factor", r.low_freq_factor, "must be >= 1")
-        if (
-            not r.low_freq_factor < r.high_freq_factor
-        ):  # blamed on the one moved from its default (4, 1)
+        # blamed on the one moved from its default (4, 1)
+        if not r.low_freq_factor < r.high_freq_factor:
             if r.high_freq_factor != 4.0 and r.low_freq_factor == 1.0:
                 fail(
                     "model.rope_scaling.high_freq_factor",
@@ -210,9 +207,8 @@ def check_data(d, fail) -> None:
             d.source,
             "a numpy data source needs data.paths, data.mix or data.mixture",
         )
-    if d.source != "numpy" and (d.source == "demo") != (
-        d.tokenizer == "demo"
-    ):  # numpy: either tokenizer
+    # numpy: either tokenizer
+    if d.source != "numpy" and (d.source == "demo") != (d.tokenizer == "demo"):
         fail(
             "data.tokenizer",
             d.tokenizer,
@@ -550,9 +546,8 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
             f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens",
         )
     hidden_key, hidden = block_of(m).ffn_hidden(m)
-    vocab_key = (
-        "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"
-    )  # dolma2's is fixed
+    # dolma2's is fixed
+    vocab_key = "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"
     for key, rows, cols in (
         ("model.d_model", m.d_model, m.d_model),
         (hidden_key, m.d_model, hidden),

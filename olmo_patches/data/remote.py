@@ -94,9 +94,8 @@ class RangeReader:
         if _is_other_url(path):
             from olmo_core.io import get_bytes_range, get_file_size
 
-            if (
-                expect_size is not None and (actual := get_file_size(path)) != expect_size
-            ):  # before the read
+            # before the read
+            if expect_size is not None and (actual := get_file_size(path)) != expect_size:
                 raise DataOrderError(f"{path} is {actual} bytes, the manifest says {expect_size}")
             data = get_bytes_range(path, start, length)
         else:

@@ -140,9 +140,8 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
     ):
         self.sequence_length, self.limit = sequence_length, limit
         self.truncated = self.skipped = 0
-        padded = 128 * math.ceil(
-            sequence_length / 128
-        )  # ai2-olmo-eval pads queries to a multiple of 128 tokens
+        # ai2-olmo-eval pads queries to a multiple of 128 tokens
+        padded = 128 * math.ceil(sequence_length / 128)
         batch_spec = EvalBatchSpec(
             max(rank_batch_tokens, padded), max_sequence_length=sequence_length
         )
@@ -179,9 +178,8 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
                 num_replicas=get_world_size(self.dp_process_group),
                 rank=get_rank(self.dp_process_group),
             )
-        batch_size = (
-            self.batch_spec.rank_batch_size // task.max_sequence_length
-        )  # >= 1: the spec holds L padded
+        # >= 1: the spec holds L padded
+        batch_size = self.batch_spec.rank_batch_size // task.max_sequence_length
         return DataLoader(
             task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler
         )  # type: ignore[arg-type]

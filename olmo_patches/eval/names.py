@@ -3,12 +3,8 @@ torch), so a config's eval keys are checked at load."""
 
 __all__ = ["PAPER_VALIDATION_SETS", "VALIDATION_SETS", "PAPER_DOWNSTREAM_TASKS"]
 
-PAPER_VALIDATION_SETS = (
-    "dolma_common-crawl",
-    "dolma_stack",
-    "m2d2_s2orc",
-    "wikitext_103",
-)  # paper 1 (docs/papers.md)
+# paper 1 (docs/papers.md)
+PAPER_VALIDATION_SETS = ("dolma_common-crawl", "dolma_stack", "m2d2_s2orc", "wikitext_103")
 # The rest of OLMo-core's v3-small-ppl-validation mix
 VALIDATION_SETS = PAPER_VALIDATION_SETS + (
     "c4_en",

@@ -226,9 +226,8 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = (t.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))
         inv_freq = _inv_freq(self.theta, self.head_dim, self.llama3_rope, x.device)
-        freqs = (
-            position_ids.to(x.device, torch.float)[..., None] * inv_freq
-        )  # (B or 1, T, head_dim / 2)
+        # (B or 1, T, head_dim / 2)
+        freqs = position_ids.to(x.device, torch.float)[..., None] * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         sin, cos = emb.sin(), emb.cos()
         qf, kf = q.float(), k.float()
@@ -354,9 +353,8 @@ class Block(nn.Module):
         y = self.layer(inp, position_ids, cache, **kwargs)
         if self.width == self.stream_width:
             return y
-        return torch.cat(
-            (y, x[..., self.width :]), dim=-1
-        )  # the stream carries forward in both modes
+        # the stream carries forward in both modes
+        return torch.cat((y, x[..., self.width :]), dim=-1)
 
 
 class OutputNorm(RMSNorm):

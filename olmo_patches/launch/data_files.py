@@ -191,9 +191,8 @@ def _manifest_files(spec: ExperimentSpec, fail) -> list:
             manifest, files = read_manifest(path)
         except InputError as e:
             fail("data.paths", path, str(e))
-        from ..config.spec import (
-            tokenizer_config,
-        )  # OLMo-core's special ids (torch): a manifest only
+        # OLMo-core's special ids (torch): a manifest only
+        from ..config.spec import tokenizer_config
 
         tok = tokenizer_config(spec)
         ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)

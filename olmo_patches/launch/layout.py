@@ -24,9 +24,8 @@ from ..config.spec import (
 from .cards import CARDS, detect, no_cuda_driver
 from .ranks import Layout
 
-if (
-    TYPE_CHECKING
-):  # the model's modules import torch and OLMo-core: imported once the pure checks pass
+# the model's modules import torch and OLMo-core: imported once the pure checks pass
+if TYPE_CHECKING:
     from ..nn.attention import BackendChoice
     from .memory import MemoryEstimate
 
@@ -90,9 +89,8 @@ def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
     downstream tasks the installed ai2-olmo-eval knows."""
     t, m = spec.train, spec.model
     fail = failer(where)
-    flash = m.attention_backend.startswith(
-        "flash_"
-    )  # nn.attention.FLASH, without importing OLMo-core
+    # nn.attention.FLASH, without importing OLMo-core
+    flash = m.attention_backend.startswith("flash_")
     cuda = False
     if t.device != "cpu" or flash:
         import torch
@@ -273,9 +271,8 @@ def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
         spec.train.data_parallel, 1
     )
     model = spec.model_config()
-    set_lm_loss(
-        model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name
-    )  # a card means CUDA
+    # a card means CUDA
+    set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)
     est = estimate(model, spec.data.sequence_length, shards)
     return with_float8(est, model) if spec.train.float8 != "off" else est
 

@@ -149,9 +149,8 @@ class MemoryEstimate:
     def terms(self, micro_batch: int, ac: ActivationCheckpointing = OFF) -> dict[str, float]:
         """The estimate's terms in bytes for a micro-batch in mode ``ac`` (their sum:
         :meth:`total`)."""
-        if (
-            ac.mode == "budget"
-        ):  # inductor's budget: this fraction of the saving between full and none
+        # inductor's budget: this fraction of the saving between full and none
+        if ac.mode == "budget":
             none, full = (
                 self.terms(micro_batch),
                 self.terms(micro_batch, ActivationCheckpointing("full")),
@@ -160,9 +159,8 @@ class MemoryEstimate:
             return {k: full[k] + b * (none[k] - full[k]) for k in none}
         kept, recomputed, copies = self._kept(ac)
         tokens = micro_batch * self.sequence_length
-        recomputing = (
-            max(layer.weight_copy for layer in self.layers) if max(recomputed) else 0.0
-        )  # one block's, during its recompute
+        # one block's, during its recompute
+        recomputing = max(layer.weight_copy for layer in self.layers) if max(recomputed) else 0.0
         return {
             "states (16 P / W)": self.states,
             "FSDP / autocast buffers": self.buffers,
@@ -211,9 +209,8 @@ def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -
     layers = []
     for block, w in zip(blocks, widths):
         ffn, moe = block.feed_forward, block.feed_forward_moe
-        if (
-            moe is not None
-        ):  # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
+        # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
+        if moe is not None:
             K, hidden, mlp_norm, copy = (
                 moe.router.top_k * getattr(moe, "K", 1),
                 moe.hidden_size,

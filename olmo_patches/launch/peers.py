@@ -94,9 +94,8 @@ def announce(line: str, code: int) -> Tuple[str, int, bool]:
     if (_store := _store or _connect()) is None:
         return line, code, os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0"
     try:
-        if code == 1 and _LOST_PEER.search(
-            line
-        ):  # a peer went away: wait a little for its own line
+        # a peer went away: wait a little for its own line
+        if code == 1 and _LOST_PEER.search(line):
             deadline = time.monotonic() + LOST_PEER_WAIT_S
             while not _store.check([_FAILURE]) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -181,9 +180,8 @@ def _end(store: Optional[dist.Store], line: str, code: int) -> None:
 def _watch(store: dist.Store, stop: threading.Event, parent: Optional[int]) -> None:
     host = socket.gethostname()
     while not stop.wait(POLL_S):
-        if (
-            parent is not None and os.getppid() != parent and not stop.is_set()
-        ):  # the local torchrun is gone
+        # the local torchrun is gone
+        if parent is not None and os.getppid() != parent and not stop.is_set():
             _end(
                 store,
                 f"node {_node()} ({host}) lost: its torchrun (pid {parent}) ended; its {_ranks()} "

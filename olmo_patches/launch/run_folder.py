@@ -159,9 +159,8 @@ def record_config(
     folder = Path(spec.save_folder)
     recorded = _recorded(folder)
     replaced = None
-    if (
-        recorded and not checkpointed
-    ):  # a start that ended before its first checkpoint: its record goes
+    # a start that ended before its first checkpoint: its record goes
+    if recorded and not checkpointed:
         if changes:
             replaced = (
                 f"{folder} holds no checkpoint: its recorded config replaced ({'; '.join(changes)})"

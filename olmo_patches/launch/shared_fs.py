@@ -87,9 +87,8 @@ def require_shared(folders: Dict[str, Path]) -> None:
         blind = sorted({(node, host) for s, node, host, _ in answers if not s[i]})
         if blind:
             if get_rank() == 0:
-                for path in sorted(
-                    made, key=lambda p: len(p.parts), reverse=True
-                ):  # what was made here, if empty
+                # what was made here, if empty
+                for path in sorted(made, key=lambda p: len(p.parts), reverse=True):
                     try:
                         path.rmdir()
                     except OSError:

@@ -328,9 +328,8 @@ def _checkpoint_step(folder: Path) -> int:
     """The step of the latest complete checkpoint (-1: none)."""
     if not folder.is_dir():
         return -1
-    from olmo_core.train.checkpoint import (
-        Checkpointer,
-    )  # imports torch: once the sweep's configs have loaded
+    # imports torch: once the sweep's configs have loaded
+    from olmo_core.train.checkpoint import Checkpointer
 
     return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
 

@@ -29,11 +29,8 @@ __all__ = ["RECIPES", "ShapeFloat8Config", "float8_matmuls", "has_float8_matmuls
 
 log = logging.getLogger(__name__)
 
-RECIPES = (
-    "tensorwise",
-    "rowwise",
-    "rowwise_with_gw_hp",
-)  # torchao's recipes (OLMo-core's AOFloat8LinearRecipe)
+# torchao's recipes (OLMo-core's AOFloat8LinearRecipe)
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 LM_HEAD = "lm_head.w_out"  # OLMo-core's Transformer.apply_fp8 keeps it in high precision
 
 

@@ -166,9 +166,8 @@ class HourglassFeedForward(nn.Module):
         # one stack, where indexing weight[i] K times would build K zero-filled (K, out, in)
         # gradients. Storing the fused matrix instead measured no faster (docs/performance.md) and
         # would break OLMo-core's w1/w3 init.
-        w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(
-            0
-        )  # K x (2 d_h, d_model)
+        # K x (2 d_h, d_model)
+        w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(0)
         w_up = self.w2.stacked.unbind(0)  # K x (d_model, d_h)
         for i, norm in enumerate(self.norms):
             if self.norm_placement == NormPlacement.pre:

@@ -94,9 +94,8 @@ class HourglassExperts(MoEMLPBase):
     """E experts, each K residual hourglass sub-MLPs: maps u (rows grouped by expert) to
     E_e(u) = z_K - u."""
 
-    gmm = (
-        DroplessMoEMLP.gmm
-    )  # OLMo-core's grouped GEMM, or its per-expert loop without grouped_gemm
+    # OLMo-core's grouped GEMM, or its per-expert loop without grouped_gemm
+    gmm = DroplessMoEMLP.gmm
 
     def __init__(
         self,
@@ -117,9 +116,8 @@ class HourglassExperts(MoEMLPBase):
         )
         shape = (K * num_experts * hidden_size, d_model)  # K blocks of E d_h rows
         self.w1 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d1 (gate)
-        self.w2 = nn.Parameter(
-            torch.empty(shape, device=init_device, dtype=dtype)
-        )  # W_u (transposed)
+        # W_u (transposed)
+        self.w2 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))
         self.w3 = nn.Parameter(torch.empty(shape, device=init_device, dtype=dtype))  # W_d2 (value)
         self.norm_weight = nn.Parameter(
             torch.empty(num_experts * K * d_model, device=init_device, dtype=dtype)
@@ -132,11 +130,8 @@ class HourglassExperts(MoEMLPBase):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for w in (
-            self.w1,
-            self.w2,
-            self.w3,
-        ):  # OLMo-core's expert default; the model's init replaces it
+        # OLMo-core's expert default; the model's init replaces it
+        for w in (self.w1, self.w2, self.w3):
             nn.init.kaiming_uniform_(w, a=math.sqrt(5))
         nn.init.ones_(self.norm_weight)
 

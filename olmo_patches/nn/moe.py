@@ -119,10 +119,8 @@ class BalancedRouter(MoELinearRouter):
             raise NotImplementedError(
                 "load_balance other than micro_batch with tensor or context parallelism"
             )
-        weight, self.lb_loss_weight = (
-            self.lb_loss_weight,
-            None,
-        )  # OLMo-core's forward without its loss
+        # OLMo-core's forward without its loss
+        weight, self.lb_loss_weight = (self.lb_loss_weight, None)
         try:
             expert_weights, expert_indices, counts, aux_loss = super().forward(
                 x, loss_div_factor=loss_div_factor
@@ -151,17 +149,14 @@ class BalancedRouter(MoELinearRouter):
         scores = (
             logits.softmax(dim=-1) if self.gating_function == "softmax" else logits.sigmoid() + 1e-7
         )
-        scores = scores / scores.sum(
-            dim=-1, keepdim=True
-        )  # sigmoid gating normalised, as OLMo-core's
-        if (
-            self.load_balance == LoadBalance.data_parallel
-        ):  # lm-engine: f over the ranks, P the rank's
+        # sigmoid gating normalised, as OLMo-core's
+        scores = scores / scores.sum(dim=-1, keepdim=True)
+        # lm-engine: f over the ranks, P the rank's
+        if self.load_balance == LoadBalance.data_parallel:
             total, _ = _all_reduced(counts, self.group)
             f = (total.double() / total.sum()).to(scores.dtype)
-            share = (
-                1.0 if loss_div_factor is None else scores.shape[0] / loss_div_factor
-            )  # as OLMo-core's
+            # as OLMo-core's
+            share = 1.0 if loss_div_factor is None else scores.shape[0] / loss_div_factor
             return E * torch.dot(f, scores.mean(dim=0)) * share
         # global_batch: a rank's term is W E sum_e C_e sum_t p_te / (k T^2) (C_e the step's counts
         # over W ranks, T its tokens): the ranks' mean of the gradients is then that of E sum_e f_e
@@ -338,9 +333,8 @@ class PortableDroplessMLP(ParallelDroplessMLP):
                 top_k=top_k,
             )
         x = x.view(-1, x.shape[-1])
-        token = (
-            indices.long() // top_k
-        )  # indices: positions in the flattened (T, k) assignments, by expert
+        # indices: positions in the flattened (T, k) assignments, by expert
+        token = indices.long() // top_k
         y = self.mlp(x[token], batch_size_per_expert)
         if expert_weights is not None:
             y = y * expert_weights[indices.long()].unsqueeze(-1).to(y.dtype)

@@ -143,16 +143,14 @@ class _Resizing:
         if x.shape[-1] < self.stream_width:  # the embedding: dims h..S start at zero
             x = F.pad(x, (0, self.stream_width - x.shape[-1]))
         inp = x[..., : self.width]
-        if (
-            self.resize_mode == ResizeMode.zero and self.in_width < self.width
-        ):  # new dims read zeros
+        # new dims read zeros
+        if self.resize_mode == ResizeMode.zero and self.in_width < self.width:
             inp = F.pad(inp[..., : self.in_width], (0, self.width - self.in_width))
         y = super().forward(inp, **kwargs)  # type: ignore[misc]
         if self.width == self.stream_width:
             return y
-        return torch.cat(
-            (y, x[..., self.width :]), dim=-1
-        )  # the stream carries forward in both modes
+        # the stream carries forward in both modes
+        return torch.cat((y, x[..., self.width :]), dim=-1)
 
     def num_flops_per_token(self, seq_len: int) -> int:
         extra = 6 * self.resize.weight.numel() if self.resize is not None else 0
@@ -204,15 +202,12 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
         init_device: str = "cpu",
         cache: Optional[BufferCache] = None,
     ):
-        del (
-            d_model,
-            cache,
-        )  # own width; own RoPE cache (OLMo-core's cache key ignores the head size)
+        # own width; own RoPE cache (OLMo-core's cache key ignores the head size)
+        del (d_model, cache)
         assert self.layer_norm is not None
         kwargs: dict = dict(sequence_mixer=self.sequence_mixer, layer_norm=self.layer_norm)
-        if (
-            self.feed_forward_moe is not None
-        ):  # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
+        # its MoE: LayerMoEConfig.build(w_l) with hidden_size I_l
+        if self.feed_forward_moe is not None:
             hourglass_experts = isinstance(self.feed_forward_moe, HourglassMoEConfig)
             cls: type = (
                 VariableWidthHourglassMoEBlock if hourglass_experts else VariableWidthMoEBlock
@@ -260,9 +255,8 @@ class VariableWidthBlockConfig(TransformerBlockConfig):
             self.sequence_mixer.num_params(w) + self.layer_norm.num_params(w) + ffn.num_params(w)
         )
         if not self.is_hourglass:
-            params += self.layer_norm.num_params(
-                w
-            )  # the FFN's norm (the hourglass FFN owns its K norms)
+            # the FFN's norm (the hourglass FFN owns its K norms)
+            params += self.layer_norm.num_params(w)
         if self.resize == ResizeMode.learned and self.in_width < w:
             params += self.in_width * w
         return params
@@ -383,9 +377,8 @@ class VariableWidthTransformerConfig(TransformerConfig):
             )
         assert isinstance(self.block, TransformerBlockConfig)
         mixer = self.block.sequence_mixer
-        n_heads = (
-            1 if getattr(mixer, "head_dim", None) else getattr(mixer, "n_heads", 1)
-        )  # head_dim: any w_l
+        # head_dim: any w_l
+        n_heads = 1 if getattr(mixer, "head_dim", None) else getattr(mixer, "n_heads", 1)
         for l, w in enumerate(self.widths, start=1):
             if w < 1 or w % n_heads:
                 raise OLMoConfigurationError(
@@ -502,9 +495,8 @@ class VariableWidthTransformer(Transformer):
 
     @torch.no_grad()
     def init_weights(self, **kwargs) -> torch.Generator:  # type: ignore[override]
-        generator = super().init_weights(
-            **kwargs
-        )  # OLMo-core's init of every block at its own width
+        # OLMo-core's init of every block at its own width
+        generator = super().init_weights(**kwargs)
         for (
             module
         ) in self.modules():  # learned resize projections: nn.Linear's default distribution

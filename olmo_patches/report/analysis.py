@@ -190,9 +190,8 @@ def _hidden_hooks(
 
     undo = []
     for module in block.modules():
-        if hasattr(
-            module, "record_hidden"
-        ):  # an FFN that reads its hidden units itself (nn/hourglass.py)
+        # an FFN that reads its hidden units itself (nn/hourglass.py)
+        if hasattr(module, "record_hidden"):
             undo.append(module.record_hidden(record))
         elif isinstance(module, FeedForward):
             handle = module.w2.register_forward_pre_hook(lambda _m, args: record(args[0]))

@@ -106,9 +106,8 @@ def _f(x: Optional[float], fmt: str) -> str:
 
 
 def _table(results: list[VariantResult]) -> Table:
-    base = next(
-        (r for r in results if r.finished), None
-    )  # the ratios' reference: a finished variant
+    # the ratios' reference: a finished variant
+    base = next((r for r in results if r.finished), None)
     table = Table(
         title="Demo: validation on held-out stdlib files (lower is better)",
         caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by "
@@ -185,9 +184,8 @@ def compare(
     runs = [(spec.run.name, Path(spec.save_folder)) for spec in specs]
     olmo_core_log = logging.getLogger("olmo_core")
     level = olmo_core_log.level
-    olmo_core_log.setLevel(
-        logging.WARNING
-    )  # count() builds each model: no printout on the terminal
+    # count() builds each model: no printout on the terminal
+    olmo_core_log.setLevel(logging.WARNING)
     try:
         results = [summarize(spec, run_dir) for spec, (_, run_dir) in zip(specs, runs)]
     finally:

@@ -253,10 +253,8 @@ def device_rows(spec: ExperimentSpec, world_size: int) -> list[tuple[str, str]]:
     and the settings that device ignores, with why."""
     t, device = spec.train, device_for(spec)
     ignored = []
-    if t.device == "cpu" and t.hardware not in (
-        "auto",
-        "none",
-    ):  # train.device=auto applies it (launch/layout.py)
+    # train.device=auto applies it (launch/layout.py)
+    if t.device == "cpu" and t.hardware not in ("auto", "none"):
         ignored.append(
             f"train.hardware={t.hardware} (train.device=cpu: the keys left null take "
             "train.hardware=none's values)"

@@ -155,9 +155,8 @@ def _ratio(member: np.ndarray, baseline: np.ndarray, tokens: np.ndarray) -> floa
     baseline's."""
     m, b = member.mean(axis=0), baseline.mean(axis=0)
     base = tokens_to_reach(tokens, b, b[-1])
-    return (
-        tokens_to_reach(tokens, m, b[-1]) / base if base > 0 else math.nan
-    )  # reached at 0 tokens: no ratio
+    # reached at 0 tokens: no ratio
+    return tokens_to_reach(tokens, m, b[-1]) / base if base > 0 else math.nan
 
 
 def matched_loss_ratio(

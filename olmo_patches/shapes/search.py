@@ -61,15 +61,8 @@ __all__ = [
 TOLERANCE = (
     1e-5  # the paper: every variant within 0.001% of its baseline's non-embedding parameters
 )
-D_MODEL_ALIGN = (
-    128,
-    64,
-    32,
-    16,
-    8,
-    4,
-    2,
-)  # d_model rungs; below 8 the head dim cannot be a multiple of 8
+# d_model rungs; below 8 the head dim cannot be a multiple of 8
+D_MODEL_ALIGN = (128, 64, 32, 16, 8, 4, 2)
 D_H_ALIGN = (128, 64, 32, 16, 8, 4, 2, 1)
 # (d_model, d_h) rungs, most hardware-friendly first: d_model a multiple of 8 first (head dims that
 # are multiples of 8, as flash-attention wants), then by the smaller of the two multiples, then
@@ -79,13 +72,11 @@ LADDER = sorted(
     key=lambda ab: (-min(ab[0], 8), -min(ab), -ab[0], -ab[1]),
 )
 ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs: within +-0.3% of their baselines
-ALIGNED_LADDER = tuple(
-    (a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0
-)  # d_model % 8, d_h % 64
+# d_model % 8, d_h % 64
+ALIGNED_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0)
 SPLIT_TOLERANCE = 4e-4  # the tightest of the authors' revised configs (0.04%; they range to 0.29%)
-HEADS8_LADDER = tuple(
-    (a, b) for a, b in LADDER if a % 8 == 0
-)  # d_model % 8: head dims multiples of 8
+# d_model % 8: head dims multiples of 8
+HEADS8_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0)
 
 
 @dataclass(frozen=True)

@@ -101,10 +101,8 @@ class BenchResult:
     peak_mem_mb: Optional[float]
     mfu: float  # percent of the peak
     ratio: float = 1.0  # tokens/s / baseline's: median of per-repeat paired ratios
-    ratio_quartiles: tuple = (
-        1.0,
-        1.0,
-    )  # first and third quartiles of the paired ratios (the noise)
+    # first and third quartiles of the paired ratios (the noise)
+    ratio_quartiles: tuple = (1.0, 1.0)
     flops_ratio: float = 1.0  # flops_per_token / baseline's
     per_flop_ratio: float = 1.0  # ratio x flops_ratio: model FLOP/s relative to the baseline's
     extra: dict = field(default_factory=dict)

@@ -65,9 +65,8 @@ def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
 
 
 def axes_of(spec: ExperimentSpec) -> List[str]:
-    return ["width", "depth"] + (
-        ["K"] if "K" in block_of(spec.model).knobs else []
-    )  # a kind that stacks K
+    # a kind that stacks K
+    return ["width", "depth"] + (["K"] if "K" in block_of(spec.model).knobs else [])
 
 
 def _kind(name: str) -> Optional[str]:

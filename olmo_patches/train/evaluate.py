@@ -124,9 +124,8 @@ def _evaluators(
                 "v3-small-ppl-validation is dolma2 tokens, this run's tokenizer is "
                 f"{spec.data.tokenizer}",
             )
-        data = DataSources(
-            data.tokenizer, data.train_paths, [], data.dtype
-        )  # named sets replace the corpus's own split
+        # named sets replace the corpus's own split
+        data = DataSources(data.tokenizer, data.train_paths, [], data.dtype)
     _check_choice(spec, choice)
     seq, micro = spec.data.sequence_length, spec.train.micro_batch_size or 8
     callbacks = eval_callbacks(spec, data)
@@ -265,9 +264,8 @@ def from_hf(
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         _fail("--hf", model_dir, "not a Hugging Face model folder (no config.json)")
-    remote = "auto_map" in json.loads(
-        (model_dir / "config.json").read_text()
-    )  # our exports' modeling file
+    # our exports' modeling file
+    remote = "auto_map" in json.loads((model_dir / "config.json").read_text())
     hf_config = AutoConfig.from_pretrained(
         model_dir, trust_remote_code=remote, local_files_only=True
     )
@@ -275,19 +273,16 @@ def from_hf(
         model_dir, trust_remote_code=remote, local_files_only=True, dtype=torch.float32
     )
     model.to(device).eval()
-    if (
-        config is not None
-    ):  # the run's tokenizer and validation data, as its checkpoint is evaluated
+    # the run's tokenizer and validation data, as its checkpoint is evaluated
+    if config is not None:
         spec = load_and_resolve(config)
         data = resolve_data(spec)
     else:
         spec = ExperimentSpec()
         spec.run.name = name or model_dir.name
         spec.data.sequence_length = hf_config.max_position_embeddings
-        spec.data.source, spec.data.tokenizer = (
-            "numpy",
-            "dolma2",
-        )  # named validation sets are dolma2 tokens
+        # named validation sets are dolma2 tokens
+        spec.data.source, spec.data.tokenizer = ("numpy", "dolma2")
         spec.eval.validation_base_dir = validation_base_dir
         spec.eval.downstream_tasks = []
         data = DataSources(_hf_tokenizer(model_dir, hf_config), [], [])

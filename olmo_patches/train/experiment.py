@@ -276,9 +276,8 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         ),
     )
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
-    trainer = trainer.with_callback(
-        "stop_on_signal", StopOnSignalCallback()
-    )  # SIGTERM/SIGUSR1: save and stop (life.py)
+    # SIGTERM/SIGUSR1: save and stop (life.py)
+    trainer = trainer.with_callback("stop_on_signal", StopOnSignalCallback())
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
     trainer = trainer.with_callback(

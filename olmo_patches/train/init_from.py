@@ -94,9 +94,8 @@ def load_init_weights(model: torch.nn.Module, source: str) -> None:
 
     state = init_state(source)
     for name, param in model.state_dict().items():
-        full = (
-            state[name].to(param.dtype).reshape(param.shape)
-        )  # an earlier stacked layout's (K, out, in)
+        # an earlier stacked layout's (K, out, in)
+        full = state[name].to(param.dtype).reshape(param.shape)
         if isinstance(param, DTensor):
             param.copy_(
                 distribute_tensor(full.to(param.device), param.device_mesh, param.placements)

@@ -29,9 +29,8 @@ def optim_groups(spec: ExperimentSpec, model: TransformerConfig) -> list[OptimGr
             if p.ndim == 1 and not n.endswith("router.weight")
         ]
     groups = [OptimGroupOverride(params=no_decay, opts=dict(weight_decay=0.0))] if no_decay else []
-    for params, lr_multiplier in block_of(spec.model).optim_groups(
-        spec.model
-    ):  # the block's own learning rates
+    # the block's own learning rates
+    for params, lr_multiplier in block_of(spec.model).optim_groups(spec.model):
         groups.append(
             OptimGroupOverride(params=params, opts=dict(lr=spec.train.lr * lr_multiplier))
         )

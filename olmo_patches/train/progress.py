@@ -80,9 +80,8 @@ class ProgressCallback(ConsoleLoggerCallback):
     def post_step(self):
         pass  # everything is printed from log_metrics, once the step's metrics are reduced
 
-    _printed: int = (
-        -1
-    )  # the last step with a line: OLMo-core logs a save step's and the last step's metrics twice
+    # the last step with a line: OLMo-core logs a save step's and the last step's metrics twice
+    _printed: int = -1
 
     def log_metrics(self, step: int, metrics: Dict[str, float]):
         if get_rank() != 0 or not self._should_log_metrics(step) or step <= self._printed:
@@ -240,9 +239,8 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
     file = None
     if get_rank() == 0:
         file = logging.FileHandler(save_folder / LOG_FILE)
-        early = logging.Formatter(
-            "%(asctime)s %(name)s %(levelname)s %(message)s"
-        )  # made before OLMo-core's fields
+        # made before OLMo-core's fields
+        early = logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s")
         file.setFormatter(consoles[0].formatter if consoles else early)
         file.stream.writelines(early.format(record) + "\n" for record in kept)
         root.addHandler(file)
@@ -260,12 +258,10 @@ def quiet_console(save_folder: Path, kept: Sequence[logging.LogRecord] = ()):
 
 class _ProgressOrWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        if "NonFiniteError" in str(
-            record.msg
-        ):  # the trainer's two-line report; scripts/train.py prints one
+        # the trainer's two-line report; scripts/train.py prints one
+        if "NonFiniteError" in str(record.msg):
             return False
-        if str(record.msg).startswith(
-            "No checkpoint found in save folder"
-        ):  # announce() said "new run"
+        # announce() said "new run"
+        if str(record.msg).startswith("No checkpoint found in save folder"):
             return False
         return record.levelno >= logging.WARNING or record.name == __name__

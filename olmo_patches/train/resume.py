@@ -121,9 +121,8 @@ class ResumeCheckpointerCallback(CheckpointerCallback):
     ephemeral_keep: int = 1  # ephemeral checkpoints kept (OLMo-core keeps the newest one)
     _held: List[str] = field(default_factory=list)  # ephemeral ones OLMo-core let go, kept a while
     _saved: List[str] = field(default_factory=list)  # saved, their manifest not yet started
-    _save_started: List[float] = field(
-        default_factory=list
-    )  # each save's start (time.monotonic), oldest first
+    # each save's start (time.monotonic), oldest first
+    _save_started: List[float] = field(default_factory=list)
 
     def post_checkpoint_loaded(self, path: PathOrStr):
         self._latest_checkpoint_step = self.trainer.global_step

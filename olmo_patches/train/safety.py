@@ -118,9 +118,8 @@ class NonFiniteGuardCallback(Callback):
     Runs before the checkpointer (higher priority), so the step that diverged is never saved."""
 
     priority: ClassVar[int] = 2
-    _pending: List[Tuple[int, torch.Tensor]] = field(
-        default_factory=list
-    )  # (step, [loss, grad norm]) unread
+    # (step, [loss, grad norm]) unread
+    _pending: List[Tuple[int, torch.Tensor]] = field(default_factory=list)
     _started: bool = False  # the first step is checked (OLMo-core collects metrics there too)
 
     def post_train_batch(self):
@@ -163,9 +162,8 @@ class NonFiniteGuardCallback(Callback):
         finite = torch.isfinite(values).all(dim=1).to(torch.int32)
         if is_distributed():
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        host = (
-            torch.cat([finite[:, None].to(values.dtype), values], dim=1).cpu().tolist()
-        )  # the one sync
+        # the one sync
+        host = torch.cat([finite[:, None].to(values.dtype), values], dim=1).cpu().tolist()
         bad = next((i for i, row in enumerate(host) if not row[0]), None)
         if bad is None:
             return

@@ -40,9 +40,8 @@ class DataSources:
     train_paths: list[str]  # empty when a named mix is used
     val_paths: list[str]
     dtype: Optional[str] = None  # numpy dtype of the token files (None: OLMo-core infers it)
-    mixture: List[MixtureSource] = field(
-        default_factory=list
-    )  # data.mixture's sources (train_paths empty)
+    # data.mixture's sources (train_paths empty)
+    mixture: List[MixtureSource] = field(default_factory=list)
 
 
 def resolve_data(spec: ExperimentSpec) -> DataSources:

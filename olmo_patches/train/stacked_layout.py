@@ -38,9 +38,8 @@ def _folded(
         if not (isinstance(value, torch.Tensor) and isinstance(saved, TensorStorageMetadata)):
             continue
         if len(saved.size) == 3 and value.ndim == 2 and saved.size.numel() == value.numel():
-            state[key] = torch.empty(
-                saved.size, dtype=saved.properties.dtype or value.dtype
-            )  # read whole (replicated)
+            # read whole (replicated)
+            state[key] = torch.empty(saved.size, dtype=saved.properties.dtype or value.dtype)
             out.append((state, key, value))
 
 
