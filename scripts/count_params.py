@@ -38,7 +38,7 @@ def main() -> None:
             **gpu_report(spec),
             **exact_gap(args.config),
         }
-        if "widths" in block_of(spec.model).reads(spec.model):
+        if not block_of(spec.model).constant_width:
             out.update(width_report(spec))
         if spec.train.float8 != "off":
             out.update(float8_report(spec))

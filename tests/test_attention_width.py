@@ -11,7 +11,9 @@ from olmo_core.nn.transformer import TransformerConfig
 from olmo_core.optim import AdamWConfig
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.config import ConfigError, ModelSpec, RoPEScalingSpec, vocab_size
+from olmo_patches.blocks import model_spec
+from olmo_patches.blocks.model import ModelSpec, RoPEScalingSpec
+from olmo_patches.config import ConfigError, vocab_size
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.counts import count
 
@@ -103,12 +105,12 @@ BLOCKS = {
 
 
 def _spec(block: str, attention: dict, **kw) -> ModelSpec:
-    from olmo_patches.config import WidthSpec
+    from olmo_patches.blocks.variable_width import WidthSpec
 
     extra = dict(BLOCKS[block])
     if "widths" in extra:
         extra["widths"] = WidthSpec(**extra["widths"])
-    return ModelSpec(d_model=32, n_layers=2, norm_eps=1e-5, **extra, **attention, **kw)
+    return model_spec(d_model=32, n_layers=2, norm_eps=1e-5, **extra, **attention, **kw)
 
 
 @pytest.mark.parametrize("attention", ATTENTION)
@@ -178,7 +180,7 @@ def test_default_head_dim_and_kv_heads_give_olmo_cores_own_block_bit_for_bit():
     ours.load_state_dict(olmo.state_dict())
     assert torch.equal(ours(x), olmo(x))
     explicit, null = (
-        ModelSpec(block="hourglass", d_model=32, n_layers=2, n_heads=4, K=2, d_h=16, **kw)
+        model_spec("hourglass", d_model=32, n_layers=2, n_heads=4, K=2, d_h=16, **kw)
         .build(V)
         .build()
         for kw in (dict(head_dim=8, n_kv_heads=4), {})
@@ -301,7 +303,8 @@ def test_revised_config_is_their_run_with_their_parameter_count(name):
     m, t, c = spec.model, spec.train, THEIRS[name]
     shape = (m.n_layers, m.d_model, m.n_heads, m.resolved_n_kv_heads, m.resolved_head_dim)
     assert shape == (c["L"], c["d"], c["H"], c["G"], c["kv"])
-    assert (m.K, m.resolved_d_h if kind == "hourglass" else m.resolved_d_ff) == (c["K"], c["dh"])
+    ffn = (m.K, m.resolved_d_h) if kind == "hourglass" else (1, m.resolved_d_ff)
+    assert ffn == (c["K"], c["dh"])
     assert megatron_params(**c) == MEGATRON_TOTAL[name] == count(spec).total
     # Their recipe (Megatron-Bridge's applied values): tied, eps 1e-5, Llama-3.1 RoPE x32.
     assert m.tie_embeddings and m.qk_norm and m.norm_eps == 1e-5 and m.norm_placement == "pre"

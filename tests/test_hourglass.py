@@ -11,7 +11,7 @@ from olmo_core.nn.transformer import TransformerBlockConfig, TransformerBlockTyp
 from torch.utils.flop_counter import FlopCounterMode
 
 from olmo_patches.nn.hourglass_block import HourglassBlockConfig
-from olmo_patches.config import ModelSpec
+from olmo_patches.blocks import model_spec
 from olmo_patches.nn.hourglass import HourglassFeedForwardConfig
 from olmo_patches.shapes.choices import NormPlacement
 from olmo_patches.nn.accounting import breakdown
@@ -156,8 +156,8 @@ def test_k1_block_is_conventional_block(placement, block_type):
 def test_k1_model_same_seed_same_weights_and_logits():
     """With the same init seed, a K=1, d_h=4 d_model hourglass model *is* the baseline model."""
     kw = dict(d_model=32, n_layers=2, n_heads=4, vocab_size=256)
-    base = ModelSpec(block="baseline", **kw).build(256).build()
-    hour = ModelSpec(block="hourglass", K=1, d_h=128, **kw).build(256).build()
+    base = model_spec("baseline", **kw).build(256).build()
+    hour = model_spec("hourglass", K=1, d_h=128, **kw).build(256).build()
     for m in (base, hour):
         m.init_weights(device=torch.device("cpu"))
     assert torch.equal(
@@ -176,7 +176,7 @@ def test_k1_model_same_seed_same_weights_and_logits():
     ],
 )
 def test_num_params_against_built_model(block, extra):
-    spec = ModelSpec(block=block, d_model=48, n_layers=3, n_heads=4, **extra)
+    spec = model_spec(block, d_model=48, n_layers=3, n_heads=4, **extra)
     config = spec.build(vocab_size=320)
     model = config.build()
     assert config.num_params == model.num_params == sum(p.numel() for p in model.parameters())
@@ -209,7 +209,7 @@ def test_ffn_flops_match_flop_counter():
 def test_model_flops_match_flop_counter(block, extra):
     """Weight-matmul FLOPs of a whole model step (fwd + bwd) against OLMo-core's per-token count."""
     seq, batch = 32, 2
-    model = ModelSpec(block=block, d_model=64, n_layers=2, n_heads=4, **extra).build(256).build()
+    model = model_spec(block, d_model=64, n_layers=2, n_heads=4, **extra).build(256).build()
     model.init_weights(device=torch.device("cpu"))
     counts = _train_flops(model, torch.randint(0, 256, (batch, seq)))["Global"]
     measured = sum(v for op, v in counts.items() if str(op).startswith(("aten.mm", "aten.addmm")))

@@ -2,8 +2,7 @@
 
 from pathlib import Path
 
-
-from olmo_patches.config import ModelSpec
+from olmo_patches.blocks import model_spec
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.shapes.search import TOLERANCE, Shape, enumerate_shapes, solve, solve_split
 from olmo_patches.nn.accounting import breakdown
@@ -15,8 +14,8 @@ B113 = 12 * 16 * 768 * 768  # the paper's 113.2M baseline: 16 d_model^2 per laye
 
 
 def built(shape: Shape, vocab: int = 1024):
-    spec = ModelSpec(
-        block="hourglass",
+    spec = model_spec(
+        "hourglass",
         d_model=shape.d_model,
         n_layers=shape.n_layers,
         n_heads=shape.n_heads,

@@ -8,9 +8,9 @@ import importlib
 import os
 
 from . import baseline, hourglass, variable_width  # noqa: F401  (each registers its kind)
-from .base import BLOCKS, BlockKind, block_of, get_block, register
+from .base import BLOCKS, BlockKind, block_of, get_block, model_spec, register
 
-__all__ = ["BLOCKS", "BlockKind", "block_of", "get_block", "register"]
+__all__ = ["BLOCKS", "BlockKind", "block_of", "get_block", "model_spec", "register"]
 
 for _module in filter(None, (m.strip() for m in os.environ.get("HOURGLASS_BLOCKS", "").split(","))):
     importlib.import_module(_module)

@@ -1,6 +1,7 @@
 """What a block kind is, and the registry that lists them.
 
-A block kind owns what one transformer shape means: which of ``model``'s keys it reads, its checks,
+A block kind owns what one transformer shape means: its own ``model`` keys (the fields of its
+``ModelSpec`` subclass; a config of another kind cannot set them), its checks,
 its layers' widths w_1..w_L, its OLMo-core build, its label in reports, the learning-rate groups it
 needs. Everything else asks :func:`block_of` (or :func:`get_block` for a recorded config) and never
 names a kind: a new shape is one module that subclasses :class:`BlockKind` and calls
@@ -10,12 +11,15 @@ OLMo-core inside :meth:`BlockKind.build` only.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from .model import ModelSpec
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
 
-__all__ = ["BLOCKS", "BlockKind", "block_of", "get_block", "register"]
+__all__ = ["BLOCKS", "BlockKind", "block_of", "get_block", "model_spec", "register"]
 
 
 class BlockKind:
@@ -23,20 +27,17 @@ class BlockKind:
 
     name: str = ""  # the value of model.block
     label: str = ""  # its name in tables and figures
-    knobs: Tuple[
-        str, ...
-    ] = ()  # model keys only this kind reads (set under another kind: warned as ignored)
+    spec: type = ModelSpec  # its model keys: ModelSpec, or a subclass adding the kind's knobs
 
-    def reads(self, m) -> Tuple[str, ...]:
-        """The knobs this model ``m`` of the kind reads (some depend on another knob's value)."""
-        return self.knobs
-
-    def check_domain(self, m, fail: Callable) -> None:
-        """Each of its knobs in its domain, whatever the kind in use (a sweep's override applies to
-        every run): ``fail(key, value, why)`` for the first bad one."""
+    @property
+    def knobs(self) -> Tuple[str, ...]:
+        """The model keys of this kind that ModelSpec does not have."""
+        common = {f.name for f in fields(ModelSpec)}
+        return tuple(f.name for f in fields(self.spec) if f.name not in common)
 
     def check(self, m, fail: Callable) -> None:
-        """The checks of a model of this kind (shapes that must fit together)."""
+        """The checks of a model of this kind: each knob in its domain, then the shapes that must
+        fit together; ``fail(key, value, why)`` for the first bad one."""
 
     def ffn_hidden(self, m) -> Tuple[str, int]:
         """The key that sets one FFN matrix's hidden size, and that size (the matrix-size check)."""
@@ -50,6 +51,11 @@ class BlockKind:
         """The FFN form of its Hugging Face export (export/modeling_hourglass_olmo.py's ``block``):
         ``baseline`` (one SwiGLU of ffn_hidden) or ``hourglass`` (K sub-MLPs of d_h)."""
         return "baseline"
+
+    def routed_experts(self, m) -> bool:
+        """Whether its FFN is a mixture of OLMo-core's grouped experts (no float8, no whole-block
+        activation checkpointing)."""
+        return False
 
     def widths(self, m) -> List[int]:
         """w_1..w_L: each layer's width inside the residual stream of width d_model."""
@@ -113,6 +119,11 @@ def get_block(name: str) -> BlockKind:
         return BLOCKS[name]
     except KeyError:
         raise KeyError(f"model.block={name}: choose one of {', '.join(BLOCKS)}") from None
+
+
+def model_spec(block: str, **keys: Any) -> ModelSpec:
+    """The model of kind ``block`` with these keys, as a config's ``model`` section loads."""
+    return get_block(block).spec(block=block, **keys)
 
 
 def block_of(m) -> BlockKind:

@@ -4,12 +4,46 @@ W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .base import BlockKind, register
+from .model import ModelSpec
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
+
+
+@dataclass
+class HourglassModel(ModelSpec):
+    """The hourglass keys of ``model``: every layer's FFN is K sub-MLPs of bottleneck d_h."""
+
+    K: int = 1  # stacked wide-narrow-wide sub-MLPs per layer
+    d_h: Optional[int] = None  # bottleneck width d_h ...
+    d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
+    d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
+
+    @property
+    def resolved_d_h(self) -> int:
+        """d_h, from ``d_h`` or from ``d_h_ratio * d_model`` rounded to ``d_h_multiple``."""
+        if self.d_h is not None:
+            return self.d_h
+        if self.d_h_ratio is not None:
+            m = self.d_h_multiple
+            return int(round(self.d_h_ratio * self.d_model / m)) * m
+        return self.resolved_d_ff  # K=1 default: the conventional FFN width
+
+
+def check_knobs(m, fail: Callable) -> None:
+    """K, d_h, d_h_ratio and d_h_multiple in their domains."""
+    if m.K < 1:
+        fail("model.K", m.K, "must be >= 1")
+    if m.d_h is not None and m.d_h < 1:
+        fail("model.d_h", m.d_h, "must be >= 1")
+    if m.d_h_ratio is not None and not m.d_h_ratio > 0:
+        fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
+    if m.d_h_multiple < 1:
+        fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
 
 
 def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
@@ -63,19 +97,10 @@ def hourglass_layers(m, config: "TransformerConfig") -> "TransformerConfig":
 class Hourglass(BlockKind):
     name = "hourglass"
     label = "hourglass"
-    knobs = ("K", "d_h", "d_h_ratio")
-
-    def check_domain(self, m, fail: Callable) -> None:
-        if m.K < 1:
-            fail("model.K", m.K, "must be >= 1")
-        if m.d_h is not None and m.d_h < 1:
-            fail("model.d_h", m.d_h, "must be >= 1")
-        if m.d_h_ratio is not None and not m.d_h_ratio > 0:
-            fail("model.d_h_ratio", m.d_h_ratio, "must be > 0")
-        if m.d_h_multiple < 1:
-            fail("model.d_h_multiple", m.d_h_multiple, "must be >= 1")
+    spec = HourglassModel
 
     def check(self, m, fail: Callable) -> None:
+        check_knobs(m, fail)
         check_bottleneck(m, fail)
 
     def ffn_hidden(self, m) -> Tuple[str, int]:

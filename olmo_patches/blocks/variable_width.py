@@ -7,15 +7,140 @@ shapes/widths.py."""
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Tuple
 
-from ..shapes.widths import SHAPES, expert_hidden_size, paper_flops, paper_params
+from omegaconf import MISSING
+
+from ..shapes.choices import ResizeMode, StrEnum
+from ..shapes.widths import (
+    SHAPES,
+    MoEShape,
+    expert_hidden_size,
+    paper_flops,
+    paper_params,
+    schedule_widths,
+)
 from .base import BlockKind, register
-from .hourglass import check_bottleneck, hourglass_layers
+from .hourglass import HourglassModel, check_bottleneck, check_knobs, hourglass_layers
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
+
+
+class Experts(StrEnum):
+    swiglu = "swiglu"
+    hourglass = "hourglass"
+
+
+class LoadBalance(StrEnum):
+    global_batch = (
+        "global_batch"  # tokens per expert counted over every rank and micro-batch of the step
+    )
+    data_parallel = "data_parallel"  # over the ranks' micro-batches of one pass (lm-engine)
+    micro_batch = "micro_batch"  # over this rank's micro-batch (OLMo-core's local_batch)
+
+
+class Ffn(StrEnum):
+    swiglu = "swiglu"
+    hourglass = "hourglass"
+
+
+class WidthSchedule(StrEnum):
+    geometric = "geometric"
+    arithmetic = "arithmetic"
+    constant = "constant"
+    list = "list"
+
+
+class Init(StrEnum):
+    olmo = "olmo"  # OLMo-core's init
+    mup = "mup"  # the paper's multipliers and init
+
+
+@dataclass
+class WidthSpec:
+    """Variable-width layers (paper 2): the schedule of w_1..w_L, the resizing and the init."""
+
+    schedule: WidthSchedule = WidthSchedule.geometric  # geometric | arithmetic | constant | list
+    shape: str = "x"  # x (wide-narrow-wide) | v | ^ | 3 (narrow-wide-narrow)
+    r_l: float = 0.75  # position of the extreme layer, k = r_l L (paper)
+    r_d: float = 0.3  # narrowest continuous width / d_model (paper)
+    multiple: int = 32  # each w_l rounded to this multiple (paper)
+    values: Optional[List[int]] = None  # schedule=list: the explicit widths
+    resize: ResizeMode = ResizeMode.carry_forward  # carry_forward | zero | learned
+    init: Init = Init.olmo  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
+    m_width: float = 8.0  # mup: logits / m_width (paper)
+    m_emb: float = 12.0  # mup: embeddings x m_emb (paper)
+    m_residual: float = 0.22  # mup: residual branches x m_residual (paper)
+    init_range: float = 0.1  # mup: base init std (paper)
+
+
+@dataclass
+class MoESpec:
+    """A mixture of experts in place of every layer's FFN (variable_width, paper 2's 3B MoE):
+    OLMo-core's dropless MoE at each layer's width w_l (olmo_patches/nn/moe.py)."""
+
+    num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
+    top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
+    # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
+    expert_hidden: Optional[int] = None
+    # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
+    lb_loss_weight: float = 0.01
+    # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
+    z_loss_weight: float = 0.001
+    # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
+    experts: Experts = Experts.swiglu
+    # global_batch (any world size) | data_parallel | micro_batch
+    load_balance: LoadBalance = LoadBalance.global_batch
+
+
+@dataclass
+class VariableWidthModel(HourglassModel):
+    """The variable-width keys of ``model`` (d_model is h): the widths w_l, each layer's FFN, or a
+    mixture of experts; K and d_h shape an hourglass FFN or hourglass experts."""
+
+    # each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
+    ffn: Ffn = Ffn.swiglu
+    widths: WidthSpec = field(default_factory=WidthSpec)  # w_1..w_L
+    # a mixture of experts in every layer instead of the FFN (null: dense FFN)
+    moe: Optional[MoESpec] = None
+
+    @property
+    def moe_hidden(self) -> int:
+        """One expert's hidden size at width h: expert_hidden (swiglu), d_h of each of its K
+        sub-MLPs (hourglass)."""
+        assert self.moe is not None
+        if self.moe.experts == "hourglass":
+            return self.resolved_d_h
+        return self.moe.expert_hidden  # type: ignore[return-value]
+
+    @property
+    def moe_shape(self) -> Optional[MoEShape]:
+        """The MoE as the width solver counts it (None: dense FFN); an hourglass expert's 3 K d_h w
+        weights count as a SwiGLU expert of hidden K d_h."""
+        e = self.moe
+        if e is None:
+            return None
+        K = self.K if e.experts == "hourglass" else 1
+        return MoEShape(e.num_experts, e.top_k, K * self.moe_hidden / self.d_model)
+
+    @property
+    def resolved_widths(self) -> List[int]:
+        """w_1..w_L (raises ValueError for an impossible schedule); with an MoE, matched to the
+        baseline's total parameters (every expert), as the authors' solver does."""
+        w = self.widths
+        return schedule_widths(
+            w.schedule,
+            self.d_model,
+            self.n_layers,
+            shape=w.shape,
+            r_l=w.r_l,
+            r_d=w.r_d,
+            multiple=w.multiple,
+            widths=w.values,
+            moe=self.moe_shape,
+        )
 
 
 def _hourglass_ffn(m) -> bool:
@@ -29,31 +154,15 @@ def _hourglass_experts(m) -> bool:
 class VariableWidth(BlockKind):
     name = "variable_width"
     label = "variable width"
-    knobs = ("ffn", "widths", "moe")
-
-    def reads(self, m) -> Tuple[str, ...]:
-        hourglass = _hourglass_ffn(m) or _hourglass_experts(m)
-        return self.knobs + (("K", "d_h", "d_h_ratio") if hourglass else ())
-
-    def check_domain(self, m, fail: Callable) -> None:
-        w = m.widths
-        if w.shape not in SHAPES:
-            fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
-        if not 0 <= w.r_l <= 1:
-            fail("model.widths.r_l", w.r_l, "must be in [0, 1] (the extreme layer k = r_l L)")
-        if not 0 < w.r_d < 1:
-            fail("model.widths.r_d", w.r_d, "must be in (0, 1) (the narrowest width / d_model)")
-        if w.multiple < 1:
-            fail("model.widths.multiple", w.multiple, "must be >= 1")
-        if w.values is not None and not all(v >= 1 for v in w.values):
-            fail("model.widths.values", w.values, "every width must be >= 1")
-        for key in ("m_width", "m_emb", "m_residual", "init_range"):
-            if not getattr(w, key) > 0:
-                fail(f"model.widths.{key}", getattr(w, key), "must be > 0")
+    spec = VariableWidthModel
 
     def check(self, m, fail: Callable) -> None:
+        _check_width_knobs(m, fail)
+        check_knobs(m, fail)
         if _hourglass_ffn(m) or _hourglass_experts(m):
             check_bottleneck(m, fail, experts=_hourglass_experts(m))
+        else:
+            _check_no_bottleneck(m, fail)
         if m.moe is not None:
             _check_moe(m, fail)
         _check_widths(m, fail)
@@ -63,6 +172,9 @@ class VariableWidth(BlockKind):
 
     def export_ffn(self, m) -> str:
         return "hourglass" if _hourglass_ffn(m) else "baseline"
+
+    def routed_experts(self, m) -> bool:
+        return m.moe is not None
 
     def widths(self, m) -> List[int]:
         return m.resolved_widths
@@ -149,6 +261,38 @@ class VariableWidth(BlockKind):
             else ["blocks.*.feed_forward.w*.weight"]
         )
         return [(["blocks.*.attention.w_*.weight", *ffn], 1 / m.widths.m_width)]
+
+
+def _check_width_knobs(m, fail: Callable) -> None:
+    w = m.widths
+    if w.shape not in SHAPES:
+        fail("model.widths.shape", w.shape, f"choose one of {', '.join(SHAPES)}")
+    if not 0 <= w.r_l <= 1:
+        fail("model.widths.r_l", w.r_l, "must be in [0, 1] (the extreme layer k = r_l L)")
+    if not 0 < w.r_d < 1:
+        fail("model.widths.r_d", w.r_d, "must be in (0, 1) (the narrowest width / d_model)")
+    if w.multiple < 1:
+        fail("model.widths.multiple", w.multiple, "must be >= 1")
+    if w.values is not None and not all(v >= 1 for v in w.values):
+        fail("model.widths.values", w.values, "every width must be >= 1")
+    for key in ("m_width", "m_emb", "m_residual", "init_range"):
+        if not getattr(w, key) > 0:
+            fail(f"model.widths.{key}", getattr(w, key), "must be > 0")
+
+
+def _check_no_bottleneck(m, fail: Callable) -> None:
+    """K and d_h shape only an hourglass FFN or hourglass experts: set with neither, refused."""
+    for key, value, unset in (
+        ("K", m.K, 1),
+        ("d_h", m.d_h, None),
+        ("d_h_ratio", m.d_h_ratio, None),
+    ):
+        if value != unset:
+            fail(
+                f"model.{key}",
+                value,
+                "read only with model.ffn=hourglass or model.moe.experts=hourglass",
+            )
 
 
 def _check_moe(m, fail: Callable) -> None:

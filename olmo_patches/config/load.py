@@ -4,12 +4,18 @@ spec.
 A file may extend another (``extends: ../base.yaml``, relative to the file); the variant's keys
 override the base's, and omegaconf interpolation (``${model.d_model}``) works across the chain.
 ``key=value`` overrides from the command line are applied last.
+
+``model`` takes the keys of its kind (``model.block``): the keys every kind shares and the kind's
+own (olmo_patches/blocks/). A key of another kind is refused, naming the kinds that read it; at its
+default it is dropped, which is how a record written before the kinds owned their keys reads (a
+full dump, every kind's knob at its default but the one in use).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from dataclasses import MISSING, fields, is_dataclass
 from functools import cache, partial
 from pathlib import Path
 from typing import Any, List, Optional
@@ -17,6 +23,7 @@ from typing import Any, List, Optional
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException
 
+from ..blocks import BLOCKS, BlockKind, get_block
 from ..resources import data_root
 from .spec import ConfigError, ExperimentSpec, coerce_activation_checkpointing, one_line
 
@@ -148,10 +155,69 @@ def coerce_shorthands(cfg: DictConfig) -> DictConfig:
 
 
 @cache
-def _schema() -> DictConfig:
-    """ExperimentSpec as an OmegaConf schema: built once (half of a config's load), copied per
-    load."""
-    return OmegaConf.structured(ExperimentSpec)
+def kind_schema(block: str) -> DictConfig:
+    """ExperimentSpec with the model keys of kind ``block`` as an OmegaConf schema: built once per
+    kind (half of a config's load), copied per load."""
+    schema = OmegaConf.structured(ExperimentSpec)
+    schema.model = OmegaConf.structured(get_block(block).spec)
+    return schema
+
+
+def _default(f) -> Any:
+    default = f.default_factory() if f.default is MISSING else f.default
+    return (
+        OmegaConf.to_container(OmegaConf.structured(default)) if is_dataclass(default) else default
+    )
+
+
+def _at_default(value: Any, default: Any) -> bool:
+    """``value`` (a node's container) is ``default``; a mapping: each key it sets is."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        return all(k in default and _at_default(v, default[k]) for k, v in value.items())
+    return value == default
+
+
+def _readers(key: str) -> list[BlockKind]:
+    """The registered kinds that have the model key ``key`` of their own."""
+    return [k for k in BLOCKS.values() if key in k.knobs]
+
+
+def drop_foreign_defaults(cfg: DictConfig, block: str) -> DictConfig:
+    """``cfg`` without the model keys of other kinds that sit at their defaults, in place (they mean
+    nothing to ``block``; a record written before the kinds owned their keys holds them all)."""
+    model = cfg.get("model")
+    if not isinstance(model, DictConfig):
+        return cfg
+    own = {f.name for f in fields(get_block(block).spec)}
+    for key in [k for k in model.keys() if k not in own]:
+        value = OmegaConf.to_container(model, resolve=False)[key]  # type: ignore[index]
+        defaults = [
+            _default(f) for kind in _readers(str(key)) for f in fields(kind.spec) if f.name == key
+        ]
+        if defaults and all(_at_default(value, d) for d in defaults):
+            del model[key]
+    return cfg
+
+
+def _block(chain: list[tuple[Path, DictConfig]], overrides: list[str]) -> str:
+    """model.block as the chain and the command line set it (the last setter wins)."""
+    block = "baseline"
+    for _, cfg in chain:
+        value = OmegaConf.select(cfg, "model.block", throw_on_resolution_failure=False)
+        block = block if value is None else str(value)
+    for o in overrides:
+        if o.split("=", 1)[0] == "model.block":
+            block = o.split("=", 1)[1]
+    return block
+
+
+def _foreign(key: str, block: str) -> Optional[str]:
+    """Why ``key`` is refused when it is a model key of other kinds than ``block``."""
+    name = key.removeprefix("model.").split(".")[0]
+    if not key.startswith("model.") or not (readers := _readers(name)):
+        return None
+    kinds = " or ".join(k.name for k in readers)
+    return f"a key of model.block={kinds}, not of model.block={block}"
 
 
 def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> ExperimentSpec:
@@ -160,32 +226,46 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
     one-line message."""
     overrides = list(overrides or [])
     chain = _read_chain(Path(path))
-    merged: Any = copy.deepcopy(_schema())
-    for source, cfg in chain:
-        try:
-            # in place: OmegaConf.merge would deep-copy the whole config per file
-            merged.merge_with(coerce_shorthands(cfg))
-        except OmegaConfBaseException as e:
-            key = getattr(e, "full_key", "")
-            if not key and (found := _not_a_section(cfg, _schema()))[0]:
-                raise ConfigError(f"{_shown(source)}: {found[0]}: {found[1]}") from e
-            raise ConfigError(_line(_shown(source), key or "?", e)) from e
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"command line: override '{o}' is not key=value")
+    where = partial(_where, chain=chain, cli=overrides)
+    if (block := _block(chain, overrides)) not in BLOCKS:
+        raise ConfigError(
+            f"{where('model.block')}: model.block={block}: choose one of {', '.join(BLOCKS)} "
+            "(olmo_patches/blocks/)"
+        )
+    schema = kind_schema(block)
+    merged: Any = copy.deepcopy(schema)
+    for source, cfg in chain:
+        try:
+            # in place: OmegaConf.merge would deep-copy the whole config per file
+            merged.merge_with(drop_foreign_defaults(coerce_shorthands(cfg), block))
+        except OmegaConfBaseException as e:
+            key = getattr(e, "full_key", "")
+            if not key and (found := _not_a_section(cfg, schema))[0]:
+                raise ConfigError(f"{_shown(source)}: {found[0]}: {found[1]}") from e
+            raise ConfigError(_refusal(_shown(source), key, e, block)) from e
     try:
-        merged.merge_with(coerce_shorthands(OmegaConf.from_dotlist(overrides)))
+        cli = drop_foreign_defaults(coerce_shorthands(OmegaConf.from_dotlist(overrides)), block)
+        merged.merge_with(cli)
         spec: ExperimentSpec = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "")
-        if not key and (found := _not_a_section(OmegaConf.from_dotlist(overrides), _schema()))[0]:
+        if not key and (found := _not_a_section(OmegaConf.from_dotlist(overrides), schema))[0]:
             key, why = found
-            raise ConfigError(f"{_where(key, chain, overrides)}: {key}: {why}") from e
-        raise ConfigError(_line(_where(key or "?", chain, overrides), key or "?", e)) from e
-    where = partial(_where, chain=chain, cli=overrides)
+            raise ConfigError(f"{where(key)}: {key}: {why}") from e
+        raise ConfigError(_refusal(where(key or "?"), key, e, block)) from e
     spec.validate(where)
     spec.where = where  # type: ignore[attr-defined]  # for launch.resolve's errors: not a key
     return spec
+
+
+def _refusal(source: str, key: str, e: OmegaConfBaseException, block: str) -> str:
+    """The one line for omegaconf's error at ``key``: a key of another kind says whose it is."""
+    if isinstance(e, ConfigKeyError) and (why := _foreign(key, block)):
+        return f"{source}: {key}: {why}"
+    return _line(source, key or "?", e)
 
 
 def where_set(spec: ExperimentSpec):

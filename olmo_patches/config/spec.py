@@ -1,5 +1,5 @@
-"""The experiment spec: typed dataclasses for every key a config file may set, and how a spec's
-model becomes OLMo-core's own ``TransformerConfig``.
+"""The experiment spec: typed dataclasses for every key a config file may set (the model's are
+olmo_patches/blocks/: the keys every kind shares, and each kind's own).
 
 A config file states its intent in short keys (``model.block: hourglass``, ``model.K: 4``); each
 field's comment is its documentation.
@@ -13,12 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-
 from omegaconf import MISSING
 
-from ..blocks import block_of
-from ..shapes.choices import NormPlacement, ResizeMode, StrEnum
-from ..shapes.widths import MoEShape, schedule_widths
+from ..blocks.model import ModelSpec
+from ..shapes.choices import StrEnum
 from .validate import (
     check_across,
     check_data,
@@ -32,51 +30,11 @@ from .validate import (
 
 if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
     from olmo_core.data import TokenizerConfig
-    from olmo_core.nn.rope import StepwiseRoPEScalingConfig
     from olmo_core.nn.transformer import TransformerConfig
     from olmo_core.train.train_module import TransformerActivationCheckpointingConfig
 
-# The fixed choices: omegaconf refuses any other value at load, naming the key. NormPlacement and
-# ResizeMode are the modules' own (shapes/choices.py: nn/ builds with them).
-
-
-class Experts(StrEnum):
-    swiglu = "swiglu"
-    hourglass = "hourglass"
-
-
-class LoadBalance(StrEnum):
-    global_batch = (
-        "global_batch"  # tokens per expert counted over every rank and micro-batch of the step
-    )
-    data_parallel = "data_parallel"  # over the ranks' micro-batches of one pass (lm-engine)
-    micro_batch = "micro_batch"  # over this rank's micro-batch (OLMo-core's local_batch)
-
-
-class Ffn(StrEnum):
-    swiglu = "swiglu"
-    hourglass = "hourglass"
-
-
-class WidthSchedule(StrEnum):
-    geometric = "geometric"
-    arithmetic = "arithmetic"
-    constant = "constant"
-    list = "list"
-
-
-class Init(StrEnum):
-    olmo = "olmo"  # OLMo-core's init
-    mup = "mup"  # the paper's multipliers and init
-
-
-class AttentionBackend(StrEnum):
-    auto = "auto"  # flash attention where it runs, else torch
-    torch = "torch"
-    flash_2 = "flash_2"
-    flash_3 = "flash_3"
-    flash_4 = "flash_4"
-    te = "te"
+# The fixed choices: omegaconf refuses any other value at load, naming the key. The model's are
+# beside its keys (olmo_patches/blocks/).
 
 
 class DataSource(StrEnum):
@@ -153,202 +111,6 @@ def one_line(e: BaseException) -> str:
     """An exception's message on one line (a ConfigError's reason from a library's error)."""
     msg = getattr(e, "msg", None) or str(e)
     return " ".join(str(msg).split())
-
-
-@dataclass
-class WidthSpec:
-    """Variable-width layers (paper 2): the schedule of w_1..w_L, the resizing and the init."""
-
-    schedule: WidthSchedule = WidthSchedule.geometric  # geometric | arithmetic | constant | list
-    shape: str = "x"  # x (wide-narrow-wide) | v | ^ | 3 (narrow-wide-narrow)
-    r_l: float = 0.75  # position of the extreme layer, k = r_l L (paper)
-    r_d: float = 0.3  # narrowest continuous width / d_model (paper)
-    multiple: int = 32  # each w_l rounded to this multiple (paper)
-    values: Optional[List[int]] = None  # schedule=list: the explicit widths
-    resize: ResizeMode = ResizeMode.carry_forward  # carry_forward | zero | learned
-    init: Init = Init.olmo  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
-    m_width: float = 8.0  # mup: logits / m_width (paper)
-    m_emb: float = 12.0  # mup: embeddings x m_emb (paper)
-    m_residual: float = 0.22  # mup: residual branches x m_residual (paper)
-    init_range: float = 0.1  # mup: base init std (paper)
-
-
-@dataclass
-class MoESpec:
-    """A mixture of experts in place of every layer's FFN (variable_width, paper 2's 3B MoE):
-    OLMo-core's dropless MoE at each layer's width w_l (olmo_patches/nn/moe.py)."""
-
-    num_experts: int = MISSING  # E: routed experts per layer (no shared expert)
-    top_k: int = MISSING  # k: experts per token (softmax over the k selected logits)
-    # swiglu: one expert's hidden size at width h; layer l uses round(w_l expert_hidden / h)
-    expert_hidden: Optional[int] = None
-    # load-balancing loss weight, per layer, summed (the authors' router_aux_loss_coef; 0: off)
-    lb_loss_weight: float = 0.01
-    # router z-loss weight per layer, summed over layers (the authors' 0.1 x 0.01; 0: off)
-    z_loss_weight: float = 0.001
-    # swiglu: OLMo-core's dropless SwiGLU experts | hourglass: K sub-MLPs of d_h (model.K, d_h)
-    experts: Experts = Experts.swiglu
-    # global_batch (any world size) | data_parallel | micro_batch
-    load_balance: LoadBalance = LoadBalance.global_batch
-
-
-@dataclass
-class RoPEScalingSpec:
-    """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's
-    StepwiseRoPEScalingConfig."""
-
-    factor: float = 32.0  # low frequencies divided by this
-    low_freq_factor: float = 1.0  # wavelengths above original / low_freq_factor: fully scaled
-    high_freq_factor: float = 4.0  # wavelengths below original / high_freq_factor: unchanged
-    original_max_position_embeddings: int = 8192
-
-    def build(self) -> "StepwiseRoPEScalingConfig":
-        from olmo_core.nn.rope import StepwiseRoPEScalingConfig
-
-        return StepwiseRoPEScalingConfig(
-            factor=self.factor,
-            low_freq_proportion=1 - 1 / self.low_freq_factor,
-            high_freq_proportion=1 / self.high_freq_factor,
-            old_context_len=self.original_max_position_embeddings,
-        )
-
-
-@dataclass
-class ModelSpec:
-    # a registered kind (olmo_patches/blocks/): baseline | hourglass | variable_width
-    block: str = "baseline"
-    d_model: int = MISSING  # d_model: width of the residual stream
-    n_layers: int = MISSING  # L: number of transformer layers
-    n_heads: int = MISSING  # attention (query) heads
-    head_dim: Optional[int] = (
-        None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
-    )
-    n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
-    ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
-    d_ff: Optional[int] = None  # ... or this explicit hidden size
-    # hourglass: stacked wide-narrow-wide sub-MLPs per layer (other blocks: checked, warned as
-    # ignored)
-    K: int = 1
-    d_h: Optional[int] = None  # hourglass: bottleneck width d_h ...
-    d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
-    d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
-    # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
-    norm_placement: NormPlacement = NormPlacement.pre
-    qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
-    rope_theta: int = 500_000
-    norm_eps: float = 1e-6  # RMSNorm epsilon
-    vocab_size: Optional[int] = None  # default: the tokenizer's vocabulary padded to 128
-    rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
-    tie_embeddings: bool = False
-    init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
-    # variable_width: each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
-    ffn: Ffn = Ffn.swiglu
-    # variable_width: w_l (d_model is h) (other blocks: warned as ignored)
-    widths: WidthSpec = field(default_factory=WidthSpec)
-    # variable_width: a mixture of experts in every layer instead of the FFN (null: dense FFN)
-    moe: Optional[MoESpec] = None
-    # auto | torch | flash_2/3/4 | te (nn/attention.py)
-    attention_backend: AttentionBackend = AttentionBackend.auto
-
-    def validate(self, fail) -> None:
-        """Every check that reads only the model (widths, MoE and RoPE scaling too):
-        config/validate.py."""
-        check_model(self, fail)
-
-    @property
-    def moe_hidden(self) -> int:
-        """One expert's hidden size at width h: expert_hidden (swiglu), d_h of each of its K
-        sub-MLPs (hourglass)."""
-        assert self.moe is not None
-        return self.resolved_d_h if self.moe.experts == "hourglass" else self.moe.expert_hidden  # type: ignore[return-value]
-
-    @property
-    def moe_shape(self) -> Optional[MoEShape]:
-        """The MoE as the width solver counts it (None: dense FFN); an hourglass expert's 3 K d_h w
-        weights count as a SwiGLU expert of hidden K d_h."""
-        e = self.moe
-        if e is None:
-            return None
-        K = self.K if e.experts == "hourglass" else 1
-        return MoEShape(e.num_experts, e.top_k, K * self.moe_hidden / self.d_model)
-
-    @property
-    def resolved_widths(self) -> List[int]:
-        """w_1..w_L of a variable-width model (raises ValueError for an impossible schedule); with
-        an MoE, matched to the baseline's total parameters (every expert), as the authors' solver
-        does."""
-        w = self.widths
-        return schedule_widths(
-            w.schedule,
-            self.d_model,
-            self.n_layers,
-            shape=w.shape,
-            r_l=w.r_l,
-            r_d=w.r_d,
-            multiple=w.multiple,
-            widths=w.values,
-            moe=self.moe_shape,
-        )
-
-    @property
-    def layer_widths(self) -> List[int]:
-        """w_1..w_L as the block kind lays them out (constant-width kinds: d_model at every
-        layer)."""
-        return block_of(self).widths(self)
-
-    @property
-    def head_dims(self) -> List[int]:
-        """Every layer's head_dim: model.head_dim, else w_l / n_heads (a variable-width layer's
-        own)."""
-        return [self.head_dim or w // self.n_heads for w in self.layer_widths]
-
-    @property
-    def resolved_d_h(self) -> int:
-        """d_h, from ``d_h`` or from ``d_h_ratio * d_model`` rounded to ``d_h_multiple``."""
-        if self.d_h is not None:
-            return self.d_h
-        if self.d_h_ratio is not None:
-            m = self.d_h_multiple
-            return int(round(self.d_h_ratio * self.d_model / m)) * m
-        return self.resolved_d_ff  # K=1 default: the conventional FFN width
-
-    @property
-    def resolved_d_ff(self) -> int:
-        return self.d_ff if self.d_ff is not None else self.ffn_ratio * self.d_model
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
-    def resolved_n_kv_heads(self) -> int:
-        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
-
-    def build(self, vocab_size: int) -> "TransformerConfig":
-        """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
-        from olmo_core.nn.feed_forward import FeedForwardConfig
-        from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
-
-        post = self.norm_placement == NormPlacement.post
-        config = TransformerConfig.llama_like(
-            d_model=self.d_model,
-            vocab_size=self.vocab_size or vocab_size,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            head_dim=self.head_dim,
-            rope_scaling=self.rope_scaling.build() if self.rope_scaling is not None else None,
-            qk_norm=self.qk_norm,
-            layer_norm_eps=self.norm_eps,
-            rope_theta=self.rope_theta,
-            block_name=TransformerBlockType.reordered_norm
-            if post
-            else TransformerBlockType.default,
-            feed_forward=FeedForwardConfig(hidden_size=self.resolved_d_ff, bias=False),
-            tie_word_embeddings=self.tie_embeddings,
-            init_std=self.init_std,
-        )
-        return block_of(self).build(self, config)
 
 
 @dataclass
@@ -621,7 +383,8 @@ class ExperimentSpec:
         fail = failer(where)
         check_every_value(self, fail)
         check_depth(self, fail)  # before the model's checks build a list of n_layers widths
-        for section in (self.model, self.data, self.train, self.eval, self.run):
+        check_model(self.model, fail)
+        for section in (self.data, self.train, self.eval, self.run):
             section.validate(fail)
         check_across(self, fail, tokenizer_vocab(self), vocab_size(self))
 

@@ -5,15 +5,12 @@ the value."""
 
 from __future__ import annotations
 
-import logging
 import math
 from fnmatch import fnmatch
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from ..blocks import BLOCKS, block_of
-
-log = logging.getLogger(__name__)
 
 # no key's value is larger: the largest integer a float holds exactly (token counts reach 1e13)
 _MAX_NUMBER = 2**53
@@ -92,13 +89,7 @@ def check_model(m, fail) -> None:
     _check_attention(m, fail)
     if m.ffn_ratio < 1:
         fail("model.ffn_ratio", m.ffn_ratio, "must be >= 1")
-    kind = block_of(m)
-    if m.moe is not None and "moe" not in kind.reads(m):
-        readers = " or ".join(k.name for k in BLOCKS.values() if "moe" in k.knobs)
-        fail(
-            "model.moe", "{...}", f"a mixture of experts needs model.block={readers}, not {m.block}"
-        )
-    kind.check(m, fail)
+    block_of(m).check(m, fail)
     _check_numbers(
         fail,
         ("model.init_std", m.init_std, m.init_std > 0, "must be finite and > 0"),
@@ -108,12 +99,7 @@ def check_model(m, fail) -> None:
 
 
 def _check_knobs(m, fail) -> None:
-    """The domain of every key, whether or not the block in use reads it (a sweep's override applies
-    to every run); a knob the block ignores, set away from its default, is a warning."""
-    if m.block not in BLOCKS:
-        fail("model.block", m.block, f"choose one of {', '.join(BLOCKS)} (olmo_patches/blocks/)")
-    for kind in BLOCKS.values():
-        kind.check_domain(m, fail)
+    """The domain of the vocabulary and the RoPE scaling (a kind checks its own knobs)."""
     if m.vocab_size is not None and m.vocab_size < 1:
         fail("model.vocab_size", m.vocab_size, "must be >= 1")
     if (r := m.rope_scaling) is not None and r.original_max_position_embeddings < 1:
@@ -122,14 +108,6 @@ def _check_knobs(m, fail) -> None:
             r.original_max_position_embeddings,
             "must be >= 1",
         )
-    defaults = {
-        f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(m)
-    }
-    read = block_of(m).reads(m)
-    for k in dict.fromkeys(k for kind in BLOCKS.values() for k in kind.knobs if k not in read):
-        if getattr(m, k) != defaults[k]:
-            value = getattr(m, k) if not is_dataclass(getattr(m, k)) else "{...}"
-            log.warning("model.%s=%s: ignored by model.block=%s", k, value, m.block)
 
 
 def _check_attention(m, fail) -> None:
@@ -525,7 +503,7 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
             f"{t.global_batch_size * d.sequence_length:.3g} tokens per step (x "
             f"data.sequence_length={d.sequence_length}) is over 2^32",
         )
-    if t.float8 != "off" and m.moe is not None:
+    if t.float8 != "off" and block_of(m).routed_experts(m):
         fail(
             "train.float8",
             t.float8,
@@ -577,7 +555,7 @@ def _check_checkpointing_against_model(spec, fail) -> None:
     if ac is None:
         return
     key = "train.activation_checkpointing"
-    if m.moe is not None and ac.mode in ("full", "selected_blocks"):
+    if block_of(m).routed_experts(m) and ac.mode in ("full", "selected_blocks"):
         fail(
             key,
             ac,

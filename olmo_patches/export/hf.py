@@ -124,11 +124,11 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
         n_heads=m.n_heads,
         block=block_of(m).export_ffn(m),
         ffn_hidden=m.resolved_d_ff,
-        K=m.K,
+        K=getattr(m, "K", 1),
         head_dim=m.head_dim,
         n_kv_heads=m.resolved_n_kv_heads,
         llama3_rope=asdict(m.rope_scaling) if m.rope_scaling is not None else None,
-        d_h=m.resolved_d_h,
+        d_h=block_of(m).ffn_hidden(m)[1],
         norm_placement=m.norm_placement,
         qk_norm=m.qk_norm,
         rope_theta=float(m.rope_theta),
@@ -356,7 +356,7 @@ def _training(spec: ExperimentSpec, checkpoint: Path) -> list[str]:
 
 def _exportable(config_path: Path) -> ExperimentSpec:
     spec = load_spec(config_path)
-    if spec.model.moe is not None:
+    if block_of(spec.model).routed_experts(spec.model):
         raise ValueError(
             f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model"
         )

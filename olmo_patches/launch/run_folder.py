@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import ConfigError, ExperimentSpec, coerce_shorthands, spec_to_yaml
+from ..config.load import drop_foreign_defaults, kind_schema
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +93,17 @@ EARLIER = {"model.moe.load_balance": "micro_batch"}
 
 def as_read_now(recorded: Any) -> Dict[str, Any]:
     """A recorded config (YAML text or its tree), flat, as this code reads it: shorthands
-    coerced, :data:`EARLIER`'s keys at the value the run ran with, keys added since at default."""
+    coerced, :data:`EARLIER`'s keys at the value the run ran with, keys added since at default,
+    other kinds' keys at their defaults dropped (config/load.py)."""
     tree = coerce_shorthands(OmegaConf.create(recorded))  # e.g. activation_checkpointing: false
     for key, value in EARLIER.items():  # the run as it ran, not as the new default would run it
         section, name = key.rsplit(".", 1)
         if isinstance(node := OmegaConf.select(tree, section), DictConfig) and name not in node:
             node[name] = value
+    block = str(OmegaConf.select(tree, "model.block", default="baseline"))
     try:  # a key added since the record was written counts at its default
-        tree = OmegaConf.merge(OmegaConf.structured(ExperimentSpec), tree)
-    except OmegaConfBaseException:  # a key removed since: compare as recorded
+        tree = OmegaConf.merge(kind_schema(block), drop_foreign_defaults(tree, block))
+    except (OmegaConfBaseException, KeyError):  # a key removed since, a kind not registered
         pass
     return _flat(OmegaConf.to_container(tree))
 

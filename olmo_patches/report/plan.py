@@ -23,6 +23,7 @@ from ..train.precision import describe_compile, precision_of
 from ..train.life import CHECKPOINT_BYTES_PER_PARAM
 from ..nn.attention import on_gpu
 from ..nn.hourglass import StackedLinear
+from ..nn.hourglass_moe import HourglassExperts
 from ..nn.lm_loss import lm_loss
 from .counts import aligned_sibling, count, float8_row
 
@@ -318,7 +319,7 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
         for n, module in model.named_modules()
     ):
         stacked.append("hourglass FFN (K out, in) weights: rows")
-    if spec.model.moe is not None and spec.model.moe.experts == "hourglass":
+    if any(isinstance(module, HourglassExperts) for module in model.modules()):
         stacked.append("hourglass experts' (K E d_h, d_model) weights: rows")
     padding = held * shards / total - 1
     line = f"{held:,} parameters a rank ({padding:+.2%} padding over {total:,} / {shards})"

@@ -54,12 +54,13 @@ def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
         return [f"model.K={m.K * k}"]
     out = [f"model.d_model={m.d_model * k}"]
     for key in ("d_h", "d_ff"):
-        if getattr(m, key) is not None:
+        if getattr(m, key, None) is not None:  # d_h: a kind's own key
             out.append(f"model.{key}={getattr(m, key) * k}")
-    w, widths = m.widths, "widths" in block_of(m).reads(m)  # a variable-width kind's schedule
-    if widths and w.values:
+    if "widths" not in block_of(m).knobs:  # a variable-width kind's schedule
+        return out
+    if (w := m.widths).values:
         out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
-    if widths and w.init == "mup":
+    if w.init == "mup":
         out.append(f"model.widths.m_width={w.m_width * k!r}")
     return out
 
