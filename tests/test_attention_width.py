@@ -12,7 +12,7 @@ from olmo_core.optim import AdamWConfig
 from torch.utils.flop_counter import FlopCounterMode
 
 from olmo_patches.blocks import model_spec
-from olmo_patches.blocks.model import ModelSpec, RoPEScalingSpec
+from olmo_patches.blocks.base import ModelSpec, RoPEScalingSpec
 from olmo_patches.config import ConfigError, vocab_size
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.counts import count

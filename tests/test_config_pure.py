@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from olmo_patches.config import load_spec, spec_to_yaml
-from olmo_patches.blocks.model import ModelSpec
+from olmo_patches.blocks.base import ModelSpec
 from olmo_patches.launch.layout import Layout, resolve
 
 from .conftest import REPO, run

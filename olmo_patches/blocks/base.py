@@ -1,25 +1,148 @@
-"""What a block kind is, and the registry that lists them.
+"""What a block kind is: the model keys every kind shares (``ModelSpec``), the kind itself
+(``BlockKind``), and the registry that lists the kinds.
 
 A block kind owns what one transformer shape means: its own ``model`` keys (the fields of its
-``ModelSpec`` subclass; a config of another kind cannot set them), its checks,
-its layers' widths w_1..w_L, its OLMo-core build, its label in reports, the learning-rate groups it
-needs. Everything else asks :func:`block_of` (or :func:`get_block` for a recorded config) and never
-names a kind: a new shape is one module that subclasses :class:`BlockKind` and calls
-:func:`register` (docs/adding_a_block.md). Loading a config imports no torch: a kind imports
-OLMo-core inside :meth:`BlockKind.build` only.
+``ModelSpec`` subclass; a config of another kind cannot set them), its checks, its layers' widths
+w_1..w_L, its OLMo-core build, its label in reports, the learning-rate groups it needs. Everything
+else asks ``block_of`` (or ``get_block`` for a recorded config) and never names a
+kind: a new shape is one module that subclasses :class:`BlockKind` and calls ``register``
+(docs/adding_a_block.md). Loading a config imports no torch: a kind imports OLMo-core inside
+:meth:`BlockKind.build` only.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from .model import ModelSpec
+from omegaconf import MISSING
 
-if TYPE_CHECKING:
+from ..shapes.choices import NormPlacement, StrEnum
+
+if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
+    from olmo_core.nn.rope import StepwiseRoPEScalingConfig
     from olmo_core.nn.transformer import TransformerConfig
 
-__all__ = ["BLOCKS", "BlockKind", "block_of", "get_block", "model_spec", "register"]
+__all__ = [
+    "AttentionBackend",
+    "BLOCKS",
+    "BlockKind",
+    "ModelSpec",
+    "RoPEScalingSpec",
+    "block_of",
+    "get_block",
+    "model_spec",
+    "register",
+]
+
+
+class AttentionBackend(StrEnum):
+    auto = "auto"  # flash attention where it runs, else torch
+    torch = "torch"
+    flash_2 = "flash_2"
+    flash_3 = "flash_3"
+    flash_4 = "flash_4"
+    te = "te"
+
+
+@dataclass
+class RoPEScalingSpec:
+    """Llama-3.1 ("llama3") RoPE scaling, in Hugging Face's names; OLMo-core's
+    StepwiseRoPEScalingConfig."""
+
+    factor: float = 32.0  # low frequencies divided by this
+    low_freq_factor: float = 1.0  # wavelengths above original / low_freq_factor: fully scaled
+    high_freq_factor: float = 4.0  # wavelengths below original / high_freq_factor: unchanged
+    original_max_position_embeddings: int = 8192
+
+    def build(self) -> "StepwiseRoPEScalingConfig":
+        from olmo_core.nn.rope import StepwiseRoPEScalingConfig
+
+        return StepwiseRoPEScalingConfig(
+            factor=self.factor,
+            low_freq_proportion=1 - 1 / self.low_freq_factor,
+            high_freq_proportion=1 / self.high_freq_factor,
+            old_context_len=self.original_max_position_embeddings,
+        )
+
+
+@dataclass
+class ModelSpec:
+    """The keys of ``model`` every kind reads: a constant-width SwiGLU transformer (the baseline's
+    whole config). A kind's own knobs are the fields of its subclass."""
+
+    # a registered kind (olmo_patches/blocks/): baseline | hourglass | variable_width
+    block: str = "baseline"
+    d_model: int = MISSING  # d_model: width of the residual stream
+    n_layers: int = MISSING  # L: number of transformer layers
+    n_heads: int = MISSING  # attention (query) heads
+    head_dim: Optional[int] = (
+        None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
+    )
+    n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
+    ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
+    d_ff: Optional[int] = None  # ... or this explicit hidden size
+    # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
+    norm_placement: NormPlacement = NormPlacement.pre
+    qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
+    rope_theta: int = 500_000
+    norm_eps: float = 1e-6  # RMSNorm epsilon
+    vocab_size: Optional[int] = None  # default: the tokenizer's vocabulary padded to 128
+    rope_scaling: Optional[RoPEScalingSpec] = None  # Llama-3.1 RoPE scaling (null: off)
+    tie_embeddings: bool = False
+    init_std: float = 0.02  # OLMo-core's init: normal(0, init_std) cut at 3 std
+    # auto | torch | flash_2/3/4 | te (nn/attention.py)
+    attention_backend: AttentionBackend = AttentionBackend.auto
+
+    @property
+    def layer_widths(self) -> List[int]:
+        """w_1..w_L as the block kind lays them out (constant-width kinds: d_model at every
+        layer)."""
+        return block_of(self).widths(self)
+
+    @property
+    def head_dims(self) -> List[int]:
+        """Every layer's head_dim: model.head_dim, else w_l / n_heads (a variable-width layer's
+        own)."""
+        return [self.head_dim or w // self.n_heads for w in self.layer_widths]
+
+    @property
+    def resolved_d_ff(self) -> int:
+        return self.d_ff if self.d_ff is not None else self.ffn_ratio * self.d_model
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def resolved_n_kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    def build(self, vocab_size: int) -> "TransformerConfig":
+        """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
+        from olmo_core.nn.feed_forward import FeedForwardConfig
+        from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+
+        post = self.norm_placement == NormPlacement.post
+        config = TransformerConfig.llama_like(
+            d_model=self.d_model,
+            vocab_size=self.vocab_size or vocab_size,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            rope_scaling=self.rope_scaling.build() if self.rope_scaling is not None else None,
+            qk_norm=self.qk_norm,
+            layer_norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            block_name=TransformerBlockType.reordered_norm
+            if post
+            else TransformerBlockType.default,
+            feed_forward=FeedForwardConfig(hidden_size=self.resolved_d_ff, bias=False),
+            tie_word_embeddings=self.tie_embeddings,
+            init_std=self.init_std,
+        )
+        return block_of(self).build(self, config)
 
 
 class BlockKind:
@@ -121,11 +244,11 @@ def get_block(name: str) -> BlockKind:
         raise KeyError(f"model.block={name}: choose one of {', '.join(BLOCKS)}") from None
 
 
-def model_spec(block: str, **keys: Any) -> ModelSpec:
-    """The model of kind ``block`` with these keys, as a config's ``model`` section loads."""
-    return get_block(block).spec(block=block, **keys)
-
-
 def block_of(m) -> BlockKind:
     """The kind of a model spec (``m.block``)."""
     return get_block(str(m.block))
+
+
+def model_spec(block: str, **keys: Any) -> ModelSpec:
+    """The model of kind ``block`` with these keys, as a config's ``model`` section loads."""
+    return get_block(block).spec(block=block, **keys)

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
-from .base import BlockKind, register
-from .model import ModelSpec
+from .base import BlockKind, ModelSpec, register
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig

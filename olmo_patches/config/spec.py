@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from ..blocks.model import ModelSpec
+from ..blocks.base import ModelSpec
 from ..shapes.choices import StrEnum
 from .validate import (
     check_across,
