@@ -200,6 +200,16 @@ class BlockKind:
         attention, norms, RoPE and vocabulary."""
         return config
 
+    def constant_width_twin(self, m) -> "ModelSpec":
+        """The same model with every layer d_model wide (what a width schedule is measured
+        against)."""
+        return m
+
+    def width_counts(self, m, vocab: int, seq: int) -> Dict[str, Any]:
+        """Its layers' widths against the constant-width twin as its paper counts them
+        (``count_params --json`` of a kind that is not constant-width)."""
+        return {}
+
     def describe(self, m) -> str:
         """The shape beyond d_model, L and heads, for count_params' title (empty: nothing more)."""
         return ""

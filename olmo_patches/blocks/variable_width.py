@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -17,6 +17,7 @@ from ..shapes.widths import (
     SHAPES,
     MoEShape,
     expert_hidden_size,
+    paper_active_params,
     paper_flops,
     paper_params,
     schedule_widths,
@@ -219,6 +220,40 @@ class VariableWidth(BlockKind):
             mup=MuPConfig(w.m_width, w.m_emb, w.m_residual, w.init_range)
             if w.init == "mup"
             else None,
+        )
+
+    def constant_width_twin(self, m) -> VariableWidthModel:
+        return replace(m, widths=replace(m.widths, schedule="constant"))
+
+    def width_counts(self, m, vocab: int, seq: int) -> Dict[str, Any]:
+        """The paper's counts (shapes/widths.py): the FLOP ratio to the twin with the MoE's k active
+        experts; with an MoE also every expert computed, each layer's expert size, and the authors'
+        solver's parameter counts (embeddings 2 V h included) of the model and its twin."""
+        widths, h, L, moe = self.widths(m), m.d_model, m.n_layers, m.moe_shape
+
+        def paper_ratio(active: bool) -> float:
+            return paper_flops(widths, h, vocab, seq, moe, active) / paper_flops(
+                [h] * L, h, vocab, seq, moe, active
+            )
+
+        report: Dict[str, Any] = {
+            "widths": widths,
+            "mean_width_ratio": sum(widths) / len(widths) / h,
+            "paper_flops_ratio": paper_ratio(True),
+        }
+        if moe is None:
+            return report
+        if _hourglass_experts(m):
+            report["expert_K"] = m.K  # sub-MLPs per expert
+        emb = 2 * vocab * h
+        return report | dict(
+            # hourglass experts: d_h of each sub-MLP
+            expert_hidden=[expert_hidden_size(w, m.moe_hidden, h) for w in widths],
+            paper_total_flops_ratio=paper_ratio(False),
+            paper_params=emb + paper_params(widths, h, moe),
+            paper_active_params=emb + paper_active_params(widths, h, moe),
+            baseline_paper_params=emb + paper_params([h] * L, h, moe),
+            baseline_paper_active_params=emb + paper_active_params([h] * L, h, moe),
         )
 
     def describe(self, m) -> str:

@@ -8,7 +8,6 @@ from ..blocks import block_of
 from ..config import ExperimentSpec, vocab_size
 from ..nn.accounting import ParamBreakdown, breakdown
 from ..nn.float8 import float8_matmuls
-from ..shapes.widths import expert_hidden_size
 
 __all__ = [
     "count",
@@ -137,54 +136,21 @@ def attention_report(spec: ExperimentSpec) -> dict:
 
 
 def width_report(spec: ExperimentSpec) -> dict:
-    """A variable-width model's widths and its FLOPs against the constant-width baseline (same h, L,
-    V, seq).
-
-    ``flops_ratio``: OLMo-core's training FLOPs per token of the built models (causal attention,
-    every computed matmul; an MoE's k active experts); ``paper_flops_ratio``: the paper's count
-    (:func:`variable_width.paper_flops`; an MoE's k active experts). With an MoE also
-    ``paper_total_flops_ratio`` (every expert computed: the FLOPs of the total parameters), the
-    baseline's built ``baseline_total`` / ``baseline_active`` parameters, and the authors' solver
-    counts (embeddings 2 V h included) ``paper_params`` / ``paper_active_params`` and the
-    baseline's.
-    """
+    """A model of layer widths w_l against its constant-width twin (same h, L, V, seq): the kind's
+    own counts (``BlockKind.width_counts``: its widths, its paper's FLOP ratio, ...) and
+    ``flops_ratio``, OLMo-core's training FLOPs per token of the two built models (causal
+    attention, every computed matmul; an MoE's k active experts); with routed experts also the
+    twin's built ``baseline_total`` / ``baseline_active`` parameters."""
     from dataclasses import replace
 
-    from ..shapes.widths import paper_active_params, paper_flops, paper_params
-
-    m = spec.model
-    widths, h, L, moe = m.resolved_widths, m.d_model, m.n_layers, m.moe_shape
-    constant = replace(spec, model=replace(m, widths=replace(m.widths, schedule="constant")))
-    V, seq = vocab_size(spec), spec.data.sequence_length
-    this, base = count(spec), count(constant)
-
-    def paper_ratio(active: bool) -> float:
-        return paper_flops(widths, h, V, seq, moe, active) / paper_flops(
-            [h] * L, h, V, seq, moe, active
-        )
-
+    m, kind = spec.model, block_of(spec.model)
+    this, base = count(spec), count(replace(spec, model=kind.constant_width_twin(m)))
     report = {
-        "widths": widths,
-        "mean_width_ratio": sum(widths) / len(widths) / h,
+        **kind.width_counts(m, vocab_size(spec), spec.data.sequence_length),
         "flops_ratio": this.flops_per_token / base.flops_per_token,
-        "paper_flops_ratio": paper_ratio(True),
     }
-    if moe is not None:
-        emb = 2 * V * h
-        if m.moe.experts == "hourglass":  # type: ignore[union-attr]
-            report["expert_K"] = m.K  # sub-MLPs per expert
-        report.update(
-            expert_hidden=[
-                expert_hidden_size(w, m.moe_hidden, h) for w in widths
-            ],  # hourglass experts: d_h of each sub-MLP
-            paper_total_flops_ratio=paper_ratio(False),
-            baseline_total=base.total,
-            baseline_active=base.active,
-            paper_params=emb + paper_params(widths, h, moe),
-            paper_active_params=emb + paper_active_params(widths, h, moe),
-            baseline_paper_params=emb + paper_params([h] * L, h, moe),
-            baseline_paper_active_params=emb + paper_active_params([h] * L, h, moe),
-        )
+    if kind.routed_experts(m):
+        report.update(baseline_total=base.total, baseline_active=base.active)
     return report
 
 
@@ -216,9 +182,7 @@ def param_table(spec: ExperimentSpec) -> Table:
     table.add_row("non-embedding (attention + FFN)", f"{b.non_embedding:,}", "")
     table.add_row("total", f"{b.total:,}", "")
     if b.inactive:
-        table.add_row(
-            f"active (top-{m.moe.top_k} of {m.moe.num_experts} experts)", f"{b.active:,}", ""
-        )  # type: ignore[union-attr]
+        table.add_row("active (the experts a token is routed to)", f"{b.active:,}", "")
     table.add_row(
         f"FLOPs per token (train, seq {spec.data.sequence_length})", f"{b.flops_per_token:,}", ""
     )
