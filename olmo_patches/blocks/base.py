@@ -94,6 +94,29 @@ class BlockKind:
         """(parameter-name globs, learning-rate multiplier) pairs beyond AdamW's defaults."""
         return []
 
+    # The Hugging Face export (export/hf.py): a model that is not transformers' Olmo2 is written
+    # with the stand-alone modeling file export/modeling_hourglass_olmo.py, configured by these.
+
+    def hf_refusal(self, m) -> Optional[str]:
+        """Why a model of this kind has no Hugging Face export (``key: why``; None: it has)."""
+        return None
+
+    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
+        """Its fields of the modeling file's ``HourglassOlmoConfig``, from ``m`` and OLMo-core's
+        ``built`` config: the FFN form and sizes, the layers' widths, the ``wiring`` of a layer's
+        attention, FFN and norms (default: attention then FFN, as ``model.norm_placement``). The
+        attention, RoPE, norm eps and vocabulary are the export's."""
+        return dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
+
+    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
+        """OLMo-core's ``state`` (names kept) with each tensor in the modeling file's shape."""
+        return state
+
+    def hf_card(self, m) -> List[str]:
+        """The export's model card lines on the shape beyond the block, d_model, layers and heads
+        (markdown list items)."""
+        return []
+
 
 BLOCKS: Dict[str, BlockKind] = {}
 

@@ -4,7 +4,8 @@ W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Tuple
+import re
+from typing import TYPE_CHECKING, Any, Callable, Dict, Tuple
 
 from .base import BlockKind, register
 
@@ -97,5 +98,21 @@ class Hourglass(BlockKind):
         attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
         return attention + hourglass_ffn_params(m.d_model, m.K, m.resolved_d_h)
 
+    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
+        return dict(ffn="hourglass", K=m.K, d_h=m.resolved_d_h)
+
+    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
+        return stacked_as_hf(state, m.K)
+
 
 HOURGLASS = register(Hourglass())
+
+# OLMo-core's name of a layer's stacked hourglass matrix (nn/hourglass.py's StackedLinear)
+_STACKED = re.compile(r"blocks\.\d+\.feed_forward\.w[123]\.weight")
+
+
+def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
+    """A state with each layer's K sub-MLP matrices, stacked (K out, in) as OLMo-core's
+    StackedLinear keeps them, viewed as the modeling file's (K, out, in): the same rows, in
+    order."""
+    return {k: v.view(K, -1, v.shape[-1]) if _STACKED.fullmatch(k) else v for k, v in state.items()}
