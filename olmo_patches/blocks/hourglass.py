@@ -113,6 +113,7 @@ _STACKED = re.compile(r"blocks\.\d+\.feed_forward\.w[123]\.weight")
 
 def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
     """A state with each layer's K sub-MLP matrices, stacked (K out, in) as OLMo-core's
-    StackedLinear keeps them, viewed as the modeling file's (K, out, in): the same rows, in
-    order."""
-    return {k: v.view(K, -1, v.shape[-1]) if _STACKED.fullmatch(k) else v for k, v in state.items()}
+    StackedLinear keeps them, as the modeling file's (K, out, in): the same rows, in order."""
+    return {
+        k: v.reshape(K, -1, v.shape[-1]) if _STACKED.fullmatch(k) else v for k, v in state.items()
+    }
