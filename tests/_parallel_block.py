@@ -5,7 +5,8 @@ input, one norm per layer,
     y = x + Attn(norm(x)) + FFN(norm(x)).
 
 tests/test_new_block.py loads it through ``HOURGLASS_BLOCKS=tests._parallel_block`` and runs the
-commands on it with no other file changed (docs/adding_a_block.md walks through it)."""
+commands on it, the Hugging Face export too, with no other file changed (docs/adding_a_block.md
+walks through it)."""
 
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -114,6 +115,12 @@ class Parallel(BlockKind):
             sequence_mixer=b.sequence_mixer, feed_forward=b.feed_forward, layer_norm=b.layer_norm
         )
         return config
+
+    def hf_config(self, m, built):
+        """The Hugging Face export's layer: one residual step of two branches, both through the
+        one norm (modeling_hourglass_olmo.py's ``wiring``; the modules keep OLMo-core's names)."""
+        parallel = [["attention_norm", "attention"], ["attention_norm", "feed_forward"]]
+        return {**super().hf_config(m, built), "wiring": [parallel]}
 
 
 register(Parallel())

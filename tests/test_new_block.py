@@ -1,7 +1,7 @@
 """A block kind that is not the papers', registered from one file (tests/_parallel_block.py), runs
 through the commands with no other file changed: its forward is the parallel block's equation, the
-counts, the dry run, training, an exact resume, FSDP over 2 gloo ranks as one process, and its row
-in a sweep's report."""
+counts, the dry run, training, an exact resume, FSDP over 2 gloo ranks as one process, its row in a
+sweep's report, and its Hugging Face export's logits."""
 
 import json
 import sys
@@ -135,3 +135,34 @@ def test_sweep_report_has_its_row(straight, tmp_path):
     assert len(rows) == 1 and "done" in rows[0] and "4/4" in rows[0] and f"{val:.2f}" in rows[0], (
         rows
     )
+
+
+def test_hugging_face_export_gives_olmo_cores_logits(straight, tmp_path):
+    """export_hf of the trained run, loaded by transformers' AutoModelForCausalLM from the folder
+    alone (its shipped modeling file, trust_remote_code, local files only): OLMo-core's logits on
+    the same tokens (float32, < 1e-4, as tests/test_export_hf.py), in one forward and from a cached
+    prefix; each layer has the one norm."""
+    pytest.importorskip("transformers", reason="the hf extra (pip install -e '.[hf]')")
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    r = run_in_process("export_hf.py", str(straight / "step4"), str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    spec = load_spec(straight / "config.yaml")
+    reference = spec.model_config().build(init_device="cpu")
+    reference.load_state_dict(load_weights(straight / "step4"))
+    hf = AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, local_files_only=True, torch_dtype=torch.float32
+    )
+    assert type(hf).__name__ == "HourglassOlmoForCausalLM"
+    assert {
+        n.rsplit(".", 2)[-2] for n, _ in hf.named_parameters() if "blocks.0." in n and "norm" in n
+    } == {"attention_norm"}
+    ids = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = reference.eval()(ids), hf.eval()(ids).logits
+        cache = hf(ids[:, :16], use_cache=True).past_key_values
+        rest = hf(ids[:, 16:], past_key_values=cache, use_cache=True).logits
+    assert got.shape == want.shape == (2, 24, 4096)
+    assert (got - want).abs().max().item() < 1e-4
+    assert (rest - want[:, 16:]).abs().max().item() < 1e-4

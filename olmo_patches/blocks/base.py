@@ -170,11 +170,6 @@ class BlockKind:
         False  # its layers are transformers' Olmo2 layers (export as Olmo2ForCausalLM)
     )
 
-    def export_ffn(self, m) -> str:
-        """The FFN form of its Hugging Face export (export/modeling_hourglass_olmo.py's ``block``):
-        ``baseline`` (one SwiGLU of ffn_hidden) or ``hourglass`` (K sub-MLPs of d_h)."""
-        return "baseline"
-
     def routed_experts(self, m) -> bool:
         """Whether its FFN is a mixture of OLMo-core's grouped experts (no float8, no whole-block
         activation checkpointing)."""
@@ -231,6 +226,29 @@ class BlockKind:
 
     def optim_groups(self, m) -> List[Tuple[List[str], float]]:
         """(parameter-name globs, learning-rate multiplier) pairs beyond AdamW's defaults."""
+        return []
+
+    # The Hugging Face export (export/hf.py): a model that is not transformers' Olmo2 is written
+    # with the stand-alone modeling file export/modeling_hourglass_olmo.py, configured by these.
+
+    def hf_refusal(self, m) -> Optional[str]:
+        """Why a model of this kind has no Hugging Face export (``key: why``; None: it has)."""
+        return None
+
+    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
+        """Its fields of the modeling file's ``HourglassOlmoConfig``, from ``m`` and OLMo-core's
+        ``built`` config: the FFN form and sizes, the layers' widths, the ``wiring`` of a layer's
+        attention, FFN and norms (default: attention then FFN, as ``model.norm_placement``). The
+        attention, RoPE, norm eps and vocabulary are the export's."""
+        return dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
+
+    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
+        """OLMo-core's ``state`` (names kept) with each tensor in the modeling file's shape."""
+        return state
+
+    def hf_card(self, m) -> List[str]:
+        """The export's model card lines on the shape beyond the block, d_model, layers and heads
+        (markdown list items)."""
         return []
 
 

@@ -4,8 +4,9 @@ W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hou
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from .base import BlockKind, ModelSpec, register
 
@@ -105,9 +106,6 @@ class Hourglass(BlockKind):
     def ffn_hidden(self, m) -> Tuple[str, int]:
         return "model.d_h", m.resolved_d_h
 
-    def export_ffn(self, m) -> str:
-        return "hourglass"
-
     def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
         return hourglass_layers(m, config)
 
@@ -121,5 +119,22 @@ class Hourglass(BlockKind):
         attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
         return attention + hourglass_ffn_params(m.d_model, m.K, m.resolved_d_h)
 
+    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
+        return dict(ffn="hourglass", K=m.K, d_h=m.resolved_d_h)
+
+    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
+        return stacked_as_hf(state, m.K)
+
 
 HOURGLASS = register(Hourglass())
+
+# OLMo-core's name of a layer's stacked hourglass matrix (nn/hourglass.py's StackedLinear)
+_STACKED = re.compile(r"blocks\.\d+\.feed_forward\.w[123]\.weight")
+
+
+def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
+    """A state with each layer's K sub-MLP matrices, stacked (K out, in) as OLMo-core's
+    StackedLinear keeps them, as the modeling file's (K, out, in): the same rows, in order."""
+    return {
+        k: v.reshape(K, -1, v.shape[-1]) if _STACKED.fullmatch(k) else v for k, v in state.items()
+    }

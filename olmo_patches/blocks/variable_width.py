@@ -171,9 +171,6 @@ class VariableWidth(BlockKind):
     def ffn_hidden(self, m) -> Tuple[str, int]:
         return ("model.d_h", m.resolved_d_h) if _hourglass_ffn(m) else super().ffn_hidden(m)
 
-    def export_ffn(self, m) -> str:
-        return "hourglass" if _hourglass_ffn(m) else "baseline"
-
     def routed_experts(self, m) -> bool:
         return m.moe is not None
 
@@ -296,6 +293,46 @@ class VariableWidth(BlockKind):
             else ["blocks.*.feed_forward.w*.weight"]
         )
         return [(["blocks.*.attention.w_*.weight", *ffn], 1 / m.widths.m_width)]
+
+    def hf_refusal(self, m) -> Optional[str]:
+        if m.moe is not None:
+            return "model.moe: the Hugging Face export has no mixture-of-experts model"
+        return None
+
+    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
+        """The FFN form, each layer's width w_l and FFN hidden size (as OLMo-core's config rounds
+        it), the resizing and the paper's muP forward multipliers."""
+        from .hourglass import HOURGLASS
+
+        hourglass = _hourglass_ffn(m)
+        config = HOURGLASS.hf_config(m, built) if hourglass else super().hf_config(m, built)
+        blocks = built.resolved_block_configs  # type: ignore[attr-defined]
+        config.update(
+            widths=list(built.widths),  # type: ignore[attr-defined]
+            hidden_sizes=[b.feed_forward.hidden_size for b in blocks],
+            resize=str(built.resize),  # type: ignore[attr-defined]
+        )
+        if (mup := built.mup) is not None:  # type: ignore[attr-defined]
+            config.update(
+                embed_scale=mup.m_emb,
+                residual_scale=mup.m_residual,
+                logit_scale=1.0 / mup.m_width,
+                attention_scale_power=1.0,
+            )
+        return config
+
+    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
+        from .hourglass import HOURGLASS
+
+        return HOURGLASS.hf_weights(m, state) if _hourglass_ffn(m) else state
+
+    def hf_card(self, m) -> List[str]:
+        if (widths := self.widths(m)) == [m.d_model] * m.n_layers:
+            return []
+        return [
+            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
+            "each layer's heads and head size: config.json `layer_shapes`"
+        ]
 
 
 def _check_width_knobs(m, fail: Callable) -> None:

@@ -3,9 +3,10 @@
 - A baseline with the OLMo-2 shape (post-norm "reordered norm", QK-norm, SwiGLU; any head size and
   GQA; no RoPE scaling, which transformers' Olmo2 lacks) becomes
   transformers' own ``Olmo2ForCausalLM``: weights renamed, nothing else.
-- Every other model (pre-norm baselines, hourglass, variable width with any resizing, FFN and
-  init) is written with its own modeling code, ``modeling_hourglass_olmo.py`` (plain PyTorch)
-  beside the weights, and loads with ``trust_remote_code=True``.
+- Every other model is written with the modeling code ``modeling_hourglass_olmo.py`` (plain
+  PyTorch) beside the weights, and loads with ``trust_remote_code=True``. Its block kind gives its
+  fields of that file's config (FFN form, widths, the wiring of a layer's modules) and its weights'
+  shapes there (``BlockKind.hf_*``, blocks/base.py); the names are OLMo-core's.
 The run's ``config.yaml`` (the folder above the checkpoint, or ``config``) gives the shape.
 """
 
@@ -23,7 +24,6 @@ from ..blocks import block_of
 from ..config import ExperimentSpec, load_spec, tokenizer_config
 from ..train.checkpoints import load_model_state
 from ..train.contract import check_checkpoint_fits
-from ..nn.variable_width import VariableWidthTransformerConfig
 
 __all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
 
@@ -96,46 +96,26 @@ def _olmo2(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max
 
 
 def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
-    """The modeling file's config, read off OLMo-core's built config (per-layer widths and FFN sizes
-    of a variable-width model, its resizing and muP multipliers)."""
+    """The modeling file's config: the attention, norms, RoPE and vocabulary of the spec, the rest
+    as its block kind gives it (read off OLMo-core's built config)."""
     from .modeling_hourglass_olmo import HourglassOlmoConfig
 
     m = spec.model
-    built = m.build(vocab_size=vocab)
-    kwargs: dict = {}
-    if isinstance(built, VariableWidthTransformerConfig):
-        blocks = built.resolved_block_configs
-        kwargs = dict(
-            widths=list(built.widths),
-            hidden_sizes=[b.feed_forward.hidden_size for b in blocks],  # type: ignore[union-attr]
-            resize=str(built.resize),
-        )
-        if built.mup is not None:
-            kwargs.update(
-                embed_scale=built.mup.m_emb,
-                residual_scale=built.mup.m_residual,
-                logit_scale=1.0 / built.mup.m_width,
-                attention_scale_power=1.0,
-            )
     config = HourglassOlmoConfig(
         vocab_size=vocab,
         d_model=m.d_model,
         n_layers=m.n_layers,
         n_heads=m.n_heads,
-        block=block_of(m).export_ffn(m),
-        ffn_hidden=m.resolved_d_ff,
-        K=getattr(m, "K", 1),
         head_dim=m.head_dim,
         n_kv_heads=m.resolved_n_kv_heads,
         llama3_rope=asdict(m.rope_scaling) if m.rope_scaling is not None else None,
-        d_h=block_of(m).ffn_hidden(m)[1],
         norm_placement=m.norm_placement,
         qk_norm=m.qk_norm,
         rope_theta=float(m.rope_theta),
         norm_eps=m.norm_eps,
         tie_word_embeddings=m.tie_embeddings,
         max_position_embeddings=max_len,
-        **kwargs,
+        **block_of(m).hf_config(m, m.build(vocab_size=vocab)),
     )
     config.auto_map = {
         "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
@@ -164,15 +144,7 @@ def _custom(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, ma
     from .modeling_hourglass_olmo import HourglassOlmoForCausalLM
 
     model = HourglassOlmoForCausalLM(_custom_config(spec, vocab, max_len))
-    # The stacked hourglass weights: OLMo-core's (K out, in) rows as the export's (K, out, in), same
-    # order.
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
-    custom = {
-        k: v.reshape(shapes[k])
-        if k in shapes and v.shape != shapes[k] and v.numel() == shapes[k].numel()
-        else v
-        for k, v in to_custom_names(state).items()
-    }
+    custom = to_custom_names(block_of(spec.model).hf_weights(spec.model, state))
     missing, unexpected = model.load_state_dict(custom, strict=False)
     tied = ["lm_head.weight"] if spec.model.tie_embeddings else []
     if unexpected or not set(missing) <= set(tied):
@@ -238,7 +210,8 @@ def _step(checkpoint: Path) -> Optional[int]:
 
 
 def _architecture(spec: ExperimentSpec, vocab: int) -> list[str]:
-    """The card's architecture lines: the block kind's shape, the attention, the layers' widths."""
+    """The card's architecture lines: the block kind's shape, the attention, the kind's own lines
+    (a variable-width model's layer widths)."""
     m = spec.model
     block = block_of(m)
     shape = [
@@ -247,12 +220,7 @@ def _architecture(spec: ExperimentSpec, vocab: int) -> list[str]:
         f"key/value heads), {m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary "
         f"{vocab}",
     ]
-    if (widths := m.layer_widths) != [m.d_model] * m.n_layers:
-        shape.append(
-            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
-            "each layer's heads and head size: config.json `layer_shapes`"
-        )
-    return shape
+    return shape + block.hf_card(m)
 
 
 def _how_to_load(kind: str) -> tuple[str, str]:
@@ -356,10 +324,8 @@ def _training(spec: ExperimentSpec, checkpoint: Path) -> list[str]:
 
 def _exportable(config_path: Path) -> ExperimentSpec:
     spec = load_spec(config_path)
-    if block_of(spec.model).routed_experts(spec.model):
-        raise ValueError(
-            f"{config_path}: model.moe: the Hugging Face export has no mixture-of-experts model"
-        )
+    if (why := block_of(spec.model).hf_refusal(spec.model)) is not None:
+        raise ValueError(f"{config_path}: {why}")
     return spec
 
 

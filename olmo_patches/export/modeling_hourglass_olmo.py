@@ -8,8 +8,10 @@ attention interface: ``attn_implementation`` = ``eager`` (here), ``sdpa``, ``fla
 any function registered with ``AttentionInterface.register`` (a serving engine's, e.g. vLLM's
 Transformers backend). Covers the blocks
 this project trains: the conventional SwiGLU FFN and the hourglass FFN (K stacked wide-narrow-wide
-sub-MLPs, each with its own norm and residual), pre-norm (the papers' equations) or post-norm
-(OLMo-2's reordered norm), with or without QK-norm, RoPE (optionally Llama-3.1 scaled),
+sub-MLPs, each with its own norm and residual), wired into each layer's residual stream as
+``wiring`` lists (attention then FFN, pre-norm as the papers' equations or post-norm as OLMo-2's
+reordered norm, by default; any other arrangement of the layer's attention, FFN and norms, such as
+a parallel block's, by its list), with or without QK-norm, RoPE (optionally Llama-3.1 scaled),
 grouped-query attention, a head size apart from d_model / n_heads, untied or tied LM head; and
 variable-width models (paper 2): layer l at its own width w_l inside a stream max(h, max w_l) wide,
 resized by ``carry_forward``, ``zero`` or ``learned`` (see ``Block``), with the paper's muP forward
@@ -51,11 +53,16 @@ class HourglassOlmoConfig(PretrainedConfig):
         n_heads: int = 12,
         head_dim: Optional[int] = None,  # per-head size (None: layer width / n_heads)
         n_kv_heads: Optional[int] = None,  # key/value heads, GQA (None: n_heads)
-        block: str = "baseline",  # baseline (SwiGLU, hidden ffn_hidden) | hourglass
-        ffn_hidden: int = 3072,  # baseline: SwiGLU hidden size
+        ffn: str = "swiglu",  # swiglu (hidden ffn_hidden) | hourglass (K sub-MLPs of d_h)
+        ffn_hidden: int = 3072,  # swiglu: hidden size
         K: int = 1,  # hourglass: sub-MLPs per layer
         d_h: int = 384,  # hourglass: bottleneck width
         norm_placement: str = "pre",  # pre: x + f(norm(x)) | post: x + norm(f(x))
+        # Each layer's residual steps in order: a step adds the sum of its branches to the stream
+        # (x residual_scale), a branch applies the layer's modules it names in turn: "attention",
+        # "feed_forward", or a norm ("..._norm"). None: attention then FFN, each normed as
+        # norm_placement says (the hourglass FFN norms its own sub-MLPs).
+        wiring: Optional[List[List[List[str]]]] = None,
         qk_norm: bool = False,
         rope_theta: float = 500000.0,
         # Llama-3.1 RoPE scaling: factor, low_freq_factor, high_freq_factor,
@@ -76,8 +83,11 @@ class HourglassOlmoConfig(PretrainedConfig):
         **kwargs,
     ):
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
-        self.block, self.ffn_hidden, self.K, self.d_h = block, ffn_hidden, K, d_h
+        self.ffn, self.ffn_hidden, self.K, self.d_h = ffn, ffn_hidden, K, d_h
         self.norm_placement, self.qk_norm = norm_placement, qk_norm
+        self.wiring = wiring or self._default_wiring()
+        if sum(chain.count("attention") for step in self.wiring for chain in step) != 1:
+            raise ValueError(f"wiring {self.wiring}: name attention once (it updates the cache)")
         self.rope_theta, self.norm_eps, self.llama3_rope = rope_theta, norm_eps, llama3_rope
         self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
         self.widths, self.hidden_sizes, self.resize = widths, hidden_sizes, resize
@@ -90,6 +100,21 @@ class HourglassOlmoConfig(PretrainedConfig):
         self.layer_shapes = self._layer_shapes()
         kwargs.setdefault("layer_types", ["full_attention"] * n_layers)
         super().__init__(vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _default_wiring(self) -> List[List[List[str]]]:
+        """Attention, then the FFN: pre-norm x + f(norm(x)) or post-norm x + norm(f(x)) each."""
+        post = self.norm_placement == "post"
+        steps = [
+            [["attention", "attention_norm"] if post else ["attention_norm", "attention"]],
+            [
+                ["feed_forward", "feed_forward_norm"]
+                if post
+                else ["feed_forward_norm", "feed_forward"]
+            ],
+        ]
+        if self.ffn == "hourglass":  # its K sub-MLPs norm their own inputs (or outputs)
+            steps[1] = [["feed_forward"]]
+        return steps
 
     def _layer_shapes(self) -> List[dict]:
         """Each layer's width, heads and head size (its KV cache per token: 2 x n_kv_heads x
@@ -113,7 +138,7 @@ class HourglassOlmoConfig(PretrainedConfig):
     def layer_hidden_sizes(self) -> List[int]:
         if self.hidden_sizes:
             return list(self.hidden_sizes)
-        return [self.d_h if self.block == "hourglass" else self.ffn_hidden] * self.n_layers
+        return [self.d_h if self.ffn == "hourglass" else self.ffn_hidden] * self.n_layers
 
     @property
     def stream_width(self) -> int:
@@ -265,7 +290,8 @@ class _Stacked(nn.Module):
 
 
 class HourglassFFN(nn.Module):
-    """h_{i+1} = h_i + a MLP_i(norm_i(h_i)) (pre) or h_i + a norm_i(MLP_i(h_i)) (post) -> h_K."""
+    """h_{i+1} = h_i + a f_i, f_i = MLP_i(norm_i(h_i)) (pre) or norm_i(MLP_i(h_i)) (post): returns
+    f_0 + ... + f_{K-1}, which the layer's step adds x a (h_0 + a sum f_i = h_K)."""
 
     def __init__(self, c: HourglassOlmoConfig, d: int, d_h: int):
         super().__init__()
@@ -275,6 +301,7 @@ class HourglassFFN(nn.Module):
         self.norms = nn.ModuleList(RMSNorm(d, c.norm_eps) for _ in range(c.K))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros_like(h)
         for i, norm in enumerate(self.norms):
             w1, w3, w2 = self.w1.weight[i], self.w3.weight[i], self.w2.weight[i]
             if self.post:
@@ -282,15 +309,15 @@ class HourglassFFN(nn.Module):
             else:
                 x = norm(h)
                 f = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
-            h = torch.add(h, f, alpha=self.alpha)
-        return h
+            h, total = torch.add(h, f, alpha=self.alpha), total + f
+        return total
 
 
 class Block(nn.Module):
-    """Layer l at width w_l. In a stream S = max(h, max w) wide (carry_forward, zero) it reads
-    s[:w_l] (zero: dims past w_{l-1} read as zeros) and writes y_l there; the other dims keep
-    their value. learned: no stream; it reads y_{l-1} truncated to w_l, or projected by
-    ``resize`` when wider."""
+    """Layer l at width w_l: its modules wired as ``config.wiring`` says. In a stream S = max(h,
+    max w) wide (carry_forward, zero) it reads s[:w_l] (zero: dims past w_{l-1} read as zeros)
+    and writes y_l there; the other dims keep their value. learned: no stream; it reads y_{l-1}
+    truncated to w_l, or projected by ``resize`` when wider."""
 
     def __init__(self, c: HourglassOlmoConfig, layer: int):
         super().__init__()
@@ -304,15 +331,18 @@ class Block(nn.Module):
             c.resize,
             layer,
         )
-        self.alpha = c.residual_scale
-        self.post, self.hourglass = c.norm_placement == "post", c.block == "hourglass"
-        self.attention = Attention(c, d, layer)
-        self.attention_norm = RMSNorm(d, c.norm_eps)
-        if self.hourglass:
-            self.feed_forward = HourglassFFN(c, d, hidden)
-        else:
-            self.feed_forward = SwiGLU(d, hidden)
-            self.feed_forward_norm = RMSNorm(d, c.norm_eps)
+        self.alpha, self.wiring = c.residual_scale, c.wiring
+        for name in dict.fromkeys(n for step in c.wiring for chain in step for n in chain):
+            if name == "attention":
+                module: nn.Module = Attention(c, d, layer)
+            elif name == "feed_forward":
+                ffn = c.ffn == "hourglass"
+                module = HourglassFFN(c, d, hidden) if ffn else SwiGLU(d, hidden)
+            elif name.endswith("_norm"):
+                module = RMSNorm(d, c.norm_eps)
+            else:
+                raise ValueError(f"wiring: {name!r} is not attention, feed_forward or a *_norm")
+            self.add_module(name, module)
         self.resize = (
             nn.Linear(in_width, d, bias=False) if self.mode == "learned" and in_width < d else None
         )
@@ -320,20 +350,22 @@ class Block(nn.Module):
     def layer(
         self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
     ) -> torch.Tensor:
-        """The block at its own width; residual branches x alpha (muP's m_residual, else 1)."""
-        if self.post:
-            attn = self.attention_norm(self.attention(x, position_ids, cache, **kwargs))
-        else:
-            attn = self.attention(self.attention_norm(x), position_ids, cache, **kwargs)
-        h = torch.add(x, attn, alpha=self.alpha)
-        if self.hourglass:
-            return self.feed_forward(h)
-        ffn = (
-            self.feed_forward_norm(self.feed_forward(h))
-            if self.post
-            else self.feed_forward(self.feed_forward_norm(h))
-        )
-        return torch.add(h, ffn, alpha=self.alpha)
+        """The block at its own width: each step x + alpha (the sum of its branches), alpha muP's
+        m_residual, else 1."""
+        for step in self.wiring:
+            branches = []
+            for chain in step:
+                y = x
+                for name in chain:
+                    module = getattr(self, name)
+                    y = (
+                        module(y, position_ids, cache, **kwargs)
+                        if name == "attention"
+                        else module(y)
+                    )
+                branches.append(y)
+            x = torch.add(x, sum(branches[1:], branches[0]), alpha=self.alpha)
+        return x
 
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
