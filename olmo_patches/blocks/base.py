@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
 
+    from .memory import LayerMemory, ModelMemory
+
 __all__ = ["BLOCKS", "BlockKind", "block_of", "get_block", "register"]
 
 
@@ -94,6 +96,13 @@ class BlockKind:
         """(parameter-name globs, learning-rate multiplier) pairs beyond AdamW's defaults."""
         return []
 
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """Each layer's terms for the memory model (launch/memory.py), read off this kind's built
+        ``config`` (blocks/memory.py): OLMo-core's blocks at d_model, attention and one SwiGLU."""
+        from .memory import layer_memory
+
+        return [layer_memory(block, config.d_model) for block in config.resolved_block_configs]
+
 
 BLOCKS: Dict[str, BlockKind] = {}
 
@@ -118,3 +127,17 @@ def get_block(name: str) -> BlockKind:
 def block_of(m) -> BlockKind:
     """The kind of a model spec (``m.block``)."""
     return get_block(str(m.block))
+
+
+def model_memory(m, vocab_size: int) -> "ModelMemory":
+    """The memory model's view (blocks/memory.py) of the model of spec ``m`` at ``vocab_size``: its
+    kind builds it and states each layer's terms (:meth:`BlockKind.memory_layers`)."""
+    from .memory import ModelMemory
+
+    config = m.build(vocab_size)
+    return ModelMemory(
+        d_model=config.d_model,
+        vocab_size=config.vocab_size,
+        params=config.num_params,
+        layers=tuple(block_of(m).memory_layers(m, config)),
+    )

@@ -4,12 +4,15 @@ W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Tuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, List, Tuple
 
 from .base import BlockKind, register
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
+
+    from .memory import LayerMemory
 
 
 def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
@@ -97,5 +100,23 @@ class Hourglass(BlockKind):
         attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
         return attention + hourglass_ffn_params(m.d_model, m.K, m.resolved_d_h)
 
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """The attention of every block, then the K sub-MLPs of its hourglass FFN."""
+        layers = super().memory_layers(m, config)
+        blocks = config.resolved_block_configs
+        return [hourglass_memory(layer, b.feed_forward) for layer, b in zip(layers, blocks)]
+
 
 HOURGLASS = register(Hourglass())
+
+
+def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
+    """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K sub-MLPs of hidden
+    d_h, each with its own norm, and the [W_d1; W_d2] copy its forward keeps until backward."""
+    return replace(
+        layer,
+        mlps=ffn.K,
+        hidden=ffn.hidden_size,
+        mlp_norms=True,
+        weight_copy=ffn.saved_weight_copy(layer.width),
+    )

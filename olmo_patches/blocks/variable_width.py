@@ -17,6 +17,8 @@ from .hourglass import check_bottleneck, hourglass_layers
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
 
+    from .memory import LayerMemory
+
 
 def _hourglass_ffn(m) -> bool:
     return m.ffn == "hourglass"
@@ -149,6 +151,22 @@ class VariableWidth(BlockKind):
             else ["blocks.*.feed_forward.w*.weight"]
         )
         return [(["blocks.*.attention.w_*.weight", *ffn], 1 / m.widths.m_width)]
+
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """Layer l at its width w_l: its FFN a SwiGLU or an hourglass stack (K sub-MLPs of d_h
+        scaled with w_l), or top-k experts (hourglass experts: K sub-MLPs each)."""
+        from .hourglass import hourglass_memory
+        from .memory import layer_memory
+
+        layers = []
+        for block, w in zip(config.resolved_block_configs, self.widths(m)):
+            layer = layer_memory(block, w)
+            if _hourglass_ffn(m):
+                layer = hourglass_memory(layer, block.feed_forward)
+            if _hourglass_experts(m):
+                layer = replace(layer, mlps=layer.mlps * block.feed_forward_moe.K)
+            layers.append(layer)
+        return layers
 
 
 def _check_moe(m, fail: Callable) -> None:
