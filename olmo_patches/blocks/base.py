@@ -103,6 +103,12 @@ class BlockKind:
 
         return [layer_memory(block, config.d_model) for block in config.resolved_block_configs]
 
+    def fsdp_splits(self, m) -> List[str]:
+        """How FSDP2 splits this kind's weights where they are not one matrix per map (the dry run's
+        FSDP row, report/plan.py); its block's ``apply_fsdp`` places them (OLMo-core's: one unit a
+        block). Empty: every weight a matrix or vector, split on its rows (nn/shards.py)."""
+        return []
+
 
 BLOCKS: Dict[str, BlockKind] = {}
 

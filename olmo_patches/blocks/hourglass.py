@@ -106,6 +106,9 @@ class Hourglass(BlockKind):
         blocks = config.resolved_block_configs
         return [hourglass_memory(layer, b.feed_forward) for layer, b in zip(layers, blocks)]
 
+    def fsdp_splits(self, m) -> List[str]:
+        return [STACKED_SPLIT]
+
 
 HOURGLASS = register(Hourglass())
 
@@ -120,3 +123,7 @@ def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
         mlp_norms=True,
         weight_copy=ffn.saved_weight_copy(layer.width),
     )
+
+
+# The K sub-MLPs' maps stacked in one matrix per w1/w3/w2 (nn/hourglass.py), split as any matrix.
+STACKED_SPLIT = "hourglass FFN (K out, in) weights: rows"

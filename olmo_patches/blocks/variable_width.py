@@ -168,6 +168,13 @@ class VariableWidth(BlockKind):
             layers.append(layer)
         return layers
 
+    def fsdp_splits(self, m) -> List[str]:
+        """The hourglass FFN's stacked maps, and the hourglass experts' (nn/hourglass_moe.py)."""
+        from .hourglass import STACKED_SPLIT
+
+        experts = "hourglass experts' (K E d_h, d_model) weights: rows"
+        return [STACKED_SPLIT] * _hourglass_ffn(m) + [experts] * _hourglass_experts(m)
+
 
 def _check_moe(m, fail: Callable) -> None:
     e = m.moe
