@@ -109,6 +109,11 @@ class BlockKind:
         block). Empty: every weight a matrix or vector, split on its rows (nn/shards.py)."""
         return []
 
+    def scaled(self, m, axis: str, k: int) -> List[str]:
+        """Overrides that scale this kind's own knobs by ``k`` along a coordinate-check axis
+        (train/coordcheck.py): ``width`` (with d_model) or an axis of its own (``K``)."""
+        return []
+
 
 BLOCKS: Dict[str, BlockKind] = {}
 

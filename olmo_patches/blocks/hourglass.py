@@ -109,6 +109,9 @@ class Hourglass(BlockKind):
     def fsdp_splits(self, m) -> List[str]:
         return [STACKED_SPLIT]
 
+    def scaled(self, m, axis: str, k: int) -> List[str]:
+        return [f"model.K={m.K * k}"] if axis == "K" else scaled_bottleneck(m, k)
+
 
 HOURGLASS = register(Hourglass())
 
@@ -127,3 +130,8 @@ def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
 
 # The K sub-MLPs' maps stacked in one matrix per w1/w3/w2 (nn/hourglass.py), split as any matrix.
 STACKED_SPLIT = "hourglass FFN (K out, in) weights: rows"
+
+
+def scaled_bottleneck(m, k: int) -> List[str]:
+    """An explicit d_h scaled by ``k`` with d_model (the coordinate check's width axis)."""
+    return [f"model.d_h={m.d_h * k}"] if m.d_h is not None else []

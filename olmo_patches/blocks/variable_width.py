@@ -175,6 +175,19 @@ class VariableWidth(BlockKind):
         experts = "hourglass experts' (K E d_h, d_model) weights: rows"
         return [STACKED_SPLIT] * _hourglass_ffn(m) + [experts] * _hourglass_experts(m)
 
+    def scaled(self, m, axis: str, k: int) -> List[str]:
+        """Width: an explicit d_h, a list of widths w_l, and muP's m_width (d_model / d_base)."""
+        from .hourglass import scaled_bottleneck
+
+        if axis != "width":
+            return []
+        w, out = m.widths, scaled_bottleneck(m, k)
+        if w.values:
+            out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
+        if w.init == "mup":
+            out.append(f"model.widths.m_width={w.m_width * k!r}")
+        return out
+
 
 def _check_moe(m, fail: Callable) -> None:
     e = m.moe

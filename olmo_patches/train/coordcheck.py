@@ -47,21 +47,15 @@ KINDS = ("embedding", "attention", "ffn", "block", "logits")
 
 def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
     """The overrides scaling ``axis`` of ``spec`` by ``k``."""
-    m = spec.model
+    m, kind = spec.model, block_of(spec.model)
     if axis == "depth":
         return [f"model.n_layers={m.n_layers * k}"]
-    if axis == "K":
-        return [f"model.K={m.K * k}"]
+    if axis != "width":  # an axis of the kind's own (K)
+        return kind.scaled(m, axis, k)
     out = [f"model.d_model={m.d_model * k}"]
-    for key in ("d_h", "d_ff"):
-        if getattr(m, key) is not None:
-            out.append(f"model.{key}={getattr(m, key) * k}")
-    w, widths = m.widths, "widths" in block_of(m).reads(m)  # a variable-width kind's schedule
-    if widths and w.values:
-        out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
-    if widths and w.init == "mup":
-        out.append(f"model.widths.m_width={w.m_width * k!r}")
-    return out
+    if m.d_ff is not None:
+        out.append(f"model.d_ff={m.d_ff * k}")
+    return out + kind.scaled(m, axis, k)  # its own widths (d_h, w_l, m_width)
 
 
 def axes_of(spec: ExperimentSpec) -> List[str]:
