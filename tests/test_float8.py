@@ -289,15 +289,14 @@ def test_memory_model_counts_float8s_weight_and_input_casts():
     """memory.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1
     byte for each of the forward and transposed float8 copies of one block's weights, + 1 byte per
     element of the widest matmul input per token; the float8 path keeps no [W_d1; W_d2] copy."""
-    from olmo_patches.launch.memory import estimate, with_float8
+    from olmo_patches.launch.memory import estimate
 
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
-    model = spec.model.build(vocab_size(spec))
     d, K, d_h, s, L = 128, 8, 64, 128, 4
     block = (
         4 * d * d + d + K * (3 * d * d_h + d)
     )  # attention, its norm, K sub-MLPs with their norms
-    base, f8 = estimate(model, s), with_float8(estimate(model, s), model)
+    base, f8 = estimate(spec, s), estimate(spec, s, float8=True)
     for m in (1, 3):
         b, f = base.terms(m), f8.terms(m)
         assert f["float8 copies"] - b["float8 copies"] == 2 * block + m * s * d

@@ -238,7 +238,7 @@ def test_saved_tensors_per_block_match_the_estimate(block):
     copy (nn/hourglass.py's concatenation) plus RoPE's fp32 sin/cos tables (2 x SEQ x head_dim)."""
     spec, config, model = _model(BLOCKS[block])
     model = model.to(torch.bfloat16)
-    est = estimate(config, SEQ, shards=8)
+    est = estimate(spec, SEQ, shards=8)
     for i, (layer, module) in enumerate(zip(est.layers, model.blocks.values())):
         w = layer.width
         measured = {}
@@ -276,8 +276,8 @@ def test_loss_saves_what_the_estimate_counts():
 
     per_logit = _saved_bytes(loss, []) / (N * V)
     assert per_logit == pytest.approx(8, rel=0.01)
-    _, config, _ = _model([])
-    head = estimate(config, SEQ).head
+    spec, config, _ = _model([])
+    head = estimate(spec, SEQ).head
     d = config.d_model
     assert head == 8 * d + 4 + 2 * d + (8 + 4 + 4 + 2) * config.vocab_size
 

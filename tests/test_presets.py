@@ -47,7 +47,7 @@ def test_estimate_by_hand_for_olmo2_1b(eight_ranks):
     )  # norms, attention, QK-norm, SwiGLU
     per_seq = s * (L * A + _norm(d) + 2 * d + 18 * V)
     spec = load_and_resolve(OLMO2_1B, ["train.hardware=h100"])
-    est = estimate(spec.model.build(vocab_size(spec)), s, shards=8)
+    est = estimate(spec, s, shards=8)
     assert est.static == pytest.approx(static) and est.total(1) - est.static == pytest.approx(
         per_seq
     )
@@ -178,7 +178,7 @@ def test_every_paper_config_gets_the_memory_models_preset(eight_ranks, card):
 
 def test_checkpointing_when_nothing_else_fits(eight_ranks):
     spec = load_and_resolve(OLMO2_1B, ["train.hardware=rtx6000ada", "data.sequence_length=16384"])
-    est = estimate(spec.model.build(vocab_size(spec)), spec.data.sequence_length, shards=8)
+    est = estimate(spec, spec.data.sequence_length, shards=8)
     assert est.total(1) > 0.85 * 48 * GIB  # not one sequence without checkpointing
     assert spec.train.activation_checkpointing.enabled and spec.train.micro_batch_size >= 1
     with pytest.raises(ConfigError, match=r"train\.hardware=rtx6000ada: .*does not fit"):

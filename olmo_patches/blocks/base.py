@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the model's classes are imported by build(): loading a conf
     from olmo_core.nn.rope import StepwiseRoPEScalingConfig
     from olmo_core.nn.transformer import TransformerConfig
 
+    from .memory import LayerMemory, ModelMemory
+
 __all__ = [
     "AttentionBackend",
     "BLOCKS",
@@ -251,6 +253,28 @@ class BlockKind:
         (markdown list items)."""
         return []
 
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """Each layer's terms for the memory model (launch/memory.py), read off this kind's built
+        ``config`` (blocks/memory.py): OLMo-core's blocks at d_model, attention and one SwiGLU."""
+        from .memory import layer_memory
+
+        return [layer_memory(block, config.d_model) for block in config.resolved_block_configs]
+
+    def fsdp_splits(self, m) -> List[str]:
+        """How FSDP2 splits this kind's weights where they are not one matrix per map (the dry run's
+        FSDP row, report/plan.py); its block's ``apply_fsdp`` places them (OLMo-core's: one unit a
+        block). Empty: every weight a matrix or vector, split on its rows (nn/shards.py)."""
+        return []
+
+    def own_axes(self, m) -> List[str]:
+        """Coordinate-check axes of its own beyond width and depth (the hourglass: K)."""
+        return []
+
+    def scaled(self, m, axis: str, k: int) -> List[str]:
+        """Overrides that scale this kind's own knobs by ``k`` along a coordinate-check axis
+        (train/coordcheck.py): ``width`` (with d_model) or an axis of its own (``K``)."""
+        return []
+
 
 BLOCKS: Dict[str, BlockKind] = {}
 
@@ -280,3 +304,17 @@ def block_of(m) -> BlockKind:
 def model_spec(block: str, **keys: Any) -> ModelSpec:
     """The model of kind ``block`` with these keys, as a config's ``model`` section loads."""
     return get_block(block).spec(block=block, **keys)
+
+
+def model_memory(m, vocab_size: int) -> "ModelMemory":
+    """The memory model's view (blocks/memory.py) of the model of spec ``m`` at ``vocab_size``: its
+    kind builds it and states each layer's terms (:meth:`BlockKind.memory_layers`)."""
+    from .memory import ModelMemory
+
+    config = m.build(vocab_size)
+    return ModelMemory(
+        d_model=config.d_model,
+        vocab_size=config.vocab_size,
+        params=config.num_params,
+        layers=tuple(block_of(m).memory_layers(m, config)),
+    )

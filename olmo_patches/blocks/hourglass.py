@@ -5,13 +5,15 @@ W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hou
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .base import BlockKind, ModelSpec, register
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
+
+    from .memory import LayerMemory
 
 
 @dataclass
@@ -125,6 +127,21 @@ class Hourglass(BlockKind):
     def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
         return stacked_as_hf(state, m.K)
 
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """The attention of every block, then the K sub-MLPs of its hourglass FFN."""
+        layers = super().memory_layers(m, config)
+        blocks = config.resolved_block_configs
+        return [hourglass_memory(layer, b.feed_forward) for layer, b in zip(layers, blocks)]
+
+    def fsdp_splits(self, m) -> List[str]:
+        return [STACKED_SPLIT]
+
+    def own_axes(self, m) -> List[str]:
+        return ["K"]
+
+    def scaled(self, m, axis: str, k: int) -> List[str]:
+        return [f"model.K={m.K * k}"] if axis == "K" else scaled_bottleneck(m, k)
+
 
 HOURGLASS = register(Hourglass())
 
@@ -138,3 +155,24 @@ def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
     return {
         k: v.reshape(K, -1, v.shape[-1]) if _STACKED.fullmatch(k) else v for k, v in state.items()
     }
+
+
+def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
+    """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K sub-MLPs of hidden
+    d_h, each with its own norm, and the [W_d1; W_d2] copy its forward keeps until backward."""
+    return replace(
+        layer,
+        mlps=ffn.K,
+        hidden=ffn.hidden_size,
+        mlp_norms=True,
+        weight_copy=ffn.saved_weight_copy(layer.width),
+    )
+
+
+# The K sub-MLPs' maps stacked in one matrix per w1/w3/w2 (nn/hourglass.py), split as any matrix.
+STACKED_SPLIT = "hourglass FFN (K out, in) weights: rows"
+
+
+def scaled_bottleneck(m, k: int) -> List[str]:
+    """An explicit d_h scaled by ``k`` with d_model (the coordinate check's width axis)."""
+    return [f"model.d_h={m.d_h * k}"] if m.d_h is not None else []

@@ -28,6 +28,8 @@ from .hourglass import HourglassModel, check_bottleneck, check_knobs, hourglass_
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
 
+    from .memory import LayerMemory
+
 
 class Experts(StrEnum):
     swiglu = "swiglu"
@@ -333,6 +335,42 @@ class VariableWidth(BlockKind):
             f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
             "each layer's heads and head size: config.json `layer_shapes`"
         ]
+
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """Layer l at its width w_l: its FFN a SwiGLU or an hourglass stack (K sub-MLPs of d_h
+        scaled with w_l), or top-k experts (hourglass experts: K sub-MLPs each)."""
+        from .hourglass import hourglass_memory
+        from .memory import layer_memory
+
+        layers = []
+        for block, w in zip(config.resolved_block_configs, self.widths(m)):
+            layer = layer_memory(block, w)
+            if _hourglass_ffn(m):
+                layer = hourglass_memory(layer, block.feed_forward)
+            if _hourglass_experts(m):
+                layer = replace(layer, mlps=layer.mlps * block.feed_forward_moe.K)
+            layers.append(layer)
+        return layers
+
+    def fsdp_splits(self, m) -> List[str]:
+        """The hourglass FFN's stacked maps, and the hourglass experts' (nn/hourglass_moe.py)."""
+        from .hourglass import STACKED_SPLIT
+
+        experts = "hourglass experts' (K E d_h, d_model) weights: rows"
+        return [STACKED_SPLIT] * _hourglass_ffn(m) + [experts] * _hourglass_experts(m)
+
+    def scaled(self, m, axis: str, k: int) -> List[str]:
+        """Width: an explicit d_h, a list of widths w_l, and muP's m_width (d_model / d_base)."""
+        from .hourglass import scaled_bottleneck
+
+        if axis != "width":
+            return []
+        w, out = m.widths, scaled_bottleneck(m, k)
+        if w.values:
+            out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
+        if w.init == "mup":
+            out.append(f"model.widths.m_width={w.m_width * k!r}")
+        return out
 
 
 def _check_width_knobs(m, fail: Callable) -> None:

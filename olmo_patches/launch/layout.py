@@ -264,17 +264,20 @@ def apply_hardware(
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all
     ranks, HSDP: a node's)."""
-    from ..nn.lm_loss import lm_loss, set_lm_loss
-    from .memory import estimate, with_float8
+    from ..nn.lm_loss import lm_loss
+    from .memory import estimate
 
     shards = {"fsdp": layout.world_size, "hsdp": layout.local, "ddp": 1}.get(
         spec.train.data_parallel, 1
     )
-    model = spec.model_config()
-    # a card means CUDA
-    set_lm_loss(model, lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda").name)
-    est = estimate(model, spec.data.sequence_length, shards)
-    return with_float8(est, model) if spec.train.float8 != "off" else est
+    loss = lm_loss(spec, "cpu" if spec.train.device == "cpu" else "cuda")  # a card means CUDA
+    return estimate(
+        spec,
+        spec.data.sequence_length,
+        shards,
+        fused_head=loss.name == "fused_linear",
+        float8=spec.train.float8 != "off",
+    )
 
 
 def attention_backend(spec: ExperimentSpec, device: str) -> BackendChoice:

@@ -1,7 +1,9 @@
 """The memory model: bytes per GPU of a run, by term, for choosing a hardware preset (presets.py).
 
 It models what is stored; the CPU-measurable parts, the tensors each block saves for backward and
-the loss's, are checked against torch in tests/test_memory.py.
+the loss's, are checked against torch in tests/test_memory.py. Each layer's terms (width, heads,
+MLPs and their hidden sizes, norms, weight copy, parameters) come from the model's block kind
+(``BlockKind.memory_layers``, blocks/memory.py), which reads them off its own OLMo-core build.
 
 Static, whatever the micro-batch:
 - states = 16 P / W: fp32 weights, fp32 grads and AdamW's two fp32 moments of all P parameters,
@@ -12,9 +14,9 @@ Static, whatever the micro-batch:
   fp32 copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2).
   Without FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to
   backward: 2 P.
-- weight copies (an FFN config's ``saved_weight_copy``: the hourglass's): each hourglass block's
-  forward concatenates [W_d1; W_d2] (2 K d_h w bf16 weights) and autograd keeps the copy until that
-  block's backward; a checkpointed block keeps none (one at a time while it is recomputed).
+- weight copies (a layer's ``weight_copy``, e.g. the hourglass's): weights a block's forward copies
+  and autograd keeps until that block's backward (the hourglass concatenates [W_d1; W_d2], 2 K d_h w
+  bf16 weights); a checkpointed block keeps none (one at a time while it is recomputed).
 Per sequence of s tokens (a micro-batch of m sequences costs m times this):
 - each layer of width w saves A = 2 N + 2 w + 8 a + 4 n_heads + sum_k (N_k + 2 w + 8 H_k) bytes
   per token (measured: tests/test_memory.py): OLMo-core's RMSNorm computes in fp32 and saves its
@@ -43,12 +45,12 @@ Activation checkpointing (train.activation_checkpointing, OLMo-core's modes):
   of A (finer globs are counted as not checkpointed: an upper bound); ``budget:b``: the compiler's
   min-cut keeps b of the difference between none and full (inductor's activation_memory_budget,
   counted as linear).
-Float8 (train.float8, :func:`with_float8`): the master weights, gradients, moments and saved
-activations stay as above (torchao saves its matmuls' high-precision inputs and recasts in
+Float8 (train.float8; :func:`estimate`'s ``float8``): the master weights, gradients, moments and
+saved activations stay as above (torchao saves its matmuls' high-precision inputs and recasts in
 backward); added are the transient float8 copies of the running block's matmul weights, 1 byte each
 for the forward cast and 1 for the transposed one backward needs (2 P_block), and of the widest
-matmul input, 1 byte per element per token (max_l max(w_l, H_l)); the hourglass's float8 path casts
-each sub-MLP's weights on their own, so it keeps no [W_d1; W_d2] copy.
+matmul input, 1 byte per element per token (max_l max(w_l, H_l)); a float8 path casts each matmul's
+weight on its own, so it keeps no weight copy (the hourglass's: no [W_d1; W_d2]).
 """
 
 from __future__ import annotations
@@ -56,15 +58,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 
-from olmo_core.nn.transformer import TransformerConfig
-
+from ..blocks.base import model_memory
+from ..blocks.memory import LayerMemory, ModelMemory
+from ..config import ExperimentSpec, vocab_size
 from ..config.spec import ActivationCheckpointing
 
 __all__ = [
     "Layer",
     "MemoryEstimate",
     "estimate",
-    "with_float8",
     "FSDP_BYTES",
     "LOGIT_BYTES",
     "FUSED_HEAD_BYTES",
@@ -178,93 +180,56 @@ def _norm(w: int) -> int:
     return 8 * w + 4  # OLMo-core's RMSNorm: fp32 input and output per token, and the rsqrt
 
 
-def _blocks_and_widths(config: TransformerConfig) -> tuple[list, list[int]]:
-    """Each block's config and width w_l (d_model for every block of a constant-width model)."""
-    return config.resolved_block_configs, list(
-        getattr(config, "widths", [config.d_model] * config.n_layers)
+def _layer(layer: LayerMemory) -> Layer:
+    """A layer's bytes from its kind's terms (the module docstring's A_l)."""
+    w, heads = layer.width, layer.n_heads
+    mlp_norm = _norm(w) if layer.mlp_norms else 0
+    qk_norm = _norm(layer.head_dim * heads) + _norm(layer.head_dim * layer.n_kv_heads)
+    return Layer(
+        # K, V repeated to n_heads
+        attention=2 * w
+        + 8 * layer.head_dim * heads
+        + 4 * heads
+        + (qk_norm if layer.qk_norm else 0),
+        feed_forward=layer.mlps * (mlp_norm + 2 * w + 8 * layer.hidden),
+        norms=_norm(w) * (1 if layer.mlp_norms else 2),
+        width=w,
+        weight_copy=layer.weight_copy,
     )
 
 
-def _ffn_terms(ffn, w: int) -> tuple[int, int, int, float]:
-    """A dense FFN config's terms at width w, as the config states them: its MLPs (``K``, stacked
-    sub-MLPs; else one), each one's hidden size, each one's own norm (an FFN that owns its norms has
-    a ``layer_norm``; the block's second norm counts otherwise) and the weight copy it saves per
-    micro-batch (``saved_weight_copy(w)``; else none). nn/hourglass.py's config states all four."""
-    own_norms = getattr(ffn, "layer_norm", None) is not None
-    copy = getattr(ffn, "saved_weight_copy", None)
-    return (
-        getattr(ffn, "K", 1),
-        ffn.hidden_size,
-        _norm(w) if own_norms else 0,
-        copy(w) if copy else 0,
-    )
-
-
-def estimate(config: TransformerConfig, sequence_length: int, shards: int = 1) -> MemoryEstimate:
-    """The module docstring's estimate for the model of OLMo-core's ``config`` (this package's
-    blocks included) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1:
-    none)."""
-    vocab = config.vocab_size
-    blocks, widths = _blocks_and_widths(config)
-    layers = []
-    for block, w in zip(blocks, widths):
-        ffn, moe = block.feed_forward, block.feed_forward_moe
-        # each token through its top-k experts (k MLPs of hidden I_l; hourglass: k K of d_h)
-        if moe is not None:
-            K, hidden, mlp_norm, copy = (
-                moe.router.top_k * getattr(moe, "K", 1),
-                moe.hidden_size,
-                0,
-                0,
-            )
-        else:
-            assert ffn is not None
-            K, hidden, mlp_norm, copy = _ffn_terms(ffn, w)
-        mixer = block.sequence_mixer
-        head_dim = getattr(mixer, "head_dim", None) or w // getattr(mixer, "n_heads", 1)
-        n_kv = getattr(mixer, "n_kv_heads", None) or mixer.n_heads
-        qk_norm = (
-            _norm(head_dim * mixer.n_heads) + _norm(head_dim * n_kv)
-            if getattr(mixer, "qk_norm", None)
-            else 0
-        )
-        layers.append(
-            Layer(
-                attention=2 * w
-                + 8 * head_dim * mixer.n_heads
-                + 4 * mixer.n_heads
-                + qk_norm,  # K, V repeated to n_heads
-                feed_forward=K * (mlp_norm + 2 * w + 8 * hidden),
-                norms=_norm(w) * (1 if mlp_norm else 2),
-                width=w,
-                weight_copy=copy,
-            )
-        )
-    units = [*(block.num_params(w) for block, w in zip(blocks, widths)), vocab * config.d_model]
+def estimate(
+    spec: ExperimentSpec,
+    sequence_length: int,
+    shards: int = 1,
+    *,
+    fused_head: bool = False,
+    float8: bool = False,
+) -> MemoryEstimate:
+    """The module docstring's estimate for ``spec``'s model (its kind states each layer's terms,
+    blocks/memory.py) at ``sequence_length`` tokens per sequence, FSDP2 over ``shards`` ranks (1:
+    none); ``fused_head``: the fused linear cross-entropy; ``float8``: train.float8 on."""
+    model = model_memory(spec.model, vocab_size(spec))
+    d, vocab = model.d_model, model.vocab_size
+    units = [*(layer.params for layer in model.layers), vocab * d]
     fsdp = shards > 1
-    fused = str(getattr(config.lm_head, "loss_implementation", "default")) == "fused_linear"
-    return MemoryEstimate(
-        states=16 * config.num_params / shards,
-        buffers=FSDP_BYTES * max(units) if fsdp else 2 * config.num_params,
-        layers=tuple(layers),
-        head=_norm(config.d_model)
-        + 2 * config.d_model
-        + (FUSED_HEAD_BYTES * config.d_model if fused else LOGIT_BYTES * vocab),
+    est = MemoryEstimate(
+        states=16 * model.params / shards,
+        buffers=FSDP_BYTES * max(units) if fsdp else 2 * model.params,
+        layers=tuple(_layer(layer) for layer in model.layers),
+        head=_norm(d) + 2 * d + (FUSED_HEAD_BYTES * d if fused_head else LOGIT_BYTES * vocab),
         sequence_length=sequence_length,
         residual_bytes=2 if fsdp else 4,
-        moe=any(block.feed_forward_moe is not None for block in blocks),
+        moe=any(layer.moe for layer in model.layers),
     )
+    return _with_float8(est, model) if float8 else est
 
 
-def with_float8(est: MemoryEstimate, config: TransformerConfig) -> MemoryEstimate:
-    """``est`` (:func:`estimate`) with float8's extra state (the module docstring's float8 term)."""
-    blocks, widths = _blocks_and_widths(config)
-    block_params = max(block.num_params(w) for block, w in zip(blocks, widths))
-    hidden = [(b.feed_forward_moe or b.feed_forward).hidden_size for b in blocks]  # type: ignore[union-attr]
-    widest = max(max(w, h) for w, h in zip(widths, hidden))
+def _with_float8(est: MemoryEstimate, model: ModelMemory) -> MemoryEstimate:
+    """``est`` with float8's extra state (the module docstring's float8 term)."""
     return replace(
         est,
-        float8_weights=2 * block_params,
-        float8_inputs=widest,
+        float8_weights=2 * max(layer.params for layer in model.layers),
+        float8_inputs=max(max(layer.width, layer.hidden) for layer in model.layers),
         layers=tuple(replace(layer, weight_copy=0.0) for layer in est.layers),
     )

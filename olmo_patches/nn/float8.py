@@ -3,13 +3,16 @@ also converts the hourglass's K-stacked sub-MLP weights, and runs torchao's emul
 hardware has no float8 matmuls.
 
 torchao converts ``nn.Linear`` modules: attention (every head_dim and GQA shape), the baseline FFN,
-each variable-width layer at its own width, the learned resizes. The hourglass FFN keeps its K
-sub-MLPs stacked (one (K out, in) weight per w1/w3/w2, nn/hourglass.py); converting a
-:class:`StackedLinear` runs each sub-MLP's matmul through torchao's own float8 matmul
-(``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls), with its own scales. The
-LM head (OLMo-core ignores ``lm_head.w_out``), embeddings and MoE router are not linears here and
-stay in high precision. A matmul whose dims are not multiples of 16 (float8 GEMMs need them) stays
-in high precision, as OLMo-core's own filter does, and is counted by :func:`float8_matmuls`.
+each variable-width layer at its own width, the learned resizes. A matmul module that is not an
+``nn.Linear`` converts itself: it has ``to_float8(config)`` (a torchao ``Float8LinearConfig``) and
+``matmul_shape``, each of its matmuls' (out, in), so a block of its own needs no change here. The
+hourglass FFN keeps its K sub-MLPs stacked (nn/hourglass.py's ``StackedLinear``, one (K out, in)
+weight per w1/w3/w2), and converting it runs each sub-MLP's matmul through torchao's own float8
+matmul (``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls), with its own
+scales. The LM head (OLMo-core ignores ``lm_head.w_out``), embeddings and MoE router are not
+linears here and stay in high precision. A matmul whose dims are not multiples of 16 (float8 GEMMs
+need them) stays in high precision, as OLMo-core's own filter does, and is counted by
+:func:`float8_matmuls`.
 """
 
 import logging
@@ -19,8 +22,6 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set
 import torch
 import torch.nn as nn
 from olmo_core.float8 import AOFloat8LinearConfig, Float8Config
-
-from .hourglass import StackedLinear
 
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
@@ -39,18 +40,23 @@ def has_float8_matmuls(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+def _converts_itself(m: nn.Module) -> bool:
+    """A matmul module that is not an ``nn.Linear`` (the module docstring's ``to_float8``)."""
+    return callable(getattr(m, "to_float8", None))
+
+
 def _aligned(m: nn.Module) -> bool:
-    weight = m.stacked if isinstance(m, StackedLinear) else m.weight  # each sub-MLP's (out, in)
-    return all(d % 16 == 0 for d in weight.shape[-2:])
+    shape = m.matmul_shape if _converts_itself(m) else m.weight.shape  # each matmul's (out, in)
+    return all(d % 16 == 0 for d in shape[-2:])
 
 
 def float8_matmuls(model: nn.Module) -> Dict[str, List[str]]:
-    """The model's matmul modules (nn.Linear and StackedLinear, not the LM head) by what float8 does
-    with them: {'float8': names converted (or convertible), 'skipped': names left in high precision
-    because a dim is not a multiple of 16}."""
+    """The model's matmul modules (nn.Linear and those that convert themselves, not the LM head) by
+    what float8 does with them: {'float8': names converted (or convertible), 'skipped': names left
+    in high precision because a dim is not a multiple of 16}."""
     out: Dict[str, List[str]] = {"float8": [], "skipped": []}
     for name, m in model.named_modules():
-        if name == LM_HEAD or not isinstance(m, (nn.Linear, StackedLinear)):
+        if name == LM_HEAD or not (isinstance(m, nn.Linear) or _converts_itself(m)):
             continue
         out["float8" if _aligned(m) else "skipped"].append(name)
     return out
@@ -58,9 +64,9 @@ def float8_matmuls(model: nn.Module) -> Dict[str, List[str]]:
 
 @dataclass
 class ShapeFloat8Config(Float8Config):
-    """OLMo-core's :class:`Float8Config` (a torchao recipe or ``ao`` config), also converting
-    :class:`StackedLinear`; applied by OLMo-core's train module before compile, activation
-    checkpointing and FSDP."""
+    """OLMo-core's :class:`Float8Config` (a torchao recipe or ``ao`` config), also converting the
+    matmul modules that convert themselves (the hourglass's StackedLinear); applied by OLMo-core's
+    train module before compile, activation checkpointing and FSDP."""
 
     emulate: bool = (
         False  # torchao's emulation: float8 rounding, high-precision GEMMs (CPU, pre-SM89 GPUs)
@@ -105,7 +111,7 @@ class ShapeFloat8Config(Float8Config):
             module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn in convertible,
         )
         for name, m in model.named_modules():
-            if isinstance(m, StackedLinear) and name in convertible:
+            if _converts_itself(m) and name in convertible:
                 m.to_float8(config)
         for n in frozen:
             model.get_parameter(n).requires_grad = False

@@ -24,7 +24,7 @@ all-gather cost).
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -69,6 +69,11 @@ class StackedLinear(nn.Module):
     def stacked(self) -> torch.Tensor:
         """The weight as (K, out_features, in_features): a view (row-major, map i at index i)."""
         return self.weight.view(self.K, self.out_features, self.in_features)
+
+    @property
+    def matmul_shape(self) -> Tuple[int, int]:
+        """Each map's (out, in), the matmul float8 casts on its own (nn/float8.py)."""
+        return self.out_features, self.in_features
 
     def _fold_stacked(self, state_dict, prefix, *args, **kwargs) -> None:
         # A (K, out, in) weight (the earlier layout; the same elements in the same order) loads as

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from ..blocks import block_of
 from ..config import ExperimentSpec
 from ..launch.layout import Layout, attention_backend, data_workers
 from ..launch.cards import CARDS, GIB
@@ -22,8 +23,6 @@ from ..train import device_for
 from ..train.precision import describe_compile, precision_of
 from ..train.life import CHECKPOINT_BYTES_PER_PARAM
 from ..nn.attention import on_gpu
-from ..nn.hourglass import StackedLinear
-from ..nn.hourglass_moe import HourglassExperts
 from ..nn.lm_loss import lm_loss
 from .counts import aligned_sibling, count, float8_row
 
@@ -303,7 +302,7 @@ def _with_sibling(spec: ExperimentSpec, text: str) -> str:
 
 def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]:
     """FSDP/HSDP: the parameters each rank holds (FSDP2 pads every rank's piece to the largest), and
-    how the hourglass's K-stacked weights split (nn/shards.py); None without sharding."""
+    how the kind's own weights split (its ``fsdp_splits``, nn/shards.py); None without sharding."""
     from ..nn.shards import padded_share
 
     shards = {"fsdp": layout.world_size, "hsdp": layout.local}.get(spec.train.data_parallel, 1)
@@ -313,14 +312,7 @@ def shard_row(spec: ExperimentSpec, layout: Layout) -> Optional[tuple[str, str]]
     shapes = [(n, tuple(q.shape)) for n, q in model.named_parameters()]
     total = sum(math.prod(s) for _, s in shapes)
     held = sum(padded_share(s, shards) for _, s in shapes)
-    stacked = []
-    if any(
-        isinstance(module, StackedLinear) and "feed_forward." in n
-        for n, module in model.named_modules()
-    ):
-        stacked.append("hourglass FFN (K out, in) weights: rows")
-    if any(isinstance(module, HourglassExperts) for module in model.modules()):
-        stacked.append("hourglass experts' (K E d_h, d_model) weights: rows")
+    stacked = block_of(spec.model).fsdp_splits(spec.model)
     padding = held * shards / total - 1
     line = f"{held:,} parameters a rank ({padding:+.2%} padding over {total:,} / {shards})"
     return f"FSDP2 shards over {shards} ranks", "; ".join([line, *stacked])

@@ -47,27 +47,19 @@ KINDS = ("embedding", "attention", "ffn", "block", "logits")
 
 def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
     """The overrides scaling ``axis`` of ``spec`` by ``k``."""
-    m = spec.model
+    m, kind = spec.model, block_of(spec.model)
     if axis == "depth":
         return [f"model.n_layers={m.n_layers * k}"]
-    if axis == "K":
-        return [f"model.K={m.K * k}"]
+    if axis != "width":  # an axis of the kind's own (K)
+        return kind.scaled(m, axis, k)
     out = [f"model.d_model={m.d_model * k}"]
-    for key in ("d_h", "d_ff"):
-        if getattr(m, key, None) is not None:  # d_h: a kind's own key
-            out.append(f"model.{key}={getattr(m, key) * k}")
-    if "widths" not in block_of(m).knobs:  # a variable-width kind's schedule
-        return out
-    if (w := m.widths).values:
-        out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
-    if w.init == "mup":
-        out.append(f"model.widths.m_width={w.m_width * k!r}")
-    return out
+    if m.d_ff is not None:
+        out.append(f"model.d_ff={m.d_ff * k}")
+    return out + kind.scaled(m, axis, k)  # its own widths (d_h, w_l, m_width)
 
 
 def axes_of(spec: ExperimentSpec) -> List[str]:
-    # a kind that stacks K
-    return ["width", "depth"] + (["K"] if "K" in block_of(spec.model).knobs else [])
+    return ["width", "depth", *block_of(spec.model).own_axes(spec.model)]
 
 
 def _kind(name: str) -> Optional[str]:
