@@ -53,12 +53,12 @@ def main() -> None:
         spec = load_spec(find_config(args.config), args.overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
-    from olmo_patches.blocks import block_of
+    from olmo_patches.train.coordcheck import axes_of
 
-    if args.axes and "K" in args.axes and "K" not in block_of(spec.model).knobs:
+    if args.axes and (other := [a for a in args.axes if a not in axes_of(spec)]):
         refuse_alike(
-            f"--axes {','.join(args.axes)}: K needs an hourglass model (model.block is "
-            f"{spec.model.block})"
+            f"--axes {','.join(args.axes)}: {other[0]} is not an axis of model.block="
+            f"{spec.model.block} (its axes: {', '.join(axes_of(spec))})"
         )
     out = out_arg("--out", args.out or Path("coordcheck") / spec.run.name)
 

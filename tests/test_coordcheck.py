@@ -93,7 +93,10 @@ def test_command_writes_json_and_plot_and_says_which(tmp_path):
 @pytest.mark.parametrize(
     "args,named",
     [
-        (["--axes", "K"], "K needs an hourglass model"),
+        (
+            ["--axes", "K"],
+            "K is not an axis of model.block=variable_width (its axes: width, depth)",
+        ),
         (["--axes", "width,nope"], "--axes"),
         (["--steps", "0"], "--steps"),
     ],

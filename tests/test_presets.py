@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from olmo_patches.blocks import block_of
 from olmo_patches.config import ConfigError, vocab_size
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.cards import CARDS, GIB, card_for_device, known_card
@@ -110,7 +111,7 @@ def _memory_model(path):
         head,
         spec.data.sequence_length,
         spec.train.global_batch_size // 8,
-        spec.model.moe is not None,
+        block_of(spec.model).routed_experts(spec.model),
     )
 
 
