@@ -82,8 +82,7 @@ def shipped():
 
 def _with_train(spec, **train):
     """A copy of ``spec`` with its own train section, ``train`` set there: the other sections are
-    shared (only train is changed or written here; a deep copy of every config, twice a launch,
-    was a third of the test's time)."""
+    shared (only train is changed or written here), not deep-copied with the config's provenance."""
     spec = copy.copy(spec)
     spec.train = copy.copy(spec.train)
     for key, value in train.items():
