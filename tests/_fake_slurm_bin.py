@@ -121,19 +121,9 @@ def _end(job: str, kill_wait: str) -> None:
     signal_all(processes(job), signal.SIGKILL)
 
 
-def srun(argv: list) -> int:
-    _record("srun", argv)
-    if not os.environ.get("FAKE_SRUN_RUN"):
-        return 0
-    opts, cmd = [], list(argv)
-    while cmd and cmd[0].startswith("-"):
-        opts.append(cmd.pop(0))
-    kill_on_bad_exit = "--kill-on-bad-exit=1" in opts or "--kill-on-bad-exit" in opts
-    step = _steps_of(_job())
-    step_id = str(len(step))
-    (_log() / "steps").write_text(str(len(step) + 1))
-    job = _job()
-    mine = lambda: processes(job, [step_id])  # noqa: E731
+def _forward_signals(job: str, step_id: str, mine) -> None:
+    """srun's handling of the signals it gets: what it prints, and what reaches the step's
+    tasks."""
     last_int = [0.0]
 
     def on_signal(signum, frame):
@@ -170,9 +160,12 @@ def srun(argv: list) -> int:
         signal.SIGUSR2,
     ):
         signal.signal(s, on_signal)
-    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))
+
+
+def _start_tasks(cmd: list, job: str, step_id: str) -> list:
+    """One task a node, each in its own session, marked with its job and step."""
     tasks = []
-    for i in range(nodes):
+    for i in range(int(os.environ.get("SLURM_JOB_NUM_NODES", "1"))):
         env = dict(
             os.environ,
             SLURM_PROCID=str(i),
@@ -183,6 +176,12 @@ def srun(argv: list) -> int:
             **{MARK: f"{job}/{step_id}"},
         )
         tasks.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+    return tasks
+
+
+def _wait_tasks(tasks: list, mine, kill_on_bad_exit: bool) -> list:
+    """Every task's exit code; a failed task is reported as srun does (and, with
+    --kill-on-bad-exit, ends the step)."""
     codes = [None] * len(tasks)
     while any(c is None for c in codes):
         for i, t in enumerate(tasks):
@@ -198,6 +197,24 @@ def srun(argv: list) -> int:
                     if kill_on_bad_exit:
                         signal_all(mine(), signal.SIGKILL)
         time.sleep(0.05)
+    return codes
+
+
+def srun(argv: list) -> int:
+    _record("srun", argv)
+    if not os.environ.get("FAKE_SRUN_RUN"):
+        return 0
+    opts, cmd = [], list(argv)
+    while cmd and cmd[0].startswith("-"):
+        opts.append(cmd.pop(0))
+    kill_on_bad_exit = "--kill-on-bad-exit=1" in opts or "--kill-on-bad-exit" in opts
+    step = _steps_of(_job())
+    step_id = str(len(step))
+    (_log() / "steps").write_text(str(len(step) + 1))
+    job = _job()
+    mine = lambda: processes(job, [step_id])  # noqa: E731
+    _forward_signals(job, step_id, mine)
+    codes = _wait_tasks(_start_tasks(cmd, job, step_id), mine, kill_on_bad_exit)
     signal_all(mine(), signal.SIGKILL)  # the step is over: its container goes with it
     return max(c if c >= 0 else 128 - c for c in codes)
 

@@ -71,75 +71,77 @@ class FileServer:
             return False
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
+        return type("Handler", (_Handler,), {"owner": self})
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, as real servers
-            disable_nagle_algorithm = True  # headers and body go out in separate writes
 
-            def log_message(self, *args) -> None:  # keep pytest output clean
-                pass
+class _Handler(BaseHTTPRequestHandler):
+    """Answers from ``owner``, the FileServer it is bound to (``_handler``)."""
 
-            def _lookup(self, method: str) -> Optional[bytes]:
-                name = self.path.lstrip("/")
-                with server._lock:
-                    server.requests.append((method, name, self.headers.get("Range")))
-                if server.latency_s:
-                    time.sleep(server.latency_s)
-                data = server.files.get(name)
-                if data is None or name in server.missing:
-                    self._reply(404, b"not found")
-                    return None
-                if name in server.moved:
-                    self._reply(301, b"moved", {"Location": f"/{name}.moved"})
-                    return None
-                return data
+    owner: FileServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as real servers
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
 
-            def _reply(
-                self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True
-            ) -> None:
-                self.send_response(status)
-                for key, value in (headers or {}).items():
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if send_body:
-                    self.wfile.write(body)
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
 
-            def do_HEAD(self) -> None:
-                data = self._lookup("HEAD")
-                if data is not None:
-                    self._reply(200, data, {"Accept-Ranges": "bytes"}, send_body=False)
+    def _lookup(self, method: str) -> Optional[bytes]:
+        name = self.path.lstrip("/")
+        with self.owner._lock:
+            self.owner.requests.append((method, name, self.headers.get("Range")))
+        if self.owner.latency_s:
+            time.sleep(self.owner.latency_s)
+        data = self.owner.files.get(name)
+        if data is None or name in self.owner.missing:
+            self._reply(404, b"not found")
+            return None
+        if name in self.owner.moved:
+            self._reply(301, b"moved", {"Location": f"/{name}.moved"})
+            return None
+        return data
 
-            def do_GET(self) -> None:
-                data = self._lookup("GET")
-                if data is None:
-                    return
-                name = self.path.lstrip("/")
-                if server._take(server.stall, name):
-                    server.release.wait()
-                if server._take(server.fail, name):
-                    self._reply(500, b"internal error")
-                    return
-                match = _RANGE.fullmatch(self.headers.get("Range", ""))
-                if not match:
-                    self._reply(200, data)
-                    return
-                start, end = (int(match.group(1)), min(int(match.group(2)), len(data) - 1))
-                body = data[start : end + 1]
-                if server._take(server.short, name):
-                    body = body[: len(body) // 2]
-                    end = start + len(body) - 1
-                headers = {"Content-Range": f"bytes {start}-{end}/{len(data)}"}
-                if server._take(server.drop, name):
-                    self.send_response(206)
-                    self.send_header("Content-Range", headers["Content-Range"])
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self._reply(206, body, headers)
+    def _reply(
+        self, status: int, body: bytes, headers: Optional[dict] = None, send_body=True
+    ) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
 
-        return Handler
+    def do_HEAD(self) -> None:
+        data = self._lookup("HEAD")
+        if data is not None:
+            self._reply(200, data, {"Accept-Ranges": "bytes"}, send_body=False)
+
+    def do_GET(self) -> None:
+        data = self._lookup("GET")
+        if data is None:
+            return
+        name = self.path.lstrip("/")
+        if self.owner._take(self.owner.stall, name):
+            self.owner.release.wait()
+        if self.owner._take(self.owner.fail, name):
+            self._reply(500, b"internal error")
+            return
+        match = _RANGE.fullmatch(self.headers.get("Range", ""))
+        if not match:
+            self._reply(200, data)
+            return
+        start, end = (int(match.group(1)), min(int(match.group(2)), len(data) - 1))
+        body = data[start : end + 1]
+        if self.owner._take(self.owner.short, name):
+            body = body[: len(body) // 2]
+            end = start + len(body) - 1
+        headers = {"Content-Range": f"bytes {start}-{end}/{len(data)}"}
+        if self.owner._take(self.owner.drop, name):
+            self.send_response(206)
+            self.send_header("Content-Range", headers["Content-Range"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self._reply(206, body, headers)

@@ -129,9 +129,8 @@ def test_hooks_on_each_variant(tmp_path, variant, units):
         assert 0 <= s.utilisation <= 1 and 0 < s.target_probability < 1
 
 
-def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
-    """scripts/analyze.py on a baseline and a variable-width checkpoint: the JSON has the four
-    metrics per layer for each, and one figure; a missing checkpoint is a one-line error."""
+def _two_checkpoints(tmp_path) -> list:
+    """A tiny baseline (2 layers) and variable-width run (4 layers), 2 steps each: their folders."""
     runs = []
     for variant, L in (
         ("baseline", 2),
@@ -151,6 +150,13 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
         )
         train(spec)
         runs.append(str(folder))
+    return runs
+
+
+def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
+    """scripts/analyze.py on a baseline and a variable-width checkpoint: the JSON has the four
+    metrics per layer for each, and one figure; a missing checkpoint is a one-line error."""
+    runs = _two_checkpoints(tmp_path)
     r = run_in_process(
         "analyze.py", *runs, "--out", str(tmp_path / "out"), "--batch", "2", "--seq", "16"
     )

@@ -501,29 +501,95 @@ def test_training_config_reads_the_same_batches_from_prefix_and_remote(
 # -- a mirror of the pinned list ----------------------------------------------------------
 
 
-def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, expected, monkeypatch):
-    """data.base / --base: the pinned list's files read from a local folder and from a loopback HTTP
-    mirror give the reference order's batches through the training config, and the same prefix
-    through data_order.py; the list's checksum is still checked."""
+# the pinned list's host in the mirror tests, never contacted: every read goes to the mirror
+ORIGIN = "http://olmo-data.org"
+
+
+def _pinned_list(tmp_path, monkeypatch):
+    """The pinned list of LISTED under ORIGIN, with its checksum, in place of the shipped one."""
     import hashlib
 
-    from olmo_patches.config import ConfigError
-    from olmo_patches.launch.layout import load_and_resolve
-    from olmo_patches.train import build_experiment, resolve_data
-
-    origin = "http://olmo-data.org"  # never contacted: every read goes to the mirror
     pinned = tmp_path / "pinned.txt"
-    pinned.write_text("".join(f"{origin}/{n}\n" for n in LISTED))
+    pinned.write_text("".join(f"{ORIGIN}/{n}\n" for n in LISTED))
     (tmp_path / "pinned.txt.sha256").write_text(
         hashlib.sha256(pinned.read_bytes()).hexdigest() + "  pinned.txt\n"
     )
     monkeypatch.setattr(order_mod, "PINNED_LIST", pinned)
+    return pinned
+
+
+def _check_training_batches(tmp_path, base: str, k: int, instances) -> None:
+    """The training config with data.base=base reads the reference order's batches."""
+    from olmo_patches.launch.layout import load_and_resolve
+    from olmo_patches.train import build_experiment, resolve_data
+
+    spec = load_and_resolve(
+        REPO / "configs" / "113M" / "baseline.yaml",
+        [
+            "data.source=olmo2_stage1",
+            f"data.base={base}",
+            f"data.sequence_length={SEQ}",
+            f"data.work_dir={tmp_path / f'cache{k}'}",
+            f"train.global_batch_size={BATCH}",
+            f"train.micro_batch_size={BATCH}",
+        ],
+    )
+    data = resolve_data(spec)
+    assert data.train_paths == [f"{base}/{n}" for n in LISTED]
+    exp = build_experiment(spec, data)
+    loader = exp.data_loader.build(exp.dataset.build())
+    loader.reshuffle(epoch=1)
+    batches = [b["input_ids"].numpy() for b in loader]
+    assert len(batches) == len(instances) // BATCH
+    for j, batch in enumerate(batches):
+        np.testing.assert_array_equal(batch, instances[j * BATCH : (j + 1) * BATCH])
+
+
+def _check_cli_prefix(cli, tmp_path, pinned, base: str, k: int, instances) -> None:
+    """data_order.py manifest, materialize and verify with --base: the list's own paths, and the
+    reference order's first 12 instances."""
+    manifest, out = tmp_path / f"sizes{k}.json", tmp_path / f"prefix{k}"
+    common = ["--paths-file", str(pinned), "--base", base, "--quiet", "--retries", "2"]
+    assert cli.main(["manifest", *common, "--out", str(manifest)]) == 0
+    assert [f[0] for f in json.loads(manifest.read_text())["files"]] == [
+        f"{ORIGIN}/{n}" for n in LISTED
+    ]
+    sizing = ["--seq-len", str(SEQ), "--batch-instances", str(BATCH), "--chunk-instances", "5"]
+    assert (
+        cli.main(
+            [
+                "materialize",
+                *common,
+                "--manifest",
+                str(manifest),
+                "--instances",
+                "12",
+                *sizing,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    np.testing.assert_array_equal(
+        read_prefix(out, PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)), instances[:12]
+    )
+    assert cli.main(["verify", "--base", base, "--out", str(out), "--sample", "4", "--quiet"]) == 0
+
+
+def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, expected, monkeypatch):
+    """data.base / --base: the pinned list's files read from a local folder and from a loopback HTTP
+    mirror give the reference order's batches through the training config, and the same prefix
+    through data_order.py; the list's checksum is still checked."""
+    from olmo_patches.config import ConfigError
+    from olmo_patches.launch.layout import load_and_resolve
+
+    pinned = _pinned_list(tmp_path, monkeypatch)
     local = tmp_path / "mirror"
     for name, data in files.items():
         (local / name).parent.mkdir(parents=True, exist_ok=True)
         (local / name).write_bytes(data)
-    order, instances = expected
-    n_batches = len(order) // BATCH
+    _, instances = expected
     module_spec = importlib.util.spec_from_file_location(
         "data_order_cli", REPO / "scripts" / "data_order.py"
     )
@@ -531,60 +597,12 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     module_spec.loader.exec_module(cli)
 
     for k, base in enumerate((str(local), server.base_url)):
-        spec = load_and_resolve(
-            REPO / "configs" / "113M" / "baseline.yaml",
-            [
-                "data.source=olmo2_stage1",
-                f"data.base={base}",
-                f"data.sequence_length={SEQ}",
-                f"data.work_dir={tmp_path / f'cache{k}'}",
-                f"train.global_batch_size={BATCH}",
-                f"train.micro_batch_size={BATCH}",
-            ],
-        )
-        data = resolve_data(spec)
-        assert data.train_paths == [f"{base}/{n}" for n in LISTED]
-        exp = build_experiment(spec, data)
-        loader = exp.data_loader.build(exp.dataset.build())
-        loader.reshuffle(epoch=1)
-        batches = [b["input_ids"].numpy() for b in loader]
-        assert len(batches) == n_batches
-        for j, batch in enumerate(batches):
-            np.testing.assert_array_equal(batch, instances[j * BATCH : (j + 1) * BATCH])
-
-        manifest, out = tmp_path / f"sizes{k}.json", tmp_path / f"prefix{k}"
-        common = ["--paths-file", str(pinned), "--base", base, "--quiet", "--retries", "2"]
-        assert cli.main(["manifest", *common, "--out", str(manifest)]) == 0
-        assert [f[0] for f in json.loads(manifest.read_text())["files"]] == [
-            f"{origin}/{n}" for n in LISTED
-        ]
-        sizing = ["--seq-len", str(SEQ), "--batch-instances", str(BATCH), "--chunk-instances", "5"]
-        assert (
-            cli.main(
-                [
-                    "materialize",
-                    *common,
-                    "--manifest",
-                    str(manifest),
-                    "--instances",
-                    "12",
-                    *sizing,
-                    "--out",
-                    str(out),
-                ]
-            )
-            == 0
-        )
-        np.testing.assert_array_equal(
-            read_prefix(out, PrefixSpec((), (), SEQ, OLD_TRAINER_SEED, 12, 5)), instances[:12]
-        )
-        assert (
-            cli.main(["verify", "--base", base, "--out", str(out), "--sample", "4", "--quiet"]) == 0
-        )
+        _check_training_batches(tmp_path, base, k, instances)
+        _check_cli_prefix(cli, tmp_path, pinned, base, k, instances)
     assert server.count("GET") > 0
 
     with pytest.raises(DataOrderError, match="is not under https://elsewhere.org/"):
-        order_mod.rebase([f"{origin}/a/p0.npy"], str(local), origin="https://elsewhere.org")
+        order_mod.rebase([f"{ORIGIN}/a/p0.npy"], str(local), origin="https://elsewhere.org")
     with pytest.raises(ConfigError, match=r"data\.base=.*nowhere: no such folder"):
         load_and_resolve(
             REPO / "configs" / "113M" / "baseline.yaml", [f"data.base={tmp_path / 'nowhere'}"]
@@ -594,7 +612,7 @@ def test_mirror_base_keeps_paths_checksum_and_order(tmp_path, server, files, exp
     ):
         load_and_resolve(REPO / "configs" / "demo" / "baseline.yaml", [f"data.base={local}"])
     pinned.write_text(
-        pinned.read_text() + f"{origin}/c/p3.npy\n"
+        pinned.read_text() + f"{ORIGIN}/c/p3.npy\n"
     )  # the list changed: refused, mirror or not
     with pytest.raises(DataOrderError, match="the file list changed"):
         order_mod.load_pinned_list(str(local))

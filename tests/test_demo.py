@@ -71,6 +71,50 @@ def _files(folder: Path) -> dict:
     }
 
 
+def _check_the_partial_summary(configs, overrides, tmp_path) -> None:
+    """The summary of the folders as they are: the second variant marked and left out of the
+    comparison."""
+    specs = [load_and_resolve(c, overrides) for c in configs]
+    table = io.StringIO()
+    compare(specs, tmp_path / "partial", Console(file=table, width=250))
+    partial = json.loads((tmp_path / "partial" / "summary.json").read_text())
+    assert partial["demo-baseline"]["finished"] is True and partial["demo-baseline"]["steps"] == 4
+    assert (
+        partial["demo-hourglass"]["finished"] is False
+        and partial["demo-hourglass"]["planned_steps"] == 4
+    )
+    row = next(line for line in table.getvalue().splitlines() if "demo-hourglass" in line)
+    assert "UNFINISHED" in row and "x)" not in row and "%" not in row  # no ratio, no mismatch
+    assert "(1.00x)" in next(
+        line for line in table.getvalue().splitlines() if "demo-baseline" in line
+    )
+
+
+def _check_a_fresh_start(args, tmp_path, kept: dict) -> None:
+    """demo.py --fresh, in a process of its own: both variants trained again, the earlier runs kept
+    aside, OLMo-core's model printout in each train.log and none on the terminal."""
+    first, second = tmp_path / "demo-baseline", tmp_path / "demo-hourglass"
+    r = run_script("demo.py", *args, "--fresh")
+    assert r.returncode == 0, r.stderr
+    for run in (first, second):
+        assert (
+            "resuming" not in (run / "train.log").read_text()
+            and "Transformer(" in (run / "train.log").read_text()
+        )
+    saved = [p for p in kept if "step4" in p.parts]
+    assert saved and all(
+        _files(first)[p][0] != kept[p][0] for p in saved
+    )  # the first variant trained again
+    assert (
+        len(list(tmp_path.glob("demo-baseline.before-*/step4"))) == 1
+    )  # the earlier runs moved aside, kept
+    assert (
+        "Transformer(" not in r.stdout + r.stderr
+        and "Building transformer" not in r.stdout + r.stderr
+    )
+    assert r.stdout.count("step 4/4") == 2  # each variant's progress lines still on the terminal
+
+
 def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(
     tmp_path, demo_corpus, monkeypatch
 ):
@@ -105,22 +149,7 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(
     assert max(read_metrics(first)) == 4 and (first / "step4").is_dir()
     stopped_at = max(int(p.name[4:]) for p in second.glob("step*"))
     assert 2 <= stopped_at < 4 and not (tmp_path / "out" / "summary.json").exists()
-    # The summary of the folders as they are: the second variant marked and left out of the
-    # comparison.
-    specs = [load_and_resolve(c, overrides) for c in configs]
-    table = io.StringIO()
-    compare(specs, tmp_path / "partial", Console(file=table, width=250))
-    partial = json.loads((tmp_path / "partial" / "summary.json").read_text())
-    assert partial["demo-baseline"]["finished"] is True and partial["demo-baseline"]["steps"] == 4
-    assert (
-        partial["demo-hourglass"]["finished"] is False
-        and partial["demo-hourglass"]["planned_steps"] == 4
-    )
-    row = next(line for line in table.getvalue().splitlines() if "demo-hourglass" in line)
-    assert "UNFINISHED" in row and "x)" not in row and "%" not in row  # no ratio, no mismatch
-    assert "(1.00x)" in next(
-        line for line in table.getvalue().splitlines() if "demo-baseline" in line
-    )
+    _check_the_partial_summary(configs, overrides, tmp_path)
 
     kept = _files(first)
     trained.clear()
@@ -136,25 +165,7 @@ def test_an_interrupted_demo_resumes_where_it_stopped_and_fresh_starts_over(
     assert [e["finished"] for e in summary.values()] == [True, True]
 
     monkeypatch.setattr(train_pkg, "train", real_train)
-    r = run_script("demo.py", *args, "--fresh")
-    assert r.returncode == 0, r.stderr
-    for run in (first, second):
-        assert (
-            "resuming" not in (run / "train.log").read_text()
-            and "Transformer(" in (run / "train.log").read_text()
-        )
-    saved = [p for p in kept if "step4" in p.parts]
-    assert saved and all(
-        _files(first)[p][0] != kept[p][0] for p in saved
-    )  # the first variant trained again
-    assert (
-        len(list(tmp_path.glob("demo-baseline.before-*/step4"))) == 1
-    )  # the earlier runs moved aside, kept
-    assert (
-        "Transformer(" not in r.stdout + r.stderr
-        and "Building transformer" not in r.stdout + r.stderr
-    )
-    assert r.stdout.count("step 4/4") == 2  # each variant's progress lines still on the terminal
+    _check_a_fresh_start(args, tmp_path, kept)
 
 
 README_DEMO_ROW = re.compile(

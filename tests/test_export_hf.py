@@ -89,6 +89,24 @@ VW_VARIANTS = {
 }
 
 
+def _check_tokenizer(out, demo_corpus):
+    """The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own
+    file."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    text = "def f(x):\n    return x + 1  # é\n"
+    tok, ids = (
+        AutoTokenizer.from_pretrained(out),
+        Tokenizer.from_file(str(demo_corpus.tokenizer_file)).encode(text).ids,
+    )
+    assert (
+        tok(text)["input_ids"] == ids
+        and len(ids) > 5
+        and tok.decode(ids) == Tokenizer.from_file(str(demo_corpus.tokenizer_file)).decode(ids)
+    )
+
+
 def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     """Train 2 steps, export with the script (in this process), then: logits = OLMo-core's forward
     (float32, < 1e-4), and greedy generate() = the argmax continuation of OLMo-core's model."""
@@ -109,21 +127,7 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (out / "modeling_hourglass_olmo.py").exists() == (kind == "custom")
-    # The exported tokenizer, loaded back by transformers, encodes and decodes as the run's own
-    # file.
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer
-
-    text = "def f(x):\n    return x + 1  # é\n"
-    tok, ids = (
-        AutoTokenizer.from_pretrained(out),
-        Tokenizer.from_file(str(demo_corpus.tokenizer_file)).encode(text).ids,
-    )
-    assert (
-        tok(text)["input_ids"] == ids
-        and len(ids) > 5
-        and tok.decode(ids) == Tokenizer.from_file(str(demo_corpus.tokenizer_file)).decode(ids)
-    )
+    _check_tokenizer(out, demo_corpus)
 
     reference = spec.model.build(vocab_size=4096).build(init_device="cpu")
     reference.load_state_dict(load_model_state(run / "step2"))

@@ -23,8 +23,8 @@ WHEELHOUSE_MIB = (
 )
 
 
-def test_offline_install_keeps_torch_and_rehearses(tmp_path):
-    wheelhouse, venv, out = tmp_path / "wheelhouse", tmp_path / "venv", tmp_path / "out"
+def _wheelhouse(wheelhouse: Path) -> None:
+    """make wheelhouse: what the GPU run imports, torch and never-imported packages left out."""
     r = run(
         [
             "make",
@@ -54,35 +54,29 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
     assert sum(p.stat().st_size for p in wheelhouse.iterdir()) <= WHEELHOUSE_MIB * 2**20
     print(r.stdout.strip().splitlines()[-1])
 
-    # The node: a Python with torch and nothing of this project (torch from this machine's usual
-    # source).
+
+def _node_python(venv: Path) -> Path:
+    """The node: a Python with torch and nothing of this project (torch from this machine's usual
+    source)."""
     assert run([sys.executable, "-m", "venv", venv]).returncode == 0
     python = venv / "bin" / "python"
     r = run([python, "-m", "pip", "install", "--quiet", "torch==2.13.0"], timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    return python
+
+
+def _torch_where(python: Path) -> str:
+    """The node's torch version and where it is installed."""
     probe = [
         "-c",
         "import importlib.metadata as m, torch; print(torch.__version__, "
         "m.distribution('torch')._path)",
     ]
-    torch_before = run([python, *probe]).stdout
+    return run([python, *probe]).stdout
 
-    offline = {
-        "PIP_CONFIG_FILE": os.devnull,
-        "PIP_FIND_LINKS": str(wheelhouse),
-        "PIP_NO_INDEX": "1",
-    }
-    gpu_check = [python, "scripts/gpu_check.py", "--rehearse", "--budget-scale", "5"]
-    r = run([*gpu_check, "--wheelhouse", wheelhouse, "--out", out], timeout=1800, **offline)
-    # budgets x5: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has
-    # many already)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    assert (
-        run([python, *probe]).stdout == torch_before
-    )  # the same torch, in the same place: not replaced
-    frozen = run([python, "-m", "pip", "freeze"], **offline).stdout.lower()
-    assert "hourglass-olmo==" in frozen and "torchao==0.18.0" in frozen
 
+def _check_the_rehearsal(out: Path) -> None:
+    """The offline install and every section passed, within budget, each row a rehearsal."""
     result = json.loads((out / "gpu_check.json").read_text())
     install, deps, *sections = result["sections"]
     assert install["title"] == "offline install" and install["result"] == "pass", install
@@ -103,7 +97,9 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
         (out / "gpu_check.md").read_text().split("\n\n")[1]
     )  # the sections' times against their budgets
 
-    # torchao removed: the run says so and fails; allowed, it is a SKIP and the run passes
+
+def _check_without_torchao(python: Path, gpu_check: list, tmp_path: Path, offline: dict) -> None:
+    """torchao removed: the run says so and fails; allowed, it is a SKIP and the run passes."""
     assert (
         run([python, "-m", "pip", "uninstall", "--quiet", "--yes", "torchao"], **offline).returncode
         == 0
@@ -134,3 +130,25 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
         ]
     }
     assert r.returncode == 0 and rows["torchao"]["result"] == "SKIP", r.stdout[-2000:]
+
+
+def test_offline_install_keeps_torch_and_rehearses(tmp_path):
+    wheelhouse, venv, out = tmp_path / "wheelhouse", tmp_path / "venv", tmp_path / "out"
+    _wheelhouse(wheelhouse)
+    python = _node_python(venv)
+    torch_before = _torch_where(python)
+    offline = {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": str(wheelhouse),
+        "PIP_NO_INDEX": "1",
+    }
+    gpu_check = [python, "scripts/gpu_check.py", "--rehearse", "--budget-scale", "5"]
+    r = run([*gpu_check, "--wheelhouse", wheelhouse, "--out", out], timeout=1800, **offline)
+    # budgets x5: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has
+    # many already)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert _torch_where(python) == torch_before  # the same torch, in the same place: not replaced
+    frozen = run([python, "-m", "pip", "freeze"], **offline).stdout.lower()
+    assert "hourglass-olmo==" in frozen and "torchao==0.18.0" in frozen
+    _check_the_rehearsal(out)
+    _check_without_torchao(python, gpu_check, tmp_path, offline)

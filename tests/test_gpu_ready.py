@@ -176,36 +176,9 @@ def test_worker_keys_are_checked(tmp_path):
 # --- scripts/gpu_check.py: the GPU checks (tests/gpu/) and their table ----------------------------
 
 
-def test_gpu_check_rehearsal(tmp_path):
-    """Every section of tests/gpu/ on CPU at toy sizes through the same code: each row marked
-    rehearsal, each section inside its budget, the numerical rows judged, speed and memory shown."""
-    # x5: the H200 budgets on a shared 2-core machine (load average 12-15 measured: attention took
-    # 35 s of 20 x 3)
-    r = run_in_process("gpu_check.py", "--rehearse", "--budget-scale", "5", "--out", str(tmp_path))
-    result = json.loads((tmp_path / "gpu_check.json").read_text())
-    failed = [
-        (s["title"], s["seconds"], r)
-        for s in result["sections"]
-        for r in s["rows"]
-        if r["result"] == "FAIL"
-    ]
-    assert r.returncode == 0, (failed, r.stderr[-3000:])
-    assert (
-        result["mode"] == "rehearsal"
-        and result["device"] == "cpu (rehearsal)"
-        and result["budget_scale"] == 5
-    )
-    sections = {s["title"]: s for s in result["sections"]}
-    assert list(sections) == [
-        "dependencies",
-        "bf16 vs fp32",
-        "attention kernels",
-        "compile",
-        "resume",
-        "FFN vs FFN",
-        "trainer",
-        "float8",
-    ]
+def _check_dependencies(sections: dict) -> None:
+    """The dependency rows (popped from ``sections``): the lock's torchao; what this venv lacks
+    named with its stand-in."""
     deps = {r["name"]: r for r in sections.pop("dependencies")["rows"]}
     assert (
         deps["torchao"]["result"] == "pass" and deps["torchao"]["value"] == "0.18.0"
@@ -219,23 +192,10 @@ def test_gpu_check_rehearsal(tmp_path):
         assert deps[name]["result"] == "missing" and deps[name]["detail"].startswith("instead: "), (
             deps[name]
         )
-    # the budgets on one H200 with start-up and the offline install: the whole run within 8 minutes
-    from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
 
-    assert (
-        sum(s["budget_s"] for s in sections.values()) / 5
-        + budget(INSTALL_ESTIMATE_S)
-        + STARTUP_ESTIMATE_S
-        <= 8 * 60
-    )
-    assert all(
-        s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()
-    ), sections
-    rows = {f"{s['title']}: {r['name']}": r for s in result["sections"] for r in s["rows"]}
-    assert (
-        all(r["rehearsal"] for r in rows.values())
-        and "pass (rehearsal)" in (tmp_path / "gpu_check.md").read_text()
-    )
+
+def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
+    """bf16 against fp32 per block, and the attention kernels at the shipped head dims."""
     for block in [
         "baseline pre",
         "baseline post",
@@ -272,6 +232,11 @@ def test_gpu_check_rehearsal(tmp_path):
         shipped,
     )
     assert all(2.0**-16 < float(r["value"]) and "stands in" in r["detail"] for r in kernels)
+
+
+def _check_compile_and_resume(rows: dict, sections: dict) -> None:
+    """Compiled against eager per block (no graph breaks, no recompiles), and a bit-identical
+    resume."""
     for block in ("baseline pre", "hourglass pre", "variable width learned"):
         for row in (
             "compiled vs eager: logits",
@@ -288,6 +253,10 @@ def test_gpu_check_rehearsal(tmp_path):
         assert rows[f"compile: {block}: graphs compiled in 3 more training steps"]["value"] == "0"
     resume = sections["resume"]["rows"]
     assert [r["detail"] for r in resume] == ["bit-identical"] * 2  # one CPU process: deterministic
+
+
+def _check_trainer_ffn_and_float8(rows: dict, sections: dict) -> None:
+    """The trainer's rows at both scales, the FFN-against-FFN rows and float8 against bf16."""
     for scale in ("113M", "1B"):
         for variant in ("baseline", "hourglass"):
             assert (
@@ -319,6 +288,59 @@ def test_gpu_check_rehearsal(tmp_path):
     assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", (
         loss
     )  # float8 really ran, close to bf16
+
+
+def test_gpu_check_rehearsal(tmp_path):
+    """Every section of tests/gpu/ on CPU at toy sizes through the same code: each row marked
+    rehearsal, each section inside its budget, the numerical rows judged, speed and memory shown."""
+    # x5: the H200 budgets on a shared 2-core machine (load average 12-15 measured: attention took
+    # 35 s of 20 x 3)
+    r = run_in_process("gpu_check.py", "--rehearse", "--budget-scale", "5", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    failed = [
+        (s["title"], s["seconds"], r)
+        for s in result["sections"]
+        for r in s["rows"]
+        if r["result"] == "FAIL"
+    ]
+    assert r.returncode == 0, (failed, r.stderr[-3000:])
+    assert (
+        result["mode"] == "rehearsal"
+        and result["device"] == "cpu (rehearsal)"
+        and result["budget_scale"] == 5
+    )
+    sections = {s["title"]: s for s in result["sections"]}
+    assert list(sections) == [
+        "dependencies",
+        "bf16 vs fp32",
+        "attention kernels",
+        "compile",
+        "resume",
+        "FFN vs FFN",
+        "trainer",
+        "float8",
+    ]
+    _check_dependencies(sections)
+    # the budgets on one H200 with start-up and the offline install: the whole run within 8 minutes
+    from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
+
+    assert (
+        sum(s["budget_s"] for s in sections.values()) / 5
+        + budget(INSTALL_ESTIMATE_S)
+        + STARTUP_ESTIMATE_S
+        <= 8 * 60
+    )
+    assert all(
+        s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()
+    ), sections
+    rows = {f"{s['title']}: {r['name']}": r for s in result["sections"] for r in s["rows"]}
+    assert (
+        all(r["rehearsal"] for r in rows.values())
+        and "pass (rehearsal)" in (tmp_path / "gpu_check.md").read_text()
+    )
+    _check_bf16_and_attention(rows, sections)
+    _check_compile_and_resume(rows, sections)
+    _check_trainer_ffn_and_float8(rows, sections)
 
 
 def test_gpu_tests_skip_on_cpu_saying_why():

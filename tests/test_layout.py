@@ -147,3 +147,17 @@ def test_scripts_only_call_the_library():
             isinstance(n, ast.stmt) for n in ast.walk(tree)
         )  # the formatter's wraps aside
         assert statements < 130, f"{script.name}: a thin layer is short ({statements} statements)"
+
+
+def test_no_function_over_60_lines():
+    """The developers' guide: no function over 60 lines, from its ``def`` to its last line
+    (docstring included), in the library, the scripts and the tests."""
+    long = []
+    for folder in ("olmo_patches", "scripts", "tests"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 60:
+                        long.append(f"{path.relative_to(REPO)}: {node.name}, {lines} lines")
+    assert not long, "\n".join(long)

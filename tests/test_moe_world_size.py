@@ -57,11 +57,9 @@ def _batch(step: int, vocab: int) -> torch.Tensor:
     )
 
 
-def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -> dict:
-    """Steps 1..STEPS[balance] through OLMo-core's train module (FSDP over ``world`` gloo ranks):
-    the step-1 load-balancing loss (summed over layers) and full gradients, and each step's CE
-    loss."""
-    import torch.distributed as dist
+def _train_module(config, micro: int, world: int):
+    """OLMo-core's train module for ``config`` (FSDP over ``world`` ranks, fp32), its weights those
+    of one seeded CPU build, the experts counted first."""
     from olmo_core.config import DType
     from olmo_core.distributed import parallel
     from olmo_core.distributed.parallel import DataParallelType
@@ -71,11 +69,9 @@ def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -
         TransformerTrainModuleConfig,
     )
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from torch.distributed.tensor import DTensor
 
     from olmo_patches.nn.moe import count_experts_first
 
-    config = _spec(tmp, experts, balance).model_config()
     torch.manual_seed(0)
     reference = config.build(init_device="cpu")
     reference.init_weights(max_seq_len=SEQ, device=torch.device("cpu"))
@@ -95,6 +91,18 @@ def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -
         module.model, reference.state_dict(), options=StateDictOptions(full_state_dict=True)
     )
     count_experts_first(module)
+    return module
+
+
+def _train(tmp, experts: str, balance: str, micro: int, world: int, rank: int) -> dict:
+    """Steps 1..STEPS[balance] through OLMo-core's train module (FSDP over ``world`` gloo ranks):
+    the step-1 load-balancing loss (summed over layers) and full gradients, and each step's CE
+    loss."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    config = _spec(tmp, experts, balance).model_config()
+    module = _train_module(config, micro, world)
     metrics: dict = {}
     module.record_metric = lambda name, value, *a, **k: metrics.__setitem__(name, value)
     module.record_ce_loss = lambda value, *a, **k: metrics.__setitem__("CE", value)

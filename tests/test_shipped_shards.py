@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -51,6 +50,9 @@ class Config:
     model: torch.nn.Module  # meta; its blocks of shapes seen in an earlier config removed
     blocks: list = field(default_factory=list)  # every block's shape signature, in order
     kept: dict = field(default_factory=dict)  # the blocks left in ``model``: name -> signature
+    # the dry run's float8 count (float8_report: it builds the model) by train.float8, read once:
+    # it depends on the model and train.float8 only, not on the launch
+    float8_params: dict = field(default_factory=dict)
 
 
 def _signature(block) -> tuple:
@@ -78,6 +80,16 @@ def shipped():
     return configs
 
 
+def _with_train(spec, **train):
+    """A copy of ``spec`` with its own train section, ``train`` set there: the other sections are
+    shared (only train is changed or written here), not deep-copied with the config's provenance."""
+    spec = copy.copy(spec)
+    spec.train = copy.copy(spec.train)
+    for key, value in train.items():
+        setattr(spec.train, key, value)
+    return spec
+
+
 def _parallelize(entry: Config, mode: str, world: int, float8: str):
     """OLMo-core's parallelize_model as its train module calls it; the weights stay on meta (its
     init_weights would materialize them)."""
@@ -87,8 +99,7 @@ def _parallelize(entry: Config, mode: str, world: int, float8: str):
 
     from olmo_patches.train.precision import data_parallel, float8_config
 
-    spec = copy.deepcopy(entry.spec)
-    spec.train.data_parallel, spec.train.float8 = mode, float8
+    spec = _with_train(entry.spec, data_parallel=mode, float8=float8)
     dp = data_parallel(spec, world)
     model = copy.deepcopy(entry.model)
     model.init_weights = lambda **kwargs: None
@@ -137,7 +148,67 @@ def _narrowest(entry: Config) -> int:
     )
 
 
-def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch):
+def _rank_share(entry: Config, model) -> tuple:
+    """Rank 0's elements of each block the model kept, by shape signature: (all, of them FFN and
+    attention weights, those weights in full, float8 elements)."""
+    per_block = {}
+    for block_name, block in model.blocks.items():
+        weights = [
+            p
+            for n, p in block.named_parameters()
+            if p.ndim >= 2 and (".attention." in f".{n}" or "feed_forward" in n)
+        ]
+        per_block[entry.kept[block_name]] = (
+            sum(_local(p) for p in block.parameters()),
+            sum(_local(p) for p in weights),
+            sum(p.numel() for p in weights),
+            _float8_params(block),
+        )
+    return per_block
+
+
+def _check_config(entry, where, launch, layout, per_block: dict, narrow: list, worst: dict):
+    """One config at one launch: an even share of the weights and the memory model's states, and
+    the float8 matmuls the dry run counts."""
+    from olmo_patches.launch.layout import fit_world_size, memory_estimate
+    from olmo_patches.report.counts import float8_report
+
+    mode, shards, float8 = launch
+    world = layout.world_size
+    spec = _with_train(entry.spec, data_parallel=mode, global_batch_size=world * 64)
+    fit_world_size(spec, layout)  # the launch's check (dry run, SLURM pre-flight, each rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, model = _parallelize(entry, mode, world, float8)
+    per_block.update(_rank_share(entry, model))
+    outside = sum(_local(p) for n, p in model.named_parameters() if not n.startswith("blocks."))
+    held = outside + sum(per_block[s][0] for s in entry.blocks)
+    weights_held = sum(per_block[s][1] for s in entry.blocks)
+    weights_all = sum(per_block[s][2] for s in entry.blocks)
+    split = shards if mode != "ddp" else 1
+    share = weights_held / (weights_all / split)
+    # Any dim-0 split of an n-row matrix over W ranks pads up to W / n: held to 10% where the
+    # narrowest width has 10 rows a rank (a 120-wide demo model on 64 ranks has 2). the memory
+    # model's static bytes (16 P / W: fp32 weight, gradient, two AdamW moments)
+    states = memory_estimate(spec, layout).states
+    if _narrowest(entry) >= 10 * split:
+        assert share <= EVEN, (where, share)
+        assert abs(16 * held - states) <= STATES * states, (where, 16 * held, states)
+        worst["share"] = max(worst["share"], share - 1)
+        worst["states"] = max(worst["states"], abs(16 * held / states - 1))
+    else:
+        narrow.append(where)
+    if float8 != "off":  # the matmuls float8 converted, as the dry run counts them
+        spec.train.float8 = float8
+        converted = _float8_params(model) - sum(_float8_params(b) for b in model.blocks.values())
+        converted += sum(per_block[s][3] for s in entry.blocks)
+        if float8 not in entry.float8_params:
+            entry.float8_params[float8] = float8_report(spec)["float8_params"]
+        assert converted == entry.float8_params[float8], where
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda launch: "-".join(map(str, launch)))
+def test_every_shipped_config_shards_evenly_at_every_launch(shipped, launch, monkeypatch):
     # FakeStore has no add(), which the store barrier of init_process_group and new_group (the
     # meshes) needs when OLMo-core's init_distributed has turned it on (TORCH_DIST_INIT_BARRIER=1,
     # left by an in-process run).
@@ -145,81 +216,25 @@ def test_every_shipped_config_shards_evenly_at_every_launch(shipped, monkeypatch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from olmo_patches.launch.layout import Layout, fit_world_size, memory_estimate
-    from olmo_patches.report.counts import float8_report
+    from olmo_patches.launch.layout import Layout
 
-    logging.disable(logging.WARNING)
+    mode, shards, float8 = launch
+    world = 2 * shards if mode == "hsdp" else shards
+    layout = Layout.plan(shards, 2) if mode == "hsdp" else Layout.plan(world)
+    # OLMo-core's HSDP replicas: one per node
+    monkeypatch.setenv("NUM_NODES", str(layout.nodes))
     narrow, worst = [], {"share": 0.0, "states": 0.0}
+    logging.disable(logging.WARNING)
     try:
-        for mode, shards, float8 in LAUNCHES:
-            world = 2 * shards if mode == "hsdp" else shards
-            layout = Layout.plan(shards, 2) if mode == "hsdp" else Layout.plan(world)
-            os.environ["NUM_NODES"] = str(layout.nodes)  # OLMo-core's HSDP replicas: one per node
-            try:
-                dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-                # block signature -> (elements rank 0 holds, of them FFN/attention, float8 elements)
-                per_block: dict = {}
-                for name, entry in shipped.items():
-                    where = f"{name} {mode} x{shards} float8={float8}"
-                    spec = copy.deepcopy(entry.spec)
-                    spec.train.data_parallel, spec.train.global_batch_size = mode, world * 64
-                    fit_world_size(
-                        spec, layout
-                    )  # the launch's check (dry run, SLURM pre-flight, each rank)
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        _, model = _parallelize(entry, mode, world, float8)
-                    for block_name, block in model.blocks.items():
-                        weights = [
-                            p
-                            for n, p in block.named_parameters()
-                            if p.ndim >= 2 and (".attention." in f".{n}" or "feed_forward" in n)
-                        ]
-                        per_block[entry.kept[block_name]] = (
-                            sum(_local(p) for p in block.parameters()),
-                            sum(_local(p) for p in weights),
-                            sum(p.numel() for p in weights),
-                            _float8_params(block),
-                        )
-                    outside = sum(
-                        _local(p)
-                        for n, p in model.named_parameters()
-                        if not n.startswith("blocks.")
-                    )
-                    held = outside + sum(per_block[s][0] for s in entry.blocks)
-                    weights_held = sum(per_block[s][1] for s in entry.blocks)
-                    weights_all = sum(per_block[s][2] for s in entry.blocks)
-                    split = shards if mode != "ddp" else 1
-                    share = weights_held / (weights_all / split)
-                    # Any dim-0 split of an n-row matrix over W ranks pads up to W / n: held to 10%
-                    # where the narrowest width has 10 rows a rank (a 120-wide demo model on 64
-                    # ranks has 2). the memory model's static bytes (16 P / W: fp32 weight,
-                    # gradient, two AdamW moments)
-                    states = memory_estimate(spec, layout).states
-                    if _narrowest(entry) >= 10 * split:
-                        assert share <= EVEN, (where, share)
-                        assert abs(16 * held - states) <= STATES * states, (
-                            where,
-                            16 * held,
-                            states,
-                        )
-                        worst["share"] = max(worst["share"], share - 1)
-                        worst["states"] = max(worst["states"], abs(16 * held / states - 1))
-                    else:
-                        narrow.append(where)
-                    if float8 != "off":  # the matmuls float8 converted, as the dry run counts them
-                        spec.train.float8 = float8
-                        converted = _float8_params(model) - sum(
-                            _float8_params(b) for b in model.blocks.values()
-                        )
-                        converted += sum(per_block[s][3] for s in entry.blocks)
-                        assert converted == float8_report(spec)["float8_params"], where
-            finally:
-                if dist.is_initialized():
-                    dist.destroy_process_group()
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        per_block: dict = {}  # block signature -> rank 0's elements (_rank_share)
+        for name, entry in shipped.items():
+            where = f"{name} {mode} x{shards} float8={float8}"
+            _check_config(entry, where, launch, layout, per_block, narrow, worst)
     finally:
         logging.disable(logging.NOTSET)
-        os.environ.pop("NUM_NODES", None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
     print(
         f"fewer than 10 rows a rank: {len(narrow)} "
         f"{sorted({(w.split()[0], w.split()[2]) for w in narrow})}; "

@@ -56,28 +56,9 @@ def _row(rows, **match):
     return found[0]
 
 
-def test_tables_show_runs_beside_paper_numbers(runs_root):
-    runs = load_runs([runs_root])
-    assert sorted(runs) == sorted(RUNS)
-    tables = build_tables(runs)
-    paper = paper_results()
-    # The baseline's PPL is exp of its last validation CE loss, read independently from
-    # metrics.jsonl.
-    metrics = read_metrics(runs_root / "113M-baseline")
-    last_val = [
-        m["eval/lm/val/CE loss"] for _, m in sorted(metrics.items()) if "eval/lm/val/CE loss" in m
-    ][-1]
-    row = _row(tables["validation_ppl"], run="113M-baseline")
-    assert float(row["val PPL"]) == pytest.approx(math.exp(last_val), abs=1e-3)
-    reported = next(
-        r["ppl"] for r in paper["hourglass"]["validation_ppl"] if r["run"] == "113M-baseline"
-    )
-    assert row["paper"] == f"{reported:.3f}" == "36.441"
-    assert float(row["diff"]) == pytest.approx(float(row["val PPL"]) - 36.441, abs=2e-3)
-    assert row["steps"] == 4
-    # Runs not made: "not run", the paper's number still shown.
-    missing = _row(tables["validation_ppl"], run="1B-olmo2")
-    assert missing["val PPL"] == NOT_RUN and missing["paper"] == "20.466" and missing["diff"] == ""
+def _check_the_113M_ablations(tables) -> None:
+    """The controlled 113M table, the K sweep and the d_h/d_model sweep beside the paper's
+    numbers."""
     # Controlled 113M: the K=8 stand-in has its number and the paper's 36.179.
     row = _row(tables["controlled_113M"], run="113M-hourglass-K8-dh384")
     assert row["paper"] == "36.179" and row["val PPL"] != NOT_RUN and row["K"] == 2
@@ -102,6 +83,10 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     assert dh["0.399"].startswith("0.38-0.42: about 0.4: best") and dh["0.284"].endswith(
         "clearly worse"
     ), dh
+
+
+def _check_downstream_and_variable_width(tables) -> None:
+    """Downstream cells not run beside the paper's, the hourglass runs, and paper 2's rows."""
     # Downstream was not evaluated in the tiny runs: shown as not run beside the paper's 0.453.
     # Every (task, size) cell: 7 tasks x 4 sizes x 2 variants; the paper's text gives 4 cells, each
     # variant.
@@ -125,6 +110,32 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
         "-4.6%",
         "-10.9%",
     )
+
+
+def test_tables_show_runs_beside_paper_numbers(runs_root):
+    runs = load_runs([runs_root])
+    assert sorted(runs) == sorted(RUNS)
+    tables = build_tables(runs)
+    paper = paper_results()
+    # The baseline's PPL is exp of its last validation CE loss, read independently from
+    # metrics.jsonl.
+    metrics = read_metrics(runs_root / "113M-baseline")
+    last_val = [
+        m["eval/lm/val/CE loss"] for _, m in sorted(metrics.items()) if "eval/lm/val/CE loss" in m
+    ][-1]
+    row = _row(tables["validation_ppl"], run="113M-baseline")
+    assert float(row["val PPL"]) == pytest.approx(math.exp(last_val), abs=1e-3)
+    reported = next(
+        r["ppl"] for r in paper["hourglass"]["validation_ppl"] if r["run"] == "113M-baseline"
+    )
+    assert row["paper"] == f"{reported:.3f}" == "36.441"
+    assert float(row["diff"]) == pytest.approx(float(row["val PPL"]) - 36.441, abs=2e-3)
+    assert row["steps"] == 4
+    # Runs not made: "not run", the paper's number still shown.
+    missing = _row(tables["validation_ppl"], run="1B-olmo2")
+    assert missing["val PPL"] == NOT_RUN and missing["paper"] == "20.466" and missing["diff"] == ""
+    _check_the_113M_ablations(tables)
+    _check_downstream_and_variable_width(tables)
 
 
 def test_make_tables_script_writes_markdown_csv_and_figures(runs_root, tmp_path):

@@ -51,13 +51,11 @@ def _tokenize(*args, cwd=None):
     return r
 
 
-def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
+def _jsonl_and_parquet(docs: list, tmp_path):
+    """The first 300 documents as JSON lines, the rest as parquet (row groups of 64)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
-    from olmo_core.data.utils import iter_document_indices
 
-    root, docs, tok = corpus
     jsonl, parquet = tmp_path / "a.jsonl", tmp_path / "b.parquet"
     jsonl.write_text(
         "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs[:300]))
@@ -65,6 +63,29 @@ def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
     pq.write_table(
         pa.table({"text": docs[300:], "n": list(range(300))}), parquet, row_group_size=64
     )
+    return jsonl, parquet
+
+
+def _check_instances(config, manifest: dict, reference: list) -> None:
+    """OLMo-core's fixed-length instances: each file's documents, then EOS, in 16-token rows."""
+    dataset = config.build()
+    dataset.prepare()
+    instances = [dataset[i]["input_ids"].tolist() for i in range(len(dataset))]
+    expected, start_doc = [], 0
+    for f in manifest["files"]:
+        flat = [t for d in reference[start_doc : start_doc + f["documents"]] for t in d]
+        assert len(flat) == f["tokens"]
+        expected += [flat[i : i + 16] for i in range(0, len(flat) - 15, 16)]
+        start_doc += f["documents"]
+    assert instances == expected
+
+
+def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
+    from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
+    from olmo_core.data.utils import iter_document_indices
+
+    root, docs, tok = corpus
+    jsonl, parquet = _jsonl_and_parquet(docs, tmp_path)
     out = tmp_path / "tokens"
     _tokenize(
         jsonl,
@@ -99,28 +120,15 @@ def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
     files = [out / f["path"] for f in manifest["files"]]
     assert len(files) > 3 and sum(f["documents"] for f in manifest["files"]) == len(docs)
     read_docs = []
-    for (
-        f
-    ) in files:  # OLMo-core's document boundaries (EOS) over each file, as its datasets find them
+    # OLMo-core's document boundaries (EOS) over each file, as its datasets find them
+    for f in files:
         array = np.fromfile(f, dtype=np.uint16)
         read_docs += [
             array[s:e].tolist()
             for s, e in iter_document_indices(f, eos_token_id=eos, dtype=np.uint16)
         ]
     assert read_docs == reference
-
-    dataset = (
-        config.build()
-    )  # OLMo-core's fixed-length instances: each file's tokens in 16-token rows
-    dataset.prepare()
-    instances = [dataset[i]["input_ids"].tolist() for i in range(len(dataset))]
-    expected, start_doc = [], 0
-    for f in manifest["files"]:
-        flat = [t for d in reference[start_doc : start_doc + f["documents"]] for t in d]
-        assert len(flat) == f["tokens"]
-        expected += [flat[i : i + 16] for i in range(0, len(flat) - 15, 16)]
-        start_doc += f["documents"]
-    assert instances == expected
+    _check_instances(config, manifest, reference)
 
 
 def test_a_killed_run_resumes_to_the_same_bytes(corpus, tmp_path):

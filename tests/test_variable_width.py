@@ -316,6 +316,44 @@ def _rope(x, theta):  # x: (B, T, heads, d); rotate-half RoPE over head_dim
     return x * cos + torch.cat((-x2, x1), -1) * sin
 
 
+def _ref_attention(x, P, p: str, w: int, mup, eps: float, theta: float):
+    """Layer ``p``'s causal self-attention over its input x (w dims, HEADS heads), before w_out."""
+    B, d = x.shape[0], w // HEADS
+    a_in = _rms(x, P[p + "attention_norm.weight"], eps)
+    q, k, v = (a_in @ P[p + f"attention.w_{n}.weight"].T for n in "qkv")
+    q, k, v = (t.view(B, T, HEADS, d) for t in (q, k, v))
+    q, k = _rope(q, theta), _rope(k, theta)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / d if mup else d**-0.5)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(B, T, w)
+
+
+def _ref_ffn(u, P, p: str, ffn: str, K: int, m_res: float, eps: float):
+    """Layer ``p``'s FFN on the residual stream u, with its residual added."""
+    if ffn == "swiglu":
+        f_in = _rms(u, P[p + "feed_forward_norm.weight"], eps)
+        g, val = (
+            f_in @ P[p + "feed_forward.w1.weight"].T,
+            f_in @ P[p + "feed_forward.w3.weight"].T,
+        )
+        y = u + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"].T)
+    # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm (muP: each branch
+    # x m_res)
+    else:
+        y = u
+        for i in range(K):
+            n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
+            w1, w3, w2 = (
+                P[p + f"feed_forward.{w}.weight"].view(
+                    K, -1, P[p + f"feed_forward.{w}.weight"].shape[-1]
+                )
+                for w in ("w1", "w3", "w2")
+            )
+            g, val = n @ w1[i].T, n @ w3[i].T  # the (K out, in) storage's K maps
+            y = y + m_res * ((F.silu(g) * val) @ w2[i].T)
+    return y
+
+
 def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6, theta=500_000):
     """Explicit per-layer tensors: states[0] = embedding (h dims), states[l] = y_l (w_l dims)."""
     m_emb, m_res, m_width = mup or (1.0, 1.0, 1.0)
@@ -343,36 +381,9 @@ def _reference(P, ids, widths, resize, *, mup=None, ffn="swiglu", K=2, eps=1e-6,
             x = prev @ P[p + "resize.weight"].T
         else:
             x = widen(prev, w)
-        B, d = x.shape[0], w // HEADS
-        a_in = _rms(x, P[p + "attention_norm.weight"], eps)
-        q, k, v = (a_in @ P[p + f"attention.w_{n}.weight"].T for n in "qkv")
-        q, k, v = (t.view(B, T, HEADS, d) for t in (q, k, v))
-        q, k = _rope(q, theta), _rope(k, theta)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * (1.0 / d if mup else d**-0.5)
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        att = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(B, T, w)
+        att = _ref_attention(x, P, p, w, mup, eps, theta)
         u = x + m_res * (att @ P[p + "attention.w_out.weight"].T)
-        if ffn == "swiglu":
-            f_in = _rms(u, P[p + "feed_forward_norm.weight"], eps)
-            g, val = (
-                f_in @ P[p + "feed_forward.w1.weight"].T,
-                f_in @ P[p + "feed_forward.w3.weight"].T,
-            )
-            y = u + m_res * ((F.silu(g) * val) @ P[p + "feed_forward.w2.weight"].T)
-        # hourglass: K residual wide-narrow-wide sub-MLPs, each with its own norm (muP: each branch
-        # x m_res)
-        else:
-            y = u
-            for i in range(K):
-                n = _rms(y, P[p + f"feed_forward.norms.{i}.weight"], eps)
-                w1, w3, w2 = (
-                    P[p + f"feed_forward.{w}.weight"].view(
-                        K, -1, P[p + f"feed_forward.{w}.weight"].shape[-1]
-                    )
-                    for w in ("w1", "w3", "w2")
-                )
-                g, val = n @ w1[i].T, n @ w3[i].T  # the (K out, in) storage's K maps
-                y = y + m_res * ((F.silu(g) * val) @ w2[i].T)
+        y = _ref_ffn(u, P, p, ffn, K, m_res, eps)
         states.append(y)
     last = states[-1]
     out = _rms(last, P["lm_head.norm.weight"], eps)

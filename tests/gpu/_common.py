@@ -219,10 +219,11 @@ def timed_run(
     batch: int,
     steps: int,
     warmup: int,
+    vocab: int = 100_000,
 ) -> Timed:
-    """``steps`` Trainer steps of ``config`` on synthetic tokens (no checkpoints); tokens/s over the
-    steps after ``warmup``."""
-    tokens_file = synthetic_tokens(folder.parent, 100_000, (steps + 1) * batch * (seq + 1))
+    """``steps`` Trainer steps of ``config`` on synthetic tokens below ``vocab`` (no checkpoints);
+    tokens/s over the steps after ``warmup``."""
+    tokens_file = synthetic_tokens(folder.parent, vocab, (steps + 1) * batch * (seq + 1))
     spec = load_and_resolve(
         config, [*run_overrides(folder, tokens_file, seq, batch, steps, device), *overrides]
     )

@@ -46,6 +46,36 @@ class Figures:
     mfu: float | None
 
 
+def _judge_memory(rows, run, what: str) -> None:
+    """The run's peak reserved memory against the memory model's estimate, both ways."""
+    t = run.spec.train
+    est = (
+        memory_estimate(run.spec, Layout.from_env()).total(
+            t.micro_batch_size, t.activation_checkpointing
+        )
+        / GIB
+    )
+    reserved = run.peak_reserved_gib
+    value = f"{reserved:.2f} GiB" if reserved is not None else "-"
+    rows.judge(
+        f"{what}: peak reserved <= estimate",
+        value,
+        reserved is not None and reserved <= est,
+        f"<= {est:.2f} GiB",
+        "head and loss compiled; the estimate's logits term was measured eager"
+        if t.compile
+        else "eager, as estimated",
+        gpu_only=True,
+    )
+    rows.judge(
+        f"{what}: estimate / peak reserved",
+        "-" if not reserved else f"{est / reserved:.2f}",
+        reserved is not None and est <= ESTIMATE_SLACK * reserved,
+        f"<= {ESTIMATE_SLACK}",
+        gpu_only=True,
+    )
+
+
 def _run(env, rows, scale: str, variant: str) -> Figures:
     config = REPO / "configs" / scale / f"{variant}.yaml"
     if env.rehearse:
@@ -89,31 +119,7 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
         f"{card.name if card else 'no datasheet peak for this device'}; of the FLOPs: attention "
         f"{attention / flops:.0%}, LM head {head / flops:.0%}",
     )
-    est = (
-        memory_estimate(run.spec, Layout.from_env()).total(
-            t.micro_batch_size, t.activation_checkpointing
-        )
-        / GIB
-    )
-    reserved = run.peak_reserved_gib
-    value = f"{reserved:.2f} GiB" if reserved is not None else "-"
-    rows.judge(
-        f"{what}: peak reserved <= estimate",
-        value,
-        reserved is not None and reserved <= est,
-        f"<= {est:.2f} GiB",
-        "head and loss compiled; the estimate's logits term was measured eager"
-        if t.compile
-        else "eager, as estimated",
-        gpu_only=True,
-    )
-    rows.judge(
-        f"{what}: estimate / peak reserved",
-        "-" if not reserved else f"{est / reserved:.2f}",
-        reserved is not None and est <= ESTIMATE_SLACK * reserved,
-        f"<= {ESTIMATE_SLACK}",
-        gpu_only=True,
-    )
+    _judge_memory(rows, run, what)
     return Figures(run.tokens_per_s, mfu)
 
 
