@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from olmo_patches.blocks import BLOCKS
 from olmo_patches.config import ConfigError, ExperimentSpec
 from olmo_patches.launch.data_files import check_data_files
 from olmo_patches.launch.layout import Layout, load_and_resolve
@@ -33,10 +34,25 @@ BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 SECONDS = 5.0
 
 
+# where the keys are written: config/spec.py, and each kind's model keys in olmo_patches/blocks/
+MODULES = {spec_module.__file__} | {
+    sys.modules[c.__module__].__file__
+    for kind in BLOCKS.values()
+    for c in kind.spec.__mro__
+    if dataclasses.is_dataclass(c)
+}
+
+
 def _comments() -> dict:
-    """Each dataclass field's comment in config/spec.py, by (class, field): the comment on one of
-    its lines, else the comment lines right above it."""
-    source = Path(spec_module.__file__).read_text().splitlines()
+    """Each dataclass field's comment in config/spec.py and the blocks' modules, by (class,
+    field): the comment on one of its lines, else the comment lines right above it."""
+    found = {}
+    for module in MODULES:
+        found.update(_module_comments(Path(module).read_text().splitlines()))
+    return found
+
+
+def _module_comments(source: list) -> dict:
     found = {}
     for node in ast.walk(ast.parse("\n".join(source))):
         if isinstance(node, ast.ClassDef):
@@ -56,20 +72,24 @@ COMMENTS = _comments()
 
 
 def _walk(cls, prefix=""):
-    """(key, type, default, comment) of every leaf of the spec, nested sections included."""
-    hints = typing.get_type_hints(cls, vars(spec_module))
+    """(key, type, default, comment) of every leaf of the spec, nested sections included; model:
+    the keys of every registered kind (each kind's schema, config/load.py)."""
+    hints = typing.get_type_hints(cls)  # each field's in the module of the class declaring it
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         optional = typing.get_origin(kind) is typing.Union
         inner = next(a for a in typing.get_args(kind) if a is not type(None)) if optional else kind
         if dataclasses.is_dataclass(inner):
-            yield from _walk(inner, f"{prefix}{f.name}.")
+            key = f"{prefix}{f.name}"
+            for schema in [k.spec for k in BLOCKS.values()] if key == "model" else [inner]:
+                yield from _walk(schema, f"{key}.")
             continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        yield f"{prefix}{f.name}", inner, default, COMMENTS.get((cls.__name__, f.name), "")
+        owner = next(c for c in cls.__mro__ if f.name in vars(c).get("__annotations__", {}))
+        yield f"{prefix}{f.name}", inner, default, COMMENTS.get((owner.__name__, f.name), "")
 
 
-KEYS = list(_walk(ExperimentSpec))
+KEYS = list({key[0]: key for key in _walk(ExperimentSpec)}.values())  # a shared key once
 
 # The settings under which a key is read (its section present, its block or source in use).
 HOURGLASS = ["model.block=hourglass", "model.K=2", "model.d_h=64"]

@@ -381,8 +381,13 @@ def test_the_paper_scale_example_differs_from_x_only_in_its_experts():
         ),
         (["model.K=0"], "command line: model.K=0: must be >= 1"),
         (
-            ["model.moe.experts=swiglu"],
+            ["model.moe.experts=swiglu", "model.K=1", "model.d_h=null"],
             "model.moe.expert_hidden=None: must be >= 1 for swiglu experts",
+        ),
+        (  # swiglu experts read no K: the hourglass experts' K left set is refused
+            ["model.moe.experts=swiglu", "model.moe.expert_hidden=64"],
+            "command line: model.K=2: read only with model.ffn=hourglass or "
+            "model.moe.experts=hourglass",
         ),
     ],
 )

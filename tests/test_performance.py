@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from olmo_patches.config import ModelSpec, WidthSpec
+from olmo_patches.blocks import model_spec
+from olmo_patches.blocks.variable_width import WidthSpec
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 
@@ -35,8 +36,7 @@ VARIANTS = {
         f"vw-{ffn}-{resize}": dict(
             block="variable_width",
             ffn=ffn,
-            K=2,
-            d_h_ratio=0.5,
+            **(dict(K=2, d_h_ratio=0.5) if ffn == "hourglass" else {}),  # read by an hourglass FFN
             widths=WidthSpec(schedule="list", values=WIDTHS, resize=resize),
         )
         for ffn in ("swiglu", "hourglass")
@@ -47,7 +47,7 @@ VARIANTS = {
 
 def _model(variant: str):
     kw = dict(VARIANTS[variant])
-    model = ModelSpec(d_model=H, n_layers=len(WIDTHS), n_heads=HEADS, **kw).build(VOCAB).build()
+    model = model_spec(d_model=H, n_layers=len(WIDTHS), n_heads=HEADS, **kw).build(VOCAB).build()
     model.init_weights(device=torch.device("cpu"), max_seq_len=T)
     return model
 

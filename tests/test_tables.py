@@ -174,12 +174,12 @@ def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
     """Paper 2 trained on DCLM with cl100k, the runs on OLMo-2's mix with dolma2: the x row's diff
     is the run's gap to its own baseline minus the paper's gap (2B: 2.726 - 2.751 = -0.025), and
     each row names both sides' data."""
-    from olmo_patches.report.tables import Run, variable_width_table
+    from olmo_patches.report.tables import Run, hourglass_runs_table, variable_width_table
 
-    def run(name, loss):
+    def run(name, loss, **model):
         config = {
             "run": {"name": name},
-            "model": {"block": "variable_width"},
+            "model": {"block": "variable_width", **model},
             "data": {"source": "olmo2_stage1", "tokenizer": "dolma2"},
         }
         return Run(
@@ -199,3 +199,8 @@ def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
         _row(rows, run="paper2-1B-x")["diff"] == ""
         and _row(rows, run="paper2-1B-x")["paper gap"] == "-0.036"
     )
+    # a variable-width run with an hourglass FFN (K=2) is no point of paper 1's K sweeps; a
+    # hourglass run is
+    runs["vw-hourglass"] = run("vw-hourglass", 3.0, ffn="hourglass", K=2, d_h_ratio=0.5)
+    runs["hourglass"] = run("hourglass", 3.0, block="hourglass", K=2, d_model=64, d_h=32)
+    assert [r["run"] for r in hourglass_runs_table(runs)] == ["hourglass"]

@@ -80,8 +80,10 @@ class Run:
 
     @property
     def stacks_ffn(self) -> bool:
-        """Its block kind stacks K sub-MLPs per layer (reads model.K): a point of the K sweeps."""
-        return "K" in get_block(str(self.model.get("block", "baseline"))).knobs
+        """Its block kind stacks K sub-MLPs per layer at constant width (has model.K): a point of
+        the K sweeps (a variable-width kind's K shapes its hourglass FFN, no point of them)."""
+        kind = get_block(str(self.model.get("block", "baseline")))
+        return "K" in kind.knobs and kind.constant_width
 
     @cached_property
     def latest(self) -> Dict[str, float]:
