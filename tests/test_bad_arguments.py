@@ -120,7 +120,7 @@ CASES = [
         ["{file}", "--out", "{work}/t", "--config", BASELINE, "--tokenizer", "{file}"],
         "not allowed",
     ),
-    ("coordcheck.py", [BASELINE, "--axes", "K"], "K needs an hourglass model"),
+    ("coordcheck.py", [BASELINE, "--axes", "K"], "K is not an axis of model.block=baseline"),
     ("coordcheck.py", ["{empty}"], "empty config file"),
     ("gpu_check.py", ["--wheelhouse", "{work}/missing"], "--wheelhouse {work}/missing"),
     ("gpu_check.py", ["--rehearse", "--only", "trainer,nope"], "--only trainer,nope"),
