@@ -567,6 +567,39 @@ def liger(monkeypatch):
     return install
 
 
+# What LigerFusedLinearCrossEntropyFunction.forward returns, read from each release's wheel
+# (liger_kernel/ops/fused_linear_cross_entropy.py): (loss, z_loss), + token_accuracy from 0.6.4,
+# + predicted_tokens from 0.8.0.
+LIGER_OUTPUTS = {"0.6.3": 2, "0.6.4": 3, "0.6.5": 3, "0.7.0": 3, "0.8.0": 4, "0.8.5": 4}
+
+
+def test_the_liger_extra_returns_what_olmo_core_unpacks():
+    """OLMo-core's fused linear loss unpacks Liger's outputs into a fixed tuple: every release the
+    `liger` extra admits returns that many (0.8.x failed every step on a GPU with a 3-tuple)."""
+    import ast
+    import importlib
+    import inspect
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    module = importlib.import_module("olmo_core.nn.functional.cross_entropy_loss")
+    calls = [
+        node
+        for node in ast.walk(ast.parse(inspect.getsource(module.fused_linear_cross_entropy_loss)))
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", "") == "_fused_linear_cross_entropy_loss"
+    ]
+    assert len(calls) == 1 and isinstance(calls[0].targets[0], ast.Tuple)
+    unpacked = len(calls[0].targets[0].elts)
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    (extra,) = pyproject["project"]["optional-dependencies"]["liger"]
+    allowed = SpecifierSet(extra.removeprefix("liger-kernel"))
+    admitted = [v for v in LIGER_OUTPUTS if v in allowed]
+    assert admitted and all(LIGER_OUTPUTS[v] == unpacked for v in admitted), (unpacked, extra)
+
+
 def test_fused_linear_loss_where_its_kernel_runs(liger):
     from olmo_patches.launch.cards import GIB
     from olmo_patches.launch.layout import Layout, memory_estimate

@@ -4,9 +4,11 @@ test_world_size.py)."""
 import gc
 import json
 import multiprocessing
+import weakref
 
 import pytest
 import torch
+from olmo_core.train.callbacks import Callback
 
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.run_folder import read_metrics
@@ -28,11 +30,20 @@ def _losses(run_dir):
 @pytest.mark.parametrize("block", ["baseline", "hourglass"])
 def test_two_steps_through_trainer(tmp_path, demo_corpus, block):
     spec = load_and_resolve(BASELINE, tiny_overrides(tmp_path, "train.max_steps=2", block=block))
-    train(spec)
+    models = []
+
+    class Watch(Callback):
+        def pre_train(self):
+            models.append(weakref.ref(self.trainer.train_module.model))
+
+    train(spec, callbacks={"watch": Watch()})
     # train() forks its data-preparation pools on CPU and freezes the garbage collector for the run:
-    # both are put back (OLMo-core's "spawn"; nothing frozen) for whatever the process does next.
+    # both are put back (OLMo-core's "spawn"; nothing frozen) for whatever the process does next,
+    # and nothing keeps the run's model alive (OLMo-core's lru_cache on num_flops_per_token did)
     assert multiprocessing.get_start_method() == "spawn"
     assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert len(models) == 1 and models[0]() is None
     losses = _losses(tmp_path)
     assert sorted(losses) == [1, 2]
     assert all(0 < loss < 20 for loss in losses.values())

@@ -4,6 +4,7 @@ autocast or fp32, relative errors, and timed OLMo-core Trainer runs on synthetic
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -207,6 +208,8 @@ class Timed:
     tokens_per_s: float
     losses: list[float]
     peak_reserved_gib: Optional[float]  # torch.cuda.max_memory_reserved (None on CPU)
+    peak_allocated_gib: Optional[float]  # torch.cuda.max_memory_allocated (None on CPU)
+    held_before_gib: Optional[float]  # allocated before the run: what earlier runs left alive
 
 
 def timed_run(
@@ -230,6 +233,12 @@ def timed_run(
     timer = StepTimer(device)
     # each run compiles its own shapes: no automatic dynamic shapes from the run before
     torch._dynamo.reset()
+    held = None
+    if device.type == "cuda":  # this run's peaks alone: the process's are since its start
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device) / 2**30
     train(
         spec,
         callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)},
@@ -239,5 +248,10 @@ def timed_run(
     losses = [
         m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m
     ]
-    peak = torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None
-    return Timed(spec, tps, losses, peak)
+    if device.type != "cuda":
+        return Timed(spec, tps, losses, None, None, None)
+    reserved, allocated = (
+        torch.cuda.max_memory_reserved(device),
+        torch.cuda.max_memory_allocated(device),
+    )
+    return Timed(spec, tps, losses, reserved / 2**30, allocated / 2**30, held)

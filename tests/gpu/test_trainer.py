@@ -62,9 +62,17 @@ def _judge_memory(rows, run, what: str) -> None:
         value,
         reserved is not None and reserved <= est,
         f"<= {est:.2f} GiB",
-        "head and loss compiled; the estimate's logits term was measured eager"
-        if t.compile
-        else "eager, as estimated",
+        (
+            "head and loss compiled; the estimate's logits term was measured eager"
+            if t.compile
+            else "eager, as estimated"
+        )
+        + (
+            ""
+            if reserved is None
+            else f"; peak allocated {run.peak_allocated_gib:.2f} GiB, "
+            f"{run.held_before_gib:.2f} GiB held before the run"
+        ),
         gpu_only=True,
     )
     rows.judge(
