@@ -321,14 +321,15 @@ def test_gpu_check_rehearsal(tmp_path):
         "float8",
     ]
     _check_dependencies(sections)
-    # the budgets on one H200 with start-up and the offline install: the whole run within 8 minutes
+    # the budgets on one H200 with start-up and the offline install: the whole run within the
+    # 10 minutes one command may run on a lent machine
     from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
 
     assert (
         sum(s["budget_s"] for s in sections.values()) / 5
         + budget(INSTALL_ESTIMATE_S)
         + STARTUP_ESTIMATE_S
-        <= 8 * 60
+        <= 10 * 60
     )
     assert all(
         s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections.values()
