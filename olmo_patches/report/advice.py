@@ -31,13 +31,12 @@ def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
     """Matmul dims not a multiple of MATMUL_ALIGN -> where the first one is (weight or head_dim)."""
     model = spec.model_config().build(init_device="meta")
     found: dict[int, str] = {}
-    from ..nn.hourglass import StackedLinear
-
-    # A stacked hourglass weight's matmuls are its K (out, in) maps, not its (K out, in) storage.
+    # A module whose weight's storage is not its matmuls' shape states each matmul's (out, in)
+    # (nn/float8.py's matmul_shape): a stacked hourglass weight is K (out, in) maps, not one.
     maps = {
-        f"{n}.weight": m.stacked.shape
+        f"{n}.weight": m.matmul_shape
         for n, m in model.named_modules()
-        if isinstance(m, StackedLinear)
+        if hasattr(m, "matmul_shape")
     }
     for name, p in model.named_parameters():
         shape = maps.get(name, p.shape)
