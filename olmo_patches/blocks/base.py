@@ -153,6 +153,9 @@ class BlockKind:
     name: str = ""  # the value of model.block
     label: str = ""  # its name in tables and figures
     spec: type = ModelSpec  # its model keys: ModelSpec, or a subclass adding the kind's knobs
+    # (model key, value): its keys added since a run folder's record may have been written whose
+    # earlier behaviour is not their default; a record without one ran as this value
+    earlier: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def knobs(self) -> Tuple[str, ...]:

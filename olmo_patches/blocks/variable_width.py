@@ -158,6 +158,7 @@ class VariableWidth(BlockKind):
     name = "variable_width"
     label = "variable width"
     spec = VariableWidthModel
+    earlier = (("moe.load_balance", "micro_batch"),)  # before the key: OLMo-core's per micro-batch
 
     def check(self, m, fail: Callable) -> None:
         _check_width_knobs(m, fail)

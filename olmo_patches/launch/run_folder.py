@@ -34,6 +34,7 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ..blocks.base import BLOCKS
 from ..config import ConfigError, ExperimentSpec, coerce_shorthands, spec_to_yaml
 from ..config.load import drop_foreign_defaults, kind_schema
 
@@ -86,21 +87,17 @@ def _may_change(key: str) -> bool:
     return any(key == k or key.startswith(k if k.endswith(".") else k + ".") for k in MAY_CHANGE)
 
 
-# Keys added since a record may have been written whose earlier behaviour is not their default: a
-# record without one ran as this value (model.moe.load_balance: OLMo-core's per-micro-batch loss).
-EARLIER = {"model.moe.load_balance": "micro_batch"}
-
-
 def as_read_now(recorded: Any) -> Dict[str, Any]:
     """A recorded config (YAML text or its tree), flat, as this code reads it: shorthands
-    coerced, :data:`EARLIER`'s keys at the value the run ran with, keys added since at default,
-    other kinds' keys at their defaults dropped (config/load.py)."""
+    coerced, its kind's ``earlier`` keys at the value the run ran with, keys added since at
+    default, other kinds' keys at their defaults dropped (config/load.py)."""
     tree = coerce_shorthands(OmegaConf.create(recorded))  # e.g. activation_checkpointing: false
-    for key, value in EARLIER.items():  # the run as it ran, not as the new default would run it
-        section, name = key.rsplit(".", 1)
+    block = str(OmegaConf.select(tree, "model.block", default="baseline"))
+    kind = BLOCKS.get(block)
+    for key, value in kind.earlier if kind else ():  # as it ran, not as the new default would run
+        section, name = f"model.{key}".rsplit(".", 1)
         if isinstance(node := OmegaConf.select(tree, section), DictConfig) and name not in node:
             node[name] = value
-    block = str(OmegaConf.select(tree, "model.block", default="baseline"))
     try:  # a key added since the record was written counts at its default
         tree = OmegaConf.merge(kind_schema(block), drop_foreign_defaults(tree, block))
     except (OmegaConfBaseException, KeyError):  # a key removed since, a kind not registered
