@@ -13,6 +13,9 @@ Each command must match one row of COMMANDS (first match wins). The row says how
   sbatch lines run scripts/launch_slurm.sbatch against a fake SLURM and then its pre-flight dry run.
 
 A new documented command without a row fails with a message naming the doc and the line: add a row.
+A line may start with environment assignments (``HOURGLASS_BLOCKS=tests._parallel_block python
+...``): the row matches the command after them, which runs in a fresh interpreter with them set
+(the registry reads HOURGLASS_BLOCKS at import).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run, run_in_process
+from .conftest import REPO, child_env, run, run_elsewhere, run_in_process
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 COMMAND_START = ("python", "torchrun", "sbatch", "make", "pytest")
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")  # a shell line's leading VAR=value
 
 # Shrinks: a few steps of the demo's own model, short sequences, two validation batches.
 TINY_TRAIN = ("train.max_steps=1", "data.sequence_length=32", "eval.max_batches=1")
@@ -122,7 +126,7 @@ COMMANDS = [
     ),
     Row(r"torchrun ", "gpu"),
     Row(r"sbatch ", "gpu"),
-    Row(r"pytest ", "parse", why="this suite, or a part of it"),
+    Row(r"(python -m )?pytest ", "parse", why="this suite, or a part of it"),
     Row(
         r"make wheelhouse",
         "parse",
@@ -167,6 +171,23 @@ class DocCommand:
     def __str__(self) -> str:
         return f"{self.doc}:{self.line}: {self.text}"
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The line's leading VAR=value assignments."""
+        words = shlex.split(self.text)
+        return dict(w.split("=", 1) for w in words[: _assignments(words)])
+
+    @property
+    def command(self) -> str:
+        """The line after its assignments."""
+        words = shlex.split(self.text)
+        return " ".join(shlex.quote(w) for w in words[_assignments(words) :])
+
+
+def _assignments(words: list[str]) -> int:
+    """How many of a line's first words are VAR=value assignments."""
+    return next((i for i, w in enumerate(words) if not ASSIGNMENT.match(w)), len(words))
+
 
 def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
     """The shell commands of fenced (shell or plain) and indented code blocks, in doc order."""
@@ -192,7 +213,7 @@ def doc_commands(docs: list[Path] = DOCS) -> list[DocCommand]:
                 text = text[:-1].rstrip() + " " + lines[i].strip()
             i += 1
             words = _command_words(text) if code else []
-            if words and words[0] in COMMAND_START:
+            if ([*words[_assignments(words) :], ""])[0] in COMMAND_START:
                 name = str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
                 found.append(DocCommand(name, start, " ".join(shlex.quote(w) for w in words)))
     return found
@@ -214,7 +235,7 @@ def _indented(lines: list[str], i: int) -> bool:
 
 def row_for(cmd: DocCommand) -> Row:
     for row in COMMANDS:
-        if re.match(row.match, cmd.text):
+        if re.match(row.match, cmd.command):
             return row
     raise AssertionError(
         f"{cmd}\n  is documented but not covered: add a Row to COMMANDS in "
@@ -243,12 +264,16 @@ def test_collector_reads_fenced_and_indented_blocks(tmp_path):
         "        scripts/train.py c.yaml\n"
         "    sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'\n\n"
         "  python indented two: prose\n"
+        "\n    HOURGLASS_BLOCKS=a.b python scripts/c.py\n"
     )
     assert [(c.line, c.text) for c in doc_commands([doc])] == [
         (4, "python scripts/a.py --x 1"),
         (11, "torchrun --nproc-per-node 2 scripts/train.py c.yaml"),
         (13, "sbatch scripts/launch_slurm.sbatch c.yaml 'run.name=a b'"),
+        (17, "HOURGLASS_BLOCKS=a.b python scripts/c.py"),
     ]
+    assert doc_commands([doc])[-1].env == {"HOURGLASS_BLOCKS": "a.b"}
+    assert doc_commands([doc])[-1].command == "python scripts/c.py"
 
 
 def test_a_command_without_a_row_names_the_fix():
@@ -271,9 +296,15 @@ def workdir(tmp_path_factory, demo_corpus):
     return root
 
 
-def _script(argv: list[str], cwd: Path, stdout: Path | None = None) -> tuple[int, str]:
-    """``python scripts/X.py ARGS`` in this process, from ``cwd``: (exit code, stdout + stderr)."""
-    r = run_in_process(argv[0], *argv[1:], cwd=cwd)
+def _script(
+    argv: list[str], cwd: Path, stdout: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """``python scripts/X.py ARGS`` in this process, from ``cwd``: (exit code, stdout + stderr);
+    with ``env`` (a line's assignments, read at import) in a fresh interpreter."""
+    if env:
+        r = run_elsewhere([sys.executable, *argv], cwd, child_env(**env), timeout=900)
+    else:
+        r = run_in_process(argv[0], *argv[1:], cwd=cwd)
     if stdout is not None:
         stdout.write_text(r.stdout)
     return r.returncode, r.stdout + r.stderr
@@ -300,6 +331,8 @@ def _check_parse(words: list[str], cwd: Path) -> None:
                 code, help_text = _script([script, "--help"], cwd)
                 assert code == 0, help_text
         return
+    if words[:3] == ["python", "-m", "pytest"]:
+        words = words[2:]
     if words[0] == "pytest":  # its paths exist, and pytest knows its flags and markers
         paths = [w for w in words[1:] if w.startswith("tests/")]
         assert all((REPO / w.split("::")[0]).exists() for w in paths), paths
@@ -324,18 +357,20 @@ def _check_parse(words: list[str], cwd: Path) -> None:
     assert not missing, f"flags not in {args[0]} --help: {missing}"
 
 
-def _plan(train_argv: list[str], nproc: int, nodes: int, cwd: Path) -> None:
+def _plan(train_argv: list[str], nproc: int, nodes: int, cwd: Path, env: dict[str, str]) -> None:
     """scripts/train.py's part of a launch, planned for its ranks: the config loads and fits
     them."""
     assert train_argv[0] == "scripts/train.py", train_argv
     code, out = _script(
-        [*train_argv, "--dry-run", "--nproc-per-node", str(nproc), "--nodes", str(nodes)], cwd
+        [*train_argv, "--dry-run", "--nproc-per-node", str(nproc), "--nodes", str(nodes)],
+        cwd,
+        env=env,
     )
     assert code == 0, out[-3000:]
     assert f"{nproc * nodes} rank" in out
 
 
-def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
+def _check_gpu(words: list[str], cwd: Path, tmp_path: Path, env: dict[str, str]) -> None:
     if words[0] == "torchrun":
         from torch.distributed.run import get_args_parser
 
@@ -348,7 +383,7 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
             argv[0] = "scripts/train.py"
         if t.module and argv[:2] == ["olmo_patches", "train"]:  # python -m olmo_patches train
             argv = ["scripts/train.py", *argv[2:]]
-        _plan(argv, int(t.nproc_per_node), nodes, cwd)
+        _plan(argv, int(t.nproc_per_node), nodes, cwd, env)
     elif words[0] == "sbatch":
         from ._fake_slurm import fake_slurm
 
@@ -361,7 +396,7 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         assert slurm.args("srun")[1:4] == ["python", "-m", "olmo_patches.launch.torchrun"]
         preflight = slurm.args("python")
-        _plan(preflight[: preflight.index("--dry-run")], 8, nodes, cwd)
+        _plan(preflight[: preflight.index("--dry-run")], 8, nodes, cwd, env)
     else:  # a GPU default of a CPU script: its flags parse
         _check_parse(words, cwd)
 
@@ -369,16 +404,16 @@ def _check_gpu(words: list[str], cwd: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("cmd", UNIQUE, ids=[f"{c.doc}:{c.line}" for c in UNIQUE])
 def test_documented_command(cmd, workdir, tmp_path):
     row = row_for(cmd)
-    words = shlex.split(cmd.text)
+    words = shlex.split(cmd.command)
     if row.how == "parse":
         _check_parse(words, workdir)
     elif row.how == "gpu":
-        _check_gpu(words, workdir, tmp_path)
+        _check_gpu(words, workdir, tmp_path, cmd.env)
     else:
         assert words[0] == "python", cmd
         stdout = None
         if ">" in words:  # python X > FILE: FILE in the scratch folder
             stdout = workdir / words[words.index(">") + 1]
             words = words[: words.index(">")]
-        code, out = _script([*words[1:], *row.shrink], workdir, stdout)
+        code, out = _script([*words[1:], *row.shrink], workdir, stdout, cmd.env)
         assert code == 0, f"{cmd}\n{out[-3000:]}"
