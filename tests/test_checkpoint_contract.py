@@ -103,6 +103,8 @@ def test_another_models_checkpoint_is_one_line_and_nothing_written(runs, tmp_pat
         f"written by {recorded / 'config.yaml'} (block {block.replace('-', '_')}, d_model {D_MODEL}"
         in line
     ), line
+    # the record's own knobs, not every knob its kind has at its default
+    assert ("widths x" in line) == (block == "variable-width") and ", K 1" not in line, line
     assert (
         "first differing weight " in line
         and "there, [" in line

@@ -5,6 +5,7 @@ checkpoint was written with (its run folder's ``config.yaml``)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -63,7 +64,10 @@ def written_by(checkpoint: str | Path) -> str:
     except (OSError, yaml.YAMLError, AttributeError):
         return f"no readable config.yaml beside it ({recorded})"
     kind = BLOCKS.get(str(model.get("block")))
-    keys = ["block", "d_model", "n_layers", *(kind.knobs if kind is not None else ())]
+    default = {f.name: f.default for f in fields(kind.spec)} if kind is not None else {}
+    # its kind's knobs where the record sets them (a record is a full dump: defaults are noise)
+    knobs = [k for k in (kind.knobs if kind is not None else ()) if model.get(k) != default[k]]
+    keys = ["block", "d_model", "n_layers", *knobs]
     shape = ", ".join(f"{k} {_short(model[k])}" for k in keys if model.get(k) is not None)
     return f"written by {recorded} ({shape})"
 
