@@ -41,7 +41,7 @@ def main() -> None:
     # every config and its baseline loaded (a bad one refused) before torch is imported; the
     # hourglass paper's constant-width runs only (variable width has its own table)
     specs = {path: load_or_exit(str(path)) for path in paths}
-    paths = [p for p in paths if "widths" not in block_of(specs[p].model).knobs]
+    paths = [p for p in paths if block_of(specs[p].model).constant_width]
     for base in sorted({baseline_of(p, root) for p in paths} - set(specs)):
         specs[base] = load_or_exit(str(base))
 
