@@ -146,12 +146,12 @@ def child_env(**extra: str) -> dict:
     return env
 
 
-def start(cmd: list, capture: bool = True, **extra_env: str) -> subprocess.Popen:
-    """Start a command from the repo root with child_env(), in its own process group."""
+def start(cmd: list, capture: bool = True, cwd: Path = REPO, **extra_env: str) -> subprocess.Popen:
+    """Start a command from ``cwd`` (the repo root) with child_env(), in its own process group."""
     pipe = subprocess.PIPE if capture else None
     return subprocess.Popen(
         [str(c) for c in cmd],
-        cwd=REPO,
+        cwd=cwd,
         env=child_env(**extra_env),
         stdout=pipe,
         stderr=pipe,
@@ -190,9 +190,11 @@ def finish(proc: subprocess.Popen, timeout: int = 300) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run(cmd: list, timeout: int = 300, **extra_env: str) -> subprocess.CompletedProcess:
-    """Run a command from the repo root with child_env() and wait for it."""
-    return finish(start(cmd, **extra_env), timeout)
+def run(
+    cmd: list, timeout: int = 300, cwd: Path = REPO, **extra_env: str
+) -> subprocess.CompletedProcess:
+    """Run a command from ``cwd`` (the repo root) with child_env() and wait for it."""
+    return finish(start(cmd, cwd=cwd, **extra_env), timeout)
 
 
 def script_path(script: str) -> Path:

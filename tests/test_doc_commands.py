@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, child_env, run, run_elsewhere, run_in_process
+from .conftest import REPO, run, run_in_process
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
@@ -302,7 +302,7 @@ def _script(
     """``python scripts/X.py ARGS`` in this process, from ``cwd``: (exit code, stdout + stderr);
     with ``env`` (a line's assignments, read at import) in a fresh interpreter."""
     if env:
-        r = run_elsewhere([sys.executable, *argv], cwd, child_env(**env), timeout=900)
+        r = run([sys.executable, *argv], timeout=900, cwd=cwd, **env)
     else:
         r = run_in_process(argv[0], *argv[1:], cwd=cwd)
     if stdout is not None:

@@ -321,8 +321,7 @@ def test_gpu_check_rehearsal(tmp_path):
         "float8",
     ]
     _check_dependencies(sections)
-    # the budgets on one H200 with start-up and the offline install: the whole run within the
-    # 10 minutes one command may run on a lent machine
+    # the budgets on one H200 with start-up and the offline install: the whole run within 10 minutes
     from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
 
     assert (

@@ -210,6 +210,7 @@ class Timed:
     peak_reserved_gib: Optional[float]  # torch.cuda.max_memory_reserved (None on CPU)
     peak_allocated_gib: Optional[float]  # torch.cuda.max_memory_allocated (None on CPU)
     held_before_gib: Optional[float]  # allocated before the run: what earlier runs left alive
+    left_gib: Optional[float]  # allocated once it returned (collected) beyond before: what it kept
 
 
 def timed_run(
@@ -244,14 +245,18 @@ def timed_run(
         callbacks={"gpu_check": timer, "checkpointer": ResumeCheckpointerCallback(enabled=False)},
     )
     times = timer.times[warmup - 1 :]
+    del timer  # it holds the trainer, and so the model
     tps = (len(times) - 1) * batch * seq / (times[-1] - times[0])
     losses = [
         m["train/CE loss"] for _, m in sorted(read_metrics(folder).items()) if "train/CE loss" in m
     ]
     if device.type != "cuda":
-        return Timed(spec, tps, losses, None, None, None)
+        return Timed(spec, tps, losses, None, None, None, None)
     reserved, allocated = (
         torch.cuda.max_memory_reserved(device),
         torch.cuda.max_memory_allocated(device),
     )
-    return Timed(spec, tps, losses, reserved / 2**30, allocated / 2**30, held)
+    torch._dynamo.reset()  # its compiled code, as the next run would
+    gc.collect()
+    left = torch.cuda.memory_allocated(device) / 2**30 - held
+    return Timed(spec, tps, losses, reserved / 2**30, allocated / 2**30, held, left)

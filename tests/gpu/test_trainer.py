@@ -7,9 +7,10 @@ launch/cards.py) with the attention (weights and SDPA) and LM-head shares of tho
 hourglass / baseline MFU and tokens/s. Judged: the peak memory the caching allocator reserved
 against the memory model's estimate (launch/memory.py estimate, for the same model, sequence,
 micro-batch and checkpointing mode): reserved <= estimate (the preset fits) and estimate <= 1.5 x
-reserved (not so loose that presets waste the card). The estimate's logits term was measured eager;
-the row says when the run compiled its head. A rehearsal runs the same configs at toy sizes on the
-CPU in fp32 (no preset, no compile): figures shown."""
+reserved (not so loose that presets waste the card); and what the run left allocated once it
+returned (at most LEFT_GIB: a returned run keeps nothing alive). The estimate's logits term was
+measured eager; the row says when the run compiled its head. A rehearsal runs the same configs at
+toy sizes on the CPU in fp32 (no preset, no compile): figures shown."""
 
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from ._common import REPO, timed_run
 
 pytestmark = pytest.mark.gpu
 ESTIMATE_SLACK = 1.5  # estimate / reserved at most
+LEFT_GIB = 0.5  # left allocated by a returned run at most (a kept 113M baseline: 3.1 GiB)
 # (global batch in sequences of 4096 tokens) per scale: a few seconds of steps each on one H200
 SCALES = {"113M": 32, "1B": 16}
 TOY = [
@@ -73,6 +75,14 @@ def _judge_memory(rows, run, what: str) -> None:
             else f"; peak allocated {run.peak_allocated_gib:.2f} GiB, "
             f"{run.held_before_gib:.2f} GiB held before the run"
         ),
+        gpu_only=True,
+    )
+    rows.judge(
+        f"{what}: allocated once it returned, beyond before it",
+        "-" if run.left_gib is None else f"{run.left_gib:.2f} GiB",
+        run.left_gib is not None and run.left_gib <= LEFT_GIB,
+        f"<= {LEFT_GIB} GiB",
+        "what the run kept alive (OLMo-core's lru_cache on num_flops_per_token kept every model)",
         gpu_only=True,
     )
     rows.judge(
