@@ -26,7 +26,13 @@ from olmo_core.float8 import AOFloat8LinearConfig, Float8Config
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
 
-__all__ = ["RECIPES", "ShapeFloat8Config", "float8_matmuls", "has_float8_matmuls"]
+__all__ = [
+    "RECIPES",
+    "ShapeFloat8Config",
+    "converts_itself",
+    "float8_matmuls",
+    "has_float8_matmuls",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +46,13 @@ def has_float8_matmuls(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def _converts_itself(m: nn.Module) -> bool:
+def converts_itself(m: nn.Module) -> bool:
     """A matmul module that is not an ``nn.Linear`` (the module docstring's ``to_float8``)."""
     return callable(getattr(m, "to_float8", None))
 
 
 def _aligned(m: nn.Module) -> bool:
-    shape = m.matmul_shape if _converts_itself(m) else m.weight.shape  # each matmul's (out, in)
+    shape = m.matmul_shape if converts_itself(m) else m.weight.shape  # each matmul's (out, in)
     return all(d % 16 == 0 for d in shape[-2:])
 
 
@@ -56,7 +62,7 @@ def float8_matmuls(model: nn.Module) -> Dict[str, List[str]]:
     in high precision because a dim is not a multiple of 16}."""
     out: Dict[str, List[str]] = {"float8": [], "skipped": []}
     for name, m in model.named_modules():
-        if name == LM_HEAD or not (isinstance(m, nn.Linear) or _converts_itself(m)):
+        if name == LM_HEAD or not (isinstance(m, nn.Linear) or converts_itself(m)):
             continue
         out["float8" if _aligned(m) else "skipped"].append(name)
     return out
@@ -111,7 +117,7 @@ class ShapeFloat8Config(Float8Config):
             module_filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn in convertible,
         )
         for name, m in model.named_modules():
-            if _converts_itself(m) and name in convertible:
+            if converts_itself(m) and name in convertible:
                 m.to_float8(config)
         for n in frozen:
             model.get_parameter(n).requires_grad = False

@@ -31,13 +31,11 @@ def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
     """Matmul dims not a multiple of MATMUL_ALIGN -> where the first one is (weight or head_dim)."""
     model = spec.model_config().build(init_device="meta")
     found: dict[int, str] = {}
-    # A module whose weight's storage is not its matmuls' shape states each matmul's (out, in)
-    # (nn/float8.py's matmul_shape): a stacked hourglass weight is K (out, in) maps, not one.
-    maps = {
-        f"{n}.weight": m.matmul_shape
-        for n, m in model.named_modules()
-        if hasattr(m, "matmul_shape")
-    }
+    from ..nn.float8 import converts_itself
+
+    # A matmul module that is not an nn.Linear states each matmul's (out, in) (nn/float8.py): a
+    # stacked hourglass weight is K (out, in) maps, not one.
+    maps = {f"{n}.weight": m.matmul_shape for n, m in model.named_modules() if converts_itself(m)}
     for name, p in model.named_parameters():
         shape = maps.get(name, p.shape)
         for d in shape[-2:] if len(shape) >= 2 else ():
