@@ -135,7 +135,7 @@ COMMANDS = [
     Row(
         r"python scripts/gpu_check\.py",
         "parse",
-        why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_ready.py)",
+        why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_install.py, slow)",
     ),
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
     Row(

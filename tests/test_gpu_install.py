@@ -2,8 +2,8 @@
 (what the run imports, at most 56 MiB), a fresh venv that already holds torch (as a GPU node's
 Python does), then `scripts/gpu_check.py --wheelhouse --rehearse` in that venv: pip install
 --no-index --no-deps from the folder alone (no index, no other find-links, no pip configuration),
-torch left as it was, every section on CPU; then torchao uninstalled: the run exits 1 naming it, and
-with --allow-missing torchao exits 0, its row SKIP.
+torch left as it was, every section on CPU (its rows judged as far as a CPU can); then torchao
+uninstalled: the run exits 1 naming it, and with --allow-missing torchao exits 0, its row SKIP.
 
 Slow: pip downloads the wheelhouse (56 wheels, 54 MiB) and installs torch and it into the venv."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run
+from .conftest import REPO, run
+from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
 
 pytestmark = pytest.mark.slow
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -76,7 +77,9 @@ def _torch_where(python: Path) -> str:
 
 
 def _check_the_rehearsal(out: Path) -> None:
-    """The offline install and every section passed, within budget, each row a rehearsal."""
+    """The offline install and every section passed, within budget, each row a rehearsal, and
+    the rows judged as far as a CPU can: bf16's errors, the attention kernels at the shipped head
+    dims, compile against eager, the resume, the trainer's and float8's rows."""
     result = json.loads((out / "gpu_check.json").read_text())
     install, deps, *sections = result["sections"]
     assert install["title"] == "offline install" and install["result"] == "pass", install
@@ -93,9 +96,117 @@ def _check_the_rehearsal(out: Path) -> None:
     assert [s["title"] for s in sections] == titles
     assert all(s["result"] == "pass" and s["seconds"] <= s["budget_s"] for s in sections), sections
     assert all(row["rehearsal"] for s in sections for row in s["rows"])
+    assert result["mode"] == "rehearsal" and result["device"] == "cpu (rehearsal)"
+    assert result["budget_scale"] == 5
+    # the budgets on one H200 with start-up and the offline install: the whole run within 10 minutes
+    assert (
+        sum(s["budget_s"] for s in sections) / 5 + budget(INSTALL_ESTIMATE_S) + STARTUP_ESTIMATE_S
+        <= 10 * 60
+    )
+    rows = {f"{s['title']}: {r['name']}": r for s in sections for r in s["rows"]}
+    by_title = {s["title"]: s for s in sections}
+    _check_bf16_and_attention(rows, by_title)
+    _check_compile_and_resume(rows, by_title)
+    _check_trainer_ffn_and_float8(rows, by_title)
     print(
         (out / "gpu_check.md").read_text().split("\n\n")[1]
     )  # the sections' times against their budgets
+
+
+def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
+    """bf16 against fp32 per block, and the attention kernels at the shipped head dims."""
+    for block in [
+        "baseline pre",
+        "baseline post",
+        "hourglass pre",
+        "hourglass post",
+        "variable width carry_forward",
+        "variable width zero",
+        "variable width learned",
+    ]:
+        logits = rows[f"bf16 vs fp32: {block}: logits"]
+        # bf16 really ran (errors well above fp32's 2^-24), and stayed within 16 bf16 roundoffs
+        # (2^-8 each).
+        assert 2.0**-16 < float(logits["value"]) <= 16 * 2.0**-8 and logits["result"] == "pass", (
+            logits
+        )
+    # The attention rows at the rehearsal's three head dims of the shipped configs: the smallest,
+    # the largest and the first that is not a multiple of 8 (read here from the configs themselves).
+    from olmo_patches.config import load_spec
+    from olmo_patches.nn.attention import head_dims
+
+    shipped = sorted(
+        {
+            d
+            for p in (REPO / "configs").rglob("*.yaml")
+            if p.parent != REPO / "configs"  # configs/base*.yaml: bases
+            for d in head_dims(load_spec(p).model_config())
+        }
+    )
+    kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
+    dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
+    odd = next(d for d in shipped if d % 8)
+    assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (
+        dims,
+        shipped,
+    )
+    assert all(2.0**-16 < float(r["value"]) and "stands in" in r["detail"] for r in kernels)
+
+
+def _check_compile_and_resume(rows: dict, sections: dict) -> None:
+    """Compiled against eager per block (no graph breaks, no recompiles), and a bit-identical
+    resume."""
+    for block in ("baseline pre", "hourglass pre", "variable width learned"):
+        for row in (
+            "compiled vs eager: logits",
+            "compiled vs eager: gradients (worst tensor)",
+            "loss after 3 AdamW steps, compiled vs eager",
+        ):
+            assert (
+                float(rows[f"compile: {block}: {row}"]["value"]) == 0.0
+            )  # aot_eager runs the eager kernels
+        assert rows[f"compile: {block}: graph breaks (first 2 steps)"]["value"] == "0"
+        assert (
+            int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2
+        )  # each block: 2 graphs
+        assert rows[f"compile: {block}: graphs compiled in 3 more training steps"]["value"] == "0"
+    resume = sections["resume"]["rows"]
+    assert [r["detail"] for r in resume] == ["bit-identical"] * 2  # one CPU process: deterministic
+
+
+def _check_trainer_ffn_and_float8(rows: dict, sections: dict) -> None:
+    """The trainer's rows at both scales, the FFN-against-FFN rows and float8 against bf16."""
+    for scale in ("113M", "1B"):
+        for variant in ("baseline", "hourglass"):
+            assert (
+                float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", ""))
+                > 0
+            )
+            assert (
+                rows[f"trainer: {scale} {variant} (toy): peak reserved <= estimate"]["result"]
+                == "shown"
+            )
+            setting = rows[f"trainer: {scale} {variant} (toy): tokens/s"]["detail"]
+            assert setting.startswith(
+                "attention torch, loss default, float8 off, compile off, checkpointing off"
+            ), setting
+        assert rows[f"trainer: {scale}: MFU hourglass / baseline"]["result"] == "shown"
+    for config in (
+        "113M/hourglass-aligned",
+        "1B/hourglass-aligned",
+        "906M/hourglass-revised",
+    ):  # float8-able shapes
+        assert rows[f"FFN vs FFN: {config} bf16: hourglass / baseline TFLOP/s"]["result"] == "shown"
+        assert (
+            rows[f"FFN vs FFN: {config} StackedLinear float8 vs bf16: output"]["result"] == "pass"
+        )
+    for config in ("113M/hourglass", "1B/hourglass"):  # d_h 678, d_model 3192: not multiples of 16
+        assert rows[f"FFN vs FFN: {config} float8"]["value"] == "not float8-able"
+    speed, loss = sections["float8"]["rows"]
+    assert speed["result"] == "shown" and "torchao emulates" in speed["detail"]
+    assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", (
+        loss
+    )  # float8 really ran, close to bf16
 
 
 def _check_without_torchao(python: Path, gpu_check: list, tmp_path: Path, offline: dict) -> None:

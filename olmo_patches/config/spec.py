@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from ..blocks.base import ModelSpec
+from ..blocks.checks import check_model
 from ..shapes.choices import StrEnum
 from .validate import (
     check_across,
@@ -23,7 +24,6 @@ from .validate import (
     check_depth,
     check_eval,
     check_every_value,
-    check_model,
     check_run,
     check_train,
 )
@@ -377,9 +377,10 @@ class ExperimentSpec:
         return None
 
     def validate(self, where=lambda key: "config") -> None:
-        """Every check that the types cannot express (config/validate.py), a failure one ConfigError
-        line naming where ``key`` was set (``where(key)``: a file or "command line"): every value's
-        domain, then each section's checks, then those that read two sections."""
+        """Every check that the types cannot express (config/validate.py; the model's keys:
+        blocks/checks.py), a failure one ConfigError line naming where ``key`` was set
+        (``where(key)``: a file or "command line"): every value's domain, then each section's
+        checks, then those that read two sections."""
         fail = failer(where)
         check_every_value(self, fail)
         check_depth(self, fail)  # before the model's checks build a list of n_layers widths
