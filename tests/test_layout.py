@@ -165,8 +165,10 @@ def test_no_function_over_60_lines():
 
 # Each library file's role, as the layers are counted (README, "Lines by role"): the papers' modules
 # and their wiring into OLMo-core; the data and evaluation sets; and the harness (launch, a run's
-# life, reports, the command line, validation, the benchmark and checks): every file not listed.
-# A prefix ending in "/" stands for a folder.
+# life, reports, the command line, validation, the benchmark and checks): every file not listed
+# as the papers' or data, and those in HARNESS. A prefix ending in "/" stands for a folder. A kind's
+# own checks are counted with its kind (one file a kind).
+HARNESS = ("blocks/checks.py",)  # validation, though beside the keys it checks
 PAPERS = (
     "shapes/",
     "nn/",
@@ -188,18 +190,20 @@ PAPERS = (
 )
 DATA = ("data/", "eval/")
 HARNESS_AIM = 0.45  # of the library's lines
-HARNESS_CAP = 0.51  # what it may not grow past (50.7% when this was written: README)
+HARNESS_CAP = 0.52  # what it may not grow past (51.3% when this was written: README)
 
 
 def _role(rel: str) -> str:
     def listed(prefixes):
         return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in prefixes)
 
+    if listed(HARNESS):
+        return "harness"
     return "papers" if listed(PAPERS) else "data" if listed(DATA) else "harness"
 
 
 def test_lines_by_role():
-    """Every line of olmo_patches/*.py (blank lines, comments and docstrings included) counted by
+    """Every line of olmo_patches/**/*.py (blank lines, comments and docstrings included) counted by
     its file's role; `pytest -s` prints the table. The harness may not grow past HARNESS_CAP."""
     lines = {"papers": 0, "data": 0, "harness": 0}
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -208,6 +212,6 @@ def test_lines_by_role():
     total = sum(lines.values())
     for role, n in lines.items():
         print(f"{role:8s} {n:6d} lines {n / total:6.1%}")
-    listed = [p for p in PAPERS + DATA if not (PACKAGE / p).exists()]
+    listed = [p for p in HARNESS + PAPERS + DATA if not (PACKAGE / p).exists()]
     assert not listed, f"listed but not in the package: {listed}"
     assert lines["harness"] / total <= HARNESS_CAP, (lines, f"aim: {HARNESS_AIM:.0%}")

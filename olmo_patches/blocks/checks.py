@@ -1,7 +1,7 @@
 """The checks of the model keys every kind shares (``ModelSpec``: sizes, heads, the FFN size, the
-vocabulary, RoPE and its scaling), then the kind's own (``BlockKind.check``). A failure is one line
-naming the key and the value, through ``fail`` (config/spec.py's: it names the file or "command
-line" that set the key)."""
+vocabulary, RoPE and its scaling, the init and norm scales), the kind's own (``BlockKind.check``)
+among them. A failure is one line naming the key and the value, through ``fail`` (config/spec.py's:
+it names the file or "command line" that set the key)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from .base import block_of
 
 
 def check_model(m, fail) -> None:
-    """The model (a ModelSpec): sizes, head and FFN shapes, RoPE scaling, then its kind's knobs."""
+    """The model (a ModelSpec): sizes, head and FFN shapes, RoPE scaling, its kind's knobs, then the
+    init and norm scales."""
     for key, value in (
         ("model.d_model", m.d_model),
         ("model.n_layers", m.n_layers),
