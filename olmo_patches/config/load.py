@@ -177,6 +177,11 @@ def _at_default(value: Any, default: Any) -> bool:
     return value == default
 
 
+def at_default(kind: BlockKind, key: str, value: Any) -> bool:
+    """``value`` (a record's container) is what ``kind`` gives its model key ``key`` by default."""
+    return any(_at_default(value, _default(f)) for f in fields(kind.spec) if f.name == key)
+
+
 def _readers(key: str) -> list[BlockKind]:
     """The registered kinds that have the model key ``key`` of their own."""
     return [k for k in BLOCKS.values() if key in k.knobs]
@@ -191,10 +196,8 @@ def drop_foreign_defaults(cfg: DictConfig, block: str) -> DictConfig:
     own = {f.name for f in fields(get_block(block).spec)}
     for key in [k for k in model.keys() if k not in own]:
         value = OmegaConf.to_container(model, resolve=False)[key]  # type: ignore[index]
-        defaults = [
-            _default(f) for kind in _readers(str(key)) for f in fields(kind.spec) if f.name == key
-        ]
-        if defaults and all(_at_default(value, d) for d in defaults):
+        readers = _readers(str(key))
+        if readers and all(at_default(kind, str(key), value) for kind in readers):
             del model[key]
     return cfg
 

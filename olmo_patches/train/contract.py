@@ -5,7 +5,6 @@ checkpoint was written with (its run folder's ``config.yaml``)."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -14,6 +13,7 @@ import yaml
 
 from ..blocks import BLOCKS
 from ..config import ConfigError, ExperimentSpec
+from ..config.load import at_default
 from .checkpoints import checkpoint_shapes
 
 __all__ = ["model_shapes", "first_difference", "check_checkpoint_fits", "written_by"]
@@ -64,9 +64,8 @@ def written_by(checkpoint: str | Path) -> str:
     except (OSError, yaml.YAMLError, AttributeError):
         return f"no readable config.yaml beside it ({recorded})"
     kind = BLOCKS.get(str(model.get("block")))
-    default = {f.name: f.default for f in fields(kind.spec)} if kind is not None else {}
     # its kind's knobs where the record sets them (a record is a full dump: defaults are noise)
-    knobs = [k for k in (kind.knobs if kind is not None else ()) if model.get(k) != default[k]]
+    knobs = [k for k in (kind.knobs if kind else ()) if not at_default(kind, k, model.get(k))]
     keys = ["block", "d_model", "n_layers", *knobs]
     shape = ", ".join(f"{k} {_short(model[k])}" for k in keys if model.get(k) is not None)
     return f"written by {recorded} ({shape})"

@@ -256,7 +256,7 @@ def timed_run(
         torch.cuda.max_memory_reserved(device),
         torch.cuda.max_memory_allocated(device),
     )
-    torch._dynamo.reset()  # its compiled code, as the next run would
+    torch.compiler.reset()  # its compiled code, as the next run would
     gc.collect()
     left = torch.cuda.memory_allocated(device) / 2**30 - held
     return Timed(spec, tps, losses, reserved / 2**30, allocated / 2**30, held, left)
