@@ -179,9 +179,8 @@ PAPERS = (
     "config/shape_config.py",  # a solved hourglass shape as a config
     "config/paper_sweeps.py",  # the papers' sweeps
     "config/__init__.py",
-    "train/experiment.py",  # the spec -> OLMo-core's model, data, train module and Trainer
+    "train/experiment.py",  # the spec -> OLMo-core's model, data, train module, Trainer
     "train/optimizer.py",  # AdamW's groups (muP) and the schedule
-    "train/precision.py",  # bf16 and compile as the trainer applies them
     "train/sources.py",  # the token files and the mixture
     "train/batch_trace.py",  # the data order, recorded
     "train/stacked_layout.py",  # the hourglass's earlier checkpoint layout

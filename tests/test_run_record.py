@@ -46,7 +46,7 @@ def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(
     other = load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN, "train.lr=0.001"))
     (tmp_path / "config.yaml").write_text(spec_to_yaml(other))
     (tmp_path / "config.1.yaml").write_text(spec_to_yaml(other))
-    records, progress = Records(), logging.getLogger("olmo_patches.train.progress")
+    records, progress = Records(), logging.getLogger("olmo_patches.train.callbacks.console")
     progress.addHandler(records)
     try:
         train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN)))

@@ -293,9 +293,8 @@ class Lock:
             drop_record(self.path, self.guard)
 
 
-METRICS_FILE = (
-    "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
-)
+# every metric the Trainer logs, one JSON line per step (train/callbacks/metrics_file.py)
+METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:

@@ -47,8 +47,7 @@ from ..eval.evaluators import downstream_evaluators
 from .experiment import eval_callbacks
 from .sources import DataSources, resolve_data
 from ..launch.run_folder import METRICS_FILE
-from .checkpoints import checkpoint_step, latest_complete, load_model_state
-from .contract import check_checkpoint_fits
+from .checkpoints import check_checkpoint_fits, checkpoint_step, latest_complete, load_model_state
 
 log = logging.getLogger(__name__)
 
