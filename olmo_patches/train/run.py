@@ -290,9 +290,8 @@ def _build(spec: ExperimentSpec, device: str, callbacks: Optional[dict[str, Call
         trainer = exp.trainer.build(train_module, data_loader)
     except OLMoConfigurationError as e:
         raise ConfigError(" ".join(str(e).split())) from None
-    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
-        if name in trainer.callbacks:
-            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    # every checkpoint records the config; OLMo-core's config saver hands it to wandb too
+    trainer.callbacks["config_saver"].config = exp.as_config_dict()  # type: ignore[attr-defined]
     return trainer, dataset
 
 
