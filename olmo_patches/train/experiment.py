@@ -287,8 +287,8 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         and (card := known_card(torch.cuda.get_device_name()))
         and card.bf16_flops
     ):
-        # The peak of launch/cards.py: OLMo-core's own table lacks some (H200: it would use an
-        # A100's, MFU x3.2).
+        # The peak of launch/cards.py: OLMo-core's own table lacks some (H200, RTX 6000 Ada: it
+        # takes an A100's, olmo_core/train/callbacks/speed_monitor.py line 49; MFU x3.2 on an H200).
         trainer = trainer.with_callback(
             "speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops))
         )
