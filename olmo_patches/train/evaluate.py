@@ -41,7 +41,7 @@ from rich.progress import Progress
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml, vocab_size
-from ..config.spec import failer
+from ..config.spec import check_fields, failer
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import downstream_evaluators
 from .experiment import eval_callbacks
@@ -165,8 +165,10 @@ _FLAGS = {
 
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
-    """EvalSpec.validate's checks, reported against the command line's flags."""
+    """The eval section's checks (each number's domain, EvalSpec.validate's), reported against the
+    command line's flags."""
     fail = lambda key, value, why: _fail(_FLAGS.get(key, key), value, why)  # noqa: E731
+    check_fields(spec.eval, fail, "eval.")
     spec.eval.validate(fail)
     check_downstream_tasks(spec, fail)
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):
