@@ -85,8 +85,9 @@ def downstream_length(spec: ExperimentSpec) -> int:
 
 @dataclass
 class OrderedDataLoaderConfig(NumpyDataLoaderConfig):
-    """OLMo-core's data loader config plus the switch its config lacks: a materialized prefix is
-    already in training order and must be read without reshuffling."""
+    """OLMo-core's data loader config plus the switch it lacks, the loader's ``shuffle``
+    (olmo_core/data/data_loader.py line 1107: no such field): a materialized prefix is already in
+    training order and must be read without reshuffling."""
 
     shuffle: bool = True
 

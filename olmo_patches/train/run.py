@@ -2,9 +2,9 @@
 loader and trainer (with its callbacks) built from the resolved spec (experiment.py's configs), a
 checkpoint loaded, ``trainer.fit()``. What the template lacks is around it:
 
-- the refusals before anything is written (:func:`check_before_writing`: the data, the folder's
-  recorded config, the checkpoint it resumes from, the disk's room), on rank 0, then raised on
-  every rank;
+- the refusals before anything is written (the data files, the downstream tasks, then
+  :func:`check_before_writing`'s: the folder's recorded config, the checkpoint it resumes from, the
+  disk's room), on rank 0, then raised on every rank;
 - the run folder's lock and recorded config (launch/run_folder.py), the watch of the other ranks
   (launch/peers.py: an error on one rank ends the others), every node seeing the folder;
 - the checkpoint to resume from: the newest that verifies (checkpoints.py), or ``--resume-from``;
