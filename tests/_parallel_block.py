@@ -99,7 +99,6 @@ class ParallelBlockConfig(TransformerBlockConfig):
 
 class Parallel(BlockKind):
     name = "parallel"
-    label = "parallel"
 
     def check(self, m, fail) -> None:
         if m.norm_placement != "pre":

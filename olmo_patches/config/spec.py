@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from ..blocks.base import ModelSpec
+from ..blocks.base import ConfigError, ModelSpec
 from ..blocks.checks import check_model
 from ..shapes.choices import StrEnum
 from .validate import (
@@ -91,10 +91,6 @@ class Device(StrEnum):
     auto = "auto"  # cuda when available
     cpu = "cpu"
     cuda = "cuda"
-
-
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the file, the key and the value."""
 
 
 def failer(where=lambda key: "config"):

@@ -323,8 +323,9 @@ def check_run(r, fail) -> None:
 # gradients, AdamW moments: launch/memory.py's states) plus 2 s sum_l w_l bytes, the bf16 input of
 # each block for its sequence of s tokens, which full activation checkpointing still keeps (a
 # sequence is not split across ranks). P counts the embedding (and the LM head unless tied) and each
-# constant-width layer's attention and FFN matrices (shapes/counts.py); a layer of another block
-# (variable width, a plug-in's) counts no parameter and width 1. Lower bounds all: only a run that
+# layer's floor as its kind states it (BlockKind.layer_params_floor: attention and FFN matrices,
+# shapes/counts.py; none stated: no parameter); a layer whose width is solved later counts width 1
+# (variable width). Lower bounds all: only a run that
 # cannot fit anywhere is refused, every shipped config passes (tests/test_data_contract.py).
 
 
@@ -430,12 +431,12 @@ def check_across(spec, fail, tokenizer_size: int, vocab: int) -> None:
             m.vocab_size,
             f"smaller than the {d.tokenizer} tokenizer's {tokenizer_size} tokens",
         )
-    hidden_key, hidden = block_of(m).ffn_hidden(m)
+    hidden_key = "model.d_ff" if m.d_ff is not None else "model.ffn_ratio"
     # dolma2's is fixed
     vocab_key = "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"
     for key, rows, cols in (
         ("model.d_model", m.d_model, m.d_model),
-        (hidden_key, m.d_model, hidden),
+        (hidden_key, m.d_model, m.resolved_d_ff),
         (vocab_key, vocab, m.d_model),
     ):
         if rows * cols > _MAX_MATRIX:
