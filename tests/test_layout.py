@@ -184,7 +184,6 @@ PAPERS = (
     "train/precision.py",  # bf16 and compile as the trainer applies them
     "train/sources.py",  # the token files and the mixture
     "train/batch_trace.py",  # the data order, recorded
-    "train/stacked_layout.py",  # the hourglass's earlier checkpoint layout
     "train/__init__.py",
     "report/counts.py",  # the papers' parameter counts
 )

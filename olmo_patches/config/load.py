@@ -189,7 +189,7 @@ def _readers(key: str) -> list[BlockKind]:
 
 def drop_foreign_defaults(cfg: DictConfig, block: str) -> DictConfig:
     """``cfg`` without the model keys of other kinds that sit at their defaults, in place (they mean
-    nothing to ``block``; a record written before the kinds owned their keys holds them all)."""
+    nothing to ``block``)."""
     model = cfg.get("model")
     if not isinstance(model, DictConfig):
         return cfg
