@@ -253,7 +253,7 @@ class BlockKind:
             return []
         if type(block) is not TransformerBlock or type(ffn) is not FeedForward:
             refuse(self, "record_hidden", "analyze.py's FFN hidden units")
-        return swiglu_hidden(ffn, record)
+        return w2_input(ffn, record)
 
     def optim_groups(self, m) -> List[Tuple[List[str], float]]:
         """(parameter-name globs, learning-rate multiplier) pairs beyond AdamW's defaults."""
@@ -313,8 +313,9 @@ class BlockKind:
         return state
 
 
-def swiglu_hidden(ffn, record: Callable) -> List[Callable[[], None]]:
-    """:meth:`BlockKind.record_hidden` of OLMo-core's SwiGLU ``ffn``: the input of its w2."""
+def w2_input(ffn, record: Callable) -> List[Callable[[], None]]:
+    """:meth:`BlockKind.record_hidden` of an FFN whose hidden units are the input of its output
+    matrix ``w2`` (OLMo-core's SwiGLU: SiLU(w1 x) * w3 x)."""
     return [ffn.w2.register_forward_pre_hook(lambda _m, args: record(args[0])).remove]
 
 
@@ -355,7 +356,10 @@ def get_block(name: str) -> BlockKind:
     try:
         return BLOCKS[name]
     except KeyError:
-        raise KeyError(f"model.block={name}: choose one of {', '.join(BLOCKS)}") from None
+        raise KeyError(
+            f"model.block={name}: choose one of {', '.join(BLOCKS)}, or name the module of your own"
+            " in HOURGLASS_BLOCKS"
+        ) from None
 
 
 def block_of(m) -> BlockKind:

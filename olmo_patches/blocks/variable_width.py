@@ -22,7 +22,7 @@ from ..shapes.widths import (
     paper_params,
     schedule_widths,
 )
-from .base import WIDTH, BlockKind, ConfigError, built_counts, register, swiglu_hidden
+from .base import WIDTH, BlockKind, ConfigError, built_counts, register, w2_input
 from .hourglass import HourglassModel, check_bottleneck, check_knobs, hourglass_layers
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class VariableWidth(BlockKind):
             return []
         if _hourglass_ffn(m):
             return [block.feed_forward.record_hidden(record)]
-        return swiglu_hidden(block.feed_forward, record)
+        return w2_input(block.feed_forward, record)
 
     def optim_groups(self, m) -> List[Tuple[List[str], float]]:
         """Under the paper's muP the hidden matrices (attention and FFN weights; an MoE's router and

@@ -236,7 +236,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
     if (block := _block(chain, overrides)) not in BLOCKS:
         raise ConfigError(
             f"{where('model.block')}: model.block={block}: choose one of {', '.join(BLOCKS)} "
-            "(olmo_patches/blocks/)"
+            "(olmo_patches/blocks/), or name the module of your own in HOURGLASS_BLOCKS"
         )
     schema = kind_schema(block)
     merged: Any = copy.deepcopy(schema)
