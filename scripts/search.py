@@ -281,7 +281,7 @@ def _attention_args(parser: ArgumentParser) -> None:
     parser.add_argument(
         "--nearest-ratio",
         action="store_true",
-        help="the d_h/d_model nearest each target (any even d_model, its MHA heads); tolerance 4e-4",
+        help="the d_h/d_model nearest each target (any even d_model, MHA heads); tolerance 4e-4",
     )
 
 

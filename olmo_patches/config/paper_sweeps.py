@@ -53,16 +53,17 @@ SWEEPS: dict[str, list[str]] = {
         "694",
     ],
     "configs/113M/ablations/k-sweep": [
-        *"--K 1 2 3 4 5 6 7 8 --layers 12 --layer-slack 2 --d-h-ratio 0.5 --nearest-ratio".split(),
+        *"--K 1 2 3 4 5 6 7 8 --layers 12 --layer-slack 2 --d-h-ratio 0.5 --nearest-ratio".split()
     ],
     "configs/113M/ablations/width-depth-K2": [
-        *"--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --nearest-ratio".split(),
+        *"--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --nearest-ratio".split()
     ],
     "configs/113M/ablations/width-depth-K4": [
-        *"--K 4 --layers 5 6 7 8 9 10 11 12 13 14 16 --d-h-ratio 0.5 --nearest-ratio".split(),
+        *"--K 4 --layers 5 6 7 8 9 10 11 12 13 14 16 --d-h-ratio 0.5 --nearest-ratio".split()
     ],
     "configs/113M/ablations/d_h-ratio": [
-        *"--K 4 --layers 12 --d-h-ratio 0.1 0.2 0.3 0.4 0.45 0.5 0.55 0.6 0.7 0.8 --nearest-ratio".split(),
+        *"--K 4 --layers 12 --d-h-ratio 0.1 0.2 0.3 0.4 0.45 0.5 0.55 0.6 0.7 0.8".split(),
+        "--nearest-ratio",
     ],
 }
 
