@@ -226,22 +226,15 @@ def _step(checkpoint: Path) -> Optional[int]:
 
 
 def _architecture(spec: ExperimentSpec, vocab: int) -> list[str]:
-    """The card's architecture lines: the block kind's shape, the attention, the layer widths where
-    they are not all d_model."""
+    """The card's architecture lines: the block kind's shape (its description: a variable-width
+    model's widths w_1..w_L), the attention."""
     m = spec.model
-    shape = [
+    return [
         f"- block: {m.block}" + (f" ({more})" if (more := block_of(m).describe(m)) else ""),
         f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} "
         f"key/value heads), {m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary "
         f"{vocab}",
     ]
-    if (widths := m.layer_widths) != [m.d_model] * m.n_layers:
-        resize = hf_fields(spec, vocab).get("resize")
-        shape.append(
-            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {resize}); "
-            "each layer's heads and head size: config.json `layer_shapes`"
-        )
-    return shape
 
 
 def _how_to_load(kind: str) -> tuple[str, str]:

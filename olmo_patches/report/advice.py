@@ -48,20 +48,9 @@ def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
             layers.setdefault(head_dim, []).append(layer)
     for head_dim, at in layers.items():
         every = len(at) == spec.model.n_layers
-        where = "" if every else f" of layer{'s' * (len(at) > 1)} {_spans(at)}"
+        where = "" if every else f" of layer{'s' * (len(at) > 1)} {', '.join(map(str, at))}"
         found.setdefault(head_dim, f"head_dim{where}")
     return found
-
-
-def _spans(numbers: list[int]) -> str:
-    """1, 3-5, 9: ascending ``numbers`` as runs."""
-    runs: list[list[int]] = []
-    for n in numbers:
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _over_http(spec: ExperimentSpec) -> bool:
