@@ -1,10 +1,11 @@
 """Kinds that are not the papers', each registered from one file, run through the commands with no
 other file changed: the parallel block (tests/_parallel_block.py: another block, OLMo-core's SwiGLU)
 and OLMo-core's block with an ungated GELU FFN (tests/_ungated_ffn.py: another FFN). Their forwards
-are their equations; count_params, the dry run at 8 ranks, training and an exact resume, FSDP over
-2 gloo ranks as one process, a sweep's report, analyze.py, the config table and the Hugging Face
-export (the parallel block's logits; the ungated FFN, which the modeling file lacks, refused in one
-line); a kind that lacks a hook a tool needs is refused by that tool in one line naming the hook."""
+are their equations; count_params, the dry run at 8 ranks, float8, training and an exact resume,
+FSDP over 2 gloo ranks as one process, a sweep's report, analyze.py, the config table and the
+Hugging Face export (the parallel block's logits; the ungated FFN, which the modeling file lacks,
+refused in one line); a kind that lacks a hook a tool needs is refused by that tool in one line
+naming the hook."""
 
 import json
 import sys
@@ -99,6 +100,28 @@ def test_counts_and_dry_run_at_eight_ranks(kind):
     r = run_in_process("train.py", str(BASELINE), *eight, "--dry-run")
     assert r.returncode == 0 and "8 ranks (1 node x 8)" in r.stdout, r.stderr
     assert r.stdout.count("estimate 0.0 GiB") == 4 and "BlockKind" not in r.stdout
+
+
+def test_float8_converts_every_ungated_matmul():
+    """float8_matmuls finds the six linears a layer (Q, K, V, out; W_1, W_2), all multiples of 16,
+    and not the LM head; the memory model's float8 term casts the widest matmul input (the hidden
+    d_ff) and one block's weights twice."""
+    from olmo_patches.launch.memory import estimate
+    from olmo_patches.nn.float8 import float8_matmuls
+
+    spec = load_and_resolve(BASELINE, [*TINY, *UNGATED])
+    model = spec.model_config().build(init_device="meta")
+    found = float8_matmuls(model)
+    linears = ("attention.w_q", "attention.w_k", "attention.w_v", "attention.w_out")
+    want = [
+        f"blocks.{i}.{m}"
+        for i in range(L)
+        for m in (*linears, "feed_forward.w1", "feed_forward.w2")
+    ]
+    assert sorted(found["float8"]) == sorted(want) and found["skipped"] == []
+    f8 = estimate(spec, SEQ, float8=True)
+    block = sum(p.numel() for p in model.blocks["0"].parameters())
+    assert f8.float8_inputs == D_FF and f8.float8_weights == 2 * block
 
 
 @pytest.fixture(scope="module")
