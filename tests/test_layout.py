@@ -183,7 +183,6 @@ PAPERS = (
     "train/optimizer.py",  # AdamW's groups (muP) and the schedule
     "train/sources.py",  # the token files and the mixture
     "train/batch_trace.py",  # the data order, recorded
-    "train/stacked_layout.py",  # the hourglass's earlier checkpoint layout
     "train/__init__.py",
     "report/counts.py",  # the papers' parameter counts
 )

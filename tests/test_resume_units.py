@@ -301,22 +301,33 @@ def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_coll
             assert step < 10
 
 
-def test_a_record_from_before_load_balance_existed_resumes_as_it_ran(tmp_path):
-    """A run recorded before model.moe.load_balance existed trained with OLMo-core's per-micro-batch
-    loss: read as that, a resume under the new default (global_batch) is a changed key, not a silent
-    change of the objective; naming micro_batch resumes it as it ran."""
+def test_a_run_folder_of_an_earlier_layout_is_refused_in_one_line(tmp_path):
+    """A record without a key this code has (model.moe.load_balance, added with its default) or
+    with one it has not (another kind's knob): the start refuses the folder, saying why, instead of
+    resuming under another objective; a --resume-from start is deliberate and goes on."""
     from omegaconf import OmegaConf
 
     from olmo_patches.config import load_spec, spec_to_yaml
-    from olmo_patches.launch.run_folder import changed_keys
+    from olmo_patches.launch.run_folder import RunFolderError, check_config
 
-    config = REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml"
-    new = load_spec(config)
-    earlier = OmegaConf.create(spec_to_yaml(new))
-    del earlier.model.moe["load_balance"]  # as the record was written then
-    earlier = OmegaConf.to_yaml(earlier)
-    default = str(new.model.moe.load_balance)
-    assert default != "micro_batch"  # the shipped config trains otherwise now
-    assert changed_keys(earlier, new) == [f"model.moe.load_balance: micro_batch -> {default}"]
-    assert changed_keys(earlier, load_spec(config, ["model.moe.load_balance=micro_batch"])) == []
-    assert changed_keys(spec_to_yaml(new), new) == []  # a record that has the key is read as it is
+    spec = load_spec(
+        REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml", [f"run.save_folder={tmp_path}"]
+    )
+    record = OmegaConf.create(spec_to_yaml(spec))
+    del record.model.moe["load_balance"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(record))
+    with pytest.raises(RunFolderError) as e:
+        check_config(spec)
+    assert str(e.value) == (
+        f"{tmp_path / 'config.yaml'}: recorded by an earlier layout of this project "
+        "(model.moe.load_balance: not recorded), which this code does not resume (CHANGELOG.md); "
+        "start a new run with another run.name or run.save_folder"
+    )
+    check_config(spec, deliberate=True)  # --resume-from: no refusal
+    record = OmegaConf.create(spec_to_yaml(spec))
+    record.model.foreign = 1
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(record))
+    with pytest.raises(RunFolderError, match=r"\(model.foreign: not a key now\)"):
+        check_config(spec)
+    (tmp_path / "config.yaml").write_text(spec_to_yaml(spec))
+    assert check_config(spec) == []  # this layout's record

@@ -192,7 +192,7 @@ def _readers(key: str) -> list[BlockKind]:
 
 def drop_foreign_defaults(cfg: DictConfig, block: str) -> DictConfig:
     """``cfg`` without the model keys of other kinds that sit at their defaults, in place (they mean
-    nothing to ``block``; a record written before the kinds owned their keys holds them all)."""
+    nothing to ``block``)."""
     model = cfg.get("model")
     if not isinstance(model, DictConfig):
         return cfg
@@ -239,7 +239,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
     if (block := _block(chain, overrides)) not in BLOCKS:
         raise ConfigError(
             f"{where('model.block')}: model.block={block}: choose one of {', '.join(BLOCKS)} "
-            "(olmo_patches/blocks/)"
+            "(olmo_patches/blocks/), or name the module of your own in HOURGLASS_BLOCKS"
         )
     schema = kind_schema(block)
     merged: Any = copy.deepcopy(schema)

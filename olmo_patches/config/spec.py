@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from omegaconf import MISSING
 
 from ..blocks import BLOCKS, block_of
-from ..blocks.base import ModelSpec
-from ..blocks.checks import check_model
+from ..blocks.base import ConfigError, ModelSpec
+from ..blocks.checks import MAX_MATRIX, check_model
 from ..shapes.choices import StrEnum
 
 if TYPE_CHECKING:  # the model's classes are imported by build(): loading a config imports no torch
@@ -91,10 +91,6 @@ class Device(StrEnum):
     cuda = "cuda"
 
 
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the file, the key and the value."""
-
-
 def failer(where=lambda key: "config"):
     """``fail(key, value, why)``: raises the one-line ConfigError naming where ``key`` was set."""
 
@@ -118,7 +114,6 @@ _MAX_NUMBER = 2**53
 # tokens per sequence: 8x Llama 3.1's 128K context; OLMo-core builds the RoPE table for it
 _MAX_SEQUENCE = 2**20
 _MAX_STEP_TOKENS = 2**32  # tokens per optimizer step: 1000x OLMo-2's 4M
-_MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
 
 
 def ranged(default: Any, rule: str, note: str = "") -> Any:
@@ -597,14 +592,14 @@ class ExperimentSpec:
                 m.vocab_size,
                 f"smaller than the {d.tokenizer} tokenizer's {own} tokens",
             )
-        hidden_key, hidden = block_of(m).ffn_hidden(m)
+        hidden_key = "model.d_ff" if m.d_ff is not None else "model.ffn_ratio"
         vocab_key = "model.vocab_size" if m.vocab_size is not None else "data.demo_vocab_size"
         for key, rows, cols in (
             ("model.d_model", m.d_model, m.d_model),
-            (hidden_key, m.d_model, hidden),
+            (hidden_key, m.d_model, m.resolved_d_ff),
             (vocab_key, vocab_size(self), m.d_model),
         ):
-            if rows * cols > _MAX_MATRIX:
+            if rows * cols > MAX_MATRIX:
                 fail(
                     key, _value(self, key), f"a {rows} x {cols} weight matrix is over 2^40 elements"
                 )
@@ -670,10 +665,11 @@ def _value(spec: ExperimentSpec, key: str) -> Any:
 # them), and each rank holds at least 16 P / W bytes of parameter states (fp32 weights, gradients,
 # AdamW moments: launch/memory.py's states) plus 2 s sum_l w_l bytes, the bf16 input of each block
 # for its sequence of s tokens, which full activation checkpointing still keeps (a sequence is not
-# split across ranks). P counts the embedding (and the LM head unless tied) and each constant-width
-# layer's attention and FFN matrices (shapes/counts.py); a layer of another block (variable width, a
-# plug-in's) counts no parameter and width 1. Lower bounds all: only a run that cannot fit anywhere
-# is refused, every shipped config passes (tests/test_data_contract.py).
+# split across ranks). P counts the embedding (and the LM head unless tied) and each layer's floor
+# as its kind states it (BlockKind.layer_params_floor: attention and FFN matrices,
+# shapes/counts.py; none stated: no parameter); a layer whose width is solved later counts width 1
+# (variable width). Lower bounds all: only a run that cannot fit anywhere is refused, every shipped
+# config passes (tests/test_data_contract.py).
 
 LARGEST_CARD = 180 * 2**30  # bytes: the largest card of launch/cards.py (b200)
 _STATE_BYTES = 16  # fp32 weights, gradients, AdamW's two moments, per parameter (launch/memory.py)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from filelock import FileLock
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..blocks.base import BLOCKS
@@ -49,6 +49,7 @@ __all__ = [
     "MAY_CHANGE",
     "changed_keys",
     "changed_between",
+    "earlier_layout",
     "check_config",
     "record_config",
     "Lock",
@@ -93,20 +94,29 @@ def _may_change(key: str) -> bool:
 
 def as_read_now(recorded: Any) -> Dict[str, Any]:
     """A recorded config (YAML text or its tree), flat, as this code reads it: shorthands
-    coerced, its kind's ``earlier`` keys at the value the run ran with, keys added since at
-    default, other kinds' keys at their defaults dropped (config/load.py)."""
+    coerced, other kinds' keys at their defaults dropped (config/load.py), a key it lacks at its
+    default (a start refuses such a record first: :func:`earlier_layout`)."""
     tree = coerce_shorthands(OmegaConf.create(recorded))  # e.g. activation_checkpointing: false
     block = str(OmegaConf.select(tree, "model.block", default="baseline"))
-    kind = BLOCKS.get(block)
-    for key, value in kind.earlier if kind else ():  # as it ran, not as the new default would run
-        section, name = f"model.{key}".rsplit(".", 1)
-        if isinstance(node := OmegaConf.select(tree, section), DictConfig) and name not in node:
-            node[name] = value
-    try:  # a key added since the record was written counts at its default
+    try:
         tree = OmegaConf.merge(kind_schema(block), drop_foreign_defaults(tree, block))
     except (OmegaConfBaseException, KeyError):  # a key removed since, a kind not registered
         pass
     return _flat(OmegaConf.to_container(tree))
+
+
+def earlier_layout(recorded: str) -> Optional[str]:
+    """Why a recorded config (YAML text) is of an earlier layout of this project: a key it has
+    that this code's config has not, or the first it lacks; None for a record of this layout."""
+    tree = coerce_shorthands(OmegaConf.create(recorded))
+    if (block := str(OmegaConf.select(tree, "model.block", default="baseline"))) not in BLOCKS:
+        return None  # the config's own check names it
+    try:
+        now = OmegaConf.merge(kind_schema(block), tree)
+    except OmegaConfBaseException as e:
+        return f"{getattr(e, 'full_key', '') or e}: not a key now"
+    lacks = _flat(OmegaConf.to_container(now)).keys() - _flat(OmegaConf.to_container(tree)).keys()
+    return f"{min(lacks)}: not recorded" if lacks else None
 
 
 def _changes(old: Dict[str, Any], new: Dict[str, Any], ignore: Sequence[str]) -> List[str]:
@@ -144,6 +154,12 @@ def check_config(
     recorded = _recorded(folder)
     if not recorded:
         return []
+    if checkpointed and not deliberate and (why := earlier_layout(recorded[-1].read_text())):
+        raise RunFolderError(
+            f"{recorded[-1]}: recorded by an earlier layout of this project ({why}), which this "
+            "code does not resume (CHANGELOG.md); start a new run with another run.name or "
+            "run.save_folder"
+        )
     changes = changed_keys(recorded[-1].read_text(), spec)
     if changes and not deliberate and checkpointed:
         raise RunFolderError(

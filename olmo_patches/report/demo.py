@@ -24,11 +24,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from .console import console as rich_console  # noqa: E402
-from ..blocks import block_of  # noqa: E402
 from ..config import ExperimentSpec  # noqa: E402
 from ..launch.run_folder import read_metrics  # noqa: E402
 from ..train.checkpoints import checkpoint_step, latest_complete  # noqa: E402
-from .counts import count  # noqa: E402
+from .counts import count, paper_report  # noqa: E402
 from .figures import save_figure  # noqa: E402
 
 __all__ = ["compare", "saved_step"]
@@ -81,7 +80,7 @@ def summarize(spec: ExperimentSpec, run_dir: Path) -> VariantResult:
         metrics.get(steps[-1], {}).get(TPS, 0.0)
     ]
     b = count(spec)
-    matched = block_of(spec.model).matched_params(spec.model, b.non_embedding)
+    matched = paper_report(spec)["matched_params"]
     seq, batch = spec.data.sequence_length, spec.train.global_batch_size
     return VariantResult(
         name=spec.run.name,

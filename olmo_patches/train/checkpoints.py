@@ -23,6 +23,7 @@ What it lacks, here:
 
 from __future__ import annotations
 
+import math
 import json
 import logging
 import re
@@ -163,18 +164,6 @@ def model_shapes(spec: ExperimentSpec) -> dict[str, torch.Size]:
     return {k: v.shape for k, v in model.state_dict().items()}
 
 
-def _same(there: Sequence[int], here: Sequence[int]) -> bool:
-    # an hourglass weight of the earlier stacked layout, (K, out, in) for (K out, in): the same
-    # elements in the same order, which a resume converts (stacked_layout.py)
-    stacked = (
-        len(there) == 3
-        and len(here) == 2
-        and there[0] * there[1] == here[0]
-        and there[2] == here[1]
-    )
-    return list(there) == list(here) or stacked
-
-
 def first_difference(
     there: Mapping[str, Sequence[int]], here: Mapping[str, Sequence[int]]
 ) -> Optional[str]:
@@ -183,10 +172,13 @@ def first_difference(
     for key, shape in here.items():
         if key not in there:
             return f"no weight {key} there ({list(shape)} in this config's model)"
-        if not _same(there[key], shape):
+        if list(there[key]) != list(shape):
+            # the same elements in another shape: a layout this code does not read
+            earlier = math.prod(there[key]) == math.prod(shape)
             return (
                 f"first differing weight {key}: {list(there[key])} there, {list(shape)} in this "
                 "config's model"
+                + ("; a checkpoint of an earlier layout (CHANGELOG.md)" if earlier else "")
             )
     if extra := [k for k in there if k not in here]:
         return f"weight {extra[0]} {list(there[extra[0]])} there, not in this config's model"

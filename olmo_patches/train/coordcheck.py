@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..blocks import block_of
+from ..blocks.base import axes, scaled
 from ..config import ExperimentSpec, load_spec
 from .optimizer import optimizer
 
@@ -46,20 +46,13 @@ KINDS = ("embedding", "attention", "ffn", "block", "logits")
 
 
 def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
-    """The overrides scaling ``axis`` of ``spec`` by ``k``."""
-    m, kind = spec.model, block_of(spec.model)
-    if axis == "depth":
-        return [f"model.n_layers={m.n_layers * k}"]
-    if axis != "width":  # an axis of the kind's own (K)
-        return kind.scaled(m, axis, k)
-    out = [f"model.d_model={m.d_model * k}"]
-    if m.d_ff is not None:
-        out.append(f"model.d_ff={m.d_ff * k}")
-    return out + kind.scaled(m, axis, k)  # its own widths (d_h, w_l, m_width)
+    """The overrides scaling ``axis`` of ``spec`` by ``k``: every model key on that axis (width:
+    d_model and an explicit d_ff, d_h, list of widths w_l, muP's m_width)."""
+    return scaled(spec.model, axis, k)
 
 
 def axes_of(spec: ExperimentSpec) -> List[str]:
-    return ["width", "depth", *block_of(spec.model).own_axes(spec.model)]
+    return axes(spec.model)
 
 
 def _kind(name: str) -> Optional[str]:

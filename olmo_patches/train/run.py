@@ -57,7 +57,6 @@ from .checkpoints import (
 from .experiment import build_experiment, check_downstream, compile_on_cpu, device_for
 from .init_from import check_init_from, load_init_weights
 from .sources import check_sources, resolve_data
-from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +281,6 @@ def _build(spec: ExperimentSpec, device: str, callbacks: Optional[dict[str, Call
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights
     count_experts_first(train_module)  # model.moe.load_balance=global_batch: the counts first
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
