@@ -324,12 +324,13 @@ def test_report_refuses_seeds_of_another_shape(synthetic_sweep, tmp_path):
     assert not out.exists()
 
 
-def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(tmp_path):
-    """Planted optima: the baseline's at x1, the hourglass's at x2 (the grid's edge). Left out and
-    named: a diverged baseline run at x2 (NaN at step 120, exit 3, its last validation loss 5.0 the
-    lowest of all), an hourglass seed stopped at step 100 of 200, one never started."""
-    shapes = {k: v for k, v in SHAPES.items() if k != "syn-hg2"}
-    cfg = _configs(tmp_path, shapes)
+@pytest.fixture(scope="module")
+def lr_grid(tmp_path_factory):
+    """Planted optima: the baseline's at x1, the hourglass's at x2 (the grid's edge), 3 seeds.
+    Left out: a diverged baseline run at x2 (NaN at step 120, exit 3, its last validation loss 5.0
+    the lowest of all), an hourglass seed stopped at step 100 of 200, one never started."""
+    root = tmp_path_factory.mktemp("lr")
+    cfg = _configs(root, {k: v for k, v in SHAPES.items() if k != "syn-hg2"})
     rng = np.random.default_rng(7)
     planted = {
         "syn-base": {0.5: 5.53, 1.0: 5.50, 2.0: 5.56},
@@ -346,11 +347,18 @@ def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(tmp
                     ("syn-base", 2.0, 1): dict(final=5.0, reached=100, nan_at=120),
                     ("syn-hg", 1.0, 2): dict(reached=100),
                 }.get((name, x, s), {})
-                _write_run(cfg / f"{name}.yaml", _seed_overrides(name, tmp_path, s, x),
+                _write_run(cfg / f"{name}.yaml", _seed_overrides(name, root, s, x),
                            **{"final": final, "rng": rng, **kw})  # fmt: skip
-    common = ["--seeds", "3", "--lr-grid", "0.5,2", "--no-figures"]
-    out = tmp_path / "config-lr"
-    r = run_in_process("sweep.py", "report", str(cfg), *common, "--out", str(out))
+    return root, cfg, finals
+
+
+LR_GRID = ["--seeds", "3", "--lr-grid", "0.5,2", "--no-figures"]
+
+
+def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(lr_grid):
+    root, cfg, finals = lr_grid
+    out = root / "config-lr"
+    r = run_in_process("sweep.py", "report", str(cfg), *LR_GRID, "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     sweep = _csv(out / "lr_sweep.csv")
     used = [finals["syn-base", 2.0, s] for s in (0, 2)]
@@ -370,8 +378,12 @@ def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(tmp
     assert seeds["syn-hg", "1"]["seed 2"] == "left out: stopped at step 100/200"
     assert seeds["syn-hg", "0.5"]["seed 0"] == "left out: not started"
     assert seeds["syn-base", "2"]["seed 1"] == "left out: failed at step 120/200 (diverged)"
-    out = tmp_path / "best-lr"
-    r = run_in_process("sweep.py", "report", str(cfg), *common, "--best-lr", "--out", str(out))
+
+
+def test_comparison_at_each_members_best_lr_and_confirmed_on_fresh_seeds(lr_grid):
+    root, cfg, _ = lr_grid
+    out = root / "best-lr"
+    r = run_in_process("sweep.py", "report", str(cfg), *LR_GRID, "--best-lr", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     best = _csv(out / "comparison.csv")
     assert best["syn-hg"]["LR"] == "0.006 (own best, x2)"
@@ -382,3 +394,25 @@ def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(tmp
     )
     assert best["syn-hg"]["verdict"] == "distinguishable"
     assert "each member at its own best LR" in (out / "comparison_notes.md").read_text()
+    # --confirm 2: fresh seeds 3, 4 at each member's best LR (the baseline's x1, the hourglass's
+    # x2), compared on them alone
+    fresh = {("syn-base", 1.0): [5.52, 5.49], ("syn-hg", 2.0): [5.47, 5.45]}
+    for (name, x), losses in fresh.items():
+        for s, loss in zip((3, 4), losses):
+            _write_run(
+                cfg / f"{name}.yaml",
+                _seed_overrides(name, root, s, x),
+                loss,
+                np.random.default_rng(8),
+            )
+    out = root / "confirm"
+    r = run_in_process(
+        "sweep.py", "report", str(cfg), *LR_GRID, "--confirm", "2", "--out", str(out)
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    confirmed = _csv(out / "comparison.csv")
+    assert (
+        confirmed["syn-hg"]["LR"] == "0.006 (own best, x2)" and confirmed["syn-hg"]["seeds"] == "2"
+    )
+    assert confirmed["syn-hg"]["diff to baseline [95%]"].startswith("-0.0450 [")
+    assert "compared on fresh seeds 3, 4" in (out / "comparison_notes.md").read_text()

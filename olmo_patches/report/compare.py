@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -40,6 +40,7 @@ __all__ = [
     "check_seed_folders",
     "left_out",
     "comparison_tables",
+    "confirmation",
     "comparison_notes",
     "val_curves_figure",
 ]
@@ -289,29 +290,68 @@ def comparison_tables(
     variants: Variants,
     baseline: str,
     use_best_lr: bool,
+    confirm: Sequence[Member] = (),
 ) -> Dict[str, List[dict]]:
     """``seeds``, ``comparison`` and ``lr_sweep`` (empty where the sweep has none); ``why``: each
-    run's reason to be left out (:func:`left_out`), "" for one that counts."""
+    run's reason to be left out (:func:`left_out`), "" for one that counts. With ``confirm`` (the
+    fresh seeds at each member's best LR, :func:`confirmation`), the comparison is theirs."""
     grouped = _by_member(members, runs, why)
-    best = best_lr_scales(grouped)
-    scale = {g: best.get(g, math.nan) if use_best_lr else 1.0 for g in grouped}
+    compared = _by_member(confirm, runs, why) if confirm else grouped
+    use_best_lr = use_best_lr or bool(confirm)
+    best = best_lr_scales(compared)
+    scale = {g: best.get(g, math.nan) if use_best_lr else 1.0 for g in compared}
     return {
-        "seeds": seed_rows(grouped, scale, baseline),
-        "comparison": comparison_rows(members, grouped, baseline, use_best_lr),
+        "seeds": seed_rows(compared, scale, baseline),
+        "comparison": comparison_rows(members, compared, baseline, use_best_lr),
         "lr_sweep": lr_sweep_rows(members, grouped, variants),
     }
 
 
-def comparison_notes(variants: Variants, baseline: str, use_best_lr: bool) -> str:
+def confirmation(
+    members: Sequence[Member], overrides: Sequence[str], variants: Variants, n: int
+) -> List[Member]:
+    """The runs confirming a best-LR comparison: ``n`` fresh seed offsets after the sweep's, each
+    config at its best LR scale of the grid, chosen on the sweep's seeds (ConfigError naming a
+    config whose grid has no scale with every seed finished)."""
+    from ..launch.sweep import load_sweep, sweep_status
+    from .tables import load_runs
+
+    loaded = load_runs([m.folder for m in members if (m.folder / "config.yaml").exists()])
+    why = {s.member.name: left_out(s, loaded.get(s.member.name)) for s in sweep_status(members)}
+    best = best_lr_scales(_by_member(members, loaded, why))
+    start = max(variants.seeds) + 1
+    fresh: List[Member] = []
+    for config, group in dict.fromkeys((m.config, m.group) for m in members):
+        if group not in best:
+            raise ConfigError(
+                f"--confirm: {group} has no LR scale of the grid with every seed finished; "
+                "finish the grid first (sweep.py status)"
+            )
+        seeds = tuple(range(start, start + n))
+        fresh += load_sweep(
+            [str(config)], overrides, replace(variants, seeds=seeds, lr_scales=(best[group],))
+        )
+    return fresh
+
+
+def comparison_notes(
+    variants: Variants, baseline: str, use_best_lr: bool, confirm: Sequence[Member] = ()
+) -> str:
     """What the comparison tables assume, for the report beside them."""
+    fresh = sorted({m.seed for m in confirm})
     lr = (
-        "each member at its own best LR of the grid (chosen on these seeds: confirm on fresh ones)"
+        f"each member at its own best LR of the grid, chosen on seeds "
+        f"{', '.join(map(str, variants.seeds))} and compared on fresh seeds "
+        f"{', '.join(map(str, fresh))}"
+        if confirm
+        else "each member at its own best LR of the grid (chosen on these seeds: confirm on "
+        "fresh ones, --confirm N)"
         if use_best_lr
         else "each config its own train.lr"
     )
     return (
         f"# Comparison over seeds\n\n"
-        f"- Runs: {variants.describe()}. Only runs that reached their planned step with finite "
+        f"- Planned: {variants.describe()}. Only runs that reached their planned step with finite "
         "losses count; `seeds` names the others and why, and every count is of the runs used.\n"
         f"- Baseline: {baseline}. LR: {lr}.\n"
         f"- val loss: final validation loss, mean over seeds with a Student-t {stats.LEVEL:.0%} "

@@ -80,19 +80,21 @@ def report(
     variants: Variants = Variants(),
     baseline: Optional[str] = None,
     use_best_lr: bool = False,
+    confirm: Sequence[Member] = (),
 ) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
     sweep's configs, paper beside run; a config's seeds as one row, tables.group_seeds), the
     scaling fits where a family has runs at 2+ budgets (report/scaling.py), the comparison over
     seeds against ``baseline`` (default: the first config) at each config's LR or each member's
-    best (``use_best_lr``), and the figures, for all runs and per ablation. Only the runs that
-    reached their planned step with finite losses are read (compare.left_out); the status and
-    ``seeds`` tables name the others. A member whose seeds' folders hold another config:
-    ConfigError, nothing written."""
+    best (``use_best_lr``; ``confirm``: compare.confirmation's fresh seeds there), and the
+    figures, for all runs and per ablation. Only the runs that reached their planned step with
+    finite losses are read (compare.left_out); the status and ``seeds`` tables name the others.
+    A member whose seeds' folders hold another config: ConfigError, nothing written."""
     check_seed_folders(members)
     baseline = baseline or (members[0].group or members[0].name)
-    statuses = sweep_status(members, slurm_log_dir)
-    loaded = load_runs([m.folder for m in members if (m.folder / "config.yaml").exists()])
+    statuses = sweep_status([*members, *confirm], slurm_log_dir)
+    folders = [m.folder for m in [*members, *confirm] if (m.folder / "config.yaml").exists()]
+    loaded = load_runs(folders)
     why = {s.member.name: left_out(s, loaded.get(s.member.name)) for s in statuses}
     runs = {name: run for name, run in loaded.items() if not why.get(name, "")}
     grouped = group_seeds(runs)  # each config's seeds as one row: mean and interval over seeds
@@ -106,19 +108,21 @@ def report(
             if rows
         }
     )
-    compared = comparison_tables(members, runs, why, variants, baseline, use_best_lr)
+    compared = comparison_tables(members, runs, why, variants, baseline, use_best_lr, confirm)
     tables = {
         "sweep": status_rows(statuses),
         **{k: rows for k, rows in compared.items() if rows},
         **tables,
     }
     written = write_tables(tables, out)
-    notes = comparison_notes(variants, baseline, use_best_lr)
+    notes = comparison_notes(variants, baseline, use_best_lr, confirm)
     (out / "comparison_notes.md").write_text(notes)
     written.append(out / "comparison_notes.md")
     if figures:
         written += make_figures(grouped, out) + scaling_figure(grouped, out, paper_results())
-        written += val_curves_figure(members, runs, why, out, use_best_lr)
+        written += val_curves_figure(
+            confirm or members, runs, why, out, use_best_lr or bool(confirm)
+        )
         by_config = {m.config: m.group or m.name for m in members}  # at the config's own LR
         for group, paths in ablation_configs(configs).items():
             subset = {by_config[p]: grouped[by_config[p]] for p in paths if by_config[p] in grouped}

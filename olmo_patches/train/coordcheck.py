@@ -316,7 +316,9 @@ def plot(check: CoordCheck, path) -> None:
             ax.plot(MULTIPLIERS, a[:, 0], "k--", label="init |x_0|")
             for t, y in enumerate(a[:, 1:].T, 1):
                 ax.plot(MULTIPLIERS, y, color=plt.cm.viridis(t / check.steps), label=f"t={t}")
-            ax.set(title=kind, xlabel=f"{axis} x", xscale="log", yscale="log")
+            ax.set(title=kind, xlabel=axis, xscale="log", yscale="log")
+            ax.set_xticks(MULTIPLIERS, [f"x{m}" for m in MULTIPLIERS])
+            ax.set_xticks([], minor=True)
         row[0].set_ylabel("mean |x_0|, |x_t - x_0|")
         row[0].legend(fontsize="x-small")
     fig.suptitle(check.config)
