@@ -34,12 +34,12 @@ def test_mup_is_in_scale():
     assert check.causes("width") == {}, check.summary()
     assert check.summary().startswith("muP-like")
     # the readout's init: logits / m_width of a d_model-sum of independent terms, sqrt(d) / d
-    assert check.slopes("width")["logits"]["init"] == pytest.approx(-0.5, abs=0.1)
+    assert check.judged("width")["logits"]["init"] == pytest.approx(-0.5, abs=0.1)
 
 
 def test_standard_parametrisation_grows_at_init_and_in_its_updates():
     check = _check("olmo")
-    slopes, causes = check.slopes("width"), check.causes("width")
+    slopes, causes = check.judged("width"), check.causes("width")
     for kind in ("attention", "ffn"):
         # a fixed init std: a d-sum grows at init; one LR for every width: Adam's update of a
         # d-sum grows about as d on top of it

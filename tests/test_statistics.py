@@ -252,7 +252,17 @@ def synthetic_sweep(tmp_path_factory):
     finals["syn-hg2"] = base + 0.01 + 0.01 * rng.standard_normal(SEEDS)
     for name, losses in finals.items():
         for s, loss in enumerate(losses):
-            _write_run(cfg / f"{name}.yaml", _seed_overrides(name, root, s), float(loss), rng)
+            folder = _write_run(
+                cfg / f"{name}.yaml", _seed_overrides(name, root, s), float(loss), rng
+            )
+            # post-hoc downstream outcomes (scripts/evaluate.py): 40 documents, 10 passages
+            correct = [float(v) for v in rng.random(40) < 0.6]
+            items = {
+                "doc": list(range(40)),
+                "correct": correct,
+                "cluster": [str(d // 4) for d in range(40)],
+            }
+            (folder / "items-step200.json").write_text(json.dumps({"boolq": items}))
     return root, cfg, finals
 
 
@@ -301,6 +311,11 @@ def test_report_gives_intervals_paired_differences_and_what_the_seeds_could_see(
         seeds["syn-hg"]["seed 3"]
         == f"{finals['syn-hg'][3]:.4f} ({finals['syn-hg'][3] - base[3]:+.4f})"
     )
+    boolq = _csv(out / "downstream.csv")["syn-hg"]
+    outcomes = [json.loads((root / "runs" / f"syn-hg{f'-seed{s}' * bool(s)}" / "items-step200.json")
+                .read_text())["boolq"]["correct"] for s in range(5)]  # fmt: skip
+    assert (boolq["task"], boolq["documents"], boolq["passages"]) == ("boolq", "40", "10")
+    assert boolq["accuracy [95%]"].startswith(f"{np.mean(outcomes):.4f} [")
     notes = (out / "comparison_notes.md").read_text()
     assert "5 seed(s), offsets 0, 1, 2, 3, 4 added to train.seed (init)" in notes
     assert "Baseline: syn-base" in notes

@@ -13,6 +13,8 @@ another does not); the tables name the others. Tables:
   difference to the baseline (interval, seeds' standard deviation, smallest difference detectable
   at 80% power, p, verdict; Holm-adjusted beside where several members are compared), and the
   matched-loss token and FLOPs ratios with their intervals, or why not estimable.
+- ``downstream``: per member and task with each document's outcome in every seed (post-hoc
+  evaluations), the accuracy with an interval over documents (clustered by passage) and seeds.
 - ``lr_sweep``: per member and LR scale, the mean final loss over seeds; each member's best LR of
   the scales where every seed finished, and where the grid must grow or can be refined.
 
@@ -21,6 +23,7 @@ Figure ``val_curves.png``: each member's mean validation loss against tokens, wi
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -283,6 +286,37 @@ def seed_rows(grouped: Grouped, scale: Dict[str, float], baseline: str) -> List[
     return rows
 
 
+def _items(run: Run) -> Dict[str, dict]:
+    """{task: each document's outcome} of the run's latest post-hoc evaluation (scripts/evaluate.py
+    writes them beside its metrics), {} where none."""
+    found = {int(p.stem.rpartition("step")[2]): p for p in run.path.glob("items-step*.json")}
+    return json.loads(found[max(found)].read_text()) if found else {}
+
+
+def downstream_rows(compared: Grouped, scale: Dict[str, float]) -> List[dict]:
+    """Per member and task evaluated with its items in every seed: the accuracy over the
+    documents all seeds scored, its interval over items (clustered by passage) and seeds."""
+    rows = []
+    for group, scales in compared.items():
+        cell = scales.get(scale[group])
+        per_seed = [_items(r) for r in cell.runs.values()] if cell else []
+        for task in sorted(set.intersection(*map(set, per_seed)) if per_seed else ()):
+            docs = sorted(set.intersection(*(set(i[task]["doc"]) for i in per_seed)))
+            outcome = [dict(zip(i[task]["doc"], i[task]["correct"])) for i in per_seed]
+            cluster = dict(zip(per_seed[0][task]["doc"], per_seed[0][task]["cluster"]))
+            acc = stats.accuracy_interval(
+                [[o[d] for d in docs] for o in outcome], [cluster[d] for d in docs]
+            )
+            n = {
+                "seeds": len(per_seed),
+                "documents": len(docs),
+                "passages": len(set(cluster.values())),
+            }
+            rows.append({"member": group, "task": task, **{k: str(v) for k, v in n.items()},
+                         "accuracy [95%]": acc.text(4)})  # fmt: skip
+    return rows
+
+
 def comparison_tables(
     members: Sequence[Member],
     runs: Dict[str, Run],
@@ -292,9 +326,10 @@ def comparison_tables(
     use_best_lr: bool,
     confirm: Sequence[Member] = (),
 ) -> Dict[str, List[dict]]:
-    """``seeds``, ``comparison`` and ``lr_sweep`` (empty where the sweep has none); ``why``: each
-    run's reason to be left out (:func:`left_out`), "" for one that counts. With ``confirm`` (the
-    fresh seeds at each member's best LR, :func:`confirmation`), the comparison is theirs."""
+    """``seeds``, ``comparison``, ``downstream`` and ``lr_sweep`` (empty where the sweep has none);
+    ``why``: each run's reason to be left out (:func:`left_out`), "" for one that counts. With
+    ``confirm`` (the fresh seeds at each member's best LR, :func:`confirmation`), the comparison
+    is theirs."""
     grouped = _by_member(members, runs, why)
     compared = _by_member(confirm, runs, why) if confirm else grouped
     use_best_lr = use_best_lr or bool(confirm)
@@ -303,6 +338,7 @@ def comparison_tables(
     return {
         "seeds": seed_rows(compared, scale, baseline),
         "comparison": comparison_rows(members, compared, baseline, use_best_lr),
+        "downstream": downstream_rows(compared, scale),
         "lr_sweep": lr_sweep_rows(members, grouped, variants),
     }
 

@@ -1,25 +1,17 @@
 """Coordinate check: does a parametrisation keep every activation in scale as the model grows?
 
 muP's check (Yang et al., "Tensor Programs V", 2022, section 7 and appendix D; microsoft/mup's
-``get_coord_data``): the same model at x1, x2, x4, x8 its width, each trained ``steps`` steps on
-one fixed batch of random tokens (the same at every step, width and seed) at the config's init,
-optimizer groups and learning rate (constant), over several init seeds. On that batch it records,
-per sublayer kind (attention, FFN and block averaged over layers):
-
-- **init**: the scale at initialisation, mean |x_0| over the coordinates, and
-- **update**: what the updates changed, mean |x_t - x_0| after t = 1..steps updates.
-
-Each gives a slope d ln(scale) / d ln(multiplier) (least squares over the multipliers of the seeds'
-mean; the update averaged over t). Under muP every init and update scale is Theta(1) in the width
-(Tensor Programs V, table 3), save two inits that vanish by design: the attention logits' (q.k /
-d_head) and the output logits' (readout / m_width). A kind whose slope reaches ``BOUND`` (x8 moves
-it 1.68x) is flagged, growing or shrinking, and named with the parameters that set it (``GROUPS``).
-Under the standard parametrisation (one init std and LR at every width) the updates grow with the
-width (Adam moves each of the d_in weights of a unit by about the LR, in correlated directions), and
-with a fixed init std the init grows too: the check says both, apart.
-
-Depth (n_layers) and the kind's own axes (the hourglass's K) are measured alike when asked for;
-muP makes no claim about them.
+``get_coord_data``): the model at x1, x2, x4, x8 its width, trained ``steps`` steps on one fixed
+batch of random tokens (the same at every step, width and seed) with the config's init, optimizer
+groups and LR (constant), over several init seeds. Per sublayer kind (``GROUPS``; attention, FFN
+and block averaged over layers) it records on that batch the init scale, mean |x_0|, and the
+update, mean |x_t - x_0| after t = 1..steps updates; each gives a slope d ln(scale) /
+d ln(multiplier). Under muP both are Theta(1) in the width (Tensor Programs V, table 3), save the
+logits, whose init vanishes by design (:func:`allowed`). A slope outside muP's range by ``BOUND``
+(x8 moves the scale 1.68x) is out of scale, growing or shrinking, with its cause: the init (or a
+multiplier), the learning rate, or both (the standard parametrisation: one init std and LR at
+every width). Depth and the kind's own axes (the hourglass's K) are measured alike; muP claims
+nothing about them.
 """
 
 from __future__ import annotations
@@ -161,16 +153,21 @@ def _slope(y: np.ndarray) -> float:
 
 
 def allowed(kind: str, what: str, h: float) -> Tuple[float, float]:
-    """muP's range of a kind's slope (``what``: init or update) at a check's widths. ``h``: the
-    slope of the dimension a logit sums over (d_head, d_model; 1 in width when it scales with
-    it). Hidden activations: flat. A logit (q.k x 1/d_head; readout x 1/m_width) sums h-many
-    products: at init of independent factors it vanishes as dim^-0.5 (or faster: a zero or
-    smaller readout init); its update is Theta(1) where the trained alignment of its factors
-    dominates and vanishes as dim^-0.5 where the change carried through random weights does, as
-    at the small widths of a check: between the two."""
+    """muP's range of a kind's slope (``what``: init or update); ``h``: the slope of the dimension
+    a logit sums over (d_head, d_model). Hidden activations: flat. A logit (q.k / d_head, readout /
+    m_width) of independent factors vanishes as dim^-0.5 at init (or faster: a zero readout); its
+    update is Theta(1) where the trained alignment of its factors dominates, and vanishes as
+    dim^-0.5 where the change carried through random weights does (a check's small widths)."""
     if kind not in LOGITS:
         return -BOUND, BOUND
     return (-math.inf, -0.5 * h + BOUND) if what == "init" else (-0.5 * h - BOUND, BOUND)
+
+
+def _slope_text(axis: str, what: str, v: dict) -> str:
+    bad = v["out of muP's range"].get(what)
+    return f"{what} {axis}^{v[what]:+.2f}" + (
+        f" (muP: {bad[0]:+.2f} to {bad[1]:+.2f})" if bad else ""
+    )
 
 
 @dataclass
@@ -185,79 +182,53 @@ class CoordCheck:
     scales: Dict[str, Dict[str, np.ndarray]] = field(default_factory=dict)
     dims: Dict[str, Dict[str, np.ndarray]] = field(default_factory=dict)
 
-    def slopes(self, axis: str) -> Dict[str, Dict[str, float]]:
-        """{kind: {"init": slope, "update": slope}}: of the seeds' mean (the update: also over
-        the steps)."""
-        return {
-            kind: {"init": _slope(a[..., 0].mean(1)), "update": _slope(a[..., 1:].mean((1, 2)))}
-            for kind, a in self.scales[axis].items()
-        }
-
-    def out_of_range(self, axis: str, kind: str) -> Dict[str, Tuple[float, float]]:
-        """{"init" and/or "update": muP's range} where the kind's slope is outside it."""
-        h = _slope(self.dims[axis][kind]) if kind in LOGITS else 0.0
-        ranges = {what: allowed(kind, what, h) for what in ("init", "update")}
-        slopes = self.slopes(axis)[kind]
-        return {w: r for w, r in ranges.items() if not r[0] < slopes[w] < r[1]}  # NaN: a zero init
-
-    def causes(self, axis: str) -> Dict[str, str]:
-        """{kind: what its parametrisation gets wrong} for each kind out of range: its init (std or
-        forward multiplier) where its init scale is, its learning rate where its update moves
-        apart from its init scale (by BOUND or more, or alone)."""
+    def judged(self, axis: str) -> Dict[str, dict]:
+        """{kind: its init and update slopes (the seeds' mean; the update's over the steps too),
+        the ranges of muP they leave, and the cause: its init (std or forward multiplier) where the
+        init leaves its range, its learning rate where the update moves apart from the init (by
+        BOUND or more, or alone)}."""
         out = {}
-        for kind, s in self.slopes(axis).items():
-            bad = self.out_of_range(axis, kind)
+        for kind, a in self.scales[axis].items():
+            s = {"init": _slope(a[..., 0].mean(1)), "update": _slope(a[..., 1:].mean((1, 2)))}
+            h = _slope(self.dims[axis][kind]) if kind in LOGITS else 0.0
+            ranges = {w: allowed(kind, w, h) for w in s}
+            bad = {w: r for w, r in ranges.items() if not r[0] < s[w] < r[1]}  # NaN: zero init
             lr = "update" in bad and ("init" not in bad or abs(s["update"] - s["init"]) >= BOUND)
-            if bad:
-                out[kind] = " and ".join(
-                    ["init/multiplier"] * ("init" in bad) + ["learning rate"] * lr
-                )
+            cause = ["init/multiplier"] * ("init" in bad) + ["learning rate"] * lr
+            out[kind] = {**s, "out of muP's range": bad, "cause": " and ".join(cause)}
         return out
 
-    def verdicts(self, axis: str) -> List[str]:
-        """One line per kind: both slopes, the ranges they left, and what is wrong."""
-        lines, causes = [], self.causes(axis)
-        for kind, s in self.slopes(axis).items():
-            bad = self.out_of_range(axis, kind)
-            line = f"{kind} [{GROUPS[kind]}]: " + ", ".join(
-                f"{w} {axis}^{v:+.2f}"
-                + (f" (muP: {bad[w][0]:+.2f} to {bad[w][1]:+.2f})" if w in bad else "")
-                for w, v in s.items()
-            )
-            lines.append(line + (f": OUT OF SCALE: {causes[kind]}" if bad else ": in scale"))
-        return lines
+    def causes(self, axis: str) -> Dict[str, str]:
+        return {k: v["cause"] for k, v in self.judged(axis).items() if v["cause"]}
 
     def summary(self) -> str:
-        """The width's verdict (what muP promises), then each axis's lines."""
+        """The width's verdict (what muP promises), then a line per kind of each axis."""
         out = []
         if "width" in self.scales:
-            causes = self.causes("width")
+            causes = "; ".join(f"{k}: {c}" for k, c in self.causes("width").items())
             out.append(
-                "not muP in width (an LR tuned at one width does not carry to another): "
-                + "; ".join(f"{k}: {c}" for k, c in causes.items())
+                f"not muP in width (an LR tuned at one width does not carry to another): {causes}"
                 if causes
                 else "muP-like: every init and update in scale across widths"
             )
         for axis in self.scales:
-            x = "/".join(map(str, MULTIPLIERS))
-            out.append(f"{axis} x{x}, {self.seeds} seeds, {self.steps} steps:")
-            out += [f"- {v}" for v in self.verdicts(axis)]
+            out.append(f"{axis} x{'/'.join(map(str, MULTIPLIERS))}, {self.seeds} seeds, "
+                       f"{self.steps} steps:")  # fmt: skip
+            for kind, v in self.judged(axis).items():
+                slopes = ", ".join(_slope_text(axis, w, v) for w in ("init", "update"))
+                state = f"OUT OF SCALE: {v['cause']}" if v["cause"] else "in scale"
+                out.append(f"- {kind} [{GROUPS[kind]}]: {slopes}: {state}")
         return "\n".join(out)
 
     def to_json(self) -> dict:
-        keys = ("overrides", "slopes", "causes", "verdicts")
         return {
-            "config": self.config,
-            "steps": self.steps,
-            "seeds": self.seeds,
+            **{k: getattr(self, k) for k in ("config", "steps", "seeds")},
             "multipliers": list(MULTIPLIERS),
             "bound": BOUND,
             "axes": {
                 a: {
-                    **{
-                        k: getattr(self, k)[a] if k == "overrides" else getattr(self, k)(a)
-                        for k in keys
-                    },
+                    "overrides": self.overrides[a],
+                    "verdicts": self.judged(a),
                     "dims": {k: v.tolist() for k, v in self.dims[a].items()},
                     "scales": {k: v.tolist() for k, v in self.scales[a].items()},
                 }
