@@ -113,7 +113,8 @@ def _table(results: list[VariantResult]) -> Table:
         caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by "
         "the rounding of w_l to model.widths.multiple). val loss moved: at initialisation "
         "-> at the end. UNFINISHED: fewer steps than planned, left out of the comparison "
-        "(no mismatch or ratio).",
+        "(no mismatch or ratio). One seed each: no interval; two demo shapes' one-seed gap "
+        "scatters by about 0.06 nats (docs/statistics.md).",
     )
     cols = (
         "variant",
