@@ -1,5 +1,5 @@
 """The coordinate check (train/coordcheck.py, scripts/coordcheck.py) used as it is used: paper 2's
-variable-width model at widths x1..x8 (d_model 32..256, d_head 8..64) under its muP and under the
+variable-width model at widths x1..x8 (d_model 16..128, d_head 8..64) under its muP and under the
 standard parametrisation, each described as it is, and with its muP broken on purpose in one place
 at a time (learning rate, readout, attention scale, init), each flagged and named."""
 
@@ -16,10 +16,11 @@ from .conftest import REPO, run_in_process
 
 CONFIG = str(REPO / "configs" / "demo" / "variable-width.yaml")
 TINY = [
-    "model.d_model=32",
+    "model.d_model=16",
     "model.n_layers=3",
+    "model.n_heads=2",
     "model.widths.schedule=list",
-    "model.widths.values=[32,16,32]",  # the x shape; x8: [256,128,256]
+    "model.widths.values=[16,8,16]",  # the x shape; x8: [128,64,128]
 ]
 
 
@@ -39,13 +40,14 @@ def test_mup_is_in_scale():
 
 def test_standard_parametrisation_grows_at_init_and_in_its_updates():
     check = _check("olmo")
-    slopes, causes = check.judged("width"), check.causes("width")
-    for kind in ("attention", "ffn"):
-        # a fixed init std: a d-sum grows at init; one LR for every width: Adam's update of a
-        # d-sum grows about as d on top of it
-        assert slopes[kind]["init"] > 0.5 and slopes[kind]["update"] > slopes[kind]["init"] + 0.25
-        assert causes[kind] == "init/multiplier and learning rate", check.summary()
-    assert check.summary().startswith("not muP in width")
+    judged, causes = check.judged("width"), check.causes("width")
+    for kind in ("attention", "ffn"):  # a fixed init std: a d-sum grows at init
+        assert judged[kind]["init"] > 0.5 and causes[kind].startswith("init/multiplier")
+    for kind in ("block", "logits"):  # one LR for every width: Adam's update of a d-sum grows
+        assert (
+            judged[kind]["update"] > judged[kind]["init"] + 0.25 and "learning rate" in causes[kind]
+        )
+    assert check.summary().startswith("not muP in width"), check.summary()
 
 
 def _hidden_lr_unscaled(monkeypatch):
@@ -116,7 +118,7 @@ def test_command_writes_json_and_plot_and_says_which(tmp_path):
     data = json.loads((out / "coordcheck.json").read_text())
     assert set(data["axes"]) == {"width"} and data["multipliers"] == [1, 2, 4, 8]
     width = data["axes"]["width"]
-    assert width["overrides"][3][:2] == ["model.d_model=256", "model.widths.values=[256,128,256]"]
+    assert width["overrides"][3][:2] == ["model.d_model=128", "model.widths.values=[128,64,128]"]
     assert set(width["scales"]) == set(coordcheck.GROUPS)
     assert len(width["scales"]["ffn"][0][0]) == 3  # init, then 2 steps of updates, per seed
     assert (out / "coordcheck.png").stat().st_size > 10_000

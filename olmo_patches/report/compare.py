@@ -68,7 +68,8 @@ def left_out(status: RunStatus, run: Optional[Run]) -> str:
     if status.state != "done":
         where = "" if status.state == "not started" else f" at step {status.step}/{planned}"
         return status.state + where + (f" ({status.error})" if status.error else "")
-    assert run is not None  # a done run has its config.yaml
+    if run is None:
+        return "no config.yaml"
     bad = [s for s, rec in run.metrics.items() for k, v in rec.items() if "loss" in k and not
            math.isfinite(v)]  # fmt: skip
     if bad:
@@ -239,6 +240,7 @@ def comparison_rows(
     for group, scales in grouped.items():
         cell = scales.get(scale[group])
         if cell is None or not cell.runs:
+            rows.append({"member": group, "seeds": "0", "diff to baseline [95%]": "no run counts"})
             continue
         mean = stats.mean_interval(list(cell.loss.values()))
         how = f"own best, x{scale[group]:g}" if use_best_lr else "config"

@@ -1,32 +1,17 @@
 """Is a gap between two shapes bigger than the seed-to-seed noise, and how big a gap could the seeds
-have seen? Intervals and tests over seeds, each at ``LEVEL`` (95%).
+have seen? Intervals and tests over seeds, each at ``LEVEL`` (95%); what each assumes and how it was
+checked: docs/statistics.md. The core functions take the seeds on the last axis of an array (the
+simulation checks of tests/test_statistics.py run thousands at once):
 
-Each member of a sweep is trained once per seed s (``scripts/sweep.py --seeds``); its final
-validation loss L_s is one draw. The core functions take arrays with the seeds on the last axis
-(any leading axes: the simulation checks in tests/test_statistics.py run thousands at once).
-
-- **Mean** (:func:`t_test`, :func:`mean_interval`): the L_s are independent normal draws; the
-  Student-t interval, n - 1 degrees of freedom. Perplexity's interval is exp of the loss's.
-- **Paired difference** (:func:`paired_difference`): member and baseline share seed s (init seed
-  and data order), so d_s = L_member,s - L_baseline,s removes what the seed does to both alike;
-  the d_s are independent and normal (the paired t-test). Its standard deviation over seeds is the
-  spread a single-seed comparison of these two shapes shows with no real difference, and
-  :func:`detectable` the smallest true difference the test finds at ``POWER`` (80%) with these
-  seeds (the noncentral t at the observed standard deviation).
-- **Several members against one baseline** (:func:`holm`): Holm's step-down adjustment of their
-  p-values, which keeps the chance of any false "distinguishable" at 5% under any dependence.
-- **Tokens at matched loss** (:func:`matched_ratio`): each seed's validation curve is fitted with
-  L(t) = E + A t^-alpha (:func:`fit_curves`); seed s's ratio is the tokens the member's fitted curve
-  needs to reach the baseline's fitted final loss at seed s, over the baseline's tokens; the
-  interval is the t-interval of the mean log ratio over seeds, exp'd (the geometric mean ratio).
-  A member that does not reach the loss within its own tokens: no ratio, and the reason.
-- **Downstream accuracy** (:func:`accuracy_interval`): items and seeds are both samples; the
-  clustered standard error over items (items that share a passage are one cluster) and the seeds'
-  spread combine, with Satterthwaite's degrees of freedom (Miller, "Adding Error Bars to Evals",
-  2024, section 2).
-- **Scaling fits over seeds** (:func:`bootstrap_means`): a statistic of several configs' mean
-  losses with a percentile bootstrap whose unit is one seed's run, each config resampled on its own;
-  with a few seeds per config, a range.
+- :func:`t_test`, :func:`mean_interval`: the Student-t interval of independent normal draws;
+- :func:`paired_difference`: member - baseline paired by seed (the paired t-test), the seeds' sd of
+  the differences and :func:`detectable`, the smallest true difference found at ``POWER`` (80%);
+- :func:`holm`: Holm's step-down adjustment for several members against one baseline;
+- :func:`matched_ratio`: the tokens ratio at matched loss on fitted curves (:func:`fit_curves`),
+  seed by seed, with the t-interval of the mean log ratio;
+- :func:`accuracy_interval`: a downstream accuracy over documents (clustered by passage) and seeds;
+- :func:`bootstrap_means`: a percentile bootstrap over seeds for statistics of several configs'
+  mean losses (the scaling fits).
 """
 
 from __future__ import annotations
@@ -137,6 +122,7 @@ class Paired:
 
 
 def verdict(p: float, n: int) -> str:
+    """The test's word for p over n seeds."""
     if n < 2:
         return "one seed: no test"
     return DISTINGUISHABLE if p < 1 - LEVEL else NOT_DISTINGUISHABLE
