@@ -42,6 +42,7 @@ from .tables import Run, _LM
 __all__ = [
     "check_seed_folders",
     "left_out",
+    "comparison",
     "comparison_tables",
     "confirmation",
     "comparison_notes",
@@ -144,6 +145,36 @@ def best_lr_scales(grouped: Grouped) -> Dict[str, float]:
     return best
 
 
+@dataclass
+class Comparison:
+    """The sweep's runs by member and LR scale (``grouped``: the grid), the seeds compared (the
+    sweep's, or the fresh ones confirming its best LRs) and the LR scale each is compared at."""
+
+    grouped: Grouped
+    compared: Grouped
+    scale: Dict[str, float]
+    config_lr: Dict[str, float]
+    best_lr: bool
+
+
+def comparison(
+    members: Sequence[Member],
+    runs: Dict[str, Run],
+    why: Dict[str, str],
+    use_best_lr: bool,
+    confirm: Sequence[Member] = (),
+) -> Comparison:
+    """``why``: each run's reason to be left out (:func:`left_out`), "" for one that counts; with
+    ``confirm`` (:func:`confirmation`), the comparison is of those fresh seeds at the best LRs."""
+    grouped = _by_member(members, runs, why)
+    compared = _by_member(confirm, runs, why) if confirm else grouped
+    use_best_lr = use_best_lr or bool(confirm)
+    best = best_lr_scales(compared)
+    scale = {g: best.get(g, math.nan) if use_best_lr else 1.0 for g in compared}
+    config_lr = {m.group or m.name: m.spec.train.lr / m.lr_scale for m in members}
+    return Comparison(grouped, compared, scale, config_lr, use_best_lr)
+
+
 def _grid_advice(scales: Sequence[float], best: float) -> str:
     """Where the best of a grid lies: at an edge, the grid extended one step beyond it; inside, a
     finer grid of the geometric midpoints to its neighbours."""
@@ -160,11 +191,11 @@ def _grid_advice(scales: Sequence[float], best: float) -> str:
     )
 
 
-def lr_sweep_rows(members: Sequence[Member], grouped: Grouped, variants: Variants) -> List[dict]:
+def lr_sweep_rows(c: Comparison, variants: Variants) -> List[dict]:
     if len(variants.lr_scales) < 2:
         return []
-    best, config_lr, rows = best_lr_scales(grouped), _config_lr(members), []
-    for group, scales in grouped.items():
+    best, config_lr, rows = best_lr_scales(c.grouped), c.config_lr, []
+    for group, scales in c.grouped.items():
         row = {"member": group, "config LR": f"{config_lr[group]:.3g}"}
         for x in variants.lr_scales:
             c = scales[x]
@@ -182,10 +213,6 @@ def lr_sweep_rows(members: Sequence[Member], grouped: Grouped, variants: Variant
         )
         rows.append(row)
     return rows
-
-
-def _config_lr(members: Sequence[Member]) -> Dict[str, float]:
-    return {m.group or m.name: m.spec.train.lr / m.lr_scale for m in members}
 
 
 def _flops_per_token(run: Run) -> float:
@@ -227,26 +254,23 @@ def _ratio_columns(cell: Cell, base: Cell) -> dict:
     return {"tokens ratio [95%]": ratio.text(3) + one, "FLOPs ratio [95%]": scaled.text(3) + one}
 
 
-def comparison_rows(
-    members: Sequence[Member], grouped: Grouped, baseline: str, use_best_lr: bool
-) -> List[dict]:
+def comparison_rows(c: Comparison, baseline: str) -> List[dict]:
     """Each member against the baseline, at each one's LR (config's or best), Holm beside raw."""
-    best, config_lr = best_lr_scales(grouped), _config_lr(members)
-    scale = {g: best.get(g, math.nan) if use_best_lr else 1.0 for g in grouped}
-    base = grouped.get(baseline, {}).get(scale.get(baseline, math.nan))
+    scale = c.scale
+    base = c.compared.get(baseline, {}).get(scale.get(baseline, math.nan))
     if base is None or not base.runs:
         return []
     rows = []
-    for group, scales in grouped.items():
+    for group, scales in c.compared.items():
         cell = scales.get(scale[group])
         if cell is None or not cell.runs:
             rows.append({"member": group, "seeds": "0", "diff to baseline [95%]": "no run counts"})
             continue
         mean = stats.mean_interval(list(cell.loss.values()))
-        how = f"own best, x{scale[group]:g}" if use_best_lr else "config"
+        how = f"own best, x{scale[group]:g}" if c.best_lr else "config"
         row = {
             "member": group,
-            "LR": f"{config_lr[group] * scale[group]:.3g} ({how})",
+            "LR": f"{c.config_lr[group] * scale[group]:.3g} ({how})",
             "seeds": cell.seeds_text(),
             "val loss [95%]": mean.text(4),
             "val PPL [95%]": mean.exp().text(2),
@@ -269,12 +293,13 @@ def _with_holm(rows: List[dict]) -> List[dict]:
     return [{k: r.get(k, "") for k in columns} for r in rows]
 
 
-def seed_rows(grouped: Grouped, scale: Dict[str, float], baseline: str) -> List[dict]:
+def seed_rows(c: Comparison, baseline: str) -> List[dict]:
     """Per member, LR scale and seed offset: the final loss (at the compared LR, with its
     difference to the baseline's at that seed), or why the run is left out."""
-    base = grouped.get(baseline, {}).get(scale.get(baseline, math.nan), Cell()).loss
+    scale = c.scale
+    base = c.compared.get(baseline, {}).get(scale.get(baseline, math.nan), Cell()).loss
     rows = []
-    for group, scales in grouped.items():
+    for group, scales in c.compared.items():
         for x, cell in sorted(scales.items()):
             row = {"member": group, "LR x": f"{x:g}"}
             for s in sorted({*cell.runs, *cell.left}):
@@ -295,12 +320,12 @@ def _items(run: Run) -> Dict[str, dict]:
     return json.loads(found[max(found)].read_text()) if found else {}
 
 
-def downstream_rows(compared: Grouped, scale: Dict[str, float]) -> List[dict]:
+def downstream_rows(c: Comparison) -> List[dict]:
     """Per member and task evaluated with its items in every seed: the accuracy over the
     documents all seeds scored, its interval over items (clustered by passage) and seeds."""
     rows = []
-    for group, scales in compared.items():
-        cell = scales.get(scale[group])
+    for group, scales in c.compared.items():
+        cell = scales.get(c.scale[group])
         per_seed = [_items(r) for r in cell.runs.values()] if cell else []
         for task in sorted(set.intersection(*map(set, per_seed)) if per_seed else ()):
             docs = sorted(set.intersection(*(set(i[task]["doc"]) for i in per_seed)))
@@ -319,29 +344,14 @@ def downstream_rows(compared: Grouped, scale: Dict[str, float]) -> List[dict]:
     return rows
 
 
-def comparison_tables(
-    members: Sequence[Member],
-    runs: Dict[str, Run],
-    why: Dict[str, str],
-    variants: Variants,
-    baseline: str,
-    use_best_lr: bool,
-    confirm: Sequence[Member] = (),
-) -> Dict[str, List[dict]]:
-    """``seeds``, ``comparison``, ``downstream`` and ``lr_sweep`` (empty where the sweep has none);
-    ``why``: each run's reason to be left out (:func:`left_out`), "" for one that counts. With
-    ``confirm`` (the fresh seeds at each member's best LR, :func:`confirmation`), the comparison
-    is theirs."""
-    grouped = _by_member(members, runs, why)
-    compared = _by_member(confirm, runs, why) if confirm else grouped
-    use_best_lr = use_best_lr or bool(confirm)
-    best = best_lr_scales(compared)
-    scale = {g: best.get(g, math.nan) if use_best_lr else 1.0 for g in compared}
+def comparison_tables(c: Comparison, variants: Variants, baseline: str) -> Dict[str, List[dict]]:
+    """``seeds``, ``comparison``, ``downstream`` and ``lr_sweep`` (empty where the sweep has
+    none)."""
     return {
-        "seeds": seed_rows(compared, scale, baseline),
-        "comparison": comparison_rows(members, compared, baseline, use_best_lr),
-        "downstream": downstream_rows(compared, scale),
-        "lr_sweep": lr_sweep_rows(members, grouped, variants),
+        "seeds": seed_rows(c, baseline),
+        "comparison": comparison_rows(c, baseline),
+        "downstream": downstream_rows(c),
+        "lr_sweep": lr_sweep_rows(c, variants),
     }
 
 
@@ -408,27 +418,19 @@ def comparison_notes(
     )
 
 
-def val_curves_figure(
-    members: Sequence[Member],
-    runs: Dict[str, Run],
-    why: Dict[str, str],
-    out: Path,
-    use_best_lr: bool,
-) -> List[Path]:
-    """Mean validation loss per member against tokens (the runs that count), with the 95%
-    t-band over seeds."""
+def val_curves_figure(c: Comparison, out: Path) -> List[Path]:
+    """Mean validation loss per member against tokens (the runs compared), with the 95% t-band
+    over seeds."""
     from .figures import plt, save_figure
 
-    grouped = _by_member(members, runs, why)
-    best = best_lr_scales(grouped)
     fig, ax = plt.subplots(figsize=(6, 4))
     plotted = False
-    for group, scales in grouped.items():
-        cell = scales.get(best.get(group, math.nan) if use_best_lr else 1.0)
+    for group, scales in c.compared.items():
+        cell = scales.get(c.scale[group])
         if cell is None or not cell.runs:
             continue
         x, curves = cell.curves()
-        bands = [stats.mean_interval(c) for c in np.array(list(curves.values())).T]
+        bands = [stats.mean_interval(col) for col in np.array(list(curves.values())).T]
         ax.plot(x, [b.mean for b in bands], label=f"{group} ({len(curves)} seeds)")
         if len(curves) > 1:
             ax.fill_between(x, [b.lo for b in bands], [b.hi for b in bands], alpha=0.25)

@@ -11,6 +11,7 @@ from ..launch.run_folder import read_metrics
 from ..launch.sweep import Member, RunStatus, Variants, sweep_status
 from .compare import (
     check_seed_folders,
+    comparison,
     comparison_notes,
     comparison_tables,
     left_out,
@@ -108,10 +109,10 @@ def report(
             if rows
         }
     )
-    compared = comparison_tables(members, runs, why, variants, baseline, use_best_lr, confirm)
+    compared = comparison(members, runs, why, use_best_lr, confirm)
     tables = {
         "sweep": status_rows(statuses),
-        **{k: rows for k, rows in compared.items() if rows},
+        **{k: rows for k, rows in comparison_tables(compared, variants, baseline).items() if rows},
         **tables,
     }
     written = write_tables(tables, out)
@@ -120,9 +121,7 @@ def report(
     written.append(out / "comparison_notes.md")
     if figures:
         written += make_figures(grouped, out) + scaling_figure(grouped, out, paper_results())
-        written += val_curves_figure(
-            confirm or members, runs, why, out, use_best_lr or bool(confirm)
-        )
+        written += val_curves_figure(compared, out)
         by_config = {m.config: m.group or m.name for m in members}  # at the config's own LR
         for group, paths in ablation_configs(configs).items():
             subset = {by_config[p]: grouped[by_config[p]] for p in paths if by_config[p] in grouped}
