@@ -1,9 +1,9 @@
-"""Fast, in-process unit tests of train/resume.py, one function at a time (the mutation-testing set
-of that module: `bash tests/mutation.sh resume`). The checkpoint layout is OLMo-core 3.0.0's,
-written here from its definition (Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the
-trainer state, holding global_step), model_and_optim/.metadata (DCP) and .metadata.json (written
-last). The end-to-end behaviour (real saves, resumes, signals) is tested in test_resume.py and
-test_rerun.py."""
+"""Fast, in-process unit tests of train/checkpoints.py and train/callbacks/checkpointer.py, one
+function at a time (the mutation-testing set of the latter: `bash tests/mutation.sh resume`). The
+checkpoint layout is OLMo-core 3.0.0's, written here from its definition
+(Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the trainer state, holding
+global_step), model_and_optim/.metadata (DCP) and .metadata.json (written last). The end-to-end
+behaviour (real saves, resumes, signals) is tested in test_resume.py and test_rerun.py."""
 
 import json
 import logging
@@ -16,8 +16,8 @@ import torch
 
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
-from olmo_patches.train.resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
-from olmo_patches.train.safety import ManifestWriter
+from olmo_patches.train.callbacks.checkpointer import ResumeCheckpointerCallback
+from olmo_patches.train.checkpoints import ManifestWriter, load_explicit, prune_incomplete
 
 from .conftest import REPO, tiny_overrides
 
@@ -48,7 +48,7 @@ def test_prune_incomplete_removes_only_cut_off_saves(tmp_path, caplog):
     (tmp_path / "step8").write_text("a file, not a checkpoint folder")
     (tmp_path / "step").mkdir()  # no step number
     (tmp_path / "STEP10").mkdir()  # not OLMo-core's name
-    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.checkpoints"):
         removed = prune_incomplete(tmp_path)
     assert removed == [tmp_path / "step4", tmp_path / "step6-tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -95,7 +95,7 @@ def test_load_explicit_moves_newer_checkpoints_aside(tmp_path, caplog):
     for step in (2, 4, 6, 8):
         _checkpoint(save, step)
     trainer = _Trainer(save)
-    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.checkpoints"):
         path = load_explicit(trainer, save / "step4")
     assert path == str(save / "step4") and trainer.loaded == [(str(save / "step4"), FULL_STATE)]
     (aside,) = save.glob("superseded-*")
@@ -235,7 +235,7 @@ COLLECTED = {1, 5, 10, 12}
 def _guarded(tmp_path, monkeypatch, values):
     """Run the guard over 12 steps of (loss, grad norm) ``values(step)``; the steps it read the host
     on."""
-    from olmo_patches.train.safety import NonFiniteGuardCallback
+    from olmo_patches.train.callbacks.nonfinite import NonFiniteGuardCallback
 
     loader = SimpleNamespace(total_batches=100, batches_processed=0)
     trainer = SimpleNamespace(
@@ -278,7 +278,7 @@ def test_the_guard_reads_the_host_only_where_the_trainer_collects(tmp_path, monk
 def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_collection(
     tmp_path, monkeypatch
 ):
-    from olmo_patches.train.safety import NonFiniteError, check_before_save
+    from olmo_patches.train.callbacks.nonfinite import NonFiniteError, check_before_save
 
     def values(step):
         return (float("nan") if step == 7 else 2.0, float("inf") if step >= 8 else 1.0)

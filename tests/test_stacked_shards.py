@@ -44,7 +44,7 @@ def _to_earlier_layout(step_dir, pattern=r"feed_forward\.w[123]\.weight", k=K):
     load-everything planner) and saved again by torch's distributed checkpoint."""
     import torch.distributed.checkpoint as dcp
 
-    from olmo_patches.train.safety import write_manifest
+    from olmo_patches.train.checkpoints import write_manifest
     from olmo_core.distributed.checkpoint.filesystem import RemoteFileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict

@@ -188,7 +188,7 @@ class BlockKind:
 
     def layer_params_floor(self, m) -> int:
         """At most one layer's attention and FFN weights, known without building per-layer lists
-        (the size check at load, config/validate.py; 0 where unknown)."""
+        (the size check at load, config/spec.py; 0 where unknown)."""
         from ..shapes.counts import attention_params, swiglu_ffn_params
 
         head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads

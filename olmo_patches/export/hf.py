@@ -22,8 +22,7 @@ import torch
 
 from ..blocks import block_of
 from ..config import ExperimentSpec, load_spec, tokenizer_config
-from ..train.checkpoints import load_model_state
-from ..train.contract import check_checkpoint_fits
+from ..train.checkpoints import check_checkpoint_fits, load_model_state
 
 __all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
 

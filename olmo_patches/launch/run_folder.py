@@ -1,5 +1,9 @@
 """One folder, one run: the save folder records its config once and is held by one process.
 
+What OLMo-core lacks: its ConfigSaverCallback writes OLMo-core's config into each checkpoint
+(olmo_core/train/callbacks/config_saver.py line 57; kept, run.py sets it), but nothing compares a
+rerun's config with the run it continues, nor keeps a second process out of the folder.
+
 - The first start writes ``SAVE/config.yaml`` once the run is built, before its first checkpoint (a
   start that fails before that leaves no record). A rerun whose model, data or recipe differs is
   refused (:class:`RunFolderError`, one line listing the changed keys); keys in :data:`MAY_CHANGE`
@@ -293,9 +297,8 @@ class Lock:
             drop_record(self.path, self.guard)
 
 
-METRICS_FILE = (
-    "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
-)
+# every metric the Trainer logs, one JSON line per step (train/callbacks/metrics_file.py)
+METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:

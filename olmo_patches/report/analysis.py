@@ -272,7 +272,7 @@ def checkpoint_spec(checkpoint: str | Path):
     naming what is missing or differs."""
     from ..config import load_spec
     from ..train.checkpoints import latest_complete
-    from ..train.contract import check_checkpoint_fits
+    from ..train.checkpoints import check_checkpoint_fits
 
     path = Path(checkpoint)
     if not path.is_dir():

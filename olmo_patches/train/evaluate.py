@@ -41,14 +41,13 @@ from rich.progress import Progress
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml, vocab_size
-from ..config.spec import failer
+from ..config.spec import check_fields, failer
 from ..launch.layout import check_downstream_tasks, load_and_resolve
 from ..eval.evaluators import DownstreamTaskEvaluator, downstream_evaluators
 from .experiment import eval_callbacks
 from .sources import DataSources, resolve_data
 from ..launch.run_folder import METRICS_FILE
-from .checkpoints import checkpoint_step, latest_complete, load_model_state
-from .contract import check_checkpoint_fits
+from .checkpoints import check_checkpoint_fits, checkpoint_step, latest_complete, load_model_state
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +176,10 @@ _FLAGS = {
 
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
-    """EvalSpec.validate's checks, reported against the command line's flags."""
+    """The eval section's checks (each number's domain, EvalSpec.validate's), reported against the
+    command line's flags."""
     fail = lambda key, value, why: _fail(_FLAGS.get(key, key), value, why)  # noqa: E731
+    check_fields(spec.eval, fail, "eval.")
     spec.eval.validate(fail)
     check_downstream_tasks(spec, fail)
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):

@@ -1,27 +1,19 @@
-"""What a run tells its operator: one console line per log interval, and wandb when it is there.
+"""What a run shows its operator: one progress line per log interval on rank 0, the start's
+lines and warnings; everything else OLMo-core logs goes to ``SAVE/train.log``.
 
-- :class:`ProgressCallback` replaces OLMo-core's multi-line console logger by one line on rank 0:
-  step/total, train loss, validation loss when there is one, tokens/s, MFU (GPUs with a known
-  peak only) and time left, e.g.
-  ``step 120/400 | loss 4.2130 | val 4.3050 | 8,120 tok/s | MFU 41.2% | 6m05s left``
-  (val: the mean CE loss over the validation sets evaluated at that step).
-- :func:`wandb_callback`: OLMo-core's WandBCallback when ``run.wandb_project`` is set and the
-  ``wandb`` package is importable (else None, logged once at info level). ``WANDB_MODE=offline``
-  (or ``disabled``) needs no API key; a resumed run continues the same wandb run (its id is kept
-  in ``SAVE_FOLDER/wandb_id``).
+What OLMo-core lacks: its ConsoleLoggerCallback prints a marker line and one line per metric at
+every log interval (olmo_core/train/callbacks/console_logger.py lines 68-80), and OLMo-core logs to
+the terminal only (``setup_logging``: a stream handler, olmo_core/utils.py). Here, e.g.
 
-- :func:`quiet_console`: the terminal keeps the progress lines and warnings; the rest of the log
-  goes to ``SAVE/train.log``.
+    step 120/400 | loss 4.2130 | val 4.3050 | 8,120 tok/s | MFU 41.2% | 6m05s left
 
-The metrics file (``metrics.py``) is written whatever else logs.
+(val: the mean CE loss over the validation sets evaluated at that step; MFU: GPUs with a known
+peak only), the model printout, the per-step metrics, the data and checkpoint steps in train.log.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import logging
-import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,18 +21,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from olmo_core.distributed.utils import get_rank, get_world_size
-from olmo_core.train.callbacks import ConsoleLoggerCallback, WandBCallback
+from olmo_core.train.callbacks import ConsoleLoggerCallback
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "ProgressCallback",
-    "OfflineAwareWandBCallback",
-    "wandb_callback",
-    "announce",
-    "quiet_start",
-    "quiet_console",
-]
 
 LOSS = "train/CE loss"
 VAL_LOSS = re.compile(r"^eval/lm/.+/CE loss$")  # one per validation set
@@ -106,71 +89,6 @@ def announce(line: str) -> None:
     """A line for the operator's terminal (rank 0), beside the progress lines: where a run starts
     from."""
     log.info(line)
-
-
-@dataclass
-class OfflineAwareWandBCallback(WandBCallback):
-    """WandBCallback that works offline (no API key, no API calls) and resumes its own run."""
-
-    def pre_train(self):
-        if not (self.enabled and get_rank() == 0):
-            return
-        id_file = Path(self.trainer.save_folder) / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else None
-        wandb_dir = Path(self.trainer.save_folder) / "wandb"
-        wandb_dir.mkdir(parents=True, exist_ok=True)
-        self.wandb.init(
-            dir=wandb_dir,
-            project=self.project,
-            entity=self.entity,
-            group=self.group,
-            name=self.name,
-            tags=self.tags,
-            notes=self.notes,
-            config=self.config,
-            id=run_id,
-            resume="allow",
-        )
-        if run_id is None and self.run is not None:
-            id_file.write_text(self.run.id)
-        self._run_path = self.run.path if self.run is not None else None  # type: ignore
-
-    def post_step(self):
-        """OLMo-core's cancel check, a bookkeeping op each step, asks the server: none offline.
-        (OLMo-core 3.0.0's bookkeeping queue also races when one check ends as the next is
-        submitted: a KeyError.)"""
-        offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
-        if not offline and os.environ.get("WANDB_API_KEY"):
-            super().post_step()
-
-    def finalize(self, exit_code: int = 0):
-        """OLMo-core's finalize without ``finish(quiet=True)`` where wandb no longer takes ``quiet``
-        (removed in wandb 0.29; OLMo-core 3.0.0 passes it)."""
-        if self.finalized:
-            return
-        if "quiet" in inspect.signature(self.wandb.finish).parameters:
-            super().finalize(exit_code)
-            return
-        log.log(
-            logging.WARNING if exit_code > 0 else logging.INFO,
-            "Finalizing %s W&B run...",
-            "failed" if exit_code > 0 else "successful",
-        )
-        self.wandb.finish(exit_code=exit_code)
-        self._finalized = True
-
-
-def wandb_callback(project: Optional[str], name: str) -> Optional[WandBCallback]:
-    """A wandb callback when asked for (``run.wandb_project``) and possible (``wandb``
-    installed)."""
-    if not project:
-        return None
-    if importlib.util.find_spec("wandb") is None:
-        log.info(
-            "run.wandb_project is set but wandb is not installed: logging to metrics.jsonl only"
-        )
-        return None
-    return OfflineAwareWandBCallback(name=name, project=project, enabled=True)
 
 
 LOG_FILE = "train.log"

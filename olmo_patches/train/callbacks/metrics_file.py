@@ -1,10 +1,13 @@
-"""The run's metrics file: every metric the Trainer logs, one JSON line per step.
+"""``SAVE/metrics.jsonl``: every metric the Trainer logs, one JSON line per step, on rank 0,
+whatever else logs (console, wandb); the demo summary, the tables and the figures read it.
 
-It is written by rank 0 in the run folder (``metrics.jsonl``) whatever else logs (console,
-wandb), and it is what the demo summary, the tables and the figures read. A resumed run first drops
-the records past its checkpoint's step (steps a killed run logged but did not save, which the
-resumed run redoes), then appends: one record per step (what OLMo-core logs twice for a step, at a
-save or the last step, merged into it).
+What OLMo-core lacks: its MetricSaverCallback keeps the latest value of each metric only
+(olmo_core/train/callbacks/metric_saver.py lines 62-63) and writes them at intervals, one file per
+save; a loss curve needs every step's.
+
+A resumed run first drops the records past its checkpoint's step (steps a killed run logged but did
+not save, which the resumed run redoes), then appends: one record per step (what OLMo-core logs
+twice for a step, at a save or the last step, merged into it).
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ from typing import Dict
 from olmo_core.distributed.utils import get_rank
 from olmo_core.train.callbacks import Callback
 
-from ..launch.run_folder import METRICS_FILE
-
-__all__ = ["MetricsFileCallback"]
+from ...launch.run_folder import METRICS_FILE
 
 
 @dataclass
@@ -48,19 +49,14 @@ class MetricsFileCallback(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {k: float(v) for k, v in metrics.items()}
         with path.open("a+b") as f:
-            end = f.seek(0, 2)
-            start = _last_line_start(f, end)
+            start = _last_line_start(f, f.seek(0, 2))
             f.seek(start)
             last = f.read().decode()
             if last.strip() and json.loads(last).get("step") == step:
                 record = {**json.loads(last), **record}
                 f.truncate(start)  # "a" mode: the write goes to the (new) end
-            f.write(
-                (
-                    json.dumps({"step": step, **{k: v for k, v in record.items() if k != "step"}})
-                    + "\n"
-                ).encode()
-            )
+            record.pop("step", None)
+            f.write((json.dumps({"step": step, **record}) + "\n").encode())
 
 
 def _last_line_start(f, end: int) -> int:
