@@ -45,7 +45,7 @@ def load_or_exit(
     also checks its data files (launch/data_files.py), before torch, on the first rank of each
     node: each node prints its line and ends on its own (where rank 0 alone refused before the
     rendezvous, the other nodes' torchrun lost its store and printed a traceback, no line)."""
-    _config_log(_rank0())
+    _config_log(os.environ.get("RANK", "0") == "0")
     try:
         spec = load_spec(find_config(path), overrides)
     except ConfigError as e:
@@ -84,10 +84,6 @@ def refuse(line: str, code: int = 2) -> NoReturn:
     if prints:
         print(line, file=sys.stderr)
     raise SystemExit(code) from None
-
-
-def _rank0() -> bool:
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _config_log(rank0: bool) -> None:

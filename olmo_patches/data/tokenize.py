@@ -80,11 +80,9 @@ class TokenizerInfo:
             raise InputError(
                 f"{path}: not a tokenizers JSON file ({' '.join(str(e).split())[:120]})"
             ) from None
-        ids = {
-            flag: tok.token_to_id(token) if token else None
-            for flag, token in (("--eos", eos), ("--bos", bos))
-        }
+        ids = {}
         for flag, token in (("--eos", eos), ("--bos", bos)):
+            ids[flag] = tok.token_to_id(token) if token else None
             if token is not None and ids[flag] is None:
                 raise InputError(f"{path}: no token {token!r} ({flag})")
         vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -325,12 +323,8 @@ class _Writer:
     def __init__(
         self, out: Path, shard_tokens: int, settings: dict, shards: List[_Shard], first_doc: int
     ):
-        self.out, self.shard_tokens, self.settings, self.shards = (
-            out,
-            shard_tokens,
-            settings,
-            shards,
-        )
+        self.out, self.shard_tokens = out, shard_tokens
+        self.settings, self.shards = settings, shards
         self.doc, self.written = first_doc, 0  # this run's documents and tokens
         self._record()  # first: the folder reads as unfinished from the start
         self._open()

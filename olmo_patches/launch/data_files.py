@@ -185,11 +185,11 @@ def _check_tokenizer_file(spec: ExperimentSpec, fail) -> None:
         )
 
 
-def token_files(spec: ExperimentSpec, key: str, entries: list[str]) -> tuple[list[str], set[str]]:
+def token_files(spec: ExperimentSpec, key: str, entries: list[str]) -> tuple[list[str], str | None]:
     """``entries`` (files, globs, URLs, hourglass-tokenize folders or their manifest.json) with each
-    tokenize folder replaced by its token files, and the dtypes of the manifests read. A tokenize
-    folder, or a file or glob of its files, is refused unless its tokenization finished with the
-    config's tokenizer (its manifest's record)."""
+    tokenize folder replaced by its token files, and the dtype its manifests record (None: none
+    read). A tokenize folder, or a file or glob of its files, is refused unless its tokenization
+    finished with the config's tokenizer (its manifest's record); manifests of two dtypes too."""
     d, fail, out, dtypes = spec.data, failer(where_set(spec)), [], set()
     for entry in entries:
         if "://" in entry or (folder := tokenize_folder(entry)) is None:
@@ -209,7 +209,13 @@ def token_files(spec: ExperimentSpec, key: str, entries: list[str]) -> tuple[lis
             fail(key, entry, why)
         dtypes.add(manifest["dtype"])
         out.extend(files if Path(entry) in (folder, folder / MANIFEST) else [entry])
-    return out, dtypes
+    if len(dtypes) > 1:
+        fail(
+            key,
+            entries,
+            f"manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize alike",
+        )
+    return out, dtypes.pop() if dtypes else None
 
 
 def _check_init_from(source: str, fail) -> None:

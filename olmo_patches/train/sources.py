@@ -78,23 +78,8 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
     if d.mixture:
         sources, dtype = _mixture_sources(spec)
         return DataSources(tok, [], [], dtype, sources)
-    paths, dtype = _token_files(spec, "data.paths", list(d.paths))
+    paths, dtype = token_files(spec, "data.paths", list(d.paths))
     return DataSources(tok, paths, [], dtype)
-
-
-def _token_files(
-    spec: ExperimentSpec, key: str, entries: List[str]
-) -> Tuple[List[str], Optional[str]]:
-    """Token files of ``entries`` (files, globs, or hourglass-tokenize folders / manifests, each
-    checked against the config's tokenizer: launch/data_files.py) and the manifests' dtype (None:
-    none given)."""
-    paths, dtypes = token_files(spec, key, entries)
-    if len(dtypes) > 1:
-        raise ConfigError(
-            f"{key}: manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize them "
-            "alike"
-        )
-    return paths, dtypes.pop() if dtypes else None
 
 
 def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optional[str]]:
@@ -104,7 +89,7 @@ def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optiona
     for name, s in spec.data.mixture.items():
         key = f"data.mixture.{name}"
         entries = [s.manifest] if s.manifest else list(s.paths)
-        files, dtype = _token_files(spec, f"{key}.{'manifest' if s.manifest else 'paths'}", entries)
+        files, dtype = token_files(spec, f"{key}.{'manifest' if s.manifest else 'paths'}", entries)
         if dtype:
             dtypes.add(dtype)
         expanded: List[str] = []
