@@ -8,6 +8,8 @@ preset's choices, the attention backend and the loader's workers. Loading a conf
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -77,7 +79,7 @@ def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
         ("data.work_dir", d.work_dir),
         ("data.demo_cache", str(demo_cache(spec))),
     ):
-        if "://" not in folder and (why := _not_a_folder(Path(folder))):
+        if "://" not in folder and (why := unwritable(Path(folder))):
             fail(key, folder, why)
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
@@ -111,21 +113,33 @@ def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
     check_downstream_tasks(spec, fail)
 
 
-def _not_a_folder(path: Path) -> str:
-    """Why ``path`` cannot be a folder this run writes in ("" if it is one, or can be made)."""
-    if path.exists():
-        return "" if path.is_dir() else "a file, not a folder"
-    for parent in path.parents:
-        if parent.exists():
-            return "" if parent.is_dir() else f"under {parent}, a file"
+def unwritable(path: Path, folder: bool = True) -> str:
+    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can. The folder
+    the first write goes to (``path``'s nearest that exists) is tried with a folder made and
+    removed."""
+    if path.exists() and path.is_dir() != folder:
+        return "a file, not a folder" if folder else "a folder, not a file"
+    here = path if path.is_dir() else next(p for p in path.parents if p.exists())
+    if not here.is_dir():
+        return f"under {here}, a file"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=here))
+    except OSError as e:
+        return f"cannot write in {here} ({e.strerror})"
     return ""
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:
     """eval.downstream_tasks: tasks the installed ai2-olmo-eval knows."""
     if spec.eval.downstream_tasks:
-        from olmo_eval import list_tasks
-
+        try:
+            from olmo_eval import list_tasks
+        except ImportError:
+            fail(
+                "eval.downstream_tasks",
+                spec.eval.downstream_tasks,
+                "needs ai2-olmo-eval, the eval extra (or eval.downstream_tasks=[])",
+            )
         if unknown := [n for n in spec.eval.downstream_tasks if n not in list_tasks()]:
             fail(
                 "eval.downstream_tasks",
