@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Callable, List, NoReturn, Optional
 
 from .config import ConfigError, ExperimentSpec, load_spec
-from .launch.layout import Layout, resolve, unwritable
+from .config.load import where_set
+from .launch.layout import Layout, check_writable, resolve, unwritable
 from .report.console import console
 from .resources import find_config
 
@@ -41,10 +42,11 @@ def load_or_exit(
     a bad one print one line naming file, key and value and exit 2. The config is read and checked
     before torch is imported (a refusal takes about a second); what depends on the machine after. A
     relative path missing from the working folder is looked up among the package's configs
-    (``configs/demo/baseline.yaml`` from anywhere). ``data``: a script that reads the run's data
-    also checks its data files (launch/data_files.py), before torch, on the first rank of each
-    node: each node prints its line and ends on its own (where rank 0 alone refused before the
-    rendezvous, the other nodes' torchrun lost its store and printed a traceback, no line)."""
+    (``configs/demo/baseline.yaml`` from anywhere). ``data``: a script that runs (and so reads the
+    run's data and writes its folders) also checks its data files (launch/data_files.py), before
+    torch, on the first rank of each node, and its folders once resolved: each node prints its line
+    and ends on its own (where rank 0 alone refused before the rendezvous, the other nodes'
+    torchrun lost its store and printed a traceback, no line)."""
     _config_log(os.environ.get("RANK", "0") == "0")
     try:
         spec = load_spec(find_config(path), overrides)
@@ -58,7 +60,10 @@ def load_or_exit(
         except ConfigError as e:
             refuse_alike(f"config error: {e}")
     try:
-        return resolve(spec, layout)
+        resolve(spec, layout)
+        if data:  # a run: the folders it writes in (a count or a plan writes nothing)
+            check_writable(spec, where_set(spec))
+        return spec
     except ConfigError as e:
         refuse(f"config error: {e}")
 
