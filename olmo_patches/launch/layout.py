@@ -7,6 +7,7 @@ preset's choices, the attention backend and the loader's workers. Loading a conf
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -138,16 +139,22 @@ def not_a_folder(path: Path, folder: bool = True) -> str:
 
 
 def unwritable(path: Path, folder: bool = True) -> str:
-    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can. The folder
+    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can. A folder
+    that is there is asked for its permissions (a run's own folder is left as it is); else the one
     the first write goes to (``path``'s nearest that exists) is tried with a folder made and
-    removed."""
+    removed, its modification time then put back."""
     if why := not_a_folder(path, folder):
         return why
-    here = path if path.is_dir() else next(p for p in path.parents if p.exists())
+    if path.is_dir():
+        return "" if os.access(path, os.W_OK | os.X_OK) else f"cannot write in {path}"
+    here = next(p for p in path.parents if p.exists())
+    times = here.stat()
     try:
         os.rmdir(tempfile.mkdtemp(dir=here))
     except OSError as e:
         return f"cannot write in {here} ({e.strerror})"
+    with contextlib.suppress(OSError):
+        os.utime(here, ns=(times.st_atime_ns, times.st_mtime_ns))
     return ""
 
 
