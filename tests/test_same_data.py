@@ -42,6 +42,24 @@ def test_a_file_gone_after_the_start_is_named(monkeypatch):
         )
 
 
+def test_a_bookkeeping_threads_error_is_named_by_its_cause(monkeypatch):
+    """OLMo-core's Trainer re-raises a background bookkeeping op's error as RuntimeError("An error
+    occurred") from it (olmo_core/train/trainer.py, ``is_canceled``); the line, which a peer waiting
+    for a lost rank's own line reads, names the cause."""
+    monkeypatch.setenv("RANK", "0")
+    try:
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:538] Connection closed by peer")
+        except RuntimeError as x:
+            raise RuntimeError("An error occurred") from x
+    except RuntimeError as e:
+        assert exit_line(e) == (
+            "rank 0 failed: RuntimeError: [gloo/transport/tcp/pair.cc:538] Connection closed by "
+            "peer",
+            1,
+        )
+
+
 def test_every_rank_must_read_the_same_files(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

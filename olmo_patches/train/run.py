@@ -328,4 +328,8 @@ def exit_line(e: Exception) -> tuple[str, int]:
         return f"error: {e.strerror}", 4
     if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
         return f"rank {rank} cannot read {unread}", 2
+    # OLMo-core's Trainer re-raises a bookkeeping thread's error as RuntimeError("An error
+    # occurred") from it (trainer.py, training_complete and is_canceled): the line names the cause
+    while str(e) == "An error occurred" and isinstance(e.__cause__, Exception):
+        e = e.__cause__
     return f"rank {rank} failed: {type(e).__name__}: {one_line(e)}", 1
