@@ -200,7 +200,11 @@ class HourglassFeedForward(nn.Module):
         """Hand each sub-MLP's hidden units, SiLU(W_d1_i x) * W_d2_i x, to ``record`` as forward
         runs (report/analysis.py's dead units); returns the undo."""
         self.record = record
-        return lambda: setattr(self, "record", None)
+
+        def undo() -> None:
+            self.record = None
+
+        return undo
 
     def folds_norms(self) -> bool:
         return (
