@@ -40,7 +40,7 @@ from ..eval.evaluators import (
 )
 from ..launch.cards import known_card
 from ..launch.layout import attention_backend, data_workers
-from ..nn.attention import set_attention_backend
+from ..nn.attention import set_attention_backend, use_sdpa_kernel
 from ..nn.lm_loss import lm_loss, set_lm_loss
 from .batch_trace import BatchTraceCallback
 from .metrics import MetricsFileCallback
@@ -205,6 +205,7 @@ def _model(
     model.init_seed = t.seed
     backend = attention_backend(spec, device)
     set_attention_backend(model, backend.name)
+    use_sdpa_kernel(backend.sdpa)
     log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
     loss = lm_loss(spec, device)
     set_lm_loss(model, loss.name)
