@@ -202,18 +202,21 @@ def eager_attention_forward(
 
 
 def causal_mask(
-    implementation: str, T: int, past: int, dtype: torch.dtype, device
+    implementation: str, positions: torch.Tensor, n_keys: int, dtype: torch.dtype, static: bool
 ) -> Optional[torch.Tensor]:
-    """The mask the attention function gets: None where the function applies causality itself (flash
-    attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
-    ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt), else an
-    additive (1, 1, T, past + T) mask where query i (position past + i) sees keys 0..past + i."""
-    if T == 1 or "flash" in implementation or (implementation != "eager" and past == 0):
+    """The mask the attention function gets: an additive (B or 1, 1, T, n_keys) mask where the query
+    at position p sees keys 0..p; None where the function applies causality itself on a cache of
+    exactly the keys seen (flash attention, aligned to the last key; any other than eager without
+    a cached prefix, as sdpa's ``is_causal`` and a serving engine's own attention do: no T x T
+    mask for a long prompt). A ``static`` cache (transformers' StaticCache: keys preallocated to its
+    length, compiled generation) always gets the mask, which hides its unwritten slots too."""
+    T = positions.shape[-1]
+    simple = T == 1 or "flash" in implementation or (implementation != "eager" and n_keys == T)
+    if simple and not static:
         return None
-    allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(past)
-    return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(
-        ~allowed, torch.finfo(dtype).min
-    )[None, None]
+    allowed = torch.arange(n_keys, device=positions.device) <= positions[..., None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 class Attention(nn.Module):
@@ -244,7 +247,6 @@ class Attention(nn.Module):
         self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -267,7 +269,8 @@ class Attention(nn.Module):
             else ALL_ATTENTION_FUNCTIONS[implementation]
         )
         kwargs.pop("attention_mask", None)
-        mask = causal_mask(implementation, T, past, q.dtype, x.device)
+        static = getattr(cache, "is_compileable", False)
+        mask = causal_mask(implementation, position_ids.to(x.device), k.shape[-2], q.dtype, static)
         y, _ = attend(self, q, k, v, mask, dropout=0.0, scaling=self.scale, **kwargs)
         return self.w_out(y.reshape(B, T, -1))
 
