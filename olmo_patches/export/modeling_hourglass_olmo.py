@@ -487,8 +487,9 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
             kwargs.pop(name, None)
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         if position_ids is None:
+            # a static cache's length is a tensor: added, not read, so compiled decoding keeps it
             past = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(past, past + h.shape[1], device=h.device)[None]
+            position_ids = (past + torch.arange(h.shape[1], device=h.device))[None]
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
         for block in self.blocks.values():
