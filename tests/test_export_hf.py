@@ -175,6 +175,16 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     return hf
 
 
+def _check_static_cache(hf, ids) -> None:
+    """A static cache (compiled generation's: its keys preallocated, the unwritten ones masked)
+    generates as the dynamic one: the same tokens, the same scores."""
+    kw = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    a = hf.generate(ids[:, :8], **kw)
+    b = hf.generate(ids[:, :8], cache_implementation="static", **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    assert max((x - y).abs().max().item() for x, y in zip(a.scores, b.scores)) < 1e-4
+
+
 def _check_model_card(out, spec, kind, reference):
     """README.md: the architecture, the parameter count (OLMo-core's model's), the steps, the
     config, how to load."""

@@ -63,12 +63,12 @@ class ReferenceHourglass(nn.Module):
                 ffn.norms[i].weight.copy_(self.g[i])
 
 
-def _pair(K: int, placement: str, alpha: float, d_model: int = 32, d_h: int = 12):
+def _pair(K: int, placement: str, alpha: float, d_model=32, d_h=12, fold=None):
     torch.manual_seed(0)
     ffn = HourglassFeedForwardConfig(
         hidden_size=d_h, K=K, bias=False, layer_norm=NORM, norm_placement=NormPlacement(placement)
     ).build(d_model)
-    ffn.residual_alpha = alpha
+    ffn.residual_alpha, ffn.fold_norms = alpha, fold
     ref = ReferenceHourglass(d_model, d_h, K, placement, alpha)
     ref.load_into(ffn)
     return ffn, ref
@@ -99,12 +99,13 @@ def _rel(a, b) -> float:
 
 
 @pytest.mark.parametrize("K", [1, 2, 4])
-@pytest.mark.parametrize("placement", ["pre", "post"])
-def test_ffn_matches_equations(K, placement):
-    """Against the equations in float64: equal in float64 (1e-10), within 1e-6 in fp32, and under
-    bf16 autocast within bf16's tolerances, output and every gradient, with muP's residual
-    multiplier on every branch."""
-    ffn, ref = _pair(K, placement, M_RESIDUAL)
+@pytest.mark.parametrize("placement,fold", [("pre", False), ("pre", True), ("post", None)])
+def test_ffn_matches_equations(K, placement, fold):
+    """Against the equations in float64, the plain path (eager's) and the folded one (compiled's,
+    forced here): equal in float64 (1e-10), within 1e-6 in fp32, and under bf16 autocast within
+    bf16's tolerances, output and every gradient, with muP's residual multiplier on every
+    branch."""
+    ffn, ref = _pair(K, placement, M_RESIDUAL, fold=fold)
     x = torch.randn(2, 7, 32)
     want, want_grads = _run(copy.deepcopy(ref).double(), x.double())
     got, grads = _run(copy.deepcopy(ffn).double(), x.double())
@@ -118,16 +119,19 @@ def test_ffn_matches_equations(K, placement):
 
 
 def test_pre_norms_fold_into_the_matmuls_and_write_no_normalised_tensor():
-    """Pre-norm RMSNorms fold into W_d: forward saves h_i (one d_model-wide activation per
-    sub-MLP) and no normalised n_i; the norm modules never run. Post norms run as written."""
+    """Folded (compiled's path, forced in eager here), pre-norm RMSNorms fold into W_d: forward
+    saves h_i (one d_model-wide activation per sub-MLP) and no normalised n_i; the norm modules
+    never run. Eager's default and post norms run the norms as written."""
     saved: list = []
 
     def pack(t):
         saved.append(t)
         return t
 
-    for placement, norm_calls, wide in (("pre", 0, 4), ("post", 4, None)):
-        ffn, _ = _pair(4, placement, 1.0)
+    for placement, fold, norm_calls, wide in (
+        ("pre", True, 0, 4), ("pre", None, 4, None), ("post", True, 4, None)
+    ):  # fmt: skip
+        ffn, _ = _pair(4, placement, 1.0, fold=fold)
         calls = []
         for n in ffn.norms:
             n.register_forward_hook(lambda *a: calls.append(1))
@@ -142,8 +146,8 @@ def test_pre_norms_fold_into_the_matmuls_and_write_no_normalised_tensor():
 
 
 def test_compiled_ffn_matches_eager():
-    """inductor (CPU) on the folded path, K=2 with muP's multiplier: output and gradients within
-    1e-6 of eager fp32."""
+    """inductor (CPU), whose trace takes the folded path, against eager's plain one: K=2 with muP's
+    multiplier, output and gradients within 1e-6 in fp32."""
     ffn, _ = _pair(2, "pre", M_RESIDUAL, d_model=16, d_h=8)
     x = torch.randn(2, 3, 16)
     want, want_grads = _run(ffn, x)

@@ -159,14 +159,8 @@ def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
 
 def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
     """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K sub-MLPs of hidden
-    d_h, each with its own norm, and the [W_d1; W_d2] copy its forward keeps until backward."""
-    return replace(
-        layer,
-        mlps=ffn.K,
-        hidden=ffn.hidden_size,
-        mlp_norms=True,
-        weight_copy=ffn.saved_weight_copy(layer.width),
-    )
+    d_h, each with its own norm."""
+    return replace(layer, mlps=ffn.K, hidden=ffn.hidden_size, mlp_norms=True)
 
 
 # The K sub-MLPs' maps stacked in one matrix per w1/w3/w2 (nn/hourglass.py), split as any matrix.

@@ -29,6 +29,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig, RMSNorm
@@ -39,7 +40,8 @@ from ..shapes.choices import NormPlacement
 from ..shapes.counts import hourglass_ffn_params
 
 __all__ = [
-    "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig", "foldable", "inv_rms",
+    "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig", "fold_gain", "foldable",
+    "inv_rms",
 ]  # fmt: skip
 
 
@@ -94,14 +96,13 @@ class StackedLinear(nn.Module):
         mm = Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config
         self.float8 = (config, mm)
 
-    def maps(self, gain: Optional[torch.Tensor] = None) -> Sequence[torch.Tensor]:
-        """This step's K (out, in) weights W_i, or W_i diag(g_i) with ``gain`` (K, in): one
-        weight-sized op for the K maps, its backward one write of the gradient (no K zero-filled
-        ones). In float8 with tensorwise weight scales the stack is cast once (one amax and one
-        scale for its K maps) and each map is a slice of it; rowwise, each map's matmul casts its
-        own weight (a rowwise stack cast is each map's for the forward GEMM, not for the
+    def maps(self) -> Sequence[torch.Tensor]:
+        """This step's K (out, in) weights W_i: views, whose backward is one write of the gradient
+        (no K zero-filled ones). In float8 with tensorwise weight scales the stack is cast once (one
+        amax and one scale for its K maps) and each map is a slice of it; rowwise, each map's matmul
+        casts its own weight (a rowwise stack cast is each map's for the forward GEMM, not for the
         backward's per-column scales)."""
-        w = self.stacked if gain is None else (self.stacked * gain[:, None, :]).type_as(self.weight)
+        w = self.stacked
         if self.float8 is None or not _tensorwise_weights(self.float8[0]):
             return w.unbind(0)
         from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
@@ -147,6 +148,13 @@ def foldable(norm: nn.Module) -> bool:
     return isinstance(norm, RMSNorm) and norm.bias is None
 
 
+def fold_gain(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """W diag g, recomputed in backward rather than kept from forward (a weight-sized copy per layer
+    otherwise, which inductor's partitioner would keep: W diag g feeds a matmul there)."""
+    mul = lambda w, g: (w * g).type_as(w)  # noqa: E731
+    return torch.utils.checkpoint.checkpoint(mul, w, g, use_reentrant=False)
+
+
 def inv_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
     """1 / rms(h) over the last dim, in fp32 or wider (as OLMo-core's RMSNorm computes it)."""
     x = h.to(torch.promote_types(h.dtype, torch.float32))
@@ -156,13 +164,15 @@ def inv_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
 class HourglassFeedForward(nn.Module):
     """K residual wide-narrow-wide SwiGLU sub-MLPs: maps h_0 (*, d_model) to h_K (*, d_model).
 
-    Pre-norm RMSNorms fold into the down projections: W_d n_i = ((W_d diag g_i) h_i) / rms(h_i),
-    so the normalised n_i is never written; 1 / rms(h_i) (one number per token) scales the two
-    matmuls' outputs inside SiLU(.) * (.), which compile fuses into one kernel. The cost is one
-    weight-sized op per step, W_d diag g for the K sub-MLPs (docs/performance.md: its bytes). Post
-    norms, other norms and float8 (whose input cast writes a float8 copy whatever is folded, and
-    scales best from normalised rows) run the equations as written (:meth:`mlp`).
-    """
+    Compiled, pre-norm RMSNorms fold into the down projections: W_d n_i = ((W_d diag g_i) h_i) /
+    rms(h_i), so the normalised n_i is never written nor kept for backward; 1 / rms(h_i) (one
+    number per token) scales the two matmuls' outputs inside SiLU(.) * (.), which inductor fuses
+    into one kernel. The cost is one weight-sized op per step and its recomputation in backward
+    (:func:`fold_gain`: no weight copy is kept; docs/performance.md: its bytes). Eager (each op a
+    kernel of its own: the fold's scalings cost more than the norm's write), post norms, other norms
+    and float8 (whose input cast writes a float8 copy whatever is folded, and scales best from
+    normalised rows) run the equations as written (:meth:`mlp`); ``fold_norms`` overrides the choice
+    (None: fold where compiled)."""
 
     def __init__(
         self,
@@ -186,12 +196,24 @@ class HourglassFeedForward(nn.Module):
         )
         self.residual_alpha = 1.0  # a: each branch x a (muP's m_residual; set by the block)
         self.record: Optional[Callable[[torch.Tensor], None]] = None  # see record_hidden
+        self.fold_norms: Optional[bool] = None
 
-    def mlp(self, x, w1, w3, w2, inv_rms: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """MLP_i(x) = W_u_i (SiLU(W_d1_i x) * W_d2_i x), the down projections' outputs x
-        ``inv_rms`` where the norm is folded into them."""
-        a, b = self.w1.matmul(x, w1), self.w3.matmul(x, w3)
-        hidden = F.silu(a) * b if inv_rms is None else (F.silu(a * inv_rms) * (b * inv_rms))
+    def mlp(self, x, w1, w3, w2) -> torch.Tensor:
+        """MLP_i(x) = W_u_i (SiLU(W_d1_i x) * W_d2_i x)."""
+        return self.up(self.w1.matmul(x, w1), self.w3.matmul(x, w3), w2)
+
+    def folded_mlp(self, h, w1, w3, w2, norm: nn.Module) -> torch.Tensor:
+        """MLP_i(norm_i(h)) with the norm folded: W_d n = ((W_d diag g) h) / rms(h)."""
+        r, g = inv_rms(h, norm.eps), norm.weight
+
+        def down(w):
+            return F.linear(h, w if g is None else fold_gain(w, g))
+
+        return self.up(down(w1), down(w3), w2, r)
+
+    def up(self, a, b, w2, r: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """W_u (SiLU(a r) * b r) (r = 1 unless the norm is folded), in a's dtype."""
+        hidden = F.silu(a) * b if r is None else F.silu(a * r) * (b * r)
         if self.record is not None:
             self.record(hidden)
         return self.w2.matmul(hidden.type_as(a), w2)
@@ -207,20 +229,20 @@ class HourglassFeedForward(nn.Module):
         return undo
 
     def folds_norms(self) -> bool:
+        fold = torch.compiler.is_compiling() if self.fold_norms is None else self.fold_norms
         return (
-            self.norm_placement == NormPlacement.pre
+            fold
+            and self.norm_placement == NormPlacement.pre
             and self.w1.float8 is None
             and all(foldable(n) for n in self.norms)
         )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         fold, pre = self.folds_norms(), self.norm_placement == NormPlacement.pre
-        gains = [n.weight for n in self.norms]
-        g = torch.stack(gains) if fold and gains[0] is not None else None  # (K, d_model)
-        w1, w3, w2 = self.w1.maps(g), self.w3.maps(g), self.w2.maps()
+        w1, w3, w2 = self.w1.maps(), self.w3.maps(), self.w2.maps()
         for i, norm in enumerate(self.norms):
             if fold:
-                f = self.mlp(h, w1[i], w3[i], w2[i], inv_rms(h, norm.eps))
+                f = self.folded_mlp(h, w1[i], w3[i], w2[i], norm)
             elif pre:
                 f = self.mlp(norm(h), w1[i], w3[i], w2[i])
             else:
@@ -261,14 +283,6 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
         return hourglass_ffn_params(
             d_model, self.K, self.hidden_size
         ) + self.K * self.layer_norm.num_params(d_model)
-
-    def saved_weight_copy(self, d_model: int) -> int:
-        """Bytes of the bf16 folded W_d1 diag g, W_d2 diag g that eager autograd keeps until
-        backward where pre-norm RMSNorms fold (2 K d_h d_model weights; launch/memory.py counts
-        it per block)."""
-        assert self.layer_norm is not None
-        folds = self.norm_placement == NormPlacement.pre and "rms" in str(self.layer_norm.name)
-        return 2 * 2 * self.K * self.hidden_size * d_model if folds else 0
 
     def build(  # type: ignore[override]
         self, d_model: int, *, dtype: Optional[torch.dtype] = None, init_device: str = "cpu"

@@ -61,7 +61,7 @@ from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from ..shapes.counts import hourglass_ffn_params
-from .hourglass import inv_rms
+from .hourglass import fold_gain, inv_rms
 from .moe import LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
 
 __all__ = [
@@ -168,8 +168,8 @@ class HourglassExperts(MoEMLPBase):
             # W_e,k norm_e,k(z) = ((W_e,k diag g_e,k) z) / rms(z), each gain folded into its
             # expert's weights (nn/hourglass.py): no normalised or gain-gathered rows are written
             g, r = gains[:, k, None, :], inv_rms(z, self.eps)
-            a = self.gmm(z, (w1[k] * g).type_as(w1), batch_size_per_expert, trans_b=True)
-            b = self.gmm(z, (w3[k] * g).type_as(w3), batch_size_per_expert, trans_b=True)
+            a = self.gmm(z, fold_gain(w1[k], g), batch_size_per_expert, trans_b=True)
+            b = self.gmm(z, fold_gain(w3[k], g), batch_size_per_expert, trans_b=True)
             hidden = (F.silu(a * r) * (b * r)).type_as(a)
             f = self.gmm(hidden, w2[k], batch_size_per_expert)
             if self.residual_alpha != 1.0:

@@ -40,8 +40,9 @@ def ffn_seconds(tokens: int, d_model: int, hidden: int, K: int, roof: Roof) -> f
     write 2: 5 H), the norm's backward with the two input gradients' sum and the residual's (5 d):
     10 d + 8 H. Each folded hourglass sub-MLP: 1 / rms(h) (read h: d), SiLU(a r) x b r (3 d_h), the
     residual add (3 d); backward 5 d_h and 5 d: 9 d + 8 d_h, so K sub-MLPs add (9 K - 10) d to an
-    equal SwiGLU's. The fold's W_d diag g: per step 5 weight-sized passes over 2 K d_h d_model
-    (forward read, write; backward read the gradient and W, write), per token divided by tokens.
+    equal SwiGLU's. The fold's W_d diag g: per step 7 weight-sized passes over 2 K d_h d_model
+    (forward: read W, write W diag g; backward: the same again, recomputed, then read its gradient
+    and W, write W's), per token divided by tokens.
     """
     d, M = d_model, tokens
     if K == 0:
@@ -49,7 +50,7 @@ def ffn_seconds(tokens: int, d_model: int, hidden: int, K: int, roof: Roof) -> f
         elementwise = (10 * d + 8 * hidden) * M * BYTES
     else:
         gemms = K * (2 * _linear(M, hidden, d, roof) + _linear(M, d, hidden, roof))
-        elementwise = (9 * d + 8 * hidden) * K * M * BYTES + 5 * 2 * K * hidden * d * BYTES
+        elementwise = (9 * d + 8 * hidden) * K * M * BYTES + 7 * 2 * K * hidden * d * BYTES
     return gemms + elementwise / roof.bandwidth
 
 
