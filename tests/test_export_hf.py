@@ -152,26 +152,8 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     _check_model_card(out, spec, kind, reference)
     if kind == "custom":
         _check_attention_implementations(out, ids, want)
-        # a static cache (compiled generation's: its keys preallocated) generates as the dynamic one
-        kw = dict(
-            max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True
-        )
-        a = hf.generate(ids[:, :8], **kw)
-        b = hf.generate(ids[:, :8], cache_implementation="static", **kw)
-        assert torch.equal(a.sequences, b.sequences)
-        assert max((x - y).abs().max().item() for x, y in zip(a.scores, b.scores)) < 1e-4
-    # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of
-    # one forward.
-    with torch.no_grad():
-        out = hf(ids[:, :16], use_cache=True)
-        steps = [out.logits] + [
-            hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits
-            for t in range(16, 24)
-        ]
-    assert (
-        out.past_key_values.get_seq_length() == 24
-        and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
-    )
+        _check_static_cache(hf, ids)
+    _check_cached_steps(hf, ids, got)
     return hf
 
 
@@ -183,6 +165,21 @@ def _check_static_cache(hf, ids) -> None:
     b = hf.generate(ids[:, :8], cache_implementation="static", **kw)
     assert torch.equal(a.sequences, b.sequences)
     assert max((x - y).abs().max().item() for x, y in zip(a.scores, b.scores)) < 1e-4
+
+
+def _check_cached_steps(hf, ids, got) -> None:
+    """generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits
+    of one forward."""
+    with torch.no_grad():
+        out = hf(ids[:, :16], use_cache=True)
+        steps = [out.logits] + [
+            hf(ids[:, t : t + 1], past_key_values=out.past_key_values, use_cache=True).logits
+            for t in range(16, 24)
+        ]
+    assert (
+        out.past_key_values.get_seq_length() == 24
+        and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
+    )
 
 
 def _check_model_card(out, spec, kind, reference):
