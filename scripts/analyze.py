@@ -185,15 +185,18 @@ def main() -> None:
         model = load_checkpoint_model(spec, path)
         tokens, seq = _batch(args, checkpoint, spec)
         name = args.names[i] if args.names else spec.run.name
-        a = analyze_model(
-            model,
-            tokens,
-            name=name,
-            checkpoint=str(path),
-            block=spec.model.block,
-            threshold=args.threshold,
-            conventions=conventions,
-        )
+        try:
+            a = analyze_model(
+                model,
+                tokens,
+                spec.model,
+                name=name,
+                checkpoint=str(path),
+                threshold=args.threshold,
+                conventions=conventions,
+            )
+        except ConfigError as e:  # a kind that does not hand over its FFN's hidden units
+            refuse(f"analyze: {e}")
         analyses.append(a)
         print(
             f"{name}: {len(a.layers)} layers, {a.tokens:,} tokens, "

@@ -50,10 +50,10 @@ def main() -> None:
 
     budgets: dict[Path, int] = {}
     print(
-        "| config | d_model | L | K | d_h | heads | attention | FFN | non-embedding | total | vs "
+        "| config | d_model | L | FFN shape | heads | attention | FFN | non-embedding | total | vs "
         "baseline | tokens | steps |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
         spec = specs[path]
         kind = block_of(spec.model)
@@ -62,12 +62,9 @@ def main() -> None:
         if base not in budgets:
             budgets[base] = count(specs[base]).non_embedding
         p = plan(spec)
-        hourglass = "K" in kind.knobs
         print(
             f"| {path.relative_to(root)} | {m.d_model} | {m.n_layers} | "
-            f"{m.K if hourglass else '-'} "
-            f"| {m.resolved_d_h if hourglass else f'{m.resolved_d_ff} (SwiGLU)'} | {m.n_heads} x "
-            f"{m.resolved_head_dim}"
+            f"{kind.describe(m) or kind.name} | {m.n_heads} x {m.resolved_head_dim}"
             f"{f' (kv {m.n_kv_heads})' if m.resolved_n_kv_heads != m.n_heads else ''} "
             f"| {b.attention:,} | {b.ffn:,} | {b.non_embedding:,} | {b.total:,} "
             f"| {(b.non_embedding - budgets[base]) / budgets[base]:+.2e} | {p.tokens / 1e9:g}B | "

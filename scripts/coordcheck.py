@@ -1,13 +1,15 @@
-"""Coordinate check: each sublayer's activation scale over a few training steps at x1, x2, x4 the
-width (and depth, and K for hourglass) of a config (olmo_patches/train/coordcheck.py): flat under
-muP, growing under the standard parametrisation; the command says which it sees.
+"""Coordinate check: each sublayer's scale at init and the change its updates make, at x1, x2, x4,
+x8 the width of a config, over seeds (olmo_patches/train/coordcheck.py); says whether it is muP and,
+where not, which parameter group is out of scale and whether its init or its learning rate is.
 
-python scripts/coordcheck.py CONFIG [key=value ...] [--axes width,depth,K] [--steps 10] [--out DIR]
+python scripts/coordcheck.py CONFIG [key=value ...] [--axes width,depth,K] [--steps 5] [--seeds 3]
+                             [--out DIR]
 
-Writes DIR/coordcheck.json (every scale, the slopes, the verdicts) and DIR/coordcheck.png (scale
-against step, a line per multiplier). Random token ids, CPU, the config's init, optimizer groups
-and LR (constant): seconds at the demo's size; set model.d_model / model.n_layers smaller for a
-large config (a proxy: the check is about how scales move with the multiplier).
+Writes DIR/coordcheck.json (every scale, slope and verdict) and DIR/coordcheck.png (scale against
+the multiplier, the init and each step). One fixed batch of random tokens, CPU, the config's init,
+optimizer groups and LR (constant): seconds at the demo's size with model.d_model=32; a large
+config wants smaller model.d_model / model.n_layers (the check is about how scales move with the
+multiplier).
 """
 
 import argparse
@@ -41,37 +43,35 @@ def main() -> None:
     parser.add_argument(
         "--axes",
         type=axes_arg,
-        help="comma-separated, of width, depth, K (default: width,depth and K for hourglass)",
+        default=["width"],
+        help="comma-separated, of width (muP's, the default), depth, K (hourglass): described",
     )
-    parser.add_argument("--steps", type=at_least(1), default=10, help="training steps per run")
-    parser.add_argument("--batch", type=at_least(1), default=8, help="sequences per step")
-    parser.add_argument("--seq", type=at_least(2), default=64, help="tokens per sequence")
-    parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the random batches")
+    parser.add_argument("--steps", type=at_least(1), default=5, help="updates per run")
+    parser.add_argument("--seeds", type=at_least(1), default=3, help="init seeds per multiplier")
+    parser.add_argument("--batch", type=at_least(1), default=2, help="sequences in the batch")
+    parser.add_argument("--seq", type=at_least(2), default=16, help="tokens per sequence")
     parser.add_argument("--out", type=Path, help="output folder (default: coordcheck/RUN_NAME)")
     args = parser.parse_args()
     try:
         spec = load_spec(find_config(args.config), args.overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
-    from olmo_patches.train.coordcheck import axes_of
+    from olmo_patches.train.coordcheck import axes_of, coord_check, plot
 
-    if args.axes and (other := [a for a in args.axes if a not in axes_of(spec)]):
+    if other := [a for a in args.axes if a not in axes_of(spec)]:
         refuse_alike(
             f"--axes {','.join(args.axes)}: {other[0]} is not an axis of model.block="
             f"{spec.model.block} (its axes: {', '.join(axes_of(spec))})"
         )
     out = out_arg("--out", args.out or Path("coordcheck") / spec.run.name)
-
-    from olmo_patches.train.coordcheck import coord_check, plot
-
     check = coord_check(
         str(find_config(args.config)),
         args.overrides,
         args.axes,
         args.steps,
+        args.seeds,
         args.batch,
         args.seq,
-        args.seed,
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / "coordcheck.json").write_text(json.dumps(check.to_json(), indent=1) + "\n")

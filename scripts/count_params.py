@@ -6,7 +6,7 @@ python scripts/count_params.py CONFIG [key=value ...] [--json]
 import argparse
 import json
 
-from olmo_patches.cli import ArgumentParser, console, load_or_exit
+from olmo_patches.cli import ArgumentParser, console, load_or_exit, refuse
 
 
 def main() -> None:
@@ -20,15 +20,15 @@ def main() -> None:
     # a bad config is refused here, before torch is imported
     spec = load_or_exit(args.config, args.overrides)
 
-    from olmo_patches.blocks import block_of
+    from olmo_patches.config import ConfigError
     from olmo_patches.report.counts import (
         attention_report,
         count,
         exact_gap,
         float8_report,
         gpu_report,
+        paper_report,
         param_table,
-        width_report,
     )
 
     if args.json:
@@ -38,8 +38,10 @@ def main() -> None:
             **gpu_report(spec),
             **exact_gap(args.config),
         }
-        if not block_of(spec.model).constant_width:
-            out.update(width_report(spec))
+        try:
+            out.update(paper_report(spec))
+        except ConfigError as e:  # a kind that does not count itself as its papers do
+            refuse(f"count_params: {e}")
         if spec.train.float8 != "off":
             out.update(float8_report(spec))
         print(json.dumps(out))

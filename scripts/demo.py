@@ -30,7 +30,7 @@ def main() -> None:
     specs = [load_or_exit(str(p), args.overrides, data=True) for p in paths]
 
     from olmo_patches.report.demo import compare
-    from olmo_patches.train.life import ignore_stop_signals, install_stop_signals
+    from olmo_patches.train.callbacks.stop import ignore_stop_signals, install_stop_signals
 
     if args.fresh:
         _move_aside([Path(spec.save_folder) for spec in specs])
@@ -71,7 +71,7 @@ def _train_variant(spec, which: str) -> None:
     signal saves it and ends the demo (exit 0), an error ends it with train.py's line and code."""
     from olmo_patches.report.demo import saved_step
     from olmo_patches.train import exit_line, train
-    from olmo_patches.train.life import ignore_stop_signals, stop_requested
+    from olmo_patches.train.callbacks.stop import ignore_stop_signals, stop_requested
 
     name, planned = spec.run.name, spec.steps
     if (done := saved_step(spec.save_folder)) >= planned:

@@ -2,7 +2,7 @@
 
     python scripts/search.py BUDGET [--K 4] [--d-h-ratio 0.5] [--layers 6] [--top 30]
                              [--write DIR] [--attn-fraction 0.5 1.0 --head-dim 64] [--kv-group 4]
-                             [--aligned] [--attention 45M] [--heads8]
+                             [--aligned] [--attention 45M] [--nearest-ratio]
 
 BUDGET is a baseline config (its non-embedding parameters, paper definition) or a count
 (113246208, 113.2M). Without --layers every L whose solved d_model/L lies in 50..300 is tried.
@@ -13,9 +13,9 @@ attention width (n_heads x --head-dim near that fraction of d_model, the authors
 --kv-group G makes every G query heads share a key/value head (GQA). --aligned keeps the shapes GPU
 matmuls like (d_model % 8, d_h % 64, head dims % 8) within the authors' 0.3% instead of the paper's
 0.001%. --attention N solves for the paper's reported attention/FFN split instead of a d_h/d_model
-(with --K and --layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --heads8 keeps
-only head dims that are multiples of 8 (d_model % 8). Both default to the authors' tightest
-tolerance, 0.04%.
+(with --K and --layers; d_model nearest sqrt(N / 4 L), head dims multiples of 8); --nearest-ratio
+takes, at each target, the shape whose d_h/d_model is nearest it (any even d_model with its MHA
+heads). Both default to the authors' tightest tolerance, 0.04%.
 """
 
 import argparse
@@ -123,7 +123,7 @@ def _solved_shapes(
 ) -> list[Shape]:
     """d_model and d_h solved for the budget at each K, d_h/d_model and fraction (and L)."""
     ratios = tuple(args.d_h_ratio or (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
-    solving = dict(tolerance=args.tolerance, aligned=args.aligned, heads8=args.heads8)
+    solving = dict(tolerance=args.tolerance, aligned=args.aligned, nearest_ratio=args.nearest_ratio)
     if not args.layers:
         return list(
             enumerate_shapes(
@@ -233,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
         "--tolerance",
         type=at_least(0, float, most=1),
         help="relative budget tolerance (default: the paper's 1e-5; 3e-3 with --aligned; 4e-4 "
-        "with --attention, --heads8)",
+        "with --attention, --nearest-ratio)",
     )
     parser.add_argument(
         "--sort",
@@ -279,9 +279,9 @@ def _attention_args(parser: ArgumentParser) -> None:
         "--d-h-ratio",
     )
     parser.add_argument(
-        "--heads8",
+        "--nearest-ratio",
         action="store_true",
-        help="only head dims that are multiples of 8 (d_model %% 8); tolerance 4e-4",
+        help="the d_h/d_model nearest each target (any even d_model, MHA heads); tolerance 4e-4",
     )
 
 
@@ -296,7 +296,7 @@ def main() -> None:
             ALIGNED_TOLERANCE
             if args.aligned
             else SPLIT_TOLERANCE
-            if (args.heads8 or args.attention)
+            if (args.nearest_ratio or args.attention)
             else TOLERANCE
         )
     budget, baseline, vocab, seq = parse_budget(args.budget)

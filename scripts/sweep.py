@@ -9,8 +9,9 @@ olmo_patches/report/sweep.py).
 
 Every command takes --seeds N (or --seed-list 0,3,7), --vary init|order|both and --lr-grid
 0.5,1,2: each config then runs once per seed offset and LR scale (olmo_patches/launch/sweep.py),
-and the report compares the configs over seeds (docs/statistics.md). Give the same options to
-launch, status and report: they name the same runs.
+and the report compares the configs over seeds (docs/statistics.md). --confirm N adds N fresh seeds
+per config at its best LR of the finished grid: launch trains them, report compares on them. Give
+the same options to launch, status and report: they name the same runs.
 
 CONFIGS are config files, folders (every *.yaml below) or globs; the same CONFIGS and --set
 overrides name the same runs (their save folders). --local trains the runs one after another in
@@ -72,12 +73,13 @@ def main() -> None:
         lr_scales=tuple(sorted({1.0, *(args.lr_grid or ())})),
     )
     members = _members(args, variants)  # the configs are good: what follows imports torch
+    fresh = _confirmation(args, members, variants) if args.confirm else []
     if args.command == "launch":
-        _launch(args, members)
+        _launch(args, fresh or members)
     elif args.command == "status":
-        _status(args, members, variants)
+        _status(args, members + fresh, variants)
     else:
-        _report(args, members, variants)
+        _report(args, members, variants, fresh)
 
 
 def _parser() -> ArgumentParser:
@@ -154,6 +156,12 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
         type=lr_grid,
         help="LR scales per config, e.g. 0.5,1,2 (1, the config's LR, always runs)",
     )
+    p.add_argument(
+        "--confirm",
+        type=at_least(1),
+        metavar="N",
+        help="N fresh seeds per config at its best LR of the finished grid (launched; compared)",
+    )
 
 
 def _members(args: argparse.Namespace, variants) -> list:
@@ -171,6 +179,17 @@ def _members(args: argparse.Namespace, variants) -> list:
         print(f"config error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     return members
+
+
+def _confirmation(args: argparse.Namespace, members: list, variants) -> list:
+    """The fresh seeds at each config's best LR; a grid not finished: one line, exit 2."""
+    from olmo_patches.report.compare import confirmation
+
+    try:
+        return confirmation(members, args.overrides, variants, args.confirm)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _launch(args: argparse.Namespace, members: list) -> None:
@@ -213,7 +232,7 @@ def _print_table(title: str, rows: list, overflow: str = "ellipsis") -> None:
     console().print(table)
 
 
-def _report(args: argparse.Namespace, members: list, variants) -> None:
+def _report(args: argparse.Namespace, members: list, variants, fresh: list) -> None:
     from olmo_patches.report.sweep import report
 
     try:
@@ -226,6 +245,7 @@ def _report(args: argparse.Namespace, members: list, variants) -> None:
             variants=variants,
             baseline=args.baseline,
             use_best_lr=args.best_lr,
+            confirm=fresh,
         )
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

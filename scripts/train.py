@@ -94,28 +94,18 @@ def _dry_run(spec, args: argparse.Namespace, layout: Optional[Layout]) -> None:
     """What the real run would refuse before writing, refused alike (nothing written); then the
     resolved config, the parameters and the launch's plan."""
     from olmo_patches.config import ConfigError, spec_to_yaml
-    from olmo_patches.launch.run_folder import Lock, check_config
+    from olmo_patches.launch.run_folder import Lock
     from olmo_patches.report.console import console as rich_console
     from olmo_patches.report.counts import param_table
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line
-    from olmo_patches.train.checkpoints import holds_checkpoints
-    from olmo_patches.train.init_from import check_init_from
-    from olmo_patches.train.life import check_room
-    from olmo_patches.train.resume import check_own_checkpoint, check_resume_from
+    from olmo_patches.train.run import check_before_writing
     from olmo_patches.train.sources import check_sources
 
     try:
-        if args.resume_from is not None:
-            check_resume_from(args.resume_from, spec)
-        checkpointed = holds_checkpoints(spec.save_folder)  # a record without any is replaced
-        check_config(spec, deliberate=args.resume_from is not None, checkpointed=checkpointed)
-        if args.resume_from is None:
-            check_own_checkpoint(spec)
+        check_before_writing(spec, args.resume_from)
         Lock(spec.save_folder).check()
-        check_room(spec)
-        mixture = check_sources(spec)  # manifests against the tokenizer, the mixture's ratios
-        check_init_from(spec)
+        mixture = check_sources(spec)  # the mixture's table below
     except ConfigError as e:
         refuse(exit_line(e)[0])
     console = rich_console()
@@ -131,7 +121,7 @@ def _train(spec, resume_from: Optional[str]) -> None:
     """The run, its stop signals saving and exiting 0; an error ends in its one line and code."""
     from olmo_patches.launch.peers import announce
     from olmo_patches.train import exit_line, train
-    from olmo_patches.train.life import ignore_stop_signals, install_stop_signals
+    from olmo_patches.train.callbacks.stop import ignore_stop_signals, install_stop_signals
 
     install_stop_signals()  # SIGTERM/SIGUSR1: the run saves at its next step and exits 0
     try:

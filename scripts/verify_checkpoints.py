@@ -24,7 +24,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from olmo_patches.train.safety import checkpoints_at, verify
+    from olmo_patches.train.checkpoints import checkpoints_at, verify
 
     folder = Path(args.run_folder)
     if not folder.is_dir():

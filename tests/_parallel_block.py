@@ -8,7 +8,7 @@ tests/test_new_block.py loads it through ``HOURGLASS_BLOCKS=tests._parallel_bloc
 commands on it, the Hugging Face export too, with no other file changed (docs/adding_a_block.md
 walks through it)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 import torch
@@ -17,6 +17,8 @@ from olmo_core.nn.transformer.block import TransformerBlock, TransformerBlockBas
 from olmo_core.nn.transformer.config import TransformerBlockConfig
 
 from olmo_patches.blocks import BlockKind, register
+from olmo_patches.blocks.base import w2_input
+from olmo_patches.blocks.memory import layer_memory
 
 
 class ParallelBlock(TransformerBlockBase):
@@ -99,7 +101,6 @@ class ParallelBlockConfig(TransformerBlockConfig):
 
 class Parallel(BlockKind):
     name = "parallel"
-    label = "parallel"
 
     def check(self, m, fail) -> None:
         if m.norm_placement != "pre":
@@ -116,11 +117,22 @@ class Parallel(BlockKind):
         )
         return config
 
+    def record_hidden(self, m, block, record):
+        return w2_input(block.feed_forward, record)  # OLMo-core's SwiGLU, as the baseline's
+
+    def memory_layers(self, m, config):
+        """OLMo-core's attention and SwiGLU, one norm, whose output both save once: the FFN keeps
+        no input of its own."""
+        d = config.d_model
+        layers = [layer_memory(b, d) for b in config.resolved_block_configs]
+        return [replace(layer, norms=1, ffn=layer.ffn - 2 * d) for layer in layers]
+
     def hf_config(self, m, built):
-        """The Hugging Face export's layer: one residual step of two branches, both through the
-        one norm (modeling_hourglass_olmo.py's ``wiring``; the modules keep OLMo-core's names)."""
+        """The Hugging Face export's layer: OLMo-core's SwiGLU, and one residual step of two
+        branches through the one norm (modeling_hourglass_olmo.py's ``wiring``; the modules keep
+        OLMo-core's names)."""
         parallel = [["attention_norm", "attention"], ["attention_norm", "feed_forward"]]
-        return {**super().hf_config(m, built), "wiring": [parallel]}
+        return dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff, wiring=[parallel])
 
 
 register(Parallel())

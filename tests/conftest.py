@@ -250,8 +250,8 @@ def run_in_process(
         raise ScriptTimeout(f"{script} {' '.join(map(str, args))}: over {timeout} s")
 
     # a script's stop signals: scripts/train.py ignores SIGTERM and SIGUSR1 as its process ends
-    # (train/life.py); here the process goes on, and a child started later would inherit them
-    # ignored (bash could not trap them)
+    # (train/callbacks/stop.py); here the process goes on, and a child started later would inherit
+    # them ignored (bash could not trap them)
     old_signals = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     old_alarm = signal.signal(signal.SIGALRM, expired)
     signal.alarm(

@@ -24,7 +24,7 @@ case "${1:-}" in
   order) src=olmo_patches/data/order.py
     tests=(tests/test_order_units.py "${order_fast[@]/#/tests/test_data_order.py::}")
     full=(tests/test_order_units.py tests/test_data_order.py) ;;
-  resume) src=olmo_patches/train/resume.py; tests=(tests/test_resume_units.py)
+  resume) src=olmo_patches/train/callbacks/checkpointer.py; tests=(tests/test_resume_units.py)
     full=(tests/test_resume_units.py tests/test_resume.py tests/test_rerun.py) ;;
   *) echo "usage: bash tests/mutation.sh hourglass|variable_width|order|resume [SECONDS [MUTANT ...]]" >&2; exit 2 ;;
 esac

@@ -17,6 +17,14 @@ def test_unaligned_matmul_dims_are_named_once():
     assert advice(load_and_resolve(CONFIGS / "113M/hourglass-K4-L6-aligned.yaml")) == []
 
 
+def test_every_layers_unaligned_head_dim_is_named():
+    """The 3B MoE's x shape: head dims w_l / 16 (h 1600: 100 at constant width), 190 in its first
+    and last layers, 178 in its second, 30 in its narrowest (layer 30)."""
+    (line,) = advice(load_and_resolve(CONFIGS / "paper2/3B-MoE/x.yaml", ["train.hardware=h100"]))
+    for named in ("190 (head_dim of layers 1, 40)", "178 (head_dim of layer 2)", "30 (head_dim of"):
+        assert named in line, line
+
+
 def test_http_data_slower_than_a_rank_needs(tmp_path):
     # 113M baseline on a B200: 40% x 2250 TFLOP/s / (OLMo-core's ~1.37 GFLOP/token x 4096) ~ 160
     # instances/s per rank, twice the 73 measured over HTTP; the 1B on an H100 needs ~11.

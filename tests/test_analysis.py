@@ -112,7 +112,7 @@ def test_hooks_on_each_variant(tmp_path, variant, units):
             w1[0, :3] if w1.dim() == 3 else w1[:3]
         ).zero_()  # first sub-MLP / the FFN: 3 units read nothing
     tokens = torch.randint(0, vocab_size(spec), (2, 33))
-    a = analyze_model(model, tokens, name=variant)
+    a = analyze_model(model, tokens, spec.model, name=variant)
     m = spec.model
     assert [s.layer for s in a.layers] == [1, 2, 3]
     widths = m.resolved_widths if m.block == "variable_width" else [m.d_model] * 3
@@ -222,7 +222,7 @@ def test_moe_layers_have_stream_metrics_and_no_unit_hook():
     torch.manual_seed(0)
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
-    a = analyze_model(model, torch.randint(0, 1000, (2, 17)))
+    a = analyze_model(model, torch.randint(0, 1000, (2, 17)), spec.model)
     assert [s.width for s in a.layers] == spec.model.resolved_widths
     assert all(
         s.units is None and s.dead_fraction is None and s.utilisation is None for s in a.layers
@@ -327,8 +327,8 @@ def test_analyze_model_takes_the_conventions_it_is_given():
     model = spec.model.build(vocab_size(spec)).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     tokens = torch.randint(0, vocab_size(spec), (2, 33))
-    layer = analyze_model(model, tokens)
-    fixed = analyze_model(model, tokens, conventions=Conventions(normaliser="fixed"))
+    layer = analyze_model(model, tokens, spec.model)
+    fixed = analyze_model(model, tokens, spec.model, conventions=Conventions(normaliser="fixed"))
     N, h = 64, spec.model.d_model
     for a, b in zip(layer.layers, fixed.layers):
         assert b.entropy == pytest.approx(a.entropy, rel=1e-12)

@@ -1,92 +1,126 @@
-"""The coordinate check (train/coordcheck.py, scripts/coordcheck.py) on paper 2's variable-width
-model at tiny widths: flat under its muP (model.widths.init=mup), growing under the standard
-parametrisation (init=olmo), and growing again when muP's per-width LR is broken."""
+"""The coordinate check (train/coordcheck.py, scripts/coordcheck.py) used as it is used: paper 2's
+variable-width model at widths x1..x8 (d_model 16..128, d_head 8..64) under its muP and under the
+standard parametrisation, each described as it is, and with its muP broken on purpose in one place
+at a time (learning rate, readout, attention scale, init), each flagged and named."""
 
 import json
+import math
 
 import pytest
+import torch
 
+import olmo_patches.train.coordcheck as coordcheck
 import olmo_patches.train.optimizer as optimizer_module
-from olmo_patches.train.coordcheck import coord_check
 
 from .conftest import REPO, run_in_process
 
 CONFIG = str(REPO / "configs" / "demo" / "variable-width.yaml")
-TINY = ["model.d_model=32", "model.n_layers=4"]  # widths 32, 64, 128 (schedule multiple 16)
+TINY = [
+    "model.d_model=16",
+    "model.n_layers=3",
+    "model.n_heads=2",
+    "model.widths.schedule=list",
+    "model.widths.values=[16,8,16]",  # the x shape; x8: [128,64,128]
+]
 
 
-def _check(init):
-    return coord_check(
-        CONFIG,
-        [*TINY, f"model.widths.init={init}"],
-        ["width"],
-        steps=8,
-        batch=4,
-        seq=32,
-        say=lambda *_: None,
+def _check(init="mup"):
+    return coordcheck.coord_check(
+        CONFIG, [*TINY, f"model.widths.init={init}"], steps=3, seeds=2, say=lambda *_: None
     )
 
 
-def _last(check, kind):
-    return [check.scales["width"][m][-1][kind] for m in (1, 2, 4)]
-
-
-def test_mup_is_flat_in_width():
-    check = _check("mup")
-    assert not check.grows("width"), check.verdict("width")
-    for kind in ("attention", "ffn", "block"):
-        x1, _, x4 = _last(check, kind)
-        assert x4 < 1.32 * x1, (kind, _last(check, kind))  # 4^0.2: FLAT's bound, written out
+def test_mup_is_in_scale():
+    check = _check()
+    assert check.causes("width") == {}, check.summary()
     assert check.summary().startswith("muP-like")
+    # the readout's init: logits / m_width of a d_model-sum of independent terms, sqrt(d) / d
+    assert check.judged("width")["logits"]["init"] == pytest.approx(-0.5, abs=0.1)
 
 
-def test_standard_parametrisation_grows_with_width():
+def test_standard_parametrisation_grows_at_init_and_in_its_updates():
     check = _check("olmo")
-    assert check.grows("width"), check.verdict("width")
-    x1, x2, x4 = _last(check, "ffn")
-    assert x1 < x2 < x4 and x4 > 2 * x1, _last(
-        check, "ffn"
-    )  # Adam's update of a hidden sum grows ~ width
-    assert check.summary().startswith("standard-parametrisation-like")
+    judged, causes = check.judged("width"), check.causes("width")
+    for kind in ("attention", "ffn"):  # a fixed init std: a d-sum grows at init
+        assert judged[kind]["init"] > 0.5 and causes[kind].startswith("init/multiplier")
+    for kind in ("block", "logits"):  # one LR for every width: Adam's update of a d-sum grows
+        assert (
+            judged[kind]["update"] > judged[kind]["init"] + 0.25 and "learning rate" in causes[kind]
+        )
+    assert check.summary().startswith("not muP in width"), check.summary()
 
 
-def test_broken_mup_learning_rate_grows(monkeypatch):
-    """muP without its hidden LR / m_width (every matrix at the base LR): the check must see it."""
+def _hidden_lr_unscaled(monkeypatch):
+    """Every matrix at the base LR: muP's hidden lr / m_width dropped."""
     groups = optimizer_module.optim_groups
     monkeypatch.setattr(
         optimizer_module,
         "optim_groups",
         lambda spec, model: [g for g in groups(spec, model) if "lr" not in g.opts],
     )
-    check = _check("mup")
-    assert check.grows("width"), check.verdict("width")
+
+
+def _edit_model(monkeypatch, edit):
+    build = coordcheck._model
+
+    def broken(spec, seed):
+        model, optim = build(spec, seed)
+        with torch.no_grad():
+            edit(model, spec.model.widths.m_width)
+        return model, optim
+
+    monkeypatch.setattr(coordcheck, "_model", broken)
+
+
+def _readout_unscaled(model, m_width):  # logits x 1 instead of x 1 / m_width
+    model.lm_head.norm.logit_scale = 1.0
+
+
+def _attention_scale_sqrt(model, m_width):  # q.k / sqrt(d_head) instead of / d_head
+    for block in model.blocks.values():
+        block.attention.backend.scale = None
+
+
+def _hidden_init_unscaled(model, m_width):  # hidden std without its 1 / sqrt(m_width)
+    for p in model.blocks.parameters():
+        if p.dim() >= 2:
+            p.mul_(math.sqrt(m_width))
+
+
+@pytest.mark.parametrize(
+    "edit,expected",
+    [
+        (None, {"attention": "learning rate", "ffn": "learning rate"}),
+        (_readout_unscaled, {"logits": "init/multiplier"}),
+        (_attention_scale_sqrt, {"attention logits": "init/multiplier"}),
+        (_hidden_init_unscaled, {"attention": "init/multiplier", "ffn": "init/multiplier"}),
+    ],
+    ids=["learning-rate", "readout", "attention-scale", "init"],
+)
+def test_broken_mup_is_flagged_where_it_is_broken(monkeypatch, edit, expected):
+    if edit is None:
+        _hidden_lr_unscaled(monkeypatch)
+    else:
+        _edit_model(monkeypatch, edit)
+    check = _check()
+    causes = check.causes("width")
+    assert {k: causes.get(k) for k in expected} == expected, check.summary()
+    assert "logits" in expected or "logits" not in causes, check.summary()  # readout untouched
+    assert check.summary().startswith("not muP in width")
 
 
 def test_command_writes_json_and_plot_and_says_which(tmp_path):
     out = tmp_path / "cc"
-    r = run_in_process(
-        "coordcheck.py",
-        CONFIG,
-        *TINY,
-        "model.widths.init=olmo",
-        "--axes",
-        "width,depth",
-        "--steps",
-        "4",
-        "--batch",
-        "2",
-        "--seq",
-        "16",
-        "--out",
-        str(out),
-    )
+    args = ["--steps", "2", "--seeds", "1", "--out", str(out)]
+    r = run_in_process("coordcheck.py", CONFIG, *TINY, "model.widths.init=olmo", *args)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "\nstandard-parametrisation-like: activations grow with the width" in r.stdout, r.stdout
+    assert r.stdout.startswith("width x1:") and "\nnot muP in width" in r.stdout, r.stdout
     data = json.loads((out / "coordcheck.json").read_text())
-    assert set(data["axes"]) == {"width", "depth"}
-    runs = data["axes"]["depth"]["runs"]
-    assert runs["4"]["overrides"] == ["model.n_layers=16"] and len(runs["4"]["scales"]) == 4
-    assert set(runs["1"]["scales"][0]) == {"embedding", "attention", "ffn", "block", "logits"}
+    assert set(data["axes"]) == {"width"} and data["multipliers"] == [1, 2, 4, 8]
+    width = data["axes"]["width"]
+    assert width["overrides"][3][:2] == ["model.d_model=128", "model.widths.values=[128,64,128]"]
+    assert set(width["scales"]) == set(coordcheck.GROUPS)
+    assert len(width["scales"]["ffn"][0][0]) == 3  # init, then 2 steps of updates, per seed
     assert (out / "coordcheck.png").stat().st_size > 10_000
 
 

@@ -450,7 +450,7 @@ def test_the_size_check_counts_no_more_parameters_than_olmo_core_builds(config):
     """A lower bound (the check refuses only what cannot fit), and a tight one for constant-width
     blocks: OLMo-core's model, built on the meta device, has at most its norms' weights more."""
     from olmo_patches.config import load_spec, vocab_size
-    from olmo_patches.config.validate import counted_params
+    from olmo_patches.config.spec import counted_params
     from olmo_patches.report.counts import count
 
     spec = load_spec(REPO / "configs" / config)
@@ -529,7 +529,7 @@ def test_search_without_a_shape_exits_2_in_one_line(tmp_path, args):
 
 
 def test_the_size_checks_card_is_the_largest_listed():
-    from olmo_patches.config.validate import _LARGEST_CARD
+    from olmo_patches.config.spec import LARGEST_CARD
     from olmo_patches.launch.cards import CARDS, MODELS
 
-    assert _LARGEST_CARD == max(c.memory_gib for c in [*CARDS.values(), *MODELS.values()]) * 2**30
+    assert LARGEST_CARD == max(c.memory_gib for c in [*CARDS.values(), *MODELS.values()]) * 2**30

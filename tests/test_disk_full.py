@@ -15,7 +15,7 @@ import pytest
 from olmo_core.distributed.checkpoint import filesystem as olmo_fs
 
 from olmo_patches.config import load_spec
-from olmo_patches.train import life
+from olmo_patches.train.callbacks import checkpointer as life
 from olmo_patches.train.checkpoints import latest_complete
 from tests.conftest import REPO, run_in_process, tiny_overrides
 

@@ -146,7 +146,12 @@ COMMANDS = [
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
     Row(r"python benchmarks/bench_allgather_copy\.py", "run", ("--repeats", "1")),
     Row(r"python scripts/sweep\.py (status|report) configs/demo/ablations/", "run"),
-    Row(r"python scripts/coordcheck\.py ", "run", ("--steps", "2", "--batch", "2", "--seq", "16")),
+    Row(
+        r"python scripts/coordcheck\.py configs/demo/\S+\.yaml( model\.widths\.init=mup)?$",
+        "parse",
+        why="about a minute each at the demo's width x8 (tests/test_coordcheck.py: tiny widths)",
+    ),
+    Row(r"python scripts/coordcheck\.py ", "run", ("--steps", "2", "--seeds", "1")),
     Row(
         r"python scripts/sweep\.py ",
         "parse",

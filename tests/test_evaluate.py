@@ -77,6 +77,11 @@ def test_posthoc_equals_in_loop_and_lands_in_tables(tiny_run, posthoc, demo_corp
         == sum(len(ctx) + len(c) - 1 > L for ctx, conts, _ in kept for c in conts)
         > 0
     )
+    # each scored document's outcome beside the metrics: OLMo-core's accuracy is their mean
+    items = json.loads((posthoc / "items-step2.json").read_text())["copa"]
+    assert len(items["correct"]) == len(kept) and len(set(items["cluster"])) == len(kept)
+    accuracy = post["eval/downstream/copa (accuracy)"]
+    assert sum(items["correct"]) / len(kept) == pytest.approx(accuracy, abs=1e-6)
     run = load_runs([posthoc])["demo-baseline"]
     assert (
         run.last_step == 2

@@ -426,10 +426,10 @@ def test_count_params_reports_the_hourglass_experts(tmp_path):
     """count_params' numbers (report/counts.py) for the tiny config, against counts written from the
     shapes: w = 48, 32; d_h,l = round(w 16 / 32) = 24, 16; E = 4, top-2, K = 2."""
     from olmo_patches.config import vocab_size
-    from olmo_patches.report.counts import count, width_report
+    from olmo_patches.report.counts import count, paper_report
 
     spec = _spec(tmp_path, tmp_path / "cache")
-    b, report = count(spec), width_report(spec)
+    b, report = count(spec), paper_report(spec)
     assert report["expert_K"] == 2 and report["expert_hidden"] == [24, 16]
     # FFN: router w E + E K 3 w d_h per layer (the sub-MLP norm gains count as norms).
     assert b.ffn == (48 * 4 + 4 * 2 * 3 * 48 * 24) + (32 * 4 + 4 * 2 * 3 * 32 * 16)

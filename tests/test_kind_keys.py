@@ -1,7 +1,8 @@
 """A block kind owns its model keys: a config of one kind cannot set another's (one line naming the
-kinds that read it), a kind of your own adds keys from its own file, and a run folder recorded
-before the kinds owned their keys (tests/records/: the full dumps the earlier code wrote, every
-kind's knob in one flat model section) still loads, to the same model, and resumes."""
+kinds that read it), and a kind of your own adds keys from its own file. A run folder recorded
+before the kinds owned their keys (tests/records/: the full dumps an earlier version wrote, every
+kind's knob in one flat model section) is of an earlier layout: a start refuses it in one line;
+the shipped configs build the models they built then."""
 
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import pytest
 from olmo_patches.blocks import BLOCKS, BlockKind
 from olmo_patches.blocks.base import ModelSpec
 from olmo_patches.config import ConfigError, load_spec
-from olmo_patches.launch.run_folder import changed_keys
+from olmo_patches.launch.run_folder import changed_keys, earlier_layout
 from olmo_patches.report.counts import count
 
 from .conftest import REPO, TINY, run_in_process
@@ -18,8 +19,8 @@ from .conftest import REPO, TINY, run_in_process
 DEMO = REPO / "configs" / "demo"
 RECORDS = REPO / "tests" / "records"
 
-# Non-embedding parameters of each shipped config as the earlier code counted them (count_params
-# --json at the commit that wrote tests/records/): the model must not change.
+# Non-embedding parameters of each shipped config as the earlier version counted them
+# (count_params --json at the commit that wrote tests/records/): the model must not change.
 BEFORE = {
     "demo/baseline": 1_048_576,
     "demo/hourglass": 1_048_576,
@@ -30,20 +31,21 @@ BEFORE = {
 }
 
 
+# The records of the earlier layout: the first key of another kind in each (a variable-width
+# record held only its own kind's keys: it is of this layout and resumes).
+FOREIGN = {"demo/baseline": "model.K", "demo/hourglass": "model.ffn"}
+FOREIGN["113M/hourglass-K8-dh384"] = "model.ffn"
+
+
 @pytest.mark.parametrize("name", BEFORE)
-def test_an_earlier_record_loads_to_the_same_model_and_resumes(name):
-    record = RECORDS / (name.replace("/", "-") + ".yaml")
+def test_a_shipped_config_builds_its_model_and_an_earlier_record_is_refused(name):
+    record = (RECORDS / (name.replace("/", "-") + ".yaml")).read_text()
     shipped = load_spec(REPO / "configs" / f"{name}.yaml")
-    assert count(load_spec(record)).non_embedding == BEFORE[name]
     assert count(shipped).non_embedding == BEFORE[name]
-    assert changed_keys(record.read_text(), shipped) == []  # the run folder's check lets it resume
-
-
-def test_the_earlier_records_hold_other_kinds_keys():
-    """The records are what they stand for: the baseline's carries the hourglass and variable-width
-    keys at their defaults."""
-    text = (RECORDS / "demo-baseline.yaml").read_text()
-    assert "\n  K: 1\n" in text and "\n  widths:\n" in text and "\n  moe: null\n" in text
+    if name in FOREIGN:
+        assert earlier_layout(record) == f"{FOREIGN[name]}: not a key now"
+    else:
+        assert earlier_layout(record) is None and changed_keys(record, shipped) == []
 
 
 @pytest.mark.parametrize(
@@ -81,7 +83,7 @@ def test_another_kinds_key_is_refused_in_one_line(config, override, line):
 
 
 def test_another_kinds_key_at_its_default_means_nothing():
-    """As in an earlier record: K=1 on a baseline is no key of it, and the model is unchanged."""
+    """K=1 on a baseline: another kind's key at its default is no key of it, the model unchanged."""
     spec = load_spec(DEMO / "baseline.yaml", ["model.K=1", "model.ffn=swiglu"])
     assert type(spec.model) is ModelSpec and not hasattr(spec.model, "K")
     assert count(spec).non_embedding == BEFORE["demo/baseline"]

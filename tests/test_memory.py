@@ -16,6 +16,7 @@ from olmo_patches.launch.layout import Layout
 from olmo_patches.launch.memory import estimate
 from olmo_patches.config.spec import ActivationCheckpointing
 
+from . import _parallel_block, _ungated_ffn  # noqa: F401  (kinds of one file each, registered)
 from .conftest import REPO
 
 DEMO = REPO / "configs" / "demo" / "baseline.yaml"
@@ -46,6 +47,7 @@ BLOCKS = {
         "model.d_h_ratio=0.5",
     ],
 }
+KINDS = {"parallel": ["model.block=parallel"], "ungated FFN": ["model.block=ungated"]}
 MOE = [
     "model.block=variable_width",
     "model.widths.schedule=list",
@@ -230,13 +232,15 @@ def _saved_bytes(fn, params) -> int:
 
 
 @pytest.mark.parametrize(
-    "block", ["baseline", "olmo2", "hourglass", "variable width", "variable width hourglass"]
+    "block",
+    ["baseline", "olmo2", "hourglass", "variable width", "variable width hourglass", *KINDS],
 )
 def test_saved_tensors_per_block_match_the_estimate(block):
     """Each block in bf16 (FSDP2's compute dtype) at 1 and 3 sequences: the bytes per token (the
     slope) are the estimate's A_l, and what does not grow with the batch is RoPE's fp32 sin/cos
-    tables (2 x SEQ x head_dim): no block keeps a weight copy."""
-    spec, config, model = _model(BLOCKS[block])
+    tables (2 x SEQ x head_dim): no block keeps a weight copy; a kind of one file (tests/_*.py)
+    states its own layers' terms."""
+    spec, config, model = _model({**BLOCKS, **KINDS}[block])
     model = model.to(torch.bfloat16)
     est = estimate(spec, SEQ, shards=8)
     for i, (layer, module) in enumerate(zip(est.layers, model.blocks.values())):

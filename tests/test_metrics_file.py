@@ -5,7 +5,7 @@ file merges them into that step's one record, later values winning, as a dict up
 from types import SimpleNamespace
 
 from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
-from olmo_patches.train.metrics import MetricsFileCallback
+from olmo_patches.train.callbacks.metrics_file import MetricsFileCallback
 
 CALLS = [
     (1, {"train/CE loss": 8.0}),
@@ -36,7 +36,7 @@ def test_one_progress_line_per_logged_step(tmp_path):
     step)."""
     import logging
 
-    from olmo_patches.train.progress import ProgressCallback
+    from olmo_patches.train.callbacks.console import ProgressCallback
     from tests.conftest import Records
 
     callback = ProgressCallback(metrics_log_interval=1)
@@ -44,7 +44,7 @@ def test_one_progress_line_per_logged_step(tmp_path):
         training_progress=SimpleNamespace(bps=None, total_steps=4), save_folder=str(tmp_path)
     )
     records = Records()
-    logger = logging.getLogger("olmo_patches.train.progress")
+    logger = logging.getLogger("olmo_patches.train.callbacks.console")
     logger.addHandler(records)
     old = logger.level
     logger.setLevel(logging.INFO)

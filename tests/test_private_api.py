@@ -67,7 +67,7 @@ LISTED = {
     ("nn/variable_width.py", "VariableWidthTransformer.apply_compile", "use torch._dynamo"): (
         "dynamo's recompile limits (torch._dynamo.config) have no torch.compiler setting"
     ),
-    ("train/precision.py", "compile_on_cpu", "setattr model"): (
+    ("train/experiment.py", "compile_on_cpu", "setattr model"): (
         "one model's apply_fsdp/apply_ddp/init_weights compile it first on CPU, where OLMo-core's "
         "parallelize_model skips compile; public methods, patched on the one instance"
     ),
@@ -95,36 +95,50 @@ LISTED = {
     ("eval/evaluators.py", "DownstreamTaskEvaluator", "override _build_data_loader"): (
         "OLMo-core's downstream evaluator builds its loader there: tasks cut to the sequence length"
     ),
-    ("train/progress.py", "OfflineAwareWandBCallback", "override _run_path"): (
+    ("train/callbacks/wandb.py", "OfflineAwareWandBCallback", "override _run_path"): (
         "OLMo-core's WandBCallback: the run's path, set where its pre_train would (resumed run id)"
     ),
-    ("train/progress.py", "OfflineAwareWandBCallback", "override _finalized"): (
+    ("train/callbacks/wandb.py", "OfflineAwareWandBCallback", "override _finalized"): (
         "OLMo-core's WandBCallback: finalize() without quiet= (wandb >= 0.29) marks it done"
     ),
-    ("train/resume.py", "ResumeCheckpointerCallback", "override _latest_checkpoint_step"): (
-        "OLMo-core's CheckpointerCallback: the step of a checkpoint the run loaded (no setter)"
-    ),
-    ("train/resume.py", "ResumeCheckpointerCallback", "override _latest_checkpoint_path"): (
-        "OLMo-core's CheckpointerCallback: the path of a checkpoint the run loaded (no setter)"
-    ),
-    ("train/resume.py", "ResumeCheckpointerCallback", "override _save_checkpoint"): (
+    (
+        "train/callbacks/checkpointer.py",
+        "ResumeCheckpointerCallback",
+        "override _latest_checkpoint_step",
+    ): ("OLMo-core's CheckpointerCallback: the step of a checkpoint the run loaded (no setter)"),
+    (
+        "train/callbacks/checkpointer.py",
+        "ResumeCheckpointerCallback",
+        "override _latest_checkpoint_path",
+    ): ("OLMo-core's CheckpointerCallback: the path of a checkpoint the run loaded (no setter)"),
+    (
+        "train/callbacks/checkpointer.py",
+        "ResumeCheckpointerCallback",
+        "override _save_checkpoint",
+    ): (
         "a save checked for non-finite values first, out of space turned into one line; OLMo-core "
         "has no pre-save hook nor a hook for a failed save"
     ),
     (
-        "train/resume.py",
+        "train/callbacks/checkpointer.py",
         "ResumeCheckpointerCallback._save_checkpoint",
         "use super()._save_checkpoint",
     ): ("the override above calls OLMo-core's own save"),
-    ("train/resume.py", "ResumeCheckpointerCallback", "override _schedule_for_removal"): (
-        "keep ephemeral_keep ephemeral checkpoints; OLMo-core keeps exactly one"
-    ),
     (
-        "train/resume.py",
+        "train/callbacks/checkpointer.py",
+        "ResumeCheckpointerCallback",
+        "override _schedule_for_removal",
+    ): ("keep ephemeral_keep ephemeral checkpoints; OLMo-core keeps exactly one"),
+    (
+        "train/callbacks/checkpointer.py",
         "ResumeCheckpointerCallback._schedule_for_removal",
         "use super()._schedule_for_removal",
     ): "the override above hands OLMo-core the checkpoints to remove",
-    ("train/safety.py", "NonFiniteGuardCallback.post_train_batch", "use self.trainer._metrics"): (
+    (
+        "train/callbacks/nonfinite.py",
+        "NonFiniteGuardCallback.post_train_batch",
+        "use self.trainer._metrics",
+    ): (
         "OLMo-core's Trainer: the step's loss and grad norm tensors before they are reduced and "
         "logged; no public accessor"
     ),

@@ -24,10 +24,9 @@ from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
-from olmo_patches.train.checkpoints import load_model_state
-from olmo_patches.train.resume import prune_incomplete
+from olmo_patches.train.checkpoints import load_model_state, prune_incomplete
 from olmo_patches.launch.run_folder import Lock, RunFolderError
-from olmo_patches.train.safety import NonFiniteError
+from olmo_patches.train.callbacks.nonfinite import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
@@ -228,7 +227,7 @@ def test_a_nonfinite_checkpoint_is_never_written(tmp_path):
 def test_restart_after_an_older_version_saved_nonfinite_weights(
     tmp_path, straight, monkeypatch, caplog
 ):
-    import olmo_patches.train.resume as resume
+    import olmo_patches.train.callbacks.checkpointer as resume
 
     with monkeypatch.context() as m:  # an older version: no check before a save, no manifest
         m.setattr(resume, "check_before_save", lambda trainer: None)

@@ -1,9 +1,9 @@
-"""Fast, in-process unit tests of train/resume.py, one function at a time (the mutation-testing set
-of that module: `bash tests/mutation.sh resume`). The checkpoint layout is OLMo-core 3.0.0's,
-written here from its definition (Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the
-trainer state, holding global_step), model_and_optim/.metadata (DCP) and .metadata.json (written
-last). The end-to-end behaviour (real saves, resumes, signals) is tested in test_resume.py and
-test_rerun.py."""
+"""Fast, in-process unit tests of train/checkpoints.py and train/callbacks/checkpointer.py, one
+function at a time (the mutation-testing set of the latter: `bash tests/mutation.sh resume`). The
+checkpoint layout is OLMo-core 3.0.0's, written here from its definition
+(Checkpointer.dir_is_checkpoint): stepN/ with train/rank0.pt (the trainer state, holding
+global_step), model_and_optim/.metadata (DCP) and .metadata.json (written last). The end-to-end
+behaviour (real saves, resumes, signals) is tested in test_resume.py and test_rerun.py."""
 
 import json
 import logging
@@ -16,8 +16,8 @@ import torch
 
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
-from olmo_patches.train.resume import ResumeCheckpointerCallback, load_explicit, prune_incomplete
-from olmo_patches.train.safety import ManifestWriter
+from olmo_patches.train.callbacks.checkpointer import ResumeCheckpointerCallback
+from olmo_patches.train.checkpoints import ManifestWriter, load_explicit, prune_incomplete
 
 from .conftest import REPO, tiny_overrides
 
@@ -48,7 +48,7 @@ def test_prune_incomplete_removes_only_cut_off_saves(tmp_path, caplog):
     (tmp_path / "step8").write_text("a file, not a checkpoint folder")
     (tmp_path / "step").mkdir()  # no step number
     (tmp_path / "STEP10").mkdir()  # not OLMo-core's name
-    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.checkpoints"):
         removed = prune_incomplete(tmp_path)
     assert removed == [tmp_path / "step4", tmp_path / "step6-tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -95,7 +95,7 @@ def test_load_explicit_moves_newer_checkpoints_aside(tmp_path, caplog):
     for step in (2, 4, 6, 8):
         _checkpoint(save, step)
     trainer = _Trainer(save)
-    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.resume"):
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.checkpoints"):
         path = load_explicit(trainer, save / "step4")
     assert path == str(save / "step4") and trainer.loaded == [(str(save / "step4"), FULL_STATE)]
     (aside,) = save.glob("superseded-*")
@@ -235,7 +235,7 @@ COLLECTED = {1, 5, 10, 12}
 def _guarded(tmp_path, monkeypatch, values):
     """Run the guard over 12 steps of (loss, grad norm) ``values(step)``; the steps it read the host
     on."""
-    from olmo_patches.train.safety import NonFiniteGuardCallback
+    from olmo_patches.train.callbacks.nonfinite import NonFiniteGuardCallback
 
     loader = SimpleNamespace(total_batches=100, batches_processed=0)
     trainer = SimpleNamespace(
@@ -278,7 +278,7 @@ def test_the_guard_reads_the_host_only_where_the_trainer_collects(tmp_path, monk
 def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_collection(
     tmp_path, monkeypatch
 ):
-    from olmo_patches.train.safety import NonFiniteError, check_before_save
+    from olmo_patches.train.callbacks.nonfinite import NonFiniteError, check_before_save
 
     def values(step):
         return (float("nan") if step == 7 else 2.0, float("inf") if step >= 8 else 1.0)
@@ -301,22 +301,33 @@ def test_the_guard_names_the_first_nonfinite_step_before_a_save_or_the_next_coll
             assert step < 10
 
 
-def test_a_record_from_before_load_balance_existed_resumes_as_it_ran(tmp_path):
-    """A run recorded before model.moe.load_balance existed trained with OLMo-core's per-micro-batch
-    loss: read as that, a resume under the new default (global_batch) is a changed key, not a silent
-    change of the objective; naming micro_batch resumes it as it ran."""
+def test_a_run_folder_of_an_earlier_layout_is_refused_in_one_line(tmp_path):
+    """A record without a key this code has (model.moe.load_balance, added with its default) or
+    with one it has not (another kind's knob): the start refuses the folder, saying why, instead of
+    resuming under another objective; a --resume-from start is deliberate and goes on."""
     from omegaconf import OmegaConf
 
     from olmo_patches.config import load_spec, spec_to_yaml
-    from olmo_patches.launch.run_folder import changed_keys
+    from olmo_patches.launch.run_folder import RunFolderError, check_config
 
-    config = REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml"
-    new = load_spec(config)
-    earlier = OmegaConf.create(spec_to_yaml(new))
-    del earlier.model.moe["load_balance"]  # as the record was written then
-    earlier = OmegaConf.to_yaml(earlier)
-    default = str(new.model.moe.load_balance)
-    assert default != "micro_batch"  # the shipped config trains otherwise now
-    assert changed_keys(earlier, new) == [f"model.moe.load_balance: micro_batch -> {default}"]
-    assert changed_keys(earlier, load_spec(config, ["model.moe.load_balance=micro_batch"])) == []
-    assert changed_keys(spec_to_yaml(new), new) == []  # a record that has the key is read as it is
+    spec = load_spec(
+        REPO / "configs" / "paper2" / "3B-MoE" / "x.yaml", [f"run.save_folder={tmp_path}"]
+    )
+    record = OmegaConf.create(spec_to_yaml(spec))
+    del record.model.moe["load_balance"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(record))
+    with pytest.raises(RunFolderError) as e:
+        check_config(spec)
+    assert str(e.value) == (
+        f"{tmp_path / 'config.yaml'}: recorded by an earlier layout of this project "
+        "(model.moe.load_balance: not recorded), which this code does not resume (CHANGELOG.md); "
+        "start a new run with another run.name or run.save_folder"
+    )
+    check_config(spec, deliberate=True)  # --resume-from: no refusal
+    record = OmegaConf.create(spec_to_yaml(spec))
+    record.model.foreign = 1
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(record))
+    with pytest.raises(RunFolderError, match=r"\(model.foreign: not a key now\)"):
+        check_config(spec)
+    (tmp_path / "config.yaml").write_text(spec_to_yaml(spec))
+    assert check_config(spec) == []  # this layout's record

@@ -46,7 +46,7 @@ def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(
     other = load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN, "train.lr=0.001"))
     (tmp_path / "config.yaml").write_text(spec_to_yaml(other))
     (tmp_path / "config.1.yaml").write_text(spec_to_yaml(other))
-    records, progress = Records(), logging.getLogger("olmo_patches.train.progress")
+    records, progress = Records(), logging.getLogger("olmo_patches.train.callbacks.console")
     progress.addHandler(records)
     try:
         train(load_and_resolve(BASELINE, tiny_overrides(tmp_path, *RUN)))
@@ -71,7 +71,7 @@ def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(
 
 @pytest.mark.parametrize("aside", ["rejected", "superseded-20260101-000000"])
 def test_a_record_beside_checkpoints_set_aside_is_kept(tmp_path, aside):
-    """Checkpoints moved aside (safety.py's rejected/, resume.py's superseded-TIME/) still need the
+    """Checkpoints moved aside (checkpoints.py's rejected/ and superseded-TIME/) still need the
     record that says what wrote them: another config is refused, as beside a complete checkpoint."""
     from olmo_patches.launch.run_folder import check_config
     from olmo_patches.train.checkpoints import holds_checkpoints

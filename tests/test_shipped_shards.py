@@ -97,7 +97,7 @@ def _parallelize(entry: Config, mode: str, world: int, float8: str):
     from olmo_core.distributed.parallel import build_world_mesh
     from olmo_core.train.train_module.transformer.common import parallelize_model
 
-    from olmo_patches.train.precision import data_parallel, float8_config
+    from olmo_patches.train.experiment import data_parallel, float8_config
 
     spec = _with_train(entry.spec, data_parallel=mode, float8=float8)
     dp = data_parallel(spec, world)

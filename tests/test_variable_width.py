@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from olmo_patches.config import ConfigError
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.run_folder import read_metrics
-from olmo_patches.report.counts import count, width_report
+from olmo_patches.report.counts import count, paper_report
 from olmo_patches.train import train
 from olmo_patches.shapes.widths import (
     MoEShape,
@@ -625,7 +625,7 @@ def test_moe_counts_equal_the_built_model():
     # 2 of 4.
     experts = sum(3 * 4 * w * int(round(w * 16 / 32)) for w in [64, 32, 16, 48])
     assert b.active == b.total - experts // 2 == config.num_active_params
-    report = width_report(spec)
+    report = paper_report(spec)
     assert (
         report["expert_hidden"] == [32, 16, 8, 24]
         and report["baseline_total"] - report["baseline_active"] == 4 * 3 * 4 * 32 * 16 // 2
@@ -738,7 +738,7 @@ def test_param_and_flop_counts(resize, ffn):
 
 def test_count_params_reports_widths_and_flops_ratio():
     spec = load_and_resolve(REPO / "configs" / "paper2" / "500M" / "x.yaml")
-    report = width_report(spec)
+    report = paper_report(spec)
     assert len(report["widths"]) == 24 and all(w % 32 == 0 for w in report["widths"])
     assert report["mean_width_ratio"] == pytest.approx(
         1 - 0.110, abs=0.003

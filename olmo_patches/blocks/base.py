@@ -1,19 +1,19 @@
 """What a block kind is: the model keys every kind shares (``ModelSpec``), the kind itself
 (``BlockKind``), and the registry that lists the kinds.
 
-A block kind owns what one transformer shape means: its own ``model`` keys (the fields of its
-``ModelSpec`` subclass; a config of another kind cannot set them), its checks, its layers' widths
-w_1..w_L, its OLMo-core build, its label in reports, the learning-rate groups it needs. Everything
-else asks ``block_of`` (or ``get_block`` for a recorded config) and never names a
-kind: a new shape is one module that subclasses :class:`BlockKind` and calls ``register``
-(docs/adding_a_block.md). Loading a config imports no torch: a kind imports OLMo-core inside
-:meth:`BlockKind.build` only.
+A block kind owns what one transformer shape means: its model (its own ``model`` keys, the fields
+of its ``ModelSpec`` subclass that a config of another kind cannot set; its checks, widths w_1..w_L
+and OLMo-core build), its accounting (its papers' counts, memory terms, float8 and FSDP placement)
+and its export. Everything else asks ``block_of`` (or ``get_block`` for a recorded config) and never
+names a kind: a new shape is one module that subclasses :class:`BlockKind` and calls ``register``
+(docs/adding_a_block.md). Loading a config imports no torch: a kind imports OLMo-core in the hooks
+that read a built model only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -29,13 +29,22 @@ __all__ = [
     "AttentionBackend",
     "BLOCKS",
     "BlockKind",
+    "ConfigError",
     "ModelSpec",
+    "WIDTH",
     "RoPEScalingSpec",
     "block_of",
+    "axes",
     "get_block",
     "model_spec",
+    "refuse",
     "register",
+    "scaled",
 ]
+
+# A key's place on a coordinate-check axis (train/coordcheck.py), as field metadata: WIDTH keys
+# scale with d_model; a kind's own axis (the hourglass's K) is {"axis": name}.
+WIDTH = {"axis": "width"}
 
 
 class AttentionBackend(StrEnum):
@@ -75,15 +84,15 @@ class ModelSpec:
 
     # a registered kind (olmo_patches/blocks/): baseline | hourglass | variable_width
     block: str = "baseline"
-    d_model: int = MISSING  # d_model: width of the residual stream
-    n_layers: int = MISSING  # L: number of transformer layers
+    d_model: int = field(default=MISSING, metadata=WIDTH)  # d_model: width of the residual stream
+    n_layers: int = field(default=MISSING, metadata={"axis": "depth"})  # L: transformer layers
     n_heads: int = MISSING  # attention (query) heads
     head_dim: Optional[int] = (
         None  # per-head size; attention width = n_heads x head_dim (null: d_model / n_heads)
     )
     n_kv_heads: Optional[int] = None  # GQA: key/value heads, dividing n_heads (null: n_heads, MHA)
     ffn_ratio: int = 4  # baseline FFN hidden size = ffn_ratio * d_model (the conventional 4) ...
-    d_ff: Optional[int] = None  # ... or this explicit hidden size
+    d_ff: Optional[int] = field(default=None, metadata=WIDTH)  # ... or this explicit hidden size
     # pre: x + f(norm(x)) (papers); post: x + norm(f(x)) (OLMo-2)
     norm_placement: NormPlacement = NormPlacement.pre
     qk_norm: bool = False  # RMSNorm on queries and keys (OLMo-2)
@@ -147,15 +156,49 @@ class ModelSpec:
         return block_of(self).build(self, config)
 
 
+class ConfigError(ValueError):
+    """A bad config, or a tool a model's kind cannot serve: the message is one line naming the key
+    (or the kind and the hook) and the value."""
+
+
+def refuse(kind: "BlockKind", hook: str, need: str) -> NoReturn:
+    """The one line for a tool that needs ``hook`` of ``kind`` where the default cannot answer."""
+    raise ConfigError(
+        f"model.block={kind.name}: {need} needs BlockKind.{hook} of it (docs/adding_a_block.md)"
+    )
+
+
+def olmo_core_swiglu(config: "TransformerConfig") -> bool:
+    """Every layer of the built ``config`` is OLMo-core's own block with its SwiGLU FFN or its MoE
+    of SwiGLU experts: what the hooks' defaults count."""
+    from olmo_core.nn.feed_forward import FeedForwardConfig
+    from olmo_core.nn.moe import MoEConfig
+    from olmo_core.nn.transformer import TransformerBlockConfig
+
+    return all(
+        type(b) is TransformerBlockConfig
+        and (type(b.feed_forward) is FeedForwardConfig or type(b.feed_forward_moe) is MoEConfig)
+        for b in config.resolved_block_configs
+    )
+
+
 class BlockKind:
-    """One transformer shape. Override what differs from a constant-width SwiGLU transformer."""
+    """One transformer shape, told to the rest of the project in three groups of hooks, each with a
+    default that fits OLMo-core's constant-width SwiGLU transformer (the baseline):
+
+    - the model: its keys (``spec``; a key's ``axis`` metadata places it on a coordinate-check
+      axis), checks, build, widths, size at load, name and description in reports, hidden units
+      for the analyses and learning-rate groups;
+    - its accounting: its papers' counts (the budget, the report's compute axis), the memory its
+      layers keep, float8 and FSDP placement;
+    - its export to Hugging Face.
+
+    A default that depends on the FFN's or the block's form reads the built model and refuses
+    (:func:`refuse`: one line naming the kind and the hook) a model that is not OLMo-core's
+    blocks with their SwiGLU: no tool counts another FFN as a SwiGLU."""
 
     name: str = ""  # the value of model.block
-    label: str = ""  # its name in tables and figures
     spec: type = ModelSpec  # its model keys: ModelSpec, or a subclass adding the kind's knobs
-    # (model key, value): its keys added since a run folder's record may have been written whose
-    # earlier behaviour is not their default; a record without one ran as this value
-    earlier: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def knobs(self) -> Tuple[str, ...]:
@@ -163,105 +206,86 @@ class BlockKind:
         common = {f.name for f in fields(ModelSpec)}
         return tuple(f.name for f in fields(self.spec) if f.name not in common)
 
+    # -- the model: keys, checks, build, widths and size ------------------------------------------
+
     def check(self, m, fail: Callable) -> None:
         """The checks of a model of this kind: each knob in its domain, then the shapes that must
         fit together; ``fail(key, value, why)`` for the first bad one."""
-
-    def ffn_hidden(self, m) -> Tuple[str, int]:
-        """The key that sets one FFN matrix's hidden size, and that size (the matrix-size check)."""
-        return ("model.d_ff" if m.d_ff is not None else "model.ffn_ratio"), m.resolved_d_ff
-
-    olmo2_layers: bool = (
-        False  # its layers are transformers' Olmo2 layers (export as Olmo2ForCausalLM)
-    )
-
-    def routed_experts(self, m) -> bool:
-        """Whether its FFN is a mixture of OLMo-core's grouped experts (no float8, no whole-block
-        activation checkpointing)."""
-        return False
-
-    def widths(self, m) -> List[int]:
-        """w_1..w_L: each layer's width inside the residual stream of width d_model."""
-        return [m.d_model] * m.n_layers
-
-    constant_width: bool = True  # every layer d_model wide (else w_l is known only once solved)
-
-    def layer_params_floor(self, m) -> int:
-        """At most one layer's attention and FFN weights, known without building per-layer lists
-        (the size check at load, config/validate.py; 0 where unknown)."""
-        from ..shapes.counts import attention_params, swiglu_ffn_params
-
-        head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
-        attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
-        return attention + swiglu_ffn_params(m.d_model, m.resolved_d_ff)
 
     def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
         """OLMo-core's config of this shape, from the constant-width SwiGLU ``config`` with ``m``'s
         attention, norms, RoPE and vocabulary."""
         return config
 
-    def constant_width_twin(self, m) -> "ModelSpec":
-        """The same model with every layer d_model wide (what a width schedule is measured
-        against)."""
-        return m
+    def widths(self, m) -> List[int]:
+        """w_1..w_L: each layer's width inside the residual stream of width d_model."""
+        return [m.d_model] * m.n_layers
 
-    def width_counts(self, m, vocab: int, seq: int) -> Dict[str, Any]:
-        """Its layers' widths against the constant-width twin as its paper counts them
-        (``count_params --json`` of a kind that is not constant-width)."""
-        return {}
+    @property
+    def constant_width(self) -> bool:
+        """Every layer d_model wide, known at load (a kind with its own ``widths`` solves them)."""
+        return type(self).widths is BlockKind.widths
+
+    def layer_params_floor(self, m) -> int:
+        """At most one layer's weights, known at load without torch (the size check's floor,
+        config/validate.py; 0: only the embedding is counted)."""
+        return 0
+
+    def label(self, m) -> str:
+        """The model's name in tables, figures and scaling fits (a constant-width variant of a kind
+        is the baseline)."""
+        return self.name
 
     def describe(self, m) -> str:
-        """The shape beyond d_model, L and heads, for count_params' title (empty: nothing more)."""
+        """The shape beyond d_model, L and heads (count_params' title, the export's card, the config
+        table's FFN column; empty: nothing more)."""
         return ""
 
-    def matched_params(self, m, non_embedding: int) -> int:
-        """The parameters a budget is matched on, given the built model's non-embedding count (the
-        papers: attention and FFN weight matrices)."""
-        return non_embedding
+    def record_hidden(self, m, block, record: Callable) -> List[Callable[[], None]]:
+        """Hand the FFN hidden units of ``block`` (one built layer) to ``record`` as its forward
+        runs (analyze.py's dead units and utilisation); returns the undo callables (none: an MoE
+        layer, no units). Default: OLMo-core's SwiGLU, the input of its w2."""
+        from olmo_core.nn.feed_forward import FeedForward
+        from olmo_core.nn.transformer.block import TransformerBlock
 
-    def authors_flops_per_token(self, m, vocab: int, seq: int) -> Optional[float]:
-        """Training FLOPs per token as a paper's authors count this model, where they have a rule of
-        their own for it (None: report/scaling.py counts the built weights)."""
-        return None
-
-    def family(self, model: Mapping[str, Any]) -> str:
-        """The curve a recorded config's run belongs to in scaling fits (a constant-width variant of
-        a kind is the baseline)."""
-        return self.name
+        ffn = getattr(block, "feed_forward", None)
+        if ffn is None and hasattr(block, "feed_forward_moe"):
+            return []
+        if type(block) is not TransformerBlock or type(ffn) is not FeedForward:
+            refuse(self, "record_hidden", "analyze.py's FFN hidden units")
+        return w2_input(ffn, record)
 
     def optim_groups(self, m) -> List[Tuple[List[str], float]]:
         """(parameter-name globs, learning-rate multiplier) pairs beyond AdamW's defaults."""
         return []
 
-    # The Hugging Face export (export/hf.py): a model that is not transformers' Olmo2 is written
-    # with the stand-alone modeling file export/modeling_hourglass_olmo.py, configured by these.
+    # -- its accounting: papers' counts, memory, float8 and FSDP ----------------------------------
 
-    def hf_refusal(self, m) -> Optional[str]:
-        """Why a model of this kind has no Hugging Face export (``key: why``; None: it has)."""
-        return None
-
-    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
-        """Its fields of the modeling file's ``HourglassOlmoConfig``, from ``m`` and OLMo-core's
-        ``built`` config: the FFN form and sizes, the layers' widths, the ``wiring`` of a layer's
-        attention, FFN and norms (default: attention then FFN, as ``model.norm_placement``). The
-        attention, RoPE, norm eps and vocabulary are the export's."""
-        return dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
-
-    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
-        """OLMo-core's ``state`` (names kept) with each tensor in the modeling file's shape."""
-        return state
-
-    def hf_card(self, m) -> List[str]:
-        """The export's model card lines on the shape beyond the block, d_model, layers and heads
-        (markdown list items)."""
-        return []
+    def paper_counts(self, m, vocab: int, seq: int) -> Dict[str, Any]:
+        """The model as its papers count it (count_params --json, the demo's comparison, the
+        report's compute axis): ``matched_params``, the non-embedding weights a budget is matched
+        on, and ``authors_flops_per_token``, training FLOPs per token as 3 x the forward's (2 per
+        weight a token uses, 2 d_model V for the head, 4 s per unit of each layer's attention
+        width: full s x s attention). Default: the built weights; a kind whose layers are not all
+        d_model wide counts its own."""
+        if not self.constant_width:
+            refuse(self, "paper_counts", "its papers' parameter and FLOP counts")
+        return built_counts(m, vocab, seq)
 
     def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
         """Each layer's terms for the memory model (launch/memory.py), read off this kind's built
-        ``config`` (blocks/memory.py): OLMo-core's blocks at d_model, attention and one SwiGLU."""
+        ``config`` (blocks/memory.py). Default: OLMo-core's blocks, attention and one SwiGLU (or
+        its MoE's top-k SwiGLU experts)."""
         from .memory import layer_memory
 
+        if not olmo_core_swiglu(config):
+            refuse(self, "memory_layers", "the memory model (what its layers save for backward)")
         return [layer_memory(block, config.d_model) for block in config.resolved_block_configs]
+
+    def routed_experts(self, m) -> bool:
+        """Whether its FFN is a mixture of OLMo-core's grouped experts (no float8, no whole-block
+        activation checkpointing)."""
+        return False
 
     def fsdp_splits(self, m) -> List[str]:
         """How FSDP2 splits this kind's weights where they are not one matrix per map (the dry run's
@@ -269,14 +293,50 @@ class BlockKind:
         block). Empty: every weight a matrix or vector, split on its rows (nn/shards.py)."""
         return []
 
-    def own_axes(self, m) -> List[str]:
-        """Coordinate-check axes of its own beyond width and depth (the hourglass: K)."""
-        return []
+    # -- its export: the Hugging Face model (export/hf.py) ----------------------------------------
 
-    def scaled(self, m, axis: str, k: int) -> List[str]:
-        """Overrides that scale this kind's own knobs by ``k`` along a coordinate-check axis
-        (train/coordcheck.py): ``width`` (with d_model) or an axis of its own (``K``)."""
-        return []
+    def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
+        """Its fields of the modeling file's ``HourglassOlmoConfig`` (export/
+        modeling_hourglass_olmo.py), from ``m`` and OLMo-core's ``built`` config: the FFN form and
+        sizes, the layers' widths, the ``wiring`` of a layer's attention, FFN and norms (default:
+        attention then FFN, as ``model.norm_placement``); the attention, RoPE, norm eps and
+        vocabulary are the export's. A model this kind cannot export: :func:`refuse`, or a
+        ``ConfigError`` naming the key. Exactly the default's fields: transformers' own Olmo2 (a
+        post-norm QK-norm model)."""
+        blocks = built.resolved_block_configs
+        if not olmo_core_swiglu(built) or any(b.feed_forward is None for b in blocks):
+            refuse(self, "hf_config", "the Hugging Face export (its FFN in the modeling file)")
+        return dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
+
+    def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
+        """OLMo-core's ``state`` (names kept) with each tensor in the modeling file's shape."""
+        return state
+
+
+def w2_input(ffn, record: Callable) -> List[Callable[[], None]]:
+    """:meth:`BlockKind.record_hidden` of an FFN whose hidden units are the input of its output
+    matrix ``w2`` (OLMo-core's SwiGLU: SiLU(w1 x) * w3 x)."""
+    return [ffn.w2.register_forward_pre_hook(lambda _m, args: record(args[0])).remove]
+
+
+def attention_params_of(m) -> int:
+    """One layer's attention weights at d_model (Q, K, V, O: shapes/counts.py) from ``m``'s keys."""
+    from ..shapes.counts import attention_params
+
+    head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
+    return attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
+
+
+def built_counts(m, vocab: int, seq: int) -> Dict[str, Any]:
+    """:meth:`BlockKind.paper_counts`' rule on the weights of ``m``'s built model:
+    ``matched_params`` its attention and FFN matrices, ``authors_flops_per_token`` 3 x (2 x those a
+    token uses, an MoE's k active experts; 2 d_model V; 4 s n_heads head_dim_l in each layer l)."""
+    from ..nn.accounting import breakdown
+
+    b = breakdown(m.build(vocab).build(init_device="meta"), seq)
+    attention = sum(m.n_heads * d for d in m.head_dims)
+    forward = 2 * (b.non_embedding - b.inactive) + 2 * m.d_model * vocab + 4 * seq * attention
+    return {"matched_params": b.non_embedding, "authors_flops_per_token": 3.0 * forward}
 
 
 BLOCKS: Dict[str, BlockKind] = {}
@@ -296,7 +356,10 @@ def get_block(name: str) -> BlockKind:
     try:
         return BLOCKS[name]
     except KeyError:
-        raise KeyError(f"model.block={name}: choose one of {', '.join(BLOCKS)}") from None
+        raise KeyError(
+            f"model.block={name}: choose one of {', '.join(BLOCKS)}, or name the module of your own"
+            " in HOURGLASS_BLOCKS"
+        ) from None
 
 
 def block_of(m) -> BlockKind:
@@ -321,3 +384,29 @@ def model_memory(m, vocab_size: int) -> "ModelMemory":
         params=config.num_params,
         layers=tuple(block_of(m).memory_layers(m, config)),
     )
+
+
+def axes(m) -> List[str]:
+    """The coordinate-check axes of a model spec ``m``: width, depth and its kind's own (its keys'
+    ``axis`` metadata)."""
+    return list(dict.fromkeys(axis for _, axis, _ in _on_axes(m, "model")))
+
+
+def scaled(m, axis: str, k: int) -> List[str]:
+    """The overrides scaling each key of ``m`` on ``axis`` by ``k`` (a key at null stays null)."""
+    return [
+        f"{key}=[{','.join(repr(v * k) for v in value)}]"
+        if isinstance(value, list)
+        else f"{key}={value * k!r}"
+        for key, on, value in _on_axes(m, "model")
+        if on == axis and value is not None
+    ]
+
+
+def _on_axes(node, prefix: str) -> Iterator[Tuple[str, str, Any]]:
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            yield from _on_axes(value, f"{prefix}.{f.name}")
+        elif "axis" in f.metadata:
+            yield f"{prefix}.{f.name}", f.metadata["axis"], value

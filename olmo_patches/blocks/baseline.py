@@ -3,13 +3,18 @@ ffn_ratio d_model), narrow-wide-narrow, at every layer. Every other kind starts 
 
 from __future__ import annotations
 
-from .base import BlockKind, register
+from ..shapes.counts import swiglu_ffn_params
+from .base import BlockKind, attention_params_of, register
 
 
 class Baseline(BlockKind):
     name = "baseline"
-    label = "baseline"
-    olmo2_layers = True
+
+    def layer_params_floor(self, m) -> int:
+        return attention_params_of(m) + swiglu_ffn_params(m.d_model, m.resolved_d_ff)
+
+    def describe(self, m) -> str:
+        return f"SwiGLU d_ff {m.resolved_d_ff}"
 
 
 BASELINE = register(Baseline())

@@ -9,6 +9,8 @@ import math
 
 from .base import block_of
 
+MAX_MATRIX = 2**40  # elements in one weight matrix: far beyond any GPU's memory, far below int64
+
 
 def check_model(m, fail) -> None:
     """The model (a ModelSpec): sizes, head and FFN shapes, RoPE scaling, its kind's knobs, then the

@@ -5,10 +5,11 @@ W_d2_i n_i), n_i = norm_i(h_i)); the module is nn/hourglass.py, its block nn/hou
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
-from .base import BlockKind, ModelSpec, register
+from .base import WIDTH, BlockKind, ModelSpec, attention_params_of, register
+from .checks import MAX_MATRIX
 
 if TYPE_CHECKING:
     from olmo_core.nn.transformer import TransformerConfig
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 class HourglassModel(ModelSpec):
     """The hourglass keys of ``model``: every layer's FFN is K sub-MLPs of bottleneck d_h."""
 
-    K: int = 1  # stacked wide-narrow-wide sub-MLPs per layer
-    d_h: Optional[int] = None  # bottleneck width d_h ...
+    K: int = field(default=1, metadata={"axis": "K"})  # stacked wide-narrow-wide sub-MLPs a layer
+    d_h: Optional[int] = field(default=None, metadata=WIDTH)  # bottleneck width d_h ...
     d_h_ratio: Optional[float] = None  # ... or d_h / d_model, rounded to a multiple of d_h_multiple
     d_h_multiple: int = 1  # rounding multiple for d_h when given as a ratio
 
@@ -64,6 +65,10 @@ def check_bottleneck(m, fail: Callable, experts: bool = False) -> None:
         if m.d_h is None and m.d_h_ratio is not None:  # the ratio is what was set
             fail("model.d_h_ratio", m.d_h_ratio, f"gives d_h = {m.resolved_d_h}; it must be >= 1")
         fail("model.d_h", m.resolved_d_h, "must be >= 1")
+    if m.K * m.resolved_d_h * m.d_model > MAX_MATRIX:  # the stacked (K d_h, d_model) weights
+        key = "model.d_h" if m.d_h is not None or m.d_h_ratio is None else "model.d_h_ratio"
+        value = m.d_h if key == "model.d_h" else m.d_h_ratio
+        fail(key, value, f"a {m.K * m.resolved_d_h} x {m.d_model} weight matrix is over 2^40")
     if m.K > 1 and m.d_h is None and m.d_h_ratio is None:
         fail(
             "model.d_h",
@@ -98,49 +103,41 @@ def hourglass_layers(m, config: "TransformerConfig") -> "TransformerConfig":
 
 class Hourglass(BlockKind):
     name = "hourglass"
-    label = "hourglass"
     spec = HourglassModel
 
     def check(self, m, fail: Callable) -> None:
         check_knobs(m, fail)
         check_bottleneck(m, fail)
 
-    def ffn_hidden(self, m) -> Tuple[str, int]:
-        return "model.d_h", m.resolved_d_h
-
     def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
         return hourglass_layers(m, config)
+
+    def layer_params_floor(self, m) -> int:
+        from ..shapes.counts import hourglass_ffn_params
+
+        return attention_params_of(m) + hourglass_ffn_params(m.d_model, m.K, m.resolved_d_h)
 
     def describe(self, m) -> str:
         return f"K {m.K}, d_h {m.resolved_d_h}"
 
-    def layer_params_floor(self, m) -> int:
-        from ..shapes.counts import attention_params, hourglass_ffn_params
+    def record_hidden(self, m, block, record: Callable) -> List[Callable[[], None]]:
+        return [block.feed_forward.record_hidden(record)]  # each sub-MLP's (nn/hourglass.py)
 
-        head_dim, n_kv = m.resolved_head_dim, m.resolved_n_kv_heads
-        attention = attention_params(m.d_model, m.n_heads * head_dim, n_kv * head_dim)
-        return attention + hourglass_ffn_params(m.d_model, m.K, m.resolved_d_h)
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """The attention of every block, then the K sub-MLPs of its hourglass FFN."""
+        from .memory import layer_memory
+
+        blocks = config.resolved_block_configs
+        return [hourglass_memory(layer_memory(b, config.d_model), b.feed_forward) for b in blocks]
+
+    def fsdp_splits(self, m) -> List[str]:
+        return [STACKED_SPLIT]
 
     def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
         return dict(ffn="hourglass", K=m.K, d_h=m.resolved_d_h)
 
     def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
         return stacked_as_hf(state, m.K)
-
-    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
-        """The attention of every block, then the K sub-MLPs of its hourglass FFN."""
-        layers = super().memory_layers(m, config)
-        blocks = config.resolved_block_configs
-        return [hourglass_memory(layer, b.feed_forward) for layer, b in zip(layers, blocks)]
-
-    def fsdp_splits(self, m) -> List[str]:
-        return [STACKED_SPLIT]
-
-    def own_axes(self, m) -> List[str]:
-        return ["K"]
-
-    def scaled(self, m, axis: str, k: int) -> List[str]:
-        return [f"model.K={m.K * k}"] if axis == "K" else scaled_bottleneck(m, k)
 
 
 HOURGLASS = register(Hourglass())
@@ -158,15 +155,18 @@ def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
 
 
 def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
-    """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K sub-MLPs of hidden
-    d_h, each with its own norm."""
-    return replace(layer, mlps=ffn.K, hidden=ffn.hidden_size, mlp_norms=True)
+    """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K SwiGLU sub-MLPs of
+    hidden d_h, each with its own norm (the block has one more, its attention's)."""
+    from .memory import norm_bytes, swiglu_bytes
+
+    w = layer.width
+    return replace(
+        layer,
+        ffn=ffn.K * (norm_bytes(w) + swiglu_bytes(w, ffn.hidden_size)),
+        widest=max(w, ffn.hidden_size),
+        norms=1,
+    )
 
 
 # The K sub-MLPs' maps stacked in one matrix per w1/w3/w2 (nn/hourglass.py), split as any matrix.
 STACKED_SPLIT = "hourglass FFN (K out, in) weights: rows"
-
-
-def scaled_bottleneck(m, k: int) -> List[str]:
-    """An explicit d_h scaled by ``k`` with d_model (the coordinate check's width axis)."""
-    return [f"model.d_h={m.d_h * k}"] if m.d_h is not None else []

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-__all__ = ["LayerMemory", "ModelMemory", "layer_memory"]
+__all__ = ["LayerMemory", "ModelMemory", "layer_memory", "norm_bytes", "swiglu_bytes"]
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,11 @@ class LayerMemory:
     head_dim: int
     n_kv_heads: int
     qk_norm: bool  # OLMo-2's norms of Q and K
-    mlps: int  # MLPs a token runs through: 1 SwiGLU, K sub-MLPs, top-k experts (x K)
-    hidden: int  # each one's hidden size
-    mlp_norms: bool  # each MLP has its own norm (else the block's second norm counts)
-    weight_copy: int  # bytes of weight copies autograd keeps per micro-batch (0: none)
-    moe: bool  # a mixture of experts
+    ffn: int  # bytes a token its FFN saves for backward (its own norms included)
+    widest: int  # the widest input of its FFN's matmuls (float8's cast of it)
+    norms: int = 2  # the block's norms outside attention and FFN, each saving norm_bytes(w)
+    weight_copy: int = 0  # bytes of weight copies autograd keeps per micro-batch
+    moe: bool = False  # a mixture of experts
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,21 @@ class ModelMemory:
     layers: Tuple[LayerMemory, ...]
 
 
+def norm_bytes(w: int) -> int:
+    """OLMo-core's RMSNorm at width ``w``: its fp32 input and output a token, and the rsqrt."""
+    return 8 * w + 4
+
+
+def swiglu_bytes(w: int, hidden: int) -> int:
+    """A SwiGLU at width ``w``: its bf16 input, and w1, w3, SiLU and product (bf16, ``hidden``)."""
+    return 2 * w + 8 * hidden
+
+
 def layer_memory(block, w: int) -> LayerMemory:
-    """An OLMo-core block config at width ``w``: its attention, one SwiGLU FFN (OLMo-core's MoE:
-    its top-k experts) and the block's two norms, no weight copy."""
+    """An OLMo-core block config at width ``w``: its attention, one SwiGLU FFN (OLMo-core's MoE: its
+    top-k experts) and the block's two norms, no weight copy."""
     mixer, moe = block.sequence_mixer, block.feed_forward_moe
+    hidden = (block.feed_forward if moe is None else moe).hidden_size
     return LayerMemory(
         width=w,
         params=block.num_params(w),
@@ -48,9 +59,7 @@ def layer_memory(block, w: int) -> LayerMemory:
         head_dim=getattr(mixer, "head_dim", None) or w // mixer.n_heads,
         n_kv_heads=getattr(mixer, "n_kv_heads", None) or mixer.n_heads,
         qk_norm=bool(getattr(mixer, "qk_norm", None)),
-        mlps=1 if moe is None else moe.router.top_k,
-        hidden=(block.feed_forward if moe is None else moe).hidden_size,
-        mlp_norms=False,
-        weight_copy=0,
+        ffn=(1 if moe is None else moe.router.top_k) * swiglu_bytes(w, hidden),
+        widest=max(w, hidden),
         moe=moe is not None,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -22,7 +22,7 @@ from ..shapes.widths import (
     paper_params,
     schedule_widths,
 )
-from .base import BlockKind, register
+from .base import WIDTH, BlockKind, ConfigError, built_counts, register, w2_input
 from .hourglass import HourglassModel, check_bottleneck, check_knobs, hourglass_layers
 
 if TYPE_CHECKING:
@@ -70,10 +70,10 @@ class WidthSpec:
     r_l: float = 0.75  # position of the extreme layer, k = r_l L (paper)
     r_d: float = 0.3  # narrowest continuous width / d_model (paper)
     multiple: int = 32  # each w_l rounded to this multiple (paper)
-    values: Optional[List[int]] = None  # schedule=list: the explicit widths
+    values: Optional[List[int]] = field(default=None, metadata=WIDTH)  # schedule=list: the widths
     resize: ResizeMode = ResizeMode.carry_forward  # carry_forward | zero | learned
     init: Init = Init.olmo  # olmo (OLMo-core's init) | mup (the paper's multipliers and init below)
-    m_width: float = 8.0  # mup: logits / m_width (paper)
+    m_width: float = field(default=8.0, metadata=WIDTH)  # mup: logits / m_width (paper)
     m_emb: float = 12.0  # mup: embeddings x m_emb (paper)
     m_residual: float = 0.22  # mup: residual branches x m_residual (paper)
     init_range: float = 0.1  # mup: base init std (paper)
@@ -103,6 +103,7 @@ class VariableWidthModel(HourglassModel):
     """The variable-width keys of ``model`` (d_model is h): the widths w_l, each layer's FFN, or a
     mixture of experts; K and d_h shape an hourglass FFN or hourglass experts."""
 
+    K: int = 1  # an hourglass FFN's or expert's sub-MLPs (no coordinate-check axis here)
     # each layer's FFN, swiglu | hourglass (K, d_h scaled with w_l)
     ffn: Ffn = Ffn.swiglu
     widths: WidthSpec = field(default_factory=WidthSpec)  # w_1..w_L
@@ -156,9 +157,7 @@ def _hourglass_experts(m) -> bool:
 
 class VariableWidth(BlockKind):
     name = "variable_width"
-    label = "variable width"
     spec = VariableWidthModel
-    earlier = (("moe.load_balance", "micro_batch"),)  # before the key: OLMo-core's per micro-batch
 
     def check(self, m, fail: Callable) -> None:
         _check_width_knobs(m, fail)
@@ -170,20 +169,6 @@ class VariableWidth(BlockKind):
         if m.moe is not None:
             _check_moe(m, fail)
         _check_widths(m, fail)
-
-    def ffn_hidden(self, m) -> Tuple[str, int]:
-        return ("model.d_h", m.resolved_d_h) if _hourglass_ffn(m) else super().ffn_hidden(m)
-
-    def routed_experts(self, m) -> bool:
-        return m.moe is not None
-
-    def widths(self, m) -> List[int]:
-        return m.resolved_widths
-
-    constant_width = False
-
-    def layer_params_floor(self, m) -> int:
-        return 0  # each layer's width is solved later: the embedding alone is counted
 
     def build(self, m, config: "TransformerConfig") -> "TransformerConfig":
         from olmo_core.nn.transformer import TransformerConfig
@@ -222,39 +207,16 @@ class VariableWidth(BlockKind):
             else None,
         )
 
-    def constant_width_twin(self, m) -> VariableWidthModel:
-        return replace(m, widths=replace(m.widths, schedule="constant"))
+    def widths(self, m) -> List[int]:
+        return m.resolved_widths
 
-    def width_counts(self, m, vocab: int, seq: int) -> Dict[str, Any]:
-        """The paper's counts (shapes/widths.py): the FLOP ratio to the twin with the MoE's k active
-        experts; with an MoE also every expert computed, each layer's expert size, and the authors'
-        solver's parameter counts (embeddings 2 V h included) of the model and its twin."""
-        widths, h, L, moe = self.widths(m), m.d_model, m.n_layers, m.moe_shape
-
-        def paper_ratio(active: bool) -> float:
-            return paper_flops(widths, h, vocab, seq, moe, active) / paper_flops(
-                [h] * L, h, vocab, seq, moe, active
-            )
-
-        report: Dict[str, Any] = {
-            "widths": widths,
-            "mean_width_ratio": sum(widths) / len(widths) / h,
-            "paper_flops_ratio": paper_ratio(True),
-        }
-        if moe is None:
-            return report
-        if _hourglass_experts(m):
-            report["expert_K"] = m.K  # sub-MLPs per expert
-        emb = 2 * vocab * h
-        return report | dict(
-            # hourglass experts: d_h of each sub-MLP
-            expert_hidden=[expert_hidden_size(w, m.moe_hidden, h) for w in widths],
-            paper_total_flops_ratio=paper_ratio(False),
-            paper_params=emb + paper_params(widths, h, moe),
-            paper_active_params=emb + paper_active_params(widths, h, moe),
-            baseline_paper_params=emb + paper_params([h] * L, h, moe),
-            baseline_paper_active_params=emb + paper_active_params([h] * L, h, moe),
-        )
+    def label(self, m) -> str:
+        """A constant schedule is the baseline; another its shape (x, v, ^, 3), with its resizing
+        unless carry-forward; "MoE" added."""
+        w = m.widths
+        shape = "baseline" if w.schedule == "constant" else w.shape
+        resize = "" if w.schedule == "constant" or w.resize == "carry_forward" else f" ({w.resize})"
+        return shape + resize + (" MoE" if m.moe is not None else "")
 
     def describe(self, m) -> str:
         ffn = (
@@ -266,24 +228,12 @@ class VariableWidth(BlockKind):
             ffn += f" (K {m.K}, d_h {m.resolved_d_h} at h)"
         return f"{ffn}, widths {self.widths(m)}"
 
-    def matched_params(self, m, non_embedding: int) -> int:
-        """The authors' counting rule (shapes/widths.py): each layer's matrices at w_l."""
-        return round(paper_params(self.widths(m), m.d_model))
-
-    def authors_flops_per_token(self, m, vocab: int, seq: int) -> Optional[float]:
-        """Paper 2's count (its compute_metrics, 3 x the forward) for the authors' layers: SwiGLU 4
-        w_l (or their SwiGLU experts), heads that follow w_l."""
-        authors = m.ffn == "swiglu" and m.resolved_d_ff == 4 * m.d_model and m.head_dim is None
-        if not authors or (m.moe is not None and m.moe.experts != "swiglu"):
-            return None
-        return 3 * paper_flops(self.widths(m), m.d_model, vocab, seq, m.moe_shape) / seq
-
-    def family(self, model: Mapping[str, Any]) -> str:
-        w = model.get("widths") or {}
-        if w.get("schedule") == "constant":  # a constant schedule is the baseline
-            return "baseline"
-        resize = w.get("resize", "carry_forward")
-        return str(w.get("shape", "x")) + ("" if resize == "carry_forward" else f" ({resize})")
+    def record_hidden(self, m, block, record: Callable) -> List[Callable[[], None]]:
+        if m.moe is not None:
+            return []
+        if _hourglass_ffn(m):
+            return [block.feed_forward.record_hidden(record)]
+        return w2_input(block.feed_forward, record)
 
     def optim_groups(self, m) -> List[Tuple[List[str], float]]:
         """Under the paper's muP the hidden matrices (attention and FFN weights; an MoE's router and
@@ -297,18 +247,85 @@ class VariableWidth(BlockKind):
         )
         return [(["blocks.*.attention.w_*.weight", *ffn], 1 / m.widths.m_width)]
 
-    def hf_refusal(self, m) -> Optional[str]:
-        if m.moe is not None:
-            return "model.moe: the Hugging Face export has no mixture-of-experts model"
-        return None
+    def paper_counts(self, m, vocab: int, seq: int) -> Dict[str, Any]:
+        """Paper 2's counts (its compute_metrics and solver, shapes/widths.py) where its layers are
+        the authors' (SwiGLU 4 w_l or their experts, hourglass experts of K d_h as those, heads that
+        follow w_l), else the built weights' (the idle slices computed); beside them the widths, the
+        FLOP ratios to the constant-width twin (same h, L, V, s; ``flops_ratio``: OLMo-core's
+        count of the two built models) and, with an MoE, every expert computed, each layer's expert
+        size, the authors' solver's parameter counts (embeddings 2 V h included) and the twin's
+        built ``baseline_total`` / ``baseline_active``."""
+        from ..nn.accounting import breakdown
+
+        widths, h, L, moe = self.widths(m), m.d_model, m.n_layers, m.moe_shape
+        twin = replace(m, widths=replace(m.widths, schedule="constant"))
+        built = [breakdown(x.build(vocab).build(init_device="meta"), seq) for x in (m, twin)]
+        own = _paper_counts(m, widths, vocab, seq, moe)
+        report: Dict[str, Any] = {
+            **own,
+            "widths": widths,
+            "mean_width_ratio": sum(widths) / len(widths) / h,
+            "paper_flops_ratio": own["authors_flops_per_token"]
+            / _paper_counts(twin, [h] * L, vocab, seq, moe)["authors_flops_per_token"],
+            "flops_ratio": built[0].flops_per_token / built[1].flops_per_token,
+        }
+        if moe is None:
+            return report
+        if _hourglass_experts(m):
+            report["expert_K"] = m.K  # sub-MLPs per expert
+        emb = 2 * vocab * h
+        return report | dict(
+            # hourglass experts: d_h of each sub-MLP
+            expert_hidden=[expert_hidden_size(w, m.moe_hidden, h) for w in widths],
+            paper_total_flops_ratio=paper_flops(widths, h, vocab, seq, moe, False)
+            / paper_flops([h] * L, h, vocab, seq, moe, False),
+            paper_params=emb + paper_params(widths, h, moe),
+            paper_active_params=emb + paper_active_params(widths, h, moe),
+            baseline_paper_params=emb + paper_params([h] * L, h, moe),
+            baseline_paper_active_params=emb + paper_active_params([h] * L, h, moe),
+            baseline_total=built[1].total,
+            baseline_active=built[1].active,
+        )
+
+    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
+        """Layer l at its width w_l: its FFN a SwiGLU or an hourglass stack (K sub-MLPs of d_h
+        scaled with w_l), or top-k experts (hourglass experts: K sub-MLPs each)."""
+        from .hourglass import hourglass_memory
+        from .memory import layer_memory
+
+        layers = []
+        for block, w in zip(config.resolved_block_configs, self.widths(m)):
+            layer = layer_memory(block, w)
+            if _hourglass_ffn(m):
+                layer = hourglass_memory(layer, block.feed_forward)
+            if _hourglass_experts(m):
+                layer = replace(layer, ffn=layer.ffn * block.feed_forward_moe.K)
+            layers.append(layer)
+        return layers
+
+    def routed_experts(self, m) -> bool:
+        return m.moe is not None
+
+    def fsdp_splits(self, m) -> List[str]:
+        """The hourglass FFN's stacked maps, and the hourglass experts' (nn/hourglass_moe.py)."""
+        from .hourglass import STACKED_SPLIT
+
+        experts = "hourglass experts' (K E d_h, d_model) weights: rows"
+        return [STACKED_SPLIT] * _hourglass_ffn(m) + [experts] * _hourglass_experts(m)
 
     def hf_config(self, m, built: "TransformerConfig") -> Dict[str, Any]:
         """The FFN form, each layer's width w_l and FFN hidden size (as OLMo-core's config rounds
-        it), the resizing and the paper's muP forward multipliers."""
+        it), the resizing and the paper's muP forward multipliers; no mixture of experts."""
         from .hourglass import HOURGLASS
 
+        if m.moe is not None:
+            raise ConfigError("model.moe: the Hugging Face export has no mixture-of-experts model")
         hourglass = _hourglass_ffn(m)
-        config = HOURGLASS.hf_config(m, built) if hourglass else super().hf_config(m, built)
+        config = (
+            HOURGLASS.hf_config(m, built)
+            if hourglass
+            else dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
+        )
         blocks = built.resolved_block_configs  # type: ignore[attr-defined]
         config.update(
             widths=list(built.widths),  # type: ignore[attr-defined]
@@ -329,49 +346,16 @@ class VariableWidth(BlockKind):
 
         return HOURGLASS.hf_weights(m, state) if _hourglass_ffn(m) else state
 
-    def hf_card(self, m) -> List[str]:
-        if (widths := self.widths(m)) == [m.d_model] * m.n_layers:
-            return []
-        return [
-            f"- layer widths w_1..w_L: {', '.join(map(str, widths))} (resize {m.widths.resize}); "
-            "each layer's heads and head size: config.json `layer_shapes`"
-        ]
 
-    def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
-        """Layer l at its width w_l: its FFN a SwiGLU or an hourglass stack (K sub-MLPs of d_h
-        scaled with w_l), or top-k experts (hourglass experts: K sub-MLPs each)."""
-        from .hourglass import hourglass_memory
-        from .memory import layer_memory
-
-        layers = []
-        for block, w in zip(config.resolved_block_configs, self.widths(m)):
-            layer = layer_memory(block, w)
-            if _hourglass_ffn(m):
-                layer = hourglass_memory(layer, block.feed_forward)
-            if _hourglass_experts(m):
-                layer = replace(layer, mlps=layer.mlps * block.feed_forward_moe.K)
-            layers.append(layer)
-        return layers
-
-    def fsdp_splits(self, m) -> List[str]:
-        """The hourglass FFN's stacked maps, and the hourglass experts' (nn/hourglass_moe.py)."""
-        from .hourglass import STACKED_SPLIT
-
-        experts = "hourglass experts' (K E d_h, d_model) weights: rows"
-        return [STACKED_SPLIT] * _hourglass_ffn(m) + [experts] * _hourglass_experts(m)
-
-    def scaled(self, m, axis: str, k: int) -> List[str]:
-        """Width: an explicit d_h, a list of widths w_l, and muP's m_width (d_model / d_base)."""
-        from .hourglass import scaled_bottleneck
-
-        if axis != "width":
-            return []
-        w, out = m.widths, scaled_bottleneck(m, k)
-        if w.values:
-            out.append(f"model.widths.values=[{','.join(str(v * k) for v in w.values)}]")
-        if w.init == "mup":
-            out.append(f"model.widths.m_width={w.m_width * k!r}")
-        return out
+def _paper_counts(m, widths: List[int], vocab: int, seq: int, moe) -> Dict[str, Any]:
+    """``matched_params`` and ``authors_flops_per_token`` of paper 2 (3 x the forward of
+    ``paper_flops``) for the authors' layers, else :func:`built_counts`."""
+    if m.ffn != "swiglu" or m.resolved_d_ff != 4 * m.d_model or m.head_dim is not None:
+        return built_counts(m, vocab, seq)
+    return {
+        "matched_params": round(paper_params(widths, m.d_model, moe)),
+        "authors_flops_per_token": 3 * paper_flops(widths, m.d_model, vocab, seq, moe) / seq,
+    }
 
 
 def _check_width_knobs(m, fail: Callable) -> None:

@@ -3,7 +3,10 @@ spec.
 
 A file may extend another (``extends: ../base.yaml``, relative to the file); the variant's keys
 override the base's, and omegaconf interpolation (``${model.d_model}``) works across the chain.
-``key=value`` overrides from the command line are applied last.
+``key=value`` overrides from the command line are applied last. What OLMo-core's ``Config.merge``
+lacks: it applies a dotlist to a config already built (olmo_core/config.py line 197), reads no YAML
+and no ``extends:`` chain, names no file in its errors, and imports torch (line 21), which loading a
+config must not (the refusals come within a second, before torch).
 
 ``model`` takes the keys of its kind (``model.block``): the keys every kind shares and the kind's
 own (olmo_patches/blocks/). A key of another kind is refused, naming the kinds that read it; at its
@@ -189,7 +192,7 @@ def _readers(key: str) -> list[BlockKind]:
 
 def drop_foreign_defaults(cfg: DictConfig, block: str) -> DictConfig:
     """``cfg`` without the model keys of other kinds that sit at their defaults, in place (they mean
-    nothing to ``block``; a record written before the kinds owned their keys holds them all)."""
+    nothing to ``block``)."""
     model = cfg.get("model")
     if not isinstance(model, DictConfig):
         return cfg
@@ -236,7 +239,7 @@ def load_spec(path: str | Path, overrides: Optional[List[str]] = None) -> Experi
     if (block := _block(chain, overrides)) not in BLOCKS:
         raise ConfigError(
             f"{where('model.block')}: model.block={block}: choose one of {', '.join(BLOCKS)} "
-            "(olmo_patches/blocks/)"
+            "(olmo_patches/blocks/), or name the module of your own in HOURGLASS_BLOCKS"
         )
     schema = kind_schema(block)
     merged: Any = copy.deepcopy(schema)

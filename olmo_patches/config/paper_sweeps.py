@@ -12,19 +12,16 @@ rewrites them all. Choices, against the paper's own numbers (docs/paper_runs.md,
 - ``width-depth-K2``/``-K4``: the U-curves of val loss against d_model/L at d_h/d_model 0.5, with
   points at and around the floors (K=2 near 180: L 7-9; K=4 near 110: L 9-11).
 - ``d_h-ratio``: K=4 at L=12 exactly (the paper's fixed-L search, best near 0.4), d_h/d_model
-  0.1-0.8 with 0.45 and 0.55 between; the point nearest 0.4 is 0.399 (d_model 1040, d_h 415).
+  0.1-0.8 with 0.45 and 0.55 between, each within 0.01 of its target.
 - ``k-sweep``: K at a matched budget (d_h/d_model 0.5, L 12 +- 2).
 
-One head rule for the sweeps whose points differ in d_model (:data:`HEADS`): heads of 64 dimensions
-(paper 1 uses standard MHA and reports no head counts), n_heads = round(d_model / 64), so the
-attention width is d_model where d_model is a multiple of 64 and within 32 of it elsewhere; the
-solver counts that attention exactly when it matches the budget. Under the rule it replaces (MHA at
-d_model, a head dim in 48-256 nearest 64) the heads ranged from 4 x 232 to 34 x 48, and no shape
-near d_h/d_model 0.40 had a head dim that is a multiple of 8. These sweeps keep d_model % 8 within
-the authors' 0.04% (``--heads8``; at 0.001% K=7 has no such shape at L 10-14), the d_h/d_model
-nearest each target winning. The one exception, ``k-sweep-unmatched``, changes only K: every point
-has the reallocation run's d_model 1368 and its heads (19 x 72), so heads do not vary within it and
-K=4 stays that run's config.
+Every hourglass config has one head rule, the headline configs' (shapes/search.py's
+``choose_heads``): standard multi-head attention as paper 1 fixes it, the attention d_model wide in
+heads of an even head dim in 48-256 (RoPE rotates pairs), a multiple of 8 where d_model allows,
+nearest 64. The sweeps match within the authors' 0.04% (``--nearest-ratio``; at 0.001% K=4, L=12
+has no shape in d_h/d_model 0.3-0.8 and K=7 none at L 10-14), the d_h/d_model nearest each target
+winning among even d_model. ``k-sweep-unmatched`` changes only K: every point has the reallocation
+run's d_model 1368 and its heads (19 x 72), so K=4 stays that run's config.
 
 Paper 2's hyperparameter grid (its Figure 3: the narrowest layer's position r_l and width r_d,
 searched at 200M, 500M and 1B; best at r_l 0.75, r_d 0.3 at every size) is :data:`WIDTH_GRID`: one
@@ -38,12 +35,10 @@ import os
 from pathlib import Path
 from typing import List
 
-__all__ = ["SWEEPS", "BASELINE_113M", "HEADS", "HEAD_DIM", "WIDTH_GRID", "write_width_grid"]
+__all__ = ["SWEEPS", "BASELINE_113M", "WIDTH_GRID", "write_width_grid"]
 
 BASELINE_113M = "configs/113M/baseline.yaml"
 _K = [str(k) for k in range(1, 9)]
-HEAD_DIM = 64  # the head size of every sweep whose d_model varies
-HEADS = ["--attn-fraction", "1.0", "--head-dim", str(HEAD_DIM)]  # n_heads = round(d_model / 64)
 
 # folder -> scripts/search.py arguments after BUDGET (the folder's --write is added by the caller)
 SWEEPS: dict[str, list[str]] = {
@@ -58,20 +53,17 @@ SWEEPS: dict[str, list[str]] = {
         "694",
     ],
     "configs/113M/ablations/k-sweep": [
-        *"--K 1 2 3 4 5 6 7 8 --layers 12 --layer-slack 2 --d-h-ratio 0.5 --heads8".split(),
-        *HEADS,
+        *"--K 1 2 3 4 5 6 7 8 --layers 12 --layer-slack 2 --d-h-ratio 0.5 --nearest-ratio".split()
     ],
     "configs/113M/ablations/width-depth-K2": [
-        *"--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --heads8".split(),
-        *HEADS,
+        *"--K 2 --layers 6 7 8 9 10 11 12 14 16 --d-h-ratio 0.5 --nearest-ratio".split()
     ],
     "configs/113M/ablations/width-depth-K4": [
-        *"--K 4 --layers 5 6 7 8 9 10 11 12 13 14 16 --d-h-ratio 0.5 --heads8".split(),
-        *HEADS,
+        *"--K 4 --layers 5 6 7 8 9 10 11 12 13 14 16 --d-h-ratio 0.5 --nearest-ratio".split()
     ],
     "configs/113M/ablations/d_h-ratio": [
-        *"--K 4 --layers 12 --d-h-ratio 0.1 0.2 0.3 0.4 0.45 0.5 0.55 0.6 0.7 0.8 --heads8".split(),
-        *HEADS,
+        *"--K 4 --layers 12 --d-h-ratio 0.1 0.2 0.3 0.4 0.45 0.5 0.55 0.6 0.7 0.8".split(),
+        "--nearest-ratio",
     ],
 }
 

@@ -130,6 +130,9 @@ def _task(label: str, tokenizer, L: int):
     return copy.copy(_built_task(label, tokenizer, L))
 
 
+PASSAGE_FIELDS = ("passage", "article", "support")  # a document field its task's items may share
+
+
 class DownstreamTaskEvaluator(DownstreamEvaluator):
     """OLMo-core's downstream evaluator at context length ``sequence_length``, whatever the train
     module's: queries longer are cut from the left, documents whose continuation alone is longer are
@@ -158,6 +161,7 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         task.samples = (
             kept  # before anything reads task.max_sequence_length, which is computed once
         )
+        self.task = task
         self.truncated = sum(len(s["ctx"]) + len(s["continuation"]) - 1 > L for s in kept)
         if self.skipped or self.truncated:
             log.warning(
@@ -183,6 +187,31 @@ class DownstreamTaskEvaluator(DownstreamEvaluator):
         return DataLoader(
             task, batch_size=batch_size, collate_fn=task.collate_fn, shuffle=False, sampler=sampler
         )  # type: ignore[arg-type]
+
+    def items(self) -> Optional[Dict[str, list]]:
+        """Each scored document's outcome, as ICLMetric scores it (its choice of highest
+        log-likelihood, length-normalised where the task is, against the label: 1 or 0) and its
+        cluster (the text of its ``PASSAGE_FIELDS`` field, which documents of one passage share;
+        else its own id); None for a task without choices. After ``compute_metrics``."""
+        m = self.metric
+        if m is None or m.metric_type not in ("acc", "len_norm", "pmi_dc"):
+            return None
+        ll: Dict[int, Dict[int, float]] = {}
+        for doc, cont, value in m.loglikelihoods:
+            if doc is not None:
+                ll.setdefault(int(doc), {}).setdefault(int(cont), float(value))
+        labels = {int(doc): int(label) for doc, _, label in m.labels if doc is not None}
+        docs = sorted(ll)
+        prompts = max(len(getattr(self.task, "prompts", [])), 1)  # doc ids count (document, prompt)
+        raw = [self.task.dataset[d // prompts] for d in docs]
+        return {
+            "doc": docs,
+            "correct": [float(max(ll[d], key=ll[d].__getitem__) == labels[d]) for d in docs],
+            "cluster": [
+                next((str(r[f]) for f in PASSAGE_FIELDS if f in r), str(d))
+                for d, r in zip(docs, raw)
+            ],
+        }
 
     def compute_metrics(self) -> Dict[str, torch.Tensor]:
         out = super().compute_metrics()

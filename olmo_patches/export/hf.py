@@ -1,12 +1,13 @@
 """Export a trainer checkpoint (``RUN/stepN``) to a Hugging Face model folder.
 
-- A baseline with the OLMo-2 shape (post-norm "reordered norm", QK-norm, SwiGLU; any head size and
-  GQA; no RoPE scaling, which transformers' Olmo2 lacks) becomes
-  transformers' own ``Olmo2ForCausalLM``: weights renamed, nothing else.
+- A model with the OLMo-2 shape (OLMo-core's blocks and SwiGLU: its kind's export config is the
+  default one; post-norm "reordered norm", QK-norm; any head size and GQA; no RoPE scaling, which
+  transformers' Olmo2 lacks) becomes transformers' own ``Olmo2ForCausalLM``: weights renamed,
+  nothing else.
 - Every other model is written with the modeling code ``modeling_hourglass_olmo.py`` (plain
   PyTorch) beside the weights, and loads with ``trust_remote_code=True``. Its block kind gives its
   fields of that file's config (FFN form, widths, the wiring of a layer's modules) and its weights'
-  shapes there (``BlockKind.hf_*``, blocks/base.py); the names are OLMo-core's.
+  shapes there (``BlockKind.hf_config``, ``hf_weights``, blocks/base.py); the names are OLMo-core's.
 The run's ``config.yaml`` (the folder above the checkpoint, or ``config``) gives the shape.
 """
 
@@ -21,20 +22,34 @@ from typing import Dict, Optional
 import torch
 
 from ..blocks import block_of
-from ..config import ExperimentSpec, load_spec, tokenizer_config
-from ..train.checkpoints import load_model_state
-from ..train.contract import check_checkpoint_fits
+from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
+from ..train.checkpoints import check_checkpoint_fits, load_model_state
 
 __all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
 
 MODELING = Path(__file__).with_name("modeling_hourglass_olmo.py")
 
 
-def is_olmo2_shape(spec: ExperimentSpec) -> bool:
+def hf_fields(spec: ExperimentSpec, vocab: int) -> Dict:
+    """The kind's fields of the modeling file's config (``BlockKind.hf_config``; ConfigError: no
+    export), its FFN form one the file has."""
+    from .modeling_hourglass_olmo import FFN_FORMS
+
+    m = spec.model
+    fields = block_of(m).hf_config(m, m.build(vocab_size=vocab))
+    if fields["ffn"] not in FFN_FORMS:
+        raise ValueError(
+            f"model.block={m.block}: the modeling file has no FFN {fields['ffn']!r} (it has "
+            f"{', '.join(FFN_FORMS)}: export/modeling_hourglass_olmo.py)"
+        )
+    return fields
+
+
+def is_olmo2_shape(spec: ExperimentSpec, vocab: int) -> bool:
     m = spec.model
     # transformers' Olmo2 has no Llama-3.1 RoPE scaling
     return (
-        block_of(m).olmo2_layers
+        hf_fields(spec, vocab) == dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
         and m.norm_placement == "post"
         and m.qk_norm
         and m.rope_scaling is None
@@ -115,7 +130,7 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
         norm_eps=m.norm_eps,
         tie_word_embeddings=m.tie_embeddings,
         max_position_embeddings=max_len,
-        **block_of(m).hf_config(m, m.build(vocab_size=vocab)),
+        **hf_fields(spec, vocab),
     )
     config.auto_map = {
         "AutoConfig": "modeling_hourglass_olmo.HourglassOlmoConfig",
@@ -210,17 +225,15 @@ def _step(checkpoint: Path) -> Optional[int]:
 
 
 def _architecture(spec: ExperimentSpec, vocab: int) -> list[str]:
-    """The card's architecture lines: the block kind's shape, the attention, the kind's own lines
-    (a variable-width model's layer widths)."""
+    """The card's architecture lines: the block kind's shape (its description: a variable-width
+    model's widths w_1..w_L), the attention."""
     m = spec.model
-    block = block_of(m)
-    shape = [
-        f"- block: {block.label}" + (f" ({more})" if (more := block.describe(m)) else ""),
+    return [
+        f"- block: {m.block}" + (f" ({more})" if (more := block_of(m).describe(m)) else ""),
         f"- d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads ({m.resolved_n_kv_heads} "
         f"key/value heads), {m.norm_placement}-norm{', QK-norm' if m.qk_norm else ''}, vocabulary "
         f"{vocab}",
     ]
-    return shape + block.hf_card(m)
 
 
 def _how_to_load(kind: str) -> tuple[str, str]:
@@ -324,8 +337,10 @@ def _training(spec: ExperimentSpec, checkpoint: Path) -> list[str]:
 
 def _exportable(config_path: Path) -> ExperimentSpec:
     spec = load_spec(config_path)
-    if (why := block_of(spec.model).hf_refusal(spec.model)) is not None:
-        raise ValueError(f"{config_path}: {why}")
+    try:
+        hf_fields(spec, vocab_size(spec))
+    except ValueError as e:
+        raise ValueError(f"{config_path}: {e}") from None
     return spec
 
 
@@ -362,7 +377,7 @@ def export_hf(
     specials = (
         _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
     )
-    kind = "olmo2" if is_olmo2_shape(spec) else "custom"
+    kind = "olmo2" if is_olmo2_shape(spec, vocab) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, spec.data.sequence_length)
     model.config.update(ids)
     from transformers import GenerationConfig

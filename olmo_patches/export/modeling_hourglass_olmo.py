@@ -41,6 +41,8 @@ CACHE = (
     else "past_key_values"
 )
 
+FFN_FORMS = ("swiglu", "hourglass")  # the FFNs this file builds (the config's ffn)
+
 
 class HourglassOlmoConfig(PretrainedConfig):
     model_type = "hourglass_olmo"

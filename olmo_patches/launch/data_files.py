@@ -133,7 +133,7 @@ def _check_token_ids(spec: ExperimentSpec, fail, files: list[tuple[str, str]], d
     """Every id of every local token file (``(key, path)``) below the vocabulary, the whole file
     read (data/contract.py: cached in data.work_dir by size and modification time); every HTTP(S)
     one answering a HEAD."""
-    d, vocab = spec.data, tokenizer_vocab(spec)  # <= model.vocab_size (config/validate.py)
+    d, vocab = spec.data, tokenizer_vocab(spec)  # <= model.vocab_size (config/spec.py)
     if (bad := unreachable([p for _, p in files])) is not None:
         key = next(k for k, p in files if p == bad[0])
         fail(key, bad[0], f"{bad[1]} (a HEAD within {HEAD_TIMEOUT_S:g} s)")

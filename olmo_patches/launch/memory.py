@@ -18,16 +18,16 @@ Static, whatever the micro-batch:
   copies and autograd keeps until that block's backward; a checkpointed block keeps none (one at a
   time while it is recomputed).
 Per sequence of s tokens (a micro-batch of m sequences costs m times this):
-- each layer of width w saves A = 2 N + 2 w + 8 a + 4 n_heads + sum_k (N_k + 2 w + 8 H_k) bytes
+- each layer of width w saves A = n N + 2 w + 8 a + 4 n_heads + F_l bytes
   per token (measured: tests/test_memory.py): OLMo-core's RMSNorm computes in fp32 and saves its
   fp32 input and output, N = 8 w + 4; the bf16 input of Q/K/V (2 w); Q, K, V and the attention
   output (8 a for a = n_heads head_dim: OLMo-core's torch backend repeats GQA's K and V to n_heads;
   flash keeps n_kv_heads, so there this is an upper bound), fp32 log-sum-exp per head
   and with QK-norm (OLMo-2) the norms of Q and K, N(a) + N(a_kv);
-  each MLP k (SwiGLU: one, hidden H; hourglass: K of hidden d_h, each with its own norm N_k; MoE:
-  top-k experts of hidden I_l, no norm of their own) its bf16 input 2 w and w1, w3, SiLU, product 8
-  H. The attention norm counts once (2 N: the block's two norms; an hourglass block's K FFN norms
-  are N_k).
+  and the FFN's F_l as its kind states it (``LayerMemory.ffn``): a SwiGLU MLP of hidden H its bf16
+  input 2 w and w1, w3, SiLU, product 8 H (hourglass: K of hidden d_h, each with its own norm N_k;
+  MoE: top-k experts of hidden I_l, no norm of their own). The block's norms outside attention and
+  FFN count N each (n = 2; an hourglass block's n = 1, its K FFN norms being in F_l).
 - the head: the final norm N and the head's input 2 w, and LOGIT_BYTES per logit (V per token):
   OLMo-core's fp32 cross-entropy with z-loss saves the fp32 logits and their log-softmax (8,
   measured), and its backward holds two fp32 logit gradients (CE and z-loss, 8) and their bf16 cast
@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 
 from ..blocks.base import model_memory
-from ..blocks.memory import LayerMemory, ModelMemory
+from ..blocks.memory import LayerMemory, ModelMemory, norm_bytes
 from ..config import ExperimentSpec, vocab_size
 from ..config.spec import ActivationCheckpointing
 
@@ -176,23 +176,18 @@ class MemoryEstimate:
         return sum(self.terms(micro_batch, ac).values())
 
 
-def _norm(w: int) -> int:
-    return 8 * w + 4  # OLMo-core's RMSNorm: fp32 input and output per token, and the rsqrt
-
-
 def _layer(layer: LayerMemory) -> Layer:
     """A layer's bytes from its kind's terms (the module docstring's A_l)."""
     w, heads = layer.width, layer.n_heads
-    mlp_norm = _norm(w) if layer.mlp_norms else 0
-    qk_norm = _norm(layer.head_dim * heads) + _norm(layer.head_dim * layer.n_kv_heads)
+    qk_norm = norm_bytes(layer.head_dim * heads) + norm_bytes(layer.head_dim * layer.n_kv_heads)
     return Layer(
         # K, V repeated to n_heads
         attention=2 * w
         + 8 * layer.head_dim * heads
         + 4 * heads
         + (qk_norm if layer.qk_norm else 0),
-        feed_forward=layer.mlps * (mlp_norm + 2 * w + 8 * layer.hidden),
-        norms=_norm(w) * (1 if layer.mlp_norms else 2),
+        feed_forward=layer.ffn,
+        norms=norm_bytes(w) * layer.norms,
         width=w,
         weight_copy=layer.weight_copy,
     )
@@ -217,7 +212,7 @@ def estimate(
         states=16 * model.params / shards,
         buffers=FSDP_BYTES * max(units) if fsdp else 2 * model.params,
         layers=tuple(_layer(layer) for layer in model.layers),
-        head=_norm(d) + 2 * d + (FUSED_HEAD_BYTES * d if fused_head else LOGIT_BYTES * vocab),
+        head=norm_bytes(d) + 2 * d + (FUSED_HEAD_BYTES * d if fused_head else LOGIT_BYTES * vocab),
         sequence_length=sequence_length,
         residual_bytes=2 if fsdp else 4,
         moe=any(layer.moe for layer in model.layers),
@@ -230,6 +225,6 @@ def _with_float8(est: MemoryEstimate, model: ModelMemory) -> MemoryEstimate:
     return replace(
         est,
         float8_weights=2 * max(layer.params for layer in model.layers),
-        float8_inputs=max(max(layer.width, layer.hidden) for layer in model.layers),
+        float8_inputs=max(layer.widest for layer in model.layers),
         layers=tuple(replace(layer, weight_copy=0.0) for layer in est.layers),
     )

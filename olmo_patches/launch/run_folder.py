@@ -1,5 +1,9 @@
 """One folder, one run: the save folder records its config once and is held by one process.
 
+What OLMo-core lacks: its ConfigSaverCallback writes OLMo-core's config into each checkpoint
+(olmo_core/train/callbacks/config_saver.py line 57; kept, run.py sets it), but nothing compares a
+rerun's config with the run it continues, nor keeps a second process out of the folder.
+
 - The first start writes ``SAVE/config.yaml`` once the run is built, before its first checkpoint (a
   start that fails before that leaves no record). A rerun whose model, data or recipe differs is
   refused (:class:`RunFolderError`, one line listing the changed keys); keys in :data:`MAY_CHANGE`
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from filelock import FileLock
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..blocks.base import BLOCKS
@@ -45,6 +49,7 @@ __all__ = [
     "MAY_CHANGE",
     "changed_keys",
     "changed_between",
+    "earlier_layout",
     "check_config",
     "record_config",
     "Lock",
@@ -89,20 +94,29 @@ def _may_change(key: str) -> bool:
 
 def as_read_now(recorded: Any) -> Dict[str, Any]:
     """A recorded config (YAML text or its tree), flat, as this code reads it: shorthands
-    coerced, its kind's ``earlier`` keys at the value the run ran with, keys added since at
-    default, other kinds' keys at their defaults dropped (config/load.py)."""
+    coerced, other kinds' keys at their defaults dropped (config/load.py), a key it lacks at its
+    default (a start refuses such a record first: :func:`earlier_layout`)."""
     tree = coerce_shorthands(OmegaConf.create(recorded))  # e.g. activation_checkpointing: false
     block = str(OmegaConf.select(tree, "model.block", default="baseline"))
-    kind = BLOCKS.get(block)
-    for key, value in kind.earlier if kind else ():  # as it ran, not as the new default would run
-        section, name = f"model.{key}".rsplit(".", 1)
-        if isinstance(node := OmegaConf.select(tree, section), DictConfig) and name not in node:
-            node[name] = value
-    try:  # a key added since the record was written counts at its default
+    try:
         tree = OmegaConf.merge(kind_schema(block), drop_foreign_defaults(tree, block))
     except (OmegaConfBaseException, KeyError):  # a key removed since, a kind not registered
         pass
     return _flat(OmegaConf.to_container(tree))
+
+
+def earlier_layout(recorded: str) -> Optional[str]:
+    """Why a recorded config (YAML text) is of an earlier layout of this project: a key it has
+    that this code's config has not, or the first it lacks; None for a record of this layout."""
+    tree = coerce_shorthands(OmegaConf.create(recorded))
+    if (block := str(OmegaConf.select(tree, "model.block", default="baseline"))) not in BLOCKS:
+        return None  # the config's own check names it
+    try:
+        now = OmegaConf.merge(kind_schema(block), tree)
+    except OmegaConfBaseException as e:
+        return f"{getattr(e, 'full_key', '') or e}: not a key now"
+    lacks = _flat(OmegaConf.to_container(now)).keys() - _flat(OmegaConf.to_container(tree)).keys()
+    return f"{min(lacks)}: not recorded" if lacks else None
 
 
 def _changes(old: Dict[str, Any], new: Dict[str, Any], ignore: Sequence[str]) -> List[str]:
@@ -140,6 +154,12 @@ def check_config(
     recorded = _recorded(folder)
     if not recorded:
         return []
+    if checkpointed and not deliberate and (why := earlier_layout(recorded[-1].read_text())):
+        raise RunFolderError(
+            f"{recorded[-1]}: recorded by an earlier layout of this project ({why}), which this "
+            "code does not resume (CHANGELOG.md); start a new run with another run.name or "
+            "run.save_folder"
+        )
     changes = changed_keys(recorded[-1].read_text(), spec)
     if changes and not deliberate and checkpointed:
         raise RunFolderError(
@@ -293,9 +313,8 @@ class Lock:
             drop_record(self.path, self.guard)
 
 
-METRICS_FILE = (
-    "metrics.jsonl"  # every metric the Trainer logs, one JSON line per step (train/metrics.py)
-)
+# every metric the Trainer logs, one JSON line per step (train/callbacks/metrics_file.py)
+METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:

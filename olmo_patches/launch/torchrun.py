@@ -8,10 +8,10 @@ and exits 1 with a traceback, whether or not the workers saved and exited 0 (so
 SIGUSR1 ends it at once (the default action). Here, as torchrun otherwise:
 
 - SIGTERM and SIGUSR1 are passed to the workers (each time one arrives: a worker saves once,
-  olmo_patches/train/life.py) and torchrun goes on watching them: once they have saved and exited 0,
-  it exits 0. Under SLURM every process of the step gets the signal from slurmstepd as well, so
-  each worker may see it twice. torchrun keeps its own handling of SIGINT, SIGHUP and SIGQUIT
-  (its ``--signals-to-handle``, unless given).
+  olmo_patches/train/callbacks/stop.py) and torchrun goes on watching them: once they have saved
+  and exited 0, it exits 0. Under SLURM every process of the step gets the signal from slurmstepd
+  as well, so each worker may see it twice. torchrun keeps its own handling of SIGINT, SIGHUP and
+  SIGQUIT (its ``--signals-to-handle``, unless given).
 - A worker killed outright (SIGKILL, an out-of-memory kill) cannot say so itself. A thread here
   sees each worker end within 20 ms (``os.waitid`` with ``WNOWAIT``: the status is read and the
   worker left for torchrun's agent to reap, which looks every ``--monitor-interval``: 1 s here

@@ -34,7 +34,6 @@ from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
 from olmo_core.nn.layer_norm import LayerNormConfig, RMSNorm
 from olmo_core.nn.transformer.init import init_linear
-from torch.distributed.tensor import DTensor
 
 from ..shapes.choices import NormPlacement
 from ..shapes.counts import hourglass_ffn_params
@@ -65,7 +64,6 @@ class StackedLinear(nn.Module):
         self.weight = nn.Parameter(
             torch.empty(K * out_features, in_features, dtype=dtype, device=device)
         )
-        self._register_load_state_dict_pre_hook(self._fold_stacked)
 
     @property
     def stacked(self) -> torch.Tensor:
@@ -76,13 +74,6 @@ class StackedLinear(nn.Module):
     def matmul_shape(self) -> Tuple[int, int]:
         """Each map's (out, in): the GEMM float8 converts or not (nn/float8.py)."""
         return self.out_features, self.in_features
-
-    def _fold_stacked(self, state_dict, prefix, *args, **kwargs) -> None:
-        # A (K, out, in) weight (the earlier layout; the same elements in the same order) loads as
-        # (K out, in).
-        w = state_dict.get(prefix + "weight")
-        if isinstance(w, torch.Tensor) and w.ndim == 3 and not isinstance(w, DTensor):
-            state_dict[prefix + "weight"] = w.reshape(-1, w.shape[-1])
 
     def reset_parameters(self) -> None:
         init_linear(self, std=0.02)  # type: ignore[arg-type]

@@ -31,9 +31,8 @@ d_model) matrices, so sub-MLP k's E expert matrices (rows [k E d_h, (k + 1) E d_
 d_model)) are one contiguous block, as grouped_gemm needs. OLMo-core's MoE init
 (``w1``/``w2``/``w3``, fan-in d_model and d_h) applies unchanged; K=1 has OLMo-core's element order,
 so the same seed gives OLMo-core's initial expert weights. FSDP2 shards them as any matrix (dim 0,
-the last rank padded), so every rank holds an even share at any world size (nn/shards.py);
-checkpoints of the earlier (K, E d_h, d_model) tensors hold the same elements in the same order and
-resume (train/stacked_layout.py). Expert parallelism shards the rows by expert, which is one block
+the last rank padded), so every rank holds an even share at any world size (nn/shards.py).
+Expert parallelism shards the rows by expert, which is one block
 of rows only for K=1. The E K gains are one flat ``norm_weight`` (E K d_model), expert-major,
 sharded with the experts.
 """

@@ -28,7 +28,8 @@ HTTP_INSTANCES_PER_S = 73.0
 
 
 def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
-    """Matmul dims not a multiple of MATMUL_ALIGN -> where the first one is (weight or head_dim)."""
+    """Matmul dims not a multiple of MATMUL_ALIGN -> where the first one is (a weight, or the head
+    dim: of every layer, or of the layers named)."""
     model = spec.model_config().build(init_device="meta")
     found: dict[int, str] = {}
     from ..nn.float8 import converts_itself
@@ -41,9 +42,14 @@ def unaligned_dims(spec: ExperimentSpec) -> dict[int, str]:
         for d in shape[-2:] if len(shape) >= 2 else ():
             if d % MATMUL_ALIGN:
                 found.setdefault(d, name)
-    head_dim = spec.model.resolved_head_dim
-    if head_dim % MATMUL_ALIGN:
-        found.setdefault(head_dim, "head_dim")
+    layers: dict[int, list[int]] = {}  # each unaligned head dim: its layers (1..L)
+    for layer, head_dim in enumerate(spec.model.head_dims, start=1):
+        if head_dim % MATMUL_ALIGN:
+            layers.setdefault(head_dim, []).append(layer)
+    for head_dim, at in layers.items():
+        every = len(at) == spec.model.n_layers
+        where = "" if every else f" of layer{'s' * (len(at) > 1)} {', '.join(map(str, at))}"
+        found.setdefault(head_dim, f"head_dim{where}")
     return found
 
 

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..blocks import block_of
 from .analysis_conventions import NORMALISERS, POOLINGS, THRESHOLD, Conventions
 
 __all__ = [
@@ -180,39 +181,22 @@ class Analysis:
     conventions: Dict[str, object] = field(default_factory=lambda: asdict(Conventions()))
 
 
-def _hidden_hooks(
-    block: torch.nn.Module, record: Callable[[torch.Tensor], None]
-) -> List[Callable[[], None]]:
-    """Capture a block's FFN hidden activations: OLMo-core's FeedForward (the input of w2), the
-    FFN modules that record their own (``record_hidden``: the hourglass's sub-MLPs). Returns undo
-    callables."""
-    from olmo_core.nn.feed_forward import FeedForward
-
-    undo = []
-    for module in block.modules():
-        # an FFN that reads its hidden units itself (nn/hourglass.py)
-        if hasattr(module, "record_hidden"):
-            undo.append(module.record_hidden(record))
-        elif isinstance(module, FeedForward):
-            handle = module.w2.register_forward_pre_hook(lambda _m, args: record(args[0]))
-            undo.append(handle.remove)
-    return undo
-
-
 @torch.no_grad()
 def analyze_model(
     model: torch.nn.Module,
     tokens: torch.Tensor,
+    m,
     *,
     name: str = "",
     checkpoint: str = "",
-    block: str = "",
     threshold: float = THRESHOLD,
     conventions: Conventions = Conventions(),
 ) -> Analysis:
-    """The four analyses per block of an OLMo-core Transformer on ``tokens`` (batch, seq + 1):
-    inputs tokens[:, :-1], targets tokens[:, 1:]; the stream metrics and dead units taken as
+    """The four analyses per block of an OLMo-core Transformer of model spec ``m`` on ``tokens``
+    (batch, seq + 1): inputs tokens[:, :-1], targets tokens[:, 1:]; the FFN hidden units as the
+    block kind hands them (``BlockKind.record_hidden``); the stream metrics and dead units taken as
     ``conventions`` say."""
+    kind = block_of(m)
     model.eval()
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     blocks = list(model.blocks.values())
@@ -223,14 +207,14 @@ def analyze_model(
         undo.append(
             b.register_forward_hook(lambda _m, _a, out, i=i: outputs.__setitem__(i, out)).remove
         )
-        undo += _hidden_hooks(b, hidden[i].append)
+        undo += kind.record_hidden(m, b, hidden[i].append)
     try:
         logits = model(inputs)
     finally:
         for u in undo:
             u()
     c = conventions
-    result = Analysis(name, checkpoint, block, int(inputs.numel()), conventions=asdict(c))
+    result = Analysis(name, checkpoint, m.block, int(inputs.numel()), conventions=asdict(c))
     batch = inputs.shape[0]
     for i, b in enumerate(blocks):
         out = outputs[i]
@@ -272,7 +256,7 @@ def checkpoint_spec(checkpoint: str | Path):
     naming what is missing or differs."""
     from ..config import load_spec
     from ..train.checkpoints import latest_complete
-    from ..train.contract import check_checkpoint_fits
+    from ..train.checkpoints import check_checkpoint_fits
 
     path = Path(checkpoint)
     if not path.is_dir():

@@ -14,7 +14,7 @@ __all__ = [
     "float8_report",
     "float8_row",
     "param_table",
-    "width_report",
+    "paper_report",
     "attention_report",
     "gpu_report",
     "aligned_sibling",
@@ -144,23 +144,12 @@ def attention_report(spec: ExperimentSpec) -> dict:
     }
 
 
-def width_report(spec: ExperimentSpec) -> dict:
-    """A model of layer widths w_l against its constant-width twin (same h, L, V, seq): the kind's
-    own counts (``BlockKind.width_counts``: its widths, its paper's FLOP ratio, ...) and
-    ``flops_ratio``, OLMo-core's training FLOPs per token of the two built models (causal
-    attention, every computed matmul; an MoE's k active experts); with routed experts also the
-    twin's built ``baseline_total`` / ``baseline_active`` parameters."""
-    from dataclasses import replace
-
-    m, kind = spec.model, block_of(spec.model)
-    this, base = count(spec), count(replace(spec, model=kind.constant_width_twin(m)))
-    report = {
-        **kind.width_counts(m, vocab_size(spec), spec.data.sequence_length),
-        "flops_ratio": this.flops_per_token / base.flops_per_token,
-    }
-    if kind.routed_experts(m):
-        report.update(baseline_total=base.total, baseline_active=base.active)
-    return report
+def paper_report(spec: ExperimentSpec) -> dict:
+    """The model as its papers count it: its kind's ``paper_counts`` (the budget's
+    ``matched_params``, the report's ``authors_flops_per_token``; a variable-width model's widths
+    and FLOP ratios to its constant-width twin, ...)."""
+    m = spec.model
+    return block_of(m).paper_counts(m, vocab_size(spec), spec.data.sequence_length)
 
 
 def param_table(spec: ExperimentSpec) -> Table:

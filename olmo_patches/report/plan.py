@@ -20,8 +20,8 @@ from ..launch.layout import Layout, attention_backend, data_workers
 from ..launch.cards import CARDS, GIB
 from ..config.spec import demo_cache
 from ..train import device_for
-from ..train.precision import describe_compile, precision_of
-from ..train.life import CHECKPOINT_BYTES_PER_PARAM
+from ..train.callbacks.checkpointer import CHECKPOINT_BYTES_PER_PARAM
+from ..train.experiment import describe_compile, precision_of
 from ..nn.attention import on_gpu
 from ..nn.lm_loss import lm_loss
 from .counts import aligned_sibling, count, float8_row
@@ -191,7 +191,7 @@ def signal_lead(spec: ExperimentSpec, layout: Layout) -> tuple[int, str]:
     next step and saves, so N >= one step (on the slowest preset card at ASSUMED_MFU) + one save
     (the checkpoint at the rate the run measured at its last save, SAVE/save_rate.json, else at
     SAVE_BYTES_PER_S) + SIGNAL_MARGIN_S, rounded up to 30 s."""
-    from ..train.resume import SAVE_RATE, measured_save_rate
+    from ..train.callbacks.checkpointer import SAVE_RATE, measured_save_rate
 
     p = plan(spec)
     card = min(CARDS.values(), key=lambda c: c.bf16_flops or 0)

@@ -14,8 +14,8 @@ which refitting its own table gives its printed a and b); L = its final validati
   -0.54, +0.24, -0.06% at 200M-2B, where the authors' count gives -3.2, -3.6, -2.6, -2.6%), so a
   matched-loss ratio on it is not the paper's quantity (docs/variable_width.md).
 
-Runs fall into families by shape (:func:`family`), and each family with runs at 2 or more compute
-budgets gets
+Runs fall into families by shape (:func:`family`: the block kind's label), and each family with
+runs at 2 or more compute budgets gets
 
     ln L = ln a + b ln C        (ordinary least squares in log space)
 
@@ -52,7 +52,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..blocks import get_block
+from ..blocks import block_of
 from . import stats
 from .tables import Run, SeedGroup
 
@@ -118,34 +118,22 @@ def fit_power_law(C: Sequence[float], L: Sequence[float]) -> PowerLaw:
 
 
 def family(run: Run) -> str:
-    """baseline (constant width: OLMo-core's block or a constant variable-width schedule),
-    hourglass, or a variable-width shape (x, v, ^, 3) with its resizing when not carry-forward;
-    "MoE" appended."""
-    m = run.model
-    return get_block(m.get("block", "baseline")).family(m) + (" MoE" if m.get("moe") else "")
+    """The run's model as its kind labels it: baseline (a constant-width variable-width schedule
+    too), hourglass, or a variable-width shape (x, v, ^, 3) with its resizing when not
+    carry-forward; "MoE" appended."""
+    from ..config import load_spec
+
+    m = load_spec(run.path / "config.yaml").model
+    return block_of(m).label(m)
 
 
 def authors_flops_per_token(spec) -> float:
-    """Training FLOPs per token as paper 2's authors count them: 3 x forward FLOPs per sequence / s.
-    A variable-width model of their layers (SwiGLU 4 w_l, head_dim w_l / n_heads; a constant
-    schedule too) is :func:`paper_flops` of its widths, exactly their ``compute_metrics``; another
-    model (OLMo-core's transformer, hourglass) is counted by the same rules on its built weights: 2
-    x the attention and FFN weights a token uses (an MoE's active experts), 2 d_model V for the head
-    and 4 s per unit of attention width per layer (full s x s attention)."""
-    from ..config import vocab_size
-    from .counts import count
+    """Training FLOPs per token as the papers' authors count them (paper 2's ``compute_metrics``): 3
+    x forward FLOPs per sequence / s, as the model's kind counts it (``BlockKind.paper_counts``:
+    paper 2's own rule for its layers, the built weights' for OLMo-core's and the hourglass's)."""
+    from .counts import paper_report
 
-    m, s, V = spec.model, spec.data.sequence_length, vocab_size(spec)
-    if (own := get_block(m.block).authors_flops_per_token(m, V, s)) is not None:
-        return own
-    b = count(spec)
-    attention_width = m.n_heads * m.resolved_head_dim
-    forward = (
-        2 * (b.non_embedding - b.inactive)
-        + 2 * m.d_model * V
-        + 4 * s * attention_width * m.n_layers
-    )
-    return 3.0 * forward
+    return paper_report(spec)["authors_flops_per_token"]
 
 
 def run_compute_and_width(run: Run) -> tuple[float, float, float]:

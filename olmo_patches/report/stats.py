@@ -1,54 +1,47 @@
-"""Is a gap between two shapes bigger than the seed-to-seed noise? Intervals and tests over seeds.
+"""Is a gap between two shapes bigger than the seed-to-seed noise, and how big a gap could the seeds
+have seen? Intervals and tests over seeds, each at ``LEVEL`` (95%); what each assumes and how it was
+checked: docs/statistics.md. The core functions take the seeds on the last axis of an array (the
+simulation checks of tests/test_statistics.py run thousands at once):
 
-Each member of a sweep is trained once per seed s (``scripts/sweep.py --seeds``); its final
-validation loss L_s is one draw. The tests, all at ``LEVEL`` (95%), assume:
-
-- **Mean loss**: the L_s of one member are independent draws from a normal distribution (a
-  Student-t interval, n - 1 degrees of freedom; n >= 2). Perplexity's interval is exp of the loss's
-  (the geometric mean perplexity over seeds).
-- **Paired difference**: member and baseline share seed s (the same init seed and data order), so
-  d_s = L_member,s - L_baseline,s removes what the seed does to both alike; the d_s are independent
-  and normal (the paired t-test). "distinguishable" when the interval of the mean d excludes 0
-  (equivalently p < 1 - LEVEL); "not distinguishable" otherwise. Not distinguishable is not "equal":
-  the interval says how large a gap the seeds can hide.
-- **Noise floor**: every pair of the baseline's seeds, |L_i - L_j|: the gap two runs of the *same*
-  config show. A single-seed comparison below it says nothing.
-- **Matched-loss ratios** (bootstrap): the tokens (and FLOPs) a member's mean validation curve needs
-  to reach the baseline's mean final loss, over the baseline's; its interval is the percentile
-  bootstrap over seeds resampled with replacement, member and baseline together
-  (``scipy.stats.bootstrap``, paired). With 5 seeds the bootstrap's interval is rough (it cannot be
-  wider than what 5 seeds show): treat it as a range, not an exact 95%.
-- **Scaling fits over seeds** (:func:`bootstrap_means`): a statistic of several configs' mean
-  losses (a fit's a and b, a matched-loss ratio) with a percentile bootstrap whose unit is one
-  seed's run: each config's seeds are resampled with replacement, independently of the other
-  configs' (a numpy resample), and the statistic recomputed from the resampled means; a config
-  of one seed stays fixed. Same caveat: with a few seeds per config, a range.
+- :func:`t_test`, :func:`mean_interval`: the Student-t interval of independent normal draws;
+- :func:`paired_difference`: member - baseline paired by seed (the paired t-test), the seeds' sd of
+  the differences and :func:`detectable`, the smallest true difference found at ``POWER`` (80%);
+- :func:`holm`: Holm's step-down adjustment for several members against one baseline;
+- :func:`matched_ratio`: the tokens ratio at matched loss on fitted curves (:func:`fit_curves`),
+  seed by seed, with the t-interval of the mean log ratio;
+- :func:`accuracy_interval`: a downstream accuracy over documents (clustered by passage) and seeds;
+- :func:`bootstrap_means`: a percentile bootstrap over seeds for statistics of several configs'
+  mean losses (the scaling fits).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 __all__ = [
     "LEVEL",
+    "POWER",
     "Interval",
     "Paired",
-    "NoiseFloor",
+    "t_test",
     "mean_interval",
     "paired_difference",
-    "noise_floor",
-    "tokens_to_reach",
-    "matched_loss_ratio",
+    "detectable",
+    "holm",
+    "fit_curves",
+    "log_ratios",
+    "matched_ratio",
+    "accuracy_interval",
     "bootstrap_means",
 ]
 
 LEVEL = 0.95  # confidence level of every interval and test
+POWER = 0.80  # the power at which the smallest detectable difference is stated
 DISTINGUISHABLE, NOT_DISTINGUISHABLE = "distinguishable", "not distinguishable"
 
 
@@ -73,41 +66,66 @@ class Interval:
         return f"{self.mean:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
 
 
-@dataclass(frozen=True)
-class Paired:
-    """Mean of member - baseline over the seeds both have, its t-interval and p-value."""
-
-    diff: Interval
-    p: float
-    seeds: Tuple[int, ...]
-
-    @property
-    def verdict(self) -> str:
-        if self.diff.n < 2:
-            return "one seed: no test"
-        return NOT_DISTINGUISHABLE if self.diff.covers(0.0) else DISTINGUISHABLE
-
-
-@dataclass(frozen=True)
-class NoiseFloor:
-    """|L_i - L_j| over the baseline's seed pairs."""
-
-    pairs: int
-    rms: float  # root mean square gap (sqrt(2) x the seeds' standard deviation, on average)
-    largest: float
+def t_test(x, level: float = LEVEL):
+    """(mean, half-width of the t-interval, two-sided p against 0, sd) over the last axis (n >= 2):
+    the Student-t interval and one-sample t-test of independent normal draws."""
+    x = np.asarray(x, dtype=float)
+    n = x.shape[-1]
+    mean, sd = x.mean(axis=-1), x.std(axis=-1, ddof=1)
+    se = sd / math.sqrt(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, mean / se, np.where(mean == 0, 0.0, np.inf))
+    p = 2 * stats.t.sf(np.abs(t), n - 1)
+    return mean, stats.t.ppf(0.5 + level / 2, n - 1) * se, p, sd
 
 
 def mean_interval(x: Sequence[float], level: float = LEVEL) -> Interval:
     """The mean and its Student-t interval (normal, independent draws)."""
     a = np.asarray(x, dtype=float)
-    n = a.size
-    if n == 0:
+    if a.size == 0:
         raise ValueError("no values")
-    mean = float(a.mean())
+    if a.size < 2:
+        return Interval(float(a.mean()), math.nan, math.nan, a.size)
+    mean, half = (float(v) for v in t_test(a, level)[:2])
+    return Interval(mean, mean - half, mean + half, a.size)
+
+
+def detectable(sd, n: int, level: float = LEVEL, power: float = POWER):
+    """The smallest true mean difference the two-sided paired t-test at ``level`` finds with
+    probability ``power`` from n pairs whose differences have standard deviation ``sd``: the
+    noncentrality delta of the noncentral t (n - 1 df) with that power, times sd / sqrt(n)."""
     if n < 2:
-        return Interval(mean, math.nan, math.nan, n)
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * a.std(ddof=1) / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n)
+        return math.nan * np.asarray(sd)
+    crit = stats.t.ppf(0.5 + level / 2, n - 1)
+
+    def shortfall(delta):
+        lower = np.nan_to_num(stats.nct.cdf(-crit, n - 1, delta))  # NaN far out at 1 df: 0
+        return stats.nct.sf(crit, n - 1, delta) + lower - power
+
+    return optimize.brentq(shortfall, 0.0, 100.0) * np.asarray(sd) / math.sqrt(n)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """member - baseline over the seeds both have: its t-interval, p-value, the seeds' standard
+    deviation of the differences and the smallest difference detectable at ``POWER``."""
+
+    diff: Interval
+    p: float
+    seeds: Tuple[int, ...]
+    sd: float
+    detectable: float
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.p, self.diff.n)
+
+
+def verdict(p: float, n: int) -> str:
+    """The test's word for p over n seeds."""
+    if n < 2:
+        return "one seed: no test"
+    return DISTINGUISHABLE if p < 1 - LEVEL else NOT_DISTINGUISHABLE
 
 
 def paired_difference(
@@ -118,80 +136,109 @@ def paired_difference(
     if not seeds:
         raise ValueError("no seed in common")
     d = np.array([member[s] - baseline[s] for s in seeds])
-    interval = mean_interval(d, level)
     if len(seeds) < 2:
-        p = math.nan
-    elif d.std(ddof=1) == 0:
-        p = 1.0 if d.mean() == 0 else 0.0
-    else:
-        p = float(stats.ttest_1samp(d, 0.0).pvalue)
-    return Paired(interval, p, seeds)
+        return Paired(
+            Interval(float(d[0]), math.nan, math.nan, 1), math.nan, seeds, *[math.nan] * 2
+        )
+    mean, half, p, sd = (float(v) for v in t_test(d, level))
+    interval = Interval(mean, mean - half, mean + half, len(seeds))
+    return Paired(interval, p, seeds, sd, float(detectable(sd, len(seeds), level)))
 
 
-def noise_floor(baseline: Mapping[int, float]) -> Optional[NoiseFloor]:
-    """The baseline against itself: every pair of its seeds (None below 2 seeds)."""
-    gaps = [abs(a - b) for a, b in itertools.combinations(baseline.values(), 2)]
-    if not gaps:
-        return None
-    return NoiseFloor(len(gaps), float(np.sqrt(np.mean(np.square(gaps)))), float(max(gaps)))
+def holm(p) -> np.ndarray:
+    """Holm's step-down adjusted p-values over the last axis: the i-th smallest times (k - i + 1),
+    made non-decreasing, capped at 1. A member whose adjusted p is below 1 - LEVEL is
+    distinguishable with the family-wise error rate of all k kept at 1 - LEVEL."""
+    p = np.asarray(p, dtype=float)
+    k = p.shape[-1]
+    order = np.argsort(p, axis=-1)
+    ranked = np.take_along_axis(p, order, axis=-1) * (k - np.arange(k))
+    adjusted = np.minimum(np.maximum.accumulate(ranked, axis=-1), 1.0)
+    out = np.empty_like(adjusted)
+    np.put_along_axis(out, order, adjusted, axis=-1)
+    return out
 
 
-def tokens_to_reach(tokens: Sequence[float], loss: Sequence[float], target: float) -> float:
-    """The first point where the curve reaches ``target``, linearly interpolated between
-    evaluations; NaN when it never does."""
-    t, y = np.asarray(tokens, dtype=float), np.asarray(loss, dtype=float)
-    below = np.nonzero(y <= target)[0]
-    if below.size == 0:
-        return math.nan
-    i = int(below[0])
-    if i == 0:
-        return float(t[0])
-    frac = (y[i - 1] - target) / (y[i - 1] - y[i])
-    return float(t[i - 1] + frac * (t[i] - t[i - 1]))
+ALPHAS = np.geomspace(0.02, 4.0, 160)  # the exponents the curve fit searches
+REACH = 2.0  # a member's fitted curve is followed up to this multiple of its last evaluation
 
 
-def _ratio(member: np.ndarray, baseline: np.ndarray, tokens: np.ndarray) -> float:
-    """Tokens the mean member curve needs for the mean baseline's final loss, over the
-    baseline's."""
-    m, b = member.mean(axis=0), baseline.mean(axis=0)
-    base = tokens_to_reach(tokens, b, b[-1])
-    # reached at 0 tokens: no ratio
-    return tokens_to_reach(tokens, m, b[-1]) / base if base > 0 else math.nan
+def fit_curves(tokens, loss) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(E, A, alpha) of L(t) = E + A t^-alpha, least squares over the evaluations at t > 0 (the
+    last axis; at least 3), for every curve of ``loss`` (..., evaluations) at once: E and A
+    solved exactly at each alpha of a fine grid, the best alpha kept. A curve that does not fall
+    (best A <= 0) gets NaN."""
+    t = np.asarray(tokens, dtype=float)
+    y = np.asarray(loss, dtype=float)[..., t > 0]
+    x = t[t > 0][None, :] ** -ALPHAS[:, None]  # (alphas, m)
+    xc = x - x.mean(axis=1, keepdims=True)
+    yc = y - y.mean(axis=-1, keepdims=True)
+    a = (yc @ xc.T) / (xc * xc).sum(axis=1)  # (..., alphas)
+    sse = (yc * yc).sum(axis=-1, keepdims=True) - a * a * (xc * xc).sum(axis=1)
+    best = np.argmin(np.where(a > 0, sse, np.inf), axis=-1)
+    A = np.take_along_axis(a, best[..., None], axis=-1)[..., 0]
+    E = y.mean(axis=-1) - A * x.mean(axis=1)[best]
+    ok = A > 0
+    return np.where(ok, E, np.nan), np.where(ok, A, np.nan), np.where(ok, ALPHAS[best], np.nan)
 
 
-def matched_loss_ratio(
+def log_ratios(member, member_tokens, baseline, baseline_tokens) -> np.ndarray:
+    """ln(tokens the member's fitted curve needs to reach the baseline's fitted final loss / the
+    baseline's final tokens), curve by curve (paired: seed s against seed s, the seeds on the
+    second-to-last axis); NaN where the member does not reach it within ``REACH`` x its own last
+    evaluation or a curve does not fall."""
+    t_base, t_member = float(np.max(baseline_tokens)), float(np.max(member_tokens))
+    E, A, alpha = fit_curves(baseline_tokens, baseline)
+    target = E + A * t_base**-alpha
+    E, A, alpha = fit_curves(member_tokens, member)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.log(A / (target - E)) / alpha
+    return np.where((target > E) & (t <= math.log(REACH * t_member)), t - math.log(t_base), np.nan)
+
+
+def matched_ratio(
     member: Mapping[int, Sequence[float]],
+    member_tokens: Sequence[float],
     baseline: Mapping[int, Sequence[float]],
-    tokens: Sequence[float],
+    baseline_tokens: Sequence[float],
     level: float = LEVEL,
-    resamples: int = 2000,
-    seed: int = 0,
-    statistic: Callable[[np.ndarray, np.ndarray, np.ndarray], float] = _ratio,
-) -> Interval:
-    """Matched-loss token ratio over the seeds both have (validation curves at the same ``tokens``),
-    with a paired percentile bootstrap over seeds (NaN bounds below 2 seeds or when a resample's
-    member never reaches the target). Scale by FLOPs per token for the FLOPs ratio."""
+) -> Tuple[Optional[Interval], str]:
+    """(the geometric mean over seeds of the matched-loss tokens ratio with its t-interval, "") or
+    (None, why it is not estimable): each side's curves at its ``tokens``, the seeds both have."""
     seeds = sorted(member.keys() & baseline.keys())
-    if not seeds:
-        raise ValueError("no seed in common")
-    m = np.array([member[s] for s in seeds], dtype=float)
-    b = np.array([baseline[s] for s in seeds], dtype=float)
-    x = np.asarray(tokens, dtype=float)
-    point = statistic(m, b, x)
-    if len(seeds) < 2 or math.isnan(point):
-        return Interval(point, math.nan, math.nan, len(seeds))
-    idx = np.arange(len(seeds))
+    if min(sum(np.asarray(t) > 0) for t in (member_tokens, baseline_tokens)) < 3:
+        return None, "fewer than 3 evaluations after step 0: no curve to fit"
+    m, b = (np.array([c[s] for s in seeds], dtype=float) for c in (member, baseline))
+    r = log_ratios(m, member_tokens, b, baseline_tokens)
+    if missed := [s for s, v in zip(seeds, r) if np.isnan(v)]:
+        return None, (
+            f"seed(s) {','.join(map(str, missed))} do not reach the baseline's final loss within "
+            f"{REACH:g}x their tokens"
+        )
+    return mean_interval(r, level).exp(), ""
 
-    def resampled(i: np.ndarray) -> float:
-        i = i.astype(int)
-        return statistic(m[i], b[i], x)
 
-    res = stats.bootstrap(
-        (idx,), resampled, vectorized=False, confidence_level=level, n_resamples=resamples,
-        method="percentile", rng=np.random.default_rng(seed),
-    )  # fmt: skip
-    lo, hi = res.confidence_interval
-    return Interval(point, float(lo), float(hi), len(seeds))
+def accuracy_interval(
+    correct, clusters: Optional[Sequence] = None, level: float = LEVEL
+) -> Interval:
+    """Mean accuracy over seeds and items, ``correct`` (seeds, items) in [0, 1], with an interval
+    for the accuracy of the task's item population and the config's seed distribution: the
+    clustered standard error over items (their mean over seeds; ``clusters``: each item's passage,
+    items of one passage a cluster; default each item its own) and the seeds' own spread,
+    combined, with Satterthwaite's degrees of freedom."""
+    x = np.atleast_2d(np.asarray(correct, dtype=float))
+    seeds, items = x.shape
+    mean = float(x.mean())
+    ids = np.unique(np.arange(items) if clusters is None else np.asarray(clusters),
+                    return_inverse=True)[1]  # fmt: skip
+    sums = np.bincount(ids, weights=x.mean(axis=0) - mean)
+    c = sums.size
+    v_items = c / max(c - 1, 1) * float((sums * sums).sum()) / items**2
+    v_seeds = float(x.mean(axis=1).var(ddof=1)) / seeds if seeds > 1 else 0.0
+    v = v_items + v_seeds
+    df = v * v / (v_items**2 / max(c - 1, 1) + (v_seeds**2 / (seeds - 1) if seeds > 1 else 0.0))
+    half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(v) if v > 0 else 0.0
+    return Interval(mean, mean - half, mean + half, seeds)
 
 
 def bootstrap_means(

@@ -9,7 +9,14 @@ from typing import List, Optional, Sequence
 
 from ..launch.run_folder import read_metrics
 from ..launch.sweep import Member, RunStatus, Variants, sweep_status
-from .compare import check_seed_folders, comparison_notes, comparison_tables, val_curves_figure
+from .compare import (
+    check_seed_folders,
+    comparison,
+    comparison_notes,
+    comparison_tables,
+    left_out,
+    val_curves_figure,
+)
 from .figures import make_figures, scaling_figure
 from .scaling import scaling_tables
 from .tables import (
@@ -74,16 +81,23 @@ def report(
     variants: Variants = Variants(),
     baseline: Optional[str] = None,
     use_best_lr: bool = False,
+    confirm: Sequence[Member] = (),
 ) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
     sweep's configs, paper beside run; a config's seeds as one row, tables.group_seeds), the
     scaling fits where a family has runs at 2+ budgets (report/scaling.py), the comparison over
     seeds against ``baseline`` (default: the first config) at each config's LR or each member's
-    best (``use_best_lr``), and the figures, for all runs and per ablation. A member whose seeds'
-    folders hold another config: ConfigError, nothing written."""
+    best (``use_best_lr``; ``confirm``: compare.confirmation's fresh seeds there), and the
+    figures, for all runs and per ablation. Only the runs that reached their planned step with
+    finite losses are read (compare.left_out); the status and ``seeds`` tables name the others.
+    A member whose seeds' folders hold another config: ConfigError, nothing written."""
     check_seed_folders(members)
     baseline = baseline or (members[0].group or members[0].name)
-    runs = load_runs([m.folder for m in members if (m.folder / "config.yaml").exists()])
+    statuses = sweep_status([*members, *confirm], slurm_log_dir)
+    folders = [m.folder for m in [*members, *confirm] if (m.folder / "config.yaml").exists()]
+    loaded = load_runs(folders)
+    why = {s.member.name: left_out(s, loaded.get(s.member.name)) for s in statuses}
+    runs = {name: run for name, run in loaded.items() if not why.get(name, "")}
     grouped = group_seeds(runs)  # each config's seeds as one row: mean and interval over seeds
     configs = [m.config for m in members]
     tables = build_tables(grouped, sweep_configs=configs)
@@ -95,19 +109,19 @@ def report(
             if rows
         }
     )
-    compared = {
-        k: rows
-        for k, rows in comparison_tables(members, runs, variants, baseline, use_best_lr).items()
-        if rows
+    compared = comparison(members, runs, why, use_best_lr, confirm)
+    tables = {
+        "sweep": status_rows(statuses),
+        **{k: rows for k, rows in comparison_tables(compared, variants, baseline).items() if rows},
+        **tables,
     }
-    tables = {"sweep": status_rows(sweep_status(members, slurm_log_dir)), **compared, **tables}
     written = write_tables(tables, out)
-    notes = comparison_notes(variants, baseline, use_best_lr)
+    notes = comparison_notes(variants, baseline, use_best_lr, confirm)
     (out / "comparison_notes.md").write_text(notes)
     written.append(out / "comparison_notes.md")
     if figures:
         written += make_figures(grouped, out) + scaling_figure(grouped, out, paper_results())
-        written += val_curves_figure(members, runs, out, use_best_lr)
+        written += val_curves_figure(compared, out)
         by_config = {m.config: m.group or m.name for m in members}  # at the config's own LR
         for group, paths in ablation_configs(configs).items():
             subset = {by_config[p]: grouped[by_config[p]] for p in paths if by_config[p] in grouped}

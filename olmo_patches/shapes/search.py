@@ -29,9 +29,9 @@ The paper reports attention/FFN splits, not shapes (113M: K=4, L=6 at about 45M/
 K=2 run at 66M/47M). :func:`solve_split` takes the attention count as the target instead of
 d_h/d_model: with MHA attention = 4 d_model^2 L fixes d_model, the budget fixes d_h, and the
 shape nearest the split with a head dim that is a multiple of 8 (flash-attention) within
-:data:`SPLIT_TOLERANCE` wins. ``heads8=True`` restricts :func:`solve` the same way (d_model % 8
-rungs only, and of the shapes within the tolerance the one whose d_h/d_model is nearest the
-target), for sweeps at that tolerance.
+:data:`SPLIT_TOLERANCE` wins. ``nearest_ratio=True`` makes :func:`solve` take, of the shapes within
+the tolerance (any even d_model, its heads as above), the one whose d_h/d_model is nearest the
+target, for sweeps over d_h/d_model at that tolerance.
 """
 
 from __future__ import annotations
@@ -75,8 +75,6 @@ ALIGNED_TOLERANCE = 3e-3  # the authors' revised configs: within +-0.3% of their
 # d_model % 8, d_h % 64
 ALIGNED_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0 and b % 64 == 0)
 SPLIT_TOLERANCE = 4e-4  # the tightest of the authors' revised configs (0.04%; they range to 0.29%)
-# d_model % 8: head dims multiples of 8
-HEADS8_LADDER = tuple((a, b) for a, b in LADDER if a % 8 == 0)
 
 
 @dataclass(frozen=True)
@@ -165,16 +163,16 @@ def solve(
     head_dim: int = 64,
     kv_group: int = 1,
     aligned: bool = False,
-    heads8: bool = False,
+    nearest_ratio: bool = False,
 ) -> Optional[Shape]:
     """The hourglass shape with K given, L = ``n_layers`` (or within ``layer_slack`` of it, nearest
     first), d_h/d_model within ``ratio_slack`` (relative) of ``d_h_ratio``, and the budget met
     within ``tolerance``. None when there is none. ``attn_fraction``: attention width near that
     fraction of d_model in heads of ``head_dim`` (None: MHA at d_model / n_heads); ``kv_group``:
     query heads per key/value head (GQA; 1: MHA); ``aligned``: only the :data:`ALIGNED_LADDER` rungs
-    (pass ``tolerance=ALIGNED_TOLERANCE`` with it); ``heads8``: only d_model % 8 and head dims that
-    are multiples of 8, d_h any integer, the d_h/d_model nearest the target winning (pass
-    ``tolerance=SPLIT_TOLERANCE`` with it).
+    (pass ``tolerance=ALIGNED_TOLERANCE`` with it); ``nearest_ratio``: any even d_model, d_h any
+    integer, the d_h/d_model nearest the target winning (pass ``tolerance=SPLIT_TOLERANCE`` with
+    it).
 
     Search order: each d_model window in turn (relative to the continuous solution d*), each L
     nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
@@ -185,9 +183,9 @@ def solve(
     )
     for window in windows:
         for L in layers:
-            if heads8:
+            if nearest_ratio:
                 attention = dict(attn_fraction=attn_fraction, head_dim=head_dim, kv_group=kv_group)
-                shape = _solve_heads8(
+                shape = _solve_nearest_ratio(
                     budget, K, L, d_h_ratio, tolerance, window, ratio_slack, **attention
                 )
                 if shape is not None:
@@ -204,7 +202,7 @@ def solve(
                 attn_fraction,
                 head_dim,
                 kv_group,
-                ALIGNED_LADDER if aligned else HEADS8_LADDER if heads8 else LADDER,
+                ALIGNED_LADDER if aligned else LADDER,
             )
             if shape is not None:
                 return shape
@@ -309,7 +307,7 @@ def _solve_rungs(
     return None
 
 
-def _solve_heads8(
+def _solve_nearest_ratio(
     budget: int,
     K: int,
     L: int,
@@ -321,23 +319,22 @@ def _solve_heads8(
     head_dim: int = 64,
     kv_group: int = 1,
 ) -> Optional[Shape]:
-    """d_model % 8 with a head dim that is a multiple of 8 (MHA at d_model / n_heads, or the
+    """Any even d_model with its heads (MHA at d_model / n_heads, :func:`choose_heads`, or the
     attention of :func:`attention_heads` with ``attn_fraction``), d_h any integer: of the shapes
     within ``tolerance``, the one whose d_h/d_model is nearest ``r`` (a sweep over d_h/d_model gets
     its ratios)."""
     d_star = math.sqrt(budget / (L * _per_layer(K, r, attn_fraction, kv_group)))
     lo, hi = max(8, int(d_star * (1 - window))), int(math.ceil(d_star * (1 + window)))
     best: Optional[Shape] = None
-    for d_model in range(lo + (-lo) % 8, hi + 1, 8):
-        attention = attention_heads(d_model, attn_fraction, head_dim, kv_group)
-        if attention is None or Shape(K, d_model, L, 0, **attention).head_dim % 8:
+    for d_model in range(lo + lo % 2, hi + 1, 2):
+        if (attention := attention_heads(d_model, attn_fraction, head_dim, kv_group)) is None:
             continue
         d_h = round(
             _exact_d_h(budget, K, d_model, L, Shape(K, d_model, L, 0, **attention).attention)
         )
         if d_h < 1 or abs(d_h / d_model / r - 1) > ratio_slack:
             continue
-        shape = Shape(K, d_model, L, d_h, rounding="d_model % 8, d_h % 1", **attention)
+        shape = Shape(K, d_model, L, d_h, rounding="d_model % 2, d_h % 1", **attention)
         if abs(shape.mismatch(budget)) <= tolerance and (
             best is None or abs(shape.d_h_ratio - r) < abs(best.d_h_ratio - r)
         ):
@@ -377,7 +374,7 @@ def enumerate_shapes(
     head_dim: int = 64,
     kv_group: int = 1,
     aligned: bool = False,
-    heads8: bool = False,
+    nearest_ratio: bool = False,
 ) -> Iterator[Shape]:
     """Every solvable shape of the paper's search space: K, d_h/d_model, each attention width
     fraction (None: MHA at d_model), and each L whose solved d_model/L falls in ``width_depth``.
@@ -400,7 +397,7 @@ def enumerate_shapes(
                         head_dim=head_dim,
                         kv_group=kv_group,
                         aligned=aligned,
-                        heads8=heads8,
+                        nearest_ratio=nearest_ratio,
                     )
                     if shape is None or not width_depth[0] <= shape.width_depth <= width_depth[1]:
                         continue

@@ -41,18 +41,27 @@ from rich.progress import Progress
 from olmo_core.train.checkpoint import Checkpointer
 
 from ..config import ConfigError, ExperimentSpec, spec_to_yaml, vocab_size
-from ..config.spec import failer
+from ..config.spec import check_fields, failer
 from ..launch.layout import check_downstream_tasks, load_and_resolve
-from ..eval.evaluators import downstream_evaluators
+from ..eval.evaluators import DownstreamTaskEvaluator, downstream_evaluators
 from .experiment import eval_callbacks
 from .sources import DataSources, resolve_data
 from ..launch.run_folder import METRICS_FILE
-from .checkpoints import checkpoint_step, latest_complete, load_model_state
-from .contract import check_checkpoint_fits
+from .checkpoints import check_checkpoint_fits, checkpoint_step, latest_complete, load_model_state
 
 log = logging.getLogger(__name__)
 
-__all__ = ["from_checkpoint", "from_hf", "evaluate", "write_metrics", "EvalChoice", "default_out"]
+ITEMS = "items-step{step}.json"  # beside a run's metrics.jsonl: {task: each document's outcome}
+
+__all__ = [
+    "ITEMS",
+    "from_checkpoint",
+    "from_hf",
+    "evaluate",
+    "write_metrics",
+    "EvalChoice",
+    "default_out",
+]
 
 # (input_ids, labels) -> (logits, per-token CE loss)
 Forward = Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -68,6 +77,7 @@ class EvalTarget:
     evaluators: List[Evaluator]
     lm_duration: Duration = field(default_factory=lambda: Duration.epochs(1))
     config: Dict = field(default_factory=dict)  # written as config.yaml beside a new metrics file
+    items: Dict[str, dict] = field(default_factory=dict)  # per task, each document's outcome
 
 
 @dataclass
@@ -166,8 +176,10 @@ _FLAGS = {
 
 
 def _check_choice(spec: ExperimentSpec, choice: EvalChoice) -> None:
-    """EvalSpec.validate's checks, reported against the command line's flags."""
+    """The eval section's checks (each number's domain, EvalSpec.validate's), reported against the
+    command line's flags."""
     fail = lambda key, value, why: _fail(_FLAGS.get(key, key), value, why)  # noqa: E731
+    check_fields(spec.eval, fail, "eval.")
     spec.eval.validate(fail)
     check_downstream_tasks(spec, fail)
     for key, value in (("--limit", choice.limit), ("--batch-size", choice.batch_size)):
@@ -338,6 +350,8 @@ def evaluate(
                 break
         for metric, value in evaluator.compute_metrics().items():
             metrics[f"eval/{evaluator.name}/{metric}"] = float(value)
+        if isinstance(evaluator, DownstreamTaskEvaluator) and (items := evaluator.items()):
+            target.items[evaluator.label] = items
         log.info(f"{name}: {steps} batches in {time.monotonic() - start:.1f} s")
     return metrics
 
@@ -346,7 +360,8 @@ def write_metrics(out: str | Path, target: EvalTarget, metrics: Dict[str, float]
     """One record (the target's step) to ``out``: a ``.json`` file (written: the name, the step and
     the metrics), a ``.jsonl`` file or a folder (its ``metrics.jsonl``), appended; the folder of a
     metrics file gets the target's ``config.yaml`` when it has none, so that ``make_tables.py``
-    reads it as a run."""
+    reads it as a run, and the downstream tasks' outcome per document (``ITEMS``: the sweep report's
+    accuracy intervals over items and seeds)."""
     out = Path(out)
     record = {"step": target.step, **metrics}
     if out.suffix == ".json":
@@ -360,6 +375,8 @@ def write_metrics(out: str | Path, target: EvalTarget, metrics: Dict[str, float]
         (out.parent / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(target.config)))
     with out.open("a") as f:
         f.write(json.dumps(record) + "\n")
+    if target.items:
+        (out.parent / ITEMS.format(step=target.step)).write_text(json.dumps(target.items) + "\n")
     return out
 
 

@@ -1,18 +1,33 @@
 """Translate an :class:`ExperimentSpec` into OLMo-core's configs: model, dataset, data loader, train
-module and Trainer with its callbacks.
+module (its data parallelism, precision, float8 and compile) and Trainer with its callbacks.
 
 Everything built from them is OLMo-core's own machinery (its Trainer, train module, numpy datasets,
 data loader, checkpointer and evaluators); run.py builds and runs them.
+
+bf16 (``train.precision``): FSDP2 and HSDP keep fp32 parameters (the master weights AdamW updates
+and checkpoints hold), all-gather bf16 compute copies of them and reduce-scatter the gradients in
+fp32. One process and DDP run under bf16 autocast instead: DDP would cast the parameters themselves
+(and AdamW's state) to bf16. gloo all-gathers, reduce-scatters and all-reduces bf16 (torch 2.13), so
+CPU runs take the GPU's path.
+
+float8 (``train.float8``): torchao's float8 matmuls through OLMo-core's Float8Config, which its
+``parallelize_model`` applies before compile, activation checkpointing and FSDP; emulated where the
+device has no float8 matmuls (CPU, pre-SM89), with one info line.
+
+compile (``train.compile``): OLMo-core's per-block ``apply_compile`` (inductor), which its
+``parallelize_model`` applies after float8 and activation checkpointing and before FSDP/DDP, but
+only where CUDA is available (olmo_core/train/train_module/transformer/common.py line 113: "Skipping
+model compilation"). On CPU :func:`compile_on_cpu` applies it at that same point.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
-from olmo_core.config import Config
+from olmo_core.config import Config, DType
 from olmo_core.data import (
     InstanceFilterConfig,
     NumpyDataLoaderConfig,
@@ -25,10 +40,11 @@ from olmo_core.data.source_mixture import (
     SourceMixtureList,
 )
 from olmo_core.exceptions import OLMoConfigurationError
-from olmo_core.nn.transformer import TransformerConfig
+from olmo_core.distributed.parallel import DataParallelType
+from olmo_core.nn.transformer import Transformer, TransformerConfig
 from olmo_core.train import Duration, TrainerConfig
 from olmo_core.train.callbacks import CallbackConfig, ConfigSaverCallback, SpeedMonitorCallback
-from olmo_core.train.train_module import TransformerTrainModuleConfig
+from olmo_core.train.train_module import TransformerDataParallelConfig, TransformerTrainModuleConfig
 
 from ..config import ConfigError, ExperimentSpec
 from ..data.order import olmo_core_seed
@@ -41,36 +57,19 @@ from ..eval.evaluators import (
 from ..launch.cards import known_card
 from ..launch.layout import attention_backend, data_workers
 from ..nn.attention import set_attention_backend, use_sdpa_kernel
+from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 from ..nn.lm_loss import lm_loss, set_lm_loss
 from .batch_trace import BatchTraceCallback
-from .metrics import MetricsFileCallback
 from .optimizer import lagged, optimizer, scheduler
-from .precision import (
-    autocast,
-    data_parallel,
-    describe_compile,
-    float8_config,
-    olmo_core_compiles,
-    precision_of,
-)
-from .progress import ProgressCallback, wandb_callback
-from .resume import ResumeCheckpointerCallback
-from .safety import NonFiniteGuardCallback
+from .callbacks.checkpointer import ResumeCheckpointerCallback
+from .callbacks.console import ProgressCallback
+from .callbacks.metrics_file import MetricsFileCallback
+from .callbacks.nonfinite import NonFiniteGuardCallback
+from .callbacks.stop import StopOnSignalCallback
+from .callbacks.wandb import wandb_callback
 from .sources import DataSources, resolve_data
-from .life import StopOnSignalCallback
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "Experiment",
-    "OrderedDataLoaderConfig",
-    "build_experiment",
-    "check_downstream",
-    "device_for",
-    "downstream_length",
-    "eval_callbacks",
-    "mixture_config",
-]
 
 
 def device_for(spec: ExperimentSpec) -> str:
@@ -86,8 +85,9 @@ def downstream_length(spec: ExperimentSpec) -> int:
 
 @dataclass
 class OrderedDataLoaderConfig(NumpyDataLoaderConfig):
-    """OLMo-core's data loader config plus the switch its config lacks: a materialized prefix is
-    already in training order and must be read without reshuffling."""
+    """OLMo-core's data loader config plus the switch it lacks, the loader's ``shuffle``
+    (olmo_core/data/data_loader.py line 1107: no such field): a materialized prefix is already in
+    training order and must be read without reshuffling."""
 
     shuffle: bool = True
 
@@ -262,7 +262,7 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         max_duration=duration,
         metrics_collect_interval=spec.run.log_interval,
         cancel_check_interval=1,  # SIGTERM (preemption) stops the run at the next step
-        save_overwrite=False,  # cut-off saves are pruned before a run starts (resume.py)
+        save_overwrite=False,  # cut-off saves are pruned before a run starts (checkpoints.py)
         hard_stop=Duration.steps(spec.run.stop_at_step) if spec.run.stop_at_step else None,
     )
     trainer = trainer.with_callback(
@@ -277,7 +277,6 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         ),
     )
     trainer = trainer.with_callback("nonfinite_guard", NonFiniteGuardCallback())
-    # SIGTERM/SIGUSR1: save and stop (life.py)
     trainer = trainer.with_callback("stop_on_signal", StopOnSignalCallback())
     trainer = trainer.with_callback("config_saver", ConfigSaverCallback())
     trainer = trainer.with_callback("metrics_file", MetricsFileCallback())
@@ -290,8 +289,8 @@ def _trainer(spec: ExperimentSpec, data: DataSources, device: str) -> TrainerCon
         and (card := known_card(torch.cuda.get_device_name()))
         and card.bf16_flops
     ):
-        # The peak of launch/cards.py: OLMo-core's own table lacks some (H200: it would use an
-        # A100's, MFU x3.2).
+        # The peak of launch/cards.py: OLMo-core's own table lacks some (H200, RTX 6000 Ada: it
+        # takes an A100's, olmo_core/train/callbacks/speed_monitor.py line 49; MFU x3.2 on an H200).
         trainer = trainer.with_callback(
             "speed_monitor", SpeedMonitorCallback(device_peak_flops_per_second=int(card.bf16_flops))
         )
@@ -328,3 +327,125 @@ def build_experiment(spec: ExperimentSpec, data: DataSources, *, world_size: int
         autocast_precision=autocast(spec, world_size),
     )
     return Experiment(model, dataset, data_loader, train_module, _trainer(spec, data, device))
+
+
+# ---- precision, float8 and compile ---------------------------------------------------------------
+
+
+def _fsdp(spec: ExperimentSpec, world_size: int) -> bool:
+    """FSDP2 or HSDP (not DDP, not one process)."""
+    return world_size > 1 and spec.train.data_parallel != "ddp"
+
+
+def data_parallel(spec: ExperimentSpec, world_size: int) -> Optional[TransformerDataParallelConfig]:
+    """FSDP2 (one unit per block), HSDP or DDP across ranks; none for one process."""
+    if world_size == 1:
+        return None
+    bf16 = spec.train.precision == "bf16" and _fsdp(spec, world_size)
+    return TransformerDataParallelConfig(
+        name=DataParallelType(spec.train.data_parallel),
+        param_dtype=DType.bfloat16 if bf16 else None,
+        reduce_dtype=DType.float32,
+    )
+
+
+def autocast(spec: ExperimentSpec, world_size: int) -> Optional[DType]:
+    """bf16 autocast where FSDP's mixed precision does not apply: one process, or DDP."""
+    return (
+        DType.bfloat16 if spec.train.precision == "bf16" and not _fsdp(spec, world_size) else None
+    )
+
+
+def precision_of(spec: ExperimentSpec, world_size: int) -> str:
+    """What :func:`data_parallel` and :func:`autocast` give this run (parameters and master weights,
+    compute, gradient reduction), for its log and the dry run."""
+    if spec.train.precision == "fp32":
+        compute = "fp32 compute (no autocast)"
+    elif _fsdp(spec, world_size):
+        compute = f"bf16 compute ({spec.train.data_parallel.upper()} mixed precision)"
+    else:
+        compute = "bf16 compute (torch.autocast)"
+    reduce = "fp32 gradient reduction" if world_size > 1 else "no gradient reduction (1 process)"
+    return f"fp32 parameters and master weights, {compute}, {reduce}"
+
+
+def float8_config(
+    spec: ExperimentSpec, device: str, world_size: int
+) -> Optional[ShapeFloat8Config]:
+    """OLMo-core's Float8Config for train.float8 (nn/float8.py), emulated where there are no float8
+    matmuls; on float8 hardware each matmul converts where it wins at a micro-batch's tokens on this
+    card; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's
+    recommended)."""
+    from olmo_core.float8 import AOFloat8LinearConfig, AOFloat8LinearRecipe
+
+    from ..launch.cards import CARDS
+
+    f8 = spec.train.float8
+    if f8 == "off":
+        return None
+    emulate = not has_float8_matmuls(torch.device(device))
+    if emulate:
+        log.info(f"train.float8={f8}: no float8 matmuls on {device}, using torchao's emulation")
+    card = known_card(torch.cuda.get_device_name(device)) if not emulate else None
+    size = dict(
+        emulate=emulate,
+        tokens=(spec.train.micro_batch_size or 1) * spec.data.sequence_length,
+        roof=(card or CARDS["h100"]).roof,
+    )
+    if f8 == "tensorwise":
+        all_gather = _fsdp(spec, world_size)
+        return ShapeFloat8Config(
+            ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=all_gather), **size
+        )
+    return ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(f8), **size)
+
+
+def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:
+    """OLMo-core's compile_model flag. On CPU :func:`compile_on_cpu` compiles instead, and the flag
+    is set only for activation checkpointing's ``budget`` mode, which OLMo-core's train module
+    refuses without it (its parallelize_model then skips compiling on CPU, and compile_on_cpu
+    compiles)."""
+    ac = spec.train.activation_checkpointing
+    return bool(spec.train.compile) and (
+        device != "cpu" or (ac is not None and ac.mode == "budget")
+    )
+
+
+def describe_compile(spec: ExperimentSpec, world_size: int) -> str:
+    """What train.compile does, on any device, for the run's log and the dry run."""
+    if not spec.train.compile:
+        return "off (eager)"
+    return "torch.compile per block (inductor)" + (
+        f", before {spec.train.data_parallel.upper()}" if world_size > 1 else ""
+    )
+
+
+# parallelize_model calls one of these right after where it compiles on CUDA (init_weights always).
+_AFTER_COMPILE = ("apply_fsdp", "apply_ddp", "init_weights")
+
+
+def compile_on_cpu(model: Transformer) -> None:
+    """Make the next of ``model``'s apply_fsdp / apply_ddp / init_weights compile it first: the
+    point where OLMo-core's parallelize_model would have called ``model.apply_compile()`` with
+    CUDA."""
+
+    def compiling_first(name: str):
+        method = getattr(model, name)
+
+        def call(*args, **kwargs):
+            for other in _AFTER_COMPILE:
+                del model.__dict__[other]  # back to the class's methods
+            model.apply_compile()
+            return method(*args, **kwargs)
+
+        return call
+
+    for name in _AFTER_COMPILE:
+        setattr(model, name, compiling_first(name))
+    logging.getLogger("olmo_core.train.train_module.transformer.common").addFilter(_compiled_here)
+
+
+def _compiled_here(record: logging.LogRecord) -> bool:
+    """Drops OLMo-core's "Skipping model compilation" warning where compile_on_cpu compiles
+    instead."""
+    return not record.getMessage().startswith("Skipping model compilation")

@@ -1,7 +1,8 @@
 """train.init_from (``--init-from``): a new run starts from another model's weights, with its own
 run folder, a fresh optimizer and schedule. The weights come from a run checkpoint of the same shape
-(checked by content first: safety.verify) or from a Hugging Face OLMo-2-style folder, converted by
-OLMo-core's converter (olmo_core.nn.hf). A rerun of the new run resumes from its own checkpoints."""
+(checked by content first: checkpoints.verify) or from a Hugging Face OLMo-2-style folder, converted
+by OLMo-core's converter (olmo_core.nn.hf). A rerun of the new run resumes from its own
+checkpoints."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ from typing import Dict, Optional
 import torch
 
 from ..config import ConfigError, ExperimentSpec
-from .checkpoints import checkpoint_shapes, latest_complete, load_model_state
-from .contract import first_difference, model_shapes
-from .safety import verify
+from .checkpoints import (
+    checkpoint_shapes,
+    first_difference,
+    latest_complete,
+    load_model_state,
+    model_shapes,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 

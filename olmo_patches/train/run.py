@@ -1,8 +1,18 @@
-"""One training run's course on OLMo-core's Trainer: refuse what cannot run before anything is
-written, start the process group, take the run folder, build (experiment.py), resume, fit, and end
-cleanly, or with one line and an exit code (life.py: stop signals, disk space, :func:`exit_line`).
+"""A training run as OLMo-core's own main template lays it out: the model, train module, data
+loader and trainer (with its callbacks) built from the resolved spec (experiment.py's configs), a
+checkpoint loaded, ``trainer.fit()``. What the template lacks is around it:
 
-Works alone or under torchrun (CPU: gloo). An error on one rank ends the others (launch/peers.py).
+- the refusals before anything is written (the data files, the downstream tasks, then
+  :func:`check_before_writing`'s: the folder's recorded config, the checkpoint it resumes from, the
+  disk's room), on rank 0, then raised on every rank;
+- the run folder's lock and recorded config (launch/run_folder.py), the watch of the other ranks
+  (launch/peers.py: an error on one rank ends the others), every node seeing the folder;
+- the checkpoint to resume from: the newest that verifies (checkpoints.py), or ``--resume-from``;
+- one line and an exit code for every end (:func:`exit_line`: 0 stopped or done, 2 refused,
+  3 diverged, 4 out of space, 1 otherwise).
+
+The callbacks (callbacks/) say what each adds to OLMo-core's. Works alone or under torchrun (CPU:
+gloo).
 """
 
 from __future__ import annotations
@@ -24,27 +34,33 @@ from olmo_core.train.callbacks import Callback
 from olmo_core.train.train_module import TransformerTrainModule
 
 from ..config import ConfigError, ExperimentSpec
+from ..config.spec import one_line
 from ..launch import peers
 from ..launch.data_files import check_data_files
 from ..launch.layout import data_workers
-from ..launch.run_folder import Lock, check_config, record_config
+from ..launch.run_folder import Lock, RunFolderError, check_config, record_config
 from ..launch.shared_fs import require_data, require_shared
 from ..nn.lm_loss import logits_in_eval
 from ..nn.moe import count_experts_first
-from .checkpoints import holds_checkpoints, latest_complete
-from .experiment import build_experiment, check_downstream, device_for
-from .precision import compile_on_cpu
-from .progress import announce, quiet_console, quiet_start
-from .resume import check_own_checkpoint, check_resume_from, load_explicit, prune_incomplete
+from .callbacks.checkpointer import DiskFullError, causes, check_room
+from .callbacks.console import announce, quiet_console, quiet_start
+from .callbacks.nonfinite import NonFiniteError
+from .checkpoints import (
+    check_own_checkpoint,
+    check_resume_from,
+    holds_checkpoints,
+    latest_complete,
+    load_explicit,
+    prune_incomplete,
+    select_resume_checkpoint,
+)
+from .experiment import build_experiment, check_downstream, compile_on_cpu, device_for
 from .init_from import check_init_from, load_init_weights
-from .life import check_room, exit_line
-from .safety import select_resume_checkpoint
 from .sources import check_sources, resolve_data
-from .stacked_layout import load_earlier_stacked_layout
 
 log = logging.getLogger(__name__)
 
-__all__ = ["train"]
+__all__ = ["train", "check_before_writing", "exit_line"]
 
 
 def train(
@@ -55,14 +71,14 @@ def train(
 ) -> Path:
     """Train through OLMo-core's Trainer; works alone or under torchrun (CPU: gloo).
 
-    Resumes from the newest good checkpoint in the save folder (safety.py), or from ``resume_from``.
-    Raises :class:`RunFolderError` (nothing written) when the folder holds another run or another
-    process, :class:`ConfigError` (nothing written) for a downstream task that cannot fit its
-    sequence length or a local folder not every node sees, and :class:`NonFiniteError` when the run
-    diverges (its last good checkpoint kept). An error on one rank ends the others (peers.py).
-    ``callbacks`` (name -> OLMo-core callback) are added, or replace the run's of the same name.
-    Rank 0 checks the data files first (launch/data_files.py), unless ``data_checked``: the launch
-    did (``cli.load_or_exit(..., data=True)``, before torch).
+    Resumes from the newest good checkpoint in the save folder (checkpoints.py), or from
+    ``resume_from``. Raises :class:`RunFolderError` (nothing written) when the folder holds another
+    run or another process, :class:`ConfigError` (nothing written) for a downstream task that
+    cannot fit its sequence length or a local folder not every node sees, and
+    :class:`NonFiniteError` when the run diverges (its last good checkpoint kept). An error on one
+    rank ends the others (peers.py). ``callbacks`` (name -> OLMo-core callback) are added, or
+    replace the run's of the same name. Rank 0 checks the data files first (launch/data_files.py),
+    unless ``data_checked``: the launch did (``cli.load_or_exit(..., data=True)``, before torch).
     """
     if not hasattr(spec, "resolved"):  # resolved once, at launch: the machine's choices are its
         raise TypeError("train() takes a spec resolved at launch (launch.layout.resolve)")
@@ -73,9 +89,7 @@ def train(
     # Before the process group: the demo corpus is built by rank 0 alone.
     start_lines: list[logging.LogRecord] = []
     with quiet_start(start_lines):  # what the checks log (the model's printout): train.log only
-        refused, record = (
-            _check_before_writing(spec, resume_from, data_checked) if rank0 else (None, None)
-        )
+        refused, record = _refusal(spec, resume_from, data_checked) if rank0 else (None, None)
     start_lines += _start_process_group(spec, device)
     start_method = _fork_without_workers(spec, device)
     # OLMo-core runs gc.collect() after every evaluation and at the end (gc_cuda): 0.6 s each over
@@ -117,28 +131,37 @@ def _fork_without_workers(spec: ExperimentSpec, device: str) -> Optional[str]:
     return start_method
 
 
-def _check_before_writing(
-    spec: ExperimentSpec, resume_from: Optional[str], data_checked: bool
-) -> tuple[Optional[ConfigError], Optional[tuple[list[str], bool]]]:
-    """Rank 0's checks that need no process group: the refusal (nothing written yet), and what
-    record_config takes once the run is built (the config's changes from the folder's recorded one,
-    and whether the folder holds a complete checkpoint)."""
+def check_before_writing(
+    spec: ExperimentSpec, resume_from: Optional[str] = None
+) -> tuple[list[str], bool]:
+    """What a start refuses before it writes anything (ConfigError, one line), the dry run too:
+    ``--resume-from``, the sources, train.init_from, the folder's recorded config, the checkpoint it
+    resumes from, one checkpoint's room. Returns what record_config takes once the run is built: the
+    config's changes from the folder's record, and whether the folder holds a complete checkpoint
+    (a record without any is replaced)."""
+    if resume_from is not None:
+        check_resume_from(resume_from, spec)
+    check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
+    check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
+    checkpointed = holds_checkpoints(spec.save_folder)
+    changes = check_config(spec, deliberate=resume_from is not None, checkpointed=checkpointed)
+    if resume_from is None:
+        check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
+    check_room(spec)
+    return changes, checkpointed
+
+
+def _refusal(spec: ExperimentSpec, resume_from: Optional[str], data_checked: bool):
+    """Rank 0's checks before writing, those of the dry run and the data files (unless the launch
+    checked them) and the downstream tasks' fit (their documents: the tokenizer, which a dry run
+    need not fetch): (the refusal, None) or (None, record_config's arguments)."""
     try:
         if not data_checked:
             check_data_files(spec)  # token ids below the vocabulary, URLs, the tokenizer file
-        if resume_from is not None:
-            check_resume_from(resume_from, spec)
         check_downstream(spec)
-        check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
-        check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
-        checkpointed = holds_checkpoints(spec.save_folder)  # a record without any is replaced
-        changes = check_config(spec, deliberate=resume_from is not None, checkpointed=checkpointed)
-        if resume_from is None:
-            check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
-        check_room(spec)  # one checkpoint's room on the run folder's disk
+        return None, check_before_writing(spec, resume_from)
     except ConfigError as e:  # RunFolderError, bad data, a downstream task that cannot fit
         return e, None
-    return None, (changes, checkpointed)
 
 
 def _start_process_group(spec: ExperimentSpec, device: str) -> list[logging.LogRecord]:
@@ -258,7 +281,6 @@ def _build(spec: ExperimentSpec, device: str, callbacks: Optional[dict[str, Call
     if spec.train.compile and device == "cpu":
         compile_on_cpu(model)
     train_module = exp.train_module.build(model, device=torch.device(device))
-    load_earlier_stacked_layout(train_module)  # checkpoints with (K, out, in) hourglass weights
     count_experts_first(train_module)  # model.moe.load_balance=global_batch: the counts first
     dataset = exp.dataset.build()
     data_loader = exp.data_loader.build(dataset, dp_process_group=train_module.dp_process_group)
@@ -266,9 +288,8 @@ def _build(spec: ExperimentSpec, device: str, callbacks: Optional[dict[str, Call
         trainer = exp.trainer.build(train_module, data_loader)
     except OLMoConfigurationError as e:
         raise ConfigError(" ".join(str(e).split())) from None
-    for name in ("config_saver", "wandb"):  # the checkpoints and the wandb run record the config
-        if name in trainer.callbacks:
-            trainer.callbacks[name].config = exp.as_config_dict()  # type: ignore[attr-defined]
+    # every checkpoint records the config; OLMo-core's config saver hands it to wandb too
+    trainer.callbacks["config_saver"].config = exp.as_config_dict()  # type: ignore[attr-defined]
     return trainer, dataset
 
 
@@ -285,3 +306,26 @@ def _load(spec: ExperimentSpec, trainer, resume_from: Optional[str]) -> Optional
     if not loaded and spec.train.init_from:
         load_init_weights(trainer.train_module.model, spec.train.init_from)
     return loaded
+
+
+def _unreadable_file(e: BaseException) -> Optional[str]:
+    """ "FILE (Error: why)" for an OSError naming a file among ``e`` and what is behind it
+    (OLMo-core's data thread raises OLMoThreadError from the reader's error), else None."""
+    x = next((x for x in causes(e) if isinstance(x, OSError) and x.filename), None)
+    return None if x is None else f"{x.filename} ({type(x).__name__}: {x.strerror or x})"
+
+
+def exit_line(e: Exception) -> tuple[str, int]:
+    """The one line and exit code a run that raised ``e`` ends with (scripts/train.py)."""
+    rank = os.environ.get("RANK", "0")
+    if isinstance(e, RunFolderError):
+        return f"error: {e}", 2
+    if isinstance(e, ConfigError):  # found while building the run (a task that cannot fit)
+        return f"config error: {e}", 2
+    if isinstance(e, NonFiniteError):
+        return f"diverged: {e}", 3
+    if isinstance(e, DiskFullError):
+        return f"error: {e.strerror}", 4
+    if (unread := _unreadable_file(e)) is not None:  # a data file gone after the start, say
+        return f"rank {rank} cannot read {unread}", 2
+    return f"rank {rank} failed: {type(e).__name__}: {one_line(e)}", 1

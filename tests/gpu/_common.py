@@ -21,7 +21,7 @@ from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.nn.attention import head_dims, set_attention_backend
 from olmo_patches.train import train
 from olmo_patches.launch.run_folder import read_metrics
-from olmo_patches.train.resume import ResumeCheckpointerCallback
+from olmo_patches.train.callbacks.checkpointer import ResumeCheckpointerCallback
 
 REPO = Path(__file__).resolve().parents[2]
 # bf16 keeps 8 significant bits: unit roundoff u = 2^-8. A few roundings per matmul input,
