@@ -27,11 +27,12 @@ def count(spec: ExperimentSpec) -> ParamBreakdown:
     return breakdown(model, spec.data.sequence_length)
 
 
-def float8_report(spec: ExperimentSpec) -> dict:
-    """train.float8's matmuls (nn/float8.py) as a float8 GPU would run them: ``float8_params``, the
-    weights of the matmuls that run in float8; those kept in high precision, ``unaligned`` (a dim
-    not a multiple of 16) or ``small`` (float8 would lose: torchao's size floor, or the casts at
-    a micro-batch's tokens on train.hardware's card, an H100 when none is named)."""
+def float8_report(spec: ExperimentSpec, emulated: bool = False) -> dict:
+    """train.float8's matmuls (nn/float8.py) as a float8 GPU would run them (``emulated``: as
+    torchao's emulation does, every aligned one): ``float8_params``, the weights of the matmuls that
+    run in float8; those kept in high precision, ``unaligned`` (a dim not a multiple of 16) or
+    ``small`` (float8 would lose: torchao's size floor, or the casts at a micro-batch's tokens on
+    train.hardware's card, an H100 when none is named)."""
     from ..launch.cards import CARDS
 
     model = spec.model_config().build(init_device="meta")
@@ -39,7 +40,7 @@ def float8_report(spec: ExperimentSpec) -> dict:
     mb, card = spec.train.micro_batch_size, CARDS.get(spec.train.hardware, CARDS["h100"])
     tokens = mb * spec.data.sequence_length if mb else None
     recipe = spec.train.float8 if spec.train.float8 != "off" else "tensorwise"
-    m = float8_matmuls(model, tokens, recipe, card.roof)
+    m = float8_matmuls(model, tokens, recipe, None if emulated else card.roof)
     params = {k: sum(modules[n].weight.numel() for n in names) for k, names in m.items()}
     return {
         "float8": spec.train.float8,
