@@ -527,10 +527,12 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
         attention_mask: Optional[torch.Tensor] = None,
         labels: Optional[torch.LongTensor] = None,
         use_cache: Optional[bool] = None,
+        logits_to_keep: int = 0,  # the last positions' logits only (generate: 1); 0: all
         **kwargs,
     ) -> CausalLMOutputWithPast:
         out = self.model(input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
-        logits = self.lm_head(out.last_hidden_state)
+        h = out.last_hidden_state
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
@@ -549,4 +551,5 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
             "attention_mask": attention_mask,
             CACHE: cache,
             "use_cache": use_cache,
+            "logits_to_keep": kwargs.get("logits_to_keep", 0),
         }
