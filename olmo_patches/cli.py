@@ -8,14 +8,13 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional
+from typing import Any, Callable, List, NoReturn, Optional
 
 from .config import ConfigError, ExperimentSpec, load_spec
+from .config.load import where_set
+from .launch.layout import Layout, check_writable, resolve, unwritable
 from .report.console import console
 from .resources import find_config
-
-if TYPE_CHECKING:  # torch and OLMo-core are imported once the config is known to be good
-    from .launch.layout import Layout
 
 __all__ = [
     "console",
@@ -36,18 +35,19 @@ __all__ = [
 def load_or_exit(
     path: str,
     overrides: Optional[List[str]] = None,
-    layout: Optional["Layout"] = None,
+    layout: Optional[Layout] = None,
     data: bool = False,
 ) -> ExperimentSpec:
     """Load a config and resolve it for ``layout``'s ranks (default: torchrun's) on this machine; on
     a bad one print one line naming file, key and value and exit 2. The config is read and checked
     before torch is imported (a refusal takes about a second); what depends on the machine after. A
     relative path missing from the working folder is looked up among the package's configs
-    (``configs/demo/baseline.yaml`` from anywhere). ``data``: a script that reads the run's data
-    also checks its data files (launch/data_files.py), before torch, on the first rank of each
-    node: each node prints its line and ends on its own (where rank 0 alone refused before the
-    rendezvous, the other nodes' torchrun lost its store and printed a traceback, no line)."""
-    _config_log(_rank0())
+    (``configs/demo/baseline.yaml`` from anywhere). ``data``: a script that runs (and so reads the
+    run's data and writes its folders) also checks its data files (launch/data_files.py), before
+    torch, on the first rank of each node, and its folders once resolved: each node prints its line
+    and ends on its own (where rank 0 alone refused before the rendezvous, the other nodes'
+    torchrun lost its store and printed a traceback, no line)."""
+    _config_log(os.environ.get("RANK", "0") == "0")
     try:
         spec = load_spec(find_config(path), overrides)
     except ConfigError as e:
@@ -59,10 +59,11 @@ def load_or_exit(
             check_data_files(spec)  # token ids, URLs, the tokenizer file
         except ConfigError as e:
             refuse_alike(f"config error: {e}")
-    from .launch.layout import resolve
-
     try:
-        return resolve(spec, layout)
+        resolve(spec, layout)
+        if data:  # a run: the folders it writes in (a count or a plan writes nothing)
+            check_writable(spec, where_set(spec))
+        return spec
     except ConfigError as e:
         refuse(f"config error: {e}")
 
@@ -88,10 +89,6 @@ def refuse(line: str, code: int = 2) -> NoReturn:
     if prints:
         print(line, file=sys.stderr)
     raise SystemExit(code) from None
-
-
-def _rank0() -> bool:
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _config_log(rank0: bool) -> None:
@@ -194,24 +191,10 @@ def check_device(name: str, device: str) -> None:
         refuse_alike(f"{name} {device}: MPS is not available on this machine")
 
 
-def _blocked(path: Path, folder: bool) -> str:
-    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can."""
-    if path.exists():
-        return (
-            ""
-            if path.is_dir() == folder
-            else ("a file, not a folder" if folder else "a folder, not a file")
-        )
-    for parent in path.parents:
-        if parent.exists():
-            return "" if parent.is_dir() else f"under {parent}, a file"
-    return ""
-
-
 def out_arg(name: str, path: str | Path, folder: bool = True) -> Path:
     """``path`` as a folder (``folder``) or a file to write, before any work: one line naming the
     argument (exit 2) if it is the other kind or lies under a file."""
-    if why := _blocked(Path(path), folder):
+    if why := unwritable(Path(path), folder):
         refuse_alike(f"{name} {path}: {why}")
     return Path(path)
 

@@ -36,12 +36,28 @@ COMMANDS = {
 }
 
 
+# what an extra of pyproject.toml brings (the module a command imports -> the extra)
+EXTRAS = {"transformers": "hf", "olmo_eval": "eval", "lm_eval": "lm-eval", "torchao": "float8"}
+
+
 def run_command(name: str, argv: List[str]) -> None:
     """Run scripts/COMMANDS[name] with ``argv`` as its arguments, as
-    ``python scripts/FILE argv...``."""
+    ``python scripts/FILE argv...``; a module of an extra not installed: one line naming the
+    extra, exit 2."""
     script = data_path("scripts", COMMANDS[name])
     sys.argv = [f"hourglass-{name}", *argv]
-    runpy.run_path(str(script), run_name="__main__")
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except ModuleNotFoundError as e:
+        module = (e.name or "").split(".")[0]
+        if (extra := EXTRAS.get(module)) is None:
+            raise
+        print(
+            f"hourglass-{name}: needs {module}, the {extra} extra: "
+            f"pip install 'hourglass-olmo[{extra}]'",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 def main(argv: Optional[List[str]] = None) -> NoReturn:

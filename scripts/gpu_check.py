@@ -191,6 +191,13 @@ def _run_sections(args: argparse.Namespace, plugin, sections: dict) -> None:
 def main() -> None:
     args = _parser().parse_args()
     only = _checked_sections(args)
+    if not (REPO / "tests" / "gpu").is_dir():  # an installed copy: the wheel holds no tests/
+        print(
+            f"{REPO}: no tests/gpu/ here; the GPU checks run from a checkout: "
+            "python scripts/gpu_check.py",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
     if args.wheelhouse is not None:
         start = time.perf_counter()

@@ -131,7 +131,8 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="KEY=VALUE",
         help="override for every run",

@@ -12,7 +12,9 @@ The tokenizer is the config's (data.tokenizer: the demo BPE, or dolma2 from the 
 data.tokenizer_file), of the size the config names, or any local tokenizers JSON. Each
 document is written as its ids then the EOS id, in the smallest unsigned dtype for the vocabulary,
 into DIR/part-NNNNN.npy shards of about --shard-tokens tokens, and DIR/manifest.json (files,
-token counts, SHA-256 checksums, the tokenizer's id) last. A rerun skips the finished shards.
+token counts, SHA-256 checksums, the tokenizer's id) last. Ctrl-C or SIGTERM ends it in one line
+(exit 130 or 143); until the manifest is written, training refuses the folder as unfinished. A rerun
+skips the finished shards.
 
 A bad input (an empty file, text that is not UTF-8, a line that is not JSON, a missing text field)
 or a tokenizer that does not fit the model: one line naming the file (and line), exit 2, nothing
@@ -21,10 +23,11 @@ written.
 
 import argparse
 import os
+import signal
 import sys
 import time
 
-from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse_alike
+from olmo_patches.cli import ArgumentParser, at_least, out_arg, refuse, refuse_alike
 from olmo_patches.config import ConfigError, load_spec
 from olmo_patches.config.spec import demo_cache, tokenizer_vocab
 from olmo_patches.data.tokenize import InputError, TokenizerInfo, find_inputs, tokenize
@@ -72,7 +75,12 @@ def _parser() -> ArgumentParser:
     )
     which.add_argument("--tokenizer", metavar="FILE", help="any local tokenizers JSON")
     parser.add_argument(
-        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="--config: key=value overrides"
+        "--set",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--config: key=value overrides",
     )
     parser.add_argument(
         "--eos", default="<|endoftext|>", metavar="TOKEN", help="the token that ends each document"
@@ -155,6 +163,7 @@ def main() -> None:
     out = out_arg("--out", args.out)
     info, name, inputs = _tokenizer_and_inputs(args)
     start = time.perf_counter()
+    signal.signal(signal.SIGTERM, _stop)
     try:
         manifest = tokenize(
             inputs,
@@ -169,6 +178,12 @@ def main() -> None:
         )
     except InputError as e:
         refuse_alike(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_stop): the finished shards stay
+        name = signal.Signals(e.args[0] if e.args else signal.SIGINT)
+        refuse(
+            f"{out}: interrupted ({name.name}), unfinished: rerun the same command to resume",
+            128 + name,
+        )
     seconds = time.perf_counter() - start
     print(
         f"{out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents in "
@@ -176,6 +191,10 @@ def main() -> None:
         f"{manifest['tokenizer']['sha256'][:12]}); {seconds:.1f} s",
         file=sys.stderr,
     )
+
+
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt(signum)
 
 
 if __name__ == "__main__":

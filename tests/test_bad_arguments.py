@@ -88,6 +88,11 @@ CASES = [
         "--baseline nope",
     ),
     ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),
+    (
+        "make_tables.py",
+        ["{folder}", "--out", "/proc/x/t"],
+        "--out /proc/x/t: cannot write in /proc",
+    ),
     ("make_tables.py", ["{folder}"], "--out"),
     ("demo.py", ["{empty}"], "empty config file"),
     ("demo.py", [BASELINE, "--set", "train.lr=-1"], "train.lr"),
@@ -204,6 +209,11 @@ INPUTS = [
     ("gpu_check.py", ["--budget-scale", "nan"], "--budget-scale"),
     ("make_sweeps.py", ["--root", "{work}/missing"], "--root"),
     ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),
+    (
+        "make_tables.py",
+        ["{folder}", "--out", "/proc/x/t"],
+        "--out /proc/x/t: cannot write in /proc",
+    ),
     ("search.py", ["{work}/missing.yaml"], "missing.yaml"),
     ("search.py", ["1000"], "BUDGET"),
     ("sweep.py", ["status", "{work}/missing.yaml"], "missing.yaml"),

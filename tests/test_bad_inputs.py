@@ -42,6 +42,9 @@ CASES = [
     (["train.final_lr_ratio=1.5"], "train.final_lr_ratio"),
     (["train.final_lr_ratio=-0.1"], "train.final_lr_ratio"),
     (["train.schedule_tokens=0"], "train.schedule_tokens"),
+    # folders a run writes in
+    (["run.save_folder=/proc/x/run"], "run.save_folder"),
+    (["data.work_dir=/proc/x/cache"], "data.work_dir"),
     # lengths
     (["train.max_steps=0"], "train.max_steps"),
     (["train.max_steps=-3"], "train.max_steps"),

@@ -113,3 +113,24 @@ def test_checkout_reads_its_own_folders(tmp_path, monkeypatch):
     assert find_config("configs/demo/baseline.yaml") == Path(
         "configs/demo/baseline.yaml"
     )  # the working folder's first
+
+
+def test_a_missing_extra_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    """A command that imports a module of an extra not installed (an install of the declared
+    dependencies alone: .ci/install_check) ends in one line naming the extra, exit 2; a module no
+    extra brings is an error of the project: its traceback."""
+    import olmo_patches.commands as commands
+
+    script = tmp_path / "needs.py"
+    monkeypatch.setattr(commands, "data_path", lambda *parts: script)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: not installed
+    for imported, code in (("transformers.modeling_utils", 2), ("no_such_module", None)):
+        script.write_text(f"import {imported}\n")
+        with pytest.raises(SystemExit if code else ModuleNotFoundError) as e:
+            commands.run_command("export", [])
+        assert code is None or e.value.code == code
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "hourglass-export: needs transformers, the hf extra: pip install 'hourglass-olmo[hf]'\n"
+    )

@@ -46,7 +46,7 @@ def _sets(root):
         "eval.interval=2",
         f"data.work_dir={root / 'cache'}",
     ]
-    return [a for o in tiny for a in ("--set", o)]
+    return ["--set", *tiny]  # several key=value pairs after one --set
 
 
 def _steps(folder):
@@ -75,7 +75,7 @@ def local_sweep(tmp_path_factory, demo_corpus):
     second = run_script("sweep.py", "launch", "--local", str(cfg / "*.yaml"), *sets, timeout=900)
     logs = {n: (root / "runs" / n / "sweep.log").read_text() for n in NAMES}
     said = []  # the relaunch in-process: it only checks, nothing trains
-    failed = launch_local(load_sweep([str(cfg)], sets[1::2]), sets[1::2], say=said.append)
+    failed = launch_local(load_sweep([str(cfg)], sets[1:]), sets[1:], say=said.append)
     return dict(
         root=root,
         cfg=cfg,
@@ -121,7 +121,7 @@ def test_local_sweep_stops_resumes_and_is_idempotent(local_sweep):
 
 def test_status_and_report_have_both_runs(local_sweep, tmp_path):
     root, cfg, sets = local_sweep["root"], local_sweep["cfg"], local_sweep["sets"]
-    overrides = sets[1::2]
+    overrides = sets[1:]
     members = load_sweep([str(cfg)], overrides)
     assert [m.name for m in members] == list(NAMES)
     out = tmp_path / "report"

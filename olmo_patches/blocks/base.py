@@ -228,7 +228,7 @@ class BlockKind:
 
     def layer_params_floor(self, m) -> int:
         """At most one layer's weights, known at load without torch (the size check's floor,
-        config/validate.py; 0: only the embedding is counted)."""
+        config/spec.py; 0: only the embedding is counted)."""
         return 0
 
     def label(self, m) -> str:

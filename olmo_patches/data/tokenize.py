@@ -6,10 +6,11 @@ header), each document's ids followed by the EOS id (a BOS first when the tokeni
 smallest unsigned dtype that holds the vocabulary (OLMo-core's ``NumpyDatasetConfig.get_dtype``).
 Documents are never split: a shard closes after the document that brings it to ``shard_tokens``.
 
-A shard is written under a temporary name and renamed when complete; ``progress.json`` records the
-finished shards and the document the next one starts at, so a rerun skips them and produces the
-same bytes as an uninterrupted run. ``manifest.json`` (files, token counts, SHA-256 checksums, the
-tokenizer's id) is written last; training checks it against the config's tokenizer.
+A shard is written under a temporary name and renamed when complete; ``progress.json``, written
+first, records the finished shards and the document the next one starts at, so a rerun skips them
+and produces the same bytes as an uninterrupted run. ``manifest.json`` (files, token counts, SHA-256
+checksums, the tokenizer's id) is written last; training checks it against the config's tokenizer,
+and refuses a folder (or a file or glob of its files) holding ``progress.json`` without it.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .contract import tokenizer_vocab
 
 __all__ = [
     "InputError",
@@ -34,6 +38,7 @@ __all__ = [
     "read_manifest",
     "scan",
     "tokenize",
+    "tokenize_folder",
 ]
 
 MANIFEST = "manifest.json"
@@ -67,16 +72,17 @@ class TokenizerInfo:
         if not Path(path).is_file():
             raise InputError(f"{path}: no such tokenizer file")
         try:
+            tokenizer_vocab(path)  # the JSON read first: valid JSON that is not a tokenizer
             tok = Tokenizer.from_file(str(path))
+        except ValueError as e:
+            raise InputError(f"{path}: {e}") from None
         except Exception as e:  # noqa: BLE001 (the library's own error, kept to one line)
             raise InputError(
                 f"{path}: not a tokenizers JSON file ({' '.join(str(e).split())[:120]})"
             ) from None
-        ids = {
-            flag: tok.token_to_id(token) if token else None
-            for flag, token in (("--eos", eos), ("--bos", bos))
-        }
+        ids = {}
         for flag, token in (("--eos", eos), ("--bos", bos)):
+            ids[flag] = tok.token_to_id(token) if token else None
             if token is not None and ids[flag] is None:
                 raise InputError(f"{path}: no token {token!r} ({flag})")
         vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -140,6 +146,13 @@ def find_inputs(paths: Sequence[str]) -> List[Tuple[str, str]]:
             raise InputError(f"{p}: a DatasetDict; pass one split's folder, e.g. {p / 'train'}")
         else:
             out.append((str(p), kind))
+    seen: dict = {}
+    for file, _ in out:  # a file given twice (or also inside a folder given) would be read twice
+        if (key := Path(file).resolve()) in seen:
+            raise InputError(
+                f"{file}: given twice (also as {seen[key]}): its documents would repeat"
+            )
+        seen[key] = file
     return out
 
 
@@ -267,6 +280,7 @@ _worker: dict = {}
 
 def _init_worker(tokenizer_file: str, eos: int, bos: Optional[int], dtype: str) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core a worker: the pool is the parallelism
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     from tokenizers import Tokenizer
 
     _worker.update(tok=Tokenizer.from_file(tokenizer_file), eos=eos, bos=bos, dtype=np.dtype(dtype))
@@ -309,14 +323,16 @@ class _Writer:
     def __init__(
         self, out: Path, shard_tokens: int, settings: dict, shards: List[_Shard], first_doc: int
     ):
-        self.out, self.shard_tokens, self.settings, self.shards = (
-            out,
-            shard_tokens,
-            settings,
-            shards,
-        )
+        self.out, self.shard_tokens = out, shard_tokens
+        self.settings, self.shards = settings, shards
         self.doc, self.written = first_doc, 0  # this run's documents and tokens
+        self._record()  # first: the folder reads as unfinished from the start
         self._open()
+
+    def _record(self) -> None:
+        _write_json(
+            self.out / PROGRESS, dict(self.settings, shards=[asdict(s) for s in self.shards])
+        )
 
     def _open(self) -> None:
         self.name = f"part-{len(self.shards):05d}.npy"
@@ -353,9 +369,7 @@ class _Writer:
             self.shards.append(
                 _Shard(self.name, self.tokens, self.docs, self.hash.hexdigest(), self.doc)
             )
-            _write_json(
-                self.out / PROGRESS, dict(self.settings, shards=[asdict(s) for s in self.shards])
-            )
+            self._record()
         else:
             self.tmp.unlink()
 
@@ -534,6 +548,11 @@ def read_manifest(path: str) -> Tuple[dict, List[str]]:
     one whose size is not its recorded token count raises :class:`InputError`."""
     p = Path(path)
     file = p / MANIFEST if p.is_dir() else p
+    if not file.is_file() and (file.parent / PROGRESS).is_file():
+        raise InputError(
+            f"{file.parent}: an unfinished tokenization ({PROGRESS}, no {MANIFEST}): rerun its "
+            "hourglass-tokenize command to finish it"
+        )
     if not file.is_file():
         raise InputError(f"{path}: no {MANIFEST} there (hourglass-tokenize writes it last)")
     try:
@@ -553,6 +572,15 @@ def read_manifest(path: str) -> Tuple[dict, List[str]]:
             raise InputError(f"{data}: missing or not the manifest's {entry['tokens']} tokens")
         paths.append(str(data))
     return manifest, paths
+
+
+def tokenize_folder(entry: str) -> Optional[Path]:
+    """The hourglass-tokenize folder that ``entry`` names (the folder or its manifest.json) or lies
+    in (one of its files, or a glob of them), finished or not; None for anything else."""
+    for folder in (Path(entry), Path(entry).parent):
+        if (folder / MANIFEST).is_file() or (folder / PROGRESS).is_file():
+            return folder
+    return None
 
 
 def other_tokenizer(

@@ -104,6 +104,7 @@ def _olmo2(spec: ExperimentSpec, state: Dict[str, torch.Tensor], vocab: int, max
         tie_word_embeddings=m.tie_embeddings,
         attention_bias=False,
         torch_dtype="float32",
+        **token_ids(spec),
     )
     model = Olmo2ForCausalLM(config)
     model.load_state_dict(to_olmo2_names(state), strict=not m.tie_embeddings)
@@ -130,6 +131,7 @@ def _custom_config(spec: ExperimentSpec, vocab: int, max_len: int):
         norm_eps=m.norm_eps,
         tie_word_embeddings=m.tie_embeddings,
         max_position_embeddings=max_len,
+        **token_ids(spec),
         **hf_fields(spec, vocab),
     )
     config.auto_map = {
@@ -379,7 +381,6 @@ def export_hf(
     )
     kind = "olmo2" if is_olmo2_shape(spec, vocab) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, spec.data.sequence_length)
-    model.config.update(ids)
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(**ids)  # generate() stops at eos and pads with pad

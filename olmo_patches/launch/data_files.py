@@ -1,8 +1,10 @@
 """A run's data files against its config, before anything is written: local token files whole
 tokens of the tokenizer's dtype, at least a sequence each and a global batch in all, every id of
 every token file (data.paths, data.mixture's sources, local validation sets) below the vocabulary
-(a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, and
-data.tokenizer_file a tokenizers JSON whose ids fit the model.
+(a full scan, cached: data/contract.py), every HTTP(S) token file answering a HEAD, token files of
+hourglass-tokenize (a folder, its manifest, a file or glob of its files) of a finished tokenization
+with the config's tokenizer, data.tokenizer_file a tokenizers JSON whose ids fit the model, and
+train.init_from a folder (a Hugging Face one of an OLMo-2 model).
 
 Only what reads the data runs it: ``cli.load_or_exit(..., data=True)`` in scripts/train.py and
 scripts/demo.py (the first rank of each node, before torch is imported), and ``train.train`` (rank
@@ -12,6 +14,7 @@ data file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..config.load import where_set
@@ -22,9 +25,16 @@ from ..data.contract import (
     tokenizer_vocab as tokenizer_file_ids,
     unreachable,
 )
-from ..data.tokenize import MANIFEST, InputError, dtype_for, other_tokenizer, read_manifest
+from ..data.tokenize import (
+    MANIFEST,
+    InputError,
+    dtype_for,
+    other_tokenizer,
+    read_manifest,
+    tokenize_folder,
+)
 
-__all__ = ["check_data_files", "check_validation_files"]
+__all__ = ["check_data_files", "check_validation_files", "token_files"]
 
 
 def check_data_files(spec: ExperimentSpec) -> None:
@@ -34,6 +44,8 @@ def check_data_files(spec: ExperimentSpec) -> None:
         _check_tokenizer_file(spec, fail)
     if spec.data.source == "numpy":
         _check_token_files(spec, fail)
+    if spec.train.init_from:
+        _check_init_from(spec.train.init_from, fail)
 
 
 def check_validation_files(spec: ExperimentSpec) -> None:
@@ -55,7 +67,7 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
     d, t = spec.data, spec.train
     dtype = dtype_for(tokenizer_vocab(spec))
     instances, local = 0, True
-    files = _manifest_files(spec, fail)
+    files = token_files(spec, "data.paths", list(d.paths))[0]
     for path in files:
         if "://" in path:
             local = False
@@ -94,20 +106,14 @@ def _check_token_files(spec: ExperimentSpec, fail) -> None:
 
 def _mixture_files(spec: ExperimentSpec) -> list[tuple[str, str]]:
     """(key, path) of data.mixture's token files: its manifests' files, its paths with local globs
-    expanded; a file missing or of another tokenizer is train/sources.py's to refuse, later."""
+    expanded; a missing file is train/sources.py's to refuse, later."""
     import glob
 
     out = []
     for name, s in spec.data.mixture.items():
         key = f"data.mixture.{name}.{'manifest' if s.manifest else 'paths'}"
-        entries = []
-        if s.manifest:
-            try:
-                entries = read_manifest(s.manifest)[1]
-            except InputError:
-                pass
-        for p in s.paths:
-            entries += [p] if "://" in p or "*" not in p else sorted(glob.glob(p))
+        files = token_files(spec, key, [s.manifest] if s.manifest else list(s.paths))[0]
+        entries = [g for p in files for g in ([p] if "://" in p else sorted(glob.glob(p)))]
         out += [(key, p) for p in entries if "://" in p or Path(p).is_file()]
     return out
 
@@ -179,26 +185,51 @@ def _check_tokenizer_file(spec: ExperimentSpec, fail) -> None:
         )
 
 
-def _manifest_files(spec: ExperimentSpec, fail) -> list:
-    """data.paths with each hourglass-tokenize folder or manifest.json replaced by its token files,
-    its tokens checked against the config's tokenizer."""
-    d, out = spec.data, []
-    for path in d.paths:
-        if "://" in path or not (path.endswith(MANIFEST) or (Path(path) / MANIFEST).is_file()):
-            out.append(path)
+def token_files(spec: ExperimentSpec, key: str, entries: list[str]) -> tuple[list[str], str | None]:
+    """``entries`` (files, globs, URLs, hourglass-tokenize folders or their manifest.json) with each
+    tokenize folder replaced by its token files, and the dtype its manifests record (None: none
+    read). A tokenize folder, or a file or glob of its files, is refused unless its tokenization
+    finished with the config's tokenizer (its manifest's record); manifests of two dtypes too."""
+    d, fail, out, dtypes = spec.data, failer(where_set(spec)), [], set()
+    for entry in entries:
+        if "://" in entry or (folder := tokenize_folder(entry)) is None:
+            out.append(entry)
             continue
         try:
-            manifest, files = read_manifest(path)
+            manifest, files = read_manifest(str(folder))
         except InputError as e:
-            fail("data.paths", path, str(e))
-        # OLMo-core's special ids (torch): a manifest only
-        from ..config.spec import tokenizer_config
+            fail(key, entry, str(e))
+        from ..config.spec import tokenizer_config  # OLMo-core's special ids (torch): a manifest
 
         tok = tokenizer_config(spec)
         ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
         if why := other_tokenizer(
             manifest, f"data.tokenizer={d.tokenizer}", *ids, d.tokenizer_file
         ):
-            fail("data.paths", path, why)
-        out.extend(files)
-    return out
+            fail(key, entry, why)
+        dtypes.add(manifest["dtype"])
+        out.extend(files if Path(entry) in (folder, folder / MANIFEST) else [entry])
+    if len(dtypes) > 1:
+        fail(
+            key,
+            entries,
+            f"manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize alike",
+        )
+    return out, dtypes.pop() if dtypes else None
+
+
+def _check_init_from(source: str, fail) -> None:
+    """train.init_from, before torch: a folder, and a Hugging Face model there (its config.json's
+    model_type; a run checkpoint's config.json has none) an OLMo-2 one. Its weights:
+    train/init_from.py."""
+    path = Path(source)
+    if not path.is_dir():
+        fail(
+            "train.init_from", source, "a file, not a folder" if path.exists() else "no such folder"
+        )
+    try:
+        kind = json.loads((path / "config.json").read_text()).get("model_type", "olmo2")
+    except (OSError, ValueError, AttributeError):  # none, or unreadable: train/init_from.py's
+        return
+    if kind != "olmo2":
+        fail("train.init_from", source, f"a Hugging Face {kind} model, not an OLMo-2 one")

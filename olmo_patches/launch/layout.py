@@ -8,6 +8,8 @@ preset's choices, the attention backend and the loader's workers. Loading a conf
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -64,20 +66,17 @@ def load_and_resolve(
 
 def check_machine(spec: ExperimentSpec, where=lambda key: "config") -> None:
     """What a spec needs of this machine that is read without torch: a CUDA driver for
-    train.device=cuda, a data.base folder, folders it writes in that are not files, a prefix that
-    matches the run (the rest: :func:`check_devices`; the data files: launch/data_files.py)."""
+    train.device=cuda, a data.base folder, folders it writes in that are not files (writable:
+    :func:`check_writable`, for a run), a prefix that matches the run (the rest:
+    :func:`check_devices`; the data files: launch/data_files.py)."""
     d, t = spec.data, spec.train
     fail = failer(where)
     if t.device == "cuda" and (why := no_cuda_driver()):  # else torch's own check (check_devices)
         fail("train.device", t.device, f"CUDA is not available on this machine ({why})")
     if d.base is not None and "://" not in d.base and not Path(d.base).is_dir():
         fail("data.base", d.base, "no such folder")
-    for key, folder in (
-        ("run.save_folder", spec.save_folder),
-        ("data.work_dir", d.work_dir),
-        ("data.demo_cache", str(demo_cache(spec))),
-    ):
-        if "://" not in folder and (why := _not_a_folder(Path(folder))):
+    for key, folder in _written(spec):
+        if why := not_a_folder(Path(folder)):
             fail(key, folder, why)
     if d.source == "prefix" and d.prefix_dir:
         _check_prefix(spec, fail)
@@ -111,21 +110,58 @@ def check_devices(spec: ExperimentSpec, where=lambda key: "config") -> None:
     check_downstream_tasks(spec, fail)
 
 
-def _not_a_folder(path: Path) -> str:
-    """Why ``path`` cannot be a folder this run writes in ("" if it is one, or can be made)."""
-    if path.exists():
-        return "" if path.is_dir() else "a file, not a folder"
-    for parent in path.parents:
-        if parent.exists():
-            return "" if parent.is_dir() else f"under {parent}, a file"
+def _written(spec: ExperimentSpec) -> list:
+    """(key, local folder) of each folder a run writes in."""
+    folders = [
+        ("run.save_folder", spec.save_folder),
+        ("data.work_dir", spec.data.work_dir),
+        ("data.demo_cache", str(demo_cache(spec))),
+    ]
+    return [(key, folder) for key, folder in folders if "://" not in folder]
+
+
+def check_writable(spec: ExperimentSpec, where=lambda key: "config") -> None:
+    """A run's folders can be written in (before anything is): what a count or a plan, which write
+    nothing, do not need."""
+    fail = failer(where)
+    for key, folder in _written(spec):
+        if why := unwritable(Path(folder)):
+            fail(key, folder, why)
+
+
+def not_a_folder(path: Path, folder: bool = True) -> str:
+    """Why ``path`` cannot be a folder (``folder``) or a file, from what exists: "" if it can."""
+    if path.exists() and path.is_dir() != folder:
+        return "a file, not a folder" if folder else "a folder, not a file"
+    here = next(p for p in (path, *path.parents) if p.exists())
+    return "" if here.is_dir() or here == path else f"under {here}, a file"
+
+
+def unwritable(path: Path, folder: bool = True) -> str:
+    """Why ``path`` cannot be written as a folder (``folder``) or a file: "" if it can. The folder
+    the first write goes to (``path``'s nearest that exists) is tried with a folder made and
+    removed."""
+    if why := not_a_folder(path, folder):
+        return why
+    here = path if path.is_dir() else next(p for p in path.parents if p.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=here))
+    except OSError as e:
+        return f"cannot write in {here} ({e.strerror})"
     return ""
 
 
 def check_downstream_tasks(spec: ExperimentSpec, fail) -> None:
     """eval.downstream_tasks: tasks the installed ai2-olmo-eval knows."""
     if spec.eval.downstream_tasks:
-        from olmo_eval import list_tasks
-
+        try:
+            from olmo_eval import list_tasks
+        except ImportError:
+            fail(
+                "eval.downstream_tasks",
+                spec.eval.downstream_tasks,
+                "needs ai2-olmo-eval, the eval extra (or eval.downstream_tasks=[])",
+            )
         if unknown := [n for n in spec.eval.downstream_tasks if n not in list_tasks()]:
             fail(
                 "eval.downstream_tasks",

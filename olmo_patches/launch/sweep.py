@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError, ExperimentSpec, load_spec
-from ..resources import data_root
+from ..resources import data_root, find_config
 from .run_folder import (
     METRICS_FILE,
     drop_record,
@@ -174,7 +174,7 @@ def expand_configs(patterns: Sequence[str]) -> List[Path]:
     globs; each once, in order."""
     found: List[Path] = []
     for p in patterns:
-        path = Path(p)
+        path = find_config(p)  # configs/... from any folder once installed
         if path.is_dir():
             matches = sorted(m for m in path.rglob("*.yaml") if not _in_run_folder(m))
         elif path.is_file():

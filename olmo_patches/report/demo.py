@@ -105,9 +105,8 @@ def _table(results: list[VariantResult]) -> Table:
         title="Demo: validation on held-out stdlib files (lower is better)",
         caption="mismatch: the papers' matched count (variable width: sum 16 w_l^2 - waste, off by "
         "the rounding of w_l to model.widths.multiple). val loss moved: at initialisation "
-        "-> at the end. UNFINISHED: fewer steps than planned, left out of the comparison "
-        "(no mismatch or ratio). One seed each: no interval; two demo shapes' one-seed gap "
-        "scatters by about 0.06 nats (docs/statistics.md).",
+        "-> at the end. One seed each: no interval; two demo shapes' one-seed gap scatters by "
+        "about 0.06 nats (docs/statistics.md).",
     )
     cols = (
         "variant",
@@ -193,7 +192,8 @@ def compare(
         f"{r.name} ({r.steps}/{r.planned_steps} steps)" for r in results if not r.finished
     ]:
         console.print(
-            f"[bold red]UNFINISHED, left out of the comparison:[/] {', '.join(unfinished)}"
+            f"[bold red]UNFINISHED[/] (fewer steps than planned), left out of the comparison (no "
+            f"mismatch or ratio): {', '.join(unfinished)}"
         )
     console.print(f"wrote {out_dir / 'summary.json'} and {out_dir / 'loss_curves.png'}")
     disk = sum(

@@ -7,8 +7,9 @@ checkpoints."""
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 import torch
 
@@ -40,12 +41,9 @@ def init_state(source: str) -> Dict[str, torch.Tensor]:
 
 def _checkpoint(source: str) -> Optional[str]:
     """The verified run checkpoint at ``source``, or None for a Hugging Face folder; ConfigError
-    (one line) for a folder that is missing, neither kind, or damaged."""
+    (one line) for a folder that is neither kind, or damaged (a missing folder, or a Hugging Face
+    model not OLMo-2's, is refused before torch: launch/data_files.py)."""
     where, path = f"train.init_from={source}", Path(source)
-    if not path.is_dir():
-        raise ConfigError(
-            f"{where}: {'a file, not a folder' if path.exists() else 'no such folder'}"
-        )
     checkpoint = latest_complete(path)  # a checkpoint holds a config.json too: asked first
     if checkpoint is None:
         if (path / "config.json").is_file():
@@ -58,14 +56,38 @@ def _checkpoint(source: str) -> Optional[str]:
     return checkpoint
 
 
+class _ToLog(logging.Handler):
+    """transformers' records as this module's INFO lines (a run's train.log)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.info(f"transformers: {record.getMessage()}")
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' log lines (to :class:`_ToLog`) and progress bars off the terminal."""
+    from transformers.utils import logging as hf_logging
+
+    hf, bars = logging.getLogger("transformers"), hf_logging.is_progress_bar_enabled()
+    handlers, hf.handlers = hf.handlers, [_ToLog()]
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf.handlers = handlers
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def _from_hf(path: Path, where: str) -> Dict[str, torch.Tensor]:
     from olmo_core.nn.hf import convert_state_from_hf
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, dtype=torch.float32
-        )
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, dtype=torch.float32
+            )
         config = model.config
         return convert_state_from_hf(config, model.state_dict(), model_type=config.model_type)
     except Exception as e:  # noqa: BLE001 (a cut or foreign file: transformers' or safetensors' error)

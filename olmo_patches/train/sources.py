@@ -15,7 +15,8 @@ from olmo_core.io import deterministic_glob_directory, get_file_size, is_url
 
 from ..config import ConfigError, ExperimentSpec, tokenizer_config
 from ..config.spec import demo_cache
-from ..data.tokenize import MANIFEST, InputError, dtype_for, other_tokenizer, read_manifest
+from ..data.tokenize import dtype_for
+from ..launch.data_files import token_files
 
 __all__ = ["DataSources", "MixtureSource", "resolve_data", "mixture_plan"]
 
@@ -77,49 +78,8 @@ def resolve_data(spec: ExperimentSpec) -> DataSources:
     if d.mixture:
         sources, dtype = _mixture_sources(spec)
         return DataSources(tok, [], [], dtype, sources)
-    paths, dtype = _token_files(spec, "data.paths", list(d.paths))
+    paths, dtype = token_files(spec, "data.paths", list(d.paths))
     return DataSources(tok, paths, [], dtype)
-
-
-def _is_manifest(entry: str) -> bool:
-    return not is_url(entry) and (entry.endswith(MANIFEST) or (Path(entry) / MANIFEST).is_file())
-
-
-def _token_files(
-    spec: ExperimentSpec, key: str, entries: List[str]
-) -> Tuple[List[str], Optional[str]]:
-    """Token files of ``entries`` (files, globs, or hourglass-tokenize folders / manifests, each
-    checked against the config's tokenizer) and the manifests' dtype (None: none given)."""
-    paths: List[str] = []
-    dtypes = set()
-    for entry in entries:
-        if not _is_manifest(entry):
-            paths.append(entry)
-            continue
-        try:
-            manifest, files = read_manifest(entry)
-        except InputError as e:
-            raise ConfigError(f"{key}: {e}") from None
-        _check_tokenizer(spec, f"{key}: {entry}", manifest)
-        dtypes.add(manifest["dtype"])
-        paths.extend(files)
-    if len(dtypes) > 1:
-        raise ConfigError(
-            f"{key}: manifests of different dtypes ({', '.join(sorted(dtypes))}): tokenize them "
-            "alike"
-        )
-    return paths, dtypes.pop() if dtypes else None
-
-
-def _check_tokenizer(spec: ExperimentSpec, where: str, manifest: dict) -> None:
-    """ConfigError unless ``manifest``'s tokens were made by the config's tokenizer
-    (data/tokenize.py)."""
-    tok = tokenizer_config(spec)
-    ids = (tok.vocab_size, tok.eos_token_id, tok.bos_token_id)
-    if why := other_tokenizer(
-        manifest, f"data.tokenizer={spec.data.tokenizer}", *ids, spec.data.tokenizer_file
-    ):
-        raise ConfigError(f"{where}: {why}")
 
 
 def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optional[str]]:
@@ -129,7 +89,7 @@ def _mixture_sources(spec: ExperimentSpec) -> Tuple[List[MixtureSource], Optiona
     for name, s in spec.data.mixture.items():
         key = f"data.mixture.{name}"
         entries = [s.manifest] if s.manifest else list(s.paths)
-        files, dtype = _token_files(spec, f"{key}.{'manifest' if s.manifest else 'paths'}", entries)
+        files, dtype = token_files(spec, f"{key}.{'manifest' if s.manifest else 'paths'}", entries)
         if dtype:
             dtypes.add(dtype)
         expanded: List[str] = []
