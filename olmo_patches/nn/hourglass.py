@@ -162,7 +162,7 @@ class HourglassFeedForward(nn.Module):
     (:func:`fold_gain`: no weight copy is kept; docs/performance.md: its bytes). Eager (each op a
     kernel of its own: the fold's scalings cost more than the norm's write), post norms, other norms
     and float8 (whose input cast writes a float8 copy whatever is folded, and scales best from
-    normalised rows) run the equations as written (:meth:`mlp`); ``fold_norms`` overrides the choice
+    normalised rows) run the equations as written; ``fold_norms`` overrides the choice
     (None: fold where compiled)."""
 
     def __init__(
@@ -188,19 +188,6 @@ class HourglassFeedForward(nn.Module):
         self.residual_alpha = 1.0  # a: each branch x a (muP's m_residual; set by the block)
         self.record: Optional[Callable[[torch.Tensor], None]] = None  # see record_hidden
         self.fold_norms: Optional[bool] = None
-
-    def mlp(self, x, w1, w3, w2) -> torch.Tensor:
-        """MLP_i(x) = W_u_i (SiLU(W_d1_i x) * W_d2_i x)."""
-        return self.up(self.w1.matmul(x, w1), self.w3.matmul(x, w3), w2)
-
-    def folded_mlp(self, h, w1, w3, w2, norm: nn.Module) -> torch.Tensor:
-        """MLP_i(norm_i(h)) with the norm folded: W_d n = ((W_d diag g) h) / rms(h)."""
-        r, g = inv_rms(h, norm.eps), norm.weight
-
-        def down(w):
-            return F.linear(h, w if g is None else fold_gain(w, g))
-
-        return self.up(down(w1), down(w3), w2, r)
 
     def up(self, a, b, w2, r: Optional[torch.Tensor] = None) -> torch.Tensor:
         """W_u (SiLU(a r) * b r) (r = 1 unless the norm is folded), in a's dtype."""
@@ -232,12 +219,14 @@ class HourglassFeedForward(nn.Module):
         fold, pre = self.folds_norms(), self.norm_placement == NormPlacement.pre
         w1, w3, w2 = self.w1.maps(), self.w3.maps(), self.w2.maps()
         for i, norm in enumerate(self.norms):
-            if fold:
-                f = self.folded_mlp(h, w1[i], w3[i], w2[i], norm)
-            elif pre:
-                f = self.mlp(norm(h), w1[i], w3[i], w2[i])
-            else:
-                f = norm(self.mlp(h, w1[i], w3[i], w2[i]))
+            if fold:  # W_d n_i = ((W_d diag g_i) h_i) / rms(h_i)
+                g = norm.weight
+                a, b = (F.linear(h, w if g is None else fold_gain(w, g)) for w in (w1[i], w3[i]))
+                f = self.up(a, b, w2[i], inv_rms(h, norm.eps))
+            else:  # MLP_i(norm_i(h_i)) or norm_i(MLP_i(h_i))
+                x = norm(h) if pre else h
+                f = self.up(self.w1.matmul(x, w1[i]), self.w3.matmul(x, w3[i]), w2[i])
+                f = f if pre else norm(f)
             h = h + (f if self.residual_alpha == 1.0 else self.residual_alpha * f)
         return h
 
@@ -283,11 +272,7 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
         if self.dtype is not None:
             dtype = self.dtype.as_pt()
         return HourglassFeedForward(
-            d_model=d_model,
-            d_h=self.hidden_size,
-            K=self.K,
-            layer_norm=self.layer_norm,
-            norm_placement=NormPlacement(self.norm_placement),
-            dtype=dtype or torch.float32,
+            d_model=d_model, d_h=self.hidden_size, K=self.K, layer_norm=self.layer_norm,
+            norm_placement=NormPlacement(self.norm_placement), dtype=dtype or torch.float32,
             init_device=init_device,
-        )
+        )  # fmt: skip
