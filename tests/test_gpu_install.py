@@ -156,7 +156,13 @@ def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
             for d in head_dims(load_spec(p).model_config())
         }
     )
-    kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
+    attention = sections["attention kernels"]["rows"]
+    kernels = [r for r in attention if "vs torch SDPA (fp32), head_dim" in r["name"]]
+    # torch SDPA's own kernels timed per head dim, the table's row last (CPU: flash only)
+    assert (
+        attention[-1]["name"] == "SDPA_KERNELS (nn/attention.py)"
+        and "flash" in attention[-1]["value"]
+    )
     dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
     odd = next(d for d in shipped if d % 8)
     assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (
@@ -175,9 +181,10 @@ def _check_compile_and_resume(rows: dict, sections: dict) -> None:
             "compiled vs eager: gradients (worst tensor)",
             "loss after 3 AdamW steps, compiled vs eager",
         ):
-            assert (
-                float(rows[f"compile: {block}: {row}"]["value"]) == 0.0
-            )  # aot_eager runs the eager kernels
+            # aot_eager runs the eager kernels; the hourglass's trace folds its norms (compiled
+            # only: nn/hourglass.py), so its figures differ from eager's by fp32 rounding
+            err = float(rows[f"compile: {block}: {row}"]["value"])
+            assert err == 0.0 if block != "hourglass pre" else err <= 1e-5, (block, row, err)
         assert rows[f"compile: {block}: graph breaks (first 2 steps)"]["value"] == "0"
         assert (
             int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2
