@@ -55,8 +55,8 @@ install-check:
 # the project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8,liger]' and pytest
 # for this Python (--dry-run --report: metadata only); left out are the node's torch and its stack
 # (NODE_HAS: torch's own requirements) and what the run never imports (NOT_IMPORTED: OLMo-core's
-# pandas, the project's matplotlib for figures, their dependencies; gpu_check.py installs with
-# --no-deps). Liger's wheel is pure Python (the node's torch brings its triton); flash-attn and
+# pandas, the project's matplotlib for figures and scipy for statistics, their dependencies;
+# gpu_check.py installs with --no-deps). Liger's wheel is pure Python (the node's torch brings its triton); flash-attn and
 # grouped_gemm have no wheel for the node's torch here: their rows say so (--allow-missing).
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
@@ -68,7 +68,7 @@ WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementa
 NODE_HAS = torch triton pytorch-triton hourglass-olmo sympy mpmath networkx jinja2 markupsafe \
 	fsspec setuptools typing-extensions
 NOT_IMPORTED = pandas pytz tzdata matplotlib contourpy cycler fonttools kiwisolver pillow \
-	pyparsing hf-xet
+	pyparsing hf-xet scipy
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed \
