@@ -34,7 +34,14 @@ REPO = Path(__file__).resolve().parents[1]
 # tests/gpu/test_NAME.py (tests/gpu/table.py: SECTIONS), in the order they run
 SECTION_NAMES = ("bf16", "attention", "compile", "resume", "ffn", "trainer", "generation")
 # table.py: DEPENDENCIES
-DEPENDENCY_NAMES = ("torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm")
+DEPENDENCY_NAMES = (
+    "torchao",
+    "flash_attn_2",
+    "flash_attn_3",
+    "liger",
+    "transformers",
+    "grouped_gemm",
+)
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
@@ -221,9 +228,10 @@ def main() -> None:
         extra.append(_install_section(args.wheelhouse, ok, detail, seconds, args.budget_scale))
     allowed = frozenset(args.allow_missing)
     hopper = cuda and torch.cuda.get_device_capability(0)[0] == 9
-    extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper))
-    device = "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(0)
     chosen = [f"test_{name}.py" for name in only] or DEFAULT_RUN
+    generation = "test_generation.py" in chosen
+    extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper, generation=generation))
+    device = "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(0)
     sections = {f: s for f, s in SECTIONS.items() if f in chosen}
     table = dict(
         device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra)

@@ -83,7 +83,7 @@ def _check_the_rehearsal(out: Path) -> None:
     result = json.loads((out / "gpu_check.json").read_text())
     install, deps, *sections = result["sections"]
     assert install["title"] == "offline install" and install["result"] == "pass", install
-    assert deps["title"] == "dependencies" and deps["result"] == "pass", deps
+    assert deps["title"] == "dependencies" and deps["result"] == "SKIP", deps  # transformers
     titles = [
         "bf16 vs fp32",
         "attention kernels",
@@ -94,9 +94,13 @@ def _check_the_rehearsal(out: Path) -> None:
         "generation",
     ]
     assert [s["title"] for s in sections] == titles
-    assert all(s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections), (
-        sections
-    )
+    skip = {"generation"}  # needs transformers
+    assert all(
+        s["result"] == ("SKIP" if s["title"] in skip else "pass")
+        and (s["title"] in skip or 0 < s["seconds"])
+        and s["seconds"] <= s["budget_s"]
+        for s in sections
+    ), sections
     assert all(row["rehearsal"] for s in [deps, *sections] for row in s["rows"])
     assert "pass (rehearsal)" in (out / "gpu_check.md").read_text()
     _check_dependencies({r["name"]: r for r in deps["rows"]})
@@ -124,6 +128,8 @@ def _check_dependencies(deps: dict) -> None:
         assert deps[name]["result"] == "missing" and deps[name]["detail"].startswith("instead: "), (
             deps[name]
         )
+    # the hf extra is not in the wheelhouse (64 MiB with the checkout): generation a SKIP there
+    assert deps["transformers"]["result"] == "SKIP", deps["transformers"]
 
 
 def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
@@ -220,9 +226,9 @@ def _check_trainer_ffn_and_generation(rows: dict, sections: dict) -> None:
         assert ratio["result"] == "shown" and "roofline" in ratio["detail"], ratio
         assert rows[f"FFN vs FFN: {config}: compiled vs eager output"]["result"] == "pass"
         assert rows[f"FFN vs FFN: {config} float8 vs bf16: output"]["result"] == "pass"
-    for shape in ("baseline", "hourglass", "variable_width"):
-        assert rows[f"generation: demo {shape}: KV cache bytes = count"]["result"] == "pass"
-        assert rows[f"generation: demo {shape}: decode tokens/s, batch 64"]["result"] == "shown"
+    # without transformers (the hf extra, not in the wheelhouse) the generation section is a SKIP;
+    # tests/test_gpu_ready.py and the plain rehearsal run it
+    assert sections["generation"]["result"] == "SKIP", sections["generation"]
 
 
 def _check_without_torchao(python: Path, gpu_check: list, tmp_path: Path, offline: dict) -> None:
@@ -272,7 +278,8 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
     gpu_check = [python, "scripts/gpu_check.py", "--rehearse", "--budget-scale", "5"]
     every = ",".join(f[len("test_") : -len(".py")] for f in SECTIONS)  # compile, resume too
     r = run(
-        [*gpu_check, "--wheelhouse", wheelhouse, "--only", every, "--out", out],
+        [*gpu_check, "--wheelhouse", wheelhouse, "--only", every, "--out", out]
+        + ["--allow-missing", "transformers"],
         timeout=1800,
         **offline,
     )

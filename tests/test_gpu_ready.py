@@ -747,6 +747,7 @@ def test_a_failed_install_still_writes_the_table(monkeypatch, tmp_path):
         "flash_attn_2",
         "flash_attn_3",
         "liger",
+        "transformers",
         "grouped_gemm",
     ]
     assert all(s["result"] == "not run" for s in sections) and len(sections) == 5  # DEFAULT_RUN

@@ -86,6 +86,12 @@ DEPENDENCIES = {
             "then cross-entropy",
         ),
         Dependency(
+            "transformers",
+            ("transformers",),
+            ("transformers",),
+            "nothing: the generation section cannot run (the hf extra; not in the wheelhouse)",
+        ),
+        Dependency(
             "grouped_gemm",
             ("grouped_gemm",),
             ("grouped_gemm", "grouped-gemm"),
@@ -95,12 +101,13 @@ DEPENDENCIES = {
 }
 
 
-def needed_by(name: str, *, cuda: bool, hopper: bool) -> str:
+def needed_by(name: str, *, cuda: bool, hopper: bool, generation: bool = True) -> str:
     """The judged claim of this run that needs dependency ``name`` ("" none): float8 everywhere (a
-    rehearsal emulates it), the flash kernels on CUDA only (flash-attn 3 on Hopper, where ``auto``
-    picks it)."""
+    rehearsal emulates it), generation through the HF export everywhere, the flash kernels on CUDA
+    only (flash-attn 3 on Hopper, where ``auto`` picks it)."""
     return {
         "torchao": "float8: StackedLinear and the trainer in float8",
+        "transformers": "generation: the HF export's generate" if generation else "",
         "flash_attn_2": "attention kernels: flash-attn 2 at every shipped head dim" if cuda else "",
         "flash_attn_3": "attention kernels: auto picks flash_3 on H100/H200"
         if cuda and hopper
@@ -160,13 +167,15 @@ class Section:
         return "SKIP" if "SKIP" in results else "pass"
 
 
-def dependency_section(allowed: frozenset[str], *, cuda: bool, hopper: bool) -> Section:
+def dependency_section(
+    allowed: frozenset[str], *, cuda: bool, hopper: bool, generation: bool = True
+) -> Section:
     """One row per dependency: present (its version), or missing with what runs instead; FAIL when a
     judged claim needs it and it is not in ``allowed``, SKIP when it is."""
     section = Section("", "dependencies", 0.0, started=0.0, finished=True)
     for dep in DEPENDENCIES.values():
         version, why = probe(dep)
-        need = needed_by(dep.name, cuda=cuda, hopper=hopper)
+        need = needed_by(dep.name, cuda=cuda, hopper=hopper, generation=generation)
         if version is not None:
             result, detail = "pass", need or "not needed by a judged claim here"
         elif not need:

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from olmo_patches.config.bench_scales import SCALES
-from olmo_patches.export.generation import run_generation
 
 pytestmark = pytest.mark.gpu
 
 
 def test_generation_speed(env, rows):
+    env.need("transformers", "generation through the HF export")
+    from olmo_patches.export.generation import run_generation
+
     scale = "demo" if env.rehearse else "113M"
     prompt, new, repeats = (8, 4, 1) if env.rehearse else (512, 64, 2)
     names = list(SCALES[scale].configs)[:3]
