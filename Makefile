@@ -4,7 +4,8 @@
 #               (make demo DEMO_ARGS=--fresh: start over)
 #   make test   run the test suite
 #   make wheelhouse [WHEEL_PYTHON=3.12]   what the GPU run imports, <= 56 MiB, for an offline GPU
-#               node (docs/gpu_checks.md)
+#               node (docs/gpu_checks.md); make wheelhouse-hf: and transformers for its generation
+#               section, a folder apart
 #   make lock   refresh requirements/lock.txt (the exact versions make installs) from
 #               pyproject.toml's ranges
 #   make install-check   the wheel beside a current Hugging Face stack: nothing moves down;
@@ -13,7 +14,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow format install wheelhouse lock install-check
+.PHONY: demo test test-slow format install wheelhouse wheelhouse-hf lock install-check
 # the tested set: exact versions of every package (constraints); pyproject.toml holds the ranges
 LOCK := requirements/lock.txt
 EXTRAS := dev,hf,eval,wandb,float8,lm-eval
@@ -55,8 +56,8 @@ install-check:
 # the project's own wheel, at most WHEEL_MIB. pip resolves 'hourglass-olmo[float8,liger]' and pytest
 # for this Python (--dry-run --report: metadata only); left out are the node's torch and its stack
 # (NODE_HAS: torch's own requirements) and what the run never imports (NOT_IMPORTED: OLMo-core's
-# pandas, the project's matplotlib for figures, their dependencies; gpu_check.py installs with
-# --no-deps). Liger's wheel is pure Python (the node's torch brings its triton); flash-attn and
+# pandas, the project's matplotlib for figures and scipy for statistics, their dependencies;
+# gpu_check.py installs with --no-deps). Liger's wheel is pure Python (the node's torch brings its triton); flash-attn and
 # grouped_gemm have no wheel for the node's torch here: their rows say so (--allow-missing).
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
@@ -68,7 +69,7 @@ WHEEL_TARGET = --only-binary=:all: --python-version $(WHEEL_PYTHON) --implementa
 NODE_HAS = torch triton pytorch-triton hourglass-olmo sympy mpmath networkx jinja2 markupsafe \
 	fsspec setuptools typing-extensions
 NOT_IMPORTED = pandas pytz tzdata matplotlib contourpy cycler fonttools kiwisolver pillow \
-	pyparsing hf-xet
+	pyparsing hf-xet scipy
 wheelhouse: install
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
 	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed \
@@ -86,6 +87,26 @@ wheelhouse: install
 		du -sh $(WHEELHOUSE) | cut -f1
 	@test $$(du -sm $(WHEELHOUSE) | cut -f1) -le $(WHEEL_MIB) || \
 		{ echo "$(WHEELHOUSE): over $(WHEEL_MIB) MiB"; exit 1; }
+
+# The hf extra the GPU check's generation section needs (transformers, 14 MiB with what it adds to
+# the wheelhouse): a folder of its own, carried in a second call (the checkout and the wheelhouse
+# hold 58 of the 64 MiB a call carries) and installed as the wheelhouse is (docs/gpu_checks.md).
+wheelhouse-hf: wheelhouse
+	rm -rf $(WHEELHOUSE)-hf && mkdir -p $(WHEELHOUSE)-hf
+	$(BIN)/python -m pip install --quiet --dry-run --ignore-installed \
+		--report $(WHEELHOUSE)-hf/resolved.json -c $(LOCK) '.[float8,liger,hf]' pytest
+	$(BIN)/python -c "import json, sys; have = {l.split('==')[0].lower() for l in \
+		open(sys.argv[2]).read().split()}; print(*(f\"{m['name']}=={m['version']}\" \
+		for m in (i['metadata'] for i in json.load(open(sys.argv[1]))['install']) \
+		if m['name'].lower().replace('_', '-') not in [*sys.argv[3:], *have] \
+		and m['name'].lower() not in have and not m['name'].startswith(('nvidia-', 'cuda-'))), \
+		sep='\n')" $(WHEELHOUSE)-hf/resolved.json $(WHEELHOUSE)/requirements.txt $(NODE_HAS) \
+		$(NOT_IMPORTED) > $(WHEELHOUSE)-hf/requirements.txt
+	$(BIN)/python -m pip download --quiet --no-deps $(WHEEL_TARGET) --dest $(WHEELHOUSE)-hf \
+		-r $(WHEELHOUSE)-hf/requirements.txt
+	rm $(WHEELHOUSE)-hf/resolved.json
+	@ls $(WHEELHOUSE)-hf/*.whl | wc -l | xargs printf '$(WHEELHOUSE)-hf: %s wheels, '; \
+		du -sh $(WHEELHOUSE)-hf | cut -f1
 
 # The newest versions the ranges allow (requirements/lock.in's choices aside), resolved in a fresh
 # venv; and einops, flash-attn's one dependency besides torch (the gpu extra is built on the node:

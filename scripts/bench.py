@@ -1,7 +1,9 @@
-"""Training throughput (forward + backward), peak memory and MFU of parameter-matched variants.
+"""Training throughput (forward + backward), peak memory and MFU of parameter-matched variants;
+with --generate, their generation speed (prefill and decode tokens/s) through the HF export.
 
     python scripts/bench.py [--scale demo,113M] [--compile on,off] [--repeats 5] [--steps 2]
                             [--optimizer] [--json]
+    python scripts/bench.py --generate [--scale 113M,1B] [--batches 1,64] [--prompt 512] [--new 128]
 
 Variants of a scale run interleaved (a rotated order per repeat) and every ratio is to the baseline
 measured in the same run. Defaults: on a CPU the demo scale, fp32; on a GPU the 113M and 1B shapes
@@ -53,13 +55,30 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the table"
     )
+    gen = parser.add_argument_group("--generate (olmo_patches/export/generation.py)")
+    gen.add_argument(
+        "--generate",
+        action="store_true",
+        help="generation speed of the scale's first three variants (baseline, hourglass, variable "
+        "width) through the HF export, static KV cache, decode compiled (--compile off: eager)",
+    )
+    gen.add_argument("--batches", default="1,64", help="comma list of batch sizes (1,64)")
+    gen.add_argument(
+        "--prompt", type=at_least(1), default=None, help="prompt tokens (512 on a GPU, else 64)"
+    )
+    gen.add_argument(
+        "--new", type=at_least(2), default=None, help="new tokens (128 on a GPU, else 32)"
+    )
     return parser
 
 
 def _timing_args(parser: ArgumentParser) -> None:
     """How each variant is timed: repeats, steps, precision, threads, optimizer, float8."""
     parser.add_argument(
-        "--repeats", type=at_least(1), default=10, help="interleaved repeats (median)"
+        "--repeats",
+        type=at_least(1),
+        default=None,
+        help="interleaved repeats (median): 10, with --generate 3",
     )
     parser.add_argument(
         "--steps", type=at_least(1), default=1, help="timed steps per variant per repeat"
@@ -111,8 +130,13 @@ def main() -> None:
             f"bench: --variants: unknown variant {unknown[0]!r}; the scales' variants are "
             f"{', '.join(sorted(known))}"
         )
+    batches = _list(args.batches)
+    if not batches or not all(b.isdigit() and int(b) > 0 for b in batches):
+        refuse(f"bench: --batches: {args.batches!r} must be a comma list of positive integers")
     import torch
 
+    if args.generate:
+        return _generate(args, [int(b) for b in batches], modes)
     from olmo_patches.train.bench import as_json, format_results, run_bench
 
     gpu = torch.cuda.is_available()
@@ -137,7 +161,7 @@ def main() -> None:
             variants=_list(args.variants) if args.variants else None,
             seq_len=seq,
             batch=batch,
-            repeats=args.repeats,
+            repeats=args.repeats or 10,
             steps=args.steps,
             warmup=args.warmup,
             dtype=dtype,
@@ -150,6 +174,48 @@ def main() -> None:
         print(json.dumps(as_json(results, machine)))
     else:
         print(format_results(results, machine))
+
+
+def _generate(args, batches: list, modes: list) -> None:
+    """--generate: each scale's first three variants, the first mode of --compile."""
+    import torch
+
+    from olmo_patches.config.bench_scales import SCALES
+    from olmo_patches.export.generation import format_generation, run_generation
+
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda" if gpu else "cpu")
+    dtype = (
+        torch.bfloat16 if (args.dtype or ("bf16" if gpu else "fp32")) == "bf16" else torch.float32
+    )
+    if not gpu:
+        torch.set_num_threads(args.threads or 1)
+    prompt, new = args.prompt or (512 if gpu else 64), args.new or (128 if gpu else 32)
+    compiled = modes[-1] == "on"
+    for s in _list(args.scale or ("113M,1B" if gpu else "demo")):
+        names = _list(args.variants) if args.variants else list(SCALES[s].configs)[:3]
+        configs = {n: SCALES[s].configs[n] for n in names}
+        results = run_generation(
+            configs,
+            batches=batches,
+            prompt=prompt,
+            new=new,
+            repeats=args.repeats or 3,
+            compiled=compiled,
+            dtype=dtype,
+            device=device,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
+        where = (
+            torch.cuda.get_device_name(0) if gpu else f"CPU, {torch.get_num_threads()} thread(s)"
+        )
+        print(
+            format_generation(
+                results,
+                f"{s}: {where}, {str(dtype).split('.')[-1]}, {prompt} prompt + {new} new tokens, "
+                f"static KV cache, decode {'compiled' if compiled else 'eager'}",
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The GPU acceptance run: pytest over tests/gpu/ (the ``gpu`` tests), one time budget per section
 printed up front and enforced, every row written to OUT/gpu_check.json and OUT/gpu_check.md as it
-comes (tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type, the attention kernel at every
-shipped head dim, compile per block family, resume exactness on the demo corpus, the hourglass FFN
-against a SwiGLU of equal FLOPs (bf16 and float8), trainer tokens/s and MFU (information) and peak
-reserved memory against the estimate for 113M and 1B, float8 / bf16 in the trainer
-(docs/gpu_checks.md: the command and what each judges). Every dependency (torchao, flash-attn 2 and
+comes (tests/gpu/plugin.py). Sections: bf16 vs fp32 per block type; the attention kernel at every
+shipped head dim and torch SDPA's kernels' TFLOP/s per head dim; the hourglass FFN against a SwiGLU
+of equal FLOPs at a 65k-token micro-batch beside its roofline (bf16 and float8); trainer MFU of the
+baselines and the head-dim-native hourglass siblings, float8 / bf16 at 1B, and peak reserved memory
+against the estimate; generation (prefill and decode tokens/s through the HF export). With --only:
+compile per block family and resume exactness on the demo corpus (docs/gpu_checks.md: the command
+and what each judges). Every dependency (torchao, flash-attn 2 and
 3, Liger, grouped_gemm) is a row first: its version, or missing and what ran instead; missing and
 needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
 
@@ -30,9 +32,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # tests/gpu/test_NAME.py (tests/gpu/table.py: SECTIONS), in the order they run
-SECTION_NAMES = ("bf16", "attention", "compile", "resume", "ffn", "trainer", "float8")
+SECTION_NAMES = ("bf16", "attention", "compile", "resume", "ffn", "trainer", "generation")
 # table.py: DEPENDENCIES
-DEPENDENCY_NAMES = ("torchao", "flash_attn_2", "flash_attn_3", "liger", "grouped_gemm")
+DEPENDENCY_NAMES = (
+    "torchao",
+    "flash_attn_2",
+    "flash_attn_3",
+    "liger",
+    "transformers",
+    "grouped_gemm",
+)
 
 
 def install(wheelhouse: Path) -> tuple[bool, str]:
@@ -108,7 +117,10 @@ def _parser() -> argparse.ArgumentParser:
         help="multiply every budget (a slower or busier machine than one H200)",
     )
     parser.add_argument(
-        "--only", default="", help=f"comma list of sections to run ({', '.join(SECTION_NAMES)})"
+        "--only",
+        default="",
+        help=f"comma list of sections to run ({', '.join(SECTION_NAMES)}; default: all but "
+        "compile and resume)",
     )
     return parser
 
@@ -199,7 +211,7 @@ def main() -> None:
         ok, detail = install(args.wheelhouse)
         seconds = time.perf_counter() - start
     sys.path.insert(0, str(REPO))  # this checkout's tests/ and olmo_patches/
-    from tests.gpu.table import SECTIONS, Table, dependency_section
+    from tests.gpu.table import DEFAULT_RUN, SECTIONS, Table, dependency_section
 
     # the node's own torch: after the install, as torch looks for numpy once, when it is imported
     import torch
@@ -216,11 +228,11 @@ def main() -> None:
         extra.append(_install_section(args.wheelhouse, ok, detail, seconds, args.budget_scale))
     allowed = frozenset(args.allow_missing)
     hopper = cuda and torch.cuda.get_device_capability(0)[0] == 9
-    extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper))
+    chosen = [f"test_{name}.py" for name in only] or DEFAULT_RUN
+    generation = "test_generation.py" in chosen
+    extra.append(dependency_section(allowed, cuda=cuda, hopper=hopper, generation=generation))
     device = "cpu (rehearsal)" if args.rehearse else torch.cuda.get_device_name(0)
-    sections = {
-        f: s for f, s in SECTIONS.items() if not only or f[len("test_") : -len(".py")] in only
-    }
+    sections = {f: s for f, s in SECTIONS.items() if f in chosen}
     table = dict(
         device=device, torch_version=torch.__version__, sections=sections, extra=tuple(extra)
     )

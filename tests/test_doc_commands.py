@@ -110,6 +110,12 @@ COMMANDS = [
     Row(r"python scripts/bench\.py --scale 113M --repeats", "parse", why="113M on CPU: minutes"),
     Row(r"python scripts/bench\.py --scale 113M,1B", "gpu"),
     Row(
+        r"python scripts/bench\.py --generate$",
+        "parse",
+        why="compiles six decoding graphs: minutes of CPU (tests/test_export_hf.py runs it tiny)",
+    ),
+    Row(r"python scripts/bench\.py --generate --scale 113M,1B", "gpu"),
+    Row(
         r"python scripts/data_order\.py (materialize|manifest|verify|indices)",
         "parse",
         why="olmo-data.org, or its materialized prefix",
@@ -138,9 +144,6 @@ COMMANDS = [
         why="a CUDA GPU, or minutes of CPU (--rehearse: tests/test_gpu_install.py, slow)",
     ),
     Row(r"python benchmarks/bench_loader\.py", "parse", why="minutes of worker start-up"),
-    Row(
-        r"python benchmarks/bench_kv_cache\.py", "parse", why="minutes of generation on 2 CPU cores"
-    ),
     Row(r"python benchmarks/bench_allgather_copy\.py", "run", ("--repeats", "1")),
     Row(r"python scripts/sweep\.py (status|report) configs/demo/ablations/", "run"),
     Row(

@@ -152,8 +152,24 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     _check_model_card(out, spec, kind, reference)
     if kind == "custom":
         _check_attention_implementations(out, ids, want)
-    # generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits of
-    # one forward.
+        _check_static_cache(hf, ids)
+    _check_cached_steps(hf, ids, got)
+    return hf
+
+
+def _check_static_cache(hf, ids) -> None:
+    """A static cache (compiled generation's: its keys preallocated, the unwritten ones masked)
+    generates as the dynamic one: the same tokens, the same scores."""
+    kw = dict(max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    a = hf.generate(ids[:, :8], **kw)
+    b = hf.generate(ids[:, :8], cache_implementation="static", **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    assert max((x - y).abs().max().item() for x, y in zip(a.scores, b.scores)) < 1e-4
+
+
+def _check_cached_steps(hf, ids, got) -> None:
+    """generate() ran with the KV cache: token by token from a cached 16-token prefix, the logits
+    of one forward."""
     with torch.no_grad():
         out = hf(ids[:, :16], use_cache=True)
         steps = [out.logits] + [
@@ -164,7 +180,6 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
         out.past_key_values.get_seq_length() == 24
         and (torch.cat(steps, 1) - got).abs().max().item() < 1e-4
     )
-    return hf
 
 
 def _check_model_card(out, spec, kind, reference):
@@ -388,3 +403,30 @@ def test_dolma2_token_ids():
     assert token_ids(load_spec(REPO / "configs" / "1B" / "baseline.yaml")) == dict(
         bos_token_id=100257, eos_token_id=100257, pad_token_id=100277
     )
+
+
+def test_generation_bench_prints_the_shapes_side_by_side():
+    """scripts/bench.py --generate at toy sizes (eager): one row per demo shape with its forward
+    FLOPs and KV bytes per token beside prefill and decode tokens/s, as ratios to the baseline. The
+    demo x model caches 2 sum(w_l) = 2 (176 + 80 + 32 + 176) = 928 K and V elements per token
+    against the baseline's 2 x 4 x 128 = 1024 (fp32: 4 bytes each); the static cache's tensors hold
+    exactly that."""
+    r = run_in_process(
+        "bench.py",
+        *("--generate", "--batches", "1,2", "--prompt", "4", "--new", "3"),
+        *("--repeats", "1", "--compile", "off"),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {
+        cells[0]: cells[1:]
+        for line in r.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| shape")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert list(rows) == ["baseline", "hourglass", "variable_width"]
+    assert (
+        rows["baseline"][1] == "4,096 (1.000, yes)" and rows["hourglass"][1] == "4,096 (1.000, yes)"
+    )
+    assert rows["variable_width"][1] == f"{928 * 4:,} ({928 / 1024:.3f}, yes)"
+    assert rows["hourglass"][0].endswith("(1.000)") and len(rows["baseline"]) == 2 + 4
+    assert "decode eager" in r.stdout

@@ -4,7 +4,6 @@ resume, FSDP x2 with float8 all-gather, the HF export, and the one-line refusals
 
 import copy
 import json
-import math
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from olmo_patches.launch.run_folder import read_metrics
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
 pytest.importorskip("torchao.float8", reason="the float8 extra (pip install -e '.[float8]')")
-from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
+from torchao.float8 import Float8LinearConfig  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
@@ -86,14 +85,26 @@ def test_every_attention_and_ffn_matmul_converts(tmp_path, shape):
     from olmo_patches.report.counts import count, float8_report
 
     b, f = count(spec), float8_report(spec)
-    assert f["float8_params"] == b.attention + b.ffn + b.resize and f["float8_skipped"] == []
+    # on a GPU (an H100 here) these toy matmuls stay bf16: below torchao's size floor
+    assert f["float8_params"] == 0 and f["float8_unaligned"] == []
+    assert f["float8_kept_params"] == b.attention + b.ffn + b.resize
     with torch.no_grad():
         assert torch.isfinite(model(torch.randint(0, 64, (2, 16)))).all()
 
 
-def test_stacked_sub_mlps_are_torchaos_float8_linears():
-    """The hourglass FFN in float8 = the equations with each W_d1_i, W_d2_i, W_u_i a torchao
-    Float8Linear (emulated: bit-equal casts and matmuls), forward and gradients."""
+def _cast(t: torch.Tensor, dtype=torch.float8_e4m3fn) -> torch.Tensor:
+    """Tensorwise float8 as torchao defines it: scale = max / amax (fp32), round to the format,
+    saturated; returned dequantized."""
+    big = torch.finfo(dtype).max
+    scale = (big / t.detach().abs().max().double().clamp_min(1e-12)).float()
+    return (t.float() * scale).clamp(-big, big).to(dtype).float() / scale
+
+
+def test_stacked_sub_mlps_cast_each_stack_once():
+    """The hourglass FFN in float8 (emulated, tensorwise) = the equations with every matmul input
+    cast on its own and each stacked weight cast once, one scale for its K maps (not one per map):
+    the forward against that reference; gradients reach every map, within float8's rounding of the
+    high-precision ones."""
     from olmo_core.nn.layer_norm import LayerNormConfig
 
     from olmo_patches.nn.hourglass import HourglassFeedForward
@@ -103,39 +114,35 @@ def test_stacked_sub_mlps_are_torchaos_float8_linears():
     ffn = HourglassFeedForward(d_model=d, d_h=d_h, K=K, layer_norm=LayerNormConfig(name="rms"))
     for p in ffn.parameters():
         nn.init.normal_(p, 0, 0.2)
-    ref = copy.deepcopy(ffn)
-    config = Float8LinearConfig(emulate=True)
+    with torch.no_grad():
+        for w in (ffn.w1, ffn.w3, ffn.w2):
+            w.stacked[0] *= 0.3  # each map's own amax would give it another scale
+    hp = copy.deepcopy(ffn)
     for m in (ffn.w1, ffn.w3, ffn.w2):
-        m.to_float8(config)
+        m.to_float8(Float8LinearConfig(emulate=True))
 
-    def linears(stacked):
-        out = nn.ModuleList(
-            nn.Linear(stacked.in_features, stacked.out_features, bias=False) for _ in range(K)
-        )
-        with torch.no_grad():
-            for i, lin in enumerate(out):
-                lin.weight.copy_(stacked.stacked[i])
-        return convert_to_float8_training(out, config=config)
+    def reference(x, per_map: bool):
+        W = [
+            torch.stack([_cast(w.stacked[i]) for i in range(K)]) if per_map else _cast(w.stacked)
+            for w in (hp.w1, hp.w3, hp.w2)
+        ]
+        h = x
+        for i in range(K):
+            n = _cast(hp.norms[i](h))
+            s = F.silu(n @ W[0][i].T) * (n @ W[1][i].T)
+            h = h + _cast(s) @ W[2][i].T
+        return h
 
-    W1, W3, W2 = linears(ref.w1), linears(ref.w3), linears(ref.w2)
-    assert all(isinstance(m, Float8Linear) for m in W1)
     x = torch.randn(4, 8, d)
-    h = x
-    for i in range(K):
-        n = ref.norms[i](h)
-        h = h + W2[i](F.silu(W1[i](n)) * W3[i](n))
     got = ffn(x)
-    torch.testing.assert_close(got, h, rtol=0, atol=0)
-    assert (got - ref(x)).abs().max() > 1e-4  # float8 rounding happened
+    torch.testing.assert_close(got, reference(x, per_map=False), rtol=1e-5, atol=1e-5)
+    assert (got - reference(x, per_map=True)).abs().max() > 1e-4
     got.square().sum().backward()
-    h.square().sum().backward()
-    for i in range(K):
-        torch.testing.assert_close(
-            ffn.w1.weight.grad.view_as(ffn.w1.stacked)[i], W1[i].weight.grad, rtol=0, atol=0
-        )
-        torch.testing.assert_close(
-            ffn.w2.weight.grad.view_as(ffn.w2.stacked)[i], W2[i].weight.grad, rtol=0, atol=0
-        )
+    hp(x).square().sum().backward()
+    for w, ref in zip((ffn.w1, ffn.w3, ffn.w2), (hp.w1, hp.w3, hp.w2)):
+        for i in range(K):
+            g, r = w.weight.grad.view_as(w.stacked)[i], ref.weight.grad.view_as(ref.stacked)[i]
+            assert (g - r).norm() / r.norm() < 4 * 2.0**-4
 
 
 def _losses(run):
@@ -278,21 +285,23 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
         ),
     )
     f, b = float8_report(spec), count(spec)
-    assert f["float8_params"] == b.attention and f["float8_skipped_params"] == b.ffn
-    assert f["float8_skipped"] == [
+    assert f["float8_unaligned"] == [
         f"blocks.{i}.feed_forward.{w}" for i in range(2) for w in ("w1", "w3", "w2")
     ]
-    assert math.isclose(f["float8_skipped_params"], 2 * 3 * 2 * 32 * 24)
+    assert f["float8_small"] == [
+        f"blocks.{i}.attention.{w}" for i in range(2) for w in ("w_q", "w_k", "w_v", "w_out")
+    ]
+    assert f["float8_kept_params"] == b.attention + b.ffn == b.attention + 2 * 3 * 2 * 32 * 24
 
 
 def test_memory_model_counts_float8s_weight_and_input_casts():
     """memory.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1
     byte for each of the forward and transposed float8 copies of one block's weights, + 1 byte per
-    element of the widest matmul input per token; the float8 path keeps no [W_d1; W_d2] copy."""
+    element of the widest matmul input per token."""
     from olmo_patches.launch.memory import estimate
 
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
-    d, K, d_h, s, L = 128, 8, 64, 128, 4
+    d, K, d_h, s = 128, 8, 64, 128
     block = (
         4 * d * d + d + K * (3 * d * d_h + d)
     )  # attention, its norm, K sub-MLPs with their norms
@@ -300,8 +309,39 @@ def test_memory_model_counts_float8s_weight_and_input_casts():
     for m in (1, 3):
         b, f = base.terms(m), f8.terms(m)
         assert f["float8 copies"] - b["float8 copies"] == 2 * block + m * s * d
-        assert (
-            b["hourglass weight copies"] == L * 2 * 2 * K * d_h * d
-            and f["hourglass weight copies"] == 0
-        )
-        assert all(f[k] == b[k] for k in b if k not in ("float8 copies", "hourglass weight copies"))
+        assert b["hourglass weight copies"] == f["hourglass weight copies"] == 0
+        assert all(f[k] == b[k] for k in b if k != "float8 copies")
+
+
+def test_each_matmul_converts_where_its_sizes_win():
+    """float8_choice on an H200 at a 65,536-token micro-batch: unaligned dims never; torchao's own
+    floor (tensorwise: in <= 4096 and out <= 1024 stay bf16) at any size; the roofline where the
+    casts (7 bytes an element of input, output gradient and weight) cost more than the GEMMs save
+    (3 M N K at twice the bf16 peak); emulation converts every aligned matmul."""
+    from olmo_patches.nn.float8 import float8_choice
+    from olmo_patches.shapes.roofline import Roof
+
+    h200, M = Roof(989.5e12, 4.8e12), 65536
+
+    def wins(n, k):  # written from the definition, not imported
+        return 3 * M * n * k / 989.5e12 > 7 * (M * k + M * n + n * k) / 4.8e12
+
+    assert float8_choice((678, 1440), M, "tensorwise", h200) == "unaligned"
+    assert float8_choice((1024, 4096), 2**20, "tensorwise", h200) == "small"
+    assert not wins(576, 1392) and float8_choice((576, 1392), M, "tensorwise", h200) == "small"
+    assert wins(2304, 3328) and float8_choice((2304, 3328), M, "tensorwise", h200) == "float8"
+    assert float8_choice((2304, 3328), 512, "tensorwise", h200) == "small"  # a tiny micro-batch
+    assert float8_choice((128, 128), M, "tensorwise", None) == "float8"  # emulated
+
+
+def test_ffn_roofline_ratio_bounds():
+    """The FFN roofline (shapes/roofline.py): with unlimited bandwidth the hourglass and the SwiGLU
+    of equal FLOPs tie; K=1 beats its SwiGLU (the folded norm writes nothing); more sub-MLPs of the
+    same total hidden width cost more traffic."""
+    from olmo_patches.shapes.roofline import Roof, ffn_roofline_ratio
+
+    h200, M = Roof(989.5e12, 4.8e12), 65536
+    assert ffn_roofline_ratio(M, 1440, 2, 678, Roof(989.5e12, 1e30)) == pytest.approx(1.0)
+    assert ffn_roofline_ratio(M, 3192, 1, 2752, h200) > 1.0
+    ratios = [ffn_roofline_ratio(M, 1536, K, 4096 // K, h200) for K in (1, 2, 4, 8)]
+    assert ratios == sorted(ratios, reverse=True) and ratios[-1] < 0.95

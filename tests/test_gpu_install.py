@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, run
-from .gpu.table import INSTALL_ESTIMATE_S, STARTUP_ESTIMATE_S, budget
+from .gpu.table import DEFAULT_RUN, INSTALL_ESTIMATE_S, SECTIONS, STARTUP_ESTIMATE_S, budget
 
 pytestmark = pytest.mark.slow
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -83,7 +83,7 @@ def _check_the_rehearsal(out: Path) -> None:
     result = json.loads((out / "gpu_check.json").read_text())
     install, deps, *sections = result["sections"]
     assert install["title"] == "offline install" and install["result"] == "pass", install
-    assert deps["title"] == "dependencies" and deps["result"] == "pass", deps
+    assert deps["title"] == "dependencies" and deps["result"] == "SKIP", deps  # transformers
     titles = [
         "bf16 vs fp32",
         "attention kernels",
@@ -91,27 +91,30 @@ def _check_the_rehearsal(out: Path) -> None:
         "resume",
         "FFN vs FFN",
         "trainer",
-        "float8",
+        "generation",
     ]
     assert [s["title"] for s in sections] == titles
-    assert all(s["result"] == "pass" and 0 < s["seconds"] <= s["budget_s"] for s in sections), (
-        sections
-    )
+    skip = {"generation"}  # needs transformers
+    assert all(
+        s["result"] == ("SKIP" if s["title"] in skip else "pass")
+        and (s["title"] in skip or 0 < s["seconds"])
+        and s["seconds"] <= s["budget_s"]
+        for s in sections
+    ), sections
     assert all(row["rehearsal"] for s in [deps, *sections] for row in s["rows"])
     assert "pass (rehearsal)" in (out / "gpu_check.md").read_text()
     _check_dependencies({r["name"]: r for r in deps["rows"]})
     assert result["mode"] == "rehearsal" and result["device"] == "cpu (rehearsal)"
     assert result["budget_scale"] == 5
-    # the budgets on one H200 with start-up and the offline install: the whole run within 10 minutes
-    assert (
-        sum(s["budget_s"] for s in sections) / 5 + budget(INSTALL_ESTIMATE_S) + STARTUP_ESTIMATE_S
-        <= 10 * 60
-    )
+    # the default run's budgets on one H200 with start-up and the offline install: 6 minutes, so a
+    # lent GPU (15 minutes, its start included) runs it twice
+    default = sum(SECTIONS[f][1] for f in DEFAULT_RUN)
+    assert default + budget(INSTALL_ESTIMATE_S) + STARTUP_ESTIMATE_S <= 6 * 60
     rows = {f"{s['title']}: {r['name']}": r for s in sections for r in s["rows"]}
     by_title = {s["title"]: s for s in sections}
     _check_bf16_and_attention(rows, by_title)
     _check_compile_and_resume(rows, by_title)
-    _check_trainer_ffn_and_float8(rows, by_title)
+    _check_trainer_ffn_and_generation(rows, by_title)
     print(
         (out / "gpu_check.md").read_text().split("\n\n")[1]
     )  # the sections' times against their budgets
@@ -125,6 +128,8 @@ def _check_dependencies(deps: dict) -> None:
         assert deps[name]["result"] == "missing" and deps[name]["detail"].startswith("instead: "), (
             deps[name]
         )
+    # the hf extra is not in the wheelhouse (64 MiB with the checkout): generation a SKIP there
+    assert deps["transformers"]["result"] == "SKIP", deps["transformers"]
 
 
 def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
@@ -157,7 +162,13 @@ def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
             for d in head_dims(load_spec(p).model_config())
         }
     )
-    kernels = [r for r in sections["attention kernels"]["rows"] if "head_dim" in r["name"]]
+    attention = sections["attention kernels"]["rows"]
+    kernels = [r for r in attention if "vs torch SDPA (fp32), head_dim" in r["name"]]
+    # torch SDPA's own kernels timed per head dim, the table's row last (CPU: flash only)
+    assert (
+        attention[-1]["name"] == "SDPA_KERNELS (nn/attention.py)"
+        and "flash" in attention[-1]["value"]
+    )
     dims = sorted({int(r["name"].split("head_dim ")[1].split(":")[0]) for r in kernels})
     odd = next(d for d in shipped if d % 8)
     assert len(kernels) == 2 * len(dims) == 6 and dims == sorted({shipped[0], shipped[-1], odd}), (
@@ -176,9 +187,10 @@ def _check_compile_and_resume(rows: dict, sections: dict) -> None:
             "compiled vs eager: gradients (worst tensor)",
             "loss after 3 AdamW steps, compiled vs eager",
         ):
-            assert (
-                float(rows[f"compile: {block}: {row}"]["value"]) == 0.0
-            )  # aot_eager runs the eager kernels
+            # aot_eager runs the eager kernels; the hourglass's trace folds its norms (compiled
+            # only: nn/hourglass.py), so its figures differ from eager's by fp32 rounding
+            err = float(rows[f"compile: {block}: {row}"]["value"])
+            assert err == 0.0 if block != "hourglass pre" else err <= 1e-5, (block, row, err)
         assert rows[f"compile: {block}: graph breaks (first 2 steps)"]["value"] == "0"
         assert (
             int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2
@@ -188,39 +200,35 @@ def _check_compile_and_resume(rows: dict, sections: dict) -> None:
     assert [r["detail"] for r in resume] == ["bit-identical"] * 2  # one CPU process: deterministic
 
 
-def _check_trainer_ffn_and_float8(rows: dict, sections: dict) -> None:
-    """The trainer's rows at both scales, the FFN-against-FFN rows and float8 against bf16."""
-    for scale in ("113M", "1B"):
-        for variant in ("baseline", "hourglass"):
-            assert (
-                float(rows[f"trainer: {scale} {variant} (toy): tokens/s"]["value"].replace(",", ""))
-                > 0
-            )
-            assert (
-                rows[f"trainer: {scale} {variant} (toy): peak reserved <= estimate"]["result"]
-                == "shown"
-            )
-            setting = rows[f"trainer: {scale} {variant} (toy): tokens/s"]["detail"]
+def _check_trainer_ffn_and_generation(rows: dict, sections: dict) -> None:
+    """The trainer's rows at both scales (the 1B float8 run close to bf16), the FFN-against-FFN rows
+    and the generation rows."""
+    for scale, sibling in (("113M", "hourglass-hd96"), ("1B", "hourglass-hd128")):
+        for variant in ("baseline", sibling):
+            what = f"trainer: {scale} {variant} (toy)"
+            assert float(rows[f"{what}: tokens/s"]["value"].replace(",", "")) > 0
+            assert rows[f"{what}: peak reserved <= estimate"]["result"] == "shown"
+            setting = rows[f"{what}: tokens/s"]["detail"]
             assert setting.startswith(
                 "attention torch, loss default, float8 off, compile off, checkpointing off"
             ), setting
-        assert rows[f"trainer: {scale}: MFU hourglass / baseline"]["result"] == "shown"
-    for config in (
-        "113M/hourglass-aligned",
-        "1B/hourglass-aligned",
-        "906M/hourglass-revised",
-    ):  # float8-able shapes
-        assert rows[f"FFN vs FFN: {config} bf16: hourglass / baseline TFLOP/s"]["result"] == "shown"
-        assert (
-            rows[f"FFN vs FFN: {config} StackedLinear float8 vs bf16: output"]["result"] == "pass"
-        )
-    for config in ("113M/hourglass", "1B/hourglass"):  # d_h 678, d_model 3192: not multiples of 16
-        assert rows[f"FFN vs FFN: {config} float8"]["value"] == "not float8-able"
-    speed, loss = sections["float8"]["rows"]
+        assert rows[f"trainer: {scale}: MFU {sibling} / baseline"]["result"] == "shown"
+    speed, loss = (
+        rows["trainer: 1B: tokens/s float8 / bf16"],
+        rows["trainer: 1B: loss float8 vs bf16, steps 1-3 (worst)"],
+    )
     assert speed["result"] == "shown" and "torchao emulates" in speed["detail"]
-    assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", (
-        loss
-    )  # float8 really ran, close to bf16
+    # float8 really ran, close to bf16
+    assert 0 < float(loss["value"]) <= 0.05 and loss["result"] == "pass", loss
+    for config in ("113M/hourglass", "113M/hourglass-aligned", "1B/hourglass",
+                   "1B/hourglass-aligned", "906M/hourglass-revised"):  # fmt: skip
+        ratio = rows[f"FFN vs FFN: {config} bf16: hourglass / baseline TFLOP/s"]
+        assert ratio["result"] == "shown" and "roofline" in ratio["detail"], ratio
+        assert rows[f"FFN vs FFN: {config}: compiled vs eager output"]["result"] == "pass"
+        assert rows[f"FFN vs FFN: {config} float8 vs bf16: output"]["result"] == "pass"
+    # without transformers (the hf extra, not in the wheelhouse) the generation section is a SKIP;
+    # tests/test_gpu_ready.py and the plain rehearsal run it
+    assert sections["generation"]["result"] == "SKIP", sections["generation"]
 
 
 def _check_without_torchao(python: Path, gpu_check: list, tmp_path: Path, offline: dict) -> None:
@@ -268,7 +276,13 @@ def test_offline_install_keeps_torch_and_rehearses(tmp_path):
         "PIP_NO_INDEX": "1",
     }
     gpu_check = [python, "scripts/gpu_check.py", "--rehearse", "--budget-scale", "5"]
-    r = run([*gpu_check, "--wheelhouse", wheelhouse, "--out", out], timeout=1800, **offline)
+    every = ",".join(f[len("test_") : -len(".py")] for f in SECTIONS)  # compile, resume too
+    r = run(
+        [*gpu_check, "--wheelhouse", wheelhouse, "--only", every, "--out", out]
+        + ["--allow-missing", "transformers"],
+        timeout=1800,
+        **offline,
+    )
     # budgets x5: a shared 2-core machine, and pip installs every wheel (a GPU node's Python has
     # many already)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])

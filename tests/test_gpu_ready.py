@@ -333,6 +333,31 @@ def test_flash_head_dims_and_padding(flash, d, fa2, fa3):
     )
 
 
+def test_sdpa_kernel_from_the_measured_table(flash, monkeypatch):
+    """torch SDPA on CUDA runs the kernel SDPA_KERNELS names for every layer's head dim (a table
+    row for 152 here), enabled alone with the math fallback; a head dim without a row leaves
+    torch's own order."""
+    from olmo_patches.nn import attention
+
+    flash()  # no flash-attn: auto resolves to torch SDPA
+    monkeypatch.setattr(attention, "SDPA_KERNELS", {152: "cudnn"})
+    choice = attention.resolve_attention_backend("auto", [152], cuda=True, bf16=True)
+    assert (choice.name, choice.sdpa) == ("torch", "cudnn") and "SDPA kernel cudnn" in str(choice)
+    assert attention.resolve_attention_backend("auto", [152, 64], cuda=True, bf16=True).sdpa is None
+    assert attention.resolve_attention_backend("torch", [152], cuda=False, bf16=True).sdpa is None
+    b = torch.backends.cuda
+    before = (b.flash_sdp_enabled(), b.cudnn_sdp_enabled(), b.mem_efficient_sdp_enabled())
+    try:
+        attention.use_sdpa_kernel("cudnn")
+        assert (b.flash_sdp_enabled(), b.cudnn_sdp_enabled(), b.mem_efficient_sdp_enabled()) == (
+            False, True, False
+        )  # fmt: skip
+        assert b.math_sdp_enabled()
+    finally:
+        b.enable_flash_sdp(before[0]), b.enable_cudnn_sdp(before[1])
+        b.enable_mem_efficient_sdp(before[2])
+
+
 def test_dry_run_names_the_attention_kernel_and_its_padding():
     """configs/1B/hourglass.yaml: 16 heads of 2432 / 16 = 152, a multiple of 8: flash_3 on Hopper,
     and both kernels compute it at 192 (1 - 152/192 = 21% padding)."""
@@ -722,6 +747,7 @@ def test_a_failed_install_still_writes_the_table(monkeypatch, tmp_path):
         "flash_attn_2",
         "flash_attn_3",
         "liger",
+        "transformers",
         "grouped_gemm",
     ]
-    assert all(s["result"] == "not run" for s in sections) and len(sections) == 7
+    assert all(s["result"] == "not run" for s in sections) and len(sections) == 5  # DEFAULT_RUN

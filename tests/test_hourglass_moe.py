@@ -277,6 +277,11 @@ def test_model_counts_against_the_built_model(K):
         (dict(hidden_size=0), "hourglass experts need d_h >= 1, got d_h=0"),
         (dict(name=MoEType.default), "hourglass experts need the dropless MoE (name: dropless)"),
         (dict(layer_norm=None), "hourglass experts need a layer_norm config for their K norms"),
+        (
+            dict(layer_norm=LayerNormConfig(name=LayerNormType.default, bias=False)),
+            "hourglass experts' norms are RMSNorms with a gain and no bias"
+            " (layer_norm: name rms, bias false, elementwise_affine true)",
+        ),
     ],
 )
 def test_bad_shapes_are_named(change, message):

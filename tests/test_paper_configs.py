@@ -107,9 +107,9 @@ def test_config_loads_builds_and_matches_its_baseline(path):
         UNMATCHED in path.parts
     ):  # K=1 below the budget, K=8 well above (test_k_sweep_as_the_paper_...)
         return
-    tolerance = (
-        ALIGNED_TOLERANCE if path.name.endswith("-aligned.yaml") else 1e-5
-    )  # the paper: 0.001%
+    # the paper: 0.001%; aligned and head-dim siblings (-hdN: only the heads change): 0.3%
+    sibling = path.name.endswith("-aligned.yaml") or path.stem.rpartition("-")[2].startswith("hd")
+    tolerance = ALIGNED_TOLERANCE if sibling else 1e-5
     if rel(path) in AT_AUTHORS_TOLERANCE or AUTHORS_FOLDERS & set(path.parts):
         tolerance = AUTHORS_TOLERANCE
         # the splits' head dims flash-attention kernels like; the sweeps' MHA heads even
@@ -242,8 +242,9 @@ def test_the_hourglass_experts_cost_their_twins_flops():
 def test_every_hourglass_config_has_one_head_rule():
     """Standard MHA in every hourglass config of paper 1's sizes but 403M's aligned one (23 x 96 on
     2240, a native flash-attention head dim; the authors' revised configs free the attention width
-    as their code does); the K ablation, which changes only K, keeps the reallocation run's d_model
-    and heads."""
+    as their code does) and the head-dim siblings (-hdN: a native head dim, all else the
+    original's); the K ablation, which changes only K, keeps the reallocation run's d_model and
+    heads."""
     for path in CONFIGS:
         if (
             path.name.startswith("hourglass")
@@ -251,7 +252,11 @@ def test_every_hourglass_config_has_one_head_rule():
             and "demo" not in path.parts
         ):
             m = load_spec(path).model
-            if rel(path) != "403M/hourglass-aligned.yaml":
+            if path.stem.rpartition("-")[2].startswith("hd"):  # a head-dim sibling: heads only
+                o = load_spec(path.with_name("hourglass.yaml")).model
+                assert m.head_dim in (64, 96, 128) and f"hd{m.head_dim}" in path.stem
+                assert (m.d_model, m.K, m.d_h, m.n_layers) == (o.d_model, o.K, o.d_h, o.n_layers)
+            elif rel(path) != "403M/hourglass-aligned.yaml":
                 assert m.head_dim is None and m.n_heads == heads(m.d_model), rel(path)
     k4 = load_and_resolve(ROOT / "configs/113M/hourglass-K4-L6.yaml").model
     for p in (ROOT / "configs/113M/ablations" / UNMATCHED).glob("*.yaml"):

@@ -93,11 +93,9 @@ def _memory_model(path):
             ffn, norms = K * (2 * w + 8 * H), 2 * _norm(w)
         else:
             w1 = getattr(block.feed_forward.w1, "stacked", block.feed_forward.w1.weight)
-            if (
-                w1.ndim == 3
-            ):  # hourglass (K, d_h, w): a norm per sub-MLP, and the [W_d1; W_d2] copy in bf16
+            if w1.ndim == 3:  # hourglass (K, d_h, w): a norm per sub-MLP
                 K, H = w1.shape[0], w1.shape[1]
-                ffn, norms, copy = K * (_norm(w) + 2 * w + 8 * H), _norm(w), 2 * 2 * K * H * w
+                ffn, norms = K * (_norm(w) + 2 * w + 8 * H), _norm(w)
             else:
                 ffn, norms = 2 * w + 8 * w1.shape[0], 2 * _norm(w)
         layers.append((norms + attention + ffn, attention, w, copy))

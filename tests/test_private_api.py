@@ -35,6 +35,11 @@ LISTED = {
         "run_command",
         "setattr sys.argv",
     ): "sys.argv is public; scripts' main() reads it",
+    # transformers: generate compiles its decode step on CUDA (and XLA-like devices) only; its
+    # CompileConfig's _compile_all_devices is the one switch for others (a CPU's figures).
+    ("export/generation.py", "_generate", "use config._compile_all_devices"): (
+        "transformers compiles generation on CUDA only; no public switch for a CPU"
+    ),
     ("launch/layout.py", "apply_hardware", "setattr t"): (
         "a hardware preset's values set on this library's own spec (train section), by key"
     ),

@@ -156,8 +156,7 @@ def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
 
 def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
     """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K SwiGLU sub-MLPs of
-    hidden d_h, each with its own norm (the block has one more, its attention's), and the
-    [W_d1; W_d2] copy its forward keeps until backward."""
+    hidden d_h, each with its own norm (the block has one more, its attention's)."""
     from .memory import norm_bytes, swiglu_bytes
 
     w = layer.width
@@ -166,7 +165,6 @@ def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
         ffn=ffn.K * (norm_bytes(w) + swiglu_bytes(w, ffn.hidden_size)),
         widest=max(w, ffn.hidden_size),
         norms=1,
-        weight_copy=ffn.saved_weight_copy(w),
     )
 
 

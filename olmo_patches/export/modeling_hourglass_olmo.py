@@ -204,18 +204,21 @@ def eager_attention_forward(
 
 
 def causal_mask(
-    implementation: str, T: int, past: int, dtype: torch.dtype, device
+    implementation: str, positions: torch.Tensor, n_keys: int, dtype: torch.dtype, static: bool
 ) -> Optional[torch.Tensor]:
-    """The mask the attention function gets: None where the function applies causality itself (flash
-    attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
-    ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt), else an
-    additive (1, 1, T, past + T) mask where query i (position past + i) sees keys 0..past + i."""
-    if T == 1 or "flash" in implementation or (implementation != "eager" and past == 0):
+    """The mask the attention function gets: an additive (B or 1, 1, T, n_keys) mask where the query
+    at position p sees keys 0..p; None where the function applies causality itself on a cache of
+    exactly the keys seen (flash attention, aligned to the last key; any other than eager without
+    a cached prefix, as sdpa's ``is_causal`` and a serving engine's own attention do: no T x T
+    mask for a long prompt). A ``static`` cache (transformers' StaticCache: keys preallocated to its
+    length, compiled generation) always gets the mask, which hides its unwritten slots too."""
+    T = positions.shape[-1]
+    simple = T == 1 or "flash" in implementation or (implementation != "eager" and n_keys == T)
+    if simple and not static:
         return None
-    allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(past)
-    return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(
-        ~allowed, torch.finfo(dtype).min
-    )[None, None]
+    allowed = torch.arange(n_keys, device=positions.device) <= positions[..., None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 class Attention(nn.Module):
@@ -246,7 +249,6 @@ class Attention(nn.Module):
         self, x: torch.Tensor, position_ids: torch.Tensor, cache: Optional[Cache] = None, **kwargs
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        past = cache.get_seq_length(self.layer_idx) if cache is not None else 0
         q, k, v = self.w_q(x), self.w_k(x), self.w_v(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -269,7 +271,8 @@ class Attention(nn.Module):
             else ALL_ATTENTION_FUNCTIONS[implementation]
         )
         kwargs.pop("attention_mask", None)
-        mask = causal_mask(implementation, T, past, q.dtype, x.device)
+        static = getattr(cache, "is_compileable", False)
+        mask = causal_mask(implementation, position_ids.to(x.device), k.shape[-2], q.dtype, static)
         y, _ = attend(self, q, k, v, mask, dropout=0.0, scaling=self.scale, **kwargs)
         return self.w_out(y.reshape(B, T, -1))
 
@@ -486,8 +489,9 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
             kwargs.pop(name, None)
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         if position_ids is None:
+            # a static cache's length is a tensor: added, not read, so compiled decoding keeps it
             past = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(past, past + h.shape[1], device=h.device)[None]
+            position_ids = (past + torch.arange(h.shape[1], device=h.device))[None]
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
         for block in self.blocks.values():
@@ -523,10 +527,12 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
         attention_mask: Optional[torch.Tensor] = None,
         labels: Optional[torch.LongTensor] = None,
         use_cache: Optional[bool] = None,
+        logits_to_keep: int = 0,  # the last positions' logits only (generate: 1); 0: all
         **kwargs,
     ) -> CausalLMOutputWithPast:
         out = self.model(input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
-        logits = self.lm_head(out.last_hidden_state)
+        h = out.last_hidden_state
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
@@ -545,4 +551,5 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
             "attention_mask": attention_mask,
             CACHE: cache,
             "use_cache": use_cache,
+            "logits_to_keep": kwargs.get("logits_to_keep", 0),
         }

@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from ..shapes.roofline import Roof
+
 __all__ = [
     "GIB", "Card", "CARDS", "MODELS", "card_for_device", "known_card", "detect", "no_cuda_driver",
 ]  # fmt: skip
@@ -24,19 +26,24 @@ class Card:
     bf16_flops: Optional[float] = (
         None  # dense bf16 tensor-core FLOP/s (datasheet, no sparsity): MFU, GPU-hours
     )
+    bandwidth: Optional[float] = None  # memory bytes/s (datasheet): float8's size filter
+
+    @property
+    def roof(self) -> Optional[Roof]:
+        """The card's roofline (shapes/roofline.py), where the datasheet gives both figures."""
+        return Roof(self.bf16_flops, self.bandwidth) if self.bf16_flops and self.bandwidth else None
 
 
 # The one table of the GPUs this project plans for (vendor datasheets): memory for the presets, peak
 # for MFU (the trainer's and the benchmark's) and for the dry run's GPU-hours.
 CARDS = {
-    "rtx6000ada": Card(
-        "rtx6000ada", 48.0, "NVIDIA RTX 6000 Ada Generation", 364.2e12
-    ),  # the paper's GPU; 1457 FP8 sparse / 4
-    "h100": Card("h100", 80.0, "NVIDIA H100 80GB HBM3", 989.4e12),  # SXM5: 1979 TFLOP/s sparse / 2
-    "h200": Card("h200", 141.0, "NVIDIA H200", 989.5e12),  # SXM, the H100's die
-    "b200": Card(
-        "b200", 180.0, "NVIDIA B200", 2250e12
-    ),  # the paper's other GPU (HGX B200, per GPU)
+    # the paper's GPU; 1457 FP8 sparse / 4; 960 GB/s
+    "rtx6000ada": Card("rtx6000ada", 48.0, "NVIDIA RTX 6000 Ada Generation", 364.2e12, 0.96e12),
+    # SXM5: 1979 TFLOP/s sparse / 2; 3.35 TB/s
+    "h100": Card("h100", 80.0, "NVIDIA H100 80GB HBM3", 989.4e12, 3.35e12),
+    "h200": Card("h200", 141.0, "NVIDIA H200", 989.5e12, 4.8e12),  # SXM, the H100's die; 4.8 TB/s
+    # the paper's other GPU (HGX B200, per GPU); 8 TB/s
+    "b200": Card("b200", 180.0, "NVIDIA B200", 2250e12, 8.0e12),
 }
 # Every model known by its exact device name, each at its own datasheet memory and peak: the
 # presets, the lower-clocked PCIe/NVL forms of a preset's chip (planned as that preset, counted at
@@ -45,14 +52,14 @@ MODELS = {
     card.device_name: card
     for card in (
         *CARDS.values(),
-        Card("h100", 80.0, "NVIDIA H100 PCIe", 756.0e12),  # 1513 TFLOP/s sparse / 2
-        Card("h100", 94.0, "NVIDIA H100 NVL", 835.5e12),  # 1671 sparse / 2
-        Card("h200", 141.0, "NVIDIA H200 NVL", 835.5e12),  # 1671 sparse / 2
-        Card("a100", 80.0, "NVIDIA A100-SXM4-80GB", 312e12),
-        Card("a100", 40.0, "NVIDIA A100-SXM4-40GB", 312e12),
-        Card("a100", 80.0, "NVIDIA A100 80GB PCIe", 312e12),
-        Card("a100", 40.0, "NVIDIA A100-PCIE-40GB", 312e12),
-        Card("l40s", 48.0, "NVIDIA L40S", 362.05e12),  # 733 sparse / 2
+        Card("h100", 80.0, "NVIDIA H100 PCIe", 756.0e12, 2.0e12),  # 1513 TFLOP/s sparse / 2
+        Card("h100", 94.0, "NVIDIA H100 NVL", 835.5e12, 3.9e12),  # 1671 sparse / 2
+        Card("h200", 141.0, "NVIDIA H200 NVL", 835.5e12, 4.8e12),  # 1671 sparse / 2
+        Card("a100", 80.0, "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12),
+        Card("a100", 40.0, "NVIDIA A100-SXM4-40GB", 312e12, 1.555e12),
+        Card("a100", 80.0, "NVIDIA A100 80GB PCIe", 312e12, 1.935e12),
+        Card("a100", 40.0, "NVIDIA A100-PCIE-40GB", 312e12, 1.555e12),
+        Card("l40s", 48.0, "NVIDIA L40S", 362.05e12, 0.864e12),  # 733 sparse / 2
     )
 }
 

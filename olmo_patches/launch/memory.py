@@ -14,9 +14,9 @@ Static, whatever the micro-batch:
   fp32 copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2).
   Without FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to
   backward: 2 P.
-- weight copies (a layer's ``weight_copy``, e.g. the hourglass's): weights a block's forward copies
-  and autograd keeps until that block's backward (the hourglass concatenates [W_d1; W_d2], 2 K d_h w
-  bf16 weights); a checkpointed block keeps none (one at a time while it is recomputed).
+- weight copies (a layer's ``weight_copy``; no shipped block has one): weights a block's forward
+  copies and autograd keeps until that block's backward; a checkpointed block keeps none (one at a
+  time while it is recomputed).
 Per sequence of s tokens (a micro-batch of m sequences costs m times this):
 - each layer of width w saves A = n N + 2 w + 8 a + 4 n_heads + F_l bytes
   per token (measured: tests/test_memory.py): OLMo-core's RMSNorm computes in fp32 and saves its
@@ -50,7 +50,7 @@ saved activations stay as above (torchao saves its matmuls' high-precision input
 backward); added are the transient float8 copies of the running block's matmul weights, 1 byte each
 for the forward cast and 1 for the transposed one backward needs (2 P_block), and of the widest
 matmul input, 1 byte per element per token (max_l max(w_l, H_l)); a float8 path casts each matmul's
-weight on its own, so it keeps no weight copy (the hourglass's: no [W_d1; W_d2]).
+weight on its own, so it keeps no weight copy.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Layer:
     feed_forward: float  # the FFN module (hourglass: its K norms too; MoE: the top-k experts)
     norms: float  # the block's own norms (outside those modules)
     width: int
-    weight_copy: float  # per micro-batch (an hourglass's saved [W_d1; W_d2])
+    weight_copy: float  # per micro-batch
 
     @property
     def saved(self) -> float:

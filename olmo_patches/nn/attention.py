@@ -8,12 +8,18 @@ can run: a CUDA device, bf16 compute, the package importing (OLMo-core's own che
 the device's compute capability for flash_3) and every layer's head_dim within the kernel's limits;
 anything else resolves to ``torch``. An explicit flash backend on a machine without CUDA falls back
 to ``torch``, as OLMo-core does, so a GPU config can still be tested on a CPU.
+
+``torch`` on CUDA is PyTorch SDPA, which itself runs one of three kernels (flash, cuDNN, memory
+efficient; the first that takes the inputs, in torch's order). :data:`SDPA_KERNELS` is the
+measured fastest per head dim (the GPU check's attention section prints TFLOP/s per head dim and
+kernel); where it names one kernel for every layer's head dim, the run enables only that one
+(:func:`use_sdpa_kernel`, and SDPA's math fallback).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from olmo_core.nn.attention import AttentionBackendName
 from olmo_core.nn.attention import flash_attn_api
@@ -26,6 +32,9 @@ __all__ = [
     "head_dims",
     "kernel_head_dim",
     "on_gpu",
+    "SDPA_KERNELS",
+    "sdpa_kernel",
+    "use_sdpa_kernel",
     "resolve_attention_backend",
     "set_attention_backend",
     "FLASH",
@@ -47,15 +56,43 @@ FLASH_KERNEL_HEAD_DIMS = {
     "flash_3": (64, 96, 128, 192, 256),
 }
 FLASH = ("flash_2", "flash_3", "flash_4")
+# head_dim -> the fastest torch SDPA kernel on CUDA (flash | cudnn | efficient), bf16, causal,
+# forward + backward, from `python scripts/gpu_check.py --only attention` (its "SDPA kernels" rows;
+# docs/performance.md). Rows are added from a GPU run's table; a head dim not listed runs torch's
+# own order.
+SDPA_KERNELS: dict[int, str] = {}
+SDPA_KERNEL_NAMES = ("flash", "cudnn", "efficient")
 
 
 @dataclass(frozen=True)
 class BackendChoice:
     name: str  # an AttentionBackendName value
     reason: str  # why, in a few words (printed by the dry run, logged by the trainer)
+    sdpa: Optional[str] = None  # torch SDPA's kernel from SDPA_KERNELS (None: torch's order)
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.reason})"
+        sdpa = f", SDPA kernel {self.sdpa} (measured fastest)" if self.sdpa else ""
+        return f"{self.name} ({self.reason}{sdpa})"
+
+
+def sdpa_kernel(dims: Sequence[int], table: Optional[dict] = None) -> Optional[str]:
+    """The SDPA kernel ``table`` (default :data:`SDPA_KERNELS`) names for every head dim in
+    ``dims``, else None."""
+    kernels = {(SDPA_KERNELS if table is None else table).get(d) for d in dims}
+    return kernels.pop() if len(kernels) == 1 else None
+
+
+def use_sdpa_kernel(name: Optional[str]) -> None:
+    """Enable only torch SDPA's ``name`` kernel on CUDA (and its math fallback), process-wide; None
+    leaves torch's order."""
+    if name is None:
+        return
+    import torch
+
+    torch.backends.cuda.enable_flash_sdp(name == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(name == "efficient")
+    torch.backends.cuda.enable_math_sdp(True)
 
 
 def head_dims(config: TransformerConfig) -> list[int]:
@@ -133,7 +170,8 @@ def resolve_attention_backend(
             raise ValueError(
                 f"head_dim {sorted(set(dims))} is outside {requested}'s limits; use auto or torch"
             )
-        return BackendChoice(requested, "requested")
+        sdpa = sdpa_kernel(dims) if cuda and requested == "torch" else None
+        return BackendChoice(requested, "requested", sdpa)
     if not cuda:
         return BackendChoice("torch", "auto: no CUDA device")
     if not bf16:
@@ -141,11 +179,12 @@ def resolve_attention_backend(
     for name in ("flash_3", "flash_2"):  # flash-attn 3 is the faster one where it runs (H100/H200)
         if _installed(name) and _flash_fits(name, dims):
             return BackendChoice(name, f"auto: CUDA, bf16, head_dim {sorted(set(dims))}")
+    sdpa = sdpa_kernel(dims)
     if not _installed("flash_2"):
-        return BackendChoice(
-            "torch", "auto: flash-attn does not import (pip install 'hourglass-olmo[gpu]')"
-        )
-    return BackendChoice("torch", f"auto: head_dim {sorted(set(dims))} outside flash-attn's limits")
+        why = "auto: flash-attn does not import (pip install 'hourglass-olmo[gpu]')"
+        return BackendChoice("torch", why, sdpa)
+    why = f"auto: head_dim {sorted(set(dims))} outside flash-attn's limits"
+    return BackendChoice("torch", why, sdpa)
 
 
 def on_gpu(requested: str, dims: Sequence[int], *, bf16: bool) -> str:

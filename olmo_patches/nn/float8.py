@@ -7,21 +7,29 @@ each variable-width layer at its own width, the learned resizes. A matmul module
 ``nn.Linear`` converts itself: it has ``to_float8(config)`` (a torchao ``Float8LinearConfig``) and
 ``matmul_shape``, each of its matmuls' (out, in), so a block of its own needs no change here. The
 hourglass FFN keeps its K sub-MLPs stacked (nn/hourglass.py's ``StackedLinear``, one (K out, in)
-weight per w1/w3/w2), and converting it runs each sub-MLP's matmul through torchao's own float8
-matmul (``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls), with its own
-scales. The LM head (OLMo-core ignores ``lm_head.w_out``), embeddings and MoE router are not
-linears here and stay in high precision. A matmul whose dims are not multiples of 16 (float8 GEMMs
-need them) stays in high precision, as OLMo-core's own filter does, and is counted by
-:func:`float8_matmuls`.
+weight per w1/w3/w2): converted, each step casts each stack once (tensorwise: one scale for its K
+maps) and runs each sub-MLP's matmul through torchao's own float8 matmul
+(``matmul_with_hp_or_float8_args``, what ``Float8Linear.forward`` calls). The LM head (OLMo-core
+ignores ``lm_head.w_out``), embeddings and MoE router are not linears here and stay in high
+precision.
+
+Which matmuls convert (:func:`float8_matmuls`), each from its sizes: a dim not a multiple of 16
+(float8 GEMMs need them) never; on float8 hardware also not one below torchao's own size filter
+(``_auto_filter_for_recipe``, its H100 measurements: the floor) nor one whose casts cost more than
+its GEMMs save at the run's micro-batch on the run's card (shapes/roofline.py ``float8_gain``). An
+emulated run (CPU, GPUs before SM89) converts every aligned matmul: it tests float8's numerics, not
+its speed. The dry run and count_params show the choice.
 """
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.nn as nn
 from olmo_core.float8 import AOFloat8LinearConfig, Float8Config
+
+from ..shapes.roofline import Roof, float8_gain
 
 if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
@@ -30,6 +38,7 @@ __all__ = [
     "RECIPES",
     "ShapeFloat8Config",
     "converts_itself",
+    "float8_choice",
     "float8_matmuls",
     "has_float8_matmuls",
 ]
@@ -51,20 +60,45 @@ def converts_itself(m: nn.Module) -> bool:
     return callable(getattr(m, "to_float8", None))
 
 
-def _aligned(m: nn.Module) -> bool:
-    shape = m.matmul_shape if converts_itself(m) else m.weight.shape  # each matmul's (out, in)
-    return all(d % 16 == 0 for d in shape[-2:])
+def _torchao_floor(recipe: str) -> Callable[[int, int], bool]:
+    """torchao's own small-layer filter for ``recipe`` as a test of (out, in); rowwise_with_gw_hp,
+    which it does not cover, at rowwise's sizes."""
+    from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
+
+    keep = _auto_filter_for_recipe("tensorwise" if recipe == "tensorwise" else "rowwise", [])
+    return lambda n, k: keep(nn.Linear(k, n, bias=False, device="meta"), "")
 
 
-def float8_matmuls(model: nn.Module) -> Dict[str, List[str]]:
+def float8_choice(
+    shape: Tuple[int, int], tokens: Optional[int], recipe: str, roof: Optional[Roof]
+) -> str:
+    """'float8' for a matmul of weight ``shape`` (out, in), else why not: "unaligned", or "small"
+    (below torchao's floor, or float8_gain <= 0 at ``tokens`` on ``roof``). Without ``roof`` (an
+    emulated run) every aligned matmul converts."""
+    n, k = shape
+    if n % 16 or k % 16:
+        return "unaligned"
+    if roof is None:
+        return "float8"
+    if not _torchao_floor(recipe)(n, k) or (tokens and float8_gain(tokens, n, k, roof) <= 0):
+        return "small"
+    return "float8"
+
+
+def float8_matmuls(
+    model: nn.Module,
+    tokens: Optional[int] = None,
+    recipe: str = "tensorwise",
+    roof: Optional[Roof] = None,
+) -> Dict[str, List[str]]:
     """The model's matmul modules (nn.Linear and those that convert themselves, not the LM head) by
-    what float8 does with them: {'float8': names converted (or convertible), 'skipped': names left
-    in high precision because a dim is not a multiple of 16}."""
-    out: Dict[str, List[str]] = {"float8": [], "skipped": []}
+    :func:`float8_choice`: {'float8': names, 'unaligned': names, 'small': names}."""
+    out: Dict[str, List[str]] = {"float8": [], "unaligned": [], "small": []}
     for name, m in model.named_modules():
         if name == LM_HEAD or not (isinstance(m, nn.Linear) or converts_itself(m)):
             continue
-        out["float8" if _aligned(m) else "skipped"].append(name)
+        shape = m.matmul_shape if converts_itself(m) else tuple(m.weight.shape)
+        out[float8_choice(shape, tokens, recipe, roof)].append(name)
     return out
 
 
@@ -77,6 +111,12 @@ class ShapeFloat8Config(Float8Config):
     emulate: bool = (
         False  # torchao's emulation: float8 rounding, high-precision GEMMs (CPU, pre-SM89 GPUs)
     )
+    tokens: Optional[int] = None  # a micro-batch's tokens: the GEMMs' M for the size filter
+    roof: Optional[Roof] = None  # the card's roofline (None: no size filter)
+
+    @property
+    def recipe(self) -> str:
+        return self.ao_recipe.value if self.ao_recipe is not None else "tensorwise"
 
     def linear_config(self) -> "Float8LinearConfig":
         from torchao.float8 import Float8LinearConfig
@@ -98,14 +138,17 @@ class ShapeFloat8Config(Float8Config):
             )
         from torchao.float8 import convert_to_float8_training
 
-        ignore = set(modules_to_ignore or ()) | set(self.modules_to_ignore or ())
-        matmuls = float8_matmuls(model)
+        ignore = set(modules_to_ignore or ())
+        ignore |= set(self.modules_to_ignore or ())
+        roof = None if self.emulate else self.roof
+        matmuls = float8_matmuls(model, self.tokens, self.recipe, roof)
         convertible = set(matmuls["float8"]) - ignore
-        if matmuls["skipped"]:
-            log.warning(
-                f"float8: {len(matmuls['skipped'])} of"
-                f" {len(matmuls['skipped']) + len(matmuls['float8'])} matmul modules "
-                f"stay in high precision (a dim not a multiple of 16), e.g. {matmuls['skipped'][0]}"
+        kept = len(matmuls["unaligned"]) + len(matmuls["small"])
+        if kept:
+            log.info(
+                f"float8: {len(convertible)} matmul modules in float8, {kept} kept in high "
+                f"precision ({len(matmuls['unaligned'])} with a dim not a multiple of 16, "
+                f"{len(matmuls['small'])} where float8 would lose at {self.tokens} tokens)"
             )
         config = self.linear_config()
         frozen = {

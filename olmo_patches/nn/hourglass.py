@@ -24,20 +24,24 @@ all-gather cost).
 """
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from olmo_core.exceptions import OLMoConfigurationError
 from olmo_core.nn.feed_forward import FeedForwardConfig
-from olmo_core.nn.layer_norm import LayerNormConfig
+from olmo_core.nn.layer_norm import LayerNormConfig, RMSNorm
 from olmo_core.nn.transformer.init import init_linear
 
 from ..shapes.choices import NormPlacement
 from ..shapes.counts import hourglass_ffn_params
 
-__all__ = ["StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig"]
+__all__ = [
+    "StackedLinear", "HourglassFeedForward", "HourglassFeedForwardConfig", "fold_gain", "foldable",
+    "inv_rms",
+]  # fmt: skip
 
 
 class StackedLinear(nn.Module):
@@ -46,7 +50,7 @@ class StackedLinear(nn.Module):
     in) view.
 
     Duck-types ``nn.Linear`` for OLMo-core's initializers (``weight``, ``bias``, ``in_features``).
-    After :meth:`to_float8` (nn/float8.py) each sub-MLP's matmul :meth:`linear` runs in float8.
+    After :meth:`to_float8` (nn/float8.py) :meth:`matmul` runs in float8.
     """
 
     bias = None
@@ -56,9 +60,7 @@ class StackedLinear(nn.Module):
         self, K: int, in_features: int, out_features: int, *, dtype: torch.dtype, device: str
     ):
         super().__init__()
-        self.K = K
-        self.in_features = in_features
-        self.out_features = out_features
+        self.K, self.in_features, self.out_features = K, in_features, out_features
         self.weight = nn.Parameter(
             torch.empty(K * out_features, in_features, dtype=dtype, device=device)
         )
@@ -70,47 +72,98 @@ class StackedLinear(nn.Module):
 
     @property
     def matmul_shape(self) -> Tuple[int, int]:
-        """Each map's (out, in), the matmul float8 casts on its own (nn/float8.py)."""
+        """Each map's (out, in): the GEMM float8 converts or not (nn/float8.py)."""
         return self.out_features, self.in_features
 
     def reset_parameters(self) -> None:
         init_linear(self, std=0.02)  # type: ignore[arg-type]
 
     def to_float8(self, config) -> None:
-        """Run :meth:`linear` through torchao's float8 matmul with ``config`` (a
+        """Run :meth:`matmul` through torchao's float8 matmul with ``config`` (a
         Float8LinearConfig)."""
         from torchao.float8.float8_linear import Float8Linear
 
-        # Float8Linear builds its GEMM configs (emulation, fast accumulation, padding) from the
-        # config.
-        self.float8 = (
-            config,
-            Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config,
-        )
+        # Float8Linear builds its GEMM configs (emulation, fast accumulation, padding) from config
+        mm = Float8Linear(1, 1, bias=False, device="meta", config=config).linear_mm_config
+        self.float8 = (config, mm)
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x w^T for one sub-MLP's weight ``w`` (a slice of :attr:`weight`), in float8 once
-        converted."""
+    def maps(self) -> Sequence[torch.Tensor]:
+        """This step's K (out, in) weights W_i: views, whose backward is one write of the gradient
+        (no K zero-filled ones). In float8 with tensorwise weight scales the stack is cast once (one
+        amax and one scale for its K maps) and each map is a slice of it; rowwise, each map's matmul
+        casts its own weight (a rowwise stack cast is each map's for the forward GEMM, not for the
+        backward's per-column scales)."""
+        w = self.stacked
+        if self.float8 is None or not _tensorwise_weights(self.float8[0]):
+            return w.unbind(0)
+        from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+        from torchao.float8.float8_training_tensor import GemmInputRole
+
+        config, mm = self.float8
+        w8 = hp_tensor_to_float8_dynamic(
+            w.reshape(-1, self.in_features),
+            config.cast_config_weight.target_dtype,
+            mm,
+            gemm_input_role=GemmInputRole.WEIGHT,
+            round_scales_to_power_of_2=config.round_scales_to_power_of_2,
+        )
+        return w8.split(self.out_features)
+
+    def matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x w^T for one of :meth:`maps`, through torchao's float8 matmul once converted."""
         if self.float8 is None:
             return F.linear(x, w)
         from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
 
         if torch.is_autocast_enabled():  # as Float8Linear.forward does
             x = x.to(torch.get_autocast_gpu_dtype())
-        config, mm_config = self.float8
-        return matmul_with_hp_or_float8_args.apply(x, w.t(), mm_config, config)
+        return matmul_with_hp_or_float8_args.apply(x, w.t(), self.float8[1], self.float8[0])
 
     def extra_repr(self) -> str:
-        K = self.K
         f8 = ", float8" if self.float8 is not None else ""
         return (
-            f"K={K}, in_features={self.in_features}, out_features={self.out_features},"
+            f"K={self.K}, in_features={self.in_features}, out_features={self.out_features},"
             f" bias=False{f8}"
         )
 
 
+def _tensorwise_weights(config) -> bool:
+    from torchao.float8.config import ScalingGranularity
+
+    w, w_gi = config.cast_config_weight, config.cast_config_weight_for_grad_input
+    return w == w_gi and w.scaling_granularity is ScalingGranularity.TENSORWISE
+
+
+def foldable(norm: nn.Module) -> bool:
+    """An RMSNorm without bias: g * h / rms(h), whose gain folds into the next matmul's weight."""
+    return isinstance(norm, RMSNorm) and norm.bias is None
+
+
+def fold_gain(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """W diag g, recomputed in backward rather than kept from forward (a weight-sized copy per layer
+    otherwise, which inductor's partitioner would keep: W diag g feeds a matmul there)."""
+    mul = lambda w, g: (w * g).type_as(w)  # noqa: E731
+    return torch.utils.checkpoint.checkpoint(mul, w, g, use_reentrant=False)
+
+
+def inv_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / rms(h) over the last dim, in fp32 or wider (as OLMo-core's RMSNorm computes it)."""
+    x = h.to(torch.promote_types(h.dtype, torch.float32))
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class HourglassFeedForward(nn.Module):
-    """K residual wide-narrow-wide SwiGLU sub-MLPs: maps h_0 (*, d_model) to h_K (*, d_model)."""
+    """K residual wide-narrow-wide SwiGLU sub-MLPs: maps h_0 (*, d_model) to h_K (*, d_model).
+
+    Compiled, pre-norm RMSNorms fold into the down projections: W_d n_i = ((W_d diag g_i) h_i) /
+    rms(h_i), so the normalised n_i is never written nor kept for backward; 1 / rms(h_i) (one
+    number per token) scales the two matmuls' outputs inside SiLU(.) * (.), which inductor fuses
+    into one kernel. The cost is one weight-sized op per step and its recomputation in backward
+    (:func:`fold_gain`: no weight copy is kept; docs/performance.md: its bytes). Eager (each op a
+    kernel of its own: the fold's scalings cost more than the norm's write), post norms, other norms
+    and float8 (whose input cast writes a float8 copy whatever is folded, and scales best from
+    normalised rows) run the equations as written; ``fold_norms`` overrides the choice
+    (None: fold where compiled)."""
 
     def __init__(
         self,
@@ -132,59 +185,50 @@ class HourglassFeedForward(nn.Module):
         self.norms = nn.ModuleList(
             layer_norm.build(d_model, init_device=init_device) for _ in range(K)
         )
-        self.residual_alpha = (
-            1.0  # a: each sub-MLP's residual branch x a (muP's m_residual; set by the block)
-        )
+        self.residual_alpha = 1.0  # a: each branch x a (muP's m_residual; set by the block)
+        self.record: Optional[Callable[[torch.Tensor], None]] = None  # see record_hidden
+        self.fold_norms: Optional[bool] = None
 
-    @staticmethod
-    def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-        """MLP_i(x) = W_u_i (SiLU(W_d1_i x) * W_d2_i x), both down projections in one matmul."""
-        gate, value = F.linear(x, w_down).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * value, w_up)
+    def up(self, a, b, w2, r: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """W_u (SiLU(a r) * b r) (r = 1 unless the norm is folded), in a's dtype."""
+        hidden = F.silu(a) * b if r is None else F.silu(a * r) * (b * r)
+        if self.record is not None:
+            self.record(hidden)
+        return self.w2.matmul(hidden.type_as(a), w2)
 
     def record_hidden(self, record: Callable[[torch.Tensor], None]) -> Callable[[], None]:
         """Hand each sub-MLP's hidden units, SiLU(W_d1_i x) * W_d2_i x, to ``record`` as forward
         runs (report/analysis.py's dead units); returns the undo."""
+        self.record = record
 
-        def sub_mlp(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-            gate, value = F.linear(x, w_down).chunk(2, dim=-1)
-            record(F.silu(gate) * value)
-            return HourglassFeedForward.sub_mlp(x, w_down, w_up)
+        def undo() -> None:
+            self.record = None
 
-        self.sub_mlp = sub_mlp  # type: ignore[method-assign]  # the instance attribute shadows the static method
-        return lambda: self.__dict__.pop("sub_mlp", None)
+        return undo
+
+    def folds_norms(self) -> bool:
+        fold = torch.compiler.is_compiling() if self.fold_norms is None else self.fold_norms
+        return (
+            fold
+            and self.norm_placement == NormPlacement.pre
+            and self.w1.float8 is None
+            and all(foldable(n) for n in self.norms)
+        )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.w1.float8 is not None or self.w3.float8 is not None or self.w2.float8 is not None:
-            return self._forward_float8(h)
-        # One concatenation of [W_d1; W_d2] for all K per forward (a copy of 2 K d_h d_model weights
-        # that autograd keeps until backward: saved_weight_copy), split with unbind: its backward is
-        # one stack, where indexing weight[i] K times would build K zero-filled (K, out, in)
-        # gradients. Storing the fused matrix instead measured no faster (docs/performance.md) and
-        # would break OLMo-core's w1/w3 init.
-        # K x (2 d_h, d_model)
-        w_down = torch.cat((self.w1.stacked, self.w3.stacked), dim=1).unbind(0)
-        w_up = self.w2.stacked.unbind(0)  # K x (d_model, d_h)
+        fold, pre = self.folds_norms(), self.norm_placement == NormPlacement.pre
+        w1, w3, w2 = self.w1.maps(), self.w3.maps(), self.w2.maps()
         for i, norm in enumerate(self.norms):
-            if self.norm_placement == NormPlacement.pre:
-                f = self.sub_mlp(norm(h), w_down[i], w_up[i])
-            else:
-                f = norm(self.sub_mlp(h, w_down[i], w_up[i]))
-            h = self._residual(h, f)
+            if fold:  # W_d n_i = ((W_d diag g_i) h_i) / rms(h_i)
+                g = norm.weight
+                a, b = (F.linear(h, w if g is None else fold_gain(w, g)) for w in (w1[i], w3[i]))
+                f = self.up(a, b, w2[i], inv_rms(h, norm.eps))
+            else:  # MLP_i(norm_i(h_i)) or norm_i(MLP_i(h_i))
+                x = norm(h) if pre else h
+                f = self.up(self.w1.matmul(x, w1[i]), self.w3.matmul(x, w3[i]), w2[i])
+                f = f if pre else norm(f)
+            h = h + (f if self.residual_alpha == 1.0 else self.residual_alpha * f)
         return h
-
-    def _forward_float8(self, h: torch.Tensor) -> torch.Tensor:
-        # Three matmuls per sub-MLP, each weight cast to float8 with its own scales (no [W_d1; W_d2]
-        # concatenation); unbind gives views, its backward one stack per weight.
-        w1, w3, w2 = self.w1.stacked.unbind(0), self.w3.stacked.unbind(0), self.w2.stacked.unbind(0)
-        for i, norm in enumerate(self.norms):
-            x = norm(h) if self.norm_placement == NormPlacement.pre else h
-            f = self.w2.linear(F.silu(self.w1.linear(x, w1[i])) * self.w3.linear(x, w3[i]), w2[i])
-            h = self._residual(h, f if self.norm_placement == NormPlacement.pre else norm(f))
-        return h
-
-    def _residual(self, h: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
-        return h + (f if self.residual_alpha == 1.0 else self.residual_alpha * f)
 
     def num_flops_per_token(self, seq_len: int) -> int:
         del seq_len
@@ -220,11 +264,6 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
             d_model, self.K, self.hidden_size
         ) + self.K * self.layer_norm.num_params(d_model)
 
-    def saved_weight_copy(self, d_model: int) -> int:
-        """Bytes of the bf16 [W_d1; W_d2] copy forward() concatenates and autograd keeps until
-        backward (2 K d_h d_model weights; launch/memory.py counts it per block)."""
-        return 2 * 2 * self.K * self.hidden_size * d_model
-
     def build(  # type: ignore[override]
         self, d_model: int, *, dtype: Optional[torch.dtype] = None, init_device: str = "cpu"
     ) -> HourglassFeedForward:
@@ -233,11 +272,7 @@ class HourglassFeedForwardConfig(FeedForwardConfig):
         if self.dtype is not None:
             dtype = self.dtype.as_pt()
         return HourglassFeedForward(
-            d_model=d_model,
-            d_h=self.hidden_size,
-            K=self.K,
-            layer_norm=self.layer_norm,
-            norm_placement=NormPlacement(self.norm_placement),
-            dtype=dtype or torch.float32,
+            d_model=d_model, d_h=self.hidden_size, K=self.K, layer_norm=self.layer_norm,
+            norm_placement=NormPlacement(self.norm_placement), dtype=dtype or torch.float32,
             init_device=init_device,
-        )
+        )  # fmt: skip

@@ -40,7 +40,7 @@ sharded with the experts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
@@ -60,6 +60,7 @@ from torch.distributed import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from ..shapes.counts import hourglass_ffn_params
+from .hourglass import fold_gain, inv_rms
 from .moe import LayerMoEConfig, PortableDroplessMLP, ScaledMoETransformerBlock
 
 __all__ = [
@@ -121,10 +122,7 @@ class HourglassExperts(MoEMLPBase):
         self.norm_weight = nn.Parameter(
             torch.empty(num_experts * K * d_model, device=init_device, dtype=dtype)
         )
-        # The model's norm without its gain: the gains are per expert and sub-MLP (norm_weight).
-        self.normalize = replace(layer_norm, elementwise_affine=False, bias=False).build(
-            d_model, init_device=init_device
-        )
+        self.eps = layer_norm.eps if layer_norm.eps is not None else 1e-5  # OLMo-core's default
         self._gmm = gmm
         self.reset_parameters()
 
@@ -164,18 +162,14 @@ class HourglassExperts(MoEMLPBase):
         K, d_h, d = self.K, self.hidden_size, self.d_model
         w1, w2, w3 = (get_local_tensor(w).view(K, -1, d_h, d) for w in (self.w1, self.w2, self.w3))
         gains = get_local_tensor(self.norm_weight).view(-1, K, d)
-        # Each row's expert, to pick its norm gains.
-        expert = torch.repeat_interleave(
-            torch.arange(gains.shape[0], device=x.device),
-            batch_size_per_expert.to(x.device),
-            output_size=x.shape[0],
-        )
         z, out = x, None
         for k in range(K):
-            y = self.normalize(z) * gains[expert, k].type_as(z)
-            hidden = F.silu(self.gmm(y, w1[k], batch_size_per_expert, trans_b=True)) * self.gmm(
-                y, w3[k], batch_size_per_expert, trans_b=True
-            )
+            # W_e,k norm_e,k(z) = ((W_e,k diag g_e,k) z) / rms(z), each gain folded into its
+            # expert's weights (nn/hourglass.py): no normalised or gain-gathered rows are written
+            g, r = gains[:, k, None, :], inv_rms(z, self.eps)
+            a = self.gmm(z, fold_gain(w1[k], g), batch_size_per_expert, trans_b=True)
+            b = self.gmm(z, fold_gain(w3[k], g), batch_size_per_expert, trans_b=True)
+            hidden = (F.silu(a * r) * (b * r)).type_as(a)
             f = self.gmm(hidden, w2[k], batch_size_per_expert)
             if self.residual_alpha != 1.0:
                 f = f * self.residual_alpha
@@ -260,10 +254,14 @@ class HourglassMoEConfig(LayerMoEConfig):
             raise OLMoConfigurationError(
                 "hourglass experts need a layer_norm config for their K norms"
             )
-        if self.layer_norm.bias or self.layer_norm.elementwise_affine is False:
+        if (
+            self.layer_norm.bias
+            or self.layer_norm.elementwise_affine is False
+            or ("rms" not in str(self.layer_norm.name))
+        ):
             raise OLMoConfigurationError(
-                "hourglass experts' norms have a gain and no bias"
-                " (layer_norm: bias false, elementwise_affine true)"
+                "hourglass experts' norms are RMSNorms with a gain and no bias"
+                " (layer_norm: name rms, bias false, elementwise_affine true)"
             )
         if self.shared_mlp is not None or self.latent_moe is not None:
             raise OLMoConfigurationError(

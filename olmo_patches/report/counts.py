@@ -27,19 +27,29 @@ def count(spec: ExperimentSpec) -> ParamBreakdown:
     return breakdown(model, spec.data.sequence_length)
 
 
-def float8_report(spec: ExperimentSpec) -> dict:
-    """train.float8's matmuls (nn/float8.py): ``float8_params``, the weights of the matmuls that
-    run in float8; the modules converted and those left in high precision (a dim not a multiple
-    of 16)."""
+def float8_report(spec: ExperimentSpec, emulated: bool = False) -> dict:
+    """train.float8's matmuls (nn/float8.py) as a float8 GPU would run them (``emulated``: as
+    torchao's emulation does, every aligned one): ``float8_params``, the weights of the matmuls that
+    run in float8; those kept in high precision, ``unaligned`` (a dim not a multiple of 16) or
+    ``small`` (float8 would lose: torchao's size floor, or the casts at a micro-batch's tokens on
+    train.hardware's card, an H100 when none is named)."""
+    from ..launch.cards import CARDS
+
     model = spec.model_config().build(init_device="meta")
     modules = dict(model.named_modules())
-    m = float8_matmuls(model)
+    mb, card = spec.train.micro_batch_size, CARDS.get(spec.train.hardware, CARDS["h100"])
+    tokens = mb * spec.data.sequence_length if mb else None
+    recipe = spec.train.float8 if spec.train.float8 != "off" else "tensorwise"
+    m = float8_matmuls(model, tokens, recipe, None if emulated else card.roof)
+    params = {k: sum(modules[n].weight.numel() for n in names) for k, names in m.items()}
     return {
         "float8": spec.train.float8,
-        "float8_params": sum(modules[n].weight.numel() for n in m["float8"]),
+        "float8_params": params["float8"],
         "float8_modules": len(m["float8"]),
-        "float8_skipped": m["skipped"],
-        "float8_skipped_params": sum(modules[n].weight.numel() for n in m["skipped"]),
+        "float8_unaligned": m["unaligned"],
+        "float8_small": m["small"],
+        "float8_kept_params": params["unaligned"] + params["small"],
+        "float8_filter": f"{card.name}, {tokens or 'any'} tokens a micro-batch",
     }
 
 
@@ -51,7 +61,7 @@ def gpu_report(spec: ExperimentSpec) -> dict:
     from ..nn.attention import FLASH_KERNEL_HEAD_DIMS, head_dims, kernel_head_dim
 
     model = spec.model_config().build(init_device="meta")
-    skipped = set(float8_matmuls(model)["skipped"])
+    skipped = set(float8_matmuls(model)["unaligned"])
     groups: dict[str, list[str]] = {"ffn": [], "attention": []}
     for name in (*float8_matmuls(model)["float8"], *skipped):
         group = (
@@ -183,13 +193,15 @@ def param_table(spec: ExperimentSpec) -> Table:
 def float8_row(spec: ExperimentSpec) -> tuple[str, str]:
     """The parameters whose matmuls run in float8, for the count and the dry run."""
     f = float8_report(spec)
-    skipped = (
-        f" ({len(f['float8_skipped'])} matmuls, {f['float8_skipped_params']:,} params kept high "
-        "precision: a dim not a multiple of 16)"
-        if f["float8_skipped"]
-        else ""
-    )
+    kept = [
+        f"{len(f['float8_unaligned'])} a dim not a multiple of 16" if f["float8_unaligned"] else "",
+        f"{len(f['float8_small'])} where float8 loses ({f['float8_filter']})"
+        if f["float8_small"]
+        else "",
+    ]
+    why = "; ".join(k for k in kept if k)
+    kept_text = f" ({f['float8_kept_params']:,} params kept high precision: {why})" if why else ""
     return (
         f"float8 ({f['float8']}) matmul parameters",
-        f"{f['float8_params']:,} in {f['float8_modules']} modules{skipped}",
+        f"{f['float8_params']:,} in {f['float8_modules']} modules{kept_text}",
     )

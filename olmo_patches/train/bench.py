@@ -128,16 +128,22 @@ def build_model(config: str, device: torch.device, dtype: torch.dtype) -> tuple[
 FLOAT8 = " float8"  # the suffix of a variant's float8 twin (--float8)
 
 
-def to_float8(model: nn.Module, recipe: str, device: torch.device) -> nn.Module:
-    """``model`` with train.float8=``recipe`` applied as the trainer does (before compile), emulated
-    where ``device`` has no float8 matmuls."""
+def to_float8(model: nn.Module, recipe: str, device: torch.device, tokens: int) -> nn.Module:
+    """``model`` with train.float8=``recipe`` applied as the trainer does (before compile, the
+    matmuls whose sizes win at ``tokens`` a step on this card), emulated where ``device`` has no
+    float8 matmuls."""
     from olmo_core.float8 import AOFloat8LinearRecipe
 
+    from ..launch.cards import CARDS
     from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 
+    card = known_card(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     model.apply_fp8(
         ShapeFloat8Config(
-            ao_recipe=AOFloat8LinearRecipe(recipe), emulate=not has_float8_matmuls(device)
+            ao_recipe=AOFloat8LinearRecipe(recipe),
+            emulate=not has_float8_matmuls(device),
+            tokens=tokens,
+            roof=(card or CARDS["h100"]).roof,
         )
     )  # type: ignore[operator]
     return model
@@ -179,6 +185,7 @@ def _build_variants(
     device,
     dtype,
     seq_len: int,
+    batch: int,
     optimizer: bool,
     float8: Optional[str],
     compiled: bool,
@@ -191,7 +198,7 @@ def _build_variants(
     for name in names:
         model, backend = build_model(sc.configs[name.removesuffix(FLOAT8)], device, dtype)
         if name.endswith(FLOAT8):
-            to_float8(model, float8, device)  # type: ignore[arg-type]
+            to_float8(model, float8, device, seq_len * batch)  # type: ignore[arg-type]
         b = breakdown(model, seq_len)
         info[name] = dict(
             params_total=b.total,
@@ -317,7 +324,7 @@ def run_bench(
     for compiled in compile_modes:
         torch.compiler.reset()
         models, optimizers, info = _build_variants(
-            sc, names, device, dtype, seq_len, optimizer, float8, compiled
+            sc, names, device, dtype, seq_len, batch, optimizer, float8, compiled
         )
         vocab = min(m.vocab_size for m in models.values())  # type: ignore[misc]
         ids = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen).to(device)

@@ -56,7 +56,7 @@ from ..eval.evaluators import (
 )
 from ..launch.cards import known_card
 from ..launch.layout import attention_backend, data_workers
-from ..nn.attention import set_attention_backend
+from ..nn.attention import set_attention_backend, use_sdpa_kernel
 from ..nn.float8 import ShapeFloat8Config, has_float8_matmuls
 from ..nn.lm_loss import lm_loss, set_lm_loss
 from .batch_trace import BatchTraceCallback
@@ -205,6 +205,7 @@ def _model(
     model.init_seed = t.seed
     backend = attention_backend(spec, device)
     set_attention_backend(model, backend.name)
+    use_sdpa_kernel(backend.sdpa)
     log.info(f"model.attention_backend={spec.model.attention_backend} -> {backend}")
     loss = lm_loss(spec, device)
     set_lm_loss(model, loss.name)
@@ -372,9 +373,12 @@ def float8_config(
     spec: ExperimentSpec, device: str, world_size: int
 ) -> Optional[ShapeFloat8Config]:
     """OLMo-core's Float8Config for train.float8 (nn/float8.py), emulated where there are no float8
-    matmuls; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's
+    matmuls; on float8 hardware each matmul converts where it wins at a micro-batch's tokens on this
+    card; tensorwise under FSDP all-gathers the linears' weights in float8 (OLMo-core's
     recommended)."""
     from olmo_core.float8 import AOFloat8LinearConfig, AOFloat8LinearRecipe
+
+    from ..launch.cards import CARDS
 
     f8 = spec.train.float8
     if f8 == "off":
@@ -382,12 +386,18 @@ def float8_config(
     emulate = not has_float8_matmuls(torch.device(device))
     if emulate:
         log.info(f"train.float8={f8}: no float8 matmuls on {device}, using torchao's emulation")
+    card = known_card(torch.cuda.get_device_name(device)) if not emulate else None
+    size = dict(
+        emulate=emulate,
+        tokens=(spec.train.micro_batch_size or 1) * spec.data.sequence_length,
+        roof=(card or CARDS["h100"]).roof,
+    )
     if f8 == "tensorwise":
+        all_gather = _fsdp(spec, world_size)
         return ShapeFloat8Config(
-            ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=_fsdp(spec, world_size)),
-            emulate=emulate,
+            ao=AOFloat8LinearConfig(enable_fsdp_float8_all_gather=all_gather), **size
         )
-    return ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(f8), emulate=emulate)
+    return ShapeFloat8Config(ao_recipe=AOFloat8LinearRecipe(f8), **size)
 
 
 def olmo_core_compiles(spec: ExperimentSpec, device: str) -> bool:

@@ -1,12 +1,12 @@
 """The hourglass FFN against a baseline SwiGLU of equal FLOPs, alone: forward and backward of each
 at a shipped shape, timed side by side (interleaved repeats, median), achieved TFLOP/s each and
-their ratio.
+their ratio, beside the ratio the roofline allows (shapes/roofline.py).
 
 The pair at a config's (d_model, K, d_h): the hourglass as the model builds it (K norms, K sub-MLPs,
 K residual adds) and a pre-norm SwiGLU with hidden width K d_h, its norm and its residual add
 (OLMo-core's FeedForward): the same 3 K d_h d_model matmul weights, so the same matmul FLOPs per
 token, 6 per weight forward and backward. The claim (paper 1: the hourglass is a reallocation of
-parameters, not of cost): hourglass TFLOP/s / baseline TFLOP/s >= FFN_RATIO, in bf16 and in float8.
+parameters, not of cost): hourglass TFLOP/s / baseline TFLOP/s >= FFN_RATIO.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from olmo_core.nn.feed_forward import FeedForwardConfig
 
 from olmo_patches.config import load_spec
 
-FFN_RATIO = 0.95  # hourglass / baseline achieved TFLOP/s at equal FLOPs
+FFN_RATIO = 0.95  # hourglass / baseline achieved TFLOP/s at equal FLOPs (K = 1: 1.0)
 
 
 class SwiGLUResidual(nn.Module):
@@ -72,15 +72,15 @@ def ffn_pair(
     return hourglass, baseline, 3 * ff.K * ff.hidden_size * d_model
 
 
-def to_float8(module: nn.Module, emulate: bool) -> nn.Module:
-    """module's matmuls (nn.Linear and StackedLinear, dims multiples of 16) in float8, tensorwise,
-    as train.float8=tensorwise converts them (nn/float8.py)."""
+def to_float8(module: nn.Module, emulate: bool, tokens: int, roof) -> nn.Module:
+    """module's matmuls in float8, tensorwise, as train.float8=tensorwise converts them at a
+    micro-batch of ``tokens`` on the card of ``roof`` (nn/float8.py: those whose sizes win)."""
     from olmo_core.float8 import AOFloat8LinearRecipe
 
     from olmo_patches.nn.float8 import ShapeFloat8Config
 
     ShapeFloat8Config(
-        ao_recipe=AOFloat8LinearRecipe("tensorwise"), emulate=emulate
+        ao_recipe=AOFloat8LinearRecipe("tensorwise"), emulate=emulate, tokens=tokens, roof=roof
     ).apply_float8_linear(module)
     return module
 
@@ -124,6 +124,7 @@ def judge_pair(
     *,
     gpu_only: bool,
     detail: str = "",
+    threshold: float = FFN_RATIO,
 ) -> float:
     """Rows: each side's achieved TFLOP/s (6 FLOPs per weight per token) and the judged ratio."""
     flops = 6 * weights * tokens
@@ -136,8 +137,8 @@ def judge_pair(
     rows.judge(
         f"{label}: hourglass / baseline TFLOP/s",
         f"{ratio:.3f}",
-        ratio >= FFN_RATIO,
-        f">= {FFN_RATIO}",
+        ratio >= threshold,
+        f">= {threshold}",
         detail or f"{tokens} tokens, equal matmul FLOPs",
         gpu_only=gpu_only,
     )

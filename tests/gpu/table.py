@@ -18,20 +18,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 # The sections in the order they run: test file -> (title, estimate s) on one H200. An estimate is
-# the section's time in the acceptance run on one H200 (2026-12-04, torch 2.11.0+cu130, flash-attn
-# absent: docs/performance.md), rounded up: its cold compiles (each trainer run resets dynamo) and
-# warm-up steps included. The budget is the estimate x BUDGET_MARGIN, rounded up to 5 s
-# (docs/gpu_checks.md).
+# the section's time on one H200, rounded up, its cold compiles (each trainer run resets dynamo) and
+# warm-up steps included: bf16, the attention kernels' numerics, compile and resume from the
+# acceptance run of 2026-12-04 (torch 2.11.0+cu130, flash-attn absent: docs/performance.md); FFN,
+# trainer and generation scaled from it by their new work (not yet run). The budget is the
+# estimate x BUDGET_MARGIN, rounded up to 5 s (docs/gpu_checks.md). DEFAULT_RUN, what a plain run
+# runs, fits 6 minutes of budgets with the install and start-up, so that a lent GPU can run it
+# twice; compile and resume run with --only.
 BUDGET_MARGIN = 1.3
 ESTIMATES = {
     "test_bf16.py": ("bf16 vs fp32", 5),
-    "test_attention.py": ("attention kernels", 26),
+    "test_attention.py": ("attention kernels", 20),
     "test_compile.py": ("compile", 86),
     "test_resume.py": ("resume", 36),
-    "test_ffn.py": ("FFN vs FFN", 62),
-    "test_trainer.py": ("trainer", 86),
-    "test_float8.py": ("float8", 57),
+    "test_ffn.py": ("FFN vs FFN", 60),
+    "test_trainer.py": ("trainer", 100),
+    "test_generation.py": ("generation", 50),
 }
+DEFAULT_RUN = ("test_bf16.py", "test_attention.py", "test_ffn.py", "test_trainer.py",
+               "test_generation.py")  # fmt: skip
 INSTALL_ESTIMATE_S = 18  # pip --no-deps of the wheelhouse's 50-odd wheels, no resolution
 STARTUP_ESTIMATE_S = (
     15  # Python, torch and pytest imports, collection, before the first section's clock
@@ -81,6 +86,12 @@ DEPENDENCIES = {
             "then cross-entropy",
         ),
         Dependency(
+            "transformers",
+            ("transformers",),
+            ("transformers",),
+            "nothing: the generation section cannot run (the hf extra; not in the wheelhouse)",
+        ),
+        Dependency(
             "grouped_gemm",
             ("grouped_gemm",),
             ("grouped_gemm", "grouped-gemm"),
@@ -90,12 +101,13 @@ DEPENDENCIES = {
 }
 
 
-def needed_by(name: str, *, cuda: bool, hopper: bool) -> str:
+def needed_by(name: str, *, cuda: bool, hopper: bool, generation: bool = True) -> str:
     """The judged claim of this run that needs dependency ``name`` ("" none): float8 everywhere (a
-    rehearsal emulates it), the flash kernels on CUDA only (flash-attn 3 on Hopper, where ``auto``
-    picks it)."""
+    rehearsal emulates it), generation through the HF export everywhere, the flash kernels on CUDA
+    only (flash-attn 3 on Hopper, where ``auto`` picks it)."""
     return {
         "torchao": "float8: StackedLinear and the trainer in float8",
+        "transformers": "generation: the HF export's generate" if generation else "",
         "flash_attn_2": "attention kernels: flash-attn 2 at every shipped head dim" if cuda else "",
         "flash_attn_3": "attention kernels: auto picks flash_3 on H100/H200"
         if cuda and hopper
@@ -155,13 +167,15 @@ class Section:
         return "SKIP" if "SKIP" in results else "pass"
 
 
-def dependency_section(allowed: frozenset[str], *, cuda: bool, hopper: bool) -> Section:
+def dependency_section(
+    allowed: frozenset[str], *, cuda: bool, hopper: bool, generation: bool = True
+) -> Section:
     """One row per dependency: present (its version), or missing with what runs instead; FAIL when a
     judged claim needs it and it is not in ``allowed``, SKIP when it is."""
     section = Section("", "dependencies", 0.0, started=0.0, finished=True)
     for dep in DEPENDENCIES.values():
         version, why = probe(dep)
-        need = needed_by(dep.name, cuda=cuda, hopper=hopper)
+        need = needed_by(dep.name, cuda=cuda, hopper=hopper, generation=generation)
         if version is not None:
             result, detail = "pass", need or "not needed by a judged claim here"
         elif not need:

@@ -5,9 +5,15 @@ flash-attn that does not import is a FAIL row, flash-attn 3 on Hopper too
 (``--allow-missing flash_attn_2`` / ``flash_attn_3``: a SKIP row, and the head dims run what
 ``auto`` picks without it, torch SDPA's CUDA kernels at worst). A rehearsal runs three head dims
 (the smallest, the largest and the first that is not a multiple of 8) with torch SDPA in bf16
-standing in for the kernel."""
+standing in for the kernel. Then torch SDPA's own kernels, timed per head dim (the table
+nn/attention.py's SDPA_KERNELS is filled from)."""
+
+import statistics
+import time
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 from olmo_patches.nn.attention import resolve_attention_backend
 
@@ -72,3 +78,67 @@ def test_every_shipped_head_dim(env, rows):
         )
     assert BF16_TOL > 0
     rows.check()
+
+
+# The head dims the SDPA kernel table covers: the kernels' own (64, 96, 128) and the hourglass
+# headline configs' (72: 113M, 56: 906M, 152: 1B, 218: 403M), each layer's of paper 2's shapes
+# falling between them.
+SDPA_HEAD_DIMS = (56, 64, 72, 96, 128, 152, 218)
+
+
+def _sdpa_seconds(kernel, q, k, v, steps: int) -> float:
+    """Median seconds of a causal SDPA forward + backward with only ``kernel`` enabled."""
+    from torch.nn.attention import sdpa_kernel
+
+    grad = torch.randn_like(q)
+    times = []
+    with sdpa_kernel([kernel]):
+        for i in range(steps + 2):
+            sync = torch.cuda.synchronize if q.is_cuda else (lambda: None)
+            sync()
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+            sync()
+            if i >= 2:  # two warm-up calls
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def test_sdpa_kernels_per_head_dim(env, rows):
+    """torch SDPA's flash, cuDNN and memory-efficient kernels one at a time, bf16, causal, forward +
+    backward (3.5 x the forward's 2 S^2 head_dim FLOPs per head, causal), at each head dim of
+    SDPA_HEAD_DIMS with heads x head_dim about 2048 wide: TFLOP/s each, and the fastest, the row for
+    nn/attention.py's SDPA_KERNELS. Shown, not judged (a kernel that refuses the shape says so)."""
+    from torch.nn.attention import SDPBackend
+
+    kernels = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
+    batch, seq, steps = (1, 128, 1) if env.rehearse else (2, 4096, 5)
+    fastest = {}
+    for d in SDPA_HEAD_DIMS:
+        heads = max(1, round((256 if env.rehearse else 2048) / d))
+        shape = (batch, heads, seq, d)
+        q, k, v = (
+            torch.randn(shape, device=env.device, dtype=torch.bfloat16, requires_grad=True)
+            for _ in range(3)
+        )
+        flops = 3.5 * 2 * batch * heads * seq * seq * d
+        speed = {}
+        for name, kernel in kernels.items():
+            try:
+                speed[name] = flops / _sdpa_seconds(kernel, q, k, v, steps) / 1e12
+            except RuntimeError as e:  # "No available kernel": this kernel refuses the shape
+                rows.show(f"SDPA {name}, head_dim {d}", "refused", str(e).splitlines()[0][:120])
+                continue
+            rows.show(f"SDPA {name}, head_dim {d}: TFLOP/s", f"{speed[name]:.4g}", f"{heads} heads")
+        if speed:
+            fastest[d] = max(speed, key=speed.get)
+    rows.show(
+        "SDPA_KERNELS (nn/attention.py)",
+        repr(fastest),
+        "the fastest kernel per head dim"
+        + (": rehearsal, not a measurement" if env.rehearse else ""),
+    )

@@ -1,14 +1,16 @@
-"""OLMo-core Trainer steps for the 113M and 1B baseline and hourglass configs on synthetic tokens,
-bf16, with the hardware preset's micro-batch, compile and activation checkpointing: information
-rows, not the hourglass claim (tests/gpu/test_ffn.py measures the FFNs alone). Each run's row names
-what it measured: the attention kernel, the LM loss kernel, float8, compile and activation
-checkpointing. Shown: tokens/s, MFU (OLMo-core's FLOPs per token over the card's dense bf16 peak in
-launch/cards.py) with the attention (weights and SDPA) and LM-head shares of those FLOPs, and
-hourglass / baseline MFU and tokens/s. Judged: the peak memory the caching allocator reserved
-against the memory model's estimate (launch/memory.py estimate, for the same model, sequence,
-micro-batch and checkpointing mode): reserved <= estimate (the preset fits) and estimate <= 1.5 x
-reserved (not so loose that presets waste the card); and what the run left allocated once it
-returned (at most LEFT_GIB: a returned run keeps nothing alive). The estimate's logits term was
+"""OLMo-core Trainer steps for the 113M and 1B baselines and their head-dim-native hourglass
+siblings (configs/*/hourglass-hd*.yaml: the headline shapes with attention at a native head dim) on
+synthetic tokens, bf16, with the hardware preset's micro-batch, compile and activation
+checkpointing, and the 1B baseline in float8 (train.float8=tensorwise: the matmuls whose sizes win,
+nn/float8.py). Each run's row names what it measured: the attention kernel, the LM loss kernel,
+float8, compile and activation checkpointing. Shown: tokens/s, MFU (OLMo-core's FLOPs per token over
+the card's dense bf16 peak in launch/cards.py) with the attention (weights and SDPA) and LM-head
+shares of those FLOPs. Judged: hourglass / baseline MFU >= MFU_RATIO; 1B float8 / bf16 tokens/s >=
+FLOAT8_SPEEDUP and its losses within LOSS_TOL of bf16's; the peak memory the caching allocator
+reserved against the memory model's estimate (launch/memory.py estimate, for the same model,
+sequence, micro-batch and checkpointing mode): reserved <= estimate (the preset fits) and estimate
+<= 1.5 x reserved (not so loose that presets waste the card); and what the run left allocated once
+it returned (at most LEFT_GIB: a returned run keeps nothing alive). The estimate's logits term was
 measured eager; the row says when the run compiled its head. A rehearsal runs the same configs at
 toy sizes on the CPU in fp32 (no preset, no compile): figures shown."""
 
@@ -21,6 +23,7 @@ from olmo_patches.config import vocab_size
 from olmo_patches.launch.layout import Layout, memory_estimate
 from olmo_patches.launch.cards import GIB, known_card
 from olmo_patches.launch.layout import attention_backend
+from olmo_patches.nn.float8 import has_float8_matmuls
 from olmo_patches.nn.lm_loss import lm_loss
 from olmo_patches.report.counts import count
 
@@ -28,9 +31,13 @@ from ._common import REPO, timed_run
 
 pytestmark = pytest.mark.gpu
 ESTIMATE_SLACK = 1.5  # estimate / reserved at most
+MFU_RATIO = 0.95  # hourglass / baseline whole-model MFU
+FLOAT8_SPEEDUP = 1.15  # 1B float8 / bf16 tokens/s
+LOSS_TOL = 0.05  # float8 vs bf16 loss, relative, at each step
 LEFT_GIB = 0.5  # left allocated by a returned run at most (a kept 113M baseline: 3.1 GiB)
-# (global batch in sequences of 4096 tokens) per scale: a few seconds of steps each on one H200
-SCALES = {"113M": 32, "1B": 16}
+# (global batch in sequences of 4096 tokens, the hourglass sibling) per scale: a few seconds of
+# steps each on one H200
+SCALES = {"113M": (32, "hourglass-hd96"), "1B": (16, "hourglass-hd128")}
 TOY = [
     "train.hardware=none",
     "train.precision=fp32",
@@ -39,6 +46,7 @@ TOY = [
     "model.d_model=32",
     "model.n_heads=2",
     "model.n_layers=2",
+    "model.head_dim=null",
 ]
 
 
@@ -94,18 +102,19 @@ def _judge_memory(rows, run, what: str) -> None:
     )
 
 
-def _run(env, rows, scale: str, variant: str) -> Figures:
+def _run(env, rows, scale: str, variant: str, float8: str = "off") -> tuple[Figures, list]:
     config = REPO / "configs" / scale / f"{variant}.yaml"
     if env.rehearse:
-        overrides = [*TOY, *(["model.d_h=16"] if variant == "hourglass" else [])]
+        overrides = [*TOY, *(["model.d_h=16"] if variant.startswith("hourglass") else [])]
         seq, batch, steps, warmup = 32, 4, 3, 1
     else:
         overrides = ["train.precision=bf16"]
-        seq, batch, steps, warmup = 4096, SCALES[scale], 6, 2
+        seq, batch, steps, warmup = 4096, SCALES[scale][0], 6, 2
+    overrides.append(f"train.float8={float8}")
     run = timed_run(
         config,
         overrides,
-        env.work / f"{scale}-{variant}",
+        env.work / f"{scale}-{variant}-{float8}",
         env.device,
         seq=seq,
         batch=batch,
@@ -121,7 +130,8 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
     attention = flops - 6 * parts.ffn - head  # the attention weights and SDPA's QK^T and PV
     card = known_card(torch.cuda.get_device_name(env.device)) if env.cuda else None
     mfu = run.tokens_per_s * flops / card.bf16_flops if card and card.bf16_flops else None
-    what = f"{scale} {variant}" + (" (toy)" if env.rehearse else "")
+    what = f"{scale} {variant}" + (f" float8 {float8}" if float8 != "off" else "")
+    what += " (toy)" if env.rehearse else ""
     device = env.device.type
     setting = (
         f"attention {attention_backend(run.spec, device).name}, "
@@ -138,18 +148,44 @@ def _run(env, rows, scale: str, variant: str) -> Figures:
         f"{attention / flops:.0%}, LM head {head / flops:.0%}",
     )
     _judge_memory(rows, run, what)
-    return Figures(run.tokens_per_s, mfu)
+    return Figures(run.tokens_per_s, mfu), run.losses
 
 
 @pytest.mark.parametrize("scale", SCALES)
 def test_trainer_steps(scale, env, rows):
-    base, hourglass = _run(env, rows, scale, "baseline"), _run(env, rows, scale, "hourglass")
+    sibling = SCALES[scale][1]
+    (base, bf16_losses), (hourglass, _) = (_run(env, rows, scale, v) for v in ("baseline", sibling))
     tps = hourglass.tokens_per_s / base.tokens_per_s
     ratio = hourglass.mfu / base.mfu if base.mfu and hourglass.mfu else None
-    rows.show(
-        f"{scale}: MFU hourglass / baseline",
+    rows.judge(
+        f"{scale}: MFU {sibling} / baseline",
         "-" if ratio is None else f"{ratio:.3f}",
-        f"tokens/s hourglass / baseline {tps:.3f}; information: "
-        "the FFN claim is the FFN vs FFN section",
+        ratio is not None and ratio >= MFU_RATIO,
+        f">= {MFU_RATIO}",
+        f"tokens/s {sibling} / baseline {tps:.3f}",
+        gpu_only=True,
     )
+    if scale == "1B":
+        env.need("torchao", "float8 against bf16 in the trainer")
+        f8, losses = _run(env, rows, scale, "baseline", "tensorwise")
+        speed = f8.tokens_per_s / base.tokens_per_s
+        detail = f"{f8.tokens_per_s:,.0f} / {base.tokens_per_s:,.0f} tokens/s"
+        if not has_float8_matmuls(env.device):
+            detail += "; no float8 matmuls here (torchao emulates): not judged"
+        rows.judge(
+            "1B: tokens/s float8 / bf16",
+            f"{speed:.3f}",
+            speed >= FLOAT8_SPEEDUP,
+            f">= {FLOAT8_SPEEDUP}",
+            detail,
+            gpu_only=True,
+        )
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, bf16_losses))
+        rows.judge(
+            f"1B: loss float8 vs bf16, steps 1-{len(losses)} (worst)",
+            f"{worst:.2e}",
+            len(losses) == len(bf16_losses) and worst <= LOSS_TOL,
+            f"<= {LOSS_TOL}",
+            " ".join(f"{a:.4f}/{b:.4f}" for a, b in zip(losses, bf16_losses)),
+        )
     rows.check()
