@@ -9,9 +9,11 @@ import os
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -221,11 +223,51 @@ def run_script(
     return run(cmd, timeout=timeout, **extra_env)
 
 
+def ranks(world: int, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """scripts/train.py ARGV at ``world`` ranks on gloo, as ``torchrun --standalone
+    --nproc-per-node WORLD`` runs it, each rank forked from a server that imported torch, OLMo-core
+    and this checkout's library once (tests/_ranks.py): rank 0's stdout and every rank's stderr,
+    and the first non-zero exit code (a rank over ``timeout`` is killed: -9)."""
+    import multiprocessing
+
+    from . import _ranks
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([_ranks.__name__])
+    out = Path(tempfile.mkdtemp(prefix="ranks-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = (world, port, [str(a) for a in argv], child_env(), str(REPO), str(out))
+    procs = [ctx.Process(target=_ranks.rank_main, args=(r, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    codes = [p.exitcode for p in procs]
+    stdout = (out / "rank0.out").read_text()
+    stderr = "".join((out / f"rank{r}.err").read_text() for r in range(world))
+    shutil.rmtree(out)
+    code = next((c for c in codes if c), 0)
+    return subprocess.CompletedProcess(["ranks", str(world), *argv], code, stdout, stderr)
+
+
 def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
-    """scripts/train.py once per argument list, one run after another in the ranks of one torchrun
-    launch (tests/_train_each.py): the launch and the ranks' imports paid once."""
-    args = [a for i, argv in enumerate(runs) for a in ([] if i == 0 else ["---"]) + list(argv)]
-    return run_script("tests/_train_each.py", *args, torchrun=torchrun, timeout=timeout)
+    """scripts/train.py once per argument list, one launch of ``torchrun`` ranks after another
+    (:func:`ranks`), stopping at the first that fails: its code, the launches' output joined."""
+    out, err, code = [], [], 0
+    for argv in runs:
+        r = ranks(torchrun, *argv, timeout=timeout)
+        out.append(r.stdout)
+        err.append(r.stderr)
+        if code := r.returncode:
+            break
+    return subprocess.CompletedProcess(["train_each"], code, "".join(out), "".join(err))
 
 
 class ScriptTimeout(BaseException):

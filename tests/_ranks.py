@@ -1,0 +1,57 @@
+"""The ranks of a gloo launch as processes forked from one server (test helper; conftest.ranks).
+
+A torchrun launch starts an interpreter per rank, each importing torch and OLMo-core (5-10 s of
+CPU); forked from a server that imported them once (multiprocessing's forkserver, preloading this
+module), a rank starts at once. Each rank gets the environment torchrun gives a worker of
+``--standalone --nproc-per-node N`` (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT: rank 0 hosts the process group's store), runs ``scripts/train.py ARGV``
+as its ``__main__`` and exits with its code, its output in files. What torchrun itself does (its
+agent, its store, its signals) is tested through torchrun: tests/test_multinode.py,
+tests/test_world_size.py.
+"""
+
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import olmo_core.train  # noqa: F401  (imported once, in the server)
+import torch
+
+import olmo_patches.train  # noqa: F401
+
+TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
+
+
+def rank_main(rank: int, world: int, port: int, argv: list, env: dict, cwd: str, out: str) -> None:
+    """One rank: the worker environment, its output to ``out/rank{rank}.{out,err}``,
+    scripts/train.py ARGV, then the exit code (SystemExit's, as the interpreter would)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        GROUP_RANK="0",
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    for fd, name in ((1, "out"), (2, "err")):
+        f = os.open(f"{out}/rank{rank}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.argv = [str(TRAIN), *argv]
+    code = 0
+    try:
+        runpy.run_path(str(TRAIN), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no atexit of the server's modules, as a rank of torchrun ends
