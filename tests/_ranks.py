@@ -4,28 +4,29 @@ A torchrun launch starts an interpreter per rank, each importing torch and OLMo-
 CPU); forked from a server that imported them once (multiprocessing's forkserver, preloading this
 module), a rank starts at once. Each rank gets the environment torchrun gives a worker of
 ``--standalone --nproc-per-node N`` (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-MASTER_ADDR, MASTER_PORT: rank 0 hosts the process group's store), runs ``scripts/train.py ARGV``
-as its ``__main__`` and exits with its code, its output in files. What torchrun itself does (its
+MASTER_ADDR, MASTER_PORT: rank 0 hosts the process group's store), imports the block kinds named
+in HOURGLASS_BLOCKS (the server imported the registry before they were set), runs a script as its
+``__main__`` and exits with its code, its output in files. What torchrun itself does (its
 agent, its store, its signals) is tested through torchrun: tests/test_multinode.py,
 tests/test_world_size.py.
 """
 
+import importlib
 import os
 import runpy
 import sys
-from pathlib import Path
 
 import olmo_core.train  # noqa: F401  (imported once, in the server)
 import torch
 
 import olmo_patches.train  # noqa: F401
 
-TRAIN = Path(__file__).resolve().parents[1] / "scripts" / "train.py"
 
-
-def rank_main(rank: int, world: int, port: int, argv: list, env: dict, cwd: str, out: str) -> None:
-    """One rank: the worker environment, its output to ``out/rank{rank}.{out,err}``,
-    scripts/train.py ARGV, then the exit code (SystemExit's, as the interpreter would)."""
+def rank_main(
+    rank: int, world: int, port: int, script: str, args: list, env: dict, cwd: str, out: str
+) -> None:
+    """One rank: the worker environment, its output to ``out/rank{rank}.{out,err}``, ``script
+    ARGS``, then the exit code (SystemExit's, as the interpreter would)."""
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(
@@ -39,15 +40,17 @@ def rank_main(rank: int, world: int, port: int, argv: list, env: dict, cwd: str,
     )
     os.chdir(cwd)
     torch.set_num_threads(1)
+    for module in filter(None, env.get("HOURGLASS_BLOCKS", "").split(",")):
+        importlib.import_module(module.strip())
     for fd, name in ((1, "out"), (2, "err")):
         f = os.open(f"{out}/rank{rank}.{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(f, fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    sys.argv = [str(TRAIN), *argv]
+    sys.argv = [script, *args]
     code = 0
     try:
-        runpy.run_path(str(TRAIN), run_name="__main__")
+        runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):

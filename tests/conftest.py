@@ -223,23 +223,41 @@ def run_script(
     return run(cmd, timeout=timeout, **extra_env)
 
 
-def ranks(world: int, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """scripts/train.py ARGV at ``world`` ranks on gloo, as ``torchrun --standalone
-    --nproc-per-node WORLD`` runs it, each rank forked from a server that imported torch, OLMo-core
-    and this checkout's library once (tests/_ranks.py): rank 0's stdout and every rank's stderr,
-    and the first non-zero exit code (a rank over ``timeout`` is killed: -9)."""
+def _fork_server():
+    """multiprocessing's fork server, preloading torch, OLMo-core and this checkout's library
+    (tests/_ranks.py) once per test process."""
     import multiprocessing
 
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests._ranks"])
+    return ctx
+
+
+def spawn(fn, world: int, *args) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs=world)`` with each rank forked from the fork
+    server (no interpreter a rank); ``fn`` must be a module-level function of a test module."""
+    _fork_server()
+    torch.multiprocessing.start_processes(fn, args=args, nprocs=world, start_method="forkserver")
+
+
+def ranks(
+    world: int, script: str, *args: str, timeout: int = 600, **extra_env: str
+) -> subprocess.CompletedProcess:
+    """``script ARGS`` (as :func:`run_script` names it) at ``world`` ranks on gloo, as ``torchrun
+    --standalone --nproc-per-node WORLD`` runs it, each rank forked from a server that imported
+    torch, OLMo-core and this checkout's library once (tests/_ranks.py), with child_env() and
+    ``extra_env``: rank 0's stdout, every rank's stderr, and the first non-zero exit code (a rank
+    over ``timeout`` is killed: -9)."""
     from . import _ranks
 
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([_ranks.__name__])
+    ctx = _fork_server()
     out = Path(tempfile.mkdtemp(prefix="ranks-"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = (world, port, [str(a) for a in argv], child_env(), str(REPO), str(out))
-    procs = [ctx.Process(target=_ranks.rank_main, args=(r, *args)) for r in range(world)]
+    common = (str(script_path(script)), [str(a) for a in args], child_env(**extra_env))
+    common = (world, port, *common, str(REPO), str(out))
+    procs = [ctx.Process(target=_ranks.rank_main, args=(r, *common)) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -254,15 +272,15 @@ def ranks(world: int, *argv: str, timeout: int = 600) -> subprocess.CompletedPro
     stderr = "".join((out / f"rank{r}.err").read_text() for r in range(world))
     shutil.rmtree(out)
     code = next((c for c in codes if c), 0)
-    return subprocess.CompletedProcess(["ranks", str(world), *argv], code, stdout, stderr)
+    return subprocess.CompletedProcess(["ranks", str(world), script, *args], code, stdout, stderr)
 
 
-def train_each(runs: list, torchrun: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
-    """scripts/train.py once per argument list, one launch of ``torchrun`` ranks after another
+def train_each(runs: list, world: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """scripts/train.py once per argument list, one launch of ``world`` ranks after another
     (:func:`ranks`), stopping at the first that fails: its code, the launches' output joined."""
     out, err, code = [], [], 0
     for argv in runs:
-        r = ranks(torchrun, *argv, timeout=timeout)
+        r = ranks(world, "train.py", *argv, timeout=timeout)
         out.append(r.stdout)
         err.append(r.stderr)
         if code := r.returncode:

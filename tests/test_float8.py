@@ -16,7 +16,7 @@ from olmo_patches.train import train
 from olmo_patches.train.checkpoints import load_model_state
 from olmo_patches.launch.run_folder import read_metrics
 
-from .conftest import REPO, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, ranks, run_in_process, tiny_overrides
 
 pytest.importorskip("torchao.float8", reason="the float8 extra (pip install -e '.[float8]')")
 from torchao.float8 import Float8LinearConfig  # noqa: E402
@@ -205,7 +205,7 @@ def test_fsdp_two_ranks_with_float8_all_gather(tmp_path, hourglass_runs):
     overrides = tiny_overrides(
         tmp_path / "fsdp", *SHAPES["hourglass"][0], *RUN, "train.float8=tensorwise"
     )
-    r = run_script("train.py", str(BASELINE), *overrides, torchrun=2, timeout=600)
+    r = ranks(2, "train.py", str(BASELINE), *overrides)
     assert r.returncode == 0, r.stderr[-3000:]
     config = json.loads((tmp_path / "fsdp" / "step4" / "config.json").read_text())
     assert config["train_module"]["float8_config"]["ao"]["enable_fsdp_float8_all_gather"] is True

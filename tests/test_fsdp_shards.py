@@ -6,9 +6,8 @@ import json
 import socket
 
 import torch
-import torch.multiprocessing as mp
 
-from .conftest import REPO
+from .conftest import REPO, spawn
 from .test_hourglass_moe import _blocks, _transformer
 
 WORLD = 4
@@ -65,7 +64,7 @@ def test_every_rank_holds_an_even_share_of_the_stacked_weights(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path / "shards")
-    mp.spawn(_rank, args=(port, out), nprocs=WORLD)
+    spawn(_rank, WORLD, port, out)
     ranks = [json.loads(open(f"{out}.{r}").read()) for r in range(WORLD)]
     for name in ("hourglass", "hourglass-experts"):
         params = ranks[0][name]["ffn"]

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from .conftest import REPO, tiny_overrides
+from .conftest import REPO, spawn, tiny_overrides
 
 SEQUENCES, SEQ = 8, 32
 # Steps a case trains: global_batch's losses must still agree after the optimizer has moved the
@@ -155,17 +154,11 @@ def runs(tmp_path_factory):
     """{world: {(experts, load_balance, micro): results}} for 1, 2 and 4 ranks."""
     tmp = tmp_path_factory.mktemp("moe-world")
     out = {1: {(e, b, m): _train(tmp, e, b, m, 1, 0) for e, b in CASES for m in MICRO}}
-    # The ranks fork from one fork server that imported torch, OLMo-core and this module once (a
-    # spawned rank imports them itself, seconds of CPU each); the server itself starts no threads.
-    server = mp.get_context("forkserver")
-    server.set_forkserver_preload([__name__, "olmo_core.train.train_module", "olmo_patches.nn.moe"])
     for world in (2, 4):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.start_processes(
-            _rank, args=(world, port, str(tmp)), nprocs=world, start_method="forkserver"
-        )
+        spawn(_rank, world, world, port, str(tmp))
         out[world] = torch.load(tmp / f"results.{world}.pt")
     return out
 

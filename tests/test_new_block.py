@@ -21,7 +21,7 @@ from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train import train
 
 from . import _parallel_block, _ungated_ffn  # noqa: F401  (registered, as HOURGLASS_BLOCKS does)
-from .conftest import REPO, TINY, load_weights, run, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, TINY, load_weights, ranks, run, run_in_process, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 KIND = {"parallel": ["model.block=parallel"], "ungated": ["model.block=ungated"]}
@@ -147,7 +147,7 @@ def test_trains_and_resumes_exactly(straight, tmp_path):
 
 def test_fsdp_on_two_gloo_ranks_matches_one_process(straight, tmp_path):
     overrides = tiny_overrides(tmp_path, "train.max_steps=4", *UNGATED)
-    r = run_script("train.py", str(BASELINE), *overrides, torchrun=2, timeout=600, **PLUGIN)
+    r = ranks(2, "train.py", str(BASELINE), *overrides, **PLUGIN)
     assert r.returncode == 0, r.stderr[-3000:]
     one, two = _losses(straight["ungated"]), _losses(tmp_path)
     assert sorted(two) == [1, 2, 3, 4]

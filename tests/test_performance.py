@@ -17,7 +17,7 @@ from olmo_patches.blocks.variable_width import WidthSpec
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 
-from .conftest import REPO, tiny_overrides
+from .conftest import REPO, spawn, tiny_overrides
 
 H, HEADS, T, B, VOCAB = 64, 4, 24, 2, 256
 WIDTHS = [
@@ -223,13 +223,11 @@ def test_fsdp_one_unit_per_block_whatever_k(tmp_path):
     the resharded block, one reduce-scatter per block), not K per layer."""
     import socket
 
-    import torch.multiprocessing as mp
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "counts.json"
-    mp.spawn(_fsdp_collectives, args=(port, str(out)), nprocs=2)
+    spawn(_fsdp_collectives, 2, port, str(out))
     counts = json.loads(out.read_text())
     assert counts["hourglass-pre"] == counts["baseline-pre"]
     n_units = len(WIDTHS) + 2  # the blocks, the LM head, and the root (the embeddings)

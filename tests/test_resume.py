@@ -30,7 +30,7 @@ from olmo_patches.train.callbacks.nonfinite import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
-from .conftest import REPO, run, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, ranks, run, run_in_process, run_script, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = [
@@ -141,7 +141,7 @@ def test_resume_from_another_checkpoint_and_newer_ones_move_aside(tmp_path, stra
 def test_one_process_resumed_with_two_sees_the_same_instances(tmp_path, straight):
     train(_spec(tmp_path, "run.stop_at_step=3"))
     assert Checkpointer.latest_checkpoint(tmp_path).endswith("step3")
-    r = run_script("train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN), torchrun=2)
+    r = ranks(2, "train.py", str(BASELINE), *tiny_overrides(tmp_path, *RUN))
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted((tmp_path / "batches").glob("rank*.jsonl")) == [
         tmp_path / "batches" / f"rank{i}.jsonl" for i in (0, 1)

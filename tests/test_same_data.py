@@ -13,7 +13,7 @@ from olmo_patches.config import ConfigError
 from olmo_patches.train import exit_line
 from olmo_patches.launch.shared_fs import require_data
 
-from .conftest import run_script
+from .conftest import ranks
 
 
 def test_a_missing_file_is_named_with_the_rank(tmp_path):
@@ -67,12 +67,12 @@ def test_every_rank_must_read_the_same_files(tmp_path):
     (data / "b.npy").write_bytes(b"\0" * 32)
     (tmp_path / "link").symlink_to(data)  # the same files, spelled another way
     a, b, link_a = data / "a.npy", data / "b.npy", tmp_path / "link" / "a.npy"
-    r = run_script(
+    r = ranks(
+        2,
         "tests/_require_data.py",
         f"same={a},{b};{a},{b}",
         f"missing={a},{b};{a},{data / 'c.npy'}",
         f"spelling={a};{link_a}",
-        torchrun=2,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     host = socket.gethostname()

@@ -58,7 +58,7 @@ def _losses(folder):
 def runs(tmp_path_factory, demo_corpus):
     root = tmp_path_factory.mktemp("widths")
     r = train_each(
-        [[str(HOURGLASS_113M), *_overrides(root / "fsdp3", "train.data_parallel=fsdp")]], torchrun=3
+        [[str(HOURGLASS_113M), *_overrides(root / "fsdp3", "train.data_parallel=fsdp")]], world=3
     )
     train(load_and_resolve(HOURGLASS_113M, _overrides(root / "one"), layout=Layout.plan(1)))
     return root, r
