@@ -1,10 +1,14 @@
-"""bf16 and compile on CPU as on the cluster, for each block type, through OLMo-core's Trainer.
+"""bf16 and compile on CPU as on the cluster, through OLMo-core's Trainer, for the project's
+blocks (OLMo-core's own SwiGLU block is OLMo-core's to test).
 
 bf16: one process trains under bf16 autocast (its Linear layers return bf16), with losses that
-differ from fp32 by less than 2% (the issue's tolerance), fp32 weights in its checkpoints and a
-bit-exact resume. compile: OLMo-core's per-block inductor compile runs on CPU (no "Skipping model
-compilation"), with eager's losses within 1e-4. Two gloo ranks under FSDP2's bf16 policy:
-tests/test_training.py.
+differ from fp32 by less than 2%; the hourglass's checkpoints hold fp32 weights and resume
+bit-exactly. compile: OLMo-core's per-block compile runs on CPU (no "Skipping model compilation"),
+with eager's losses within 1e-4: the hourglass through inductor, with OLMo-core's budget activation
+checkpointing (which needs compile); the MoE (its global-batch routing pass included) through
+dynamo and AOT autograd only (``aot_eager``: inductor's C++ builds of OLMo-core's MoE are minutes
+of CPU, and each kind's blocks trace without a graph break: tests/test_performance.py). Two gloo
+ranks under FSDP2's bf16 policy: tests/test_training.py.
 """
 
 import logging
@@ -27,7 +31,6 @@ VARIABLE_WIDTH = [
     "model.widths.values=[48,48]",
 ]
 BLOCKS = {
-    "baseline": [],
     "hourglass": ["model.block=hourglass", "model.K=2", "model.d_h=16"],
     "variable_width": VARIABLE_WIDTH,
     "moe": [
@@ -38,12 +41,16 @@ BLOCKS = {
     ],
 }
 RUN = ["train.max_steps=3", "run.save_interval=2", "run.ephemeral_save_interval=null"]
-BF16_TOLERANCE = 0.02  # relative, the issue's
-COMPILE_TOLERANCE = 1e-4  # absolute, the issue's
-# One block's compiled run also checkpoints in OLMo-core's budget mode, which needs compile (its
-# train module refuses budget without compile_model): the min-cut recomputes, the losses stay
-# eager's.
-COMPILED_EXTRA = {"hourglass": ["train.activation_checkpointing=budget:0.5"]}
+BF16_TOLERANCE = 0.02  # relative
+COMPILE_TOLERANCE = 1e-4  # absolute
+# The compiled runs, each with the backend it compiles with: the hourglass's also checkpoints in
+# OLMo-core's budget mode, which needs compile (its train module refuses budget without
+# compile_model): the min-cut recomputes, the losses stay eager's.
+COMPILED = {
+    "hourglass": ("inductor", ["train.activation_checkpointing=budget:0.5"]),
+    "moe": ("aot_eager", []),
+}
+RESUMED = ("hourglass",)  # bf16 resumed from its step 2
 
 
 @dataclass
@@ -90,25 +97,36 @@ def _train(
 
 @pytest.fixture(scope="module", params=list(BLOCKS))
 def runs(request, tmp_path_factory, demo_corpus):
-    """Per block type: fp32, bf16, bf16 resumed from the bf16 run's step 2, and fp32 compiled (in
-    fp32 inductor's fusions leave eager's losses within about 1e-6; in bf16, where a fused kernel
-    skips eager's roundings to bf16 between ops, within 7.1e-5 here: too near the tolerance for a
-    test)."""
+    """Per block type: fp32 and bf16; for RESUMED, bf16 resumed from the bf16 run's step 2; for
+    COMPILED, fp32 compiled (in fp32 inductor's fusions leave eager's losses within about 1e-6; in
+    bf16, where a fused kernel skips eager's roundings to bf16 between ops, within 7.1e-5 here: too
+    near the tolerance for a test)."""
     block, root = request.param, tmp_path_factory.mktemp(request.param)
     out = {"block": block, "root": root}
     out["fp32"] = _train(root / "fp32", block, "train.precision=fp32")
     out["bf16"] = _train(root / "bf16", block, "train.precision=bf16")
-    out["resumed"] = _train(
-        root / "resumed", block, "train.precision=bf16", resume_from=str(root / "bf16" / "step2")
-    )
-    out["compiled"] = _train(
-        root / "compiled",
-        block,
-        "train.precision=fp32",
-        "train.compile=true",
-        *COMPILED_EXTRA.get(block, []),
-        hook_dtypes=False,
-    )
+    if block in RESUMED:
+        out["resumed"] = _train(
+            root / "resumed",
+            block,
+            "train.precision=bf16",
+            resume_from=str(root / "bf16" / "step2"),
+        )
+    if block in COMPILED:
+        backend, extra = COMPILED[block]
+        compile_ = torch.nn.Module.compile
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(
+                torch.nn.Module, "compile", lambda self, **kw: compile_(self, backend=backend, **kw)
+            )
+            out["compiled"] = _train(
+                root / "compiled",
+                block,
+                "train.precision=fp32",
+                "train.compile=true",
+                *extra,
+                hook_dtypes=False,
+            )
     return out
 
 
@@ -121,6 +139,7 @@ def test_bf16_computes_in_bf16_within_2_percent_of_fp32(runs):
         assert bf16[step] == pytest.approx(fp32[step], rel=BF16_TOLERANCE), step
 
 
+@pytest.mark.parametrize("runs", RESUMED, indirect=True)
 def test_bf16_checkpoints_hold_fp32_weights_and_resume_exactly(runs):
     root = runs["root"]
     straight, resumed = (
@@ -134,11 +153,12 @@ def test_bf16_checkpoints_hold_fp32_weights_and_resume_exactly(runs):
     assert runs["resumed"][0][3] == runs["bf16"][0][3]  # the resumed run trains step 3 only
 
 
+@pytest.mark.parametrize("runs", list(COMPILED), indirect=True)
 def test_compile_runs_on_cpu_with_eager_losses(runs):
     (eager, _, _), (compiled, probe, log) = runs["fp32"], runs["compiled"]
     assert probe.compiled, runs["block"]
     assert not any("Skipping model compilation" in line for line in log)
-    if runs["block"] in COMPILED_EXTRA:
+    if COMPILED[runs["block"]][1]:
         assert "Applied 'budget' activation checkpointing to the model" in log
     assert sorted(compiled) == [1, 2, 3]
     for step in eager:
