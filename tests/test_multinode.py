@@ -19,7 +19,7 @@ from olmo_patches.train import train
 from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.launch.run_folder import read_metrics
 
-from .conftest import REPO, child_env, finish, run_script, start, tiny_overrides
+from .conftest import REPO, child_env, finish, ranks, start, tiny_overrides
 
 HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
 # 6 steps of 4 sequences; a checkpoint at each stop; every rank records its instances.
@@ -104,16 +104,12 @@ def one_process(tmp_path_factory, demo_corpus):
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, demo_corpus):
     """One run, three launches: steps 1-2 as HSDP on two torchrun nodes x 2 ranks, 3-4 as FSDP on
-    one torchrun x 2, 5-6 in one process."""
+    2 ranks, 5-6 in one process."""
     folder = tmp_path_factory.mktemp("resumed")
     node = _train_args(folder, "train.data_parallel=hsdp", "run.stop_at_step=2")
     (hsdp0, hsdp1), _ = _two_nodes(2, node, node)
     log = (folder / "train.log").read_text() if (folder / "train.log").is_file() else ""
-    fsdp = run_script(
-        "train.py",
-        *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4")[1:],
-        torchrun=2,
-    )
+    fsdp = ranks(2, *_train_args(folder, "train.data_parallel=fsdp", "run.stop_at_step=4"))
     one = load_and_resolve(HOURGLASS, tiny_overrides(folder, *RUN, block="hourglass"))
     train(one)
     return folder, hsdp0, hsdp1, log, fsdp
@@ -196,11 +192,10 @@ def test_a_refusal_on_rank_1_alone_ends_rank_0(tmp_path):
 
 
 def test_a_refusal_on_rank_1_ends_rank_0_through_the_process_groups_store(tmp_path):
-    """The same under a launcher whose store is the process group's (rank 0's), not torchrun's."""
-    r = run_script(
-        "tests/_fail_on_rank.py", "--own-store", "1", *_train_args(tmp_path)[1:], torchrun=2
-    )
-    assert r.returncode == 1  # plain torchrun: a failed worker
+    """The same under a launcher whose store is the process group's (rank 0's), not torchrun's:
+    the ranks' own environment (conftest.ranks)."""
+    r = ranks(2, "tests/_fail_on_rank.py", "1", *_train_args(tmp_path)[1:])
+    assert r.returncode == 2
     # Printed by rank 1 (local rank 1): only the store tells it that it is the first on its node,
     # and rank 0 then ends on that line, not on its own error (a collective cut off).
     lines = r.stderr.splitlines()
@@ -290,13 +285,16 @@ def _one_line_each(results, line: str) -> None:
         assert r.returncode != 0
 
 
-@pytest.mark.parametrize("on", ["the store's node", "the other node"])
-def test_a_rank_killed_outright_ends_every_process_one_line_a_node(tmp_path, demo_corpus, on):
-    """2 ranks a node; one rank SIGKILLed (an out-of-memory kill, say) mid-run: every process ends
-    within 60 s, each node printing one line naming the rank, its node and its pid."""
-    store, other, workers = _two_wrapped_nodes(tmp_path, per_node=2)
+@pytest.mark.parametrize("on, per_node", [("the store's node", 2), ("the other node", 1)])
+def test_a_rank_killed_outright_ends_every_process_one_line_a_node(
+    tmp_path, demo_corpus, on, per_node
+):
+    """One rank SIGKILLed (an out-of-memory kill, say) mid-run, on the store's node beside a rank
+    that goes on, or alone on the other: every process ends within 60 s, each node printing one
+    line naming the rank, its node and its pid."""
+    store, other, workers = _two_wrapped_nodes(tmp_path, per_node=per_node)
     node = store if on == "the store's node" else other
-    victim = max(_children(node.pid))  # one of the node's two ranks
+    victim = max(_children(node.pid))  # one of the node's ranks
     env = _environ(victim)
     os.kill(victim, 9)
     results = _all_end_within_60_s((store, other), workers, time.monotonic())
