@@ -381,6 +381,16 @@ def _forget_peers() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _platform_start_method():
+    """Each test starts with the platform's start method (fork on Linux), as a fresh command does:
+    an in-process run leaves OLMo-core's "spawn" set (prepare_training_environment), and a pool of
+    OLMo-core's dataset preparation then starts an interpreter a worker (5-10 s of imports each)."""
+    import multiprocessing
+
+    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_rendezvous_port():
     """An in-process run picks a free MASTER_PORT and leaves it in os.environ; dropped after each
     test, the next run picks a port free at that moment (pytest-xdist workers train side by
