@@ -344,12 +344,14 @@ def _check_parse(words: list[str], cwd: Path) -> None:
     if words[0] == "pytest":  # its paths exist, and pytest knows its flags and markers
         paths = [w for w in words[1:] if w.startswith("tests/")]
         assert all((REPO / w.split("::")[0]).exists() for w in paths), paths
-        # Flags and -k/-m expressions parse on any collection: where the command names no file, one
-        # light file stands for the suite (collecting every file imports OLMo-core and
-        # transformers).
-        light = [] if paths else ["tests/test_layout.py"]
-        args = [w for w in words[1:] if w not in ("-n", "auto")]
-        r = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args, *light])
+        # Flags and -k/-m expressions parse on any collection: a file of one empty test stands for
+        # the files named (collecting them imports torch, OLMo-core and transformers), with this
+        # checkout's settings and no conftest.
+        light = cwd / "test_light.py"
+        light.write_text("def test_light():\n    pass\n")
+        args = [w for w in words[1:] if w not in ("-n", "auto", *paths)]
+        settings = ["-c", REPO / "pyproject.toml", "--rootdir", REPO, "--noconftest"]
+        r = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *settings, *args, light])
         assert r.returncode in (0, 5), (
             r.stdout[-2000:] + r.stderr[-2000:]
         )  # 5: nothing selected (-m gpu on CPU collects none to run)
