@@ -23,18 +23,28 @@ import olmo_patches.train  # noqa: F401
 
 
 def rank_main(
-    rank: int, world: int, port: int, script: str, args: list, env: dict, cwd: str, out: str
+    rank: int,
+    world: int,
+    nodes: int,
+    port: int,
+    script: str,
+    args: list,
+    env: dict,
+    cwd: str,
+    out: str,
 ) -> None:
-    """One rank: the worker environment, its output to ``out/rank{rank}.{out,err}``, ``script
-    ARGS``, then the exit code (SystemExit's, as the interpreter would)."""
+    """One rank of ``world`` on ``nodes`` nodes: the worker environment, its output to
+    ``out/rank{rank}.{out,err}``, ``script ARGS`` (``args``: a list per node), then the exit code
+    (SystemExit's, as the interpreter would)."""
+    per_node = world // nodes
     os.environ.clear()
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        GROUP_RANK="0",
+        LOCAL_RANK=str(rank % per_node),
+        GROUP_RANK=str(rank // per_node),
         WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(per_node),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
@@ -47,7 +57,7 @@ def rank_main(
         os.dup2(f, fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    sys.argv = [script, *args]
+    sys.argv = [script, *args[rank // per_node]]
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -241,13 +242,20 @@ def spawn(fn, world: int, *args) -> None:
 
 
 def ranks(
-    world: int, script: str, *args: str, timeout: int = 600, **extra_env: str
+    world: int,
+    script: str,
+    *args: str,
+    nodes: int = 1,
+    node_args: Optional[list] = None,
+    timeout: int = 600,
+    **extra_env: str,
 ) -> subprocess.CompletedProcess:
     """``script ARGS`` (as :func:`run_script` names it) at ``world`` ranks on gloo, as ``torchrun
-    --standalone --nproc-per-node WORLD`` runs it, each rank forked from a server that imported
-    torch, OLMo-core and this checkout's library once (tests/_ranks.py), with child_env() and
-    ``extra_env``: rank 0's stdout, every rank's stderr, and the first non-zero exit code (a rank
-    over ``timeout`` is killed: -9)."""
+    --standalone --nproc-per-node WORLD`` runs it (``nodes``: as many torchruns of WORLD / NODES
+    ranks each would, on one store; ``node_args``: each node's arguments after ARGS), each rank
+    forked from a server that imported torch, OLMo-core and this checkout's library once
+    (tests/_ranks.py), with child_env() and ``extra_env``: rank 0's stdout, every rank's stderr,
+    and the first non-zero exit code (a rank over ``timeout`` is killed: -9)."""
     from . import _ranks
 
     ctx = _fork_server()
@@ -255,8 +263,9 @@ def ranks(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    common = (str(script_path(script)), [str(a) for a in args], child_env(**extra_env))
-    common = (world, port, *common, str(REPO), str(out))
+    argv = [[str(a) for a in (*args, *(node_args[n] if node_args else ()))] for n in range(nodes)]
+    common = (world, nodes, port, str(script_path(script)), argv, child_env(**extra_env))
+    common = (*common, str(REPO), str(out))
     procs = [ctx.Process(target=_ranks.rank_main, args=(r, *common)) for r in range(world)]
     for p in procs:
         p.start()
