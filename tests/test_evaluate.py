@@ -14,7 +14,7 @@ from olmo_patches.config import ConfigError
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train import train
-from tests.conftest import REPO, run_in_process, run_script, tiny_overrides
+from tests.conftest import REPO, run_in_process, tiny_overrides
 
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 L = 16  # shorter than many COPA queries (truncated) and than some continuations (skipped)
@@ -181,7 +181,7 @@ def test_impossible_sequence_length_fails_in_one_line(tiny_run, tmp_path):
     ):
         load_and_resolve(BASELINE, ["eval.downstream_sequence_length=1"])
     # every COPA continuation is longer than 3 tokens: nothing to score
-    r = run_script(
+    r = run_in_process(
         "evaluate.py",
         str(tiny_run / "step2"),
         "--sequence-length",

@@ -52,7 +52,7 @@ def test_config_table_rows(tmp_path):
     size.mkdir()
     for name in ("baseline", "hourglass"):
         (size / f"{name}.yaml").write_text(f"extends: {REPO / 'configs' / '113M' / name}.yaml\n")
-    r = run_script("config_table.py", str(tmp_path))
+    r = run_in_process("config_table.py", str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| 113M/")]
     assert [row.split("|")[1].strip() for row in rows] == [
@@ -65,7 +65,7 @@ def test_config_table_rows(tmp_path):
 
 
 def test_bench_json_on_tiny_sizes():
-    r = run_script(
+    r = run_in_process(
         "bench.py",
         "--scale",
         "demo",
@@ -83,7 +83,6 @@ def test_bench_json_on_tiny_sizes():
         "2",
         "--optimizer",
         "--json",
-        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     results = json.loads(r.stdout)["results"]
@@ -100,7 +99,7 @@ def test_demo_script_with_a_tiny_override_set(tmp_path, demo_corpus):
     sets = [a for o in tiny_overrides(tmp_path / "run", "train.max_steps=2") for a in ("--set", o)]
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "left_by_an_earlier_demo").write_text("")
-    r = run_script(
+    r = run_in_process(
         "demo.py", str(DEMO / "baseline.yaml"), "--out", str(tmp_path / "out"), *sets, "--fresh"
     )
     assert r.returncode == 0, r.stderr[-2000:]
