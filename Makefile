@@ -14,7 +14,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow format install wheelhouse wheelhouse-hf lock install-check
+.PHONY: demo test test-fast test-install format install wheelhouse wheelhouse-hf lock install-check
 # the tested set: exact versions of every package (constraints); pyproject.toml holds the ranges
 LOCK := requirements/lock.txt
 EXTRAS := dev,hf,eval,wandb,float8,lm-eval
@@ -34,13 +34,19 @@ install: $(VENV)/.installed
 demo: install
 	$(BIN)/python scripts/demo.py $(DEMO_ARGS)
 
-# the suite on every core; `make test-slow`: the tests marked slow (minutes of pip: the offline
-# install's rehearsal)
+# The suite, a worker per core and one more (a test waiting on its ranks or a process leaves its core
+# to another), a file a worker. `make test-fast`: without the end-to-end tests (marked slow), for
+# the edit loop. `make test-install`: the GPU run's offline install rehearsed (minutes of pip).
+WORKERS ?= $(shell $(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)) + 1)")
+PYTEST = $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 test: install
-	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
+	$(PYTEST) -m "not install"
 
-test-slow: install
-	$(BIN)/python -m pytest -q -m slow
+test-fast: install
+	$(PYTEST) -m "not slow and not install"
+
+test-install: install
+	$(BIN)/python -m pytest -q -m install
 
 # the one style (CI runs ruff format --check . and ruff check .); ruff check names the lines over
 # 100 columns that the formatter cannot wrap (comments, docstrings, strings): wrap those by hand

@@ -153,6 +153,7 @@ def _two_checkpoints(tmp_path) -> list:
     return runs
 
 
+@pytest.mark.slow
 def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
     """scripts/analyze.py on a baseline and a variable-width checkpoint: the JSON has the four
     metrics per layer for each, and one figure; a missing checkpoint is a one-line error."""
@@ -203,6 +204,7 @@ def test_analyze_script_on_two_checkpoints(tmp_path, demo_corpus):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_moe_layers_have_stream_metrics_and_no_unit_hook():
     """Paper 2's variable-width MoE (shrunk): the residual stream and logit lens per layer at each
     layer's width; its experts' hidden units are not hooked (None), not counted as dead."""

@@ -20,6 +20,9 @@ from olmo_patches.train import train
 
 from .conftest import REPO, run, run_in_process, run_script, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 DEMO = REPO / "configs" / "demo"
 BLOCKS = {  # name: (demo config, overrides beyond TINY)
     "baseline": ("baseline.yaml", []),

@@ -24,6 +24,7 @@ def _load_all(monkeypatch, cuda: bool) -> dict:
     return {p: spec_to_yaml(load_spec(p)) for p in SHIPPED}
 
 
+@pytest.mark.slow
 def test_every_shipped_config_loads_the_same_with_and_without_cuda(monkeypatch):
     def no_build(self, vocab_size):
         raise AssertionError("loading a config built the model config")
@@ -36,6 +37,7 @@ def test_every_shipped_config_loads_the_same_with_and_without_cuda(monkeypatch):
     assert "micro_batch_size: null" in without[REPO / "configs" / "1B" / "hourglass.yaml"]
 
 
+@pytest.mark.slow
 def test_loading_every_shipped_config_imports_no_torch():
     """A config is read and checked before torch is imported: a refusal takes a fraction of a
     second."""

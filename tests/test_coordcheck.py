@@ -109,6 +109,7 @@ def test_broken_mup_is_flagged_where_it_is_broken(monkeypatch, edit, expected):
     assert check.summary().startswith("not muP in width")
 
 
+@pytest.mark.slow
 def test_command_writes_json_and_plot_and_says_which(tmp_path):
     out = tmp_path / "cc"
     args = ["--steps", "2", "--seeds", "1", "--out", str(out)]

@@ -182,6 +182,7 @@ def run_cli(*args: str):
     return run_script("data_order.py", *args, "--quiet", timeout=120)
 
 
+@pytest.mark.slow
 def test_indices_cli_writes_the_old_trainers_global_indices(tmp_path, server, files, tokens):
     # The same list as local paths and as URLs.
     local = tmp_path / "local.txt"

@@ -31,6 +31,9 @@ from olmo_patches.train import train  # noqa: E402
 
 from .conftest import REPO, tiny_overrides  # noqa: E402
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 PINNED = (
     REPO / "data_order" / "olmo2-1b-stage1.txt"

@@ -22,6 +22,9 @@ from olmo_patches.train import train
 
 from .conftest import REPO, TINY, run_in_process, run_script, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 
 def test_demo_trains_each_variant_and_writes_the_summary(tmp_path, demo_corpus):
     specs = [

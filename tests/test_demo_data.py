@@ -205,6 +205,7 @@ def test_olmo_core_reads_the_token_files(tmp_path, fake_stdlib):
     assert np.array_equal(np.asarray(dataset[0]["input_ids"]), first)
 
 
+@pytest.mark.slow
 def test_real_stdlib_build(tmp_path):
     corpus = prepare_demo_corpus(tmp_path, max_train_tokens=300_000)
     assert corpus.vocab_size == 4096 and corpus.dtype == "uint16"

@@ -24,6 +24,7 @@ RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=
 Usage = namedtuple("Usage", "total used free")  # shutil.disk_usage's fields
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_good_checkpoint(
     tmp_path, monkeypatch, demo_corpus
 ):

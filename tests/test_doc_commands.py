@@ -31,6 +31,9 @@ import pytest
 
 from .conftest import REPO, run, run_in_process
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 COMMAND_START = ("python", "torchrun", "sbatch", "make", "pytest")

@@ -62,6 +62,7 @@ def test_paper_config_wires_both_evaluators_with_local_tokenizer():
     ]
 
 
+@pytest.mark.slow
 def test_lm_and_downstream_evaluators_run_inside_the_trainer(tmp_path, demo_corpus):
     """Both in-loop evaluators, wired by build_experiment, run inside OLMo-core's Trainer: the LM
     evaluator at initialisation (a fresh model's CE is near ln V = ln 4096 = 8.32), every

@@ -16,6 +16,9 @@ from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train import train
 from tests.conftest import REPO, run_in_process, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 L = 16  # shorter than many COPA queries (truncated) and than some continuations (skipped)
 

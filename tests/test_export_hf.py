@@ -13,6 +13,9 @@ from olmo_patches.train import train  # noqa: E402
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides  # noqa: E402
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 VARIABLE_WIDTH = REPO / "configs" / "demo" / "variable-width.yaml"
 VARIANTS = {

@@ -22,6 +22,9 @@ pytest.importorskip("torchao.float8", reason="the float8 extra (pip install -e '
 from torchao.float8 import Float8LinearConfig  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 # Per block type, the tiny model (d_model 32, 2 layers) and the matmul modules it has, counted here:
 # attention w_q, w_k, w_v, w_out per layer; SwiGLU w1, w2, w3; the hourglass's three stacked weights

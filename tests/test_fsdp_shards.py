@@ -5,10 +5,14 @@ leave ranks 2 and 3 with nothing), and the sharded model computes the unsharded 
 import json
 import socket
 
+import pytest
 import torch
 
 from .conftest import REPO, spawn
 from .test_hourglass_moe import _blocks, _transformer
+
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
 
 WORLD = 4
 

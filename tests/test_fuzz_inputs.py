@@ -271,6 +271,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.sampled_from(CASES))
 def test_any_bad_value_of_any_key_is_refused(tmp_path_factory, case):
@@ -696,6 +697,7 @@ def test_a_dry_run_into_another_runs_folder_is_refused_like_the_run(tmp_path, wo
     ]  # nothing written
 
 
+@pytest.mark.slow
 def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
     """Refused after the process group started: the line alone, no C++ warning from its teardown."""
     import json
@@ -721,6 +723,7 @@ def test_a_busy_run_folder_is_one_line_in_a_fresh_process(tmp_path):
 # --- a quiet terminal -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_json_output_is_the_json_alone(tmp_path):
     """count_params --json with float8 (torchao imported: its kernel probes, torch's Enum
     deprecation) and with an MoE (OLMo-core's grouped_gemm note at build), one after the other in

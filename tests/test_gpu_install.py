@@ -17,7 +17,7 @@ import pytest
 from .conftest import REPO, run
 from .gpu.table import DEFAULT_RUN, INSTALL_ESTIMATE_S, SECTIONS, STARTUP_ESTIMATE_S, budget
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.install
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 WHEELHOUSE_MIB = (
     56  # what travels with a command to the lent GPU machine: 64 MiB, the checkout included

@@ -140,6 +140,7 @@ def _spec(folder, *extra):
     )
 
 
+@pytest.mark.slow
 def test_workers_keep_the_batches_and_resume_bit_identical(tmp_path_factory, demo_corpus):
     """2 loader processes (prefetch 3), stopped at step 3 and resumed, against the in-process loader
     run straight through: the same instances at every step, the same losses, the same final weights.
@@ -232,6 +233,7 @@ def test_raises(rows):
 """
 
 
+@pytest.mark.slow
 def test_a_section_over_budget_is_a_fail_row_and_the_rest_run(tmp_path):
     """A section past its budget: the test running is stopped, the rest of that section is not run
     (FAIL rows), and the next section still runs; an exception is its test's row. Rows written as
@@ -567,6 +569,7 @@ def test_the_padding_of_a_variable_width_model_is_summed_over_its_layers():
     )
 
 
+@pytest.mark.slow
 def test_without_torchao_the_run_fails_naming_it_unless_allowed(monkeypatch, tmp_path):
     """torchao made unimportable (sys.modules holds None): its row FAILs and the run exits 1; with
     --allow-missing torchao the row reads SKIP and the run exits 0. (One quick section: the rows are

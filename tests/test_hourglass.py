@@ -145,6 +145,7 @@ def test_pre_norms_fold_into_the_matmuls_and_write_no_normalised_tensor():
             assert len(storages) == wide, len(storages)
 
 
+@pytest.mark.slow
 def test_compiled_ffn_matches_eager():
     """inductor (CPU), whose trace takes the folded path, against eager's plain one: K=2 with muP's
     multiplier, output and gradients within 1e-6 in fp32."""

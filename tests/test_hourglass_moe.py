@@ -323,6 +323,7 @@ def _spec(folder, cache, *extra):
     )
 
 
+@pytest.mark.slow
 def test_a_config_with_hourglass_experts_trains_saves_and_resumes_bit_identically(
     tmp_path, demo_corpus
 ):

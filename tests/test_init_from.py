@@ -94,6 +94,7 @@ def from_hf(place, tmp_path_factory):
     return save, _train(root, save, "--init-from", str(hf))
 
 
+@pytest.mark.slow
 def test_the_first_loss_is_the_hf_models_loss_on_the_same_batch(place, from_hf):
     from transformers import AutoModelForCausalLM
 
@@ -112,6 +113,7 @@ def test_the_first_loss_is_the_hf_models_loss_on_the_same_batch(place, from_hf):
     )
 
 
+@pytest.mark.slow
 def test_a_run_checkpoint_of_the_same_shape_starts_a_fresh_run(place, from_hf, tmp_path):
     root, _, _ = place
     source, first = from_hf
@@ -180,6 +182,7 @@ def test_a_bad_target_is_one_line_and_nothing_written(place, from_hf, tmp_path, 
     assert not save.exists()
 
 
+@pytest.mark.slow
 def test_this_projects_olmo2_shaped_export_starts_a_run(place, from_hf, tmp_path):
     """A baseline of OLMo-2's shape exports as transformers' Olmo2ForCausalLM (export/hf.py); a run
     from that folder starts at the exported model's transformers loss."""

@@ -25,6 +25,9 @@ from olmo_patches.launch.run_folder import read_metrics
 from ._fake_slurm import SBATCH, fake_slurm
 from .conftest import REPO, finish, load_weights, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 CONFIG = "configs/1B/hourglass.yaml"
 # Values a shell would split, glob or re-parse if the script re-quoted them.
 ODD = [

@@ -12,6 +12,9 @@ from olmo_patches.train import train
 
 from .conftest import REPO, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 CONFIGS = REPO / "configs" / "demo"
 VARIANTS = {  # one exported model of each kind: Olmo2ForCausalLM and the shipped modeling code
     "olmo2-baseline": (

@@ -17,6 +17,9 @@ from olmo_patches.launch.run_folder import read_metrics  # noqa: E402
 
 from .conftest import REPO, run_script, tiny_overrides  # noqa: E402
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 STEPS, STOP = 80, 3
 PROGRESS = re.compile(

@@ -16,6 +16,9 @@ import torch
 
 from .conftest import REPO, spawn, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 SEQUENCES, SEQ = 8, 32
 # Steps a case trains: global_batch's losses must still agree after the optimizer has moved the
 # weights (steps 2-3); the per-micro-batch cases are asserted on step 1's loss and gradients alone.

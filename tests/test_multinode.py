@@ -21,6 +21,9 @@ from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, child_env, finish, ranks, start, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
 # 6 steps of 4 sequences; a checkpoint at each stop; every rank records its instances.
 RUN = [

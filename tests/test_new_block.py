@@ -23,6 +23,9 @@ from olmo_patches.train import train
 from . import _parallel_block, _ungated_ffn  # noqa: F401  (registered, as HOURGLASS_BLOCKS does)
 from .conftest import REPO, TINY, load_weights, ranks, run, run_in_process, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 KIND = {"parallel": ["model.block=parallel"], "ungated": ["model.block=ungated"]}
 UNGATED = KIND["ungated"]

@@ -43,6 +43,7 @@ def wheel(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_wheel_carries_data_types_and_commands(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())

@@ -282,6 +282,7 @@ def test_d_h_ratio_sweep_has_the_papers_optimum():
     assert len(near) == 1, near
 
 
+@pytest.mark.slow
 def test_sweep_folders_reproduce_from_one_command(tmp_path):
     """scripts/make_sweeps.py rewrites a sweep folder byte for byte (here the K sweep, fixed shapes:
     fast)."""

@@ -117,6 +117,7 @@ def test_hourglass_counts_its_k_sub_mlps_not_6n():
     assert ffn.num_flops_per_token(T) < 6 * sum(p.numel() for p in ffn.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "variant",
     [
@@ -140,6 +141,7 @@ def test_blocks_compile_without_graph_breaks(variant):
         assert explanation.graph_count == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ["hourglass", "variable_width"])
 def test_trainer_flops_are_the_models(tmp_path, demo_corpus, block):
     """OLMo-core's SpeedMonitorCallback (MFU = its FLOP/s / the device peak) counts the model's
@@ -217,6 +219,7 @@ def _fsdp_collectives(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp_one_unit_per_block_whatever_k(tmp_path):
     """OLMo-core's per-block wrapping: an hourglass block (K=3 sub-MLPs) is one FSDP unit, so a step
     has the baseline's collectives (one all-gather per block in forward, one again in backward for

@@ -109,6 +109,7 @@ def test_power_without_a_fails_at_load():
         load_and_resolve(BASELINE, ["train.schedule=linear"])
 
 
+@pytest.mark.slow
 def test_train_stop_and_resume_with_power(tmp_path, demo_corpus):
     """The schedule is a function of the step: a run stopped at step 2 resumes on the same lr
     curve."""

@@ -25,6 +25,9 @@ from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, Records, load_weights, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 VARIABLE_WIDTH = [
     "model.block=variable_width",

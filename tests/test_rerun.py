@@ -10,6 +10,9 @@ from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
 
 from .conftest import REPO, load_weights, run_in_process, run_script, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = ["train.max_steps=4", "run.save_interval=2", "run.ephemeral_save_interval=null"]
 

@@ -32,6 +32,9 @@ from olmo_patches.train import train
 from . import _signal_at_step
 from .conftest import REPO, ranks, run, run_in_process, run_script, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 RUN = [
     "train.max_steps=6",

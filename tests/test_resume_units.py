@@ -193,6 +193,7 @@ def test_ephemeral_checkpoints_are_held_back(keep, removed):
 # --- the callback inside one tiny in-process run --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_checkpoints_kept_and_flagged_in_a_run(tmp_path, demo_corpus):
     """5 steps, permanent every 2, ephemeral every step, the newest 2 ephemeral ones kept: OLMo-core
     saves step 0 at the start; 1 and 3 are ephemeral, handed over for removal when 3 and 5 are

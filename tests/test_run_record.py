@@ -24,6 +24,7 @@ def _files(folder):
     }
 
 
+@pytest.mark.slow
 def test_a_failed_start_leaves_no_record_and_the_rerun_takes_the_folder(
     tmp_path, demo_corpus, monkeypatch
 ):

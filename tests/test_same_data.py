@@ -60,6 +60,7 @@ def test_a_bookkeeping_threads_error_is_named_by_its_cause(monkeypatch):
         )
 
 
+@pytest.mark.slow
 def test_every_rank_must_read_the_same_files(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

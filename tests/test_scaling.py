@@ -160,6 +160,7 @@ def test_the_papers_own_table_gives_its_printed_coefficients_in_pf_days():
     assert round((2.751 / 3.12) ** (1 / -0.0503) / (2.751 / 3.16) ** (1 / -0.0498), 3) == 0.755
 
 
+@pytest.mark.slow
 def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
     root, _ = synthetic
     r = run_in_process(
@@ -249,6 +250,7 @@ PAPER2_RUNS = {
 }
 
 
+@pytest.mark.slow
 def test_run_report_on_the_papers_shapes_counts_the_authors_flops(tmp_path):
     """Run folders of configs/paper2/<size>/{baseline,x}.yaml at the paper's steps with the paper's
     losses: the run-based report fits C on the authors' count in PF-days, so it gives the

@@ -5,7 +5,12 @@ formulas written here."""
 
 import json
 
+import pytest
+
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
+
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
 
 DEMO = REPO / "configs" / "demo"
 # tiny_overrides' hourglass: d_model 32, 2 layers, K=2, d_h=16. Per layer attention 4 d^2, hourglass

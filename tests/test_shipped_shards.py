@@ -22,6 +22,9 @@ import torch
 
 from .conftest import REPO
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 CONFIGS = sorted(
     p
     for p in (REPO / "configs").rglob("*.yaml")

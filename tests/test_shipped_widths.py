@@ -14,6 +14,9 @@ from olmo_patches.train import train
 
 from .conftest import REPO, train_each
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 HOURGLASS_113M = REPO / "configs" / "113M" / "hourglass.yaml"
 CUT = [
     "model.n_layers=2",

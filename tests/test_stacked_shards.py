@@ -15,6 +15,9 @@ from olmo_patches.launch.run_folder import RunFolderError, read_metrics
 
 from .conftest import REPO, TINY, train_each
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 HOURGLASS = REPO / "configs" / "demo" / "hourglass.yaml"
 K = 8  # the demo hourglass's
 DATA = [o for o in TINY if not o.startswith("model.")]

@@ -279,6 +279,7 @@ def _interval(x, digits=4):
     )
 
 
+@pytest.mark.slow
 def test_report_gives_intervals_paired_differences_and_what_the_seeds_could_see(synthetic_sweep):
     root, cfg, finals = synthetic_sweep
     out = root / "report"
@@ -321,6 +322,7 @@ def test_report_gives_intervals_paired_differences_and_what_the_seeds_could_see(
     assert "Baseline: syn-base" in notes
 
 
+@pytest.mark.slow
 def test_report_refuses_seeds_of_another_shape(synthetic_sweep, tmp_path):
     root, cfg, _ = synthetic_sweep
     seed2 = root / "runs" / "syn-hg-seed2" / "config.yaml"
@@ -370,6 +372,7 @@ def lr_grid(tmp_path_factory):
 LR_GRID = ["--seeds", "3", "--lr-grid", "0.5,2", "--no-figures"]
 
 
+@pytest.mark.slow
 def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(lr_grid):
     root, cfg, finals = lr_grid
     out = root / "config-lr"
@@ -395,6 +398,7 @@ def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(lr_
     assert seeds["syn-base", "2"]["seed 1"] == "left out: failed at step 120/200 (diverged)"
 
 
+@pytest.mark.slow
 def test_comparison_at_each_members_best_lr_and_confirmed_on_fresh_seeds(lr_grid):
     root, cfg, _ = lr_grid
     out = root / "best-lr"

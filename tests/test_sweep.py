@@ -22,6 +22,9 @@ from olmo_patches.report.sweep import report
 
 from .conftest import REPO, TINY, run, run_in_process, run_script, start
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 NAMES = ("tiny-sweep-a", "tiny-sweep-b")
 
 

@@ -5,11 +5,15 @@ import json
 import os
 import shlex
 
+import pytest
 import yaml
 
 from olmo_patches.launch.sweep import Variants, launch_slurm, load_sweep
 
 from .conftest import REPO, TINY, run_in_process
+
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
 
 DEMO_SEED, DEMO_LR = (
     6198,

@@ -20,6 +20,9 @@ from olmo_patches.train import train
 
 from .conftest import REPO, run_in_process, run_script, tiny_overrides
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 # Tiny stand-ins named like paper runs, so that they land in the paper's rows.
 RUNS = {

@@ -83,6 +83,7 @@ def _t_interval(x: np.ndarray) -> tuple:
     return x.mean(), x.mean() - half, x.mean() + half
 
 
+@pytest.mark.slow
 def test_tables_give_the_mean_over_seeds_with_its_t_interval(seeded, tmp_path):
     root, finals = seeded
     out = tmp_path / "tables"
@@ -233,6 +234,7 @@ def _bracket(text: str) -> tuple:
     return tuple(float(v.rstrip("%")) for v in (mid, lo, hi))
 
 
+@pytest.mark.slow
 def test_bootstrap_over_seeds_covers_the_true_exponent_and_ratio():
     """300 generated cases (4 budgets x 5 seeds per family): how often the intervals cover the
     true b and the true matched-loss ratios, and their width against the least-squares standard
@@ -270,6 +272,7 @@ def test_bootstrap_over_seeds_covers_the_true_exponent_and_ratio():
     assert lo < float(fit["x"]["a"]) < hi
 
 
+@pytest.mark.slow
 def test_make_tables_fits_seed_groups_at_their_mean_loss(tmp_path):
     """Four budgets of one config (100-800 steps, so C in proportion), 3 seeds each: the fit's b is
     the least-squares slope of ln(mean loss) on ln(steps) (numpy's polyfit here), inside its

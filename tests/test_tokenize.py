@@ -81,6 +81,7 @@ def _check_instances(config, manifest: dict, reference: list) -> None:
     assert instances == expected
 
 
+@pytest.mark.slow
 def test_jsonl_and_parquet_read_back_through_olmo_core(corpus, tmp_path):
     from olmo_core.data import NumpyFSLDatasetConfig, TokenizerConfig
     from olmo_core.data.utils import iter_document_indices
@@ -168,6 +169,7 @@ def _refused_as_unfinished(out) -> None:
         resolve_data(load_spec(REPO / "configs" / "demo" / "baseline.yaml", [*numpy, *glob]))
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_is_refused_then_resumes_to_the_same_bytes(corpus, tmp_path):
     root, _, _ = corpus
     source = tmp_path / "big.jsonl.gz"

@@ -16,6 +16,9 @@ from olmo_patches.train import train
 
 from .conftest import REPO, load_weights, tiny_overrides, train_each
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
 
 

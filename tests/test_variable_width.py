@@ -476,6 +476,7 @@ def test_mup_hourglass_ffn_init_and_lr_groups():
         assert lr[id(p)] == pytest.approx(lr0 / 8 if hidden else lr0), name
 
 
+@pytest.mark.slow
 def test_kv_cache_per_token_of_the_2b_shapes():
     """count_params --json: K and V elements cached per token = sum over layers of 2 n_kv_heads
     head_dim, head_dim = w_l / 16 (16 heads at every width), from the authors' 2B widths written
@@ -674,6 +675,7 @@ def test_moe_needs_a_variable_width_model():
     )
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_and_compile_keep_the_numbers(monkeypatch):
     from olmo_core.nn.transformer.config import TransformerActivationCheckpointingMode
 
@@ -797,6 +799,7 @@ def _losses(run_dir):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moe", [[], MOE], ids=["dense", "moe"])
 def test_train_save_and_resume(tmp_path, demo_corpus, moe):
     vw = [

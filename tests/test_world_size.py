@@ -14,6 +14,9 @@ from olmo_patches.launch.run_folder import read_metrics
 
 from .conftest import REPO, Records, run_in_process, train_each
 
+# end to end: runs trained, processes or ranks started (make test-fast leaves them out)
+pytestmark = pytest.mark.slow
+
 DEMO = REPO / "configs" / "demo"
 OLMO2_1B = REPO / "configs" / "1B" / "olmo2.yaml"
 
