@@ -139,7 +139,7 @@ COMMANDS = [
     Row(
         r"make wheelhouse",
         "parse",
-        why="downloads 54 MiB of wheels (tests/test_gpu_install.py builds it, marked slow)",
+        why="downloads 54 MiB of wheels (tests/test_gpu_install.py builds it, marked install)",
     ),
     Row(
         r"python scripts/gpu_check\.py",
@@ -352,7 +352,10 @@ def _check_parse(words: list[str], cwd: Path) -> None:
         # checkout's settings and no conftest.
         light = cwd / "test_light.py"
         light.write_text("def test_light():\n    pass\n")
-        args = [w for w in words[1:] if w not in ("-n", "auto", *paths)]
+        # pytest-xdist's -n N: the workers are not what is checked
+        n = [i for i, w in enumerate(words) if w == "-n"]
+        words = [w for i, w in enumerate(words) if not any(i in (j, j + 1) for j in n)]
+        args = [w for w in words[1:] if w not in paths]
         settings = ["-c", REPO / "pyproject.toml", "--rootdir", REPO, "--noconftest"]
         r = run([sys.executable, "-m", "pytest", "--collect-only", "-q", *settings, *args, light])
         assert r.returncode in (0, 5), (

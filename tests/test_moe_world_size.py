@@ -77,7 +77,7 @@ def _train_module(config, micro: int, world: int):
     torch.manual_seed(0)
     reference = config.build(init_device="cpu")
     reference.init_weights(max_seq_len=SEQ, device=torch.device("cpu"))
-    parallel._WORLD_MESH = None  # OLMo-core builds one world mesh a process (tests/_train_each.py)
+    parallel._WORLD_MESH = None  # OLMo-core builds one world mesh a process (tests/_ranks.py)
     dp = None
     if world > 1:
         dp = TransformerDataParallelConfig(

@@ -96,8 +96,8 @@ BF16_PARALLEL = ["fsdp", "ddp"]  # FSDP2's bf16 policy (HSDP's is the same); DDP
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, demo_corpus):
-    """The run under torchrun with 2 ranks over gloo, once per data-parallel mode: one launch
-    (tests/_train_each.py), each mode its own run and folder."""
+    """The run on 2 ranks over gloo, as torchrun --nproc-per-node 2 starts it, once per
+    data-parallel mode (conftest.train_each: forked ranks), each mode its own run and folder."""
     root = tmp_path_factory.mktemp("two")
     runs = [
         [

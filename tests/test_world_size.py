@@ -171,8 +171,9 @@ NAMES = ["baseline", "hourglass", "variable-width"]
 
 @pytest.fixture(scope="module")
 def under_torchrun(tmp_path_factory, demo_corpus):
-    """configs/demo/NAME.yaml, batches unchanged, under torchrun --standalone --nproc-per-node 2,
-    for each NAME: one launch (tests/_train_each.py), each config its own run and folder."""
+    """configs/demo/NAME.yaml, batches unchanged, on 2 ranks as torchrun --standalone
+    --nproc-per-node 2 starts them (conftest.train_each: forked ranks), each config its own run and
+    folder."""
     root = tmp_path_factory.mktemp("torchrun")
     return root, train_each(
         [
