@@ -21,6 +21,7 @@ TINY = [
     "model.n_heads=2",
     "model.widths.schedule=list",
     "model.widths.values=[16,8,16]",  # the x shape; x8: [128,64,128]
+    "model.vocab_size=null",  # the tokenizer's, padded (4096), as most configs leave it
 ]
 
 

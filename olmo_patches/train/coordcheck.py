@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..blocks.base import axes, scaled
-from ..config import ExperimentSpec, load_spec
+from ..config import ExperimentSpec, load_spec, vocab_size
 from .optimizer import optimizer
 
 __all__ = ["MULTIPLIERS", "BOUND", "GROUPS", "CoordCheck", "axes_of", "coord_check", "plot"]
@@ -244,8 +244,8 @@ def coord_check(
 ) -> CoordCheck:
     """Run the check on each axis of ``config`` (width: muP's; depth and K: described)."""
     base = load_spec(config, list(overrides))
-    vocab = base.model.vocab_size
-    ids = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size(base), (batch, seq + 1), generator=gen)
     check = CoordCheck(config, steps, seeds)
     for axis in axes:
         check.overrides[axis] = [axis_overrides(base, axis, k) for k in MULTIPLIERS]
