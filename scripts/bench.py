@@ -177,7 +177,8 @@ def main() -> None:
 
 
 def _generate(args, batches: list, modes: list) -> None:
-    """--generate: each scale's first three variants, the first mode of --compile."""
+    """--generate: each scale's baseline and its next two variants (or --variants), compiled unless
+    --compile ends with off."""
     import torch
 
     from olmo_patches.config.bench_scales import SCALES
@@ -193,8 +194,9 @@ def _generate(args, batches: list, modes: list) -> None:
     prompt, new = args.prompt or (512 if gpu else 64), args.new or (128 if gpu else 32)
     compiled = modes[-1] == "on"
     for s in _list(args.scale or ("113M,1B" if gpu else "demo")):
-        names = _list(args.variants) if args.variants else list(SCALES[s].configs)[:3]
-        configs = {n: SCALES[s].configs[n] for n in names}
+        # the scale's baseline first (the ratios' reference), then the variants it has
+        chosen = _list(args.variants) if args.variants else list(SCALES[s].configs)[:3]
+        configs = {n: c for n, c in SCALES[s].configs.items() if n in chosen or n == "baseline"}
         results = run_generation(
             configs,
             batches=batches,
