@@ -26,7 +26,6 @@ from olmo_core.nn.attention import flash_attn_api
 from olmo_core.nn.transformer import TransformerConfig
 
 __all__ = [
-    "ATTENTION_BACKENDS",
     "BackendChoice",
     "head_dim_padding",
     "head_dims",
@@ -40,7 +39,6 @@ __all__ = [
     "FLASH",
 ]
 
-ATTENTION_BACKENDS = ("auto", *(b.value for b in AttentionBackendName))
 # flash-attn (github.com/Dao-AILab/flash-attention): both kernels take head_dim <= 256 in multiples
 # of 8 (csrc/flash_attn/flash_api.cpp mha_fwd: "head_size <= 256", "head_size % 8 == 0";
 # hopper/flash_api.cpp mha_fwd: "head_size % alignment == 0", alignment 8 for bf16/fp16, and
@@ -61,7 +59,6 @@ FLASH = ("flash_2", "flash_3", "flash_4")
 # docs/performance.md). Rows are added from a GPU run's table; a head dim not listed runs torch's
 # own order.
 SDPA_KERNELS: dict[int, str] = {}
-SDPA_KERNEL_NAMES = ("flash", "cudnn", "efficient")
 
 
 @dataclass(frozen=True)

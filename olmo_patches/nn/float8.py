@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from torchao.float8 import Float8LinearConfig
 
 __all__ = [
-    "RECIPES",
     "ShapeFloat8Config",
     "converts_itself",
     "float8_choice",
@@ -45,8 +44,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# torchao's recipes (OLMo-core's AOFloat8LinearRecipe)
-RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 LM_HEAD = "lm_head.w_out"  # OLMo-core's Transformer.apply_fp8 keeps it in high precision
 
 
