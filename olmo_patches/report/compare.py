@@ -27,6 +27,7 @@ import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -110,6 +111,16 @@ class Cell:
     def seeds_text(self) -> str:
         planned = len(self.runs) + len(self.left)
         return str(planned) if not self.left else f"{len(self.runs)} of {planned}"
+
+    @cached_property
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token of its config (counted once: the baseline's is every member's
+        denominator)."""
+        from ..config import load_spec
+        from .counts import count
+
+        config = self.runs[min(self.runs)].path / "config.yaml"
+        return float(count(load_spec(config)).flops_per_token)
 
     def curves(self) -> Tuple[np.ndarray, Dict[int, np.ndarray]]:
         """(tokens, {seed: validation curve}), every seed's on the first one's evaluations."""
@@ -198,9 +209,11 @@ def lr_sweep_rows(c: Comparison, variants: Variants) -> List[dict]:
     for group, scales in c.grouped.items():
         row = {"member": group, "config LR": f"{config_lr[group]:.3g}"}
         for x in variants.lr_scales:
-            c = scales[x]
+            cell = scales.get(x, Cell())
             row[f"x{x:g}"] = (
-                f"{np.mean(list(c.loss.values())):.4f} ({c.seeds_text()})" if c.runs else "none"
+                f"{np.mean(list(cell.loss.values())):.4f} ({cell.seeds_text()})"
+                if cell.runs
+                else "none"
             )
         b = best.get(group)
         row.update(
@@ -213,13 +226,6 @@ def lr_sweep_rows(c: Comparison, variants: Variants) -> List[dict]:
         )
         rows.append(row)
     return rows
-
-
-def _flops_per_token(run: Run) -> float:
-    from ..config import load_spec
-    from .counts import count
-
-    return float(count(load_spec(run.path / "config.yaml")).flops_per_token)
 
 
 def _paired_columns(cell: Cell, base: Cell) -> dict:
@@ -248,7 +254,7 @@ def _ratio_columns(cell: Cell, base: Cell) -> dict:
     )
     if ratio is None:
         return {"tokens ratio [95%]": f"not estimable: {why}", "FLOPs ratio [95%]": ""}
-    k = _flops_per_token(cell.runs[min(cell.runs)]) / _flops_per_token(base.runs[min(base.runs)])
+    k = cell.flops_per_token / base.flops_per_token
     scaled = stats.Interval(ratio.mean * k, ratio.lo * k, ratio.hi * k, ratio.n)
     one = " (one seed: no interval)" if ratio.n < 2 else ""
     return {"tokens ratio [95%]": ratio.text(3) + one, "FLOPs ratio [95%]": scaled.text(3) + one}
