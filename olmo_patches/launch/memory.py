@@ -14,7 +14,7 @@ Static, whatever the micro-batch:
   the prefetched unit's (2 x 2), their all-gather buffers (2 x 2), its bf16 gradients (2), their
   fp32 copy for the fp32 reduce-scatter (4) and the previous unit's gradients still reducing (2).
   Without FSDP (one process, DDP) bf16 autocast keeps a bf16 copy of every weight from forward to
-  backward: 2 P.
+  backward: 2 P; and the fused linear cross-entropy (below) its fp32 (V, d_model) weight gradient.
 - weight copies (a layer's ``weight_copy``: the hourglass experts' gains folded into their weights,
   which the grouped matmuls keep): weights a block's forward copies and autograd keeps until that
   block's backward; a checkpointed block keeps none (one at a time while it is recomputed).
@@ -230,7 +230,8 @@ def estimate(
     logits = FUSED_HEAD_BYTES * d if fused_head else LOGIT_BYTES.of(compiled) * vocab
     return MemoryEstimate(
         states=16 * model.params / shards,
-        buffers=FSDP_BYTES * max(units) if fsdp else 2 * model.params,
+        # without FSDP: autocast's weight copies, the fused head's fp32 weight gradient
+        buffers=FSDP_BYTES * max(units) if fsdp else 2 * model.params + 4 * vocab * d * fused_head,
         layers=tuple(_layer(layer, compiled, float8, not fsdp) for layer in model.layers),
         head=norm_bytes(d).of(compiled) + 2 * d + logits,
         sequence_length=sequence_length,
