@@ -5,10 +5,11 @@ shipped head dim and torch SDPA's kernels' TFLOP/s per head dim; the hourglass F
 of equal FLOPs at a 65k-token micro-batch beside its roofline (bf16 and float8); trainer MFU of the
 baselines and the head-dim-native hourglass siblings, float8 / bf16 at 1B, and peak reserved memory
 against the estimate; generation (prefill and decode tokens/s through the HF export). With --only:
-compile per block family and resume exactness on the demo corpus (docs/gpu_checks.md: the command
-and what each judges). Every dependency (torchao, flash-attn 2 and
-3, Liger, grouped_gemm) is a row first: its version, or missing and what ran instead; missing and
-needed by a judged check is a FAIL, or with --allow-missing NAME a SKIP.
+compile per block family (and the trainer's shapes eager: their peaks against the eager estimate)
+and resume exactness on the demo corpus (docs/gpu_checks.md: the command and what each judges).
+Every dependency (torchao, flash-attn 2 and 3, Liger, grouped_gemm) is a row first: its version, or
+missing and what ran instead; missing and needed by a judged check is a FAIL, or with
+--allow-missing NAME a SKIP.
 
     # a node with a CUDA torch and nothing else
     python scripts/gpu_check.py --wheelhouse wheelhouse/ --out gpu_check/

@@ -18,7 +18,7 @@ from olmo_core.nn.transformer.config import TransformerBlockConfig
 
 from olmo_patches.blocks import BlockKind, register
 from olmo_patches.blocks.base import w2_input
-from olmo_patches.blocks.memory import layer_memory
+from olmo_patches.blocks.memory import Saved, layer_memory
 
 
 class ParallelBlock(TransformerBlockBase):
@@ -125,7 +125,10 @@ class Parallel(BlockKind):
         no input of its own."""
         d = config.d_model
         layers = [layer_memory(b, d) for b in config.resolved_block_configs]
-        return [replace(layer, norms=1, ffn=layer.ffn - 2 * d) for layer in layers]
+        shared, casts = Saved(-2 * d, -2 * d), Saved(8 * d, 2 * d)  # fp32 stream: 5 matmul casts
+        return [
+            replace(layer, norms=1, ffn=layer.ffn + shared, fp32_stream=casts) for layer in layers
+        ]
 
     def hf_config(self, m, built):
         """The Hugging Face export's layer: OLMo-core's SwiGLU, and one residual step of two

@@ -14,7 +14,7 @@ from olmo_core.nn.feed_forward import FeedForwardConfig
 
 from olmo_patches.blocks import BlockKind, register
 from olmo_patches.blocks.base import attention_params_of, w2_input
-from olmo_patches.blocks.memory import layer_memory
+from olmo_patches.blocks.memory import Saved, layer_memory
 
 
 class UngatedFFN(nn.Module):
@@ -61,10 +61,12 @@ class Ungated(BlockKind):
 
     def memory_layers(self, m, config):
         """Its FFN saves its bf16 input (2 w), W_1 x for the GELU (2 d_ff) and GELU(W_1 x) for
-        W_2 (2 d_ff) bytes a token."""
+        W_2 (2 d_ff) bytes a token, eager and compiled."""
         d = config.d_model
         layers = [(layer_memory(b, d), b.feed_forward) for b in config.resolved_block_configs]
-        return [replace(layer, ffn=2 * d + 4 * ffn.hidden_size) for layer, ffn in layers]
+        saved = lambda ffn: Saved(2 * d + 4 * ffn.hidden_size, 2 * d + 4 * ffn.hidden_size)  # noqa: E731
+        casts = Saved(4 * d, 2 * d)  # fp32 stream: Q, K, V cast their own bf16 copies, W_1 one
+        return [replace(layer, ffn=saved(ffn), fp32_stream=casts) for layer, ffn in layers]
 
 
 register(Ungated())

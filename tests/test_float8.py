@@ -298,9 +298,10 @@ def test_unaligned_shapes_stay_high_precision_and_are_counted(tmp_path):
 
 
 def test_memory_model_counts_float8s_weight_and_input_casts():
-    """memory.with_float8 on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64, seq 128): + 1
-    byte for each of the forward and transposed float8 copies of one block's weights, + 1 byte per
-    element of the widest matmul input per token."""
+    """The memory model's float8 terms on the demo hourglass (d_model 128, 4 layers, K 8, d_h 64,
+    seq 128): + 1 byte for each of the forward and transposed float8 copies of one block's weights,
+    + 1 byte per element of the widest matmul input per token; compiled, its norms do not fold
+    (nn/hourglass.py): each sub-MLP keeps its normalised input too, 2 d_model bytes a token."""
     from olmo_patches.launch.memory import estimate
 
     spec = load_and_resolve(REPO / "configs" / "demo" / "hourglass.yaml")
@@ -314,6 +315,11 @@ def test_memory_model_counts_float8s_weight_and_input_casts():
         assert f["float8 copies"] - b["float8 copies"] == 2 * block + m * s * d
         assert b["hourglass weight copies"] == f["hourglass weight copies"] == 0
         assert all(f[k] == b[k] for k in b if k != "float8 copies")
+    base, f8 = estimate(spec, s, compiled=True), estimate(spec, s, float8=True, compiled=True)
+    unfolded = s * K * 2 * d  # a sequence, a layer
+    b, f = base.terms(1), f8.terms(1)
+    assert f["block activations"] - b["block activations"] == 4 * unfolded
+    assert f["a block's backward"] - b["a block's backward"] == unfolded
 
 
 def test_each_matmul_converts_where_its_sizes_win():

@@ -179,8 +179,8 @@ def _check_bf16_and_attention(rows: dict, sections: dict) -> None:
 
 
 def _check_compile_and_resume(rows: dict, sections: dict) -> None:
-    """Compiled against eager per block (no graph breaks, no recompiles), and a bit-identical
-    resume."""
+    """Compiled against eager per block (no graph breaks, no recompiles), the trainer's shapes run
+    eager for memory, and a bit-identical resume."""
     for block in ("baseline pre", "hourglass pre", "variable width learned"):
         for row in (
             "compiled vs eager: logits",
@@ -196,6 +196,9 @@ def _check_compile_and_resume(rows: dict, sections: dict) -> None:
             int(rows[f"compile: {block}: graph breaks (first 2 steps)"]["detail"].split()[0]) >= 2
         )  # each block: 2 graphs
         assert rows[f"compile: {block}: graphs compiled in 3 more training steps"]["value"] == "0"
+    for what in ("113M baseline", "113M hourglass-hd96", "1B baseline", "1B hourglass-hd128"):
+        row = rows[f"compile: {what} eager (toy): peak reserved <= estimate"]
+        assert row["result"] == "shown" and row["detail"].startswith("eager terms"), row
     resume = sections["resume"]["rows"]
     assert [r["detail"] for r in resume] == ["bit-identical"] * 2  # one CPU process: deterministic
 

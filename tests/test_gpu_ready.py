@@ -475,11 +475,13 @@ def test_fused_linear_loss_where_its_kernel_runs(liger):
     assert (
         spec.eval.downstream_tasks
     )  # the evaluators get their logits from the default loss in eval mode (below)
-    fused = memory_estimate(spec, Layout.plan(8))
+    fused, one = memory_estimate(spec, Layout.plan(8)), memory_estimate(spec, Layout.plan(1))
     # The head's bytes a token: the fp32 logits (18 a logit: 8 saved, 8 fp32 gradients, 2 bf16) give
     # way to 6 a d_model (the kept bf16 input gradient, 2, and Liger's chunk of logits, about
-    # d_model a token in bf16, up to 2 x from its power-of-2 chunk, 4).
+    # d_model a token in bf16, up to 2 x from its power-of-2 chunk, 4); without FSDP, Liger's fp32
+    # weight gradient (V, d_model) is held beside autocast's bf16 weights.
     assert default.head - fused.head == 18 * V - 6 * d
+    assert one.buffers == 2 * one.states / 16 + 4 * V * d  # 2 P + 4 V d_model, P = states / 16
     assert fused.total(1) < default.total(1)
     print(
         f"1B hourglass, one sequence of {s}: {(default.total(1) - fused.total(1)) / GIB:.2f} GiB "

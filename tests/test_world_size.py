@@ -94,11 +94,11 @@ def test_layout_from_torchrun_environment(monkeypatch):
 
 def test_dry_run_plans_the_preset_per_rank():
     """OLMo-2 1B on B200s: 512 sequences over 8 ranks gives 64 per rank (docs/running.md's table:
-    micro-batch 8); over 16 nodes x 8 = 128 ranks, 4 per rank, so the micro-batch is at most 4."""
+    micro-batch 16); over 16 nodes x 8 = 128 ranks, 4 per rank, so the micro-batch is at most 4."""
     code, out, _ = _train_py(
         str(OLMO2_1B), "train.hardware=b200", "--dry-run", "--nproc-per-node", "8"
     )
-    assert code == 0 and "micro_batch_size: 8\n" in out
+    assert code == 0 and "micro_batch_size: 16\n" in out
     code, out, _ = _train_py(
         str(OLMO2_1B), "--dry-run", "--nproc-per-node", "8", "--nodes", "16", "train.hardware=b200"
     )

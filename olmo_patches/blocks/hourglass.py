@@ -156,15 +156,23 @@ def stacked_as_hf(state: Dict[str, Any], K: int) -> Dict[str, Any]:
 
 def hourglass_memory(layer: "LayerMemory", ffn) -> "LayerMemory":
     """``layer`` with an hourglass FFN (nn/hourglass.py's config ``ffn``): K SwiGLU sub-MLPs of
-    hidden d_h, each with its own norm (the block has one more, its attention's)."""
-    from .memory import norm_bytes, swiglu_bytes
+    hidden d_h, each with its own norm (the block has one more, its attention's). Compiled, pre-norm
+    RMSNorms fold into the down projections: each sub-MLP's input h_i is the norm's input and the
+    matmuls' at once (2 w less), unless float8 keeps them unfolded. With an fp32 stream, eager,
+    each sub-MLP's w1 and w3 cast their own bf16 copies (2 w K more beside Q, K, V's 4 w); compiled,
+    a pre-norm stack keeps each h_i in fp32 beside its bf16 cast (4 w K)."""
+    from .memory import Saved, norm_bytes, swiglu_bytes
 
-    w = layer.width
+    w, ln, K, pre = layer.width, ffn.layer_norm, ffn.K, ffn.norm_placement == "pre"
+    unfolded = 2 * w * K if pre and "rms" in str(ln.name) and ln.bias is False else 0
+    saved = K * (norm_bytes(w) + swiglu_bytes(w, ffn.hidden_size))
     return replace(
         layer,
-        ffn=ffn.K * (norm_bytes(w) + swiglu_bytes(w, ffn.hidden_size)),
+        ffn=replace(saved, compiled=saved.compiled - unfolded),
         widest=max(w, ffn.hidden_size),
         norms=1,
+        unfolded=unfolded,
+        fp32_stream=Saved(4 * w + 2 * w * K, 4 * w * K if pre else 0),
     )
 
 

@@ -151,6 +151,15 @@ def _hourglass_ffn(m) -> bool:
     return m.ffn == "hourglass"
 
 
+def _input_view(block) -> int:
+    """The width of the tensor that layer l's input is a slice of: the stream S (carry-forward,
+    zero), y_l-1 (learned), or its own where a resize or zeros widened it."""
+    w, w_in = block.width, block.in_width
+    if block.resize != "carry_forward" and w_in < w:
+        return w
+    return w_in if block.resize == "learned" else block.stream_width
+
+
 def _hourglass_experts(m) -> bool:
     return m.moe is not None and m.moe.experts == "hourglass"
 
@@ -288,18 +297,35 @@ class VariableWidth(BlockKind):
         )
 
     def memory_layers(self, m, config: "TransformerConfig") -> List["LayerMemory"]:
-        """Layer l at its width w_l: its FFN a SwiGLU or an hourglass stack (K sub-MLPs of d_h
-        scaled with w_l), or top-k experts (hourglass experts: K sub-MLPs each)."""
+        """Layer l at its width w_l, its input a slice of a wider tensor (:func:`_input_view`): its
+        FFN a SwiGLU or an hourglass stack (K sub-MLPs of d_h scaled with w_l), or top-k experts
+        (hourglass experts: K folded sub-MLPs each, nn/hourglass_moe.py)."""
         from .hourglass import hourglass_memory
-        from .memory import layer_memory
+        from .memory import Saved, layer_memory, router_bytes
 
-        layers = []
+        layers, post = [], m.norm_placement == "post"
         for block, w in zip(config.resolved_block_configs, self.widths(m)):
-            layer = layer_memory(block, w)
+            layer, S = layer_memory(block, w), _input_view(block)
             if _hourglass_ffn(m):
                 layer = hourglass_memory(layer, block.feed_forward)
             if _hourglass_experts(m):
-                layer = replace(layer, ffn=layer.ffn * block.feed_forward_moe.K)
+                moe, d_h = block.feed_forward_moe, block.feed_forward_moe.hidden_size
+                E, k, K = moe.num_experts, moe.router.top_k, moe.K
+                # per sub-MLP: z (eager also in fp32 for 1/rms), 1/rms, then a and b in bf16 and
+                # times 1/rms in fp32, SiLU in fp32, the product in bf16 (18 d_h); the gains folded
+                # into copies of the weights that the grouped matmuls keep (bf16)
+                sub = Saved(6 * w + 4 + 18 * d_h, 2 * w + 4 + 18 * d_h)
+                ffn = router_bytes(w, E, k) + k * (Saved(2 * w, 2 * w) + K * sub)
+                fp32 = Saved(2 * w * (k * K + 1), 6 * w * k * K)
+                layer = replace(layer, ffn=ffn, weight_copy=4 * K * E * d_h * w, fp32_stream=fp32)
+            # the slice of the stream: kept where the block keeps its input (bf16: compiled, or a
+            # post-norm's Q/K/V input); fp32: a pre-norm's norm keeps it (eager) and it is kept in
+            # fp32 (compiled), a post-norm's matmuls keep bf16 casts instead
+            view = 2 * (S - w)
+            extra = Saved(-view, -view) if post else Saved(2 * view, 2 * S)
+            layer = replace(
+                layer, view=Saved(view if post else 0, view), fp32_stream=layer.fp32_stream + extra
+            )
             layers.append(layer)
         return layers
 

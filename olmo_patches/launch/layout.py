@@ -306,7 +306,7 @@ def apply_hardware(
 
 def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
     """memory.estimate for this spec's model on one rank of ``layout`` (FSDP: sharded over all
-    ranks, HSDP: a node's)."""
+    ranks, HSDP: a node's), compiled unless train.compile is false (null: a GPU preset compiles)."""
     from ..nn.lm_loss import lm_loss
     from .memory import estimate
 
@@ -320,6 +320,7 @@ def memory_estimate(spec: ExperimentSpec, layout: Layout) -> MemoryEstimate:
         shards,
         fused_head=loss.name == "fused_linear",
         float8=spec.train.float8 != "off",
+        compiled=spec.train.compile is not False,
     )
 
 

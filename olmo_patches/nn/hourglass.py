@@ -220,9 +220,11 @@ class HourglassFeedForward(nn.Module):
         w1, w3, w2 = self.w1.maps(), self.w3.maps(), self.w2.maps()
         for i, norm in enumerate(self.norms):
             if fold:  # W_d n_i = ((W_d diag g_i) h_i) / rms(h_i)
-                g = norm.weight
+                # r before the matmuls: inductor's partitioner then recomputes h_i's fp32 cast in
+                # backward (after a matmul it would keep it: 4 w bytes a token)
+                g, r = norm.weight, inv_rms(h, norm.eps)
                 a, b = (F.linear(h, w if g is None else fold_gain(w, g)) for w in (w1[i], w3[i]))
-                f = self.up(a, b, w2[i], inv_rms(h, norm.eps))
+                f = self.up(a, b, w2[i], r)
             else:  # MLP_i(norm_i(h_i)) or norm_i(MLP_i(h_i))
                 x = norm(h) if pre else h
                 f = self.up(self.w1.matmul(x, w1[i]), self.w3.matmul(x, w3[i]), w2[i])

@@ -231,16 +231,12 @@ def preset_rows(
             )
             t = spec.train
             assert t.micro_batch_size is not None and t.activation_checkpointing is not None
-            gib = (
-                memory_estimate(spec, layout or Layout.from_env()).total(
-                    t.micro_batch_size, t.activation_checkpointing
-                )
-                / GIB
-            )
+            est = memory_estimate(spec, layout or Layout.from_env())
+            gib = est.total(t.micro_batch_size, t.activation_checkpointing) / GIB
             value = (
-                f"{t.micro_batch_size} sequences, activation checkpointing "
-                f"{t.activation_checkpointing}, compile {'on' if t.compile else 'off'}, estimate "
-                f"{gib:.1f} GiB"
+                f"{t.micro_batch_size} sequences, checkpointing {t.activation_checkpointing}, "
+                f"compile {'on' if t.compile else 'off'}, estimate {gib:.1f} GiB "
+                f"({'compiled' if est.compiled else 'eager'} terms)"
             )
         except ConfigError as e:
             value = str(e).split(": ", 2)[-1]

@@ -4,7 +4,9 @@ against eager: logits, gradients, the loss after 3 AdamW steps; the graphs dynam
 graph breaks over the first two steps (a block compiles twice: its RoPE cache is empty on the first
 call; a variable-width model once more per width), and the graphs compiled in the 3 training steps
 after them (steady state: judged 0; a graph compiled there is a guard failing step after step, and
-past dynamo's recompile limit a block runs eager)."""
+past dynamo's recompile limit a block runs eager). And what compile changes in memory: the trainer
+section's shapes run eager, their peaks against the memory model's eager estimate (the trainer
+section judges the compiled ones)."""
 
 import copy
 
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 from ._common import BF16_TOL, BLOCK_TYPES, build, compare, forward_backward, small_spec, token_ids
+from .test_trainer import SCALES, eager_peaks
 
 pytestmark = pytest.mark.gpu
 FAMILIES = ("baseline pre", "hourglass pre", "variable width learned")
@@ -90,4 +93,10 @@ def test_compiled_block_against_eager(block, env, rows):
         f"<= {BF16_TOL:.2e}",
         f"{loss:.4f} vs {ref_loss:.4f}",
     )
+    rows.check()
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_eager_peaks_against_the_estimate(scale, env, rows):
+    eager_peaks(env, rows, scale)
     rows.check()
