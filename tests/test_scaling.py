@@ -116,12 +116,45 @@ def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
     err = math.hypot(*(float(rows[f]["ln C std err"]) for f in ("baseline", "x")))
     assert abs(math.log(got / want)) < 4 * err and err < 0.1 and got == pytest.approx(want, rel=0.1)
     assert want < 0.8 and rows["x"]["paper"].startswith("77.8% FLOPs, 85.1% mean width")
+    # One seed per point: the ratio's interval from both fits' errors covers the true ratio.
+    point, lo, hi = _percents(rows["x"]["C / baseline's [95%, the fits' errors]"])
+    assert point == float(rows["x"]["C / baseline's"].rstrip("%")) and lo < 100 * want < hi
+    assert rows["baseline"]["C / baseline's [95%, the fits' errors]"] == ""
     # The same solve on mean width: the baseline's runs are constant width (d_model), 100% of
     # themselves.
     assert rows["baseline"]["mean width (KV cache) / baseline's"] == "100.0%"
     assert rows["baseline"]["mean width at target"] != "one width" and rows["x"][
         "mean width (KV cache) / baseline's"
     ].endswith("%")
+
+
+def _percents(cell: str):
+    """(point, lo, hi) of a "77.8% [70.1%, 86.3%]" cell."""
+    return tuple(float(v) for v in cell.replace("%", "").replace("[", "").replace(",", "")
+                 .replace("]", "").split()[:3])  # fmt: skip
+
+
+def test_matched_loss_ratio_of_one_seed_fits_covers_the_true_ratio():
+    """2000 pairs of fits of 5 points each (ln L noise sd 0.005): the ratio's 95% interval from the
+    fits' errors (delta method on ln C(L), Welch-Satterthwaite df) covers the ratio of the true
+    laws in 95% +- 2%; with the smallest fit's df alone it would cover about 98%."""
+    from olmo_patches.report.stats import ratio_of_estimates
+
+    rng, C = np.random.default_rng(1), np.logspace(-3, -1, 5)
+    (ab, bb), (ax, bx) = LAWS["baseline"], LAWS["x"]
+    target = ab * C[-1] ** bb
+    want = math.log((target / ax) ** (1 / bx) / (target / ab) ** (1 / bb))
+    hits = 0
+    for _ in range(2000):
+        fb, fx = (
+            fit_power_law(C, a * C**b * np.exp(rng.normal(0, 0.005, 5))) for a, b in LAWS.values()
+        )
+        r = ratio_of_estimates(
+            math.log(fx.compute_at(target)), fx.compute_log_err(target), 3,
+            math.log(fb.compute_at(target)), fb.compute_log_err(target), 3,
+        )  # fmt: skip
+        hits += r.lo <= math.exp(want) <= r.hi
+    assert 0.93 <= hits / 2000 <= 0.97
 
 
 def test_two_runs_fit_without_uncertainty_and_one_run_does_not_fit():

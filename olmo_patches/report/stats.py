@@ -37,6 +37,7 @@ __all__ = [
     "log_ratios",
     "matched_ratio",
     "accuracy_interval",
+    "ratio_of_estimates",
     "bootstrap_means",
 ]
 
@@ -239,6 +240,24 @@ def accuracy_interval(
     df = v * v / (v_items**2 / max(c - 1, 1) + (v_seeds**2 / (seeds - 1) if seeds > 1 else 0.0))
     half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(v) if v > 0 else 0.0
     return Interval(mean, mean - half, mean + half, seeds)
+
+
+def ratio_of_estimates(
+    log_a: float,
+    err_a: float,
+    df_a: int,
+    log_b: float,
+    err_b: float,
+    df_b: int,
+    level: float = LEVEL,
+) -> Interval:
+    """exp(log_a - log_b) with its t-interval, for two independent estimates of logs with standard
+    errors ``err_*`` on ``df_*`` residual degrees of freedom (two fits' ln C at one loss):
+    Welch-Satterthwaite's degrees of freedom for the difference."""
+    va, vb = err_a * err_a, err_b * err_b
+    df = (va + vb) ** 2 / (va * va / df_a + vb * vb / df_b) if va + vb > 0 else min(df_a, df_b)
+    d, half = log_a - log_b, float(stats.t.ppf(0.5 + level / 2, df)) * math.sqrt(va + vb)
+    return Interval(d, d - half, d + half, 0).exp()
 
 
 def bootstrap_means(
