@@ -57,34 +57,42 @@ TINY = [
 
 # make test runs the suite on every core (pytest-xdist, --dist loadfile: a file's tests, and so its
 # module fixtures, stay on one worker). Files go to the workers in this order, the slowest first
-# (the file totals of --durations, docs/performance.md), so that no worker is left alone with a long
-# file at the end; the rest follow in collection order.
+# (each file's wall time in one run of the suite, docs/performance.md), so that no worker is left
+# alone with a long file at the end; the rest follow in collection order.
 SLOW_FIRST = (
     "test_gpu_install.py",
-    "test_doc_commands.py",
     "test_multinode.py",
+    "test_doc_commands.py",
     "test_precision.py",
-    "test_shipped_shards.py",
-    "test_stacked_shards.py",
-    "test_gpu_ready.py",
-    "test_launch_slurm.py",
-    "test_new_block.py",
-    "test_shipped_widths.py",
-    "test_float8.py",
-    "test_sweep.py",
     "test_resume.py",
-    "test_scripts.py",
-    "test_same_data.py",
-    "test_evaluate.py",
-    "test_training.py",
-    "test_world_size.py",
-    "test_config_pure.py",
-    "test_fuzz_inputs.py",
-    "test_logging.py",
+    "test_paper_configs.py",
+    "test_shipped_shards.py",
+    "test_sweep.py",
+    "test_demo.py",
     "test_export_hf.py",
-    "test_rerun.py",
-    "test_mixture.py",
+    "test_training.py",
+    "test_gpu_ready.py",
+    "test_hourglass.py",
+    "test_world_size.py",
+    "test_scripts.py",
+    "test_checkpoint_contract.py",
+    "test_launch_slurm.py",
+    "test_fuzz_inputs.py",
+    "test_variable_width.py",
+    "test_memory.py",
+    "test_performance.py",
+    "test_config_pure.py",
+    "test_float8.py",
+    "test_shipped_widths.py",
     "test_moe_world_size.py",
+    "test_statistics.py",
+    "test_evaluate.py",
+    "test_logging.py",
+    "test_lm_eval.py",
+    "test_data_paths.py",
+    "test_stacked_shards.py",
+    "test_new_block.py",
+    "test_presets.py",
 )
 
 
