@@ -110,3 +110,11 @@ def test_a_resolved_spec_keeps_where_each_key_was_set(config, tmp_path):
         match=r"^command line: train.global_batch_size=9: is not divisible by the 2 ranks",
     ):
         resolve(spec, Layout.plan(2))
+
+
+def test_extends_merges_then_interpolates():
+    """demo/hourglass.yaml extends demo/baseline.yaml: its own keys over the base's, and the base's
+    ``${run.name}`` in run.save_folder resolved after the merge, to the child's name."""
+    spec = load_spec(REPO / "configs" / "demo" / "hourglass.yaml")
+    assert spec.run.save_folder == "runs/demo/demo-hourglass"
+    assert (spec.model.block, spec.model.K, spec.model.d_model) == ("hourglass", 8, 128)

@@ -1,6 +1,6 @@
 """Each script's success path on tiny sizes, run as a user runs it (a fresh interpreter on this
 checkout), or in this process for count_params.py and train.py (their processes are tested in
-test_bad_configs.py and test_resume.py); counts checked against the papers'
+test_bad_inputs.py and test_resume.py); counts checked against the papers'
 formulas written here."""
 
 import json
