@@ -122,8 +122,7 @@ def load_init_weights(model: torch.nn.Module, source: str) -> None:
 
     state = init_state(source)
     for name, param in model.state_dict().items():
-        # an earlier stacked layout's (K, out, in)
-        full = state[name].to(param.dtype).reshape(param.shape)
+        full = state[name].to(param.dtype)
         if isinstance(param, DTensor):
             param.copy_(
                 distribute_tensor(full.to(param.device), param.device_mesh, param.placements)
