@@ -120,13 +120,11 @@ def fit_power_law(C: Sequence[float], L: Sequence[float]) -> PowerLaw:
     return PowerLaw(a=math.exp(coef[0]), b=float(coef[1]), cov=s2 * np.linalg.inv(X.T @ X), n=n)
 
 
-def family(run: Run) -> str:
-    """The run's model as its kind labels it: baseline (a constant-width variable-width schedule
+def family(spec) -> str:
+    """A run's model as its kind labels it: baseline (a constant-width variable-width schedule
     too), hourglass, or a variable-width shape (x, v, ^, 3) with its resizing when not
     carry-forward; "MoE" appended."""
-    from ..config import load_spec
-
-    m = load_spec(run.path / "config.yaml").model
+    m = spec.model
     return block_of(m).label(m)
 
 
@@ -139,14 +137,12 @@ def authors_flops_per_token(spec) -> float:
     return paper_report(spec)["authors_flops_per_token"]
 
 
-def run_compute_and_width(run: Run) -> tuple[float, float, float]:
+def run_compute_and_width(run: Run, spec) -> tuple[float, float, float]:
     """A run's training FLOPs so far in PF-days on the authors' count and on OLMo-core's (FLOPs per
     token x last step x batch x sequence length), and the mean of its layer widths (variable width:
-    its schedule's w_l; otherwise d_model)."""
-    from ..config import load_spec
+    its schedule's w_l; otherwise d_model); ``spec``: its recorded config, loaded."""
     from .counts import count
 
-    spec = load_spec(run.path / "config.yaml")
     m = spec.model
     tokens = run.last_step * spec.train.global_batch_size * spec.data.sequence_length
     widths = m.layer_widths
@@ -163,17 +159,20 @@ class Point(NamedTuple):
     seeds: Tuple[float, ...] = ()  # a seed group's final validation loss of each seed
 
 
-def _point(run: Run) -> Optional[Point]:
-    """A run's point, or a seed group's: the mean loss and compute over its seeds with a loss (C
-    of each in proportion to its steps), None without one."""
+def _point(run: Run) -> Optional[Tuple[str, Point]]:
+    """A run's family and point, or a seed group's: the mean loss and compute over its seeds with
+    a loss (C of each in proportion to its steps), None without one."""
+    from ..config import load_spec
+
     seeds = run.seeds if isinstance(run, SeedGroup) else {0: run}
     done = [r for r in seeds.values() if r.val_loss() is not None and r.last_step > 0]
     if not done:
         return None
-    C, C_olmo, width = run_compute_and_width(done[0])
+    spec = load_spec(done[0].path / "config.yaml")  # the seeds' model and data are the same
+    C, C_olmo, width = run_compute_and_width(done[0], spec)
     steps = np.array([r.last_step for r in done], dtype=float) / done[0].last_step
     losses = tuple(float(r.val_loss()) for r in done)  # type: ignore[arg-type]
-    return Point(
+    return family(spec), Point(
         C * steps.mean(),
         float(np.mean(losses)),
         run.name,
@@ -187,8 +186,8 @@ def scaling_points(runs: Dict[str, Run]) -> Dict[str, List[Point]]:
     """{family: [Point, ...] by C} for the runs (and seed groups) with a validation loss."""
     points: Dict[str, List[Point]] = {}
     for _, run in sorted(runs.items()):
-        if (point := _point(run)) is not None:
-            points.setdefault(family(run), []).append(point)
+        if (found := _point(run)) is not None:
+            points.setdefault(found[0], []).append(found[1])
     return {f: sorted(p) for f, p in points.items()}
 
 
