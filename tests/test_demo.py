@@ -188,10 +188,10 @@ def test_the_readmes_demo_figures_are_those_of_the_committed_demo_summary():
     (the README names the command), and its spread against docs/demo/spread.json: the largest
     minus the smallest final loss over the runs under torch's CPU vector units and the summary's
     own. The full demo and its spread take 4 and 7 minutes on 2 idle CPU cores, too long for the
-    suite, so both are committed and this test reads the files: it fails when one is edited without the others. A
-    fresh `make demo` reproduces the losses within that spread (on this host, to the digit); the
-    demo's first steps are held to it below. The summary's steps and tokens are checked against
-    the demo configs, so a changed config fails here until the demo is run again."""
+    suite, so both are committed and this test reads the files: it fails when one is edited without
+    the others. A fresh `make demo` reproduces the losses within that spread (on this host, to the
+    digit); the demo's first steps are held to it below. The summary's steps and tokens are checked
+    against the demo configs, so a changed config fails here until the demo is run again."""
     summary = json.loads((REPO / "docs" / "demo" / "summary.json").read_text())
     units = json.loads(SPREAD.read_text())["variants"]
     rows = [
