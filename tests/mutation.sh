@@ -1,6 +1,6 @@
 #!/bin/bash
 # Mutation testing of one core module with mutmut (dev extra); not in CI (minutes to an hour on 2 cores).
-#   bash tests/mutation.sh MODULE [SECONDS [MUTANT ...]]   MODULE: hourglass | variable_width | order | resume
+#   bash tests/mutation.sh MODULE [SECONDS [MUTANT ...]]   MODULE: hourglass | variable_width | order | resume | checkpoints
 # Copies this checkout's files (committed and new, not ignored) to mutants-MODULE/ (or $MUTATION_DIR),
 # mutates MODULE only and runs its fast in-process test set (below; MUTATION_FULL=1: its whole test
 # files, hours), each mutant against the tests that reached the mutated function. One mutant at a time
@@ -14,7 +14,10 @@ order_fast=(test_layout_locates_every_instance test_blockwise_fill_then_shuffle_
   test_paths_file_skips_blanks_and_comments_and_names_its_errors test_layout_keeps_its_paths_and_names_a_size_mismatch
   test_global_indices_file_as_the_old_trainer_writes_it test_pinned_list_is_olmo_core_mix_and_checksummed)
 case "${1:-}" in
-  hourglass) src=olmo_patches/nn/hourglass.py; tests=(tests/test_hourglass.py); full=("${tests[@]}") ;;
+  hourglass) src=olmo_patches/nn/hourglass.py
+    # the compiled FFN's test traces with fullgraph, which mutmut's trampoline breaks
+    tests=(tests/test_hourglass.py --deselect tests/test_hourglass.py::test_compiled_ffn_matches_eager)
+    full=(tests/test_hourglass.py) ;;
   variable_width) src=olmo_patches/nn/variable_width.py
     # all of test_variable_width.py but its training run and its compile/checkpointing run (a minute each)
     tests=(tests/test_variable_width_units.py tests/test_variable_width.py
@@ -26,7 +29,9 @@ case "${1:-}" in
     full=(tests/test_order_units.py tests/test_data_order.py) ;;
   resume) src=olmo_patches/train/callbacks/checkpointer.py; tests=(tests/test_resume_units.py)
     full=(tests/test_resume_units.py tests/test_resume.py tests/test_rerun.py) ;;
-  *) echo "usage: bash tests/mutation.sh hourglass|variable_width|order|resume [SECONDS [MUTANT ...]]" >&2; exit 2 ;;
+  checkpoints) src=olmo_patches/train/checkpoints.py; tests=(tests/test_resume_units.py)
+    full=(tests/test_resume_units.py tests/test_resume.py tests/test_checkpoint_contract.py) ;;
+  *) echo "usage: bash tests/mutation.sh hourglass|variable_width|order|resume|checkpoints [SECONDS [MUTANT ...]]" >&2; exit 2 ;;
 esac
 [[ ${MUTATION_FULL:-0} == 1 ]] && tests=("${full[@]}")
 read -ra extra <<< "${MUTATION_PYTEST_ARGS:-}"  # more selection arguments, e.g. --deselect NODE
