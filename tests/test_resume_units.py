@@ -17,7 +17,15 @@ import torch
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
 from olmo_patches.train.callbacks.checkpointer import ResumeCheckpointerCallback
-from olmo_patches.train.checkpoints import ManifestWriter, load_explicit, prune_incomplete
+from olmo_patches.train.checkpoints import (
+    ManifestWriter,
+    checkpoints_in,
+    holds_checkpoints,
+    load_explicit,
+    prune_incomplete,
+    select_resume_checkpoint,
+    write_manifest,
+)
 
 from .conftest import REPO, tiny_overrides
 
@@ -70,6 +78,81 @@ def test_prune_incomplete_of_a_missing_or_clean_folder_removes_nothing(tmp_path)
     assert (
         prune_incomplete(str(tmp_path)) == [] and (tmp_path / "step0" / ".metadata.json").is_file()
     )
+
+
+# --- the checkpoint a run resumes from ------------------------------------------------------------
+
+
+def test_checkpoints_in_lists_marked_step_folders_newest_first(tmp_path):
+    for step in (2, 10, 4):
+        _checkpoint(tmp_path, step)
+    _checkpoint(tmp_path, 6, complete=False)  # no marker: a cut-off save
+    (_checkpoint(tmp_path, 8)).rename(tmp_path / "step8-tmp")  # OLMo-core's temporary name
+    (tmp_path / "step12").write_text("")  # a file
+    assert checkpoints_in(tmp_path) == [(s, str(tmp_path / f"step{s}")) for s in (10, 4, 2)]
+    assert checkpoints_in(tmp_path / "missing") == []
+
+
+def test_a_run_folder_holds_checkpoints_when_one_is_complete_or_set_aside(tmp_path):
+    assert not holds_checkpoints(tmp_path / "missing") and not holds_checkpoints(tmp_path)
+    _checkpoint(tmp_path, 2, complete=False)
+    (tmp_path / "notes").mkdir()
+    assert not holds_checkpoints(tmp_path)
+    (tmp_path / "rejected" / "step4").mkdir(parents=True)  # set aside by a resume
+    assert holds_checkpoints(tmp_path)
+    other = tmp_path / "other"
+    _checkpoint(other, 6)
+    assert holds_checkpoints(other) and holds_checkpoints(other / "step6")
+
+
+def _crc(data: bytes) -> str:
+    return f"{zlib.crc32(data):08x}"  # zlib's CRC-32, as the manifest records it
+
+
+def test_a_resume_sets_newer_bad_checkpoints_aside_and_takes_the_newest_good_one(tmp_path, caplog):
+    good = _checkpoint(tmp_path, 2)
+    cut, flipped = _checkpoint(tmp_path, 4), _checkpoint(tmp_path, 6)
+    for d in (good, cut, flipped):
+        write_manifest(d)
+    state = cut / "train" / "rank0.pt"
+    size = state.stat().st_size
+    state.write_bytes(b"x")  # cut short after the save
+    data = flipped / "train" / "rank0.pt"
+    before = data.read_bytes()
+    after = before[:-1] + bytes([before[-1] ^ 1])  # one bit flipped: the same size
+    data.write_bytes(after)
+    for name in ("step6", "step6.1"):  # set aside by earlier resumes
+        (tmp_path / "rejected" / name).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.checkpoints"):
+        assert select_resume_checkpoint(tmp_path) == str(good)
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == [
+        "step4",
+        "step6",
+        "step6.1",
+        "step6.2",
+    ]
+    assert sorted(p.name for p in tmp_path.glob("step*")) == ["step2"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Resuming from step 2 ({good}): {data} is corrupted (CRC-32 {_crc(after)}, "
+        f"{_crc(before)} when saved); {state} has 1 bytes, {size} when saved (moved to "
+        f"{tmp_path / 'rejected'})"
+    ]
+
+
+def test_a_resume_with_no_good_checkpoint_starts_from_scratch(tmp_path, caplog):
+    bad, worse = _checkpoint(tmp_path, 2), _checkpoint(tmp_path, 4)
+    # no manifest: OLMo-core's required files are looked for
+    (bad / "model_and_optim" / ".metadata").unlink()
+    (worse / "train" / "rank0.pt").unlink()
+    with caplog.at_level(logging.WARNING, logger="olmo_patches.train.checkpoints"):
+        assert select_resume_checkpoint(tmp_path) is None
+    gone = [worse / "train" / "rank0.pt", bad / "model_and_optim" / ".metadata"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"No good checkpoint: {gone[0]} missing; {gone[1]} missing (moved to "
+        f"{tmp_path / 'rejected'}); starting from scratch"
+    ]
+    assert sorted(p.name for p in (tmp_path / "rejected").iterdir()) == ["step2", "step4"]
+    assert select_resume_checkpoint(tmp_path) is None and not caplog.records[1:]
 
 
 # --- load_explicit --------------------------------------------------------------------------------
