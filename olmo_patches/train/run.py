@@ -96,6 +96,9 @@ def train(
     # the ~400k objects of the imported modules. Collected once and frozen, those are skipped for
     # the run (unless the caller froze objects itself: then its freeze is left as it is).
     froze = gc.get_freeze_count() == 0
+    # OLMo-core's budget checkpointing sets the partitioner's budget for the process and leaves it
+    # (nn/transformer/model.py, apply_activation_checkpointing): put back after the run
+    budget = torch._functorch.config.activation_memory_budget
     try:
         _take_folder(spec, lock, refused, resume_from)
         if froze:
@@ -111,6 +114,7 @@ def train(
         if froze:
             gc.unfreeze()
         multiprocessing.set_start_method(start_method, force=True)
+        torch._functorch.config.activation_memory_budget = budget
         # OLMo-core 3.0.0 caches num_flops_per_token with functools.lru_cache on the method, which
         # keeps every train module (model, gradients, AdamW state) alive for the process: 3.1,
         # 7.6 and 24.3 GiB held on an H200 before the 2nd, 3rd and 4th run of one process
