@@ -64,6 +64,14 @@ LISTED = {
         "torch's init_process_group leaves a cpu:gloo group's default backend unset once a backend "
         "plugin is registered; no public setter"
     ),
+    # OLMo-core's budget checkpointing sets the partitioner's budget in torch._functorch.config for
+    # the process (its only switch: no public setting) and leaves it; a run puts the value back.
+    ("train/run.py", "train", "use torch._functorch"): (
+        "OLMo-core sets the min-cut partitioner's budget there; no public setting holds it"
+    ),
+    ("train/run.py", "train", "setattr torch._functorch.config.activation_memory_budget"): (
+        "put back after a run: OLMo-core's budget checkpointing leaves it set for the process"
+    ),
     ("nn/variable_width.py", "VariableWidthTransformer.apply_compile", "use torch._dynamo"): (
         "dynamo's recompile limits (torch._dynamo.config) have no torch.compiler setting"
     ),
