@@ -43,7 +43,7 @@ its own; the fits are redone on the resampled mean
 losses, each point's C and the target loss held. Where every point has one seed, a and b keep the
 standard errors above, and the matched-loss ratios get a t-interval from both fits' standard errors
 of ln C at the target (stats.py ``ratio_of_estimates``: independent fits, Welch-Satterthwaite's
-degrees of freedom; 95.3-95.9% coverage in tests/test_scaling.py's simulation); with 2 points a
+degrees of freedom; 95% +- 2% coverage in tests/test_scaling.py's simulation); with 2 points a
 fit has no residual and the ratio is "not estimable".
 """
 
