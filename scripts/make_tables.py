@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from olmo_patches.report.figures import make_figures, scaling_figure
-    from olmo_patches.report.scaling import paper_matched_loss_rows, scaling_tables
+    from olmo_patches.report.scaling import paper_matched_loss_rows, scaling_points, scaling_tables
     from olmo_patches.config import ConfigError
     from olmo_patches.report.tables import (
         build_tables,
@@ -78,15 +78,15 @@ def main() -> None:
     except ConfigError as e:
         print(f"make_tables: {e}", file=sys.stderr)
         raise SystemExit(2)
-    out = Path(args.out)
+    out, points = Path(args.out), scaling_points(runs)
     tables = {
         **build_tables(runs),
-        **scaling_tables(runs, paper_results(), args.target_loss),
+        **scaling_tables(points, paper_results(), args.target_loss),
         "matched_loss_paper": paper_matched_loss_rows(paper_results()),
     }
     written = write_tables(tables, out)
     if not args.no_figures:
-        written += make_figures(runs, out) + scaling_figure(runs, out, paper_results())
+        written += make_figures(runs, out) + scaling_figure(points, out, paper_results())
     print(f"{len(runs)} row(s) (a config's seeds one row): {', '.join(sorted(runs)) or '-'}")
     for path in written:
         print(path)

@@ -84,7 +84,7 @@ def test_forward_is_the_kinds_equation(kind):
 
 
 @pytest.mark.parametrize("kind", KIND)
-def test_counts_and_dry_run_at_eight_ranks(kind):
+def test_counts_and_dry_run_at_eight_ranks(kind, tmp_path):
     """count_params: attention 4 d^2 L; the FFN 3 d d_ff L (SwiGLU) or 2 d d_ff L (ungated); one
     norm a layer (parallel) or two, and the final one; the authors' FLOPs a token 3 x (2 x those
     weights + 2 d V + 4 s d L). The dry run plans FSDP over 8 ranks, the memory of every card."""
@@ -99,7 +99,8 @@ def test_counts_and_dry_run_at_eight_ranks(kind):
     )
     forward = 2 * (4 * D * D * L + ffn) + 2 * D * V + 4 * SEQ * D * L
     assert c["authors_flops_per_token"] == 3 * forward
-    eight = [*TINY, *KIND[kind], "train.global_batch_size=16", "--nproc-per-node", "8"]
+    eight = [*TINY, *KIND[kind], "train.global_batch_size=16", f"run.save_folder={tmp_path}"]
+    eight += ["--nproc-per-node", "8"]
     r = run_in_process("train.py", str(BASELINE), *eight, "--dry-run")
     assert r.returncode == 0 and "8 ranks (1 node x 8)" in r.stdout, r.stderr
     assert r.stdout.count("estimate 0.0 GiB") == 4 and "BlockKind" not in r.stdout

@@ -13,7 +13,7 @@ from PIL import Image
 from olmo_patches.config import load_spec, spec_to_yaml, vocab_size
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.figures import scaling_figure
-from olmo_patches.report.scaling import fit_power_law, scaling_tables
+from olmo_patches.report.scaling import fit_power_law, scaling_points, scaling_tables
 from olmo_patches.report.tables import load_runs, paper_results
 
 from .conftest import REPO, run_in_process
@@ -87,7 +87,7 @@ def synthetic(tmp_path_factory):
 
 def test_fit_recovers_the_laws_and_the_matched_loss_ratio(synthetic):
     root, truth = synthetic
-    tables = scaling_tables(load_runs([root]), paper_results())
+    tables = scaling_tables(scaling_points(load_runs([root])), paper_results())
     fit = {r["family"]: r for r in tables["scaling_fit"]}
     assert sorted(fit) == ["baseline", "x"]
     for family, (a, b) in LAWS.items():
@@ -201,7 +201,7 @@ def test_make_tables_writes_the_fit_and_its_figure(synthetic, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| x |" in (tmp_path / "scaling_fit.md").read_text()
-    (png,) = scaling_figure(load_runs([root]), tmp_path, paper_results())
+    (png,) = scaling_figure(scaling_points(load_runs([root])), tmp_path, paper_results())
     with Image.open(png) as im:
         assert png.name == "scaling.png" and im.size[0] > 300 and im.size[1] > 200
     assert "| 6.0000 |" in (tmp_path / "matched_loss.md").read_text()
@@ -299,7 +299,7 @@ def test_run_report_on_the_papers_shapes_counts_the_authors_flops(tmp_path):
             (folder / "metrics.jsonl").write_text(
                 json.dumps({"step": steps, "eval/lm/val/CE loss": loss}) + "\n"
             )
-    tables = scaling_tables(load_runs([tmp_path]), paper_results())
+    tables = scaling_tables(scaling_points(load_runs([tmp_path])), paper_results())
     fit = {r["family"]: r for r in tables["scaling_fit"]}
     assert (round(float(fit["baseline"]["a"]), 2), round(float(fit["baseline"]["b"]), 4)) == (
         3.16,

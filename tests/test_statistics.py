@@ -396,11 +396,16 @@ def test_lr_sweep_and_comparison_read_only_finished_runs_and_name_the_others(lr_
     assert seeds["syn-hg", "1"]["seed 2"] == "left out: stopped at step 100/200"
     assert seeds["syn-hg", "0.5"]["seed 0"] == "left out: not started"
     assert seeds["syn-base", "2"]["seed 1"] == "left out: failed at step 120/200 (diverged)"
+    # the papers' tables read each member once, at the LR it is compared at: no row of its own for
+    # another scale of the grid
+    with open(out / "hourglass_runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert (row["run"], row["seeds"], row["val loss"]) == ("syn-hg", "2", _interval(hg))
 
 
 @pytest.mark.slow
 def test_comparison_at_each_members_best_lr_and_confirmed_on_fresh_seeds(lr_grid):
-    root, cfg, _ = lr_grid
+    root, cfg, finals = lr_grid
     out = root / "best-lr"
     r = run_in_process("sweep.py", "report", str(cfg), *LR_GRID, "--best-lr", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -413,6 +418,10 @@ def test_comparison_at_each_members_best_lr_and_confirmed_on_fresh_seeds(lr_grid
     )
     assert best["syn-hg"]["verdict"] == "distinguishable"
     assert "each member at its own best LR" in (out / "comparison_notes.md").read_text()
+    with open(out / "hourglass_runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert (row["run"], row["steps"]) == ("syn-hg", "200")  # its seeds at x2, all three
+    assert row["val loss"] == _interval([finals["syn-hg", 2.0, s] for s in range(3)])
     # --confirm 2: fresh seeds 3, 4 at each member's best LR (the baseline's x1, the hourglass's
     # x2), compared on them alone
     fresh = {("syn-base", 1.0): [5.52, 5.49], ("syn-hg", 2.0): [5.47, 5.45]}

@@ -14,7 +14,8 @@ import pytest
 
 from olmo_patches.config import load_spec, spec_to_yaml
 from olmo_patches.report.scaling import Point, fit_rows, matched_rows
-from olmo_patches.report.tables import group_seeds, load_runs
+from olmo_patches.report.figures import ppl_vs_dh_ratio
+from olmo_patches.report.tables import build_tables, group_seeds, load_runs
 
 from .conftest import REPO, run_in_process
 
@@ -308,3 +309,13 @@ def test_one_seed_per_point_keeps_the_standard_errors_and_says_so():
     assert fit["baseline"]["b [95%, bootstrap over seeds]"] == "one seed per point: std errors only"
     assert fit["baseline"]["seeds per point"] == "1, 1, 1, 1"
     assert fit["x"]["b [95%, bootstrap over seeds]"].count("[") == 1
+
+
+def test_a_K1_hourglass_without_d_h_reads_the_width_training_gave_it(tmp_path):
+    """K=1 with neither model.d_h nor model.d_h_ratio trains at the conventional FFN's width, 4
+    d_model (the demo config's comment): the table's d_h and the d_h/d_model figure read that."""
+    _write_run(tmp_path, "k1", 0, ["model.block=hourglass", "model.K=1"], 5.5)
+    runs = load_runs([tmp_path])
+    (row,) = build_tables(runs)["hourglass_runs"]
+    assert (row["d_h"], row["d_h/d_model"]) == (4 * 128, "4.000")
+    assert [p.name for p in ppl_vs_dh_ratio(runs, tmp_path)] == ["ppl_vs_dh_ratio.png"]

@@ -38,12 +38,13 @@ from ..eval.names import PAPER_VALIDATION_SETS
 from ..launch.run_folder import changed_keys
 from ..launch.sweep import Member, RunStatus, Variants
 from . import stats
-from .tables import Run, _LM
+from .tables import _LM, Run, SeedGroup
 
 __all__ = [
     "check_seed_folders",
     "left_out",
     "comparison",
+    "compared_runs",
     "comparison_tables",
     "confirmation",
     "comparison_notes",
@@ -116,11 +117,9 @@ class Cell:
     def flops_per_token(self) -> float:
         """Training FLOPs per token of its config (counted once: the baseline's is every member's
         denominator)."""
-        from ..config import load_spec
         from .counts import count
 
-        config = self.runs[min(self.runs)].path / "config.yaml"
-        return float(count(load_spec(config)).flops_per_token)
+        return float(count(self.runs[min(self.runs)].spec).flops_per_token)
 
     def curves(self) -> Tuple[np.ndarray, Dict[int, np.ndarray]]:
         """(tokens, {seed: validation curve}), every seed's on the first one's evaluations."""
@@ -184,6 +183,23 @@ def comparison(
     scale = {g: best.get(g, math.nan) if use_best_lr else 1.0 for g in compared}
     config_lr = {m.group or m.name: m.spec.train.lr / m.lr_scale for m in members}
     return Comparison(grouped, compared, scale, config_lr, use_best_lr)
+
+
+def compared_runs(c: Comparison) -> Dict[str, Run]:
+    """Each member's runs at the LR it is compared at, named by the member, as the papers' tables,
+    the scaling fits and the figures read them: a lone run as it is, several seeds (or one at
+    another LR than the config's) as a :class:`~olmo_patches.report.tables.SeedGroup`. The other
+    scales of an LR grid are no points of their own."""
+    out: Dict[str, Run] = {}
+    for group, scales in c.compared.items():
+        cell = scales.get(c.scale[group])
+        if cell is None or not cell.runs:
+            continue
+        first = cell.runs[min(cell.runs)]
+        alone = len(cell.runs) == 1 and first.name == group
+        seeds = SeedGroup(first.path, first.config, group=group, seeds=dict(cell.runs))
+        out[group] = first if alone else seeds
+    return out
 
 
 def _grid_advice(scales: Sequence[float], best: float) -> str:
@@ -343,7 +359,7 @@ def downstream_rows(c: Comparison) -> List[dict]:
             n = {
                 "seeds": len(per_seed),
                 "documents": len(docs),
-                "passages": len(set(cluster.values())),
+                "passages": len({cluster[d] for d in docs}),
             }
             rows.append({"member": group, "task": task, **{k: str(v) for k, v in n.items()},
                          "accuracy [95%]": acc.text(4)})  # fmt: skip

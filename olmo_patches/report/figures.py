@@ -1,4 +1,4 @@
-"""The papers' figures (PNG, matplotlib) from runs loaded by :mod:`olmo_patches.tables`.
+"""The papers' figures (PNG, matplotlib) from runs loaded by :mod:`olmo_patches.report.tables`.
 
 - ``u_curve.png``: validation loss against d_model/L, one line per K (hourglass runs).
 - ``ppl_vs_K.png``, ``ppl_vs_dh_ratio.png``: validation PPL against K and against d_h/d_model.
@@ -8,7 +8,9 @@
 - ``scaling.png`` (:func:`scaling_figure`): validation loss against training FLOPs per family
   (PF-days, the authors' count: report/scaling.py), the fitted L = a C^b of each, and the paper's
   two fits; a seed group's point is its mean loss, with a bar from its lowest seed to its highest.
-The other figures plot a seed group at its mean.
+The other figures plot a seed group at its mean. An ablation's folder of a sweep report
+(:func:`ablation_figures`) has the figure of what it varies (K: ``ppl_vs_K``, d_h_ratio:
+``ppl_vs_dh_ratio``, width_depth: ``u_curve``), its loss curves and its parameter split.
 A figure with no points to plot is not written.
 """
 
@@ -24,18 +26,14 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .scaling import C_LABEL, PF_DAY, Point, fits  # noqa: E402
 from .tables import Run, SeedGroup  # noqa: E402
 
-__all__ = ["make_figures", "scaling_figure", "save_figure"]
+__all__ = ["make_figures", "ablation_figures", "scaling_figure", "save_figure"]
 
 
 def _hourglass(runs: Dict[str, Run]) -> List[Run]:
     return [r for r in runs.values() if r.stacks_ffn and r.val_loss() is not None]
-
-
-def _d_h(run: Run) -> float:
-    m = run.model
-    return m["d_h"] if m.get("d_h") is not None else m["d_h_ratio"] * m["d_model"]
 
 
 def save_figure(fig, path: Path, dpi: int = 120) -> Path:
@@ -124,12 +122,11 @@ def loss_curves(runs: Dict[str, Run], out: Path) -> List[Path]:
 
 def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
     """(attention, FFN) non-embedding parameters of each run's model (built on the meta device)."""
-    from ..config import load_spec
     from .counts import count
 
     names, attn, ffn = [], [], []
     for name, r in sorted(runs.items()):
-        b = count(load_spec(r.path / "config.yaml"))
+        b = count(r.spec)
         names.append(name), attn.append(b.attention / 1e6), ffn.append(b.ffn / 1e6)
     if not names:
         return []
@@ -143,10 +140,8 @@ def param_split_figure(runs: Dict[str, Run], out: Path) -> List[Path]:
     return [save_figure(fig, out / "param_split.png")]
 
 
-def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
-    from .scaling import C_LABEL, PF_DAY, fits, scaling_points
-
-    points = scaling_points(runs)
+def scaling_figure(points: Dict[str, List[Point]], out: Path, paper: dict) -> List[Path]:
+    """``points``: report/scaling.py's ``scaling_points`` of the runs."""
     fitted = fits(points)
     if not fitted:
         return []
@@ -185,18 +180,33 @@ def scaling_figure(runs: Dict[str, Run], out: Path, paper: dict) -> List[Path]:
     return [save_figure(fig, out / "scaling.png")]
 
 
+def ppl_vs_K(runs: Dict[str, Run], out: Path) -> List[Path]:
+    return _scatter(runs, out, lambda r: int(r.model.get("K", 1)), "K", "ppl_vs_K.png")
+
+
+def ppl_vs_dh_ratio(runs: Dict[str, Run], out: Path) -> List[Path]:
+    return _scatter(
+        runs, out, lambda r: r.d_h / r.model["d_model"], "d_h / d_model", "ppl_vs_dh_ratio.png"
+    )
+
+
+ABLATION_FIGURES = {"K": ppl_vs_K, "d_h_ratio": ppl_vs_dh_ratio, "width_depth": u_curve}
+
+
 def make_figures(runs: Dict[str, Run], out: Path) -> List[Path]:
     out.mkdir(parents=True, exist_ok=True)
     return [
         *u_curve(runs, out),
-        *_scatter(runs, out, lambda r: int(r.model.get("K", 1)), "K", "ppl_vs_K.png"),
-        *_scatter(
-            runs,
-            out,
-            lambda r: _d_h(r) / r.model["d_model"],
-            "d_h / d_model",
-            "ppl_vs_dh_ratio.png",
-        ),
+        *ppl_vs_K(runs, out),
+        *ppl_vs_dh_ratio(runs, out),
         *loss_curves(runs, out),
         *param_split_figure(runs, out),
     ]
+
+
+def ablation_figures(kind: str, runs: Dict[str, Run], out: Path) -> List[Path]:
+    """An ablation's own figure (PPL or loss against what it varies), its runs' loss curves and
+    their parameter split."""
+    out.mkdir(parents=True, exist_ok=True)
+    own = ABLATION_FIGURES[kind](runs, out)
+    return [*own, *loss_curves(runs, out), *param_split_figure(runs, out)]

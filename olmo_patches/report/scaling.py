@@ -162,13 +162,11 @@ class Point(NamedTuple):
 def _point(run: Run) -> Optional[Tuple[str, Point]]:
     """A run's family and point, or a seed group's: the mean loss and compute over its seeds with
     a loss (C of each in proportion to its steps), None without one."""
-    from ..config import load_spec
-
     seeds = run.seeds if isinstance(run, SeedGroup) else {0: run}
     done = [r for r in seeds.values() if r.val_loss() is not None and r.last_step > 0]
     if not done:
         return None
-    spec = load_spec(done[0].path / "config.yaml")  # the seeds' model and data are the same
+    spec = done[0].spec  # the seeds' model and data are the same
     C, C_olmo, width = run_compute_and_width(done[0], spec)
     steps = np.array([r.last_step for r in done], dtype=float) / done[0].last_step
     losses = tuple(float(r.val_loss()) for r in done)  # type: ignore[arg-type]
@@ -369,7 +367,7 @@ def _fit_ratio(laws: Dict[str, PowerLaw], f: str, target: float) -> str:
 
 
 def scaling_tables(
-    runs: Dict[str, Run], paper: dict, target_loss: Optional[float] = None
+    points: Dict[str, List[Point]], paper: dict, target_loss: Optional[float] = None
 ) -> Dict[str, List[dict]]:
     """``scaling_fit`` (a, b and their standard errors per family on the authors' count, the paper's
     fit beside, and a, b on OLMo-core's count) and ``matched_loss`` (each family's C at the target
@@ -377,8 +375,8 @@ def scaling_tables(
     without two runs of a family. C in PF-days. A seed group (tables.group_seeds) is one point, its
     mean loss; where a family's points have several seeds both tables add percentile bootstrap
     intervals over seeds (:func:`~olmo_patches.report.stats.bootstrap_means`: each point's seeds
-    resampled with replacement, the fits redone; the target loss held)."""
-    points = scaling_points(runs)
+    resampled with replacement, the fits redone; the target loss held). ``points``:
+    :func:`scaling_points` of the runs."""
     ref = paper["variable_width"]["scaling"]
     return {
         "scaling_fit": fit_rows(points, ref),

@@ -11,20 +11,20 @@ from ..launch.run_folder import read_metrics
 from ..launch.sweep import Member, RunStatus, Variants, sweep_status
 from .compare import (
     check_seed_folders,
+    compared_runs,
     comparison,
     comparison_notes,
     comparison_tables,
     left_out,
     val_curves_figure,
 )
-from .figures import make_figures, scaling_figure
-from .scaling import scaling_tables
+from .figures import ablation_figures, make_figures, scaling_figure
+from .scaling import scaling_points, scaling_tables
 from .tables import (
     Run,
     _fmt,
     ablation_configs,
     build_tables,
-    group_seeds,
     load_runs,
     paper_results,
     write_tables,
@@ -84,32 +84,30 @@ def report(
     confirm: Sequence[Member] = (),
 ) -> List[Path]:
     """The sweep's status table, the papers' tables that have a run of the sweep (ablation rows: the
-    sweep's configs, paper beside run; a config's seeds as one row, tables.group_seeds), the
+    sweep's configs, paper beside run; a member's seeds at the LR it is compared at as one row,
+    compare.compared_runs: the other scales of an LR grid are no rows or points of their own), the
     scaling fits where a family has runs at 2+ budgets (report/scaling.py), the comparison over
     seeds against ``baseline`` (default: the first config) at each config's LR or each member's
     best (``use_best_lr``; ``confirm``: compare.confirmation's fresh seeds there), and the
-    figures, for all runs and per ablation. Only the runs that reached their planned step with
-    finite losses are read (compare.left_out); the status and ``seeds`` tables name the others.
+    figures, for all runs and per ablation (figures.ablation_figures). Only the runs that reached
+    their planned step with finite losses are read (compare.left_out); the status and ``seeds``
+    tables name the others.
     A member whose seeds' folders hold another config: ConfigError, nothing written."""
-    check_seed_folders(members)
+    check_seed_folders([*members, *confirm])
     baseline = baseline or (members[0].group or members[0].name)
     statuses = sweep_status([*members, *confirm], slurm_log_dir)
     folders = [m.folder for m in [*members, *confirm] if (m.folder / "config.yaml").exists()]
     loaded = load_runs(folders)
     why = {s.member.name: left_out(s, loaded.get(s.member.name)) for s in statuses}
     runs = {name: run for name, run in loaded.items() if not why.get(name, "")}
-    grouped = group_seeds(runs)  # each config's seeds as one row: mean and interval over seeds
-    configs = [m.config for m in members]
+    compared = comparison(members, runs, why, use_best_lr, confirm)
+    grouped = compared_runs(compared)  # a member's seeds at its compared LR: one row, one point
+    configs = list(dict.fromkeys(m.config for m in members))  # each once, whatever its seeds
     tables = build_tables(grouped, sweep_configs=configs)
     tables = {k: rows for k, rows in tables.items() if any(r.get("run") in grouped for r in rows)}
-    tables.update(
-        {
-            k: rows
-            for k, rows in scaling_tables(grouped, paper_results(), target_loss).items()
-            if rows
-        }
-    )
-    compared = comparison(members, runs, why, use_best_lr, confirm)
+    points = scaling_points(grouped)
+    scaling = scaling_tables(points, paper_results(), target_loss)
+    tables.update({k: rows for k, rows in scaling.items() if rows})
     tables = {
         "sweep": status_rows(statuses),
         **{k: rows for k, rows in comparison_tables(compared, variants, baseline).items() if rows},
@@ -120,11 +118,11 @@ def report(
     (out / "comparison_notes.md").write_text(notes)
     written.append(out / "comparison_notes.md")
     if figures:
-        written += make_figures(grouped, out) + scaling_figure(grouped, out, paper_results())
+        written += make_figures(grouped, out) + scaling_figure(points, out, paper_results())
         written += val_curves_figure(compared, out)
-        by_config = {m.config: m.group or m.name for m in members}  # at the config's own LR
-        for group, paths in ablation_configs(configs).items():
+        by_config = {m.config: m.group or m.name for m in members}
+        for kind, paths in ablation_configs(configs).items():
             subset = {by_config[p]: grouped[by_config[p]] for p in paths if by_config[p] in grouped}
             if subset:
-                written += make_figures(subset, out / group)
+                written += ablation_figures(kind, subset, out / kind)
     return written

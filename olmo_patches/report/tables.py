@@ -31,7 +31,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from ..blocks import get_block
-from ..config import ConfigError
+from ..config import ConfigError, ExperimentSpec, load_spec
 from ..eval.names import PAPER_VALIDATION_SETS
 from ..launch.run_folder import changed_between, read_metrics
 from ..launch.sweep import SEED_KEYS, seed_of
@@ -84,6 +84,17 @@ class Run:
         the K sweeps (a variable-width kind's K shapes its hourglass FFN, no point of them)."""
         kind = get_block(str(self.model.get("block", "baseline")))
         return "K" in kind.knobs and kind.constant_width
+
+    @cached_property
+    def spec(self) -> ExperimentSpec:
+        """The run's recorded config, loaded as a run loads it (its keys resolved)."""
+        return load_spec(self.path / "config.yaml")
+
+    @property
+    def d_h(self) -> Optional[int]:
+        """The bottleneck width of a K-sweep point (``d_h``, ``d_h_ratio`` or K=1's d_ff), else
+        None."""
+        return self.spec.model.resolved_d_h if self.stacks_ffn else None
 
     @cached_property
     def latest(self) -> Dict[str, float]:
@@ -154,10 +165,6 @@ class SeedGroup(Run):
     def _mean(self, value: Callable[[Run], Optional[float]]) -> Optional[float]:
         found = self._found(value)
         return float(np.mean(found)) if found else None
-
-    def last(self, key: str) -> Optional[float]:
-        """The mean over seeds of each one's last value of ``key``."""
-        return self._mean(lambda r: r.last(key))
 
     def val_losses(self) -> Dict[str, float]:
         per_seed = [r.val_losses() for r in self.seeds.values()]
@@ -279,15 +286,9 @@ def _diff(ours: Optional[float], paper: Optional[float]) -> str:
 def _shape(run: Optional[Run]) -> Dict[str, Any]:
     if run is None:
         return {}
-    m = run.model
+    m, d_h = run.model, run.d_h
     d_model, layers = m.get("d_model"), m.get("n_layers")
-    d_h = m.get("d_h")
-    if d_h is None and m.get("d_h_ratio") is not None and d_model:
-        d_h = round(m["d_h_ratio"] * d_model)
-    hourglass = run.stacks_ffn
-    if not hourglass:
-        d_h = None
-    out = {"K": m.get("K") if hourglass else "", "L": layers, "d_model": d_model, "d_h": d_h or ""}
+    out = {"K": m.get("K") if d_h else "", "L": layers, "d_model": d_model, "d_h": d_h or ""}
     out["d_h/d_model"] = f"{d_h / d_model:.3f}" if d_h and d_model else ""
     out["d_model/L"] = f"{d_model / layers:.0f}" if d_model and layers else ""
     return out
