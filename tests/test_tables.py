@@ -4,8 +4,10 @@ import csv
 import math
 
 import pytest
+import yaml
 from PIL import Image
 
+from olmo_patches.config import load_spec, spec_to_yaml
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.report.tables import (
@@ -132,7 +134,7 @@ def test_tables_show_runs_beside_paper_numbers(runs_root):
     )
     assert row["paper"] == f"{reported:.3f}" == "36.441"
     assert float(row["diff"]) == pytest.approx(float(row["val PPL"]) - 36.441, abs=2e-3)
-    assert row["steps"] == 4
+    assert row["steps"] == "4"
     # Runs not made: "not run", the paper's number still shown.
     missing = _row(tables["validation_ppl"], run="1B-olmo2")
     assert missing["val PPL"] == NOT_RUN and missing["paper"] == "20.466" and missing["diff"] == ""
@@ -178,19 +180,21 @@ def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
     each row names both sides' data."""
     from olmo_patches.report.tables import Run, hourglass_runs_table, variable_width_table
 
-    def run(name, loss, **model):
-        config = {
-            "run": {"name": name},
-            "model": {"block": "variable_width", **model},
-            "data": {"source": "olmo2_stage1", "tokenizer": "dolma2"},
-        }
+    def run(name, loss, *shape):
+        """A run as training records it, of the demo baseline's size on OLMo-2's data."""
+        data = ["data.source=olmo2_stage1", "data.tokenizer=dolma2", "model.vocab_size=100352"]
+        spec = load_spec(BASELINE, [*data, *shape, f"run.name={name}"])
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(spec_to_yaml(spec))
+        config = yaml.safe_load(spec_to_yaml(spec))
         return Run(
             tmp_path / name, config, {100: {"eval/lm/wikitext_103-validation/CE loss": loss}}
         )
 
+    vw = "model.block=variable_width"
     runs = {
-        "paper2-2B-baseline": run("paper2-2B-baseline", 3.000),
-        "paper2-2B-x": run("paper2-2B-x", 2.990),
+        "paper2-2B-baseline": run("paper2-2B-baseline", 3.000, vw),
+        "paper2-2B-x": run("paper2-2B-x", 2.990, vw),
     }
     rows = variable_width_table(runs, paper_results())
     x = _row(rows, run="paper2-2B-x")
@@ -203,6 +207,7 @@ def test_paper2_rows_compare_gaps_not_absolute_losses(tmp_path):
     )
     # a variable-width run with an hourglass FFN (K=2) is no point of paper 1's K sweeps; a
     # hourglass run is
-    runs["vw-hourglass"] = run("vw-hourglass", 3.0, ffn="hourglass", K=2, d_h_ratio=0.5)
-    runs["hourglass"] = run("hourglass", 3.0, block="hourglass", K=2, d_model=64, d_h=32)
+    vw_hourglass = [vw, "model.ffn=hourglass", "model.K=2", "model.d_h_ratio=0.5"]
+    runs["vw-hourglass"] = run("vw-hourglass", 3.0, *vw_hourglass)
+    runs["hourglass"] = run("hourglass", 3.0, "model.block=hourglass", "model.K=2", "model.d_h=32")
     assert [r["run"] for r in hourglass_runs_table(runs)] == ["hourglass"]

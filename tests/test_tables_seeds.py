@@ -319,3 +319,12 @@ def test_a_K1_hourglass_without_d_h_reads_the_width_training_gave_it(tmp_path):
     (row,) = build_tables(runs)["hourglass_runs"]
     assert (row["d_h"], row["d_h/d_model"]) == (4 * 128, "4.000")
     assert [p.name for p in ppl_vs_dh_ratio(runs, tmp_path)] == ["ppl_vs_dh_ratio.png"]
+
+
+def test_a_run_short_of_its_planned_steps_is_marked_unfinished(tmp_path):
+    """A run stopped (or diverged) at step 100 of the config's 200 (train.max_steps of
+    configs/demo/baseline.yaml) shows its numbers with that said beside them."""
+    _write_run(tmp_path, "short", 0, HOURGLASS, 5.5, last=100)
+    _write_run(tmp_path, "done", 0, HOURGLASS, 5.5)
+    rows = {r["run"]: r for r in build_tables(load_runs([tmp_path]))["hourglass_runs"]}
+    assert rows["short"]["steps"] == "100 of 200 (unfinished)" and rows["done"]["steps"] == "200"

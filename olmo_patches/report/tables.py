@@ -2,7 +2,8 @@
 
 A run is a folder with ``config.yaml`` (the resolved spec) and ``metrics.jsonl``; it is known by
 its ``run.name``. The reported numbers come from ``paper_results.yaml`` only. Each table is a list
-of rows (dicts) written as markdown and CSV; a row whose run is missing says "not run".
+of rows (dicts) written as markdown and CSV; a row whose run is missing says "not run", and one
+whose run stopped short of its planned steps says so in its ``steps``.
 
 Validation PPL of a run = exp(mean CE loss over the paper's four validation sets) at the run's
 last evaluation; where none of the four were evaluated (e.g. the demo's single "val" set), the
@@ -279,6 +280,18 @@ def _exp(x: Optional[float]) -> Optional[float]:
     return math.exp(x) if x is not None else None
 
 
+def _steps(run: Optional[Run]) -> str:
+    """The steps a run reached (a seed group: its fewest); short of the steps its config plans,
+    both and "unfinished": a run still going, stopped or diverged, whose numbers are those of its
+    last evaluation."""
+    if run is None:
+        return ""
+    planned = run.spec.steps
+    if planned is None or run.last_step >= planned:
+        return str(run.last_step)
+    return f"{run.last_step} of {planned} (unfinished)"
+
+
 def _diff(ours: Optional[float], paper: Optional[float]) -> str:
     return "" if ours is None or paper is None else f"{ours - paper:+.3f}"
 
@@ -299,12 +312,7 @@ def validation_table(runs: Dict[str, Run], paper: dict) -> List[dict]:
     for r in paper["hourglass"]["validation_ppl"]:
         run = runs.get(r["run"])
         ours = run.val_ppl() if run else None
-        row = {
-            "size": r["size"],
-            "variant": r["variant"],
-            "run": r["run"],
-            "steps": run.last_step if run else "",
-        }
+        row = {"size": r["size"], "variant": r["variant"], "run": r["run"], "steps": _steps(run)}
         row.update(
             {
                 "val PPL": _cell(run, Run.val_ppl, log=True),
@@ -437,7 +445,7 @@ def ablation_table(
             {
                 "run": name,
                 **shape,
-                "steps": run.last_step if run else "",
+                "steps": _steps(run),
                 "val PPL": _cell(run, Run.val_ppl, log=True),
                 "paper": finding,
                 "diff": _diff(ours, reported),
@@ -479,7 +487,7 @@ def hourglass_runs_table(runs: Dict[str, Run]) -> List[dict]:
         {
             "run": name,
             **_shape(run),
-            "steps": run.last_step,
+            "steps": _steps(run),
             "val loss": _cell(run, Run.val_loss, 4),
             "val PPL": _cell(run, Run.val_ppl, log=True),
         }
