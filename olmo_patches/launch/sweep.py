@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import getpass
 import glob
-import json
 from functools import partial
 import os
 import re
@@ -348,18 +347,11 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
         status.state = "running"
     elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
-    elif not job and (last := _read_last(folder)) is not None and last["exit"] != 0:
+    elif not job and (last := read_record(folder / LAST)) is not None and last["exit"] != 0:
         status.state, status.error = "failed", last.get("error", "")
     elif ckpt >= 0 or metrics or (folder / "config.yaml").exists():
         status.state = "stopped"
     return status
-
-
-def _read_last(folder: Path) -> Optional[dict]:
-    try:
-        return json.loads((folder / LAST).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def _slurm_error(job: str, log_dir: Path) -> str:
