@@ -61,6 +61,7 @@ __all__ = [
     "METRICS_FILE",
     "pid_alive",
     "read_metrics",
+    "latest_step",
 ]
 
 LOCK, GUARD = ".lock", ".lock.guard"
@@ -328,3 +329,13 @@ def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
             record = json.loads(line)
             out.setdefault(int(record.pop("step")), {}).update(record)
     return out
+
+
+def latest_step(run_dir: str | Path) -> int:
+    """The step of the run folder's newest complete checkpoint (its ``stepN`` name); -1: none."""
+    if not Path(run_dir).is_dir():
+        return -1
+    # imports torch: only when a run folder is looked at
+    from olmo_core.train.checkpoint import Checkpointer
+
+    return max((step for step, _ in Checkpointer.find_checkpoints(run_dir)), default=-1)

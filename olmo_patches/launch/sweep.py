@@ -47,6 +47,7 @@ from .run_folder import (
     METRICS_FILE,
     drop_record,
     guarded,
+    latest_step,
     pid_alive,
     read_metrics,
     read_record,
@@ -323,20 +324,10 @@ def last_error_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def _checkpoint_step(folder: Path) -> int:
-    """The step of the latest complete checkpoint (-1: none)."""
-    if not folder.is_dir():
-        return -1
-    # imports torch: once the sweep's configs have loaded
-    from olmo_core.train.checkpoint import Checkpointer
-
-    return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
-
-
 def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) -> RunStatus:
     folder = m.folder
     metrics = read_metrics(folder)
-    ckpt = _checkpoint_step(folder)
+    ckpt = latest_step(folder)
     step = max(ckpt, max(metrics, default=0), 0)
     claim = read_claim(folder) or {}
     job = claim.get("slurm_job", "")
