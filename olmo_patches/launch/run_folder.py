@@ -1,8 +1,10 @@
 """One folder, one run: the save folder records its config once and is held by one process.
 
 What OLMo-core lacks: its ConfigSaverCallback writes OLMo-core's config into each checkpoint
-(olmo_core/train/callbacks/config_saver.py line 57; kept, run.py sets it), but nothing compares a
-rerun's config with the run it continues, nor keeps a second process out of the folder.
+(olmo_core/train/callbacks/config_saver.py line 57; kept, run.py sets it), and on a resume its data
+loader refuses a changed dataset fingerprint and keeps the checkpoint's data seed with a warning
+(olmo_core/data/data_loader.py lines 451-474); nothing compares the rest of a rerun's config (the
+model, the recipe) with the run it continues, nor keeps a second process out of the folder.
 
 - The first start writes ``SAVE/config.yaml`` once the run is built, before its first checkpoint (a
   start that fails before that leaves no record). A rerun whose model, data or recipe differs is

@@ -8,8 +8,8 @@
 - each checkpoint's files and CRC-32s recorded (checkpoints.py's manifest, in a background thread):
   OLMo-core's ``dir_is_checkpoint`` checks that three files exist (checkpoint.py line 339), and a
   cut or corrupted shard then fails the load, or loads wrong values;
-- every permanent checkpoint kept (OLMo-core keeps 3: ``max_checkpoints``, line 102) and the last
-  ``run.ephemeral_keep`` ephemeral ones (OLMo-core: 1, line 313);
+- the last ``run.ephemeral_keep`` ephemeral checkpoints kept (OLMo-core: the newest, line 313), and
+  every permanent one (set here: ``max_checkpoints=None``; OLMo-core's default keeps 3, line 102);
 - a full disk (ENOSPC, or EDQUOT for a quota: errno(3)) in one line naming the folder, the bytes the
   save needed and what is left, the partial save removed and every good checkpoint kept (exit 4),
   and a run folder without one checkpoint's room refused before it starts (:func:`check_room`);
