@@ -56,12 +56,13 @@ def main() -> None:
         spec = load_spec(find_config(args.config), args.overrides)
     except ConfigError as e:
         refuse_alike(f"config error: {e}")
-    from olmo_patches.train.coordcheck import axes_of, coord_check, plot
+    from olmo_patches.blocks.base import axes
+    from olmo_patches.train.coordcheck import coord_check, plot
 
-    if other := [a for a in args.axes if a not in axes_of(spec)]:
+    if other := [a for a in args.axes if a not in axes(spec.model)]:
         refuse_alike(
             f"--axes {','.join(args.axes)}: {other[0]} is not an axis of model.block="
-            f"{spec.model.block} (its axes: {', '.join(axes_of(spec))})"
+            f"{spec.model.block} (its axes: {', '.join(axes(spec.model))})"
         )
     out = out_arg("--out", args.out or Path("coordcheck") / spec.run.name)
     check = coord_check(

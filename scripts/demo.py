@@ -70,12 +70,12 @@ def _arguments() -> argparse.Namespace:
 def _train_variant(spec, which: str) -> None:
     """One variant (``which``: "i/n") trained to its end, or kept if it got there before; a stop
     signal saves it and ends the demo (exit 0), an error ends it with train.py's line and code."""
-    from olmo_patches.report.demo import saved_step
+    from olmo_patches.launch.run_folder import latest_step
     from olmo_patches.train import exit_line, train
     from olmo_patches.train.callbacks.stop import ignore_stop_signals, stop_requested
 
     name, planned = spec.run.name, spec.steps
-    if (done := saved_step(spec.save_folder)) >= planned:
+    if (done := latest_step(spec.save_folder)) >= planned:
         console().print(f"{which}: {name} finished (step {done}, {spec.save_folder}): kept")
         return
     console().rule(f"[bold]{which}: {name}")
@@ -88,7 +88,7 @@ def _train_variant(spec, which: str) -> None:
     except Exception as e:  # a folder of another config, a divergence: train.py's line and code
         line, code = exit_line(e)
         refuse(f"{name}: {line} (--fresh moves the demo's runs aside and starts over)", code)
-    if (reached := saved_step(spec.save_folder)) < planned or stop_requested():
+    if (reached := latest_step(spec.save_folder)) < planned or stop_requested():
         print(
             f"stopped in {name} at step {max(reached, 0)}/{planned} (saved): "
             "rerun the same command to resume (--fresh: start over)",

@@ -100,12 +100,10 @@ def _dry_run(spec, args: argparse.Namespace, layout: Optional[Layout]) -> None:
     from olmo_patches.report.plan import mixture_table, plan_table, preset_rows
     from olmo_patches.train import exit_line
     from olmo_patches.train.run import check_before_writing
-    from olmo_patches.train.sources import check_sources
 
     try:
-        check_before_writing(spec, args.resume_from)
+        *_, mixture = check_before_writing(spec, args.resume_from)  # the mixture's table below
         Lock(spec.save_folder).check()
-        mixture = check_sources(spec)  # the mixture's table below
     except ConfigError as e:
         refuse(exit_line(e)[0])
     console = rich_console()

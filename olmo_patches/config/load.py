@@ -3,10 +3,11 @@ spec.
 
 A file may extend another (``extends: ../base.yaml``, relative to the file); the variant's keys
 override the base's, and omegaconf interpolation (``${model.d_model}``) works across the chain.
-``key=value`` overrides from the command line are applied last. What OLMo-core's ``Config.merge``
-lacks: it applies a dotlist to a config already built (olmo_core/config.py line 197), reads no YAML
-and no ``extends:`` chain, names no file in its errors, and imports torch (line 21), which loading a
-config must not (the refusals come within a second, before torch).
+``key=value`` overrides from the command line are applied last. What OLMo-core lacks: its
+``Config.from_file(path, overrides)`` (``from_yaml``, olmo_core/config.py lines 308-328) reads one
+file with ``yaml.safe_load``: no ``extends:`` chain, no interpolation, no file named in its errors,
+and it imports torch (line 21), which loading a config must not (the refusals come within a second,
+before torch).
 
 ``model`` takes the keys of its kind (``model.block``): the keys every kind shares and the kind's
 own (olmo_patches/blocks/). A key of another kind is refused, naming the kinds that read it; at its

@@ -125,10 +125,6 @@ class MemoryEstimate:
     float8_weights: float = 0.0  # float8: the running block's float8 weight copies
     float8_inputs: float = 0.0  # float8: bytes per token of the widest matmul input's float8 cast
 
-    @property
-    def static(self) -> float:
-        return self.states + self.buffers
-
     def _kept(self, ac: ActivationCheckpointing) -> tuple[list[float], list[float], list[float]]:
         """Per layer: bytes per token kept until backward, bytes per token while recomputed, weight
         copies kept."""

@@ -1,8 +1,10 @@
 """One folder, one run: the save folder records its config once and is held by one process.
 
 What OLMo-core lacks: its ConfigSaverCallback writes OLMo-core's config into each checkpoint
-(olmo_core/train/callbacks/config_saver.py line 57; kept, run.py sets it), but nothing compares a
-rerun's config with the run it continues, nor keeps a second process out of the folder.
+(olmo_core/train/callbacks/config_saver.py line 57; kept, run.py sets it), and on a resume its data
+loader refuses a changed dataset fingerprint and keeps the checkpoint's data seed with a warning
+(olmo_core/data/data_loader.py lines 451-474); nothing compares the rest of a rerun's config (the
+model, the recipe) with the run it continues, nor keeps a second process out of the folder.
 
 - The first start writes ``SAVE/config.yaml`` once the run is built, before its first checkpoint (a
   start that fails before that leaves no record). A rerun whose model, data or recipe differs is
@@ -61,6 +63,7 @@ __all__ = [
     "METRICS_FILE",
     "pid_alive",
     "read_metrics",
+    "latest_step",
 ]
 
 LOCK, GUARD = ".lock", ".lock.guard"
@@ -328,3 +331,13 @@ def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
             record = json.loads(line)
             out.setdefault(int(record.pop("step")), {}).update(record)
     return out
+
+
+def latest_step(run_dir: str | Path) -> int:
+    """The step of the run folder's newest complete checkpoint (its ``stepN`` name); -1: none."""
+    if not Path(run_dir).is_dir():
+        return -1
+    # imports torch: only when a run folder is looked at
+    from olmo_core.train.checkpoint import Checkpointer
+
+    return max((step for step, _ in Checkpointer.find_checkpoints(run_dir)), default=-1)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import getpass
 import glob
-import json
 from functools import partial
 import os
 import re
@@ -48,6 +47,7 @@ from .run_folder import (
     METRICS_FILE,
     drop_record,
     guarded,
+    latest_step,
     pid_alive,
     read_metrics,
     read_record,
@@ -324,20 +324,10 @@ def last_error_line(log: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def _checkpoint_step(folder: Path) -> int:
-    """The step of the latest complete checkpoint (-1: none)."""
-    if not folder.is_dir():
-        return -1
-    # imports torch: once the sweep's configs have loaded
-    from olmo_core.train.checkpoint import Checkpointer
-
-    return max((step for step, _ in Checkpointer.find_checkpoints(folder)), default=-1)
-
-
 def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) -> RunStatus:
     folder = m.folder
     metrics = read_metrics(folder)
-    ckpt = _checkpoint_step(folder)
+    ckpt = latest_step(folder)
     step = max(ckpt, max(metrics, default=0), 0)
     claim = read_claim(folder) or {}
     job = claim.get("slurm_job", "")
@@ -348,18 +338,11 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
         status.state = "running"
     elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
-    elif not job and (last := _read_last(folder)) is not None and last["exit"] != 0:
+    elif not job and (last := read_record(folder / LAST)) is not None and last["exit"] != 0:
         status.state, status.error = "failed", last.get("error", "")
     elif ckpt >= 0 or metrics or (folder / "config.yaml").exists():
         status.state = "stopped"
     return status
-
-
-def _read_last(folder: Path) -> Optional[dict]:
-    try:
-        return json.loads((folder / LAST).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def _slurm_error(job: str, log_dir: Path) -> str:

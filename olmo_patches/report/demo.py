@@ -26,11 +26,10 @@ from rich.table import Table  # noqa: E402
 from .console import console as rich_console  # noqa: E402
 from ..config import ExperimentSpec  # noqa: E402
 from ..launch.run_folder import read_metrics  # noqa: E402
-from ..train.checkpoints import checkpoint_step, latest_complete  # noqa: E402
 from .counts import count, paper_report  # noqa: E402
 from .figures import save_figure  # noqa: E402
 
-__all__ = ["compare", "saved_step"]
+__all__ = ["compare"]
 
 VAL_LOSS, VAL_PPL = "eval/lm/val/CE loss", "eval/lm/val/PPL"
 TRAIN_LOSS, TPS = "train/CE loss", "throughput/device/TPS"
@@ -52,12 +51,6 @@ class VariantResult:
     steps: int  # optimizer steps trained (the metrics file's last step)
     planned_steps: int  # the config's (train.max_steps, or train.max_tokens in steps)
     finished: bool  # steps == planned_steps; an unfinished variant is left out of the comparison
-
-
-def saved_step(run_dir: str | Path) -> int:
-    """The step of the run folder's newest complete checkpoint; -1 when it holds none."""
-    checkpoint = latest_complete(run_dir) if Path(run_dir).is_dir() else None
-    return checkpoint_step(checkpoint) if checkpoint else -1
 
 
 def summarize(spec: ExperimentSpec, run_dir: Path) -> VariantResult:

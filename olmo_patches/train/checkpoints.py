@@ -94,7 +94,7 @@ def checkpoints_at(path: Path) -> List[Tuple[int, str]]:
 def holds_checkpoints(folder: PathOrStr) -> bool:
     """Whether a run folder holds a complete checkpoint, or step folders set aside in a subfolder
     (rejected/, superseded-TIME/): its recorded config then stays, since it says what wrote them."""
-    if latest_complete(folder) is not None:
+    if Checkpointer.contains_checkpoint(folder):
         return True
     return Path(folder).is_dir() and any(p.is_dir() for p in Path(folder).glob("*/step*"))
 

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..blocks.base import axes, scaled
+from ..blocks.base import scaled
 from ..config import ExperimentSpec, load_spec, vocab_size
 from .optimizer import optimizer
 
-__all__ = ["MULTIPLIERS", "BOUND", "GROUPS", "CoordCheck", "axes_of", "coord_check", "plot"]
+__all__ = ["MULTIPLIERS", "BOUND", "GROUPS", "CoordCheck", "coord_check", "plot"]
 
 MULTIPLIERS = (1, 2, 4, 8)
 BOUND = 0.25  # |slope| at or above: flagged (x8 moves the scale by 8^0.25 = 1.68x or more)
@@ -42,16 +42,6 @@ GROUPS = {  # each kind recorded, and the parameters whose scaling sets it
     "logits": "readout (LM head: init, LR, logit multiplier)",
 }
 LOGITS = ("attention logits", "logits")  # sums over d_head, d_model: muP divides them by it
-
-
-def axis_overrides(spec: ExperimentSpec, axis: str, k: int) -> List[str]:
-    """The overrides scaling ``axis`` of ``spec`` by ``k``: every model key on that axis (width:
-    d_model and an explicit d_ff, d_h, list of widths w_l, muP's m_width)."""
-    return scaled(spec.model, axis, k)
-
-
-def axes_of(spec: ExperimentSpec) -> List[str]:
-    return axes(spec.model)
 
 
 def _kind(name: str) -> Optional[str]:
@@ -248,7 +238,7 @@ def coord_check(
     ids = torch.randint(0, vocab_size(base), (batch, seq + 1), generator=gen)
     check = CoordCheck(config, steps, seeds)
     for axis in axes:
-        check.overrides[axis] = [axis_overrides(base, axis, k) for k in MULTIPLIERS]
+        check.overrides[axis] = [scaled(base.model, axis, k) for k in MULTIPLIERS]
         runs = []
         for k, extra in zip(MULTIPLIERS, check.overrides[axis]):
             say(f"{axis} x{k}: {' '.join(extra)} ({seeds} seeds)")

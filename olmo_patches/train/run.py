@@ -137,22 +137,22 @@ def _fork_without_workers(spec: ExperimentSpec, device: str) -> Optional[str]:
 
 def check_before_writing(
     spec: ExperimentSpec, resume_from: Optional[str] = None
-) -> tuple[list[str], bool]:
+) -> tuple[list[str], bool, Optional[list]]:
     """What a start refuses before it writes anything (ConfigError, one line), the dry run too:
     ``--resume-from``, the sources, train.init_from, the folder's recorded config, the checkpoint it
-    resumes from, one checkpoint's room. Returns what record_config takes once the run is built: the
-    config's changes from the folder's record, and whether the folder holds a complete checkpoint
-    (a record without any is replaced)."""
+    resumes from, one checkpoint's room. Returns what record_config takes once the run is built (the
+    config's changes from the folder's record, and whether the folder holds a complete checkpoint:
+    a record without any is replaced), then the mixture's plan (check_sources's: the dry run's)."""
     if resume_from is not None:
         check_resume_from(resume_from, spec)
-    check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
+    mixture = check_sources(spec)  # manifests against the tokenizer, the mixture against its ratios
     check_init_from(spec)  # a new run's weights: there, readable, of this model's shapes
     checkpointed = holds_checkpoints(spec.save_folder)
     changes = check_config(spec, deliberate=resume_from is not None, checkpointed=checkpointed)
     if resume_from is None:
         check_own_checkpoint(spec)  # the checkpoint the run resumes from fits its model
     check_room(spec)
-    return changes, checkpointed
+    return changes, checkpointed, mixture
 
 
 def _refusal(spec: ExperimentSpec, resume_from: Optional[str], data_checked: bool):
@@ -163,7 +163,7 @@ def _refusal(spec: ExperimentSpec, resume_from: Optional[str], data_checked: boo
         if not data_checked:
             check_data_files(spec)  # token ids below the vocabulary, URLs, the tokenizer file
         check_downstream(spec)
-        return None, check_before_writing(spec, resume_from)
+        return None, check_before_writing(spec, resume_from)[:2]
     except ConfigError as e:  # RunFolderError, bad data, a downstream task that cannot fit
         return e, None
 

@@ -2,8 +2,8 @@
 OLMo-core's lacks, which its module's docstring says (with the line of OLMo-core's source):
 
 - ``checkpointer``: OLMo-core's checkpointer that never re-saves a loaded step, never saves
-  non-finite weights, records each checkpoint's CRCs, keeps every permanent checkpoint, and ends a
-  full disk in one line;
+  non-finite weights, records each checkpoint's CRCs, keeps the last ``run.ephemeral_keep``
+  ephemeral checkpoints (and, set so, every permanent one), and ends a full disk in one line;
 - ``nonfinite``: the first non-finite loss or gradient norm stops the run before it is saved;
 - ``stop``: SIGTERM and SIGUSR1 from the process's start to its end save and exit 0;
 - ``metrics_file``: ``metrics.jsonl``, every step's metrics;

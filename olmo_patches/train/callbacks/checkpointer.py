@@ -8,8 +8,8 @@
 - each checkpoint's files and CRC-32s recorded (checkpoints.py's manifest, in a background thread):
   OLMo-core's ``dir_is_checkpoint`` checks that three files exist (checkpoint.py line 339), and a
   cut or corrupted shard then fails the load, or loads wrong values;
-- every permanent checkpoint kept (OLMo-core keeps 3: ``max_checkpoints``, line 102) and the last
-  ``run.ephemeral_keep`` ephemeral ones (OLMo-core: 1, line 313);
+- the last ``run.ephemeral_keep`` ephemeral checkpoints kept (OLMo-core: the newest, line 313), and
+  every permanent one (set here: ``max_checkpoints=None``; OLMo-core's default keeps 3, line 102);
 - a full disk (ENOSPC, or EDQUOT for a quota: errno(3)) in one line naming the folder, the bytes the
   save needed and what is left, the partial save removed and every good checkpoint kept (exit 4),
   and a run folder without one checkpoint's room refused before it starts (:func:`check_room`);
@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shutil
@@ -35,6 +34,7 @@ from olmo_core.io import is_url
 from olmo_core.train.callbacks import CheckpointerCallback
 
 from ...config import ConfigError, ExperimentSpec
+from ...launch.run_folder import read_record, write_record
 from ..checkpoints import ManifestWriter, latest_complete, prune_incomplete
 from .nonfinite import check_before_save
 
@@ -130,9 +130,7 @@ def record_save_rate(trainer, checkpoint: PathOrStr, seconds: float) -> None:
     start to OLMo-core's "saved" (an async save's finalization included)."""
     size = sum(p.stat().st_size for p in Path(checkpoint).rglob("*") if p.is_file())
     record = {"step": trainer.global_step, "bytes": size, "seconds": round(seconds, 3)}
-    tmp = Path(trainer.save_folder) / f"{SAVE_RATE}.tmp"
-    tmp.write_text(json.dumps(record))
-    tmp.replace(Path(trainer.save_folder) / SAVE_RATE)
+    write_record(Path(trainer.save_folder) / SAVE_RATE, record)
 
 
 def measured_save_rate(save_folder: PathOrStr) -> Optional[dict]:
@@ -141,9 +139,9 @@ def measured_save_rate(save_folder: PathOrStr) -> Optional[dict]:
     if is_url(save_folder):
         return None
     try:
-        record = json.loads((Path(save_folder) / SAVE_RATE).read_text())
+        record = read_record(Path(save_folder) / SAVE_RATE) or {}
         return record if record["bytes"] > 0 and record["seconds"] > 0 else None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError):  # a folder there, unreadable, or not a save's record
         return None
 
 

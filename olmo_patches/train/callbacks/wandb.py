@@ -2,10 +2,11 @@
 
 What OLMo-core lacks (olmo_core/train/callbacks/wandb.py): its callback refuses to start without
 ``WANDB_API_KEY`` (line 127), even offline; starts a new wandb run at every resume (its
-``wandb.init`` has no id, line 133); asks the server for cancel tags every step, offline too; and
-finishes with ``quiet=True`` (line 122), which wandb >= 0.29 no longer takes. ``WANDB_MODE=offline``
-(or ``disabled``) needs no key here, and a resumed run continues its wandb run (the id is kept in
-``SAVE/wandb_id``).
+``wandb.init`` has no id, line 133); asks the server for cancel tags every
+``cancel_check_interval`` steps (line 150; OLMo-core's default 25, 1 here: experiment.py sets it so
+that SIGTERM stops the run at the next step), offline too; and finishes with ``quiet=True`` (line
+122), which wandb >= 0.29 no longer takes. ``WANDB_MODE=offline`` (or ``disabled``) needs no key
+here, and a resumed run continues its wandb run (the id is kept in ``SAVE/wandb_id``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class OfflineAwareWandBCallback(WandBCallback):
         self._run_path = self.run.path if self.run is not None else None  # type: ignore
 
     def post_step(self):
-        """OLMo-core's cancel check, a bookkeeping op each step, asks the server: none offline.
+        """OLMo-core's cancel check, a bookkeeping op every ``cancel_check_interval`` steps, asks
+        the server: none offline.
         (OLMo-core 3.0.0's bookkeeping queue also races when one check ends as the next is
         submitted: a KeyError.)"""
         offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
