@@ -4,7 +4,6 @@ import atexit
 import contextlib
 import fcntl
 import io
-import json
 import logging
 import os
 import runpy
@@ -363,22 +362,6 @@ def load_weights(step_dir: Path) -> dict:
     from olmo_patches.train.checkpoints import load_model_state
 
     return load_model_state(step_dir)
-
-
-def read_batch_trace(run_dir: Path) -> dict:
-    """{step: sorted [(instance index, token hash)]} over every rank's SAVE/batches/rankR.jsonl
-    (``run.trace_batches``); for a step a rank recorded twice (a resume), its later record."""
-    merged: dict = {}
-    for path in sorted((Path(run_dir) / "batches").glob("rank*.jsonl")):
-        steps = {}
-        for line in filter(str.strip, path.read_text().splitlines()):
-            record = json.loads(line)
-            steps[int(record["step"])] = record["tokens"]
-        for step, tokens in steps.items():
-            merged.setdefault(step, {}).update(tokens)
-    return {
-        s: sorted((int(i), h) for i, h in tokens.items()) for s, tokens in sorted(merged.items())
-    }
 
 
 @pytest.fixture(scope="session")

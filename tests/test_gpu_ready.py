@@ -11,10 +11,11 @@ from olmo_core.nn.attention import flash_attn_api
 from olmo_patches.config import ConfigError
 from olmo_patches.launch.layout import attention_backend, load_and_resolve
 from olmo_patches.train import train
+from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.launch.run_folder import read_metrics
 from olmo_patches.train.checkpoints import load_model_state
 
-from .conftest import REPO, read_batch_trace, run_in_process, tiny_overrides
+from .conftest import REPO, run_in_process, tiny_overrides
 
 CONFIGS = [
     "113M/baseline",

@@ -16,9 +16,10 @@ import pytest
 
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.train import train
+from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.launch.run_folder import read_metrics
 
-from .conftest import REPO, child_env, read_batch_trace, finish, ranks, start, tiny_overrides
+from .conftest import REPO, child_env, finish, ranks, start, tiny_overrides
 
 # end to end: runs trained, processes or ranks started (make test-fast leaves them out)
 pytestmark = pytest.mark.slow

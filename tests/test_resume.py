@@ -20,6 +20,7 @@ import torch
 from olmo_core.train.callbacks import Callback
 from olmo_core.train.checkpoint import Checkpointer
 
+from olmo_patches.train.batch_trace import read_batch_trace
 from olmo_patches.launch.layout import load_and_resolve
 from olmo_patches.report.plan import checkpoint_disk, plan
 from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
@@ -29,7 +30,7 @@ from olmo_patches.train.callbacks.nonfinite import NonFiniteError
 from olmo_patches.train import train
 
 from . import _signal_at_step
-from .conftest import REPO, ranks, read_batch_trace, run, run_in_process, run_script, tiny_overrides
+from .conftest import REPO, ranks, run, run_in_process, run_script, tiny_overrides
 
 # end to end: runs trained, processes or ranks started (make test-fast leaves them out)
 pytestmark = pytest.mark.slow

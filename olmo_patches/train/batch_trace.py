@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from olmo_core.distributed.utils import get_rank
 from olmo_core.train.callbacks import Callback
 
-__all__ = ["BatchTraceCallback"]
+__all__ = ["BatchTraceCallback", "read_batch_trace"]
 
 TRACE_DIR = "batches"
 
@@ -40,3 +41,20 @@ class BatchTraceCallback(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def read_batch_trace(run_dir: str | Path) -> Dict[int, List[Tuple[int, str]]]:
+    """{step: sorted [(instance index, token hash)]} over all ranks' files of a run."""
+    merged: Dict[int, Dict[str, str]] = defaultdict(dict)
+    for path in sorted((Path(run_dir) / TRACE_DIR).glob("rank*.jsonl")):
+        steps: Dict[int, Dict[str, str]] = {}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                steps[int(record["step"])] = record["tokens"]  # a rank's later record wins
+        for step, tokens in steps.items():
+            merged[step].update(tokens)
+    return {
+        step: sorted((int(i), h) for i, h in tokens.items())
+        for step, tokens in sorted(merged.items())
+    }
