@@ -58,9 +58,6 @@ class Interval:
     def exp(self) -> "Interval":
         return Interval(math.exp(self.mean), math.exp(self.lo), math.exp(self.hi), self.n)
 
-    def covers(self, x: float) -> bool:
-        return self.lo <= x <= self.hi
-
     def text(self, digits: int = 3) -> str:
         if math.isnan(self.lo):
             return f"{self.mean:.{digits}f}"
