@@ -156,8 +156,27 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
     if kind == "custom":
         _check_attention_implementations(out, ids, want)
         _check_static_cache(hf, ids)
+        _check_left_padding(hf, ids, reference)
     _check_cached_steps(hf, ids, got)
     return hf
+
+
+def _check_left_padding(hf, ids, reference) -> None:
+    """A batch of prompts left-padded (as generate() and lm-eval pad them): the padded row's logits
+    are OLMo-core's on its tokens alone, and each row generates what it generates alone, with the
+    dynamic cache and the static one."""
+    pad = 3
+    batch = torch.stack([ids[0, :8], torch.cat([torch.zeros(pad, dtype=ids.dtype), ids[1, :5]])])
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    with torch.no_grad():
+        got, want = hf(batch, attention_mask=mask).logits[1, pad:], reference(ids[1:, :5])[0]
+    assert (got - want).abs().max().item() < 1e-4
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    alone = [hf.generate(ids[i : i + 1, :n], **kw)[0, n:] for i, n in ((0, 8), (1, 5))]
+    for cache in ("dynamic", "static"):
+        together = hf.generate(batch, attention_mask=mask, cache_implementation=cache, **kw)
+        assert torch.equal(together[:, 8:], torch.stack(alone)), cache
 
 
 def _check_static_cache(hf, ids) -> None:

@@ -17,7 +17,9 @@ variable-width models (paper 2): layer l at its own width w_l inside a stream ma
 resized by ``carry_forward``, ``zero`` or ``learned`` (see ``Block``), with the paper's muP forward
 multipliers. A uniform model is the special case w_l = d_model. Generation keeps a KV cache
 (transformers' ``DynamicCache``): each layer caches its n_kv_heads x head_dim keys and values per
-token at its own width, after RoPE (``use_cache=False`` recomputes the prefix instead).
+token at its own width, after RoPE (``use_cache=False`` recomputes the prefix instead). A batch
+padded on the left (``attention_mask``, as ``generate()`` and lm-eval pad prompts) has its padding
+masked and its positions counted over its tokens: each row gives what it gives alone.
 """
 
 from typing import List, Optional
@@ -204,20 +206,32 @@ def eager_attention_forward(
 
 
 def causal_mask(
-    implementation: str, positions: torch.Tensor, n_keys: int, dtype: torch.dtype, static: bool
+    implementation: str,
+    slots: torch.Tensor,
+    n_keys: int,
+    dtype: torch.dtype,
+    static: bool,
+    keys: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
     """The mask the attention function gets: an additive (B or 1, 1, T, n_keys) mask where the query
-    at position p sees keys 0..p; None where the function applies causality itself on a cache of
-    exactly the keys seen (flash attention, aligned to the last key; any other than eager without
-    a cached prefix, as sdpa's ``is_causal`` and a serving engine's own attention do: no T x T
-    mask for a long prompt). A ``static`` cache (transformers' StaticCache: keys preallocated to its
-    length, compiled generation) always gets the mask, which hides its unwritten slots too."""
-    T = positions.shape[-1]
-    simple = T == 1 or "flash" in implementation or (implementation != "eager" and n_keys == T)
-    if simple and not static:
+    in cache slot p sees keys 0..p, less the padding ``keys`` marks 0 (the caller's 2-D
+    ``attention_mask``; flash attention takes that 2-D mask itself); None where the function
+    applies causality itself on a cache of exactly the keys seen and nothing is padded (flash
+    attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
+    ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt). A
+    ``static`` cache (transformers' StaticCache: keys preallocated to its length, compiled
+    generation) always gets the mask, which hides its unwritten slots too."""
+    T = slots.shape[-1]
+    if "flash" in implementation:
+        return keys
+    simple = T == 1 or (implementation != "eager" and n_keys == T)
+    if simple and not static and keys is None:
         return None
-    allowed = torch.arange(n_keys, device=positions.device) <= positions[..., None]
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
+    allowed = torch.arange(n_keys, device=slots.device) <= slots[..., None]
+    if keys is not None:  # unwritten slots of a static cache are past every query: not padding
+        keys = F.pad(keys[:, :n_keys].bool(), (0, max(0, n_keys - keys.shape[1])), value=True)
+        allowed = allowed & keys[:, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=slots.device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
@@ -270,9 +284,10 @@ class Attention(nn.Module):
             if implementation == "eager"
             else ALL_ATTENTION_FUNCTIONS[implementation]
         )
-        kwargs.pop("attention_mask", None)
+        kwargs.pop("attention_mask", None)  # the model's, read as ``keys``
+        slots, keys = kwargs.pop("slots"), kwargs.pop("keys", None)
         static = getattr(cache, "is_compileable", False)
-        mask = causal_mask(implementation, position_ids.to(x.device), k.shape[-2], q.dtype, static)
+        mask = causal_mask(implementation, slots, k.shape[-2], q.dtype, static, keys)
         y, _ = attend(self, q, k, v, mask, dropout=0.0, scaling=self.scale, **kwargs)
         return self.w_out(y.reshape(B, T, -1))
 
@@ -479,8 +494,6 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
         use_cache: Optional[bool] = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        # Left padding is not supported (positions count from the cache): pass unpadded or
-        # right-padded inputs.
         cache = kwargs.pop("cache", None)
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         if use_cache and cache is None:
@@ -488,10 +501,20 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
         for name in _NOT_ATTENTION:
             kwargs.pop(name, None)
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        # each token's slot among the keys; a static cache's length is a tensor: added, not read,
+        # so compiled decoding keeps it
+        past = cache.get_seq_length() if cache is not None else 0
+        kwargs["slots"] = (past + torch.arange(h.shape[1], device=h.device))[None]
+        if attention_mask is not None and (
+            torch.compiler.is_compiling() or not bool(attention_mask.all())
+        ):  # padding (a batch of prompts left-padded, as generate() pads them): masked, and the
+            # positions count the tokens only
+            kwargs["keys"] = attention_mask
+            if position_ids is None:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+                position_ids = position_ids[:, -h.shape[1] :]
         if position_ids is None:
-            # a static cache's length is a tensor: added, not read, so compiled decoding keeps it
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = (past + torch.arange(h.shape[1], device=h.device))[None]
+            position_ids = kwargs["slots"]
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
         for block in self.blocks.values():
