@@ -29,6 +29,7 @@ from rich.table import Table
 
 from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
 from olmo_patches.config.spec import DOLMA2_VOCAB, padded_vocab
+from olmo_patches.blocks import get_block
 from olmo_patches.config import vocab_size
 from olmo_patches.config.shape_config import write_config
 from olmo_patches.shapes.search import (
@@ -285,6 +286,19 @@ def _attention_args(parser: ArgumentParser) -> None:
     )
 
 
+def _check_writable(baseline: Path | None, text: str) -> None:
+    """--write extends BUDGET's config as model.block=hourglass: it must be a constant-width
+    config (a variable-width one's keys are not the hourglass's)."""
+    if baseline is None:
+        refuse("search: --write needs BUDGET to be a baseline config")
+    block = load_or_exit(str(baseline)).model.block
+    if not get_block(block).constant_width:
+        refuse(
+            f"search: --write: BUDGET={text} is a model.block={block} config, whose keys a "
+            "model.block=hourglass config cannot extend; give a constant-width baseline"
+        )
+
+
 def main() -> None:
     args = _parser().parse_args()
     if args.head_dim % 2:
@@ -300,6 +314,8 @@ def main() -> None:
             else TOLERANCE
         )
     budget, baseline, vocab, seq = parse_budget(args.budget)
+    if args.write:
+        _check_writable(baseline, args.budget)
     misses: list[str] = []
     rows = shapes(args, budget, misses)
     if not rows:  # nothing to show: one line, as for any argument that cannot work
@@ -318,8 +334,6 @@ def main() -> None:
     )
     Console(width=220).print(table(rows[: args.top], budget, vocab, seq))
     if args.write:
-        if baseline is None:
-            refuse("search: --write needs BUDGET to be a baseline config")
         command = "python scripts/search.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         for s in rows:
             print(write_config(s, args.write, baseline, budget, command, args.tolerance))

@@ -1,5 +1,6 @@
 """Shape solving against the paper's numbers and OLMo-core's own parameter and FLOP counts."""
 
+import re
 from pathlib import Path
 
 from olmo_patches.blocks import model_spec
@@ -91,6 +92,25 @@ def test_cli_writes_loadable_configs(tmp_path):
         abs(m.n_layers * (4 * m.d_model**2 + 3 * m.K * m.d_model * m.d_h) - B113)
         <= TOLERANCE * B113
     )
+
+
+def test_written_configs_take_no_attention_shape_from_their_budget(tmp_path):
+    """BUDGET a config with heads of its own (113M's hd96 sibling, head_dim 96): the written config
+    is the shape solved, heads of d_model / n_heads, whose parameters meet the budget its header
+    states; a variable-width BUDGET, whose keys an hourglass config cannot extend, is refused."""
+    hd96, shape = ROOT / "configs/113M/hourglass-hd96.yaml", ["--K", "4", "--layers", "8"]
+    r = run_in_process("search.py", str(hd96), *shape, "--d-h-ratio", "0.55", "--write", tmp_path)
+    assert r.returncode == 0, r.stderr
+    (path,) = tmp_path.glob("*.yaml")
+    budget = int(re.search(r"the baseline's ([\d,]+)", path.read_text())[1].replace(",", ""))
+    m = load_and_resolve(path).model
+    assert m.head_dim is None and m.n_kv_heads is None  # d_model / n_heads each, MHA
+    attention_and_ffn = m.n_layers * (4 * m.d_model**2 + 3 * m.K * m.d_model * m.d_h)
+    assert abs(attention_and_ffn - budget) <= TOLERANCE * budget
+    vw = ROOT / "configs/paper2/500M/baseline.yaml"
+    r = run_in_process("search.py", str(vw), *shape, "--write", tmp_path / "vw")
+    assert r.returncode == 2 and "model.block=variable_width" in r.stderr.strip()
+    assert not (tmp_path / "vw").exists()
 
 
 def test_bad_budget_is_one_line_error():

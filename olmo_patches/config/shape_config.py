@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..shapes.search import TOLERANCE, Shape
+from .load import load_spec
 
 __all__ = ["write_config"]
 
@@ -55,15 +56,25 @@ model:
   d_h: {s.d_h}
 """
     )
+    base = load_spec(baseline).model  # what the shape leaves unset must not come from it
     if s.fixed_head_dim:
         text += (
             f"  head_dim: {s.head_dim}  # attention width {s.attention_width} "
             f"({s.attention_width / s.d_model:.2f} d_model)\n"
         )
+    elif base.head_dim is not None:
+        text += (
+            f"  head_dim: null  # d_model / n_heads, as solved (the baseline's: {base.head_dim})\n"
+        )
     if s.n_kv_heads:
         text += (
             f"  n_kv_heads: {s.n_kv_heads}  # GQA: {s.n_heads // s.n_kv_heads} query heads per "
             "key/value head\n"
+        )
+    elif base.n_kv_heads is not None:
+        text += (
+            "  n_kv_heads: null  # a key/value head per query head, as solved (the baseline's: "
+            f"{base.n_kv_heads})\n"
         )
     tmp = path.with_suffix(".yaml.tmp")
     tmp.write_text(text)
