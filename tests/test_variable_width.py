@@ -753,6 +753,9 @@ def test_count_params_reports_widths_and_flops_ratio():
     waste = 3 * (w[0] - h) * w[0] + 4 * w[-1] * (w[-1] - h)
     base = count(load_and_resolve(REPO / "configs" / "paper2" / "500M" / "baseline.yaml"))
     assert abs(count(spec).non_embedding - waste - base.non_embedding) / base.non_embedding < 0.01
+    # GQA's key/value heads are no layer of the authors' count: the built model's is given
+    gqa = load_and_resolve(REPO / "configs" / "paper2" / "500M" / "x.yaml", ["model.n_kv_heads=4"])
+    assert paper_report(gqa)["matched_params"] == count(gqa).non_embedding
 
 
 # --- config errors --------------------------------------------------------------------------------

@@ -375,8 +375,10 @@ class VariableWidth(BlockKind):
 
 def _paper_counts(m, widths: List[int], vocab: int, seq: int, moe) -> Dict[str, Any]:
     """``matched_params`` and ``authors_flops_per_token`` of paper 2 (3 x the forward of
-    ``paper_flops``) for the authors' layers, else :func:`built_counts`."""
-    if m.ffn != "swiglu" or m.resolved_d_ff != 4 * m.d_model or m.head_dim is not None:
+    ``paper_flops``) for the authors' layers (SwiGLU of 4 d_model, heads of d_model / n_heads, one
+    key/value head per query head), else :func:`built_counts`."""
+    authors = m.ffn == "swiglu" and m.resolved_d_ff == 4 * m.d_model and m.head_dim is None
+    if not authors or m.resolved_n_kv_heads != m.n_heads:
         return built_counts(m, vocab, seq)
     return {
         "matched_params": round(paper_params(widths, m.d_model, moe)),
