@@ -174,15 +174,16 @@ def solve(
     integer, the d_h/d_model nearest the target winning (pass ``tolerance=SPLIT_TOLERANCE`` with
     it).
 
-    Search order: each d_model window in turn (relative to the continuous solution d*), each L
-    nearest first, each alignment rung most aligned first; on a rung the d_model nearest d* wins.
+    Search order: each L nearest ``n_layers`` first (another L only where this one has no shape in
+    any window), each d_model window in turn (relative to the continuous solution d*), each
+    alignment rung most aligned first; on a rung the d_model nearest d* wins.
     """
     layers = sorted(
         range(max(1, n_layers - layer_slack), n_layers + layer_slack + 1),
         key=lambda L: (abs(L - n_layers), L),
     )
-    for window in windows:
-        for L in layers:
+    for L in layers:
+        for window in windows:
             if nearest_ratio:
                 attention = dict(attn_fraction=attn_fraction, head_dim=head_dim, kv_group=kv_group)
                 shape = _solve_nearest_ratio(
