@@ -71,8 +71,28 @@ def parse_count(text: str) -> float:
     return value
 
 
+def _refuse_unused(args) -> None:
+    """One line for an option the chosen mode would ignore: --attention solves MHA shapes from
+    the attention count alone; --d-model fixes d_h by --d-h, which needs it."""
+    modes = {
+        "--attention": (
+            args.attention is not None,
+            ("d_model", "d_h", "d_h_ratio", "attn_fraction", "aligned", "nearest_ratio"),
+        ),
+        "--d-model": (args.d_model is not None, ("d_h_ratio", "aligned", "nearest_ratio")),
+    }
+    for mode, (on, options) in modes.items():
+        if given := [o for o in options if on and getattr(args, o)]:
+            refuse(f"search: {mode} ignores --{given[0].replace('_', '-')}; leave one out")
+    if args.attention is not None and (args.kv_group != 1 or args.head_dim != 64):
+        refuse("search: --attention solves MHA shapes: leave --kv-group and --head-dim out")
+    if args.d_h is not None and args.d_model is None:
+        refuse("search: --d-h needs --d-model (solved shapes take --d-h-ratio)")
+
+
 def shapes(args, budget: int, misses: list[str]) -> list[Shape]:
     """The shapes of the grid searched; each grid point that has none is added to ``misses``."""
+    _refuse_unused(args)
     Ks = args.K or list(range(1, 11))
     fractions = tuple(args.attn_fraction or (None,))
     attention = dict(head_dim=args.head_dim, kv_group=args.kv_group)

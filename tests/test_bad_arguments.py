@@ -65,6 +65,17 @@ CASES = [
     ("search.py", [BASELINE, "--top", "-1"], "--top"),
     ("search.py", [BASELINE, "--d-model", "512"], "--d-model"),
     ("search.py", ["0"], "BUDGET=0"),
+    (
+        "search.py",
+        ["113M", "--attention", "45M", "--K", "4", "--layers", "6", "--aligned"],
+        "--aligned",
+    ),
+    (
+        "search.py",
+        ["113M", "--attention", "45M", "--K", "4", "--layers", "6", "--kv-group", "4"],
+        "--kv-group",
+    ),
+    ("search.py", ["113M", "--K", "4", "--d-h", "600"], "--d-h"),
     ("search.py", ["lots"], "BUDGET=lots"),
     ("search.py", ["{empty}"], "empty config file"),
     ("data_order.py", ["indices", "--world-size", "0", "--out", "{work}/i.npy"], "--world-size"),
