@@ -1,0 +1,81 @@
+"""The Hugging Face export's refusals and its writes, in process on a tiny checkpoint written
+directly (OLMo-core's layout: the model's tensors under ``model.`` in model_and_optim/, the run's
+config.yaml above), no training run."""
+
+import errno
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra (pip install -e '.[hf]')")
+
+from olmo_patches.config import load_spec, spec_to_yaml  # noqa: E402
+
+from .conftest import REPO, run_in_process, tiny_overrides  # noqa: E402
+
+BASELINE = REPO / "configs" / "demo" / "baseline.yaml"
+
+
+def write_checkpoint(run, *overrides):
+    """``run/step1`` of a tiny model of ``overrides`` (its initial weights), ``run/config.yaml``."""
+    import torch.distributed.checkpoint as dcp
+
+    spec = load_spec(BASELINE, tiny_overrides(run, *overrides))
+    torch.manual_seed(0)
+    state = spec.model_config().build(init_device="cpu").state_dict()
+    step = run / "step1"
+    dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(step), no_dist=True)
+    (run / "config.yaml").write_text(spec_to_yaml(spec))
+    return step
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("run"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A tokenizer JSON with the demo's special ids (eos 0, pad 1)."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {"<|endoftext|>": 0, "<|pad|>": 1, "a": 2}
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    Tokenizer(models.WordLevel(vocab, unk_token="a")).save(str(path))
+    return path
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_failed_write_keeps_the_earlier_export(checkpoint, tokenizer, tmp_path, monkeypatch):
+    """A disk that fills while the weights are written (safetensors' own error, as ulimit -f or a
+    full disk give it): one line, exit 1, the earlier export byte for byte, nothing left beside
+    it; the export then replaces it whole."""
+    import transformers.modeling_utils as mu
+    from safetensors import SafetensorError
+
+    out = tmp_path / "hf"
+    args = [str(checkpoint), str(out), "--force", "--tokenizer", str(tokenizer)]
+    assert run_in_process("export_hf.py", *args).returncode == 0
+    before = _files(out)
+    assert {"model.safetensors", "tokenizer.json"} <= set(before)
+
+    def full(*a, **k):
+        raise SafetensorError(f"Error while serializing: I/O error: {os.strerror(errno.ENOSPC)}")
+
+    monkeypatch.setattr(mu, "safe_save_file", full)
+    r = run_in_process("export_hf.py", *args)
+    line = r.stderr.strip().splitlines()[-1]  # after transformers' progress bar
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert line.startswith(f"export_hf: OUT_DIR {out}: writing the export failed (Error while ")
+    assert line.endswith("No space left on device); nothing there changed")
+    assert _files(out) == before and os.listdir(tmp_path) == ["hf"]
+    monkeypatch.undo()
+    r = run_in_process("export_hf.py", *args[:3])  # without the tokenizer: its files go
+    assert r.returncode == 0 and set(_files(out)) == set(before) - {
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
