@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the hf extra (pip install -e '.[hf]')")
 
+from olmo_patches.blocks import BLOCKS, BlockKind  # noqa: E402
 from olmo_patches.config import load_spec, spec_to_yaml  # noqa: E402
 
 from .conftest import REPO, run_in_process, tiny_overrides  # noqa: E402
@@ -79,3 +80,35 @@ def test_a_failed_write_keeps_the_earlier_export(checkpoint, tokenizer, tmp_path
         "tokenizer.json",
         "tokenizer_config.json",
     }
+
+
+class GeluTanh(BlockKind):
+    """OLMo-core's own block and FeedForward, its gate GELU (tanh) instead of SiLU: the same config
+    types and weight names as the baseline, another forward."""
+
+    name = "gelu_tanh"
+
+    def build(self, m, config):
+        from olmo_core.nn.feed_forward import ActivationFunction
+
+        config.block.feed_forward.activation = ActivationFunction.gelu_tanh
+        return config
+
+
+def test_a_kind_that_changes_a_field_the_export_does_not_map_is_refused(
+    checkpoint, tmp_path, monkeypatch
+):
+    """The default hf_config exports OLMo-core's SwiGLU config of the model's keys and nothing
+    else: a kind that changes a field of it is refused in one line naming the field, nothing
+    written."""
+    monkeypatch.setitem(BLOCKS, GeluTanh.name, GeluTanh())
+    config = tmp_path / "config.yaml"
+    spec = load_spec(BASELINE, tiny_overrides(tmp_path, "model.block=gelu_tanh"))
+    config.write_text(spec_to_yaml(spec))
+    r = run_in_process("export_hf.py", str(checkpoint), str(tmp_path / "hf"), "--config", config)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"export_hf: {config}: model.block=gelu_tanh: the Hugging Face export (its "
+        "block.feed_forward.activation is gelu_tanh, not silu) needs BlockKind.hf_config of it "
+        "(docs/adding_a_block.md)"
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
