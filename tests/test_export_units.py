@@ -112,3 +112,18 @@ def test_a_kind_that_changes_a_field_the_export_does_not_map_is_refused(
         "(docs/adding_a_block.md)"
     ]
     assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
+
+
+def test_a_bad_tokenizer_is_refused_before_any_weight_is_read(checkpoint, tmp_path, monkeypatch):
+    """--tokenizer is checked against the vocabulary of the checkpoint's metadata: a path with a
+    typo is one line before the weights are read, nothing written."""
+    from olmo_patches.export import hf
+
+    def read(path):
+        raise AssertionError("the weights were read")
+
+    monkeypatch.setattr(hf, "load_model_state", read)
+    typo = tmp_path / "tokenizr.json"
+    with pytest.raises(ValueError, match=rf"^--tokenizer {typo}: not a tokenizer JSON \(No such "):
+        hf.export_hf(checkpoint, tmp_path / "hf", tokenizer_file=typo)
+    assert os.listdir(tmp_path) == []

@@ -26,7 +26,7 @@ import torch
 
 from ..blocks import block_of
 from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
-from ..train.checkpoints import check_checkpoint_fits, load_model_state
+from ..train.checkpoints import check_checkpoint_fits, checkpoint_shapes, load_model_state
 
 __all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
 
@@ -379,12 +379,12 @@ def export_hf(
     none of them (another model's tokenizer, say) is left beside this one; other files stay."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
     spec = _checked_sources(checkpoint, out, config)
-    state = load_model_state(checkpoint)
-    vocab = state["embeddings.weight"].shape[0]
+    vocab = checkpoint_shapes(checkpoint)["embeddings.weight"][0]  # before any weight is read
     ids = token_ids(spec)
     specials = (
         _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
     )
+    state = load_model_state(checkpoint)
     kind = "olmo2" if is_olmo2_shape(spec, vocab) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, spec.data.sequence_length)
     from transformers import GenerationConfig
