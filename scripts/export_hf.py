@@ -7,8 +7,10 @@ OLMo-2-shaped baselines become Olmo2ForCausalLM; hourglass and pre-norm models c
 modeling code (load with trust_remote_code=True).
 
 OUT_DIR is a new or empty folder; one that holds anything is written into only with --force, which
-first removes an earlier export's files there (config, weights, modeling code, card, tokenizer) and
-leaves the others; never a run folder (OUT_DIR holding CHECKPOINT, or inside it). What needs no
+replaces an earlier export's files there (config, weights, modeling code, card, tokenizer) and
+leaves the others; never a run folder (OUT_DIR holding CHECKPOINT, or inside it). The export is
+written beside OUT_DIR and moved in once whole: a write that fails (a full disk) leaves OUT_DIR as
+it was. What needs no
 model (the arguments, the checkpoint's folder, the config, OUT_DIR) is checked before torch is
 imported; the checkpoint's weights against the config's model (their shapes, from the checkpoint's
 metadata) before any weight is read.
@@ -91,6 +93,8 @@ def main() -> None:
         )
     except (ConfigError, ValueError, FileNotFoundError) as e:
         refuse(f"export_hf: {e}")
+    except OSError as e:  # the write failed (a full disk): OUT_DIR as it was
+        refuse(f"export_hf: {e}", 1)
     what = "Olmo2ForCausalLM" if kind == "olmo2" else "custom modeling code, trust_remote_code=True"
     print(f"wrote {args.out_dir} ({what})")
 

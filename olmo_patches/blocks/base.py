@@ -131,11 +131,16 @@ class ModelSpec:
 
     def build(self, vocab_size: int) -> "TransformerConfig":
         """OLMo-core's ``TransformerConfig`` for this shape (init seed set by the trainer)."""
+        return block_of(self).build(self, self.swiglu_config(vocab_size))
+
+    def swiglu_config(self, vocab_size: int) -> "TransformerConfig":
+        """OLMo-core's constant-width SwiGLU transformer of these keys: what a kind's ``build``
+        starts from (the baseline's whole config)."""
         from olmo_core.nn.feed_forward import FeedForwardConfig
         from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
 
         post = self.norm_placement == NormPlacement.post
-        config = TransformerConfig.llama_like(
+        return TransformerConfig.llama_like(
             d_model=self.d_model,
             vocab_size=self.vocab_size or vocab_size,
             n_layers=self.n_layers,
@@ -153,7 +158,6 @@ class ModelSpec:
             tie_word_embeddings=self.tie_embeddings,
             init_std=self.init_std,
         )
-        return block_of(self).build(self, config)
 
 
 class ConfigError(ValueError):
@@ -302,15 +306,42 @@ class BlockKind:
         attention then FFN, as ``model.norm_placement``); the attention, RoPE, norm eps and
         vocabulary are the export's. A model this kind cannot export: :func:`refuse`, or a
         ``ConfigError`` naming the key. Exactly the default's fields: transformers' own Olmo2 (a
-        post-norm QK-norm model)."""
+        post-norm QK-norm model). The default: ``m.swiglu_config`` as it is, and refused if
+        ``build`` changed a field of it (:func:`first_change`) that the export would not carry."""
         blocks = built.resolved_block_configs
         if not olmo_core_swiglu(built) or any(b.feed_forward is None for b in blocks):
             refuse(self, "hf_config", "the Hugging Face export (its FFN in the modeling file)")
+        if (change := first_change(m.swiglu_config(built.vocab_size), built)) is not None:
+            refuse(self, "hf_config", f"the Hugging Face export (its {change})")
         return dict(ffn="swiglu", ffn_hidden=m.resolved_d_ff)
 
     def hf_weights(self, m, state: Dict[str, Any]) -> Dict[str, Any]:
         """OLMo-core's ``state`` (names kept) with each tensor in the modeling file's shape."""
         return state
+
+
+# Fields of OLMo-core's configs that do not change a trained model's forward: its initialization,
+# frozen weights, dropout, and the kernels that compute the same attention.
+_NOT_THE_FORWARD = frozenset(
+    {"init_method", "init_seed", "init_std", "embedding_init_std", "freeze_params", "dropout"}
+    | {"backend", "use_flash", "use_recompute_qkv_prep"}
+)
+
+
+def first_change(base: Any, built: Any, path: str = "") -> Optional[str]:
+    """The first field of OLMo-core's config ``built`` that differs from ``base`` and changes the
+    forward (``path``: its dotted name, then both values), or None."""
+    if is_dataclass(base) and type(base) is type(built):
+        for f in fields(base):
+            if f.name not in _NOT_THE_FORWARD:
+                where = f"{path}.{f.name}" if path else f.name
+                if why := first_change(getattr(base, f.name), getattr(built, f.name), where):
+                    return why
+        return None
+    if base == built:
+        return None
+    show = [str(v if not is_dataclass(v) else type(v).__name__)[:60] for v in (built, base)]
+    return f"{path} is {show[0]}, not {show[1]}"
 
 
 def w2_input(ffn, record: Callable) -> List[Callable[[], None]]:

@@ -14,16 +14,19 @@ The run's ``config.yaml`` (the folder above the checkpoint, or ``config``) gives
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 import torch
 
 from ..blocks import block_of
 from ..config import ExperimentSpec, load_spec, tokenizer_config, vocab_size
-from ..train.checkpoints import check_checkpoint_fits, load_model_state
+from ..train.checkpoints import check_checkpoint_fits, checkpoint_shapes, load_model_state
 
 __all__ = ["custom_model", "export_hf", "MODELING", "token_ids"]
 
@@ -347,7 +350,8 @@ def _exportable(config_path: Path) -> ExperimentSpec:
 
 
 # What an export writes (save_pretrained's config, weights and generation config; the modeling
-# code, the model card, the tokenizer): removed from OUT_DIR before an export replaces another.
+# code, the model card, the tokenizer): those of an earlier export in OUT_DIR that this one does not
+# write are removed once it is written, when it replaces another.
 EXPORT_FILES = (
     "config.json",
     "generation_config.json",
@@ -368,33 +372,62 @@ def export_hf(
     tokenizer_file: Optional[str | Path] = None,
     replace: bool = False,
 ) -> str:
-    """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom"). ``replace``:
-    an earlier export's files in ``out_dir`` (EXPORT_FILES) are removed first, so that none of them
-    (another model's tokenizer, say) is left beside this one; other files stay."""
+    """Write the HF model folder; returns which kind it wrote ("olmo2" or "custom"). The export is
+    written into a folder beside ``out_dir`` and moved in once whole: a write that fails (a full
+    disk) is an OSError of one line, and ``out_dir`` is left as it was. ``replace``: an earlier
+    export's files in ``out_dir`` (EXPORT_FILES) that this one does not write are removed, so that
+    none of them (another model's tokenizer, say) is left beside this one; other files stay."""
     checkpoint, out = Path(checkpoint), Path(out_dir)
     spec = _checked_sources(checkpoint, out, config)
-    state = load_model_state(checkpoint)
-    vocab = state["embeddings.weight"].shape[0]
+    vocab = checkpoint_shapes(checkpoint)["embeddings.weight"][0]  # before any weight is read
     ids = token_ids(spec)
     specials = (
         _check_tokenizer(Path(tokenizer_file), ids, vocab) if tokenizer_file is not None else None
     )
+    state = load_model_state(checkpoint)
     kind = "olmo2" if is_olmo2_shape(spec, vocab) else "custom"
     model = (_olmo2 if kind == "olmo2" else _custom)(spec, state, vocab, spec.data.sequence_length)
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(**ids)  # generate() stops at eos and pads with pad
-    if replace and out.is_dir():
-        for old in {p for pattern in EXPORT_FILES for p in out.glob(pattern)}:
-            old.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    if kind == "custom":
-        shutil.copy(MODELING, out / MODELING.name)
-    (out / "README.md").write_text(model_card(spec, kind, checkpoint, vocab))
-    if tokenizer_file is not None:
-        _write_tokenizer(out, Path(tokenizer_file), spec.data.sequence_length, specials)
+    with _written_beside(out, replace) as folder:
+        model.save_pretrained(folder)
+        if kind == "custom":
+            shutil.copy(MODELING, folder / MODELING.name)
+        (folder / "README.md").write_text(model_card(spec, kind, checkpoint, vocab))
+        if tokenizer_file is not None:
+            _write_tokenizer(folder, Path(tokenizer_file), spec.data.sequence_length, specials)
     return kind
+
+
+@contextmanager
+def _written_beside(out: Path, replace: bool) -> Iterator[Path]:
+    """A new folder beside ``out`` (the same file system) to write the export into; once written,
+    its files replace ``out``'s (os.replace each, then the earlier export's others go, with
+    ``replace``). A write that fails: the folder removed, ``out`` untouched, an OSError of one
+    line."""
+    from safetensors import SafetensorError
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{out.name}-export-", dir=out.parent))
+    try:
+        yield folder
+    except (OSError, SafetensorError) as e:
+        raise OSError(
+            f"OUT_DIR {out}: writing the export failed ({' '.join(str(e).split())[:200]}); nothing "
+            "there changed"
+        ) from None
+    else:
+        new = {p.name for p in folder.iterdir()}
+        out.mkdir(exist_ok=True)
+        for name in sorted(new):
+            os.replace(folder / name, out / name)
+        if replace:
+            for old in {p for pattern in EXPORT_FILES for p in out.glob(pattern)}:
+                if old.name not in new:
+                    old.unlink()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _checked_sources(checkpoint: Path, out: Path, config: Optional[str | Path]):
