@@ -72,12 +72,8 @@ __all__ = [
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
-CLAIM, CLAIM_LOCK, LOG, LAST = (
-    "sweep-claim.json",
-    ".sweep-claim.lock",
-    "sweep.log",
-    "sweep-last.json",
-)
+CLAIM, CLAIM_LOCK = "sweep-claim.json", ".sweep-claim.lock"
+LOG, LAST = "sweep.log", "sweep-last.json"
 # sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
@@ -145,6 +141,7 @@ class Member:
     group: str = ""  # the config's run.name: every seed and LR of one config
     seed: int = 0  # seed offset
     lr_scale: float = 1.0
+    copies: Tuple[Path, ...] = ()  # other files of the same config (a run of several ablations)
 
     @property
     def name(self) -> str:
@@ -194,8 +191,9 @@ def expand_configs(patterns: Sequence[str]) -> List[Path]:
 def load_sweep(
     patterns: Sequence[str], overrides: Sequence[str] = (), variants: Variants = Variants()
 ) -> List[Member]:
-    """Every run of every config loaded and checked (ConfigError on the first bad one); two runs may
-    not share a run folder."""
+    """Every run of every config loaded and checked (ConfigError on the first bad one); configs
+    naming one run folder are one run (the copies of a config in several ablations' folders) or
+    refused (two configs)."""
     members = []
     for path in expand_configs(patterns):
         spec = load_spec(path, list(overrides))
@@ -204,15 +202,14 @@ def load_sweep(
                 own = variants.overrides(spec, seed, lr_scale)
                 run_spec = load_spec(path, [*overrides, *own]) if own else spec
                 members.append(Member(path, run_spec, tuple(own), spec.run.name, seed, lr_scale))
-    seen: Dict[Path, Path] = {}
+    runs: Dict[Path, Member] = {}
     for m in members:
-        folder = m.folder.resolve()
-        if folder in seen:
+        if (same := runs.setdefault(m.folder.resolve(), m)) is not m and same.spec != m.spec:
             raise ConfigError(
-                f"{m.config}: run.save_folder: {m.folder} is also the run folder of {seen[folder]}"
+                f"{m.config}: run.save_folder: {m.folder} is also the run folder of {same.config}"
             )
-        seen[folder] = m.config
-    return members
+        same.copies += (m.config,) if same is not m else ()
+    return list(runs.values())
 
 
 # --- SLURM queries --------------------------------------------------------------------------------
