@@ -1,5 +1,5 @@
-"""A sweep's runs as loaded (no training): one run per run folder; a config copied into several
-ablation folders is one run, listed by each ablation."""
+"""A sweep's runs as loaded (no training): one run per run folder and per run name; a config copied
+into several ablation folders is one run, listed by each ablation."""
 
 import pytest
 
@@ -39,9 +39,13 @@ def _configs(root, **folders):
 
 @pytest.mark.parametrize(
     "folders, seeds, refused",
-    [({"a": "r runs/r", "b": "r runs/r train: {lr: 1.0e-3}"}, (0,), "run folder of")],
+    [
+        ({"a": "r runs/r", "b": "r runs/r train: {lr: 1.0e-3}"}, (0,), "run folder of"),
+        ({"a": "r runs/a", "b": "r runs/b"}, (0,), "run.name: r is also the run name of"),
+        ({"h": "h runs/h", "h-seed1": "h-seed1 runs/x"}, (0, 1), "run.name: h-seed1 is also"),
+    ],
 )
-def test_two_configs_may_not_share_a_run_folder(tmp_path, folders, seeds, refused):
+def test_two_runs_may_share_neither_folder_nor_name(tmp_path, folders, seeds, refused):
     paths = _configs(tmp_path, **folders)
     with pytest.raises(ConfigError, match=refused) as e:
         load_sweep(paths, [], Variants(seeds=seeds))

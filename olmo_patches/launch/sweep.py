@@ -193,7 +193,7 @@ def load_sweep(
 ) -> List[Member]:
     """Every run of every config loaded and checked (ConfigError on the first bad one); configs
     naming one run folder are one run (the copies of a config in several ablations' folders) or
-    refused (two configs)."""
+    refused (two configs), as are two runs of one name (with their -lrXx, -seedS suffixes)."""
     members = []
     for path in expand_configs(patterns):
         spec = load_spec(path, list(overrides))
@@ -203,12 +203,17 @@ def load_sweep(
                 run_spec = load_spec(path, [*overrides, *own]) if own else spec
                 members.append(Member(path, run_spec, tuple(own), spec.run.name, seed, lr_scale))
     runs: Dict[Path, Member] = {}
+    names: Dict[str, Member] = {}  # the report knows a run by its name
     for m in members:
         if (same := runs.setdefault(m.folder.resolve(), m)) is not m and same.spec != m.spec:
             raise ConfigError(
                 f"{m.config}: run.save_folder: {m.folder} is also the run folder of {same.config}"
             )
         same.copies += (m.config,) if same is not m else ()
+        if (other := names.setdefault(m.name, same)) is not same:
+            raise ConfigError(
+                f"{m.config}: run.name: {m.name} is also the run name of {other.config}"
+            )
     return list(runs.values())
 
 
