@@ -20,8 +20,9 @@ Seeds and learning rates (:class:`Variants`): each config can run over seeds and
 learning rates around its own. Seed offset s adds s to ``train.seed`` (the init) and/or
 ``data.order_seed`` (the data order), whichever ``vary`` names; LR scale x multiplies
 ``train.lr``. Offset 0 at scale 1 is the config's own run (its name and folder); another variant is
-the run ``NAME-lrXx-seedS`` in the folder ``SAVE_FOLDER-lrXx-seedS``, an ordinary run folder
-(resumed, claimed and reported as any).
+the run ``NAME-lrXx-seedS`` in the folder ``SAVE_FOLDER-lrXx-seedS`` (``-seedS-init`` or
+``-seedS-order`` where one seed is varied), an ordinary run folder (resumed, claimed and reported as
+any).
 """
 
 from __future__ import annotations
@@ -84,13 +85,14 @@ SLURM_LIVE = set(
 
 
 SEED_KEYS = ("train.seed", "data.order_seed")  # what a seed offset changes (--vary init, order)
-SEED_SUFFIX = "-seed"  # a seed offset's run: NAME-seedS (NAME: offset 0)
+SEED_SUFFIX = "-seed"  # a seed offset's run: NAME-seedS[-init|-order] (NAME: offset 0)
 
 
 def seed_of(name: str) -> Tuple[str, int]:
-    """(NAME, S) of a run named NAME-seedS by a sweep; (name, 0) for any other name."""
-    base, sep, seed = name.rpartition(SEED_SUFFIX)
-    return (base, int(seed)) if sep and base and seed.isdigit() else (name, 0)
+    """(NAME, S) of a run named NAME-seedS (or NAME-seedS-init, -order) by a sweep; (name, 0) for
+    any other name."""
+    m = re.fullmatch(rf"(.+){SEED_SUFFIX}(\d+)(-init|-order)?", name)
+    return (m[1], int(m[2])) if m else (name, 0)
 
 
 @dataclass(frozen=True)
@@ -108,11 +110,9 @@ class Variants:
             own.append(f"train.lr={spec.train.lr * lr_scale!r}")
             suffix += f"-lr{lr_scale:g}x"
         if seed:
-            own += [f"train.seed={spec.train.seed + seed}"] if "init" in self.vary else []
-            own += (
-                [f"data.order_seed={spec.data.order_seed + seed}"] if "order" in self.vary else []
-            )
-            suffix += f"{SEED_SUFFIX}{seed}"
+            own += [f"train.seed={spec.train.seed + seed}"] * ("init" in self.vary)
+            own += [f"data.order_seed={spec.data.order_seed + seed}"] * ("order" in self.vary)
+            suffix += f"{SEED_SUFFIX}{seed}" + (f"-{self.vary[0]}" if len(self.vary) == 1 else "")
         if suffix:
             own += [
                 f"run.name={spec.run.name}{suffix}",
