@@ -72,14 +72,21 @@ def main() -> None:
         vary=("init", "order") if args.vary == "both" else (args.vary,),
         lr_scales=tuple(sorted({1.0, *(args.lr_grid or ())})),
     )
-    members = _members(args, variants)  # the configs are good: what follows imports torch
-    fresh = _confirmation(args, members, variants) if args.confirm else []
-    if args.command == "launch":
-        _launch(args, fresh or members)
-    elif args.command == "status":
-        _status(args, members + fresh, variants)
-    else:
-        _report(args, members, variants, fresh)
+    try:
+        members = _members(args, variants)  # the configs are good: what follows imports torch
+        fresh = _confirmation(args, members, variants) if args.confirm else []
+        if args.command == "launch":
+            _launch(args, fresh or members)
+        elif args.command == "status":
+            _status(args, members + fresh, variants)
+        else:
+            _report(args, members, variants, fresh)
+    except ConfigError as e:  # a bad config or --baseline, a grid not finished, a bad run folder
+        from olmo_patches.launch.run_folder import RunFolderError
+
+        kind = "error" if isinstance(e, RunFolderError) else "config error"
+        print(f"{kind}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _parser() -> ArgumentParser:
@@ -166,31 +173,23 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _members(args: argparse.Namespace, variants) -> list:
-    """The sweep's runs; a bad config or --baseline: one line, exit 2."""
+    """The sweep's runs; a bad config or --baseline: ConfigError."""
     from olmo_patches.launch.sweep import load_sweep
 
-    try:
-        members = load_sweep(args.configs, args.overrides, variants)
-        groups = list(dict.fromkeys(m.group for m in members))
-        if args.command == "report" and args.baseline and args.baseline not in groups:
-            raise ConfigError(
-                f"--baseline {args.baseline}: not a config of the sweep ({', '.join(groups)})"
-            )
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    members = load_sweep(args.configs, args.overrides, variants)
+    groups = list(dict.fromkeys(m.group for m in members))
+    if args.command == "report" and args.baseline and args.baseline not in groups:
+        raise ConfigError(
+            f"--baseline {args.baseline}: not a config of the sweep ({', '.join(groups)})"
+        )
     return members
 
 
 def _confirmation(args: argparse.Namespace, members: list, variants) -> list:
-    """The fresh seeds at each config's best LR; a grid not finished: one line, exit 2."""
+    """The fresh seeds at each config's best LR; a grid not finished: ConfigError."""
     from olmo_patches.report.compare import confirmation
 
-    try:
-        return confirmation(members, args.overrides, variants, args.confirm)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return confirmation(members, args.overrides, variants, args.confirm)
 
 
 def _launch(args: argparse.Namespace, members: list) -> None:
@@ -236,21 +235,17 @@ def _print_table(title: str, rows: list, overflow: str = "ellipsis") -> None:
 def _report(args: argparse.Namespace, members: list, variants, fresh: list) -> None:
     from olmo_patches.report.sweep import report
 
-    try:
-        written = report(
-            members,
-            args.out,
-            args.slurm_logs,
-            figures=not args.no_figures,
-            target_loss=args.target_loss,
-            variants=variants,
-            baseline=args.baseline,
-            use_best_lr=args.best_lr,
-            confirm=fresh,
-        )
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    written = report(
+        members,
+        args.out,
+        args.slurm_logs,
+        figures=not args.no_figures,
+        target_loss=args.target_loss,
+        variants=variants,
+        baseline=args.baseline,
+        use_best_lr=args.best_lr,
+        confirm=fresh,
+    )
     for path in written:
         print(path)
 

@@ -2,9 +2,12 @@
 once (at a save step and the last step its own metrics again, an evaluation's after the step's): the
 file merges them into that step's one record, later values winning, as a dict update does."""
 
+import json
 from types import SimpleNamespace
 
-from olmo_patches.launch.run_folder import METRICS_FILE, read_metrics
+import pytest
+
+from olmo_patches.launch.run_folder import METRICS_FILE, RunFolderError, read_metrics
 from olmo_patches.train.callbacks.metrics_file import MetricsFileCallback
 
 CALLS = [
@@ -57,3 +60,19 @@ def test_one_progress_line_per_logged_step(tmp_path):
     assert len(records.messages) == 4 and [
         m.split()[1].split("/")[0] for m in records.messages
     ] == ["1", "2", "3", "4"], records.messages
+
+
+def test_a_torn_last_line_is_left_out_and_dropped_on_resume(tmp_path):
+    """A run killed as it wrote its last record: read without it, and resumed from step 2 with a
+    file of whole lines; a bad line before the last is one error naming the file and the line."""
+    path = tmp_path / METRICS_FILE
+    path.write_text('{"step": 1, "loss": 8.0}\n{"step": 2, "loss": 7.5}\n{"step": 3, "lo')
+    assert read_metrics(tmp_path) == {1: {"loss": 8.0}, 2: {"loss": 7.5}}
+    callback = MetricsFileCallback()
+    callback.trainer = SimpleNamespace(save_folder=str(tmp_path), global_step=2)
+    callback.pre_train()
+    callback.log_metrics(3, {"loss": 7.0})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    path.write_text('{"step": 1, "loss": 8.0}\n{"step": 2, "lo\n{"step": 3, "loss": 7.0}\n')
+    with pytest.raises(RunFolderError, match=f"^{path} line 2: not JSON"):
+        read_metrics(tmp_path)

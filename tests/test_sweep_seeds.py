@@ -8,7 +8,7 @@ import shlex
 import pytest
 import yaml
 
-from olmo_patches.launch.sweep import Variants, launch_slurm, load_sweep
+from olmo_patches.launch.sweep import Variants, launch_slurm, load_sweep, seed_of
 
 from .conftest import REPO, TINY, run_in_process
 
@@ -43,14 +43,22 @@ def test_each_seed_and_lr_is_a_run_of_its_own(tmp_path):
     }
     assert got == {
         ("s-lr0.5x", "s-lr0.5x", DEMO_SEED, DEMO_SEED, DEMO_LR / 2, "s"),
-        ("s-lr0.5x-seed2", "s-lr0.5x-seed2", DEMO_SEED, DEMO_SEED + 2, DEMO_LR / 2, "s"),
+        (
+            "s-lr0.5x-seed2-order",
+            "s-lr0.5x-seed2-order",
+            DEMO_SEED,
+            DEMO_SEED + 2,
+            DEMO_LR / 2,
+            "s",
+        ),
         ("s", "s", DEMO_SEED, DEMO_SEED, DEMO_LR, "s"),  # offset 0 at scale 1: the config's own run
-        ("s-seed2", "s-seed2", DEMO_SEED, DEMO_SEED + 2, DEMO_LR, "s"),
-    }
+        ("s-seed2-order", "s-seed2-order", DEMO_SEED, DEMO_SEED + 2, DEMO_LR, "s"),
+    }  # --vary order is a run of its own, not the --vary both run of that seed
     init = load_sweep([str(cfg)], [], Variants(seeds=(3,), vary=("init",)))
-    assert [(m.spec.train.seed, m.spec.data.order_seed) for m in init] == [
-        (DEMO_SEED + 3, DEMO_SEED)
+    assert [(m.name, m.spec.train.seed, m.spec.data.order_seed) for m in init] == [
+        ("s-seed3-init", DEMO_SEED + 3, DEMO_SEED)
     ]
+    assert [seed_of(m.name) for m in init] == [("s", 3)]  # the report's seed 3 of s
 
 
 def test_a_seed_trains_with_its_seeds_and_status_counts_it(tmp_path, demo_corpus):

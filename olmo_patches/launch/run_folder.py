@@ -250,12 +250,8 @@ def take_record(
 def drop_record(path: Path, guard: Path) -> None:
     """Remove ``path`` if it is still this process's record (its host and pid)."""
     with guarded(guard):
-        holder = read_record(path)
-        if (
-            holder is not None
-            and holder.get("pid") == os.getpid()
-            and holder.get("host") == socket.gethostname()
-        ):
+        holder = read_record(path) or {}
+        if (holder.get("pid"), holder.get("host")) == (os.getpid(), socket.gethostname()):
             path.unlink()
 
 
@@ -321,15 +317,20 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(run_dir: str | Path) -> Dict[int, Dict[str, float]]:
-    """{step: {metric: value}} from a run folder; a missing file gives {}."""
+    """{step: {metric: value}} from a run folder; a missing file gives {}, a torn last line (a run
+    killed as it wrote, a full disk) is left out, a bad line before it is a RunFolderError."""
     path = Path(run_dir) / METRICS_FILE
     out: Dict[int, Dict[str, float]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        if line.strip():
+    text = path.read_text() if path.exists() else ""
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    for n, line in lines:
+        try:
             record = json.loads(line)
-            out.setdefault(int(record.pop("step")), {}).update(record)
+        except json.JSONDecodeError as e:
+            if n < lines[-1][0]:  # a torn last line is left out
+                raise RunFolderError(f"{path} line {n}: not JSON ({e.msg})") from None
+            break
+        out.setdefault(int(record.pop("step")), {}).update(record)
     return out
 
 

@@ -20,8 +20,9 @@ Seeds and learning rates (:class:`Variants`): each config can run over seeds and
 learning rates around its own. Seed offset s adds s to ``train.seed`` (the init) and/or
 ``data.order_seed`` (the data order), whichever ``vary`` names; LR scale x multiplies
 ``train.lr``. Offset 0 at scale 1 is the config's own run (its name and folder); another variant is
-the run ``NAME-lrXx-seedS`` in the folder ``SAVE_FOLDER-lrXx-seedS``, an ordinary run folder
-(resumed, claimed and reported as any).
+the run ``NAME-lrXx-seedS`` in the folder ``SAVE_FOLDER-lrXx-seedS`` (``-seedS-init`` or
+``-seedS-order`` where one seed is varied), an ordinary run folder (resumed, claimed and reported as
+any).
 """
 
 from __future__ import annotations
@@ -72,12 +73,8 @@ __all__ = [
 REPO = data_root()  # scripts/ of the checkout or the installed wheel
 TRAIN_SCRIPT = REPO / "scripts" / "train.py"
 SLURM_LAUNCHER = REPO / "scripts" / "launch_slurm.sbatch"
-CLAIM, CLAIM_LOCK, LOG, LAST = (
-    "sweep-claim.json",
-    ".sweep-claim.lock",
-    "sweep.log",
-    "sweep-last.json",
-)
+CLAIM, CLAIM_LOCK = "sweep-claim.json", ".sweep-claim.lock"
+LOG, LAST = "sweep.log", "sweep-last.json"
 # sacct states of an element that ended in error; other ended states (COMPLETED, CANCELLED,
 # PREEMPTED, REQUEUED) leave an unfinished run "stopped".
 SLURM_FAILED = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
@@ -88,13 +85,14 @@ SLURM_LIVE = set(
 
 
 SEED_KEYS = ("train.seed", "data.order_seed")  # what a seed offset changes (--vary init, order)
-SEED_SUFFIX = "-seed"  # a seed offset's run: NAME-seedS (NAME: offset 0)
+SEED_SUFFIX = "-seed"  # a seed offset's run: NAME-seedS[-init|-order] (NAME: offset 0)
 
 
 def seed_of(name: str) -> Tuple[str, int]:
-    """(NAME, S) of a run named NAME-seedS by a sweep; (name, 0) for any other name."""
-    base, sep, seed = name.rpartition(SEED_SUFFIX)
-    return (base, int(seed)) if sep and base and seed.isdigit() else (name, 0)
+    """(NAME, S) of a run named NAME-seedS (or NAME-seedS-init, -order) by a sweep; (name, 0) for
+    any other name."""
+    m = re.fullmatch(rf"(.+){SEED_SUFFIX}(\d+)(-init|-order)?", name)
+    return (m[1], int(m[2])) if m else (name, 0)
 
 
 @dataclass(frozen=True)
@@ -112,11 +110,9 @@ class Variants:
             own.append(f"train.lr={spec.train.lr * lr_scale!r}")
             suffix += f"-lr{lr_scale:g}x"
         if seed:
-            own += [f"train.seed={spec.train.seed + seed}"] if "init" in self.vary else []
-            own += (
-                [f"data.order_seed={spec.data.order_seed + seed}"] if "order" in self.vary else []
-            )
-            suffix += f"{SEED_SUFFIX}{seed}"
+            own += [f"train.seed={spec.train.seed + seed}"] * ("init" in self.vary)
+            own += [f"data.order_seed={spec.data.order_seed + seed}"] * ("order" in self.vary)
+            suffix += f"{SEED_SUFFIX}{seed}" + (f"-{self.vary[0]}" if len(self.vary) == 1 else "")
         if suffix:
             own += [
                 f"run.name={spec.run.name}{suffix}",
@@ -145,6 +141,7 @@ class Member:
     group: str = ""  # the config's run.name: every seed and LR of one config
     seed: int = 0  # seed offset
     lr_scale: float = 1.0
+    copies: Tuple[Path, ...] = ()  # other files of the same config (a run of several ablations)
 
     @property
     def name(self) -> str:
@@ -194,8 +191,9 @@ def expand_configs(patterns: Sequence[str]) -> List[Path]:
 def load_sweep(
     patterns: Sequence[str], overrides: Sequence[str] = (), variants: Variants = Variants()
 ) -> List[Member]:
-    """Every run of every config loaded and checked (ConfigError on the first bad one); two runs may
-    not share a run folder."""
+    """Every run of every config loaded and checked (ConfigError on the first bad one); configs
+    naming one run folder are one run (the copies of a config in several ablations' folders) or
+    refused (two configs), as are two runs of one name (with their -lrXx, -seedS suffixes)."""
     members = []
     for path in expand_configs(patterns):
         spec = load_spec(path, list(overrides))
@@ -204,15 +202,19 @@ def load_sweep(
                 own = variants.overrides(spec, seed, lr_scale)
                 run_spec = load_spec(path, [*overrides, *own]) if own else spec
                 members.append(Member(path, run_spec, tuple(own), spec.run.name, seed, lr_scale))
-    seen: Dict[Path, Path] = {}
+    runs: Dict[Path, Member] = {}
+    names: Dict[str, Member] = {}  # the report knows a run by its name
     for m in members:
-        folder = m.folder.resolve()
-        if folder in seen:
+        if (same := runs.setdefault(m.folder.resolve(), m)) is not m and same.spec != m.spec:
             raise ConfigError(
-                f"{m.config}: run.save_folder: {m.folder} is also the run folder of {seen[folder]}"
+                f"{m.config}: run.save_folder: {m.folder} is also the run folder of {same.config}"
             )
-        seen[folder] = m.config
-    return members
+        same.copies += (m.config,) if same is not m else ()
+        if (other := names.setdefault(m.name, same)) is not same:
+            raise ConfigError(
+                f"{m.config}: run.name: {m.name} is also the run name of {other.config}"
+            )
+    return list(runs.values())
 
 
 # --- SLURM queries --------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def status_rows(statuses: Sequence[RunStatus]) -> List[dict]:
         {
             "run": s.member.name,
             **({"seed": str(s.member.seed), "LR x": f"{s.member.lr_scale:g}"} if variants else {}),
-            "config": str(s.member.config),
+            "config": ", ".join(map(str, (s.member.config, *s.member.copies))),
             "state": s.state,
             "step": f"{s.step}/{s.member.total_steps}",
             "tokens": f"{s.tokens:,}",
@@ -102,7 +102,7 @@ def report(
     runs = {name: run for name, run in loaded.items() if not why.get(name, "")}
     compared = comparison(members, runs, why, use_best_lr, confirm)
     grouped = compared_runs(compared)  # a member's seeds at its compared LR: one row, one point
-    configs = list(dict.fromkeys(m.config for m in members))  # each once, whatever its seeds
+    configs = list(dict.fromkeys(c for m in members for c in (m.config, *m.copies)))  # each once
     tables = build_tables(grouped, sweep_configs=configs)
     tables = {k: rows for k, rows in tables.items() if any(r.get("run") in grouped for r in rows)}
     points = scaling_points(grouped)
@@ -120,7 +120,7 @@ def report(
     if figures:
         written += make_figures(grouped, out) + scaling_figure(points, out, paper_results())
         written += val_curves_figure(compared, out)
-        by_config = {m.config: m.group or m.name for m in members}
+        by_config = {c: m.group or m.name for m in members for c in (m.config, *m.copies)}
         for kind, paths in ablation_configs(configs).items():
             subset = {by_config[p]: grouped[by_config[p]] for p in paths if by_config[p] in grouped}
             if subset:

@@ -6,8 +6,9 @@ What OLMo-core lacks: its MetricSaverCallback keeps the latest value of each met
 save; a loss curve needs every step's.
 
 A resumed run first drops the records past its checkpoint's step (steps a killed run logged but did
-not save, which the resumed run redoes), then appends: one record per step (what OLMo-core logs
-twice for a step, at a save or the last step, merged into it).
+not save, which the resumed run redoes) and a torn last line (a run killed as it wrote), then
+appends: one record per step (what OLMo-core logs twice for a step, at a save or the last step,
+merged into it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Dict
 from olmo_core.distributed.utils import get_rank
 from olmo_core.train.callbacks import Callback
 
-from ...launch.run_folder import METRICS_FILE
+from ...launch.run_folder import METRICS_FILE, read_metrics
 
 
 @dataclass
@@ -30,13 +31,11 @@ class MetricsFileCallback(Callback):
         if get_rank() != 0 or not path.is_file():
             return
         step = self.trainer.global_step  # the checkpoint resumed from (0: a new run, nothing kept)
-        lines = path.read_text().splitlines(keepends=True)
-        kept = [
-            line for line in lines if step and line.strip() and json.loads(line)["step"] <= step
-        ]
-        if len(kept) != len(lines):
+        metrics = read_metrics(path.parent) if step else {}  # a torn last line left out
+        kept = [{"step": s, **m} for s, m in metrics.items() if s <= step]
+        if len(kept) != len(path.read_text().splitlines()):
             tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(kept))
+            tmp.write_text("".join(json.dumps(record) + "\n" for record in kept))
             tmp.replace(path)
 
     def log_metrics(self, step: int, metrics: Dict[str, float]):

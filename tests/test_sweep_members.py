@@ -1,0 +1,52 @@
+"""A sweep's runs as loaded (no training): one run per run folder and per run name; a config copied
+into several ablation folders is one run, listed by each ablation."""
+
+import pytest
+
+from olmo_patches.config import ConfigError
+from olmo_patches.launch.sweep import Variants, load_sweep
+from olmo_patches.report.tables import ablation_configs
+
+from .conftest import REPO, run_in_process
+
+SHARED = "113M-hourglass-K4-L12-d972-dh485"  # k-sweep, d_h-ratio and width-depth-K4 hold it
+
+
+def test_a_config_copied_into_several_ablations_is_one_run_in_each(tmp_path):
+    members = load_sweep([str(REPO / "configs/113M/ablations")])
+    assert len(members) == 46 - 2 - 1  # 46 files; the K4-L12 in 3 folders, the K2-L12 in 2
+    (shared,) = [m for m in members if m.name == SHARED]
+    configs = [shared.config, *shared.copies]
+    assert {p.parent.name for p in configs} == {"k-sweep", "d_h-ratio", "width-depth-K4"}
+    # the report's ablation tables (k-sweep, the matched K sweep, is none of them)
+    by_kind = ablation_configs(configs)
+    assert {k for k, paths in by_kind.items() if len(paths) == 1} == {"d_h_ratio", "width_depth"}
+    status = run_in_process("sweep.py", "status", "configs/113M/ablations/", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("not started") == 43 and status.stdout.count(SHARED) == 1
+
+
+def _configs(root, **folders):
+    """One tiny config a name: {name: "RUN_NAME FOLDER [key: value]"}."""
+    for name, text in folders.items():
+        run, folder, *extra = text.split(" ", 2)
+        (root / f"{name}.yaml").write_text(
+            f"extends: {REPO / 'configs/demo/baseline.yaml'}\n"
+            f"run: {{name: {run}, save_folder: {root / folder}}}\n{''.join(extra)}\n"
+        )
+    return [str(root / f"{name}.yaml") for name in folders]
+
+
+@pytest.mark.parametrize(
+    "folders, seeds, refused",
+    [
+        ({"a": "r runs/r", "b": "r runs/r train: {lr: 1.0e-3}"}, (0,), "run folder of"),
+        ({"a": "r runs/a", "b": "r runs/b"}, (0,), "run.name: r is also the run name of"),
+        ({"h": "h runs/h", "h-seed1": "h-seed1 runs/x"}, (0, 1), "run.name: h-seed1 is also"),
+    ],
+)
+def test_two_runs_may_share_neither_folder_nor_name(tmp_path, folders, seeds, refused):
+    paths = _configs(tmp_path, **folders)
+    with pytest.raises(ConfigError, match=refused) as e:
+        load_sweep(paths, [], Variants(seeds=seeds))
+    assert all(p in str(e.value) for p in paths) and "\n" not in str(e.value)
