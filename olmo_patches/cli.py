@@ -23,6 +23,7 @@ __all__ = [
     "refuse_alike",
     "ArgumentParser",
     "at_least",
+    "count",
     "fraction",
     "folder_arg",
     "out_arg",
@@ -162,6 +163,19 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not 0 < value <= 1:  # NaN fails too
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def count(text: str) -> float:
+    """An argparse ``type``: a count, plain or with one suffix K, M or B (45M, 45e6, 45000000 ->
+    45e6), in (0, 2^53]."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper())
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (45000000, 45e6, 45M)") from None
+    if not 0 < value <= 2**53:  # NaN and infinity too
+        raise argparse.ArgumentTypeError(f"must be in (0, 2^53], got {text}")
     return value
 
 

@@ -27,11 +27,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from olmo_patches.cli import ArgumentParser, at_least, fraction, load_or_exit, out_arg, refuse
+from olmo_patches.cli import (
+    ArgumentParser,
+    at_least,
+    count,
+    fraction,
+    load_or_exit,
+    out_arg,
+    refuse,
+)
 from olmo_patches.config.spec import DOLMA2_VOCAB, padded_vocab
-from olmo_patches.blocks import get_block
 from olmo_patches.config import vocab_size
-from olmo_patches.config.shape_config import write_config
+from olmo_patches.config.shape_config import unextendable, write_config
 from olmo_patches.shapes.search import (
     ALIGNED_TOLERANCE,
     SPLIT_TOLERANCE,
@@ -48,44 +55,28 @@ from olmo_patches.shapes.search import (
 def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
     """(budget, baseline config or None, vocab size, sequence length)."""
     if text.endswith((".yaml", ".yml")):
-        from olmo_patches.report.counts import count  # builds the model (meta): torch
+        from olmo_patches.report.counts import count as counts  # builds the model (meta): torch
 
         spec = load_or_exit(text)
-        return count(spec).non_embedding, Path(text), vocab_size(spec), spec.data.sequence_length
-    scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1)
+        return counts(spec).non_embedding, Path(text), vocab_size(spec), spec.data.sequence_length
     try:
-        budget = int(round(float(text.rstrip("KkMmBb")) * scale))
-    except (ValueError, OverflowError):
-        refuse(f"search: BUDGET={text}: not a config file or a parameter count")
-    if budget < 1:
-        refuse(f"search: BUDGET={text}: must be a positive parameter count")
+        budget = round(count(text))
+    except argparse.ArgumentTypeError as e:
+        refuse(f"search: BUDGET={text}: not a config file or a parameter count ({e})")
     return budget, None, padded_vocab(DOLMA2_VOCAB), 4096
-
-
-def parse_count(text: str) -> float:
-    """45M, 45e6, 45000000 -> 45e6 (argparse type: a bad value is a one-line error)."""
-    scale = {"K": 1e3, "M": 1e6, "B": 1e9}.get(text[-1:].upper(), 1)
-    value = float(text.rstrip("KkMmBb")) * scale
-    if not 0 < value <= 2**53:  # nan and inf too
-        raise ValueError(text)
-    return value
 
 
 def _refuse_unused(args) -> None:
     """One line for an option the chosen mode would ignore: --attention solves MHA shapes from
-    the attention count alone; --d-model fixes d_h by --d-h, which needs it."""
-    modes = {
-        "--attention": (
-            args.attention is not None,
-            ("d_model", "d_h", "d_h_ratio", "attn_fraction", "aligned", "nearest_ratio"),
-        ),
-        "--d-model": (args.d_model is not None, ("d_h_ratio", "aligned", "nearest_ratio")),
-    }
-    for mode, (on, options) in modes.items():
-        if given := [o for o in options if on and getattr(args, o)]:
-            refuse(f"search: {mode} ignores --{given[0].replace('_', '-')}; leave one out")
-    if args.attention is not None and (args.kv_group != 1 or args.head_dim != 64):
-        refuse("search: --attention solves MHA shapes: leave --kv-group and --head-dim out")
+    the attention count alone; --d-model takes d_h from --d-h, which needs it."""
+    ignored = ("d_h_ratio", "aligned", "nearest_ratio")
+    for key, options in (
+        ("attention", (*ignored, "d_model", "d_h", "attn_fraction", "kv_group", "head_dim")),
+        ("d_model", ignored),
+    ):
+        given = [o for o in options if getattr(args, o) != _parser().get_default(o)]
+        if getattr(args, key) is not None and given:
+            refuse(f"search: --{key.replace('_', '-')} ignores --{given[0].replace('_', '-')}")
     if args.d_h is not None and args.d_model is None:
         refuse("search: --d-h needs --d-model (solved shapes take --d-h-ratio)")
 
@@ -295,7 +286,7 @@ def _attention_args(parser: ArgumentParser) -> None:
     )
     parser.add_argument(
         "--attention",
-        type=parse_count,
+        type=count,
         help="solve for this many attention parameters (45M: the paper's split) instead of "
         "--d-h-ratio",
     )
@@ -304,19 +295,6 @@ def _attention_args(parser: ArgumentParser) -> None:
         action="store_true",
         help="the d_h/d_model nearest each target (any even d_model, MHA heads); tolerance 4e-4",
     )
-
-
-def _check_writable(baseline: Path | None, text: str) -> None:
-    """--write extends BUDGET's config as model.block=hourglass: it must be a constant-width
-    config (a variable-width one's keys are not the hourglass's)."""
-    if baseline is None:
-        refuse("search: --write needs BUDGET to be a baseline config")
-    block = load_or_exit(str(baseline)).model.block
-    if not get_block(block).constant_width:
-        refuse(
-            f"search: --write: BUDGET={text} is a model.block={block} config, whose keys a "
-            "model.block=hourglass config cannot extend; give a constant-width baseline"
-        )
 
 
 def main() -> None:
@@ -334,8 +312,8 @@ def main() -> None:
             else TOLERANCE
         )
     budget, baseline, vocab, seq = parse_budget(args.budget)
-    if args.write:
-        _check_writable(baseline, args.budget)
+    if args.write and (why := unextendable(baseline and load_or_exit(str(baseline)))):
+        refuse(f"search: --write: BUDGET={args.budget}: {why}")
     misses: list[str] = []
     rows = shapes(args, budget, misses)
     if not rows:  # nothing to show: one line, as for any argument that cannot work

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
+from ..blocks import block_of
 from ..shapes.search import TOLERANCE, Shape
 from .load import load_spec
+from .spec import ExperimentSpec
 
-__all__ = ["write_config"]
+__all__ = ["unextendable", "write_config"]
 
 
 def config_name(s: Shape) -> str:
@@ -18,6 +21,17 @@ def config_name(s: Shape) -> str:
     return f"hourglass-K{s.K}-L{s.n_layers:02d}-d{s.d_model}-dh{s.d_h}{attention}" + (
         f"-kv{s.n_kv_heads}" if s.n_kv_heads else ""
     )
+
+
+def unextendable(baseline: Optional[ExperimentSpec]) -> Optional[str]:
+    """Why a written config (model.block=hourglass) cannot extend ``baseline``, or None: a budget
+    given as a count has none; a variable-width baseline's keys are no hourglass config's."""
+    if baseline is None:
+        return "a parameter count, no config to extend"
+    block = baseline.model.block
+    if block_of(baseline.model).constant_width:
+        return None
+    return f"a model.block={block} config, whose keys a model.block=hourglass one cannot extend"
 
 
 def write_config(
