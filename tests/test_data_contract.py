@@ -519,13 +519,13 @@ def test_data_order_refuses_an_empty_paths_file_in_one_line(tmp_path, args, name
     ],
 )
 def test_search_without_a_shape_exits_2_in_one_line(tmp_path, args):
-    r = run_in_process("search.py", *args, "--write", str(tmp_path / "out"), cwd=tmp_path)
+    r = run_in_process("search.py", *args, cwd=tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-2000:])
     assert len(lines) == 1 and lines[0].startswith(f"search: BUDGET={args[0]}: no shape within"), (
         r.stderr
     )
-    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_size_checks_card_is_the_largest_listed():

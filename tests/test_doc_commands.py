@@ -90,6 +90,8 @@ COMMANDS = [
         "run",
         ("--top", "3"),
     ),
+    # fixed dimensions or the paper's split: no d_h/d_model to shrink the grid with (refused)
+    Row(r"python scripts/search\.py .*--(d-model|attention) ", "run", ("--top", "3")),
     Row(r"python scripts/search\.py ", "run", TINY_SEARCH),
     Row(
         r"python scripts/analyze\.py runs/",

@@ -50,3 +50,18 @@ def test_two_runs_may_share_neither_folder_nor_name(tmp_path, folders, seeds, re
     with pytest.raises(ConfigError, match=refused) as e:
         load_sweep(paths, [], Variants(seeds=seeds))
     assert all(p in str(e.value) for p in paths) and "\n" not in str(e.value)
+
+
+def test_a_run_folder_of_another_config_is_refused_not_taken_for_done(tmp_path):
+    """A folder whose recorded config.yaml is another config's (a key changed since it trained):
+    load_sweep refuses it in one line naming the key, before a launch would skip it as done or a
+    report pool it. The record is the config as training writes it (spec_to_yaml)."""
+    from olmo_patches.config import load_spec, spec_to_yaml
+
+    (path,) = _configs(tmp_path, g="g runs/g")
+    (tmp_path / "runs/g").mkdir(parents=True)
+    (tmp_path / "runs/g/config.yaml").write_text(spec_to_yaml(load_spec(path)))
+    assert [m.name for m in load_sweep([path])] == ["g"]  # the same config: its run
+    with pytest.raises(ConfigError, match=r"runs/g/config\.yaml: g was trained with another") as e:
+        load_sweep([path], ["model.d_model=64"])
+    assert "model.d_model: 128 -> 64" in str(e.value) and "\n" not in str(e.value)

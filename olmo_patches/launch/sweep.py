@@ -46,6 +46,7 @@ from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root, find_config
 from .run_folder import (
     METRICS_FILE,
+    changed_keys,
     drop_record,
     guarded,
     latest_step,
@@ -193,7 +194,9 @@ def load_sweep(
 ) -> List[Member]:
     """Every run of every config loaded and checked (ConfigError on the first bad one); configs
     naming one run folder are one run (the copies of a config in several ablations' folders) or
-    refused (two configs), as are two runs of one name (with their -lrXx, -seedS suffixes)."""
+    refused (two configs), as are two runs of one name (with their -lrXx, -seedS suffixes) and a
+    run folder that holds a run of another config (a rerun's comparison: run_folder.changed_keys;
+    the sweep would take it for done, the report would pool it)."""
     members = []
     for path in expand_configs(patterns):
         spec = load_spec(path, list(overrides))
@@ -213,6 +216,12 @@ def load_sweep(
         if (other := names.setdefault(m.name, same)) is not same:
             raise ConfigError(
                 f"{m.config}: run.name: {m.name} is also the run name of {other.config}"
+            )
+        recorded = m.folder / "config.yaml"
+        if recorded.is_file() and (changes := changed_keys(recorded.read_text(), m.spec)):
+            raise ConfigError(
+                f"{recorded}: {m.name} was trained with another config ({'; '.join(changes)}); "
+                "give this one another run.name or run.save_folder"
             )
     return list(runs.values())
 

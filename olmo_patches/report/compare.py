@@ -35,13 +35,11 @@ import numpy as np
 
 from ..config import ConfigError
 from ..eval.names import PAPER_VALIDATION_SETS
-from ..launch.run_folder import changed_keys
 from ..launch.sweep import Member, RunStatus, Variants
 from . import stats
 from .tables import _LM, Run, SeedGroup
 
 __all__ = [
-    "check_seed_folders",
     "left_out",
     "comparison",
     "compared_runs",
@@ -50,18 +48,6 @@ __all__ = [
     "comparison_notes",
     "val_curves_figure",
 ]
-
-
-def check_seed_folders(members: Sequence[Member]) -> None:
-    """Every run folder of a member holds that member's config at that seed (ConfigError otherwise):
-    a report never pools the seeds of different shapes."""
-    for m in members:
-        recorded = m.folder / "config.yaml"
-        if recorded.is_file() and (changes := changed_keys(recorded.read_text(), m.spec)):
-            raise ConfigError(
-                f"{recorded}: seed {m.seed} of {m.group or m.name} was trained with another config "
-                f"({'; '.join(changes)}); the seeds of one member must share its config"
-            )
 
 
 def left_out(status: RunStatus, run: Optional[Run]) -> str:

@@ -10,7 +10,6 @@ from typing import List, Optional, Sequence
 from ..launch.run_folder import read_metrics
 from ..launch.sweep import Member, RunStatus, Variants, sweep_status
 from .compare import (
-    check_seed_folders,
     compared_runs,
     comparison,
     comparison_notes,
@@ -91,9 +90,7 @@ def report(
     best (``use_best_lr``; ``confirm``: compare.confirmation's fresh seeds there), and the
     figures, for all runs and per ablation (figures.ablation_figures). Only the runs that reached
     their planned step with finite losses are read (compare.left_out); the status and ``seeds``
-    tables name the others.
-    A member whose seeds' folders hold another config: ConfigError, nothing written."""
-    check_seed_folders([*members, *confirm])
+    tables name the others. (A run folder of another config is refused when the sweep loads.)"""
     baseline = baseline or (members[0].group or members[0].name)
     statuses = sweep_status([*members, *confirm], slurm_log_dir)
     folders = [m.folder for m in [*members, *confirm] if (m.folder / "config.yaml").exists()]
