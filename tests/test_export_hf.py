@@ -157,8 +157,28 @@ def _export_and_check(tmp_path, demo_corpus, config, overrides, kind):
         _check_attention_implementations(out, ids, want)
         _check_static_cache(hf, ids)
         _check_left_padding(hf, ids, reference)
+        _check_hidden_states(hf, ids, reference)
     _check_cached_steps(hf, ids, got)
     return hf
+
+
+def _check_hidden_states(hf, ids, reference) -> None:
+    """output_hidden_states: each block's input, OLMo-core's (forward hooks), then the output
+    norm's; a config.json naming a form the modeling code does not build is refused, not run as
+    another."""
+    inputs = []
+    blocks = reference.blocks.values()
+    hooks = [b.register_forward_pre_hook(lambda _, a: inputs.append(a[0])) for b in blocks]
+    with torch.no_grad():
+        reference(ids)
+        out = hf(ids, output_hidden_states=True)
+    for hook in hooks:
+        hook.remove()
+    assert len(out.hidden_states) == len(inputs) + 1
+    assert all((got - want).abs().max() < 1e-4 for got, want in zip(out.hidden_states, inputs))
+    for key, value in (("ffn", "geglu"), ("norm_placement", "sandwich"), ("resize", "copy")):
+        with pytest.raises(ValueError, match=f"{key}='{value}'"):
+            type(hf.config)(**{key: value})
 
 
 def _check_left_padding(hf, ids, reference) -> None:

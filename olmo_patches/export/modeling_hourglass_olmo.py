@@ -86,6 +86,13 @@ class HourglassOlmoConfig(PretrainedConfig):
         attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
     ):
+        for key, value, known in (
+            ("ffn", ffn, FFN_FORMS),
+            ("norm_placement", norm_placement, ("pre", "post")),
+            ("resize", resize, ("carry_forward", "zero", "learned")),
+        ):  # a value this file does not build is no model it runs
+            if value not in known:
+                raise ValueError(f"{key}={value!r}: this modeling code builds {', '.join(known)}")
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.ffn, self.ffn_hidden, self.K, self.d_h = ffn, ffn_hidden, K, d_h
         self.norm_placement, self.qk_norm = norm_placement, qk_norm
@@ -498,6 +505,9 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
         cache = kwargs.pop("past_key_values", None) if cache is None else cache
         if use_cache and cache is None:
             cache = DynamicCache()
+        if kwargs.get("output_attentions") or self.config.output_attentions:
+            raise ValueError("output_attentions: the attention functions here return no weights")
+        hidden = kwargs.get("output_hidden_states") or self.config.output_hidden_states
         for name in _NOT_ATTENTION:
             kwargs.pop(name, None)
         h = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -517,9 +527,13 @@ class HourglassOlmoModel(HourglassOlmoPreTrainedModel):
             position_ids = kwargs["slots"]
         if self.embed_scale != 1.0:
             h = h * self.embed_scale
+        states = []  # each block's input (the embedding, then the stream), as transformers' models
         for block in self.blocks.values():
+            states.append(h)
             h = block(h, position_ids, cache, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE: cache})
+        h = self.norm(h)
+        states = tuple(states) + (h,) if hidden else None  # the last: the output norm's
+        return BaseModelOutputWithPast(last_hidden_state=h, hidden_states=states, **{CACHE: cache})
 
 
 class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
@@ -561,7 +575,12 @@ class HourglassOlmoForCausalLM(HourglassOlmoPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)})
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            hidden_states=out.hidden_states,
+            **{CACHE: getattr(out, CACHE)},
+        )
 
     def prepare_inputs_for_generation(
         self, input_ids, attention_mask=None, use_cache=None, **kwargs
