@@ -65,3 +65,26 @@ def test_a_run_folder_of_another_config_is_refused_not_taken_for_done(tmp_path):
     with pytest.raises(ConfigError, match=r"runs/g/config\.yaml: g was trained with another") as e:
         load_sweep([path], ["model.d_model=64"])
     assert "model.d_model: 128 -> 64" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_run_folder_locked_by_a_live_process_is_running(tmp_path):
+    """A run started by hand (train.py holds SAVE/.lock) is "running" to the sweep, which would
+    not start it a second time; once its process is gone, it is not."""
+    import json
+    import socket
+    import subprocess
+
+    from olmo_patches.launch.sweep import SlurmInfo, run_status
+
+    (path,) = _configs(tmp_path, g="g runs/g")
+    (m,) = load_sweep([path])
+    m.folder.mkdir(parents=True)
+    holder = subprocess.Popen(["sleep", "60"])
+    lock = {"host": socket.gethostname(), "pid": holder.pid, "slurm_job": None, "since": "now"}
+    (m.folder / ".lock").write_text(json.dumps(lock))
+    try:
+        assert run_status(m, SlurmInfo({}, {})).state == "running"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_status(m, SlurmInfo({}, {})).state == "not started"

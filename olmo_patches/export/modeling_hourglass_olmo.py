@@ -46,6 +46,15 @@ CACHE = (
 FFN_FORMS = ("swiglu", "hourglass")  # the FFNs this file builds (the config's ffn)
 
 
+def _check_forms(**given: str) -> None:
+    """A value this file does not build is no model it runs: ValueError naming it."""
+    forms = {"ffn": FFN_FORMS, "norm_placement": ("pre", "post")}
+    forms["resize"] = ("carry_forward", "zero", "learned")
+    for key, value in given.items():
+        if value not in forms[key]:
+            raise ValueError(f"{key}={value!r}: this modeling code builds {', '.join(forms[key])}")
+
+
 class HourglassOlmoConfig(PretrainedConfig):
     model_type = "hourglass_olmo"
 
@@ -86,13 +95,7 @@ class HourglassOlmoConfig(PretrainedConfig):
         attention_scale_power: float = 0.5,  # scores x head_dim^-power: 0.5 standard, 1 muP
         **kwargs,
     ):
-        for key, value, known in (
-            ("ffn", ffn, FFN_FORMS),
-            ("norm_placement", norm_placement, ("pre", "post")),
-            ("resize", resize, ("carry_forward", "zero", "learned")),
-        ):  # a value this file does not build is no model it runs
-            if value not in known:
-                raise ValueError(f"{key}={value!r}: this modeling code builds {', '.join(known)}")
+        _check_forms(ffn=ffn, norm_placement=norm_placement, resize=resize)
         self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
         self.ffn, self.ffn_hidden, self.K, self.d_h = ffn, ffn_hidden, K, d_h
         self.norm_placement, self.qk_norm = norm_placement, qk_norm

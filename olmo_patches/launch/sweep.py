@@ -46,6 +46,8 @@ from ..config import ConfigError, ExperimentSpec, load_spec
 from ..resources import data_root, find_config
 from .run_folder import (
     METRICS_FILE,
+    Lock,
+    RunFolderError,
     changed_keys,
     drop_record,
     guarded,
@@ -345,7 +347,7 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
     status = RunStatus(m, "not started", step, job)
     if ckpt >= m.total_steps:
         status.state = "done"
-    elif claim_alive(read_claim(folder), slurm):
+    elif claim_alive(read_claim(folder), slurm) or _held(folder):
         status.state = "running"
     elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
@@ -354,6 +356,16 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
     elif ckpt >= 0 or metrics or (folder / "config.yaml").exists():
         status.state = "stopped"
     return status
+
+
+def _held(folder: Path) -> bool:
+    """Whether a live process holds the run folder's lock (a run started by hand, not by a sweep):
+    a launch would be refused there."""
+    try:
+        Lock(folder).check()
+    except RunFolderError:
+        return True
+    return False
 
 
 def _slurm_error(job: str, log_dir: Path) -> str:
