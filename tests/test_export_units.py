@@ -127,3 +127,51 @@ def test_a_bad_tokenizer_is_refused_before_any_weight_is_read(checkpoint, tmp_pa
     with pytest.raises(ValueError, match=rf"^--tokenizer {typo}: not a tokenizer JSON \(No such "):
         hf.export_hf(checkpoint, tmp_path / "hf", tokenizer_file=typo)
     assert os.listdir(tmp_path) == []
+
+
+def _flash(module, q, k, v, mask, scaling=None, dropout=0.0, **kw):
+    """transformers' flash-attention path (modeling_flash_attention_utils._upad_input) on CPU: a
+    2-D mask cuts a static cache's keys to its length and unpads the keys by it, the queries by its
+    last T entries; causal aligned to each row's last key, as flash-attn >= 2.1."""
+    B, H, T, D = q.shape
+    k, v = (t.repeat_interleave(H // t.shape[1], 1) for t in (k, v))
+    out = torch.zeros(B, T, H, D)
+    for b in range(B):
+        mask_b = torch.ones(k.shape[2]) if mask is None else mask[b]
+        keys, queries = mask_b.bool().nonzero()[:, 0], mask_b[-T:].bool().nonzero()[:, 0]
+        kb, vb, n = k[b][:, keys], v[b][:, keys], len(queries)
+        causal = torch.arange(len(keys)) <= (len(keys) - n + torch.arange(n))[:, None]
+        w = (q[b][:, queries] @ kb.transpose(1, 2) * scaling).masked_fill(~causal, -torch.inf)
+        out[b, queries] = (w.softmax(-1) @ vb).transpose(0, 1)
+    return out, None
+
+
+def test_flash_attention_reads_the_keys_eager_does():
+    """The modeling code's masks as a flash-attention kernel reads them (2-D, in transformers'
+    own path): generate() gives eager's tokens and scores with a dynamic and a static cache, on a
+    batch left-padded and on one prompt."""
+    from transformers import AttentionInterface
+
+    from olmo_patches.export import modeling_hourglass_olmo as hf
+
+    AttentionInterface.register("flash_on_cpu", _flash)
+    torch.manual_seed(0)
+    config = hf.HourglassOlmoConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4,
+                                    ffn_hidden=64, pad_token_id=0)  # fmt: skip
+    model = hf.HourglassOlmoForCausalLM(config).eval()
+    ids = torch.randint(2, 50, (2, 6))
+    ids[1, :2], mask = 0, (ids != 0).long()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    kw.update(output_scores=True, return_dict_in_generate=True, disable_compile=True)
+    for x, m in ((ids[:1], None), (ids, mask)):
+        got = {}
+        for implementation in ("eager", "flash_on_cpu"):
+            model.config._attn_implementation = implementation
+            for cache in ("dynamic", "static"):
+                got[implementation, cache] = model.generate(
+                    x, attention_mask=m, cache_implementation=cache, **kw
+                )
+        want = got.pop(("eager", "dynamic"))
+        for out in got.values():
+            assert torch.equal(out.sequences, want.sequences)
+            assert max((a - b).abs().max().item() for a, b in zip(out.scores, want.scores)) < 1e-5

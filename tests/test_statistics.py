@@ -338,7 +338,7 @@ def test_report_refuses_seeds_of_another_shape(synthetic_sweep, tmp_path):
         seed2.write_text(good)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
-    assert str(seed2) in lines[0] and "model.d_h: 32 -> 64" in lines[0]
+    assert str(seed2.parent) in lines[0] and "model.d_h: 32 -> 64" in lines[0]
     assert not out.exists()
 
 

@@ -53,38 +53,50 @@ def test_two_runs_may_share_neither_folder_nor_name(tmp_path, folders, seeds, re
 
 
 def test_a_run_folder_of_another_config_is_refused_not_taken_for_done(tmp_path):
-    """A folder whose recorded config.yaml is another config's (a key changed since it trained):
-    load_sweep refuses it in one line naming the key, before a launch would skip it as done or a
-    report pool it. The record is the config as training writes it (spec_to_yaml)."""
+    """A folder whose recorded config is another config's (a key changed since it saved a
+    checkpoint): load_sweep refuses it in one line naming the key, as train.py would, before a
+    launch would skip it as done or a report pool it; its newest record (config.N.yaml, a change
+    made on purpose) is the one compared. The records are as training writes them."""
     from olmo_patches.config import load_spec, spec_to_yaml
 
     (path,) = _configs(tmp_path, g="g runs/g")
     (tmp_path / "runs/g").mkdir(parents=True)
     (tmp_path / "runs/g/config.yaml").write_text(spec_to_yaml(load_spec(path)))
     assert [m.name for m in load_sweep([path])] == ["g"]  # the same config: its run
-    with pytest.raises(ConfigError, match=r"runs/g/config\.yaml: g was trained with another") as e:
+    # no checkpoint yet: train.py would replace the record, and the sweep takes it
+    assert [m.name for m in load_sweep([path], ["model.d_model=64"])] == ["g"]
+    (tmp_path / "runs/g/step10").mkdir()
+    (tmp_path / "runs/g/step10/.metadata").touch()  # OLMo-core: a complete checkpoint
+    with pytest.raises(ConfigError, match="runs/g holds a run with another config") as e:
         load_sweep([path], ["model.d_model=64"])
     assert "model.d_model: 128 -> 64" in str(e.value) and "\n" not in str(e.value)
+    # a change made on purpose (--resume-from) is recorded beside it, and a rerun compares with it
+    (tmp_path / "runs/g/config.1.yaml").write_text(spec_to_yaml(load_spec(path, ["train.lr=1e-3"])))
+    assert [m.name for m in load_sweep([path], ["train.lr=1e-3"])] == ["g"]
 
 
 def test_a_run_folder_locked_by_a_live_process_is_running(tmp_path):
     """A run started by hand (train.py holds SAVE/.lock) is "running" to the sweep, which would
     not start it a second time; once its process is gone, it is not."""
     import json
+    import os
     import socket
-    import subprocess
 
     from olmo_patches.launch.sweep import SlurmInfo, run_status
 
     (path,) = _configs(tmp_path, g="g runs/g")
     (m,) = load_sweep([path])
     m.folder.mkdir(parents=True)
-    holder = subprocess.Popen(["sleep", "60"])
-    lock = {"host": socket.gethostname(), "pid": holder.pid, "slurm_job": None, "since": "now"}
-    (m.folder / ".lock").write_text(json.dumps(lock))
-    try:
-        assert run_status(m, SlurmInfo({}, {})).state == "running"
-    finally:
-        holder.kill()
-        holder.wait()
+    lock = {"host": socket.gethostname(), "pid": os.getppid(), "slurm_job": None, "since": "now"}
+    (m.folder / ".lock").write_text(json.dumps(lock))  # this test's parent: alive
+    assert run_status(m, SlurmInfo({}, {})).state == "running"
+    gone = 2**22 + 1  # above Linux's largest pid_max: no process has it
+    (m.folder / ".lock").write_text(json.dumps({**lock, "pid": gone}))
     assert run_status(m, SlurmInfo({}, {})).state == "not started"
+    # a sweep job's lock, left on a node SLURM killed, is no sign of life: the job's state is
+    from olmo_patches.launch.sweep import CLAIM
+
+    (m.folder / CLAIM).write_text(json.dumps({"slurm_job": "123", "since": 0}))
+    (m.folder / ".lock").write_text(json.dumps({**lock, "host": "gpu07", "slurm_job": "123"}))
+    status = run_status(m, SlurmInfo({}, {"123": "OUT_OF_MEMORY"}), tmp_path)
+    assert (status.state, status.error.split(":")[0]) == ("failed", "SLURM OUT_OF_MEMORY")

@@ -222,24 +222,30 @@ def causal_mask(
     dtype: torch.dtype,
     static: bool,
     keys: Optional[torch.Tensor] = None,
+    batch: int = 1,
 ) -> Optional[torch.Tensor]:
     """The mask the attention function gets: an additive (B or 1, 1, T, n_keys) mask where the query
     in cache slot p sees keys 0..p, less the padding ``keys`` marks 0 (the caller's 2-D
-    ``attention_mask``; flash attention takes that 2-D mask itself); None where the function
-    applies causality itself on a cache of exactly the keys seen and nothing is padded (flash
-    attention, aligned to the last key; any other than eager without a cached prefix, as sdpa's
+    ``attention_mask``); None where the function applies causality itself on a cache of exactly
+    the keys seen and nothing is padded (any other than eager without a cached prefix, as sdpa's
     ``is_causal`` and a serving engine's own attention do: no T x T mask for a long prompt). A
     ``static`` cache (transformers' StaticCache: keys preallocated to its length, compiled
-    generation) always gets the mask, which hides its unwritten slots too."""
-    T = slots.shape[-1]
-    if "flash" in implementation:
-        return keys
+    generation) always gets the mask, which hides its unwritten slots too. Flash attention, causal
+    aligned to the last key, gets a (``batch``, n_keys) mask of the keys to read, or None."""
+    T, arange = slots.shape[-1], torch.arange(n_keys, device=slots.device)
+    if keys is not None:  # unwritten slots of a static cache are past every query: not padding
+        keys = F.pad(keys[:, :n_keys].bool(), (0, max(0, n_keys - keys.shape[1])), value=True)
+    if "flash" in implementation:  # a 2-D mask of the keys to read, transformers' flash path
+        # unpads by it; a static cache's keys it reads up to the mask's length: those written
+        if not static:
+            return keys
+        written = int(slots[0, -1]) + 1
+        return keys[:, :written] if keys is not None else arange[:written].expand(batch, -1) >= 0
     simple = T == 1 or (implementation != "eager" and n_keys == T)
     if simple and not static and keys is None:
         return None
-    allowed = torch.arange(n_keys, device=slots.device) <= slots[..., None]
-    if keys is not None:  # unwritten slots of a static cache are past every query: not padding
-        keys = F.pad(keys[:, :n_keys].bool(), (0, max(0, n_keys - keys.shape[1])), value=True)
+    allowed = arange <= slots[..., None]
+    if keys is not None:
         allowed = allowed & keys[:, None]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=slots.device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
@@ -297,7 +303,7 @@ class Attention(nn.Module):
         kwargs.pop("attention_mask", None)  # the model's, read as ``keys``
         slots, keys = kwargs.pop("slots"), kwargs.pop("keys", None)
         static = getattr(cache, "is_compileable", False)
-        mask = causal_mask(implementation, slots, k.shape[-2], q.dtype, static, keys)
+        mask = causal_mask(implementation, slots, k.shape[-2], q.dtype, static, keys, B)
         y, _ = attend(self, q, k, v, mask, dropout=0.0, scaling=self.scale, **kwargs)
         return self.w_out(y.reshape(B, T, -1))
 

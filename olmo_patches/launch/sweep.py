@@ -48,7 +48,7 @@ from .run_folder import (
     METRICS_FILE,
     Lock,
     RunFolderError,
-    changed_keys,
+    check_config,
     drop_record,
     guarded,
     latest_step,
@@ -197,8 +197,8 @@ def load_sweep(
     """Every run of every config loaded and checked (ConfigError on the first bad one); configs
     naming one run folder are one run (the copies of a config in several ablations' folders) or
     refused (two configs), as are two runs of one name (with their -lrXx, -seedS suffixes) and a
-    run folder that holds a run of another config (a rerun's comparison: run_folder.changed_keys;
-    the sweep would take it for done, the report would pool it)."""
+    run folder that holds a run of another config (run_folder.check_config, as train.py would
+    refuse it; the sweep would take it for done, the report would pool it)."""
     members = []
     for path in expand_configs(patterns):
         spec = load_spec(path, list(overrides))
@@ -219,12 +219,10 @@ def load_sweep(
             raise ConfigError(
                 f"{m.config}: run.name: {m.name} is also the run name of {other.config}"
             )
-        recorded = m.folder / "config.yaml"
-        if recorded.is_file() and (changes := changed_keys(recorded.read_text(), m.spec)):
-            raise ConfigError(
-                f"{recorded}: {m.name} was trained with another config ({'; '.join(changes)}); "
-                "give this one another run.name or run.save_folder"
-            )
+        try:  # as train.py would: its newest record, where a complete checkpoint was saved
+            check_config(m.spec, checkpointed=latest_step(m.folder) >= 0)
+        except RunFolderError as e:
+            raise ConfigError(f"{m.config}: {e}") from None
     return list(runs.values())
 
 
@@ -347,7 +345,7 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
     status = RunStatus(m, "not started", step, job)
     if ckpt >= m.total_steps:
         status.state = "done"
-    elif claim_alive(read_claim(folder), slurm) or _held(folder):
+    elif claim_alive(read_claim(folder), slurm) or (not job and _held(folder)):
         status.state = "running"
     elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
@@ -359,8 +357,9 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
 
 
 def _held(folder: Path) -> bool:
-    """Whether a live process holds the run folder's lock (a run started by hand, not by a sweep):
-    a launch would be refused there."""
+    """Whether a live process holds the run folder's lock (a run started by hand, not by a sweep
+    job, whose lock on a node SLURM killed looks held from here: its job's state says): a launch
+    would be refused there."""
     try:
         Lock(folder).check()
     except RunFolderError:
