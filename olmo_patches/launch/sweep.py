@@ -12,7 +12,8 @@ the run folders, beside what training writes there (``config.yaml``, ``metrics.j
 - ``sweep.log`` and ``sweep-last.json``: a local launch's output (appended) and its last exit code
   and error line.
 
-A run's state: **done** (a complete checkpoint at the last step), **running** (a live claim),
+A run's state: **done** (a complete checkpoint at the last step), **running** (a live claim, or
+a live process holding the run folder's lock: a run started by hand),
 **failed** (the last attempt exited non-zero, or SLURM says FAILED/TIMEOUT/OUT_OF_MEMORY/...),
 **stopped** (anything else begun: a checkpoint, metrics or a config) or **not started**.
 
