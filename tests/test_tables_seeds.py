@@ -328,3 +328,13 @@ def test_a_run_short_of_its_planned_steps_is_marked_unfinished(tmp_path):
     _write_run(tmp_path, "done", 0, HOURGLASS, 5.5)
     rows = {r["run"]: r for r in build_tables(load_runs([tmp_path]))["hourglass_runs"]}
     assert rows["short"]["steps"] == "100 of 200 (unfinished)" and rows["done"]["steps"] == "200"
+
+
+def test_a_run_extended_on_purpose_is_judged_by_its_newest_record(tmp_path):
+    """A run whose steps were raised with --resume-from (train.py records config.1.yaml): its
+    table reads the config it trains with, 100 of 400 steps, not its first record's 200."""
+    folder = _write_run(tmp_path, "longer", 0, HOURGLASS, 5.5, last=100)
+    spec = load_spec(BASELINE, [*HOURGLASS, "run.name=longer", "train.max_steps=400"])
+    (folder / "config.1.yaml").write_text(spec_to_yaml(spec))
+    (row,) = build_tables(load_runs([tmp_path]))["hourglass_runs"]
+    assert row["steps"] == "100 of 400 (unfinished)"

@@ -63,6 +63,7 @@ __all__ = [
     "METRICS_FILE",
     "pid_alive",
     "read_metrics",
+    "recorded_configs",
     "latest_step",
 ]
 
@@ -141,8 +142,9 @@ def changed_between(old: Any, new: Any, ignore: Sequence[str] = ()) -> List[str]
     return _changes(as_read_now(old), as_read_now(new), ignore)
 
 
-def _recorded(folder: Path) -> List[Path]:
-    """config.yaml, config.1.yaml, ... oldest first."""
+def recorded_configs(folder: Path) -> List[Path]:
+    """config.yaml, config.1.yaml, ... oldest first: the last is the config the run trains with
+    (a change made with --resume-from is recorded as config.N.yaml)."""
     numbered = [p for p in folder.glob("config.*.yaml") if p.name.split(".")[1].isdigit()]
     first = [folder / "config.yaml"] if (folder / "config.yaml").is_file() else []
     return first + sorted(numbered, key=lambda p: int(p.name.split(".")[1]))
@@ -154,7 +156,7 @@ def check_config(
     """Refuse a start whose config changes the recorded run (unless ``deliberate``, or the folder
     holds no complete checkpoint: ``checkpointed`` False); returns the changes."""
     folder = Path(spec.save_folder)
-    recorded = _recorded(folder)
+    recorded = recorded_configs(folder)
     if not recorded:
         return []
     if checkpointed and not deliberate and (why := earlier_layout(recorded[-1].read_text())):
@@ -180,7 +182,7 @@ def record_config(
     without a complete checkpoint (``checkpointed`` False) is replaced by config.yaml. Returns the
     line saying a record was replaced (None otherwise)."""
     folder = Path(spec.save_folder)
-    recorded = _recorded(folder)
+    recorded = recorded_configs(folder)
     replaced = None
     # a start that ended before its first checkpoint: its record goes
     if recorded and not checkpointed:

@@ -183,7 +183,9 @@ def compared_runs(c: Comparison) -> Dict[str, Run]:
             continue
         first = cell.runs[min(cell.runs)]
         alone = len(cell.runs) == 1 and first.name == group
-        seeds = SeedGroup(first.path, first.config, group=group, seeds=dict(cell.runs))
+        seeds = SeedGroup(
+            first.path, first.config, record=first.record, group=group, seeds=dict(cell.runs)
+        )
         out[group] = first if alone else seeds
     return out
 

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from ..blocks import get_block
 from ..config import ConfigError, ExperimentSpec, load_spec
 from ..eval.names import PAPER_VALIDATION_SETS
-from ..launch.run_folder import changed_between, read_metrics
+from ..launch.run_folder import changed_between, read_metrics, recorded_configs
 from ..launch.sweep import SEED_KEYS, seed_of
 from ..resources import data_root
 from . import stats
@@ -70,6 +70,7 @@ class Run:
     path: Path
     config: Dict[str, Any]
     metrics: Dict[int, Dict[str, float]] = field(default_factory=dict)
+    record: Optional[Path] = None  # the config file it trains with (None: path / config.yaml)
 
     @property
     def name(self) -> str:
@@ -89,7 +90,7 @@ class Run:
     @cached_property
     def spec(self) -> ExperimentSpec:
         """The run's recorded config, loaded as a run loads it (its keys resolved)."""
-        return load_spec(self.path / "config.yaml")
+        return load_spec(self.record or self.path / "config.yaml")
 
     @property
     def d_h(self) -> Optional[int]:
@@ -198,7 +199,9 @@ def _log(x: Optional[float]) -> Optional[float]:
 
 
 def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
-    """Runs by name; a folder without config.yaml is searched one level down (a runs/ root)."""
+    """Runs by name, each with the config it trains with (its newest record: a change made with
+    --resume-from is config.N.yaml); a folder without config.yaml is searched one level down (a
+    runs/ root)."""
     runs: Dict[str, Run] = {}
     for p in map(Path, paths):
         folders = (
@@ -207,8 +210,9 @@ def load_runs(paths: Iterable[str | Path]) -> Dict[str, Run]:
             else sorted(q.parent for q in p.glob("*/config.yaml"))
         )
         for folder in folders:
-            config = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"), resolve=False)
-            run = Run(folder, config, read_metrics(folder))  # type: ignore[arg-type]
+            newest = recorded_configs(folder)[-1]
+            config = OmegaConf.to_container(OmegaConf.load(newest), resolve=False)
+            run = Run(folder, config, read_metrics(folder), newest)  # type: ignore[arg-type]
             runs[run.name] = run
     return runs
 
@@ -247,8 +251,9 @@ def group_seeds(runs: Dict[str, Run]) -> Dict[str, Run]:
             continue
         _check_seeds(base, seeds)
         first = seeds[min(seeds)]
+        seeds = dict(sorted(seeds.items()))
         out[base] = SeedGroup(
-            first.path, first.config, group=base, seeds=dict(sorted(seeds.items()))
+            first.path, first.config, record=first.record, group=base, seeds=seeds
         )
     return out
 
