@@ -188,7 +188,7 @@ PAPERS = (
 )
 DATA = ("data/", "eval/")
 HARNESS_AIM = 0.45  # of the library's lines
-HARNESS_CAP = 0.49  # what it may not grow past (README's figure: 48.9%)
+HARNESS_CAP = 0.49  # what it may not grow past (README's figure: 48.7%)
 
 
 def _role(rel: str) -> str:
