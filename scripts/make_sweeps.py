@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from olmo_patches.cli import ArgumentParser, refuse
+from olmo_patches.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,10 @@ def main() -> None:
         print(f"{folder}: {len(list(out.glob('*.yaml')))} configs")
     for folder in WIDTH_GRID:
         if not args.folders or folder in [f.rstrip("/") for f in args.folders]:
-            print(f"{folder}: {len(write_width_grid(args.root, folder))} configs")
+            try:
+                print(f"{folder}: {len(write_width_grid(args.root, folder))} configs")
+            except ConfigError as e:
+                refuse(f"make_sweeps: {e}")
 
 
 if __name__ == "__main__":

@@ -219,6 +219,7 @@ INPUTS = [
     ("export_hf.py", ["{work}/missing/step5", "{work}/out"], "CHECKPOINT"),
     ("gpu_check.py", ["--budget-scale", "nan"], "--budget-scale"),
     ("make_sweeps.py", ["--root", "{work}/missing"], "--root"),
+    ("make_sweeps.py", ["configs/paper2/ablations/r_l-r_d", "--root", "{work}"], "200M/x.yaml"),
     ("make_tables.py", ["{work}/missing", "--out", "{work}/t"], "missing"),
     (
         "make_tables.py",

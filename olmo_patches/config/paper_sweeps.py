@@ -80,10 +80,13 @@ WIDTH_GRID: dict[str, tuple[tuple[str, ...], tuple[float, ...], tuple[float, ...
 def write_width_grid(root: Path, folder: str) -> List[Path]:
     """Write :data:`WIDTH_GRID`'s ``folder`` under ``root`` (the repository):
     FOLDER/<size>/x-rl<r_l>-rd<r_d>.yaml, each extending its size's x config; every config is loaded
-    (its widths solved) before it is kept."""
-    from ..config import load_spec
+    (its widths solved) before it is kept. ConfigError, one line, where ``root`` lacks a config the
+    grid extends or a config does not solve (nothing of it left)."""
+    from ..config import ConfigError, load_spec
 
     configs, r_ls, r_ds = WIDTH_GRID[folder]
+    if missing := [c for c in configs if not (root / c).is_file()]:
+        raise ConfigError(f"{root}: no {missing[0]} there, which {folder}'s configs extend")
     written = []
     for config in configs:
         size = Path(config).parent.name
@@ -115,6 +118,10 @@ model:
     r_d: {r_d:g}
 """
                 )
-                load_spec(path)  # solvable, or ConfigError naming the file
+                try:
+                    load_spec(path)  # solvable, or ConfigError naming the file
+                except ConfigError:
+                    path.unlink()
+                    raise
                 written.append(path)
     return written
