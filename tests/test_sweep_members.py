@@ -100,3 +100,17 @@ def test_a_run_folder_locked_by_a_live_process_is_running(tmp_path):
     (m.folder / ".lock").write_text(json.dumps({**lock, "host": "gpu07", "slurm_job": "123"}))
     status = run_status(m, SlurmInfo({}, {"123": "OUT_OF_MEMORY"}), tmp_path)
     assert (status.state, status.error.split(":")[0]) == ("failed", "SLURM OUT_OF_MEMORY")
+
+
+def test_a_failed_attempt_is_named_by_its_own_lines(tmp_path):
+    """sweep.log holds every attempt: a run killed without a word (rc -9) is named by the last line
+    it wrote, not by the error of an attempt before it."""
+    from olmo_patches.launch.sweep import last_error_line
+
+    log = tmp_path / "sweep.log"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: out of memory\n")
+    start = log.stat().st_size
+    with log.open("a") as f:
+        f.write("step 40/100 loss 3.2\n")
+    assert last_error_line(log) == "RuntimeError: out of memory"
+    assert last_error_line(log, start) == "step 40/100 loss 3.2"

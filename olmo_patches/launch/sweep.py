@@ -324,12 +324,16 @@ class RunStatus:
         return self.step * self.member.tokens_per_step
 
 
-def last_error_line(log: Path) -> str:
-    """The last line naming an error (a traceback's last line), else the last line, of a log."""
+def last_error_line(log: Path, start: int = 0) -> str:
+    """The last line naming an error (a traceback's last line), else the last line, of a log (from
+    byte ``start``: what one attempt appended)."""
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        with log.open("rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
         if re.search(r"(Error|Exception|error:|Killed|Traceback)", line):
             return line
@@ -427,10 +431,11 @@ def _run_claimed(m: Member, step: Optional[int], overrides: Sequence[str], child
     """One run this launch claimed, trained in its own process: its exit recorded in its
     ``LAST`` record, its claim released. Returns its state after."""
     say(f"{m.name}: {'resuming from step ' + str(step) if step else 'starting'} ({m.folder / LOG})")
-    start = time.time()
+    start, log = time.time(), m.folder / LOG
+    appended_from = log.stat().st_size if log.exists() else 0
     try:
         rc = _train_logged(m, overrides, child, say)
-        error = last_error_line(m.folder / LOG) if rc != 0 else ""
+        error = last_error_line(log, appended_from) if rc != 0 else ""
         write_record(
             m.folder / LAST, {"exit": rc, "error": error, "seconds": round(time.time() - start, 1)}
         )
