@@ -58,7 +58,8 @@ def test_torchrun_line(slurm, nodes, gpus, procs):
     assert r.returncode == 0, r.stderr
     t = _torchrun(slurm)
     assert (t.nnodes, t.nproc_per_node) == (str(nodes), str(procs))
-    assert (t.rdzv_backend, t.rdzv_endpoint, t.rdzv_id) == ("c10d", "node001:29500", "4242")
+    # the port: 29500 + the job id (4242) mod 1000, its own on a node shared with another job
+    assert (t.rdzv_backend, t.rdzv_endpoint, t.rdzv_id) == ("c10d", "node001:29742", "4242")
     # torchrun waits for its workers' save as long as the time-limit signal's lead (torchrun's
     # default: 30 s).
     lead = int(re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", SBATCH.read_text(), re.M).group(1))

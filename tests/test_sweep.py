@@ -310,7 +310,7 @@ def test_array_element_runs_its_manifest_line(tmp_path):
     assert r.returncode == 0, r.stderr
     command = " ".join((tmp_path / "srun.args").read_text().split())
     assert "scripts/train.py configs/b.yaml train.lr=2e-3" in command and "a.yaml" not in command
-    assert "--rdzv-endpoint=node7:29501" in command
+    assert "--rdzv-endpoint=node7:29577" in command  # 29500 + the element's job id, 77
 
 
 def test_demo_ablations_are_the_papers_two_sweeps():
