@@ -69,12 +69,12 @@ def parse_budget(text: str) -> tuple[int, Path | None, int, int]:
 def _refuse_unused(args) -> None:
     """One line for an option the chosen mode would ignore: --attention solves MHA shapes from
     the attention count alone; --d-model takes d_h from --d-h, which needs it."""
-    ignored = ("d_h_ratio", "aligned", "nearest_ratio")
+    ignored, defaults = ("d_h_ratio", "aligned", "nearest_ratio"), _parser()
     for key, options in (
         ("attention", (*ignored, "d_model", "d_h", "attn_fraction", "kv_group", "head_dim")),
         ("d_model", ignored),
     ):
-        given = [o for o in options if getattr(args, o) != _parser().get_default(o)]
+        given = [o for o in options if getattr(args, o) != defaults.get_default(o)]
         if getattr(args, key) is not None and given:
             refuse(f"search: --{key.replace('_', '-')} ignores --{given[0].replace('_', '-')}")
     if args.d_h is not None and args.d_model is None:

@@ -274,11 +274,17 @@ class Lock:
             return True  # this job, requeued (possibly on another node)
         return holder.get("host") == self.me["host"] and not pid_alive(int(holder.get("pid", 0)))
 
+    def holder(self) -> Optional[Dict[str, Any]]:
+        """The live process (another than this one) that holds the folder, or None."""
+        holder = read_record(self.path) if self.path.is_file() else None
+        if holder is not None and holder.get("pid") != os.getpid() and not self._stale(holder):
+            return holder
+        return None
+
     def check(self) -> None:
         """What :meth:`acquire` would refuse, read only (a dry run): the folder held by a live
         process."""
-        holder = read_record(self.path) if self.path.is_file() else None
-        if holder is not None and holder.get("pid") != os.getpid() and not self._stale(holder):
+        if (holder := self.holder()) is not None:
             raise self._busy(holder)
 
     def _busy(self, holder: Dict[str, Any]) -> RunFolderError:

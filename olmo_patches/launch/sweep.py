@@ -345,12 +345,14 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
     metrics = read_metrics(folder)
     ckpt = latest_step(folder)
     step = max(ckpt, max(metrics, default=0), 0)
-    claim = read_claim(folder) or {}
-    job = claim.get("slurm_job", "")
+    claim = read_claim(folder)
+    job = (claim or {}).get("slurm_job", "")
     status = RunStatus(m, "not started", step, job)
     if ckpt >= m.total_steps:
         status.state = "done"
-    elif claim_alive(read_claim(folder), slurm) or (not job and _held(folder)):
+    # a lock without a sweep job: a run started by hand (a job's lock on a node SLURM killed
+    # looks held from here; its job's state says)
+    elif claim_alive(claim, slurm) or (not job and Lock(folder).holder()):
         status.state = "running"
     elif job and (s := (slurm.accounting or {}).get(job)) in SLURM_FAILED:
         status.state, status.error = "failed", f"SLURM {s}: " + _slurm_error(job, slurm_log_dir)
@@ -359,17 +361,6 @@ def run_status(m: Member, slurm: SlurmInfo, slurm_log_dir: Path = Path("logs")) 
     elif ckpt >= 0 or metrics or (folder / "config.yaml").exists():
         status.state = "stopped"
     return status
-
-
-def _held(folder: Path) -> bool:
-    """Whether a live process holds the run folder's lock (a run started by hand, not by a sweep
-    job, whose lock on a node SLURM killed looks held from here: its job's state says): a launch
-    would be refused there."""
-    try:
-        Lock(folder).check()
-    except RunFolderError:
-        return True
-    return False
 
 
 def _slurm_error(job: str, log_dir: Path) -> str:
